@@ -1,0 +1,190 @@
+"""The one settings object. CLI flags, `STRATA_*` environment variables, the config file
+(TOML) and the server's `/v1/status` view are all derived from the fields of `Config`.
+
+Precedence, lowest first: field default < config file (`STRATA_CONFIG` or `--config`) <
+environment < CLI flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from strata.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_PREFIX = "STRATA_"
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(slots=True)
+class Config:
+    # model and engine
+    model: str = _f("", "GGUF path (any shard of a split model); empty: the embedded default model")
+    n_ctx: int = _f(4096, "context length per sequence (tokens)")
+    kv_type: str = _f("f16", "KV cache type: f16 or q8_0", choices=("f16", "q8_0"))
+    prefill_chunk: int = _f(512, "prompt tokens per prefill chunk")
+    threads: int = _f(0, "pool worker threads (0: one per core minus the host thread)")
+    host_participates: bool = _f(True, "the calling thread takes pool work too")
+    pool_pipeline: bool = _f(
+        False, "pipelined pool schedule (per-expert readiness, no phase barrier)"
+    )
+    ram_mode: str = _f(
+        "mmap", "RAM tier: mmap, resident, or budget", choices=("mmap", "resident", "budget")
+    )
+    ram_budget_gib: float = _f(0.0, "resident expert budget in GiB when ram_mode is budget")
+    profile: str = _f("", "expert hotness profile to apply at start")
+    vram_budget_mib: int = _f(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
+    vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic")
+    # server
+    host: str = _f("127.0.0.1", "address to bind")
+    port: int = _f(8000, "port to bind")
+    api_key: str = _f("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
+    parallel: int = _f(1, "concurrent sequences (engine slots)")
+    max_queue: int = _f(64, "requests waiting beyond the slots before 429")
+    engine_silence_s: float = _f(300.0, "seconds an engine may stay silent on a request (0: off)")
+    request_timeout_s: float = _f(600.0, "per-request deadline in seconds (0: none)")
+    max_body_bytes: int = _f(4 << 20, "largest request body accepted")
+    max_tokens_limit: int = _f(32768, "largest max_tokens accepted")
+    max_top_logprobs: int = _f(20, "largest top_logprobs accepted")
+    served_model_name: str = _f("", "model id reported by /v1/models (empty: the file's stem)")
+    cache_dir: str = _f("", "where the embedded default model is built (empty: user cache)")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name: str, why: str) -> ConfigError:
+            return ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
+
+        if self.n_ctx < 16:
+            raise bad("n_ctx", "must be at least 16")
+        if self.prefill_chunk < 1:
+            raise bad("prefill_chunk", "must be at least 1")
+        if self.threads < 0:
+            raise bad("threads", "must be >= 0")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise bad(f.name, f"must be one of {', '.join(choices)}")
+        if not (0 < self.port < 65536):
+            raise bad("port", "must be in 1..65535")
+        if self.parallel < 1:
+            raise bad("parallel", "must be at least 1")
+        if self.max_queue < 0:
+            raise bad("max_queue", "must be >= 0")
+        for name in ("engine_silence_s", "request_timeout_s", "ram_budget_gib"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0:
+                raise bad(name, "must be a finite number >= 0")
+        if self.max_body_bytes < 1024:
+            raise bad("max_body_bytes", "must be at least 1024")
+        if self.ram_mode == "budget" and self.ram_budget_gib <= 0:
+            raise bad("ram_budget_gib", "must be > 0 when ram_mode is budget")
+
+    # ---- derivations ---------------------------------------------------------------------
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        return ENV_PREFIX + name.upper()
+
+    @classmethod
+    def _coerce(cls, name: str, raw: Any, source: str) -> Any:
+        f = {f.name: f for f in fields(cls)}.get(name)
+        if f is None:
+            raise ConfigError(f"{source}: unknown setting {name!r}")
+        kind: type = type(f.default)
+        try:
+            if kind is bool:
+                if isinstance(raw, bool):
+                    return raw
+                s = str(raw).strip().lower()
+                if s in ("1", "true", "yes", "on"):
+                    return True
+                if s in ("0", "false", "no", "off", ""):
+                    return False
+                raise ValueError(raw)
+            if kind is int:
+                if isinstance(raw, bool):
+                    raise ValueError(raw)
+                return int(raw)
+            if kind is float:
+                return float(raw)
+            return str(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{source}: {name} expects {kind.__name__}, got {raw!r}") from None
+
+    @classmethod
+    def load(
+        cls,
+        overrides: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        config_file: str | None = None,
+    ) -> Config:
+        """Defaults < config file < environment < overrides (CLI flags, keyword arguments)."""
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        path = config_file or env.get(ENV_PREFIX + "CONFIG")
+        if path:
+            try:
+                data = tomllib.loads(Path(path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError(f"config file {path}: {e}") from None
+            for k, v in data.items():
+                values[k] = cls._coerce(k, v, f"config file {path}")
+        names = {f.name for f in fields(cls)}
+        for k, v in env.items():
+            if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG":
+                name = k[len(ENV_PREFIX) :].lower()
+                if name in names:
+                    values[name] = cls._coerce(name, v, f"environment {k}")
+        for k, v in (overrides or {}).items():
+            if v is not None:
+                values[k] = cls._coerce(k, v, "argument")
+        return cls(**values)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser, only: tuple[str, ...] = ()) -> None:
+        """Add `--flag` for each field (or those named in `only`)."""
+        for f in fields(cls):
+            if only and f.name not in only:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            h = f"{f.metadata['help']} [env {cls.env_name(f.name)}]"
+            if isinstance(f.default, bool):
+                parser.add_argument(
+                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h
+                )
+            else:
+                parser.add_argument(
+                    flag,
+                    dest=f.name,
+                    type=type(f.default),
+                    default=None,
+                    choices=f.metadata.get("choices"),
+                    help=h,
+                )
+
+    @classmethod
+    def from_args(cls, ns: argparse.Namespace, config_file: str | None = None) -> Config:
+        names = {f.name for f in fields(cls)}
+        return cls.load({k: v for k, v in vars(ns).items() if k in names}, config_file=config_file)
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings as shown by `/v1/status` (the API key is never shown)."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = "set" if self.api_key else ""
+        return d

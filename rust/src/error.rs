@@ -1,0 +1,52 @@
+//! One error enum for the crate; `py` maps each variant to a class of `strata.errors`.
+
+use std::fmt;
+use std::path::PathBuf;
+
+#[derive(Debug)]
+pub enum Error {
+    /// A GGUF file that cannot be read: which file, at which byte offset, and what is wrong.
+    Gguf {
+        path: PathBuf,
+        offset: u64,
+        msg: String,
+    },
+    /// A tensor type or layout the kernels cannot handle.
+    Quant(String),
+    /// An impossible or inconsistent configuration value.
+    Config(String),
+    /// A model the engine cannot run (architecture, missing tensor, unsupported type).
+    Model(String),
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn gguf(path: impl Into<PathBuf>, offset: u64, msg: impl Into<String>) -> Self {
+        Error::Gguf {
+            path: path.into(),
+            offset,
+            msg: msg.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Gguf { path, offset, msg } => {
+                write!(f, "{}: at byte {}: {}", path.display(), offset, msg)
+            }
+            Error::Quant(m) => write!(f, "quant: {m}"),
+            Error::Config(m) => write!(f, "config: {m}"),
+            Error::Model(m) => write!(f, "model: {m}"),
+            Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
+        }
+    }
+}
+
+impl std::error::Error for Error {}

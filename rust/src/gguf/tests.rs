@@ -1,0 +1,197 @@
+//! Parser tests on files built byte by byte here, so every malformed variant is exact.
+
+use super::*;
+use std::io::Write;
+
+struct W(Vec<u8>);
+impl W {
+    fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    fn s(&mut self, v: &str) -> &mut Self {
+        self.u64(v.len() as u64);
+        self.0.extend_from_slice(v.as_bytes());
+        self
+    }
+}
+
+/// A valid file: two KVs, one F32 tensor [4] and one Q8_0 tensor [32, 2].
+fn sample(extra_kv: &[(&str, u32, &[u8])]) -> Vec<u8> {
+    let mut w = W(Vec::new());
+    w.0.extend_from_slice(b"GGUF");
+    w.u32(3).u64(2).u64(2 + extra_kv.len() as u64);
+    w.s("general.architecture").u32(8).s("qwen3moe");
+    w.s("general.tokens").u32(9).u32(8).u64(2).s("a").s("bc");
+    for (k, ty, raw) in extra_kv {
+        w.s(k).u32(*ty);
+        w.0.extend_from_slice(raw);
+    }
+    w.s("a.weight").u32(1).u64(4).u32(0).u64(0);
+    w.s("b.weight").u32(2).u64(32).u64(2).u32(8).u64(32);
+    while !w.0.len().is_multiple_of(32) {
+        w.0.push(0);
+    }
+    for i in 0..4 {
+        w.0.extend_from_slice(&(i as f32).to_le_bytes());
+    }
+    w.0.extend_from_slice(&[0u8; 16]);
+    w.0.extend_from_slice(&[7u8; 68]);
+    w.0
+}
+
+fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-gguf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::File::create(&p).unwrap().write_all(bytes).unwrap();
+    p
+}
+
+#[test]
+fn reads_sample() {
+    let p = write_tmp("ok.gguf", &sample(&[]));
+    let g = Gguf::open(&p).unwrap();
+    assert_eq!(g.architecture(), Some("qwen3moe"));
+    assert_eq!(g.tensors().len(), 2);
+    let a = g.tensor("a.weight").unwrap();
+    assert_eq!(a.shape(), vec![4]);
+    let d = g.data(a);
+    assert_eq!(f32::from_le_bytes(d[4..8].try_into().unwrap()), 1.0);
+    let b = g.tensor("b.weight").unwrap();
+    assert_eq!(b.shape(), vec![2, 32]);
+    assert_eq!(b.nbytes, 68);
+    assert!(g.data(b).iter().all(|&x| x == 7));
+    match g.get("general.tokens").unwrap() {
+        Value::Array(v) => assert_eq!(v.len(), 2),
+        _ => panic!(),
+    }
+}
+
+#[test]
+fn every_truncation_is_refused() {
+    let full = sample(&[]);
+    for n in 0..full.len() {
+        let p = write_tmp("trunc.gguf", &full[..n]);
+        match Gguf::open(&p) {
+            Err(Error::Gguf { .. }) => {}
+            Err(e) => panic!("len {n}: wrong error {e}"),
+            Ok(_) => panic!("len {n}: truncated file accepted"),
+        }
+    }
+}
+
+fn expect_err(bytes: &[u8], needle: &str) {
+    let p = write_tmp("bad.gguf", bytes);
+    match Gguf::open(&p) {
+        Err(e @ Error::Gguf { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains(needle), "{m:?} lacks {needle:?}")
+        }
+        Err(e) => panic!("wrong error kind {e}"),
+        Ok(_) => panic!("accepted a bad file ({needle})"),
+    }
+}
+
+#[test]
+fn crafted_files_are_refused() {
+    let good = sample(&[]);
+    let mut b = good.clone();
+    b[0] = b'X';
+    expect_err(&b, "magic");
+    let mut b = good.clone();
+    b[4..8].copy_from_slice(&0x0300_0000u32.to_le_bytes());
+    expect_err(&b, "big-endian");
+    let mut b = good.clone();
+    b[4..8].copy_from_slice(&4u32.to_le_bytes());
+    expect_err(&b, "version");
+    let mut b = good.clone();
+    b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    expect_err(&b, "tensor count");
+    let mut b = good.clone();
+    b[16..24].copy_from_slice(&(1u64 << 19).to_le_bytes());
+    expect_err(&b, "cannot fit");
+    // A huge string length in the first key.
+    let mut b = good.clone();
+    b[24..32].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    expect_err(&b, "cap");
+    // A huge array count.
+    let mut w = W(Vec::new());
+    w.u32(4).u64(1 << 25);
+    expect_err(&sample(&[("x.arr", 9, &w.0)]), "cannot fit");
+    // Nested array.
+    let mut w = W(Vec::new());
+    w.u32(9).u64(1);
+    expect_err(&sample(&[("x.nested", 9, &w.0)]), "nested");
+    // Unknown value type.
+    expect_err(&sample(&[("x.bad", 13, &[])]), "unknown value type");
+    // Duplicate key.
+    let mut w = W(Vec::new());
+    w.s("qwen3moe");
+    expect_err(
+        &sample(&[("general.architecture", 8, &w.0)]),
+        "duplicate metadata key",
+    );
+    // Bad alignment.
+    expect_err(
+        &sample(&[("general.alignment", 4, &3u32.to_le_bytes())]),
+        "alignment",
+    );
+}
+
+fn patch_tensor(f: impl Fn(&mut Vec<u8>, usize)) -> Vec<u8> {
+    let mut b = sample(&[]);
+    let pos = b.windows(8).position(|w| w == b"b.weight").unwrap() + 8;
+    f(&mut b, pos);
+    b
+}
+
+#[test]
+fn crafted_tensor_infos_are_refused() {
+    // n_dims = 5
+    expect_err(
+        &patch_tensor(|b, p| b[p..p + 4].copy_from_slice(&5u32.to_le_bytes())),
+        "n_dims",
+    );
+    // dim overflow
+    expect_err(
+        &patch_tensor(|b, p| b[p + 4..p + 12].copy_from_slice(&(1u64 << 62).to_le_bytes())),
+        "",
+    );
+    // unknown type
+    expect_err(
+        &patch_tensor(|b, p| b[p + 20..p + 24].copy_from_slice(&4u32.to_le_bytes())),
+        "unknown ggml type",
+    );
+    // unaligned offset
+    expect_err(
+        &patch_tensor(|b, p| b[p + 24..p + 32].copy_from_slice(&33u64.to_le_bytes())),
+        "alignment",
+    );
+    // offset past end
+    expect_err(
+        &patch_tensor(|b, p| b[p + 24..p + 32].copy_from_slice(&(1u64 << 40).to_le_bytes())),
+        "past the end",
+    );
+    // duplicate tensor name
+    expect_err(
+        &patch_tensor(|b, p| {
+            let q = p - 8;
+            b[q..q + 8].copy_from_slice(b"a.weight");
+        }),
+        "duplicate tensor",
+    );
+}
+
+#[test]
+fn split_names() {
+    assert_eq!(
+        parse_split_name(Path::new("/x/model-00002-of-00003.gguf")),
+        Some(("model".into(), 2, 3))
+    );
+    assert_eq!(parse_split_name(Path::new("model.gguf")), None);
+}

@@ -1,0 +1,12 @@
+//! Strata's Rust core: the GGUF reader, quant kernels, the CPU expert pool and the model
+//! forward pass. The Python face lives in `py` and is compiled only with the `python`
+//! feature (maturin turns it on), so `cargo test` builds and links without libpython.
+
+pub mod error;
+pub mod gguf;
+pub mod quant;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use error::{Error, Result};

@@ -3,6 +3,9 @@
 
 pub mod dequant;
 pub mod dot;
+pub mod tables;
+#[cfg(test)]
+mod tables_tests;
 pub mod types;
 
 pub use types::{GgmlType, QK_K};

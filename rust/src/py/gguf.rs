@@ -4,10 +4,10 @@
 use crate::gguf::{Gguf, Value};
 use crate::quant::{self, GgmlType};
 use numpy::ndarray::ArrayView1;
-use numpy::PyArray1;
-use pyo3::exceptions::{PyKeyError, PyValueError};
+use numpy::{PyArray1, PyReadonlyArrayDyn};
+use pyo3::exceptions::{PyKeyError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use std::sync::Arc;
 
 /// Keeps a shard's map alive for as long as any numpy view of it lives.
@@ -135,18 +135,31 @@ impl GGUFReader {
     }
 }
 
-/// Dequantize raw blocks of a named type: the kernel test entry point.
+/// Dequantize raw blocks of a named type: the kernel test entry point. `data` is `bytes` or a
+/// C-contiguous `np.uint8` array (any shape); `n` is the element count.
 #[pyfunction]
 fn dequantize_bytes<'py>(
     py: Python<'py>,
     type_name: &str,
-    data: &[u8],
+    data: &Bound<'py, PyAny>,
     n: usize,
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let ty = GgmlType::from_name(type_name)
         .ok_or_else(|| PyValueError::new_err(format!("unknown ggml type {type_name:?}")))?;
     let mut out = vec![0f32; n];
-    quant::dequantize(ty, data, &mut out)?;
+    if let Ok(b) = data.cast::<PyBytes>() {
+        let bytes = b.as_bytes();
+        py.detach(|| quant::dequantize(ty, bytes, &mut out))?;
+    } else if let Ok(a) = data.extract::<PyReadonlyArrayDyn<'py, u8>>() {
+        let bytes = a
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("data must be a C-contiguous np.uint8 array"))?;
+        py.detach(|| quant::dequantize(ty, bytes, &mut out))?;
+    } else {
+        return Err(PyTypeError::new_err(
+            "data must be bytes or a C-contiguous np.uint8 array",
+        ));
+    }
     Ok(PyArray1::from_vec(py, out))
 }
 

@@ -1,0 +1,485 @@
+"""The GGUF's byte-level BPE tokenizer rebuilt with HF `tokenizers` (FORMATS.md §5), its chat
+template, an incremental UTF-8-safe detokenizer and a stop-string matcher.
+
+Used by the server (which owns tokenization, templates, stop strings and detokenization) and
+by `strata.LLM`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from strata.errors import ModelError
+
+# The qwen2 pre-tokenizer split pattern (FORMATS.md §5), as in Qwen's tokenizer.json.
+QWEN2_PRETOKENIZER_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre values whose split pattern is the qwen2 one.
+_QWEN2_PRES = frozenset({"qwen2", "qwen35", "deepseek-r1-qwen", "megrez"})
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+# Special-token texts llama.cpp treats as end of generation when present (besides eos / eot /
+# eom), the FIM pad / repo / file-separator tokens included. llama.cpp also matches a NORMAL
+# "</s>" entry by text; Strata does not (a plain-text token).
+_EOG_TEXTS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte → printable character table used by byte-level BPE."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = list(printable)
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+def _token_bytes(text: str) -> bytes:
+    """The bytes a NORMAL byte-level token stands for (characters outside the table, which a
+    well-formed vocabulary does not have, are taken as their UTF-8)."""
+    out = bytearray()
+    for ch in text:
+        b = _BYTE_OF_CHAR.get(ch)
+        if b is None:
+            out += ch.encode("utf-8")
+        else:
+            out.append(b)
+    return bytes(out)
+
+
+class ChatTemplateError(ValueError):
+    """The chat template could not be rendered (bad template or messages it rejects)."""
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer of a GGUF model. Build with `from_metadata` or `from_gguf`."""
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        token_types: Sequence[int],
+        merges: Sequence[str],
+        *,
+        bos_id: int | None,
+        eos_id: int | None,
+        extra_eog: Iterable[int] = (),
+        add_bos: bool = False,
+        add_eos: bool = False,
+        chat_template: str | None = None,
+        pre: str = "qwen2",
+    ) -> None:
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        n = len(tokens)
+        if len(token_types) != n:
+            raise ModelError(
+                f"tokenizer: {len(token_types)} token types for {n} tokens (they must match)"
+            )
+        if pre not in _QWEN2_PRES:
+            raise ModelError(
+                f"tokenizer.ggml.pre {pre!r} is not supported (Strata runs the qwen2 "
+                f"pre-tokenizer: {', '.join(sorted(_QWEN2_PRES))})"
+            )
+        for name, v in (("bos", bos_id), ("eos", eos_id)):
+            if v is not None and not (0 <= v < n):
+                raise ModelError(f"tokenizer: {name} token id {v} is outside the vocabulary ({n})")
+        self._tokens = list(tokens)
+        self._types = [int(t) for t in token_types]
+        self._bos = bos_id
+        self._eos = eos_id
+        self._add_bos = add_bos
+        self._add_eos = add_eos
+        self.chat_template = chat_template
+
+        # Every token keeps its GGUF id in the BPE vocabulary (only NORMAL ones are reachable
+        # through merges); the first id of a duplicated text wins.
+        vocab: dict[str, int] = {}
+        for i, t in enumerate(self._tokens):
+            vocab.setdefault(t, i)
+        merge_pairs: list[tuple[str, str]] = []
+        for m in merges:
+            left, sep, right = m.partition(" ")
+            if not sep or not left or not right:
+                raise ModelError(f"tokenizer.ggml.merges: malformed entry {m!r}")
+            merge_pairs.append((left, right))
+        try:
+            model = models.BPE(vocab=vocab, merges=merge_pairs, unk_token=None, byte_fallback=False)
+        except Exception as e:  # tokenizers raises plain Exception on bad merges
+            raise ModelError(f"tokenizer: cannot build the BPE model: {e}") from None
+        hf = HFTokenizer(model)
+        hf.normalizer = normalizers.NFC()
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(
+                    Regex(QWEN2_PRETOKENIZER_RE), behavior="isolated", invert=False
+                ),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        hf.decoder = decoders.ByteLevel()
+        special = [
+            AddedToken(self._tokens[i], special=True, normalized=False)
+            for i, ty in enumerate(self._types)
+            if ty in (CONTROL, UNKNOWN) and vocab[self._tokens[i]] == i
+        ]
+        user = [
+            AddedToken(self._tokens[i], special=False, normalized=False)
+            for i, ty in enumerate(self._types)
+            if ty == USER_DEFINED and vocab[self._tokens[i]] == i
+        ]
+        hf.add_special_tokens(special)
+        hf.add_tokens(user)
+        self._hf = hf
+        self._hf_plain: Any = None  # the same with special tokens read as text, made on demand
+
+        # decode table: bytes of every id (control tokens are their text; unused ones empty)
+        self._piece: list[bytes] = []
+        for t, ty in zip(self._tokens, self._types, strict=True):
+            if ty == NORMAL:
+                self._piece.append(_token_bytes(t))
+            elif ty in (CONTROL, USER_DEFINED, UNKNOWN):
+                self._piece.append(t.encode("utf-8"))
+            else:
+                self._piece.append(b"")
+        self._special = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
+
+        eog = set(extra_eog)
+        if eos_id is not None:
+            eog.add(eos_id)
+        for text in _EOG_TEXTS:
+            j = vocab.get(text)
+            if j is not None and self._types[j] in (CONTROL, USER_DEFINED):
+                eog.add(j)
+        self._eog = frozenset(i for i in eog if 0 <= i < n)
+
+    # ---- construction --------------------------------------------------------------------
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
+        """Build from a GGUF's metadata (as `strata.gguf.GGUFFile.metadata` gives it)."""
+
+        def get(key: str, kind: type | tuple[type, ...], required: bool = True) -> Any:
+            v = metadata.get(key)
+            if v is None:
+                if required:
+                    raise ModelError(f"tokenizer: the GGUF has no {key}")
+                return None
+            if not isinstance(v, kind) or (isinstance(v, bool) and kind is int):
+                raise ModelError(f"tokenizer: {key} has the wrong type ({type(v).__name__})")
+            return v
+
+        model = get("tokenizer.ggml.model", str)
+        if model != "gpt2":
+            raise ModelError(
+                f"tokenizer.ggml.model {model!r} is not supported (Strata runs byte-level BPE, "
+                "'gpt2')"
+            )
+        tokens = get("tokenizer.ggml.tokens", list)
+        types = get("tokenizer.ggml.token_type", list, required=False)
+        if types is None:
+            types = [NORMAL] * len(tokens)
+        merges = get("tokenizer.ggml.merges", list)
+        extra = []
+        for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            v = get(key, int, required=False)
+            if v is not None:
+                extra.append(v)
+        add_bos = get("tokenizer.ggml.add_bos_token", bool, required=False)
+        add_eos = get("tokenizer.ggml.add_eos_token", bool, required=False)
+        return cls(
+            tokens,
+            types,
+            merges,
+            bos_id=get("tokenizer.ggml.bos_token_id", int, required=False),
+            eos_id=get("tokenizer.ggml.eos_token_id", int, required=False),
+            extra_eog=extra,
+            add_bos=bool(add_bos),
+            add_eos=bool(add_eos),
+            chat_template=get("tokenizer.chat_template", str, required=False),
+            pre=get("tokenizer.ggml.pre", str, required=False) or "qwen2",
+        )
+
+    @classmethod
+    def from_gguf(cls, path: Any) -> Tokenizer:
+        from strata.gguf import GGUFFile
+
+        with GGUFFile(path) as f:
+            return cls.from_metadata(f.metadata)
+
+    # ---- properties ----------------------------------------------------------------------
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._bos
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._eos
+
+    @property
+    def eog_ids(self) -> frozenset[int]:
+        """End-of-generation ids: eos, eot/eom when given, and the special tokens <|im_end|>,
+        <|endoftext|> (and the like, as llama.cpp) when the vocabulary has them."""
+        return self._eog
+
+    def token_text(self, token_id: int) -> str:
+        """The token's entry in the GGUF (byte-level characters for normal tokens)."""
+        self._check_id(token_id)
+        return self._tokens[token_id]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes the token decodes to (empty for unused entries)."""
+        self._check_id(token_id)
+        return self._piece[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a token given by its GGUF entry text, or None."""
+        i = self._hf.token_to_id(text)
+        return None if i is None else int(i)
+
+    def _check_id(self, token_id: int) -> None:
+        if not (0 <= token_id < len(self._tokens)):
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.n_vocab})")
+
+    # ---- encode / decode -----------------------------------------------------------------
+
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """Token ids of `text`. `add_special` adds BOS/EOS where the GGUF asks for them (Qwen:
+        neither). `parse_special` maps special-token text (e.g. `<|im_start|>`) to its id;
+        otherwise that text is tokenized as ordinary text."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, not {type(text).__name__}")
+        hf = self._hf if parse_special else self._plain()
+        ids: list[int] = hf.encode(text, add_special_tokens=False).ids
+        if add_special:
+            if self._add_bos and self._bos is not None:
+                ids.insert(0, self._bos)
+            if self._add_eos and self._eos is not None:
+                ids.append(self._eos)
+        return ids
+
+    def _plain(self) -> Any:
+        if self._hf_plain is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            plain = HFTokenizer.from_str(self._hf.to_str())
+            plain.encode_special_tokens = True
+            self._hf_plain = plain
+        return self._hf_plain
+
+    def decode_bytes(self, ids: Iterable[int], skip_special: bool = False) -> bytes:
+        out = bytearray()
+        for i in ids:
+            self._check_id(i)
+            if skip_special and i in self._special:
+                continue
+            out += self._piece[i]
+        return bytes(out)
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of `ids`; invalid UTF-8 becomes U+FFFD (as HF's ByteLevel decoder does)."""
+        return self.decode_bytes(ids, skip_special).decode("utf-8", "replace")
+
+    def detokenizer(self, skip_special: bool = False) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, skip_special)
+
+    # ---- chat template -------------------------------------------------------------------
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
+        """Render the GGUF's `tokenizer.chat_template` (jinja2, sandboxed, with the globals
+        HF provides: raise_exception, strftime_now, the tojson filter). Extra keyword
+        arguments (tools, enable_thinking, ...) are passed to the template."""
+        if not self.chat_template:
+            raise ChatTemplateError("the model has no chat template (tokenizer.chat_template)")
+        template = _compile_template(self.chat_template)
+        bos = self._tokens[self._bos] if self._bos is not None else ""
+        eos = self._tokens[self._eos] if self._eos is not None else ""
+        ctx = {"bos_token": bos, "eos_token": eos, **kwargs}
+        import jinja2
+
+        try:
+            out: str = template.render(
+                messages=list(messages), add_generation_prompt=add_generation_prompt, **ctx
+            )
+        except jinja2.TemplateError as e:
+            raise ChatTemplateError(f"chat template: {e}") from None
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as e:
+            raise ChatTemplateError(f"chat template could not render the messages: {e}") from None
+        return out
+
+
+_TEMPLATES: dict[str, Any] = {}
+
+
+def _compile_template(source: str) -> Any:
+    t = _TEMPLATES.get(source)
+    if t is not None:
+        return t
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.TemplateError(message)
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols, _GenerationTag],
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        t = env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template does not compile: {e}") from None
+    if len(_TEMPLATES) > 16:
+        _TEMPLATES.clear()
+    _TEMPLATES[source] = t
+    return t
+
+
+def _generation_tag() -> Any:
+    import jinja2.ext
+    from jinja2 import nodes
+
+    class GenerationTag(jinja2.ext.Extension):
+        """`{% generation %}…{% endgeneration %}` (HF's assistant-mask marker): renders its body."""
+
+        tags = {"generation"}  # noqa: RUF012 (jinja2's class attribute)
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return GenerationTag
+
+
+_GenerationTag = _generation_tag()
+
+
+class IncrementalDetokenizer:
+    """Feed token ids one at a time; get text pieces that never split a UTF-8 sequence.
+    Incomplete trailing bytes are held back until the next token completes them; bytes that
+    can never become valid UTF-8 come out as U+FFFD. Call `flush()` at the end."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        tok = self._tok
+        if self._skip and tok.is_special(token_id):
+            return ""
+        return self._dec.decode(tok.token_bytes(token_id), final=False)
+
+    def pending(self) -> bytes:
+        """Bytes held back (the start of an unfinished character)."""
+        return self._dec.getstate()[0]
+
+    def flush(self) -> str:
+        """End of stream: held-back bytes come out (as U+FFFD: they were incomplete)."""
+        out: str = self._dec.decode(b"", final=True)
+        self._dec.reset()
+        return out
+
+
+class StopMatcher:
+    """Stop strings over streamed text. `feed(text)` returns `(emit, stopped)`: the text safe to
+    send (anything that might be the start of a stop string is held back) and whether a stop
+    string was completed. Once stopped, text from the stop string on is dropped. `flush()`
+    returns the held-back text at the end of a generation that did not stop."""
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self.stops = sorted({s for s in stops if s}, key=len)
+        self._buf = ""
+        self.stopped = False
+        self.matched: str | None = None
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        if not self.stops:
+            return text, False
+        buf = self._buf + text
+        # earliest complete stop string
+        best = -1
+        for s in self.stops:
+            i = buf.find(s)
+            if i != -1 and (best == -1 or i < best):
+                best, self.matched = i, s
+        if best != -1:
+            self._buf = ""
+            self.stopped = True
+            return buf[:best], True
+        # hold back the longest suffix that is a proper prefix of some stop string
+        hold = 0
+        for k in range(min(len(buf), self._longest - 1), 0, -1):
+            tail = buf[-k:]
+            if any(s.startswith(tail) for s in self.stops):
+                hold = k
+                break
+        self._buf = buf[len(buf) - hold :]
+        return buf[: len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self._buf = ("" if self.stopped else self._buf), ""
+        return out

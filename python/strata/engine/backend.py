@@ -1,0 +1,246 @@
+"""What the engine loop needs from a model: the `Backend` protocol and its two implementations.
+
+- `FakeBackend`: a deterministic toy "model" over the byte vocabulary of `strata.toytok`, for
+  tests and `STRATA_ENGINE=fake`. Greedy decoding echoes the last run of byte tokens of the
+  prompt (for a chat: the last message's content) and then emits EOS; the logits are that
+  target plus seeded noise, so sampling with temperature spreads around it. Test-only faults
+  (`Config.test_faults`): a prompt containing `#stall#` makes the engine hang, `#crash#` makes
+  the process exit, both after two generated tokens.
+- `LLMBackend`: wraps `strata.llm.LLM` (imported lazily; the Rust forward pass).
+
+Shapes: V = vocabulary size, B = sequences in a decode step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from strata import toytok
+from strata.config import Config
+from strata.engine.protocol import Stat
+
+F32 = npt.NDArray[np.float32]
+
+
+class Backend(Protocol):
+    n_vocab: int
+    n_ctx: int  # positions per slot
+    max_slots: int
+
+    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
+        """Run prompt tokens `ids` at positions pos.. of `slot` (pos 0 starts the slot afresh);
+        returns the logits [V] after the last one."""
+        ...
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
+        """One token for each slot (at its next position); returns logits [B, V]."""
+        ...
+
+    def free(self, slot: int) -> None: ...
+
+    def stats(self) -> list[Stat]:
+        """Counters and gauges for /metrics (names without the strata_ prefix)."""
+        ...
+
+    def info(self) -> dict[str, Any]:
+        """Description for /v1/status (kind, model, tier state)."""
+        ...
+
+
+class FakeBackend:
+    ECHO_BOOST = 10.0  # logit added to the echo target; noise is N(0, 1)
+
+    def __init__(
+        self,
+        n_ctx: int = 4096,
+        max_slots: int = 4,
+        seed: int = 0,
+        step_ms: float = 0.0,
+        faults: bool = False,
+    ) -> None:
+        self.n_vocab = toytok.N_VOCAB
+        self.n_ctx = n_ctx
+        self.max_slots = max_slots
+        self.seed = seed
+        self.step_s = step_ms / 1000.0
+        self.faults = faults
+        self._tokens: dict[int, list[int]] = {}  # slot → prompt + output tokens
+        self._n_prompt: dict[int, int] = {}
+        self._fault: dict[int, str] = {}
+        self._steps = 0
+        self._prefill_tokens = 0
+        self._decode_tokens = 0
+        # bytes ≥ 0x80 and specials are less likely under noise; unused ids never
+        self._bias = np.zeros(self.n_vocab, dtype=np.float32)  # [V]
+        self._bias[128:] = -4.0
+        self._bias[len(toytok.SPECIALS) + 256 :] = -np.inf
+
+    # -- the toy model ----------------------------------------------------------------------
+
+    def _logits(self, slot: int) -> F32:
+        toks = self._tokens[slot]
+        n_prompt = self._n_prompt[slot]
+        run: list[int] = []  # the last run of byte tokens of the prompt
+        for t in reversed(toks[:n_prompt]):
+            if not toytok.is_byte(t):
+                if run:
+                    break
+                continue
+            run.append(t)
+        run.reverse()
+        g = len(toks) - n_prompt  # tokens generated so far
+        target = run[g] if g < len(run) else toytok.EOS
+        h = hashlib.blake2b(
+            f"{self.seed}:{len(toks)}:{toks[-1] if toks else -1}".encode(), digest_size=8
+        ).digest()
+        rng = np.random.default_rng(int.from_bytes(h, "little"))
+        x: F32 = rng.standard_normal(self.n_vocab, dtype=np.float32) + self._bias
+        x[target] += self.ECHO_BOOST
+        return x
+
+    def _check(self, slot: int, n: int) -> None:
+        if not (0 <= slot < self.max_slots):
+            raise ValueError(f"slot {slot} out of range 0..{self.max_slots - 1}")
+        if n > self.n_ctx:
+            raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx}")
+
+    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
+        self._check(slot, pos + len(ids))
+        if pos == 0:
+            self._tokens[slot] = []
+            self._fault.pop(slot, None)
+        toks = self._tokens[slot]
+        if len(toks) != pos:
+            raise ValueError(f"slot {slot}: prefill at {pos} but it holds {len(toks)} tokens")
+        toks.extend(int(t) for t in ids)
+        self._n_prompt[slot] = len(toks)
+        self._prefill_tokens += len(ids)
+        if self.faults:
+            text = bytes(t for t in toks if toytok.is_byte(t))
+            for fault in ("stall", "crash"):
+                if f"#{fault}#".encode() in text:
+                    self._fault[slot] = fault
+        self._sleep()
+        return self._logits(slot)
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
+        out = np.empty((len(slots), self.n_vocab), dtype=np.float32)  # [B, V]
+        for b, (slot, tok) in enumerate(zip(slots, tokens, strict=False)):
+            toks = self._tokens[slot]
+            self._check(slot, len(toks) + 1)
+            toks.append(int(tok))
+            fault = self._fault.get(slot)
+            if fault and len(toks) - self._n_prompt[slot] >= 2:
+                self._inject(fault)
+            out[b] = self._logits(slot)
+        self._steps += 1
+        self._decode_tokens += len(slots)
+        self._sleep()
+        return out
+
+    def _inject(self, fault: str) -> None:  # TEST-ONLY (Config.test_faults)
+        if fault == "crash":
+            os._exit(70)
+        deadline = time.monotonic() + 3600.0  # the server's watchdog kills us long before
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+        os._exit(71)
+
+    def _sleep(self) -> None:
+        if self.step_s > 0:
+            time.sleep(self.step_s)
+
+    def free(self, slot: int) -> None:
+        self._tokens.pop(slot, None)
+        self._n_prompt.pop(slot, None)
+        self._fault.pop(slot, None)
+
+    def stats(self) -> list[Stat]:
+        return [
+            Stat("engine_decode_steps_total", "counter", {}, float(self._steps)),
+            Stat("engine_prefill_tokens_total", "counter", {}, float(self._prefill_tokens)),
+            Stat("engine_decode_tokens_total", "counter", {}, float(self._decode_tokens)),
+        ]
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "kind": "fake",
+            "weights": "none: a deterministic toy model that echoes the prompt",
+            "tiers": {},
+        }
+
+
+class LLMBackend:
+    """Adapter over `strata.llm.LLM`. The step API it expects (still being settled):
+    `LLM(path, **config)` with `n_vocab`, `n_ctx`, `max_slots`, `prefill(slot, ids, pos)`,
+    `decode(slots, tokens)`, `free(slot)`, and optionally `stats()` / `info()`."""
+
+    def __init__(self, config: Config) -> None:
+        from strata import llm as llm_mod  # type: ignore[attr-defined]  # lands with the engine
+
+        path = config.model
+        if not path:
+            from strata import modelgen  # type: ignore[attr-defined]
+
+            path = str(modelgen.ensure_default_model(config.cache_dir or None))
+        self.path = path
+        self.llm: Any = llm_mod.LLM(
+            path,
+            n_ctx=config.n_ctx,
+            n_slots=config.parallel,
+            kv_type=config.kv_type,
+            prefill_chunk=config.prefill_chunk,
+            threads=config.threads,
+        )
+        self.n_vocab = int(self.llm.n_vocab)
+        self.n_ctx = int(self.llm.n_ctx)
+        self.max_slots = int(getattr(self.llm, "max_slots", config.parallel))
+        self.default_model = not config.model
+
+    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
+        return np.asarray(self.llm.prefill(slot, list(ids), pos), dtype=np.float32)
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
+        out = np.asarray(self.llm.decode(list(slots), list(tokens)), dtype=np.float32)
+        return out.reshape(len(slots), -1)
+
+    def free(self, slot: int) -> None:
+        self.llm.free(slot)
+
+    def stats(self) -> list[Stat]:
+        raw = getattr(self.llm, "stats", None)
+        if raw is None:
+            return []
+        return [
+            Stat(str(name), "counter" if str(name).endswith("_total") else "gauge", {}, float(v))
+            for name, v in dict(raw()).items()
+        ]
+
+    def info(self) -> dict[str, Any]:
+        extra = getattr(self.llm, "info", None)
+        d: dict[str, Any] = dict(extra()) if extra is not None else {}
+        d.setdefault("kind", "llm")
+        d.setdefault("path", self.path)
+        if self.default_model:
+            d["weights"] = "random: the embedded default model (for trying the API, not answers)"
+        return d
+
+
+def make_backend(config: Config) -> Backend:
+    if config.engine == "fake":
+        if config.fake_load_s > 0:
+            time.sleep(config.fake_load_s)
+        return FakeBackend(
+            n_ctx=config.n_ctx,
+            max_slots=config.parallel,
+            step_ms=config.fake_step_ms,
+            faults=config.test_faults,
+        )
+    return LLMBackend(config)

@@ -1,0 +1,396 @@
+"""The server's side of the engine: start/stop/restart the engine process, the FIFO queue into
+its slots, per-sequence event streams, cancellation, deadlines and the watchdog.
+
+Runs on the server's asyncio loop. A sequence is queued here (bounded by `max_queue`), sent to
+the engine when one of its `parallel` slots is free, and holds that slot until the engine's
+finishing `Tokens` arrives (also after an abort, so the slot count is always the engine's).
+When the engine dies, or says nothing on a running sequence for `engine_silence_s` (prompt
+progress counts), every running sequence fails with `EngineError`, the process is killed and a
+new one is started; queued sequences then go to the new engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import os
+import socket
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from strata.config import Config
+from strata.engine.protocol import (
+    HEADER_SIZE,
+    PROTOCOL_VERSION,
+    Abort,
+    Failed,
+    FromEngine,
+    Loaded,
+    Progress,
+    ProtocolError,
+    Shutdown,
+    Start,
+    Stats,
+    Submit,
+    ToEngine,
+    Tokens,
+    decode_from_engine,
+    encode,
+    frame_length,
+)
+from strata.sampling import SamplingParams
+
+State = Literal["stopped", "loading", "ready", "restarting", "failed"]
+
+
+class EngineError(Exception):
+    """The engine failed this sequence (died, went silent, refused it)."""
+
+
+class QueueFull(Exception):
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"server busy: {waiting} requests already waiting")
+        self.waiting = waiting
+
+
+class Unavailable(Exception):
+    """The engine is not there (loading failed, shutting down)."""
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class SeqStream:
+    """One sequence: the events the engine sends for it, in order."""
+
+    rid: int
+    submit: Submit
+    deadline: float | None  # monotonic seconds
+    queue: asyncio.Queue[Tokens | Progress | BaseException] = field(default_factory=asyncio.Queue)
+    dispatched: bool = False
+    cancelled: bool = False
+    finished: bool = False
+    last_heard: float = 0.0
+    t_submit: float = field(default_factory=time.monotonic)
+    t_dispatch: float = 0.0
+
+    async def next(self) -> Tokens | Progress:
+        """The next event; raises EngineError / DeadlineExceeded."""
+        timeout = None if self.deadline is None else self.deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            raise DeadlineExceeded("request deadline exceeded")
+        if not self.queue.empty():  # the common case under load: no timer, no task
+            item = self.queue.get_nowait()
+        elif timeout is None:
+            item = await self.queue.get()
+        else:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("request deadline exceeded") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class EngineClient:
+    def __init__(self, config: Config, on_event: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.state: State = "stopped"
+        self.error = ""  # why the engine is failed
+        self.loaded: Loaded | None = None
+        self.stats: Stats | None = None
+        self.restarts = 0
+        self.draining = False
+        self.waiting: deque[SeqStream] = deque()
+        self.running: dict[int, SeqStream] = {}
+        self._ids = itertools.count(1)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._watchdog_task: asyncio.Task[None] | None = None
+        self._restart_task: asyncio.Task[None] | None = None
+        self._on_event = on_event or (lambda _kind: None)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        return self.loaded.max_slots if self.loaded else self.config.parallel
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    async def start(self) -> None:
+        """Start the engine and the watchdog; returns once loaded (or failed)."""
+        self._watchdog_task = asyncio.create_task(self._watchdog())
+        await self._spawn()
+
+    async def _spawn(self) -> None:
+        self.state = "loading" if self.restarts == 0 else "restarting"
+        self.loaded = None
+        parent, child = socket.socketpair()
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "strata.engine",
+                "--fd",
+                str(child.fileno()),
+                pass_fds=(child.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
+        self._writer = writer
+        cfg = dataclasses.asdict(self.config)
+        writer.write(encode(Start(PROTOCOL_VERSION, cfg)))
+        try:
+            first = await self._read_frame(reader)
+        except (EOFError, ProtocolError, OSError) as e:
+            await self._fail(f"engine exited while loading ({e})")
+            return
+        if isinstance(first, Failed):
+            await self._fail(first.message)
+            return
+        if not isinstance(first, Loaded) or first.version != PROTOCOL_VERSION:
+            await self._fail(f"engine answered {first!r} to start")
+            return
+        self.loaded = first
+        self.state = "ready"
+        self._on_event("ready")
+        self._reader_task = asyncio.create_task(self._read_loop(reader))
+        self._pump()
+
+    async def _fail(self, message: str) -> None:
+        self.state = "failed"
+        self.error = message
+        await self._kill()
+        while self.waiting:
+            self.waiting.popleft().queue.put_nowait(Unavailable(message))
+        self._check_idle()
+
+    async def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+
+    async def close(self) -> None:
+        """Stop the engine (after draining, see `drain`)."""
+        self.draining = True
+        self.state = "stopped"
+        for t in (self._watchdog_task, self._restart_task):
+            if t is not None:
+                t.cancel()
+        proc = self._proc
+        if proc is not None and proc.returncode is None and self._writer is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                self._writer.write(encode(Shutdown()))
+                await self._writer.drain()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 2)  # then killed
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        await self._kill()
+        for s in [*self.waiting, *self.running.values()]:
+            s.queue.put_nowait(Unavailable("server shutting down"))
+        self.waiting.clear()
+        self.running.clear()
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new work and wait up to `timeout` s for queued and running work to end."""
+        self.draining = True
+        self._check_idle()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def abort_all(self, reason: str) -> None:
+        """End every queued and running sequence now with `Unavailable(reason)`."""
+        for s in list(self.waiting):
+            s.finished = True
+            s.queue.put_nowait(Unavailable(reason))
+        self.waiting.clear()
+        for s in list(self.running.values()):
+            if not s.cancelled:
+                s.queue.put_nowait(Unavailable(reason))
+            s.cancelled = True
+            self._send(Abort(s.rid))
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.waiting or self.running:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    def _lost(self, reason: str) -> None:
+        """The engine died or went silent: fail its sequences and start a new one."""
+        if self.state != "ready":
+            return
+        self.state = "restarting"
+        self._on_event("restart")
+        for s in self.running.values():
+            s.finished = True
+            s.queue.put_nowait(EngineError(reason))
+        self.running.clear()
+        self._check_idle()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+        self._restart_task = asyncio.create_task(self._restart())
+
+    async def _restart(self) -> None:
+        await self._kill()
+        self.restarts += 1
+        await self._spawn()
+
+    # -- frames ------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _read_frame(reader: asyncio.StreamReader) -> FromEngine:
+        try:
+            header = await reader.readexactly(HEADER_SIZE)
+            payload = await reader.readexactly(frame_length(header))
+        except asyncio.IncompleteReadError:
+            raise EOFError("engine closed its end") from None
+        return decode_from_engine(payload)
+
+    def _send(self, msg: ToEngine) -> None:
+        if self._writer is not None:
+            self._writer.write(encode(msg))
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                msg = await self._read_frame(reader)
+                if isinstance(msg, (Tokens, Progress)):
+                    self._deliver(msg)
+                elif isinstance(msg, Stats):
+                    self.stats = msg
+                elif isinstance(msg, Failed):
+                    raise ProtocolError(msg.message)
+        except asyncio.CancelledError:
+            raise
+        except (EOFError, ProtocolError, OSError) as e:
+            code = None
+            if self._proc is not None:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    code = await asyncio.wait_for(self._proc.wait(), 2)
+            why = f"engine process exited (code {code})" if code is not None else str(e)
+            self._lost(why)
+
+    def _deliver(self, msg: Tokens | Progress) -> None:
+        s = self.running.get(msg.rid)
+        if s is None:
+            return
+        s.last_heard = time.monotonic()
+        if isinstance(msg, Tokens) and msg.finish is not None:
+            del self.running[msg.rid]
+            s.finished = True
+            self._pump()
+            self._check_idle()
+        if not s.cancelled:
+            s.queue.put_nowait(msg)
+
+    async def _watchdog(self) -> None:
+        silence = self.config.engine_silence_s
+        if silence <= 0:
+            return
+        tick = min(1.0, silence / 4)
+        while True:
+            await asyncio.sleep(tick)
+            if self.state != "ready":
+                continue
+            now = time.monotonic()
+            late = [s for s in self.running.values() if now - s.last_heard > silence]
+            if late:
+                self._lost(f"engine silent for {silence:g} s on a request; restarting it")
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def check_accepting(self) -> None:
+        if self.draining:
+            raise Unavailable("server shutting down")
+        if self.state == "failed":
+            raise Unavailable(self.error or "engine failed")
+
+    def submit(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        max_tokens: list[int],
+        stop_ids: list[int],
+    ) -> list[SeqStream]:
+        """Queue sequences (all or none); raises QueueFull / Unavailable."""
+        self.check_accepting()
+        free = max(0, self.slots - len(self.running))
+        after = len(self.waiting) + len(prompts) - free
+        if after > self.config.max_queue:
+            raise QueueFull(len(self.waiting))
+        timeout = self.config.request_timeout_s
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        out = []
+        for prompt, p, mt in zip(prompts, params, max_tokens, strict=False):
+            rid = next(self._ids)
+            s = SeqStream(rid, Submit(rid, prompt, p, mt, stop_ids), deadline)
+            self.waiting.append(s)
+            out.append(s)
+        self._check_idle()
+        self._pump()
+        return out
+
+    def _pump(self) -> None:
+        """Send queued sequences to free engine slots, FIFO."""
+        if self.state != "ready":
+            return
+        while self.waiting and len(self.running) < self.slots:
+            s = self.waiting.popleft()
+            s.dispatched = True
+            s.t_dispatch = s.last_heard = time.monotonic()
+            self.running[s.rid] = s
+            self._send(s.submit)
+
+    def cancel(self, s: SeqStream) -> None:
+        """The client is gone: drop a queued sequence, abort a running one."""
+        if s.finished or s.cancelled:
+            return
+        s.cancelled = True
+        if not s.dispatched:
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(s)
+            self._check_idle()
+        elif s.rid in self.running:
+            self._send(Abort(s.rid))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "error": self.error,
+            "pid": self.pid,
+            "restarts": self.restarts,
+            "slots": self.slots,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "protocol_version": PROTOCOL_VERSION,
+            "server_pid": os.getpid(),
+        }

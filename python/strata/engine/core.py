@@ -1,0 +1,126 @@
+"""The engine process: receive requests, step the scheduler, run the model, emit tokens.
+
+Started by the server as `python -m strata.engine --fd N` with one end of a socketpair on fd N.
+The first frame is `Start` (protocol version + the server's Config); the engine loads its
+backend, answers `Loaded` (or `Failed`), then loops: read whatever frames arrived (blocking
+only when idle), run one scheduler step, send its events. It exits on `Shutdown` or when the
+server's end closes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from strata.config import Config
+from strata.engine.backend import Backend, make_backend
+from strata.engine.protocol import (
+    PROTOCOL_VERSION,
+    Abort,
+    Failed,
+    FrameSocket,
+    FromEngine,
+    Loaded,
+    ProtocolError,
+    Shutdown,
+    Start,
+    Stats,
+    Submit,
+    Tokens,
+    decode_to_engine,
+)
+from strata.engine.scheduler import Scheduler
+
+STATS_INTERVAL_S = 1.0
+
+
+def _load(conn: FrameSocket) -> tuple[Config, Backend] | None:
+    frames = conn.recv_ready(None)
+    first = decode_to_engine(frames[0])
+    if not isinstance(first, Start):
+        conn.send(Failed(f"expected a start frame, got {type(first).__name__}"))
+        return None
+    if first.version != PROTOCOL_VERSION:
+        conn.send(Failed(f"protocol version {first.version} != engine's {PROTOCOL_VERSION}"))
+        return None
+    try:
+        config = Config(**first.config)
+        backend = make_backend(config)
+    except Exception as e:  # report any load failure to the server, which shows it on /health
+        conn.send(Failed(f"engine failed to load: {type(e).__name__}: {e}"))
+        return None
+    conn.send(
+        Loaded(
+            PROTOCOL_VERSION,
+            os.getpid(),
+            backend.n_vocab,
+            backend.n_ctx,
+            min(config.parallel, backend.max_slots),
+            backend.info(),
+        )
+    )
+    return config, backend
+
+
+def serve(sock: socket.socket) -> int:
+    conn = FrameSocket(sock)
+    try:
+        loaded = _load(conn)
+    except (EOFError, ProtocolError, OSError):
+        return 2
+    if loaded is None:
+        return 1
+    config, backend = loaded
+    sched = Scheduler(backend, config.prefill_chunk, config.parallel)
+    last_stats = 0.0
+    dirty = True  # counters moved since the last Stats frame
+    while True:
+        try:
+            frames = conn.recv_ready(0.0 if sched.has_work() else STATS_INTERVAL_S)
+        except (EOFError, OSError):
+            return 0
+        out: list[FromEngine] = []
+        for payload in frames:
+            msg = decode_to_engine(payload)
+            if isinstance(msg, Submit):
+                out += sched.add(msg)
+            elif isinstance(msg, Abort):
+                out += sched.abort(msg.rid)
+            elif isinstance(msg, Shutdown):
+                return 0
+        if sched.has_work():
+            out += sched.step()
+            dirty = True
+        now = time.monotonic()
+        finished = any(isinstance(e, Tokens) and e.finish for e in out)
+        if dirty and (finished or now - last_stats >= STATS_INTERVAL_S):
+            out.append(Stats(backend.stats(), backend.info()))
+            last_stats, dirty = now, False
+        if out:
+            try:
+                conn.send(*out)
+            except OSError:
+                return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m strata.engine", description=__doc__)
+    p.add_argument("--fd", type=int, required=True, help="socket file descriptor to the server")
+    args: Any = p.parse_args(argv)
+    # Ctrl-C reaches the whole process group; the server decides when the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=args.fd)
+    try:
+        return serve(sock)
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Turn one engine sequence into text deltas: UTF-8-safe detokenization, stop strings,
+log-probabilities, timing metrics; and merge the deltas of a request's sequences (n, batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from strata.engine.client import EngineClient, EngineError, SeqStream
+from strata.engine.protocol import Progress, Tokens
+from strata.metrics import Metrics, RequestRecord
+from strata.server.tokenizing import IncrementalDetokenizer, ServerTokenizer, StopMatcher
+
+
+@dataclass(slots=True)
+class TokenInfo:
+    id: int
+    text: str
+    bytes: list[int]
+    logprob: float
+    top: list[tuple[str, list[int], float]]  # (token text, bytes, logprob)
+
+
+@dataclass(slots=True)
+class Delta:
+    index: int  # choice index
+    text: str
+    tokens: list[TokenInfo] = field(default_factory=list)
+    finish: str | None = None
+    output_tokens: int = 0  # set on the finishing delta
+
+
+@dataclass(slots=True)
+class SeqRun:
+    client: EngineClient
+    tok: ServerTokenizer
+    metrics: Metrics
+    stream: SeqStream
+    index: int
+    stops: list[str]
+    logprobs: bool
+    t_arrival: float
+    request_id: str
+    endpoint: str
+
+    def _info(self, ev: Tokens) -> list[TokenInfo]:
+        if not self.logprobs or ev.logprobs is None:
+            return []
+        out = []
+        for i, tid in enumerate(ev.ids):
+            top = [
+                (self.tok.decode([t]), list(self.tok.token_bytes(t)), lp)
+                for t, lp in (ev.top[i] if ev.top else [])
+            ]
+            raw = self.tok.token_bytes(tid)
+            out.append(TokenInfo(tid, self.tok.decode([tid]), list(raw), ev.logprobs[i], top))
+        return out
+
+    async def run(self) -> AsyncIterator[Delta]:
+        detok = IncrementalDetokenizer(self.tok)
+        stopm = StopMatcher(self.stops)
+        n_out = 0
+        first: float | None = None
+        last = 0.0
+        while True:
+            ev = await self.stream.next()
+            if isinstance(ev, Progress):
+                continue
+            now = time.monotonic()
+            if ev.ids:
+                if first is None:  # a multi-token first event: the rest came with it
+                    first = now
+                    self.metrics.ttft.observe(now - self.t_arrival)
+                    extra, gap = len(ev.ids) - 1, 0.0
+                else:
+                    extra, gap = len(ev.ids), (now - last) / len(ev.ids)
+                for _ in range(extra):
+                    self.metrics.itl.observe(gap)
+                last = now
+                n_out += len(ev.ids)
+            text = stopm.push(detok.push(ev.ids))
+            finish = ev.finish
+            if stopm.stopped and finish is None:
+                self.client.cancel(self.stream)  # its abort acknowledgement is dropped
+                finish = "stop"
+            if finish is None:
+                if text or ev.logprobs:
+                    yield Delta(self.index, text, self._info(ev))
+                continue
+            if finish == "error":
+                raise EngineError(ev.message or "engine error")
+            if finish == "abort":
+                finish = "stop"
+            if not stopm.stopped:
+                text += stopm.push(detok.flush()) + stopm.flush()
+            decode_s = (now - first) if first is not None else 0.0
+            self.metrics.record(
+                RequestRecord(
+                    id=f"{self.request_id}/{self.index}",
+                    endpoint=self.endpoint,
+                    finish_reason=finish,
+                    prompt_tokens=len(self.stream.submit.prompt),
+                    output_tokens=n_out,
+                    ttft_ms=round((first - self.t_arrival) * 1000, 3) if first else None,
+                    prompt_ms=round(ev.prompt_s * 1000, 3),
+                    decode_ms=round(decode_s * 1000, 3),
+                    tokens_per_s=round((n_out - 1) / decode_s, 3) if decode_s > 0 else None,
+                    drafts_offered=ev.drafts_offered,
+                    drafts_accepted=ev.drafts_accepted,
+                    hit_rate=None,
+                    pcie_share=None,
+                )
+            )
+            yield Delta(self.index, text, self._info(ev), finish, n_out)
+            return
+
+
+async def merge(runs: list[SeqRun]) -> AsyncIterator[Delta]:
+    """Deltas of several sequences as they come; the first error cancels the others."""
+    if len(runs) == 1:
+        async for d in runs[0].run():
+            yield d
+        return
+    q: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+
+    async def pump(r: SeqRun) -> None:
+        try:
+            async for d in r.run():
+                await q.put(d)
+            await q.put(None)
+        except Exception as e:  # handed to the consumer, which re-raises it
+            await q.put(e)
+
+    tasks = [asyncio.create_task(pump(r)) for r in runs]
+    try:
+        left = len(runs)
+        while left:
+            item = await q.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

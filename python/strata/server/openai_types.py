@@ -1,0 +1,315 @@
+"""OpenAI request shapes (msgspec), their validation, and the error type with its JSON shape.
+
+Validation turns every bad field into `APIError(400, message, param=field)`. Choices made where
+the API leaves room (documented in the README):
+- `max_tokens` / `max_completion_tokens` (the latter wins when both are given) must be >= 1;
+  a value above what the context leaves (or above `max_tokens_limit`) is clamped, and the
+  choice then ends with `finish_reason: "length"`.
+- a prompt that leaves no room for one output token is 400 `context_length_exceeded`.
+- `n` is 1..16; `stop` at most 4 non-empty strings; `top_logprobs` 0..`max_top_logprobs`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from strata.sampling import SamplingParams
+
+MAX_N = 16
+MAX_STOP = 4
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+_STATUS_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "unavailable_error",
+    504: "timeout_error",
+}
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _STATUS_TYPE.get(status, "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# -- request shapes ---------------------------------------------------------------------------
+
+
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    user: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: Any  # str | list[str] | list[int] | list[list[int]]: checked by hand
+    logprobs: int | None = None
+    echo: bool | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    prompt: str | None = None
+    content: str | None = None  # llama.cpp's name for prompt
+    messages: list[ChatMessage] | None = None
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    tokens: list[int]
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+_PATH = re.compile(r"at `\$\.?(.*)`")
+
+
+def parse_json_object(body: bytes, content_type: str) -> dict[str, Any]:
+    """The body as a JSON object, or a 4xx naming what is wrong."""
+    ctype = content_type.split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise APIError(415, f"Content-Type must be application/json (got {ctype or 'none'!r})")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        obj = json.loads(text)  # accepts NaN/Infinity so that they are reported per field
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise APIError(400, f"malformed JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise APIError(400, f"request body must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def convert(obj: dict[str, Any], cls: type[Any]) -> Any:
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as e:
+        m = _PATH.search(str(e))
+        param = m.group(1) if m else None
+        raise APIError(400, f"invalid request: {e}", param=param) from None
+
+
+@dataclass(slots=True)
+class Plan:
+    """A validated request, ready to tokenize and run."""
+
+    stream: bool
+    include_usage: bool
+    n: int
+    max_tokens: int | None  # None: as much as the context allows
+    stops: list[str]
+    params: SamplingParams  # seed is the base; choice i uses seed + i
+    logprobs: bool
+    top_logprobs: int
+
+
+def _finite(name: str, v: float | None) -> None:
+    if v is not None and not math.isfinite(v):
+        raise APIError(400, f"{name}: must be a finite number (got {v!r})", param=name)
+
+
+def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, limit: int) -> Plan:
+    n = 1 if req.n is None else req.n
+    if not (1 <= n <= MAX_N):
+        raise APIError(400, f"n: must be in 1..{MAX_N} (got {n})", param="n")
+    mt = req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        mt = req.max_completion_tokens
+    if mt is not None and mt < 1:
+        name = (
+            "max_completion_tokens"
+            if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
+            else "max_tokens"
+        )
+        raise APIError(400, f"{name}: must be at least 1 (got {mt})", param=name)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise APIError(400, f"stop: at most {MAX_STOP} non-empty strings", param="stop")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(
+            400, "stream_options: only allowed with stream: true", param="stream_options"
+        )
+    if not (0 <= top <= limit):
+        raise APIError(
+            400, f"top_logprobs: must be in 0..{limit} (got {top})", param="top_logprobs"
+        )
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
+        _finite(name, getattr(req, name))
+    fields: dict[str, Any] = {
+        k: getattr(req, k)
+        for k in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "seed",
+        )
+        if getattr(req, k) is not None
+    }
+    fields["top_logprobs"] = top if logprobs else -1
+    try:
+        params = SamplingParams(**fields).validate()
+    except ValueError as e:
+        raise APIError(400, str(e), param=getattr(e, "param", None)) from None
+    return Plan(
+        stream=req.stream,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        n=n,
+        max_tokens=mt,
+        stops=stops,
+        params=params,
+        logprobs=logprobs,
+        top_logprobs=top,
+    )
+
+
+def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
+    """The conversation as role/content strings, or a 400 naming the bad message."""
+    if not req.messages:
+        raise APIError(400, "messages: must be a non-empty array", param="messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise APIError(
+                400,
+                f"{where}.role: must be one of {', '.join(ROLES)} (got {m.role!r})",
+                param=f"{where}.role",
+            )
+        content = m.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(
+                        400,
+                        f"{where}.content[{j}]: only text parts are supported",
+                        param=f"{where}.content",
+                    )
+                texts.append(part.text)
+            content = "".join(texts)
+        if content is None and m.role != "assistant":
+            raise APIError(
+                400, f"{where}.content: required for role {m.role}", param=f"{where}.content"
+            )
+        if m.role in ("user", "system", "developer") and not content:
+            raise APIError(400, f"{where}.content: must not be empty", param=f"{where}.content")
+        out.append({"role": m.role, "content": content or ""})
+    return out
+
+
+def completion_prompts(prompt: Any, n_vocab: int) -> list[str | list[int]]:
+    """`prompt` as a list of texts or id lists (a batch), or a 400."""
+
+    def bad(why: str) -> APIError:
+        return APIError(400, f"prompt: {why}", param="prompt")
+
+    def ids_ok(ids: list[Any]) -> list[int]:
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise bad("must be a string, an array of strings, or an array of token ids")
+        if any(not (0 <= t < n_vocab) for t in ids):
+            raise bad(f"token id out of the vocabulary 0..{n_vocab - 1}")
+        return list(ids)
+
+    if isinstance(prompt, str):
+        items: list[str | list[int]] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        items = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        items = [ids_ok(p) for p in prompt]
+    elif isinstance(prompt, list) and prompt:
+        items = [ids_ok(prompt)]
+    elif prompt is None:
+        raise bad("required")
+    else:
+        raise bad("must not be empty")
+    if len(items) > MAX_N:
+        raise bad(f"at most {MAX_N} prompts in one request")
+    if any(len(p) == 0 for p in items):
+        raise bad("must not be empty")
+    return items

@@ -1,0 +1,476 @@
+"""HTTP endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /tokenize,
+/detokenize, /v1/status, /metrics.
+
+Every check that can fail runs before a stream starts (so it is a plain HTTP error); once the
+200 head of a stream is out, an engine failure is a `data: {"error": …}` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from strata import __version__
+from strata.engine.client import (
+    DeadlineExceeded,
+    EngineClient,
+    EngineError,
+    QueueFull,
+    SeqStream,
+    Unavailable,
+)
+from strata.sampling import MAX_SEED, SamplingParams
+from strata.server import sse
+from strata.server.generate import Delta, SeqRun, TokenInfo, merge
+from strata.server.openai_types import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    Plan,
+    TokenizeRequest,
+    chat_messages,
+    completion_prompts,
+    convert,
+    parse_json_object,
+    plan_common,
+)
+from strata.server.state import ServerState
+from strata.server.tokenizing import ServerTokenizer
+
+FINGERPRINT = f"strata-{__version__}"
+
+
+def _state(request: Request) -> ServerState:
+    st: ServerState = request.app.state.strata
+    return st
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    limit = _state(request).config.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes")
+    return parse_json_object(bytes(body), request.headers.get("content-type", ""))
+
+
+# -- simple endpoints -------------------------------------------------------------------------
+
+
+async def health(request: Request) -> Response:
+    st = _state(request)
+    if st.status == "ready" and st.client is not None and st.client.state == "ready":
+        return JSONResponse({"status": "ok"})
+    why = {
+        "loading": "model is loading",
+        "draining": "server is shutting down",
+        "failed": f"model failed to load: {st.error}",
+    }.get(st.status, "engine is restarting")
+    err = APIError(503, why, code=st.status)
+    return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "2"})
+
+
+def _model_card(st: ServerState) -> dict[str, Any]:
+    return {"id": st.model_id, "object": "model", "created": st.created, "owned_by": "strata"}
+
+
+async def models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(_state(request))]})
+
+
+async def model(request: Request) -> Response:
+    st = _state(request)
+    st.check_model(request.path_params["model"])
+    return JSONResponse(_model_card(st))
+
+
+async def status(request: Request) -> Response:
+    st = _state(request)
+    c = st.client
+    info = dict(c.loaded.info) if c and c.loaded else {}
+    if c and c.stats:
+        info.update(c.stats.info)
+    body = {
+        "status": st.status,
+        "error": st.error,
+        "model": {
+            "id": st.model_id,
+            "path": st.config.model,
+            "engine": st.config.engine,
+            "n_vocab": c.loaded.n_vocab if c and c.loaded else None,
+            "n_ctx": c.loaded.n_ctx if c and c.loaded else st.config.n_ctx,
+            "weights": info.get("weights", "file"),
+        },
+        "engine": c.describe() if c else {"state": "stopped"},
+        "slots": {
+            "parallel": c.slots if c else st.config.parallel,
+            "running": len(c.running) if c else 0,
+            "waiting": len(c.waiting) if c else 0,
+        },
+        "tiers": info.get("tiers", {}),
+        "backend": info,
+        "settings": st.config.public_dict(),
+    }
+    return JSONResponse(body)
+
+
+async def metrics(request: Request) -> Response:
+    m = _state(request).metrics
+    if "application/json" in request.headers.get("accept", ""):
+        return JSONResponse(m.json_view())
+    return Response(m.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def tokenize(request: Request) -> Response:
+    st = _state(request)
+    req = convert(await read_json(request), TokenizeRequest)
+    st.check_model(req.model)
+    client, tok = st.ready()
+    text = req.prompt if req.prompt is not None else req.content
+    if req.messages is not None:
+        if text is not None:
+            raise APIError(400, "give either prompt or messages, not both", param="messages")
+        ids = tok.encode(tok.apply_chat_template(chat_messages(_as_chat(req))), True)
+    elif text is not None:
+        ids = tok.encode(text, False)
+    else:
+        raise APIError(400, "prompt: required (or messages)", param="prompt")
+    n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
+    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
+
+
+def _as_chat(req: TokenizeRequest) -> ChatRequest:
+    return ChatRequest(model="", messages=req.messages or [])
+
+
+async def detokenize(request: Request) -> Response:
+    st = _state(request)
+    req = convert(await read_json(request), DetokenizeRequest)
+    st.check_model(req.model)
+    _, tok = st.ready()
+    if any(not (0 <= t < tok.n_vocab) for t in req.tokens):
+        raise APIError(400, f"tokens: ids must be in 0..{tok.n_vocab - 1}", param="tokens")
+    text = tok.decode(req.tokens)
+    return JSONResponse({"prompt": text, "content": text})
+
+
+# -- generation -------------------------------------------------------------------------------
+
+
+async def chat_completions(request: Request) -> Response | sse.SSEResponse:
+    t0 = time.monotonic()
+    st = _state(request)
+    req: ChatRequest = convert(await read_json(request), ChatRequest)
+    st.check_model(req.model)
+    client, tok = st.ready()
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
+    plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
+    ids = tok.encode(tok.apply_chat_template(chat_messages(req)), True)
+    return await _generate(request, st, client, tok, "chat", [ids], plan, t0)
+
+
+async def completions(request: Request) -> Response | sse.SSEResponse:
+    t0 = time.monotonic()
+    st = _state(request)
+    req: CompletionRequest = convert(await read_json(request), CompletionRequest)
+    st.check_model(req.model)
+    client, tok = st.ready()
+    if req.echo:
+        raise APIError(400, "echo: not supported", param="echo")
+    if req.suffix:
+        raise APIError(400, "suffix: not supported", param="suffix")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise APIError(400, "best_of: only equal to n is supported", param="best_of")
+    lp = req.logprobs
+    plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
+    prompts = [
+        p if isinstance(p, list) else tok.encode(p, False)
+        for p in completion_prompts(req.prompt, tok.n_vocab)
+    ]
+    return await _generate(request, st, client, tok, "completions", prompts, plan, t0)
+
+
+def _seed(base: int | None, j: int) -> int | None:
+    return None if base is None else (base + j) & MAX_SEED
+
+
+async def _generate(
+    request: Request,
+    st: ServerState,
+    client: EngineClient,
+    tok: ServerTokenizer,
+    endpoint: str,
+    prompts: list[list[int]],
+    plan: Plan,
+    t0: float,
+) -> Response | sse.SSEResponse:
+    n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
+    param = "messages" if endpoint == "chat" else "prompt"
+    for p in prompts:
+        if not p:
+            raise APIError(400, f"{param}: the prompt is empty", param=param)
+        if len(p) >= n_ctx:
+            raise APIError(
+                400,
+                f"{param}: the prompt has {len(p)} tokens; the context holds {n_ctx} "
+                "(including at least one output token)",
+                param=param,
+                code="context_length_exceeded",
+            )
+    seq_prompts, seq_params, seq_max = [], [], []
+    for p in prompts:
+        room = min(n_ctx - len(p), st.config.max_tokens_limit)
+        for j in range(plan.n):
+            seq_prompts.append(p)
+            seq_params.append(_with_seed(plan.params, _seed(plan.params.seed, j)))
+            seq_max.append(min(plan.max_tokens or room, room))
+    try:
+        streams = client.submit(seq_prompts, seq_params, seq_max, sorted(tok.eog_ids))
+    except QueueFull as e:
+        st.metrics.request_done(endpoint, "rejected")
+        raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
+    except Unavailable as e:
+        raise APIError(503, str(e), code="unavailable") from None
+    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
+    runs = [
+        SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint)
+        for i, s in enumerate(streams)
+    ]
+    shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0)
+
+    def cancel_all() -> None:
+        for s in streams:
+            client.cancel(s)
+
+    if plan.stream:
+        return sse.SSEResponse(_stream(shape, runs, st, streams), cancel_all)
+    return await _complete(request, shape, runs, st, streams, cancel_all)
+
+
+def _with_seed(p: SamplingParams, seed: int | None) -> SamplingParams:
+    import msgspec
+
+    return msgspec.structs.replace(p, seed=seed)
+
+
+def _engine_error(e: BaseException) -> APIError:
+    if isinstance(e, DeadlineExceeded):
+        return APIError(504, "request deadline exceeded", code="timeout")
+    if isinstance(e, Unavailable):
+        return APIError(503, str(e), code="unavailable")
+    return APIError(500, f"engine error: {e}", code="engine_error")
+
+
+class _Shape:
+    """Builds the OpenAI JSON objects of one request."""
+
+    def __init__(
+        self, endpoint: str, rid: str, model: str, plan: Plan, prompt_tokens: int, t0: float
+    ) -> None:
+        self.chat = endpoint == "chat"
+        self.rid, self.model, self.plan = rid, model, plan
+        self.prompt_tokens = prompt_tokens
+        self.created = int(time.time())
+        self.offsets: dict[int, int] = {}
+        self.t0 = t0
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        p = self.prompt_tokens
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": completion_tokens,
+            "total_tokens": p + completion_tokens,
+        }
+
+    def logprobs(self, index: int, toks: list[TokenInfo]) -> dict[str, Any] | None:
+        if not self.plan.logprobs:
+            return None
+        if self.chat:
+            return {
+                "content": [
+                    {
+                        "token": t.text,
+                        "logprob": t.logprob,
+                        "bytes": t.bytes,
+                        "top_logprobs": [
+                            {"token": s, "logprob": lp, "bytes": b} for s, b, lp in t.top
+                        ],
+                    }
+                    for t in toks
+                ]
+            }
+        off = self.offsets.get(index, 0)
+        offsets = []
+        for t in toks:
+            offsets.append(off)
+            off += len(t.text)
+        self.offsets[index] = off
+        return {
+            "tokens": [t.text for t in toks],
+            "token_logprobs": [t.logprob for t in toks],
+            "top_logprobs": [{s: lp for s, _, lp in t.top} for t in toks],
+            "text_offset": offsets,
+        }
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.rid,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+        }
+        if self.plan.include_usage:
+            d["usage"] = None
+        return d
+
+    def delta_choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
+        lp = self.logprobs(d.index, d.tokens) if d.tokens else None
+        if self.chat:
+            delta = {"content": d.text} if d.text or not finish else {}
+            return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": finish}
+
+
+async def _stream(
+    shape: _Shape, runs: list[SeqRun], st: ServerState, streams: list[SeqStream]
+) -> AsyncIterator[bytes]:
+    endpoint = "chat" if shape.chat else "completions"
+    outcome = "cancelled"
+    total = 0
+    try:
+        if shape.chat:
+            yield sse.event(
+                shape.chunk(
+                    [
+                        {
+                            "index": r.index,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        for r in runs
+                    ]
+                )
+            )
+        async for d in merge(runs):
+            if d.finish is None:
+                yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
+                continue
+            total += d.output_tokens
+            if shape.chat and (d.text or d.tokens):
+                yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
+                d = Delta(d.index, "")
+            yield sse.event(shape.chunk([shape.delta_choice(d, d.finish)]))
+        if shape.plan.include_usage:
+            last = shape.chunk([])
+            last["usage"] = shape.usage(total)
+            yield sse.event(last)
+        yield sse.DONE
+        outcome = "ok"
+    except (EngineError, DeadlineExceeded, Unavailable) as e:
+        outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
+        yield sse.event(_engine_error(e).body())
+    finally:
+        st.metrics.request_done(endpoint, outcome, shape.t0)
+
+
+async def _complete(
+    request: Request,
+    shape: _Shape,
+    runs: list[SeqRun],
+    st: ServerState,
+    streams: list[SeqStream],
+    cancel_all: Any,
+) -> Response:
+    endpoint = "chat" if shape.chat else "completions"
+    texts = {r.index: "" for r in runs}
+    toks: dict[int, list[TokenInfo]] = {r.index: [] for r in runs}
+    finish: dict[int, str] = {}
+    total = 0
+
+    async def collect() -> None:
+        nonlocal total
+        async for d in merge(runs):
+            texts[d.index] += d.text
+            toks[d.index] += d.tokens
+            if d.finish is not None:
+                finish[d.index] = d.finish
+                total += d.output_tokens
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    work = asyncio.create_task(collect())
+    watch = asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            cancel_all()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+    if work.cancelled():
+        st.metrics.request_done(endpoint, "cancelled", shape.t0)
+        return Response(status_code=499)
+    err = work.exception()
+    if err is not None:
+        cancel_all()
+        st.metrics.request_done(endpoint, "error", shape.t0)
+        if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
+            raise _engine_error(err)
+        raise err
+    st.metrics.request_done(endpoint, "ok", shape.t0)
+    choices = []
+    for r in runs:
+        i = r.index
+        lp = shape.logprobs(i, toks[i])
+        if shape.chat:
+            msg = {"role": "assistant", "content": texts[i]}
+            choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": finish[i]})
+        else:
+            choices.append(
+                {"index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish[i]}
+            )
+    return JSONResponse(
+        {
+            "id": shape.rid,
+            "object": "chat.completion" if shape.chat else "text_completion",
+            "created": shape.created,
+            "model": shape.model,
+            "system_fingerprint": FINGERPRINT,
+            "choices": choices,
+            "usage": shape.usage(total),
+        }
+    )
+
+
+routes = [
+    Route("/health", health, methods=["GET"]),
+    Route("/v1/models", models, methods=["GET"]),
+    Route("/v1/models/{model:path}", model, methods=["GET"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/v1/status", status, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+]

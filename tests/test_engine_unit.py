@@ -1,0 +1,167 @@
+"""The engine pieces without processes: frames, the scheduler over the fake backend, and the
+server's UTF-8-safe detokenizer and stop matcher (oracle: decoding / searching the whole text)."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import pytest
+from strata import toytok
+from strata.engine.backend import FakeBackend
+from strata.engine.protocol import (
+    MAX_FRAME,
+    Abort,
+    FrameSocket,
+    Loaded,
+    Progress,
+    ProtocolError,
+    Start,
+    Submit,
+    Tokens,
+    decode_from_engine,
+    decode_to_engine,
+    encode,
+    frame_length,
+)
+from strata.engine.scheduler import Scheduler
+from strata.sampling import SamplingParams
+from strata.server.tokenizing import IncrementalDetokenizer, StopMatcher, ToyTokenizer
+
+GREEDY = SamplingParams(temperature=0)
+EOG = sorted(toytok.EOG_IDS)
+
+
+def test_frames_roundtrip_and_limits() -> None:
+    msgs = [Start(1, {"n_ctx": 64}), Submit(3, [1, 2], GREEDY, 5, EOG), Abort(3)]
+    for m in msgs:
+        assert decode_to_engine(encode(m)[4:]) == m
+    back = [Loaded(1, 9, 264, 64, 2, {"kind": "fake"}), Tokens(3, [5], [-0.1], [[(5, -0.1)]])]
+    for m in back:
+        assert decode_from_engine(encode(m)[4:]) == m
+    with pytest.raises(ProtocolError):
+        decode_to_engine(b"\x81\xa1t\xa4nope")
+    with pytest.raises(ProtocolError):
+        frame_length((MAX_FRAME + 1).to_bytes(4, "big"))
+
+
+def test_frame_socket_reassembles_split_frames() -> None:
+    a, b = socket.socketpair()
+    with a, b:
+        fs = FrameSocket(b)
+        data = b"".join(encode(Abort(i)) for i in range(50))
+        for i in range(0, len(data), 7):  # dribble the bytes
+            a.sendall(data[i : i + 7])
+        got = []
+        while len(got) < 50:
+            got += [decode_to_engine(p) for p in fs.recv_ready(1.0)]
+        assert got == [Abort(i) for i in range(50)]
+        assert fs.recv_ready(0.0) == []
+        a.close()
+        with pytest.raises(EOFError):
+            fs.recv_ready(1.0)
+
+
+def run(sched: Scheduler, limit: int = 1000) -> list[Progress | Tokens]:
+    out: list[Progress | Tokens] = []
+    for _ in range(limit):
+        if not sched.has_work():
+            return out
+        out += sched.step()
+    raise AssertionError("scheduler did not finish")
+
+
+def text_of(events: list[Progress | Tokens], rid: int) -> bytes:
+    return bytes(t for e in events if isinstance(e, Tokens) and e.rid == rid for t in e.ids)
+
+
+def finish_of(events: list[Progress | Tokens], rid: int) -> str | None:
+    return next(e.finish for e in events if isinstance(e, Tokens) and e.rid == rid and e.finish)
+
+
+def test_fifo_slots_and_echo() -> None:
+    fb = FakeBackend(n_ctx=64, max_slots=1)
+    sched = Scheduler(fb, prefill_chunk=4, max_slots=1)
+    for rid, word in enumerate([b"first", b"second", b"third"]):
+        assert sched.add(Submit(rid, list(word), GREEDY, 50, EOG)) == []
+    ev = run(sched)
+    firsts = [e.rid for e in ev if isinstance(e, Tokens) and e.ids]
+    assert firsts == sorted(firsts)  # one slot: strictly one after another, in order
+    assert [text_of(ev, r) for r in range(3)] == [b"first", b"second", b"third"]
+    assert [finish_of(ev, r) for r in range(3)] == ["stop"] * 3
+    # chunked prefill: "second" (6 tokens, chunk 4) reports one progress
+    assert [(e.done, e.total) for e in ev if isinstance(e, Progress) and e.rid == 1] == [(4, 6)]
+
+
+def test_length_context_and_errors() -> None:
+    sched = Scheduler(FakeBackend(n_ctx=10, max_slots=2), prefill_chunk=8, max_slots=2)
+    sched.add(Submit(1, list(b"abcdef"), GREEDY, 2, EOG))
+    sched.add(Submit(2, list(b"abcdefgh"), GREEDY, 50, EOG))  # 2 positions left
+    bad = sched.add(Submit(3, [1, 9999], GREEDY, 5, EOG))
+    assert bad[0].finish == "error" and "outside" in bad[0].message  # type: ignore[union-attr]
+    too_long = sched.add(Submit(4, list(range(10)), GREEDY, 5, EOG))
+    assert too_long[0].finish == "error"  # type: ignore[union-attr]
+    ev = run(sched)
+    assert (text_of(ev, 1), finish_of(ev, 1)) == (b"ab", "length")
+    assert (text_of(ev, 2), finish_of(ev, 2)) == (b"ab", "length")
+
+
+def test_abort_frees_slot_for_the_next() -> None:
+    sched = Scheduler(FakeBackend(n_ctx=256, max_slots=1), prefill_chunk=64, max_slots=1)
+    sched.add(Submit(1, list(b"x" * 100), GREEDY, 100, EOG))
+    sched.add(Submit(2, list(b"next"), GREEDY, 10, EOG))
+    ev = sched.step() + sched.step()
+    assert text_of(ev, 1) and not text_of(ev, 2)
+    ab = sched.abort(1)
+    assert [(e.rid, e.ids, e.finish) for e in ab] == [(1, [], "abort")]  # type: ignore[union-attr]
+    assert sched.free_slots == [0]
+    ev = run(sched)
+    assert text_of(ev, 2) == b"next"
+    assert sched.abort(1) == []  # already gone
+
+
+def test_detokenizer_never_splits_characters() -> None:
+    tok = ToyTokenizer()
+    rng = random.Random(0)
+    text = "aé東🎉 ok ñ → 𝄞 " * 5
+    ids = list(text.encode())
+    for _ in range(20):
+        d = IncrementalDetokenizer(tok)
+        parts, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 5)
+            parts.append(d.push(ids[i : i + n]))
+            i += n
+        parts.append(d.flush())
+        assert "".join(parts) == text
+        assert all("\ufffd" not in p for p in parts)
+    broken = [*b"ab", 0xE6, 0x9D]  # a cut 3-byte character at the end
+    d = IncrementalDetokenizer(tok)
+    assert "".join(d.push([t]) for t in broken) + d.flush() == tok.decode(broken)
+
+
+@pytest.mark.parametrize("stops", [["needle"], ["ne", "xx"], ["dle h"], ["zzz"]])
+def test_stop_matcher_any_split(stops: list[str]) -> None:
+    text = "hay hay needle hay"
+    hits = [text.find(s) for s in stops if s in text]
+    expect = text[: min(hits)] if hits else text
+    rng = random.Random(1)
+    for _ in range(30):
+        m = StopMatcher(stops)
+        out, i = [], 0
+        while i < len(text) and not m.stopped:
+            n = rng.randint(1, 4)
+            out.append(m.push(text[i : i + n]))
+            i += n
+        out.append(m.flush())
+        assert "".join(out) == expect
+        assert m.stopped == bool(hits)
+
+
+def test_toy_tokenizer_specials() -> None:
+    tok = ToyTokenizer()
+    t = tok.apply_chat_template(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    )
+    assert tok.encode(t, True) == [257, 115, 260, 258, 117, 260, 259]
+    assert tok.encode("<|user|>", False) == list(b"<|user|>")  # user text stays text

@@ -1,0 +1,111 @@
+"""Sampler and SamplingParams. Oracles: numpy softmax / argmax computed here, independently of
+the sampler's own code path, and the documented order of operations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from strata.sampling import Sampler, SamplingParams
+
+V = 6
+LOGITS = np.log(np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04], dtype=np.float64)).astype(np.float32)
+PROBS = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+
+
+def draws(params: SamplingParams, n: int = 1500, logits: np.ndarray = LOGITS) -> np.ndarray:
+    s = Sampler(params, [], V)
+    counts = np.zeros(V)
+    for _ in range(n):
+        tok = s.sample(logits).token
+        counts[tok] += 1
+        s._counts[:] = 0  # keep every draw independent (no penalties are set anyway)
+    return counts / n
+
+
+def close(freq: np.ndarray, expect: np.ndarray, n: int = 1500) -> None:
+    sigma = np.sqrt(np.maximum(expect * (1 - expect), 1e-12) / n)
+    assert np.all(np.abs(freq - expect) <= 5 * sigma + 1e-9), (freq, expect)
+
+
+def test_greedy_is_argmax() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = rng.standard_normal(V).astype(np.float32)
+        assert Sampler(SamplingParams(temperature=0), [], V).sample(x).token == int(np.argmax(x))
+
+
+def test_temperature_matches_softmax() -> None:
+    close(draws(SamplingParams(temperature=1.0, seed=1)), PROBS)
+    t = 0.5
+    p = PROBS ** (1 / t) / np.sum(PROBS ** (1 / t))
+    close(draws(SamplingParams(temperature=t, seed=2)), p)
+
+
+def test_top_k_top_p_min_p() -> None:
+    k2 = np.array([0.4, 0.25, 0, 0, 0, 0]) / 0.65
+    close(draws(SamplingParams(top_k=2, seed=3)), k2)
+    close(draws(SamplingParams(top_p=0.64, seed=4)), k2)  # 0.4 + 0.25 reaches 0.64
+    k3 = np.array([0.4, 0.25, 0.15, 0, 0, 0]) / 0.8
+    close(draws(SamplingParams(top_p=0.66, seed=5)), k3)
+    close(draws(SamplingParams(min_p=0.2, seed=6)), np.array([0.4, 0.25, 0.15, 0.1, 0, 0]) / 0.9)
+    assert set(np.nonzero(draws(SamplingParams(top_k=1, seed=7), 200))[0]) == {0}
+
+
+def test_seed_reproducible() -> None:
+    def seq(seed: int) -> list[int]:
+        s = Sampler(SamplingParams(seed=seed), [], V)
+        return [s.sample(LOGITS).token for _ in range(50)]
+
+    assert seq(11) == seq(11)
+    assert seq(11) != seq(12)
+
+
+def test_penalties() -> None:
+    x = np.array([2.0, 1.9, 0.0, -1.0, -1.0, -1.0], dtype=np.float32)
+    # repetition: token 0 is in the prompt, its positive logit is divided by 1.5 → 1.33 < 1.9
+    assert (
+        Sampler(SamplingParams(temperature=0, repetition_penalty=1.5), [0], V).sample(x).token == 1
+    )
+    # presence/frequency count output tokens only: the prompt does not matter
+    s = Sampler(SamplingParams(temperature=0, frequency_penalty=0.06), [0], V)
+    # output counts of token 0: 0 → 2.0, 1 → 1.94, 2 → 1.88 < 1.9
+    assert [s.sample(x).token for _ in range(3)] == [0, 0, 1]
+    s = Sampler(SamplingParams(temperature=0, presence_penalty=0.2), [], V)
+    assert [s.sample(x).token for _ in range(2)] == [0, 1]
+
+
+def test_logprobs_are_raw_log_softmax() -> None:
+    x = np.array([1.0, 3.0, 0.5, -2.0, 0.0, 2.0], dtype=np.float32)
+    ref = x.astype(np.float64) - math.log(np.exp(x.astype(np.float64)).sum())
+    r = Sampler(SamplingParams(temperature=0.7, top_logprobs=3, seed=0), [], V).sample(x)
+    assert r.logprob == pytest.approx(ref[r.token], abs=1e-5)
+    assert [t for t, _ in r.top] == [1, 5, 0]  # type: ignore[union-attr]
+    assert [lp for _, lp in r.top] == pytest.approx([ref[1], ref[5], ref[0]], abs=1e-5)  # type: ignore[union-attr]
+    none = Sampler(SamplingParams(temperature=0), [], V).sample(x)
+    assert none.logprob is None and none.top is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.5),
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("top_p", 0.0),
+        ("top_p", 1.01),
+        ("min_p", -0.01),
+        ("min_p", 1.5),
+        ("top_k", -2),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3.0),
+        ("seed", 1 << 64),
+        ("top_logprobs", -2),
+    ],
+)
+def test_validation_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{field}:") as e:
+        SamplingParams(**{field: value}).validate()  # type: ignore[arg-type]
+    assert e.value.param == field  # type: ignore[attr-defined]

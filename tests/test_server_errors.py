@@ -1,0 +1,198 @@
+"""Bad input: each is a 4xx with a clear message and the right `param`, and the server keeps
+serving. Also access control (API key, loopback Host/Origin), body limit, and 429."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from server_harness import Server
+
+MODEL = "strata-fake"
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server(parallel=2, n_ctx=256, max_body_bytes=4096, max_top_logprobs=5)
+    yield s
+    s.stop()
+
+
+def chat(**kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": USER, **kw}
+
+
+def comp(**kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "hi", **kw}
+
+
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+
+# (path, body, status, param, words in the message)
+JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
+    (CHAT, [1, 2], 400, None, "JSON object"),
+    (CHAT, "text", 400, None, "JSON object"),
+    (CHAT, {"model": MODEL}, 400, None, "messages"),
+    (CHAT, chat(messages=[]), 400, "messages", "non-empty"),
+    (CHAT, chat(messages="hi"), 400, "messages", "array"),
+    (CHAT, chat(messages=[{"content": "x"}]), 400, "messages[0]", "role"),
+    (CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role", "one of"),
+    (CHAT, chat(messages=[{"role": 3, "content": "x"}]), 400, "messages[0].role", "str"),
+    (CHAT, chat(messages=[{"role": "user"}]), 400, "messages[0].content", "required"),
+    (CHAT, chat(messages=[{"role": "user", "content": ""}]), 400, "messages[0].content", "empty"),
+    (CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content", "Expected"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        400,
+        "messages[0].content",
+        "text",
+    ),
+    (CHAT, chat(model="gpt-9"), 404, "model", "not found"),
+    (COMP, comp(model="gpt-9"), 404, "model", "not found"),
+    (CHAT, chat(messages=[{"role": "user", "content": "x" * 300}]), 400, "messages", "context"),
+    (
+        CHAT,
+        chat(messages=[{"role": "user", "content": "x" * 300}], stream=True),
+        400,
+        "messages",
+        "context",
+    ),
+    (COMP, comp(prompt="y" * 256, stream=True), 400, "prompt", "context"),
+    (COMP, comp(prompt=""), 400, "prompt", "empty"),
+    (COMP, comp(prompt=[]), 400, "prompt", "empty"),
+    (COMP, comp(prompt=[1, 2, 100000]), 400, "prompt", "vocabulary"),
+    (COMP, comp(prompt=[-1]), 400, "prompt", "vocabulary"),
+    (COMP, comp(prompt=[[1], [2, 70000]]), 400, "prompt", "vocabulary"),
+    (COMP, comp(prompt=None), 400, "prompt", "required"),
+    (COMP, comp(prompt=[1.5]), 400, "prompt", "token ids"),
+    (COMP, {"model": MODEL}, 400, None, "prompt"),
+    (CHAT, chat(max_tokens=0), 400, "max_tokens", "at least 1"),
+    (CHAT, chat(max_tokens=-5), 400, "max_tokens", "at least 1"),
+    (CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens", "at least 1"),
+    (COMP, comp(max_tokens="ten"), 400, "max_tokens", "int"),
+    (CHAT, chat(temperature=-0.1), 400, "temperature", ">= 0"),
+    (CHAT, chat(temperature="hot"), 400, "temperature", "float"),
+    (CHAT, chat(top_p=0), 400, "top_p", "(0, 1]"),
+    (CHAT, chat(top_p=1.5), 400, "top_p", "(0, 1]"),
+    (CHAT, chat(top_k=-2), 400, "top_k", ">= -1"),
+    (CHAT, chat(min_p=-0.1), 400, "min_p", "[0, 1]"),
+    (CHAT, chat(min_p=2), 400, "min_p", "[0, 1]"),
+    (CHAT, chat(presence_penalty=3), 400, "presence_penalty", "[-2, 2]"),
+    (CHAT, chat(frequency_penalty=-2.5), 400, "frequency_penalty", "[-2, 2]"),
+    (CHAT, chat(repetition_penalty=0), 400, "repetition_penalty", "(0, 10]"),
+    (CHAT, chat(n=0), 400, "n", "1.."),
+    (CHAT, chat(n=1000), 400, "n", "1.."),
+    (CHAT, chat(logprobs=True, top_logprobs=6), 400, "top_logprobs", "0..5"),
+    (CHAT, chat(top_logprobs=2), 400, "top_logprobs", "requires logprobs"),
+    (COMP, comp(logprobs=6), 400, "top_logprobs", "0..5"),
+    (CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4"),
+    (CHAT, chat(stop=[""]), 400, "stop", "non-empty"),
+    (CHAT, chat(seed="x"), 400, "seed", "int"),
+    (CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options", "stream"),
+    (COMP, comp(echo=True), 400, "echo", "not supported"),
+    ("/tokenize", {}, 400, "prompt", "required"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param", "words"), JSON_CASES)
+def test_bad_json_input(
+    server: Server, path: str, body: Any, status: int, param: str | None, words: str
+) -> None:
+    r = server.http.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert words in err["message"], err
+    if param is not None:
+        assert err["param"] == param, err
+    assert err["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def raw(server: Server, body: bytes, ctype: str = "application/json") -> httpx.Response:
+    return server.http.post(CHAT, content=body, headers={"content-type": ctype})
+
+
+def test_malformed_json(server: Server) -> None:
+    r = raw(server, b'{"model": "strata-fake", "messages": [')
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+
+
+def test_invalid_utf8(server: Server) -> None:
+    r = raw(
+        server, b'{"model": "strata-fake", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
+    )
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+
+
+def test_wrong_content_type(server: Server) -> None:
+    r = raw(server, json.dumps(chat()).encode(), "text/plain")
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_temperature(server: Server, value: str) -> None:
+    body = json.dumps(chat()).replace('"messages"', f'"temperature": {value}, "messages"')
+    r = raw(server, body.encode())
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "temperature"
+    assert "finite" in r.json()["error"]["message"]
+
+
+def test_body_over_limit(server: Server) -> None:
+    big = chat(messages=[{"role": "user", "content": "x" * 5000}])
+    r = server.http.post(CHAT, json=big)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+
+    def gen() -> Iterator[bytes]:  # chunked: no Content-Length to check up front
+        yield json.dumps(big).encode()
+
+    r = server.http.post(CHAT, content=gen(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_openai_client_raises_typed_errors(server: Server) -> None:
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as nf:
+        c.chat.completions.create(model="nope", messages=USER)  # type: ignore[list-item]
+    assert nf.value.body["param"] == "model"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=MODEL, messages=USER, temperature=-1, stream=True)  # type: ignore[list-item]
+    # and the server still serves
+    r = c.completions.create(model=MODEL, prompt="still here", temperature=0)
+    assert r.choices[0].text == "still here"
+
+
+def test_loopback_only_without_key(server: Server) -> None:
+    r = server.http.get("/v1/models", headers={"host": "evil.example:80"})
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
+    r = server.http.get("/v1/models", headers={"origin": "http://evil.example"})
+    assert r.status_code == 403
+    for host in ("localhost:1234", "127.0.0.1", "[::1]:9"):
+        assert server.http.get("/v1/models", headers={"host": host}).status_code == 200
+    ok = server.http.get("/v1/models", headers={"origin": "http://localhost:3000"})
+    assert ok.status_code == 200
+
+
+def test_api_key() -> None:
+    s = Server(api_key="s3cret")
+    try:
+        assert s.http.get("/health").status_code == 200  # open
+        r = s.http.get("/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        bad = s.http.get("/v1/models", headers={"authorization": "Bearer s3cre"})
+        assert bad.status_code == 401
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="s3cret", max_retries=0)
+        assert c.models.list().data[0].id == MODEL
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0).models.list()
+        # with a key, a foreign Host is fine (the key is the protection)
+        r = s.http.get("/v1/models", headers={"host": "box.lan", "authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+    finally:
+        s.stop()

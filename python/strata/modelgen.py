@@ -444,13 +444,13 @@ def user_cache_dir() -> Path:
     return Path(base) / "strata"
 
 
-def default_model_path(cache_dir: Path | None = None) -> Path:
+def default_model_path(cache_dir: str | Path | None = None) -> Path:
     spec = ModelSpec.default()
     d = Path(cache_dir) if cache_dir else user_cache_dir()
     return d / f"default-qwen3moe-{spec.key(DEFAULT_SEED, DEFAULT_DTYPE)}.gguf"
 
 
-def ensure_default_model(cache_dir: Path | None = None) -> Path:
+def ensure_default_model(cache_dir: str | Path | None = None) -> Path:
     """Build the embedded default model (`ModelSpec.default()`, random weights) into
     `cache_dir` (default: the user cache, ~/.cache/strata) unless it is there already; return
     its path. Deterministic; written to a temporary file and renamed atomically."""

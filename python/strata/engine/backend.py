@@ -187,7 +187,7 @@ class LLMBackend:
 
         path = config.model
         if not path:
-            from strata import modelgen  # type: ignore[attr-defined]
+            from strata import modelgen
 
             path = str(modelgen.ensure_default_model(config.cache_dir or None))
         self.path = path

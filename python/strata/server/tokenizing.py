@@ -84,7 +84,8 @@ class RealTokenizer:
 
         self.tok: Any = Tokenizer.from_metadata(metadata)
         self.n_vocab = len(metadata["tokenizer.ggml.tokens"])
-        self.eos_id = int(self.tok.eos_id)
+        eos = self.tok.eos_id
+        self.eos_id = int(eos) if eos is not None else -1
         self.eog_ids = frozenset(int(t) for t in self.tok.eog_ids)
 
     def encode(self, text: str, special: bool) -> list[int]:

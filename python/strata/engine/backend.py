@@ -183,13 +183,17 @@ class LLMBackend:
     `decode(slots, tokens)`, `free(slot)`, and optionally `stats()` / `info()`."""
 
     def __init__(self, config: Config) -> None:
-        from strata import llm as llm_mod  # type: ignore[attr-defined]  # lands with the engine
+        from strata import llm as llm_mod  # type: ignore[attr-defined, unused-ignore]
 
         path = config.model
         if not path:
-            from strata import modelgen  # type: ignore[attr-defined]
+            from pathlib import Path
 
-            path = str(modelgen.ensure_default_model(config.cache_dir or None))
+            from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
+
+            path = str(
+                modelgen.ensure_default_model(Path(config.cache_dir) if config.cache_dir else None)
+            )
         self.path = path
         self.llm: Any = llm_mod.LLM(
             path,

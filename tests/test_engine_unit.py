@@ -61,7 +61,9 @@ def test_frame_socket_reassembles_split_frames() -> None:
             got += [decode_to_engine(p) for p in fs.recv_ready(1.0)]
         assert got == [Abort(i) for i in range(50)]
         assert fs.recv_ready(0.0) == []
-        a.close()
+        a.sendall(encode(Abort(7)) + encode(Abort(8)))
+        a.close()  # frames sent before the close still arrive, then the end
+        assert [decode_to_engine(p) for p in fs.recv_ready(1.0)] == [Abort(7), Abort(8)]
         with pytest.raises(EOFError):
             fs.recv_ready(1.0)
 

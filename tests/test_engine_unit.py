@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 
 import pytest
 from strata import toytok
 from strata.engine.backend import FakeBackend
 from strata.engine.protocol import (
     MAX_FRAME,
+    PROTOCOL_VERSION,
     Abort,
+    Failed,
     FrameSocket,
     Loaded,
     Progress,
     ProtocolError,
+    Shutdown,
     Start,
     Submit,
     Tokens,
@@ -57,7 +61,9 @@ def test_frame_socket_reassembles_split_frames() -> None:
             got += [decode_to_engine(p) for p in fs.recv_ready(1.0)]
         assert got == [Abort(i) for i in range(50)]
         assert fs.recv_ready(0.0) == []
-        a.close()
+        a.sendall(encode(Abort(7)) + encode(Abort(8)))
+        a.close()  # frames sent before the close still arrive, then the end
+        assert [decode_to_engine(p) for p in fs.recv_ready(1.0)] == [Abort(7), Abort(8)]
         with pytest.raises(EOFError):
             fs.recv_ready(1.0)
 
@@ -165,3 +171,55 @@ def test_toy_tokenizer_specials() -> None:
     )
     assert tok.encode(t, True) == [257, 115, 260, 258, 117, 260, 259]
     assert tok.encode("<|user|>", False) == list(b"<|user|>")  # user text stays text
+
+
+def _engine_thread() -> tuple[socket.socket, threading.Thread, list[int]]:
+    from strata.engine.core import serve
+
+    a, b = socket.socketpair()
+    rc: list[int] = []
+    t = threading.Thread(target=lambda: rc.append(serve(b)), daemon=True)
+    t.start()
+    return a, t, rc
+
+
+def _recv(fs: FrameSocket, n: int = 1) -> list[object]:
+    out: list[object] = []
+    for _ in range(200):
+        out += [decode_from_engine(p) for p in fs.recv_ready(0.1)]
+        if len(out) >= n:
+            return out
+    raise AssertionError(f"engine sent {out}")
+
+
+def test_engine_loop_in_a_thread() -> None:
+    from dataclasses import asdict
+
+    from strata.config import Config
+
+    a, t, rc = _engine_thread()
+    fs = FrameSocket(a)
+    cfg = asdict(Config.load({"engine": "fake", "parallel": 2, "n_ctx": 64}, env={}))
+    fs.send(Start(PROTOCOL_VERSION, cfg))
+    loaded = _recv(fs)[0]
+    assert isinstance(loaded, Loaded) and loaded.max_slots == 2 and loaded.n_ctx == 64
+    fs.send(Submit(1, list(b"pong"), GREEDY, 10, EOG))
+    got: list[object] = []
+    while not any(isinstance(m, Tokens) and m.finish for m in got):
+        got += _recv(fs)
+    assert bytes(i for m in got if isinstance(m, Tokens) for i in m.ids) == b"pong"
+    fs.send(Shutdown())
+    t.join(5)
+    assert rc == [0]
+    a.close()
+
+
+def test_engine_refuses_other_protocol_version() -> None:
+    a, t, rc = _engine_thread()
+    fs = FrameSocket(a)
+    fs.send(Start(PROTOCOL_VERSION + 1, {}))
+    failed = _recv(fs)[0]
+    assert isinstance(failed, Failed) and "protocol version" in failed.message
+    t.join(5)
+    assert rc == [1]
+    a.close()

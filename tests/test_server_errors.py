@@ -196,3 +196,36 @@ def test_api_key() -> None:
         assert r.status_code == 200
     finally:
         s.stop()
+
+
+def test_security_refuses_foreign_client_without_key() -> None:
+    import asyncio
+
+    from strata.server.security import SecurityMiddleware
+
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        sent.append({"type": "app"})
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    def call(mw: SecurityMiddleware, client: str, path: str = "/v1/models") -> Any:
+        sent.clear()
+        scope = {
+            "type": "http",
+            "path": path,
+            "client": (client, 5000),
+            "headers": [(b"host", b"127.0.0.1:8000")],
+        }
+        asyncio.run(mw(scope, None, send))
+        return sent[0].get("status", "app")
+
+    open_mw = SecurityMiddleware(app, api_key="")
+    assert call(open_mw, "127.0.0.1") == "app"
+    assert call(open_mw, "::1") == "app"
+    assert call(open_mw, "10.0.0.5") == 403
+    keyed = SecurityMiddleware(app, api_key="k")
+    assert call(keyed, "10.0.0.5") == 401  # a key is needed, from anywhere
+    assert call(keyed, "10.0.0.5", "/health") == "app"

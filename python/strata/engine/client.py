@@ -248,6 +248,14 @@ class EngineClient:
         """The engine died or went silent: fail its sequences and start a new one."""
         if self.state != "ready":
             return
+        if self.draining:  # shutting down: fail what is left, start nothing new
+            self.state, self.error = "failed", reason
+            for s in self.running.values():
+                s.finished = True
+                s.queue.put_nowait(EngineError(reason))
+            self.running.clear()
+            self._check_idle()
+            return
         self.state = "restarting"
         self._on_event("restart")
         for s in self.running.values():

@@ -107,14 +107,31 @@ def serve(sock: socket.socket) -> int:
                 return 0
 
 
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m strata.engine", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="socket file descriptor to the server")
     args: Any = p.parse_args(argv)
-    # Ctrl-C reaches the whole process group; the server decides when the engine stops.
+    # Ctrl-C / SIGTERM reach the whole process group; the server decides when the engine
+    # stops (after draining). If the server dies, its socket closes and the engine exits;
+    # on Linux the kernel also kills the engine when the server process goes away.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
     sock = socket.socket(fileno=args.fd)
     try:
         return serve(sock)

@@ -173,7 +173,9 @@ class FrameSocket:
                 except (BlockingIOError, TimeoutError):
                     return out
                 if not chunk:
-                    raise EOFError("server closed the connection")
+                    if out:  # hand over what came before the end; the next call raises
+                        return out
+                    raise EOFError("peer closed the connection")
                 self._buf += chunk
                 if out:
                     self.sock.settimeout(0.0)

@@ -47,6 +47,7 @@ from strata.server.state import ServerState
 from strata.server.tokenizing import ServerTokenizer
 
 FINGERPRINT = f"strata-{__version__}"
+ENCODE_INLINE_CHARS = 8192
 
 
 def _state(request: Request) -> ServerState:
@@ -112,7 +113,11 @@ async def status(request: Request) -> Response:
             "engine": st.config.engine,
             "n_vocab": c.loaded.n_vocab if c and c.loaded else None,
             "n_ctx": c.loaded.n_ctx if c and c.loaded else st.config.n_ctx,
-            "weights": info.get("weights", "file"),
+            "weights": (
+                "random: the embedded default model (for trying the API, not for answers)"
+                if st.default_model
+                else info.get("weights", "from the file")
+            ),
         },
         "engine": c.describe() if c else {"state": "stopped"},
         "slots": {
@@ -143,9 +148,9 @@ async def tokenize(request: Request) -> Response:
     if req.messages is not None:
         if text is not None:
             raise APIError(400, "give either prompt or messages, not both", param="messages")
-        ids = tok.encode(tok.apply_chat_template(chat_messages(_as_chat(req))), True)
+        ids = await encode(tok, render_chat(tok, chat_messages(_as_chat(req))), True)
     elif text is not None:
-        ids = tok.encode(text, False)
+        ids = await encode(tok, text, False)
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
     n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
@@ -179,8 +184,22 @@ async def chat_completions(request: Request) -> Response | sse.SSEResponse:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
-    ids = tok.encode(tok.apply_chat_template(chat_messages(req)), True)
+    ids = await encode(tok, render_chat(tok, chat_messages(req)), True)
     return await _generate(request, st, client, tok, "chat", [ids], plan, t0)
+
+
+async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
+    """Long texts are tokenized on a worker thread so the event loop keeps streaming."""
+    if len(text) < ENCODE_INLINE_CHARS:
+        return tok.encode(text, special)
+    return await asyncio.to_thread(tok.encode, text, special)
+
+
+def render_chat(tok: ServerTokenizer, messages: list[dict[str, str]]) -> str:
+    try:
+        return tok.apply_chat_template(messages)
+    except ValueError as e:  # the model's template refused the conversation
+        raise APIError(400, f"messages: {e}", param="messages") from None
 
 
 async def completions(request: Request) -> Response | sse.SSEResponse:
@@ -198,7 +217,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     lp = req.logprobs
     plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
     prompts = [
-        p if isinstance(p, list) else tok.encode(p, False)
+        p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)
     ]
     return await _generate(request, st, client, tok, "completions", prompts, plan, t0)

@@ -28,7 +28,7 @@ def _resolve_model(config: Config) -> Config:
         return config
     from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 
-    path = modelgen.ensure_default_model(config.cache_dir or None)
+    path = modelgen.ensure_default_model(Path(config.cache_dir) if config.cache_dir else None)
     return dataclasses.replace(config, model=str(path))
 
 
@@ -42,6 +42,7 @@ class ServerState:
         self.error = ""
         self.created = int(time.time())
         self.model_id = self._model_id(config)
+        self.default_model = config.engine == "llm" and not config.model
         self._task: asyncio.Task[None] | None = None
 
     @staticmethod

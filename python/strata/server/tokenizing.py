@@ -83,10 +83,10 @@ class RealTokenizer:
         from strata.tokenizer import Tokenizer  # type: ignore[import-not-found, unused-ignore]
 
         self.tok: Any = Tokenizer.from_metadata(metadata)
-        self.n_vocab = len(metadata["tokenizer.ggml.tokens"])
-        eos = self.tok.eos_id
-        self.eos_id = int(eos) if eos is not None else -1
+        self.n_vocab = int(self.tok.n_vocab)
         self.eog_ids = frozenset(int(t) for t in self.tok.eog_ids)
+        eos = self.tok.eos_id
+        self.eos_id = int(eos) if eos is not None else min(self.eog_ids, default=-1)
 
     def encode(self, text: str, special: bool) -> list[int]:
         return list(self.tok.encode(text, parse_special=special))
@@ -95,12 +95,10 @@ class RealTokenizer:
         return str(self.tok.decode(list(ids), skip_special=True))
 
     def token_bytes(self, token: int) -> bytes:
-        fn = getattr(self.tok, "token_bytes", None)
-        if fn is not None:
-            return bytes(fn(token))
-        return self.decode([token]).encode()
+        return bytes(self.tok.token_bytes(token))
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """Raises ValueError (the tokenizer's ChatTemplateError) when the template fails."""
         return str(self.tok.apply_chat_template(messages, add_generation_prompt=True))
 
 

@@ -1,0 +1,108 @@
+"""LLMBackend's glue over an `LLM`-shaped stand-in (the real strata.llm lands separately).
+Oracle: greedy decoding done here directly on the stand-in's full-sequence logits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from strata.config import Config
+from strata.engine.backend import LLMBackend
+from strata.engine.protocol import Submit, Tokens
+from strata.engine.scheduler import Scheduler
+from strata.sampling import SamplingParams
+
+V = 50
+EOS = 0
+
+
+class StandIn:
+    """`LLM(path, **config)` with `logits(ids) -> [T, V]`: a tiny recurrent toy model."""
+
+    def __init__(self, path: str, **config: Any) -> None:
+        self.path, self.config = path, config
+        rng = np.random.default_rng(5)
+        self.emb = rng.standard_normal((V, 8))  # [V, D]
+        self.out = rng.standard_normal((8, V))  # [D, V]
+        self.n_vocab = V
+        self.n_ctx = int(config["n_ctx"])
+
+    def logits(self, ids: list[int]) -> np.ndarray:
+        h = np.zeros(8)
+        rows = []
+        for t in ids:
+            h = np.tanh(0.7 * h + self.emb[t])
+            rows.append(h @ self.out)
+        return np.asarray(rows, dtype=np.float32)  # [T, V]
+
+
+class StepStandIn(StandIn):
+    """The same model with the per-slot step API."""
+
+    def __init__(self, path: str, **config: Any) -> None:
+        super().__init__(path, **config)
+        self.seqs: dict[int, list[int]] = {}
+        self.batches: list[int] = []
+        self.max_slots = 2
+
+    def prefill(self, slot: int, ids: list[int], pos: int) -> np.ndarray:
+        seq = self.seqs.setdefault(slot, [])
+        del seq[pos:]
+        seq += ids
+        return self.logits(seq)[-1]
+
+    def decode(self, slots: list[int], tokens: list[int]) -> np.ndarray:
+        self.batches.append(len(slots))
+        for s, t in zip(slots, tokens, strict=True):
+            self.seqs[s].append(t)
+        return np.stack([self.logits(self.seqs[s])[-1] for s in slots])
+
+    def free(self, slot: int) -> None:
+        self.seqs.pop(slot)
+
+
+def greedy(model: StandIn, prompt: list[int], n: int) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(n):
+        tok = int(np.argmax(model.logits(seq)[-1]))
+        if tok == EOS:
+            break
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+def run(backend: LLMBackend, prompts: list[list[int]], n: int) -> dict[int, list[int]]:
+    sched = Scheduler(backend, prefill_chunk=3, max_slots=2)
+    for rid, p in enumerate(prompts):
+        sched.add(Submit(rid, p, SamplingParams(temperature=0), n, [EOS]))
+    out: dict[int, list[int]] = {rid: [] for rid in range(len(prompts))}
+    for _ in range(500):
+        if not sched.has_work():
+            return out
+        for e in sched.step():
+            if isinstance(e, Tokens):
+                out[e.rid] += e.ids
+    raise AssertionError("did not finish")
+
+
+CFG = Config.load({"engine": "llm", "model": "/models/x.gguf", "n_ctx": 64, "parallel": 2}, env={})
+PROMPTS = [[3, 4, 5, 6, 7], [9, 1, 2], [11, 12, 13, 14, 15, 16, 17]]
+
+
+def test_fallback_full_sequence_logits() -> None:
+    b = LLMBackend(CFG, factory=StandIn)
+    assert not b.stepwise and (b.n_vocab, b.n_ctx, b.max_slots) == (V, 64, 2)
+    assert b.llm.path == "/models/x.gguf" and b.llm.config["kv_type"] == "f16"
+    ref = StandIn("", n_ctx=64)
+    assert run(b, PROMPTS, 12) == {i: greedy(ref, p, 12) for i, p in enumerate(PROMPTS)}
+    assert b.info()["step_api"] == "full-sequence logits"
+
+
+def test_per_slot_step_api() -> None:
+    b = LLMBackend(CFG, factory=StepStandIn)
+    assert b.stepwise
+    ref = StandIn("", n_ctx=64)
+    assert run(b, PROMPTS, 12) == {i: greedy(ref, p, 12) for i, p in enumerate(PROMPTS)}
+    assert max(b.llm.batches) == 2  # two slots decoded in one call
+    assert b.llm.seqs == {}  # every slot freed

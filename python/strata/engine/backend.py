@@ -211,11 +211,7 @@ class LLMBackend:
         path = config.model
         self.default_model = not path
         if not path:
-<<<<<<< HEAD
-            from strata import modelgen
-=======
             from pathlib import Path
->>>>>>> server
 
             from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 

@@ -3,6 +3,7 @@
 
 pub mod dequant;
 pub mod dot;
+pub mod tables;
 pub mod types;
 
 pub use types::{GgmlType, QK_K};

@@ -96,7 +96,7 @@ def magnitude_row(t: str, row: bytes) -> bytes:
     dequantization is Σ|terms| per element: |d·sc·q| + |dmin·m| (or |d·q| + |m|)."""
     if t not in SCALES:
         return row
-    bs, ts = BLOCK[t]
+    ts = BLOCK[t][1]
     b = np.frombuffer(row, np.uint8).reshape(-1, ts).copy()
     for o, role in SCALES[t]:
         v = np.abs(b[:, o : o + 2].copy().view(np.float16))
@@ -115,7 +115,7 @@ def dequant_act(t: str, act: bytes, n: int) -> np.ndarray:
         return a.view(np.float16).astype(np.float64)
     if t == "BF16":
         return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    bs, ts = BLOCK[t]
+    ts = BLOCK[t][1]
     b = a.reshape(-1, ts)
     if t == "Q8_K":
         d = b[:, 0:4].copy().view(np.float32)[:, 0].astype(np.float64)

@@ -30,7 +30,7 @@ VEC_DOT = ctypes.CFUNCTYPE(
 
 
 class TypeTraits(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012
+    _fields_ = [
         ("type_name", ctypes.c_char_p),
         ("blck_size", ctypes.c_int64),
         ("blck_size_interleave", ctypes.c_int64),
@@ -42,7 +42,7 @@ class TypeTraits(ctypes.Structure):
 
 
 class TypeTraitsCpu(ctypes.Structure):
-    _fields_ = [  # noqa: RUF012
+    _fields_ = [
         ("from_float", ctypes.c_void_p),
         ("vec_dot", ctypes.c_void_p),
         ("vec_dot_type", ctypes.c_int),

@@ -13,10 +13,6 @@ import struct
 
 import numpy as np
 import pytest
-
-from strata import _core
-from strata.errors import QuantError
-
 from dot_util import (
     ACT,
     BLOCK,
@@ -29,6 +25,8 @@ from dot_util import (
     random_row,
 )
 from ggml_oracle import ggml
+from strata import _core
+from strata.errors import QuantError
 
 
 def _rows(rng: np.random.Generator, n: int) -> list[np.ndarray]:
@@ -62,7 +60,7 @@ def test_quantize_act_matches_ggml(act: str) -> None:
         tid = GGML_ID[act]
         want = g.quantize_ref(tid, x) if g.traits(tid).from_float_ref else g.quantize_cpu(tid, x)
         assert ours == want, f"{act}: first difference at byte " + str(
-            next(i for i, (a, b) in enumerate(zip(ours, want)) if a != b)
+            next(i for i, (a, b) in enumerate(zip(ours, want, strict=True)) if a != b)
         )
 
 

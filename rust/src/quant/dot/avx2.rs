@@ -131,7 +131,7 @@ pub(super) fn table16(t: &[i8; 16]) -> __m256i {
 /// The lane scheme's final reduction (`common::reduce16`).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn reduce_lanes(acc0: __m256, acc1: __m256) -> f32 {
+pub(super) fn reduce_lanes(acc0: __m256, acc1: __m256) -> f32 {
     let mut r = [0f32; 8];
     unsafe { _mm256_storeu_ps(r.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
     reduce8(&r)

@@ -3,9 +3,7 @@
 //! `common` functions as the scalar kernels, so results are bitwise equal.
 //! Safety: as in `avx2.rs` (callers have checked the feature and the slice lengths).
 
-use super::super::common::{
-    f16_at, f32_at, k_add, k_add_min, q3k_scales, scale_min_k4, u16_at, u32_at,
-};
+use super::super::common::{f16_at, f32_at, k_add, k_add_min, q3k_scales, u16_at, u32_at};
 use super::{bits_to_bytes, hsum_i32, load, load128, nibbles, table16};
 use crate::quant::tables::{
     IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
@@ -45,8 +43,7 @@ macro_rules! k_kernel {
     };
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q2_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let (qp, ap) = (wb.as_ptr().add(16), ab.as_ptr().add(4));
     let sc = load128(wb.as_ptr());
@@ -74,8 +71,7 @@ k_kernel!(q2_k, q2_k_ints, 84, |wb, ab, da, acc, si, sm| k_add_min(
     sm
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q3_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let sc = q3k_scales(&wb[96..108]);
     let ap = ab.as_ptr().add(4);
@@ -113,18 +109,25 @@ k_kernel!(q3_k, q3_k_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (`common::scale_min_k4`, done
+/// on 32-bit words): scales k<4 are the low 6 bits of bytes 0..4, k≥4 the low nibbles of
+/// bytes 8..12 with bits 6-7 of bytes 0..4 on top; mins likewise from bytes 4..8 and the
+/// high nibbles of bytes 8..12.
+#[inline(always)]
+fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
+    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
+    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
+    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
 /// Q4_K / Q5_K block: `qh` is the Q5_K high-bit array (None for Q4_K).
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>) -> (i32, i32) {
-    let mut sc = [0i32; 8];
-    let mut mins = [0i16; 16];
-    for k in 0..8 {
-        let (s, m) = scale_min_k4(k, &wb[4..16]);
-        sc[k] = s;
-        mins[2 * k] = m as i16;
-        mins[2 * k + 1] = m as i16;
-    }
+    let (sc, mins) = k4_scales(wb);
     let ap = ab.as_ptr().add(4);
     let (m4, one) = (_mm256_set1_epi8(15), _mm256_set1_epi8(1));
     let mut hv = match qh {
@@ -147,19 +150,22 @@ unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>)
         sumv = mac(sumv, lo, load(ap.add(64 * c)), s0);
         sumv = mac(sumv, hi, load(ap.add(64 * c + 32)), s1);
     }
-    let mv = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
-    let summ = _mm256_madd_epi16(mv, load(ab.as_ptr().add(260)));
-    (hsum_i32(sumv), hsum_i32(summ))
+    // Σ_k m_k·(bsum_2k + bsum_2k+1): pair sums of the 16 bsums, then a madd with the mins.
+    let bs = load(ab.as_ptr().add(260));
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    let mv = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(u64::from_le_bytes(mins) as i64));
+    let summ = _mm_madd_epi16(mv, pairs);
+    let summ = _mm_add_epi32(summ, _mm_unpackhi_epi64(summ, summ));
+    let summ = _mm_add_epi32(summ, _mm_shuffle_epi32(summ, 1));
+    (hsum_i32(sumv), _mm_cvtsi128_si32(summ))
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q4_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     q45_k_ints(wb, ab, wb.as_ptr().add(16), None)
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q5_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     q45_k_ints(wb, ab, wb.as_ptr().add(48), Some(wb.as_ptr().add(16)))
 }
@@ -179,8 +185,7 @@ k_kernel!(q5_k, q5_k_ints, 176, |wb, ab, da, acc, si, sm| k_add_min(
     sm
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let (qlp, qhp, ap) = (wb.as_ptr(), wb.as_ptr().add(128), ab.as_ptr().add(4));
     let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
@@ -221,8 +226,7 @@ k_kernel!(q6_k, q6_k_ints, 210, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq4_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let kv = table16(&KVALUES_IQ4NL);
     let sh = u16_at(wb, 2);
@@ -265,8 +269,7 @@ fn ksigns4(w: u32) -> u32 {
     })
 }
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
@@ -286,8 +289,7 @@ k_kernel!(iq3_s, iq3_s_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
@@ -307,8 +309,7 @@ k_kernel!(iq3_xxs, iq3_xxs_ints, 98, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq2_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
@@ -328,8 +329,7 @@ k_kernel!(iq2_xxs, iq2_xxs_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq2_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
@@ -353,8 +353,7 @@ k_kernel!(iq2_xs, iq2_xs_ints, 74, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn iq2_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
@@ -375,8 +374,7 @@ k_kernel!(iq2_s, iq2_s_ints, 82, |wb, ab, da, acc, si, _sm| k_add(
     si
 ));
 
-#[target_feature(enable = "avx2")]
-#[inline]
+#[inline(always)]
 unsafe fn tq2_0_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     let ap = ab.as_ptr().add(4);
     let (m3, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));

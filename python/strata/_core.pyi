@@ -15,7 +15,12 @@ __all__ = [
     "QuantError",
     "StrataError",
     "__version__",
+    "cpu_features",
     "dequantize_bytes",
+    "dot_isa",
+    "dot_isas",
+    "quantize_act",
+    "vec_dot",
 ]
 __version__: str
 
@@ -41,3 +46,8 @@ class GGUFReader:
 def dequantize_bytes(
     type_name: str, data: bytes | npt.NDArray[np.uint8], n: int
 ) -> npt.NDArray[np.float32]: ...
+def quantize_act(type_name: str, x: npt.NDArray[np.float32]) -> bytes: ...
+def vec_dot(type_name: str, n: int, row: bytes, act: bytes, isa: str = "auto") -> float: ...
+def cpu_features() -> list[str]: ...
+def dot_isa() -> str: ...
+def dot_isas() -> list[str]: ...

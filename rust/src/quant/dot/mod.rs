@@ -2,12 +2,193 @@
 //!
 //! For each weight type the activation is quantized to the type ggml pairs it with
 //! (`GgmlType::vec_dot_type`: Q8_0, Q8_1 or Q8_K; identity for float types), exactly as
-//! ggml rounds, so results agree with llama.cpp. The scalar functions are the reference;
-//! SIMD versions are chosen once at run time by CPU feature detection.
+//! ggml's reference quantizers round. The scalar kernels are the reference; AVX2 and
+//! AVX-512 versions are chosen once at run time by CPU feature detection (or forced with
+//! `STRATA_ISA=scalar|avx2|avx512`, read once, or per call with [`vec_dot_isa`]).
+//!
+//! Every kernel computes exact integer sums per block (or sub-block) and combines them with
+//! the float scales in a fixed order (see `common`), so the SIMD versions, which vectorise
+//! only the integer part (and the 16-lane float part of 32-element blocks), return results
+//! bitwise equal to the scalar ones. docs/QUANT.md states the error bound against the float
+//! dot of the dequantized operands.
+
+// The kernels index by position as the block formats are specified (FORMATS.md §2).
+#![allow(clippy::needless_range_loop)]
+
+mod act;
+mod common;
+mod scalar;
+mod scalar_iq;
+mod scalar_k;
+#[cfg(test)]
+mod tests;
+
+#[cfg_attr(not(target_arch = "x86_64"), path = "simd_stub.rs")]
+mod avx2;
+#[cfg_attr(not(target_arch = "x86_64"), path = "simd_stub.rs")]
+mod avx512;
+#[cfg_attr(not(target_arch = "x86_64"), path = "simd_stub.rs")]
+mod cpu;
 
 use super::types::GgmlType;
 use crate::error::{Error, Result};
-use half::f16;
+use std::sync::OnceLock;
+
+pub use cpu::cpu_features;
+
+/// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
+pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+/// An instruction set the kernels come in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL (and VNNI kernels where the CPU has VNNI).
+    Avx512,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Whether this CPU can run the kernels of this ISA.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            Isa::Avx2 => cpu::has_avx2(),
+            Isa::Avx512 => cpu::has_avx512(),
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The best ISA this CPU runs.
+pub fn best_isa() -> Isa {
+    Isa::ALL
+        .into_iter()
+        .rev()
+        .find(|i| i.available())
+        .unwrap_or(Isa::Scalar)
+}
+
+/// The ISA `vec_dot` uses: `STRATA_ISA` if set (capped at what the CPU runs), else the best.
+pub fn active_isa() -> Isa {
+    static ACTIVE: OnceLock<Isa> = OnceLock::new();
+    *ACTIVE.get_or_init(|| {
+        let want = match std::env::var("STRATA_ISA") {
+            Ok(s) if !s.is_empty() && s != "auto" => match Isa::from_name(&s) {
+                Some(i) => i,
+                None => {
+                    eprintln!("strata: STRATA_ISA={s:?} is not scalar|avx2|avx512; using auto");
+                    best_isa()
+                }
+            },
+            _ => best_isa(),
+        };
+        if want.available() {
+            want
+        } else {
+            let got = best_isa();
+            eprintln!(
+                "strata: STRATA_ISA={} is not supported by this CPU; using {}",
+                want.name(),
+                got.name()
+            );
+            got
+        }
+    })
+}
+
+const N_TYPES: usize = 43;
+
+fn scalar_kernel(w: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match w {
+        F32 => scalar::f32_dot,
+        F16 => scalar::f16_dot,
+        BF16 => scalar::bf16_dot,
+        Q4_0 => scalar::q4_0,
+        Q4_1 => scalar::q4_1,
+        Q5_0 => scalar::q5_0,
+        Q5_1 => scalar::q5_1,
+        Q8_0 => scalar::q8_0,
+        IQ4NL => scalar::iq4_nl,
+        MXFP4 => scalar::mxfp4,
+        Q2_0 => scalar::q2_0,
+        Q2K => scalar_k::q2_k,
+        Q3K => scalar_k::q3_k,
+        Q4K => scalar_k::q4_k,
+        Q5K => scalar_k::q5_k,
+        Q6K => scalar_k::q6_k,
+        TQ1_0 => scalar_k::tq1_0,
+        TQ2_0 => scalar_k::tq2_0,
+        IQ2XXS => scalar_iq::iq2_xxs,
+        IQ2XS => scalar_iq::iq2_xs,
+        IQ2S => scalar_iq::iq2_s,
+        IQ3XXS => scalar_iq::iq3_xxs,
+        IQ3S => scalar_iq::iq3_s,
+        IQ1S => scalar_iq::iq1_s,
+        IQ1M => scalar_iq::iq1_m,
+        IQ4XS => scalar_iq::iq4_xs,
+        _ => return None,
+    })
+}
+
+fn table(isa: Isa) -> &'static [Option<DotFn>; N_TYPES] {
+    static TABLES: [OnceLock<[Option<DotFn>; N_TYPES]>; 3] =
+        [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    TABLES[isa.index()].get_or_init(|| {
+        let mut t = [None; N_TYPES];
+        for w in GgmlType::ALL {
+            let mut k = scalar_kernel(w);
+            if k.is_some() && isa != Isa::Scalar && Isa::Avx2.available() {
+                k = avx2::kernel(w).or(k);
+            }
+            if k.is_some() && isa == Isa::Avx512 && Isa::Avx512.available() {
+                k = avx512::kernel(w).or(k);
+            }
+            t[w.id() as usize] = k;
+        }
+        t
+    })
+}
+
+/// The kernel `isa` uses for weight type `w` (falling back to the next lower ISA where
+/// that type has no kernel of its own); None when the type has no dot kernel or the CPU
+/// cannot run `isa`.
+pub fn kernel_for(isa: Isa, w: GgmlType) -> Option<DotFn> {
+    if !isa.available() {
+        return None;
+    }
+    table(isa)[w.id() as usize]
+}
+
+/// Whether the kernel `isa` would use for `w` is a SIMD kernel of that ISA itself.
+pub fn has_native_kernel(isa: Isa, w: GgmlType) -> bool {
+    match isa {
+        Isa::Scalar => scalar_kernel(w).is_some(),
+        Isa::Avx2 => isa.available() && avx2::kernel(w).is_some(),
+        Isa::Avx512 => isa.available() && avx512::kernel(w).is_some(),
+    }
+}
 
 /// Bytes of the quantized activation for a weight type `w` and a row of `n` elements.
 pub fn act_bytes(w: GgmlType, n: usize) -> Option<usize> {
@@ -30,15 +211,15 @@ pub fn quantize_act(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
         )));
     }
     match act {
-        GgmlType::F32 => {
-            for (o, v) in out.chunks_exact_mut(4).zip(x) {
-                o.copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        GgmlType::Q8_0 => quantize_q8_0(x, out),
+        GgmlType::F32 => act::f32_row(x, out),
+        GgmlType::F16 => act::f16_row(x, out),
+        GgmlType::BF16 => act::bf16_row(x, out),
+        GgmlType::Q8_0 => act::q8_0(x, out),
+        GgmlType::Q8_1 => act::q8_1(x, out),
+        GgmlType::Q8K => act::q8_k(x, out),
         other => {
             return Err(Error::Quant(format!(
-                "activation type {} is not implemented",
+                "{} is not an activation type",
                 other.name()
             )))
         }
@@ -46,55 +227,63 @@ pub fn quantize_act(act: GgmlType, x: &[f32], out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
-        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
-        for (j, v) in xb.iter().enumerate() {
-            ob[2 + j] = ((v * id).round() as i32) as i8 as u8;
-        }
-    }
-}
-
 /// Whether `w` has a dot kernel.
 pub fn supports(w: GgmlType) -> bool {
-    matches!(w, GgmlType::F32 | GgmlType::Q8_0)
+    scalar_kernel(w).is_some()
+}
+
+/// Check the operands of a dot and return the kernel; panics on a misuse (unsupported
+/// type, `n` not whole blocks, wrong slice lengths): callers check `supports` and size
+/// their buffers when the model loads.
+#[inline]
+fn checked(isa: Isa, w: GgmlType, n: usize, w_len: usize, a_len: usize) -> DotFn {
+    let k = kernel_for(isa, w)
+        .unwrap_or_else(|| panic!("no {} dot kernel for {}", isa.name(), w.name()));
+    let wb = w.row_bytes(n);
+    let ab = act_bytes(w, n);
+    assert!(
+        wb == Some(w_len) && ab == Some(a_len),
+        "dot {}: n = {n}, row {w_len} bytes, activation {a_len} bytes",
+        w.name()
+    );
+    k
 }
 
 /// `Σ_i w[i]·a[i]` over `n` elements; `w_row` holds the weight row in its own type and
-/// `act` the activation quantized with `quantize_act(w.vec_dot_type(), ..)`.
-/// Panics on unsupported types: callers check `supports` when the model loads.
+/// `act` the activation quantized with `quantize_act(w.vec_dot_type(), ..)` (whose values
+/// are all in [-127, 127]). Panics on a misuse (see `checked`).
 #[inline]
 pub fn vec_dot(w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
-    match w {
-        GgmlType::F32 => {
-            let mut s = 0f32;
-            for i in 0..n {
-                let a = f32::from_le_bytes(w_row[4 * i..4 * i + 4].try_into().unwrap());
-                let b = f32::from_le_bytes(act[4 * i..4 * i + 4].try_into().unwrap());
-                s += a * b;
-            }
-            s
-        }
-        GgmlType::Q8_0 => {
-            let mut s = 0f32;
-            for (wb, ab) in w_row
-                .chunks_exact(34)
-                .zip(act.chunks_exact(34))
-                .take(n / 32)
-            {
-                let mut isum = 0i32;
-                for j in 0..32 {
-                    isum += (wb[2 + j] as i8 as i32) * (ab[2 + j] as i8 as i32);
-                }
-                s += isum as f32
-                    * f16::from_bits(u16::from_le_bytes([wb[0], wb[1]])).to_f32()
-                    * f16::from_bits(u16::from_le_bytes([ab[0], ab[1]])).to_f32();
-            }
-            s
-        }
-        other => panic!("no dot kernel for {}", other.name()),
+    checked(active_isa(), w, n, w_row.len(), act.len())(n, w_row, act)
+}
+
+/// `vec_dot` with a given ISA; an error when the CPU cannot run it or the type has no
+/// kernel.
+pub fn vec_dot_isa(isa: Isa, w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> Result<f32> {
+    if !isa.available() {
+        return Err(Error::Quant(format!("this CPU cannot run {}", isa.name())));
+    }
+    if !supports(w) {
+        return Err(Error::Quant(format!("no dot kernel for {}", w.name())));
+    }
+    if w.row_bytes(n) != Some(w_row.len()) || act_bytes(w, n) != Some(act.len()) {
+        return Err(Error::Quant(format!(
+            "dot {}: n = {n} with a {}-byte row and a {}-byte activation",
+            w.name(),
+            w_row.len(),
+            act.len()
+        )));
+    }
+    Ok(checked(isa, w, n, w_row.len(), act.len())(n, w_row, act))
+}
+
+/// Dots of consecutive rows (`rows` = `out.len()` rows of `n` elements, back to back) with
+/// one activation: `out[r] = dot(row r, act)`. The kernel is looked up once.
+pub fn vec_dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    let rb = w.row_bytes(n).expect("n is whole blocks");
+    assert_eq!(rows.len(), rb * out.len(), "rows hold out.len() rows");
+    let k = checked(active_isa(), w, n, rb, act.len());
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
+        *o = k(n, row, act);
     }
 }

@@ -1,0 +1,104 @@
+//! Activation quantizers, rounding exactly as ggml's reference quantizers
+//! (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref`, and the F16/BF16 conversions).
+//! Every quantized activation lies in [-127, 127]; the SIMD kernels rely on that (the
+//! sign trick of `maddubs` needs |a| ≤ 127 to stay clear of 16-bit saturation).
+
+use half::f16;
+
+/// ggml's `nearest_int`: round half to even through the 1.5·2^23 trick; exact for
+/// |v| ≤ 2^22 − 1, which holds here (|v| ≤ 127 plus rounding).
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let t = (v + 12_582_912.0f32).to_bits() as i32;
+    (t & 0x007f_ffff) - 0x0040_0000
+}
+
+/// Q8_0 (34 bytes per 32): d = amax/127 (stored f16), q = round-half-away(x / d) computed
+/// as x·(1/d) with the unrounded d.
+pub fn q8_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for (o, v) in ob[2..].iter_mut().zip(xb) {
+            *o = (v * id).round() as i32 as i8 as u8;
+        }
+    }
+}
+
+/// Q8_1 (36 bytes per 32): as Q8_0, plus s = f16(d · Σq).
+pub fn q8_1(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (o, v) in ob[4..].iter_mut().zip(xb) {
+            let q = (v * id).round() as i32;
+            sum += q;
+            *o = q as i8 as u8;
+        }
+        ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        ob[2..4].copy_from_slice(&f16::from_f32(sum as f32 * d).to_bits().to_le_bytes());
+    }
+}
+
+/// Q8_K (292 bytes per 256): the element of largest magnitude `max` (first one on ties)
+/// maps to −127: iscale = −127/max, q = min(127, nearest_int(iscale·x)), d = 1/iscale (f32),
+/// bsums[k] = Σ q[16k..16k+16]. An all-zero block gives d = 0 and zero quants and sums.
+pub fn q8_k(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            ob.fill(0);
+            continue;
+        }
+        let iscale = -127.0f32 / max;
+        for (o, &v) in ob[4..260].iter_mut().zip(xb) {
+            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+        }
+        for k in 0..16 {
+            let s: i32 = ob[4 + 16 * k..4 + 16 * k + 16]
+                .iter()
+                .map(|&q| q as i8 as i32)
+                .sum();
+            ob[260 + 2 * k..262 + 2 * k].copy_from_slice(&(s as i16).to_le_bytes());
+        }
+        ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+    }
+}
+
+pub fn f32_row(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(4).zip(x) {
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// F16, round to nearest even (ggml's `ggml_fp32_to_fp16`).
+pub fn f16_row(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+        o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+    }
+}
+
+/// BF16 as ggml's `ggml_fp32_to_bf16`: NaN is kept quiet, everything else rounds to
+/// nearest even.
+pub fn bf16_row(x: &[f32], out: &mut [u8]) {
+    for (o, v) in out.chunks_exact_mut(2).zip(x) {
+        let u = v.to_bits();
+        let h = if (u & 0x7fff_ffff) > 0x7f80_0000 {
+            ((u >> 16) | 64) as u16
+        } else {
+            ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+        };
+        o.copy_from_slice(&h.to_le_bytes());
+    }
+}

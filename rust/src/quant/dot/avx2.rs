@@ -1,0 +1,299 @@
+//! AVX2 kernels. Only integer SIMD and the fixed 16-lane float scheme of `common` are used
+//! (multiply then add, never fused), so every result equals the scalar kernel's bitwise.
+//! Safety: the wrappers in `kernel` are only handed out when `cpu::has_avx2()` holds, and
+//! `super::checked` has verified the slice lengths for `n`, so every pointer read below
+//! stays inside `w` and `a`.
+
+use super::common::{f16_at, reduce8};
+use super::{cpu, DotFn};
+use crate::quant::tables::{KVALUES_IQ4NL, KVALUES_MXFP4};
+use crate::quant::GgmlType;
+use std::arch::x86_64::*;
+
+#[path = "avx2_k.rs"]
+mod k;
+
+pub fn kernel(w: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    if !cpu::has_avx2() {
+        return None;
+    }
+    macro_rules! safe {
+        ($f:path) => {{
+            fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
+                // SAFETY: see the module comment.
+                unsafe { $f(n, w, a) }
+            }
+            wrap as DotFn
+        }};
+    }
+    Some(match w {
+        F32 => safe!(f32_dot),
+        F16 => safe!(f16_dot),
+        BF16 => safe!(bf16_dot),
+        Q8_0 => safe!(q8_0),
+        Q4_0 => safe!(q4_0),
+        Q5_0 => safe!(q5_0),
+        Q4_1 => safe!(q4_1),
+        Q5_1 => safe!(q5_1),
+        IQ4NL => safe!(iq4_nl),
+        MXFP4 => safe!(mxfp4),
+        Q2K => safe!(k::q2_k),
+        Q3K => safe!(k::q3_k),
+        Q4K => safe!(k::q4_k),
+        Q5K => safe!(k::q5_k),
+        Q6K => safe!(k::q6_k),
+        IQ4XS => safe!(k::iq4_xs),
+        IQ3S => safe!(k::iq3_s),
+        IQ3XXS => safe!(k::iq3_xxs),
+        IQ2XXS => safe!(k::iq2_xxs),
+        IQ2XS => safe!(k::iq2_xs),
+        IQ2S => safe!(k::iq2_s),
+        TQ2_0 => safe!(k::tq2_0),
+        _ => return None,
+    })
+}
+
+// ---- helpers (inlined into the kernels, which enable the same features) ----
+
+/// 32 bytes from `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 16 bytes from `p`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn load128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+/// Sum of the eight i32 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn hsum_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Σ pairs of u8·i8 into 8 i32 lanes: lane k = Σ_{e=4k}^{4k+3} u_e·s_e (no saturation while
+/// 2·|u|·|s| < 32768).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn dot_us(u: __m256i, s: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+}
+
+/// As `dot_us` for two signed operands; `y` must avoid −128 (activations do).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn dot_ss(x: __m256i, y: __m256i) -> __m256i {
+    dot_us(_mm256_abs_epi8(x), _mm256_sign_epi8(y, x))
+}
+
+/// 32 bits to 32 bytes: byte e is 0xFF when bit e of `x` is set, else 0.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn bits_to_bytes(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64));
+    _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1))
+}
+
+/// 16 packed nibbles to 32 bytes: low nibbles first (elements 0..16), then high ones.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn nibbles(q: __m128i) -> __m256i {
+    let m = _mm_set1_epi8(15);
+    let lo = _mm_and_si128(q, m);
+    let hi = _mm_and_si128(_mm_srli_epi16(q, 4), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// A 16-entry i8 table in both 128-bit halves, for `_mm256_shuffle_epi8` lookups.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn table16(t: &[i8; 16]) -> __m256i {
+    let v = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
+    _mm256_set_m128i(v, v)
+}
+
+/// The lane scheme's final reduction (`common::reduce16`).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn reduce_lanes(acc0: __m256, acc1: __m256) -> f32 {
+    let mut r = [0f32; 8];
+    unsafe { _mm256_storeu_ps(r.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
+    reduce8(&r)
+}
+
+/// 32-element blocks: `$body(b) -> (partials: __m256i, scale: f32)` per block; even blocks
+/// go to the first lane register, odd ones to the second.
+macro_rules! lanes {
+    ($nb:expr, |$b:ident| $body:block) => {{
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let nb = $nb;
+        let mut $b = 0usize;
+        while $b + 1 < nb {
+            let (p, d) = $body;
+            acc0 = _mm256_add_ps(
+                acc0,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d)),
+            );
+            $b += 1;
+            let (p, d) = $body;
+            acc1 = _mm256_add_ps(
+                acc1,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d)),
+            );
+            $b += 1;
+        }
+        if $b < nb {
+            let (p, d) = $body;
+            acc0 = _mm256_add_ps(
+                acc0,
+                _mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d)),
+            );
+        }
+        reduce_lanes(acc0, acc1)
+    }};
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    lanes!(n / 32, |b| {
+        let (wb, ab) = (wp.add(34 * b), ap.add(34 * b));
+        let p = dot_ss(load(wb.add(2)), load(ab.add(2)));
+        (p, f16_at(w, 34 * b) * f16_at(a, 34 * b))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    lanes!(n / 32, |b| {
+        let q = _mm256_sub_epi8(nibbles(load128(wp.add(18 * b + 2))), _mm256_set1_epi8(8));
+        let p = dot_ss(q, load(ap.add(34 * b + 2)));
+        (p, f16_at(w, 18 * b) * f16_at(a, 34 * b))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    lanes!(n / 32, |b| {
+        let wb = wp.add(22 * b);
+        let qh = (wb.add(2) as *const u32).read_unaligned();
+        // 5th bit clear: nibble − 16 as i8 (= nibble | 0xF0); set: the nibble plus 16 − 16.
+        let hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xF0u8 as i8));
+        let q = _mm256_or_si256(nibbles(load128(wb.add(6))), hi);
+        let p = dot_ss(q, load(ap.add(34 * b + 2)));
+        (p, f16_at(w, 22 * b) * f16_at(a, 34 * b))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let kv = table16(&KVALUES_IQ4NL);
+    lanes!(n / 32, |b| {
+        let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(18 * b + 2))));
+        let p = dot_ss(q, load(ap.add(34 * b + 2)));
+        (p, f16_at(w, 18 * b) * f16_at(a, 34 * b))
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mxfp4(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let kv = table16(&KVALUES_MXFP4);
+    lanes!(n / 32, |b| {
+        let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(17 * b + 1))));
+        let p = dot_ss(q, load(ap.add(34 * b + 2)));
+        (p, super::common::e8m0_half(w[17 * b]) * f16_at(a, 34 * b))
+    })
+}
+
+/// Q4_1 / Q5_1 with Q8_1: lanes of d_w·d_a·Σq·a, plus Σ m·s in block order.
+macro_rules! q8_1_kernel {
+    ($name:ident, $bs:expr, |$wb:ident| $q:block) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let mut ms = 0f32;
+            let s = lanes!(n / 32, |b| {
+                let $wb = wp.add($bs * b);
+                let p = dot_us($q, load(ap.add(36 * b + 4)));
+                ms += f16_at(w, $bs * b + 2) * f16_at(a, 36 * b + 2);
+                (p, f16_at(w, $bs * b) * f16_at(a, 36 * b))
+            });
+            s + ms
+        }
+    };
+}
+
+q8_1_kernel!(q4_1, 20, |wb| { nibbles(load128(wb.add(4))) });
+q8_1_kernel!(q5_1, 24, |wb| {
+    let qh = (wb.add(4) as *const u32).read_unaligned();
+    let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(16));
+    _mm256_or_si256(nibbles(load128(wb.add(8))), hi)
+});
+
+/// Float rows: `$ld(i)` loads elements i..i+8 of the weight or activation as __m256.
+macro_rules! float_kernel {
+    ($name:ident, $sz:expr, $ld:ident, $scalar:path) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let n16 = n / 16 * 16;
+            let mut i = 0;
+            while i < n16 {
+                let p0 = _mm256_mul_ps($ld(wp.add($sz * i)), $ld(ap.add($sz * i)));
+                let p1 = _mm256_mul_ps($ld(wp.add($sz * (i + 8))), $ld(ap.add($sz * (i + 8))));
+                acc0 = _mm256_add_ps(acc0, p0);
+                acc1 = _mm256_add_ps(acc1, p1);
+                i += 16;
+            }
+            let mut s = reduce_lanes(acc0, acc1);
+            for i in n16..n {
+                s += $scalar(w, $sz * i) * $scalar(a, $sz * i);
+            }
+            s
+        }
+    };
+}
+
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn ld_f32(p: *const u8) -> __m256 {
+    _mm256_loadu_ps(p as *const f32)
+}
+
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn ld_f16(p: *const u8) -> __m256 {
+    _mm256_cvtph_ps(load128(p))
+}
+
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn ld_bf16(p: *const u8) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16))
+}
+
+float_kernel!(f32_dot, 4, ld_f32, super::common::f32_at);
+float_kernel!(f16_dot, 2, ld_f16, super::common::f16_at);
+float_kernel!(bf16_dot, 2, ld_bf16, super::common::bf16_at);

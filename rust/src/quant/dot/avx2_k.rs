@@ -1,0 +1,401 @@
+//! AVX2 kernels of the 256-element K, IQ and TQ types. Each computes a block's exact
+//! integer sums with SIMD and combines them with the float scales through the same
+//! `common` functions as the scalar kernels, so results are bitwise equal.
+//! Safety: as in `avx2.rs` (callers have checked the feature and the slice lengths).
+
+use super::super::common::{f16_at, f32_at, k_add, k_add_min, q3k_scales, u16_at, u32_at};
+use super::{bits_to_bytes, hsum_i32, load, load128, nibbles, table16};
+use crate::quant::tables::{
+    IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
+};
+use std::arch::x86_64::*;
+
+/// i16 lanes 0..8 = `lo`, lanes 8..16 = `hi`: per-16-element scales of a 32-element chunk
+/// after `maddubs` (i16 lane i holds elements 2i, 2i+1).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair16(lo: i32, hi: i32) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// `acc + madd(maddubs(u, s), scales)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mac(acc: __m256i, u: __m256i, s: __m256i, scales: __m256i) -> __m256i {
+    _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scales))
+}
+
+/// Drive a block kernel: `$ints(wb, ab) -> (sumi, summ)`, then the shared float combine.
+macro_rules! k_kernel {
+    ($name:ident, $ints:ident, $bs:expr, |$wb:ident, $ab:ident, $da:ident, $acc:ident, $si:ident, $sm:ident| $comb:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let mut $acc = 0f32;
+            for b in 0..n / 256 {
+                let $wb = &w[$bs * b..$bs * b + $bs];
+                let $ab = &a[292 * b..292 * b + 292];
+                let ($si, $sm) = $ints($wb, $ab);
+                let $da = f32_at($ab, 0);
+                $acc = $comb;
+            }
+            $acc
+        }
+    };
+}
+
+#[inline(always)]
+unsafe fn q2_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let (qp, ap) = (wb.as_ptr().add(16), ab.as_ptr().add(4));
+    let sc = load128(wb.as_ptr());
+    let m3 = _mm256_set1_epi8(3);
+    let mut sumv = _mm256_setzero_si256();
+    for h in 0..2 {
+        let mut qv = load(qp.add(32 * h));
+        for j in 0..4 {
+            let s = 8 * h + 2 * j;
+            let scv = pair16((wb[s] & 15) as i32, (wb[s + 1] & 15) as i32);
+            let q = _mm256_and_si256(qv, m3);
+            sumv = mac(sumv, q, load(ap.add(128 * h + 32 * j)), scv);
+            qv = _mm256_srli_epi16(qv, 2);
+        }
+    }
+    let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(15)));
+    let summ = _mm256_madd_epi16(mins, load(ab.as_ptr().add(260)));
+    (hsum_i32(sumv), hsum_i32(summ))
+}
+k_kernel!(q2_k, q2_k_ints, 84, |wb, ab, da, acc, si, sm| k_add_min(
+    acc,
+    da * f16_at(wb, 80),
+    si,
+    da * f16_at(wb, 82),
+    sm
+));
+
+#[inline(always)]
+unsafe fn q3_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let sc = q3k_scales(&wb[96..108]);
+    let ap = ab.as_ptr().add(4);
+    let (m3, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut hm = load(wb.as_ptr());
+    let mut sumv = _mm256_setzero_si256();
+    for h in 0..2 {
+        let mut qv = load(wb.as_ptr().add(32 + 32 * h));
+        for j in 0..4 {
+            let s = 8 * h + 2 * j;
+            // u = q2 + 4·hbit = q + 4; the 4·Σa is taken off below.
+            let hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
+            let u = _mm256_or_si256(_mm256_and_si256(qv, m3), hb);
+            sumv = mac(
+                sumv,
+                u,
+                load(ap.add(128 * h + 32 * j)),
+                pair16(sc[s], sc[s + 1]),
+            );
+            qv = _mm256_srli_epi16(qv, 2);
+            hm = _mm256_srli_epi16(hm, 1);
+        }
+    }
+    let sc16: [i16; 16] = std::array::from_fn(|i| sc[i] as i16);
+    let scv = _mm256_loadu_si256(sc16.as_ptr() as *const __m256i);
+    let msum = _mm256_madd_epi16(scv, load(ab.as_ptr().add(260)));
+    (
+        hsum_i32(_mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 2))),
+        0,
+    )
+}
+k_kernel!(q3_k, q3_k_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 108),
+    si
+));
+
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (`common::scale_min_k4`, done
+/// on 32-bit words): scales k<4 are the low 6 bits of bytes 0..4, k≥4 the low nibbles of
+/// bytes 8..12 with bits 6-7 of bytes 0..4 on top; mins likewise from bytes 4..8 and the
+/// high nibbles of bytes 8..12.
+#[inline(always)]
+fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
+    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
+    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
+    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
+/// Q4_K / Q5_K block: `qh` is the Q5_K high-bit array (None for Q4_K).
+#[inline(always)]
+unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>) -> (i32, i32) {
+    let (sc, mins) = k4_scales(wb);
+    let ap = ab.as_ptr().add(4);
+    let (m4, one) = (_mm256_set1_epi8(15), _mm256_set1_epi8(1));
+    let mut hv = match qh {
+        Some(p) => load(p),
+        None => _mm256_setzero_si256(),
+    };
+    let mut sumv = _mm256_setzero_si256();
+    for c in 0..4 {
+        let q = load(qs.add(32 * c));
+        let mut lo = _mm256_and_si256(q, m4);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        if qh.is_some() {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hv, one), 4));
+            hv = _mm256_srli_epi16(hv, 1);
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hv, one), 4));
+            hv = _mm256_srli_epi16(hv, 1);
+        }
+        let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
+        let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+        sumv = mac(sumv, lo, load(ap.add(64 * c)), s0);
+        sumv = mac(sumv, hi, load(ap.add(64 * c + 32)), s1);
+    }
+    // Σ_k m_k·(bsum_2k + bsum_2k+1): pair sums of the 16 bsums, then a madd with the mins.
+    let bs = load(ab.as_ptr().add(260));
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    let mv = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(u64::from_le_bytes(mins) as i64));
+    let summ = _mm_madd_epi16(mv, pairs);
+    let summ = _mm_add_epi32(summ, _mm_unpackhi_epi64(summ, summ));
+    let summ = _mm_add_epi32(summ, _mm_shuffle_epi32(summ, 1));
+    (hsum_i32(sumv), _mm_cvtsi128_si32(summ))
+}
+
+#[inline(always)]
+unsafe fn q4_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    q45_k_ints(wb, ab, wb.as_ptr().add(16), None)
+}
+
+#[inline(always)]
+unsafe fn q5_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    q45_k_ints(wb, ab, wb.as_ptr().add(48), Some(wb.as_ptr().add(16)))
+}
+
+k_kernel!(q4_k, q4_k_ints, 144, |wb, ab, da, acc, si, sm| k_add_min(
+    acc,
+    da * f16_at(wb, 0),
+    si,
+    da * f16_at(wb, 2),
+    sm
+));
+k_kernel!(q5_k, q5_k_ints, 176, |wb, ab, da, acc, si, sm| k_add_min(
+    acc,
+    da * f16_at(wb, 0),
+    si,
+    da * f16_at(wb, 2),
+    sm
+));
+
+#[inline(always)]
+unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let (qlp, qhp, ap) = (wb.as_ptr(), wb.as_ptr().add(128), ab.as_ptr().add(4));
+    let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    let mut sumv = _mm256_setzero_si256();
+    for h in 0..2 {
+        let ql0 = load(qlp.add(64 * h));
+        let ql1 = load(qlp.add(64 * h + 32));
+        let qh = load(qhp.add(32 * h));
+        let hb = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
+        let q = [
+            _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(qh)),
+            _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(_mm256_srli_epi16(qh, 2))),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                hb(_mm256_srli_epi16(qh, 4)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                hb(_mm256_srli_epi16(qh, 6)),
+            ),
+        ];
+        for (j, &qj) in q.iter().enumerate() {
+            let s = 8 * h + 2 * j;
+            let scv = pair16(wb[192 + s] as i8 as i32, wb[193 + s] as i8 as i32);
+            sumv = mac(sumv, qj, load(ap.add(128 * h + 32 * j)), scv);
+        }
+    }
+    let scv = _mm256_cvtepi8_epi16(load128(wb.as_ptr().add(192)));
+    let msum = _mm256_madd_epi16(scv, load(ab.as_ptr().add(260)));
+    (
+        hsum_i32(_mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5))),
+        0,
+    )
+}
+k_kernel!(q6_k, q6_k_ints, 210, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 208),
+    si
+));
+
+#[inline(always)]
+unsafe fn iq4_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let kv = table16(&KVALUES_IQ4NL);
+    let sh = u16_at(wb, 2);
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let lo = (wb[4 + g / 2] >> (4 * (g % 2))) & 15;
+        let ls = (lo as u32 | ((sh >> (2 * g)) & 3) << 4) as i32 - 32;
+        let q = _mm256_shuffle_epi8(kv, nibbles(load128(wb.as_ptr().add(8 + 16 * g))));
+        let av = load(ap.add(32 * g));
+        let u = _mm256_abs_epi8(q);
+        sumv = mac(
+            sumv,
+            u,
+            _mm256_sign_epi8(av, q),
+            _mm256_set1_epi16(ls as i16),
+        );
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq4_xs, iq4_xs_ints, 136, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0),
+    si
+));
+
+/// Negate the activation bytes whose sign bit is set in `signs` (bit e → element e).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn apply_signs(av: __m256i, signs: u32) -> __m256i {
+    let m = bits_to_bytes(signs);
+    _mm256_sub_epi8(_mm256_xor_si256(av, m), m)
+}
+
+/// Four KSIGNS bytes from the 7-bit fields of `w` (bits 0, 7, 14, 21).
+#[inline(always)]
+fn ksigns4(w: u32) -> u32 {
+    (0..4).fold(0u32, |s, l| {
+        s | (KSIGNS_IQ2XS[((w >> (7 * l)) & 127) as usize] as u32) << (8 * l)
+    })
+}
+
+#[inline(always)]
+unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = wb[66 + g] as usize;
+        let ls = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i16;
+        let gi = |m: usize| IQ3S_GRID[wb[2 + 8 * g + m] as usize | ((qh >> m) & 1) << 8] as i32;
+        let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
+        let av = apply_signs(load(ap.add(32 * g)), u32_at(wb, 74 + 4 * g));
+        sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq3_s, iq3_s_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0) * 1.0,
+    si
+));
+
+#[inline(always)]
+unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let wd = u32_at(wb, 66 + 4 * g);
+        let ls = 2 * (wd >> 28) as i16 + 1;
+        let gi = |m: usize| IQ3XXS_GRID[wb[2 + 8 * g + m] as usize] as i32;
+        let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
+        let av = apply_signs(load(ap.add(32 * g)), ksigns4(wd));
+        sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq3_xxs, iq3_xxs_ints, 98, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0) * 0.25,
+    si
+));
+
+#[inline(always)]
+unsafe fn iq2_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let (a0, a1) = (u32_at(wb, 2 + 8 * g), u32_at(wb, 6 + 8 * g));
+        let gi = |l: u32| IQ2XXS_GRID[((a0 >> (8 * l)) & 255) as usize] as i64;
+        let gv = _mm256_set_epi64x(gi(3), gi(2), gi(1), gi(0));
+        let av = apply_signs(load(ap.add(32 * g)), ksigns4(a1));
+        let ls = 2 * (a1 >> 28) as i16 + 1;
+        sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq2_xxs, iq2_xxs_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0) * 0.125,
+    si
+));
+
+#[inline(always)]
+unsafe fn iq2_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let v = |l: usize| u16_at(wb, 2 + 2 * (4 * g + l));
+        let gi = |l: usize| IQ2XS_GRID[(v(l) & 511) as usize] as i64;
+        let gv = _mm256_set_epi64x(gi(3), gi(2), gi(1), gi(0));
+        let signs = (0..4).fold(0u32, |s, l| {
+            s | (KSIGNS_IQ2XS[(v(l) >> 9) as usize] as u32) << (8 * l)
+        });
+        let av = apply_signs(load(ap.add(32 * g)), signs);
+        let sc = wb[66 + g];
+        let scv = pair16(2 * (sc & 15) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
+        sumv = mac(sumv, gv, av, scv);
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq2_xs, iq2_xs_ints, 74, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0) * 0.125,
+    si
+));
+
+#[inline(always)]
+unsafe fn iq2_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    for g in 0..8 {
+        let qh = wb[66 + g] as usize;
+        let gi = |l: usize| IQ2S_GRID[wb[2 + 4 * g + l] as usize | ((qh >> (2 * l)) & 3) << 8];
+        let gv = _mm256_set_epi64x(gi(3) as i64, gi(2) as i64, gi(1) as i64, gi(0) as i64);
+        let av = apply_signs(load(ap.add(32 * g)), u32_at(wb, 34 + 4 * g));
+        let sc = wb[74 + g];
+        let scv = pair16(2 * (sc & 15) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
+        sumv = mac(sumv, gv, av, scv);
+    }
+    (hsum_i32(sumv), 0)
+}
+k_kernel!(iq2_s, iq2_s_ints, 82, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 0) * 0.125,
+    si
+));
+
+#[inline(always)]
+unsafe fn tq2_0_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let (m3, ones) = (_mm256_set1_epi8(3), _mm256_set1_epi16(1));
+    let mut sumv = _mm256_setzero_si256();
+    for c in 0..2 {
+        let mut qv = load(wb.as_ptr().add(32 * c));
+        for l in 0..4 {
+            sumv = mac(
+                sumv,
+                _mm256_and_si256(qv, m3),
+                load(ap.add(128 * c + 32 * l)),
+                ones,
+            );
+            qv = _mm256_srli_epi16(qv, 2);
+        }
+    }
+    let bs = _mm256_madd_epi16(load(ab.as_ptr().add(260)), ones);
+    (hsum_i32(_mm256_sub_epi32(sumv, bs)), 0)
+}
+k_kernel!(tq2_0, tq2_0_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * f16_at(wb, 64),
+    si
+));

@@ -1,0 +1,228 @@
+//! Kernel tests: every SIMD path equals the scalar one bitwise on random blocks, and the
+//! activation quantizers keep their invariants. Agreement with ggml itself (quantizers
+//! byte-equal, dots within the stated bound) is tested from Python (tests/test_dot.py),
+//! where llama.cpp's libraries and gguf-py are at hand.
+
+use super::*;
+use half::f16;
+
+/// xorshift64*: reproducible random bytes without a dependency.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    pub fn f32(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Roughly normal, with an occasional outlier as real activations have.
+    pub fn act(&mut self) -> f32 {
+        let v = (0..4).map(|_| self.f32()).sum::<f32>() - 2.0;
+        if self.next().is_multiple_of(64) {
+            v * 20.0
+        } else {
+            v
+        }
+    }
+    /// A finite f16 scale of either sign, magnitude 2^-12 .. 2^2.
+    pub fn scale(&mut self) -> [u8; 2] {
+        let mag = 2f32.powf(-12.0 + 14.0 * self.f32());
+        let s = if self.next() & 1 == 0 { mag } else { -mag };
+        f16::from_f32(s).to_bits().to_le_bytes()
+    }
+}
+
+/// Offsets of the f16 scale fields of a block of `w` (to be overwritten with finite ones).
+pub fn scale_offsets(w: GgmlType) -> &'static [usize] {
+    use GgmlType::*;
+    match w {
+        Q4_0 | Q5_0 | Q8_0 | IQ4NL | Q2_0 | IQ2XXS | IQ2XS | IQ2S | IQ3XXS | IQ3S | IQ1S
+        | IQ4XS => &[0],
+        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+        Q2K => &[80, 82],
+        Q3K => &[108],
+        Q6K => &[208],
+        TQ1_0 => &[52],
+        TQ2_0 => &[64],
+        _ => &[],
+    }
+}
+
+/// A random weight row of `n` elements with finite scales.
+pub fn random_row(w: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let mut row: Vec<u8> = (0..w.row_bytes(n).unwrap())
+        .map(|_| rng.next() as u8)
+        .collect();
+    let (bs, ts) = w.block();
+    match w {
+        GgmlType::F32 => {
+            for c in row.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.act().to_le_bytes());
+            }
+        }
+        GgmlType::F16 | GgmlType::BF16 => {
+            let mut x = vec![0f32; n];
+            x.iter_mut().for_each(|v| *v = rng.act());
+            quantize_act(w, &x, &mut row).unwrap();
+        }
+        GgmlType::MXFP4 => {
+            for b in row.chunks_exact_mut(ts) {
+                b[0] = 110 + (rng.next() % 30) as u8;
+            }
+        }
+        GgmlType::IQ1M => {
+            for b in row.chunks_exact_mut(ts) {
+                let d = u16::from_le_bytes(rng.scale());
+                for i in 0..4 {
+                    let o = 48 + 2 * i;
+                    let word = (u16::from_le_bytes([b[o], b[o + 1]]) & 0x0fff)
+                        | (((d >> (4 * i)) & 15) << 12);
+                    b[o..o + 2].copy_from_slice(&word.to_le_bytes());
+                }
+            }
+        }
+        _ => {
+            for b in row.chunks_exact_mut(ts) {
+                for &o in scale_offsets(w) {
+                    b[o..o + 2].copy_from_slice(&rng.scale());
+                }
+            }
+        }
+    }
+    let _ = bs;
+    row
+}
+
+pub fn random_act(w: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let x: Vec<f32> = (0..n).map(|_| rng.act()).collect();
+    let mut a = vec![0u8; act_bytes(w, n).unwrap()];
+    quantize_act(w.vec_dot_type(), &x, &mut a).unwrap();
+    a
+}
+
+fn all_supported() -> Vec<GgmlType> {
+    GgmlType::ALL.into_iter().filter(|&w| supports(w)).collect()
+}
+
+/// Compare `isa`'s kernels with scalar on random rows of several lengths; returns how
+/// many native kernels were checked.
+fn simd_equals_scalar(isa: Isa) -> usize {
+    let mut checked = 0;
+    for w in all_supported() {
+        if !has_native_kernel(isa, w) {
+            continue;
+        }
+        checked += 1;
+        let k = kernel_for(isa, w).unwrap();
+        let s = kernel_for(Isa::Scalar, w).unwrap();
+        let mut rng = Rng::new(w.id() as u64 + 77);
+        let bs = w.block_size().max(32);
+        for nb in [1usize, 2, 3, 7, 8, 9, 16, 17, 40] {
+            let n = (nb * bs).max(w.block_size());
+            for _ in 0..8 {
+                let row = random_row(w, n, &mut rng);
+                let act = random_act(w, n, &mut rng);
+                let (got, want) = (k(n, &row, &act), s(n, &row, &act));
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{} {} n={n}: {got} != scalar {want}",
+                    isa.name(),
+                    w.name()
+                );
+            }
+        }
+    }
+    checked
+}
+
+#[test]
+fn avx2_equals_scalar() {
+    if !Isa::Avx2.available() {
+        println!("SKIPPED avx2_equals_scalar: this CPU lacks AVX2/FMA/F16C");
+        return;
+    }
+    let n = simd_equals_scalar(Isa::Avx2);
+    println!("avx2: {n} native kernels equal scalar");
+    assert!(n >= 5);
+}
+
+#[test]
+fn avx512_equals_scalar() {
+    if !Isa::Avx512.available() {
+        println!("SKIPPED avx512_equals_scalar: this CPU lacks AVX-512 F/BW/VL");
+        return;
+    }
+    let n = simd_equals_scalar(Isa::Avx512);
+    println!("avx512: {n} native kernels equal scalar");
+    assert!(n >= 5);
+}
+
+#[test]
+fn q8_k_invariants() {
+    let mut rng = Rng::new(5);
+    let x: Vec<f32> = (0..1024).map(|_| rng.act()).collect();
+    let mut out = vec![0u8; 4 * 292];
+    quantize_act(GgmlType::Q8K, &x, &mut out).unwrap();
+    for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact(292)) {
+        let d = f32::from_le_bytes(ob[0..4].try_into().unwrap());
+        let q: Vec<i32> = ob[4..260].iter().map(|&b| b as i8 as i32).collect();
+        assert!(q.iter().all(|v| (-127..=127).contains(v)));
+        for k in 0..16 {
+            let bs = i16::from_le_bytes([ob[260 + 2 * k], ob[261 + 2 * k]]) as i32;
+            assert_eq!(bs, q[16 * k..16 * k + 16].iter().sum::<i32>());
+        }
+        for (v, qv) in xb.iter().zip(&q) {
+            assert!((v - d * *qv as f32).abs() <= d.abs() * 0.5001);
+        }
+    }
+    // An all-zero block: zero scale, quants and sums.
+    let mut z = vec![1u8; 292];
+    quantize_act(GgmlType::Q8K, &[0f32; 256], &mut z).unwrap();
+    assert!(z.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn bad_operands_are_errors() {
+    let mut a = vec![0u8; 10];
+    assert!(quantize_act(GgmlType::Q8_0, &[0f32; 33], &mut a).is_err());
+    assert!(quantize_act(GgmlType::Q4K, &[0f32; 256], &mut a).is_err());
+    let row = vec![0u8; 144];
+    let act = vec![0u8; 292];
+    assert!(vec_dot_isa(Isa::Scalar, GgmlType::Q4K, 256, &row, &act[..291]).is_err());
+    assert!(vec_dot_isa(Isa::Scalar, GgmlType::I8, 256, &row, &act).is_err());
+    assert!(vec_dot_isa(Isa::Scalar, GgmlType::Q4K, 256, &row, &act).is_ok());
+}
+
+#[test]
+fn every_expert_type_has_a_kernel() {
+    use GgmlType::*;
+    for w in [
+        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2K, Q3K, Q4K, Q5K, Q6K, IQ2XXS, IQ2XS, IQ2S, IQ3XXS, IQ3S,
+        IQ1S, IQ1M, IQ4NL, IQ4XS, TQ1_0, TQ2_0, MXFP4, Q2_0, F16, BF16, F32,
+    ] {
+        assert!(supports(w), "{}", w.name());
+    }
+}
+
+#[test]
+fn rows_match_single_dots() {
+    let mut rng = Rng::new(9);
+    let (w, n) = (GgmlType::Q4K, 512);
+    let rows: Vec<u8> = (0..3).flat_map(|_| random_row(w, n, &mut rng)).collect();
+    let act = random_act(w, n, &mut rng);
+    let mut out = [0f32; 3];
+    vec_dot_rows(w, n, &rows, &act, &mut out);
+    let rb = w.row_bytes(n).unwrap();
+    for (r, o) in out.iter().enumerate() {
+        let one = vec_dot(w, n, &rows[r * rb..(r + 1) * rb], &act);
+        assert_eq!(o.to_bits(), one.to_bits());
+    }
+}

@@ -4,11 +4,8 @@
 pub mod dequant;
 pub mod dot;
 pub mod tables;
-<<<<<<< HEAD
 #[cfg(test)]
 mod tables_tests;
-=======
->>>>>>> dot
 pub mod types;
 
 pub use types::{GgmlType, QK_K};

@@ -72,3 +72,47 @@ class Ggml:
 def load() -> Ggml | None:
     path = library_path()
     return Ggml(path) if path is not None else None
+
+
+def _quantize_setup(g: Ggml) -> None:
+    if getattr(g, "_quantize_ready", False):
+        return
+    g.lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    g.lib.ggml_quantize_chunk.argtypes = [
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+    ]
+    g.lib.ggml_quantize_requires_imatrix.restype = ctypes.c_bool
+    g.lib.ggml_quantize_requires_imatrix.argtypes = [ctypes.c_int]
+    g._quantize_ready = True  # type: ignore[attr-defined]
+
+
+def quantize(g: Ggml, ty: int, rows: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+    """ggml's own quantizer (`ggml_quantize_chunk`, what llama-quantize calls) on a 2-D
+    float32 array (nrows, n_per_row); returns (nrows, row_bytes) uint8. Types that need an
+    importance matrix get one made of the column mean squares."""
+    _quantize_setup(g)
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    nrows, n_per_row = rows.shape
+    tr = g.traits(ty)
+    assert n_per_row % tr.blck_size == 0
+    out = np.zeros((nrows, n_per_row // tr.blck_size * tr.type_size), dtype=np.uint8)
+    imatrix = None
+    if g.lib.ggml_quantize_requires_imatrix(ty):
+        imatrix = np.ascontiguousarray((rows * rows).mean(axis=0) + 1e-3, dtype=np.float32)
+    written = g.lib.ggml_quantize_chunk(
+        ty,
+        rows.ctypes.data,
+        out.ctypes.data,
+        0,
+        nrows,
+        n_per_row,
+        None if imatrix is None else imatrix.ctypes.data,
+    )
+    assert written == out.nbytes, (ty, written, out.nbytes)
+    return out

@@ -175,5 +175,7 @@ def test_bad_lengths_are_quant_errors() -> None:
         _core.dequantize_bytes("Q4_0", bytes(17), 32)
     with pytest.raises(QuantError):
         _core.dequantize_bytes("Q4_K", bytes(144), 255)
+    with pytest.raises(QuantError):  # refused before allocating 2**62 floats
+        _core.dequantize_bytes("Q4_0", bytes(18), 2**62)
     with pytest.raises(ValueError, match="unknown ggml type"):
         _core.dequantize_bytes("Q9_9", bytes(18), 32)

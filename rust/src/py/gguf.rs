@@ -146,20 +146,36 @@ fn dequantize_bytes<'py>(
 ) -> PyResult<Bound<'py, PyArray1<f32>>> {
     let ty = GgmlType::from_name(type_name)
         .ok_or_else(|| PyValueError::new_err(format!("unknown ggml type {type_name:?}")))?;
-    let mut out = vec![0f32; n];
-    if let Ok(b) = data.cast::<PyBytes>() {
-        let bytes = b.as_bytes();
-        py.detach(|| quant::dequantize(ty, bytes, &mut out))?;
+    let run = |bytes: &[u8]| -> PyResult<Vec<f32>> {
+        // Check the size before allocating `n` floats: a wrong `n` is a QuantError, not an abort.
+        if ty.row_bytes(n) != Some(bytes.len()) {
+            return Err(crate::Error::Quant(format!(
+                "{}: {} bytes given for {n} elements, expected {}",
+                ty.name(),
+                bytes.len(),
+                ty.row_bytes(n)
+                    .map_or("a whole number of blocks".to_string(), |b| b.to_string())
+            ))
+            .into());
+        }
+        py.detach(|| {
+            let mut out = vec![0f32; n];
+            quant::dequantize(ty, bytes, &mut out).map(|()| out)
+        })
+        .map_err(Into::into)
+    };
+    let out = if let Ok(b) = data.cast::<PyBytes>() {
+        run(b.as_bytes())?
     } else if let Ok(a) = data.extract::<PyReadonlyArrayDyn<'py, u8>>() {
         let bytes = a
             .as_slice()
             .map_err(|_| PyValueError::new_err("data must be a C-contiguous np.uint8 array"))?;
-        py.detach(|| quant::dequantize(ty, bytes, &mut out))?;
+        run(bytes)?
     } else {
         return Err(PyTypeError::new_err(
             "data must be bytes or a C-contiguous np.uint8 array",
         ));
-    }
+    };
     Ok(PyArray1::from_vec(py, out))
 }
 

@@ -2,27 +2,39 @@
 //! IQ1_M, IQ4_XS (FORMATS.md §2). Grids come from `tables.rs`; byte k of an entry is element k.
 //! Order of operations as in gguf-py: `db = (d·(0.5 + s))·k`, then `y = (db·grid)·sign`.
 
-use super::{f16_at, f16_to_f32, for_blocks, signed, u16_at, u32_at};
+use super::{f16_at, f16_to_f32, for_blocks, u16_at, u32_at};
 use crate::quant::tables::{
     IQ1S_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID,
     KSIGNS_IQ2XS, KVALUES_IQ4NL,
 };
 
+/// The sign bits to apply to `db·grid`: none when db is NaN. Grid values are finite and
+/// non-zero, so `db·grid` is NaN exactly when db is, and gguf-py's `·(−1)` keeps a NaN's sign;
+/// otherwise multiplying by −1 is exactly a sign flip.
+#[inline]
+fn live_signs(db: f32, signs: u8) -> u8 {
+    if db.is_nan() {
+        0
+    } else {
+        signs
+    }
+}
+
 /// Eight outputs `(db·grid[k])·(sign bit k ? −1 : 1)` from an 8-byte grid entry.
 #[inline]
 fn grid8(y: &mut [f32], db: f32, grid: u64, signs: u8) {
-    let g = grid.to_le_bytes();
+    let (g, s) = (grid.to_le_bytes(), live_signs(db, signs));
     for k in 0..8 {
-        y[k] = signed(db * g[k] as f32, (signs >> k) & 1 != 0);
+        y[k] = f32::from_bits((db * g[k] as f32).to_bits() ^ (((s >> k) & 1) as u32) << 31);
     }
 }
 
 /// Four outputs from a 4-byte grid entry, using sign bits `shift..shift + 4`.
 #[inline]
 fn grid4(y: &mut [f32], db: f32, grid: u32, signs: u8, shift: usize) {
-    let g = grid.to_le_bytes();
+    let (g, s) = (grid.to_le_bytes(), live_signs(db, signs) >> shift);
     for k in 0..4 {
-        y[k] = signed(db * g[k] as f32, (signs >> (shift + k)) & 1 != 0);
+        y[k] = f32::from_bits((db * g[k] as f32).to_bits() ^ (((s >> k) & 1) as u32) << 31);
     }
 }
 

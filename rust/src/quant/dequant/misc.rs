@@ -1,7 +1,7 @@
 //! Float, ternary and FP4 formats: F32, F16, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0
 //! (FORMATS.md §2).
 
-use super::{f16_at, for_blocks, signed};
+use super::{f16_at, for_blocks, quiet_nan};
 use crate::quant::tables::KVALUES_MXFP4;
 
 pub fn f32(src: &[u8], dst: &mut [f32]) {
@@ -117,7 +117,7 @@ pub fn nvfp4(src: &[u8], dst: &mut [f32]) {
 /// ggml negates (a NaN d flips sign for 0 bits) and quiets signalling NaNs; so do we.
 pub fn q1_0(src: &[u8], dst: &mut [f32]) {
     for_blocks::<18, 128>(src, dst, |b, y| {
-        let pos = signed(f16_at(b, 0), false); // quiets a NaN, as ggml's widening does
+        let pos = quiet_nan(f16_at(b, 0)); // as ggml's widening does
         let neg = -pos;
         for (i, o) in y.iter_mut().enumerate() {
             *o = if (b[2 + i / 8] >> (i % 8)) & 1 != 0 {

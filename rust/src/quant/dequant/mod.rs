@@ -4,7 +4,7 @@
 //! (`gguf/quants.py`) bit for bit, including non-finite scales: every product and sum is
 //! evaluated in the order gguf-py evaluates it (e.g. `(d * sc) * q - (dmin * m)`), f16 is widened
 //! without touching NaN payloads, and the few spots where Rust's operator semantics differ
-//! from an x86 multiply on NaN (negation, two-NaN sums) go through the helpers below.
+//! from an x86 multiply on NaN (negation, two-NaN sums) are handled explicitly.
 
 mod iquants;
 mod kquants;
@@ -48,14 +48,11 @@ pub(crate) fn u32_at(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-/// `x * (neg ? -1.0 : 1.0)` with x86 multiply semantics: a NaN keeps its sign bit and payload
-/// and is quieted (plain `-x` would flip the sign, and LLVM may fold `x * -1.0` into that).
+/// `x` with a signalling NaN quieted (what any x86 arithmetic on it returns).
 #[inline]
-pub(crate) fn signed(x: f32, neg: bool) -> f32 {
+pub(crate) fn quiet_nan(x: f32) -> f32 {
     if x.is_nan() {
         f32::from_bits(x.to_bits() | 0x0040_0000)
-    } else if neg {
-        -x
     } else {
         x
     }

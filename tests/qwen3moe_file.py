@@ -77,9 +77,10 @@ def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return toks, types, merges
 
 
-def random_tensors(s: Shape, seed: int) -> dict[str, np.ndarray]:
+def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
     """Random weights with the spread BENCH.md asks for: linear and router std 1/sqrt(fan_in),
-    embeddings std 1, norm weights near 1."""
+    embeddings std 1, norm weights near 1. `router_scale` multiplies the router weights:
+    trained routers are peaked, and a flat random one has many 4th/5th-expert near-ties."""
     rng = np.random.default_rng(seed)
 
     def lin(*shape: int) -> np.ndarray:
@@ -104,14 +105,21 @@ def random_tensors(s: Shape, seed: int) -> dict[str, np.ndarray]:
         t[p + "attn_q_norm.weight"] = norm(d)
         t[p + "attn_k_norm.weight"] = norm(d)
         t[p + "ffn_norm.weight"] = norm(h)
-        t[p + "ffn_gate_inp.weight"] = lin(e, h)
+        t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
         t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
         t[p + "ffn_up_exps.weight"] = lin(e, f, h)
         t[p + "ffn_down_exps.weight"] = lin(e, h, f)
     return t
 
 
-def write(path: Path, s: Shape, tensors: dict[str, np.ndarray], arch: str = "qwen3moe") -> Path:
+def write(
+    path: Path,
+    s: Shape,
+    tensors: dict[str, np.ndarray],
+    arch: str = "qwen3moe",
+    drop: tuple[str, ...] = (),
+) -> Path:
+    """Writes the file; `drop` names metadata keys to leave out (for refusal tests)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("strata-test-qwen3moe")
     w.add_block_count(s.n_layer)
@@ -146,6 +154,8 @@ def write(path: Path, s: Shape, tensors: dict[str, np.ndarray], arch: str = "qwe
     w.add_chat_template(CHAT_TEMPLATE)
     for name, arr in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(arr))
+    for key in drop:
+        del w.kv_data[0][key]
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,5 +1,6 @@
 """Type stubs for the Rust extension `strata._core` (checked by mypy.stubtest)."""
 
+from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
 
@@ -11,11 +12,13 @@ __all__ = [
     "GGUFError",
     "GGUFReader",
     "MapOwner",
+    "Model",
     "ModelError",
     "QuantError",
     "StrataError",
     "__version__",
     "dequantize_bytes",
+    "runnable_types",
 ]
 __version__: str
 
@@ -39,3 +42,30 @@ class GGUFReader:
     def close(self) -> None: ...
 
 def dequantize_bytes(type_name: str, data: bytes, n: int) -> npt.NDArray[np.float32]: ...
+
+@final
+class Model:
+    @staticmethod
+    def open(
+        path: str | PathLike[str],
+        n_ctx: int = 4096,
+        n_slots: int = 1,
+        kv_type: str = "f16",
+        prefill_chunk: int = 512,
+    ) -> Model: ...
+    @property
+    def hparams(self) -> dict[str, Any]: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_slots(self) -> int: ...
+    def forward(
+        self, slot: int, token_ids: Sequence[int], logits: str = "last"
+    ) -> npt.NDArray[np.float32]: ...
+    def slot_len(self, slot: int) -> int: ...
+    def truncate(self, slot: int, n: int) -> None: ...
+    def free(self, slot: int) -> None: ...
+
+def runnable_types() -> list[str]: ...

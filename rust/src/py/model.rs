@@ -2,6 +2,7 @@
 //! the GIL; a model is used by one thread at a time (calls serialize on its lock).
 
 use crate::model::{KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::quant::{dot, GgmlType};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -150,6 +151,17 @@ impl PyModel {
     }
 }
 
+/// Names of the weight types the forward pass runs (those with dot kernels).
+#[pyfunction]
+fn runnable_types() -> Vec<&'static str> {
+    GgmlType::ALL
+        .iter()
+        .filter(|t| dot::supports(**t))
+        .map(|t| t.name())
+        .collect()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyModel>()
+    m.add_class::<PyModel>()?;
+    m.add_function(wrap_pyfunction!(runnable_types, m)?)
 }

@@ -2,5 +2,6 @@
 
 from strata._core import __version__
 from strata.errors import GGUFError, StrataError
+from strata.llm import LLM
 
-__all__ = ["GGUFError", "StrataError", "__version__"]
+__all__ = ["LLM", "GGUFError", "StrataError", "__version__"]

@@ -1,5 +1,6 @@
 """Type stubs for the Rust extension `strata._core` (checked by mypy.stubtest)."""
 
+from collections.abc import Sequence
 from os import PathLike
 from typing import Any, final
 
@@ -11,6 +12,7 @@ __all__ = [
     "GGUFError",
     "GGUFReader",
     "MapOwner",
+    "Model",
     "ModelError",
     "QuantError",
     "StrataError",
@@ -20,6 +22,7 @@ __all__ = [
     "dot_isa",
     "dot_isas",
     "quantize_act",
+    "runnable_types",
     "vec_dot",
 ]
 __version__: str
@@ -51,3 +54,30 @@ def vec_dot(type_name: str, n: int, row: bytes, act: bytes, isa: str = "auto") -
 def cpu_features() -> list[str]: ...
 def dot_isa() -> str: ...
 def dot_isas() -> list[str]: ...
+
+@final
+class Model:
+    @staticmethod
+    def open(
+        path: str | PathLike[str],
+        n_ctx: int = 4096,
+        n_slots: int = 1,
+        kv_type: str = "f16",
+        prefill_chunk: int = 512,
+    ) -> Model: ...
+    @property
+    def hparams(self) -> dict[str, Any]: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_slots(self) -> int: ...
+    def forward(
+        self, slot: int, token_ids: Sequence[int], logits: str = "last"
+    ) -> npt.NDArray[np.float32]: ...
+    def slot_len(self, slot: int) -> int: ...
+    def truncate(self, slot: int, n: int) -> None: ...
+    def free(self, slot: int) -> None: ...
+
+def runnable_types() -> list[str]: ...

@@ -17,6 +17,8 @@ pub enum Error {
     Config(String),
     /// A model the engine cannot run (architecture, missing tensor, unsupported type).
     Model(String),
+    /// A bad argument to a call (slot, token id, length): Python's `ValueError`.
+    Input(String),
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -44,6 +46,7 @@ impl fmt::Display for Error {
             Error::Quant(m) => write!(f, "quant: {m}"),
             Error::Config(m) => write!(f, "config: {m}"),
             Error::Model(m) => write!(f, "model: {m}"),
+            Error::Input(m) => write!(f, "{m}"),
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
         }
     }

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod gguf;
+pub mod model;
 pub mod quant;
 
 #[cfg(feature = "python")]

@@ -2,7 +2,7 @@
 
 use crate::error::Error;
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyOSError};
+use pyo3::exceptions::{PyException, PyOSError, PyValueError};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -44,6 +44,7 @@ impl From<Error> for PyErr {
             Error::Quant(_) => QuantError::new_err(msg),
             Error::Config(_) => ConfigError::new_err(msg),
             Error::Model(_) => ModelError::new_err(msg),
+            Error::Input(_) => PyValueError::new_err(msg),
             Error::Io { .. } => PyOSError::new_err(msg),
         }
     }

@@ -3,6 +3,7 @@
 
 mod errors;
 mod gguf;
+mod model;
 mod quant;
 
 use pyo3::prelude::*;
@@ -13,5 +14,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
+    model::register(m)?;
     Ok(())
 }

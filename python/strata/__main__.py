@@ -1,0 +1,65 @@
+"""`python -m strata generate --model PATH "prompt"`: stream a completion to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.config import Config
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from strata.llm import LLM
+
+    cfg = Config.from_args(ns)
+    if not cfg.model:
+        print("generate: --model PATH is required", file=sys.stderr)
+        return 2
+    llm = LLM(cfg.model, **{k: getattr(cfg, k) for k in ("n_ctx", "kv_type", "prefill_chunk")})
+    prompt: object = ns.prompt
+    if ns.chat:
+        prompt = [{"role": "user", "content": ns.prompt}]
+    reason = None
+    for ev in llm.generate(
+        prompt,  # type: ignore[arg-type]
+        max_tokens=ns.max_tokens,
+        temperature=ns.temperature,
+        top_k=ns.top_k,
+        top_p=ns.top_p,
+        min_p=ns.min_p,
+        seed=ns.seed,
+        repeat_penalty=ns.repeat_penalty,
+        stop=ns.stop or None,
+    ):
+        sys.stdout.write(ev.text)
+        sys.stdout.flush()
+        reason = ev.finish_reason
+    print(f"\n[finish: {reason}]", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m strata")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="stream a completion of PROMPT")
+    g.add_argument("prompt")
+    Config.add_arguments(g, only=("model", "n_ctx", "kv_type", "prefill_chunk"))
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as a user message")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--stop", action="append", default=[])
+    ns = parser.parse_args(argv)
+    try:
+        return _generate(ns)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+//! Causal GQA attention of one query position over the KV cache, in f32.
+//!
+//! Shapes: Nh = query heads, Nkv = KV heads, D = head dim, n = visible positions.
+//! q is [Nh, D]; the cache layer holds K and V as [n, Nkv, D] rows in the cache type; the
+//! output is [Nh, D]. Query head h reads KV head h / (Nh / Nkv).
+//!
+//! Numerics follow llama.cpp's (non-flash) CPU path so that quantized models agree: q is
+//! converted to the key type's dot type (f16 for an f16 cache) before q·k, scores are
+//! scaled by 1/√D and soft-maxed in f32, and the probabilities are rounded to f16 before
+//! they weight an f16 V (f32 otherwise).
+
+use super::kv::{axpy_row, KvType};
+use super::ops::softmax;
+use crate::quant::dequant::f16_at;
+use crate::quant::dot::{quantize_act, vec_dot};
+use half::f16;
+
+/// Per-call scratch, sized at load: scores [C] and one quantized query head.
+pub struct AttnScratch {
+    pub scores: Vec<f32>,
+    pub q_act: Vec<u8>,
+}
+
+impl AttnScratch {
+    pub fn new(n_ctx: usize, ty: KvType, head_dim: usize) -> AttnScratch {
+        let act = ty.ggml().vec_dot_type().row_bytes(head_dim).unwrap_or(0);
+        AttnScratch {
+            scores: vec![0f32; n_ctx],
+            q_act: vec![0u8; act],
+        }
+    }
+}
+
+pub struct AttnShape {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub ty: KvType,
+    /// Bytes of one position's row (Nkv heads) and of one head in the cache type.
+    pub row_bytes: usize,
+    pub head_bytes: usize,
+}
+
+/// `q · k` for one head: q already converted to the key type's dot type.
+#[inline]
+fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8]) -> f32 {
+    match ty {
+        KvType::F16 => {
+            let mut s = 0f32;
+            for i in 0..d {
+                s += f16_at(k, 2 * i) * f16_at(q, 2 * i);
+            }
+            s
+        }
+        KvType::F32 | KvType::Q8_0 => vec_dot(ty.ggml(), d, k, q),
+    }
+}
+
+fn convert_q(ty: KvType, q: &[f32], out: &mut [u8]) -> crate::Result<()> {
+    match ty {
+        KvType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(q) {
+                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+            Ok(())
+        }
+        KvType::F32 | KvType::Q8_0 => quantize_act(ty.ggml().vec_dot_type(), q, out),
+    }
+}
+
+/// Attention of one position over keys/values [0, n) of one layer.
+pub fn attend(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) -> crate::Result<()> {
+    let d = s.head_dim;
+    let group = s.n_head / s.n_head_kv;
+    let scale = 1.0 / (d as f32).sqrt();
+    let scores = &mut scratch.scores[..n];
+    for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+        let kvo = (h / group) * s.head_bytes;
+        convert_q(s.ty, qh, &mut scratch.q_act)?;
+        for (j, sc) in scores.iter_mut().enumerate() {
+            let o = j * s.row_bytes + kvo;
+            *sc = dot_qk(s.ty, d, &k_cache[o..o + s.head_bytes], &scratch.q_act) * scale;
+        }
+        softmax(scores);
+        oh.fill(0.0);
+        for (j, &p) in scores.iter().enumerate() {
+            let p = if s.ty == KvType::F16 {
+                f16::from_f32(p).to_f32()
+            } else {
+                p
+            };
+            let o = j * s.row_bytes + kvo;
+            axpy_row(s.ty, p, &v_cache[o..o + s.head_bytes], oh);
+        }
+    }
+    Ok(())
+}

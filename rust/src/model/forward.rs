@@ -1,0 +1,361 @@
+//! The qwen3moe forward pass (FORMATS.md §4, "Forward pass") over a multi-slot KV cache.
+//!
+//! Legend: T = tokens in the chunk (≤ max_chunk), H = hidden, Nh / Nkv = query / KV heads,
+//! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx.
+//! Prefill runs T tokens at once through every matmul; decode is the T = 1 case. All scratch
+//! is allocated at load for the largest chunk: the per-token path allocates nothing.
+
+use super::attention::{attend, AttnScratch, AttnShape};
+use super::compute::Compute;
+use super::hparams::HParams;
+use super::kv::{KvCache, KvType};
+use super::ops::{rms_norm, rms_norm_rows_inplace, softmax, Rope};
+use super::weights::Weights;
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Which logits a forward call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (prefill only): `out` is empty.
+    None,
+    /// The last token's: `out` is [V].
+    Last,
+    /// Every token's: `out` is [T, V].
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub n_ctx: usize,
+    pub n_slots: usize,
+    pub kv_type: KvType,
+    /// Largest prefill chunk (tokens through the matmuls at once).
+    pub max_chunk: usize,
+}
+
+struct Scratch {
+    x: Vec<f32>,      // [T, H] residual stream
+    h: Vec<f32>,      // [T, H] normed block input
+    q: Vec<f32>,      // [T, Nh·D]
+    k: Vec<f32>,      // [T, Nkv·D]
+    v: Vec<f32>,      // [T, Nkv·D]
+    att: Vec<f32>,    // [T, Nh·D] attention output, heads concatenated
+    o: Vec<f32>,      // [T, H] block output added to x
+    router: Vec<f32>, // [T, E] router logits, then probabilities
+    ids: Vec<u32>,    // [T, K] chosen experts, by descending probability
+    wts: Vec<f32>,    // [T, K] their renormalized weights
+    cos: Vec<f32>,    // [T, n_rot/2]
+    sin: Vec<f32>,    // [T, n_rot/2]
+    attn: AttnScratch,
+}
+
+pub struct Model {
+    pub hp: HParams,
+    pub weights: Weights,
+    pub kv: KvCache,
+    pub cfg: ModelConfig,
+    rope: Rope,
+    scratch: Scratch,
+    compute: Arc<dyn Compute>,
+}
+
+impl Model {
+    pub fn open(
+        path: impl AsRef<Path>,
+        cfg: ModelConfig,
+        compute: Arc<dyn Compute>,
+    ) -> Result<Model> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        let mut hp = HParams::from_gguf(&gguf)?;
+        let weights = Weights::load(gguf, &mut hp)?;
+        Self::new(hp, weights, cfg, compute)
+    }
+
+    pub fn new(
+        hp: HParams,
+        weights: Weights,
+        cfg: ModelConfig,
+        compute: Arc<dyn Compute>,
+    ) -> Result<Model> {
+        if cfg.max_chunk == 0 {
+            return Err(Error::Config(
+                "prefill chunk must be at least 1 token".into(),
+            ));
+        }
+        let kv = KvCache::new(
+            cfg.kv_type,
+            hp.n_layer,
+            cfg.n_ctx,
+            hp.n_head_kv,
+            hp.head_dim,
+            cfg.n_slots,
+        )?;
+        let t = cfg.max_chunk.min(cfg.n_ctx);
+        let z = |n: usize| vec![0f32; t * n];
+        let scratch = Scratch {
+            x: z(hp.n_embd),
+            h: z(hp.n_embd),
+            q: z(hp.q_dim()),
+            k: z(hp.kv_dim()),
+            v: z(hp.kv_dim()),
+            att: z(hp.q_dim()),
+            o: z(hp.n_embd),
+            router: z(hp.n_expert),
+            ids: vec![0u32; t * hp.n_expert_used],
+            wts: z(hp.n_expert_used),
+            cos: z(hp.n_rot / 2),
+            sin: z(hp.n_rot / 2),
+            attn: AttnScratch::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
+        };
+        Ok(Model {
+            rope: Rope::new(&hp),
+            hp,
+            weights,
+            kv,
+            cfg,
+            scratch,
+            compute,
+        })
+    }
+
+    /// Runs `tokens` after the slot's cached positions, appends their keys and values to the
+    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All).
+    pub fn forward(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let start = self.kv.len(slot)?;
+        let n = tokens.len();
+        let need = match want {
+            Logits::None => 0,
+            Logits::Last => vocab,
+            Logits::All => n * vocab,
+        };
+        if out.len() != need {
+            return Err(Error::Input(format!(
+                "logits buffer holds {} floats, expected {need}",
+                out.len()
+            )));
+        }
+        if n == 0 {
+            return if want == Logits::Last {
+                Err(Error::Input(
+                    "no tokens given, so there are no last logits".into(),
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the vocabulary (n_vocab = {vocab})"
+            )));
+        }
+        if start + n > self.cfg.n_ctx {
+            return Err(Error::Input(format!(
+                "context overflow: slot {slot} holds {start} positions and {n} more would exceed \
+                 n_ctx = {}",
+                self.cfg.n_ctx
+            )));
+        }
+        let chunk = self.scratch.x.len() / self.hp.n_embd;
+        let mut p0 = start;
+        for (ci, toks) in tokens.chunks(chunk).enumerate() {
+            let last_chunk = (ci + 1) * chunk >= n;
+            let dst: Option<&mut [f32]> = match want {
+                Logits::None => None,
+                Logits::Last if last_chunk => Some(&mut out[..]),
+                Logits::Last => None,
+                Logits::All => {
+                    let a = ci * chunk * vocab;
+                    Some(&mut out[a..a + toks.len() * vocab])
+                }
+            };
+            let rows = match (want, dst.is_some()) {
+                (Logits::All, _) => toks.len(),
+                (_, true) => 1,
+                _ => 0,
+            };
+            if let Err(e) = self.chunk(slot, p0, toks, rows, dst) {
+                // Positions already written stay valid; the failed chunk is not kept.
+                self.kv.set_len(slot, p0);
+                return Err(e);
+            }
+            p0 += toks.len();
+            self.kv.set_len(slot, p0);
+        }
+        Ok(())
+    }
+
+    /// One chunk of T tokens at positions p0.. ; the last `rows` rows' logits go to `dst`.
+    fn chunk(
+        &mut self,
+        slot: usize,
+        p0: usize,
+        toks: &[u32],
+        rows: usize,
+        dst: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let Model {
+            hp,
+            weights: w,
+            kv,
+            rope,
+            scratch: s,
+            compute,
+            ..
+        } = self;
+        let t = toks.len();
+        let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
+        let (e, k) = (hp.n_expert, hp.n_expert_used);
+        let half = hp.n_rot / 2;
+        let eps = hp.rms_eps;
+        let shape = AttnShape {
+            n_head: hp.n_head,
+            n_head_kv: hp.n_head_kv,
+            head_dim: d,
+            ty: kv.ty,
+            row_bytes: kv.row_bytes,
+            head_bytes: kv.head_bytes,
+        };
+        // x = token_embd[ids]  [T, H]
+        for (i, &id) in toks.iter().enumerate() {
+            w.embed(id as usize, &mut s.x[i * hd..(i + 1) * hd])?;
+        }
+        for i in 0..t {
+            let r = i * half..(i + 1) * half;
+            rope.table(p0 + i, &mut s.cos[r.clone()], &mut s.sin[r]);
+        }
+        for (l, lw) in w.layers.iter().enumerate() {
+            // ---- attention ----
+            for i in 0..t {
+                let r = i * hd..(i + 1) * hd;
+                rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
+            }
+            let h = &s.h[..t * hd];
+            compute.matmul(&w.mat(&lw.wq), h, t, &mut s.q[..t * qd])?; // [T, Nh·D]
+            compute.matmul(&w.mat(&lw.wk), h, t, &mut s.k[..t * kvd])?; // [T, Nkv·D]
+            compute.matmul(&w.mat(&lw.wv), h, t, &mut s.v[..t * kvd])?; // [T, Nkv·D]
+            rms_norm_rows_inplace(&mut s.q[..t * qd], &lw.q_norm, eps); // per head [D]
+            rms_norm_rows_inplace(&mut s.k[..t * kvd], &lw.k_norm, eps);
+            for i in 0..t {
+                let (c, sn) = (
+                    &s.cos[i * half..(i + 1) * half],
+                    &s.sin[i * half..(i + 1) * half],
+                );
+                rope.apply(&mut s.q[i * qd..(i + 1) * qd], d, c, sn);
+                rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], d, c, sn);
+                let r = i * kvd..(i + 1) * kvd;
+                kv.write(slot, l, p0 + i, &s.k[r.clone()], &s.v[r])?;
+            }
+            let (kc, vc) = kv.layer(slot, l, p0 + t);
+            for i in 0..t {
+                let r = i * qd..(i + 1) * qd;
+                attend(
+                    &shape,
+                    kc,
+                    vc,
+                    p0 + i + 1,
+                    &s.q[r.clone()],
+                    &mut s.att[r],
+                    &mut s.attn,
+                )?;
+            }
+            compute.matmul(&w.mat(&lw.wo), &s.att[..t * qd], t, &mut s.o[..t * hd])?; // [T, H]
+            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
+                *x += o;
+            }
+            // ---- routed experts ----
+            for i in 0..t {
+                let r = i * hd..(i + 1) * hd;
+                rms_norm(&s.x[r.clone()], &lw.ffn_norm, eps, &mut s.h[r]);
+            }
+            let h = &s.h[..t * hd];
+            compute.matmul(&w.mat(&lw.router), h, t, &mut s.router[..t * e])?; // [T, E]
+            for i in 0..t {
+                route(
+                    &mut s.router[i * e..(i + 1) * e],
+                    &mut s.ids[i * k..(i + 1) * k],
+                    &mut s.wts[i * k..(i + 1) * k],
+                );
+            }
+            compute.moe(
+                &w.expert_layer(l),
+                h,
+                &s.ids[..t * k],
+                &s.wts[..t * k],
+                k,
+                &mut s.o[..t * hd],
+            )?;
+            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
+                *x += o;
+            }
+        }
+        // ---- head: the last `rows` tokens ----
+        if let Some(dst) = dst {
+            let first = t - rows;
+            for i in first..t {
+                let r = i * hd..(i + 1) * hd;
+                rms_norm(&s.x[r.clone()], &w.output_norm, eps, &mut s.h[r]);
+            }
+            compute.matmul(&w.mat(&w.output), &s.h[first * hd..t * hd], rows, dst)?;
+            // [rows, V]
+        }
+        Ok(())
+    }
+
+    pub fn slot_len(&self, slot: usize) -> Result<usize> {
+        self.kv.len(slot)
+    }
+
+    pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        self.kv.truncate(slot, n)
+    }
+
+    pub fn free(&mut self, slot: usize) -> Result<()> {
+        self.kv.free(slot)
+    }
+}
+
+/// Router for one token: softmax over all E logits (f32), the top K by probability
+/// (ties: lower expert id first), weights renormalized to sum to 1.
+/// `p` is [E] (destroyed), `ids` and `w` are [K].
+pub fn route(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
+    softmax(p);
+    for (id, wt) in ids.iter_mut().zip(w.iter_mut()) {
+        let mut best = 0;
+        for (j, &v) in p.iter().enumerate() {
+            if v > p[best] {
+                best = j;
+            }
+        }
+        *id = best as u32;
+        *wt = p[best];
+        p[best] = f32::NEG_INFINITY;
+    }
+    let sum: f32 = w.iter().sum();
+    for v in w.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    #[test]
+    fn route_picks_top_k_and_renormalizes() {
+        let mut p = [0.0f32, 3.0, 1.0, 3.0, -2.0];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        route(&mut p, &mut ids, &mut w);
+        assert_eq!(ids, [1, 3]);
+        assert!((w[0] - 0.5).abs() < 1e-6 && (w[1] - 0.5).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,269 @@
+//! qwen3moe hyper-parameters from GGUF metadata (FORMATS.md §4, "Metadata").
+//!
+//! Required keys are refused with a `Model` error naming the key; optional keys take the
+//! defaults llama.cpp uses. Shapes are cross-checked against the tensors in `weights`.
+
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, Value};
+
+/// Architectures the forward pass runs.
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe"];
+
+/// RoPE frequency scaling asked for by `rope.scaling.*`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Positions divided by `factor` (freq_scale = 1/factor).
+    Linear {
+        factor: f32,
+    },
+    /// YaRN (NTK-by-parts interpolation plus attention magnitude scaling).
+    Yarn {
+        factor: f32,
+        orig_ctx: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        ext_factor: f32,
+        attn_factor: f32,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct HParams {
+    pub arch: String,
+    pub n_layer: usize,
+    pub n_ctx_train: usize,
+    /// H: hidden size.
+    pub n_embd: usize,
+    /// Nh, Nkv: query and key/value heads.
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    /// D: head dimension (key_length == value_length).
+    pub head_dim: usize,
+    /// Dimensions rotated by RoPE (≤ D).
+    pub n_rot: usize,
+    /// E, K: experts per layer and experts used per token.
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// F: expert feed-forward size (filled from the tensors when the key is absent).
+    pub n_ff_exp: usize,
+    /// V: vocabulary (rows of token_embd).
+    pub n_vocab: usize,
+    pub rms_eps: f32,
+    pub rope_freq_base: f32,
+    pub rope_scaling: RopeScaling,
+}
+
+struct Meta<'a> {
+    g: &'a Gguf,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn get(&self, k: &str) -> Option<&Value> {
+        self.g.get(&self.key(k))
+    }
+
+    /// An unsigned value; an array is accepted when all its entries are equal (per-layer
+    /// head counts in some files).
+    fn u(&self, k: &str) -> Result<Option<usize>> {
+        let Some(v) = self.get(k) else {
+            return Ok(None);
+        };
+        let bad = || {
+            Error::Model(format!(
+                "metadata {} must be a non-negative integer, found {}",
+                self.key(k),
+                v.type_name()
+            ))
+        };
+        match v {
+            Value::Array(items) => {
+                let vals: Option<Vec<u64>> = items.iter().map(Value::as_u64).collect();
+                let vals = vals.ok_or_else(bad)?;
+                match vals.first() {
+                    Some(&first) if vals.iter().all(|&x| x == first) => Ok(Some(first as usize)),
+                    _ => Err(Error::Model(format!(
+                        "metadata {} varies per layer ({vals:?}); Strata runs uniform layers only",
+                        self.key(k)
+                    ))),
+                }
+            }
+            _ => v.as_u64().map(|x| Some(x as usize)).ok_or_else(bad),
+        }
+    }
+
+    fn req_u(&self, k: &str) -> Result<usize> {
+        self.u(k)?
+            .ok_or_else(|| Error::Model(format!("required metadata {} is missing", self.key(k))))
+    }
+
+    fn f(&self, k: &str) -> Result<Option<f32>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or_else(|| {
+                Error::Model(format!(
+                    "metadata {} must be a number, found {}",
+                    self.key(k),
+                    v.type_name()
+                ))
+            }),
+        }
+    }
+
+    fn s(&self, k: &str) -> Option<&str> {
+        self.get(k).and_then(Value::as_str)
+    }
+}
+
+impl HParams {
+    /// Reads the hyper-parameters; `n_vocab` and `n_ff_exp` (when absent) are completed by
+    /// the weight loader from tensor shapes.
+    pub fn from_gguf(g: &Gguf) -> Result<HParams> {
+        let arch = g
+            .architecture()
+            .ok_or_else(|| Error::Model("metadata general.architecture is missing".to_string()))?;
+        if !SUPPORTED_ARCHS.contains(&arch) {
+            return Err(Error::Model(format!(
+                "architecture {arch:?} is not supported; Strata runs: {}",
+                SUPPORTED_ARCHS.join(", ")
+            )));
+        }
+        let m = Meta { g, arch };
+        let n_embd = m.req_u("embedding_length")?;
+        let n_head = m.req_u("attention.head_count")?;
+        let n_head_kv = m.u("attention.head_count_kv")?.unwrap_or(n_head);
+        let default_hd = n_embd.checked_div(n_head).unwrap_or(0);
+        let head_dim = m.u("attention.key_length")?.unwrap_or(default_hd);
+        let v_dim = m.u("attention.value_length")?.unwrap_or(head_dim);
+        let n_ff = m.u("feed_forward_length")?;
+        let n_expert = m.req_u("expert_count")?;
+        let n_expert_used = m.req_u("expert_used_count")?;
+        let n_ff_exp = match m.u("expert_feed_forward_length")? {
+            Some(v) => v,
+            None => match n_ff {
+                Some(f) if n_expert_used > 0 => f / n_expert_used,
+                _ => 0, // taken from the expert tensors
+            },
+        };
+        let rms_eps = m.f("attention.layer_norm_rms_epsilon")?.ok_or_else(|| {
+            Error::Model(format!(
+                "required metadata {} is missing",
+                m.key("attention.layer_norm_rms_epsilon")
+            ))
+        })?;
+        let hp = HParams {
+            arch: arch.to_string(),
+            n_layer: m.req_u("block_count")?,
+            n_ctx_train: m.u("context_length")?.unwrap_or(0),
+            n_embd,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_rot: m.u("rope.dimension_count")?.unwrap_or(head_dim),
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_vocab: 0,
+            rms_eps,
+            rope_freq_base: m.f("rope.freq_base")?.unwrap_or(10000.0),
+            rope_scaling: Self::scaling(&m)?,
+        };
+        if v_dim != head_dim {
+            return Err(Error::Model(format!(
+                "key_length {head_dim} differs from value_length {v_dim}; Strata runs equal sizes"
+            )));
+        }
+        hp.check()?;
+        Ok(hp)
+    }
+
+    fn scaling(m: &Meta<'_>) -> Result<RopeScaling> {
+        let ty = m.s("rope.scaling.type").unwrap_or("none");
+        let factor = m.f("rope.scaling.factor")?.unwrap_or(1.0);
+        if ty == "none" || (ty != "yarn" && factor == 1.0) {
+            return Ok(RopeScaling::None);
+        }
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(Error::Model(format!(
+                "metadata {} = {factor} is not a positive number",
+                m.key("rope.scaling.factor")
+            )));
+        }
+        match ty {
+            "linear" => Ok(RopeScaling::Linear { factor }),
+            "yarn" => Ok(RopeScaling::Yarn {
+                factor,
+                orig_ctx: m
+                    .u("rope.scaling.original_context_length")?
+                    .or(m.u("context_length")?)
+                    .unwrap_or(0),
+                beta_fast: m.f("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: m.f("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                ext_factor: m.f("rope.scaling.yarn_ext_factor")?.unwrap_or(1.0),
+                attn_factor: m
+                    .f("rope.scaling.yarn_attn_factor")?
+                    .or(m.f("rope.scaling.attn_factor")?)
+                    .unwrap_or(1.0),
+            }),
+            other => Err(Error::Model(format!(
+                "rope.scaling.type {other:?} is not supported; Strata runs none, linear, yarn"
+            ))),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |what: String| Err(Error::Model(what));
+        if self.n_layer == 0 || self.n_embd == 0 || self.n_head == 0 || self.head_dim == 0 {
+            return bad(format!(
+                "block_count, embedding_length, head_count and key_length must be > 0 ({} {} {} {})",
+                self.n_layer, self.n_embd, self.n_head, self.head_dim
+            ));
+        }
+        if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {
+            return bad(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_head, self.n_head_kv
+            ));
+        }
+        if self.n_rot == 0 || self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
+            return bad(format!(
+                "rope.dimension_count {} must be even and in 2..={}",
+                self.n_rot, self.head_dim
+            ));
+        }
+        if self.n_expert == 0 || self.n_expert_used == 0 || self.n_expert_used > self.n_expert {
+            return bad(format!(
+                "expert_used_count {} must be in 1..=expert_count {}",
+                self.n_expert_used, self.n_expert
+            ));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return bad(format!(
+                "layer_norm_rms_epsilon {} must be > 0",
+                self.rms_eps
+            ));
+        }
+        if !(self.rope_freq_base.is_finite() && self.rope_freq_base > 0.0) {
+            return bad(format!(
+                "rope.freq_base {} must be > 0",
+                self.rope_freq_base
+            ));
+        }
+        Ok(())
+    }
+
+    /// Nh·D, the width of q and of the attention output.
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    /// Nkv·D, the width of k, v and of one KV-cache row.
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

@@ -1,0 +1,226 @@
+//! The KV cache: a fixed number of sequences (slots), each with room for `n_ctx` positions.
+//!
+//! Layout per slot and per K/V: [L, C, Nkv·D] rows in the cache type (L = layers,
+//! C = n_ctx, Nkv·D = one position's keys or values for all KV heads). Rows are stored as
+//! ggml blocks: F32, F16 (the default, as llama.cpp stores its cache) or Q8_0.
+//! Memory is allocated zeroed at creation, so the OS commits pages only as positions fill.
+
+use crate::error::{Error, Result};
+use crate::quant::dequant::f16_at;
+use crate::quant::dot::quantize_act;
+use crate::quant::GgmlType;
+use half::f16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+    Q8_0,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Result<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "q8_0" => Ok(KvType::Q8_0),
+            _ => Err(Error::Config(format!(
+                "kv_type {s:?} is not one of f32, f16, q8_0"
+            ))),
+        }
+    }
+
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            KvType::F32 => GgmlType::F32,
+            KvType::F16 => GgmlType::F16,
+            KvType::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+}
+
+/// Writes `x` as one row of type `ty`.
+pub fn store_row(ty: KvType, x: &[f32], out: &mut [u8]) -> Result<()> {
+    match ty {
+        KvType::F16 => {
+            for (o, v) in out.chunks_exact_mut(2).zip(x) {
+                o.copy_from_slice(&f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+            Ok(())
+        }
+        KvType::F32 | KvType::Q8_0 => quantize_act(ty.ggml(), x, out),
+    }
+}
+
+/// `out += p · row` over one head's D elements stored as `ty`.
+#[inline]
+pub fn axpy_row(ty: KvType, p: f32, row: &[u8], out: &mut [f32]) {
+    match ty {
+        KvType::F32 => {
+            for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o += p * f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        KvType::F16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o += p * f16_at(row, 2 * i);
+            }
+        }
+        KvType::Q8_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+                let d = f16_at(b, 0) * p;
+                for (j, o) in ob.iter_mut().enumerate() {
+                    *o += d * (b[2 + j] as i8) as f32;
+                }
+            }
+        }
+    }
+}
+
+struct Slot {
+    len: usize,
+    k: Vec<u8>,
+    v: Vec<u8>,
+}
+
+pub struct KvCache {
+    pub ty: KvType,
+    pub n_layer: usize,
+    pub n_ctx: usize,
+    /// Elements per position per layer (Nkv·D) and their bytes in `ty`.
+    pub row: usize,
+    pub row_bytes: usize,
+    /// Bytes of one head's D elements.
+    pub head_bytes: usize,
+    slots: Vec<Slot>,
+}
+
+impl KvCache {
+    pub fn new(
+        ty: KvType,
+        n_layer: usize,
+        n_ctx: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        n_slots: usize,
+    ) -> Result<KvCache> {
+        if n_slots == 0 || n_ctx == 0 {
+            return Err(Error::Config(format!(
+                "n_slots ({n_slots}) and n_ctx ({n_ctx}) must be > 0"
+            )));
+        }
+        let head_bytes = ty.ggml().row_bytes(head_dim).ok_or_else(|| {
+            Error::Config(format!(
+                "kv_type {} needs a head dimension that is a multiple of {}, not {head_dim}",
+                ty.name(),
+                ty.ggml().block_size()
+            ))
+        })?;
+        let row_bytes = head_bytes * n_head_kv;
+        let per = n_layer
+            .checked_mul(n_ctx)
+            .and_then(|x| x.checked_mul(row_bytes))
+            .ok_or_else(|| Error::Config(format!("n_ctx {n_ctx} is too large")))?;
+        let slots = (0..n_slots)
+            .map(|_| Slot {
+                len: 0,
+                k: vec![0u8; per],
+                v: vec![0u8; per],
+            })
+            .collect();
+        Ok(KvCache {
+            ty,
+            n_layer,
+            n_ctx,
+            row: n_head_kv * head_dim,
+            row_bytes,
+            head_bytes,
+            slots,
+        })
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes the cache holds when every slot is full.
+    pub fn bytes(&self) -> usize {
+        self.slots.iter().map(|s| s.k.len() + s.v.len()).sum()
+    }
+
+    fn slot_ref(&self, slot: usize) -> Result<&Slot> {
+        self.slots.get(slot).ok_or_else(|| {
+            Error::Input(format!(
+                "slot {slot} does not exist (the cache has {} slots)",
+                self.slots.len()
+            ))
+        })
+    }
+
+    pub fn check_slot(&self, slot: usize) -> Result<()> {
+        self.slot_ref(slot).map(|_| ())
+    }
+
+    /// Positions the slot holds.
+    pub fn len(&self, slot: usize) -> Result<usize> {
+        Ok(self.slot_ref(slot)?.len)
+    }
+
+    /// Keeps the first `n` positions (a prefix to reuse); `n` above the length is an error.
+    pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        let len = self.len(slot)?;
+        if n > len {
+            return Err(Error::Input(format!(
+                "cannot truncate slot {slot} to {n} positions: it holds {len}"
+            )));
+        }
+        self.slots[slot].len = n;
+        Ok(())
+    }
+
+    /// Empties the slot.
+    pub fn free(&mut self, slot: usize) -> Result<()> {
+        self.truncate(slot, 0)
+    }
+
+    /// Marks positions [len, len + n) as filled (after the forward pass wrote them).
+    pub(crate) fn set_len(&mut self, slot: usize, n: usize) {
+        self.slots[slot].len = n;
+    }
+
+    fn at(&self, layer: usize, pos: usize) -> usize {
+        (layer * self.n_ctx + pos) * self.row_bytes
+    }
+
+    /// Stores one position's keys and values ([Nkv·D] each).
+    pub fn write(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let o = self.at(layer, pos);
+        let (ty, rb) = (self.ty, self.row_bytes);
+        let s = &mut self.slots[slot];
+        store_row(ty, k, &mut s.k[o..o + rb])?;
+        store_row(ty, v, &mut s.v[o..o + rb])
+    }
+
+    /// Keys and values of one layer for positions [0, n): [n, Nkv·D] rows as bytes.
+    pub fn layer(&self, slot: usize, layer: usize, n: usize) -> (&[u8], &[u8]) {
+        let o = self.at(layer, 0);
+        let end = o + n * self.row_bytes;
+        let s = &self.slots[slot];
+        (&s.k[o..end], &s.v[o..end])
+    }
+}

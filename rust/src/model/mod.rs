@@ -1,0 +1,15 @@
+//! The model forward pass: qwen3moe hyper-parameters and weights from a GGUF, the KV cache,
+//! attention and the layer loop. Heavy matmuls go through the `Compute` seam.
+
+pub mod attention;
+pub mod compute;
+pub mod forward;
+pub mod hparams;
+pub mod kv;
+pub mod ops;
+pub mod weights;
+
+pub use compute::{Compute, ExpertLayer, QExperts, QMatrix, SerialCompute};
+pub use forward::{Logits, Model, ModelConfig};
+pub use hparams::HParams;
+pub use kv::KvType;

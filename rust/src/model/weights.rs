@@ -1,0 +1,229 @@
+//! qwen3moe weights as zero-copy views into the GGUF map (FORMATS.md §4, "Tensors").
+//!
+//! Matrices are referenced by their tensor info and resolved to byte slices of the mmap on
+//! use; nothing is copied except the small norm vectors, converted once to f32. Every tensor
+//! is checked at load: present, of the expected shape, and of a type Strata can run.
+//! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
+//! F = expert FFN width.
+
+use super::compute::{ExpertLayer, QExperts, QMatrix};
+use super::hparams::HParams;
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, TensorInfo};
+use crate::quant::{self, dot, GgmlType};
+use std::sync::Arc;
+
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>, // [H]
+    pub wq: TensorInfo,      // (Nh·D, H)
+    pub wk: TensorInfo,      // (Nkv·D, H)
+    pub wv: TensorInfo,      // (Nkv·D, H)
+    pub wo: TensorInfo,      // (H, Nh·D)
+    pub q_norm: Vec<f32>,    // [D]
+    pub k_norm: Vec<f32>,    // [D]
+    pub ffn_norm: Vec<f32>,  // [H]
+    pub router: TensorInfo,  // (E, H)
+    pub gate: TensorInfo,    // (E, F, H)
+    pub up: TensorInfo,      // (E, F, H)
+    pub down: TensorInfo,    // (E, H, F)
+}
+
+pub struct Weights {
+    pub gguf: Arc<Gguf>,
+    pub token_embd: TensorInfo, // (V, H)
+    pub output_norm: Vec<f32>,  // [H]
+    pub output: TensorInfo,     // (V, H): output.weight, or token_embd when tied
+    pub layers: Vec<LayerWeights>,
+}
+
+/// Names of the types that have dot kernels (what Strata runs).
+pub fn runnable_types() -> String {
+    GgmlType::ALL
+        .iter()
+        .filter(|t| dot::supports(**t))
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn tensor<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
+    g.tensor(name).ok_or_else(|| {
+        Error::Model(format!(
+            "tensor {name} is missing (a qwen3moe file needs it; fused ffn_gate_up_exps/attn_qkv \
+             layouts are not supported)"
+        ))
+    })
+}
+
+/// Checks a tensor's ggml `ne` against `want` (fastest first) and its type.
+fn check(t: &TensorInfo, want: &[usize], needs_dot: bool) -> Result<()> {
+    let got: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+    if got != want {
+        let rev = |v: &[usize]| v.iter().rev().copied().collect::<Vec<_>>();
+        return Err(Error::Model(format!(
+            "tensor {} has shape {:?}, expected {:?} from the metadata",
+            t.name,
+            rev(&got),
+            rev(want)
+        )));
+    }
+    if needs_dot && !dot::supports(t.ty) {
+        return Err(Error::Model(format!(
+            "tensor {} has type {}, which Strata cannot run yet; Strata runs: {}",
+            t.name,
+            t.ty.name(),
+            runnable_types()
+        )));
+    }
+    if t.ty.row_bytes(want[0]).is_none() {
+        return Err(Error::Model(format!(
+            "tensor {}: rows of {} elements are not whole {} blocks",
+            t.name,
+            want[0],
+            t.ty.name()
+        )));
+    }
+    Ok(())
+}
+
+fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<TensorInfo> {
+    let t = tensor(g, name)?;
+    check(t, &[cols, rows], true)?;
+    Ok(t.clone())
+}
+
+fn experts(g: &Gguf, name: &str, e: usize, rows: usize, cols: usize) -> Result<TensorInfo> {
+    let t = tensor(g, name)?;
+    check(t, &[cols, rows, e], true)?;
+    Ok(t.clone())
+}
+
+fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
+    let t = tensor(g, name)?;
+    check(t, &[n], false)?;
+    let mut v = vec![0f32; n];
+    quant::dequantize(t.ty, g.data(t), &mut v).map_err(|e| {
+        Error::Model(format!(
+            "tensor {} has type {}, which Strata cannot convert: {e}",
+            t.name,
+            t.ty.name()
+        ))
+    })?;
+    Ok(v)
+}
+
+impl Weights {
+    /// Loads and checks every tensor; completes `hp.n_vocab` and (if absent) `hp.n_ff_exp`.
+    pub fn load(gguf: Arc<Gguf>, hp: &mut HParams) -> Result<Weights> {
+        let g = &*gguf;
+        let h = hp.n_embd;
+        let te = tensor(g, "token_embd.weight")?;
+        if te.dims.len() != 2 || te.dims[0] as usize != h {
+            return Err(Error::Model(format!(
+                "tensor token_embd.weight has shape {:?}, expected (n_vocab, {h})",
+                te.shape()
+            )));
+        }
+        hp.n_vocab = te.dims[1] as usize;
+        check(te, &[h, hp.n_vocab], false)?;
+        // The embedding is read by dequantizing rows: check the type converts.
+        let mut row = vec![0f32; h];
+        let rb = te.ty.row_bytes(h).unwrap_or(0);
+        quant::dequantize(te.ty, &g.data(te)[..rb], &mut row).map_err(|e| {
+            Error::Model(format!(
+                "tensor token_embd.weight has type {}, which Strata cannot convert: {e}",
+                te.ty.name()
+            ))
+        })?;
+        if hp.n_ff_exp == 0 {
+            let t = tensor(g, "blk.0.ffn_gate_exps.weight")?;
+            hp.n_ff_exp = t.dims.get(1).copied().unwrap_or(0) as usize;
+        }
+        let (qd, kvd, d, e, f) = (
+            hp.q_dim(),
+            hp.kv_dim(),
+            hp.head_dim,
+            hp.n_expert,
+            hp.n_ff_exp,
+        );
+        let output = match g.tensor("output.weight") {
+            Some(_) => matrix(g, "output.weight", hp.n_vocab, h)?,
+            None => matrix(g, "token_embd.weight", hp.n_vocab, h)?,
+        };
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for l in 0..hp.n_layer {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            layers.push(LayerWeights {
+                attn_norm: vector(g, &n("attn_norm"), h)?,
+                wq: matrix(g, &n("attn_q"), qd, h)?,
+                wk: matrix(g, &n("attn_k"), kvd, h)?,
+                wv: matrix(g, &n("attn_v"), kvd, h)?,
+                wo: matrix(g, &n("attn_output"), h, qd)?,
+                q_norm: vector(g, &n("attn_q_norm"), d)?,
+                k_norm: vector(g, &n("attn_k_norm"), d)?,
+                ffn_norm: vector(g, &n("ffn_norm"), h)?,
+                router: matrix(g, &n("ffn_gate_inp"), e, h)?,
+                gate: experts(g, &n("ffn_gate_exps"), e, f, h)?,
+                up: experts(g, &n("ffn_up_exps"), e, f, h)?,
+                down: experts(g, &n("ffn_down_exps"), e, h, f)?,
+            });
+        }
+        Ok(Weights {
+            token_embd: te.clone(),
+            output_norm: vector(g, "output_norm.weight", h)?,
+            output,
+            layers,
+            gguf,
+        })
+    }
+
+    /// A 2-D tensor as a matrix view (rows = ne[1], cols = ne[0]).
+    pub fn mat(&self, t: &TensorInfo) -> QMatrix<'_> {
+        QMatrix {
+            ty: t.ty,
+            data: self.gguf.data(t),
+            rows: t.dims[1] as usize,
+            cols: t.dims[0] as usize,
+        }
+    }
+
+    fn exps(&self, t: &TensorInfo) -> QExperts<'_> {
+        QExperts {
+            ty: t.ty,
+            data: self.gguf.data(t),
+            n_expert: t.dims[2] as usize,
+            rows: t.dims[1] as usize,
+            cols: t.dims[0] as usize,
+        }
+    }
+
+    pub fn expert_layer(&self, l: usize) -> ExpertLayer<'_> {
+        let lw = &self.layers[l];
+        ExpertLayer {
+            gate: self.exps(&lw.gate),
+            up: self.exps(&lw.up),
+            down: self.exps(&lw.down),
+        }
+    }
+
+    /// Bytes of the routed-expert tensors, and of everything else in the file.
+    pub fn expert_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| l.gate.nbytes + l.up.nbytes + l.down.nbytes)
+            .sum()
+    }
+
+    pub fn non_expert_bytes(&self) -> usize {
+        let total: usize = self.gguf.tensors().iter().map(|t| t.nbytes).sum();
+        total - self.expert_bytes()
+    }
+
+    /// Dequantizes token `id`'s embedding row into `out` [H].
+    pub fn embed(&self, id: usize, out: &mut [f32]) -> Result<()> {
+        let t = &self.token_embd;
+        let rb = t.ty.row_bytes(out.len()).unwrap_or(0);
+        let data = self.gguf.data(t);
+        quant::dequantize(t.ty, &data[id * rb..(id + 1) * rb], out)
+    }
+}

@@ -1,0 +1,167 @@
+//! `strata._core.Model`: the forward pass and its KV-cache slots. Every heavy call releases
+//! the GIL; a model is used by one thread at a time (calls serialize on its lock).
+
+use crate::model::{KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::quant::{dot, GgmlType};
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+#[pyclass(frozen, name = "Model")]
+pub struct PyModel {
+    inner: Mutex<Model>,
+}
+
+impl PyModel {
+    fn lock(&self) -> MutexGuard<'_, Model> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[pymethods]
+impl PyModel {
+    /// Opens a GGUF and builds the KV cache: `n_slots` sequences of `n_ctx` positions.
+    #[staticmethod]
+    #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        n_ctx: usize,
+        n_slots: usize,
+        kv_type: &str,
+        prefill_chunk: usize,
+    ) -> PyResult<Self> {
+        let cfg = ModelConfig {
+            n_ctx,
+            n_slots,
+            kv_type: KvType::parse(kv_type)?,
+            max_chunk: prefill_chunk,
+        };
+        let m = py.detach(|| Model::open(&path, cfg, Arc::new(SerialCompute::new())))?;
+        Ok(PyModel {
+            inner: Mutex::new(m),
+        })
+    }
+
+    /// Hyper-parameters and sizes as a dict.
+    #[getter]
+    fn hparams<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.lock();
+        let hp = &m.hp;
+        let d = PyDict::new(py);
+        d.set_item("architecture", &hp.arch)?;
+        d.set_item("n_layer", hp.n_layer)?;
+        d.set_item("n_ctx_train", hp.n_ctx_train)?;
+        d.set_item("n_embd", hp.n_embd)?;
+        d.set_item("n_head", hp.n_head)?;
+        d.set_item("n_head_kv", hp.n_head_kv)?;
+        d.set_item("head_dim", hp.head_dim)?;
+        d.set_item("n_rot", hp.n_rot)?;
+        d.set_item("n_expert", hp.n_expert)?;
+        d.set_item("n_expert_used", hp.n_expert_used)?;
+        d.set_item("n_ff_exp", hp.n_ff_exp)?;
+        d.set_item("n_vocab", hp.n_vocab)?;
+        d.set_item("rms_eps", hp.rms_eps)?;
+        d.set_item("rope_freq_base", hp.rope_freq_base)?;
+        d.set_item("rope_scaling", format!("{:?}", hp.rope_scaling))?;
+        d.set_item("n_ctx", m.cfg.n_ctx)?;
+        d.set_item("n_slots", m.kv.n_slots())?;
+        d.set_item("kv_type", m.kv.ty.name())?;
+        d.set_item("prefill_chunk", m.cfg.max_chunk)?;
+        d.set_item("expert_bytes", m.weights.expert_bytes())?;
+        d.set_item("non_expert_bytes", m.weights.non_expert_bytes())?;
+        d.set_item("kv_bytes", m.kv.bytes())?;
+        Ok(d)
+    }
+
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.lock().hp.n_vocab
+    }
+
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.lock().cfg.n_ctx
+    }
+
+    #[getter]
+    fn n_slots(&self) -> usize {
+        self.lock().kv.n_slots()
+    }
+
+    /// Runs `token_ids` after the slot's cached positions and appends them to the slot.
+    /// `logits`: "last" → (n_vocab,), "all" → (len, n_vocab), "none" → (0, n_vocab).
+    #[pyo3(signature = (slot, token_ids, logits="last"))]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        slot: usize,
+        token_ids: Vec<u32>,
+        logits: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let want = match logits {
+            "last" => Logits::Last,
+            "all" => Logits::All,
+            "none" => Logits::None,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "logits must be \"last\", \"all\" or \"none\", not {other:?}"
+                )))
+            }
+        };
+        let (out, vocab) = py.detach(|| -> crate::Result<(Vec<f32>, usize)> {
+            let mut m = self.lock();
+            let vocab = m.hp.n_vocab;
+            let n = match want {
+                Logits::None => 0,
+                Logits::Last => vocab,
+                Logits::All => token_ids.len() * vocab,
+            };
+            let mut out = vec![0f32; n];
+            m.forward(slot, &token_ids, want, &mut out)?;
+            Ok((out, vocab))
+        })?;
+        Ok(match want {
+            Logits::Last => PyArray1::from_vec(py, out).into_any(),
+            _ => {
+                let rows = out.len() / vocab;
+                PyArray1::from_vec(py, out)
+                    .reshape([rows, vocab])?
+                    .into_any()
+            }
+        })
+    }
+
+    /// Positions the slot holds.
+    fn slot_len(&self, slot: usize) -> PyResult<usize> {
+        Ok(self.lock().slot_len(slot)?)
+    }
+
+    /// Keeps the slot's first `n` positions (prefix reuse).
+    fn truncate(&self, slot: usize, n: usize) -> PyResult<()> {
+        Ok(self.lock().truncate(slot, n)?)
+    }
+
+    /// Empties the slot.
+    fn free(&self, slot: usize) -> PyResult<()> {
+        Ok(self.lock().free(slot)?)
+    }
+}
+
+/// Names of the weight types the forward pass runs (those with dot kernels).
+#[pyfunction]
+fn runnable_types() -> Vec<&'static str> {
+    GgmlType::ALL
+        .iter()
+        .filter(|t| dot::supports(**t))
+        .map(|t| t.name())
+        .collect()
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyModel>()?;
+    m.add_function(wrap_pyfunction!(runnable_types, m)?)
+}

@@ -1,0 +1,178 @@
+"""Writes small qwen3moe GGUF files with gguf-py (an independent writer), with the tensor names
+and metadata llama.cpp uses (FORMATS.md §4) and a minimal byte-level BPE tokenizer that
+llama.cpp accepts. Shared by the model tests and scripts/make_hf_golden.py.
+
+Tensors are given in numpy order (ggml ne reversed): token_embd (V, H), attn_q (Nh·D, H),
+attn_k/attn_v (Nkv·D, H), attn_output (H, Nh·D), ffn_gate_inp (E, H), ffn_gate_exps /
+ffn_up_exps (E, F, H), ffn_down_exps (E, H, F), norms (H,) or (D,).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+@dataclass
+class Shape:
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 64
+    n_expert: int = 16
+    n_expert_used: int = 4
+    n_ff_exp: int = 256
+    n_vocab: int = 512
+    rms_eps: float = 1e-6
+    rope_base: float = 1e6
+    n_ctx_train: int = 4096
+    rope_scaling: str = "none"  # "none", "linear" or "yarn"
+    rope_factor: float = 1.0
+    rope_orig_ctx: int = 0
+
+
+def byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode table, in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs, strict=True))
+    return [chr(table[b]) for b in range(256)]
+
+
+def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
+    """Tokens, token types and merges: 256 byte tokens, merged pairs of letters, then the
+    specials (CONTROL) at the end."""
+    toks = byte_tokens()
+    merges: list[str] = []
+    letters = "etaoinsrhl"
+    for a in letters:
+        for b in letters:
+            if len(toks) >= n_vocab - len(SPECIALS):
+                break
+            merges.append(f"{a} {b}")
+            toks.append(a + b)
+    while len(toks) < n_vocab - len(SPECIALS):
+        toks.append(f"[PAD{len(toks)}]")
+    types = [1] * len(toks)
+    for s in SPECIALS:
+        toks.append(s)
+        types.append(3)
+    return toks, types, merges
+
+
+def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
+    """Random weights with the spread BENCH.md asks for: linear and router std 1/sqrt(fan_in),
+    embeddings std 1, norm weights near 1. `router_scale` multiplies the router weights:
+    trained routers are peaked, and a flat random one has many 4th/5th-expert near-ties."""
+    rng = np.random.default_rng(seed)
+
+    def lin(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    h, d, e, f = s.n_embd, s.head_dim, s.n_expert, s.n_ff_exp
+    t: dict[str, np.ndarray] = {
+        "token_embd.weight": rng.standard_normal((s.n_vocab, h)).astype(np.float32),
+        "output_norm.weight": norm(h),
+        "output.weight": lin(s.n_vocab, h),
+    }
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(h)
+        t[p + "attn_q.weight"] = lin(s.n_head * d, h)
+        t[p + "attn_k.weight"] = lin(s.n_head_kv * d, h)
+        t[p + "attn_v.weight"] = lin(s.n_head_kv * d, h)
+        t[p + "attn_output.weight"] = lin(h, s.n_head * d)
+        t[p + "attn_q_norm.weight"] = norm(d)
+        t[p + "attn_k_norm.weight"] = norm(d)
+        t[p + "ffn_norm.weight"] = norm(h)
+        t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
+        t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
+        t[p + "ffn_up_exps.weight"] = lin(e, f, h)
+        t[p + "ffn_down_exps.weight"] = lin(e, h, f)
+    return t
+
+
+def write(
+    path: Path,
+    s: Shape,
+    tensors: dict[str, np.ndarray],
+    arch: str = "qwen3moe",
+    drop: tuple[str, ...] = (),
+) -> Path:
+    """Writes the file; `drop` names metadata keys to leave out (for refusal tests)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("strata-test-qwen3moe")
+    w.add_block_count(s.n_layer)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
+    w.add_expert_feed_forward_length(s.n_ff_exp)
+    w.add_expert_count(s.n_expert)
+    w.add_expert_used_count(s.n_expert_used)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    if s.rope_scaling != "none":
+        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
+        w.add_rope_scaling_factor(s.rope_factor)
+        if s.rope_orig_ctx:
+            w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    toks, types, merges = vocab(s.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(toks.index("<|endoftext|>"))
+    w.add_eos_token_id(toks.index("<|im_end|>"))
+    w.add_pad_token_id(toks.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+    for name, arr in tensors.items():
+        w.add_tensor(name, np.ascontiguousarray(arr))
+    for key in drop:
+        del w.kv_data[0][key]
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def quantize(src: Path, dst: Path, ftype_name: str) -> Path:
+    """Quantizes with llama.cpp's own quantizer (`LLAMA_FTYPE_MOSTLY_<ftype_name>`)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({ftype_name}) failed with {rc}")
+    return dst

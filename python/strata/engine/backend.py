@@ -291,4 +291,6 @@ def make_backend(config: Config) -> Backend:
             step_ms=config.fake_step_ms,
             faults=config.test_faults,
         )
-    return LLMBackend(config)
+    from strata.engine.runner import ModelRunner
+
+    return LLMBackend(config, factory=ModelRunner)

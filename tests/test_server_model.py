@@ -1,0 +1,53 @@
+"""The server on the real engine (the embedded default model, random weights): the official
+client's greedy completions equal `strata.LLM`'s single-slot greedy loop on the same file,
+token for token, for two requests in a row (the second reuses the slot) and with two slots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+from server_harness import Server
+from strata import modelgen
+from strata.llm import LLM
+
+PROMPTS = ["The cat sat on", "def main():\n    print("]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("strata-cache")
+    modelgen.ensure_default_model(d)
+    return d
+
+
+def reference(llm: LLM, prompt: str, n: int) -> tuple[str, str]:
+    """Greedy text and finish reason from the single-slot loop (stops at end-of-generation)."""
+    ids = llm.tokenizer.encode(prompt)
+    out: list[int] = []
+    finish = "length"
+    for t, reason in llm.generate_ids(ids, max_tokens=n, temperature=0.0):
+        if reason == "stop":
+            finish = "stop"
+            break
+        out.append(t)
+    return llm.tokenizer.decode(out), finish
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_greedy_matches_llm(cache_dir: Path, parallel: int) -> None:
+    llm = LLM(modelgen.default_model_path(cache_dir))
+    n = 12
+    srv = Server(engine="llm", cache_dir=cache_dir, parallel=parallel, n_ctx=512)
+    try:
+        model_id = srv.http.get("/v1/models").json()["data"][0]["id"]
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        for prompt in PROMPTS * 2:
+            r = client.completions.create(
+                model=model_id, prompt=prompt, max_tokens=n, temperature=0
+            )
+            text, finish = reference(llm, prompt, n)
+            assert (r.choices[0].text, r.choices[0].finish_reason) == (text, finish)
+    finally:
+        srv.stop()

@@ -1,6 +1,6 @@
 """The server on the real engine (the embedded default model, random weights): the official
 client's greedy completions equal `strata.LLM`'s single-slot greedy loop on the same file,
-token for token, for two requests in a row (the second reuses the slot) and with two slots."""
+token for token, over repeated requests, with one slot and with two."""
 
 from __future__ import annotations
 

@@ -3,17 +3,21 @@
 use super::*;
 use std::io::Write;
 
-struct W(Vec<u8>);
+pub(super) struct W(pub Vec<u8>);
 impl W {
-    fn u32(&mut self, v: u32) -> &mut Self {
+    pub fn u16(&mut self, v: u16) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn u64(&mut self, v: u64) -> &mut Self {
+    pub fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn s(&mut self, v: &str) -> &mut Self {
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn s(&mut self, v: &str) -> &mut Self {
         self.u64(v.len() as u64);
         self.0.extend_from_slice(v.as_bytes());
         self
@@ -42,6 +46,14 @@ fn sample(extra_kv: &[(&str, u32, &[u8])]) -> Vec<u8> {
     w.0.extend_from_slice(&[0u8; 16]);
     w.0.extend_from_slice(&[7u8; 68]);
     w.0
+}
+
+/// A fresh folder per test (tests run in parallel threads of one process).
+pub(super) fn tmp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-gguf-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
@@ -85,9 +97,9 @@ fn every_truncation_is_refused() {
     }
 }
 
-fn expect_err(bytes: &[u8], needle: &str) {
-    let p = write_tmp("bad.gguf", bytes);
-    match Gguf::open(&p) {
+/// In memory (`parse_bytes`), so parallel tests share no file.
+pub(super) fn expect_err(bytes: &[u8], needle: &str) {
+    match parse_bytes(bytes.to_vec(), "bad.gguf") {
         Err(e @ Error::Gguf { .. }) => {
             let m = e.to_string();
             assert!(m.contains(needle), "{m:?} lacks {needle:?}")
@@ -194,4 +206,65 @@ fn split_names() {
         Some(("model".into(), 2, 3))
     );
     assert_eq!(parse_split_name(Path::new("model.gguf")), None);
+    assert_eq!(
+        parse_split_name(Path::new("-00001-of-00001.gguf")),
+        Some(("".into(), 1, 1))
+    );
+    // Review finding: the name was sliced as a str at fixed byte offsets, which panics when
+    // an offset falls inside a multi-byte character; '+' was also taken as a digit.
+    for name in [
+        "aé-0001é-of-00002.gguf",
+        "xxxxxxxxxxxxxxxé.gguf",
+        "m-0000é-of-00002.gguf",
+        "m-00001-of-é0002.gguf",
+        "m-+0001-of-00002.gguf",
+        "m-00001-of-+0002.gguf",
+        "m-00001-to-00002.gguf",
+    ] {
+        assert_eq!(parse_split_name(Path::new(name)), None, "{name}");
+    }
+}
+
+#[test]
+fn parse_bytes_equals_open() {
+    let bytes = sample(&[]);
+    let p = write_tmp("same.gguf", &bytes);
+    let (a, b) = (
+        Gguf::open(&p).unwrap(),
+        parse_bytes(bytes, "mem.gguf").unwrap(),
+    );
+    assert_eq!(a.metadata(), b.metadata());
+    assert_eq!(a.tensors().len(), b.tensors().len());
+    for (x, y) in a.tensors().iter().zip(b.tensors()) {
+        assert_eq!((&x.name, x.offset, x.nbytes), (&y.name, y.offset, y.nbytes));
+        assert_eq!(a.data(x), b.data(y));
+    }
+    assert_eq!(b.path(), Path::new("mem.gguf"));
+}
+
+#[test]
+fn metadata_element_budget() {
+    // Review finding: a UINT8 array decodes each 1-byte element into a 32-byte Value, so a
+    // file of N bytes could make the reader hold 32·N bytes. The total is now capped.
+    assert_eq!(std::mem::size_of::<Value>(), 32);
+    let n = MAX_METADATA_ELEMENTS;
+    let mut w = W(Vec::new());
+    w.u32(0).u64(n / 2 + 1);
+    w.0.resize(w.0.len() + (n / 2 + 1) as usize, 1);
+    let half = w.0.clone();
+    // One array of just over half the budget is read...
+    let ok = sample(&[("x.a", 9, &half)]);
+    assert!(parse_bytes(ok, "ok.gguf").is_ok());
+    // ...two are refused.
+    expect_err(
+        &sample(&[("x.a", 9, &half), ("x.b", 9, &half)]),
+        "array elements in all",
+    );
+}
+
+#[test]
+fn version_zero_is_not_called_big_endian() {
+    let mut b = sample(&[]);
+    b[4..8].copy_from_slice(&0u32.to_le_bytes());
+    expect_err(&b, "unsupported GGUF version 0");
 }

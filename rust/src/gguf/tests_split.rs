@@ -1,7 +1,7 @@
 //! Split models: shard files written byte by byte into a temp folder, opened from any shard,
 //! and every way a set of shards can disagree with its `split.*` keys.
 
-use super::tests::{tmp_dir, W};
+use super::tests::{assert_gguf_err, expect_err, tmp_dir, W};
 use super::*;
 
 /// One shard: `split.no` (UINT16), `split.count` (UINT16), `split.tensors.count` (INT32), each
@@ -65,14 +65,7 @@ fn write_set(test: &str, shards: &[Vec<u8>]) -> Vec<PathBuf> {
 }
 
 fn open_err(p: &Path, needle: &str) {
-    match Gguf::open(p) {
-        Err(e @ Error::Gguf { .. }) => {
-            let m = e.to_string();
-            assert!(m.contains(needle), "{m:?} lacks {needle:?}")
-        }
-        Err(e) => panic!("wrong error kind {e}"),
-        Ok(_) => panic!("accepted a bad split model ({needle})"),
-    }
+    assert_gguf_err(Gguf::open(p), needle)
 }
 
 fn mem_err(shards: Vec<Vec<u8>>, needle: &str) {
@@ -82,14 +75,7 @@ fn mem_err(shards: Vec<Vec<u8>>, needle: &str) {
         .enumerate()
         .map(|(i, b)| (split_path(Path::new(""), "m", i as u32 + 1, n), b))
         .collect();
-    match parse_shards(parts) {
-        Err(e @ Error::Gguf { .. }) => {
-            let m = e.to_string();
-            assert!(m.contains(needle), "{m:?} lacks {needle:?}")
-        }
-        Err(e) => panic!("wrong error kind {e}"),
-        Ok(_) => panic!("accepted a bad split model ({needle})"),
-    }
+    assert_gguf_err(parse_shards(parts), needle)
 }
 
 #[test]
@@ -210,7 +196,7 @@ fn split_keys_on_single_files() {
 }
 
 fn expect_err_bytes(b: Vec<u8>, needle: &str) {
-    super::tests::expect_err(&b, needle)
+    expect_err(&b, needle)
 }
 
 #[test]

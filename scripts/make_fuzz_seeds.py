@@ -5,7 +5,8 @@ Seeds (into `fuzz/corpus/gguf_parse/`, not committed; CI remakes them): small va
 written by gguf-py (every value type, a qwen3moe-like model with F32/F16/BF16/Q8_0 tensors
 and 3-D expert tensors, a non-default alignment, a split model joined by the target's shard
 separator, a big-endian file), and crafted variants of them (truncations, huge counts and
-lengths, bad dims, types, offsets), each a case the parser must refuse.
+lengths, bad dims, types, offsets), each a case the parser must refuse, and every input a
+fuzz run found (`fuzz/regressions/`, committed, also replayed by the Rust tests).
 
 Dictionary (`fuzz/gguf.dict`, committed): every key name in gguf-py's `gguf.Keys` (with
 `{arch}` = qwen3moe), each also with its u64 length prefix, plus the magic, versions, value
@@ -161,6 +162,8 @@ def make_seeds(out: Path) -> int:
         seeds["split3"] = _split_model(tmp)
         for name, b in _crafted(seeds["qwen3moe"]):
             seeds[f"crafted_{name}"] = b
+    for p in sorted((ROOT / "fuzz" / "regressions").glob("*")):
+        seeds[f"regression_{p.stem}"] = p.read_bytes()
     for name, b in seeds.items():
         (out / f"seed_{name}.gguf").write_bytes(b)
     return len(seeds)

@@ -216,7 +216,10 @@ impl Shard {
                 ));
             }
             let mut dims = Vec::with_capacity(n_dims);
-            let mut nel: u64 = 1;
+            // The product of the dims with zeros read as 1 stays within i64, so no product of
+            // any subset of them, in any order (shapes, strides), can overflow; a zero dim does
+            // not excuse absurd other dims (fuzz finding 1, docs/FUZZING.md).
+            let mut nel_nonzero: u64 = 1;
             for _ in 0..n_dims {
                 let d_at = c.pos();
                 let d = c.u64("tensor dim")?;
@@ -226,8 +229,8 @@ impl Shard {
                         format!("tensor {name:?}: dimension {d} is negative as i64"),
                     ));
                 }
-                nel = nel
-                    .checked_mul(d)
+                nel_nonzero = nel_nonzero
+                    .checked_mul(d.max(1))
                     .filter(|&n| n <= i64::MAX as u64)
                     .ok_or_else(|| {
                         c.err(d_at, format!("tensor {name:?}: element count overflows"))

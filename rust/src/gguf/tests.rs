@@ -273,3 +273,67 @@ fn version_zero_is_not_called_big_endian() {
     b[4..8].copy_from_slice(&0u32.to_le_bytes());
     expect_err(&b, "unsupported GGUF version 0");
 }
+
+/// One F32 tensor "t" with the given dims and no data (its byte count is 0 when a dim is 0).
+fn one_tensor(dims: &[u64]) -> Vec<u8> {
+    let mut w = W(Vec::new());
+    w.0.extend_from_slice(b"GGUF");
+    w.u32(3).u64(1).u64(0);
+    w.s("t").u32(dims.len() as u32);
+    dims.iter().for_each(|&d| {
+        w.u64(d);
+    });
+    w.u32(0).u64(0);
+    while !w.0.len().is_multiple_of(32) {
+        w.0.push(0);
+    }
+    w.0
+}
+
+#[test]
+fn zero_dim_does_not_excuse_huge_dims() {
+    // Fuzz finding 1: dims [2^40, 2^40, 0] made 0 elements, so the file was read, but the
+    // shape's product in numpy order (2^40·2^40·0) overflowed at the first multiply.
+    expect_err(
+        &one_tensor(&[1 << 40, 1 << 40, 0]),
+        "element count overflows",
+    );
+    expect_err(
+        &one_tensor(&[0, 1 << 40, 1 << 40]),
+        "element count overflows",
+    );
+    // Zero-sized tensors with sane dims stay readable.
+    let g = parse_bytes(one_tensor(&[0, 1 << 40]), "z.gguf").unwrap();
+    let t = g.tensor("t").unwrap();
+    assert_eq!(
+        (t.n_elements(), t.nbytes, t.shape()),
+        (0, 0, vec![1 << 40, 0])
+    );
+}
+
+/// Every input a fuzz run found (fuzz/regressions/) is refused with a GGUF error or read
+/// with consistent sizes.
+#[test]
+fn fuzz_regressions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        n += 1;
+        match parse_bytes(std::fs::read(&p).unwrap(), &p) {
+            Err(Error::Gguf { .. }) => {}
+            Err(e) => panic!("{}: wrong error {e}", p.display()),
+            Ok(g) => {
+                for t in g.tensors() {
+                    let shape_nel = t
+                        .shape()
+                        .iter()
+                        .try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+                    assert_eq!(shape_nel, Some(t.n_elements()), "{}", p.display());
+                    assert_eq!(g.data(t).len(), t.nbytes);
+                }
+            }
+        }
+    }
+    assert!(n >= 1);
+}

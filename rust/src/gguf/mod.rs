@@ -3,16 +3,18 @@
 //! A split model (`<prefix>-00001-of-0000N.gguf`) may be opened from any shard's path; every
 //! shard is opened, `split.no`/`split.count` are checked per shard, tensor names must be unique
 //! across shards and their total must equal `split.tensors.count` (FORMATS.md §1).
+//! `parse_bytes`/`parse_shards` run the same parser on bytes held in memory (fuzzing, tests).
 
 mod cursor;
 mod shard;
+mod split;
 mod value;
 
-pub use shard::{Shard, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS};
-pub use value::Value;
+pub use shard::{Shard, ShardBytes, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS, MAX_TENSORS};
+pub use split::{parse_split_name, split_path, MAX_SPLITS};
+pub use value::{Value, MAX_METADATA_ELEMENTS, MAX_STRING_BYTES};
 
 use crate::error::{Error, Result};
-use memmap2::Mmap;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,134 +25,61 @@ pub struct Gguf {
     index: HashMap<String, usize>,
 }
 
-/// `(prefix, shard number 1-based, count)` when the file name follows the split rule.
-pub fn parse_split_name(path: &Path) -> Option<(String, u32, u32)> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".gguf")?;
-    // "<prefix>-NNNNN-of-MMMMM"
-    if stem.len() < 15 {
-        return None;
-    }
-    let (prefix, tail) = stem.split_at(stem.len() - 15);
-    let b = tail.as_bytes();
-    if b[0] != b'-' || &tail[6..10] != "-of-" {
-        return None;
-    }
-    let no: u32 = tail[1..6].parse().ok()?;
-    let count: u32 = tail[10..15].parse().ok()?;
-    Some((prefix.to_string(), no, count))
+/// Parses one GGUF held in memory, exactly as `Gguf::open` parses a file; `name` stands for
+/// the path in errors. A file that declares more than one shard is refused here (use
+/// `parse_shards`).
+pub fn parse_bytes(bytes: Vec<u8>, name: impl AsRef<Path>) -> Result<Gguf> {
+    Gguf::from_shards(vec![Shard::from_bytes(name.as_ref(), bytes, 0)?])
 }
 
-pub fn split_path(dir: &Path, prefix: &str, no: u32, count: u32) -> PathBuf {
-    dir.join(format!("{prefix}-{no:05}-of-{count:05}.gguf"))
-}
-
-fn split_u(shard: &Shard, key: &str) -> Result<Option<u64>> {
-    match shard.get(key) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            Error::gguf(
-                &shard.path,
-                0,
-                format!("{key} must be an integer, found {}", v.type_name()),
-            )
-        }),
+/// Parses a split model held in memory: `(name, bytes)` per shard, in shard order.
+pub fn parse_shards(parts: Vec<(PathBuf, Vec<u8>)>) -> Result<Gguf> {
+    if parts.is_empty() {
+        return Err(Error::gguf("<memory>", 0, "no shards given"));
     }
+    let shards = parts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, bytes))| Shard::from_bytes(&name, bytes, i))
+        .collect::<Result<Vec<_>>>()?;
+    Gguf::from_shards(shards)
 }
 
 impl Gguf {
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
         let path = path.as_ref();
         let first = Shard::open(path, 0)?;
-        let count = split_u(&first, "split.count")?.unwrap_or(1);
-        if count <= 1 {
-            let no = split_u(&first, "split.no")?.unwrap_or(0);
-            if no != 0 {
-                return Err(Error::gguf(
-                    path,
-                    0,
-                    format!("split.no is {no} but split.count is {count}"),
-                ));
-            }
-            return Self::from_shards(vec![first], None);
+        let count = split::declared_count(&first)?;
+        if count == 1 {
+            return Self::from_shards(vec![first]);
         }
-        if count > 9999 {
-            return Err(Error::gguf(
-                path,
-                0,
-                format!("split.count {count} is implausible"),
-            ));
-        }
-        let (prefix, _, name_count) = parse_split_name(path).ok_or_else(|| {
-            Error::gguf(path, 0, format!(
-                "file has split.count = {count} but its name does not follow <prefix>-NNNNN-of-MMMMM.gguf"
-            ))
-        })?;
-        if name_count as u64 != count {
-            return Err(Error::gguf(
-                path,
-                0,
-                format!("file name says {name_count} shards but split.count is {count}"),
-            ));
-        }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let this_no = split_u(&first, "split.no")?.unwrap_or(0);
-        let mut slots: Vec<Option<Shard>> = (0..count).map(|_| None).collect();
-        if this_no >= count {
-            return Err(Error::gguf(
-                path,
-                0,
-                format!("split.no {this_no} is not below split.count {count}"),
-            ));
-        }
+        let (paths, this_no) = split::shard_paths(path, &first, count)?;
         let mut first = Some(first);
-        for i in 0..count {
-            let p = split_path(dir, &prefix, i as u32 + 1, count as u32);
-            let shard = if i == this_no {
-                let mut s = first.take().unwrap();
-                s.tensors.iter_mut().for_each(|t| t.shard = i as usize);
-                s
-            } else {
-                if !p.exists() {
-                    return Err(Error::gguf(
-                        &p,
-                        0,
-                        format!(
-                            "missing shard {} of {count} (opened from {})",
-                            i + 1,
-                            path.display()
-                        ),
-                    ));
-                }
-                Shard::open(&p, i as usize)?
-            };
-            let no = split_u(&shard, "split.no")?;
-            if no != Some(i) {
+        let mut shards = Vec::with_capacity(paths.len());
+        for (i, p) in paths.iter().enumerate() {
+            if i == this_no {
+                shards.extend(first.take());
+                continue;
+            }
+            if !p.exists() {
                 return Err(Error::gguf(
-                    &shard.path,
+                    p,
                     0,
                     format!(
-                        "shard {} of {count} has split.no {no:?}, expected {i}",
-                        i + 1
+                        "missing shard {} of {count} (opened from {})",
+                        i + 1,
+                        path.display()
                     ),
                 ));
             }
-            let c = split_u(&shard, "split.count")?;
-            if c != Some(count) {
-                return Err(Error::gguf(
-                    &shard.path,
-                    0,
-                    format!("shard {} has split.count {c:?}, expected {count}", i + 1),
-                ));
-            }
-            slots[i as usize] = Some(shard);
+            shards.push(Shard::open(p, i)?);
         }
-        let shards: Vec<Shard> = slots.into_iter().map(|s| s.unwrap()).collect();
-        let expected = split_u(&shards[0], "split.tensors.count")?;
-        Self::from_shards(shards, expected)
+        Self::from_shards(shards)
     }
 
-    fn from_shards(shards: Vec<Shard>, expected: Option<u64>) -> Result<Gguf> {
+    /// Shards in shard order: checks their `split.*` keys and indexes the tensors by name.
+    fn from_shards(mut shards: Vec<Shard>) -> Result<Gguf> {
+        split::check_shards(&mut shards)?;
         let mut tensors = Vec::new();
         let mut index = HashMap::new();
         for s in &shards {
@@ -163,18 +92,6 @@ impl Gguf {
                     ));
                 }
                 tensors.push(t.clone());
-            }
-        }
-        if let Some(n) = expected {
-            if n != tensors.len() as u64 {
-                return Err(Error::gguf(
-                    &shards[0].path,
-                    0,
-                    format!(
-                        "split.tensors.count is {n} but the shards hold {} tensors",
-                        tensors.len()
-                    ),
-                ));
             }
         }
         Ok(Gguf {
@@ -214,10 +131,12 @@ impl Gguf {
         &self.shards[t.shard].map[t.offset..t.offset + t.nbytes]
     }
 
-    pub fn map_of(&self, t: &TensorInfo) -> &Arc<Mmap> {
+    pub fn map_of(&self, t: &TensorInfo) -> &Arc<ShardBytes> {
         &self.shards[t.shard].map
     }
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_split;

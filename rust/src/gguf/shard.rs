@@ -3,7 +3,7 @@
 //! must lie inside the file.
 
 use super::cursor::Cursor;
-use super::value::{read_value, Value, MAX_KEY_BYTES};
+use super::value::{read_value, Value, MAX_KEY_BYTES, MAX_METADATA_ELEMENTS};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 use memmap2::Mmap;
@@ -18,6 +18,9 @@ pub const MAX_TENSORS: u64 = 1 << 20;
 pub const MAX_KV: u64 = 1 << 20;
 pub const MAX_DIMS: usize = 4;
 pub const MAX_TENSOR_NAME: usize = 63;
+/// Up-front reservations are capped here; larger tables grow as their entries are read, so a
+/// crafted count costs memory only in proportion to the bytes that back it.
+const PREALLOC_CAP: usize = 4096;
 
 /// Where a tensor is and what it holds. `dims` are ggml `ne` (dims[0] fastest).
 #[derive(Clone, Debug)]
@@ -43,9 +46,27 @@ impl TensorInfo {
     }
 }
 
+/// The bytes behind a shard: a read-only map of its file, or an owned buffer
+/// (`gguf::parse_bytes`, fuzzing). Both parse through the same code.
+pub enum ShardBytes {
+    Map(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ShardBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ShardBytes::Map(m) => m,
+            ShardBytes::Owned(v) => v,
+        }
+    }
+}
+
 pub struct Shard {
+    /// The file's path, or for an in-memory shard the name its errors carry.
     pub path: PathBuf,
-    pub map: Arc<Mmap>,
+    pub map: Arc<ShardBytes>,
     pub version: u32,
     pub alignment: u64,
     pub data_offset: u64,
@@ -78,11 +99,15 @@ impl Shard {
         // SAFETY: the map is read-only; the file is not ours to modify. A file truncated by
         // another process while mapped is outside what any reader can defend against.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
-        let map = Arc::new(map);
-        Self::parse(path, map, shard_index)
+        Self::parse(path, Arc::new(ShardBytes::Map(map)), shard_index)
     }
 
-    fn parse(path: &Path, map: Arc<Mmap>, shard_index: usize) -> Result<Shard> {
+    /// Parses a shard held in memory; `name` stands for the path in errors.
+    pub fn from_bytes(name: &Path, bytes: Vec<u8>, shard_index: usize) -> Result<Shard> {
+        Self::parse(name, Arc::new(ShardBytes::Owned(bytes)), shard_index)
+    }
+
+    fn parse(path: &Path, map: Arc<ShardBytes>, shard_index: usize) -> Result<Shard> {
         let buf: &[u8] = &map;
         let mut c = Cursor::new(buf, path);
         let magic = c.array::<4>("magic")?;
@@ -90,7 +115,7 @@ impl Shard {
             return Err(c.err(0, format!("bad magic {magic:02x?}, expected \"GGUF\"")));
         }
         let version = c.u32("version")?;
-        if version & 0xFFFF == 0 {
+        if version != 0 && version & 0xFFFF == 0 {
             return Err(c.err(
                 4,
                 format!("version field {version:#010x}: a big-endian GGUF; only little-endian files are supported"),
@@ -131,8 +156,10 @@ impl Shard {
             ));
         }
 
-        let mut kv: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
-        let mut seen: HashMap<String, ()> = HashMap::with_capacity(n_kv as usize);
+        let kv_cap = (n_kv as usize).min(PREALLOC_CAP);
+        let mut kv: Vec<(String, Value)> = Vec::with_capacity(kv_cap);
+        let mut seen: HashMap<String, ()> = HashMap::with_capacity(kv_cap);
+        let mut elements_left = MAX_METADATA_ELEMENTS;
         for _ in 0..n_kv {
             let at = c.pos();
             let key = c.utf8("metadata key", MAX_KEY_BYTES)?;
@@ -141,7 +168,7 @@ impl Shard {
             }
             let ty = c.u32("value type")?;
             let what = format!("value of {key:?}");
-            let value = read_value(&mut c, ty, &what, 0)?;
+            let value = read_value(&mut c, ty, &what, 0, &mut elements_left)?;
             if seen.insert(key.to_string(), ()).is_some() {
                 return Err(c.err(at, format!("duplicate metadata key {key:?}")));
             }
@@ -168,8 +195,9 @@ impl Shard {
             dims: Vec<u64>,
             offset: u64,
         }
-        let mut raws: Vec<Raw> = Vec::with_capacity(n_tensors as usize);
-        let mut names: HashMap<String, ()> = HashMap::with_capacity(n_tensors as usize);
+        let t_cap = (n_tensors as usize).min(PREALLOC_CAP);
+        let mut raws: Vec<Raw> = Vec::with_capacity(t_cap);
+        let mut names: HashMap<String, ()> = HashMap::with_capacity(t_cap);
         for _ in 0..n_tensors {
             let at = c.pos();
             let name = c.utf8("tensor name", MAX_KEY_BYTES)?;
@@ -188,7 +216,10 @@ impl Shard {
                 ));
             }
             let mut dims = Vec::with_capacity(n_dims);
-            let mut nel: u64 = 1;
+            // The product of the dims with zeros read as 1 stays within i64, so no product of
+            // any subset of them, in any order (shapes, strides), can overflow; a zero dim does
+            // not excuse absurd other dims (fuzz finding 1, docs/FUZZING.md).
+            let mut nel_nonzero: u64 = 1;
             for _ in 0..n_dims {
                 let d_at = c.pos();
                 let d = c.u64("tensor dim")?;
@@ -198,8 +229,8 @@ impl Shard {
                         format!("tensor {name:?}: dimension {d} is negative as i64"),
                     ));
                 }
-                nel = nel
-                    .checked_mul(d)
+                nel_nonzero = nel_nonzero
+                    .checked_mul(d.max(1))
                     .filter(|&n| n <= i64::MAX as u64)
                     .ok_or_else(|| {
                         c.err(d_at, format!("tensor {name:?}: element count overflows"))

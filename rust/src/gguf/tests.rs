@@ -3,17 +3,21 @@
 use super::*;
 use std::io::Write;
 
-struct W(Vec<u8>);
+pub(super) struct W(pub Vec<u8>);
 impl W {
-    fn u32(&mut self, v: u32) -> &mut Self {
+    pub fn u16(&mut self, v: u16) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn u64(&mut self, v: u64) -> &mut Self {
+    pub fn u32(&mut self, v: u32) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
         self
     }
-    fn s(&mut self, v: &str) -> &mut Self {
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn s(&mut self, v: &str) -> &mut Self {
         self.u64(v.len() as u64);
         self.0.extend_from_slice(v.as_bytes());
         self
@@ -42,6 +46,14 @@ fn sample(extra_kv: &[(&str, u32, &[u8])]) -> Vec<u8> {
     w.0.extend_from_slice(&[0u8; 16]);
     w.0.extend_from_slice(&[7u8; 68]);
     w.0
+}
+
+/// A fresh folder per test (tests run in parallel threads of one process).
+pub(super) fn tmp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("strata-gguf-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 fn write_tmp(name: &str, bytes: &[u8]) -> PathBuf {
@@ -85,9 +97,9 @@ fn every_truncation_is_refused() {
     }
 }
 
-fn expect_err(bytes: &[u8], needle: &str) {
-    let p = write_tmp("bad.gguf", bytes);
-    match Gguf::open(&p) {
+/// `r` must be a GGUF error whose message contains `needle`.
+pub(super) fn assert_gguf_err(r: Result<Gguf>, needle: &str) {
+    match r {
         Err(e @ Error::Gguf { .. }) => {
             let m = e.to_string();
             assert!(m.contains(needle), "{m:?} lacks {needle:?}")
@@ -95,6 +107,11 @@ fn expect_err(bytes: &[u8], needle: &str) {
         Err(e) => panic!("wrong error kind {e}"),
         Ok(_) => panic!("accepted a bad file ({needle})"),
     }
+}
+
+/// In memory (`parse_bytes`), so parallel tests share no file.
+pub(super) fn expect_err(bytes: &[u8], needle: &str) {
+    assert_gguf_err(parse_bytes(bytes.to_vec(), "bad.gguf"), needle)
 }
 
 #[test]
@@ -194,4 +211,129 @@ fn split_names() {
         Some(("model".into(), 2, 3))
     );
     assert_eq!(parse_split_name(Path::new("model.gguf")), None);
+    assert_eq!(
+        parse_split_name(Path::new("-00001-of-00001.gguf")),
+        Some(("".into(), 1, 1))
+    );
+    // Review finding: the name was sliced as a str at fixed byte offsets, which panics when
+    // an offset falls inside a multi-byte character; '+' was also taken as a digit.
+    for name in [
+        "m-0000éof-00002.gguf", // byte 6 of the tail is inside 'é': panicked
+        "éxxxxxxxxxxxxxx.gguf", // the 15-byte cut is inside 'é': panicked
+        "m-0000é-of-00002.gguf",
+        "m-00001-of-é0002.gguf",
+        "m-+0001-of-00002.gguf",
+        "m-00001-of-+0002.gguf",
+        "m-00001-to-00002.gguf",
+    ] {
+        assert_eq!(parse_split_name(Path::new(name)), None, "{name}");
+    }
+}
+
+#[test]
+fn parse_bytes_equals_open() {
+    let bytes = sample(&[]);
+    let p = write_tmp("same.gguf", &bytes);
+    let (a, b) = (
+        Gguf::open(&p).unwrap(),
+        parse_bytes(bytes, "mem.gguf").unwrap(),
+    );
+    assert_eq!(a.metadata(), b.metadata());
+    assert_eq!(a.tensors().len(), b.tensors().len());
+    for (x, y) in a.tensors().iter().zip(b.tensors()) {
+        assert_eq!((&x.name, x.offset, x.nbytes), (&y.name, y.offset, y.nbytes));
+        assert_eq!(a.data(x), b.data(y));
+    }
+    assert_eq!(b.path(), Path::new("mem.gguf"));
+}
+
+#[test]
+fn metadata_element_budget() {
+    // Review finding: a UINT8 array decodes each 1-byte element into a 32-byte Value, so a
+    // file of N bytes could make the reader hold 32·N bytes. The total is now capped.
+    assert_eq!(std::mem::size_of::<Value>(), 32);
+    let n = MAX_METADATA_ELEMENTS;
+    let mut w = W(Vec::new());
+    w.u32(0).u64(n / 2 + 1);
+    w.0.resize(w.0.len() + (n / 2 + 1) as usize, 1);
+    let half = w.0.clone();
+    // One array of just over half the budget is read...
+    let ok = sample(&[("x.a", 9, &half)]);
+    assert!(parse_bytes(ok, "ok.gguf").is_ok());
+    // ...two are refused.
+    expect_err(
+        &sample(&[("x.a", 9, &half), ("x.b", 9, &half)]),
+        "array elements in all",
+    );
+}
+
+#[test]
+fn version_zero_is_not_called_big_endian() {
+    let mut b = sample(&[]);
+    b[4..8].copy_from_slice(&0u32.to_le_bytes());
+    expect_err(&b, "unsupported GGUF version 0");
+}
+
+/// One F32 tensor "t" with the given dims and no data (its byte count is 0 when a dim is 0).
+fn one_tensor(dims: &[u64]) -> Vec<u8> {
+    let mut w = W(Vec::new());
+    w.0.extend_from_slice(b"GGUF");
+    w.u32(3).u64(1).u64(0);
+    w.s("t").u32(dims.len() as u32);
+    dims.iter().for_each(|&d| {
+        w.u64(d);
+    });
+    w.u32(0).u64(0);
+    while !w.0.len().is_multiple_of(32) {
+        w.0.push(0);
+    }
+    w.0
+}
+
+#[test]
+fn zero_dim_does_not_excuse_huge_dims() {
+    // Fuzz finding 1: dims [2^40, 2^40, 0] made 0 elements, so the file was read, but the
+    // shape's product in numpy order (2^40·2^40·0) overflowed at the first multiply.
+    expect_err(
+        &one_tensor(&[1 << 40, 1 << 40, 0]),
+        "element count overflows",
+    );
+    expect_err(
+        &one_tensor(&[0, 1 << 40, 1 << 40]),
+        "element count overflows",
+    );
+    // Zero-sized tensors with sane dims stay readable.
+    let g = parse_bytes(one_tensor(&[0, 1 << 40]), "z.gguf").unwrap();
+    let t = g.tensor("t").unwrap();
+    assert_eq!(
+        (t.n_elements(), t.nbytes, t.shape()),
+        (0, 0, vec![1 << 40, 0])
+    );
+}
+
+/// Every input a fuzz run found (fuzz/regressions/) is refused with a GGUF error or read
+/// with consistent sizes.
+#[test]
+fn fuzz_regressions() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        n += 1;
+        match parse_bytes(std::fs::read(&p).unwrap(), &p) {
+            Err(Error::Gguf { .. }) => {}
+            Err(e) => panic!("{}: wrong error {e}", p.display()),
+            Ok(g) => {
+                for t in g.tensors() {
+                    let shape_nel = t
+                        .shape()
+                        .iter()
+                        .try_fold(1u64, |a, &d| a.checked_mul(d as u64));
+                    assert_eq!(shape_nel, Some(t.n_elements()), "{}", p.display());
+                    assert_eq!(g.data(t).len(), t.nbytes);
+                }
+            }
+        }
+    }
+    assert!(n >= 1);
 }

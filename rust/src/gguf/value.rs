@@ -7,7 +7,11 @@ use crate::error::Result;
 /// (Qwen3's vocabulary is 151,936 strings; its chat template ~4 KiB).
 pub const MAX_STRING_BYTES: usize = 64 << 20;
 pub const MAX_KEY_BYTES: usize = 65_535;
-pub const MAX_ARRAY_LEN: u64 = 1 << 26;
+/// Array elements summed over one file's metadata. A decoded element takes 32 bytes however
+/// few bytes encode it (a UINT8 takes one), so this bounds the decoded metadata at 256 MiB
+/// plus the string bytes the file itself holds. Real models use well under a million
+/// (Qwen3: three vocabulary-sized arrays, about 455,000 elements).
+pub const MAX_METADATA_ELEMENTS: u64 = 1 << 23;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Value {
@@ -88,7 +92,15 @@ fn min_size(ty: u32) -> usize {
     }
 }
 
-pub(crate) fn read_value(c: &mut Cursor<'_>, ty: u32, what: &str, depth: u32) -> Result<Value> {
+/// Reads one value of type `ty`. `elements_left` is the file's remaining budget of array
+/// elements (`MAX_METADATA_ELEMENTS` at the start of the metadata).
+pub(crate) fn read_value(
+    c: &mut Cursor<'_>,
+    ty: u32,
+    what: &str,
+    depth: u32,
+    elements_left: &mut u64,
+) -> Result<Value> {
     let at = c.pos();
     Ok(match ty {
         0 => Value::U8(c.u8(what)?),
@@ -116,10 +128,9 @@ pub(crate) fn read_value(c: &mut Cursor<'_>, ty: u32, what: &str, depth: u32) ->
             }
             let n_at = c.pos();
             let n = c.u64(what)?;
-            if n > MAX_ARRAY_LEN {
-                return Err(c.err(n_at, format!("{what}: array length {n} exceeds the cap")));
-            }
-            let need = (n as usize).checked_mul(min_size(ety));
+            let need = usize::try_from(n)
+                .ok()
+                .and_then(|n| n.checked_mul(min_size(ety)));
             if need.is_none_or(|need| need > c.remaining()) {
                 return Err(c.err(
                     n_at,
@@ -129,9 +140,19 @@ pub(crate) fn read_value(c: &mut Cursor<'_>, ty: u32, what: &str, depth: u32) ->
                     ),
                 ));
             }
+            if n > *elements_left {
+                return Err(c.err(
+                    n_at,
+                    format!(
+                        "{what}: array of {n} elements takes the file's metadata past the cap of \
+                         {MAX_METADATA_ELEMENTS} array elements in all"
+                    ),
+                ));
+            }
+            *elements_left -= n;
             let mut v = Vec::with_capacity(n as usize);
             for _ in 0..n {
-                v.push(read_value(c, ety, what, depth + 1)?);
+                v.push(read_value(c, ety, what, depth + 1, elements_left)?);
             }
             Value::Array(v)
         }

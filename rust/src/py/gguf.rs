@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// Keeps a shard's map alive for as long as any numpy view of it lives.
 #[pyclass(frozen)]
 struct MapOwner {
-    _map: Arc<memmap2::Mmap>,
+    _map: Arc<crate::gguf::ShardBytes>,
 }
 
 #[pyclass(frozen)]

@@ -98,6 +98,14 @@ class ModelSpec:
         return dataclasses.replace(cls(), **overrides)
 
     @classmethod
+    def micro(cls, **overrides: Any) -> ModelSpec:
+        """For quant-format tests: tiny's widths (every row a multiple of 256) with 1 layer, 4
+        experts top-2 and a 512-entry vocabulary, about 1.3 M weights, so even the slow IQ1/IQ2
+        quantizations take seconds."""
+        base = cls(n_layer=1, n_expert=4, n_expert_used=2, n_vocab=512, name="strata-micro")
+        return dataclasses.replace(base, **overrides)
+
+    @classmethod
     def default(cls, **overrides: Any) -> ModelSpec:
         """The server's embedded default model: tiny's shapes with a 4096-entry vocabulary and a
         longer trained context. Random weights; builds in a few seconds."""

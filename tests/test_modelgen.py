@@ -217,7 +217,9 @@ def test_imatrix_matches_numpy_for_the_first_projection(micro: TestModels) -> No
     assert all(np.isfinite(v).all() and (v > 0).all() for v in im.values())
 
 
-@pytest.mark.parametrize("qtype", ["IQ2_XXS", "IQ1_M"])
+# IQ2_XXS stands for the imatrix types here: IQ1_* quantize the same way but take ~30 s more
+# (grid set-up); scripts/make_test_model.py makes them all.
+@pytest.mark.parametrize("qtype", ["IQ2_XXS"])
 def test_imatrix_types_quantize_and_run(micro: TestModels, qtype: str) -> None:
     q = micro.quantized(qtype)
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(q)).tensors}

@@ -371,7 +371,13 @@ def quantize(
     params.pure = pure
     keep: list[Any] = []  # keeps the ctypes buffers alive during the call
     if imatrix:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        entry_t = getattr(llama_cpp, "llama_model_imatrix_data", None)
+        if entry_t is None:
+            raise QuantizeError(
+                f"llama-cpp-python {llama_cpp.__version__} cannot pass an importance matrix "
+                "(it lacks llama_model_imatrix_data; 0.3.36 has it)"
+            )
+        entries = (entry_t * (len(imatrix) + 1))()
         for i, (name, values) in enumerate(sorted(imatrix.items())):
             arr = np.ascontiguousarray(values, dtype=np.float32)
             keep.append(arr)
@@ -380,7 +386,7 @@ def quantize(
             entries[i].size = arr.size
         entries[len(imatrix)].name = None  # terminator
         keep.append(entries)
-        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(entry_t))
     fd, tmp = tempfile.mkstemp(prefix=dst.name + ".", suffix=".part", dir=dst.parent)
     os.close(fd)
     log: list[str] = []

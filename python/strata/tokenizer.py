@@ -202,11 +202,11 @@ class Tokenizer:
                 f"tokenizer.ggml.model {model!r} is not supported (Strata runs byte-level BPE, "
                 "'gpt2')"
             )
-        tokens = get("tokenizer.ggml.tokens", list)
-        types = get("tokenizer.ggml.token_type", list, required=False)
+        tokens = get("tokenizer.ggml.tokens", (list, tuple))
+        types = get("tokenizer.ggml.token_type", (list, tuple), required=False)
         if types is None:
             types = [NORMAL] * len(tokens)
-        merges = get("tokenizer.ggml.merges", list)
+        merges = get("tokenizer.ggml.merges", (list, tuple))
         extra = []
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = get(key, int, required=False)

@@ -87,6 +87,9 @@ def test_qwen3_special_ids_and_flags(qwen3: Tokenizer, hf_qwen3: Any) -> None:
     assert qwen3.token_text(9707) == "Hello"
     with pytest.raises(ValueError, match="outside the vocabulary"):
         qwen3.decode([151936])
+    # lone surrogates (from JSON escapes such as "\ud800") are a clear ValueError
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at index 1"):
+        qwen3.encode("a\ud800b")
 
 
 def llama_tokenize(path: Path) -> Any:

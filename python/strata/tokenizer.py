@@ -285,7 +285,17 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"text must be str, not {type(text).__name__}")
         hf = self._hf if parse_special else self._plain()
-        ids: list[int] = hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids: list[int] = hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # tokenizers refuses str that is not valid Unicode (lone surrogates, which JSON
+            # escapes like "\ud800" can produce)
+            bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+            if bad is None:
+                raise
+            raise ValueError(
+                f"text is not valid Unicode: lone surrogate U+{ord(text[bad]):04X} at index {bad}"
+            ) from None
         if add_special:
             if self._add_bos and self._bos is not None:
                 ids.insert(0, self._bos)

@@ -10,6 +10,7 @@ processes build each file once.
     m.f32()                 # tiny F32 model
     m.quantized("Q4_K_M")   # llama.cpp-quantized tiny model
     m.vocab_only("qwen3")   # tokenizer-only GGUF with the real Qwen3 vocabulary
+    TestModels.default_cache(ModelSpec.micro()).quantized("IQ2_XXS")  # 1-layer model, fast
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 from strata import modelgen
 from strata.modelgen import ModelSpec
 
@@ -42,20 +44,31 @@ class TestModels:
         self.root = Path(root)
         self.spec = spec if spec is not None else ModelSpec.tiny()
         self.seed = seed
+        self._depth = 0
 
     @classmethod
-    def default_cache(cls) -> TestModels:
+    def default_cache(cls, spec: ModelSpec | None = None, seed: int = 0) -> TestModels:
         root = os.environ.get("STRATA_TEST_MODELS") or str(DEFAULT_DIR)
-        return cls(Path(root))
+        return cls(Path(root), spec, seed)
 
     @contextlib.contextmanager
     def _lock(self) -> Iterator[None]:
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        """An exclusive lock on the cache folder (re-entrant within this object)."""
+        if self._depth:
+            self._depth += 1
             try:
                 yield
             finally:
+                self._depth -= 1
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            self._depth = 1
+            try:
+                yield
+            finally:
+                self._depth = 0
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
     def f32(self, dtype: str = "f32") -> Path:
@@ -78,13 +91,25 @@ class TestModels:
         path = self.root / f"qwen3moe-{key}-{t}.gguf"
         with self._lock():
             if not path.is_file():
-                im = None
-                if t in modelgen.NEEDS_IMATRIX:
-                    from strata import imatrix
-
-                    im = imatrix.compute_imatrix(src)
+                im = self.imatrix() if t in modelgen.NEEDS_IMATRIX else None
                 modelgen.quantize(src, path, t, imatrix=im)
         return path
+
+    def imatrix(self) -> dict[str, np.ndarray]:
+        """The F32 model's importance matrix, computed by llama.cpp (strata.imatrix), cached."""
+        from strata.imatrix import compute_imatrix
+
+        src = self.f32()
+        blob = f"{self.spec.key(self.seed, 'f32')}/imatrix/{llama_cpp_version()}"
+        key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        path = self.root / f"imatrix-{key}.npz"
+        with self._lock():
+            if not path.is_file():
+                tmp = path.with_name(path.name + ".part.npz")
+                np.savez(tmp, **compute_imatrix(src))
+                os.replace(tmp, path)
+            with np.load(path) as z:
+                return {k: z[k] for k in z.files}
 
     def vocab_only(self, vocab: str = "small") -> Path:
         """A GGUF holding only the tokenizer metadata ("small": the test models' trained

@@ -188,3 +188,43 @@ def test_spec_validation() -> None:
     assert (big.n_embd, big.n_expert, big.n_ff_exp, big.head_dim) == (2048, 128, 768, 128)
     plan = modelgen.tensor_plan(big, 151936)
     assert len(plan) == 3 + 2 * 12
+
+
+@pytest.fixture(scope="module")
+def micro() -> TestModels:
+    return TestModels.default_cache(ModelSpec.micro())
+
+
+def test_imatrix_matches_numpy_for_the_first_projection(micro: TestModels) -> None:
+    from strata.imatrix import calibration_text, compute_imatrix
+    from strata.tokenizer import Tokenizer
+
+    src = micro.f32()
+    im = compute_imatrix(src, n_ctx=64, max_chunks=2)
+    spec = micro.spec
+    # attn_q of layer 0 sees RMSNorm(embedding) * attn_norm: compute that mean square in numpy
+    r = gguf.GGUFReader(str(src))
+    t = {x.name: np.asarray(x.data, dtype=np.float64) for x in r.tensors}
+    ids = Tokenizer.from_gguf(src).encode(calibration_text(), parse_special=False)[:128]
+    x = t["token_embd.weight"][ids]
+    h = x / np.sqrt((x**2).mean(axis=1, keepdims=True) + spec.rms_eps) * t["blk.0.attn_norm.weight"]
+    want = (h**2).mean(axis=0)
+    got = im["blk.0.attn_q.weight"]
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    np.testing.assert_array_equal(im["blk.0.attn_k.weight"], got)  # same input
+    assert im["blk.0.ffn_gate_exps.weight"].shape == (spec.n_embd * spec.n_expert,)
+    assert im["blk.0.ffn_down_exps.weight"].shape == (spec.n_ff_exp * spec.n_expert,)
+    assert all(np.isfinite(v).all() and (v > 0).all() for v in im.values())
+
+
+# IQ2_XXS stands for the imatrix types here: IQ1_* quantize the same way but take ~30 s more
+# (grid set-up); scripts/make_test_model.py makes them all.
+@pytest.mark.parametrize("qtype", ["IQ2_XXS"])
+def test_imatrix_types_quantize_and_run(micro: TestModels, qtype: str) -> None:
+    q = micro.quantized(qtype)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(q)).tensors}
+    assert types["blk.0.ffn_up_exps.weight"] == qtype
+    logits = run_llama(q)
+    ref = run_llama(micro.f32())
+    assert np.isfinite(logits).all()
+    assert np.corrcoef(logits.ravel(), ref.ravel())[0, 1] > 0.5

@@ -87,6 +87,9 @@ def test_qwen3_special_ids_and_flags(qwen3: Tokenizer, hf_qwen3: Any) -> None:
     assert qwen3.token_text(9707) == "Hello"
     with pytest.raises(ValueError, match="outside the vocabulary"):
         qwen3.decode([151936])
+    # lone surrogates (from JSON escapes such as "\ud800") are a clear ValueError
+    with pytest.raises(ValueError, match="lone surrogate U\\+D800 at index 1"):
+        qwen3.encode("a\ud800b")
 
 
 def llama_tokenize(path: Path) -> Any:
@@ -319,3 +322,23 @@ def test_token_bytes_as_llama_cpp(
     for i in range(0, tok.n_vocab, step):
         n = llama_cpp.llama_token_to_piece(v, i, buf, len(buf), 0, True)
         assert tok.token_bytes(i) == buf.raw[:n], i
+
+
+GOLDENS = Path(__file__).parent / "data" / "chat_templates.json"
+
+
+def test_chat_templates_match_transformers(qwen3: Tokenizer, small: Tokenizer) -> None:
+    """Goldens rendered by HF transformers (scripts/make_chat_template_goldens.py, run where
+    transformers is installed): Qwen3's template and the test models' ChatML template over
+    system/tool/thinking/multi-turn/unicode conversations."""
+    data = json.loads(GOLDENS.read_text(encoding="utf-8"))
+    assert len(data["cases"]) >= 18
+    for i, case in enumerate(data["cases"]):
+        tok = qwen3 if case["template"] == "qwen3" else small
+        kwargs = dict(case.get("kwargs", {}))
+        if case.get("tools") is not None:
+            kwargs["tools"] = case["tools"]
+        got = tok.apply_chat_template(
+            case["messages"], add_generation_prompt=case["add_generation_prompt"], **kwargs
+        )
+        assert got == case["expected"], f"case {i} ({case['template']})"

@@ -21,7 +21,7 @@ import os
 import re
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,14 @@ class ModelSpec:
         2 kv heads of 64. Every matrix's rows are a multiple of 256, so every K and IQ quant type
         applies to every matrix."""
         return dataclasses.replace(cls(), **overrides)
+
+    @classmethod
+    def micro(cls, **overrides: Any) -> ModelSpec:
+        """For quant-format tests: tiny's widths (every row a multiple of 256) with 1 layer, 4
+        experts top-2 and a 512-entry vocabulary, about 1.3 M weights, so even the slow IQ1/IQ2
+        quantizations take seconds."""
+        base = cls(n_layer=1, n_expert=4, n_expert_used=2, n_vocab=512, name="strata-micro")
+        return dataclasses.replace(base, **overrides)
 
     @classmethod
     def default(cls, **overrides: Any) -> ModelSpec:
@@ -174,6 +182,13 @@ def tensor_plan(spec: ModelSpec, n_vocab: int, dtype: str = "f32") -> list[_Tens
     return plan
 
 
+def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray[Any, Any]]:
+    """The float32 values `write_qwen3moe(spec, seed)` writes, by GGUF tensor name (numpy
+    shapes). Holds the whole model in memory: for small specs."""
+    n_vocab = spec.n_vocab if spec.vocab == "small" else len(build_vocab(spec))
+    return {t.name: _values(t, seed) for t in tensor_plan(spec, n_vocab)}
+
+
 def _values(t: _Tensor, seed: int) -> np.ndarray[Any, Any]:
     # Per-tensor stream keyed by (seed, name): a tensor's values do not depend on the others.
     rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
@@ -197,9 +212,27 @@ def _encode(x: np.ndarray[Any, Any], store: str) -> np.ndarray[Any, Any]:
     return rounded.astype(np.uint16)
 
 
-def _iter_tensors(plan: list[_Tensor], seed: int) -> Iterator[tuple[_Tensor, np.ndarray[Any, Any]]]:
+def _iter_tensors(
+    plan: list[_Tensor], seed: int, weights: Mapping[str, np.ndarray[Any, Any]] | None = None
+) -> Iterator[tuple[_Tensor, np.ndarray[Any, Any]]]:
     for t in plan:
-        yield t, _encode(_values(t, seed), t.store)
+        if weights is None:
+            x = _values(t, seed)
+        else:
+            x = np.ascontiguousarray(weights[t.name], dtype=np.float32)
+        yield t, _encode(x, t.store)
+
+
+def _check_weights(plan: list[_Tensor], weights: Mapping[str, np.ndarray[Any, Any]]) -> None:
+    want = {t.name: t.shape for t in plan}
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(set(weights) - set(want))
+    if missing or extra:
+        raise ValueError(f"weights: missing {missing[:5]}, unexpected {extra[:5]}")
+    for name, shape in want.items():
+        if tuple(weights[name].shape) != shape:
+            got = tuple(weights[name].shape)
+            raise ValueError(f"weights: {name} has shape {got}, the model needs {shape}")
 
 
 def write_qwen3moe(
@@ -208,9 +241,12 @@ def write_qwen3moe(
     seed: int = 0,
     dtype: str = "f32",
     vocab: GGUFVocab | None = None,
+    weights: Mapping[str, np.ndarray[Any, Any]] | None = None,
 ) -> Path:
     """Write a random-weight qwen3moe GGUF. `dtype` (f32, f16, bf16) is the matrices' type;
-    norms and the router are always f32. Deterministic in (spec, seed, dtype). Returns the path."""
+    norms and the router are always f32. Deterministic in (spec, seed, dtype). Returns the path.
+    `weights` (GGUF tensor name → array of the tensor's numpy shape, e.g. from
+    `strata.hfconvert.hf_to_gguf`) replaces the random values."""
     import gguf
 
     if dtype not in _DTYPES:
@@ -219,11 +255,14 @@ def write_qwen3moe(
     vocab = vocab if vocab is not None else build_vocab(spec)
     n_vocab = len(vocab)
     plan = tensor_plan(spec, n_vocab, dtype)
+    if weights is not None:
+        _check_weights(plan, weights)
 
     w = gguf.GGUFWriter(path, ARCH)
     w.add_type("model")
     w.add_name(spec.name)
-    w.add_description("random weights (not a trained model), made by strata.modelgen")
+    what = "random weights" if weights is None else "given weights"
+    w.add_description(f"{what} (not a trained model), made by strata.modelgen")
     w.add_file_type(_FILE_TYPE[dtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_block_count(spec.n_layer)
@@ -252,7 +291,7 @@ def write_qwen3moe(
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for _, data in _iter_tensors(plan, seed):
+        for _, data in _iter_tensors(plan, seed, weights):
             w.write_tensor_data(data)
         w.flush()
     finally:
@@ -363,7 +402,13 @@ def quantize(
     params.pure = pure
     keep: list[Any] = []  # keeps the ctypes buffers alive during the call
     if imatrix:
-        entries = (llama_cpp.llama_model_imatrix_data * (len(imatrix) + 1))()
+        entry_t = getattr(llama_cpp, "llama_model_imatrix_data", None)
+        if entry_t is None:
+            raise QuantizeError(
+                f"llama-cpp-python {llama_cpp.__version__} cannot pass an importance matrix "
+                "(it lacks llama_model_imatrix_data; 0.3.36 has it)"
+            )
+        entries = (entry_t * (len(imatrix) + 1))()
         for i, (name, values) in enumerate(sorted(imatrix.items())):
             arr = np.ascontiguousarray(values, dtype=np.float32)
             keep.append(arr)
@@ -372,7 +417,7 @@ def quantize(
             entries[i].size = arr.size
         entries[len(imatrix)].name = None  # terminator
         keep.append(entries)
-        params.imatrix = ctypes.cast(entries, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        params.imatrix = ctypes.cast(entries, ctypes.POINTER(entry_t))
     fd, tmp = tempfile.mkstemp(prefix=dst.name + ".", suffix=".part", dir=dst.parent)
     os.close(fd)
     log: list[str] = []

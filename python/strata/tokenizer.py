@@ -202,11 +202,11 @@ class Tokenizer:
                 f"tokenizer.ggml.model {model!r} is not supported (Strata runs byte-level BPE, "
                 "'gpt2')"
             )
-        tokens = get("tokenizer.ggml.tokens", list)
-        types = get("tokenizer.ggml.token_type", list, required=False)
+        tokens = get("tokenizer.ggml.tokens", (list, tuple))
+        types = get("tokenizer.ggml.token_type", (list, tuple), required=False)
         if types is None:
             types = [NORMAL] * len(tokens)
-        merges = get("tokenizer.ggml.merges", list)
+        merges = get("tokenizer.ggml.merges", (list, tuple))
         extra = []
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = get(key, int, required=False)
@@ -285,7 +285,17 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"text must be str, not {type(text).__name__}")
         hf = self._hf if parse_special else self._plain()
-        ids: list[int] = hf.encode(text, add_special_tokens=False).ids
+        try:
+            ids: list[int] = hf.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            # tokenizers refuses str that is not valid Unicode (lone surrogates, which JSON
+            # escapes like "\ud800" can produce)
+            bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+            if bad is None:
+                raise
+            raise ValueError(
+                f"text is not valid Unicode: lone surrogate U+{ord(text[bad]):04X} at index {bad}"
+            ) from None
         if add_special:
             if self._add_bos and self._bos is not None:
                 ids.insert(0, self._bos)

@@ -91,3 +91,22 @@ def test_llama_cpp_matches_transformers_on_the_tiny_model(test_models: TestModel
         agree += int((got.argmax(1) == ref.argmax(1)).sum())
         total += len(ids)
     assert agree >= 0.99 * total
+
+
+def test_strata_matches_transformers_on_the_tiny_model(test_models: TestModels) -> None:
+    """Issue 4's float oracle: Strata's logits on the tiny F32 GGUF (f32 KV cache) against HF
+    transformers' float32 forward pass of the same weights: max|Δ|/max|ref| ≤ 1e-4."""
+    from strata.llm import LLM
+
+    z = np.load(GOLDENS)
+    assert str(z["spec_key"]) == test_models.spec.key(0, "f32")
+    llm = LLM(test_models.f32(), kv_type="f32", n_ctx=128)
+    worst = 0.0
+    for i in range(3):
+        ids = [int(x) for x in z[f"ids{i}"]]
+        ref = z[f"logits{i}"]
+        got = llm.logits(ids)
+        assert got.shape == ref.shape
+        worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+        assert (got.argmax(1) == ref.argmax(1)).all()
+    assert worst <= 1e-4, worst

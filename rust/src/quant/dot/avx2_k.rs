@@ -276,7 +276,9 @@ unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     for g in 0..8 {
         let qh = wb[66 + g] as usize;
         let ls = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i16;
-        let gi = |m: usize| IQ3S_GRID[wb[2 + 8 * g + m] as usize | ((qh >> m) & 1) << 8] as i32;
+        let qs = &wb[2 + 8 * g..10 + 8 * g];
+        // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
+        let gi = |m: usize| *IQ3S_GRID.get_unchecked(qs[m] as usize | ((qh >> m) & 1) << 8) as i32;
         let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
         let av = apply_signs(load(ap.add(32 * g)), u32_at(wb, 74 + 4 * g));
         sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
@@ -296,7 +298,8 @@ unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     for g in 0..8 {
         let wd = u32_at(wb, 66 + 4 * g);
         let ls = 2 * (wd >> 28) as i16 + 1;
-        let gi = |m: usize| IQ3XXS_GRID[wb[2 + 8 * g + m] as usize] as i32;
+        let qs = &wb[2 + 8 * g..10 + 8 * g];
+        let gi = |m: usize| IQ3XXS_GRID[qs[m] as usize] as i32;
         let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
         let av = apply_signs(load(ap.add(32 * g)), ksigns4(wd));
         sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));

@@ -5,8 +5,8 @@
 //! Safety: kernels are handed out only when `cpu::has_avx512()` (and `has_vnni()` for the
 //! VNNI ones) holds, and `super::checked` has verified the slice lengths for `n`.
 
-use super::avx2::{load, load128, nibbles};
-use super::common::{f16_at, f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at};
+use super::avx2::{h2f, load, load128, nibbles};
+use super::common::{f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at};
 use super::{cpu, DotFn};
 use crate::quant::tables::KVALUES_IQ4NL;
 use crate::quant::GgmlType;
@@ -151,7 +151,7 @@ macro_rules! legacy {
         unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let ($wp, ap) = (w.as_ptr(), a.as_ptr());
             lanes512!(n / 32, $dot, |$b| $q, load(ap.add(34 * $b + 2)), {
-                f16_at(w, $bs * $b) * f16_at(a, 34 * $b)
+                h2f(w, $bs * $b) * h2f(a, 34 * $b)
             })
         }
     };
@@ -319,7 +319,7 @@ unsafe fn q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (wb, ab) = (&w[144 * b..144 * b + 144], &a[292 * b..292 * b + 292]);
         let (si, sm) = q45_k_ints(wb, ab, wb.as_ptr().add(16), None);
         let da = f32_at(ab, 0);
-        acc = k_add_min(acc, da * f16_at(wb, 0), si, da * f16_at(wb, 2), sm);
+        acc = k_add_min(acc, da * h2f(wb, 0), si, da * h2f(wb, 2), sm);
     }
     acc
 }
@@ -331,7 +331,7 @@ unsafe fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (wb, ab) = (&w[176 * b..176 * b + 176], &a[292 * b..292 * b + 292]);
         let (si, sm) = q45_k_ints(wb, ab, wb.as_ptr().add(48), Some(wb.as_ptr().add(16)));
         let da = f32_at(ab, 0);
-        acc = k_add_min(acc, da * f16_at(wb, 0), si, da * f16_at(wb, 2), sm);
+        acc = k_add_min(acc, da * h2f(wb, 0), si, da * h2f(wb, 2), sm);
     }
     acc
 }
@@ -367,7 +367,7 @@ unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
         let si = hsum_i32(sumv) - 32 * super::avx2::hsum_i32(msum);
-        acc = k_add(acc, f32_at(ab, 0) * f16_at(wb, 208), si);
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 208), si);
     }
     acc
 }
@@ -395,7 +395,7 @@ unsafe fn iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let av = sign_of(load512(ap.add(32 * g)), q);
             sumv = mac(sumv, _mm512_abs_epi8(q), av, pair32(ls(g), ls(g + 1)));
         }
-        acc = k_add(acc, f32_at(ab, 0) * f16_at(wb, 0), hsum_i32(sumv));
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0), hsum_i32(sumv));
     }
     acc
 }

@@ -50,6 +50,8 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         IQ2XS => safe!(k::iq2_xs),
         IQ2S => safe!(k::iq2_s),
         TQ2_0 => safe!(k::tq2_0),
+        IQ1S => safe!(k::iq1_s),
+        IQ1M => safe!(k::iq1_m),
         _ => return None,
     })
 }

@@ -3,10 +3,12 @@
 //! `common` functions as the scalar kernels, so results are bitwise equal.
 //! Safety: as in `avx2.rs` (callers have checked the feature and the slice lengths).
 
-use super::super::common::{f32_at, k_add, k_add_min, u16_at, u32_at};
+use super::super::common::{f32_at, i16_at, iq1_add, k_add, k_add_min, u16_at, u32_at};
+use super::super::scalar_iq::iq1_m_d;
 use super::{bits_to_bytes, h2f, hsum_i32, load, load128, nibbles, table16};
 use crate::quant::tables::{
-    IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
 };
 use std::arch::x86_64::*;
 
@@ -453,4 +455,75 @@ k_kernel!(tq2_0, tq2_0_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
     acc,
     da * h2f(wb, 64),
     si
+));
+
+/// Signed dot of two i8 vectors scaled per 16 elements: `acc + madd(maddubs(|x|, ±y), sc)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mac_signed(acc: __m256i, x: __m256i, y: __m256i, sc: __m256i) -> __m256i {
+    mac(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x), sc)
+}
+
+/// IQ1_S: grid values −1/0/1 by the sign trick; the delta part from the bsums.
+#[inline(always)]
+unsafe fn iq1_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    let mut sumd = 0i32;
+    for g in 0..8 {
+        let qh = u16_at(wb, 34 + 2 * g) as usize;
+        let qs = &wb[2 + 4 * g..6 + 4 * g];
+        // SAFETY of the unchecked lookup: a byte plus 3 bits above it is < 2048.
+        let gi = |l: usize| *IQ1S_GRID.get_unchecked(qs[l] as usize | ((qh >> (3 * l)) & 7) << 8);
+        let gv = _mm256_set_epi64x(gi(3) as i64, gi(2) as i64, gi(1) as i64, gi(0) as i64);
+        let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+        sumv = mac_signed(sumv, gv, load(ap.add(32 * g)), _mm256_set1_epi16(ls as i16));
+        let bs = i16_at(ab, 260 + 4 * g) + i16_at(ab, 262 + 4 * g);
+        sumd += if qh & 0x8000 != 0 { -ls * bs } else { ls * bs };
+    }
+    (hsum_i32(sumv), sumd)
+}
+k_kernel!(iq1_s, iq1_s_ints, 50, |wb, ab, da, acc, si, sd| iq1_add(
+    acc,
+    da * h2f(wb, 0),
+    si,
+    sd
+));
+
+/// IQ1_M: per 8-group grid index high bits and delta sign; scales per 16 elements.
+#[inline(always)]
+unsafe fn iq1_m_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let (mut sumv, mut sumdv) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    for g in 0..8 {
+        let sw = u16_at(wb, 48 + 2 * (g / 2));
+        let shift = 6 * (g % 2);
+        let scv = pair16(
+            2 * ((sw >> shift) & 7) as i32 + 1,
+            2 * ((sw >> (shift + 3)) & 7) as i32 + 1,
+        );
+        let qhb = |l: usize| (wb[32 + 2 * g + l / 2] >> (4 * (l % 2))) as usize;
+        let qs = &wb[4 * g..4 * g + 4];
+        // SAFETY of the unchecked lookup: a byte plus 3 bits above it is < 2048.
+        let gi = |l: usize| *IQ1S_GRID.get_unchecked(qs[l] as usize | (qhb(l) & 7) << 8) as i64;
+        let gv = _mm256_set_epi64x(gi(3), gi(2), gi(1), gi(0));
+        let dl = |l: usize| {
+            if qhb(l) & 8 != 0 {
+                -1i64
+            } else {
+                0x0101_0101_0101_0101
+            }
+        };
+        let dv = _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0));
+        let av = load(ap.add(32 * g));
+        sumv = mac_signed(sumv, gv, av, scv);
+        sumdv = mac_signed(sumdv, dv, av, scv);
+    }
+    (hsum_i32(sumv), hsum_i32(sumdv))
+}
+k_kernel!(iq1_m, iq1_m_ints, 56, |wb, ab, da, acc, si, sd| iq1_add(
+    acc,
+    da * iq1_m_d(wb),
+    si,
+    sd
 ));

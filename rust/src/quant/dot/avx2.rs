@@ -11,7 +11,7 @@ use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
 #[path = "avx2_k.rs"]
-mod k;
+pub(super) mod k;
 
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
     use GgmlType::*;

@@ -144,7 +144,7 @@ unsafe fn q3_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 /// are the low nibbles of bytes 96..104 (scales 0..8) and their high nibbles (8..16); the
 /// top 2 bits of scale i are bits 2·(i/4)..+2 of byte 104 + i%4.
 #[inline(always)]
-fn q3k_scales_packed(wb: &[u8]) -> [i8; 16] {
+pub(in super::super) fn q3k_scales_packed(wb: &[u8]) -> [i8; 16] {
     let lo = u64::from_le_bytes(wb[96..104].try_into().unwrap());
     let aux = u32_at(wb, 104) as u64;
     let (m4, m2) = (0x0f0f_0f0f_0f0f_0f0fu64, 0x0303_0303u64);

@@ -37,6 +37,8 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         Q4_0 => safe!(q4_0),
         IQ4NL if vnni => safe!(iq4_nl_vnni),
         IQ4NL => safe!(iq4_nl),
+        Q2K => safe!(q2_k),
+        Q3K => safe!(q3_k),
         Q4K => safe!(q4_k),
         Q5K => safe!(q5_k),
         Q6K => safe!(q6_k),
@@ -336,16 +338,24 @@ unsafe fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     acc
 }
 
+/// Permutation indices for 16 i16 scales: table t puts scale 4t + i/8 in i16 lane i, so a
+/// zmm of 64 elements (four 16-element sub-blocks) gets its four scales.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn scale_perms() -> [__m512i; 4] {
+    std::array::from_fn(|t| {
+        let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+    })
+}
+
 /// Q6_K: per half h, zmm A = elements 128h..+64 (low nibbles of ql[64h..+64], qh bits
 /// 0-1 | 2-3), zmm B = the next 64 (high nibbles, qh bits 4-5 | 6-7). i16 lane i of A
 /// belongs to sub-block 8h + i/8, of B to 8h + 4 + i/8.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (m4, m3) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
-    let idx: [__m512i; 4] = std::array::from_fn(|t| {
-        let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
-        _mm512_loadu_si512(v.as_ptr() as *const __m512i)
-    });
+    let idx = scale_perms();
     let mut acc = 0f32;
     for b in 0..n / 256 {
         let (wb, ab) = (&w[210 * b..210 * b + 210], &a[292 * b..292 * b + 292]);
@@ -368,6 +378,78 @@ unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
         let si = hsum_i32(sumv) - 32 * super::avx2::hsum_i32(msum);
         acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 208), si);
+    }
+    acc
+}
+
+/// Q2_K: per half h, zmm A = elements 128h..+64 (qs[32h..] >> 0 | >> 2), B = the next 64
+/// (>> 4 | >> 6); scales as in Q6_K; the mins part from the bsums.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let m3 = _mm512_set1_epi8(3);
+    let idx = scale_perms();
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[84 * b..84 * b + 84], &a[292 * b..292 * b + 292]);
+        let (wp, ap) = (wb.as_ptr(), ab.as_ptr().add(4));
+        let sc = load128(wp);
+        let m15 = _mm_set1_epi8(15);
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, m15));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m15));
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let mut sumv = _mm512_setzero_si512();
+        for h in 0..2 {
+            let q = load(wp.add(16 + 32 * h));
+            let qa = _mm512_and_si512(bcast_shift(q, 0, 2), m3);
+            let qb = _mm512_and_si512(bcast_shift(q, 4, 6), m3);
+            let sa = _mm512_permutexvar_epi16(idx[2 * h], sc512);
+            let sb = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
+            sumv = mac(sumv, qa, load512(ap.add(128 * h)), sa);
+            sumv = mac(sumv, qb, load512(ap.add(128 * h + 64)), sb);
+        }
+        let summ = super::avx2::hsum_i32(_mm256_madd_epi16(mins, load(ab.as_ptr().add(260))));
+        let da = f32_at(ab, 0);
+        acc = k_add_min(
+            acc,
+            da * h2f(wb, 80),
+            hsum_i32(sumv),
+            da * h2f(wb, 82),
+            summ,
+        );
+    }
+    acc
+}
+
+/// Q3_K: as Q2_K with u = q2 + 4·hbit (hmask bit 4h + j) and q = u − 4 (the 4·Σa from the
+/// bsums); signed 6-bit scales.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (m3, one) = (_mm512_set1_epi8(3), _mm512_set1_epi8(1));
+    let idx = scale_perms();
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[110 * b..110 * b + 110], &a[292 * b..292 * b + 292]);
+        let (wp, ap) = (wb.as_ptr(), ab.as_ptr().add(4));
+        let sc = super::avx2::k::q3k_scales_packed(wb);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let hm = load(wp);
+        let mut sumv = _mm512_setzero_si512();
+        for h in 0..2 {
+            let q = load(wp.add(32 + 32 * h));
+            let s = 4 * h as i16;
+            let ha = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(hm, s, s + 1), one), 2);
+            let hb = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(hm, s + 2, s + 3), one), 2);
+            let qa = _mm512_or_si512(_mm512_and_si512(bcast_shift(q, 0, 2), m3), ha);
+            let qb = _mm512_or_si512(_mm512_and_si512(bcast_shift(q, 4, 6), m3), hb);
+            let sa = _mm512_permutexvar_epi16(idx[2 * h], sc512);
+            let sb = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
+            sumv = mac(sumv, qa, load512(ap.add(128 * h)), sa);
+            sumv = mac(sumv, qb, load512(ap.add(128 * h + 64)), sb);
+        }
+        let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
+        let si = hsum_i32(sumv) - 4 * super::avx2::hsum_i32(msum);
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 108), si);
     }
     acc
 }

@@ -6,9 +6,9 @@
 //! VNNI ones) holds, and `super::checked` has verified the slice lengths for `n`.
 
 use super::avx2::{h2f, load, load128, nibbles};
-use super::common::{f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at};
+use super::common::{f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at, u32_at};
 use super::{cpu, DotFn};
-use crate::quant::tables::KVALUES_IQ4NL;
+use crate::quant::tables::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
@@ -43,6 +43,8 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         Q5K => safe!(q5_k),
         Q6K => safe!(q6_k),
         IQ4XS => safe!(iq4_xs),
+        IQ3S => safe!(iq3_s),
+        IQ3XXS => safe!(iq3_xxs),
         _ => return None,
     })
 }
@@ -478,6 +480,73 @@ unsafe fn iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
             sumv = mac(sumv, _mm512_abs_epi8(q), av, pair32(ls(g), ls(g + 1)));
         }
         acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0), hsum_i32(sumv));
+    }
+    acc
+}
+
+/// Eight grid entries of 4 bytes as a __m256i (entry m in 32-bit lane m).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn grid8x4(e: [u32; 8]) -> __m256i {
+    unsafe { _mm256_loadu_si256(e.as_ptr() as *const __m256i) }
+}
+
+/// IQ3_S: groups g, g+1 per zmm; the 64 sign bits of the two groups negate activations
+/// through a byte mask.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[110 * b..110 * b + 110], &a[292 * b..292 * b + 292]);
+        let ap = ab.as_ptr().add(4);
+        let grid = |g: usize| {
+            let qh = wb[66 + g] as usize;
+            let qs = &wb[2 + 8 * g..10 + 8 * g];
+            grid8x4(std::array::from_fn(|m| {
+                IQ3S_GRID[qs[m] as usize | ((qh >> m) & 1) << 8]
+            }))
+        };
+        let ls = |g: usize| 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i32;
+        let mut sumv = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            let gv = join(grid(g), grid(g + 1));
+            let signs = u32_at(wb, 74 + 4 * g) as u64 | (u32_at(wb, 78 + 4 * g) as u64) << 32;
+            let av = load512(ap.add(32 * g));
+            let av = _mm512_mask_sub_epi8(av, signs, _mm512_setzero_si512(), av);
+            sumv = mac(sumv, gv, av, pair32(ls(g), ls(g + 1)));
+        }
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0) * 1.0, hsum_i32(sumv));
+    }
+    acc
+}
+
+/// IQ3_XXS: as IQ3_S with 8-bit grid indices and KSIGNS sign bytes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[98 * b..98 * b + 98], &a[292 * b..292 * b + 292]);
+        let ap = ab.as_ptr().add(4);
+        let grid = |g: usize| {
+            let qs = &wb[2 + 8 * g..10 + 8 * g];
+            grid8x4(std::array::from_fn(|m| IQ3XXS_GRID[qs[m] as usize]))
+        };
+        let signs = |wd: u32| {
+            (0..4).fold(0u64, |s, l| {
+                s | (KSIGNS_IQ2XS[((wd >> (7 * l)) & 127) as usize] as u64) << (8 * l)
+            })
+        };
+        let mut sumv = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            let (w0, w1) = (u32_at(wb, 66 + 4 * g), u32_at(wb, 70 + 4 * g));
+            let gv = join(grid(g), grid(g + 1));
+            let av = load512(ap.add(32 * g));
+            let k = signs(w0) | signs(w1) << 32;
+            let av = _mm512_mask_sub_epi8(av, k, _mm512_setzero_si512(), av);
+            let scv = pair32(2 * (w0 >> 28) as i32 + 1, 2 * (w1 >> 28) as i32 + 1);
+            sumv = mac(sumv, gv, av, scv);
+        }
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0) * 0.25, hsum_i32(sumv));
     }
     acc
 }

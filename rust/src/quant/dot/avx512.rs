@@ -13,11 +13,15 @@ use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
+    kernel_with(w, cpu::has_vnni())
+}
+
+/// The kernel for `w`, with the VNNI variants only when `vnni` (tests check both).
+pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
     use GgmlType::*;
-    if !cpu::has_avx512() {
+    if !cpu::has_avx512() || (vnni && !cpu::has_vnni()) {
         return None;
     }
-    let vnni = cpu::has_vnni();
     macro_rules! safe {
         ($f:path) => {{
             fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -132,12 +132,13 @@ def dot_bound(t: str, n: int, row: bytes, act: bytes, y_mag: np.ndarray, a: np.n
 
         (nb + 8)·u·Σ_i T_i·|â_i|  [+ Σ_blocks |m|·|s|·u16 for Q8_1 pairs]
 
-    nb: blocks of the row (32-element halves for Q2_0; ⌈n/16⌉ for float rows); u = 2^-24;
+    nb: blocks of the row (32-element halves for Q2_0; ⌊n/16⌋ + n mod 16 for float rows);
+    u = 2^-24;
     T_i = |ŷ| of the magnitude row (twice that for IQ1_S/IQ1_M, whose ±1/8 delta is added
     to the grid value). The Q8_1 term is the f16 rounding of s = f16(d_a·Σq), which ggml's
     format stores in place of the exact sum."""
     bs, ts = BLOCK[t]
-    nb = -(-n // 16) if bs == 1 else n // min(bs, 32) if t == "Q2_0" else n // bs
+    nb = n // 16 + n % 16 if bs == 1 else n // min(bs, 32) if t == "Q2_0" else n // bs
     k = 2.0 if t in ("IQ1_S", "IQ1_M") else 1.0
     bound = (nb + 8) * U * float(np.sum(k * np.abs(y_mag) * np.abs(a)))
     if ACT[t] == "Q8_1":

@@ -26,7 +26,7 @@ from dot_util import (
 )
 from ggml_cpu_oracle import ggml
 from strata import _core
-from strata.errors import QuantError
+from strata.errors import ConfigError, QuantError
 
 
 def _rows(rng: np.random.Generator, n: int) -> list[np.ndarray]:
@@ -136,3 +136,11 @@ def test_bad_input_is_a_quant_error() -> None:
         _core.vec_dot("I8", 256, bytes(256), act)
     assert _core.dot_isa() in _core.dot_isas()
     assert "scalar" in _core.dot_isas()
+    _core.set_dot_isa(_core.dot_isa())  # the ISA in use: accepted
+    other = next((i for i in _core.dot_isas() if i != _core.dot_isa()), None)
+    if other is not None:
+        with pytest.raises(ConfigError):
+            _core.set_dot_isa(other)
+    if "avx512" not in _core.dot_isas():
+        with pytest.raises(ConfigError):
+            _core.set_dot_isa("avx512")

@@ -23,6 +23,7 @@ __all__ = [
     "dot_isas",
     "quantize_act",
     "runnable_types",
+    "set_dot_isa",
     "vec_dot",
 ]
 __version__: str
@@ -81,3 +82,4 @@ class Model:
     def free(self, slot: int) -> None: ...
 
 def runnable_types() -> list[str]: ...
+def set_dot_isa(isa: str) -> None: ...

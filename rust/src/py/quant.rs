@@ -65,6 +65,18 @@ fn dot_isa() -> &'static str {
     dot::active_isa().name()
 }
 
+/// Fix the ISA `vec_dot` uses (auto, scalar, avx2 or avx512) before its first use;
+/// ConfigError when the CPU cannot run it or another one is already in use.
+#[pyfunction]
+fn set_dot_isa(isa: &str) -> PyResult<()> {
+    let isa = if isa.eq_ignore_ascii_case("auto") {
+        dot::best_isa()
+    } else {
+        self::isa(isa)?
+    };
+    Ok(dot::set_active_isa(isa)?)
+}
+
 /// The ISAs this CPU can run.
 #[pyfunction]
 fn dot_isas() -> Vec<&'static str> {
@@ -81,5 +93,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cpu_features, m)?)?;
     m.add_function(wrap_pyfunction!(dot_isa, m)?)?;
     m.add_function(wrap_pyfunction!(dot_isas, m)?)?;
+    m.add_function(wrap_pyfunction!(set_dot_isa, m)?)?;
     Ok(())
 }

@@ -4,14 +4,14 @@
 //! `super::checked` has verified the slice lengths for `n`, so every pointer read below
 //! stays inside `w` and `a`.
 
-use super::common::{f16_at, reduce8};
+use super::common::reduce8;
 use super::{cpu, DotFn};
 use crate::quant::tables::{KVALUES_IQ4NL, KVALUES_MXFP4};
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
 #[path = "avx2_k.rs"]
-mod k;
+pub(super) mod k;
 
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
@@ -50,6 +50,8 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         IQ2XS => safe!(k::iq2_xs),
         IQ2S => safe!(k::iq2_s),
         TQ2_0 => safe!(k::tq2_0),
+        IQ1S => safe!(k::iq1_s),
+        IQ1M => safe!(k::iq1_m),
         _ => return None,
     })
 }
@@ -68,6 +70,15 @@ pub(super) unsafe fn load(p: *const u8) -> __m256i {
 #[inline]
 pub(super) unsafe fn load128(p: *const u8) -> __m128i {
     _mm_loadu_si128(p as *const __m128i)
+}
+
+/// The f16 at byte `i` of `b` as f32 through F16C (exact, like `common::f16_at`, without
+/// its run-time feature check and call).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) fn h2f(b: &[u8], i: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[i], b[i + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// Sum of the eight i32 lanes.
@@ -176,7 +187,7 @@ unsafe fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     lanes!(n / 32, |b| {
         let (wb, ab) = (wp.add(34 * b), ap.add(34 * b));
         let p = dot_ss(load(wb.add(2)), load(ab.add(2)));
-        (p, f16_at(w, 34 * b) * f16_at(a, 34 * b))
+        (p, h2f(w, 34 * b) * h2f(a, 34 * b))
     })
 }
 
@@ -186,7 +197,7 @@ unsafe fn q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     lanes!(n / 32, |b| {
         let q = _mm256_sub_epi8(nibbles(load128(wp.add(18 * b + 2))), _mm256_set1_epi8(8));
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
-        (p, f16_at(w, 18 * b) * f16_at(a, 34 * b))
+        (p, h2f(w, 18 * b) * h2f(a, 34 * b))
     })
 }
 
@@ -200,7 +211,7 @@ unsafe fn q5_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let hi = _mm256_andnot_si256(bits_to_bytes(qh), _mm256_set1_epi8(0xF0u8 as i8));
         let q = _mm256_or_si256(nibbles(load128(wb.add(6))), hi);
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
-        (p, f16_at(w, 22 * b) * f16_at(a, 34 * b))
+        (p, h2f(w, 22 * b) * h2f(a, 34 * b))
     })
 }
 
@@ -211,7 +222,7 @@ unsafe fn iq4_nl(n: usize, w: &[u8], a: &[u8]) -> f32 {
     lanes!(n / 32, |b| {
         let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(18 * b + 2))));
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
-        (p, f16_at(w, 18 * b) * f16_at(a, 34 * b))
+        (p, h2f(w, 18 * b) * h2f(a, 34 * b))
     })
 }
 
@@ -222,7 +233,7 @@ unsafe fn mxfp4(n: usize, w: &[u8], a: &[u8]) -> f32 {
     lanes!(n / 32, |b| {
         let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(17 * b + 1))));
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
-        (p, super::common::e8m0_half(w[17 * b]) * f16_at(a, 34 * b))
+        (p, super::common::e8m0_half(w[17 * b]) * h2f(a, 34 * b))
     })
 }
 
@@ -236,8 +247,8 @@ macro_rules! q8_1_kernel {
             let s = lanes!(n / 32, |b| {
                 let $wb = wp.add($bs * b);
                 let p = dot_us($q, load(ap.add(36 * b + 4)));
-                ms += f16_at(w, $bs * b + 2) * f16_at(a, 36 * b + 2);
-                (p, f16_at(w, $bs * b) * f16_at(a, 36 * b))
+                ms += h2f(w, $bs * b + 2) * h2f(a, 36 * b + 2);
+                (p, h2f(w, $bs * b) * h2f(a, 36 * b))
             });
             s + ms
         }

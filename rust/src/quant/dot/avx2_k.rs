@@ -3,10 +3,12 @@
 //! `common` functions as the scalar kernels, so results are bitwise equal.
 //! Safety: as in `avx2.rs` (callers have checked the feature and the slice lengths).
 
-use super::super::common::{f16_at, f32_at, k_add, k_add_min, q3k_scales, u16_at, u32_at};
-use super::{bits_to_bytes, hsum_i32, load, load128, nibbles, table16};
+use super::super::common::{f32_at, i16_at, iq1_add, k_add, k_add_min, u16_at, u32_at};
+use super::super::scalar_iq::iq1_m_d;
+use super::{bits_to_bytes, h2f, hsum_i32, load, load128, nibbles, table16};
 use crate::quant::tables::{
-    IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL,
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
+    KVALUES_IQ4NL,
 };
 use std::arch::x86_64::*;
 
@@ -16,6 +18,37 @@ use std::arch::x86_64::*;
 #[inline]
 fn pair16(lo: i32, hi: i32) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+}
+
+/// Shuffle masks for `pair_of`: mask p puts i16 lane 2p of a 128-bit half in lanes 0..8
+/// and lane 2p+1 in lanes 8..16.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair_masks() -> [__m256i; 4] {
+    std::array::from_fn(|p| {
+        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
+        unsafe { _mm256_loadu_si256(m.as_ptr() as *const __m256i) }
+    })
+}
+
+/// Shuffle masks for broadcasting i16 lane k of a 128-bit half to all 16 lanes.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn bcast_masks() -> [__m256i; 8] {
+    std::array::from_fn(|k| _mm256_set1_epi16((0x0100 + 0x0202 * k) as i16))
+}
+
+/// Eight i16 scales (8 bytes at `p`, sign- or zero-extended) in both 128-bit halves.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn scales8(p: *const u8, signed: bool) -> __m256i {
+    let b = _mm_loadl_epi64(p as *const __m128i);
+    let v = if signed {
+        _mm_cvtepi8_epi16(b)
+    } else {
+        _mm_cvtepu8_epi16(b)
+    };
+    _mm256_broadcastsi128_si256(v)
 }
 
 /// `acc + madd(maddubs(u, s), scales)`.
@@ -45,15 +78,19 @@ macro_rules! k_kernel {
 
 #[inline(always)]
 unsafe fn q2_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let masks = pair_masks();
     let (qp, ap) = (wb.as_ptr().add(16), ab.as_ptr().add(4));
     let sc = load128(wb.as_ptr());
     let m3 = _mm256_set1_epi8(3);
     let mut sumv = _mm256_setzero_si256();
     for h in 0..2 {
         let mut qv = load(qp.add(32 * h));
+        let sc8 = _mm256_and_si256(
+            scales8(wb.as_ptr().add(8 * h), false),
+            _mm256_set1_epi16(15),
+        );
         for j in 0..4 {
-            let s = 8 * h + 2 * j;
-            let scv = pair16((wb[s] & 15) as i32, (wb[s + 1] & 15) as i32);
+            let scv = _mm256_shuffle_epi8(sc8, masks[j]);
             let q = _mm256_and_si256(qv, m3);
             sumv = mac(sumv, q, load(ap.add(128 * h + 32 * j)), scv);
             qv = _mm256_srli_epi16(qv, 2);
@@ -65,15 +102,20 @@ unsafe fn q2_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(q2_k, q2_k_ints, 84, |wb, ab, da, acc, si, sm| k_add_min(
     acc,
-    da * f16_at(wb, 80),
+    da * h2f(wb, 80),
     si,
-    da * f16_at(wb, 82),
+    da * h2f(wb, 82),
     sm
 ));
 
 #[inline(always)]
 unsafe fn q3_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
-    let sc = q3k_scales(&wb[96..108]);
+    let sc = q3k_scales_packed(wb);
+    let masks = pair_masks();
+    let sc8 = [
+        scales8(sc.as_ptr() as *const u8, true),
+        scales8(sc.as_ptr().add(8) as *const u8, true),
+    ];
     let ap = ab.as_ptr().add(4);
     let (m3, one) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
     let mut hm = load(wb.as_ptr());
@@ -81,31 +123,41 @@ unsafe fn q3_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     for h in 0..2 {
         let mut qv = load(wb.as_ptr().add(32 + 32 * h));
         for j in 0..4 {
-            let s = 8 * h + 2 * j;
             // u = q2 + 4·hbit = q + 4; the 4·Σa is taken off below.
             let hb = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
             let u = _mm256_or_si256(_mm256_and_si256(qv, m3), hb);
-            sumv = mac(
-                sumv,
-                u,
-                load(ap.add(128 * h + 32 * j)),
-                pair16(sc[s], sc[s + 1]),
-            );
+            let scv = _mm256_shuffle_epi8(sc8[h], masks[j]);
+            sumv = mac(sumv, u, load(ap.add(128 * h + 32 * j)), scv);
             qv = _mm256_srli_epi16(qv, 2);
             hm = _mm256_srli_epi16(hm, 1);
         }
     }
-    let sc16: [i16; 16] = std::array::from_fn(|i| sc[i] as i16);
-    let scv = _mm256_loadu_si256(sc16.as_ptr() as *const __m256i);
+    let scv = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
     let msum = _mm256_madd_epi16(scv, load(ab.as_ptr().add(260)));
     (
         hsum_i32(_mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 2))),
         0,
     )
 }
+
+/// The 16 signed Q3_K scales (`common::q3k_scales`) from word operations: the low 4 bits
+/// are the low nibbles of bytes 96..104 (scales 0..8) and their high nibbles (8..16); the
+/// top 2 bits of scale i are bits 2·(i/4)..+2 of byte 104 + i%4.
+#[inline(always)]
+pub(in super::super) fn q3k_scales_packed(wb: &[u8]) -> [i8; 16] {
+    let lo = u64::from_le_bytes(wb[96..104].try_into().unwrap());
+    let aux = u32_at(wb, 104) as u64;
+    let (m4, m2) = (0x0f0f_0f0f_0f0f_0f0fu64, 0x0303_0303u64);
+    let h01 = (aux & m2) | ((aux >> 2) & m2) << 32;
+    let h23 = ((aux >> 4) & m2) | ((aux >> 6) & m2) << 32;
+    let a = ((lo & m4) | h01 << 4).to_le_bytes();
+    let b = (((lo >> 4) & m4) | h23 << 4).to_le_bytes();
+    std::array::from_fn(|i| (if i < 8 { a[i] } else { b[i - 8] }) as i8 - 32)
+}
+
 k_kernel!(q3_k, q3_k_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 108),
+    da * h2f(wb, 108),
     si
 ));
 
@@ -128,6 +180,7 @@ fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
 #[inline(always)]
 unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>) -> (i32, i32) {
     let (sc, mins) = k4_scales(wb);
+    let (sc8, bm) = (scales8(sc.as_ptr(), false), bcast_masks());
     let ap = ab.as_ptr().add(4);
     let (m4, one) = (_mm256_set1_epi8(15), _mm256_set1_epi8(1));
     let mut hv = match qh {
@@ -145,8 +198,8 @@ unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>)
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hv, one), 4));
             hv = _mm256_srli_epi16(hv, 1);
         }
-        let s0 = _mm256_set1_epi16(sc[2 * c] as i16);
-        let s1 = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+        let s0 = _mm256_shuffle_epi8(sc8, bm[2 * c]);
+        let s1 = _mm256_shuffle_epi8(sc8, bm[2 * c + 1]);
         sumv = mac(sumv, lo, load(ap.add(64 * c)), s0);
         sumv = mac(sumv, hi, load(ap.add(64 * c + 32)), s1);
     }
@@ -172,21 +225,22 @@ unsafe fn q5_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 
 k_kernel!(q4_k, q4_k_ints, 144, |wb, ab, da, acc, si, sm| k_add_min(
     acc,
-    da * f16_at(wb, 0),
+    da * h2f(wb, 0),
     si,
-    da * f16_at(wb, 2),
+    da * h2f(wb, 2),
     sm
 ));
 k_kernel!(q5_k, q5_k_ints, 176, |wb, ab, da, acc, si, sm| k_add_min(
     acc,
-    da * f16_at(wb, 0),
+    da * h2f(wb, 0),
     si,
-    da * f16_at(wb, 2),
+    da * h2f(wb, 2),
     sm
 ));
 
 #[inline(always)]
 unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let masks = pair_masks();
     let (qlp, qhp, ap) = (wb.as_ptr(), wb.as_ptr().add(128), ab.as_ptr().add(4));
     let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
     let mut sumv = _mm256_setzero_si256();
@@ -207,9 +261,9 @@ unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
                 hb(_mm256_srli_epi16(qh, 6)),
             ),
         ];
+        let sc8 = scales8(wb.as_ptr().add(192 + 8 * h), true);
         for (j, &qj) in q.iter().enumerate() {
-            let s = 8 * h + 2 * j;
-            let scv = pair16(wb[192 + s] as i8 as i32, wb[193 + s] as i8 as i32);
+            let scv = _mm256_shuffle_epi8(sc8, masks[j]);
             sumv = mac(sumv, qj, load(ap.add(128 * h + 32 * j)), scv);
         }
     }
@@ -222,7 +276,7 @@ unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(q6_k, q6_k_ints, 210, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 208),
+    da * h2f(wb, 208),
     si
 ));
 
@@ -249,7 +303,7 @@ unsafe fn iq4_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq4_xs, iq4_xs_ints, 136, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0),
+    da * h2f(wb, 0),
     si
 ));
 
@@ -276,7 +330,9 @@ unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     for g in 0..8 {
         let qh = wb[66 + g] as usize;
         let ls = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i16;
-        let gi = |m: usize| IQ3S_GRID[wb[2 + 8 * g + m] as usize | ((qh >> m) & 1) << 8] as i32;
+        let qs = &wb[2 + 8 * g..10 + 8 * g];
+        // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
+        let gi = |m: usize| *IQ3S_GRID.get_unchecked(qs[m] as usize | ((qh >> m) & 1) << 8) as i32;
         let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
         let av = apply_signs(load(ap.add(32 * g)), u32_at(wb, 74 + 4 * g));
         sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
@@ -285,7 +341,7 @@ unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq3_s, iq3_s_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0) * 1.0,
+    da * h2f(wb, 0) * 1.0,
     si
 ));
 
@@ -296,7 +352,8 @@ unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     for g in 0..8 {
         let wd = u32_at(wb, 66 + 4 * g);
         let ls = 2 * (wd >> 28) as i16 + 1;
-        let gi = |m: usize| IQ3XXS_GRID[wb[2 + 8 * g + m] as usize] as i32;
+        let qs = &wb[2 + 8 * g..10 + 8 * g];
+        let gi = |m: usize| IQ3XXS_GRID[qs[m] as usize] as i32;
         let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
         let av = apply_signs(load(ap.add(32 * g)), ksigns4(wd));
         sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
@@ -305,7 +362,7 @@ unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq3_xxs, iq3_xxs_ints, 98, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0) * 0.25,
+    da * h2f(wb, 0) * 0.25,
     si
 ));
 
@@ -325,7 +382,7 @@ unsafe fn iq2_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq2_xxs, iq2_xxs_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0) * 0.125,
+    da * h2f(wb, 0) * 0.125,
     si
 ));
 
@@ -349,7 +406,7 @@ unsafe fn iq2_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq2_xs, iq2_xs_ints, 74, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0) * 0.125,
+    da * h2f(wb, 0) * 0.125,
     si
 ));
 
@@ -370,7 +427,7 @@ unsafe fn iq2_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(iq2_s, iq2_s_ints, 82, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 0) * 0.125,
+    da * h2f(wb, 0) * 0.125,
     si
 ));
 
@@ -396,6 +453,77 @@ unsafe fn tq2_0_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
 }
 k_kernel!(tq2_0, tq2_0_ints, 66, |wb, ab, da, acc, si, _sm| k_add(
     acc,
-    da * f16_at(wb, 64),
+    da * h2f(wb, 64),
     si
+));
+
+/// Signed dot of two i8 vectors scaled per 16 elements: `acc + madd(maddubs(|x|, ±y), sc)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mac_signed(acc: __m256i, x: __m256i, y: __m256i, sc: __m256i) -> __m256i {
+    mac(acc, _mm256_abs_epi8(x), _mm256_sign_epi8(y, x), sc)
+}
+
+/// IQ1_S: grid values −1/0/1 by the sign trick; the delta part from the bsums.
+#[inline(always)]
+unsafe fn iq1_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let mut sumv = _mm256_setzero_si256();
+    let mut sumd = 0i32;
+    for g in 0..8 {
+        let qh = u16_at(wb, 34 + 2 * g) as usize;
+        let qs = &wb[2 + 4 * g..6 + 4 * g];
+        // SAFETY of the unchecked lookup: a byte plus 3 bits above it is < 2048.
+        let gi = |l: usize| *IQ1S_GRID.get_unchecked(qs[l] as usize | ((qh >> (3 * l)) & 7) << 8);
+        let gv = _mm256_set_epi64x(gi(3) as i64, gi(2) as i64, gi(1) as i64, gi(0) as i64);
+        let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+        sumv = mac_signed(sumv, gv, load(ap.add(32 * g)), _mm256_set1_epi16(ls as i16));
+        let bs = i16_at(ab, 260 + 4 * g) + i16_at(ab, 262 + 4 * g);
+        sumd += if qh & 0x8000 != 0 { -ls * bs } else { ls * bs };
+    }
+    (hsum_i32(sumv), sumd)
+}
+k_kernel!(iq1_s, iq1_s_ints, 50, |wb, ab, da, acc, si, sd| iq1_add(
+    acc,
+    da * h2f(wb, 0),
+    si,
+    sd
+));
+
+/// IQ1_M: per 8-group grid index high bits and delta sign; scales per 16 elements.
+#[inline(always)]
+unsafe fn iq1_m_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let (mut sumv, mut sumdv) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+    for g in 0..8 {
+        let sw = u16_at(wb, 48 + 2 * (g / 2));
+        let shift = 6 * (g % 2);
+        let scv = pair16(
+            2 * ((sw >> shift) & 7) as i32 + 1,
+            2 * ((sw >> (shift + 3)) & 7) as i32 + 1,
+        );
+        let qhb = |l: usize| (wb[32 + 2 * g + l / 2] >> (4 * (l % 2))) as usize;
+        let qs = &wb[4 * g..4 * g + 4];
+        // SAFETY of the unchecked lookup: a byte plus 3 bits above it is < 2048.
+        let gi = |l: usize| *IQ1S_GRID.get_unchecked(qs[l] as usize | (qhb(l) & 7) << 8) as i64;
+        let gv = _mm256_set_epi64x(gi(3), gi(2), gi(1), gi(0));
+        let dl = |l: usize| {
+            if qhb(l) & 8 != 0 {
+                -1i64
+            } else {
+                0x0101_0101_0101_0101
+            }
+        };
+        let dv = _mm256_set_epi64x(dl(3), dl(2), dl(1), dl(0));
+        let av = load(ap.add(32 * g));
+        sumv = mac_signed(sumv, gv, av, scv);
+        sumdv = mac_signed(sumdv, dv, av, scv);
+    }
+    (hsum_i32(sumv), hsum_i32(sumdv))
+}
+k_kernel!(iq1_m, iq1_m_ints, 56, |wb, ab, da, acc, si, sd| iq1_add(
+    acc,
+    da * iq1_m_d(wb),
+    si,
+    sd
 ));

@@ -5,19 +5,23 @@
 //! Safety: kernels are handed out only when `cpu::has_avx512()` (and `has_vnni()` for the
 //! VNNI ones) holds, and `super::checked` has verified the slice lengths for `n`.
 
-use super::avx2::{load, load128, nibbles};
-use super::common::{f16_at, f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at};
+use super::avx2::{h2f, load, load128, nibbles};
+use super::common::{f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at, u32_at};
 use super::{cpu, DotFn};
-use crate::quant::tables::KVALUES_IQ4NL;
+use crate::quant::tables::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
+    kernel_with(w, cpu::has_vnni())
+}
+
+/// The kernel for `w`, with the VNNI variants only when `vnni` (tests check both).
+pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
     use GgmlType::*;
-    if !cpu::has_avx512() {
+    if !cpu::has_avx512() || (vnni && !cpu::has_vnni()) {
         return None;
     }
-    let vnni = cpu::has_vnni();
     macro_rules! safe {
         ($f:path) => {{
             fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -37,10 +41,14 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         Q4_0 => safe!(q4_0),
         IQ4NL if vnni => safe!(iq4_nl_vnni),
         IQ4NL => safe!(iq4_nl),
+        Q2K => safe!(q2_k),
+        Q3K => safe!(q3_k),
         Q4K => safe!(q4_k),
         Q5K => safe!(q5_k),
         Q6K => safe!(q6_k),
         IQ4XS => safe!(iq4_xs),
+        IQ3S => safe!(iq3_s),
+        IQ3XXS => safe!(iq3_xxs),
         _ => return None,
     })
 }
@@ -151,7 +159,7 @@ macro_rules! legacy {
         unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let ($wp, ap) = (w.as_ptr(), a.as_ptr());
             lanes512!(n / 32, $dot, |$b| $q, load(ap.add(34 * $b + 2)), {
-                f16_at(w, $bs * $b) * f16_at(a, 34 * $b)
+                h2f(w, $bs * $b) * h2f(a, 34 * $b)
             })
         }
     };
@@ -319,7 +327,7 @@ unsafe fn q4_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (wb, ab) = (&w[144 * b..144 * b + 144], &a[292 * b..292 * b + 292]);
         let (si, sm) = q45_k_ints(wb, ab, wb.as_ptr().add(16), None);
         let da = f32_at(ab, 0);
-        acc = k_add_min(acc, da * f16_at(wb, 0), si, da * f16_at(wb, 2), sm);
+        acc = k_add_min(acc, da * h2f(wb, 0), si, da * h2f(wb, 2), sm);
     }
     acc
 }
@@ -331,9 +339,20 @@ unsafe fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let (wb, ab) = (&w[176 * b..176 * b + 176], &a[292 * b..292 * b + 292]);
         let (si, sm) = q45_k_ints(wb, ab, wb.as_ptr().add(48), Some(wb.as_ptr().add(16)));
         let da = f32_at(ab, 0);
-        acc = k_add_min(acc, da * f16_at(wb, 0), si, da * f16_at(wb, 2), sm);
+        acc = k_add_min(acc, da * h2f(wb, 0), si, da * h2f(wb, 2), sm);
     }
     acc
+}
+
+/// Permutation indices for 16 i16 scales: table t puts scale 4t + i/8 in i16 lane i, so a
+/// zmm of 64 elements (four 16-element sub-blocks) gets its four scales.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn scale_perms() -> [__m512i; 4] {
+    std::array::from_fn(|t| {
+        let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
+        unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
+    })
 }
 
 /// Q6_K: per half h, zmm A = elements 128h..+64 (low nibbles of ql[64h..+64], qh bits
@@ -342,10 +361,7 @@ unsafe fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (m4, m3) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
-    let idx: [__m512i; 4] = std::array::from_fn(|t| {
-        let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
-        _mm512_loadu_si512(v.as_ptr() as *const __m512i)
-    });
+    let idx = scale_perms();
     let mut acc = 0f32;
     for b in 0..n / 256 {
         let (wb, ab) = (&w[210 * b..210 * b + 210], &a[292 * b..292 * b + 292]);
@@ -367,7 +383,79 @@ unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
         let si = hsum_i32(sumv) - 32 * super::avx2::hsum_i32(msum);
-        acc = k_add(acc, f32_at(ab, 0) * f16_at(wb, 208), si);
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 208), si);
+    }
+    acc
+}
+
+/// Q2_K: per half h, zmm A = elements 128h..+64 (qs[32h..] >> 0 | >> 2), B = the next 64
+/// (>> 4 | >> 6); scales as in Q6_K; the mins part from the bsums.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn q2_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let m3 = _mm512_set1_epi8(3);
+    let idx = scale_perms();
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[84 * b..84 * b + 84], &a[292 * b..292 * b + 292]);
+        let (wp, ap) = (wb.as_ptr(), ab.as_ptr().add(4));
+        let sc = load128(wp);
+        let m15 = _mm_set1_epi8(15);
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, m15));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), m15));
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let mut sumv = _mm512_setzero_si512();
+        for h in 0..2 {
+            let q = load(wp.add(16 + 32 * h));
+            let qa = _mm512_and_si512(bcast_shift(q, 0, 2), m3);
+            let qb = _mm512_and_si512(bcast_shift(q, 4, 6), m3);
+            let sa = _mm512_permutexvar_epi16(idx[2 * h], sc512);
+            let sb = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
+            sumv = mac(sumv, qa, load512(ap.add(128 * h)), sa);
+            sumv = mac(sumv, qb, load512(ap.add(128 * h + 64)), sb);
+        }
+        let summ = super::avx2::hsum_i32(_mm256_madd_epi16(mins, load(ab.as_ptr().add(260))));
+        let da = f32_at(ab, 0);
+        acc = k_add_min(
+            acc,
+            da * h2f(wb, 80),
+            hsum_i32(sumv),
+            da * h2f(wb, 82),
+            summ,
+        );
+    }
+    acc
+}
+
+/// Q3_K: as Q2_K with u = q2 + 4·hbit (hmask bit 4h + j) and q = u − 4 (the 4·Σa from the
+/// bsums); signed 6-bit scales.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn q3_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (m3, one) = (_mm512_set1_epi8(3), _mm512_set1_epi8(1));
+    let idx = scale_perms();
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[110 * b..110 * b + 110], &a[292 * b..292 * b + 292]);
+        let (wp, ap) = (wb.as_ptr(), ab.as_ptr().add(4));
+        let sc = super::avx2::k::q3k_scales_packed(wb);
+        let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+        let sc512 = _mm512_castsi256_si512(sc16);
+        let hm = load(wp);
+        let mut sumv = _mm512_setzero_si512();
+        for h in 0..2 {
+            let q = load(wp.add(32 + 32 * h));
+            let s = 4 * h as i16;
+            let ha = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(hm, s, s + 1), one), 2);
+            let hb = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(hm, s + 2, s + 3), one), 2);
+            let qa = _mm512_or_si512(_mm512_and_si512(bcast_shift(q, 0, 2), m3), ha);
+            let qb = _mm512_or_si512(_mm512_and_si512(bcast_shift(q, 4, 6), m3), hb);
+            let sa = _mm512_permutexvar_epi16(idx[2 * h], sc512);
+            let sb = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
+            sumv = mac(sumv, qa, load512(ap.add(128 * h)), sa);
+            sumv = mac(sumv, qb, load512(ap.add(128 * h + 64)), sb);
+        }
+        let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
+        let si = hsum_i32(sumv) - 4 * super::avx2::hsum_i32(msum);
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 108), si);
     }
     acc
 }
@@ -395,7 +483,74 @@ unsafe fn iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let av = sign_of(load512(ap.add(32 * g)), q);
             sumv = mac(sumv, _mm512_abs_epi8(q), av, pair32(ls(g), ls(g + 1)));
         }
-        acc = k_add(acc, f32_at(ab, 0) * f16_at(wb, 0), hsum_i32(sumv));
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0), hsum_i32(sumv));
+    }
+    acc
+}
+
+/// Eight grid entries of 4 bytes as a __m256i (entry m in 32-bit lane m).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn grid8x4(e: [u32; 8]) -> __m256i {
+    unsafe { _mm256_loadu_si256(e.as_ptr() as *const __m256i) }
+}
+
+/// IQ3_S: groups g, g+1 per zmm; the 64 sign bits of the two groups negate activations
+/// through a byte mask.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[110 * b..110 * b + 110], &a[292 * b..292 * b + 292]);
+        let ap = ab.as_ptr().add(4);
+        let grid = |g: usize| {
+            let qh = wb[66 + g] as usize;
+            let qs = &wb[2 + 8 * g..10 + 8 * g];
+            grid8x4(std::array::from_fn(|m| {
+                IQ3S_GRID[qs[m] as usize | ((qh >> m) & 1) << 8]
+            }))
+        };
+        let ls = |g: usize| 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i32;
+        let mut sumv = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            let gv = join(grid(g), grid(g + 1));
+            let signs = u32_at(wb, 74 + 4 * g) as u64 | (u32_at(wb, 78 + 4 * g) as u64) << 32;
+            let av = load512(ap.add(32 * g));
+            let av = _mm512_mask_sub_epi8(av, signs, _mm512_setzero_si512(), av);
+            sumv = mac(sumv, gv, av, pair32(ls(g), ls(g + 1)));
+        }
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0) * 1.0, hsum_i32(sumv));
+    }
+    acc
+}
+
+/// IQ3_XXS: as IQ3_S with 8-bit grid indices and KSIGNS sign bytes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wb, ab) = (&w[98 * b..98 * b + 98], &a[292 * b..292 * b + 292]);
+        let ap = ab.as_ptr().add(4);
+        let grid = |g: usize| {
+            let qs = &wb[2 + 8 * g..10 + 8 * g];
+            grid8x4(std::array::from_fn(|m| IQ3XXS_GRID[qs[m] as usize]))
+        };
+        let signs = |wd: u32| {
+            (0..4).fold(0u64, |s, l| {
+                s | (KSIGNS_IQ2XS[((wd >> (7 * l)) & 127) as usize] as u64) << (8 * l)
+            })
+        };
+        let mut sumv = _mm512_setzero_si512();
+        for g in (0..8).step_by(2) {
+            let (w0, w1) = (u32_at(wb, 66 + 4 * g), u32_at(wb, 70 + 4 * g));
+            let gv = join(grid(g), grid(g + 1));
+            let av = load512(ap.add(32 * g));
+            let k = signs(w0) | signs(w1) << 32;
+            let av = _mm512_mask_sub_epi8(av, k, _mm512_setzero_si512(), av);
+            let scv = pair32(2 * (w0 >> 28) as i32 + 1, 2 * (w1 >> 28) as i32 + 1);
+            sumv = mac(sumv, gv, av, scv);
+        }
+        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0) * 0.25, hsum_i32(sumv));
     }
     acc
 }

@@ -89,9 +89,27 @@ pub fn best_isa() -> Isa {
         .unwrap_or(Isa::Scalar)
 }
 
-/// The ISA `vec_dot` uses: `STRATA_ISA` if set (capped at what the CPU runs), else the best.
+static ACTIVE: OnceLock<Isa> = OnceLock::new();
+
+/// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an
+/// error when the CPU cannot run `isa` or another ISA is already in use.
+pub fn set_active_isa(isa: Isa) -> Result<()> {
+    if !isa.available() {
+        return Err(Error::Config(format!("this CPU cannot run {}", isa.name())));
+    }
+    let got = *ACTIVE.get_or_init(|| isa);
+    if got != isa {
+        return Err(Error::Config(format!(
+            "the dot kernels already use {}; the ISA is chosen once per process",
+            got.name()
+        )));
+    }
+    Ok(())
+}
+
+/// The ISA `vec_dot` uses: as set by `set_active_isa`, else `STRATA_ISA` if set (capped at
+/// what the CPU runs), else the best. Chosen once per process.
 pub fn active_isa() -> Isa {
-    static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let want = match std::env::var("STRATA_ISA") {
             Ok(s) if !s.is_empty() && s != "auto" => match Isa::from_name(&s) {

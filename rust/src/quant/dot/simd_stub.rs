@@ -8,6 +8,10 @@ pub fn kernel(_w: GgmlType) -> Option<DotFn> {
     None
 }
 
+pub fn kernel_with(_w: GgmlType, _vnni: bool) -> Option<DotFn> {
+    None
+}
+
 pub fn has_avx2() -> bool {
     false
 }

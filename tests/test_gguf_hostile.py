@@ -133,3 +133,12 @@ def test_split_model(tmp_path: Path) -> None:
     shards[1].unlink()
     with pytest.raises(GGUFError, match="missing shard 2 of 3"):
         GGUFFile(shards[2])
+
+
+def test_fuzz_regressions(tmp_path: Path) -> None:
+    """Inputs a fuzz run found (docs/FUZZING.md): each raises GGUFError."""
+    found = sorted((Path(__file__).parents[1] / "fuzz" / "regressions").iterdir())
+    assert found
+    for p in found:
+        with pytest.raises(GGUFError):
+            GGUFFile(p)

@@ -50,6 +50,13 @@ fn good() -> Vec<Vec<u8>> {
     ]
 }
 
+/// `good()` with shard `i` (0-based) replaced.
+fn good_but(i: usize, b: Vec<u8>) -> Vec<Vec<u8>> {
+    let mut s = good();
+    s[i] = b;
+    s
+}
+
 fn write_set(test: &str, shards: &[Vec<u8>]) -> Vec<PathBuf> {
     let dir = tmp_dir(test);
     let n = shards.len() as u32;
@@ -116,16 +123,14 @@ fn missing_shard() {
 
 #[test]
 fn wrong_split_no() {
-    let mut s = good();
-    s[1] = shard(Some(2), Some(3), Some(5), &["c"]);
+    let s = good_but(1, shard(Some(2), Some(3), Some(5), &["c"]));
     let paths = write_set("wrongno", &s);
     // Opened from another shard, the bad one is found by its split.no.
     open_err(&paths[0], "has split.no Some(2), expected 1");
     // Opened from itself, its split.no disagrees with its name.
     open_err(&paths[1], "file name says shard 2 of 3");
     mem_err(s, "expected 1");
-    let mut s = good();
-    s[2] = shard(None, Some(3), Some(5), &["d", "e"]);
+    let s = good_but(2, shard(None, Some(3), Some(5), &["d", "e"]));
     let paths = write_set("nono", &s);
     open_err(&paths[0], "has split.no None");
     open_err(&paths[2], "without split.no");
@@ -133,14 +138,12 @@ fn wrong_split_no() {
 
 #[test]
 fn disagreeing_counts() {
-    let mut s = good();
-    s[2] = shard(Some(2), Some(4), Some(5), &["d", "e"]);
+    let s = good_but(2, shard(Some(2), Some(4), Some(5), &["d", "e"]));
     let paths = write_set("count", &s);
     open_err(&paths[0], "shard 3 has split.count 4, expected 3");
     // From the odd shard: its own split.count says 4, its name says 3.
     open_err(&paths[2], "file name says 3 shards but split.count is 4");
-    let mut s = good();
-    s[1] = shard(Some(1), Some(3), Some(6), &["c"]);
+    let s = good_but(1, shard(Some(1), Some(3), Some(6), &["c"]));
     open_err(
         &write_set("tcount2", &s)[0],
         "shard 2 has split.tensors.count",
@@ -149,8 +152,7 @@ fn disagreeing_counts() {
 
 #[test]
 fn duplicate_tensor_across_shards() {
-    let mut s = good();
-    s[2] = shard(Some(2), Some(3), Some(5), &["d", "a"]);
+    let s = good_but(2, shard(Some(2), Some(3), Some(5), &["d", "a"]));
     let paths = write_set("dup", &s);
     open_err(&paths[1], "tensor \"a\" appears in more than one shard");
     mem_err(s, "more than one shard");
@@ -173,8 +175,7 @@ fn wrong_tensors_count() {
         .collect();
     open_err(&write_set("tnone", &s)[0], "without split.tensors.count");
     // A negative INT32 count.
-    let mut s = good();
-    s[0] = shard(Some(0), Some(3), Some(-5), &["a", "b"]);
+    let s = good_but(0, shard(Some(0), Some(3), Some(-5), &["a", "b"]));
     open_err(&write_set("tneg", &s)[0], "non-negative integer");
 }
 

@@ -50,10 +50,12 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // As ggml's x86 CPU path computes it (what llama.cpp runs): id = 127/amax and
+        // round-half-to-even (_mm256_round_ps nearest), not the reference's 1/d and roundf.
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         for (j, v) in xb.iter().enumerate() {
-            ob[2 + j] = ((v * id).round() as i32) as i8 as u8;
+            ob[2 + j] = ((v * id).round_ties_even() as i32) as i8 as u8;
         }
     }
 }

@@ -168,3 +168,19 @@ def test_generate_streams_text(path: Path) -> None:
     assert "".join(e.text for e in evs) == llm.tokenizer.decode(ids)
     chat = list(llm.generate([{"role": "user", "content": "hi"}], max_tokens=4, temperature=0))
     assert chat[-1].finish_reason is not None
+
+
+def test_cli_requires_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    from strata.__main__ import main
+
+    monkeypatch.delenv("STRATA_MODEL", raising=False)
+    monkeypatch.delenv("STRATA_CONFIG", raising=False)
+    assert main(["generate", "hello"]) == 2
+
+
+def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("strata.tokenizer", reason="strata.tokenizer is not on this branch yet")
+    from strata.__main__ import main
+
+    assert main(["generate", "--model", str(path), "--n-ctx", "64", "hi", "--max-tokens", "4"]) == 0
+    assert "[finish: " in capsys.readouterr().err

@@ -2,13 +2,17 @@
 qwen3moe models written by gguf-py (F32) and quantized by llama.cpp's own quantizer.
 
 Thresholds (issue 4): top-1 agreement ≥ 99% of positions, mean KL(llama.cpp ‖ ours) ≤ 1e-3,
-greedy 64-token continuations identical on ≥ 9 of 10 prompts. llama.cpp runs with its
-default f16 KV cache and without flash attention; we use an f16 cache too.
+greedy 64-token continuations identical on ≥ 9 of 10 prompts. llama.cpp runs without flash
+attention with its default f16 KV cache; we use an f16 cache too.
 
-Following BENCH.md "Testing against oracles", top-1 is compared where the reference is sure
-(top-1/top-2 logit margin ≥ MARGIN) and greedy continuations up to the reference's first
-near-tie: random models have many near-ties, and rounding at the 1e-7 level (summation order
-of ggml's SIMD dots) flips them. The unfiltered agreement is printed beside.
+Our arithmetic follows ggml's (activations quantized like ggml's x86 CPU path, f64 norm
+sums, f16 rounding of q and of the attention probabilities), but not its SIMD summation
+order, so results differ at the 1e-7 level. On quantized files those differences flip an
+occasional int8 rounding of a re-quantized activation, which flips near-tie routing
+decisions of these random models. So, following BENCH.md "Testing against oracles", top-1
+is compared where the reference is sure (top-1/top-2 logit margin ≥ MARGIN) and greedy
+continuations up to the reference's first near-tie; the unfiltered figures are printed
+beside (on the F32 file they meet the thresholds unfiltered, and are asserted so).
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the oracl
 N_CTX = 256
 MARGIN = 0.1
 ROUTER_SCALE = 1.0
-TYPES = ["F32", "Q8_0", "Q4_K_M", "IQ3_S"]
+# (llama.cpp ftype, the weight type it is built around); the KV types to compare with.
+FTYPES = {"F32": "F32", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "IQ3_S": "IQ3_S"}
+CASES = [pytest.param(ty, kv, id=f"{ty}-{kv}kv") for ty in FTYPES for kv in ("f16",)]
+GGML_KV = {"f16": 1, "f32": 0}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +47,8 @@ def f32_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model_file(f32_path: Path, ty: str) -> Path:
     if ty == "F32":
         return f32_path
+    if FTYPES[ty] not in runnable_types():
+        pytest.skip(f"{ty}: waiting on dot kernels for {FTYPES[ty]} (dot.supports false)")
     out = f32_path.with_name(f"{ty}.gguf")
     if not out.exists():
         qf.quantize(f32_path, out, ty)
@@ -50,9 +59,16 @@ def model_file(f32_path: Path, ty: str) -> Path:
     return out
 
 
-def llama(path: Path) -> Any:
+def llama(path: Path, kv: str) -> Any:
     return llama_cpp.Llama(
-        str(path), logits_all=True, n_ctx=N_CTX, n_threads=1, verbose=False, flash_attn=False
+        str(path),
+        logits_all=True,
+        n_ctx=N_CTX,
+        n_threads=1,
+        verbose=False,
+        flash_attn=False,
+        type_k=GGML_KV[kv],
+        type_v=GGML_KV[kv],
     )
 
 
@@ -78,11 +94,11 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(0, 509, length)] for _ in range(n)]
 
 
-@pytest.mark.parametrize("ty", TYPES)
-def test_logits_agree_with_llamacpp(f32_path: Path, ty: str) -> None:
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     path = model_file(f32_path, ty)
-    ll = llama(path)
-    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type="f16", prefill_chunk=24)
+    ll = llama(path, kv)
+    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=24)
     top1, sure, kls = [], [], []
     for toks in prompts(10, 32, seed=1):
         m.free(0)
@@ -97,18 +113,20 @@ def test_logits_agree_with_llamacpp(f32_path: Path, ty: str) -> None:
     agree = float(top1_a[sure_a].mean())
     kl = float(np.mean(kls))
     print(
-        f"{ty}: top-1 agreement {agree:.4f} over {sure_a.sum()} sure positions "
+        f"{ty} {kv} KV: top-1 agreement {agree:.4f} over {sure_a.sum()} sure positions "
         f"({top1_a.mean():.4f} over all {len(top1)}), mean KL {kl:.2e}"
     )
     assert agree >= 0.99
+    if ty == "F32":
+        assert top1_a.mean() >= 0.99
     assert kl <= 1e-3
 
 
-@pytest.mark.parametrize("ty", TYPES)
-def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str) -> None:
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     path = model_file(f32_path, ty)
-    ll = llama(path)
-    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type="f16", prefill_chunk=64)
+    ll = llama(path, kv)
+    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=64)
     same = full = 0
     cuts: list[int] = []
     for toks in prompts(10, 8, seed=2):
@@ -131,8 +149,10 @@ def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str) -> None:
         same += ours[:cut] == ref[:cut]
         full += ours == ref
         cuts.append(cut)
-    print(f"{ty}: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full")
+    print(f"{ty} {kv} KV: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full")
     assert same >= 9
+    if ty == "F32":
+        assert full >= 9
 
 
 @pytest.mark.parametrize(
@@ -145,7 +165,7 @@ def test_rope_scaling_agrees_with_llamacpp(
     path = qf.write(tmp_path / "m.gguf", s, qf.random_tensors(s, 3))
     m = Model.open(path, n_ctx=N_CTX, kv_type="f16")
     assert scaling.capitalize() in m.hparams["rope_scaling"]
-    ll = llama(path)
+    ll = llama(path, "f16")
     for toks in prompts(2, 96, seed=4):
         m.free(0)
         ours = m.forward(0, toks, logits="all")

@@ -296,8 +296,11 @@ class LLM:
                     yield TokenEvent(tok, emit, "stop")
                     return
                 if reason is not None:
-                    flush = getattr(matcher, "flush", None)
-                    yield TokenEvent(tok, emit + (flush() if flush else ""), reason)
+                    # End of stream: release held-back bytes and text.
+                    tail, stopped = matcher.feed(detok.flush())
+                    if not stopped:
+                        tail += matcher.flush()
+                    yield TokenEvent(tok, emit + tail, "stop" if stopped else reason)
                     return
                 yield TokenEvent(tok, emit, None)
 

@@ -103,3 +103,75 @@ pub fn attend(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kv::KvCache;
+
+    /// f32 cache: equals softmax(q·kᵀ/√D)·v computed directly, with GQA head mapping.
+    #[test]
+    fn f32_attention_matches_naive_gqa() {
+        let (nh, nkv, d, n) = (4, 2, 32, 5);
+        let mut kv = KvCache::new(KvType::F32, 1, 8, nkv, d, 1).unwrap();
+        let val = |i: usize| ((i * 7919) % 97) as f32 / 97.0 - 0.5;
+        let ks: Vec<Vec<f32>> = (0..n)
+            .map(|p| (0..nkv * d).map(|i| val(i + 31 * p)).collect())
+            .collect();
+        let vs: Vec<Vec<f32>> = (0..n)
+            .map(|p| (0..nkv * d).map(|i| val(i * 3 + 17 * p)).collect())
+            .collect();
+        for p in 0..n {
+            kv.write(0, 0, p, &ks[p], &vs[p]).unwrap();
+        }
+        let q: Vec<f32> = (0..nh * d).map(|i| val(i * 5 + 1)).collect();
+        let shape = AttnShape {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: d,
+            ty: KvType::F32,
+            row_bytes: kv.row_bytes,
+            head_bytes: kv.head_bytes,
+        };
+        let mut out = vec![0f32; nh * d];
+        let mut s = AttnScratch::new(8, KvType::F32, d);
+        let (kc, vc) = kv.layer(0, 0, n);
+        attend(&shape, kc, vc, n, &q, &mut out, &mut s).unwrap();
+        for h in 0..nh {
+            let g = h / (nh / nkv);
+            let sc: Vec<f64> = (0..n)
+                .map(|p| {
+                    (0..d)
+                        .map(|i| (q[h * d + i] * ks[p][g * d + i]) as f64)
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let m = sc.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = sc.iter().map(|x| (x - m).exp()).sum();
+            for i in 0..d {
+                let want: f64 = (0..n)
+                    .map(|p| (sc[p] - m).exp() / z * vs[p][g * d + i] as f64)
+                    .sum();
+                assert!(
+                    (out[h * d + i] as f64 - want).abs() < 1e-5,
+                    "head {h} dim {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kv_slots_truncate_and_free() {
+        let mut kv = KvCache::new(KvType::F16, 2, 4, 1, 32, 2).unwrap();
+        kv.set_len(1, 3);
+        assert_eq!(kv.len(1).unwrap(), 3);
+        assert!(kv.truncate(1, 4).is_err());
+        kv.truncate(1, 2).unwrap();
+        assert_eq!(kv.len(1).unwrap(), 2);
+        kv.free(1).unwrap();
+        assert_eq!(kv.len(1).unwrap(), 0);
+        assert!(kv.len(2).is_err());
+        assert!(KvCache::new(KvType::Q8_0, 1, 4, 1, 48, 1).is_err()); // 48 is not whole Q8_0 blocks
+    }
+}

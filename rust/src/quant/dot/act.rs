@@ -1,5 +1,6 @@
-//! Activation quantizers, rounding exactly as ggml's reference quantizers
-//! (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref`, and the F16/BF16 conversions).
+//! Activation quantizers, rounding exactly as ggml's CPU backend does on x86 (what llama.cpp
+//! runs: `from_float` of the CPU type traits; for Q8_0/Q8_1 that is the SIMD path, which
+//! differs from `quantize_row_q8_0_ref` in its rounding), and the F16/BF16 conversions.
 //! Every quantized activation lies in [-127, 127]; the SIMD kernels rely on that (the
 //! sign trick of `maddubs` needs |a| ≤ 127 to stay clear of 16-bit saturation).
 
@@ -13,29 +14,29 @@ fn nearest_int(v: f32) -> i32 {
     (t & 0x007f_ffff) - 0x0040_0000
 }
 
-/// Q8_0 (34 bytes per 32): d = amax/127 (stored f16), q = round-half-away(x / d) computed
-/// as x·(1/d) with the unrounded d.
+/// Q8_0 (34 bytes per 32): d = amax/127 (stored f16), q = round-half-even(x · 127/amax),
+/// as ggml's x86 `quantize_row_q8_0` computes it (the reference uses 1/d and roundf).
 pub fn q8_0(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(34)) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         for (o, v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round() as i32 as i8 as u8;
+            *o = (v * id).round_ties_even() as i32 as i8 as u8;
         }
     }
 }
 
-/// Q8_1 (36 bytes per 32): as Q8_0, plus s = f16(d · Σq).
+/// Q8_1 (36 bytes per 32): as Q8_0 (x86 rounding), plus s = f16(d · Σq).
 pub fn q8_1(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(36)) {
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (o, v) in ob[4..].iter_mut().zip(xb) {
-            let q = (v * id).round() as i32;
+            let q = (v * id).round_ties_even() as i32;
             sum += q;
             *o = q as i8 as u8;
         }

@@ -4,6 +4,7 @@
 
 pub mod error;
 pub mod gguf;
+pub mod pool;
 pub mod quant;
 
 #[cfg(feature = "python")]

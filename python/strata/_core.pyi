@@ -8,15 +8,19 @@ import numpy.typing as npt
 
 __all__ = [
     "ConfigError",
+    "ExpertPool",
     "GGUFError",
     "GGUFReader",
     "MapOwner",
+    "MoELayer",
     "ModelError",
     "QuantError",
     "ShapeError",
     "StrataError",
     "__version__",
     "dequantize_bytes",
+    "matmul_reference",
+    "moe_reference",
 ]
 __version__: str
 
@@ -41,3 +45,68 @@ class GGUFReader:
     def close(self) -> None: ...
 
 def dequantize_bytes(type_name: str, data: bytes, n: int) -> npt.NDArray[np.float32]: ...
+
+@final
+class MoELayer:
+    def __new__(
+        cls,
+        gate_type: str,
+        gate: npt.NDArray[np.uint8],
+        up_type: str,
+        up: npt.NDArray[np.uint8],
+        down_type: str,
+        down: npt.NDArray[np.uint8],
+        n_expert: int,
+        hidden: int,
+        inter: int,
+    ) -> MoELayer: ...
+    @property
+    def n_expert(self) -> int: ...
+    @property
+    def hidden(self) -> int: ...
+    @property
+    def inter(self) -> int: ...
+    @property
+    def types(self) -> tuple[str, str, str]: ...
+
+@final
+class ExpertPool:
+    def __new__(
+        cls,
+        workers: int | None = None,
+        host_participates: bool = True,
+        pipelined: bool = False,
+        pin: bool = True,
+        spin_us: int = 2000,
+    ) -> ExpertPool: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def host_participates(self) -> bool: ...
+    @property
+    def pipelined(self) -> bool: ...
+    def moe(
+        self,
+        layer: MoELayer,
+        x: npt.NDArray[np.float32],
+        ids: npt.NDArray[np.uint32],
+        weights: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]: ...
+    def matmul(
+        self,
+        type_name: str,
+        w: npt.NDArray[np.uint8],
+        rows: int,
+        cols: int,
+        x: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]: ...
+
+def moe_reference(
+    layer: MoELayer,
+    x: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.uint32],
+    weights: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]: ...
+def matmul_reference(
+    type_name: str, w: npt.NDArray[np.uint8], rows: int, cols: int, x: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]: ...

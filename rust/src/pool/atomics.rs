@@ -1,7 +1,7 @@
 //! The primitives `protocol.rs` is written against. This is the production set (std); the loom
 //! check (`loom_check.rs`) compiles the same `protocol.rs` against loom's versions of these names.
 
-pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// One busy-wait step.
 #[inline]

@@ -23,6 +23,7 @@ mod tests;
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 use atomics::SpinClock;
+pub use plan::{validate_matmul, validate_moe};
 use plan::{Plan, Scratch};
 use protocol::Protocol;
 use std::cell::UnsafeCell;

@@ -197,6 +197,104 @@ fn wptr(m: &QExperts<'_>, rb: usize) -> WPtr {
     }
 }
 
+/// Check a MoE call's tensors, shapes and ids; returns the gate/up/down row bytes.
+pub fn validate_moe(
+    layer: &ExpertLayer<'_>,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    y: &[f32],
+) -> Result<[usize; 3]> {
+    let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
+    let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
+    let grb = check_experts("gate", g)?;
+    let urb = check_experts("up", u)?;
+    let drb = check_experts("down", d)?;
+    if u.rows != idim || u.cols != hdim || d.rows != hdim || d.cols != idim {
+        return Err(shape(format!(
+            "expert shapes disagree: gate ({idim}, {hdim}), up ({}, {}), down ({}, {}); \
+                 expected up (I, H) and down (H, I)",
+            u.rows, u.cols, d.rows, d.cols
+        )));
+    }
+    if u.n_expert != ne || d.n_expert != ne {
+        return Err(shape(format!(
+            "expert counts disagree: gate {ne}, up {}, down {}",
+            u.n_expert, d.n_expert
+        )));
+    }
+    if hdim == 0 || idim == 0 {
+        return Err(shape("empty expert matrices".into()));
+    }
+    if !x.len().is_multiple_of(hdim) {
+        return Err(shape(format!(
+            "x has {} values, not a multiple of H={hdim}",
+            x.len()
+        )));
+    }
+    let t = x.len() / hdim;
+    if y.len() != t * hdim {
+        return Err(shape(format!(
+            "y has {} values, expected {}",
+            y.len(),
+            t * hdim
+        )));
+    }
+    let p = t
+        .checked_mul(k)
+        .ok_or_else(|| shape("T·k overflows".into()))?;
+    if ids.len() != p || weights.len() != p {
+        return Err(shape(format!(
+            "ids ({}) and weights ({}) must both hold T·k = {t}·{k} = {p} values",
+            ids.len(),
+            weights.len()
+        )));
+    }
+    if let Some((n, &bad)) = ids.iter().enumerate().find(|(_, &e)| e as usize >= ne) {
+        return Err(shape(format!(
+            "expert id {bad} at [{}, {}] is out of range (the layer has {ne} experts)",
+            n / k,
+            n % k
+        )));
+    }
+    Ok([grb, urb, drb])
+}
+
+/// Check a dense call; returns the weight's row bytes.
+pub fn validate_matmul(w: &QMatrix<'_>, x: &[f32], t: usize, y: &[f32]) -> Result<usize> {
+    check_supported("matmul weight", w.ty)?;
+    let rb = row_bytes("matmul weight", w.ty, w.cols)?;
+    let need = w
+        .rows
+        .checked_mul(rb)
+        .ok_or_else(|| shape("matmul weight size overflows".into()))?;
+    if w.data.len() != need {
+        return Err(shape(format!(
+            "matmul weight: {} bytes for ({}, {}) {}, expected {need}",
+            w.data.len(),
+            w.rows,
+            w.cols,
+            w.ty.name()
+        )));
+    }
+    if t.checked_mul(w.cols) != Some(x.len()) {
+        return Err(shape(format!(
+            "x has {} values, expected T·cols = {t}·{}",
+            x.len(),
+            w.cols
+        )));
+    }
+    if t.checked_mul(w.rows) != Some(y.len()) {
+        return Err(shape(format!(
+            "y has {} values, expected T·rows = {t}·{}",
+            y.len(),
+            w.rows
+        )));
+    }
+    Ok(rb)
+}
+
 impl Scratch {
     /// Grow every buffer for MoE calls up to these sizes (activation rows are sized for the
     /// widest format, F32, so any weight types fit).
@@ -243,58 +341,11 @@ impl Scratch {
         threads: usize,
         pipelined: bool,
     ) -> Result<Option<Plan>> {
+        let [grb, urb, drb] = validate_moe(layer, x, ids, weights, k, y)?;
         let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
         let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
-        let grb = check_experts("gate", g)?;
-        let urb = check_experts("up", u)?;
-        let drb = check_experts("down", d)?;
-        if u.rows != idim || u.cols != hdim || d.rows != hdim || d.cols != idim {
-            return Err(shape(format!(
-                "expert shapes disagree: gate ({idim}, {hdim}), up ({}, {}), down ({}, {}); \
-                 expected up (I, H) and down (H, I)",
-                u.rows, u.cols, d.rows, d.cols
-            )));
-        }
-        if u.n_expert != ne || d.n_expert != ne {
-            return Err(shape(format!(
-                "expert counts disagree: gate {ne}, up {}, down {}",
-                u.n_expert, d.n_expert
-            )));
-        }
-        if hdim == 0 || idim == 0 {
-            return Err(shape("empty expert matrices".into()));
-        }
-        if !x.len().is_multiple_of(hdim) {
-            return Err(shape(format!(
-                "x has {} values, not a multiple of H={hdim}",
-                x.len()
-            )));
-        }
         let t = x.len() / hdim;
-        if y.len() != t * hdim {
-            return Err(shape(format!(
-                "y has {} values, expected {}",
-                y.len(),
-                t * hdim
-            )));
-        }
-        let p = t
-            .checked_mul(k)
-            .ok_or_else(|| shape("T·k overflows".into()))?;
-        if ids.len() != p || weights.len() != p {
-            return Err(shape(format!(
-                "ids ({}) and weights ({}) must both hold T·k = {t}·{k} = {p} values",
-                ids.len(),
-                weights.len()
-            )));
-        }
-        if let Some((n, &bad)) = ids.iter().enumerate().find(|(_, &e)| e as usize >= ne) {
-            return Err(shape(format!(
-                "expert id {bad} at [{}, {}] is out of range (the layer has {ne} experts)",
-                n / k,
-                n % k
-            )));
-        }
+        let p = t * k;
         if p == 0 {
             y.fill(0.0);
             return Ok(None);
@@ -414,35 +465,8 @@ impl Scratch {
         y: &mut [f32],
         threads: usize,
     ) -> Result<Option<Plan>> {
-        check_supported("matmul weight", w.ty)?;
-        let rb = row_bytes("matmul weight", w.ty, w.cols)?;
-        let need = w
-            .rows
-            .checked_mul(rb)
-            .ok_or_else(|| shape("matmul weight size overflows".into()))?;
-        if w.data.len() != need {
-            return Err(shape(format!(
-                "matmul weight: {} bytes for ({}, {}) {}, expected {need}",
-                w.data.len(),
-                w.rows,
-                w.cols,
-                w.ty.name()
-            )));
-        }
-        if t.checked_mul(w.cols) != Some(x.len()) {
-            return Err(shape(format!(
-                "x has {} values, expected T·cols = {t}·{}",
-                x.len(),
-                w.cols
-            )));
-        }
-        if t.checked_mul(w.rows) != Some(y.len()) {
-            return Err(shape(format!(
-                "y has {} values, expected T·rows = {t}·{}",
-                y.len(),
-                w.rows
-            )));
-        }
+        let rb = validate_matmul(w, x, t, y)?;
+        let need = w.rows * rb;
         if t == 0 || w.rows == 0 {
             return Ok(None);
         }

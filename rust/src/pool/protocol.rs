@@ -12,10 +12,14 @@
 //! - Phase counters (`phase_done`) and per-job counters live in the plan; waiting on them is
 //!   `wait_at_least` (spin, then yield).
 //! - Idle workers spin on `claim` (loads only), then announce themselves in `sleepers` and park.
-//!   Publication is a SeqCst store followed by a SeqCst load of `sleepers` (Dekker), so a worker
-//!   that parks either sees the new epoch first or is unparked by the host: no lost wake-up.
+//!   Publication is a store, a SeqCst fence, then a load of `sleepers`; a parking worker does
+//!   the mirror image (increment, fence, load of the claim word). The fences are totally
+//!   ordered, so either the worker sees the new epoch or the host sees the sleeper and unparks
+//!   it (a park after an unpark returns at once): no lost wake-up.
 
-use super::atomics::{spin_hint, yield_now, AtomicBool, AtomicU32, AtomicU64, Ordering, SpinClock};
+use super::atomics::{
+    fence, spin_hint, yield_now, AtomicBool, AtomicU32, AtomicU64, Ordering, SpinClock,
+};
 
 /// Largest number of tiles one call can have (the `total` field is 16 bits).
 pub const MAX_TILES: u32 = u16::MAX as u32;
@@ -70,8 +74,9 @@ impl Protocol {
     pub fn publish(&self, epoch: u32, total: u32) -> bool {
         debug_assert!(total <= MAX_TILES);
         self.retired.store(0, Ordering::Relaxed);
-        self.claim.store(pack(epoch, total, 0), Ordering::SeqCst);
-        self.sleepers.load(Ordering::SeqCst) > 0
+        self.claim.store(pack(epoch, total, 0), Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.sleepers.load(Ordering::Relaxed) > 0
     }
 
     /// Claim the next tile of call `epoch`; `None` once the call has no unclaimed tile or a
@@ -119,12 +124,13 @@ impl Protocol {
                 return Some(e);
             }
             if clock.expired() {
-                self.sleepers.fetch_add(1, Ordering::SeqCst);
-                let e = epoch_of(self.claim.load(Ordering::SeqCst));
-                if e == seen && !self.shutdown.load(Ordering::SeqCst) {
+                self.sleepers.fetch_add(1, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                let e = epoch_of(self.claim.load(Ordering::Acquire));
+                if e == seen && !self.shutdown.load(Ordering::Acquire) {
                     park();
                 }
-                self.sleepers.fetch_sub(1, Ordering::SeqCst);
+                self.sleepers.fetch_sub(1, Ordering::Relaxed);
                 clock.reset();
             } else {
                 spin_hint();
@@ -134,8 +140,9 @@ impl Protocol {
 
     /// Host (on drop): ask the workers to exit. Returns whether some may be parked.
     pub fn shut_down(&self) -> bool {
-        self.shutdown.store(true, Ordering::SeqCst);
-        self.sleepers.load(Ordering::SeqCst) > 0
+        self.shutdown.store(true, Ordering::Release);
+        fence(Ordering::SeqCst);
+        self.sleepers.load(Ordering::Relaxed) > 0
     }
 }
 

@@ -21,6 +21,8 @@ __all__ = [
     "dequantize_bytes",
     "matmul_reference",
     "moe_reference",
+    "pool_supports",
+    "ram_read_gbps",
 ]
 __version__: str
 
@@ -110,3 +112,5 @@ def moe_reference(
 def matmul_reference(
     type_name: str, w: npt.NDArray[np.uint8], rows: int, cols: int, x: npt.NDArray[np.float32]
 ) -> npt.NDArray[np.float32]: ...
+def pool_supports(type_name: str) -> bool: ...
+def ram_read_gbps(threads: int, mib: int = 1024, reps: int = 5) -> float: ...

@@ -10,6 +10,7 @@
 
 mod atomics;
 mod exec;
+pub mod membench;
 mod plan;
 mod protocol;
 pub mod reference;
@@ -126,6 +127,8 @@ struct Shared {
     plan: UnsafeCell<Option<Plan>>,
     /// Host-only between calls; tiles reach it through the plan's pointers during a call.
     scratch: UnsafeCell<Scratch>,
+    /// Workers that have started (pinned, thread-local state set up).
+    started: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: access to the cells follows the protocol described on the fields (docs/POOL.md).
@@ -147,6 +150,7 @@ fn worker_main(shared: Arc<Shared>, cpu: Option<usize>, spin_us: u32) {
     if let Some(c) = cpu {
         topology::pin_current(c);
     }
+    shared.started.fetch_add(1, Ordering::Release);
     let mut clock = SpinClock::new(spin_us);
     let mut seen = 0u32;
     while let Some(e) = shared
@@ -187,6 +191,7 @@ impl Pool {
             proto: Protocol::new(),
             plan: UnsafeCell::new(None),
             scratch: UnsafeCell::new(Scratch::default()),
+            started: std::sync::atomic::AtomicUsize::new(0),
         });
         let cores = topology::physical_cores();
         // The host keeps the first core when it takes work; workers get the next ones.
@@ -206,6 +211,11 @@ impl Pool {
             }
         }
         cfg.workers = handles.len();
+        // Return a pool whose workers are all running: their start-up (allocations included)
+        // never lands inside a call.
+        while shared.started.load(Ordering::Acquire) < cfg.workers {
+            std::thread::yield_now();
+        }
         if cfg.workers == 0 {
             cfg.host_participates = true;
         }

@@ -271,7 +271,22 @@ fn matmul_reference<'py>(
     PyArray1::from_vec(py, y).reshape([t, rows])
 }
 
+/// Whether the pool can run weights of this type (a dot kernel exists).
+#[pyfunction]
+fn pool_supports(type_name: &str) -> PyResult<bool> {
+    Ok(crate::quant::dot::supports(ty(type_name)?))
+}
+
+/// Measured RAM read bandwidth (GB/s, best of `reps`) with `threads` threads.
+#[pyfunction]
+#[pyo3(signature = (threads, mib=1024, reps=5))]
+fn ram_read_gbps(py: Python<'_>, threads: usize, mib: usize, reps: usize) -> f64 {
+    py.detach(|| crate::pool::membench::read_gbps(mib << 20, threads, reps))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(pool_supports, m)?)?;
+    m.add_function(wrap_pyfunction!(ram_read_gbps, m)?)?;
     m.add_class::<ExpertPool>()?;
     m.add_class::<MoELayer>()?;
     m.add_function(wrap_pyfunction!(moe_reference, m)?)?;

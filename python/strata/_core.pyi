@@ -9,12 +9,15 @@ import numpy.typing as npt
 
 __all__ = [
     "ConfigError",
+    "ExpertPool",
     "GGUFError",
     "GGUFReader",
     "MapOwner",
     "Model",
+    "MoELayer",
     "ModelError",
     "QuantError",
+    "ShapeError",
     "StrataError",
     "__version__",
     "cpu_features",
@@ -25,6 +28,10 @@ __all__ = [
     "runnable_types",
     "set_dot_isa",
     "vec_dot",
+    "matmul_reference",
+    "moe_reference",
+    "pool_supports",
+    "ram_read_gbps",
 ]
 __version__: str
 
@@ -32,6 +39,7 @@ class StrataError(Exception): ...
 class GGUFError(StrataError): ...
 class QuantError(StrataError): ...
 class ConfigError(StrataError): ...
+class ShapeError(StrataError): ...
 class ModelError(StrataError): ...
 
 @final
@@ -83,3 +91,58 @@ class Model:
 
 def runnable_types() -> list[str]: ...
 def set_dot_isa(isa: str) -> None: ...
+def dequantize_bytes(type_name: str, data: bytes, n: int) -> npt.NDArray[np.float32]: ...
+
+class MoELayer:
+    def __new__(
+        cls,
+        gate_type: str,
+        gate: npt.NDArray[np.uint8],
+        up_type: str,
+        up: npt.NDArray[np.uint8],
+        down_type: str,
+        down: npt.NDArray[np.uint8],
+        n_expert: int,
+        hidden: int,
+        inter: int,
+    ) -> MoELayer: ...
+    def n_expert(self) -> int: ...
+    def hidden(self) -> int: ...
+    def inter(self) -> int: ...
+    def types(self) -> tuple[str, str, str]: ...
+
+class ExpertPool:
+    def __new__(
+        cls,
+        workers: int | None = None,
+        host_participates: bool = True,
+        pipelined: bool = False,
+        pin: bool = True,
+        spin_us: int = 2000,
+    ) -> ExpertPool: ...
+    def workers(self) -> int: ...
+    def host_participates(self) -> bool: ...
+    def pipelined(self) -> bool: ...
+    def moe(
+        self,
+        layer: MoELayer,
+        x: npt.NDArray[np.float32],
+        ids: npt.NDArray[np.uint32],
+        weights: npt.NDArray[np.float32],
+    def matmul(
+        self,
+        type_name: str,
+        w: npt.NDArray[np.uint8],
+        rows: int,
+        cols: int,
+        x: npt.NDArray[np.float32],
+
+def moe_reference(
+    layer: MoELayer,
+    x: npt.NDArray[np.float32],
+    ids: npt.NDArray[np.uint32],
+    weights: npt.NDArray[np.float32],
+def matmul_reference(
+    type_name: str, w: npt.NDArray[np.uint8], rows: int, cols: int, x: npt.NDArray[np.float32]
+def pool_supports(type_name: str) -> bool: ...
+def ram_read_gbps(threads: int, mib: int = 1024, reps: int = 5) -> float: ...

@@ -15,6 +15,8 @@ pub enum Error {
     Quant(String),
     /// An impossible or inconsistent configuration value.
     Config(String),
+    /// An argument whose shape, length or index does not fit (e.g. an expert id out of range).
+    Shape(String),
     /// A model the engine cannot run (architecture, missing tensor, unsupported type).
     Model(String),
     /// A bad argument to a call (slot, token id, length): Python's `ValueError`.
@@ -45,6 +47,7 @@ impl fmt::Display for Error {
             }
             Error::Quant(m) => write!(f, "quant: {m}"),
             Error::Config(m) => write!(f, "config: {m}"),
+            Error::Shape(m) => write!(f, "shape: {m}"),
             Error::Model(m) => write!(f, "model: {m}"),
             Error::Input(m) => write!(f, "{m}"),
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),

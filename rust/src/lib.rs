@@ -5,6 +5,7 @@
 pub mod error;
 pub mod gguf;
 pub mod model;
+pub mod pool;
 pub mod quant;
 
 #[cfg(feature = "python")]

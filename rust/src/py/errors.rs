@@ -31,6 +31,12 @@ create_exception!(
 );
 create_exception!(
     _core,
+    ShapeError,
+    StrataError,
+    "An argument whose shape, length or index does not fit."
+);
+create_exception!(
+    _core,
     ModelError,
     StrataError,
     "A model the engine cannot run."
@@ -43,6 +49,7 @@ impl From<Error> for PyErr {
             Error::Gguf { .. } => GGUFError::new_err(msg),
             Error::Quant(_) => QuantError::new_err(msg),
             Error::Config(_) => ConfigError::new_err(msg),
+            Error::Shape(_) => ShapeError::new_err(msg),
             Error::Model(_) => ModelError::new_err(msg),
             Error::Input(_) => PyValueError::new_err(msg),
             Error::Io { .. } => PyOSError::new_err(msg),
@@ -56,6 +63,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("GGUFError", py.get_type::<GGUFError>())?;
     m.add("QuantError", py.get_type::<QuantError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("ShapeError", py.get_type::<ShapeError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;
     Ok(())
 }

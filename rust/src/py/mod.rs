@@ -4,6 +4,7 @@
 mod errors;
 mod gguf;
 mod model;
+mod pool;
 mod quant;
 
 use pyo3::prelude::*;
@@ -15,5 +16,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;
+    pool::register(m)?;
     Ok(())
 }

@@ -1,0 +1,331 @@
+//! The CPU expert pool (SYSTEM.md §CPU expert pool, docs/POOL.md): pinned worker threads plus
+//! the calling thread compute one MoE layer (or one dense projection) per call, as tiles
+//! claimed lock-free from one epoch-tagged counter.
+//!
+//! - `protocol.rs`: publication, claims, retirement, spin-then-park (loom-checked).
+//! - `plan.rs`: validation, jobs, tile geometry, scratch memory.
+//! - `exec.rs`: what each tile computes.
+//! - `reference.rs`: the independent serial reference the pool must match bitwise.
+//! - `topology.rs`: physical cores and pinning.
+
+mod atomics;
+mod exec;
+pub mod membench;
+mod plan;
+mod protocol;
+pub mod reference;
+mod topology;
+
+#[cfg(test)]
+mod loom_check;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{Error, Result};
+use crate::quant::GgmlType;
+use atomics::SpinClock;
+pub use plan::{validate_matmul, validate_moe};
+use plan::{Plan, Scratch};
+use protocol::Protocol;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// One quantized matrix `W[rows, cols]` (numpy order): `rows` rows of `ty` blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// One expert tensor, numpy shape `(n_expert, rows, cols)`: expert `e` is the contiguous slab
+/// `data[e·rows·row_bytes(cols) ..][.. rows·row_bytes(cols)]`.
+#[derive(Clone, Copy, Debug)]
+pub struct QExperts<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub n_expert: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A MoE layer's experts: gate and up are `(E, I, H)`, down is `(E, H, I)`.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertLayer<'a> {
+    pub gate: QExperts<'a>,
+    pub up: QExperts<'a>,
+    pub down: QExperts<'a>,
+}
+
+/// How a pool is built. Read once by `Pool::new`; a running pool never re-reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Worker threads besides the caller (0: the caller alone computes everything).
+    pub workers: usize,
+    /// The calling thread takes tiles too. Forced on when `workers == 0`.
+    pub host_participates: bool,
+    /// Pipelined schedule (per-expert readiness) instead of phase barriers.
+    pub pipelined: bool,
+    /// Pin each worker to its own physical core (when there are enough cores).
+    pub pin: bool,
+    /// Microseconds an idle worker spins before it parks.
+    pub spin_us: u32,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            workers: topology::physical_cores().len().saturating_sub(1),
+            host_participates: true,
+            pipelined: false,
+            pin: true,
+            spin_us: 2000,
+        }
+    }
+}
+
+fn env_bool(name: &str, default: bool) -> Result<bool> {
+    match std::env::var(name) {
+        Err(_) => Ok(default),
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            _ => Err(Error::Config(format!(
+                "{name} expects a boolean, got {v:?}"
+            ))),
+        },
+    }
+}
+
+impl PoolConfig {
+    /// The defaults overridden by `STRATA_THREADS` (0: one per physical core minus the
+    /// host), `STRATA_HOST_PARTICIPATES` and `STRATA_POOL_PIPELINE`, parsed as
+    /// `strata.config.Config` parses them.
+    pub fn from_env() -> Result<PoolConfig> {
+        let mut c = PoolConfig::default();
+        if let Ok(v) = std::env::var("STRATA_THREADS") {
+            let n: usize = v.trim().parse().map_err(|_| {
+                Error::Config(format!("STRATA_THREADS expects an integer >= 0, got {v:?}"))
+            })?;
+            if n > 0 {
+                c.workers = n;
+            }
+        }
+        c.host_participates = env_bool("STRATA_HOST_PARTICIPATES", c.host_participates)?;
+        c.pipelined = env_bool("STRATA_POOL_PIPELINE", c.pipelined)?;
+        Ok(c)
+    }
+}
+
+/// State shared by the host and the workers.
+struct Shared {
+    proto: Protocol,
+    /// The live call's plan: written by the host only between calls, read by a worker only
+    /// after it has claimed a tile of that call.
+    plan: UnsafeCell<Option<Plan>>,
+    /// Host-only between calls; tiles reach it through the plan's pointers during a call.
+    scratch: UnsafeCell<Scratch>,
+    /// Workers that have started (pinned, thread-local state set up).
+    started: std::sync::atomic::AtomicUsize,
+}
+
+// SAFETY: access to the cells follows the protocol described on the fields (docs/POOL.md).
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+/// The CPU expert pool. One call at a time: a call made while another thread's call is
+/// running returns `Error::Config` rather than waiting.
+pub struct Pool {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::Thread>,
+    handles: Vec<std::thread::JoinHandle<()>>,
+    cfg: PoolConfig,
+    busy: AtomicBool,
+    epoch: AtomicU32,
+}
+
+fn worker_main(shared: Arc<Shared>, cpu: Option<usize>, spin_us: u32) {
+    if let Some(c) = cpu {
+        topology::pin_current(c);
+    }
+    shared.started.fetch_add(1, Ordering::Release);
+    let mut clock = SpinClock::new(spin_us);
+    let mut seen = 0u32;
+    while let Some(e) = shared
+        .proto
+        .wait_new_epoch(seen, &mut clock, std::thread::park)
+    {
+        seen = e;
+        drain(&shared, e);
+    }
+}
+
+/// Claim and run tiles of call `epoch` until none is left.
+fn drain(shared: &Shared, epoch: u32) {
+    while let Some(i) = shared.proto.claim(epoch) {
+        // SAFETY: the claim (Acquire) happens-after the host wrote this call's plan, and the
+        // host does not write it again before this tile retires.
+        let plan = unsafe { (*shared.plan.get()).expect("a claimed call has a plan") };
+        unsafe { exec::run_tile(&plan, i) };
+        shared.proto.retire();
+    }
+}
+
+struct BusyGuard<'a>(&'a AtomicBool);
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl Pool {
+    pub fn new(cfg: PoolConfig) -> Pool {
+        let mut cfg = cfg;
+        if cfg.workers == 0 {
+            cfg.host_participates = true;
+        }
+        let shared = Arc::new(Shared {
+            proto: Protocol::new(),
+            plan: UnsafeCell::new(None),
+            scratch: UnsafeCell::new(Scratch::default()),
+            started: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let cores = topology::physical_cores();
+        // The host keeps the first core when it takes work; workers get the next ones.
+        let skip = usize::from(cfg.host_participates);
+        let pin = cfg.pin && cfg.workers + skip <= cores.len();
+        let mut handles = Vec::with_capacity(cfg.workers);
+        for w in 0..cfg.workers {
+            let sh = shared.clone();
+            let cpu = pin.then(|| cores[w + skip]);
+            let spin = cfg.spin_us;
+            match std::thread::Builder::new()
+                .name(format!("strata-pool-{w}"))
+                .spawn(move || worker_main(sh, cpu, spin))
+            {
+                Ok(h) => handles.push(h),
+                Err(_) => break, // run with the workers we have
+            }
+        }
+        cfg.workers = handles.len();
+        // Return a pool whose workers are all running: their start-up (allocations included)
+        // never lands inside a call.
+        while shared.started.load(Ordering::Acquire) < cfg.workers {
+            std::thread::yield_now();
+        }
+        if cfg.workers == 0 {
+            cfg.host_participates = true;
+        }
+        Pool {
+            threads: handles.iter().map(|h| h.thread().clone()).collect(),
+            handles,
+            shared,
+            cfg,
+            busy: AtomicBool::new(false),
+            epoch: AtomicU32::new(0),
+        }
+    }
+
+    /// Worker threads (not counting the caller).
+    pub fn workers(&self) -> usize {
+        self.cfg.workers
+    }
+
+    pub fn config(&self) -> PoolConfig {
+        self.cfg
+    }
+
+    fn threads_total(&self) -> usize {
+        self.cfg.workers + usize::from(self.cfg.host_participates)
+    }
+
+    /// Grow the scratch memory for calls of up to `tokens` tokens with `k` slots, hidden size
+    /// `hidden`, intermediate `inter` and `n_expert` experts, so that such calls allocate
+    /// nothing. Calls beyond these sizes grow it themselves (once).
+    pub fn reserve(&self, tokens: usize, k: usize, hidden: usize, inter: usize, n_expert: usize) {
+        let Some(_g) = self.enter() else { return };
+        // SAFETY: the busy flag gives this thread the scratch; no call is live.
+        let s = unsafe { &mut *self.shared.scratch.get() };
+        s.reserve(tokens, k, hidden, inter, n_expert);
+    }
+
+    fn enter(&self) -> Option<BusyGuard<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| BusyGuard(&self.busy))
+    }
+
+    fn run(&self, build: impl FnOnce(&mut Scratch, usize) -> Result<Option<Plan>>) -> Result<()> {
+        let _guard = self.enter().ok_or_else(|| {
+            Error::Config("the pool is running another thread's call; calls do not overlap".into())
+        })?;
+        // SAFETY: we hold the busy flag and no call is live, so nothing else reads the
+        // scratch or the plan until `publish`.
+        let plan = {
+            let scratch = unsafe { &mut *self.shared.scratch.get() };
+            match build(scratch, self.threads_total())? {
+                Some(p) => p,
+                None => return Ok(()),
+            }
+        };
+        unsafe { *self.shared.plan.get() = Some(plan) };
+        let mut epoch = self.epoch.load(Ordering::Relaxed).wrapping_add(1);
+        if epoch == 0 {
+            epoch = 1;
+        }
+        self.epoch.store(epoch, Ordering::Relaxed);
+        let total = plan.total();
+        if self.shared.proto.publish(epoch, total) {
+            for t in &self.threads {
+                t.unpark();
+            }
+        }
+        if self.cfg.host_participates {
+            drain(&self.shared, epoch);
+        }
+        self.shared.proto.wait_retired(total);
+        Ok(())
+    }
+
+    /// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)` with `e = ids[t,j]`;
+    /// `x`, `y` are `[T,H]` and `ids`, `weights` are `[T,k]`, row-major. Bad shapes, types or
+    /// ids give a typed error and leave `y` untouched.
+    pub fn moe(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let pipelined = self.cfg.pipelined;
+        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined))
+    }
+
+    /// Dense: `y[T,rows] = x[T,cols]·Wᵀ`.
+    pub fn matmul(&self, w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
+        self.run(|s, threads| s.plan_dense(w, x, t, y, threads))
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if self.shared.proto.shut_down() {
+            for t in &self.threads {
+                t.unpark();
+            }
+        }
+        // Unpark unconditionally too: a worker between its check and park() keeps the token.
+        for t in &self.threads {
+            t.unpark();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}

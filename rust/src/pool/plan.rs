@@ -1,0 +1,540 @@
+//! One call's plan: input validation, grouping (token, slot) pairs into per-expert jobs, the
+//! tile geometry, and the scratch buffers the tiles write. Runs on the calling thread before
+//! the call is published; allocates only when a call needs more scratch than any before it.
+//!
+//! Legend: T tokens, H hidden (gate/up cols, down rows), I intermediate (gate/up rows, down
+//! cols), k slots per token, P = T·k pairs, J jobs (distinct experts, ascending).
+//!
+//! Tiles, in claim order (one global index, phases A..E):
+//! - A: quantize token ranges of `x[T,H]` to the gate (and up) activation type → `xq`.
+//! - B: one job's Gate+Up rows `[i0,i1)` for all its pairs → `h[P,I]` = silu(g)·u.
+//! - C (barrier schedule only): quantize one job's `h` rows → `hq[P, act(I)]`. In the
+//!   pipelined schedule the worker that finishes a job's last B tile does this at once.
+//! - D: one job's Down rows `[r0,r1)` for all its pairs → `dout[P,H]`.
+//! - E: ranges of (token, 256-wide H chunk) units: `y[t,h] = Σ_j w[t,j]·dout[pair(t,j),h]`.
+//!
+//! Dense matmul uses A (quantize x) and D (rows of W for all tokens, written straight to y).
+
+use super::protocol::{Padded, MAX_TILES};
+use super::{ExpertLayer, QExperts, QMatrix};
+use crate::error::{Error, Result};
+use crate::quant::dot::supports;
+use crate::quant::GgmlType;
+use std::sync::atomic::AtomicU32;
+
+pub const PH_A: usize = 0;
+pub const PH_B: usize = 1;
+pub const PH_C: usize = 2;
+pub const PH_D: usize = 3;
+pub const PH_E: usize = 4;
+pub const N_PHASES: usize = 5;
+
+/// Rows per tile never go below this (a tile's fixed cost stays small against its work).
+const MIN_TILE_ROWS: usize = 16;
+/// Tiles per thread per phase (CPU_PERF.md §4: about 3).
+const TILES_PER_THREAD: usize = 3;
+/// H elements per reduction unit.
+pub const E_CHUNK: usize = 256;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Moe,
+    Dense,
+}
+
+/// One job: an expert and the pairs routed to it (`pairs[start..start+n]`, token order).
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Job {
+    pub expert: u32,
+    pub start: u32,
+    pub n: u32,
+}
+
+/// A weight tensor as the tiles see it: base pointer, bytes per expert, bytes per row.
+#[derive(Clone, Copy)]
+pub struct WPtr {
+    pub ty: GgmlType,
+    pub base: *const u8,
+    pub expert_bytes: usize,
+    pub row_bytes: usize,
+}
+
+/// Everything a tile needs, copied by value (raw pointers into the caller's tensors and the
+/// pool's scratch, valid until the call returns).
+#[derive(Clone, Copy)]
+pub struct Plan {
+    pub kind: Kind,
+    pub pipelined: bool,
+    /// First tile index of each phase, and the total at `starts[N_PHASES]`.
+    pub starts: [u32; N_PHASES + 1],
+    pub t: usize,
+    pub h: usize,
+    pub i: usize,
+    pub k: usize,
+    /// B tiles per job, D tiles per job.
+    pub nb: usize,
+    pub nd: usize,
+    /// E units (token × H chunk) and H chunks per token.
+    pub e_units: usize,
+    pub e_chunks: usize,
+    pub gate: WPtr,
+    pub up: WPtr,
+    pub down: WPtr,
+    pub x: *const f32,
+    pub weights: *const f32,
+    pub y: *mut f32,
+    /// Quantized x for gate and for up (the same buffer when both use one activation type).
+    pub xq_g: *mut u8,
+    pub xq_u: *mut u8,
+    pub xq_g_rb: usize,
+    pub xq_u_rb: usize,
+    pub h_buf: *mut f32,
+    pub hq: *mut u8,
+    pub hq_rb: usize,
+    pub dout: *mut f32,
+    pub jobs: *const Job,
+    pub pair_token: *const u32,
+    pub slot_pair: *const u32,
+    pub job_ctr: *const Padded<AtomicU32>,
+    pub phase_done: *const Padded<AtomicU32>,
+}
+
+impl Plan {
+    pub fn total(&self) -> u32 {
+        self.starts[N_PHASES]
+    }
+    pub fn phase_len(&self, p: usize) -> u32 {
+        self.starts[p + 1] - self.starts[p]
+    }
+}
+
+/// The pool's reusable per-call memory. Each buffer is grown (never shrunk) to the largest
+/// call seen; `Pool::reserve` sizes them up front so steady-state calls never allocate.
+#[derive(Default)]
+pub struct Scratch {
+    xq_g: Vec<u8>,
+    xq_u: Vec<u8>,
+    h: Vec<f32>,
+    hq: Vec<u8>,
+    dout: Vec<f32>,
+    counts: Vec<u32>,
+    jobs: Vec<Job>,
+    pair_token: Vec<u32>,
+    slot_pair: Vec<u32>,
+    job_ctr: Vec<Padded<AtomicU32>>,
+    pub phase_done: Vec<Padded<AtomicU32>>,
+}
+
+fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+}
+
+fn grow_ctr(v: &mut Vec<Padded<AtomicU32>>, n: usize) {
+    while v.len() < n {
+        v.push(Padded(AtomicU32::new(0)));
+    }
+}
+
+fn shape(msg: String) -> Error {
+    Error::Shape(msg)
+}
+
+fn check_supported(what: &str, ty: GgmlType) -> Result<()> {
+    if !supports(ty) {
+        return Err(Error::Quant(format!(
+            "{what}: no dot kernel for type {}",
+            ty.name()
+        )));
+    }
+    Ok(())
+}
+
+/// Row bytes of `ty` at `cols`, or a typed error.
+fn row_bytes(what: &str, ty: GgmlType, cols: usize) -> Result<usize> {
+    ty.row_bytes(cols).ok_or_else(|| {
+        Error::Quant(format!(
+            "{what}: {cols} columns is not whole {} blocks of {}",
+            ty.name(),
+            ty.block_size()
+        ))
+    })
+}
+
+fn check_experts(what: &str, m: &QExperts<'_>) -> Result<usize> {
+    check_supported(what, m.ty)?;
+    let rb = row_bytes(what, m.ty, m.cols)?;
+    let need = m
+        .n_expert
+        .checked_mul(m.rows)
+        .and_then(|v| v.checked_mul(rb))
+        .ok_or_else(|| shape(format!("{what}: size overflows")))?;
+    if m.data.len() != need {
+        return Err(shape(format!(
+            "{what}: {} bytes for ({}, {}, {}) {}, expected {need}",
+            m.data.len(),
+            m.n_expert,
+            m.rows,
+            m.cols,
+            m.ty.name()
+        )));
+    }
+    Ok(rb)
+}
+
+/// Rows per tile for `rows` rows spread over `parts_hint` tiles.
+fn tiles_for(rows: usize, parts_hint: usize) -> usize {
+    parts_hint.clamp(1, (rows / MIN_TILE_ROWS).max(1))
+}
+
+fn wptr(m: &QExperts<'_>, rb: usize) -> WPtr {
+    WPtr {
+        ty: m.ty,
+        base: m.data.as_ptr(),
+        expert_bytes: m.rows * rb,
+        row_bytes: rb,
+    }
+}
+
+/// Check a MoE call's tensors, shapes and ids; returns the gate/up/down row bytes.
+pub fn validate_moe(
+    layer: &ExpertLayer<'_>,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    y: &[f32],
+) -> Result<[usize; 3]> {
+    let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
+    let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
+    let grb = check_experts("gate", g)?;
+    let urb = check_experts("up", u)?;
+    let drb = check_experts("down", d)?;
+    if u.rows != idim || u.cols != hdim || d.rows != hdim || d.cols != idim {
+        return Err(shape(format!(
+            "expert shapes disagree: gate ({idim}, {hdim}), up ({}, {}), down ({}, {}); \
+                 expected up (I, H) and down (H, I)",
+            u.rows, u.cols, d.rows, d.cols
+        )));
+    }
+    if u.n_expert != ne || d.n_expert != ne {
+        return Err(shape(format!(
+            "expert counts disagree: gate {ne}, up {}, down {}",
+            u.n_expert, d.n_expert
+        )));
+    }
+    if hdim == 0 || idim == 0 {
+        return Err(shape("empty expert matrices".into()));
+    }
+    if !x.len().is_multiple_of(hdim) {
+        return Err(shape(format!(
+            "x has {} values, not a multiple of H={hdim}",
+            x.len()
+        )));
+    }
+    let t = x.len() / hdim;
+    if y.len() != t * hdim {
+        return Err(shape(format!(
+            "y has {} values, expected {}",
+            y.len(),
+            t * hdim
+        )));
+    }
+    let p = t
+        .checked_mul(k)
+        .ok_or_else(|| shape("T·k overflows".into()))?;
+    if ids.len() != p || weights.len() != p {
+        return Err(shape(format!(
+            "ids ({}) and weights ({}) must both hold T·k = {t}·{k} = {p} values",
+            ids.len(),
+            weights.len()
+        )));
+    }
+    if let Some((n, &bad)) = ids.iter().enumerate().find(|(_, &e)| e as usize >= ne) {
+        return Err(shape(format!(
+            "expert id {bad} at [{}, {}] is out of range (the layer has {ne} experts)",
+            n / k,
+            n % k
+        )));
+    }
+    Ok([grb, urb, drb])
+}
+
+/// Check a dense call; returns the weight's row bytes.
+pub fn validate_matmul(w: &QMatrix<'_>, x: &[f32], t: usize, y: &[f32]) -> Result<usize> {
+    check_supported("matmul weight", w.ty)?;
+    let rb = row_bytes("matmul weight", w.ty, w.cols)?;
+    let need = w
+        .rows
+        .checked_mul(rb)
+        .ok_or_else(|| shape("matmul weight size overflows".into()))?;
+    if w.data.len() != need {
+        return Err(shape(format!(
+            "matmul weight: {} bytes for ({}, {}) {}, expected {need}",
+            w.data.len(),
+            w.rows,
+            w.cols,
+            w.ty.name()
+        )));
+    }
+    if t.checked_mul(w.cols) != Some(x.len()) {
+        return Err(shape(format!(
+            "x has {} values, expected T·cols = {t}·{}",
+            x.len(),
+            w.cols
+        )));
+    }
+    if t.checked_mul(w.rows) != Some(y.len()) {
+        return Err(shape(format!(
+            "y has {} values, expected T·rows = {t}·{}",
+            y.len(),
+            w.rows
+        )));
+    }
+    Ok(rb)
+}
+
+impl Scratch {
+    /// Grow every buffer for MoE calls up to these sizes (activation rows are sized for the
+    /// widest format, F32, so any weight types fit).
+    pub fn reserve(
+        &mut self,
+        tokens: usize,
+        k: usize,
+        hidden: usize,
+        inter: usize,
+        n_expert: usize,
+    ) {
+        let p = tokens * k;
+        grow(&mut self.xq_g, tokens * hidden * 4);
+        grow(&mut self.xq_u, tokens * hidden * 4);
+        grow(&mut self.h, p * inter);
+        grow(&mut self.hq, p * inter * 4);
+        grow(&mut self.dout, p * hidden);
+        grow(&mut self.counts, n_expert);
+        grow(&mut self.jobs, p.min(n_expert));
+        grow(&mut self.pair_token, p);
+        grow(&mut self.slot_pair, p);
+        grow_ctr(&mut self.job_ctr, p.min(n_expert));
+        grow_ctr(&mut self.phase_done, N_PHASES);
+    }
+
+    fn phase_counters(&mut self) -> *const Padded<AtomicU32> {
+        grow_ctr(&mut self.phase_done, N_PHASES);
+        for c in &self.phase_done {
+            c.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.phase_done.as_ptr()
+    }
+
+    /// Validate a MoE call and build its plan. `Ok(None)`: nothing to compute (y was zeroed).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_moe(
+        &mut self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+        threads: usize,
+        pipelined: bool,
+    ) -> Result<Option<Plan>> {
+        let [grb, urb, drb] = validate_moe(layer, x, ids, weights, k, y)?;
+        let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
+        let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
+        let t = x.len() / hdim;
+        let p = t * k;
+        if p == 0 {
+            y.fill(0.0);
+            return Ok(None);
+        }
+
+        // Group pairs by expert: counting sort, jobs in ascending expert order, pairs of a
+        // job in (token, slot) order.
+        grow(&mut self.counts, ne);
+        let counts = &mut self.counts[..ne];
+        counts.fill(0);
+        for &e in ids {
+            counts[e as usize] += 1;
+        }
+        let n_jobs = counts.iter().filter(|&&c| c > 0).count();
+        grow(&mut self.jobs, n_jobs);
+        let mut start = 0u32;
+        let mut j = 0;
+        for (e, c) in counts.iter_mut().enumerate() {
+            if *c > 0 {
+                self.jobs[j] = Job {
+                    expert: e as u32,
+                    start,
+                    n: *c,
+                };
+                j += 1;
+                let n = *c;
+                *c = start; // now the cursor of expert e
+                start += n;
+            }
+        }
+        grow(&mut self.pair_token, p);
+        grow(&mut self.slot_pair, p);
+        for (n, &e) in ids.iter().enumerate() {
+            let cur = &mut counts[e as usize];
+            self.pair_token[*cur as usize] = (n / k) as u32;
+            self.slot_pair[n] = *cur;
+            *cur += 1;
+        }
+
+        // Activation buffers.
+        let act_g = g.ty.vec_dot_type();
+        let act_u = u.ty.vec_dot_type();
+        let act_d = d.ty.vec_dot_type();
+        let xq_g_rb = row_bytes("gate activation", act_g, hdim)?;
+        let xq_u_rb = row_bytes("up activation", act_u, hdim)?;
+        let hq_rb = row_bytes("down activation", act_d, idim)?;
+        grow(&mut self.xq_g, t * xq_g_rb);
+        let xq_g = self.xq_g.as_mut_ptr();
+        let xq_u = if act_u == act_g {
+            xq_g
+        } else {
+            grow(&mut self.xq_u, t * xq_u_rb);
+            self.xq_u.as_mut_ptr()
+        };
+        grow(&mut self.h, p * idim);
+        grow(&mut self.hq, p * hq_rb);
+        grow(&mut self.dout, p * hdim);
+
+        // Tile geometry.
+        let hint = (TILES_PER_THREAD * threads).div_ceil(n_jobs);
+        let nb = tiles_for(idim, hint);
+        let nd = tiles_for(hdim, hint);
+        let n_a = t.min(2 * threads).max(1);
+        let e_chunks = hdim.div_ceil(E_CHUNK);
+        let e_units = t * e_chunks;
+        let n_e = e_units.min(2 * threads).max(1);
+        let n_c = if pipelined { 0 } else { n_jobs };
+        let lens = [n_a, n_jobs * nb, n_c, n_jobs * nd, n_e];
+        let starts = prefix(lens)?;
+
+        // Per-job readiness counters: B tiles + 1 for the quantization (pipelined schedule).
+        grow_ctr(&mut self.job_ctr, n_jobs);
+        for c in &self.job_ctr[..n_jobs] {
+            c.store(nb as u32 + 1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let phase_done = self.phase_counters();
+        Ok(Some(Plan {
+            kind: Kind::Moe,
+            pipelined,
+            starts,
+            t,
+            h: hdim,
+            i: idim,
+            k,
+            nb,
+            nd,
+            e_units,
+            e_chunks,
+            gate: wptr(g, grb),
+            up: wptr(u, urb),
+            down: wptr(d, drb),
+            x: x.as_ptr(),
+            weights: weights.as_ptr(),
+            y: y.as_mut_ptr(),
+            xq_g,
+            xq_u,
+            xq_g_rb,
+            xq_u_rb,
+            h_buf: self.h.as_mut_ptr(),
+            hq: self.hq.as_mut_ptr(),
+            hq_rb,
+            dout: self.dout.as_mut_ptr(),
+            jobs: self.jobs.as_ptr(),
+            pair_token: self.pair_token.as_ptr(),
+            slot_pair: self.slot_pair.as_ptr(),
+            job_ctr: self.job_ctr.as_ptr(),
+            phase_done,
+        }))
+    }
+
+    /// Validate a dense call and build its plan. `Ok(None)`: nothing to compute.
+    pub fn plan_dense(
+        &mut self,
+        w: &QMatrix<'_>,
+        x: &[f32],
+        t: usize,
+        y: &mut [f32],
+        threads: usize,
+    ) -> Result<Option<Plan>> {
+        let rb = validate_matmul(w, x, t, y)?;
+        let need = w.rows * rb;
+        if t == 0 || w.rows == 0 {
+            return Ok(None);
+        }
+        if w.cols == 0 {
+            y.fill(0.0);
+            return Ok(None);
+        }
+        let act = w.ty.vec_dot_type();
+        let xq_rb = row_bytes("matmul activation", act, w.cols)?;
+        grow(&mut self.xq_g, t * xq_rb);
+        let xq = self.xq_g.as_mut_ptr();
+        let n_a = t.min(2 * threads).max(1);
+        let nd = tiles_for(w.rows, TILES_PER_THREAD * threads);
+        let starts = prefix([n_a, 0, 0, nd, 0])?;
+        let wp = WPtr {
+            ty: w.ty,
+            base: w.data.as_ptr(),
+            expert_bytes: need,
+            row_bytes: rb,
+        };
+        let phase_done = self.phase_counters();
+        Ok(Some(Plan {
+            kind: Kind::Dense,
+            pipelined: false,
+            starts,
+            t,
+            h: w.rows,
+            i: w.cols,
+            k: 0,
+            nb: 0,
+            nd,
+            e_units: 0,
+            e_chunks: 0,
+            gate: wp,
+            up: wp,
+            down: wp,
+            x: x.as_ptr(),
+            weights: std::ptr::null(),
+            y: y.as_mut_ptr(),
+            xq_g: xq,
+            xq_u: xq,
+            xq_g_rb: xq_rb,
+            xq_u_rb: xq_rb,
+            h_buf: std::ptr::null_mut(),
+            hq: std::ptr::null_mut(),
+            hq_rb: 0,
+            dout: std::ptr::null_mut(),
+            jobs: std::ptr::null(),
+            pair_token: std::ptr::null(),
+            slot_pair: std::ptr::null(),
+            job_ctr: std::ptr::null(),
+            phase_done,
+        }))
+    }
+}
+
+fn prefix(lens: [usize; N_PHASES]) -> Result<[u32; N_PHASES + 1]> {
+    let mut starts = [0u32; N_PHASES + 1];
+    let mut acc = 0usize;
+    for (n, len) in lens.iter().enumerate() {
+        starts[n] = acc as u32;
+        acc += len;
+        if acc > MAX_TILES as usize {
+            return Err(shape(format!(
+                "the call needs {acc}+ tiles, more than the pool's {MAX_TILES}"
+            )));
+        }
+    }
+    starts[N_PHASES] = acc as u32;
+    Ok(starts)
+}

@@ -1,0 +1,81 @@
+//! The serial reference: the MoE and dense products computed row by row on one thread, written
+//! straight from the definition and sharing no code with the tiled executor (only the quant
+//! kernels `quantize_act`/`vec_dot`). The pool must match it bitwise.
+//!
+//! The arithmetic contract both sides follow (docs/POOL.md):
+//! - `x[t]` is quantized to `gate.ty.vec_dot_type()` (and `up.ty.vec_dot_type()`) once;
+//! - `h[i] = (g / (1 + exp(-g))) * u` with `g`, `u` the full-row dots of gate/up row `i`;
+//! - `h` is quantized to `down.ty.vec_dot_type()`; `d[r]` is the full-row dot of down row `r`;
+//! - `y[t][r] = w[t,0]·d_0[r] + w[t,1]·d_1[r] + …` summed left to right in slot order.
+
+use super::{ExpertLayer, QExperts, QMatrix};
+use crate::error::Result;
+use crate::quant::dot::{quantize_act, vec_dot};
+
+fn silu_mul(g: f32, u: f32) -> f32 {
+    (g / (1.0 + (-g).exp())) * u
+}
+
+fn quantized(ty: crate::quant::GgmlType, x: &[f32]) -> Result<Vec<u8>> {
+    let act = ty.vec_dot_type();
+    let mut out = vec![0u8; act.row_bytes(x.len()).unwrap_or(0)];
+    quantize_act(act, x, &mut out)?;
+    Ok(out)
+}
+
+fn expert_row<'a>(m: &QExperts<'a>, e: usize, r: usize) -> &'a [u8] {
+    let rb = m.ty.row_bytes(m.cols).unwrap_or(0);
+    let start = (e * m.rows + r) * rb;
+    &m.data[start..start + rb]
+}
+
+/// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`, one token and one slot at a time.
+/// The caller validates shapes (`Pool::moe` does; the parity tool calls through it).
+pub fn moe_serial(
+    layer: &ExpertLayer<'_>,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let hidden = layer.gate.cols;
+    let inter = layer.gate.rows;
+    let tokens = y.len() / hidden.max(1);
+    for t in 0..tokens {
+        let xt = &x[t * hidden..(t + 1) * hidden];
+        let xg = quantized(layer.gate.ty, xt)?;
+        let xu = quantized(layer.up.ty, xt)?;
+        let yt = &mut y[t * hidden..(t + 1) * hidden];
+        yt.fill(0.0);
+        for j in 0..k {
+            let e = ids[t * k + j] as usize;
+            let w = weights[t * k + j];
+            let mut h = vec![0f32; inter];
+            for (i, hi) in h.iter_mut().enumerate() {
+                let g = vec_dot(layer.gate.ty, hidden, expert_row(&layer.gate, e, i), &xg);
+                let u = vec_dot(layer.up.ty, hidden, expert_row(&layer.up, e, i), &xu);
+                *hi = silu_mul(g, u);
+            }
+            let hq = quantized(layer.down.ty, &h)?;
+            for (r, yr) in yt.iter_mut().enumerate() {
+                let d = vec_dot(layer.down.ty, inter, expert_row(&layer.down, e, r), &hq);
+                // First slot assigns (so -0.0 survives exactly as in the pool), later slots add.
+                *yr = if j == 0 { w * d } else { *yr + w * d };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `y[T,rows] = x[T,cols]·Wᵀ`, one token and one row at a time.
+pub fn matmul_serial(w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
+    let rb = w.ty.row_bytes(w.cols).unwrap_or(0);
+    for tok in 0..t {
+        let xq = quantized(w.ty, &x[tok * w.cols..(tok + 1) * w.cols])?;
+        for r in 0..w.rows {
+            y[tok * w.rows + r] = vec_dot(w.ty, w.cols, &w.data[r * rb..(r + 1) * rb], &xq);
+        }
+    }
+    Ok(())
+}

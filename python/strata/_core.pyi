@@ -13,8 +13,8 @@ __all__ = [
     "GGUFError",
     "GGUFReader",
     "MapOwner",
-    "Model",
     "MoELayer",
+    "Model",
     "ModelError",
     "QuantError",
     "ShapeError",
@@ -24,14 +24,14 @@ __all__ = [
     "dequantize_bytes",
     "dot_isa",
     "dot_isas",
-    "quantize_act",
-    "runnable_types",
-    "set_dot_isa",
-    "vec_dot",
     "matmul_reference",
     "moe_reference",
     "pool_supports",
+    "quantize_act",
     "ram_read_gbps",
+    "runnable_types",
+    "set_dot_isa",
+    "vec_dot",
 ]
 __version__: str
 
@@ -91,8 +91,8 @@ class Model:
 
 def runnable_types() -> list[str]: ...
 def set_dot_isa(isa: str) -> None: ...
-def dequantize_bytes(type_name: str, data: bytes, n: int) -> npt.NDArray[np.float32]: ...
 
+@final
 class MoELayer:
     def __new__(
         cls,
@@ -106,11 +106,16 @@ class MoELayer:
         hidden: int,
         inter: int,
     ) -> MoELayer: ...
+    @property
     def n_expert(self) -> int: ...
+    @property
     def hidden(self) -> int: ...
+    @property
     def inter(self) -> int: ...
+    @property
     def types(self) -> tuple[str, str, str]: ...
 
+@final
 class ExpertPool:
     def __new__(
         cls,
@@ -120,8 +125,11 @@ class ExpertPool:
         pin: bool = True,
         spin_us: int = 2000,
     ) -> ExpertPool: ...
+    @property
     def workers(self) -> int: ...
+    @property
     def host_participates(self) -> bool: ...
+    @property
     def pipelined(self) -> bool: ...
     def moe(
         self,
@@ -129,6 +137,7 @@ class ExpertPool:
         x: npt.NDArray[np.float32],
         ids: npt.NDArray[np.uint32],
         weights: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]: ...
     def matmul(
         self,
         type_name: str,
@@ -136,13 +145,16 @@ class ExpertPool:
         rows: int,
         cols: int,
         x: npt.NDArray[np.float32],
+    ) -> npt.NDArray[np.float32]: ...
 
 def moe_reference(
     layer: MoELayer,
     x: npt.NDArray[np.float32],
     ids: npt.NDArray[np.uint32],
     weights: npt.NDArray[np.float32],
+) -> npt.NDArray[np.float32]: ...
 def matmul_reference(
     type_name: str, w: npt.NDArray[np.uint8], rows: int, cols: int, x: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]: ...
 def pool_supports(type_name: str) -> bool: ...
 def ram_read_gbps(threads: int, mib: int = 1024, reps: int = 5) -> float: ...

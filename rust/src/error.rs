@@ -17,6 +17,10 @@ pub enum Error {
     Config(String),
     /// A model the engine cannot run (architecture, missing tensor, unsupported type).
     Model(String),
+    /// A hotness profile that cannot be read.
+    Profile(String),
+    /// A profile made for another model.
+    ProfileMismatch(String),
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -44,6 +48,8 @@ impl fmt::Display for Error {
             Error::Quant(m) => write!(f, "quant: {m}"),
             Error::Config(m) => write!(f, "config: {m}"),
             Error::Model(m) => write!(f, "model: {m}"),
+            Error::Profile(m) => write!(f, "profile: {m}"),
+            Error::ProfileMismatch(m) => write!(f, "profile: {m}"),
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
         }
     }

@@ -5,6 +5,7 @@
 pub mod error;
 pub mod gguf;
 pub mod quant;
+pub mod tier;
 
 #[cfg(feature = "python")]
 mod py;

@@ -1,6 +1,22 @@
 """The exception tree. The classes are defined by the Rust core so that errors raised there
 and here are the same classes; this module is their public home."""
 
-from strata._core import ConfigError, GGUFError, ModelError, QuantError, StrataError
+from strata._core import (
+    ConfigError,
+    GGUFError,
+    ModelError,
+    ProfileError,
+    ProfileMismatchError,
+    QuantError,
+    StrataError,
+)
 
-__all__ = ["ConfigError", "GGUFError", "ModelError", "QuantError", "StrataError"]
+__all__ = [
+    "ConfigError",
+    "GGUFError",
+    "ModelError",
+    "ProfileError",
+    "ProfileMismatchError",
+    "QuantError",
+    "StrataError",
+]

@@ -36,6 +36,19 @@ create_exception!(
     "A model the engine cannot run."
 );
 
+create_exception!(
+    _core,
+    ProfileError,
+    StrataError,
+    "A hotness profile that cannot be read."
+);
+create_exception!(
+    _core,
+    ProfileMismatchError,
+    ProfileError,
+    "A hotness profile made for another model."
+);
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let msg = e.to_string();
@@ -44,6 +57,8 @@ impl From<Error> for PyErr {
             Error::Quant(_) => QuantError::new_err(msg),
             Error::Config(_) => ConfigError::new_err(msg),
             Error::Model(_) => ModelError::new_err(msg),
+            Error::Profile(_) => ProfileError::new_err(msg),
+            Error::ProfileMismatch(_) => ProfileMismatchError::new_err(msg),
             Error::Io { .. } => PyOSError::new_err(msg),
         }
     }
@@ -56,5 +71,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("QuantError", py.get_type::<QuantError>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;
+    m.add("ProfileError", py.get_type::<ProfileError>())?;
+    m.add(
+        "ProfileMismatchError",
+        py.get_type::<ProfileMismatchError>(),
+    )?;
     Ok(())
 }

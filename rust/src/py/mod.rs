@@ -3,6 +3,7 @@
 
 mod errors;
 mod gguf;
+mod tier;
 
 use pyo3::prelude::*;
 
@@ -11,5 +12,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
+    tier::register(m)?;
     Ok(())
 }

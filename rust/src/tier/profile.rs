@@ -53,9 +53,14 @@ pub struct ModelId {
     pub description: String,
 }
 
+/// Bytes of each router (`ffn_gate_inp`) hashed into the fingerprint: two models with the
+/// same layout but other weights (a fine-tune) route differently.
+pub const ROUTER_SAMPLE: usize = 4096;
+
 /// The fingerprint hashes the architecture, the layer and expert counts, the total size of
-/// the file(s), and for every stacked expert tensor its name, type, dims, shard and offset:
-/// anything that moves an expert's bytes or changes what they mean changes it.
+/// the file(s), for every stacked expert tensor its name, type, dims, shard and offset
+/// (anything that moves an expert's bytes or changes what they mean), and the first
+/// `ROUTER_SAMPLE` bytes of every layer's router.
 pub fn model_id(g: &Gguf, layout: &ExpertLayout) -> ModelId {
     let file_bytes: u64 = g.shards.iter().map(|s| s.map.len() as u64).sum();
     let mut s = String::new();
@@ -81,6 +86,14 @@ pub fn model_id(g: &Gguf, layout: &ExpertLayout) -> ModelId {
                     t.offset
                 );
             }
+        }
+        if let Some(t) = g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")) {
+            let d = g.data(t);
+            let _ = writeln!(
+                s,
+                "router {i} {:016x}",
+                fnv1a64(&d[..d.len().min(ROUTER_SAMPLE)])
+            );
         }
     }
     let file = g

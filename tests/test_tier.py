@@ -333,3 +333,46 @@ def test_profile_command(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
         assert "prompts.txt (2 prompts)" in prof.source
     rc, _, err = run_cli(capsys, "profile", "--prompts", str(tmp_path / "no"), "-o", str(out))
     assert rc == 1 and "prompts" in err
+
+
+# ---- the engine-facing helpers -----------------------------------------------------------
+
+
+def test_open_tier_applies_the_settings(tiny: Path, other: Path, tmp_path: Path) -> None:
+    from strata import tiering
+
+    counts = skewed_counts(4)
+    prof = tmp_path / "p.prof"
+    _core.Profile.from_counts(tiny, counts, 10).save(prof)
+    per_expert = 3 * 256 * 256 * 4
+    cfg = Config(
+        model=str(tiny),
+        ram_mode="budget",
+        ram_budget_gib=6 * per_expert / GIB,
+        profile=str(prof),
+        fill_threads=2,
+    )
+    tier, fill = tiering.open_tier(cfg, tiny)
+    assert fill is not None and fill.wait(60)
+    want = set(np.argsort(-counts.ravel(), kind="stable")[:6].tolist())
+    assert set(np.flatnonzero(tier.table().ravel() == 1).tolist()) == want
+    for layer, e in [(0, 0), (1, 5), (3, 15)]:
+        tier.expert_bytes(layer, e)
+    hits = sum(1 for i in [0, 16 + 5, 48 + 15] if i in want)
+    s = tiering.tier_stats(tier, fill)
+    assert s["tier_resident_hits_total"] == hits
+    assert s["tier_mapped_hits_total"] == 3 - hits
+    assert s["tier_mapped_read_bytes_total"] == (3 - hits) * per_expert
+    assert s["tier_resident_experts"] == 6 and s["tier_arena_bytes"] == 6 * per_expert
+    assert s["tier_fill_done_bytes"] == s["tier_fill_total_bytes"] == 6 * per_expert
+    c = _core.RoutingCounters(4, 16)
+    c.observe(2, [7, 7, 3])
+    info = tiering.tier_info(tier, c, fill, top=2)
+    assert info["ram_mode"] == "budget" and info["resident_experts"] == 6
+    assert info["top_experts"][2] == [[7, 2.0], [3, 1.0]]
+    assert info["fill"]["finished"] is True
+    # mmap without a profile starts no fill; a profile for another model is refused.
+    tier, fill = tiering.open_tier(Config(model=str(tiny)), tiny)
+    assert fill is None and tier.mode == "mmap"
+    with pytest.raises(ProfileMismatchError):
+        tiering.open_tier(Config(model=str(other), profile=str(prof)), other)

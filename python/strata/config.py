@@ -24,6 +24,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENV_PREFIX = "STRATA_"
+# Fill threads when `fill_threads` is 0: what measured fastest (bench/bench_fill.py,
+# docs/BENCHMARKS.md §Expert tier fill).
+DEFAULT_FILL_THREADS = 4
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -45,8 +48,16 @@ class Config:
     ram_mode: str = _f(
         "mmap", "RAM tier: mmap, resident, or budget", choices=("mmap", "resident", "budget")
     )
-    ram_budget_gib: float = _f(0.0, "resident expert budget in GiB when ram_mode is budget")
-    profile: str = _f("", "expert hotness profile to apply at start")
+    ram_budget_gib: float = _f(
+        0.0,
+        "GiB of experts kept resident when ram_mode is budget; with mmap, how much of the hot "
+        "set strata-fill warm pre-faults (0: all)",
+    )
+    profile: str = _f("", "expert hotness profile to apply at start (strata-fill profile)")
+    fill_threads: int = _f(
+        0, f"threads that fill the RAM tier (0: the measured default, {DEFAULT_FILL_THREADS})"
+    )
+    profile_tokens: int = _f(64, "tokens strata-fill profile generates per prompt")
     vram_budget_mib: int = _f(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
     vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic")
     # server
@@ -88,6 +99,10 @@ class Config:
             raise bad("prefill_chunk", "must be at least 1")
         if self.threads < 0:
             raise bad("threads", "must be >= 0")
+        if not 0 <= self.fill_threads <= 1024:
+            raise bad("fill_threads", "must be in 0..1024")
+        if self.profile_tokens < 0:
+            raise bad("profile_tokens", "must be >= 0")
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -180,12 +195,19 @@ class Config:
         return cls(**values)
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser, only: tuple[str, ...] = ()) -> None:
-        """Add `--flag` for each field (or those named in `only`)."""
+    def add_arguments(
+        cls,
+        parser: argparse.ArgumentParser,
+        only: tuple[str, ...] = (),
+        flags: dict[str, str] | None = None,
+    ) -> None:
+        """Add `--flag` for each field (or those named in `only`). `flags` renames some
+        (field name → flag, e.g. `{"fill_threads": "--threads"}`); the value still lands in
+        the field's name."""
         for f in fields(cls):
             if only and f.name not in only:
                 continue
-            flag = "--" + f.name.replace("_", "-")
+            flag = (flags or {}).get(f.name) or "--" + f.name.replace("_", "-")
             h = f"{f.metadata['help']} [env {cls.env_name(f.name)}]"
             if isinstance(f.default, bool):
                 parser.add_argument(

@@ -5,9 +5,20 @@ from strata._core import (
     ConfigError,
     GGUFError,
     ModelError,
+    ProfileError,
+    ProfileMismatchError,
     QuantError,
     ShapeError,
     StrataError,
 )
 
-__all__ = ["ConfigError", "GGUFError", "ModelError", "QuantError", "ShapeError", "StrataError"]
+__all__ = [
+    "ConfigError",
+    "GGUFError",
+    "ModelError",
+    "ProfileError",
+    "ProfileMismatchError",
+    "QuantError",
+    "ShapeError",
+    "StrataError",
+]

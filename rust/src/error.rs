@@ -21,6 +21,11 @@ pub enum Error {
     Model(String),
     /// A bad argument to a call (slot, token id, length): Python's `ValueError`.
     Input(String),
+
+    /// A hotness profile that cannot be read.
+    Profile(String),
+    /// A profile made for another model.
+    ProfileMismatch(String),
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -50,6 +55,9 @@ impl fmt::Display for Error {
             Error::Shape(m) => write!(f, "shape: {m}"),
             Error::Model(m) => write!(f, "model: {m}"),
             Error::Input(m) => write!(f, "{m}"),
+
+            Error::Profile(m) => write!(f, "profile: {m}"),
+            Error::ProfileMismatch(m) => write!(f, "profile: {m}"),
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
         }
     }

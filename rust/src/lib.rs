@@ -7,6 +7,7 @@ pub mod gguf;
 pub mod model;
 pub mod pool;
 pub mod quant;
+pub mod tier;
 
 #[cfg(feature = "python")]
 mod py;

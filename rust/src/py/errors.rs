@@ -42,6 +42,19 @@ create_exception!(
     "A model the engine cannot run."
 );
 
+create_exception!(
+    _core,
+    ProfileError,
+    StrataError,
+    "A hotness profile that cannot be read."
+);
+create_exception!(
+    _core,
+    ProfileMismatchError,
+    ProfileError,
+    "A hotness profile made for another model."
+);
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let msg = e.to_string();
@@ -52,6 +65,9 @@ impl From<Error> for PyErr {
             Error::Shape(_) => ShapeError::new_err(msg),
             Error::Model(_) => ModelError::new_err(msg),
             Error::Input(_) => PyValueError::new_err(msg),
+
+            Error::Profile(_) => ProfileError::new_err(msg),
+            Error::ProfileMismatch(_) => ProfileMismatchError::new_err(msg),
             Error::Io { .. } => PyOSError::new_err(msg),
         }
     }
@@ -65,5 +81,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;
+    m.add("ProfileError", py.get_type::<ProfileError>())?;
+    m.add(
+        "ProfileMismatchError",
+        py.get_type::<ProfileMismatchError>(),
+    )?;
     Ok(())
 }

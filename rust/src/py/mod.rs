@@ -7,6 +7,8 @@ mod model;
 mod pool;
 mod quant;
 
+mod tier;
+
 use pyo3::prelude::*;
 
 #[pymodule]
@@ -17,5 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     quant::register(m)?;
     model::register(m)?;
     pool::register(m)?;
+
+    tier::register(m)?;
     Ok(())
 }

@@ -13,6 +13,15 @@ fn nearest_int(v: f32) -> i32 {
     (t & 0x007f_ffff) - 0x0040_0000
 }
 
+/// C `roundf` (half away from zero) for |v| < 2^31, without the libm call: the fraction
+/// v − trunc(v) is exact in f32, so comparing it with ±0.5 decides exactly.
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + (frac >= 0.5) as i32 - (frac <= -0.5) as i32
+}
+
 /// Q8_0 (34 bytes per 32): d = amax/127 (stored f16), q = round-half-away(x / d) computed
 /// as x·(1/d) with the unrounded d.
 pub fn q8_0(x: &[f32], out: &mut [u8]) {
@@ -22,7 +31,7 @@ pub fn q8_0(x: &[f32], out: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         for (o, v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round() as i32 as i8 as u8;
+            *o = round_away(v * id) as i8 as u8;
         }
     }
 }
@@ -35,7 +44,7 @@ pub fn q8_1(x: &[f32], out: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut sum = 0i32;
         for (o, v) in ob[4..].iter_mut().zip(xb) {
-            let q = (v * id).round() as i32;
+            let q = round_away(v * id);
             sum += q;
             *o = q as i8 as u8;
         }

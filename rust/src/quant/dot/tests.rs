@@ -251,3 +251,29 @@ fn rows_match_single_dots() {
         assert_eq!(o.to_bits(), one.to_bits());
     }
 }
+
+#[test]
+fn round_away_is_roundf() {
+    let mut rng = Rng::new(11);
+    let specials = [
+        0.5f32,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        126.5,
+        -126.5,
+        0.49999997,
+        -0.49999997,
+        0.0,
+    ];
+    let randoms = (0..100_000).map(|_| (rng.f32() - 0.5) * 254.0);
+    for v in specials.into_iter().chain(randoms) {
+        let mut out = [0u8; 34];
+        let mut x = [0f32; 32];
+        x[0] = 127.0; // d = 1, so q = round(v)
+        x[1] = v;
+        act::q8_0(&x, &mut out);
+        assert_eq!(out[3] as i8 as i32, v.round() as i32, "{v}");
+    }
+}

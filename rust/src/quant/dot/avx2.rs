@@ -19,39 +19,41 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         return None;
     }
     macro_rules! safe {
-        ($f:path) => {{
+        ($t:ident, $f:path) => {{
             fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                // SAFETY: see the module comment.
+                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
+                // SAFETY: `kernel` hands this out only when the CPU runs the ISA, and the
+                // slices hold exactly the row and activation of n elements (asserted).
                 unsafe { $f(n, w, a) }
             }
             wrap as DotFn
         }};
     }
     Some(match w {
-        F32 => safe!(f32_dot),
-        F16 => safe!(f16_dot),
-        BF16 => safe!(bf16_dot),
-        Q8_0 => safe!(q8_0),
-        Q4_0 => safe!(q4_0),
-        Q5_0 => safe!(q5_0),
-        Q4_1 => safe!(q4_1),
-        Q5_1 => safe!(q5_1),
-        IQ4NL => safe!(iq4_nl),
-        MXFP4 => safe!(mxfp4),
-        Q2K => safe!(k::q2_k),
-        Q3K => safe!(k::q3_k),
-        Q4K => safe!(k::q4_k),
-        Q5K => safe!(k::q5_k),
-        Q6K => safe!(k::q6_k),
-        IQ4XS => safe!(k::iq4_xs),
-        IQ3S => safe!(k::iq3_s),
-        IQ3XXS => safe!(k::iq3_xxs),
-        IQ2XXS => safe!(k::iq2_xxs),
-        IQ2XS => safe!(k::iq2_xs),
-        IQ2S => safe!(k::iq2_s),
-        TQ2_0 => safe!(k::tq2_0),
-        IQ1S => safe!(k::iq1_s),
-        IQ1M => safe!(k::iq1_m),
+        F32 => safe!(F32, f32_dot),
+        F16 => safe!(F16, f16_dot),
+        BF16 => safe!(BF16, bf16_dot),
+        Q8_0 => safe!(Q8_0, q8_0),
+        Q4_0 => safe!(Q4_0, q4_0),
+        Q5_0 => safe!(Q5_0, q5_0),
+        Q4_1 => safe!(Q4_1, q4_1),
+        Q5_1 => safe!(Q5_1, q5_1),
+        IQ4NL => safe!(IQ4NL, iq4_nl),
+        MXFP4 => safe!(MXFP4, mxfp4),
+        Q2K => safe!(Q2K, k::q2_k),
+        Q3K => safe!(Q3K, k::q3_k),
+        Q4K => safe!(Q4K, k::q4_k),
+        Q5K => safe!(Q5K, k::q5_k),
+        Q6K => safe!(Q6K, k::q6_k),
+        IQ4XS => safe!(IQ4XS, k::iq4_xs),
+        IQ3S => safe!(IQ3S, k::iq3_s),
+        IQ3XXS => safe!(IQ3XXS, k::iq3_xxs),
+        IQ2XXS => safe!(IQ2XXS, k::iq2_xxs),
+        IQ2XS => safe!(IQ2XS, k::iq2_xs),
+        IQ2S => safe!(IQ2S, k::iq2_s),
+        TQ2_0 => safe!(TQ2_0, k::tq2_0),
+        IQ1S => safe!(IQ1S, k::iq1_s),
+        IQ1M => safe!(IQ1M, k::iq1_m),
         _ => return None,
     })
 }

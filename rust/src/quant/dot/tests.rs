@@ -277,3 +277,23 @@ fn round_away_is_roundf() {
         assert_eq!(out[3] as i8 as i32, v.round() as i32, "{v}");
     }
 }
+
+#[test]
+fn simd_kernels_check_their_slices() {
+    let isa = best_isa();
+    if isa == Isa::Scalar {
+        report_skip("simd_kernels_check_their_slices: no SIMD ISA on this CPU (not a pass)");
+        return;
+    }
+    for w in [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F32] {
+        let k = kernel_for(isa, w).unwrap();
+        let n = 512;
+        let row = vec![0u8; w.row_bytes(n).unwrap()];
+        let act = vec![0u8; act_bytes(w, n).unwrap()];
+        assert_eq!(k(n, &row, &act), 0.0);
+        for (r, a) in [(&row[1..], &act[..]), (&row[..], &act[1..])] {
+            let res = std::panic::catch_unwind(|| k(n, r, a));
+            assert!(res.is_err(), "{}: short slice accepted", w.name());
+        }
+    }
+}

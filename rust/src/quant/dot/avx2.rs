@@ -40,6 +40,7 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         Q5_1 => safe!(Q5_1, q5_1),
         IQ4NL => safe!(IQ4NL, iq4_nl),
         MXFP4 => safe!(MXFP4, mxfp4),
+        Q2_0 => safe!(Q2_0, q2_0),
         Q2K => safe!(Q2K, k::q2_k),
         Q3K => safe!(Q3K, k::q3_k),
         Q4K => safe!(Q4K, k::q4_k),
@@ -236,6 +237,31 @@ unsafe fn mxfp4(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(17 * b + 1))));
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
         (p, super::common::e8m0_half(w[17 * b]) * h2f(a, 34 * b))
+    })
+}
+
+/// Q2_0: each 32-element half (8 bytes of 2-bit fields, element 4k + j in bits 2j of
+/// byte k) is one lane-scheme block; a 4×8 byte transpose puts the fields in element order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m3 = _mm_set1_epi8(3);
+    lanes!(n / 32, |b| {
+        let x = _mm_loadl_epi64(wp.add(18 * (b / 2) + 2 + 8 * (b % 2)) as *const __m128i);
+        let y0 = _mm_and_si128(x, m3);
+        let y1 = _mm_and_si128(_mm_srli_epi16(x, 2), m3);
+        let y2 = _mm_and_si128(_mm_srli_epi16(x, 4), m3);
+        let y3 = _mm_and_si128(_mm_srli_epi16(x, 6), m3);
+        let (lo01, lo23) = (_mm_unpacklo_epi8(y0, y1), _mm_unpacklo_epi8(y2, y3));
+        let q = _mm256_set_m128i(
+            _mm_unpackhi_epi16(lo01, lo23),
+            _mm_unpacklo_epi16(lo01, lo23),
+        );
+        let p = dot_ss(
+            _mm256_sub_epi8(q, _mm256_set1_epi8(1)),
+            load(ap.add(34 * b + 2)),
+        );
+        (p, h2f(w, 18 * (b / 2)) * h2f(a, 34 * b))
     })
 }
 

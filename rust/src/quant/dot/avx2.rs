@@ -53,6 +53,7 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         IQ2XS => safe!(IQ2XS, k::iq2_xs),
         IQ2S => safe!(IQ2S, k::iq2_s),
         TQ2_0 => safe!(TQ2_0, k::tq2_0),
+        TQ1_0 => safe!(TQ1_0, k::tq1_0),
         IQ1S => safe!(IQ1S, k::iq1_s),
         IQ1M => safe!(IQ1M, k::iq1_m),
         _ => return None,

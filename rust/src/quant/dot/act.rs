@@ -23,7 +23,7 @@ pub fn q8_0(x: &[f32], out: &mut [u8]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         ob[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
         for (o, v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round_ties_even() as i32 as i8 as u8;
+            *o = nearest_int(v * id) as i8 as u8;
         }
     }
 }
@@ -36,7 +36,7 @@ pub fn q8_1(x: &[f32], out: &mut [u8]) {
         let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
         let mut sum = 0i32;
         for (o, v) in ob[4..].iter_mut().zip(xb) {
-            let q = (v * id).round_ties_even() as i32;
+            let q = nearest_int(v * id);
             sum += q;
             *o = q as i8 as u8;
         }

@@ -19,39 +19,43 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
         return None;
     }
     macro_rules! safe {
-        ($f:path) => {{
+        ($t:ident, $f:path) => {{
             fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                // SAFETY: see the module comment.
+                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
+                // SAFETY: `kernel` hands this out only when the CPU runs the ISA, and the
+                // slices hold exactly the row and activation of n elements (asserted).
                 unsafe { $f(n, w, a) }
             }
             wrap as DotFn
         }};
     }
     Some(match w {
-        F32 => safe!(f32_dot),
-        F16 => safe!(f16_dot),
-        BF16 => safe!(bf16_dot),
-        Q8_0 => safe!(q8_0),
-        Q4_0 => safe!(q4_0),
-        Q5_0 => safe!(q5_0),
-        Q4_1 => safe!(q4_1),
-        Q5_1 => safe!(q5_1),
-        IQ4NL => safe!(iq4_nl),
-        MXFP4 => safe!(mxfp4),
-        Q2K => safe!(k::q2_k),
-        Q3K => safe!(k::q3_k),
-        Q4K => safe!(k::q4_k),
-        Q5K => safe!(k::q5_k),
-        Q6K => safe!(k::q6_k),
-        IQ4XS => safe!(k::iq4_xs),
-        IQ3S => safe!(k::iq3_s),
-        IQ3XXS => safe!(k::iq3_xxs),
-        IQ2XXS => safe!(k::iq2_xxs),
-        IQ2XS => safe!(k::iq2_xs),
-        IQ2S => safe!(k::iq2_s),
-        TQ2_0 => safe!(k::tq2_0),
-        IQ1S => safe!(k::iq1_s),
-        IQ1M => safe!(k::iq1_m),
+        F32 => safe!(F32, f32_dot),
+        F16 => safe!(F16, f16_dot),
+        BF16 => safe!(BF16, bf16_dot),
+        Q8_0 => safe!(Q8_0, q8_0),
+        Q4_0 => safe!(Q4_0, q4_0),
+        Q5_0 => safe!(Q5_0, q5_0),
+        Q4_1 => safe!(Q4_1, q4_1),
+        Q5_1 => safe!(Q5_1, q5_1),
+        IQ4NL => safe!(IQ4NL, iq4_nl),
+        MXFP4 => safe!(MXFP4, mxfp4),
+        Q2_0 => safe!(Q2_0, q2_0),
+        Q2K => safe!(Q2K, k::q2_k),
+        Q3K => safe!(Q3K, k::q3_k),
+        Q4K => safe!(Q4K, k::q4_k),
+        Q5K => safe!(Q5K, k::q5_k),
+        Q6K => safe!(Q6K, k::q6_k),
+        IQ4XS => safe!(IQ4XS, k::iq4_xs),
+        IQ3S => safe!(IQ3S, k::iq3_s),
+        IQ3XXS => safe!(IQ3XXS, k::iq3_xxs),
+        IQ2XXS => safe!(IQ2XXS, k::iq2_xxs),
+        IQ2XS => safe!(IQ2XS, k::iq2_xs),
+        IQ2S => safe!(IQ2S, k::iq2_s),
+        TQ2_0 => safe!(TQ2_0, k::tq2_0),
+        TQ1_0 => safe!(TQ1_0, k::tq1_0),
+        IQ1S => safe!(IQ1S, k::iq1_s),
+        IQ1M => safe!(IQ1M, k::iq1_m),
         _ => return None,
     })
 }
@@ -234,6 +238,31 @@ unsafe fn mxfp4(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let q = _mm256_shuffle_epi8(kv, nibbles(load128(wp.add(17 * b + 1))));
         let p = dot_ss(q, load(ap.add(34 * b + 2)));
         (p, super::common::e8m0_half(w[17 * b]) * h2f(a, 34 * b))
+    })
+}
+
+/// Q2_0: each 32-element half (8 bytes of 2-bit fields, element 4k + j in bits 2j of
+/// byte k) is one lane-scheme block; a 4×8 byte transpose puts the fields in element order.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m3 = _mm_set1_epi8(3);
+    lanes!(n / 32, |b| {
+        let x = _mm_loadl_epi64(wp.add(18 * (b / 2) + 2 + 8 * (b % 2)) as *const __m128i);
+        let y0 = _mm_and_si128(x, m3);
+        let y1 = _mm_and_si128(_mm_srli_epi16(x, 2), m3);
+        let y2 = _mm_and_si128(_mm_srli_epi16(x, 4), m3);
+        let y3 = _mm_and_si128(_mm_srli_epi16(x, 6), m3);
+        let (lo01, lo23) = (_mm_unpacklo_epi8(y0, y1), _mm_unpacklo_epi8(y2, y3));
+        let q = _mm256_set_m128i(
+            _mm_unpackhi_epi16(lo01, lo23),
+            _mm_unpacklo_epi16(lo01, lo23),
+        );
+        let p = dot_ss(
+            _mm256_sub_epi8(q, _mm256_set1_epi8(1)),
+            load(ap.add(34 * b + 2)),
+        );
+        (p, h2f(w, 18 * (b / 2)) * h2f(a, 34 * b))
     })
 }
 

@@ -527,3 +527,72 @@ k_kernel!(iq1_m, iq1_m_ints, 56, |wb, ab, da, acc, si, sd| iq1_add(
     si,
     sd
 ));
+
+/// Trits of bytes x (already multiplied by 3ⁿ mod 256): ((x·3) >> 8) = [x ≥ 86] + [x ≥ 171].
+#[target_feature(enable = "avx2")]
+#[inline]
+fn trits(x: __m256i) -> __m256i {
+    let ge = |c: i8| _mm256_cmpeq_epi8(_mm256_max_epu8(x, _mm256_set1_epi8(c)), x);
+    _mm256_sub_epi8(
+        _mm256_sub_epi8(_mm256_setzero_si256(), ge(86)),
+        ge(171u8 as i8),
+    )
+}
+
+/// x·3 mod 256 per byte.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn times3(x: __m256i) -> __m256i {
+    _mm256_add_epi8(x, _mm256_add_epi8(x, x))
+}
+
+/// TQ1_0: five trits per byte of qs[0..32] (elements 32n + m) and qs[32..48] (160 + 16n + m),
+/// four per byte of qh (240 + 4n + m); y = t − 1, so sumi = Σ t·a − Σ a.
+#[inline(always)]
+unsafe fn tq1_0_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+    let ap = ab.as_ptr().add(4);
+    let ones = _mm256_set1_epi16(1);
+    let mut sumv = _mm256_setzero_si256();
+    let mut x = load(wb.as_ptr());
+    for n in 0..5 {
+        sumv = mac(sumv, trits(x), load(ap.add(32 * n)), ones);
+        x = times3(x);
+    }
+    // qs[32..48]: trits n and n + 1 side by side cover 32 consecutive elements.
+    let v = load128(wb.as_ptr().add(32));
+    let mut y = _mm256_set_m128i(_mm256_castsi256_si128(times3(_mm256_castsi128_si256(v))), v);
+    for p in 0..3 {
+        let t = trits(y);
+        let av = if p == 2 {
+            _mm256_castsi128_si256(load128(ap.add(224)))
+        } else {
+            load(ap.add(160 + 32 * p))
+        };
+        let prod = _mm256_maddubs_epi16(t, av);
+        // The last step has 16 elements: only the low half is data, zero the high half.
+        let prod = if p == 2 {
+            _mm256_permute2x128_si256(prod, prod, 0x80)
+        } else {
+            prod
+        };
+        sumv = _mm256_add_epi32(sumv, _mm256_madd_epi16(prod, ones));
+        y = times3(times3(y));
+    }
+    // qh: 16 elements 240 + 4n + m from byte m times 3ⁿ.
+    let qh = u32_at(wb, 48);
+    let mut hx = [0u8; 16];
+    for (i, h) in hx.iter_mut().enumerate() {
+        *h = ((qh >> (8 * (i % 4))) as u8).wrapping_mul([1u8, 3, 9, 27][i / 4]);
+    }
+    let hv = _mm256_castsi128_si256(_mm_loadu_si128(hx.as_ptr() as *const __m128i));
+    let prod = _mm256_maddubs_epi16(trits(hv), _mm256_castsi128_si256(load128(ap.add(240))));
+    let prod = _mm256_permute2x128_si256(prod, prod, 0x80);
+    sumv = _mm256_add_epi32(sumv, _mm256_madd_epi16(prod, ones));
+    let bs = _mm256_madd_epi16(load(ab.as_ptr().add(260)), ones);
+    (hsum_i32(_mm256_sub_epi32(sumv, bs)), 0)
+}
+k_kernel!(tq1_0, tq1_0_ints, 54, |wb, ab, da, acc, si, _sm| k_add(
+    acc,
+    da * h2f(wb, 52),
+    si
+));

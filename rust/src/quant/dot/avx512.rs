@@ -23,32 +23,34 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
         return None;
     }
     macro_rules! safe {
-        ($f:path) => {{
+        ($t:ident, $f:path) => {{
             fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                // SAFETY: see the module comment.
+                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
+                // SAFETY: `kernel` hands this out only when the CPU runs the ISA, and the
+                // slices hold exactly the row and activation of n elements (asserted).
                 unsafe { $f(n, w, a) }
             }
             wrap as DotFn
         }};
     }
     Some(match w {
-        F32 => safe!(f32_dot),
-        F16 => safe!(f16_dot),
-        BF16 => safe!(bf16_dot),
-        Q8_0 if vnni => safe!(q8_0_vnni),
-        Q8_0 => safe!(q8_0),
-        Q4_0 if vnni => safe!(q4_0_vnni),
-        Q4_0 => safe!(q4_0),
-        IQ4NL if vnni => safe!(iq4_nl_vnni),
-        IQ4NL => safe!(iq4_nl),
-        Q2K => safe!(q2_k),
-        Q3K => safe!(q3_k),
-        Q4K => safe!(q4_k),
-        Q5K => safe!(q5_k),
-        Q6K => safe!(q6_k),
-        IQ4XS => safe!(iq4_xs),
-        IQ3S => safe!(iq3_s),
-        IQ3XXS => safe!(iq3_xxs),
+        F32 => safe!(F32, f32_dot),
+        F16 => safe!(F16, f16_dot),
+        BF16 => safe!(BF16, bf16_dot),
+        Q8_0 if vnni => safe!(Q8_0, q8_0_vnni),
+        Q8_0 => safe!(Q8_0, q8_0),
+        Q4_0 if vnni => safe!(Q4_0, q4_0_vnni),
+        Q4_0 => safe!(Q4_0, q4_0),
+        IQ4NL if vnni => safe!(IQ4NL, iq4_nl_vnni),
+        IQ4NL => safe!(IQ4NL, iq4_nl),
+        Q2K => safe!(Q2K, q2_k),
+        Q3K => safe!(Q3K, q3_k),
+        Q4K => safe!(Q4K, q4_k),
+        Q5K => safe!(Q5K, q5_k),
+        Q6K => safe!(Q6K, q6_k),
+        IQ4XS => safe!(IQ4XS, iq4_xs),
+        IQ3S => safe!(IQ3S, iq3_s),
+        IQ3XXS => safe!(IQ3XXS, iq3_xxs),
         _ => return None,
     })
 }

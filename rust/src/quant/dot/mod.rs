@@ -250,6 +250,18 @@ pub fn supports(w: GgmlType) -> bool {
     scalar_kernel(w).is_some()
 }
 
+/// Panic unless `w_len` and `a_len` are exactly the bytes of a row of `n` elements of `w`
+/// and of its activation. Every SIMD kernel wrapper asserts this before its unchecked
+/// reads, so a `DotFn` is safe to call with any slices.
+#[inline(always)]
+fn assert_operands(w: GgmlType, n: usize, w_len: usize, a_len: usize) {
+    assert!(
+        w.row_bytes(n) == Some(w_len) && act_bytes(w, n) == Some(a_len),
+        "dot {}: n = {n}, row {w_len} bytes, activation {a_len} bytes",
+        w.name()
+    );
+}
+
 /// Check the operands of a dot and return the kernel; panics on a misuse (unsupported
 /// type, `n` not whole blocks, wrong slice lengths): callers check `supports` and size
 /// their buffers when the model loads.
@@ -257,13 +269,7 @@ pub fn supports(w: GgmlType) -> bool {
 fn checked(isa: Isa, w: GgmlType, n: usize, w_len: usize, a_len: usize) -> DotFn {
     let k = kernel_for(isa, w)
         .unwrap_or_else(|| panic!("no {} dot kernel for {}", isa.name(), w.name()));
-    let wb = w.row_bytes(n);
-    let ab = act_bytes(w, n);
-    assert!(
-        wb == Some(w_len) && ab == Some(a_len),
-        "dot {}: n = {n}, row {w_len} bytes, activation {a_len} bytes",
-        w.name()
-    );
+    assert_operands(w, n, w_len, a_len);
     k
 }
 

@@ -251,3 +251,49 @@ fn rows_match_single_dots() {
         assert_eq!(o.to_bits(), one.to_bits());
     }
 }
+
+#[test]
+fn q8_0_rounds_half_to_even() {
+    let mut rng = Rng::new(11);
+    let specials = [
+        0.5f32,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        126.5,
+        -126.5,
+        0.49999997,
+        -0.49999997,
+        0.0,
+    ];
+    let randoms = (0..100_000).map(|_| (rng.f32() - 0.5) * 254.0);
+    for v in specials.into_iter().chain(randoms) {
+        let mut out = [0u8; 34];
+        let mut x = [0f32; 32];
+        x[0] = 127.0; // d = 1, so q = round(v)
+        x[1] = v;
+        act::q8_0(&x, &mut out);
+        assert_eq!(out[3] as i8 as i32, v.round_ties_even() as i32, "{v}");
+    }
+}
+
+#[test]
+fn simd_kernels_check_their_slices() {
+    let isa = best_isa();
+    if isa == Isa::Scalar {
+        report_skip("simd_kernels_check_their_slices: no SIMD ISA on this CPU (not a pass)");
+        return;
+    }
+    for w in [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F32] {
+        let k = kernel_for(isa, w).unwrap();
+        let n = 512;
+        let row = vec![0u8; w.row_bytes(n).unwrap()];
+        let act = vec![0u8; act_bytes(w, n).unwrap()];
+        assert_eq!(k(n, &row, &act), 0.0);
+        for (r, a) in [(&row[1..], &act[..]), (&row[..], &act[1..])] {
+            let res = std::panic::catch_unwind(|| k(n, r, a));
+            assert!(res.is_err(), "{}: short slice accepted", w.name());
+        }
+    }
+}

@@ -214,12 +214,14 @@ class Config:
                     flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h
                 )
             else:
+                renamed = flags is not None and f.name in flags and not f.metadata.get("choices")
                 parser.add_argument(
                     flag,
                     dest=f.name,
                     type=type(f.default),
                     default=None,
                     choices=f.metadata.get("choices"),
+                    metavar=flag.lstrip("-").replace("-", "_").upper() if renamed else None,
                     help=h,
                 )
 

@@ -88,12 +88,7 @@ pub fn model_id(g: &Gguf, layout: &ExpertLayout) -> ModelId {
             }
         }
         if let Some(t) = g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")) {
-            let d = g.data(t);
-            let _ = writeln!(
-                s,
-                "router {i} {:016x}",
-                fnv1a64(&d[..d.len().min(ROUTER_SAMPLE)])
-            );
+            let _ = writeln!(s, "router {i} {:016x}", fnv1a64(&router_sample(g, t)));
         }
     }
     let file = g
@@ -111,6 +106,21 @@ pub fn model_id(g: &Gguf, layout: &ExpertLayout) -> ModelId {
             file_bytes as f64 / 1e9
         ),
     }
+}
+
+/// The first `ROUTER_SAMPLE` bytes of a router. Read with `pread` rather than through the map:
+/// a fault on a cold map reads the whole readahead window around it (8 MiB with a large
+/// `read_ahead_kb`) for each of the model's layers.
+fn router_sample(g: &Gguf, t: &crate::gguf::TensorInfo) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let n = t.nbytes.min(ROUTER_SAMPLE);
+    let mut buf = vec![0u8; n];
+    let read = std::fs::File::open(&g.shards[t.shard].path)
+        .and_then(|f| f.read_exact_at(&mut buf, t.offset as u64));
+    if read.is_err() {
+        buf.copy_from_slice(&g.data(t)[..n]);
+    }
+    buf
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -36,6 +36,18 @@ fn write_model(
     dense: &[usize],
     pad: usize,
 ) -> PathBuf {
+    write_model_r(name, n_layer, n_expert, dense, pad, None)
+}
+
+/// As `write_model`, with F32 routers `{COLS, E}` filled with `router` bytes when given.
+fn write_model_r(
+    name: &str,
+    n_layer: usize,
+    n_expert: usize,
+    dense: &[usize],
+    pad: usize,
+    router: Option<u8>,
+) -> PathBuf {
     fn s(b: &mut Vec<u8>, v: &str) {
         b.extend_from_slice(&(v.len() as u64).to_le_bytes());
         b.extend_from_slice(v.as_bytes());
@@ -46,6 +58,14 @@ fn write_model(
             continue;
         }
         let e = n_expert as u64;
+        if let Some(r) = router {
+            tensors.push((
+                format!("blk.{l}.ffn_gate_inp.weight"),
+                [COLS, e, 1],
+                l,
+                100 + r as usize,
+            ));
+        }
         tensors.push((
             format!("blk.{l}.ffn_gate_exps.weight"),
             [COLS, ROWS, e],
@@ -81,22 +101,31 @@ fn write_model(
     s(&mut b, &"x".repeat(pad + 1));
     let slab = (ROWS * COLS * 4) as usize;
     let mut off = 0u64;
+    let nbytes = |dims: &[u64; 3]| (dims.iter().product::<u64>() * 4) as usize;
     for (n, dims, _, _) in &tensors {
         s(&mut b, n);
-        b.extend_from_slice(&3u32.to_le_bytes());
-        for d in dims {
+        let nd = if dims[2] == 1 { 2u32 } else { 3 };
+        b.extend_from_slice(&nd.to_le_bytes());
+        for d in &dims[..nd as usize] {
             b.extend_from_slice(&d.to_le_bytes());
         }
         b.extend_from_slice(&0u32.to_le_bytes()); // F32
         b.extend_from_slice(&off.to_le_bytes());
-        off += (slab * n_expert) as u64;
+        off += nbytes(dims).next_multiple_of(32) as u64;
     }
     while b.len() % 32 != 0 {
         b.push(0);
     }
-    for (_, _, l, part) in &tensors {
-        for x in 0..n_expert {
-            b.extend((0..slab).map(|i| pattern(*l, *part, x, i)));
+    for (_, dims, l, part) in &tensors {
+        if *part >= 100 {
+            b.extend(std::iter::repeat_n((*part - 100) as u8, nbytes(dims)));
+        } else {
+            for x in 0..n_expert {
+                b.extend((0..slab).map(|i| pattern(*l, *part, x, i)));
+            }
+        }
+        while b.len() % 32 != 0 {
+            b.push(0);
         }
     }
     let p = dir().join(name);
@@ -237,6 +266,17 @@ fn fingerprint_refuses_other_models() {
     let a2 = write_model("fa2.gguf", 3, 8, &[], 0); // a byte-identical copy
     let b = write_model("fb.gguf", 3, 8, &[], 40); // same shapes, other offsets and size
     let c = write_model("fc.gguf", 3, 4, &[], 0); // fewer experts
+                                                  // Same layout, other router weights (a fine-tune): another fingerprint.
+    let (r1, r2) = (
+        write_model_r("fr1.gguf", 3, 8, &[], 0, Some(1)),
+        write_model_r("fr2.gguf", 3, 8, &[], 0, Some(2)),
+    );
+    let fp = |p: &Path| {
+        let g = open(p);
+        model_id(&g, &ExpertLayout::from_gguf(&g).unwrap()).fingerprint
+    };
+    assert_ne!(fp(&r1), fp(&r2));
+    assert_eq!(fp(&r1), fp(&r1));
     let (ga, gb, gc) = (open(&a), open(&b), open(&c));
     let prof = profile_for(&ga, vec![1.0; 24]);
     let la = ExpertLayout::from_gguf(&ga).unwrap();

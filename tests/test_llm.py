@@ -184,3 +184,36 @@ def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["generate", "--model", str(path), "--n-ctx", "64", "hi", "--max-tokens", "4"]) == 0
     assert "[finish: " in capsys.readouterr().err
+
+
+def test_step_api_matches_forward(path: Path) -> None:
+    llm = LLM(path, n_ctx=48, parallel=2)
+    assert llm.max_slots == 2
+    a, b = toks(10, seed=8), toks(6, seed=9)
+    ref_a = Model.open(path, n_ctx=48).forward(0, [*a, 5, 6], logits="all")
+    ref_b = Model.open(path, n_ctx=48).forward(0, [*b, 7], logits="all")
+    np.testing.assert_allclose(llm.prefill(0, a, 0), ref_a[9], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(llm.prefill(1, b, 0), ref_b[5], atol=1e-5, rtol=0)
+    out = llm.decode([0, 1], [5, 7])
+    assert out.shape == (2, SHAPE.n_vocab)
+    np.testing.assert_allclose(out, np.stack([ref_a[10], ref_b[6]]), atol=1e-5, rtol=0)
+    # prefix reuse: keep 10 positions of slot 0 and run token 5, 6 again
+    np.testing.assert_allclose(llm.prefill(0, [5, 6], 10), ref_a[11], atol=1e-5, rtol=0)
+    # the private slot of logits()/generate() is separate
+    llm.logits(b)
+    np.testing.assert_allclose(
+        llm.decode([1], [3])[0],
+        Model.open(path, n_ctx=48).forward(0, [*b, 7, 3], logits="all")[-1],
+        atol=1e-5,
+        rtol=0,
+    )
+    with pytest.raises(ValueError, match="slot"):
+        llm.prefill(2, a, 0)
+    with pytest.raises(ValueError, match="pos"):
+        llm.prefill(0, a, 40)
+    with pytest.raises(ValueError, match="context of 48"):
+        llm.prefill(0, toks(49), 0)
+    llm.free(1)
+    assert llm.model.slot_len(1) == 0
+    assert llm.stats()["decode_tokens_total"] == 3
+    assert llm.info()["max_slots"] == 2

@@ -129,6 +129,7 @@ def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -
     m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=64)
     same = full = 0
     cuts: list[int] = []
+    forced: list[bool] = []  # along llama.cpp's path: our decode-step top-1 == its choice
     for toks in prompts(10, 8, seed=2):
         m.free(0)
         ours: list[int] = []
@@ -139,18 +140,31 @@ def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -
         ll.reset()
         ll.eval(toks)
         ref: list[int] = []
+        sure: list[bool] = []
         cut = 64
         for i in range(64):
             row = ll.scores[ll.n_tokens - 1]
-            if cut == 64 and margin(row) < MARGIN:
+            sure.append(bool(margin(row) >= MARGIN))
+            if cut == 64 and not sure[-1]:
                 cut = i  # the reference's first near-tie
             ref.append(int(np.argmax(row)))
             ll.eval(ref[-1:])
+        m.free(0)
+        logits = m.forward(0, toks)
+        for r, ok in zip(ref, sure, strict=True):
+            if ok:
+                forced.append(int(logits.argmax()) == r)
+            logits = m.forward(0, [r])
         same += ours[:cut] == ref[:cut]
         full += ours == ref
         cuts.append(cut)
-    print(f"{ty} {kv} KV: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full")
+    agree = float(np.mean(forced))
+    print(
+        f"{ty} {kv} KV: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full;"
+        f" along llama.cpp's path top-1 {agree:.4f} over {len(forced)} sure decode steps"
+    )
     assert same >= 9
+    assert agree >= 0.99
     if ty == "F32":
         assert full >= 9
 

@@ -5,8 +5,9 @@
         print(ev.text, end="", flush=True)
 
 The forward pass runs in Rust (`strata._core.Model`) with the GIL released; this module only
-validates arguments, samples and detokenizes. One LLM serves one sequence at a time (KV slot
-0); a new prompt reuses the cached prefix it shares with the previous one.
+validates arguments, samples and detokenizes. `logits` and `generate` use a private KV slot
+(a new prompt reuses the cached prefix it shares with the previous one); the engine drives
+`config.parallel` further slots through the per-slot step API (`prefill`, `decode`, `free`).
 """
 
 from __future__ import annotations
@@ -135,10 +136,13 @@ class LLM:
         self.path = Path(self.config.model)
         with GGUFFile(self.path) as g:
             self.metadata: dict[str, Any] = g.metadata
+        # Slots 0..parallel-1 belong to the step API; the last one to logits()/generate().
+        self.max_slots: int = self.config.parallel
+        self._own = self.max_slots
         self.model = Model.open(
             self.path,
             n_ctx=self.config.n_ctx,
-            n_slots=1,
+            n_slots=self.max_slots + 1,
             kv_type=self.config.kv_type,
             prefill_chunk=self.config.prefill_chunk,
         )
@@ -146,7 +150,8 @@ class LLM:
         self.n_ctx: int = self.config.n_ctx
         self.n_vocab: int = self.model.n_vocab
         self._tokenizer: Any = None
-        self._cached: list[int] = []  # the tokens slot 0 holds
+        self._cached: list[int] = []  # the tokens the private slot holds
+        self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
 
     @property
     def tokenizer(self) -> Any:
@@ -171,9 +176,9 @@ class LLM:
         """Logits of every position of `token_ids` on a fresh sequence: (len, n_vocab)."""
         ids = _as_ids(token_ids, "token_ids")
         self._check_len(len(ids), "token_ids")
-        self.model.free(0)
+        self.model.free(self._own)
         self._cached = []
-        out = self.model.forward(0, ids, logits="all")
+        out = self.model.forward(self._own, ids, logits="all")
         self._cached = ids
         return out
 
@@ -184,11 +189,55 @@ class LLM:
             if a != b:
                 break
             common += 1
-        self.model.truncate(0, common)
+        self.model.truncate(self._own, common)
         self._cached = self._cached[:common]
-        out = self.model.forward(0, ids[common:], logits="last")
+        out = self.model.forward(self._own, ids[common:], logits="last")
         self._cached = list(ids)
         return out
+
+    # ---- per-slot step API (the engine) ---------------------------------------------------
+
+    def _slot(self, slot: int) -> int:
+        if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot: must be in 0..{self.max_slots - 1}, got {slot!r}")
+        return slot
+
+    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> npt.NDArray[np.float32]:
+        """Runs prompt tokens `ids` at positions pos.. of `slot`, keeping the slot's first
+        `pos` cached positions (0 starts afresh); returns the last position's logits [V]."""
+        s = self._slot(slot)
+        toks = _as_ids(ids, "ids")
+        held = self.model.slot_len(s)
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= held:
+            raise ValueError(f"pos: slot {s} holds {held} positions, got {pos!r}")
+        self._check_len(pos + len(toks), "prefill")
+        self.model.truncate(s, pos)
+        out = self.model.forward(s, toks, logits="last")
+        self._counts["prefill_tokens_total"] += len(toks)
+        return out
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> npt.NDArray[np.float32]:
+        """One token for each slot, at its next position: logits [B, V]."""
+        if len(slots) != len(tokens):
+            raise ValueError(f"decode: {len(slots)} slots but {len(tokens)} tokens")
+        out = np.empty((len(slots), self.n_vocab), dtype=np.float32)
+        for b, (slot, tok) in enumerate(zip(slots, _as_ids(tokens, "tokens"), strict=True)):
+            out[b] = self.model.forward(self._slot(slot), [tok], logits="last")
+        self._counts["decode_tokens_total"] += len(slots)
+        return out
+
+    def free(self, slot: int) -> None:
+        """Empties a step-API slot."""
+        self.model.free(self._slot(slot))
+
+    def stats(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self._counts.items()}
+
+    def info(self) -> dict[str, Any]:
+        keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
+        d: dict[str, Any] = {k: self.hparams[k] for k in keys}
+        d.update(kv_type=self.config.kv_type, n_ctx=self.n_ctx, max_slots=self.max_slots)
+        return d
 
     # ---- generation ----------------------------------------------------------------------
 
@@ -243,7 +292,7 @@ class LLM:
                 yield tok, "length"
                 return
             yield tok, None
-            logits = self.model.forward(0, [tok], logits="last")
+            logits = self.model.forward(self._own, [tok], logits="last")
             self._cached.append(tok)
 
     def generate(

@@ -184,8 +184,8 @@ impl Model {
                 _ => 0,
             };
             if let Err(e) = self.chunk(slot, p0, toks, rows, dst) {
-                // Positions already written stay valid; the failed chunk is not kept.
-                self.kv.set_len(slot, p0);
+                // A failed call leaves the slot as it was.
+                self.kv.set_len(slot, start);
                 return Err(e);
             }
             p0 += toks.len();

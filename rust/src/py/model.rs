@@ -19,6 +19,23 @@ impl PyModel {
     fn lock(&self) -> MutexGuard<'_, Model> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Runs `f` on the model with the GIL released, so that waiting for a forward call in
+    /// another thread never holds up the interpreter.
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Model) -> R + Send) -> R {
+        py.detach(|| f(&mut self.lock()))
+    }
+}
+
+struct Snapshot {
+    hp: crate::model::HParams,
+    n_ctx: usize,
+    n_slots: usize,
+    kv_type: &'static str,
+    chunk: usize,
+    expert_bytes: usize,
+    non_expert_bytes: usize,
+    kv_bytes: usize,
 }
 
 #[pymethods]
@@ -49,8 +66,17 @@ impl PyModel {
     /// Hyper-parameters and sizes as a dict.
     #[getter]
     fn hparams<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.lock();
-        let hp = &m.hp;
+        let s = self.with(py, |m| Snapshot {
+            hp: m.hp.clone(),
+            n_ctx: m.cfg.n_ctx,
+            n_slots: m.kv.n_slots(),
+            kv_type: m.kv.ty.name(),
+            chunk: m.cfg.max_chunk,
+            expert_bytes: m.weights.expert_bytes(),
+            non_expert_bytes: m.weights.non_expert_bytes(),
+            kv_bytes: m.kv.bytes(),
+        });
+        let hp = &s.hp;
         let d = PyDict::new(py);
         d.set_item("architecture", &hp.arch)?;
         d.set_item("n_layer", hp.n_layer)?;
@@ -67,29 +93,29 @@ impl PyModel {
         d.set_item("rms_eps", hp.rms_eps)?;
         d.set_item("rope_freq_base", hp.rope_freq_base)?;
         d.set_item("rope_scaling", format!("{:?}", hp.rope_scaling))?;
-        d.set_item("n_ctx", m.cfg.n_ctx)?;
-        d.set_item("n_slots", m.kv.n_slots())?;
-        d.set_item("kv_type", m.kv.ty.name())?;
-        d.set_item("prefill_chunk", m.cfg.max_chunk)?;
-        d.set_item("expert_bytes", m.weights.expert_bytes())?;
-        d.set_item("non_expert_bytes", m.weights.non_expert_bytes())?;
-        d.set_item("kv_bytes", m.kv.bytes())?;
+        d.set_item("n_ctx", s.n_ctx)?;
+        d.set_item("n_slots", s.n_slots)?;
+        d.set_item("kv_type", s.kv_type)?;
+        d.set_item("prefill_chunk", s.chunk)?;
+        d.set_item("expert_bytes", s.expert_bytes)?;
+        d.set_item("non_expert_bytes", s.non_expert_bytes)?;
+        d.set_item("kv_bytes", s.kv_bytes)?;
         Ok(d)
     }
 
     #[getter]
-    fn n_vocab(&self) -> usize {
-        self.lock().hp.n_vocab
+    fn n_vocab(&self, py: Python<'_>) -> usize {
+        self.with(py, |m| m.hp.n_vocab)
     }
 
     #[getter]
-    fn n_ctx(&self) -> usize {
-        self.lock().cfg.n_ctx
+    fn n_ctx(&self, py: Python<'_>) -> usize {
+        self.with(py, |m| m.cfg.n_ctx)
     }
 
     #[getter]
-    fn n_slots(&self) -> usize {
-        self.lock().kv.n_slots()
+    fn n_slots(&self, py: Python<'_>) -> usize {
+        self.with(py, |m| m.kv.n_slots())
     }
 
     /// Runs `token_ids` after the slot's cached positions and appends them to the slot.
@@ -136,18 +162,18 @@ impl PyModel {
     }
 
     /// Positions the slot holds.
-    fn slot_len(&self, slot: usize) -> PyResult<usize> {
-        Ok(self.lock().slot_len(slot)?)
+    fn slot_len(&self, py: Python<'_>, slot: usize) -> PyResult<usize> {
+        Ok(self.with(py, |m| m.slot_len(slot))?)
     }
 
     /// Keeps the slot's first `n` positions (prefix reuse).
-    fn truncate(&self, slot: usize, n: usize) -> PyResult<()> {
-        Ok(self.lock().truncate(slot, n)?)
+    fn truncate(&self, py: Python<'_>, slot: usize, n: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| m.truncate(slot, n))?)
     }
 
     /// Empties the slot.
-    fn free(&self, slot: usize) -> PyResult<()> {
-        Ok(self.lock().free(slot)?)
+    fn free(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| m.free(slot))?)
     }
 }
 

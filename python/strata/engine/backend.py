@@ -291,6 +291,4 @@ def make_backend(config: Config) -> Backend:
             step_ms=config.fake_step_ms,
             faults=config.test_faults,
         )
-    from strata.engine.runner import ModelRunner
-
-    return LLMBackend(config, factory=ModelRunner)
+    return LLMBackend(config)

@@ -83,6 +83,9 @@ class Model:
         n_slots: int = 1,
         kv_type: str = "f16",
         prefill_chunk: int = 512,
+        threads: int = 0,
+        host_participates: bool = True,
+        pool_pipeline: bool = False,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

@@ -145,6 +145,9 @@ class LLM:
             n_slots=self.max_slots + 1,
             kv_type=self.config.kv_type,
             prefill_chunk=self.config.prefill_chunk,
+            threads=self.config.threads,
+            host_participates=self.config.host_participates,
+            pool_pipeline=self.config.pool_pipeline,
         )
         self.hparams: dict[str, Any] = self.model.hparams
         self.n_ctx: int = self.config.n_ctx

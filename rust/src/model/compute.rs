@@ -12,34 +12,9 @@ use crate::quant::dot::{act_bytes, quantize_act, vec_dot};
 use crate::quant::GgmlType;
 use std::sync::Mutex;
 
-/// A weight matrix `W` of numpy shape (rows, cols) in its GGUF type; row r is the bytes
-/// `data[r·row_bytes(cols) ..]`. `y = W·x` per token.
-#[derive(Clone, Copy, Debug)]
-pub struct QMatrix<'a> {
-    pub ty: GgmlType,
-    pub data: &'a [u8],
-    pub rows: usize,
-    pub cols: usize,
-}
-
-/// Stacked expert matrices, numpy shape (E, rows, cols); expert e's slab starts at
-/// `e·rows·row_bytes(cols)`.
-#[derive(Clone, Copy, Debug)]
-pub struct QExperts<'a> {
-    pub ty: GgmlType,
-    pub data: &'a [u8],
-    pub n_expert: usize,
-    pub rows: usize,
-    pub cols: usize,
-}
-
-/// One MoE layer: gate and up are (E, F, H), down is (E, H, F).
-#[derive(Clone, Copy, Debug)]
-pub struct ExpertLayer<'a> {
-    pub gate: QExperts<'a>,
-    pub up: QExperts<'a>,
-    pub down: QExperts<'a>,
-}
+// The matrix types are the pool's: one definition for both implementations of `Compute`.
+use crate::pool::Pool;
+pub use crate::pool::{ExpertLayer, QExperts, QMatrix};
 
 impl QMatrix<'_> {
     pub fn row_bytes(&self) -> usize {
@@ -246,5 +221,25 @@ impl Compute for SerialCompute {
             }
         }
         Ok(())
+    }
+}
+
+/// The CPU expert pool runs both operations on its threads (same tiles and arithmetic as the
+/// serial reference: `tests` compare them bitwise).
+impl Compute for Pool {
+    fn matmul(&self, w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
+        Pool::matmul(self, w, x, t, y)
+    }
+
+    fn moe(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        Pool::moe(self, layer, x, ids, weights, k, y)
     }
 }

@@ -1,7 +1,8 @@
 //! `strata._core.Model`: the forward pass and its KV-cache slots. Every heavy call releases
 //! the GIL; a model is used by one thread at a time (calls serialize on its lock).
 
-use crate::model::{KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::model::{Compute, KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -41,8 +42,12 @@ struct Snapshot {
 #[pymethods]
 impl PyModel {
     /// Opens a GGUF and builds the KV cache: `n_slots` sequences of `n_ctx` positions.
+    /// Compute runs on the CPU expert pool: `threads` workers besides the caller (0: one per
+    /// physical core minus the caller; -1: the serial single-threaded reference instead).
     #[staticmethod]
-    #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
+                        threads=0, host_participates=true, pool_pipeline=false))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -50,6 +55,9 @@ impl PyModel {
         n_slots: usize,
         kv_type: &str,
         prefill_chunk: usize,
+        threads: i64,
+        host_participates: bool,
+        pool_pipeline: bool,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
@@ -57,7 +65,20 @@ impl PyModel {
             kv_type: KvType::parse(kv_type)?,
             max_chunk: prefill_chunk,
         };
-        let m = py.detach(|| Model::open(&path, cfg, Arc::new(SerialCompute::new())))?;
+        let compute: Arc<dyn Compute> = if threads < 0 {
+            Arc::new(SerialCompute::new())
+        } else {
+            let mut pc = PoolConfig {
+                host_participates,
+                pipelined: pool_pipeline,
+                ..PoolConfig::default()
+            };
+            if threads > 0 {
+                pc.workers = threads as usize;
+            }
+            Arc::new(Pool::new(pc))
+        };
+        let m = py.detach(|| Model::open(&path, cfg, compute))?;
         Ok(PyModel {
             inner: Mutex::new(m),
         })

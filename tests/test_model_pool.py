@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from models import TestModels
-
 from strata._core import Model
 
 PROMPT = [1, 17, 300, 5, 99, 1024, 7, 7, 42, 511, 3, 250]

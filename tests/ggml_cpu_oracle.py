@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 
 import numpy as np
+from ggml_oracle import _Traits
 
 TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
 FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
@@ -29,16 +30,8 @@ VEC_DOT = ctypes.CFUNCTYPE(
 )
 
 
-class TypeTraits(ctypes.Structure):
-    _fields_ = [
-        ("type_name", ctypes.c_char_p),
-        ("blck_size", ctypes.c_int64),
-        ("blck_size_interleave", ctypes.c_int64),
-        ("type_size", ctypes.c_size_t),
-        ("is_quantized", ctypes.c_bool),
-        ("to_float", ctypes.c_void_p),
-        ("from_float_ref", ctypes.c_void_p),
-    ]
+# The layout of `struct ggml_type_traits` is checked once, in ggml_oracle.
+TypeTraits = _Traits
 
 
 class TypeTraitsCpu(ctypes.Structure):

@@ -9,7 +9,9 @@ or gguf-py) and repeated over the 128 experts, so every expert is its own memory
 setup stays fast. Types without a dot kernel in this build are listed and skipped. With
 `--model MODEL.gguf --layer N` the layer's real expert tensors are used instead.
 Each point alternates barrier and pipelined calls with fresh random routing (k distinct
-experts per token), `--reps` times, and reports medians.
+experts per token), `--reps` times, and reports medians. `--llama` also times llama.cpp's CPU
+MoE (ggml `mul_mat_id` graph, bench/ggml_moe.py) on the same bytes, inputs and thread count;
+"pool ÷ llama.cpp" is llama.cpp time ÷ pool barrier time (> 1: the pool is faster).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ctypes
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -105,11 +108,13 @@ def bench_point(
     tokens: int,
     k: int,
     reps: int,
-    expert_bytes: int,
     rng: np.random.Generator,
-) -> tuple[float, float, float]:
-    """Median seconds per call (barrier, pipelined) and mean distinct experts per call."""
-    times: list[list[float]] = [[], []]
+    ggml: list[Any] | None = None,
+    threads: int = 1,
+) -> tuple[float, float, float, float]:
+    """Median seconds per call (barrier, pipelined, llama.cpp or nan) and mean distinct
+    experts per call."""
+    times: list[list[float]] = [[], [], []]
     distinct = []
     for rep in range(reps + 2):
         layer = layers[rep % len(layers)]
@@ -125,8 +130,14 @@ def bench_point(
             dt = time.perf_counter() - t0
             if rep >= 2:  # the first two rounds warm up
                 times[n].append(dt)
+        if ggml is not None:
+            t0 = time.perf_counter()
+            ggml[rep % len(ggml)].run(x, ids, w, threads)
+            if rep >= 2:
+                times[2].append(time.perf_counter() - t0)
         distinct.append(len(np.unique(ids)))
-    return statistics.median(times[0]), statistics.median(times[1]), statistics.mean(distinct)
+    tl = statistics.median(times[2]) if times[2] else float("nan")
+    return statistics.median(times[0]), statistics.median(times[1]), tl, statistics.mean(distinct)
 
 
 def main() -> None:
@@ -145,6 +156,9 @@ def main() -> None:
     ap.add_argument(
         "--copies", type=int, default=1, help="synthetic layers to rotate (defeat a big L3)"
     )
+    ap.add_argument(
+        "--llama", action="store_true", help="also time llama.cpp's ggml MoE graph (ggml_moe.py)"
+    )
     args = ap.parse_args()
 
     probe = ExpertPool()
@@ -158,7 +172,7 @@ def main() -> None:
 
     if args.model:
         one, mats = model_layer(args.model, args.layer)
-        layers = [(f"{args.model}:blk.{args.layer}", [one], mats)]
+        layers = [(f"{args.model}:blk.{args.layer}", [one], [mats])]
     else:
         layers = []
         for name in args.types.split(","):
@@ -169,15 +183,25 @@ def main() -> None:
                 synthetic_layer(name, args.experts, args.hidden, args.inter, seed=c)
                 for c in range(args.copies)
             ]
-            layers.append((name, [m[0] for m in made], made[0][1]))
+            layers.append((name, [m[0] for m in made], [m[1] for m in made]))
     print(
         "| weights | T | threads | experts/call | barrier ms | pipelined ms "
-        "| pipelined ÷ barrier | GB/s (barrier) | % of RAM |"
+        "| pipelined ÷ barrier | GB/s (barrier) | % of RAM | llama.cpp ms | pool ÷ llama.cpp |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(1)
-    for name, layer, mats in layers:
+    for name, layer, mats_list in layers:
+        mats = mats_list[0]
         expert_bytes = sum(m.nbytes for m in mats) // layer[0].n_expert
+        ggml = None
+        if args.llama:
+            from ggml_moe import GgmlMoE
+
+            first = layer[0]
+            ggml = [
+                GgmlMoE(first.types, ms, first.n_expert, first.hidden, first.inter)
+                for ms in mats_list
+            ]
         for n in threads:
             pools = (
                 ExpertPool(workers=n - 1, pipelined=False),
@@ -185,11 +209,12 @@ def main() -> None:
             )
             for t in tokens:
                 reps = max(5, args.reps // max(1, t // 4))
-                tb, tp, distinct = bench_point(layer, pools, t, args.k, reps, expert_bytes, rng)
+                tb, tp, tl, distinct = bench_point(layer, pools, t, args.k, reps, rng, ggml, n)
                 gbps = distinct * expert_bytes / tb / 1e9
                 print(
                     f"| {name} | {t} | {n} | {distinct:.1f} | {tb * 1e3:.2f} | {tp * 1e3:.2f} "
-                    f"| {tb / tp:.3f} | {gbps:.1f} | {100 * gbps / ram[n]:.0f}% |",
+                    f"| {tb / tp:.3f} | {gbps:.1f} | {100 * gbps / ram[n]:.0f}% "
+                    f"| {tl * 1e3:.2f} | {tl / tb:.2f} |",
                     flush=True,
                 )
             del pools

@@ -168,3 +168,24 @@ def test_bad_ids_and_shapes_raise_shape_error(model: Path) -> None:
         )
     with pytest.raises(ShapeError):
         moe_reference(layer, x, np.array([[1000]], dtype=np.uint32), w)
+
+
+def test_pool_agrees_with_llama_cpp_moe(model: Path) -> None:
+    """llama.cpp's own CPU MoE graph (ggml mul_mat_id through llama-cpp-python) on the same
+    bytes: the same activation formats, so only the summation order separates the results."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    from ggml_moe import GgmlMoE
+
+    f = GGUFFile(model)
+    rng = np.random.default_rng(9)
+    pool = ExpertPool(workers=1, pipelined=True)
+    for b, layer in parity.load_layers(f):
+        mats = [np.asarray(f.raw(f"blk.{b}.ffn_{p}_exps.weight")) for p in ("gate", "up", "down")]
+        oracle = GgmlMoE(layer.types, mats, layer.n_expert, layer.hidden, layer.inter)
+        ids, w = parity.routing(rng, layer.n_expert, 4, 24)
+        x = rng.standard_normal((4, layer.hidden)).astype(np.float32)
+        want = oracle.run(x, ids, w, 2)
+        got = pool.moe(layer, x, ids, w)
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), layer.types

@@ -86,10 +86,10 @@ impl Default for PoolConfig {
     }
 }
 
-fn env_bool(name: &str, default: bool) -> Result<bool> {
-    match std::env::var(name) {
-        Err(_) => Ok(default),
-        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+fn parse_bool(name: &str, v: Option<String>, default: bool) -> Result<bool> {
+    match v {
+        None => Ok(default),
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => Ok(true),
             "0" | "false" | "no" | "off" | "" => Ok(false),
             _ => Err(Error::Config(format!(
@@ -104,8 +104,13 @@ impl PoolConfig {
     /// host), `STRATA_HOST_PARTICIPATES` and `STRATA_POOL_PIPELINE`, parsed as
     /// `strata.config.Config` parses them.
     pub fn from_env() -> Result<PoolConfig> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// `from_env` with the variables read through `var` (tests pass a map).
+    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig> {
         let mut c = PoolConfig::default();
-        if let Ok(v) = std::env::var("STRATA_THREADS") {
+        if let Some(v) = var("STRATA_THREADS") {
             let n: usize = v.trim().parse().map_err(|_| {
                 Error::Config(format!("STRATA_THREADS expects an integer >= 0, got {v:?}"))
             })?;
@@ -113,8 +118,10 @@ impl PoolConfig {
                 c.workers = n;
             }
         }
-        c.host_participates = env_bool("STRATA_HOST_PARTICIPATES", c.host_participates)?;
-        c.pipelined = env_bool("STRATA_POOL_PIPELINE", c.pipelined)?;
+        let hp = "STRATA_HOST_PARTICIPATES";
+        c.host_participates = parse_bool(hp, var(hp), c.host_participates)?;
+        let pp = "STRATA_POOL_PIPELINE";
+        c.pipelined = parse_bool(pp, var(pp), c.pipelined)?;
         Ok(c)
     }
 }

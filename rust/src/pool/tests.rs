@@ -349,20 +349,26 @@ fn parked_workers_wake_for_calls_and_exit_on_drop() {
 
 #[test]
 fn from_env_reads_the_switches() {
-    // The only test touching these variables.
-    std::env::set_var("STRATA_POOL_PIPELINE", "1");
-    std::env::set_var("STRATA_THREADS", "3");
-    std::env::set_var("STRATA_HOST_PARTICIPATES", "off");
-    let c = PoolConfig::from_env().unwrap();
+    let env = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        }
+    };
+    let c = PoolConfig::from_lookup(env(&[
+        ("STRATA_POOL_PIPELINE", "1"),
+        ("STRATA_THREADS", "3"),
+        ("STRATA_HOST_PARTICIPATES", "off"),
+    ]))
+    .unwrap();
     assert!(c.pipelined && !c.host_participates && c.workers == 3);
-    std::env::set_var("STRATA_POOL_PIPELINE", "maybe");
-    assert!(matches!(PoolConfig::from_env(), Err(Error::Config(_))));
-    for v in [
-        "STRATA_POOL_PIPELINE",
-        "STRATA_THREADS",
-        "STRATA_HOST_PARTICIPATES",
-    ] {
-        std::env::remove_var(v);
-    }
-    assert!(!PoolConfig::from_env().unwrap().pipelined);
+    let bad = PoolConfig::from_lookup(env(&[("STRATA_POOL_PIPELINE", "maybe")]));
+    assert!(matches!(bad, Err(Error::Config(_))));
+    let bad = PoolConfig::from_lookup(env(&[("STRATA_THREADS", "-1")]));
+    assert!(matches!(bad, Err(Error::Config(_))));
+    let d = PoolConfig::from_lookup(env(&[])).unwrap();
+    assert!(!d.pipelined && d.host_participates);
+    assert_eq!(d.workers, PoolConfig::default().workers);
 }

@@ -189,3 +189,64 @@ def test_pool_agrees_with_llama_cpp_moe(model: Path) -> None:
         want = oracle.run(x, ids, w, 2)
         got = pool.moe(layer, x, ids, w)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), layer.types
+
+
+# Where each K/IQ block keeps its f16 scales (byte offsets inside the block), so random blocks
+# can be given finite, moderate scales; every other byte stays random.
+_SCALES = {
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+    Q.IQ3_S: (0,),
+    Q.IQ3_XXS: (0,),
+    Q.IQ4_XS: (0,),
+    Q.IQ2_XXS: (0,),
+}
+
+
+def _random_blocks(
+    rng: np.random.Generator, ty: Q, shape: tuple[int, ...]
+) -> npt.NDArray[np.uint8]:
+    """Random blocks of type `ty` for a tensor of numpy `shape` (last axis = row length)."""
+    blk, size = gguf.GGML_QUANT_SIZES[ty]
+    nb = int(np.prod(shape)) // blk
+    raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+    for off in _SCALES[ty]:
+        d = (rng.uniform(0.002, 0.02, nb)).astype(np.float16)
+        raw[:, off : off + 2] = d.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(*shape[:-1], shape[-1] // blk * size)
+
+
+def test_parity_tool_passes_810_on_k_and_iq_mixes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same 810 comparisons over layers of K and IQ types (SIMD kernels on this CPU)."""
+    mixes = [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.IQ3_S, Q.IQ3_XXS, Q.IQ4_XS), (Q.Q2_K, Q.Q3_K, Q.Q5_K)]
+    rng = np.random.default_rng(7)
+    n_expert, hidden, inter = 128, 256, 256
+    path = tmp_path / "moe-k.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen3moe")
+    w.add_block_count(len(mixes))
+    w.add_expert_count(n_expert)
+    w.add_expert_used_count(8)
+    w.add_embedding_length(hidden)
+    w.add_expert_feed_forward_length(inter)
+    for b, (g, u, d) in enumerate(mixes):
+        for name, ty, shape in (
+            ("gate", g, (n_expert, inter, hidden)),
+            ("up", u, (n_expert, inter, hidden)),
+            ("down", d, (n_expert, hidden, inter)),
+        ):
+            w.add_tensor(
+                f"blk.{b}.ffn_{name}_exps.weight", _random_blocks(rng, ty, shape), raw_dtype=ty
+            )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert parity.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "810/810 bitwise identical" in out
+    assert "Q4_K/Q4_K/Q6_K" in out and "IQ3_S/IQ3_XXS/IQ4_XS" in out

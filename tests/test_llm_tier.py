@@ -133,3 +133,16 @@ def test_server_applies_the_profile_and_reports_the_tier(tiny: Path, tmp_path: P
             assert name in text, name
     finally:
         srv.stop()
+
+
+def test_llm_refuses_a_profile_for_another_model(
+    tiny: Path, test_models: TestModels, tmp_path: Path
+) -> None:
+    from strata._core import Profile
+    from strata.errors import ProfileMismatchError
+
+    other = TestModels(test_models.root, seed=1).f32()
+    prof = tmp_path / "other.prof"
+    Profile.from_counts(other, np.ones((4, 16), dtype=np.float32), 1).save(prof)
+    with pytest.raises(ProfileMismatchError, match="another model"):
+        LLM(tiny, n_ctx=64, parallel=1, threads=1, profile=str(prof))

@@ -15,15 +15,7 @@ Trials, all over exactly the expert bytes (every layer's ffn_{gate,up,down}_exps
 - `arena`: `--mode resident`'s work (copy into the anonymous arena) with N threads.
 The ratio is trial throughput / baseline throughput (target >= 0.9 for warm).
 
-TODO(engine): two measurements of issue 6 need the forward pass, which is not on this branch:
-- cold start to first token, with and without `strata-fill warm`: evict the file, then time
-  `LLM(path, **settings)` + `prefill(0, ids, 0)` of a short prompt (strata.llm.LLM with the
-  per-slot step API of strata.engine.backend.LLMBackend), once after a `warm` and once
-  without; goal <= 0.5x the time without.
-- decode tok/s in `budget` mode at 25/50/100 % of the experts resident vs `mmap` with a warm
-  page cache: needs `LLM(path, ram_mode="budget", ram_budget_gib=G, profile=P)` to build its
-  experts from `strata._core.ExpertTier` (Rust: `tier::Residency::expert_bytes` feeding the
-  pool) and `decode(slots, tokens)`. Both go here once `strata.llm` exists.
+Cold start to first token and decode per RAM mode: bench/bench_tier_decode.py.
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@ gguf-py's reader (an independent oracle), never against our own reader."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -312,25 +310,33 @@ def test_show(tiny: Path, other: Path, tmp_path: Path, capsys: pytest.CaptureFix
     assert rc == 1 and "missing.prof" in err
 
 
-def test_profile_command(tiny: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_profile_command(
+    tiny: Path, other: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """profile → show → warm --profile end to end; the profile is refused for another model."""
     out = tmp_path / "p.prof"
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\n\nwrite a poem\n")
     args = ["profile", "--model", str(tiny), "--prompts", str(prompts), "--tokens", "4"]
-    rc, _, err = run_cli(capsys, *args, "-o", str(out))
-    has_seam = importlib.util.find_spec("strata.llm") is not None and callable(
-        getattr(getattr(importlib.import_module("strata.llm"), "LLM", None), "routing_counts", None)
+    rc, said, err = run_cli(capsys, *args, "-o", str(out))
+    assert rc == 0, err
+    assert "2 prompts" in said
+    prof = _core.Profile.load(out, tiny)
+    # Every token routes to n_expert_used (4) experts in every layer.
+    assert prof.tokens > 0
+    np.testing.assert_allclose(prof.counts().sum(1), prof.tokens * 4)
+    assert "prompts.txt (2 prompts)" in prof.source
+    rc, said, _ = run_cli(capsys, "show", str(out), "--json", "--model", str(tiny))
+    assert rc == 0 and json.loads(said)["tokens"] == prof.tokens
+    rc, said, err = run_cli(
+        capsys, "warm", "--model", str(tiny), "--profile", str(out), "--threads", "2"
     )
-    if not has_seam:
-        # Until the engine exposes routing, the command says so instead of writing junk.
-        assert rc == 1 and "does not expose routing counts yet" in err
-        assert not out.exists()
-    else:
-        assert rc == 0, err
-        prof = _core.Profile.load(out, tiny)
-        # Every token routes to n_expert_used experts in every layer.
-        np.testing.assert_allclose(prof.counts().sum(1), prof.tokens * 4)
-        assert "prompts.txt (2 prompts)" in prof.source
+    assert rc == 0, err
+    assert "profile order" in said
+    rc, _, err = run_cli(capsys, "warm", "--model", str(other), "--profile", str(out))
+    assert rc == 1 and "made for another model" in err
+    with pytest.raises(ProfileMismatchError):
+        _core.Profile.load(out, other)
     rc, _, err = run_cli(capsys, "profile", "--prompts", str(tmp_path / "no"), "-o", str(out))
     assert rc == 1 and "prompts" in err
 

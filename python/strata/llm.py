@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from strata._core import Model
+from strata._core import Model, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
+from strata.tiering import open_tier, tier_info, tier_stats
 
 __all__ = ["LLM", "SamplingArgs", "TokenEvent"]
 
@@ -155,6 +156,11 @@ class LLM:
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
         self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
+        # The RAM tier: residency of every expert, the fill threads (hot experts first when
+        # `profile` is set; a profile for another model raises ProfileMismatchError).
+        self.tier, self.fill = open_tier(self.config, self.path)
+        self.model.set_tier(self.tier)
+        self._routing = self.model.routing_counters(decayed=True)
 
     @property
     def tokenizer(self) -> Any:
@@ -233,13 +239,26 @@ class LLM:
         """Empties a step-API slot."""
         self.model.free(self._slot(slot))
 
+    def routing_counts(self) -> npt.NDArray[np.float32]:
+        """Router picks per (layer, expert) since load, undecayed: [n_layer, n_expert]."""
+        return self.model.routing_counts()
+
+    def routing_counters(self) -> RoutingCounters:
+        """The live decayed routing counters (top experts per layer for status)."""
+        return self._routing
+
     def stats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self._counts.items()}
+        d = {k: float(v) for k, v in self._counts.items()}
+        d.update(tier_stats(self.tier, self.fill))
+        return d
 
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
         d: dict[str, Any] = {k: self.hparams[k] for k in keys}
         d.update(kv_type=self.config.kv_type, n_ctx=self.n_ctx, max_slots=self.max_slots)
+        tiers = tier_info(self.tier, self._routing, self.fill)
+        tiers["profile"] = self.config.profile or None
+        d["tiers"] = tiers
         return d
 
     # ---- generation ----------------------------------------------------------------------

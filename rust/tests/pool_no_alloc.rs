@@ -49,6 +49,7 @@ fn calls_after_the_first_allocate_nothing() {
         n_expert: e,
         rows,
         cols,
+        slabs: None,
     };
     let (gate, up, down): (&'static [u8], &'static [u8], &'static [u8]) = (
         Box::leak(gate.into_boxed_slice()),

@@ -13,7 +13,6 @@ validation as `STRATA_*` and the config file); bad flags exit with status 2, run
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
@@ -178,24 +177,9 @@ def _read_prompts(path: str | None) -> tuple[list[str], str]:
     return prompts, f"{Path(path).name} ({len(prompts)} prompts)"
 
 
-NO_ROUTING = (
-    "the engine does not expose routing counts yet: `strata-fill profile` needs "
-    "strata.llm.LLM(path, **settings).routing_counts() -> float32 [n_layer, n_expert] "
-    "(undecayed router picks since load). Meanwhile a profile can be built from counts with "
-    "strata._core.Profile.from_counts(model, counts, tokens)."
-)
-
-
 def cmd_profile(cfg: Config, ns: argparse.Namespace) -> int:
     prompts, source = _read_prompts(ns.prompts)
     path = _model_path(cfg)
-    # Check the seam before loading weights: a missing one must not cost a model load.
-    if importlib.util.find_spec("strata.llm") is None:
-        raise _Fail(NO_ROUTING)
-    from strata import llm as llm_mod  # type: ignore[attr-defined, unused-ignore]
-
-    if not callable(getattr(getattr(llm_mod, "LLM", None), "routing_counts", None)):
-        raise _Fail(NO_ROUTING)
     from strata.engine.backend import LLMBackend
     from strata.tokenizer import Tokenizer
 

@@ -188,6 +188,7 @@ MODEL_FIELDS = (
     "ram_mode",
     "ram_budget_gib",
     "profile",
+    "fill_threads",
     "vram_budget_mib",
     "vram_reserve_mib",
     "parallel",

@@ -32,7 +32,7 @@ impl<'a> QExperts<'a> {
         let n = self.rows * self.row_bytes();
         QMatrix {
             ty: self.ty,
-            data: &self.data[e * n..(e + 1) * n],
+            data: self.expert_data(e, n),
             rows: self.rows,
             cols: self.cols,
         }

@@ -3,16 +3,20 @@
 //! Legend: T = tokens in the chunk (≤ max_chunk), H = hidden, Nh / Nkv = query / KV heads,
 //! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx.
 //! Prefill runs T tokens at once through every matmul; decode is the T = 1 case. All scratch
-//! is allocated at load for the largest chunk: the per-token path allocates nothing.
+//! is allocated at load for the largest chunk: the per-token path allocates nothing, except
+//! with a RAM tier attached (`set_tier`): then each call builds the [3][E] per-expert slab
+//! tables the pool reads (a few small vectors per call).
 
 use super::attention::{attend, AttnScratch, AttnShape};
 use super::compute::Compute;
+use super::compute::{ExpertLayer, QExperts};
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
 use super::ops::{rms_norm, rms_norm_rows_inplace, softmax, Rope};
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::tier::{Residency, RoutingCounters};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -60,7 +64,18 @@ pub struct Model {
     rope: Rope,
     scratch: Scratch,
     compute: Arc<dyn Compute>,
+    /// Router picks per (layer, expert) since load, undecayed (profiles read these).
+    pub routing: Arc<RoutingCounters>,
+    /// The same picks with exponential decay (half-life `ROUTING_HALF_LIFE` steps): what the
+    /// model is asked now (status, the adaptive tier).
+    pub routing_hot: Arc<RoutingCounters>,
+    /// The RAM tier: when set, routed experts are read from wherever its residency table says
+    /// (arena or map) and every use is counted per tier.
+    tier: Option<Arc<Residency>>,
 }
+
+/// Half-life of the decayed routing counters, in forward calls.
+pub const ROUTING_HALF_LIFE: f64 = 1024.0;
 
 impl Model {
     pub fn open(
@@ -111,6 +126,13 @@ impl Model {
             attn: AttnScratch::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
         };
         Ok(Model {
+            routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
+            routing_hot: Arc::new(RoutingCounters::new(
+                hp.n_layer,
+                hp.n_expert,
+                ROUTING_HALF_LIFE,
+            )),
+            tier: None,
             rope: Rope::new(&hp),
             hp,
             weights,
@@ -191,6 +213,8 @@ impl Model {
             p0 += toks.len();
             self.kv.set_len(slot, p0);
         }
+        self.routing.end_step();
+        self.routing_hot.end_step();
         Ok(())
     }
 
@@ -210,8 +234,15 @@ impl Model {
             rope,
             scratch: s,
             compute,
+            routing,
+            routing_hot,
+            tier,
             ..
         } = self;
+        let tier = tier.as_deref();
+        // [3][E] per-expert slabs (gate, up, down) when a tier is attached.
+        let mut tables: [Vec<&[u8]>; 3] = Default::default();
+        let mut seen = Vec::new();
         let t = toks.len();
         let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
         let (e, k) = (hp.n_expert, hp.n_expert_used);
@@ -286,8 +317,33 @@ impl Model {
                     &mut s.wts[i * k..(i + 1) * k],
                 );
             }
+            routing.observe(l, &s.ids[..t * k]);
+            routing_hot.observe(l, &s.ids[..t * k]);
+            let base = w.expert_layer(l);
+            let slabbed;
+            let layer = if let Some(res) = tier {
+                tier_tables(res, l, &s.ids[..t * k], &base, &mut tables, &mut seen)?;
+                let [g, u, dn] = &tables;
+                slabbed = ExpertLayer {
+                    gate: QExperts {
+                        slabs: Some(g),
+                        ..base.gate
+                    },
+                    up: QExperts {
+                        slabs: Some(u),
+                        ..base.up
+                    },
+                    down: QExperts {
+                        slabs: Some(dn),
+                        ..base.down
+                    },
+                };
+                &slabbed
+            } else {
+                &base
+            };
             compute.moe(
-                &w.expert_layer(l),
+                layer,
                 h,
                 &s.ids[..t * k],
                 &s.wts[..t * k],
@@ -311,6 +367,22 @@ impl Model {
         Ok(())
     }
 
+    /// Reads experts through `tier` from now on (its layout must match this model's).
+    pub fn set_tier(&mut self, tier: Arc<Residency>) -> Result<()> {
+        let lay = tier.layout();
+        if lay.n_layer() != self.hp.n_layer || lay.n_expert != self.hp.n_expert {
+            return Err(Error::Config(format!(
+                "the tier holds {} layers × {} experts, the model {} × {}",
+                lay.n_layer(),
+                lay.n_expert,
+                self.hp.n_layer,
+                self.hp.n_expert
+            )));
+        }
+        self.tier = Some(tier);
+        Ok(())
+    }
+
     pub fn slot_len(&self, slot: usize) -> Result<usize> {
         self.kv.len(slot)
     }
@@ -322,6 +394,46 @@ impl Model {
     pub fn free(&mut self, slot: usize) -> Result<()> {
         self.kv.free(slot)
     }
+}
+
+/// Per-expert slabs of layer `l` for the pool: each routed expert where `res` keeps it (one
+/// tier use counted per distinct expert), the others from the model's own map (not read).
+fn tier_tables<'a>(
+    res: &'a Residency,
+    l: usize,
+    ids: &[u32],
+    layer: &ExpertLayer<'a>,
+    tables: &mut [Vec<&'a [u8]>; 3],
+    seen: &mut Vec<bool>,
+) -> Result<()> {
+    seen.clear();
+    seen.resize(layer.gate.n_expert, false);
+    let ms = [&layer.gate, &layer.up, &layer.down];
+    for (tab, m) in tables.iter_mut().zip(ms) {
+        let eb = m.rows * m.row_bytes();
+        tab.clear();
+        tab.extend((0..m.n_expert).map(|e| m.expert_data(e, eb)));
+    }
+    for &id in ids {
+        match seen.get_mut(id as usize) {
+            Some(s) if !*s => *s = true,
+            _ => continue,
+        }
+        let b = res
+            .expert_bytes(l, id as usize)
+            .ok_or_else(|| Error::Input(format!("expert {id} of layer {l} is not in the tier")))?;
+        for (tab, bytes) in tables.iter_mut().zip([b.gate, b.up, b.down]) {
+            if tab[id as usize].len() != bytes.len() {
+                return Err(Error::Config(format!(
+                    "tier slab of expert {id} in layer {l}: {} bytes, the model's {}",
+                    bytes.len(),
+                    tab[id as usize].len()
+                )));
+            }
+            tab[id as usize] = bytes;
+        }
+    }
+    Ok(())
 }
 
 /// Router for one token: softmax over all E logits (f32), the top K by probability

@@ -194,6 +194,7 @@ impl Weights {
             n_expert: t.dims[2] as usize,
             rows: t.dims[1] as usize,
             cols: t.dims[0] as usize,
+            slabs: None,
         }
     }
 

@@ -49,10 +49,12 @@ impl Plan {
     /// Row `r` of expert `e` of `w`.
     #[inline]
     unsafe fn row(&self, w: &WPtr, e: usize, r: usize) -> &[u8] {
-        std::slice::from_raw_parts(
-            w.base.add(e * w.expert_bytes + r * w.row_bytes),
-            w.row_bytes,
-        )
+        let start = if w.table.is_null() {
+            w.base.add(e * w.expert_bytes)
+        } else {
+            (*w.table.add(e)).as_ptr()
+        };
+        std::slice::from_raw_parts(start.add(r * w.row_bytes), w.row_bytes)
     }
 }
 

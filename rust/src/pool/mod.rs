@@ -41,7 +41,9 @@ pub struct QMatrix<'a> {
 }
 
 /// One expert tensor, numpy shape `(n_expert, rows, cols)`: expert `e` is the contiguous slab
-/// `data[e·rows·row_bytes(cols) ..][.. rows·row_bytes(cols)]`.
+/// `data[e·rows·row_bytes(cols) ..][.. rows·row_bytes(cols)]`, unless `slabs` is set: then
+/// expert `e` is `slabs[e]` (`n_expert` slabs of `rows·row_bytes(cols)` bytes each, wherever
+/// the RAM tier keeps them) and `data` is not read.
 #[derive(Clone, Copy, Debug)]
 pub struct QExperts<'a> {
     pub ty: GgmlType,
@@ -49,6 +51,18 @@ pub struct QExperts<'a> {
     pub n_expert: usize,
     pub rows: usize,
     pub cols: usize,
+    pub slabs: Option<&'a [&'a [u8]]>,
+}
+
+impl<'a> QExperts<'a> {
+    /// Expert `e`'s `rows·row_bytes` bytes (`eb`), from `slabs` when set.
+    #[inline]
+    pub fn expert_data(&self, e: usize, eb: usize) -> &'a [u8] {
+        match self.slabs {
+            Some(s) => s[e],
+            None => &self.data[e * eb..(e + 1) * eb],
+        }
+    }
 }
 
 /// A MoE layer's experts: gate and up are `(E, I, H)`, down is `(E, H, I)`.

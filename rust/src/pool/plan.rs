@@ -50,11 +50,13 @@ pub struct Job {
     pub n: u32,
 }
 
-/// A weight tensor as the tiles see it: base pointer, bytes per expert, bytes per row.
+/// A weight tensor as the tiles see it: base pointer, bytes per expert, bytes per row; with
+/// `table` non-null, expert e starts at `table[e]` instead of `base + e·expert_bytes`.
 #[derive(Clone, Copy)]
 pub struct WPtr {
     pub ty: GgmlType,
     pub base: *const u8,
+    pub table: *const &'static [u8],
     pub expert_bytes: usize,
     pub row_bytes: usize,
 }
@@ -170,6 +172,23 @@ fn check_experts(what: &str, m: &QExperts<'_>) -> Result<usize> {
         .checked_mul(m.rows)
         .and_then(|v| v.checked_mul(rb))
         .ok_or_else(|| shape(format!("{what}: size overflows")))?;
+    if let Some(s) = m.slabs {
+        let eb = m.rows * rb;
+        if s.len() != m.n_expert {
+            return Err(shape(format!(
+                "{what}: {} expert slabs, expected {}",
+                s.len(),
+                m.n_expert
+            )));
+        }
+        if let Some((e, bad)) = s.iter().enumerate().find(|(_, b)| b.len() != eb) {
+            return Err(shape(format!(
+                "{what}: expert {e} slab holds {} bytes, expected {eb}",
+                bad.len()
+            )));
+        }
+        return Ok(rb);
+    }
     if m.data.len() != need {
         return Err(shape(format!(
             "{what}: {} bytes for ({}, {}, {}) {}, expected {need}",
@@ -192,6 +211,9 @@ fn wptr(m: &QExperts<'_>, rb: usize) -> WPtr {
     WPtr {
         ty: m.ty,
         base: m.data.as_ptr(),
+        table: m
+            .slabs
+            .map_or(std::ptr::null(), |s| s.as_ptr().cast::<&'static [u8]>()),
         expert_bytes: m.rows * rb,
         row_bytes: rb,
     }
@@ -484,6 +506,7 @@ impl Scratch {
         let wp = WPtr {
             ty: w.ty,
             base: w.data.as_ptr(),
+            table: std::ptr::null(),
             expert_bytes: need,
             row_bytes: rb,
         };

@@ -25,8 +25,8 @@ fn quantized(ty: crate::quant::GgmlType, x: &[f32]) -> Result<Vec<u8>> {
 
 fn expert_row<'a>(m: &QExperts<'a>, e: usize, r: usize) -> &'a [u8] {
     let rb = m.ty.row_bytes(m.cols).unwrap_or(0);
-    let start = (e * m.rows + r) * rb;
-    &m.data[start..start + rb]
+    let start = r * rb;
+    &m.expert_data(e, m.rows * rb)[start..start + rb]
 }
 
 /// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`, one token and one slot at a time.

@@ -79,6 +79,7 @@ impl Layer {
             n_expert: self.e,
             rows,
             cols,
+            slabs: None,
         };
         ExpertLayer {
             gate: m(0, self.i, self.h),
@@ -152,6 +153,55 @@ fn moe_is_bitwise_identical_to_the_serial_reference() {
             }
         }
     }
+}
+
+/// Experts given as per-expert slabs (copies in separate buffers, as the RAM tier's arena
+/// holds them) give bitwise the results of the contiguous stack; a slab of the wrong size or
+/// a wrong slab count is a typed error.
+#[test]
+fn per_expert_slabs_match_the_contiguous_stack() {
+    let pool = Pool::new(cfg(2, true, false));
+    let mut rng = Rng(11);
+    let layer = Layer::new(300, MIXES[2], 16, 64, 96);
+    let view = layer.view();
+    // Each expert's bytes copied into its own allocation.
+    let copies: Vec<Vec<Vec<u8>>> = (0..3)
+        .map(|n| {
+            let eb = layer.bytes[n].len() / layer.e;
+            layer.bytes[n].chunks(eb).map(|c| c.to_vec()).collect()
+        })
+        .collect();
+    let tables: Vec<Vec<&[u8]>> = copies
+        .iter()
+        .map(|c| c.iter().map(|v| v.as_slice()).collect())
+        .collect();
+    let mut slabbed = view;
+    for (m, t) in [&mut slabbed.gate, &mut slabbed.up, &mut slabbed.down]
+        .into_iter()
+        .zip(&tables)
+    {
+        m.data = &[];
+        m.slabs = Some(t);
+    }
+    for &(t, k) in &[(1, 4), (3, 8), (9, 16)] {
+        let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
+        let (ids, w) = routing(&mut rng, t, k, layer.e);
+        let mut want = vec![0f32; t * layer.h];
+        pool.moe(&view, &x, &ids, &w, k, &mut want).unwrap();
+        let mut y = vec![f32::NAN; t * layer.h];
+        pool.moe(&slabbed, &x, &ids, &w, k, &mut y).unwrap();
+        assert_eq!(bits(&y), bits(&want), "T={t} k={k}");
+        let mut r = vec![f32::NAN; t * layer.h];
+        moe_serial(&slabbed, &x, &ids, &w, k, &mut r).unwrap();
+        assert_eq!(bits(&r), bits(&want), "serial T={t} k={k}");
+    }
+    let short = &tables[0][..layer.e - 1];
+    let mut bad = slabbed;
+    bad.gate.slabs = Some(short);
+    let (ids, w) = routing(&mut rng, 1, 2, layer.e);
+    let x = vec![0.5f32; layer.h];
+    let mut y = vec![0f32; layer.h];
+    assert!(pool.moe(&bad, &x, &ids, &w, 2, &mut y).is_err());
 }
 
 /// The reference (and so the pool) against float64 math on dequantized F32 weights, where the

@@ -1,6 +1,7 @@
 //! `strata._core.Model`: the forward pass and its KV-cache slots. Every heavy call releases
 //! the GIL; a model is used by one thread at a time (calls serialize on its lock).
 
+use super::tier::{ExpertTier, RoutingCounters};
 use crate::model::{Compute, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
@@ -190,6 +191,33 @@ impl PyModel {
     /// Keeps the slot's first `n` positions (prefix reuse).
     fn truncate(&self, py: Python<'_>, slot: usize, n: usize) -> PyResult<()> {
         Ok(self.with(py, |m| m.truncate(slot, n))?)
+    }
+
+    /// Router picks per (layer, expert) since load, undecayed: float32 [n_layer, n_expert].
+    fn routing_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (v, l, e) = self.with(py, |m| (m.routing.snapshot(), m.hp.n_layer, m.hp.n_expert));
+        Ok(PyArray1::from_vec(py, v).reshape([l, e])?.into_any())
+    }
+
+    /// The model's live routing counters (shared, not a copy): `decayed` picks the ones with
+    /// exponential decay, else the undecayed counts since load.
+    #[pyo3(signature = (decayed=true))]
+    fn routing_counters(&self, py: Python<'_>, decayed: bool) -> RoutingCounters {
+        let inner = self.with(py, |m| {
+            if decayed {
+                m.routing_hot.clone()
+            } else {
+                m.routing.clone()
+            }
+        });
+        RoutingCounters { inner }
+    }
+
+    /// Reads routed experts through `tier` (its residency table: arena or map) from now on,
+    /// counting each use per tier.
+    fn set_tier(&self, py: Python<'_>, tier: &ExpertTier) -> PyResult<()> {
+        let res = tier.res.clone();
+        Ok(self.with(py, |m| m.set_tier(res))?)
     }
 
     /// Empties the slot.

@@ -82,6 +82,7 @@ fn with_layer<R>(
         n_expert: l.n_expert,
         rows,
         cols,
+        slabs: None,
     };
     f(ExpertLayer {
         gate: m(0, l.inter, l.hidden),

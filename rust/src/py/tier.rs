@@ -312,7 +312,7 @@ impl FillHandle {
 /// The RAM tier of one model: residency table, arena, fill threads and read-ahead.
 #[pyclass(frozen)]
 pub struct ExpertTier {
-    res: Arc<Residency>,
+    pub(crate) res: Arc<Residency>,
     prefetcher: Mutex<Option<Prefetcher>>,
 }
 

@@ -14,11 +14,16 @@ use super::ops::softmax;
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::{quantize_act, vec_dot};
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 /// Per-call scratch, sized at load: scores [C] and one quantized query head.
 pub struct AttnScratch {
     pub scores: Vec<f32>,
     pub q_act: Vec<u8>,
+    /// F16 cache: the query head and one K or V head row widened to f32 ([D] each). The
+    /// widening is exact, so the products and their order are those of the f16 arithmetic.
+    pub qf: Vec<f32>,
+    pub rowf: Vec<f32>,
 }
 
 impl AttnScratch {
@@ -27,6 +32,8 @@ impl AttnScratch {
         AttnScratch {
             scores: vec![0f32; n_ctx],
             q_act: vec![0u8; act],
+            qf: vec![0f32; head_dim],
+            rowf: vec![0f32; head_dim],
         }
     }
 }
@@ -42,13 +49,30 @@ pub struct AttnShape {
 }
 
 /// `q · k` for one head: q already converted to the key type's dot type.
+/// Little-endian f16 bytes `src` ([n·2]) widened to f32 `dst` ([n]); exact (SIMD where the
+/// CPU has it, through `half`).
+pub fn widen_f16(src: &[u8], dst: &mut [f32]) {
+    // SAFETY: every bit pattern is a valid f16; align_to only reinterprets the aligned middle.
+    let (pre, mid, post) = unsafe { src.align_to::<f16>() };
+    if pre.is_empty() && post.is_empty() && cfg!(target_endian = "little") {
+        mid.convert_to_f32_slice(dst);
+    } else {
+        for (i, o) in dst.iter_mut().enumerate() {
+            *o = f16_at(src, 2 * i);
+        }
+    }
+}
+
+/// q·k over one head: `qf` is the f16-rounded query widened to f32 (F16 cache) and unused
+/// otherwise; `q` is the query in the cache's dot type. The F16 sum runs in index order.
 #[inline]
-fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8]) -> f32 {
+fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32]) -> f32 {
     match ty {
         KvType::F16 => {
+            widen_f16(k, rowf);
             let mut s = 0f32;
-            for i in 0..d {
-                s += f16_at(k, 2 * i) * f16_at(q, 2 * i);
+            for (a, b) in rowf[..d].iter().zip(&qf[..d]) {
+                s += a * b;
             }
             s
         }
@@ -85,9 +109,13 @@ pub fn attend(
     for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
         let kvo = (h / group) * s.head_bytes;
         convert_q(s.ty, qh, &mut scratch.q_act)?;
+        if s.ty == KvType::F16 {
+            widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
+        }
         for (j, sc) in scores.iter_mut().enumerate() {
             let o = j * s.row_bytes + kvo;
-            *sc = dot_qk(s.ty, d, &k_cache[o..o + s.head_bytes], &scratch.q_act) * scale;
+            let k = &k_cache[o..o + s.head_bytes];
+            *sc = dot_qk(s.ty, d, k, &scratch.q_act, &scratch.qf, &mut scratch.rowf) * scale;
         }
         softmax(scores);
         oh.fill(0.0);
@@ -98,7 +126,16 @@ pub fn attend(
                 p
             };
             let o = j * s.row_bytes + kvo;
-            axpy_row(s.ty, p, &v_cache[o..o + s.head_bytes], oh);
+            let v = &v_cache[o..o + s.head_bytes];
+            if s.ty == KvType::F16 {
+                // o[i] += p·v[i], as axpy_row does, on the widened row
+                widen_f16(v, &mut scratch.rowf[..d]);
+                for (x, &vi) in oh.iter_mut().zip(&scratch.rowf[..d]) {
+                    *x += p * vi;
+                }
+            } else {
+                axpy_row(s.ty, p, v, oh);
+            }
         }
     }
     Ok(())
@@ -155,6 +192,68 @@ mod tests {
                     .sum();
                 assert!(
                     (out[h * d + i] as f64 - want).abs() < 1e-5,
+                    "head {h} dim {i}"
+                );
+            }
+        }
+    }
+
+    /// The F16 path (rows widened once) gives bit-for-bit the old per-element result:
+    /// scores Σ_i k[i]·q[i] in index order over f16 values, o += f16(p)·v[i].
+    #[test]
+    fn f16_attention_bitwise_equals_per_element_reference() {
+        let (nh, nkv, d, n) = (8, 2, 128, 37);
+        let mut kv = KvCache::new(KvType::F16, 1, 64, nkv, d, 1).unwrap();
+        let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
+        for p in 0..n {
+            let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
+            let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
+            kv.write(0, 0, p, &k, &v).unwrap();
+        }
+        let q: Vec<f32> = (0..nh * d).map(|i| val(i * 5 + 1) * 0.3).collect();
+        let shape = AttnShape {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: d,
+            ty: KvType::F16,
+            row_bytes: kv.row_bytes,
+            head_bytes: kv.head_bytes,
+        };
+        let mut out = vec![0f32; nh * d];
+        let mut s = AttnScratch::new(64, KvType::F16, d);
+        let (kc, vc) = kv.layer(0, 0, n);
+        attend(&shape, kc, vc, n, &q, &mut out, &mut s).unwrap();
+        // the reference: the per-element code this path replaced
+        let scale = 1.0 / (d as f32).sqrt();
+        for h in 0..nh {
+            let kvo = (h / (nh / nkv)) * kv.head_bytes;
+            let qb: Vec<u8> = q[h * d..(h + 1) * d]
+                .iter()
+                .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+                .collect();
+            let mut sc: Vec<f32> = (0..n)
+                .map(|j| {
+                    let o = j * kv.row_bytes + kvo;
+                    let mut acc = 0f32;
+                    for i in 0..d {
+                        acc += f16_at(&kc[o..], 2 * i) * f16_at(&qb, 2 * i);
+                    }
+                    acc * scale
+                })
+                .collect();
+            softmax(&mut sc);
+            let mut want = vec![0f32; d];
+            for (j, &p) in sc.iter().enumerate() {
+                let p = f16::from_f32(p).to_f32();
+                let o = j * kv.row_bytes + kvo;
+                for (i, w) in want.iter_mut().enumerate() {
+                    *w += p * f16_at(&vc[o..], 2 * i);
+                }
+            }
+            for i in 0..d {
+                assert_eq!(
+                    out[h * d + i].to_bits(),
+                    want[i].to_bits(),
                     "head {h} dim {i}"
                 );
             }

@@ -110,8 +110,7 @@ def test_matches_gguf_py_f32() -> None:
 @pytest.fixture(scope="module")
 def ggml() -> ggml_oracle.Ggml:
     g = ggml_oracle.load()
-    if g is None:
-        pytest.skip("llama-cpp-python (libggml-base) is not installed")
+    assert g is not None, "llama-cpp-python (libggml-base), a test dependency, is missing"
     return g
 
 

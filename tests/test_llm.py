@@ -160,7 +160,6 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(path: Path) -> None:
 
 
 def test_generate_streams_text(path: Path) -> None:
-    pytest.importorskip("strata.tokenizer", reason="strata.tokenizer is not on this branch yet")
     llm = LLM(path, n_ctx=64)
     evs = list(llm.generate("hello there", max_tokens=8, temperature=0))
     assert evs[-1].finish_reason in ("stop", "length")
@@ -179,7 +178,6 @@ def test_cli_requires_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("strata.tokenizer", reason="strata.tokenizer is not on this branch yet")
     from strata.__main__ import main
 
     assert main(["generate", "--model", str(path), "--n-ctx", "64", "hi", "--max-tokens", "4"]) == 0

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import qwen3moe_file as qf
 from strata._core import Model
 
@@ -18,11 +17,10 @@ GOLDEN = Path(__file__).parent / "golden" / "hf_qwen3moe_logits.npz"
 
 
 def test_logits_match_transformers(tmp_path: Path) -> None:
-    if not GOLDEN.exists():
-        pytest.skip(
-            f"{GOLDEN.name} is absent: run `python scripts/make_hf_golden.py --out "
-            "tests/golden` where torch and transformers are installed"
-        )
+    assert GOLDEN.exists(), (
+        f"{GOLDEN.name} is absent: run `python scripts/make_hf_golden.py --out "
+        "tests/golden` where torch and transformers are installed"
+    )
     g = np.load(GOLDEN)
     fields = {f.name for f in dataclasses.fields(qf.Shape)}
     s = qf.Shape(**{k: v for k, v in json.loads(str(g["shape_json"])).items() if k in fields})

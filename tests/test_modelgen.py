@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import gguf
+import llama_cpp
 import numpy as np
 import pytest
 from models import TestModels
 from strata import modelgen
 from strata.modelgen import ModelSpec
-
-llama_cpp = pytest.importorskip("llama_cpp")
 
 
 def sha256(p: Path) -> str:

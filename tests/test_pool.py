@@ -7,6 +7,7 @@ three layers whose gate/up/down type mixes differ, random weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -34,6 +35,7 @@ def make_moe_gguf(
     hidden: int = 64,
     inter: int = 32,
     seed: int = 0,
+    tensor: Callable[[np.random.Generator, Q, tuple[int, ...]], npt.NDArray[np.generic]] = _tensor,
 ) -> Path:
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "qwen3moe")
@@ -48,7 +50,7 @@ def make_moe_gguf(
             ("up", u, (n_expert, inter, hidden)),
             ("down", d, (n_expert, hidden, inter)),
         ):
-            t = _tensor(rng, ty, shape)
+            t = tensor(rng, ty, shape)
             w.add_tensor(f"blk.{b}.ffn_{name}_exps.weight", t, raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -224,28 +226,9 @@ def test_parity_tool_passes_810_on_k_and_iq_mixes(
 ) -> None:
     """The same 810 comparisons over layers of K and IQ types (SIMD kernels on this CPU)."""
     mixes = [(Q.Q4_K, Q.Q4_K, Q.Q6_K), (Q.IQ3_S, Q.IQ3_XXS, Q.IQ4_XS), (Q.Q2_K, Q.Q3_K, Q.Q5_K)]
-    rng = np.random.default_rng(7)
-    n_expert, hidden, inter = 128, 256, 256
-    path = tmp_path / "moe-k.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_block_count(len(mixes))
-    w.add_expert_count(n_expert)
-    w.add_expert_used_count(8)
-    w.add_embedding_length(hidden)
-    w.add_expert_feed_forward_length(inter)
-    for b, (g, u, d) in enumerate(mixes):
-        for name, ty, shape in (
-            ("gate", g, (n_expert, inter, hidden)),
-            ("up", u, (n_expert, inter, hidden)),
-            ("down", d, (n_expert, hidden, inter)),
-        ):
-            w.add_tensor(
-                f"blk.{b}.ffn_{name}_exps.weight", _random_blocks(rng, ty, shape), raw_dtype=ty
-            )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = make_moe_gguf(
+        tmp_path / "moe-k.gguf", mixes, hidden=256, inter=256, seed=7, tensor=_random_blocks
+    )
     assert parity.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "810/810 bitwise identical" in out

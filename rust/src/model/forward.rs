@@ -4,8 +4,9 @@
 //! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx.
 //! Prefill runs T tokens at once through every matmul; decode is the T = 1 case. All scratch
 //! is allocated at load for the largest chunk: the per-token path allocates nothing, except
-//! with a RAM tier attached (`set_tier`): then each call builds the [3][E] per-expert slab
-//! tables the pool reads (a few small vectors per call).
+//! with a RAM tier that has an arena (`resident`/`budget` modes): then each call builds the
+//! [3][E] per-expert slab tables the pool reads (a few small vectors per call). In `mmap`
+//! mode the tier only counts uses and the pool reads the model's own map directly.
 
 use super::attention::{attend, AttnScratch, AttnShape};
 use super::compute::Compute;
@@ -54,6 +55,7 @@ struct Scratch {
     cos: Vec<f32>,    // [T, n_rot/2]
     sin: Vec<f32>,    // [T, n_rot/2]
     attn: AttnScratch,
+    seen: Vec<bool>, // [E] experts already counted in this layer (tier use counting)
 }
 
 pub struct Model {
@@ -124,6 +126,7 @@ impl Model {
             cos: z(hp.n_rot / 2),
             sin: z(hp.n_rot / 2),
             attn: AttnScratch::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
+            seen: vec![false; hp.n_expert],
         };
         Ok(Model {
             routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
@@ -242,7 +245,6 @@ impl Model {
         let tier = tier.as_deref();
         // [3][E] per-expert slabs (gate, up, down) when a tier is attached.
         let mut tables: [Vec<&[u8]>; 3] = Default::default();
-        let mut seen = Vec::new();
         let t = toks.len();
         let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
         let (e, k) = (hp.n_expert, hp.n_expert_used);
@@ -321,8 +323,11 @@ impl Model {
             routing_hot.observe(l, &s.ids[..t * k]);
             let base = w.expert_layer(l);
             let slabbed;
-            let layer = if let Some(res) = tier {
-                tier_tables(res, l, &s.ids[..t * k], &base, &mut tables, &mut seen)?;
+            let slabs = match tier {
+                Some(res) => tier_tables(res, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?,
+                None => false,
+            };
+            let layer = if slabs {
                 let [g, u, dn] = &tables;
                 slabbed = ExpertLayer {
                     gate: QExperts {
@@ -396,23 +401,27 @@ impl Model {
     }
 }
 
-/// Per-expert slabs of layer `l` for the pool: each routed expert where `res` keeps it (one
-/// tier use counted per distinct expert), the others from the model's own map (not read).
+/// Counts one tier use per distinct routed expert of layer `l` and, when the tier has an
+/// arena (something can be resident), fills `tables` with per-expert slabs for the pool: each
+/// routed expert where `res` keeps it, the others from the model's own map (not read).
+/// Returns whether the tables were filled (false: the pool reads the model's map as is).
 fn tier_tables<'a>(
     res: &'a Residency,
     l: usize,
     ids: &[u32],
     layer: &ExpertLayer<'a>,
     tables: &mut [Vec<&'a [u8]>; 3],
-    seen: &mut Vec<bool>,
-) -> Result<()> {
-    seen.clear();
-    seen.resize(layer.gate.n_expert, false);
-    let ms = [&layer.gate, &layer.up, &layer.down];
-    for (tab, m) in tables.iter_mut().zip(ms) {
-        let eb = m.rows * m.row_bytes();
-        tab.clear();
-        tab.extend((0..m.n_expert).map(|e| m.expert_data(e, eb)));
+    seen: &mut [bool],
+) -> Result<bool> {
+    seen.fill(false);
+    let slabs = res.arena_bytes() > 0;
+    if slabs {
+        let ms = [&layer.gate, &layer.up, &layer.down];
+        for (tab, m) in tables.iter_mut().zip(ms) {
+            let eb = m.rows * m.row_bytes();
+            tab.clear();
+            tab.extend((0..m.n_expert).map(|e| m.expert_data(e, eb)));
+        }
     }
     for &id in ids {
         match seen.get_mut(id as usize) {
@@ -422,6 +431,9 @@ fn tier_tables<'a>(
         let b = res
             .expert_bytes(l, id as usize)
             .ok_or_else(|| Error::Input(format!("expert {id} of layer {l} is not in the tier")))?;
+        if !slabs {
+            continue;
+        }
         for (tab, bytes) in tables.iter_mut().zip([b.gate, b.up, b.down]) {
             if tab[id as usize].len() != bytes.len() {
                 return Err(Error::Config(format!(
@@ -433,7 +445,7 @@ fn tier_tables<'a>(
             tab[id as usize] = bytes;
         }
     }
-    Ok(())
+    Ok(slabs)
 }
 
 /// Router for one token: softmax over all E logits (f32), the top K by probability

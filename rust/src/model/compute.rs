@@ -7,37 +7,11 @@
 //! Activations are quantized once per input row to `w.ty.vec_dot_type()`, exactly as ggml's
 //! CPU backend does, and every output element is `vec_dot(weight row, quantized row)`.
 
-use crate::error::{Error, Result};
-use crate::quant::dot::{act_bytes, quantize_act, vec_dot};
-use crate::quant::GgmlType;
-use std::sync::Mutex;
+use crate::error::Result;
+use crate::pool::{reference, validate_matmul, validate_moe, Pool};
 
 // The matrix types are the pool's: one definition for both implementations of `Compute`.
-use crate::pool::Pool;
 pub use crate::pool::{ExpertLayer, QExperts, QMatrix};
-
-impl QMatrix<'_> {
-    pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.cols).unwrap_or(0)
-    }
-}
-
-impl<'a> QExperts<'a> {
-    pub fn row_bytes(&self) -> usize {
-        self.ty.row_bytes(self.cols).unwrap_or(0)
-    }
-
-    /// Expert e as a matrix (rows, cols): a zero-copy slice of the stack.
-    pub fn expert(&self, e: usize) -> QMatrix<'a> {
-        let n = self.rows * self.row_bytes();
-        QMatrix {
-            ty: self.ty,
-            data: self.expert_data(e, n),
-            rows: self.rows,
-            cols: self.cols,
-        }
-    }
-}
 
 pub trait Compute: Send + Sync {
     /// `y[t] = W·x[t]` for t < `t`: x is [T, cols], y is [T, rows] (overwritten).
@@ -58,94 +32,22 @@ pub trait Compute: Send + Sync {
     ) -> Result<()>;
 }
 
-/// Checks a matrix's bytes against its shape and type.
-pub fn check_matrix(
-    what: &str,
-    ty: GgmlType,
-    data_len: usize,
-    n: usize,
-    cols: usize,
-) -> Result<()> {
-    let rb = ty.row_bytes(cols).ok_or_else(|| {
-        Error::Quant(format!(
-            "{what}: rows of {cols} elements are not whole {} blocks",
-            ty.name()
-        ))
-    })?;
-    if n.checked_mul(rb) != Some(data_len) {
-        return Err(Error::Quant(format!(
-            "{what}: {data_len} bytes for {n} rows of {cols} {} elements",
-            ty.name()
-        )));
-    }
-    Ok(())
-}
-
-fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
-    if got != want {
-        return Err(Error::Quant(format!(
-            "{what} has {got} elements, expected {want}"
-        )));
-    }
-    Ok(())
-}
-
-/// Grow-only scratch: allocates on the first calls, never on later calls of the same shapes.
+/// Single-threaded reference implementation of `Compute`: the pool's serial reference
+/// (`pool::reference`, written independently of the tiled code) behind the pool's own shape
+/// checks, so the two implementations share one validation and one definition of the math.
 #[derive(Default)]
-struct Scratch {
-    act: Vec<u8>,
-    act2: Vec<u8>,
-    act3: Vec<u8>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
-}
-
-fn grow<T: Default + Clone>(v: &mut Vec<T>, n: usize) -> &mut [T] {
-    if v.len() < n {
-        v.resize(n, T::default());
-    }
-    &mut v[..n]
-}
-
-/// Single-threaded reference implementation of `Compute`.
-#[derive(Default)]
-pub struct SerialCompute {
-    scratch: Mutex<Scratch>,
-}
+pub struct SerialCompute;
 
 impl SerialCompute {
     pub fn new() -> SerialCompute {
-        SerialCompute::default()
+        SerialCompute
     }
-}
-
-/// `y[r] = dot(W[r], a)` for every row r of w, a quantized to `w.ty.vec_dot_type()`.
-fn gemv(w: &QMatrix<'_>, a: &[u8], y: &mut [f32]) {
-    let rb = w.row_bytes();
-    for (r, out) in w.data.chunks_exact(rb).zip(y.iter_mut()) {
-        *out = vec_dot(w.ty, w.cols, r, a);
-    }
-}
-
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 impl Compute for SerialCompute {
     fn matmul(&self, w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
-        check_matrix("matmul weight", w.ty, w.data.len(), w.rows, w.cols)?;
-        check_len("matmul input", x.len(), t * w.cols)?;
-        check_len("matmul output", y.len(), t * w.rows)?;
-        let vt = w.ty.vec_dot_type();
-        let ab = act_bytes(w.ty, w.cols).unwrap_or(0);
-        let mut s = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let act = grow(&mut s.act, ab);
-        for (xr, yr) in x.chunks_exact(w.cols).zip(y.chunks_exact_mut(w.rows)) {
-            quantize_act(vt, xr, act)?;
-            gemv(w, act, yr);
-        }
-        Ok(())
+        validate_matmul(w, x, t, y)?;
+        reference::matmul_serial(w, x, t, y)
     }
 
     fn moe(
@@ -157,70 +59,8 @@ impl Compute for SerialCompute {
         k: usize,
         y: &mut [f32],
     ) -> Result<()> {
-        let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
-        let h = g.cols;
-        let f = g.rows;
-        for (name, m, rows, cols) in [("gate", g, f, h), ("up", u, f, h), ("down", d, h, f)] {
-            if m.rows != rows || m.cols != cols || m.n_expert != g.n_expert {
-                return Err(Error::Quant(format!(
-                    "moe {name}: shape ({}, {}, {}) does not match ({}, {rows}, {cols})",
-                    m.n_expert, m.rows, m.cols, g.n_expert
-                )));
-            }
-            check_matrix(name, m.ty, m.data.len(), m.n_expert * m.rows, m.cols)?;
-        }
-        if k == 0 || h == 0 {
-            return Err(Error::Quant("moe: k and H must be > 0".into()));
-        }
-        let t = x.len() / h;
-        check_len("moe input", x.len(), t * h)?;
-        check_len("moe ids", ids.len(), t * k)?;
-        check_len("moe weights", weights.len(), t * k)?;
-        check_len("moe output", y.len(), t * h)?;
-        if let Some(&bad) = ids.iter().find(|&&e| e as usize >= g.n_expert) {
-            return Err(Error::Quant(format!(
-                "moe: expert id {bad} is not below {}",
-                g.n_expert
-            )));
-        }
-        let (gt, ut, dt) = (
-            g.ty.vec_dot_type(),
-            u.ty.vec_dot_type(),
-            d.ty.vec_dot_type(),
-        );
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let s = &mut *guard;
-        let xg = grow(&mut s.act, act_bytes(g.ty, h).unwrap_or(0));
-        let xu = grow(&mut s.act2, act_bytes(u.ty, h).unwrap_or(0));
-        let ad = grow(&mut s.act3, act_bytes(d.ty, f).unwrap_or(0));
-        let gate = grow(&mut s.gate, f);
-        let up = grow(&mut s.up, f);
-        for ((xr, yr), (tid, tw)) in x
-            .chunks_exact(h)
-            .zip(y.chunks_exact_mut(h))
-            .zip(ids.chunks_exact(k).zip(weights.chunks_exact(k)))
-        {
-            // x[t] quantized once for gate and once for up (the same bytes when the types agree).
-            quantize_act(gt, xr, xg)?;
-            quantize_act(ut, xr, xu)?;
-            yr.fill(0.0);
-            for (&e, &wj) in tid.iter().zip(tw) {
-                let e = e as usize;
-                gemv(&g.expert(e), xg, gate);
-                gemv(&u.expert(e), xu, up);
-                // a = silu(gate) ⊙ up  [F], quantized for down.
-                for (gv, uv) in gate.iter_mut().zip(up.iter()) {
-                    *gv = silu(*gv) * uv;
-                }
-                quantize_act(dt, gate, ad)?;
-                // y[t] += w · down_e·a  [H]
-                let dm = d.expert(e);
-                for (row, out) in dm.data.chunks_exact(dm.row_bytes()).zip(yr.iter_mut()) {
-                    *out += wj * vec_dot(dm.ty, f, row, ad);
-                }
-            }
-        }
-        Ok(())
+        validate_moe(layer, x, ids, weights, k, y)?;
+        reference::moe_serial(layer, x, ids, weights, k, y)
     }
 }
 

@@ -418,7 +418,7 @@ fn tier_tables<'a>(
     if slabs {
         let ms = [&layer.gate, &layer.up, &layer.down];
         for (tab, m) in tables.iter_mut().zip(ms) {
-            let eb = m.rows * m.row_bytes();
+            let eb = m.rows * m.ty.row_bytes(m.cols).unwrap_or(0);
             tab.clear();
             tab.extend((0..m.n_expert).map(|e| m.expert_data(e, eb)));
         }

@@ -30,8 +30,16 @@ DEFAULT_DIR = Path(__file__).resolve().parent / ".models"
 
 
 def llama_cpp_version() -> str:
-    import llama_cpp
-
+    """The quantizer's version, part of every quantized file's cache key. Where llama-cpp-python
+    is not installed (the GPU machine), STRATA_TEST_LLAMA_CPP_VERSION names the version that
+    made the carried files, so the cache serves them and nothing is re-quantized."""
+    try:
+        import llama_cpp
+    except ImportError:
+        carried = os.environ.get("STRATA_TEST_LLAMA_CPP_VERSION")
+        if carried:
+            return carried
+        raise
     return str(llama_cpp.__version__)
 
 

@@ -114,6 +114,9 @@ fn gpu_smoke_graph<'py>(
         let s = gpu.stream()?;
         let dx = gpu.upload_pod(&x)?;
         let dy = gpu.alloc(dx.len())?;
+        // Warm-up outside the capture (resolves the kernel; graphs capture launches only).
+        ops::smoke::axpb(&gpu, &s, &dx, &dy, a, b, x.len())?;
+        s.sync()?;
         s.begin_capture()?;
         let captured = ops::smoke::axpb(&gpu, &s, &dx, &dy, a, b, x.len())
             .and_then(|_| dx.copy_from(&s, 0, &dy, 0, dy.len()));

@@ -6,9 +6,10 @@
 //! Not found: `BUILT = false` and `WHY` says why (the crate builds; no GPU at run time), unless
 //! `STRATA_REQUIRE_KERNELS=1`, which makes that a build error. A file nvcc rejects is always a
 //! build error with nvcc's output. Archs: `$STRATA_CUDA_ARCHS` (comma list, default
-//! `80,86,89,90,120`) as SASS plus `compute_90` PTX. Each file's fatbin is cached in `$OUT_DIR`
-//! under a hash of its source, every header, nvcc's path and the flags, so editing one `.cu`
-//! recompiles only that file (a header change recompiles all).
+//! `80,86,89,90,120`) as SASS plus `compute_90` PTX. Each file's fatbin is cached in
+//! `<target dir>/strata-cuda/` under a hash of its source, every header, nvcc's path and version
+//! and the flags, so editing one `.cu` recompiles only that file (a header change recompiles
+//! all), and the profiles and feature sets of one target dir share the fatbins.
 
 use std::collections::hash_map::DefaultHasher;
 use std::env;
@@ -170,31 +171,50 @@ fn compile(
     text.hash(&mut h);
     let key = format!("{:016x}", h.finish());
     let out = out_dir.join(format!("{name}.fatbin"));
-    let key_file = out_dir.join(format!("{name}.key"));
-    if out.is_file() && fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
-        return Ok(out);
+    // Fatbins are shared, by key, between the build's profiles and feature sets (cargo test,
+    // clippy and maturin each have their own OUT_DIR) in <target dir>/strata-cuda/.
+    let cache_dir = cache_dir(out_dir);
+    let cached = cache_dir.join(format!("{name}-{key}.fatbin"));
+    if !cached.is_file() {
+        let tmp = cache_dir.join(format!("{name}-{key}.{}.tmp", std::process::id()));
+        let output = Command::new(nvcc)
+            .args(flags)
+            .arg("-o")
+            .arg(&tmp)
+            .arg(src)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
+        if !output.status.success() {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!(
+                "{} {} -o {} {}\n{}{}",
+                nvcc.display(),
+                flags.join(" "),
+                out.display(),
+                src.display(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        // Atomic: a parallel build of another profile sees the whole file or none.
+        fs::rename(&tmp, &cached).map_err(|e| format!("{}: {e}", cached.display()))?;
     }
-    let _ = fs::remove_file(&key_file);
-    let output = Command::new(nvcc)
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(src)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{} {} -o {} {}\n{}{}",
-            nvcc.display(),
-            flags.join(" "),
-            out.display(),
-            src.display(),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    fs::write(&key_file, key).map_err(|e| e.to_string())?;
+    fs::copy(&cached, &out).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out)
+}
+
+/// `<target dir>/strata-cuda` (OUT_DIR is `<target>/<profile>/build/<pkg>/out`), else OUT_DIR.
+fn cache_dir(out_dir: &Path) -> PathBuf {
+    let dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map(|t| t.join("strata-cuda"))
+        .unwrap_or_else(|| out_dir.to_path_buf());
+    if fs::create_dir_all(&dir).is_ok() {
+        dir
+    } else {
+        out_dir.to_path_buf()
+    }
 }
 
 fn parse_archs(s: &str) -> Result<Vec<String>, String> {

@@ -2,14 +2,17 @@
 //! (`FATBINS`, `BUILT`, `WHY`, `INFO`), which `src/cuda/fatbin.rs` includes.
 //!
 //! nvcc is looked for in this order: `$STRATA_NVCC`; `nvcc` on `PATH`; `$CUDA_HOME/bin/nvcc`;
-//! the PyPI toolkit (`site-packages/nvidia/cu13/bin/nvcc` of `$PYTHON`, `$PYO3_PYTHON`, `python3`).
-//! Not found: `BUILT = false` and `WHY` says why (the crate builds; no GPU at run time), unless
-//! `STRATA_REQUIRE_KERNELS=1`, which makes that a build error. A file nvcc rejects is always a
-//! build error with nvcc's output. Archs: `$STRATA_CUDA_ARCHS` (comma list, default
-//! `80,86,89,90,120`) as SASS plus `compute_90` PTX. Each file's fatbin is cached in
-//! `<target dir>/strata-cuda/` under a hash of its source, every header, nvcc's path and version
-//! and the flags, so editing one `.cu` recompiles only that file (a header change recompiles
-//! all), and the profiles and feature sets of one target dir share the fatbins.
+//! the PyPI toolkit (`site-packages/nvidia/cu13/bin/nvcc` of `$PYTHON`, `$PYO3_PYTHON`,
+//! `python3`). Not found: `BUILT = false` and `WHY` says why (the crate builds; no GPU at run
+//! time), unless `STRATA_REQUIRE_KERNELS=1`, which makes that a build error. A file nvcc
+//! rejects is always a build error with nvcc's output. `STRATA_SKIP_KERNELS=1` builds without
+//! kernels on purpose (builds that never touch the GPU, e.g. the fuzzer).
+//!
+//! Archs: `$STRATA_CUDA_ARCHS` (comma list, default `80,86,89,90,120`) as SASS plus
+//! `compute_90` PTX. Each file's fatbin is cached in `<target dir>/strata-cuda/` under a hash
+//! of its source, every header, nvcc's path and version and the flags, so editing one `.cu`
+//! recompiles only that file (a header change recompiles all), and the profiles and feature
+//! sets of one target dir share the fatbins.
 
 use std::collections::hash_map::DefaultHasher;
 use std::env;
@@ -24,6 +27,7 @@ const ENV_VARS: &[&str] = &[
     "STRATA_NVCC",
     "STRATA_CUDA_ARCHS",
     "STRATA_REQUIRE_KERNELS",
+    "STRATA_SKIP_KERNELS",
     "CUDA_HOME",
     "PYTHON",
     "PYO3_PYTHON",
@@ -56,6 +60,9 @@ fn main() {
 fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
     if !cuda_dir.is_dir() {
         return Err(format!("no kernel folder {}", cuda_dir.display()));
+    }
+    if env::var("STRATA_SKIP_KERNELS").is_ok_and(|v| v == "1") {
+        return Err("STRATA_SKIP_KERNELS=1".into());
     }
     let nvcc = find_nvcc()?;
     println!("cargo:rerun-if-changed={}", nvcc.display());
@@ -105,6 +112,9 @@ fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
         .and_then(|j| j.parse::<usize>().ok())
         .unwrap_or(2)
         .clamp(1, 16);
+    // Files run in parallel; within a file nvcc builds the targets on the cores left over
+    // (not hashed: the output does not depend on it).
+    let threads = (jobs / jobs.min(sources.len().max(1))).max(1);
     let results: Vec<(&PathBuf, Result<PathBuf, String>)> = std::thread::scope(|scope| {
         let chunks: Vec<Vec<&PathBuf>> = (0..jobs)
             .map(|j| sources.iter().skip(j).step_by(jobs).collect())
@@ -116,7 +126,7 @@ fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
                 scope.spawn(move || {
                     chunk
                         .into_iter()
-                        .map(|src| (src, compile(nvcc, flags, common, src, out_dir)))
+                        .map(|src| (src, compile(nvcc, flags, threads, common, src, out_dir)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -155,6 +165,7 @@ fn stem(p: &Path) -> String {
 fn compile(
     nvcc: &Path,
     flags: &[String],
+    threads: usize,
     common: u64,
     src: &Path,
     out_dir: &Path,
@@ -179,6 +190,8 @@ fn compile(
         let tmp = cache_dir.join(format!("{name}-{key}.{}.tmp", std::process::id()));
         let output = Command::new(nvcc)
             .args(flags)
+            .arg("-t")
+            .arg(threads.to_string())
             .arg("-o")
             .arg(&tmp)
             .arg(src)

@@ -19,6 +19,7 @@ import cuda_host
 import dot_util
 import numpy as np
 import pytest
+from gpu_quant_ref import q8_1_parts
 from strata import _core
 
 QUANT_TYPES = [
@@ -79,6 +80,10 @@ def test_q8_1_quantizer(host: Path, tmp_path: Path) -> None:
     assert np.all(err <= (d / 2 + amax * 2.0**-10)[:, None] + 1e-30)
     want_s = (d.astype(np.float32) * q.sum(axis=1).astype(np.float32)).astype(np.float16)
     assert np.array_equal(s.view(np.uint16), want_s.view(np.uint16))
+    # The numpy emulation the device tests use is the same computation, value for value.
+    ed, eq = q8_1_parts(x)
+    assert np.array_equal(ed[:, 0].astype(np.float64), d)
+    assert np.array_equal(eq.astype(np.int64), q)
 
 
 @pytest.mark.parametrize("t", QUANT_TYPES)

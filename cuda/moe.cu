@@ -15,15 +15,6 @@
 //   (f32 for float types), items = ff/32; y f32 [n_tok, h].
 #include "vecdot.cuh"
 
-// The expert matrix of pair p, or null when absent, out of range of the id or misaligned.
-template <class T>
-__device__ __forceinline__ const uint8_t* expert_ptr(const unsigned long long* ptrs, int e) {
-    if (e < 0) return nullptr;
-    const unsigned long long p = ptrs[e];
-    if (p == 0 || p % T::ALIGN != 0) return nullptr;
-    return (const uint8_t*)p;
-}
-
 // MODE 0: fused gate+up+SwiGLU (TG == TU); 1: gate only; 2: up times silu(act) in place.
 template <class TG, class TU, int MODE>
 __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs,

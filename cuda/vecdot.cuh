@@ -56,6 +56,15 @@ __device__ __forceinline__ long act_stride(int items) {
     return T::IS_FLOAT ? 32l * items : (long)items;
 }
 
+// Expert e's matrix from a pointer table, or null when e < 0, the pointer is 0 or misaligned.
+template <class T>
+__device__ __forceinline__ const uint8_t* expert_ptr(const unsigned long long* ptrs, int e) {
+    if (e < 0) return nullptr;
+    const unsigned long long p = ptrs[e];
+    if (p == 0 || p % T::ALIGN != 0) return nullptr;
+    return (const uint8_t*)p;
+}
+
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }

@@ -1,7 +1,7 @@
 //! `Gpu`: one device's primary context with every embedded kernel module loaded.
 
 use super::fatbin;
-use super::ffi::{self, cu, CUcontext, CUdevice, CUmodule, Driver};
+use super::ffi::{self, cu, CUcontext, CUdevice, CUmodule, CUstream, Driver};
 use super::kernel::Kernel;
 use super::mem::{DevBuf, PinnedBuf};
 use super::stream::{Event, Stream};
@@ -17,6 +17,11 @@ pub(crate) struct Ctx {
     pub(crate) ctx: CUcontext,
     dev: CUdevice,
     modules: Vec<(&'static str, CUmodule)>,
+    /// A private non-blocking stream for the synchronous copies (`DevBuf::copy_from_host`,
+    /// `copy_to_host`, `Gpu::upload`): each waits on it, so the data has fully landed when
+    /// the call returns and any stream may use it (a legacy cuMemcpyHtoD may return before
+    /// its DMA ends, unordered with non-blocking streams).
+    pub(crate) copy: CUstream,
 }
 
 // SAFETY: a CUDA context and its modules may be used from any thread once made current there
@@ -37,6 +42,9 @@ impl Drop for Ctx {
         let drv = self.drv;
         // Errors on teardown cannot be reported; the process keeps running either way.
         let _ = cu!(drv.cuCtxSetCurrent(self.ctx));
+        if !self.copy.is_null() {
+            let _ = cu!(drv.cuStreamDestroy(self.copy));
+        }
         for &(_, m) in &self.modules {
             let _ = cu!(drv.cuModuleUnload(m));
         }
@@ -125,8 +133,10 @@ impl Gpu {
             ctx: raw,
             dev,
             modules: Vec::new(),
+            copy: std::ptr::null_mut(),
         };
         ctx.bind()?;
+        cu!(drv.cuStreamCreate(&mut ctx.copy, ffi::CU_STREAM_NON_BLOCKING))?;
         for &(stem, image) in fatbin::FATBINS {
             let mut m: CUmodule = std::ptr::null_mut();
             // SAFETY: `image` is a complete fatbin embedded in the binary, 16-byte aligned.

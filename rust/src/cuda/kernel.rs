@@ -61,7 +61,20 @@ unsafe impl Sync for Kernel {}
 
 impl Kernel {
     pub(crate) fn new(ctx: &Arc<Ctx>, f: CUfunction, name: &str) -> Result<Kernel> {
-        let params = match ctx.drv.cuFuncGetParamInfo {
+        let drv = ctx.drv;
+        // Loads the function now if the driver loads lazily (so that a broken image fails
+        // here, naming the kernel, and never inside a graph capture).
+        let mut regs = 0;
+        if let Err(Error::Cuda { call, code, msg }) =
+            cu!(drv.cuFuncGetAttribute(&mut regs, ffi::CU_FUNC_ATTRIBUTE_NUM_REGS, f))
+        {
+            return Err(Error::Cuda {
+                call,
+                code,
+                msg: format!("{name}: {msg}"),
+            });
+        }
+        let params = match drv.cuFuncGetParamInfo {
             None => None,
             Some(info) => {
                 let mut sizes = Vec::new();
@@ -75,7 +88,8 @@ impl Kernel {
                     }
                     sizes.push(size);
                 }
-                Some(sizes.into())
+                // No parameter at all is indistinguishable from "cannot tell": don't check.
+                (!sizes.is_empty()).then(|| sizes.into())
             }
         };
         Ok(Kernel {

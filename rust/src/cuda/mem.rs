@@ -66,7 +66,8 @@ impl DevBuf {
         Ok(self.ptr + byte_off as u64)
     }
 
-    /// Synchronous host → device copy of `src` at `byte_off`.
+    /// Host → device copy of `src` at `byte_off`; when it returns the data is on the device,
+    /// visible to work queued afterwards on any stream.
     pub fn copy_from_host(&self, byte_off: usize, src: &[u8]) -> Result<()> {
         span("DevBuf::copy_from_host", byte_off, src.len(), self.len)?;
         if src.is_empty() {
@@ -78,7 +79,9 @@ impl DevBuf {
         cu!(drv.cuMemcpyHtoD(self.ptr + byte_off as u64, src.as_ptr().cast(), src.len()))
     }
 
-    /// Synchronous device → host copy into `dst` from `byte_off`.
+    /// Device → host copy into `dst` from `byte_off` (waits for the copy). It does NOT wait
+    /// for work queued on your streams: sync the stream that wrote the data first, or use
+    /// `read`/`read_into` with that stream.
     pub fn copy_to_host(&self, byte_off: usize, dst: &mut [u8]) -> Result<()> {
         span("DevBuf::copy_to_host", byte_off, dst.len(), self.len)?;
         if dst.is_empty() {
@@ -86,12 +89,15 @@ impl DevBuf {
         }
         self.ctx.bind()?;
         let drv = self.ctx.drv;
-        // SAFETY: the range is inside this allocation and `dst` is valid for its length.
-        cu!(drv.cuMemcpyDtoH(
+        // SAFETY: the range is inside this allocation and `dst` is valid for its length
+        // until the copy stream has been synchronised below.
+        cu!(drv.cuMemcpyDtoHAsync(
             dst.as_mut_ptr().cast(),
             self.ptr + byte_off as u64,
-            dst.len()
-        ))
+            dst.len(),
+            self.ctx.copy
+        ))?;
+        cu!(drv.cuStreamSynchronize(self.ctx.copy))
     }
 
     /// Writes `data` at element offset `off_elems` (in units of `T`), ordered on `s`; returns
@@ -116,6 +122,14 @@ impl DevBuf {
 
     /// Reads `n` elements of `T` from element offset `off_elems`, ordered on `s` (waits).
     pub fn read<T: Pod>(&self, s: &Stream, off_elems: usize, n: usize) -> Result<Vec<T>> {
+        // Bounds first: a wild `n` must be an error, not a huge allocation.
+        let off = elems_to_bytes::<T>("DevBuf::read", off_elems)?;
+        span(
+            "DevBuf::read",
+            off,
+            elems_to_bytes::<T>("DevBuf::read", n)?,
+            self.len,
+        )?;
         let mut out = vec![T::zeroed(); n];
         self.read_into(s, off_elems, &mut out)?;
         Ok(out)

@@ -25,6 +25,8 @@ pub(crate) fn shared_gpu() -> Result<Arc<Gpu>> {
 /// (True, "NVIDIA H200, sm_90, 139 GiB") when a usable GPU is present, else (False, why not).
 #[pyfunction]
 fn gpu_status(py: Python<'_>) -> (bool, String) {
+    // Through the shared device, so that asking does not open and close a context each time.
+    let _keep = py.detach(shared_gpu).ok();
     match py.detach(cuda::status) {
         Ok(s) => (true, s),
         Err(why) => (false, why),
@@ -114,6 +116,9 @@ fn gpu_smoke_graph<'py>(
         let s = gpu.stream()?;
         let dx = gpu.upload_pod(&x)?;
         let dy = gpu.alloc(dx.len())?;
+        // Warm-up outside the capture (resolves the kernel; graphs capture launches only).
+        ops::smoke::axpb(&gpu, &s, &dx, &dy, a, b, x.len())?;
+        s.sync()?;
         s.begin_capture()?;
         let captured = ops::smoke::axpb(&gpu, &s, &dx, &dy, a, b, x.len())
             .and_then(|_| dx.copy_from(&s, 0, &dy, 0, dy.len()));

@@ -3,6 +3,7 @@
 
 mod cuda;
 mod cuda_quant;
+mod cuda_quant_bench;
 mod errors;
 mod gguf;
 mod model;
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cuda::register(m)?;
     cuda_quant::register(m)?;
+    cuda_quant_bench::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;

@@ -18,7 +18,8 @@ Error bounds (u = 2⁻²⁴), per output element:
 - getrows: bit-exact.
 - moe gate/up: the matmul bounds on g and u, propagated through silu(g)·u (|silu'| ≤ 1.1);
   moe down: from the kernel's own act (returned), the matmul bound per slot, weighted, plus
-  (top_k + 2)·u·Σ|terms| for the sums into y.
+  (top_k + 2)·u·Σ|terms| for the sums into y and 16·u·Σ_j w_j·Σ T·|act| for the sums over the
+  (slot, item) pairs.
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ def run_moe(tg: str, tu: str, td: str, n_tok: int, seed: int) -> None:
             y_bound += (
                 float(wts[t, j]) * matmul_bound(td, ff, down[e][1], down[e][2], a, prefill)[0]
             )
+            # The decode kernel sums w·(item dot) over all (slot, item) pairs of a lane and
+            # the warp: rounding relative to the element-level magnitudes.
+            y_bound += 16 * U * float(wts[t, j]) * (np.abs(a) @ down[e][2].T)[0]
         y_bound += (top_k + 2) * U * terms + 1e-30
         err = np.abs(y[t] - want_y)
         assert np.all(err <= y_bound), f"y[{t}]: err/bound {float(np.max(err / y_bound)):.3g}"

@@ -2,6 +2,8 @@
 //! exception tree re-exported by `strata.errors`.
 
 mod cuda;
+mod cuda_quant;
+mod cuda_quant_bench;
 mod errors;
 mod gguf;
 mod model;
@@ -17,6 +19,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     cuda::register(m)?;
+    cuda_quant::register(m)?;
+    cuda_quant_bench::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;

@@ -7,12 +7,14 @@
 // graph reads them from memory. D = head dim (a multiple of 32, ≤ 256).
 #include "model.cuh"
 
-// x f32 [T, n_head, D] rotated in place; token t sits at position pos0 + t.
+// x f32 [T, n_head, D] rotated in place; token t sits at position pos0 + t (< n_pos, the
+// table's rows; tokens past it are left alone: the host refuses them first).
 // Launch: grid (n_head, T), block 32.
 extern "C" __global__ void __launch_bounds__(32)
     strata_rope_neox(float* x, const float* cos_t, const float* sin_t, const int* sp,
-                     int n_head, int d, int n_rot) {
+                     int n_head, int d, int n_rot, int n_pos) {
   int half = n_rot / 2, pos = sp[0] + blockIdx.y;
+  if (pos >= n_pos) return;
   float* h = x + ((size_t)blockIdx.y * n_head + blockIdx.x) * d;
   const float* c = cos_t + (size_t)pos * half;
   const float* s = sin_t + (size_t)pos * half;

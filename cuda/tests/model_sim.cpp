@@ -21,8 +21,9 @@ void sim_norm_add_rms(float* x, const float* y, const float* w, float* out, int 
 }
 
 void sim_rope_neox(float* x, const float* c, const float* s, const int* sp, int n_tok,
-                   int n_head, int d, int n_rot) {
-  sim_launch(strata_rope_neox, dim3(n_head, n_tok), dim3(32), x, c, s, sp, n_head, d, n_rot);
+                   int n_head, int d, int n_rot, int n_pos) {
+  sim_launch(strata_rope_neox, dim3(n_head, n_tok), dim3(32), x, c, s, sp, n_head, d, n_rot,
+             n_pos);
 }
 
 void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float* qn,

@@ -1,0 +1,70 @@
+// Device building blocks of the matrix-vector kernels (mmvq.cu, moe.cu): one warp computes the
+// dot of one weight row with up to NT activation rows.
+#pragma once
+#include "qdecode.cuh"
+
+// Warps per thread block of the matrix-vector kernels (one weight row per warp).
+#define MMVQ_WARPS 4
+
+// acc[t] += Σ_k row[k]·x_t[k] over this lane's items (lane, lane + 32, ...), for t < nt ≤ NT.
+// Quantized rows: x is q8_1 blocks, token t at xq + t·x_stride (x_stride = items);
+// float rows: x is f32, token t at xf + t·x_stride (x_stride = 32·items), 16-byte aligned.
+template <class T, int NT>
+__device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int items, const void* x,
+                                        long x_stride, int nt, float (&acc)[NT], int lane) {
+    for (int i = lane; i < items; i += 32) {
+        if constexpr (T::IS_FLOAT) {
+            float v[32];
+            T::fitem(row + (size_t)i * T::BYTES, v);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float4* xp = (const float4*)((const float*)x + t * x_stride + 32l * i);
+                    float s = 0.0f;
+#pragma unroll
+                    for (int q = 0; q < 8; ++q) {
+                        const float4 a = xp[q];
+                        s += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z + v[4 * q + 3] * a.w;
+                    }
+                    acc[t] += s;
+                }
+            }
+        } else {
+            QItem it;
+            T::item(row + (size_t)(i / T::ITEMS) * T::BYTES, i % T::ITEMS, it);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    uint32_t qa[8];
+                    const float da = load_q8_1((const block_q8_1*)x + t * x_stride + i, qa);
+                    acc[t] += item_dot<T>(it, qa, da);
+                }
+            }
+        }
+    }
+}
+
+// Activations of token t: q8_1 blocks for quantized rows, f32 for float rows.
+template <class T>
+__device__ __forceinline__ const void* act_at(const void* x, long t, int items) {
+    if constexpr (T::IS_FLOAT) return (const float*)x + t * 32l * items;
+    else return (const block_q8_1*)x + t * (long)items;
+}
+
+template <class T>
+__device__ __forceinline__ long act_stride(int items) {
+    return T::IS_FLOAT ? 32l * items : (long)items;
+}
+
+// Expert e's matrix from a pointer table, or null when e < 0, the pointer is 0 or misaligned.
+template <class T>
+__device__ __forceinline__ const uint8_t* expert_ptr(const unsigned long long* ptrs, int e) {
+    if (e < 0) return nullptr;
+    const unsigned long long p = ptrs[e];
+    if (p == 0 || p % T::ALIGN != 0) return nullptr;
+    return (const uint8_t*)p;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}

@@ -2,13 +2,17 @@
 //! (`FATBINS`, `BUILT`, `WHY`, `INFO`), which `src/cuda/fatbin.rs` includes.
 //!
 //! nvcc is looked for in this order: `$STRATA_NVCC`; `nvcc` on `PATH`; `$CUDA_HOME/bin/nvcc`;
-//! the PyPI toolkit (`site-packages/nvidia/cu13/bin/nvcc` of `$PYTHON`, `$PYO3_PYTHON`, `python3`).
-//! Not found: `BUILT = false` and `WHY` says why (the crate builds; no GPU at run time), unless
-//! `STRATA_REQUIRE_KERNELS=1`, which makes that a build error. A file nvcc rejects is always a
-//! build error with nvcc's output. Archs: `$STRATA_CUDA_ARCHS` (comma list, default
-//! `80,86,89,90,120`) as SASS plus `compute_90` PTX. Each file's fatbin is cached in `$OUT_DIR`
-//! under a hash of its source, every header, nvcc's path and the flags, so editing one `.cu`
-//! recompiles only that file (a header change recompiles all).
+//! the PyPI toolkit (`site-packages/nvidia/cu13/bin/nvcc` of `$PYTHON`, `$PYO3_PYTHON`,
+//! `python3`). Not found: `BUILT = false` and `WHY` says why (the crate builds; no GPU at run
+//! time), unless `STRATA_REQUIRE_KERNELS=1`, which makes that a build error. A file nvcc
+//! rejects is always a build error with nvcc's output. `STRATA_SKIP_KERNELS=1` builds without
+//! kernels on purpose (builds that never touch the GPU, e.g. the fuzzer).
+//!
+//! Archs: `$STRATA_CUDA_ARCHS` (comma list, default `80,86,89,90,120`) as SASS plus
+//! `compute_90` PTX. Each file's fatbin is cached in `<target dir>/strata-cuda/` under a hash
+//! of its source, every header, nvcc's path and version and the flags, so editing one `.cu`
+//! recompiles only that file (a header change recompiles all), and the profiles and feature
+//! sets of one target dir share the fatbins.
 
 use std::collections::hash_map::DefaultHasher;
 use std::env;
@@ -23,6 +27,7 @@ const ENV_VARS: &[&str] = &[
     "STRATA_NVCC",
     "STRATA_CUDA_ARCHS",
     "STRATA_REQUIRE_KERNELS",
+    "STRATA_SKIP_KERNELS",
     "CUDA_HOME",
     "PYTHON",
     "PYO3_PYTHON",
@@ -55,6 +60,9 @@ fn main() {
 fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
     if !cuda_dir.is_dir() {
         return Err(format!("no kernel folder {}", cuda_dir.display()));
+    }
+    if env::var("STRATA_SKIP_KERNELS").is_ok_and(|v| v == "1") {
+        return Err("STRATA_SKIP_KERNELS=1".into());
     }
     let nvcc = find_nvcc()?;
     println!("cargo:rerun-if-changed={}", nvcc.display());
@@ -104,6 +112,9 @@ fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
         .and_then(|j| j.parse::<usize>().ok())
         .unwrap_or(2)
         .clamp(1, 16);
+    // Files run in parallel; within a file nvcc builds the targets on the cores left over
+    // (not hashed: the output does not depend on it).
+    let threads = (jobs / jobs.min(sources.len().max(1))).max(1);
     let results: Vec<(&PathBuf, Result<PathBuf, String>)> = std::thread::scope(|scope| {
         let chunks: Vec<Vec<&PathBuf>> = (0..jobs)
             .map(|j| sources.iter().skip(j).step_by(jobs).collect())
@@ -115,7 +126,7 @@ fn build(cuda_dir: &Path, out_dir: &Path) -> Result<String, String> {
                 scope.spawn(move || {
                     chunk
                         .into_iter()
-                        .map(|src| (src, compile(nvcc, flags, common, src, out_dir)))
+                        .map(|src| (src, compile(nvcc, flags, threads, common, src, out_dir)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -154,6 +165,7 @@ fn stem(p: &Path) -> String {
 fn compile(
     nvcc: &Path,
     flags: &[String],
+    threads: usize,
     common: u64,
     src: &Path,
     out_dir: &Path,
@@ -170,31 +182,52 @@ fn compile(
     text.hash(&mut h);
     let key = format!("{:016x}", h.finish());
     let out = out_dir.join(format!("{name}.fatbin"));
-    let key_file = out_dir.join(format!("{name}.key"));
-    if out.is_file() && fs::read_to_string(&key_file).is_ok_and(|k| k == key) {
-        return Ok(out);
+    // Fatbins are shared, by key, between the build's profiles and feature sets (cargo test,
+    // clippy and maturin each have their own OUT_DIR) in <target dir>/strata-cuda/.
+    let cache_dir = cache_dir(out_dir);
+    let cached = cache_dir.join(format!("{name}-{key}.fatbin"));
+    if !cached.is_file() {
+        let tmp = cache_dir.join(format!("{name}-{key}.{}.tmp", std::process::id()));
+        let output = Command::new(nvcc)
+            .args(flags)
+            .arg("-t")
+            .arg(threads.to_string())
+            .arg("-o")
+            .arg(&tmp)
+            .arg(src)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
+        if !output.status.success() {
+            let _ = fs::remove_file(&tmp);
+            return Err(format!(
+                "{} {} -o {} {}\n{}{}",
+                nvcc.display(),
+                flags.join(" "),
+                out.display(),
+                src.display(),
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        // Atomic: a parallel build of another profile sees the whole file or none.
+        fs::rename(&tmp, &cached).map_err(|e| format!("{}: {e}", cached.display()))?;
     }
-    let _ = fs::remove_file(&key_file);
-    let output = Command::new(nvcc)
-        .args(flags)
-        .arg("-o")
-        .arg(&out)
-        .arg(src)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{} {} -o {} {}\n{}{}",
-            nvcc.display(),
-            flags.join(" "),
-            out.display(),
-            src.display(),
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    fs::write(&key_file, key).map_err(|e| e.to_string())?;
+    fs::copy(&cached, &out).map_err(|e| format!("{}: {e}", out.display()))?;
     Ok(out)
+}
+
+/// `<target dir>/strata-cuda` (OUT_DIR is `<target>/<profile>/build/<pkg>/out`), else OUT_DIR.
+fn cache_dir(out_dir: &Path) -> PathBuf {
+    let dir = out_dir
+        .ancestors()
+        .nth(4)
+        .map(|t| t.join("strata-cuda"))
+        .unwrap_or_else(|| out_dir.to_path_buf());
+    if fs::create_dir_all(&dir).is_ok() {
+        dir
+    } else {
+        out_dir.to_path_buf()
+    }
 }
 
 fn parse_archs(s: &str) -> Result<Vec<String>, String> {

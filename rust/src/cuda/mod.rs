@@ -123,6 +123,18 @@ mod tests {
     }
 
     #[test]
+    fn handles_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Gpu>();
+        check::<DevBuf>();
+        check::<PinnedBuf>();
+        check::<Kernel>();
+        check::<Stream>();
+        check::<Event>();
+        check::<Graph>();
+    }
+
+    #[test]
     fn pod_bytes_round_trip() {
         let mut v = [1.5f32, -2.0];
         assert_eq!(as_bytes(&v).len(), 8);

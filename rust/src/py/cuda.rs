@@ -25,6 +25,8 @@ pub(crate) fn shared_gpu() -> Result<Arc<Gpu>> {
 /// (True, "NVIDIA H200, sm_90, 139 GiB") when a usable GPU is present, else (False, why not).
 #[pyfunction]
 fn gpu_status(py: Python<'_>) -> (bool, String) {
+    // Through the shared device, so that asking does not open and close a context each time.
+    let _keep = py.detach(shared_gpu).ok();
     match py.detach(cuda::status) {
         Ok(s) => (true, s),
         Err(why) => (false, why),

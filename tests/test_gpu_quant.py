@@ -26,7 +26,8 @@ from gpu_quant_ref import q8_1
 from strata import _core
 from strata.errors import QuantError, ShapeError
 
-pytestmark = pytest.mark.gpu
+_GPU = _core.gpu_status()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _GPU[0], reason=f"no usable GPU: {_GPU[1]}")]
 
 TYPES = [
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",

@@ -33,8 +33,12 @@ __all__ = [
     "dot_isas",
     "evict_page_cache",
     "gpu_bad_launch",
+    "gpu_get_rows",
     "gpu_info",
     "gpu_kernel_params",
+    "gpu_matmul",
+    "gpu_moe",
+    "gpu_quant_supports",
     "gpu_roundtrip",
     "gpu_smoke",
     "gpu_smoke_graph",
@@ -291,3 +295,24 @@ def gpu_smoke_graph(
 def gpu_time_smoke(n: int, reps: int) -> float: ...
 def gpu_kernel_params(name: str) -> list[int] | None: ...
 def gpu_bad_launch() -> None: ...
+def gpu_matmul(
+    type_name: str, w: bytes, rows: int, k: int, x: npt.NDArray[np.float32]
+) -> npt.NDArray[np.float32]: ...
+def gpu_get_rows(
+    type_name: str, w: bytes, rows: int, k: int, ids: npt.NDArray[np.int32]
+) -> npt.NDArray[np.float32]: ...
+def gpu_moe(
+    ty_gate: str,
+    ty_up: str,
+    ty_down: str,
+    gate: Sequence[bytes | None],
+    up: Sequence[bytes | None],
+    down: Sequence[bytes | None],
+    ff: int,
+    h: int,
+    ids: npt.NDArray[np.int32],
+    weights: npt.NDArray[np.float32],
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.float32],
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def gpu_quant_supports(type_name: str) -> bool: ...

@@ -2,6 +2,7 @@
 //! exception tree re-exported by `strata.errors`.
 
 mod cuda;
+mod cuda_quant;
 mod errors;
 mod gguf;
 mod model;
@@ -17,6 +18,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     cuda::register(m)?;
+    cuda_quant::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;

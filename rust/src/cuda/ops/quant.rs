@@ -1,0 +1,826 @@
+//! Launchers of the quantized matrix kernels (GPU_SPEC.md §4): `cuda/quantize.cu` (f32 → q8_1),
+//! `cuda/mmvq.cu` (matrix × few vectors), `cuda/moe.cu` (routed experts through a per-expert
+//! pointer table), `cuda/getrows.cu` (embedding lookup).
+//!
+//! Every launcher checks its shapes and pointers first (`check_*`, pure functions, unit-tested
+//! without a GPU) and returns `Error::Quant` for an unsupported type, `Error::Shape` for sizes
+//! that do not fit and `Error::Config` for null or misaligned pointers; nothing is launched then.
+//! Pointers are raw device addresses (u64), so the sizes of the buffers behind them are the
+//! caller's contract: W [rows, k] in GGUF row layout, x f32 [n_tok, k], y f32 [n_tok, rows],
+//! scratch ≥ `scratch_bytes(k, n_tok)`.
+
+use std::sync::Arc;
+
+use crate::cuda::{Arg, Gpu, Kernel, Stream};
+use crate::error::{Error, Result};
+use crate::quant::GgmlType;
+
+/// Bytes of one q8_1 activation block (32 values).
+const Q8_1_BYTES: usize = 36;
+/// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
+const MMVQ_THREADS: u32 = 128;
+const MMVQ_ROWS: usize = 4;
+/// Tokens per block of the `_n8` matrix-vector kernels.
+const MMVQ_TOKENS: usize = 8;
+/// The largest grid.y / grid.z.
+const GRID_YZ_MAX: usize = 65535;
+/// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
+const MMVQ_MAX_TOKENS: usize = 8;
+/// Output tile of the dense mmq kernel: rows × tokens.
+const MMQ_ROWS: usize = 64;
+const MMQ_TOKENS: usize = 64;
+const MMQ_THREADS: u32 = 128;
+/// Token tile of the grouped-expert mmq kernels, and the most expert ids they group
+/// (cuda/moe_mmq.cu MOE_BN, MOE_MAX_E; larger ids are treated as absent).
+const MOE_BN: usize = 32;
+const MOE_MAX_E: usize = 4096;
+
+/// What the kernels know about a weight type: its kernel-name suffix, whether the activations
+/// stay f32 (float weights) or become q8_1, the alignment its loads need, elements per block.
+#[derive(Clone, Copy, Debug)]
+struct TypeInfo {
+    suffix: &'static str,
+    float: bool,
+    align: u64,
+    block: usize,
+}
+
+fn type_info(ty: GgmlType) -> Option<TypeInfo> {
+    use GgmlType::*;
+    let (suffix, float, align) = match ty {
+        F32 => ("f32", true, 16),
+        F16 => ("f16", true, 8),
+        BF16 => ("bf16", true, 8),
+        Q8_0 => ("q8_0", false, 2),
+        Q4_0 => ("q4_0", false, 2),
+        Q5_0 => ("q5_0", false, 2),
+        IQ4NL => ("iq4_nl", false, 2),
+        Q2K => ("q2_k", false, 4),
+        Q3K => ("q3_k", false, 2),
+        Q4K => ("q4_k", false, 4),
+        Q5K => ("q5_k", false, 4),
+        Q6K => ("q6_k", false, 2),
+        IQ4XS => ("iq4_xs", false, 4),
+        IQ3S => ("iq3_s", false, 2),
+        IQ3XXS => ("iq3_xxs", false, 2),
+        IQ2XS => ("iq2_xs", false, 2),
+        _ => return None,
+    };
+    Some(TypeInfo {
+        suffix,
+        float,
+        align,
+        block: ty.block_size().max(32),
+    })
+}
+
+/// The weight types the GPU kernels run (the GPU model refuses any other at load).
+pub fn supports(ty: GgmlType) -> bool {
+    type_info(ty).is_some()
+}
+
+/// The alignment (bytes) a weight matrix's device address must have for type `ty`; expert
+/// pointers that break it are treated as absent by the MoE kernels.
+pub fn weight_align(ty: GgmlType) -> Option<u64> {
+    type_info(ty).map(|i| i.align)
+}
+
+/// The types in a fixed order (index of a type's kernels in `QuantOps`).
+const TYPES: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::IQ4NL,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4XS,
+    GgmlType::IQ3S,
+    GgmlType::IQ3XXS,
+    GgmlType::IQ2XS,
+];
+
+fn round_up(n: usize, to: usize) -> usize {
+    n.div_ceil(to) * to
+}
+
+/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens (the q8_1 copy of x).
+pub fn scratch_bytes(k: usize, n_tok: usize) -> usize {
+    round_up(n_tok * k.div_ceil(32) * Q8_1_BYTES, 256)
+}
+
+/// Scratch bytes `moe_gate_up` / `moe_down` need (one buffer serves both, used in turn):
+/// q8_1 activations for decode; for prefill (n_tok > 8) the expert grouping and the down
+/// projection's per-slot outputs.
+pub fn moe_scratch_bytes(h: usize, ff: usize, top_k: usize, n_tok: usize) -> usize {
+    let decode = scratch_bytes(h, n_tok).max(scratch_bytes(ff, n_tok * top_k));
+    if n_tok <= MMVQ_MAX_TOKENS {
+        return decode;
+    }
+    let pairs = n_tok * top_k;
+    let g = GroupLayout::new(pairs);
+    decode.max(round_up(g.end + 4 * pairs * h, 256))
+}
+
+/// Where `strata_moe_group` writes in the scratch: n_tiles (i32), the tile table (int4 ×
+/// max_tiles), the grouped pair order (i32 × pairs); the down outputs follow at `end`.
+struct GroupLayout {
+    max_tiles: usize,
+    tiles: usize,
+    order: usize,
+    end: usize,
+}
+
+impl GroupLayout {
+    fn new(pairs: usize) -> GroupLayout {
+        let max_tiles = pairs.div_ceil(MOE_BN) + pairs.min(MOE_MAX_E + 1);
+        let tiles = 16;
+        let order = tiles + 16 * max_tiles;
+        let end = round_up(order + 4 * pairs, 256);
+        GroupLayout {
+            max_tiles,
+            tiles,
+            order,
+            end,
+        }
+    }
+}
+
+/// The kernels of one weight type.
+struct TypeKernels {
+    mmvq1: Kernel,
+    mmvq8: Kernel,
+    gate_up: Kernel,
+    gate: Kernel,
+    up_glu: Kernel,
+    down: Kernel,
+    getrows: Kernel,
+    mmq: Kernel,
+    mmq_gate: Kernel,
+    mmq_up: Kernel,
+    mmq_down: Kernel,
+}
+
+/// The quantized kernels of one GPU, resolved once.
+pub struct QuantOps {
+    quantize: Kernel,
+    group: Kernel,
+    reduce: Kernel,
+    types: Vec<TypeKernels>,
+}
+
+impl QuantOps {
+    pub fn new(gpu: &Arc<Gpu>) -> Result<QuantOps> {
+        let mut types = Vec::with_capacity(TYPES.len());
+        for ty in TYPES {
+            let s = type_info(ty).expect("TYPES are supported").suffix;
+            let k = |family: &str| gpu.kernel(&format!("strata_{family}_{s}"));
+            types.push(TypeKernels {
+                mmvq1: k("mmvq")?,
+                mmvq8: gpu.kernel(&format!("strata_mmvq_{s}_n8"))?,
+                gate_up: k("moe_gate_up")?,
+                gate: k("moe_gate")?,
+                up_glu: k("moe_up_glu")?,
+                down: k("moe_down")?,
+                getrows: k("getrows")?,
+                mmq: k("mmq")?,
+                mmq_gate: k("moe_mmq_gate")?,
+                mmq_up: k("moe_mmq_up")?,
+                mmq_down: k("moe_mmq_down")?,
+            });
+        }
+        Ok(QuantOps {
+            quantize: gpu.kernel("strata_quantize_q8_1")?,
+            group: gpu.kernel("strata_moe_group")?,
+            reduce: gpu.kernel("strata_moe_reduce")?,
+            types,
+        })
+    }
+
+    fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
+        let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
+        let i = TYPES
+            .iter()
+            .position(|&t| t == ty)
+            .expect("supported types are in TYPES");
+        Ok((&self.types[i], info))
+    }
+
+    /// Groups the (token, slot) pairs by expert into the scratch (see `GroupLayout`); returns
+    /// (layout, grid.y for the tile kernels).
+    fn group(
+        &self,
+        s: &Stream,
+        ids: u64,
+        pairs: usize,
+        scratch: u64,
+    ) -> Result<(GroupLayout, u32)> {
+        let g = GroupLayout::new(pairs);
+        self.group.launch(
+            s,
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ids),
+                Arg::I32(to_i32(pairs, "pairs")?),
+                Arg::I32(MOE_BN as i32),
+                Arg::Ptr(scratch + g.order as u64),
+                Arg::Ptr(scratch + g.tiles as u64),
+                Arg::Ptr(scratch),
+                Arg::I32(to_i32(g.max_tiles, "tiles")?),
+            ],
+        )?;
+        // Blocks walk the tiles with a stride of grid.y: enough for the usual count.
+        let gy = (pairs.div_ceil(MOE_BN) + pairs.min(512)).min(GRID_YZ_MAX);
+        Ok((g, gy as u32))
+    }
+
+    /// One grouped tile launch: out[p, r] (= or silu(out)·) W[ids[p]][r]·x[p / x_div].
+    #[allow(clippy::too_many_arguments)]
+    fn grouped(
+        &self,
+        s: &Stream,
+        kern: &Kernel,
+        ptrs: u64,
+        rows: usize,
+        k: usize,
+        x: u64,
+        x_div: usize,
+        scratch: u64,
+        layout: &GroupLayout,
+        gy: u32,
+        out: u64,
+    ) -> Result<()> {
+        kern.launch(
+            s,
+            (to_u32(rows.div_ceil(MMQ_ROWS), "rows")?, gy, 1),
+            (MMQ_THREADS, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ptrs),
+                Arg::I32(rows as i32),
+                Arg::I32((k / 32) as i32),
+                Arg::Ptr(x),
+                Arg::I32(x_div as i32),
+                Arg::Ptr(scratch + layout.order as u64),
+                Arg::Ptr(scratch + layout.tiles as u64),
+                Arg::Ptr(scratch),
+                Arg::Ptr(out),
+            ],
+        )
+    }
+
+    /// x f32 [n_rows, k] → q8_1 [n_rows, k/32] at `out`.
+    fn quantize_q8_1(&self, s: &Stream, x: u64, n_rows: usize, k: usize, out: u64) -> Result<()> {
+        let n_blocks = n_rows * (k / 32);
+        let grid = n_blocks.div_ceil(8);
+        self.quantize.launch(
+            s,
+            (to_u32(grid, "quantize grid")?, 1, 1),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n_blocks as i64)],
+        )
+    }
+}
+
+fn unsupported(ty: GgmlType) -> Error {
+    Error::Quant(format!("{}: no GPU kernel for this type", ty.name()))
+}
+
+fn to_u32(v: usize, what: &str) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
+}
+
+fn to_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
+}
+
+fn check_ptr(p: u64, align: u64, what: &str) -> Result<()> {
+    if p == 0 {
+        return Err(Error::Config(format!("{what}: null device pointer")));
+    }
+    if !p.is_multiple_of(align) {
+        return Err(Error::Config(format!(
+            "{what}: device address {p:#x} is not {align}-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// The reduction length k of weight type `ty`: a positive multiple of 32 and of the block.
+fn check_k(info: TypeInfo, ty: GgmlType, k: usize, what: &str) -> Result<()> {
+    if k == 0 || !k.is_multiple_of(info.block) {
+        return Err(Error::Shape(format!(
+            "{what} {k} must be a positive multiple of {} for {}",
+            info.block,
+            ty.name()
+        )));
+    }
+    to_i32(k / 32, what).map(|_| ())
+}
+
+/// Checks of `matmul`'s arguments (also the pure part of its contract).
+#[allow(clippy::too_many_arguments)]
+pub fn check_matmul(
+    ty: GgmlType,
+    w: u64,
+    rows: usize,
+    k: usize,
+    x: u64,
+    y: u64,
+    n_tok: usize,
+    scratch: u64,
+) -> Result<()> {
+    let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
+    check_k(info, ty, k, "k")?;
+    if rows == 0 || n_tok == 0 {
+        return Err(Error::Shape(format!(
+            "matmul: rows {rows} and n_tok {n_tok} must be positive"
+        )));
+    }
+    to_i32(rows, "rows")?;
+    to_i32(n_tok, "n_tok")?;
+    if n_tok.div_ceil(MMVQ_TOKENS) > GRID_YZ_MAX {
+        return Err(Error::Shape(format!("n_tok {n_tok} is too large")));
+    }
+    ty.row_bytes(k)
+        .and_then(|rb| rb.checked_mul(rows))
+        .ok_or_else(|| Error::Shape(format!("{} [{rows}, {k}] overflows", ty.name())))?;
+    check_ptr(w, info.align, "matmul weights")?;
+    check_ptr(x, 16, "matmul x")?;
+    check_ptr(y, 4, "matmul y")?;
+    if !info.float {
+        check_ptr(scratch, 16, "matmul scratch")?;
+    }
+    Ok(())
+}
+
+/// y[t, r] = Σ_k W[r, k]·x[t, k] for t < n_tok; x f32 [n_tok, k], y f32 [n_tok, rows].
+/// Quantizes x itself (to q8_1, except for float weights) into `scratch` (see `scratch_bytes`).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    q: &QuantOps,
+    s: &Stream,
+    ty: GgmlType,
+    w: u64,
+    rows: usize,
+    k: usize,
+    x: u64,
+    y: u64,
+    n_tok: usize,
+    scratch: u64,
+) -> Result<()> {
+    check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
+    let (kern, info) = q.of(ty)?;
+    if n_tok > MMVQ_MAX_TOKENS {
+        let grid = (
+            to_u32(rows.div_ceil(MMQ_ROWS), "rows")?,
+            to_u32(n_tok.div_ceil(MMQ_TOKENS), "n_tok")?,
+            1,
+        );
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(rows as i32),
+            Arg::I32((k / 32) as i32),
+            Arg::Ptr(x),
+            Arg::Ptr(y),
+            Arg::I32(n_tok as i32),
+        ];
+        return kern.mmq.launch(s, grid, (MMQ_THREADS, 1, 1), 0, &args);
+    }
+    let xa = if info.float {
+        x
+    } else {
+        q.quantize_q8_1(s, x, n_tok, k, scratch)?;
+        scratch
+    };
+    let args = [
+        Arg::Ptr(w),
+        Arg::I32(rows as i32),
+        Arg::I32((k / 32) as i32),
+        Arg::Ptr(xa),
+        Arg::Ptr(y),
+        Arg::I32(n_tok as i32),
+    ];
+    let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
+    let block = (MMVQ_THREADS, 1, 1);
+    if n_tok == 1 {
+        kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
+    } else {
+        let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
+        kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
+    }
+}
+
+/// Checks of `get_rows`' arguments.
+#[allow(clippy::too_many_arguments)]
+pub fn check_get_rows(
+    ty: GgmlType,
+    w: u64,
+    rows: usize,
+    k: usize,
+    ids: u64,
+    n: usize,
+    out: u64,
+) -> Result<()> {
+    let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
+    check_k(info, ty, k, "k")?;
+    if rows == 0 {
+        return Err(Error::Shape("get_rows: rows must be positive".into()));
+    }
+    to_i32(rows, "rows")?;
+    if n > 0 {
+        check_ptr(w, info.align, "get_rows weights")?;
+        check_ptr(ids, 4, "get_rows ids")?;
+        check_ptr(out, 16, "get_rows out")?;
+    }
+    Ok(())
+}
+
+/// out f32 [n, k] = dequantized rows ids[i] (device i32 [n]) of W [rows, k]; an id outside
+/// 0..rows gives zeros. Bit-exact with the CPU dequantization.
+#[allow(clippy::too_many_arguments)]
+pub fn get_rows(
+    q: &QuantOps,
+    s: &Stream,
+    ty: GgmlType,
+    w: u64,
+    rows: usize,
+    k: usize,
+    ids: u64,
+    n: usize,
+    out: u64,
+) -> Result<()> {
+    check_get_rows(ty, w, rows, k, ids, n, out)?;
+    let (kern, _) = q.of(ty)?;
+    let items = k / 32;
+    let gx = to_u32(items.div_ceil(128), "k")?;
+    let mut done = 0;
+    while done < n {
+        let chunk = (n - done).min(GRID_YZ_MAX);
+        kern.getrows.launch(
+            s,
+            (gx, chunk as u32, 1),
+            (128, 1, 1),
+            0,
+            &[
+                Arg::Ptr(w),
+                Arg::I32(rows as i32),
+                Arg::I32(items as i32),
+                Arg::Ptr(ids + 4 * done as u64),
+                Arg::Ptr(out + (4 * k * done) as u64),
+            ],
+        )?;
+        done += chunk;
+    }
+    Ok(())
+}
+
+/// Checks shared by the MoE launchers: types, widths, top_k and the pointers.
+#[allow(clippy::too_many_arguments)]
+pub fn check_moe(
+    types: &[GgmlType],
+    rows: usize,
+    k: usize,
+    top_k: usize,
+    n_tok: usize,
+    ptrs: &[(u64, u64, &str)],
+    scratch: u64,
+) -> Result<()> {
+    for &ty in types {
+        let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
+        check_k(info, ty, k, "moe input width")?;
+    }
+    if rows == 0 || top_k == 0 {
+        return Err(Error::Shape(format!(
+            "moe: rows {rows} and top_k {top_k} must be positive"
+        )));
+    }
+    to_i32(rows, "moe rows")?;
+    to_i32(top_k, "top_k")?;
+    n_tok
+        .checked_mul(top_k)
+        .and_then(|p| p.checked_mul(rows.max(k)))
+        .filter(|&v| i64::try_from(v).is_ok())
+        .ok_or_else(|| Error::Shape(format!("moe: n_tok {n_tok} × top_k {top_k} overflows")))?;
+    for &(p, align, what) in ptrs {
+        check_ptr(p, align, what)?;
+    }
+    if types
+        .iter()
+        .any(|&t| !type_info(t).is_some_and(|i| i.float))
+    {
+        check_ptr(scratch, 16, "moe scratch")?;
+    }
+    Ok(())
+}
+
+/// Routed experts, gate and up: for each token t and slot j with e = ids[t, j],
+/// act[t, j, r] = silu(Wg[e][r]·x[t])·(Wu[e][r]·x[t]) (zeros when gate_ptrs[e] or up_ptrs[e]
+/// is 0). gate_ptrs/up_ptrs: device u64 [n_expert] addresses of each expert's [ff, h] matrix;
+/// ids: device i32 [n_tok, top_k] (trusted to be < n_expert; negative = absent);
+/// x f32 [n_tok, h]; act f32 [n_tok, top_k, ff]. One launch (two when the types differ).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up(
+    q: &QuantOps,
+    s: &Stream,
+    ty_gate: GgmlType,
+    ty_up: GgmlType,
+    gate_ptrs: u64,
+    up_ptrs: u64,
+    ff: usize,
+    h: usize,
+    ids: u64,
+    top_k: usize,
+    x: u64,
+    n_tok: usize,
+    act: u64,
+    scratch: u64,
+) -> Result<()> {
+    check_moe(
+        &[ty_gate, ty_up],
+        ff,
+        h,
+        top_k,
+        n_tok,
+        &[
+            (gate_ptrs, 8, "gate_ptrs"),
+            (up_ptrs, 8, "up_ptrs"),
+            (ids, 4, "ids"),
+            (x, 16, "x"),
+            (act, 4, "act"),
+        ],
+        scratch,
+    )?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    let (kg, ig) = q.of(ty_gate)?;
+    let (ku, iu) = q.of(ty_up)?;
+    if n_tok > MMVQ_MAX_TOKENS {
+        let (layout, gy) = q.group(s, ids, n_tok * top_k, scratch)?;
+        q.grouped(
+            s,
+            &kg.mmq_gate,
+            gate_ptrs,
+            ff,
+            h,
+            x,
+            top_k,
+            scratch,
+            &layout,
+            gy,
+            act,
+        )?;
+        return q.grouped(
+            s, &ku.mmq_up, up_ptrs, ff, h, x, top_k, scratch, &layout, gy, act,
+        );
+    }
+    if !(ig.float && iu.float) {
+        q.quantize_q8_1(s, x, n_tok, h, scratch)?;
+    }
+    let xg = if ig.float { x } else { scratch };
+    let xu = if iu.float { x } else { scratch };
+    let pairs = n_tok * top_k;
+    let gx = to_u32(ff.div_ceil(MMVQ_ROWS), "ff")?;
+    let (ff32, items, k32) = (ff as i32, (h / 32) as i32, top_k as i32);
+    let mut done = 0;
+    while done < pairs {
+        let chunk = (pairs - done).min(GRID_YZ_MAX);
+        let grid = (gx, chunk as u32, 1);
+        let block = (MMVQ_THREADS, 1, 1);
+        let tj0 = Arg::I32(to_i32(done, "pairs")?);
+        if ty_gate == ty_up {
+            kg.gate_up.launch(
+                s,
+                grid,
+                block,
+                0,
+                &[
+                    Arg::Ptr(gate_ptrs),
+                    Arg::Ptr(up_ptrs),
+                    Arg::I32(ff32),
+                    Arg::I32(items),
+                    Arg::Ptr(ids),
+                    Arg::I32(k32),
+                    Arg::Ptr(xg),
+                    Arg::Ptr(act),
+                    tj0,
+                ],
+            )?;
+        } else {
+            for (kern, ptrs, xa) in [(&kg.gate, gate_ptrs, xg), (&ku.up_glu, up_ptrs, xu)] {
+                kern.launch(
+                    s,
+                    grid,
+                    block,
+                    0,
+                    &[
+                        Arg::Ptr(ptrs),
+                        Arg::I32(ff32),
+                        Arg::I32(items),
+                        Arg::Ptr(ids),
+                        Arg::I32(k32),
+                        Arg::Ptr(xa),
+                        Arg::Ptr(act),
+                        tj0,
+                    ],
+                )?;
+            }
+        }
+        done += chunk;
+    }
+    Ok(())
+}
+
+/// Routed experts, down, accumulated into the residual stream:
+/// y[t] += Σ_j weights[t, j]·(Wd[ids[t, j]]·act[t, j]); slots whose pointer is 0 add nothing.
+/// down_ptrs: device u64 [n_expert] addresses of [h, ff] matrices; weights f32 [n_tok, top_k];
+/// act f32 [n_tok, top_k, ff]; y f32 [n_tok, h]. One launch (plus the q8_1 quantization of act).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down(
+    q: &QuantOps,
+    s: &Stream,
+    ty: GgmlType,
+    down_ptrs: u64,
+    h: usize,
+    ff: usize,
+    ids: u64,
+    weights: u64,
+    top_k: usize,
+    act: u64,
+    n_tok: usize,
+    y: u64,
+    scratch: u64,
+) -> Result<()> {
+    check_moe(
+        &[ty],
+        h,
+        ff,
+        top_k,
+        n_tok,
+        &[
+            (down_ptrs, 8, "down_ptrs"),
+            (ids, 4, "ids"),
+            (weights, 4, "weights"),
+            (act, 16, "act"),
+            (y, 4, "y"),
+        ],
+        scratch,
+    )?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    let (kern, info) = q.of(ty)?;
+    if n_tok > MMVQ_MAX_TOKENS {
+        let pairs = n_tok * top_k;
+        let (layout, gy) = q.group(s, ids, pairs, scratch)?;
+        let out = scratch + layout.end as u64;
+        q.grouped(
+            s,
+            &kern.mmq_down,
+            down_ptrs,
+            h,
+            ff,
+            act,
+            1,
+            scratch,
+            &layout,
+            gy,
+            out,
+        )?;
+        let n = n_tok * h;
+        return q.reduce.launch(
+            s,
+            (to_u32(n.div_ceil(256), "n_tok × h")?, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(out),
+                Arg::Ptr(weights),
+                Arg::I32(top_k as i32),
+                Arg::I32(h as i32),
+                Arg::Ptr(y),
+                Arg::I32(to_i32(n_tok, "n_tok")?),
+            ],
+        );
+    }
+    let a = if info.float {
+        act
+    } else {
+        q.quantize_q8_1(s, act, n_tok * top_k, ff, scratch)?;
+        scratch
+    };
+    let gx = to_u32(h.div_ceil(MMVQ_ROWS), "h")?;
+    let mut done = 0;
+    while done < n_tok {
+        let chunk = (n_tok - done).min(GRID_YZ_MAX);
+        kern.down.launch(
+            s,
+            (gx, chunk as u32, 1),
+            (MMVQ_THREADS, 1, 1),
+            0,
+            &[
+                Arg::Ptr(down_ptrs),
+                Arg::I32(h as i32),
+                Arg::I32((ff / 32) as i32),
+                Arg::Ptr(ids),
+                Arg::Ptr(weights),
+                Arg::I32(top_k as i32),
+                Arg::Ptr(a),
+                Arg::Ptr(y),
+                Arg::I32(to_i32(done, "n_tok")?),
+            ],
+        )?;
+        done += chunk;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use GgmlType::*;
+
+    #[test]
+    fn supported_types() {
+        for ty in TYPES {
+            assert!(supports(ty), "{ty:?}");
+        }
+        for ty in [
+            Q4_1, Q5_1, Q8_1, Q8K, IQ2XXS, IQ2S, IQ1S, IQ1M, TQ1_0, MXFP4, I32,
+        ] {
+            assert!(!supports(ty), "{ty:?}");
+        }
+    }
+
+    #[test]
+    fn matmul_checks() {
+        let ok = |ty, k| check_matmul(ty, 256, 8, k, 256, 256, 3, 256);
+        assert!(ok(Q4K, 512).is_ok());
+        assert!(ok(Q8_0, 96).is_ok());
+        assert!(ok(F16, 64).is_ok());
+        assert!(matches!(ok(Q4K, 96), Err(Error::Shape(_))));
+        assert!(matches!(ok(F32, 48), Err(Error::Shape(_))));
+        assert!(matches!(ok(Q4K, 0), Err(Error::Shape(_))));
+        assert!(matches!(ok(Q4_1, 64), Err(Error::Quant(_))));
+        assert!(matches!(
+            check_matmul(Q4K, 258, 8, 256, 256, 256, 1, 256),
+            Err(Error::Config(_))
+        ));
+        assert!(check_matmul(Q6K, 258, 8, 256, 256, 256, 1, 256).is_ok());
+        assert!(matches!(
+            check_matmul(Q6K, 256, 0, 256, 256, 256, 1, 256),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            check_matmul(Q6K, 256, 8, 256, 256, 256, 1, 0),
+            Err(Error::Config(_))
+        ));
+        // Float weights read x directly and need no scratch.
+        assert!(check_matmul(F32, 256, 8, 64, 256, 256, 1, 0).is_ok());
+    }
+
+    #[test]
+    fn moe_checks() {
+        let p = [(256u64, 16u64, "p"); 5];
+        assert!(check_moe(&[Q4K, Q4K], 768, 2048, 8, 3, &p, 256).is_ok());
+        assert!(matches!(
+            check_moe(&[Q4K, Q4K], 768, 2000, 8, 3, &p, 256),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            check_moe(&[Q4K, Q4K], 768, 2048, 0, 3, &p, 256),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            check_moe(&[Q4K, IQ1S], 768, 2048, 8, 3, &p, 256),
+            Err(Error::Quant(_))
+        ));
+        let mut bad = p;
+        bad[3].0 = 0;
+        assert!(matches!(
+            check_moe(&[Q6K], 768, 2048, 8, 3, &bad, 256),
+            Err(Error::Config(_))
+        ));
+    }
+
+    #[test]
+    fn scratch_sizes() {
+        assert_eq!(scratch_bytes(2048, 1), 64 * 36); // 2304, a multiple of 256
+        assert!(scratch_bytes(2048, 3) >= 3 * 64 * 36);
+        assert!(moe_scratch_bytes(2048, 768, 8, 5) >= 5 * 8 * 24 * 36);
+        assert!(moe_scratch_bytes(2048, 768, 8, 5) >= 5 * 64 * 36);
+        // Prefill: grouping tables plus the per-slot down outputs.
+        let g = GroupLayout::new(512 * 8);
+        assert!(g.max_tiles >= 512 * 8 / 32 + 128);
+        assert!(moe_scratch_bytes(2048, 768, 8, 512) >= g.end + 4 * 512 * 8 * 2048);
+    }
+}

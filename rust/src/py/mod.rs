@@ -2,6 +2,7 @@
 //! exception tree re-exported by `strata.errors`.
 
 mod cuda;
+mod cuda_model;
 mod cuda_quant;
 mod errors;
 mod gguf;
@@ -18,6 +19,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     cuda::register(m)?;
+    cuda_model::register(m)?;
     cuda_quant::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;

@@ -5,7 +5,8 @@
 
 Without `--model` it makes a Qwen3-30B-A3B-shaped GGUF at full width (hidden 2048, 128
 experts, top-8, expert FF 768, 32 q / 4 kv heads of 128, vocab 151936) with `--layers`
-layers of random f16 weights (strata.modelgen), quantized to Q4_K_M by llama.cpp's quantizer:
+layers of random f16 weights (strata.modelgen; `--vocab small`, the default, pads a trained
+vocabulary to 151936 entries), quantized to Q4_K_M by llama.cpp's quantizer:
 `--llama-quantize PATH` (the llama-quantize binary of the CUDA build), else llama-cpp-python
 (`strata.modelgen.quantize`). Files are cached in `--dir`.
 
@@ -37,17 +38,20 @@ import numpy as np
 DECODE_PROMPT = 16
 
 
-def make_model(dir_: Path, layers: int, ty: str, quantizer: str | None) -> Path:
+def make_model(dir_: Path, layers: int, ty: str, quantizer: str | None, vocab: str) -> Path:
     from strata.modelgen import ModelSpec, quantize, write_qwen3moe
 
     dir_.mkdir(parents=True, exist_ok=True)
-    f16 = dir_ / f"q3moe-{layers}l-f16.gguf"
-    out = dir_ / f"q3moe-{layers}l-{ty}.gguf"
+    f16 = dir_ / f"q3moe-{layers}l-{vocab}-f16.gguf"
+    out = dir_ / f"q3moe-{layers}l-{vocab}-{ty}.gguf"
     if out.exists():
         return out
     if not f16.exists():
         print(f"writing {f16} ...", file=sys.stderr, flush=True)
-        write_qwen3moe(f16, ModelSpec.qwen3_30b_a3b(layers=layers), dtype="f16")
+        # "small": a trained vocabulary padded to Qwen3's 151936 entries (same shapes and
+        # speed; needs no Qwen tokenizer files, which the GPU machine lacks)
+        spec = ModelSpec.qwen3_30b_a3b(layers=layers, vocab=vocab, n_vocab=151936)
+        write_qwen3moe(f16, spec, dtype="f16")
     print(f"quantizing {out} ...", file=sys.stderr, flush=True)
     if quantizer:
         tmp = out.with_suffix(".part")
@@ -121,7 +125,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--type", default="Q4_K_M")
     ap.add_argument("--dir", type=Path, default=Path("/work/bench-models"))
+    ap.add_argument("--vocab", default="small", choices=("small", "qwen3"))
     ap.add_argument("--llama-quantize", help="llama-quantize binary used to make the file")
+    ap.add_argument("--make-only", action="store_true", help="make the file, print its path")
     ap.add_argument("--llama-bench", help="llama-bench binary (CUDA build) to compare with")
     ap.add_argument("--llama-args", default="", help="extra llama-bench arguments")
     ap.add_argument("--reps", type=int, default=3)
@@ -130,7 +136,10 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=512, help="Strata's prefill chunk")
     a = ap.parse_args()
     pps = [int(x) for x in a.pp.split(",")]
-    path = a.model or make_model(a.dir, a.layers, a.type, a.llama_quantize)
+    path = a.model or make_model(a.dir, a.layers, a.type, a.llama_quantize, a.vocab)
+    if a.make_only:
+        print(path)
+        return
 
     from strata._core import gpu_copy_gbps, gpu_status
 

@@ -11,7 +11,7 @@ use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::{self, QuantOps};
 use crate::cuda::ops::view::{bytes, prod};
-use crate::cuda::{DevBuf, Gpu, Graph, Stream};
+use crate::cuda::{as_bytes_mut, DevBuf, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
 use crate::model::ops::Rope;
@@ -61,6 +61,10 @@ pub struct GpuModel {
     pub(super) chunk: usize,
     pub(super) n_split: usize,
     lens: Vec<usize>,
+    /// Page-locked staging of `params` and of one row of logits: the per-token copies go
+    /// straight to and from them (no driver staging through pageable memory).
+    pin_params: PinnedBuf,
+    pin_logits: PinnedBuf,
     graph: Option<Graph>,
     use_graph: bool,
     /// One-token steps run so far without the graph (the first one runs eagerly: it
@@ -155,6 +159,8 @@ impl GpuModel {
             cos: gpu.upload_pod(&cos)?,
             sin: gpu.upload_pod(&sin)?,
         };
+        let pin_params = gpu.host_alloc(bytes(2 + t, 4)?)?;
+        let pin_logits = gpu.host_alloc(bytes(hp.n_vocab, 4)?)?;
         // never-written positions hold zeros, not garbage
         b.kc.zero(&stream)?;
         b.vc.zero(&stream)?;
@@ -163,6 +169,8 @@ impl GpuModel {
             expert_bytes: w.expert_bytes(),
             non_expert_bytes: w.non_expert_bytes(),
             lens: vec![0; cfg.n_slots],
+            pin_params,
+            pin_logits,
             hp,
             cfg,
             gpu,
@@ -308,7 +316,9 @@ impl GpuModel {
                 _ => 0,
             };
             if let Err(e) = self.run_chunk(slot, p0, toks, rows, dst) {
-                // A failed call leaves the slot as it was.
+                // A failed call leaves the slot as it was (and no copy from the staging
+                // buffers in flight).
+                let _ = self.stream.sync();
                 self.lens[slot] = start;
                 return Err(e);
             }
@@ -328,10 +338,20 @@ impl GpuModel {
         dst: Option<&mut [f32]>,
     ) -> Result<()> {
         let t = toks.len();
-        let mut params = Vec::with_capacity(2 + t);
-        params.extend([p0 as i32, slot as i32]);
-        params.extend(toks.iter().map(|&x| x as i32));
-        self.b.params.write(&self.stream, 0, &params)?;
+        // pos0, slot, token ids → pinned staging → `params` (ordered before the kernels; the
+        // staging is rewritten only after the sync that ends this call)
+        let nb = 4 * (2 + t);
+        {
+            let pin = &mut self.pin_params.as_mut_slice()[..nb];
+            let words = [p0 as i32, slot as i32];
+            let ids = toks.iter().map(|&x| x as i32);
+            for (c, v) in pin.chunks_exact_mut(4).zip(words.into_iter().chain(ids)) {
+                c.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        self.b
+            .params
+            .write_async(&self.stream, 0, &self.pin_params, 0, nb)?;
         let vocab = self.hp.n_vocab;
         let graph_ok = self.use_graph && self.graph_error.is_none();
         if t == 1 && graph_ok && (self.graph.is_some() || self.eager_steps > 0) {
@@ -343,9 +363,12 @@ impl GpuModel {
                 None => self.one_token_step()?,
             }
             if let Some(dst) = dst {
+                let n = 4 * vocab;
                 self.b
                     .logits
-                    .read_into(&self.stream, 0, &mut dst[..vocab])?;
+                    .read_async(&self.stream, 0, &mut self.pin_logits, 0, n)?;
+                self.stream.sync()?;
+                as_bytes_mut(&mut dst[..vocab]).copy_from_slice(&self.pin_logits.as_slice()[..n]);
             } else {
                 self.stream.sync()?;
             }

@@ -3,6 +3,9 @@
 // 128 elements decodes the weight tile once into shared memory as f16 (bit-exact dequantized
 // values rounded to f16) and converts the activations f32 → f16, then 4 warps run
 // mma.sync m16n8k16 (f16 in, f32 accumulate). The weights are reused across the BN tokens.
+// Activation rows are multiplied by an exact power of two (row_scale, from strata_row_scale)
+// that brings their largest |value| into [2^14, 2^15), so f16 never overflows; the epilogue
+// divides it out (exactly).
 #pragma once
 #include <cuda_fp16.h>
 
@@ -37,13 +40,21 @@ struct MmqShape {
     static constexpr int NT = 4;                // n8 tiles per warp (32 tokens)
 };
 
+// The power of two s with amax·s in [2^14, 2^15) (1 for 0 or non-finite amax).
+__device__ __forceinline__ float pow2_scale(float amax) {
+    if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
+    int e;
+    frexpf(amax, &e);  // amax = m·2^e, m in [0.5, 1)
+    return ldexpf(1.0f, min(max(15 - e, -120), 120));
+}
+
 // One 64 × BN output tile: acc[mt][nt][4] in the m16n8 C-fragment layout of each warp.
 // w: the weight matrix (rows × 32·items, GGUF rows); rows row0.. are this tile's.
 // Token n < n_valid of the tile reads f32 activations at x + xrow(n)·x_stride (16-aligned).
 template <class T, int BN, class XRow>
 __device__ __forceinline__ void mmq_tile(const uint8_t* __restrict__ w, int rows, int items, int row0,
-                                         const float* __restrict__ x, long x_stride, int n_valid,
-                                         XRow xrow,
+                                         const float* __restrict__ x, long x_stride,
+                                         const float* __restrict__ row_scale, int n_valid, XRow xrow,
                                          float (&acc)[MmqShape<BN>::MT][MmqShape<BN>::NT][4]) {
     using S = MmqShape<BN>;
     __shared__ __align__(16) __half As[MMQ_BM * MMQ_STRIDE];
@@ -87,7 +98,12 @@ __device__ __forceinline__ void mmq_tile(const uint8_t* __restrict__ w, int rows
             const int n = idx >> 5, c4 = idx & 31;
             const int k = ks * MMQ_BK + 4 * c4;
             float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (n < n_valid && k < 32 * items) a = *(const float4*)(x + (long)xrow(n) * x_stride + k);
+            if (n < n_valid && k < 32 * items) {
+                const long xr = xrow(n);
+                const float sc = row_scale[xr];
+                a = *(const float4*)(x + xr * x_stride + k);
+                a = make_float4(a.x * sc, a.y * sc, a.z * sc, a.w * sc);
+            }
             uint2* dst = (uint2*)(Bs + n * MMQ_STRIDE + 4 * c4);
             *dst = make_uint2(pack_half2(a.x, a.y), pack_half2(a.z, a.w));
         }

@@ -50,24 +50,44 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
     }
 }
 
+// Slots of one token handled together by a block (their pointers and weights in shared memory).
+#define MOE_DOWN_SLOTS 32
+
+// One warp per output row; its lanes walk the flattened (slot, item) pairs of the token, so the
+// loads of all slots are independent and the lanes stay busy when a row has few items (ff = 768
+// gives 24 items per slot).
 template <class T>
 __device__ __forceinline__ void moe_down_body(const unsigned long long* ptrs, int h, int items,
                                               const int* ids, const float* weights, int top_k,
                                               const void* a, float* y, int t0) {
+    __shared__ const uint8_t* s_w[MOE_DOWN_SLOTS];
+    __shared__ float s_wt[MOE_DOWN_SLOTS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * MMVQ_WARPS + warp;
-    if (row >= h) return;
+    const bool active = row < h;
     const long t = (long)t0 + blockIdx.y;
+    const size_t rb = row_bytes_of<T>(items);
     float acc = 0.0f;
-    for (int j = 0; j < top_k; ++j) {
-        const long p = t * top_k + j;
-        const uint8_t* w = expert_ptr<T>(ptrs, ids[p]);
-        if (w == nullptr) continue;
-        float s[1] = {0.0f};
-        row_dot<T, 1>(w + (size_t)row * row_bytes_of<T>(items), items, act_at<T>(a, p, items), 0, 1,
-                      s, lane);
-        acc += weights[p] * s[0];
+    for (int j0 = 0; j0 < top_k; j0 += MOE_DOWN_SLOTS) {
+        const int ns = min(MOE_DOWN_SLOTS, top_k - j0);
+        __syncthreads();
+        if (threadIdx.x < ns) {
+            const long p = t * top_k + j0 + threadIdx.x;
+            s_w[threadIdx.x] = expert_ptr<T>(ptrs, ids[p]);
+            s_wt[threadIdx.x] = weights[p];
+        }
+        __syncthreads();
+        if (!active) continue;
+        const int total = ns * items;
+        for (int q = lane; q < total; q += 32) {
+            const int j = q / items, i = q - j * items;
+            const uint8_t* w = s_w[j];
+            if (w == nullptr) continue;
+            const long p = t * top_k + j0 + j;
+            acc += s_wt[j] * one_item_dot<T>(w + (size_t)row * rb, i, act_at<T>(a, p, items));
+        }
     }
+    if (!active) return;
     acc = warp_sum(acc);
     if (lane == 0) y[t * h + row] += acc;
 }

@@ -44,6 +44,30 @@ __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int ite
     }
 }
 
+// Σ over item i of a row times the matching 32 activations of one token (xt: that token's
+// q8_1 blocks, or its f32 values for float rows).
+template <class T>
+__device__ __forceinline__ float one_item_dot(const uint8_t* __restrict__ row, int i, const void* xt) {
+    if constexpr (T::IS_FLOAT) {
+        float v[32];
+        T::fitem(row + (size_t)i * T::BYTES, v);
+        const float4* xp = (const float4*)((const float*)xt + 32l * i);
+        float s = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const float4 a = xp[q];
+            s += v[4 * q] * a.x + v[4 * q + 1] * a.y + v[4 * q + 2] * a.z + v[4 * q + 3] * a.w;
+        }
+        return s;
+    } else {
+        QItem it;
+        T::item(row + (size_t)(i / T::ITEMS) * T::BYTES, i % T::ITEMS, it);
+        uint32_t qa[8];
+        const float da = load_q8_1((const block_q8_1*)xt + i, qa);
+        return item_dot<T>(it, qa, da);
+    }
+}
+
 // Activations of token t: q8_1 blocks for quantized rows, f32 for float rows.
 template <class T>
 __device__ __forceinline__ const void* act_at(const void* x, long t, int items) {

@@ -71,33 +71,3 @@ def run_host_check(
         return subprocess.run(
             [str(exe), *(args or [])], capture_output=True, text=True, timeout=timeout
         )
-
-
-# ---- the quant kernels' host checks (cuda/tests/<name>.cu; plain C++ when no nvcc) ----
-
-
-def build(name: str, out_dir: Path) -> tuple[Path, str]:
-    """Compile cuda/tests/<name>.cu into out_dir; returns (executable, compiler used)."""
-    src = ROOT / "cuda" / "tests" / f"{name}.cu"
-    exe = out_dir / name
-    nvcc = find_nvcc()
-    if nvcc is not None:
-        lib = nvcc.parent.parent / "lib"
-        cmd = [str(nvcc), "-O2", "-std=c++17", "-arch=sm_90", "-o", str(exe), str(src)]
-        if lib.is_dir():
-            cmd[1:1] = [f"-L{lib}"]
-        used = f"nvcc ({nvcc})"
-    else:
-        cxx = shutil.which("c++") or shutil.which("g++") or "c++"
-        cmd = [cxx, "-O2", "-std=c++17", "-x", "c++", "-o", str(exe), str(src)]
-        used = f"{cxx} (no nvcc found)"
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}")
-    return exe, used
-
-
-def run(exe: Path, *args: str | Path) -> None:
-    res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"{exe.name} {args} failed ({res.returncode}): {res.stderr}")

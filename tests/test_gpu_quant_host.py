@@ -13,12 +13,14 @@ cuda/tests/quant_host.cu runs the same __host__ __device__ functions the kernels
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
-import cuda_host
 import dot_util
 import numpy as np
 import pytest
+from cuda_host import CUDA, HOST_TESTS, find_nvcc
 from gpu_quant_ref import q8_1_parts
 from strata import _core
 
@@ -29,9 +31,33 @@ QUANT_TYPES = [
 U = 2.0**-24
 
 
+def build(out_dir: Path) -> tuple[Path, str]:
+    """cuda/tests/quant_host.cu compiled by nvcc (as tests/cuda_host.py does) or, without nvcc,
+    as plain C++ (the headers allow it), so the check runs either way."""
+    src = HOST_TESTS / "quant_host.cu"
+    exe = out_dir / "quant_host"
+    nvcc = find_nvcc()
+    if nvcc is not None:
+        cmd = [str(nvcc), "-std=c++17", "-O2", f"-I{CUDA}", "-o", str(exe), str(src)]
+        lib = nvcc.parent.parent / "lib"
+        if (lib / "libcudart_static.a").is_file():
+            cmd.insert(1, f"-L{lib}")
+    else:
+        cxx = shutil.which("c++") or shutil.which("g++") or "c++"
+        cmd = [cxx, "-std=c++17", "-O2", "-x", "c++", f"-I{CUDA}", "-o", str(exe), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}{res.stderr}"
+    return exe, cmd[0]
+
+
+def run(exe: Path, *args: str | Path) -> None:
+    res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True)
+    assert res.returncode == 0, f"quant_host {args} failed ({res.returncode}): {res.stderr}"
+
+
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exe, used = cuda_host.build("quant_host", tmp_path_factory.mktemp("cuda_host"))
+    exe, used = build(tmp_path_factory.mktemp("cuda_host"))
     print(f"quant_host built with {used}")
     return exe
 
@@ -46,7 +72,7 @@ def test_dequant_bit_exact(host: Path, tmp_path: Path, t: str) -> None:
     n = 256 * 48
     row = dot_util.random_row(t, n, rng)
     (tmp_path / "w.bin").write_bytes(row)
-    cuda_host.run(host, "dequant", t, tmp_path / "w.bin", tmp_path / "y.bin")
+    run(host, "dequant", t, tmp_path / "w.bin", tmp_path / "y.bin")
     got = np.fromfile(tmp_path / "y.bin", np.float32)
     want = dequant_cpu(t, row, n)
     bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
@@ -69,7 +95,7 @@ def test_q8_1_quantizer(host: Path, tmp_path: Path) -> None:
     x = np.concatenate([dot_util.random_act_f32(rng, 32 * 500), np.zeros(32, np.float32)])
     x[32 * 7 : 32 * 8] *= 1e-3
     x.tofile(tmp_path / "x.bin")
-    cuda_host.run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
+    run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
     d, s, q, xh = q8_1_values((tmp_path / "q.bin").read_bytes())
     xb = x.reshape(-1, 32).astype(np.float64)
     amax = np.abs(xb).max(axis=1)
@@ -94,11 +120,9 @@ def test_int8_dot_bound(host: Path, tmp_path: Path, t: str) -> None:
     x = np.stack([dot_util.random_act_f32(rng, k) for _ in range(n_tok)])
     (tmp_path / "w.bin").write_bytes(b"".join(w_rows))
     x.tofile(tmp_path / "x.bin")
-    cuda_host.run(
-        host, "dot", t, str(k), tmp_path / "w.bin", tmp_path / "x.bin", tmp_path / "y.bin"
-    )
+    run(host, "dot", t, str(k), tmp_path / "w.bin", tmp_path / "x.bin", tmp_path / "y.bin")
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, rows).astype(np.float64)
-    cuda_host.run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
+    run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
     xh = q8_1_values((tmp_path / "q.bin").read_bytes())[3].reshape(n_tok, k)
     w = np.stack([dequant_cpu(t, r, k) for r in w_rows]).astype(np.float64)
     mag = np.stack([dequant_cpu(t, dot_util.magnitude_row(t, r), k) for r in w_rows])
@@ -123,7 +147,7 @@ def test_f32_to_f16_rounding(host: Path, tmp_path: Path) -> None:
         ]
     )  # fmt: skip
     x.tofile(tmp_path / "x.bin")
-    cuda_host.run(host, "f16", tmp_path / "x.bin", tmp_path / "h.bin")
+    run(host, "f16", tmp_path / "x.bin", tmp_path / "h.bin")
     got = np.fromfile(tmp_path / "h.bin", np.uint16)
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)

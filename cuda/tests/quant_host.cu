@@ -6,14 +6,18 @@
 //                                                through q8_1 activations and the int8 item dot
 //   quant_host q8_1 x.bin out.bin                f32 [n·32] → q8_1 blocks (36 B each)
 //   quant_host f16 x.bin out.bin                 f32 → f16 bits (u16)
+//   quant_host                                   self-check (tests/test_cuda_host.py runs it): for
+//       every type, random blocks' int8 item dot equals Σ dequant·(q8_1 values) within
+//       16·u·Σ|terms|; the q8_1 rounding bound; f16 round trips. Exit 0 when all hold.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
-#include "../qdecode.cuh"
+#include "qdecode.cuh"
 
 static std::vector<uint8_t> read_file(const char* path) {
     FILE* f = fopen(path, "rb");
@@ -75,13 +79,98 @@ static int run_dot(long k, const std::vector<uint8_t>& w, const std::vector<uint
     return 0;
 }
 
+// ---- self-check ----
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd() {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rnd_normal() {
+    float s = 0.0f;
+    for (int i = 0; i < 12; ++i) s += (float)(rnd() & 0xffff) / 65536.0f;
+    return s - 6.0f;
+}
+
+// Random block bytes with finite f16 scales (2^-12..2^2, random sign) at the given offsets.
+template <class T>
+static void random_block(uint8_t* b, const int* f16_at, int n_f16) {
+    for (int i = 0; i < T::BYTES; ++i) b[i] = (uint8_t)rnd();
+    for (int f = 0; f < n_f16; ++f) {
+        const float mag = ldexpf(1.0f + (float)(rnd() & 1023) / 1024.0f, (int)(rnd() % 15) - 12);
+        const uint16_t h = f32_to_f16((rnd() & 1) ? -mag : mag);
+        b[f16_at[f]] = (uint8_t)(h & 0xff);
+        b[f16_at[f] + 1] = (uint8_t)(h >> 8);
+    }
+}
+
+template <class T>
+static int self_check_type(const char* name, std::initializer_list<int> f16_fields) {
+    const std::vector<int> at(f16_fields);
+    std::vector<uint8_t> b(T::BYTES);
+    int bad = 0;
+    for (int rep = 0; rep < 200; ++rep) {
+        random_block<T>(b.data(), at.data(), (int)at.size());
+        for (int j = 0; j < T::ITEMS; ++j) {
+            QItem it;
+            T::item(b.data(), j, it);
+            float y[32], x[32];
+            item_dequant<T>(it, y);
+            for (int e = 0; e < 32; ++e) x[e] = rnd_normal() * ((rnd() & 63) == 0 ? 20.0f : 1.0f);
+            block_q8_1 a;
+            quantize_q8_1_ref(x, &a);
+            uint32_t qa[8];
+            const float da = load_q8_1(&a, qa);
+            const float got = item_dot<T>(it, qa, da);
+            double want = 0.0, mag = 0.0, amax = 0.0;
+            for (int e = 0; e < 32; ++e) amax = fmax(amax, fabs((double)x[e]));
+            for (int e = 0; e < 32; ++e) {
+                const double xh = (double)da * a.qs[e];
+                want += (double)y[e] * xh;
+                const double term = fabs((double)it.d[e / 16] * (int8_t)(it.v[e / 4] >> (8 * (e % 4)))) +
+                                    (T::HAS_MIN ? fabs((double)it.m[e / 16]) : 0.0);
+                mag += term * fabs(xh);
+                if (fabs(x[e] - xh) > da / 2.0 + amax * ldexp(1.0, -10)) ++bad;
+            }
+            if (fabs((double)got - want) > 16.0 * ldexp(1.0, -24) * mag + 1e-30) {
+                if (bad < 5) fprintf(stderr, "%s: item dot %.9g vs %.9g\n", name, got, want);
+                ++bad;
+            }
+        }
+    }
+    printf("%s: %s\n", name, bad ? "FAILED" : "ok");
+    return bad;
+}
+
+static int self_check() {
+    int bad = 0;
+    for (uint32_t h = 0; h < 0x10000u; ++h)
+        if ((h & 0x7c00u) != 0x7c00u && f32_to_f16(f16_to_f32((uint16_t)h)) != h) ++bad;
+    printf("f16 round trip: %s\n", bad ? "FAILED" : "ok");
+    bad += self_check_type<TQ8_0>("Q8_0", {0});
+    bad += self_check_type<TQ4_0>("Q4_0", {0});
+    bad += self_check_type<TQ5_0>("Q5_0", {0});
+    bad += self_check_type<TIQ4_NL>("IQ4_NL", {0});
+    bad += self_check_type<TQ2_K>("Q2_K", {80, 82});
+    bad += self_check_type<TQ3_K>("Q3_K", {108});
+    bad += self_check_type<TQ4_K>("Q4_K", {0, 2});
+    bad += self_check_type<TQ5_K>("Q5_K", {0, 2});
+    bad += self_check_type<TQ6_K>("Q6_K", {208});
+    bad += self_check_type<TIQ4_XS>("IQ4_XS", {0});
+    bad += self_check_type<TIQ3_S>("IQ3_S", {0});
+    bad += self_check_type<TIQ3_XXS>("IQ3_XXS", {0});
+    bad += self_check_type<TIQ2_XS>("IQ2_XS", {0});
+    return bad ? 1 : 0;
+}
+
 #define TYPES(X) \
     X("Q8_0", TQ8_0) X("Q4_0", TQ4_0) X("Q5_0", TQ5_0) X("IQ4_NL", TIQ4_NL) X("Q2_K", TQ2_K) \
     X("Q3_K", TQ3_K) X("Q4_K", TQ4_K) X("Q5_K", TQ5_K) X("Q6_K", TQ6_K) X("IQ4_XS", TIQ4_XS) \
     X("IQ3_S", TIQ3_S) X("IQ3_XXS", TIQ3_XXS) X("IQ2_XS", TIQ2_XS)
 
 int main(int argc, char** argv) {
-    if (argc < 2) { fprintf(stderr, "usage: see the file header\n"); return 2; }
+    if (argc < 2) return self_check();
     const std::string mode = argv[1];
     if (mode == "dequant" && argc == 5) {
         const std::string ty = argv[2];

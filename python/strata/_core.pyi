@@ -36,6 +36,8 @@ __all__ = [
     "gpu_argmax",
     "gpu_attention",
     "gpu_bad_launch",
+    "gpu_bench_matmul",
+    "gpu_bench_moe",
     "gpu_copy_gbps",
     "gpu_get_rows",
     "gpu_info",
@@ -380,3 +382,16 @@ def gpu_moe(
     y: npt.NDArray[np.float32],
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def gpu_quant_supports(type_name: str) -> bool: ...
+def gpu_bench_matmul(
+    type_name: str, rows: int, k: int, n_tok: int, reps: int
+) -> tuple[float, int]: ...
+def gpu_bench_moe(
+    ty_gate_up: str,
+    ty_down: str,
+    n_expert: int,
+    ff: int,
+    h: int,
+    top_k: int,
+    n_tok: int,
+    reps: int,
+) -> tuple[float, float, int, int]: ...

@@ -4,6 +4,7 @@
 mod cuda;
 mod cuda_model;
 mod cuda_quant;
+mod cuda_quant_bench;
 mod errors;
 mod gguf;
 mod model;
@@ -21,6 +22,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cuda::register(m)?;
     cuda_model::register(m)?;
     cuda_quant::register(m)?;
+    cuda_quant_bench::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;

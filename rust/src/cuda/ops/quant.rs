@@ -128,11 +128,13 @@ pub fn moe_scratch_bytes(h: usize, ff: usize, top_k: usize, n_tok: usize) -> usi
 }
 
 /// Where `strata_moe_group` writes in the scratch: n_tiles (i32), the tile table (int4 ×
-/// max_tiles), the grouped pair order (i32 × pairs); the down outputs follow at `end`.
+/// max_tiles), the grouped pair order (i32 × pairs), then the activation rows' scales (f32 ×
+/// pairs, `strata_row_scale`); the down outputs follow at `end`.
 struct GroupLayout {
     max_tiles: usize,
     tiles: usize,
     order: usize,
+    scales: usize,
     end: usize,
 }
 
@@ -141,11 +143,13 @@ impl GroupLayout {
         let max_tiles = pairs.div_ceil(MOE_BN) + pairs.min(MOE_MAX_E + 1);
         let tiles = 16;
         let order = tiles + 16 * max_tiles;
-        let end = round_up(order + 4 * pairs, 256);
+        let scales = round_up(order + 4 * pairs, 16);
+        let end = round_up(scales + 4 * pairs, 256);
         GroupLayout {
             max_tiles,
             tiles,
             order,
+            scales,
             end,
         }
     }
@@ -169,6 +173,7 @@ struct TypeKernels {
 /// The quantized kernels of one GPU, resolved once.
 pub struct QuantOps {
     quantize: Kernel,
+    row_scale: Kernel,
     group: Kernel,
     reduce: Kernel,
     types: Vec<TypeKernels>,
@@ -196,6 +201,7 @@ impl QuantOps {
         }
         Ok(QuantOps {
             quantize: gpu.kernel("strata_quantize_q8_1")?,
+            row_scale: gpu.kernel("strata_row_scale")?,
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
             types,
@@ -241,7 +247,8 @@ impl QuantOps {
         Ok((g, gy as u32))
     }
 
-    /// One grouped tile launch: out[p, r] (= or silu(out)·) W[ids[p]][r]·x[p / x_div].
+    /// One grouped tile launch: out[p, r] (= or silu(out)·) W[ids[p]][r]·x[p / x_div]; the
+    /// scales of x's rows must be in the layout's `scales` (`row_scale`).
     #[allow(clippy::too_many_arguments)]
     fn grouped(
         &self,
@@ -267,11 +274,29 @@ impl QuantOps {
                 Arg::I32(rows as i32),
                 Arg::I32((k / 32) as i32),
                 Arg::Ptr(x),
+                Arg::Ptr(scratch + layout.scales as u64),
                 Arg::I32(x_div as i32),
                 Arg::Ptr(scratch + layout.order as u64),
                 Arg::Ptr(scratch + layout.tiles as u64),
                 Arg::Ptr(scratch),
                 Arg::Ptr(out),
+            ],
+        )
+    }
+
+    /// scale f32 [n_rows]: the power of two per row of x f32 [n_rows, k] that the mmq kernels
+    /// multiply in before rounding to f16 (and divide out after).
+    fn row_scale(&self, s: &Stream, x: u64, n_rows: usize, k: usize, scale: u64) -> Result<()> {
+        self.row_scale.launch(
+            s,
+            (to_u32(n_rows.div_ceil(8), "rows")?, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(x),
+                Arg::I32(to_i32(n_rows, "rows")?),
+                Arg::I32(to_i32(k, "k")?),
+                Arg::Ptr(scale),
             ],
         )
     }
@@ -356,7 +381,7 @@ pub fn check_matmul(
     check_ptr(w, info.align, "matmul weights")?;
     check_ptr(x, 16, "matmul x")?;
     check_ptr(y, 4, "matmul y")?;
-    if !info.float {
+    if !info.float || n_tok > MMVQ_MAX_TOKENS {
         check_ptr(scratch, 16, "matmul scratch")?;
     }
     Ok(())
@@ -385,11 +410,13 @@ pub fn matmul(
             to_u32(n_tok.div_ceil(MMQ_TOKENS), "n_tok")?,
             1,
         );
+        q.row_scale(s, x, n_tok, k, scratch)?;
         let args = [
             Arg::Ptr(w),
             Arg::I32(rows as i32),
             Arg::I32((k / 32) as i32),
             Arg::Ptr(x),
+            Arg::Ptr(scratch),
             Arg::Ptr(y),
             Arg::I32(n_tok as i32),
         ];
@@ -682,6 +709,7 @@ pub fn moe_down(
     if n_tok > MMVQ_MAX_TOKENS {
         let pairs = n_tok * top_k;
         let (layout, gy) = q.group(s, ids, pairs, scratch)?;
+        q.row_scale(s, act, pairs, ff, scratch + layout.scales as u64)?;
         let out = scratch + layout.end as u64;
         q.grouped(
             s,
@@ -784,8 +812,12 @@ mod tests {
             check_matmul(Q6K, 256, 8, 256, 256, 256, 1, 0),
             Err(Error::Config(_))
         ));
-        // Float weights read x directly and need no scratch.
+        // Float weights read x directly and need no scratch for decode; prefill scales x.
         assert!(check_matmul(F32, 256, 8, 64, 256, 256, 1, 0).is_ok());
+        assert!(matches!(
+            check_matmul(F32, 256, 8, 64, 256, 256, 9, 0),
+            Err(Error::Config(_))
+        ));
     }
 
     #[test]

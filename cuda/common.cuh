@@ -160,6 +160,21 @@ STRATA_HD STRATA_FI uint32_t ld_u32_a4(const uint8_t* p) {
 #endif
 }
 
+// 32 bytes at a 4-byte aligned address as 8 little-endian words: two 16-byte loads on the
+// device when the address is 16-byte aligned (fewer L1 transactions), else 8 word loads.
+STRATA_HD STRATA_FI void ld_32b_a4(const uint8_t* p, uint32_t (&w)[8]) {
+#ifdef __CUDA_ARCH__
+    if (((uintptr_t)p & 15u) == 0) {
+        const uint4 a = *(const uint4*)p, b = *(const uint4*)(p + 16);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = ld_u32_a4(p + 4 * i);
+}
+
 STRATA_HD STRATA_FI float ld_f16(const uint8_t* p) { return f16_to_f32((uint16_t)ld_u16(p)); }
 
 // ---- byte-wise (SWAR) helpers on 4 packed int8 ----

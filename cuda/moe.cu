@@ -36,12 +36,30 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
         return;
     }
     float g[1] = {0.0f}, u[1] = {0.0f};
-    if (MODE != 2)
-        row_dot<TG, 1>(wg + (size_t)row * row_bytes_of<TG>(items), items, act_at<TG>(x, t, items),
-                       0, 1, g, lane);
-    if (MODE != 1)
-        row_dot<TU, 1>(wu + (size_t)row * row_bytes_of<TU>(items), items, act_at<TU>(x, t, items),
-                       0, 1, u, lane);
+    if constexpr (MODE == 0 && !TG::IS_FLOAT) {
+        // Fused: one pass over the items decodes the gate and the up row and reads each q8_1
+        // activation block once (twice the independent loads in flight per lane).
+        const uint8_t* rg = wg + (size_t)row * row_bytes_of<TG>(items);
+        const uint8_t* ru = wu + (size_t)row * row_bytes_of<TU>(items);
+        const block_q8_1* xq = (const block_q8_1*)act_at<TG>(x, t, items);
+#pragma unroll 2
+        for (int i = lane; i < items; i += 32) {
+            QItem ig, iu;
+            TG::item(rg + (size_t)(i / TG::ITEMS) * TG::BYTES, i % TG::ITEMS, ig);
+            TU::item(ru + (size_t)(i / TU::ITEMS) * TU::BYTES, i % TU::ITEMS, iu);
+            uint32_t qa[8];
+            const float da = load_q8_1(xq + i, qa);
+            g[0] += item_dot<TG>(ig, qa, da);
+            u[0] += item_dot<TU>(iu, qa, da);
+        }
+    } else {
+        if (MODE != 2)
+            row_dot<TG, 1>(wg + (size_t)row * row_bytes_of<TG>(items), items,
+                           act_at<TG>(x, t, items), 0, 1, g, lane);
+        if (MODE != 1)
+            row_dot<TU, 1>(wu + (size_t)row * row_bytes_of<TU>(items), items,
+                           act_at<TU>(x, t, items), 0, 1, u, lane);
+    }
     const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
     if (lane == 0) {
         if (MODE == 0) *out = silu_mul(gs, us);

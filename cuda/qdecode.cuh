@@ -155,10 +155,11 @@ struct TQ4_K {
         scale_min_k4(b + 4, k, sc, m);
         it.d[0] = it.d[1] = ld_f16(b) * (float)sc;
         it.m[0] = it.m[1] = ld_f16(b + 2) * (float)m;
-        const uint8_t* qs = b + 16 + 32 * (k >> 1);
+        uint32_t q[8];
+        ld_32b_a4(b + 16 + 32 * (k >> 1), q);
         const int shift = 4 * (k & 1);
 #pragma unroll
-        for (int w = 0; w < 8; ++w) it.v[w] = (ld_u32_a4(qs + 4 * w) >> shift) & 0x0f0f0f0fu;
+        for (int w = 0; w < 8; ++w) it.v[w] = (q[w] >> shift) & 0x0f0f0f0fu;
     }
 };
 
@@ -170,12 +171,14 @@ struct TQ5_K {
         scale_min_k4(b + 4, k, sc, m);
         it.d[0] = it.d[1] = ld_f16(b) * (float)sc;
         it.m[0] = it.m[1] = ld_f16(b + 2) * (float)m;
-        const uint8_t* qs = b + 48 + 32 * (k >> 1);
+        uint32_t q[8], qh[8];
+        ld_32b_a4(b + 48 + 32 * (k >> 1), q);
+        ld_32b_a4(b + 16, qh);
         const int shift = 4 * (k & 1);
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-            const uint32_t lo = (ld_u32_a4(qs + 4 * w) >> shift) & 0x0f0f0f0fu;
-            const uint32_t hi = (ld_u32_a4(b + 16 + 4 * w) >> k) & 0x01010101u;
+            const uint32_t lo = (q[w] >> shift) & 0x0f0f0f0fu;
+            const uint32_t hi = (qh[w] >> k) & 0x01010101u;
             it.v[w] = lo | hi << 4;
         }
     }

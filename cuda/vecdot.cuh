@@ -12,6 +12,7 @@
 template <class T, int NT>
 __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int items, const void* x,
                                         long x_stride, int nt, float (&acc)[NT], int lane) {
+#pragma unroll 2
     for (int i = lane; i < items; i += 32) {
         if constexpr (T::IS_FLOAT) {
             float v[32];

@@ -2,7 +2,8 @@
 getrows, against strata's CPU dequantization (bit-exact with gguf-py) and float64 numpy.
 
 Weights are fresh random blocks with finite f16 scales (tests/dot_util.random_row, the blocks
-tests/test_dot.py uses); activations are random normals with outliers.
+tests/test_dot.py uses; for the expert tests scaled to rms 1/√k like real weights, so that the
+chained gate/up → down values stay finite); activations are random normals with outliers.
 
 Error bounds (u = 2⁻²⁴), per output element:
 - quantized weights: the kernels quantize x to q8_1; x̂ below is that quantization emulated in
@@ -18,7 +19,8 @@ Error bounds (u = 2⁻²⁴), per output element:
 - getrows: bit-exact.
 - moe gate/up: the matmul bounds on g and u, propagated through silu(g)·u (|silu'| ≤ 1.1);
   moe down: from the kernel's own act (returned), the matmul bound per slot, weighted, plus
-  (top_k + 2)·u·Σ|terms| for the sums into y.
+  (top_k + 2)·u·Σ|terms| for the sums into y and 16·u·Σ_j w_j·Σ T·|act| for the sums over the
+  (slot, item) pairs.
 """
 
 from __future__ import annotations
@@ -45,11 +47,34 @@ def dequant(t: str, row: bytes, n: int) -> np.ndarray:
     return _core.dequantize_bytes(t, np.frombuffer(row, np.uint8), n).astype(np.float64)
 
 
+def scaled_row(t: str, k: int, rng: np.random.Generator, rms: float) -> bytes:
+    """A random row (dot_util.random_row) whose dequantized values have root-mean-square about
+    `rms`: every f16 scale field is multiplied by one factor (the values are linear in them)."""
+    if t in FLOAT:
+        x = dot_util.random_act_f32(rng, k) * np.float32(rms)
+        if t == "F32":
+            return x.tobytes()
+        if t == "F16":
+            return x.astype(np.float16).tobytes()
+        return (x.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    row = dot_util.random_row(t, k, rng)
+    c = rms / float(np.sqrt(np.mean(dequant(t, row, k) ** 2)))
+    b = np.frombuffer(row, np.uint8).reshape(-1, dot_util.BLOCK[t][1]).copy()
+    for o, _ in dot_util.SCALES[t]:
+        v = b[:, o : o + 2].copy().view(np.float16).astype(np.float64) * c
+        b[:, o : o + 2] = v.astype(np.float16).view(np.uint8)
+    return b.tobytes()
+
+
 def weights(
-    t: str, rows: int, k: int, rng: np.random.Generator
+    t: str, rows: int, k: int, rng: np.random.Generator, rms: float | None = None
 ) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """(GGUF bytes, dequantized W f64 [rows, k], term magnitudes T [rows, k])."""
-    rs = [dot_util.random_row(t, k, rng) for _ in range(rows)]
+    """(GGUF bytes, dequantized W f64 [rows, k], term magnitudes T [rows, k]). With `rms`,
+    rows scaled to that root-mean-square (scaled_row), as real weights are."""
+    if rms is None:
+        rs = [dot_util.random_row(t, k, rng) for _ in range(rows)]
+    else:
+        rs = [scaled_row(t, k, rng, rms) for _ in range(rows)]
     w = np.stack([dequant(t, r, k) for r in rs])
     mag = np.abs(np.stack([dequant(t, dot_util.magnitude_row(t, r), k) for r in rs]))
     return b"".join(rs), w, mag
@@ -119,9 +144,11 @@ def run_moe(tg: str, tu: str, td: str, n_tok: int, seed: int) -> None:
     rng = np.random.default_rng([seed, n_tok, *tg.encode(), *tu.encode(), *td.encode()])
     n_exp, top_k, h, ff = 6, 4, 512, 256
     absent = 2  # expert 2 has a 0 pointer in every table
-    gate = [weights(tg, ff, h, rng) for _ in range(n_exp)]
-    up = [weights(tu, ff, h, rng) for _ in range(n_exp)]
-    down = [weights(td, h, ff, rng) for _ in range(n_exp)]
+    # Realistic magnitudes (rms 1/√k): with the raw random scales of test_matmul, silu(g)·u
+    # and then the down projection overflow f32 (and q8_1's f16 scale) in the reference too.
+    gate = [weights(tg, ff, h, rng, h**-0.5) for _ in range(n_exp)]
+    up = [weights(tu, ff, h, rng, h**-0.5) for _ in range(n_exp)]
+    down = [weights(td, h, ff, rng, ff**-0.5) for _ in range(n_exp)]
     ids = rng.integers(0, n_exp, (n_tok, top_k)).astype(np.int32)  # repeats included
     ids[0, :2] = [absent, 1]
     if n_tok > 1:
@@ -164,6 +191,9 @@ def run_moe(tg: str, tu: str, td: str, n_tok: int, seed: int) -> None:
             y_bound += (
                 float(wts[t, j]) * matmul_bound(td, ff, down[e][1], down[e][2], a, prefill)[0]
             )
+            # The decode kernel sums w·(item dot) over all (slot, item) pairs of a lane and
+            # the warp: rounding relative to the element-level magnitudes.
+            y_bound += 16 * U * float(wts[t, j]) * (np.abs(a) @ down[e][2].T)[0]
         y_bound += (top_k + 2) * U * terms + 1e-30
         err = np.abs(y[t] - want_y)
         assert np.all(err <= y_bound), f"y[{t}]: err/bound {float(np.max(err / y_bound)):.3g}"

@@ -109,7 +109,8 @@ fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
-/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens (the q8_1 copy of x).
+/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens: the q8_1 copy of x for
+/// decode (n_tok ≤ 8), the per-row f16 range scales for prefill (any type, float ones included).
 pub fn scratch_bytes(k: usize, n_tok: usize) -> usize {
     round_up(n_tok * k.div_ceil(32) * Q8_1_BYTES, 256)
 }

@@ -32,16 +32,25 @@ __all__ = [
     "dot_isa",
     "dot_isas",
     "evict_page_cache",
+    "gpu_add_copy",
+    "gpu_argmax",
+    "gpu_attention",
     "gpu_bad_launch",
     "gpu_bench_matmul",
     "gpu_bench_moe",
+    "gpu_copy_gbps",
     "gpu_get_rows",
     "gpu_info",
     "gpu_kernel_params",
     "gpu_matmul",
     "gpu_moe",
+    "gpu_norm_add_rms",
+    "gpu_norm_rms",
     "gpu_quant_supports",
+    "gpu_rope_neox",
+    "gpu_rope_qkv",
     "gpu_roundtrip",
+    "gpu_router_topk",
     "gpu_smoke",
     "gpu_smoke_graph",
     "gpu_status",
@@ -102,9 +111,17 @@ class Model:
         threads: int = 0,
         host_participates: bool = True,
         pool_pipeline: bool = False,
+        device: str = "cpu",
+        cuda_graph: bool = True,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def cuda_graph_captured(self) -> bool: ...
+    @property
+    def cuda_graph_state(self) -> str: ...
     @property
     def n_vocab(self) -> int: ...
     @property
@@ -122,6 +139,53 @@ class Model:
     def free(self, slot: int) -> None: ...
 
 def runnable_types() -> list[str]: ...
+def gpu_norm_rms(
+    x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
+) -> npt.NDArray[np.float32]: ...
+def gpu_norm_add_rms(
+    x: npt.NDArray[np.float32], y: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def gpu_rope_neox(
+    x: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    pos0: int,
+    n_rot: int,
+) -> npt.NDArray[np.float32]: ...
+def gpu_rope_qkv(
+    kv: str,
+    q: npt.NDArray[np.float32],
+    k: npt.NDArray[np.float32],
+    v: npt.NDArray[np.float32],
+    qn: npt.NDArray[np.float32],
+    kn: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    pos0: int,
+    slot: int,
+    kc: npt.NDArray[np.uint8],
+    vc: npt.NDArray[np.uint8],
+    n_rot: int,
+    eps: float,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8], npt.NDArray[np.uint8]]: ...
+def gpu_attention(
+    kv: str,
+    q: npt.NDArray[np.float32],
+    kc: npt.NDArray[np.uint8],
+    vc: npt.NDArray[np.uint8],
+    pos0: int,
+    slot: int,
+    n_split: int,
+    scale: float,
+) -> npt.NDArray[np.float32]: ...
+def gpu_router_topk(
+    logits: npt.NDArray[np.float32], k: int, norm: bool
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]: ...
+def gpu_argmax(x: npt.NDArray[np.float32]) -> npt.NDArray[np.int32]: ...
+def gpu_copy_gbps(mib: int, reps: int) -> float: ...
+def gpu_add_copy(
+    x: npt.NDArray[np.float32], y: npt.NDArray[np.float32]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def set_dot_isa(isa: str) -> None: ...
 
 @final

@@ -39,6 +39,12 @@ class Config:
     model: str = _f("", "GGUF path (any shard of a split model); empty: the embedded default model")
     n_ctx: int = _f(4096, "context length per sequence (tokens)")
     kv_type: str = _f("f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"))
+    device: str = _f(
+        "cpu",
+        "where the forward pass runs: cpu, or cuda (every weight and the KV cache in the VRAM "
+        "of GPU 0; KV cache f16 or q8_0)",
+        choices=("cpu", "cuda"),
+    )
     prefill_chunk: int = _f(512, "prompt tokens per prefill chunk")
     threads: int = _f(0, "pool worker threads (0: one per core minus the host thread)")
     host_participates: bool = _f(True, "the calling thread takes pool work too")

@@ -149,6 +149,7 @@ class LLM:
             threads=self.config.threads,
             host_participates=self.config.host_participates,
             pool_pipeline=self.config.pool_pipeline,
+            device=self.config.device,
         )
         self.hparams: dict[str, Any] = self.model.hparams
         self.n_ctx: int = self.config.n_ctx
@@ -158,8 +159,11 @@ class LLM:
         self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
         # The RAM tier: residency of every expert, the fill threads (hot experts first when
         # `profile` is set; a profile for another model raises ProfileMismatchError).
-        self.tier, self.fill = open_tier(self.config, self.path)
-        self.model.set_tier(self.tier)
+        # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
+        on_cpu = self.config.device == "cpu"
+        self.tier, self.fill = open_tier(self.config, self.path, start_fill=on_cpu)
+        if on_cpu:
+            self.model.set_tier(self.tier)
         self._routing = self.model.routing_counters(decayed=True)
 
     @property

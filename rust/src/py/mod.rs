@@ -2,6 +2,7 @@
 //! exception tree re-exported by `strata.errors`.
 
 mod cuda;
+mod cuda_model;
 mod cuda_quant;
 mod cuda_quant_bench;
 mod errors;
@@ -19,6 +20,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     cuda::register(m)?;
+    cuda_model::register(m)?;
     cuda_quant::register(m)?;
     cuda_quant_bench::register(m)?;
     gguf::register(m)?;

@@ -1,10 +1,16 @@
-//! `strata._core.Model`: the forward pass and its KV-cache slots. Every heavy call releases
-//! the GIL; a model is used by one thread at a time (calls serialize on its lock).
+//! `strata._core.Model`: the forward pass and its KV-cache slots, on the CPU (`Model`, over
+//! the expert pool) or on a GPU (`GpuModel`, every weight in VRAM): `device="cpu"|"cuda"`.
+//! Every heavy call releases the GIL; a model is used by one thread at a time (calls
+//! serialize on its lock).
 
+use super::cuda::shared_gpu;
 use super::tier::{ExpertTier, RoutingCounters};
-use crate::model::{Compute, KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::error::{Error, Result};
+use crate::gpu::GpuModel;
+use crate::model::{Compute, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
+use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -12,19 +18,88 @@ use pyo3::types::PyDict;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// The forward pass on one device; both backends have the CPU `Model`'s slot semantics.
+enum Backend {
+    Cpu(Box<Model>),
+    Gpu {
+        m: Box<GpuModel>,
+        /// The GPU path does not count routing (yet): these stay zero.
+        routing: Arc<Counters>,
+    },
+}
+
+impl Backend {
+    fn hp(&self) -> &HParams {
+        match self {
+            Backend::Cpu(m) => &m.hp,
+            Backend::Gpu { m, .. } => &m.hp,
+        }
+    }
+
+    fn cfg(&self) -> &ModelConfig {
+        match self {
+            Backend::Cpu(m) => &m.cfg,
+            Backend::Gpu { m, .. } => &m.cfg,
+        }
+    }
+
+    fn n_slots(&self) -> usize {
+        match self {
+            Backend::Cpu(m) => m.kv.n_slots(),
+            Backend::Gpu { m, .. } => m.n_slots(),
+        }
+    }
+
+    fn forward(&mut self, slot: usize, toks: &[u32], want: Logits, out: &mut [f32]) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.forward(slot, toks, want, out),
+            Backend::Gpu { m, .. } => m.forward(slot, toks, want, out),
+        }
+    }
+
+    fn slot_len(&self, slot: usize) -> Result<usize> {
+        match self {
+            Backend::Cpu(m) => m.slot_len(slot),
+            Backend::Gpu { m, .. } => m.slot_len(slot),
+        }
+    }
+
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.truncate(slot, n),
+            Backend::Gpu { m, .. } => m.truncate(slot, n),
+        }
+    }
+
+    fn free(&mut self, slot: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.free(slot),
+            Backend::Gpu { m, .. } => m.free(slot),
+        }
+    }
+
+    fn routing(&self, decayed: bool) -> Arc<Counters> {
+        match self {
+            Backend::Cpu(m) if decayed => m.routing_hot.clone(),
+            Backend::Cpu(m) => m.routing.clone(),
+            Backend::Gpu { routing, .. } => routing.clone(),
+        }
+    }
+}
+
 #[pyclass(frozen, name = "Model")]
 pub struct PyModel {
-    inner: Mutex<Model>,
+    inner: Mutex<Backend>,
 }
 
 impl PyModel {
-    fn lock(&self) -> MutexGuard<'_, Model> {
+    fn lock(&self) -> MutexGuard<'_, Backend> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` on the model with the GIL released, so that waiting for a forward call in
     /// another thread never holds up the interpreter.
-    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Model) -> R + Send) -> R {
+    fn with<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&mut Backend) -> R + Send) -> R {
         py.detach(|| f(&mut self.lock()))
     }
 }
@@ -38,17 +113,22 @@ struct Snapshot {
     expert_bytes: usize,
     non_expert_bytes: usize,
     kv_bytes: usize,
+    device: &'static str,
 }
 
 #[pymethods]
 impl PyModel {
     /// Opens a GGUF and builds the KV cache: `n_slots` sequences of `n_ctx` positions.
-    /// Compute runs on the CPU expert pool: `threads` workers besides the caller (0: one per
-    /// physical core minus the caller; -1: the serial single-threaded reference instead).
+    /// `device="cpu"`: compute runs on the CPU expert pool: `threads` workers besides the
+    /// caller (0: one per physical core minus the caller; -1: the serial single-threaded
+    /// reference instead). `device="cuda"`: every weight and the KV cache in the VRAM of GPU
+    /// 0 (f16 or q8_0 cache); the one-token step replays a CUDA graph unless `cuda_graph` is
+    /// false. No usable GPU raises `GpuError` saying why.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
-                        threads=0, host_participates=true, pool_pipeline=false))]
+                        threads=0, host_participates=true, pool_pipeline=false, device="cpu",
+                        cuda_graph=true))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -59,6 +139,8 @@ impl PyModel {
         threads: i64,
         host_participates: bool,
         pool_pipeline: bool,
+        device: &str,
+        cuda_graph: bool,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
@@ -66,6 +148,26 @@ impl PyModel {
             kv_type: KvType::parse(kv_type)?,
             max_chunk: prefill_chunk,
         };
+        match device {
+            "cpu" => {}
+            "cuda" => {
+                let b = py.detach(|| -> Result<Backend> {
+                    let mut m = Box::new(GpuModel::open(&path, cfg, shared_gpu()?)?);
+                    m.set_graph(cuda_graph);
+                    let routing = Arc::new(Counters::new(m.hp.n_layer, m.hp.n_expert, 0.0));
+                    Ok(Backend::Gpu { m, routing })
+                })?;
+                return Ok(PyModel {
+                    inner: Mutex::new(b),
+                });
+            }
+            other => {
+                return Err(Error::Config(format!(
+                    "device {other:?} is not one of \"cpu\", \"cuda\""
+                ))
+                .into())
+            }
+        }
         let compute: Arc<dyn Compute> = if threads < 0 {
             Arc::new(SerialCompute::new())
         } else {
@@ -81,22 +183,36 @@ impl PyModel {
         };
         let m = py.detach(|| Model::open(&path, cfg, compute))?;
         Ok(PyModel {
-            inner: Mutex::new(m),
+            inner: Mutex::new(Backend::Cpu(Box::new(m))),
         })
     }
 
     /// Hyper-parameters and sizes as a dict.
     #[getter]
     fn hparams<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.with(py, |m| Snapshot {
-            hp: m.hp.clone(),
-            n_ctx: m.cfg.n_ctx,
-            n_slots: m.kv.n_slots(),
-            kv_type: m.kv.ty.name(),
-            chunk: m.cfg.max_chunk,
-            expert_bytes: m.weights.expert_bytes(),
-            non_expert_bytes: m.weights.non_expert_bytes(),
-            kv_bytes: m.kv.bytes(),
+        let s = self.with(py, |b| match b {
+            Backend::Cpu(m) => Snapshot {
+                hp: m.hp.clone(),
+                n_ctx: m.cfg.n_ctx,
+                n_slots: m.kv.n_slots(),
+                kv_type: m.kv.ty.name(),
+                chunk: m.cfg.max_chunk,
+                expert_bytes: m.weights.expert_bytes(),
+                non_expert_bytes: m.weights.non_expert_bytes(),
+                kv_bytes: m.kv.bytes(),
+                device: "cpu",
+            },
+            Backend::Gpu { m, .. } => Snapshot {
+                hp: m.hp.clone(),
+                n_ctx: m.cfg.n_ctx,
+                n_slots: m.n_slots(),
+                kv_type: m.cfg.kv_type.name(),
+                chunk: m.cfg.max_chunk,
+                expert_bytes: m.expert_bytes,
+                non_expert_bytes: m.non_expert_bytes,
+                kv_bytes: m.kv_bytes(),
+                device: "cuda",
+            },
         });
         let hp = &s.hp;
         let d = PyDict::new(py);
@@ -122,22 +238,23 @@ impl PyModel {
         d.set_item("expert_bytes", s.expert_bytes)?;
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
+        d.set_item("device", s.device)?;
         Ok(d)
     }
 
     #[getter]
     fn n_vocab(&self, py: Python<'_>) -> usize {
-        self.with(py, |m| m.hp.n_vocab)
+        self.with(py, |m| m.hp().n_vocab)
     }
 
     #[getter]
     fn n_ctx(&self, py: Python<'_>) -> usize {
-        self.with(py, |m| m.cfg.n_ctx)
+        self.with(py, |m| m.cfg().n_ctx)
     }
 
     #[getter]
     fn n_slots(&self, py: Python<'_>) -> usize {
-        self.with(py, |m| m.kv.n_slots())
+        self.with(py, |m| m.n_slots())
     }
 
     /// Runs `token_ids` after the slot's cached positions and appends them to the slot.
@@ -162,7 +279,7 @@ impl PyModel {
         };
         let (out, vocab) = py.detach(|| -> crate::Result<(Vec<f32>, usize)> {
             let mut m = self.lock();
-            let vocab = m.hp.n_vocab;
+            let vocab = m.hp().n_vocab;
             let n = match want {
                 Logits::None => 0,
                 Logits::Last => vocab,
@@ -195,7 +312,9 @@ impl PyModel {
 
     /// Router picks per (layer, expert) since load, undecayed: float32 [n_layer, n_expert].
     fn routing_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (v, l, e) = self.with(py, |m| (m.routing.snapshot(), m.hp.n_layer, m.hp.n_expert));
+        let (v, l, e) = self.with(py, |m| {
+            (m.routing(false).snapshot(), m.hp().n_layer, m.hp().n_expert)
+        });
         Ok(PyArray1::from_vec(py, v).reshape([l, e])?.into_any())
     }
 
@@ -203,13 +322,7 @@ impl PyModel {
     /// exponential decay, else the undecayed counts since load.
     #[pyo3(signature = (decayed=true))]
     fn routing_counters(&self, py: Python<'_>, decayed: bool) -> RoutingCounters {
-        let inner = self.with(py, |m| {
-            if decayed {
-                m.routing_hot.clone()
-            } else {
-                m.routing.clone()
-            }
-        });
+        let inner = self.with(py, |m| m.routing(decayed));
         RoutingCounters { inner }
     }
 
@@ -217,12 +330,45 @@ impl PyModel {
     /// counting each use per tier.
     fn set_tier(&self, py: Python<'_>, tier: &ExpertTier) -> PyResult<()> {
         let res = tier.res.clone();
-        Ok(self.with(py, |m| m.set_tier(res))?)
+        Ok(self.with(py, |m| match m {
+            Backend::Cpu(m) => m.set_tier(res),
+            Backend::Gpu { .. } => Err(Error::Config(
+                "the RAM tier does not apply to device=\"cuda\": every expert is in VRAM".into(),
+            )),
+        })?)
     }
 
     /// Empties the slot.
     fn free(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
         Ok(self.with(py, |m| m.free(slot))?)
+    }
+
+    /// "cpu" or "cuda".
+    #[getter]
+    fn device(&self, py: Python<'_>) -> &'static str {
+        self.with(py, |m| match m {
+            Backend::Cpu(_) => "cpu",
+            Backend::Gpu { .. } => "cuda",
+        })
+    }
+
+    /// Whether the one-token step has been captured as a CUDA graph (always False on the
+    /// CPU, and on the GPU with cuda_graph=False).
+    #[getter]
+    fn cuda_graph_captured(&self, py: Python<'_>) -> bool {
+        self.with(py, |m| match m {
+            Backend::Cpu(_) => false,
+            Backend::Gpu { m, .. } => m.graph_captured(),
+        })
+    }
+
+    /// The decode graph: "captured", "not yet", "off", "failed: why", or "cpu".
+    #[getter]
+    fn cuda_graph_state(&self, py: Python<'_>) -> String {
+        self.with(py, |m| match m {
+            Backend::Cpu(_) => "cpu".into(),
+            Backend::Gpu { m, .. } => m.graph_state(),
+        })
     }
 }
 

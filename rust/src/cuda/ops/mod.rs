@@ -1,5 +1,11 @@
 //! Kernel launchers: one file per `cuda/<family>.cu`, each checking shapes and buffer sizes
 //! (`Error::Shape` / `Error::Config`) before it launches (GPU_SPEC.md §3).
 
+pub mod attention;
+pub mod elementwise;
+pub mod norm;
 pub mod quant;
+pub mod rope;
+pub mod router;
 pub mod smoke;
+pub mod view;

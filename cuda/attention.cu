@@ -1,0 +1,460 @@
+// Causal GQA attention over the KV cache (f16 or q8_0 head rows, layout in model.cuh).
+//
+// Shapes: T = tokens of this call (at positions pos0 .. pos0+T-1, pos0 = sp[0]; slot sp[1]),
+// Nh / Nkv = query / KV heads, G = Nh/Nkv query heads per KV head (≤ 16), D = head dim
+// (64 or 128). q is f32 [T, Nh, D] (normed and rotated), the output f32 [T, Nh, D]. Token t
+// sees positions 0 ..= pos0 + t, whose K/V rows are already in the cache.
+//
+// Decode (small T): `strata_attn_decode_*` splits the visible positions into n_split ranges
+// (grid.x) of one KV head (grid.y) and token (grid.z); the G query heads of the KV head
+// share every K/V read; each block leaves an unnormalized partial (acc, max, sum) and
+// `strata_attn_combine` merges them. The range of a split is computed on the device from
+// pos0, so a captured graph serves every length.
+// Prefill (large T): `strata_attn_prefill_*` is a flash-attention kernel on tensor cores
+// (mma.sync m16n8k16, f16 in, f32 accumulate): a block is 64 (token, head) rows of one KV
+// head, K/V tiles of 64 positions go through shared memory as f16 (q8_0 dequantized).
+//
+// Numerics: for an f16 cache q is rounded to f16 and q·k summed in f32 (as the CPU path);
+// for q8_0, q is quantized to q8_0 and q·k is the ggml integer block dot (decode), or both
+// go through f16 (prefill). Scores are scaled by `scale` (1/√D) and soft-maxed in f32.
+#include "model.cuh"
+
+#define ATT_THREADS 128
+#define ATT_TILE 128      // positions per pass of the decode kernel (one per thread)
+#define ATT_MIN_CHUNK 64  // fewest positions a decode split takes
+#define NEG_INF (-__builtin_huge_valf())
+
+// ---- decode --------------------------------------------------------------------------
+
+// part_o f32 [T, Nh, S, D] unnormalized; part_ml f32 [T, Nh, S, 2] (running max, sum).
+// Launch: grid (S, Nkv, T), block ATT_THREADS.
+template <int KV, int D, int MAXG>
+__device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
+                            unsigned long long slot_stride, const int* sp, float* part_o,
+                            float* part_ml, int n_head, int n_head_kv, int n_ctx, int n_split,
+                            float scale) {
+  constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
+  constexpr int NG = ATT_THREADS / (D / 2);  // position groups in the V pass
+  __shared__ float qf[MAXG][D];              // f16 cache: q rounded to f16
+  __shared__ int qq[MAXG][D / 4];            // q8_0 cache: q's int8 quants, packed by 4
+  __shared__ float qd[MAXG][D / 32];         // and their block scales
+  __shared__ float sc[MAXG][ATT_TILE];       // scores, then probabilities of a pass
+  __shared__ float mrun[MAXG], lrun[MAXG], alpha[MAXG];
+  __shared__ float red[MAXG][D];
+  const int G = n_head / n_head_kv;
+  const int s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n = sp[0] + t + 1;
+  int chunk = (n + n_split - 1) / n_split;
+  chunk = chunk < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : chunk;
+  const int p_begin = s * chunk;
+  const int p_end = p_begin + chunk < n ? p_begin + chunk : n;
+  const size_t base = (size_t)sp[1] * slot_stride + (size_t)kvh * n_ctx * HB;
+  const uint8_t* kb = kc + base;
+  const uint8_t* vb = vc + base;
+  const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * D;
+
+  // q of the G heads in the key type's dot form
+  if (KV == SM_KV_F16) {
+    for (int i = tid; i < G * D; i += ATT_THREADS) qf[i / D][i % D] = sm_round_h(qh[i]);
+  } else {
+    for (int gb = warp; gb < G * (D / 32); gb += ATT_THREADS / 32) {
+      int g = gb / (D / 32), b = gb % (D / 32);
+      float x = qh[g * D + b * 32 + lane];
+      float amax = sm_warp_max(fabsf(x));
+      int v = sm_rint(x * sm_q8_0_inv(amax)) & 0xff;
+      // pack lanes 4j..4j+3 into word j of the block
+      int w = v << (8 * (lane & 3));
+      w |= __shfl_xor_sync(0xffffffffu, w, 1);
+      w |= __shfl_xor_sync(0xffffffffu, w, 2);
+      if ((lane & 3) == 0) qq[g][b * 8 + (lane >> 2)] = w;
+      if (lane == 0) qd[g][b] = sm_round_h(amax / 127.0f);
+    }
+  }
+  if (tid < MAXG) {
+    mrun[tid] = NEG_INF;
+    lrun[tid] = 0.0f;
+  }
+  float acc[MAXG][2];
+#pragma unroll
+  for (int g = 0; g < MAXG; g++) acc[g][0] = acc[g][1] = 0.0f;
+  const int grp = tid / (D / 2), dd = (tid % (D / 2)) * 2;
+  __syncthreads();
+
+  for (int p0 = p_begin; p0 < p_end; p0 += ATT_TILE) {
+    // scores: one position per thread, all G heads
+    const int p = p0 + tid;
+    float sg[MAXG];
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) sg[g] = 0.0f;
+    if (p < p_end) {
+      const uint8_t* kr = kb + (size_t)p * HB;
+      if (KV == SM_KV_F16) {
+        for (int c = 0; c < D / 8; c++) {
+          uint4 w = *(const uint4*)(kr + 16 * c);
+          uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+          float kf[8];
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            kf[2 * i] = sm_h2f((uint16_t)(ws[i] & 0xffff));
+            kf[2 * i + 1] = sm_h2f((uint16_t)(ws[i] >> 16));
+          }
+#pragma unroll
+          for (int g = 0; g < MAXG; g++) {
+            if (g < G) {
+#pragma unroll
+              for (int i = 0; i < 8; i++) sg[g] += qf[g][8 * c + i] * kf[i];
+            }
+          }
+        }
+      } else {
+        for (int b = 0; b < D / 32; b++) {
+          const uint16_t* kw = (const uint16_t*)(kr + 34 * b);
+          float kd = sm_h2f(kw[0]);
+          int kq[8];
+#pragma unroll
+          for (int j = 0; j < 8; j++)
+            kq[j] = (int)((uint32_t)kw[1 + 2 * j] | ((uint32_t)kw[2 + 2 * j] << 16));
+#pragma unroll
+          for (int g = 0; g < MAXG; g++) {
+            if (g < G) {
+              int isum = 0;
+#pragma unroll
+              for (int j = 0; j < 8; j++) isum = __dp4a(kq[j], qq[g][b * 8 + j], isum);
+              sg[g] += (float)isum * (kd * qd[g][b]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < MAXG; g++)
+      if (g < G) sc[g][tid] = p < p_end ? sg[g] * scale : NEG_INF;
+    __syncthreads();
+    // running max and sum per head (warp w takes heads w, w+4, ...)
+    for (int g = warp; g < G; g += ATT_THREADS / 32) {
+      float mx = NEG_INF;
+      for (int j = lane; j < ATT_TILE; j += 32) mx = fmaxf(mx, sc[g][j]);
+      mx = sm_warp_max(mx);
+      float mold = mrun[g], mnew = fmaxf(mold, mx);  // finite: position p0 is visible
+      float sum = 0.0f;
+      for (int j = lane; j < ATT_TILE; j += 32) {
+        float e = expf(sc[g][j] - mnew);
+        sc[g][j] = e;
+        sum += e;
+      }
+      sum = sm_warp_sum(sum);
+      if (lane == 0) {
+        float a = expf(mold - mnew);
+        alpha[g] = a;
+        lrun[g] = lrun[g] * a + sum;
+        mrun[g] = mnew;
+      }
+    }
+    __syncthreads();
+    // acc = acc·alpha + Σ_j p_j·v_j over this pass's positions (group grp takes j ≡ grp)
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+      if (g < G) {
+        acc[g][0] *= alpha[g];
+        acc[g][1] *= alpha[g];
+      }
+    }
+    const int cnt = p_end - p0 < ATT_TILE ? p_end - p0 : ATT_TILE;
+    for (int j = grp; j < cnt; j += NG) {
+      const uint8_t* vr = vb + (size_t)(p0 + j) * HB;
+      float v0, v1, vd = 1.0f;
+      if (KV == SM_KV_F16) {
+        uint32_t w = *(const uint32_t*)(vr + 2 * dd);
+        v0 = sm_h2f((uint16_t)(w & 0xffff));
+        v1 = sm_h2f((uint16_t)(w >> 16));
+      } else {
+        const uint8_t* blk = vr + (dd >> 5) * 34;
+        vd = sm_h2f(*(const uint16_t*)blk);
+        uint16_t w = *(const uint16_t*)(blk + 2 + (dd & 31));
+        v0 = (float)(int8_t)(w & 0xff);
+        v1 = (float)(int8_t)(w >> 8);
+      }
+#pragma unroll
+      for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+          float pj = KV == SM_KV_F16 ? sc[g][j] : vd * sc[g][j];
+          acc[g][0] += pj * v0;
+          acc[g][1] += pj * v1;
+        }
+      }
+    }
+    __syncthreads();  // sc is rewritten by the next pass
+  }
+
+  // sum the NG groups' partials into group 0, then write
+  for (int gi = 1; gi < NG; gi++) {
+    if (grp == gi) {
+#pragma unroll
+      for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+          red[g][dd] = acc[g][0];
+          red[g][dd + 1] = acc[g][1];
+        }
+      }
+    }
+    __syncthreads();
+    if (grp == 0) {
+#pragma unroll
+      for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+          acc[g][0] += red[g][dd];
+          acc[g][1] += red[g][dd + 1];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (grp == 0) {
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+      if (g < G) {
+        size_t row = ((size_t)t * n_head + (size_t)kvh * G + g) * n_split + s;
+        part_o[row * D + dd] = acc[g][0];
+        part_o[row * D + dd + 1] = acc[g][1];
+      }
+    }
+  }
+  if (tid < G) {
+    size_t row = ((size_t)t * n_head + (size_t)kvh * G + tid) * n_split + s;
+    part_ml[2 * row] = mrun[tid];
+    part_ml[2 * row + 1] = lrun[tid];
+  }
+}
+
+#define ATT_DECODE(KVN, KV, D, MAXG)                                                          \
+  extern "C" __global__ void __launch_bounds__(ATT_THREADS)                                  \
+      strata_attn_decode_##KVN##_d##D##_g##MAXG(                                             \
+          const float* q, const uint8_t* kc, const uint8_t* vc,                              \
+          unsigned long long slot_stride, const int* sp, float* part_o, float* part_ml,      \
+          int n_head, int n_head_kv, int n_ctx, int n_split, float scale) {                  \
+    attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, n_head,           \
+                             n_head_kv, n_ctx, n_split, scale);                              \
+  }
+
+ATT_DECODE(f16, SM_KV_F16, 64, 8)
+ATT_DECODE(f16, SM_KV_F16, 64, 16)
+ATT_DECODE(f16, SM_KV_F16, 128, 8)
+ATT_DECODE(f16, SM_KV_F16, 128, 16)
+ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 8)
+ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 16)
+ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 8)
+ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 16)
+
+// Merges the decode partials: out[t, h] = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s.
+// out f32 [T, Nh, D]. Launch: grid (Nh, T), block D.
+extern "C" __global__ void strata_attn_combine(const float* part_o, const float* part_ml,
+                                               float* out, int n_head, int n_split, int d) {
+  const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
+  const size_t row = ((size_t)t * n_head + h) * n_split;
+  const float* ml = part_ml + 2 * row;
+  float mx = NEG_INF;
+  for (int s = 0; s < n_split; s++) mx = fmaxf(mx, ml[2 * s]);
+  float l = 0.0f, acc = 0.0f;
+  for (int s = 0; s < n_split; s++) {
+    float m = ml[2 * s];
+    float w = m == NEG_INF ? 0.0f : expf(m - mx);
+    l += w * ml[2 * s + 1];
+    acc += w * part_o[(row + s) * d + i];
+  }
+  out[((size_t)t * n_head + h) * d + i] = acc / l;
+}
+
+// ---- prefill ---------------------------------------------------------------------------
+
+#define PF_ROWS 64  // (token, head) rows per block: 4 warps × 16
+#define PF_BK 64    // positions per K/V tile
+
+// Rows are the T·G (token, query head) pairs of one KV head, flattened as idx = t·G + g.
+// out f32 [T, Nh, D]. Launch: grid (ceil(T·G / PF_ROWS), Nkv), block ATT_THREADS.
+template <int KV, int D>
+__device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* vc,
+                             unsigned long long slot_stride, const int* sp, float* out,
+                             int n_tok, int n_head, int n_head_kv, int n_ctx, float scale) {
+  constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
+  constexpr int KS = D + 8;      // sK row stride (halves): [PF_BK][KS], K rows by position
+  constexpr int VS = PF_BK + 8;  // sV row stride (halves): [D][VS], V transposed
+  __shared__ __align__(16) uint16_t sK[PF_BK * KS];
+  __shared__ __align__(16) uint16_t sV[D * VS];
+  const int G = n_head / n_head_kv, kvh = blockIdx.y;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g8 = lane >> 2, c4 = lane & 3;
+  const int pos0 = sp[0];
+  const size_t base = (size_t)sp[1] * slot_stride + (size_t)kvh * n_ctx * HB;
+  const uint8_t* kb = kc + base;
+  const uint8_t* vb = vc + base;
+  const int total = n_tok * G;
+  const int blk0 = blockIdx.x * PF_ROWS;
+  int last = blk0 + PF_ROWS - 1 < total - 1 ? blk0 + PF_ROWS - 1 : total - 1;
+  const int p_max = pos0 + last / G;  // the block's last visible position
+
+  // this thread's two rows: r0 = g8, r1 = g8 + 8 of the warp's 16
+  int idx[2], lim[2];
+  const float* qr[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    idx[r] = blk0 + warp * 16 + g8 + 8 * r;
+    int ii = idx[r] < total ? idx[r] : total - 1;  // padding rows repeat the last row
+    int t = ii / G, hq = kvh * G + ii % G;
+    lim[r] = pos0 + t;
+    qr[r] = q + ((size_t)t * n_head + hq) * D;
+  }
+  uint32_t qa[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    int c = kk * 16 + 2 * c4;
+    qa[kk][0] = sm_pack_h2(qr[0][c], qr[0][c + 1]);
+    qa[kk][1] = sm_pack_h2(qr[1][c], qr[1][c + 1]);
+    qa[kk][2] = sm_pack_h2(qr[0][c + 8], qr[0][c + 9]);
+    qa[kk][3] = sm_pack_h2(qr[1][c + 8], qr[1][c + 9]);
+  }
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+
+  for (int kt = 0; kt <= p_max; kt += PF_BK) {
+    __syncthreads();  // the previous tile is consumed
+    if (KV == SM_KV_F16) {
+      for (int c = tid; c < PF_BK * D / 8; c += ATT_THREADS) {
+        int j = c / (D / 8), dc = (c % (D / 8)) * 8;  // K: position-major (coalesced)
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (kt + j <= p_max) w = *(const uint4*)(kb + (size_t)(kt + j) * HB + 2 * dc);
+        *(uint4*)&sK[j * KS + dc] = w;
+      }
+      for (int c = tid; c < PF_BK * D / 8; c += ATT_THREADS) {
+        int j = c % PF_BK, dc = (c / PF_BK) * 8;  // V: position-minor (transposed store)
+        uint4 w = make_uint4(0, 0, 0, 0);
+        if (kt + j <= p_max) w = *(const uint4*)(vb + (size_t)(kt + j) * HB + 2 * dc);
+        uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          sV[(dc + 2 * i) * VS + j] = (uint16_t)(ws[i] & 0xffff);
+          sV[(dc + 2 * i + 1) * VS + j] = (uint16_t)(ws[i] >> 16);
+        }
+      }
+    } else {
+      for (int c = tid; c < PF_BK * D / 32; c += ATT_THREADS) {
+        int j = c % PF_BK, b = c / PF_BK;
+        bool ok = kt + j <= p_max;
+        const uint8_t* kblk = kb + (size_t)(kt + j) * HB + 34 * b;
+        const uint8_t* vblk = vb + (size_t)(kt + j) * HB + 34 * b;
+        float kd = ok ? sm_h2f(*(const uint16_t*)kblk) : 0.0f;
+        float vd = ok ? sm_h2f(*(const uint16_t*)vblk) : 0.0f;
+        for (int i = 0; i < 32; i += 2) {
+          uint16_t kw = ok ? *(const uint16_t*)(kblk + 2 + i) : 0;
+          uint16_t vw = ok ? *(const uint16_t*)(vblk + 2 + i) : 0;
+          sK[j * KS + 32 * b + i] = sm_f2h(kd * (float)(int8_t)(kw & 0xff));
+          sK[j * KS + 32 * b + i + 1] = sm_f2h(kd * (float)(int8_t)(kw >> 8));
+          sV[(32 * b + i) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw & 0xff));
+          sV[(32 * b + i + 1) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw >> 8));
+        }
+      }
+    }
+    __syncthreads();
+
+    // S = Q·Kᵀ for the warp's 16 rows × 64 positions
+    float sc[PF_BK / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < PF_BK / 8; nt++) {
+      sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        const uint16_t* kr = &sK[(nt * 8 + g8) * KS + kk * 16 + 2 * c4];
+        uint32_t b[2] = {*(const uint32_t*)kr, *(const uint32_t*)(kr + 8)};
+        sm_mma_16816(sc[nt], qa[kk], b);
+      }
+    }
+    // scale, causal mask, online softmax (rows r0: sc[.][0..1], r1: sc[.][2..3])
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int nt = 0; nt < PF_BK / 8; nt++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        int r = i >> 1, p = kt + nt * 8 + 2 * c4 + (i & 1);
+        float v = p <= lim[r] ? sc[nt][i] * scale : NEG_INF;
+        sc[nt][i] = v;
+        mx[r] = fmaxf(mx[r], v);
+      }
+    }
+    float al[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float mnew = fmaxf(m[r], mx[r]);  // finite: every row sees position 0 in tile 0
+      al[r] = expf(m[r] - mnew);
+      m[r] = mnew;
+      l[r] *= al[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < PF_BK / 8; nt++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        float e = expf(sc[nt][i] - m[i >> 1]);
+        sc[nt][i] = e;
+        l[i >> 1] += e;
+      }
+    }
+#pragma unroll
+    for (int dt = 0; dt < D / 8; dt++) {
+      o[dt][0] *= al[0];
+      o[dt][1] *= al[0];
+      o[dt][2] *= al[1];
+      o[dt][3] *= al[1];
+    }
+    // O += P·V
+#pragma unroll
+    for (int kk = 0; kk < PF_BK / 16; kk++) {
+      uint32_t pa[4] = {sm_pack_h2(sc[2 * kk][0], sc[2 * kk][1]),
+                        sm_pack_h2(sc[2 * kk][2], sc[2 * kk][3]),
+                        sm_pack_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                        sm_pack_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt++) {
+        const uint16_t* vr = &sV[(dt * 8 + g8) * VS + kk * 16 + 2 * c4];
+        uint32_t b[2] = {*(const uint32_t*)vr, *(const uint32_t*)(vr + 8)};
+        sm_mma_16816(o[dt], pa, b);
+      }
+    }
+  }
+
+  // normalize and write the valid rows
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (idx[r] < total) {
+      int t = idx[r] / G, hq = kvh * G + idx[r] % G;
+      float* orow = out + ((size_t)t * n_head + hq) * D;
+      float inv = 1.0f / l[r];
+#pragma unroll
+      for (int dt = 0; dt < D / 8; dt++) {
+        orow[dt * 8 + 2 * c4] = o[dt][2 * r] * inv;
+        orow[dt * 8 + 2 * c4 + 1] = o[dt][2 * r + 1] * inv;
+      }
+    }
+  }
+}
+
+#define ATT_PREFILL(KVN, KV, D)                                                               \
+  extern "C" __global__ void __launch_bounds__(ATT_THREADS) strata_attn_prefill_##KVN##_d##D( \
+      const float* q, const uint8_t* kc, const uint8_t* vc, unsigned long long slot_stride,  \
+      const int* sp, float* out, int n_tok, int n_head, int n_head_kv, int n_ctx,            \
+      float scale) {                                                                         \
+    attn_prefill<KV, D>(q, kc, vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx,   \
+                        scale);                                                              \
+  }
+
+ATT_PREFILL(f16, SM_KV_F16, 64)
+ATT_PREFILL(f16, SM_KV_F16, 128)
+ATT_PREFILL(q8_0, SM_KV_Q8_0, 64)
+ATT_PREFILL(q8_0, SM_KV_Q8_0, 128)

@@ -1,0 +1,55 @@
+// Small f32 kernels: residual add, argmax per row, copy.
+#include "model.cuh"
+
+// x[i] += y[i] for i < n. Launch: grid (ceil(n / 256)), block 256.
+extern "C" __global__ void strata_ew_add_f32(float* x, const float* y, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+// dst[i] = src[i] for i < n. Launch: grid (ceil(n / 256)), block 256.
+extern "C" __global__ void strata_ew_copy_f32(float* dst, const float* src, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
+}
+
+// out[r] = the first index of the largest value of row r of x f32 [rows, n].
+// Launch: grid (rows), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+    strata_ew_argmax_f32(const float* x, int* out, int n) {
+  __shared__ float sv[8];
+  __shared__ int si[8];
+  const float* row = x + (size_t)blockIdx.x * n;
+  float bv = -__builtin_huge_valf();
+  int bi = n;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (row[i] > bv || bi == n) {  // the thread's first element, then strictly larger ones
+      bv = row[i];
+      bi = i;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); w++) {
+      if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) {
+        bv = sv[w];
+        bi = si[w];
+      }
+    }
+    out[blockIdx.x] = bi < n ? bi : 0;
+  }
+}

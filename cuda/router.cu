@@ -1,0 +1,62 @@
+// The MoE router of one token per block: p = softmax(logits) over the E experts (max
+// subtracted, f32 exponentials, f64 sum, then p·(1/sum) as the CPU path computes it), the
+// top k by p (ties: the lower expert id first, as rust/src/model/forward.rs `route`), and
+// their weights p[id], renormalized to sum to 1 (summed in f32 in pick order) when `norm`.
+//
+// logits f32 [T, E], ids i32 [T, k] (by descending p), w f32 [T, k]. E ≤ 1024, k ≤ 64.
+// Launch: grid (T), block 32.
+#include "model.cuh"
+
+#define ROUTER_MAX_E 1024
+#define ROUTER_MAX_K 64
+
+extern "C" __global__ void __launch_bounds__(32)
+    strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
+  __shared__ float p[ROUTER_MAX_E];
+  __shared__ float pick[ROUTER_MAX_K];
+  const int lane = threadIdx.x, t = blockIdx.x;
+  const float* x = logits + (size_t)t * n_expert;
+  float mx = -__builtin_huge_valf();
+  for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, x[i]);
+  mx = sm_warp_max(mx);
+  double s = 0.0;
+  for (int i = lane; i < n_expert; i += 32) {
+    float e = expf(x[i] - mx);
+    p[i] = e;
+    s += (double)e;
+  }
+  float inv = (float)(1.0 / sm_warp_sum_d(s));
+  for (int i = lane; i < n_expert; i += 32) p[i] *= inv;
+  __syncthreads();
+  for (int j = 0; j < k; j++) {
+    float bv = -__builtin_huge_valf();
+    int bi = n_expert;
+    for (int i = lane; i < n_expert; i += 32) {
+      if (p[i] > bv) {  // ascending i: the first maximum of this lane
+        bv = p[i];
+        bi = i;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      if (bi >= n_expert) bi = j;  // all remaining are -inf/NaN: never out of range
+      ids[(size_t)t * k + j] = bi;
+      pick[j] = p[bi];
+      p[bi] = -__builtin_huge_valf();
+    }
+    __syncthreads();
+  }
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) sum += pick[j];
+    for (int j = 0; j < k; j++) w[(size_t)t * k + j] = norm ? pick[j] / sum : pick[j];
+  }
+}

@@ -1,0 +1,89 @@
+// The model kernels compiled for the CPU emulation (sim.h) with C entry points for ctypes
+// (tests/test_gpu_model_sim.py). Each entry launches its kernel with the grid and block its
+// Rust launcher uses (rust/src/cuda/ops/*.rs); pointers are host arrays.
+//
+//   g++ -std=c++20 -O1 -pthread -shared -fPIC -DSTRATA_SIM -I cuda cuda/tests/model_sim.cpp
+#include "../norm.cu"
+#include "../rope.cu"
+#include "../attention.cu"
+#include "../router.cu"
+#include "../elementwise.cu"
+
+extern "C" {
+
+void sim_norm_rms(const float* x, const float* w, float* out, int rows, int n, float eps) {
+  sim_launch(strata_norm_rms, dim3(rows), dim3(NORM_THREADS), x, w, out, n, eps);
+}
+
+void sim_norm_add_rms(float* x, const float* y, const float* w, float* out, int rows, int n,
+                      float eps) {
+  sim_launch(strata_norm_add_rms, dim3(rows), dim3(NORM_THREADS), x, y, w, out, n, eps);
+}
+
+void sim_rope_neox(float* x, const float* c, const float* s, const int* sp, int n_tok,
+                   int n_head, int d, int n_rot, int n_pos) {
+  sim_launch(strata_rope_neox, dim3(n_head, n_tok), dim3(32), x, c, s, sp, n_head, d, n_rot,
+             n_pos);
+}
+
+void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float* qn,
+                  const float* kn, const float* c, const float* s, const int* sp, uint8_t* kc,
+                  uint8_t* vc, unsigned long long slot_stride, int n_tok, int n_head,
+                  int n_head_kv, int d, int n_rot, int n_ctx, float eps) {
+  auto k_ = kv == 0 ? strata_rope_qkv_f16 : strata_rope_qkv_q8_0;
+  sim_launch(k_, dim3(n_head + 2 * n_head_kv, n_tok), dim3(32), q, k, v, qn, kn, c, s, sp, kc,
+             vc, slot_stride, n_head, n_head_kv, d, n_rot, n_ctx, eps);
+}
+
+typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
+                        const int*, float*, float*, int, int, int, int, float);
+typedef void (*PrefillK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
+                         const int*, float*, int, int, int, int, float);
+
+void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                     unsigned long long slot_stride, const int* sp, float* part_o,
+                     float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
+                     int n_ctx, int n_split, float scale) {
+  int g = n_head / n_head_kv;
+  DecodeK k;
+  if (kv == 0)
+    k = d == 64 ? (g <= 8 ? strata_attn_decode_f16_d64_g8 : strata_attn_decode_f16_d64_g16)
+                : (g <= 8 ? strata_attn_decode_f16_d128_g8 : strata_attn_decode_f16_d128_g16);
+  else
+    k = d == 64 ? (g <= 8 ? strata_attn_decode_q8_0_d64_g8 : strata_attn_decode_q8_0_d64_g16)
+                : (g <= 8 ? strata_attn_decode_q8_0_d128_g8 : strata_attn_decode_q8_0_d128_g16);
+  sim_launch(k, dim3(n_split, n_head_kv, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride, sp,
+             part_o, part_ml, n_head, n_head_kv, n_ctx, n_split, scale);
+  sim_launch(strata_attn_combine, dim3(n_head, n_tok), dim3(d), (const float*)part_o,
+             (const float*)part_ml, out, n_head, n_split, d);
+}
+
+void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                      unsigned long long slot_stride, const int* sp, float* out, int n_tok,
+                      int n_head, int n_head_kv, int n_ctx, float scale) {
+  PrefillK k;
+  if (kv == 0)
+    k = d == 64 ? strata_attn_prefill_f16_d64 : strata_attn_prefill_f16_d128;
+  else
+    k = d == 64 ? strata_attn_prefill_q8_0_d64 : strata_attn_prefill_q8_0_d128;
+  int g = n_head / n_head_kv;
+  sim_launch(k, dim3((n_tok * g + PF_ROWS - 1) / PF_ROWS, n_head_kv), dim3(ATT_THREADS), q, kc,
+             vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx, scale);
+}
+
+void sim_router_topk(const float* logits, int* ids, float* w, int n_tok, int n_expert, int k,
+                     int norm) {
+  sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, n_expert, k, norm);
+}
+
+void sim_argmax(const float* x, int* out, int rows, int n) {
+  sim_launch(strata_ew_argmax_f32, dim3(rows), dim3(256), x, out, n);
+}
+
+void sim_add(float* x, const float* y, int n) {
+  sim_launch(strata_ew_add_f32, dim3((n + 255) / 256), dim3(256), x, y, n);
+}
+
+uint16_t sim_f2h(float f) { return sm_f2h(f); }
+float sim_h2f(uint16_t h) { return sm_h2f(h); }
+}

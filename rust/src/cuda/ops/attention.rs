@@ -1,0 +1,331 @@
+//! Launchers of `cuda/attention.cu`: decode attention (split over the visible positions, then
+//! the combine kernel) and prefill attention (tensor-core tiles), over an f16 or q8_0 cache.
+//!
+//! Cache layout (`KvLayout`), K and V alike: [slot][layer][Nkv][n_ctx] head rows of D values
+//! in the cache type (2·D bytes for f16, D/32·34 for q8_0).
+
+use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X, GRID_YZ};
+use crate::cuda::{Arg, Gpu, Stream};
+use crate::error::{Error, Result};
+use crate::model::KvType;
+
+/// Head dims the attention kernels are built for.
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
+/// Most query heads per KV head.
+pub const MAX_GROUP: usize = 16;
+/// Most decode splits (partials per head).
+pub const MAX_SPLIT: usize = 32;
+/// Fewest positions one decode split takes (the kernel's ATT_MIN_CHUNK).
+const MIN_CHUNK: usize = 64;
+const THREADS: u32 = 128;
+const PF_ROWS: usize = 64;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub ty: KvType,
+    pub n_slots: usize,
+    pub n_layer: usize,
+    pub n_kv: usize,
+    pub n_ctx: usize,
+    pub d: usize,
+}
+
+impl KvLayout {
+    /// Checks what the kernels support: f16 or q8_0, D in `HEAD_DIMS`, sizes that fit.
+    pub fn new(
+        ty: KvType,
+        n_slots: usize,
+        n_layer: usize,
+        n_kv: usize,
+        n_ctx: usize,
+        d: usize,
+    ) -> Result<KvLayout> {
+        if ty == KvType::F32 {
+            return Err(Error::Config(
+                "the GPU KV cache is f16 or q8_0 (kv_type f32 runs on the CPU only)".into(),
+            ));
+        }
+        if !HEAD_DIMS.contains(&d) {
+            return Err(Error::Config(format!(
+                "the GPU attention kernels take head dims {HEAD_DIMS:?}, not {d}"
+            )));
+        }
+        if n_slots == 0 || n_layer == 0 || n_kv == 0 || n_ctx == 0 {
+            return Err(Error::Config(format!(
+                "KV cache of {n_slots} slots × {n_layer} layers × {n_kv} heads × {n_ctx} positions"
+            )));
+        }
+        i32_of("n_ctx", n_ctx)?;
+        let lay = KvLayout {
+            ty,
+            n_slots,
+            n_layer,
+            n_kv,
+            n_ctx,
+            d,
+        };
+        prod(&[n_slots, n_layer, n_kv, n_ctx, lay.head_bytes()])
+            .map_err(|_| Error::Config(format!("n_ctx {n_ctx} is too large")))?;
+        Ok(lay)
+    }
+
+    pub fn head_bytes(&self) -> usize {
+        match self.ty {
+            KvType::F16 => 2 * self.d,
+            _ => self.d / 32 * 34,
+        }
+    }
+
+    /// Bytes of one layer of one slot.
+    pub fn layer_bytes(&self) -> usize {
+        self.n_kv * self.n_ctx * self.head_bytes()
+    }
+
+    pub fn slot_stride(&self) -> usize {
+        self.n_layer * self.layer_bytes()
+    }
+
+    /// Bytes of each of the K and V caches.
+    pub fn total(&self) -> usize {
+        self.n_slots * self.slot_stride()
+    }
+
+    pub fn layer_offset(&self, layer: usize) -> usize {
+        layer * self.layer_bytes()
+    }
+
+    pub(crate) fn check(&self, layer: usize, kc: Dv, vc: Dv) -> Result<()> {
+        if layer >= self.n_layer {
+            return Err(Error::Shape(format!(
+                "layer {layer} of a cache of {} layers",
+                self.n_layer
+            )));
+        }
+        kc.need("K cache", self.total())?;
+        vc.need("V cache", self.total())
+    }
+
+    fn group(&self, n_head: usize) -> Result<usize> {
+        if n_head == 0 || !n_head.is_multiple_of(self.n_kv) || n_head / self.n_kv > MAX_GROUP {
+            return Err(Error::Config(format!(
+                "{n_head} query heads over {} KV heads: the GPU kernels take whole groups of \
+                 at most {MAX_GROUP}",
+                self.n_kv
+            )));
+        }
+        Ok(n_head / self.n_kv)
+    }
+
+    fn tag(&self) -> &'static str {
+        match self.ty {
+            KvType::F16 => "f16",
+            _ => "q8_0",
+        }
+    }
+}
+
+/// Decode splits for a cache of `n_ctx` positions: about two waves of blocks at full length,
+/// each split at least MIN_CHUNK positions.
+pub fn n_split(gpu: &Gpu, n_kv: usize, n_ctx: usize) -> usize {
+    let waves = (2 * gpu.sm_count() as usize).div_ceil(n_kv.max(1));
+    waves.min(n_ctx.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT)
+}
+
+/// Bytes of the decode partials: (acc f32 [n_tok, n_head, n_split, d], max/sum f32
+/// [n_tok, n_head, n_split, 2]).
+pub fn part_bytes(n_tok: usize, n_head: usize, n_split: usize, d: usize) -> Result<(usize, usize)> {
+    Ok((
+        bytes(prod(&[n_tok, n_head, n_split, d])?, 4)?,
+        bytes(prod(&[n_tok, n_head, n_split, 2])?, 4)?,
+    ))
+}
+
+/// Decode attention of q f32 [n_tok, n_head, d] (tokens at positions sp[0] + t of slot sp[1],
+/// their K/V already in layer `layer` of the cache) into out f32 [n_tok, n_head, d], through
+/// the partials part_o / part_ml (`part_bytes`).
+#[allow(clippy::too_many_arguments)]
+pub fn decode(
+    gpu: &Gpu,
+    s: &Stream,
+    lay: &KvLayout,
+    layer: usize,
+    q: Dv,
+    kc: Dv,
+    vc: Dv,
+    sp: Dv,
+    part_o: Dv,
+    part_ml: Dv,
+    out: Dv,
+    n_tok: usize,
+    n_head: usize,
+    n_split: usize,
+    scale: f32,
+) -> Result<()> {
+    lay.check(layer, kc, vc)?;
+    let g = lay.group(n_head)?;
+    if n_split == 0 || n_split > MAX_SPLIT {
+        return Err(Error::Config(format!(
+            "decode attention: n_split {n_split} outside 1..={MAX_SPLIT}"
+        )));
+    }
+    let d = lay.d;
+    let qb = bytes(prod(&[n_tok, n_head, d])?, 4)?;
+    q.need("attention q", qb)?;
+    out.need("attention out", qb)?;
+    let (po, pml) = part_bytes(n_tok, n_head, n_split, d)?;
+    part_o.need("attention partials", po)?;
+    part_ml.need("attention partial max/sum", pml)?;
+    sp.need("attention step params", 8)?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    let name = format!(
+        "strata_attn_decode_{}_d{d}_g{}",
+        lay.tag(),
+        if g <= 8 { 8 } else { 16 }
+    );
+    let off = lay.layer_offset(layer) as u64;
+    let t = grid_dim("tokens", n_tok, GRID_YZ)?;
+    launch(
+        gpu,
+        s,
+        &name,
+        (n_split as u32, grid_dim("KV heads", lay.n_kv, GRID_YZ)?, t),
+        THREADS,
+        &[
+            q.arg(),
+            Arg::Ptr(kc.ptr + off),
+            Arg::Ptr(vc.ptr + off),
+            Arg::U64(lay.slot_stride() as u64),
+            sp.arg(),
+            part_o.arg(),
+            part_ml.arg(),
+            Arg::I32(i32_of("n_head", n_head)?),
+            Arg::I32(lay.n_kv as i32),
+            Arg::I32(lay.n_ctx as i32),
+            Arg::I32(n_split as i32),
+            Arg::F32(scale),
+        ],
+    )?;
+    launch(
+        gpu,
+        s,
+        "strata_attn_combine",
+        (grid_dim("heads", n_head, GRID_X)?, t, 1),
+        d as u32,
+        &[
+            part_o.arg(),
+            part_ml.arg(),
+            out.arg(),
+            Arg::I32(n_head as i32),
+            Arg::I32(n_split as i32),
+            Arg::I32(d as i32),
+        ],
+    )
+}
+
+/// Prefill attention (tensor cores, causal, GQA) of q f32 [n_tok, n_head, d] into out f32
+/// [n_tok, n_head, d]; positions and slot as for `decode`.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill(
+    gpu: &Gpu,
+    s: &Stream,
+    lay: &KvLayout,
+    layer: usize,
+    q: Dv,
+    kc: Dv,
+    vc: Dv,
+    sp: Dv,
+    out: Dv,
+    n_tok: usize,
+    n_head: usize,
+    scale: f32,
+) -> Result<()> {
+    lay.check(layer, kc, vc)?;
+    let g = lay.group(n_head)?;
+    let d = lay.d;
+    let qb = bytes(prod(&[n_tok, n_head, d])?, 4)?;
+    q.need("attention q", qb)?;
+    out.need("attention out", qb)?;
+    sp.need("attention step params", 8)?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    let rows = prod(&[n_tok, g])?;
+    i32_of("tokens × group", rows)?;
+    let off = lay.layer_offset(layer) as u64;
+    launch(
+        gpu,
+        s,
+        &format!("strata_attn_prefill_{}_d{d}", lay.tag()),
+        (
+            grid_dim("row blocks", rows.div_ceil(PF_ROWS), GRID_X)?,
+            grid_dim("KV heads", lay.n_kv, GRID_YZ)?,
+            1,
+        ),
+        THREADS,
+        &[
+            q.arg(),
+            Arg::Ptr(kc.ptr + off),
+            Arg::Ptr(vc.ptr + off),
+            Arg::U64(lay.slot_stride() as u64),
+            sp.arg(),
+            out.arg(),
+            Arg::I32(n_tok as i32),
+            Arg::I32(i32_of("n_head", n_head)?),
+            Arg::I32(lay.n_kv as i32),
+            Arg::I32(lay.n_ctx as i32),
+            Arg::F32(scale),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_sizes_and_refusals() {
+        let l = KvLayout::new(KvType::Q8_0, 2, 3, 4, 100, 128).unwrap();
+        assert_eq!(l.head_bytes(), 136);
+        assert_eq!(l.layer_bytes(), 4 * 100 * 136);
+        assert_eq!(l.slot_stride(), 3 * l.layer_bytes());
+        assert_eq!(l.total(), 2 * l.slot_stride());
+        assert_eq!(l.layer_offset(2), 2 * l.layer_bytes());
+        assert_eq!(
+            KvLayout::new(KvType::F16, 1, 1, 1, 8, 64)
+                .unwrap()
+                .head_bytes(),
+            128
+        );
+        assert!(matches!(
+            KvLayout::new(KvType::F32, 1, 1, 1, 8, 64),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            KvLayout::new(KvType::F16, 1, 1, 1, 8, 96),
+            Err(Error::Config(_))
+        ));
+        assert!(KvLayout::new(KvType::F16, 0, 1, 1, 8, 64).is_err());
+        assert!(KvLayout::new(KvType::F16, usize::MAX / 2, 4, 4, 1 << 20, 128).is_err());
+        assert_eq!(l.group(8).unwrap(), 2);
+        assert!(l.group(6).is_err() && l.group(4 * 17).is_err() && l.group(0).is_err());
+        let small = Dv { ptr: 0, len: 10 };
+        assert!(matches!(l.check(0, small, small), Err(Error::Shape(_))));
+        let big = Dv {
+            ptr: 0,
+            len: l.total(),
+        };
+        assert!(l.check(2, big, big).is_ok());
+        assert!(matches!(l.check(3, big, big), Err(Error::Shape(_))));
+    }
+
+    #[test]
+    fn part_sizes() {
+        assert_eq!(
+            part_bytes(2, 4, 3, 64).unwrap(),
+            (2 * 4 * 3 * 64 * 4, 2 * 4 * 3 * 2 * 4)
+        );
+        assert!(part_bytes(usize::MAX, 2, 2, 64).is_err());
+    }
+}

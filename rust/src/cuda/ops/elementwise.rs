@@ -1,0 +1,51 @@
+//! Launchers of `cuda/elementwise.cu`: residual add, copy, argmax per row.
+
+use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
+use crate::cuda::{Arg, Gpu, Stream};
+use crate::error::Result;
+
+const THREADS: usize = 256;
+
+fn flat(gpu: &Gpu, s: &Stream, name: &str, a: Dv, b: Dv, n: usize) -> Result<()> {
+    a.need(name, bytes(n, 4)?)?;
+    b.need(name, bytes(n, 4)?)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let grid = grid_dim("blocks", n.div_ceil(THREADS), GRID_X)?;
+    launch(
+        gpu,
+        s,
+        name,
+        (grid, 1, 1),
+        THREADS as u32,
+        &[a.arg(), b.arg(), Arg::I32(i32_of("n", n)?)],
+    )
+}
+
+/// x[i] += y[i] for i < n (f32).
+pub fn add(gpu: &Gpu, s: &Stream, x: Dv, y: Dv, n: usize) -> Result<()> {
+    flat(gpu, s, "strata_ew_add_f32", x, y, n)
+}
+
+/// dst[i] = src[i] for i < n (f32).
+pub fn copy(gpu: &Gpu, s: &Stream, dst: Dv, src: Dv, n: usize) -> Result<()> {
+    flat(gpu, s, "strata_ew_copy_f32", dst, src, n)
+}
+
+/// out[r] = the first index of the largest value of row r; x: f32 [rows, n], out: i32 [rows].
+pub fn argmax(gpu: &Gpu, s: &Stream, x: Dv, out: Dv, rows: usize, n: usize) -> Result<()> {
+    x.need("argmax x", bytes(prod(&[rows, n])?, 4)?)?;
+    out.need("argmax out", bytes(rows, 4)?)?;
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_ew_argmax_f32",
+        (grid_dim("rows", rows, GRID_X)?, 1, 1),
+        THREADS as u32,
+        &[x.arg(), out.arg(), Arg::I32(i32_of("n", n)?)],
+    )
+}

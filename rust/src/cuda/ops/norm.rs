@@ -1,0 +1,91 @@
+//! Launchers of `cuda/norm.cu`: RMSNorm over rows, and the residual add fused with it.
+
+use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
+use crate::cuda::{Arg, Gpu, Stream};
+use crate::error::{Error, Result};
+
+const THREADS: u32 = 256;
+
+fn check(rows: usize, n: usize, eps: f32) -> Result<usize> {
+    if n == 0 {
+        return Err(Error::Shape("rms norm: rows of 0 elements".into()));
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::Config(format!("rms norm: eps {eps} must be >= 0")));
+    }
+    bytes(prod(&[rows, n])?, 4)
+}
+
+/// out[r] = x[r] / sqrt(mean(x[r]²) + eps) · w for r < rows.
+/// x, out: f32 [rows, n] (out may be x); w: f32 [n].
+#[allow(clippy::too_many_arguments)]
+pub fn rms(
+    gpu: &Gpu,
+    s: &Stream,
+    x: Dv,
+    w: Dv,
+    out: Dv,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    let b = check(rows, n, eps)?;
+    x.need("rms norm x", b)?;
+    out.need("rms norm out", b)?;
+    w.need("rms norm w", bytes(n, 4)?)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_norm_rms",
+        (grid_dim("rows", rows, GRID_X)?, 1, 1),
+        THREADS,
+        &[
+            x.arg(),
+            w.arg(),
+            out.arg(),
+            Arg::I32(i32_of("n", n)?),
+            Arg::F32(eps),
+        ],
+    )
+}
+
+/// x += y, then out = RMSNorm(x) · w, per row. x, y, out: f32 [rows, n]; w: f32 [n].
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms(
+    gpu: &Gpu,
+    s: &Stream,
+    x: Dv,
+    y: Dv,
+    w: Dv,
+    out: Dv,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    let b = check(rows, n, eps)?;
+    x.need("add+norm x", b)?;
+    y.need("add+norm y", b)?;
+    out.need("add+norm out", b)?;
+    w.need("add+norm w", bytes(n, 4)?)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_norm_add_rms",
+        (grid_dim("rows", rows, GRID_X)?, 1, 1),
+        THREADS,
+        &[
+            x.arg(),
+            y.arg(),
+            w.arg(),
+            out.arg(),
+            Arg::I32(i32_of("n", n)?),
+            Arg::F32(eps),
+        ],
+    )
+}

@@ -1,0 +1,53 @@
+//! Launcher of `cuda/router.cu`: softmax → top-k (ties: lower id) → renormalize.
+
+use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
+use crate::cuda::{Arg, Gpu, Stream};
+use crate::error::{Error, Result};
+
+/// Most experts and most picks the kernel handles (its shared arrays).
+pub const MAX_EXPERTS: usize = 1024;
+pub const MAX_TOP_K: usize = 64;
+
+/// Per token t < n_tok: p = softmax(logits[t]), ids[t] = the k largest p (descending, ties to
+/// the lower id), w[t] = their p, divided by their sum when `norm`.
+/// logits: f32 [n_tok, n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k].
+#[allow(clippy::too_many_arguments)]
+pub fn topk(
+    gpu: &Gpu,
+    s: &Stream,
+    logits: Dv,
+    ids: Dv,
+    w: Dv,
+    n_tok: usize,
+    n_expert: usize,
+    k: usize,
+    norm: bool,
+) -> Result<()> {
+    if n_expert == 0 || n_expert > MAX_EXPERTS || k == 0 || k > n_expert.min(MAX_TOP_K) {
+        return Err(Error::Config(format!(
+            "router: {k} of {n_expert} experts; the GPU router takes up to {MAX_EXPERTS} \
+             experts and 1..={MAX_TOP_K} picks"
+        )));
+    }
+    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
+    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
+    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_router_topk",
+        (grid_dim("tokens", n_tok, GRID_X)?, 1, 1),
+        32,
+        &[
+            logits.arg(),
+            ids.arg(),
+            w.arg(),
+            Arg::I32(i32_of("n_expert", n_expert)?),
+            Arg::I32(k as i32),
+            Arg::I32(norm as i32),
+        ],
+    )
+}

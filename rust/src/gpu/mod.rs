@@ -1,0 +1,10 @@
+//! The qwen3moe forward pass on one GPU with every weight in VRAM (GPU_SPEC.md §5): weights
+//! uploaded once (`weights`), the KV cache for all slots in VRAM, the layer loop as kernel
+//! launches (`step`), decode replayed from a captured CUDA graph, prefill in chunks
+//! (`model`). Semantics of `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
+
+mod model;
+mod step;
+pub mod weights;
+
+pub use model::{GpuModel, DECODE_MAX_TOKENS};

@@ -1,0 +1,416 @@
+//! `GpuModel`: the public face of the GPU forward pass, its buffers and the KV slots.
+//!
+//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx)), H = hidden, Nh / Nkv =
+//! query / KV heads, D = head dim, E = experts, K = experts used, F = expert FFN width,
+//! V = vocab, C = n_ctx.
+//! Every per-call value the kernels need (pos0, slot, token ids) sits in one device buffer
+//! (`params` i32 [2 + chunk]) written before the launches, so the one-token decode step is
+//! captured once as a CUDA graph and replayed for any slot and position.
+
+use super::weights::GpuWeights;
+use crate::cuda::ops::attention::{self, KvLayout};
+use crate::cuda::ops::quant::{self, QuantOps};
+use crate::cuda::ops::view::{bytes, prod};
+use crate::cuda::{as_bytes_mut, DevBuf, Gpu, Graph, PinnedBuf, Stream};
+use crate::error::{Error, Result};
+use crate::gguf::Gguf;
+use crate::model::ops::Rope;
+use crate::model::weights::Weights;
+use crate::model::{HParams, Logits, ModelConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+/// Chunks of at most this many tokens use the decode attention kernel (split over the
+/// positions); longer ones the prefill kernel.
+pub const DECODE_MAX_TOKENS: usize = 8;
+/// Logit rows computed per output-head launch (bounds the logits buffer).
+const LOGIT_ROWS: usize = 64;
+
+pub(super) struct Bufs {
+    pub params: DevBuf,  // i32 [2 + chunk]: pos0, slot, token ids
+    pub x: DevBuf,       // f32 [T, H] residual stream
+    pub h: DevBuf,       // f32 [T, H] normed block input
+    pub o: DevBuf,       // f32 [T, H] attention output projection
+    pub q: DevBuf,       // f32 [T, Nh·D]
+    pub att: DevBuf,     // f32 [T, Nh·D]
+    pub k: DevBuf,       // f32 [T, Nkv·D]
+    pub v: DevBuf,       // f32 [T, Nkv·D]
+    pub router: DevBuf,  // f32 [T, E]
+    pub ids: DevBuf,     // i32 [T, K]
+    pub wts: DevBuf,     // f32 [T, K]
+    pub act: DevBuf,     // f32 [T, K, F]
+    pub scratch: DevBuf, // the quant kernels' scratch
+    pub part_o: DevBuf,  // decode attention partials
+    pub part_ml: DevBuf,
+    pub logits: DevBuf, // f32 [LOGIT_ROWS, V]
+    pub kc: DevBuf,     // K cache (KvLayout)
+    pub vc: DevBuf,     // V cache
+    pub cos: DevBuf,    // f32 [C, n_rot/2]
+    pub sin: DevBuf,    // f32 [C, n_rot/2]
+}
+
+pub struct GpuModel {
+    pub hp: HParams,
+    pub cfg: ModelConfig,
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) stream: Stream,
+    pub(super) q: QuantOps,
+    pub(super) w: GpuWeights,
+    pub(super) lay: KvLayout,
+    pub(super) b: Bufs,
+    pub(super) chunk: usize,
+    pub(super) n_split: usize,
+    lens: Vec<usize>,
+    /// Page-locked staging of `params` and of one row of logits: the per-token copies go
+    /// straight to and from them (no driver staging through pageable memory).
+    pin_params: PinnedBuf,
+    pin_logits: PinnedBuf,
+    graph: Option<Graph>,
+    use_graph: bool,
+    /// One-token steps run so far without the graph (the first one runs eagerly: it
+    /// resolves every kernel and checks the step before it is captured).
+    eager_steps: usize,
+    /// Why capturing the decode graph failed (the step then runs kernel by kernel).
+    graph_error: Option<String>,
+    /// Bytes of the routed-expert tensors and of everything else (for `hparams`).
+    pub expert_bytes: usize,
+    pub non_expert_bytes: usize,
+}
+
+fn alloc_f32(gpu: &Gpu, dims: &[usize]) -> Result<DevBuf> {
+    gpu.alloc(bytes(prod(dims)?, 4)?)
+}
+
+impl GpuModel {
+    pub fn open(path: impl AsRef<Path>, cfg: ModelConfig, gpu: Arc<Gpu>) -> Result<GpuModel> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        let mut hp = HParams::from_gguf(&gguf)?;
+        let weights = Weights::load(gguf, &mut hp)?;
+        Self::new(hp, &weights, cfg, gpu)
+    }
+
+    /// Uploads the weights (refusing, before any upload, a tensor type the GPU kernels lack),
+    /// allocates the KV cache for `n_slots` × `n_ctx` and the buffers for `max_chunk` tokens.
+    pub fn new(hp: HParams, w: &Weights, cfg: ModelConfig, gpu: Arc<Gpu>) -> Result<GpuModel> {
+        if cfg.max_chunk == 0 {
+            return Err(Error::Config(
+                "prefill chunk must be at least 1 token".into(),
+            ));
+        }
+        let lay = KvLayout::new(
+            cfg.kv_type,
+            cfg.n_slots,
+            hp.n_layer,
+            hp.n_head_kv,
+            cfg.n_ctx,
+            hp.head_dim,
+        )?;
+        if hp.n_head / hp.n_head_kv > attention::MAX_GROUP {
+            return Err(Error::Model(format!(
+                "{} query heads per KV head; the GPU attention takes at most {}",
+                hp.n_head / hp.n_head_kv,
+                attention::MAX_GROUP
+            )));
+        }
+        super::weights::check_types(w)?;
+        let stream = gpu.stream()?;
+        let q = QuantOps::new(&gpu)?;
+        let weights = GpuWeights::upload(&gpu, w)?;
+        let t = cfg.max_chunk.min(cfg.n_ctx);
+        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
+        let n_split = attention::n_split(&gpu, hp.n_head_kv, cfg.n_ctx);
+        let td = t.min(DECODE_MAX_TOKENS);
+        let (po, pml) = attention::part_bytes(td, hp.n_head, n_split, hp.head_dim)?;
+        let scratch = [hd, qd]
+            .iter()
+            .map(|&kk| quant::scratch_bytes(kk, t))
+            .chain([quant::moe_scratch_bytes(hd, f, k, t)])
+            .max()
+            .unwrap_or(0);
+        // cos/sin of every position, from the CPU path's table (exact parity of the angles)
+        let rope = Rope::new(&hp);
+        let half = hp.n_rot / 2;
+        let mut cos = vec![0f32; cfg.n_ctx * half];
+        let mut sin = vec![0f32; cfg.n_ctx * half];
+        for p in 0..cfg.n_ctx {
+            let r = p * half..(p + 1) * half;
+            rope.table(p, &mut cos[r.clone()], &mut sin[r]);
+        }
+        let b = Bufs {
+            params: gpu.alloc(bytes(2 + t, 4)?)?,
+            x: alloc_f32(&gpu, &[t, hd])?,
+            h: alloc_f32(&gpu, &[t, hd])?,
+            o: alloc_f32(&gpu, &[t, hd])?,
+            q: alloc_f32(&gpu, &[t, qd])?,
+            att: alloc_f32(&gpu, &[t, qd])?,
+            k: alloc_f32(&gpu, &[t, kvd])?,
+            v: alloc_f32(&gpu, &[t, kvd])?,
+            router: alloc_f32(&gpu, &[t, e])?,
+            ids: alloc_f32(&gpu, &[t, k])?,
+            wts: alloc_f32(&gpu, &[t, k])?,
+            act: alloc_f32(&gpu, &[t, k, f])?,
+            scratch: gpu.alloc(scratch)?,
+            part_o: gpu.alloc(po)?,
+            part_ml: gpu.alloc(pml)?,
+            logits: alloc_f32(&gpu, &[LOGIT_ROWS.min(t), hp.n_vocab])?,
+            kc: gpu.alloc(lay.total())?,
+            vc: gpu.alloc(lay.total())?,
+            cos: gpu.upload_pod(&cos)?,
+            sin: gpu.upload_pod(&sin)?,
+        };
+        let pin_params = gpu.host_alloc(bytes(2 + t, 4)?)?;
+        let pin_logits = gpu.host_alloc(bytes(hp.n_vocab, 4)?)?;
+        // never-written positions hold zeros, not garbage
+        b.kc.zero(&stream)?;
+        b.vc.zero(&stream)?;
+        stream.sync()?;
+        Ok(GpuModel {
+            expert_bytes: w.expert_bytes(),
+            non_expert_bytes: w.non_expert_bytes(),
+            lens: vec![0; cfg.n_slots],
+            pin_params,
+            pin_logits,
+            hp,
+            cfg,
+            gpu,
+            stream,
+            q,
+            w: weights,
+            lay,
+            b,
+            chunk: t,
+            n_split,
+            graph: None,
+            use_graph: true,
+            eager_steps: 0,
+            graph_error: None,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Bytes of the K and V caches together.
+    pub fn kv_bytes(&self) -> usize {
+        2 * self.lay.total()
+    }
+
+    /// Replays the one-token step from a captured CUDA graph (the default) or launches its
+    /// kernels one by one; both compute the same thing.
+    pub fn set_graph(&mut self, on: bool) {
+        self.use_graph = on;
+    }
+
+    /// Whether the decode graph has been captured.
+    pub fn graph_captured(&self) -> bool {
+        self.graph.is_some()
+    }
+
+    /// "captured", "not yet", "off", or "failed: why" (then the step runs kernel by kernel).
+    pub fn graph_state(&self) -> String {
+        match (&self.graph, &self.graph_error, self.use_graph) {
+            (Some(_), _, true) => "captured".into(),
+            (_, Some(e), _) => format!("failed: {e}"),
+            (_, None, false) => "off".into(),
+            (None, None, true) => "not yet".into(),
+        }
+    }
+
+    fn slot_ref(&self, slot: usize) -> Result<usize> {
+        self.lens.get(slot).copied().ok_or_else(|| {
+            Error::Input(format!(
+                "slot {slot} does not exist (the cache has {} slots)",
+                self.lens.len()
+            ))
+        })
+    }
+
+    /// Positions the slot holds.
+    pub fn slot_len(&self, slot: usize) -> Result<usize> {
+        self.slot_ref(slot)
+    }
+
+    /// Keeps the first `n` positions (a prefix to reuse); `n` above the length is an error.
+    pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        let len = self.slot_ref(slot)?;
+        if n > len {
+            return Err(Error::Input(format!(
+                "cannot truncate slot {slot} to {n} positions: it holds {len}"
+            )));
+        }
+        self.lens[slot] = n;
+        Ok(())
+    }
+
+    /// Empties the slot.
+    pub fn free(&mut self, slot: usize) -> Result<()> {
+        self.truncate(slot, 0)
+    }
+
+    /// Runs `tokens` after the slot's cached positions, appends their keys and values to the
+    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All).
+    pub fn forward(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let start = self.slot_ref(slot)?;
+        let n = tokens.len();
+        let need = match want {
+            Logits::None => 0,
+            Logits::Last => vocab,
+            Logits::All => n * vocab,
+        };
+        if out.len() != need {
+            return Err(Error::Input(format!(
+                "logits buffer holds {} floats, expected {need}",
+                out.len()
+            )));
+        }
+        if n == 0 {
+            return if want == Logits::Last {
+                Err(Error::Input(
+                    "no tokens given, so there are no last logits".into(),
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Input(format!(
+                "token id {bad} is outside the vocabulary (n_vocab = {vocab})"
+            )));
+        }
+        if start + n > self.cfg.n_ctx {
+            return Err(Error::Input(format!(
+                "context overflow: slot {slot} holds {start} positions and {n} more would exceed \
+                 n_ctx = {}",
+                self.cfg.n_ctx
+            )));
+        }
+        let chunk = self.chunk;
+        let mut p0 = start;
+        for (ci, toks) in tokens.chunks(chunk).enumerate() {
+            let last_chunk = (ci + 1) * chunk >= n;
+            let dst: Option<&mut [f32]> = match want {
+                Logits::None => None,
+                Logits::Last if last_chunk => Some(&mut out[..]),
+                Logits::Last => None,
+                Logits::All => {
+                    let a = ci * chunk * vocab;
+                    Some(&mut out[a..a + toks.len() * vocab])
+                }
+            };
+            let rows = match (want, dst.is_some()) {
+                (Logits::All, _) => toks.len(),
+                (_, true) => 1,
+                _ => 0,
+            };
+            if let Err(e) = self.run_chunk(slot, p0, toks, rows, dst) {
+                // A failed call leaves the slot as it was (and no copy from the staging
+                // buffers in flight).
+                let _ = self.stream.sync();
+                self.lens[slot] = start;
+                return Err(e);
+            }
+            p0 += toks.len();
+            self.lens[slot] = p0;
+        }
+        Ok(())
+    }
+
+    /// One chunk of T tokens at positions p0..; the last `rows` rows' logits go to `dst`.
+    fn run_chunk(
+        &mut self,
+        slot: usize,
+        p0: usize,
+        toks: &[u32],
+        rows: usize,
+        dst: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let t = toks.len();
+        // pos0, slot, token ids → pinned staging → `params` (ordered before the kernels; the
+        // staging is rewritten only after the sync that ends this call)
+        let nb = 4 * (2 + t);
+        {
+            let pin = &mut self.pin_params.as_mut_slice()[..nb];
+            let words = [p0 as i32, slot as i32];
+            let ids = toks.iter().map(|&x| x as i32);
+            for (c, v) in pin.chunks_exact_mut(4).zip(words.into_iter().chain(ids)) {
+                c.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        self.b
+            .params
+            .write_async(&self.stream, 0, &self.pin_params, 0, nb)?;
+        let vocab = self.hp.n_vocab;
+        let graph_ok = self.use_graph && self.graph_error.is_none();
+        if t == 1 && graph_ok && (self.graph.is_some() || self.eager_steps > 0) {
+            if self.graph.is_none() {
+                self.capture()?;
+            }
+            match &self.graph {
+                Some(g) => g.launch(&self.stream)?,
+                None => self.one_token_step()?,
+            }
+            if let Some(dst) = dst {
+                let n = 4 * vocab;
+                self.b
+                    .logits
+                    .read_async(&self.stream, 0, &mut self.pin_logits, 0, n)?;
+                self.stream.sync()?;
+                as_bytes_mut(&mut dst[..vocab]).copy_from_slice(&self.pin_logits.as_slice()[..n]);
+            } else {
+                self.stream.sync()?;
+            }
+            return Ok(());
+        }
+        self.layers(t)?;
+        if t == 1 {
+            self.eager_steps += 1;
+        }
+        if let Some(dst) = dst {
+            let first = t - rows;
+            self.final_norm(first, rows)?;
+            for (i, out) in dst.chunks_mut(LOGIT_ROWS * vocab).enumerate() {
+                let nr = out.len() / vocab;
+                self.head(first + i * LOGIT_ROWS, nr)?;
+                self.b.logits.read_into(&self.stream, 0, out)?;
+            }
+        } else {
+            self.stream.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Captures the one-token step as a graph. A capture the driver refuses is recorded in
+    /// `graph_error` and the step runs kernel by kernel from then on (`graph_state` says
+    /// why); an error of the step itself is returned.
+    fn capture(&mut self) -> Result<()> {
+        self.stream.begin_capture()?;
+        let body = self.one_token_step();
+        let g = self.stream.end_capture();
+        body?;
+        match g {
+            Ok(g) => self.graph = Some(g),
+            Err(e) => self.graph_error = Some(e.to_string()),
+        }
+        Ok(())
+    }
+
+    /// The whole one-token step (what the decode graph holds): layers, final norm, head.
+    fn one_token_step(&self) -> Result<()> {
+        self.layers(1)?;
+        self.final_norm(0, 1)?;
+        self.head(0, 1)
+    }
+}

@@ -1,0 +1,194 @@
+//! The model's tensors in VRAM: every matrix's GGUF bytes uploaded once as they are in the
+//! file (the GPU kernels read GGUF rows), the norm vectors as f32, and per expert tensor a
+//! device table of each expert's address (what the grouped expert kernels take).
+//!
+//! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
+//! F = expert FFN width.
+
+use crate::cuda::ops::quant;
+use crate::cuda::{DevBuf, Gpu};
+use crate::error::{Error, Result};
+use crate::gguf::TensorInfo;
+use crate::model::weights::Weights;
+use crate::quant::GgmlType;
+use std::sync::Arc;
+
+/// A 2-D weight [rows, cols] in its GGUF type.
+pub struct GpuMat {
+    pub name: String,
+    pub ty: GgmlType,
+    pub buf: Arc<DevBuf>,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl GpuMat {
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+}
+
+/// A stacked expert tensor [E, rows, cols] and its table of expert addresses (u64 [E]).
+pub struct GpuExperts {
+    pub ty: GgmlType,
+    pub buf: DevBuf,
+    pub ptrs: DevBuf,
+    pub n_expert: usize,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+pub struct GpuLayer {
+    pub attn_norm: DevBuf, // f32 [H]
+    pub wq: GpuMat,        // (Nh·D, H)
+    pub wk: GpuMat,        // (Nkv·D, H)
+    pub wv: GpuMat,        // (Nkv·D, H)
+    pub wo: GpuMat,        // (H, Nh·D)
+    pub q_norm: DevBuf,    // f32 [D]
+    pub k_norm: DevBuf,    // f32 [D]
+    pub ffn_norm: DevBuf,  // f32 [H]
+    pub router: GpuMat,    // (E, H)
+    pub gate: GpuExperts,  // (E, F, H)
+    pub up: GpuExperts,    // (E, F, H)
+    pub down: GpuExperts,  // (E, H, F)
+}
+
+pub struct GpuWeights {
+    pub token_embd: GpuMat,  // (V, H)
+    pub output_norm: DevBuf, // f32 [H]
+    pub output: GpuMat,      // (V, H); shares token_embd's buffer when tied
+    pub layers: Vec<GpuLayer>,
+    /// Bytes uploaded (weights only).
+    pub bytes: usize,
+}
+
+/// `Error::Model` naming the tensor when the GPU kernels cannot run its type.
+pub fn check_type(name: &str, ty: GgmlType) -> Result<()> {
+    if quant::supports(ty) {
+        return Ok(());
+    }
+    let ok: Vec<&str> = GgmlType::ALL
+        .iter()
+        .filter(|t| quant::supports(**t))
+        .map(|t| t.name())
+        .collect();
+    Err(Error::Model(format!(
+        "tensor {name} has type {}, which the GPU kernels cannot run; they run: {}",
+        ty.name(),
+        ok.join(", ")
+    )))
+}
+
+/// Checks every matrix of `w` before anything is uploaded (a refusal costs no VRAM).
+pub fn check_types(w: &Weights) -> Result<()> {
+    let mut all: Vec<&TensorInfo> = vec![&w.token_embd, &w.output];
+    for l in &w.layers {
+        all.extend([
+            &l.wq, &l.wk, &l.wv, &l.wo, &l.router, &l.gate, &l.up, &l.down,
+        ]);
+    }
+    all.iter().try_for_each(|t| check_type(&t.name, t.ty))
+}
+
+struct Uploader<'a> {
+    gpu: &'a Gpu,
+    w: &'a Weights,
+    bytes: usize,
+}
+
+impl Uploader<'_> {
+    fn raw(&mut self, t: &TensorInfo) -> Result<DevBuf> {
+        let data = self.w.gguf.data(t);
+        self.bytes += data.len();
+        self.gpu.upload(data)
+    }
+
+    fn mat(&mut self, t: &TensorInfo) -> Result<GpuMat> {
+        Ok(GpuMat {
+            name: t.name.clone(),
+            ty: t.ty,
+            buf: Arc::new(self.raw(t)?),
+            rows: t.dims[1] as usize,
+            cols: t.dims[0] as usize,
+        })
+    }
+
+    fn experts(&mut self, t: &TensorInfo) -> Result<GpuExperts> {
+        let (cols, rows, n) = (t.dims[0] as usize, t.dims[1] as usize, t.dims[2] as usize);
+        let row_bytes = t
+            .ty
+            .row_bytes(cols)
+            .ok_or_else(|| Error::Model(format!("tensor {}: rows are not whole blocks", t.name)))?;
+        let buf = self.raw(t)?;
+        let eb = (rows * row_bytes) as u64;
+        let table: Vec<u64> = (0..n as u64).map(|e| buf.ptr() + e * eb).collect();
+        // The expert kernels treat a misaligned expert address as absent: refuse it here.
+        let align = quant::weight_align(t.ty).unwrap_or(1).max(1);
+        if let Some(bad) = table.iter().position(|p| !p.is_multiple_of(align)) {
+            return Err(Error::Model(format!(
+                "tensor {}: expert {bad} starts at a {}-byte offset, not {align}-byte aligned \
+                 as the GPU kernels for {} need",
+                t.name,
+                bad as u64 * eb,
+                t.ty.name()
+            )));
+        }
+        Ok(GpuExperts {
+            ty: t.ty,
+            ptrs: self.gpu.upload_pod(&table)?,
+            buf,
+            n_expert: n,
+            rows,
+            cols,
+        })
+    }
+
+    fn vec(&mut self, v: &[f32]) -> Result<DevBuf> {
+        self.gpu.upload_pod(v)
+    }
+}
+
+impl GpuWeights {
+    /// Uploads every tensor of `w` (types checked first).
+    pub fn upload(gpu: &Gpu, w: &Weights) -> Result<GpuWeights> {
+        check_types(w)?;
+        let mut u = Uploader { gpu, w, bytes: 0 };
+        let token_embd = u.mat(&w.token_embd)?;
+        let output = if w.output.name == w.token_embd.name {
+            GpuMat {
+                name: token_embd.name.clone(),
+                ty: token_embd.ty,
+                buf: token_embd.buf.clone(),
+                rows: token_embd.rows,
+                cols: token_embd.cols,
+            }
+        } else {
+            u.mat(&w.output)?
+        };
+        let output_norm = u.vec(&w.output_norm)?;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for l in &w.layers {
+            layers.push(GpuLayer {
+                attn_norm: u.vec(&l.attn_norm)?,
+                wq: u.mat(&l.wq)?,
+                wk: u.mat(&l.wk)?,
+                wv: u.mat(&l.wv)?,
+                wo: u.mat(&l.wo)?,
+                q_norm: u.vec(&l.q_norm)?,
+                k_norm: u.vec(&l.k_norm)?,
+                ffn_norm: u.vec(&l.ffn_norm)?,
+                router: u.mat(&l.router)?,
+                gate: u.experts(&l.gate)?,
+                up: u.experts(&l.up)?,
+                down: u.experts(&l.down)?,
+            });
+        }
+        Ok(GpuWeights {
+            bytes: u.bytes,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
+    }
+}

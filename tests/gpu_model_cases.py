@@ -1,0 +1,191 @@
+"""The model kernels' test cases, shared by the CPU emulation (test_gpu_model_sim.py) and the
+GPU (test_gpu_model.py): each test takes a `kern` fixture with the entry points of
+cuda/tests/model_sim.cpp (`sim_*`: host arrays in, outputs written in place), from the
+emulation library or from `GpuKernels` over the device launchers. References: gpu_model_ref.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gpu_model_ref as ref
+import numpy as np
+import pytest
+
+__all__ = [
+    "test_argmax_and_add",
+    "test_attention_decode",
+    "test_attention_prefill",
+    "test_norm_rows_and_fused_add",
+    "test_rope_neox",
+    "test_rope_qkv_writes_cache",
+    "test_router_topk_and_ties",
+]
+
+
+def f32(a: Any) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def test_norm_rows_and_fused_add(kern: Any) -> None:
+    rng = np.random.default_rng(1)
+    rows, n, eps = 3, 300, 1e-6  # n not a multiple of the block: strided tail
+    x, y = f32(rng.normal(0, 2, (rows, n))), f32(rng.normal(0, 1, (rows, n)))
+    w = f32(rng.normal(1, 0.2, n))
+    out = np.zeros_like(x)
+    kern.sim_norm_rms(x, w, out, rows, n, eps)
+    want = ref.rms_norm(x, w, eps)
+    assert np.abs(out - want).max() <= 1e-6 * np.abs(want).max()
+    x2 = x.copy()
+    kern.sim_norm_add_rms(x2, y, w, out, rows, n, eps)
+    assert np.array_equal(x2, x + y)
+    want = ref.rms_norm(x + y, w, eps)
+    assert np.abs(out - want).max() <= 1e-6 * np.abs(want).max()
+
+
+def rope_tables(rng: np.random.Generator, n_ctx: int, half: int) -> tuple[np.ndarray, np.ndarray]:
+    th = rng.uniform(-np.pi, np.pi, (n_ctx, half))
+    return f32(np.cos(th) * 1.1), f32(np.sin(th) * 1.1)  # a YaRN-like magnitude
+
+
+def test_rope_neox(kern: Any) -> None:
+    rng = np.random.default_rng(2)
+    t, nh, d, n_rot, pos0 = 3, 5, 64, 48, 7  # partial rotation: dims ≥ n_rot untouched
+    cos, sin = rope_tables(rng, 16, n_rot // 2)
+    x = f32(rng.normal(0, 1, (t, nh, d)))
+    got = x.copy()
+    kern.sim_rope_neox(got, cos, sin, np.array([pos0, 0], np.int32), t, nh, d, n_rot, 16)
+    want = ref.rope(x, cos, sin, pos0 + np.arange(t), n_rot)
+    assert np.abs(got - want).max() <= 1e-6
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
+    rng = np.random.default_rng(3)
+    t, nh, nkv, d, n_ctx, eps, pos0, slot = 3, 4, 2, 64, 16, 1e-6, 5, 1
+    cos, sin = rope_tables(rng, n_ctx, d // 2)
+    q = f32(rng.normal(0, 2, (t, nh, d)))
+    k = f32(rng.normal(0, 2, (t, nkv, d)))
+    v = f32(rng.normal(0, 1, (t, nkv, d)))
+    qn, kn = f32(rng.normal(1, 0.3, d)), f32(rng.normal(1, 0.3, d))
+    cache = ref.Cache(kv, 2, nkv, n_ctx, d)
+    qg = q.copy()
+    sp = np.array([pos0, slot], np.int32)
+    kern.sim_rope_qkv(
+        ref.KV_TYPES[kv], qg, k, v, qn, kn, cos, sin, sp, cache.k, cache.v,
+        cache.slot_stride, t, nh, nkv, d, d, n_ctx, eps,
+    )  # fmt: skip
+    pos = pos0 + np.arange(t)
+    want_q = ref.rope(ref.rms_norm(q, qn, eps), cos, sin, pos, d)
+    assert np.abs(qg - want_q).max() <= 2e-6 * np.abs(want_q).max()
+    want_k = ref.rope(ref.rms_norm(k, kn, eps), cos, sin, pos, d)
+    got_k, got_v = cache.values(slot, n_ctx)
+    got_k, got_v = got_k[:, pos].transpose(1, 0, 2), got_v[:, pos].transpose(1, 0, 2)
+    if kv == "f16":  # one f16 rounding of a value within f32 error of the reference
+        assert np.abs(got_k - want_k).max() <= np.abs(want_k).max() * 2**-10
+        assert np.array_equal(got_v, ref.f16_round(v))
+    else:  # q8_0: half a step d = amax/127, plus |q| ≤ 127 times the f16 rounding of d
+        amax = np.abs(want_k).reshape(t, nkv, -1, 32).max(-1)
+        step = amax.repeat(32, -1).reshape(want_k.shape) / 127
+        assert np.all(np.abs(got_k - want_k) <= step * (0.5 + 127 * 2**-11) + 1e-6)
+        assert np.array_equal(cache.v[slot][:, pos].transpose(1, 0, 2), ref.q8_0_bytes(v))
+    other = ref.Cache(kv, 2, nkv, n_ctx, d)
+    assert np.array_equal(cache.k[0], other.k[0]), "slot 0 was written"
+    mask = np.ones(n_ctx, bool)
+    mask[pos] = False
+    assert not cache.k[slot][:, mask].any(), "positions outside pos0.. were written"
+
+
+ATT_CASES = [
+    # kv, d, n_head, n_kv, n_ctx, pos0, t, n_split
+    ("f16", 64, 4, 2, 512, 300, 1, 4),
+    ("f16", 128, 8, 1, 256, 0, 1, 3),
+    ("q8_0", 64, 4, 2, 512, 200, 2, 5),
+    ("q8_0", 128, 16, 1, 256, 130, 1, 2),
+]
+
+
+@pytest.mark.parametrize("kv, d, nh, nkv, n_ctx, pos0, t, n_split", ATT_CASES)
+def test_attention_decode(
+    kern: Any, kv: str, d: int, nh: int, nkv: int, n_ctx: int, pos0: int, t: int,
+    n_split: int,
+) -> None:  # fmt: skip
+    rng = np.random.default_rng(4)
+    slot = 1
+    cache = ref.Cache(kv, 2, nkv, n_ctx, d)
+    cache.fill(rng, slot, pos0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    part_o = np.zeros(t * nh * n_split * d, np.float32)
+    part_ml = np.zeros(t * nh * n_split * 2, np.float32)
+    out = np.zeros((t, nh, d), np.float32)
+    sp = np.array([pos0, slot], np.int32)
+    kern.sim_attn_decode(
+        ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, part_o, part_ml,
+        out, t, nh, nkv, n_ctx, n_split, 1 / np.sqrt(d),
+    )  # fmt: skip
+    want = ref.attention(q, cache, slot, pos0, q_form="f16" if kv == "f16" else "q8_0")
+    err = np.abs(out - want).max()
+    assert err <= 2e-5, err
+
+
+PF_CASES = [
+    # kv, d, n_head, n_kv, n_ctx, pos0, t
+    ("f16", 64, 4, 2, 256, 0, 70),
+    ("f16", 128, 8, 1, 256, 37, 20),
+    ("q8_0", 64, 6, 2, 256, 10, 40),  # G = 3: rows of a block span token boundaries
+]
+
+
+@pytest.mark.parametrize("kv, d, nh, nkv, n_ctx, pos0, t", PF_CASES)
+def test_attention_prefill(
+    kern: Any, kv: str, d: int, nh: int, nkv: int, n_ctx: int, pos0: int, t: int
+) -> None:
+    rng = np.random.default_rng(5)
+    slot = 0
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, slot, pos0 + t, scale=0.3)
+    # garbage (NaN bit patterns) past the visible positions must not leak in
+    cache.k[slot, :, pos0 + t :] = 0xFF
+    cache.v[slot, :, pos0 + t :] = 0xFF
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    out = np.zeros((t, nh, d), np.float32)
+    sp = np.array([pos0, slot], np.int32)
+    kern.sim_attn_prefill(
+        ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, out, t, nh, nkv,
+        n_ctx, 1 / np.sqrt(d),
+    )  # fmt: skip
+    want = ref.attention(q, cache, slot, pos0, q_form="f16", k_form="f16")
+    err = np.abs(out - want).max()
+    # probabilities enter P·V as f16 (relative 2^-11 each)
+    assert err <= 2e-3 * np.abs(want).max(), err
+
+
+def test_router_topk_and_ties(kern: Any) -> None:
+    rng = np.random.default_rng(6)
+    t, e, k = 4, 128, 8
+    # distinct logits 0.01 apart (no near-ties), then exact ties in the last token
+    logits = f32(np.stack([rng.permutation(e) * 0.01 for _ in range(t)]))
+    logits[3, :] = 0.0
+    logits[3, [5, 9, 40]] = 1.0
+    ids = np.zeros((t, k), np.int32)
+    w = np.zeros((t, k), np.float32)
+    kern.sim_router_topk(logits, ids, w, t, e, k, 1)
+    want_ids, want_w = ref.route(logits, k)
+    assert np.array_equal(ids, want_ids)
+    assert list(ids[3]) == [5, 9, 40, 0, 1, 2, 3, 4]
+    assert np.abs(w - want_w).max() <= 1e-6
+    kern.sim_router_topk(logits, ids, w, t, e, k, 0)
+    assert np.abs(w - ref.route(logits, k, norm=False)[1]).max() <= 1e-7
+
+
+def test_argmax_and_add(kern: Any) -> None:
+    rng = np.random.default_rng(7)
+    x = f32(rng.normal(0, 1, (3, 1000)))
+    x[1, [10, 700]] = 9.0  # a tie: the first index wins
+    out = np.zeros(3, np.int32)
+    kern.sim_argmax(x, out, 3, 1000)
+    assert list(out) == list(x.argmax(1)) and out[1] == 10
+    y = f32(rng.normal(0, 1, 1000))
+    a = x[0].copy()
+    kern.sim_add(a, y, 1000)
+    assert np.array_equal(a, x[0] + y)

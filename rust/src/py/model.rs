@@ -1,7 +1,7 @@
 //! `strata._core.Model`: the forward pass and its KV-cache slots. Every heavy call releases
 //! the GIL; a model is used by one thread at a time (calls serialize on its lock).
 
-use super::tier::{ExpertTier, RoutingCounters};
+use super::tier::{prefetch_dict, ExpertTier, RoutingCounters};
 use crate::model::{Compute, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
@@ -218,6 +218,23 @@ impl PyModel {
     fn set_tier(&self, py: Python<'_>, tier: &ExpertTier) -> PyResult<()> {
         let res = tier.res.clone();
         Ok(self.with(py, |m| m.set_tier(res))?)
+    }
+
+    /// While each layer runs, `threads` prefetch threads read ahead the mapped experts the
+    /// next layer most likely routes to (0: off): per token, the K its router applied to the
+    /// current hidden state ranks first, plus `extra`. Needs `set_tier` first.
+    #[pyo3(signature = (threads, extra = 0))]
+    fn set_readahead(&self, py: Python<'_>, threads: usize, extra: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| m.set_readahead(threads, extra))?)
+    }
+
+    /// The read-ahead's counts (`{queued, dropped, cancelled, done, bytes, hits, late,
+    /// misses}`), or None when it is off.
+    fn readahead_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.with(py, |m| m.readahead_stats()) {
+            Some(s) => Ok(Some(prefetch_dict(py, &s)?)),
+            None => Ok(None),
+        }
     }
 
     /// Empties the slot.

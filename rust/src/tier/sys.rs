@@ -154,3 +154,32 @@ pub fn evict_file(path: &Path) -> std::io::Result<()> {
         Err(std::io::Error::from_raw_os_error(rc))
     }
 }
+
+/// Drop the pages of a read-only file map from this process's page tables
+/// (`MADV_DONTNEED`), so that `posix_fadvise(DONTNEED)` can evict them from the page cache.
+/// The next touch faults the same bytes back in from the file.
+///
+/// # Safety
+/// `bytes` must lie in a read-only map of a file (never anonymous memory or a written
+/// private map: those would read back as zeros).
+pub unsafe fn drop_file_map_pages(bytes: &[u8]) -> std::io::Result<()> {
+    madvise(bytes, libc::MADV_DONTNEED)
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` over `[offset, offset+len)` of an open file.
+pub fn evict_range(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: a valid descriptor; fadvise only advises the kernel.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            f.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(rc))
+    }
+}

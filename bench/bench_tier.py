@@ -57,11 +57,13 @@ CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
 from strata.llm import LLM
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 llm = LLM(sys.argv[1], n_ctx=64, parallel=1, threads=int(sys.argv[2]))
-logits = llm.prefill(0, json.loads(sys.argv[3]), 0)
 t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "first_token_s": t2 - t1, "token": int(logits.argmax())}))
+logits = llm.prefill(0, json.loads(sys.argv[3]), 0)
+t3, c3 = time.perf_counter(), time.process_time()
+out = {"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t1, "cpu_s": c3 - c1}
+print(json.dumps({**out, "token": int(logits.argmax())}))
 """
 
 
@@ -86,9 +88,17 @@ def child_first_token(path: Path, threads: int) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+def split(r: dict[str, Any]) -> str:
+    t, load_s = r["first_token_s"], r["load_s"]
+    return f"{t:.2f} s ({load_s:.2f} + {t - load_s:.2f}; CPU {r['cpu_s']:.2f} s)"
+
+
 def part_a(path: Path, threads: int, reps: int) -> None:
     print(f"\n## a. cold start to first token (load {load()})")
-    print("| rep | cached before | without warm | warm (strata-fill warm) | after warm | ratio |")
+    print(
+        "| rep | cached before | without warm (load + prefill; CPU) | warm (strata-fill warm) "
+        "| after warm (load + prefill; CPU) | ratio |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     tokens = set()
     for r in range(reps):
@@ -106,8 +116,8 @@ def part_a(path: Path, threads: int, reps: int) -> None:
         tokens |= {a["token"], b["token"]}
         ratio = b["first_token_s"] / a["first_token_s"]
         print(
-            f"| {r + 1} | {100 * max(f0, f1):.1f}% | {a['first_token_s']:.2f} s | {warm_s:.2f} s "
-            f"| {b['first_token_s']:.2f} s | {ratio:.2f}x |",
+            f"| {r + 1} | {100 * max(f0, f1):.1f}% | {split(a)} | {warm_s:.2f} s "
+            f"| {split(b)} | {ratio:.2f}x |",
             flush=True,
         )
     assert len(tokens) == 1, f"first tokens differ: {tokens}"
@@ -141,23 +151,31 @@ def part_b(path: Path, fill_threads: list[int], reps: int) -> None:
 # ---- c: decode -----------------------------------------------------------------------------
 
 
-def decode(llm: LLM, n: int, evict_each: bool) -> tuple[float, list[int]]:
-    """Greedy decode of `n` tokens after PROMPT; seconds spent in decode calls only."""
+def decode(llm: LLM, n: int, evict_each: bool) -> tuple[float, list[int], float]:
+    """Greedy decode of `n` tokens after PROMPT: seconds spent in decode calls only, the
+    tokens, and the largest fraction of expert bytes cached right after an eviction."""
     llm.free(0)
     logits = llm.prefill(0, PROMPT, 0)
+    cached = 0.0
+
+    def evict() -> None:
+        nonlocal cached
+        llm.tier.evict(all=True)  # the resident experts' file pages too: they are not read
+        cached = max(cached, llm.tier.page_cache_fraction())
+
     if not evict_each:
-        llm.tier.evict()
+        evict()
     toks: list[int] = []
     secs = 0.0
     for _ in range(n):
         tok = int(logits.argmax())
         toks.append(tok)
         if evict_each:
-            llm.tier.evict()
+            evict()
         t = time.perf_counter()
         logits = llm.decode([0], [tok])[0]
         secs += time.perf_counter() - t
-    return secs, toks
+    return secs, toks, cached
 
 
 def part_c(path: Path, threads: int, ra_threads: int, extras: list[int], n: int, reps: int) -> None:
@@ -201,14 +219,19 @@ def part_c(path: Path, threads: int, ra_threads: int, extras: list[int], n: int,
             best = [0.0] * len(settings)
             hlm = [""] * len(settings)
             loads = []
+            # Cold protocols: the most expert bytes cached after an eviction (should be ~0);
+            # warm: the least cached during the run (should be 100%).
+            worst = 0.0 if mode != "mmap" else 1.0
             for _ in range(reps):
                 for i, (ra, extra) in enumerate(settings):
                     llm.model.set_readahead(ra, extra)
                     loads.append(load())
                     if mode == "mmap":
                         secs, toks = _warm_decode(llm, n)
+                        cached = llm.tier.page_cache_fraction()
                     else:
-                        secs, toks = decode(llm, n, evict_each)
+                        secs, toks, cached = decode(llm, n, evict_each)
+                    worst = max(worst, cached) if mode != "mmap" else min(worst, cached)
                     if ref is None:
                         ref = toks
                     assert toks == ref, f"{mode} {frac} read-ahead {ra}+{extra}: tokens differ"
@@ -218,7 +241,7 @@ def part_c(path: Path, threads: int, ra_threads: int, extras: list[int], n: int,
                         hlm[i] = f"{st['hits']}/{st['late']}/{st['misses']}"
             llm.model.set_readahead(0)
             print(
-                f"| {mode} | {100 * share:.0f}% ({n_res}) | {proto} | "
+                f"| {mode} | {100 * share:.0f}% ({n_res}) | {proto} ({100 * worst:.1f}% cached) | "
                 + " | ".join(f"{b:.2f}" for b in best)
                 + f" | {' ; '.join(hlm[1:])} | {', '.join(loads)} |",
                 flush=True,

@@ -93,6 +93,35 @@ pub fn resident_fraction(bytes: &[u8]) -> std::io::Result<f64> {
     Ok(hit as f64 / pages as f64)
 }
 
+/// Whether every page under `bytes` is in memory (`mincore` in steps of 512 pages on the
+/// stack: no allocation). An error reads as "not cached".
+pub fn fully_cached(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    let ps = page_size();
+    let (p, n) = page_span(bytes.as_ptr(), bytes.len());
+    let mut vec = [0u8; 512];
+    let mut at = 0;
+    while at < n {
+        let len = (n - at).min(vec.len() * ps);
+        // SAFETY: `vec` has a byte for each of the `len / ps` pages, which lie in the span
+        // of a live mapping.
+        let rc = unsafe {
+            libc::mincore(
+                (p as usize + at) as *mut libc::c_void,
+                len,
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 || vec[..len / ps].iter().any(|&b| b & 1 == 0) {
+            return false;
+        }
+        at += len;
+    }
+    true
+}
+
 /// The soft `RLIMIT_MEMLOCK` in bytes (`None`: unlimited).
 pub fn memlock_limit() -> Option<u64> {
     let mut r = libc::rlimit {

@@ -611,6 +611,25 @@ fn prefault_dense_reads_every_tensor_but_the_experts() {
 }
 
 #[test]
+fn fully_cached_follows_the_page_cache() {
+    // 2 × 512 experts of 3 KiB: spans longer than one 512-page mincore step.
+    let p = write_model("cached.gguf", 2, 512, &[], 0);
+    let res = Residency::new(open(&p), RamMode::Mmap, None, false).unwrap();
+    let g = res.gguf().clone();
+    let s = *res.layout().layer(1).unwrap();
+    let all = &g.shards[0].map[s.gate.base..s.gate.base + 512 * s.gate.bytes];
+    sys::populate(all);
+    assert!(sys::fully_cached(all));
+    assert!(sys::fully_cached(&[]));
+    // SAFETY: `all` lies in the read-only map of the model file.
+    unsafe { sys::drop_file_map_pages(all) }.unwrap();
+    sys::evict_file(&p).unwrap();
+    assert!(!sys::fully_cached(all));
+    assert!(res.advise(1, 3));
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
 fn not_a_moe_model() {
     let p = write_model("dense.gguf", 2, 4, &[0, 1], 0);
     match Residency::new(open(&p), RamMode::Mmap, None, false) {

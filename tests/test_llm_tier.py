@@ -117,7 +117,9 @@ def test_server_applies_the_profile_and_reports_the_tier(tiny: Path, tmp_path: P
     counts[:, :2] = 10.0  # two hot experts per layer
     prof = tmp_path / "hot.prof"
     Profile.from_counts(tiny, counts, 5, "unit").save(prof)
-    srv = Server(engine="llm", model=tiny, profile=prof, n_ctx=64, parallel=1, threads=1)
+    srv = Server(
+        engine="llm", model=tiny, profile=prof, n_ctx=64, parallel=1, threads=1, readahead="on"
+    )
     try:
 
         def filled(r: Any) -> bool:
@@ -128,8 +130,10 @@ def test_server_applies_the_profile_and_reports_the_tier(tiny: Path, tmp_path: P
         assert tiers["ram_mode"] == "mmap" and tiers["profile"] == str(prof)
         assert tiers["experts"] == 64 and len(tiers["top_experts"]) == 4
         assert tiers["fill"]["done_bytes"] == tiers["fill"]["total_bytes"] > 0
+        assert tiers["readahead"]["misses"] == 0  # STRATA_READAHEAD=on, nothing run yet
         text = srv.http.get("/metrics").text
-        for name in ("strata_tier_mapped_hits_total", "strata_tier_fill_done_bytes"):
+        names = ("strata_tier_mapped_hits_total", "strata_tier_fill_done_bytes")
+        for name in (*names, "strata_tier_prefetch_hits_total"):
             assert name in text, name
     finally:
         srv.stop()
@@ -146,3 +150,57 @@ def test_llm_refuses_a_profile_for_another_model(
     Profile.from_counts(other, np.ones((4, 16), dtype=np.float32), 1).save(prof)
     with pytest.raises(ProfileMismatchError, match="another model"):
         LLM(tiny, n_ctx=64, parallel=1, threads=1, profile=str(prof))
+
+
+def test_readahead_keeps_the_tokens_of_mmap_and_counts_its_hits(tiny: Path) -> None:
+    """Budget mode reads ahead by default: the same greedy tokens as mmap, and every mapped
+    expert use is counted once as a read-ahead hit, late or miss."""
+    ids = [5, 17, 3, 99, 42, 7, 1, 64]
+    ref = LLM(tiny, n_ctx=64, parallel=1, threads=2)
+    assert ref.model.readahead_stats() is None  # mmap: off by default
+    assert ref.info()["tiers"]["readahead"] is None
+    greedy = list(ref.generate_ids(ids, max_tokens=8, stop_ids=[], temperature=0.0))
+    llm = LLM(tiny, n_ctx=64, parallel=1, threads=2, ram_mode="budget", ram_budget_gib=0.01)
+    assert llm.fill is not None and llm.fill.wait(60)
+    assert 0 < llm.tier.resident()[0] < 64
+    assert list(llm.generate_ids(ids, max_tokens=8, stop_ids=[], temperature=0.0)) == greedy
+    s = llm.stats()
+    hits, late, misses = (s[f"tier_prefetch_{k}_total"] for k in ("hits", "late", "misses"))
+    assert hits + late + misses == s["tier_mapped_hits_total"] > 0
+    assert s["tier_prefetch_queued_total"] > 0 and hits + late > 0
+    ra = llm.info()["tiers"]["readahead"]
+    rate = hits / (hits + late + misses)
+    assert ra["hits"] == hits and ra["hit_rate"] == pytest.approx(rate, abs=1e-4)
+    # Off on the same model: nothing counted, same tokens.
+    llm.model.set_readahead(0)
+    assert llm.model.readahead_stats() is None
+    assert list(llm.generate_ids(ids, max_tokens=8, stop_ids=[], temperature=0.0)) == greedy
+
+
+def test_readahead_setting() -> None:
+    from strata.config import Config
+    from strata.errors import ConfigError
+    from strata.tiering import readahead_threads
+
+    def threads(**kw: Any) -> int:
+        return readahead_threads(Config.load(kw, env={}))
+
+    assert threads(ram_mode="budget", ram_budget_gib=1.0) == 2
+    assert threads(ram_mode="budget", ram_budget_gib=1.0, readahead_threads=3) == 3
+    assert threads(ram_mode="budget", ram_budget_gib=1.0, readahead="off") == 0
+    assert threads() == 0 and threads(readahead="on") == 2
+    assert threads(ram_mode="resident", readahead="on") == 0
+    with pytest.raises(ConfigError, match="readahead"):
+        Config.load({"readahead": "sometimes"}, env={})
+    with pytest.raises(ConfigError, match="readahead_threads"):
+        Config.load({"readahead_threads": 0}, env={})
+
+
+def test_readahead_needs_a_tier(tiny: Path) -> None:
+    from strata.errors import ConfigError
+
+    m = Model.open(tiny, n_ctx=64, threads=1)
+    with pytest.raises(ConfigError, match="set_tier first"):
+        m.set_readahead(2)
+    m.set_readahead(0)  # off needs nothing
+    assert m.readahead_stats() is None

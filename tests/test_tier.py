@@ -280,6 +280,7 @@ def test_warm_faults_the_tiny_model_in(
     )
     assert rc == 0, out
     assert "64 experts" in out and "profile order" in out and "100.0%" in out
+    assert "dense weights" in out
     assert probe.page_cache_fraction() == 1.0
     rc, out, _ = run_cli(capsys, "warm", "--model", str(model), "--mode", "resident")
     assert rc == 0 and "64 experts, 0.05 GiB resident" in out

@@ -63,6 +63,13 @@ class Config:
     fill_threads: int = _f(
         0, f"threads that fill the RAM tier (0: the measured default, {DEFAULT_FILL_THREADS})"
     )
+    readahead: str = _f(
+        "auto",
+        "read ahead the experts the next layer most likely routes to while a layer runs "
+        "(auto: in budget mode)",
+        choices=("auto", "on", "off"),
+    )
+    readahead_threads: int = _f(2, "threads that do the read-ahead")
     profile_tokens: int = _f(64, "tokens strata-fill profile generates per prompt")
     vram_budget_mib: int = _f(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
     vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic")
@@ -107,6 +114,8 @@ class Config:
             raise bad("threads", "must be >= 0")
         if not 0 <= self.fill_threads <= 1024:
             raise bad("fill_threads", "must be in 0..1024")
+        if not 1 <= self.readahead_threads <= 64:
+            raise bad("readahead_threads", "must be in 1..64")
         if self.profile_tokens < 0:
             raise bad("profile_tokens", "must be >= 0")
         for f in fields(self):

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from strata._core import Model, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
-from strata.tiering import open_tier, tier_info, tier_stats
+from strata.tiering import open_tier, readahead_threads, tier_info, tier_stats
 
 __all__ = ["LLM", "SamplingArgs", "TokenEvent"]
 
@@ -164,6 +164,8 @@ class LLM:
         self.tier, self.fill = open_tier(self.config, self.path, start_fill=on_cpu)
         if on_cpu:
             self.model.set_tier(self.tier)
+            # Read-ahead of the next layer's likely experts (budget mode by default).
+            self.model.set_readahead(readahead_threads(self.config))
         self._routing = self.model.routing_counters(decayed=True)
 
     @property
@@ -253,14 +255,16 @@ class LLM:
 
     def stats(self) -> dict[str, float]:
         d = {k: float(v) for k, v in self._counts.items()}
-        d.update(tier_stats(self.tier, self.fill))
+        d.update(tier_stats(self.tier, self.fill, self.model.readahead_stats()))
         return d
 
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
         d: dict[str, Any] = {k: self.hparams[k] for k in keys}
         d.update(kv_type=self.config.kv_type, n_ctx=self.n_ctx, max_slots=self.max_slots)
-        tiers = tier_info(self.tier, self._routing, self.fill)
+        tiers = tier_info(
+            self.tier, self._routing, self.fill, readahead=self.model.readahead_stats()
+        )
         tiers["profile"] = self.config.profile or None
         d["tiers"] = tiers
         return d

@@ -34,8 +34,19 @@ def open_tier(
     return tier, handle
 
 
-def tier_stats(tier: ExpertTier, fill: FillHandle | None = None) -> dict[str, float]:
-    """Counters (`_total`) and gauges for `/metrics`, without the `strata_` prefix."""
+def readahead_threads(config: Config) -> int:
+    """Prefetch threads the model gets for read-ahead (0: off). `auto` reads ahead in budget
+    mode only: in mmap mode the page cache usually holds the model, and a resident tier has
+    nothing mapped."""
+    on = config.readahead == "on" or (config.readahead == "auto" and config.ram_mode == "budget")
+    return config.readahead_threads if on and config.ram_mode != "resident" else 0
+
+
+def tier_stats(
+    tier: ExpertTier, fill: FillHandle | None = None, readahead: dict[str, int] | None = None
+) -> dict[str, float]:
+    """Counters (`_total`) and gauges for `/metrics`, without the `strata_` prefix.
+    `readahead` is `Model.readahead_stats()` (None: off)."""
     u = tier.uses()
     n, b = tier.resident()
     out = {
@@ -51,6 +62,10 @@ def tier_stats(tier: ExpertTier, fill: FillHandle | None = None) -> dict[str, fl
         p = fill.progress()
         out["tier_fill_done_bytes"] = float(p["done_bytes"])
         out["tier_fill_total_bytes"] = float(p["total_bytes"])
+    if readahead is not None:
+        for k in ("hits", "late", "misses", "queued", "dropped", "cancelled"):
+            out[f"tier_prefetch_{k}_total"] = float(readahead[k])
+        out["tier_prefetch_read_bytes_total"] = float(readahead["bytes"])
     return out
 
 
@@ -59,9 +74,11 @@ def tier_info(
     counters: RoutingCounters | None = None,
     fill: FillHandle | None = None,
     top: int = 4,
+    readahead: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The tier state for `/v1/status`: mode, arena, locking, warnings, fill progress and the
-    `top` most-routed experts of each layer (decayed counts)."""
+    """The tier state for `/v1/status`: mode, arena, locking, warnings, fill progress, the
+    read-ahead's counts (`readahead`, None when off) and the `top` most-routed experts of
+    each layer (decayed counts)."""
     n, b = tier.resident()
     d: dict[str, Any] = {
         "ram_mode": tier.mode,
@@ -77,6 +94,13 @@ def tier_info(
     if fill is not None:
         p = fill.progress()
         d["fill"] = {k: p[k] for k in ("done_bytes", "total_bytes", "finished", "cancelled")}
+    d["readahead"] = None
+    if readahead is not None:
+        used = readahead["hits"] + readahead["late"] + readahead["misses"]
+        d["readahead"] = {
+            **readahead,
+            "hit_rate": round(readahead["hits"] / used, 4) if used else None,
+        }
     if counters is not None:
         d["top_experts"] = [
             [[e, round(c, 2)] for e, c in counters.top_k(layer, top)]

@@ -73,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     wa = sub.add_parser(
         "warm",
         help="pre-fault the hot experts into the page cache, or prepare the arena",
-        description="mmap: read the experts (hottest first with a profile) into the page "
-        "cache so a server started next finds them there. resident/budget: build the arena "
-        "exactly as the server will (a dry run that reports time, locking and warnings; the "
-        "arena itself lives in the serving process).",
+        description="First the weights every token reads (attention, norms, routers, "
+        "embeddings, output) are read into the page cache. mmap: then the experts (hottest "
+        "first with a profile), so a server started next finds them there. resident/budget: "
+        "build the arena exactly as the server will (a dry run that reports time, locking "
+        "and warnings; the arena itself lives in the serving process).",
     )
     Config.add_arguments(wa, only=WARM_FIELDS, flags=RENAMED)
     common(wa)
@@ -227,6 +228,11 @@ def cmd_warm(cfg: Config, ns: argparse.Namespace) -> int:
     for w in tier.warnings:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
     threads = cfg.fill_threads or DEFAULT_FILL_THREADS
+    # The weights every token reads (attention, norms, routers, embeddings, output) first.
+    t0 = time.monotonic()
+    dense = tier.prefault_dense(threads)
+    dense_line = f"dense weights {dense / GIB:.2f} GiB in {time.monotonic() - t0:.2f} s"
+    print(f"{PROG}: {dense_line}", file=sys.stderr)
     mmap = cfg.ram_mode == "mmap"
     limit = int(cfg.ram_budget_gib * GIB) if mmap else 0
     handle = tier.fill(threads=threads, limit_bytes=limit)
@@ -254,7 +260,10 @@ def cmd_warm(cfg: Config, ns: argparse.Namespace) -> int:
     )
     if mmap:
         frac = tier.page_cache_fraction()
-        print(f"warmed {head}; the page cache holds {100 * frac:.1f}% of all expert bytes")
+        print(
+            f"warmed {head}; the page cache holds {100 * frac:.1f}% of all expert bytes; "
+            f"{dense_line}"
+        )
     else:
         n, b = tier.resident()
         lock = "locked" if tier.locked else "not locked"

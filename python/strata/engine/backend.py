@@ -189,6 +189,8 @@ MODEL_FIELDS = (
     "ram_budget_gib",
     "profile",
     "fill_threads",
+    "readahead",
+    "readahead_threads",
     "vram_budget_mib",
     "vram_reserve_mib",
     "parallel",

@@ -14,10 +14,11 @@ use super::compute::{ExpertLayer, QExperts};
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
 use super::ops::{rms_norm, rms_norm_rows_inplace, softmax, Rope};
+use super::readahead::Readahead;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::tier::{Residency, RoutingCounters};
+use crate::tier::{PrefetchStats, Residency, RoutingCounters};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -74,6 +75,8 @@ pub struct Model {
     /// The RAM tier: when set, routed experts are read from wherever its residency table says
     /// (arena or map) and every use is counted per tier.
     tier: Option<Arc<Residency>>,
+    /// Read-ahead of the next layer's likely experts (`set_readahead`).
+    readahead: Option<Readahead>,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -136,6 +139,7 @@ impl Model {
                 ROUTING_HALF_LIFE,
             )),
             tier: None,
+            readahead: None,
             rope: Rope::new(&hp),
             hp,
             weights,
@@ -208,7 +212,12 @@ impl Model {
                 (_, true) => 1,
                 _ => 0,
             };
-            if let Err(e) = self.chunk(slot, p0, toks, rows, dst) {
+            let done = self.chunk(slot, p0, toks, rows, dst);
+            if let Some(ra) = &self.readahead {
+                // Whatever is still queued was for this chunk's layers.
+                ra.end_step();
+            }
+            if let Err(e) = done {
                 // A failed call leaves the slot as it was.
                 self.kv.set_len(slot, start);
                 return Err(e);
@@ -240,6 +249,7 @@ impl Model {
             routing,
             routing_hot,
             tier,
+            readahead,
             ..
         } = self;
         let tier = tier.as_deref();
@@ -324,9 +334,17 @@ impl Model {
             let base = w.expert_layer(l);
             let slabbed;
             let slabs = match tier {
-                Some(res) => tier_tables(res, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?,
+                Some(res) => {
+                    let ra = readahead.as_ref();
+                    tier_tables(res, ra, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?
+                }
                 None => false,
             };
+            // While this layer's experts run, the prefetch threads read the next layer's
+            // likely ones (guessed from x before this layer's experts).
+            if let Some(ra) = readahead.as_mut() {
+                ra.guess(&**compute, w, l + 1, &s.x[..t * hd], t, k, eps)?;
+            }
             let layer = if slabs {
                 let [g, u, dn] = &tables;
                 slabbed = ExpertLayer {
@@ -384,8 +402,52 @@ impl Model {
                 self.hp.n_expert
             )));
         }
+        self.readahead = None;
         self.tier = Some(tier);
         Ok(())
+    }
+
+    /// Read ahead the next layer's likely experts on `threads` prefetch threads while each
+    /// layer runs (0: off): per token the K the guess ranks first plus `extra`. Needs a tier
+    /// (`set_tier`); resident experts are never read ahead.
+    pub fn set_readahead(&mut self, threads: usize, extra: usize) -> Result<()> {
+        self.readahead = None; // stops the old threads
+        if threads == 0 {
+            return Ok(());
+        }
+        if threads > 64 || extra > self.hp.n_expert {
+            return Err(Error::Config(format!(
+                "read-ahead threads must be in 0..=64 and extra experts in 0..={} (got {threads}, \
+                 {extra})",
+                self.hp.n_expert
+            )));
+        }
+        let Some(res) = &self.tier else {
+            return Err(Error::Config(
+                "read-ahead needs the RAM tier: set_tier first".into(),
+            ));
+        };
+        let max_t = self.scratch.x.len() / self.hp.n_embd;
+        let ra = Readahead::start(
+            res.clone(),
+            threads,
+            extra,
+            max_t,
+            self.hp.n_embd,
+            self.hp.n_expert,
+            self.hp.n_expert_used,
+        )
+        .map_err(|e| Error::Io {
+            path: "prefetch thread".into(),
+            source: e,
+        })?;
+        self.readahead = Some(ra);
+        Ok(())
+    }
+
+    /// The read-ahead's counts (`None` when it is off).
+    pub fn readahead_stats(&self) -> Option<PrefetchStats> {
+        self.readahead.as_ref().map(Readahead::stats)
     }
 
     pub fn slot_len(&self, slot: usize) -> Result<usize> {
@@ -407,6 +469,7 @@ impl Model {
 /// Returns whether the tables were filled (false: the pool reads the model's map as is).
 fn tier_tables<'a>(
     res: &'a Residency,
+    ra: Option<&Readahead>,
     l: usize,
     ids: &[u32],
     layer: &ExpertLayer<'a>,
@@ -431,6 +494,9 @@ fn tier_tables<'a>(
         let b = res
             .expert_bytes(l, id as usize)
             .ok_or_else(|| Error::Input(format!("expert {id} of layer {l} is not in the tier")))?;
+        if let Some(ra) = ra {
+            ra.used(l, id as usize);
+        }
         if !slabs {
             continue;
         }

@@ -7,6 +7,7 @@ pub mod forward;
 pub mod hparams;
 pub mod kv;
 pub mod ops;
+pub mod readahead;
 pub mod weights;
 
 pub use compute::{Compute, ExpertLayer, QExperts, QMatrix, SerialCompute};

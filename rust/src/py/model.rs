@@ -4,7 +4,7 @@
 //! serialize on its lock).
 
 use super::cuda::shared_gpu;
-use super::tier::{ExpertTier, RoutingCounters};
+use super::tier::{prefetch_dict, ExpertTier, RoutingCounters};
 use crate::error::{Error, Result};
 use crate::gpu::GpuModel;
 use crate::model::{Compute, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
@@ -336,6 +336,31 @@ impl PyModel {
                 "the RAM tier does not apply to device=\"cuda\": every expert is in VRAM".into(),
             )),
         })?)
+    }
+
+    /// While each layer runs, `threads` prefetch threads read ahead the mapped experts the
+    /// next layer most likely routes to (0: off): per token, the K its router applied to the
+    /// current hidden state ranks first, plus `extra`. Needs `set_tier` first.
+    #[pyo3(signature = (threads, extra = 0))]
+    fn set_readahead(&self, py: Python<'_>, threads: usize, extra: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| match m {
+            Backend::Cpu(m) => m.set_readahead(threads, extra),
+            Backend::Gpu { .. } => Err(Error::Config(
+                "read-ahead does not apply to device=\"cuda\": every expert is in VRAM".into(),
+            )),
+        })?)
+    }
+
+    /// The read-ahead's counts (`{queued, dropped, cancelled, done, bytes, hits, late,
+    /// misses}`), or None when it is off.
+    fn readahead_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.with(py, |m| match m {
+            Backend::Cpu(m) => m.readahead_stats(),
+            Backend::Gpu { .. } => None,
+        }) {
+            Some(s) => Ok(Some(prefetch_dict(py, &s)?)),
+            None => Ok(None),
+        }
     }
 
     /// Empties the slot.

@@ -223,6 +223,23 @@ fn evict_page_cache(path: PathBuf) -> PyResult<()> {
     Ok(())
 }
 
+/// `{queued, dropped, cancelled, done, bytes, hits, late, misses}`.
+pub(crate) fn prefetch_dict<'py>(
+    py: Python<'py>,
+    s: &tier::PrefetchStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("queued", s.queued)?;
+    d.set_item("dropped", s.dropped)?;
+    d.set_item("cancelled", s.cancelled)?;
+    d.set_item("done", s.done)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("hits", s.hits)?;
+    d.set_item("late", s.late)?;
+    d.set_item("misses", s.misses)?;
+    Ok(d)
+}
+
 fn progress_dict<'py>(
     py: Python<'py>,
     p: &FillProgress,
@@ -485,17 +502,12 @@ impl ExpertTier {
         let taken = self.prefetcher.lock().unwrap().take();
         let s = match taken {
             Some(mut p) => py.detach(|| {
-                p.stop();
+                p.drain();
                 p.stats()
             }),
             None => tier::PrefetchStats::default(),
         };
-        let d = PyDict::new(py);
-        d.set_item("queued", s.queued)?;
-        d.set_item("dropped", s.dropped)?;
-        d.set_item("done", s.done)?;
-        d.set_item("bytes", s.bytes)?;
-        Ok(d)
+        prefetch_dict(py, &s)
     }
 
     /// Reads per tier so far: `{resident_hits, resident_bytes, mapped_hits, mapped_bytes}`.
@@ -507,6 +519,27 @@ impl ExpertTier {
         d.set_item("mapped_hits", u.mapped_hits)?;
         d.set_item("mapped_bytes", u.mapped_bytes)?;
         Ok(d)
+    }
+
+    /// Fault the tensors that are not experts (attention, norms, routers, embeddings,
+    /// output: what every token reads) into the page cache on `threads` threads; blocks.
+    /// Returns the bytes.
+    #[pyo3(signature = (threads = 4))]
+    fn prefault_dense(&self, py: Python<'_>, threads: usize) -> PyResult<u64> {
+        if threads == 0 || threads > 1024 {
+            return Err(PyValueError::new_err(format!(
+                "threads must be in 1..=1024 (got {threads})"
+            )));
+        }
+        Ok(py.detach(|| self.res.prefault_dense(threads)))
+    }
+
+    /// Drop the mapped experts' pages (every expert's with `all`) from this tier's map and
+    /// the page cache, so their next read comes from the disk (benchmarks). Other maps of the
+    /// file that hold the pages keep them. Returns the bytes advised.
+    #[pyo3(signature = (all = false))]
+    fn evict(&self, py: Python<'_>, all: bool) -> PyResult<u64> {
+        Ok(py.detach(|| self.res.evict(all))?)
     }
 
     /// Fraction of the expert bytes of the map that are in the page cache (`mincore`).

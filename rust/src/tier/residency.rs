@@ -451,19 +451,116 @@ impl Residency {
         s.expert_bytes() as u64
     }
 
-    /// Start asynchronous readahead of one mapped expert without waiting (one `madvise` per
-    /// slab). Returns false if it is resident or out of range.
+    /// Start asynchronous readahead of one mapped expert without waiting: one `madvise` per
+    /// slab that has pages out of memory (`mincore` first: a `WILLNEED` over cached pages
+    /// still costs ~10 µs of CPU per MB). Returns false if it is resident or out of range.
     pub fn advise(&self, layer: usize, expert: usize) -> bool {
         match (self.place(layer, expert), self.layout.layer(layer)) {
             (Some(Place::Mapped), Some(s)) => {
                 let b = self.mapped_bytes(s, expert);
                 for part in [b.gate, b.up, b.down] {
-                    sys::will_need(part);
+                    if !sys::fully_cached(part) {
+                        sys::will_need(part);
+                    }
                 }
                 true
             }
             _ => false,
         }
+    }
+
+    /// Every tensor that is not a stacked expert tensor (attention, norms, routers,
+    /// embeddings, output): what every token reads. `(shard, offset, bytes)` in file order.
+    pub fn dense_ranges(&self) -> Vec<(usize, usize, usize)> {
+        let mut experts = Vec::new();
+        for s in self.layout.layers.iter().flatten() {
+            for sl in [s.gate, s.up, s.down] {
+                experts.push((sl.shard, sl.base));
+            }
+        }
+        let mut v: Vec<(usize, usize, usize)> = self
+            .gguf
+            .tensors()
+            .iter()
+            .filter(|t| !experts.contains(&(t.shard, t.offset)))
+            .map(|t| (t.shard, t.offset, t.nbytes))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Fault the dense tensors' pages in (page cache and this map) on `threads` threads, in
+    /// 4 MiB pieces. Returns the bytes.
+    pub fn prefault_dense(&self, threads: usize) -> u64 {
+        const PIECE: usize = 4 << 20;
+        let mut pieces = Vec::new();
+        for (sh, off, n) in self.dense_ranges() {
+            let mut at = 0;
+            while at < n {
+                let len = PIECE.min(n - at);
+                pieces.push((sh, off + at, len));
+                at += len;
+            }
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(sh, off, len)) = pieces.get(i) else {
+                return;
+            };
+            let part = &self.gguf.shards[sh].map[off..off + len];
+            sys::will_need(part);
+            sys::populate(part);
+        };
+        std::thread::scope(|sc| {
+            for _ in 1..threads.max(1) {
+                sc.spawn(work);
+            }
+            work();
+        });
+        pieces.iter().map(|p| p.2 as u64).sum()
+    }
+
+    /// Drop the page-cache pages of the mapped experts (`all`: of every expert) so their next
+    /// read comes from the disk: out of this table's map (`MADV_DONTNEED`), then out of the
+    /// page cache (`posix_fadvise(DONTNEED)` on their file ranges). For measurements (cold
+    /// pages on a machine whose RAM holds the model); other maps of the file that hold the
+    /// pages keep them cached. Returns the bytes advised.
+    pub fn evict(&self, all: bool) -> Result<u64> {
+        let mut files = Vec::new();
+        for sh in &self.gguf.shards {
+            let f = File::open(&sh.path).map_err(|e| Error::Io {
+                path: sh.path.clone(),
+                source: e,
+            })?;
+            files.push((f, matches!(*sh.map, crate::gguf::ShardBytes::Map(_))));
+        }
+        let mut n = 0u64;
+        for (l, e) in self.layout.all_experts() {
+            if !all && self.place(l as usize, e as usize) != Some(Place::Mapped) {
+                continue;
+            }
+            let s = *self.layout.layer(l as usize).expect("listed");
+            let b = self.mapped_bytes(&s, e as usize);
+            for (sl, part) in [(s.gate, b.gate), (s.up, b.up), (s.down, b.down)] {
+                let (f, mapped) = &files[sl.shard];
+                if *mapped {
+                    // SAFETY: `part` lies in the read-only map of the shard's file.
+                    unsafe { sys::drop_file_map_pages(part) }.map_err(|e| Error::Io {
+                        path: "madvise(MADV_DONTNEED) of the model map".into(),
+                        source: e,
+                    })?;
+                }
+                sys::evict_range(f, sl.offset(e as usize) as u64, sl.bytes as u64).map_err(
+                    |e| Error::Io {
+                        path: self.gguf.shards[sl.shard].path.clone(),
+                        source: e,
+                    },
+                )?;
+                n += sl.bytes as u64;
+            }
+        }
+        Ok(n)
     }
 
     /// Fraction of all expert bytes in the GGUF map whose pages are in the page cache

@@ -93,6 +93,35 @@ pub fn resident_fraction(bytes: &[u8]) -> std::io::Result<f64> {
     Ok(hit as f64 / pages as f64)
 }
 
+/// Whether every page under `bytes` is in memory (`mincore` in steps of 512 pages on the
+/// stack: no allocation). An error reads as "not cached".
+pub fn fully_cached(bytes: &[u8]) -> bool {
+    if bytes.is_empty() {
+        return true;
+    }
+    let ps = page_size();
+    let (p, n) = page_span(bytes.as_ptr(), bytes.len());
+    let mut vec = [0u8; 512];
+    let mut at = 0;
+    while at < n {
+        let len = (n - at).min(vec.len() * ps);
+        // SAFETY: `vec` has a byte for each of the `len / ps` pages, which lie in the span
+        // of a live mapping.
+        let rc = unsafe {
+            libc::mincore(
+                (p as usize + at) as *mut libc::c_void,
+                len,
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 || vec[..len / ps].iter().any(|&b| b & 1 == 0) {
+            return false;
+        }
+        at += len;
+    }
+    true
+}
+
 /// The soft `RLIMIT_MEMLOCK` in bytes (`None`: unlimited).
 pub fn memlock_limit() -> Option<u64> {
     let mut r = libc::rlimit {
@@ -148,6 +177,35 @@ pub fn evict_file(path: &Path) -> std::io::Result<()> {
     let f = File::open(path)?;
     // SAFETY: a valid descriptor; fadvise only advises the kernel.
     let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::from_raw_os_error(rc))
+    }
+}
+
+/// Drop the pages of a read-only file map from this process's page tables
+/// (`MADV_DONTNEED`), so that `posix_fadvise(DONTNEED)` can evict them from the page cache.
+/// The next touch faults the same bytes back in from the file.
+///
+/// # Safety
+/// `bytes` must lie in a read-only map of a file (never anonymous memory or a written
+/// private map: those would read back as zeros).
+pub unsafe fn drop_file_map_pages(bytes: &[u8]) -> std::io::Result<()> {
+    madvise(bytes, libc::MADV_DONTNEED)
+}
+
+/// `posix_fadvise(POSIX_FADV_DONTNEED)` over `[offset, offset+len)` of an open file.
+pub fn evict_range(f: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: a valid descriptor; fadvise only advises the kernel.
+    let rc = unsafe {
+        libc::posix_fadvise(
+            f.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
     if rc == 0 {
         Ok(())
     } else {

@@ -518,7 +518,7 @@ fn prefetch_reads_mapped_experts_only() {
     let mut pf = Prefetcher::start(res.clone(), 1, 64).unwrap();
     pf.prefetch(0, &[0, 1, 2, 3, 4, 5]); // 0..3 are resident
     pf.prefetch(1, &[7]);
-    pf.stop();
+    pf.drain();
     let s = pf.stats();
     assert_eq!((s.queued, s.dropped, s.done), (3, 0, 3));
     assert_eq!(s.bytes, 3 * 3 * 1024);
@@ -528,6 +528,105 @@ fn prefetch_reads_mapped_experts_only() {
             assert_eq!(sys::resident_fraction(part).unwrap(), 1.0);
         }
     }
+}
+
+#[test]
+fn prefetch_counts_hits_late_and_misses_per_generation() {
+    let p = write_model("pfgen.gguf", 2, 8, &[], 0);
+    let g = open(&p);
+    let counts: Vec<f32> = (0..16).map(|i| if i < 4 { 10.0 } else { 0.0 }).collect();
+    let prof = profile_for(&g, counts);
+    let res = Residency::new(g, RamMode::Budget(4 * 3 * 1024), Some(&prof), false).unwrap();
+    fill::start(&res, FillOptions::default()).unwrap().wait();
+    let mut pf = Prefetcher::start(res.clone(), 1, 64).unwrap();
+    assert_eq!(
+        pf.prefetch(0, &[4, 5, 0]),
+        2,
+        "resident expert 0 is not queued"
+    );
+    assert_eq!(pf.prefetch(0, &[5, 4]), 0, "queued once per generation");
+    let t0 = std::time::Instant::now();
+    while pf.stats().done < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "prefetch stalled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(!pf.note_use(0, 4), "hit");
+    assert!(pf.note_use(0, 6), "a mapped expert nobody queued is a miss");
+    assert!(!pf.note_use(0, 1), "resident experts are not counted");
+    let s = pf.stats();
+    assert_eq!((s.hits, s.late, s.misses), (1, 0, 1));
+    assert_eq!(s.bytes, 2 * 3 * 1024);
+    // A new generation: last step's read-ahead no longer counts, and can be queued again.
+    pf.end_step();
+    assert!(pf.note_use(0, 5));
+    assert_eq!(pf.prefetch(0, &[5]), 1);
+    pf.drain();
+    assert_eq!(pf.stats().done, 3);
+}
+
+#[test]
+fn ended_generations_are_cancelled_unread() {
+    // 2 × 2048 cold experts: far more than one thread reads before `end_step` follows.
+    let p = write_model("pfcancel.gguf", 2, 2048, &[], 0);
+    sys::evict_file(&p).unwrap();
+    let res = Residency::new(open(&p), RamMode::Mmap, None, false).unwrap();
+    let mut pf = Prefetcher::start(res.clone(), 1, 4096).unwrap();
+    let ids: Vec<u32> = (0..2048).collect();
+    assert_eq!(pf.prefetch(0, &ids) + pf.prefetch(1, &ids), 4096);
+    pf.end_step();
+    // A use now belongs to the new generation: not a hit, whatever was read.
+    assert!(pf.note_use(0, 0));
+    pf.stop();
+    let s = pf.stats();
+    assert_eq!(s.queued, s.done + s.cancelled, "{s:?}");
+    assert!(s.cancelled > 0, "{s:?}");
+    assert_eq!(s.bytes, s.done * 3 * 1024);
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn prefault_dense_reads_every_tensor_but_the_experts() {
+    let p = write_model_r("dense_pf.gguf", 3, 8, &[1], 0, Some(7));
+    let res = Residency::new(open(&p), RamMode::Mmap, None, false).unwrap();
+    let g = res.gguf().clone();
+    let dense = res.dense_ranges();
+    let names: Vec<&str> = g
+        .tensors()
+        .iter()
+        .filter(|t| dense.contains(&(t.shard, t.offset, t.nbytes)))
+        .map(|t| t.name.as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["blk.0.ffn_gate_inp.weight", "blk.2.ffn_gate_inp.weight"]
+    );
+    sys::evict_file(&p).unwrap();
+    let n = res.prefault_dense(2);
+    assert_eq!(n, 2 * 8 * COLS * 4);
+    for &(sh, off, len) in &dense {
+        let part = &g.shards[sh].map[off..off + len];
+        assert_eq!(sys::resident_fraction(part).unwrap(), 1.0);
+    }
+    std::fs::remove_file(&p).unwrap();
+}
+
+#[test]
+fn fully_cached_follows_the_page_cache() {
+    // 2 × 512 experts of 3 KiB: spans longer than one 512-page mincore step.
+    let p = write_model("cached.gguf", 2, 512, &[], 0);
+    let res = Residency::new(open(&p), RamMode::Mmap, None, false).unwrap();
+    let g = res.gguf().clone();
+    let s = *res.layout().layer(1).unwrap();
+    let all = &g.shards[0].map[s.gate.base..s.gate.base + 512 * s.gate.bytes];
+    sys::populate(all);
+    assert!(sys::fully_cached(all));
+    assert!(sys::fully_cached(&[]));
+    // SAFETY: `all` lies in the read-only map of the model file.
+    unsafe { sys::drop_file_map_pages(all) }.unwrap();
+    sys::evict_file(&p).unwrap();
+    assert!(!sys::fully_cached(all));
+    assert!(res.advise(1, 3));
+    std::fs::remove_file(&p).unwrap();
 }
 
 #[test]

@@ -10,11 +10,10 @@
 
 use super::{ExpertLayer, QExperts, QMatrix};
 use crate::error::Result;
-use crate::quant::dot::{quantize_act, vec_dot};
+use crate::quant::dot::{quantize_act, vec_dot, vec_dot_t};
 
-fn silu_mul(g: f32, u: f32) -> f32 {
-    (g / (1.0 + (-g).exp())) * u
-}
+/// ggml's SwiGLU for one element (`vexp::silu_mul`).
+use crate::quant::vexp::silu_mul_one as silu_mul;
 
 fn quantized(ty: crate::quant::GgmlType, x: &[f32]) -> Result<Vec<u8>> {
     let act = ty.vec_dot_type();
@@ -74,7 +73,8 @@ pub fn matmul_serial(w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Res
     for tok in 0..t {
         let xq = quantized(w.ty, &x[tok * w.cols..(tok + 1) * w.cols])?;
         for r in 0..w.rows {
-            y[tok * w.rows + r] = vec_dot(w.ty, w.cols, &w.data[r * rb..(r + 1) * rb], &xq);
+            let row = &w.data[r * rb..(r + 1) * rb];
+            y[tok * w.rows + r] = vec_dot_t(w.ty, w.cols, row, &xq, t);
         }
     }
     Ok(())

@@ -34,6 +34,7 @@ use super::types::GgmlType;
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
+pub use common::{reduce8 as common_reduce8, reduce_4x8};
 pub use cpu::cpu_features;
 
 /// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
@@ -299,6 +300,43 @@ pub fn vec_dot_isa(isa: Isa, w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) ->
         )));
     }
     Ok(checked(isa, w, n, w_row.len(), act.len())(n, w_row, act))
+}
+
+/// The dot ggml's CPU matmul (of a non-repacked weight) computes for one output when the
+/// activation has `t` rows. ggml (AVX2 build, llamafile on) runs `ggml_vec_dot_*` for one
+/// row; for several rows of F32 weights llamafile's tinyBLAS (`f32_dot_many`), and for ≥ 8
+/// rows of Q6_K / IQ3_S weights its tiled matmul (`scalar_k::tiled_dot`), whose float
+/// orders differ. Other types agree with `vec_dot` (Q8_0's tinyBLAS order is its vec_dot
+/// order). `vec_dot_t(.., 1)` is `vec_dot`.
+#[inline]
+pub fn vec_dot_t(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize) -> f32 {
+    let many = match w {
+        GgmlType::F32 => t > 1,
+        GgmlType::Q6K | GgmlType::IQ3S => t >= 8,
+        _ => false,
+    };
+    if many {
+        if let Some(k) = kernel_many(active_isa(), w) {
+            assert_operands(w, n, w_row.len(), act.len());
+            return k(n, w_row, act);
+        }
+    }
+    vec_dot(w, n, w_row, act)
+}
+
+/// The multi-row kernel of `isa` for `w` where its order differs from `kernel_for`'s
+/// (AVX-512 runs the AVX2 one).
+pub fn kernel_many(isa: Isa, w: GgmlType) -> Option<DotFn> {
+    let simd = match isa {
+        Isa::Avx2 | Isa::Avx512 if Isa::Avx2.available() => avx2::kernel_many(w),
+        _ => None,
+    };
+    simd.or(match w {
+        GgmlType::F32 => Some(scalar::f32_dot_many as DotFn),
+        GgmlType::Q6K => Some(scalar_k::q6_k_tiled as DotFn),
+        GgmlType::IQ3S => Some(scalar_k::iq3_s_tiled as DotFn),
+        _ => None,
+    })
 }
 
 /// Dots of consecutive rows (`rows` = `out.len()` rows of `n` elements, back to back) with

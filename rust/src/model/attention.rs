@@ -82,6 +82,7 @@ fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32]
                 f32_bytes(&rowf[..d]),
                 f32_bytes(&qf[..d]),
                 t,
+                0,
             )
         }
         KvType::F32 | KvType::Q8_0 => vec_dot(ty.ggml(), d, k, q),

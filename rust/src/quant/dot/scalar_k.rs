@@ -166,6 +166,41 @@ pub fn tiled_dot(
     acc
 }
 
+/// ggml's repacked Q4_K gemm order (`q4_K_8x8`, used for groups of 4 activation rows of a
+/// dense matmul): per block and per pair of sub-blocks p,
+/// `acc = fma(f32(Σ_s sc_s·Σ q·a), d·d_a, acc)` and `accm = fma(f32(Σ_s m_s·bsum_s), dmin·d_a,
+/// accm)` over the pair's two sub-blocks s; the result is `acc − accm`.
+pub fn q4_k_gemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(292)).take(n / 256) {
+        let da = f32_at(ab, 0);
+        let (dd, dm) = (f16_at(wb, 0) * da, f16_at(wb, 2) * da);
+        let (sc, qs) = (&wb[4..16], &wb[16..144]);
+        for p in 0..4 {
+            let (mut si, mut sm) = (0i32, 0i32);
+            for s in [2 * p, 2 * p + 1] {
+                let (scale, min) = scale_min_k4(s, sc);
+                let chunk = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+                let t: i32 = (0..32)
+                    .map(|l| {
+                        let q = if s % 2 == 0 {
+                            chunk[l] & 15
+                        } else {
+                            chunk[l] >> 4
+                        };
+                        q as i32 * qa(ab, 32 * s + l)
+                    })
+                    .sum();
+                si += scale * t;
+                sm += min * (i16_at(ab, Q8K_BSUMS + 4 * s) + i16_at(ab, Q8K_BSUMS + 4 * s + 2));
+            }
+            acc = (si as f32).mul_add(dd, acc);
+            accm = (sm as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
 pub fn q6_k_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
     tiled_dot(n, w, a, 210, 208, q6_k_lanes)
 }

@@ -304,7 +304,7 @@ fn simd_kernels_check_their_slices() {
 fn multi_row_orders_avx2_equal_scalar() {
     use GgmlType::*;
     let mut rng = Rng::new(11);
-    for w in [F32, Q6K, IQ3S] {
+    for w in [F32, Q6K, IQ3S, Q4K] {
         let scalar = kernel_many(Isa::Scalar, w).expect("scalar multi-row kernel");
         for &n in &[256usize, 512, 1024] {
             let row = random_row(w, n, &mut rng);

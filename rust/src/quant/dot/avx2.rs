@@ -250,7 +250,7 @@ unsafe fn f32_dot_many(n: usize, w: &[u8], a: &[u8]) -> f32 {
 }
 
 /// The kernel of ggml's multi-row matmul order where it differs from `kernel`: F32
-/// (tinyBLAS, t > 1), Q6_K and IQ3_S (tiled, t ≥ 8).
+/// (tinyBLAS, t > 1), Q6_K and IQ3_S (tiled, t ≥ 8), Q4_K (repacked gemm).
 pub fn kernel_many(w: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     if !cpu::has_avx2() {
@@ -270,6 +270,7 @@ pub fn kernel_many(w: GgmlType) -> Option<DotFn> {
         F32 => safe!(F32, f32_dot_many),
         Q6K => safe!(Q6K, k::q6_k_tiled),
         IQ3S => safe!(IQ3S, k::iq3_s_tiled),
+        Q4K => safe!(Q4K, k::q4_k_gemm),
         _ => return None,
     })
 }

@@ -213,6 +213,39 @@ unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>)
     (hsum_i32(sumv), _mm_cvtsi128_si32(summ))
 }
 
+/// ggml's repacked Q4_K gemm order (`scalar_k::q4_k_gemm`): per pair of sub-blocks, FMAs
+/// into a sum and a mins accumulator.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q4_k_gemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    let m4 = _mm256_set1_epi8(15);
+    let bm = bcast_masks();
+    for b in 0..n / 256 {
+        let wb = &w[144 * b..144 * b + 144];
+        let ab = &a[292 * b..292 * b + 292];
+        let da = f32_at(ab, 0);
+        let (dd, dm) = (h2f(wb, 0) * da, h2f(wb, 2) * da);
+        let (sc, mins) = k4_scales(wb);
+        let sc8 = scales8(sc.as_ptr(), false);
+        let (qs, ap) = (wb.as_ptr().add(16), ab.as_ptr().add(4));
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let s0 = _mm256_shuffle_epi8(sc8, bm[2 * c]);
+            let s1 = _mm256_shuffle_epi8(sc8, bm[2 * c + 1]);
+            let v = mac(_mm256_setzero_si256(), lo, load(ap.add(64 * c)), s0);
+            let si = hsum_i32(mac(v, hi, load(ap.add(64 * c + 32)), s1));
+            let bs = |k: usize| i16_at(ab, 260 + 2 * k);
+            let sm = mins[2 * c] as i32 * (bs(4 * c) + bs(4 * c + 1))
+                + mins[2 * c + 1] as i32 * (bs(4 * c + 2) + bs(4 * c + 3));
+            acc = (si as f32).mul_add(dd, acc);
+            accm = (sm as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
 #[inline(always)]
 unsafe fn q4_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     q45_k_ints(wb, ab, wb.as_ptr().add(16), None)

@@ -32,14 +32,17 @@ def test_chunked_prefill_decode_and_slots_agree(path: Path) -> None:
     chunked = m.forward(0, ids, logits="all")
     assert chunked.shape == (40, SHAPE.n_vocab) and chunked.dtype == np.float32
     np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5)
-    # decode token by token in another slot
+    # decode token by token in another slot: one-row matmuls and attention take ggml's
+    # one-row float order (llama.cpp's vec_dot) instead of its multi-row one (tinyBLAS), as
+    # llama.cpp does, so the logits differ at the rounding level (≈ 5e-4 on this model)
     step = np.stack([m.forward(1, [t]) for t in ids])
-    np.testing.assert_allclose(step, whole, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(step, whole, rtol=0, atol=2e-3)
     assert m.slot_len(0) == m.slot_len(1) == 40 and m.slot_len(2) == 0
     # truncate to a prefix and continue: same as the fresh run
     m.truncate(1, 25)
     again = m.forward(1, ids[25:], logits="all")
-    np.testing.assert_allclose(again, whole[25:], rtol=0, atol=1e-5)
+    # the kept prefix was written by one-row steps (their float order, see above)
+    np.testing.assert_allclose(again, whole[25:], rtol=0, atol=2e-3)
     assert m.forward(2, ids[:5], logits="none").shape == (0, SHAPE.n_vocab)
     m.free(0)
     assert m.slot_len(0) == 0

@@ -5,14 +5,14 @@ Thresholds (issue 4): top-1 agreement ≥ 99% of positions, mean KL(llama.cpp �
 greedy 64-token continuations identical on ≥ 9 of 10 prompts. llama.cpp runs without flash
 attention with its default f16 KV cache; we use an f16 cache too.
 
-Our arithmetic follows ggml's (activations quantized like ggml's x86 CPU path, f64 norm
-sums, f16 rounding of q and of the attention probabilities), but not its SIMD summation
-order, so results differ at the 1e-7 level. On quantized files those differences flip an
-occasional int8 rounding of a re-quantized activation, which flips near-tie routing
-decisions of these random models. So, following BENCH.md "Testing against oracles", top-1
-is compared where the reference is sure (top-1/top-2 logit margin ≥ MARGIN) and greedy
-continuations up to the reference's first near-tie; the unfiltered figures are printed
-beside (on the F32 file they meet the thresholds unfiltered, and are asserted so).
+Our arithmetic follows ggml's CPU backend on an AVX2+FMA machine (activations quantized like
+ggml's x86 path; ggml's float order in the dot kernels, the batch-dependent tinyBLAS, tiled
+and repacked-gemm orders, softmax, SwiGLU, RoPE and f16 attention; docs/MODEL_ORACLES.md
+lists them), so the logits are llama.cpp's bit for bit and the unfiltered thresholds are
+asserted on every file in EXACT (all of them). The filtered figures of BENCH.md "Testing
+against oracles" (top-1 where the reference is sure, margin ≥ MARGIN; greedy continuations
+up to the reference's first near-tie) are still printed and asserted: they are what a file
+that is not matched bit for bit would be held to.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ ROUTER_SCALE = 1.0
 FTYPES = {"F32": "F32", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "IQ3_S": "IQ3_S"}
 CASES = [pytest.param(ty, kv, id=f"{ty}-{kv}kv") for ty in FTYPES for kv in ("f16",)]
 GGML_KV = {"f16": 1, "f32": 0}
+# Files on which our forward pass repeats llama.cpp's arithmetic (bit for bit on this CPU
+# kind): the unfiltered thresholds are asserted.
+EXACT = set(FTYPES)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +98,9 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     path = model_file(f32_path, ty)
     ll = llama(path, kv)
-    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=24)
+    # One chunk per prompt, as llama.cpp runs the 32 tokens as one batch: ggml's float order
+    # depends on the batch (rows per matmul, rows routed to each expert).
+    m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=64)
     top1, sure, kls = [], [], []
     for toks in prompts(10, 32, seed=1):
         m.free(0)
@@ -114,7 +119,7 @@ def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
         f"({top1_a.mean():.4f} over all {len(top1)}), mean KL {kl:.2e}"
     )
     assert agree >= 0.99
-    if ty == "F32":
+    if ty in EXACT:
         assert top1_a.mean() >= 0.99
     assert kl <= 1e-3
 
@@ -162,7 +167,7 @@ def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -
     )
     assert same >= 9
     assert agree >= 0.99
-    if ty == "F32":
+    if ty in EXACT:
         assert full >= 9
 
 

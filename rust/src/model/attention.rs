@@ -10,9 +10,10 @@
 //! they weight an f16 V (f32 otherwise).
 
 use super::kv::{axpy_row, KvType};
-use super::ops::softmax;
 use crate::quant::dequant::f16_at;
-use crate::quant::dot::{quantize_act, vec_dot};
+use crate::quant::dot::{common_reduce8, quantize_act, reduce_4x8, vec_dot, vec_dot_t};
+use crate::quant::vexp::softmax;
+use crate::quant::GgmlType;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
@@ -24,6 +25,8 @@ pub struct AttnScratch {
     /// widening is exact, so the products and their order are those of the f16 arithmetic.
     pub qf: Vec<f32>,
     pub rowf: Vec<f32>,
+    /// F16 cache: the lane accumulators of the probabilities-times-V product ([32·D]).
+    pub pv: Vec<f32>,
 }
 
 impl AttnScratch {
@@ -34,6 +37,7 @@ impl AttnScratch {
             q_act: vec![0u8; act],
             qf: vec![0f32; head_dim],
             rowf: vec![0f32; head_dim],
+            pv: vec![0f32; 32 * head_dim],
         }
     }
 }
@@ -64,19 +68,108 @@ pub fn widen_f16(src: &[u8], dst: &mut [f32]) {
 }
 
 /// q·k over one head: `qf` is the f16-rounded query widened to f32 (F16 cache) and unused
-/// otherwise; `q` is the query in the cache's dot type. The F16 sum runs in index order.
+/// otherwise; `q` is the query in the cache's dot type. The F16 sum follows ggml's order
+/// for `t` query rows (`vec_dot_t` of the widened values: `ggml_vec_dot_f16` for one row,
+/// tinyBLAS for several; widening is exact, so the products are the f16 ones).
 #[inline]
-fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32]) -> f32 {
+fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32], t: usize) -> f32 {
     match ty {
         KvType::F16 => {
             widen_f16(k, rowf);
-            let mut s = 0f32;
-            for (a, b) in rowf[..d].iter().zip(&qf[..d]) {
-                s += a * b;
-            }
-            s
+            vec_dot_t(
+                GgmlType::F32,
+                d,
+                f32_bytes(&rowf[..d]),
+                f32_bytes(&qf[..d]),
+                t,
+                0,
+            )
         }
         KvType::F32 | KvType::Q8_0 => vec_dot(ty.ggml(), d, k, q),
+    }
+}
+
+/// The bytes of an f32 slice (little-endian, as the F32 dot kernels read them).
+fn f32_bytes(x: &[f32]) -> &[u8] {
+    // SAFETY: any f32 is 4 plain bytes; u8 has no alignment requirement.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
+}
+
+/// `out[i] = Σ_j p[j]·v_j[i]` over an f16 V (rows `v_row(j)`, widened into `rowf`), in ggml's
+/// order for the probabilities-times-V^T matmul: with one query row `ggml_vec_dot_f16` over
+/// j (lane j % 32 of four 8-lane FMA accumulators, `reduce_4x8`), with several tinyBLAS
+/// (lane j % 8 of one accumulator, `reduce8`). Positions past n are ggml's padding with
+/// p = 0, which leaves every lane unchanged. `acc` is scratch of [32·D].
+#[allow(clippy::too_many_arguments)]
+fn pv_f16(
+    p: &[f32],
+    v: &[u8],
+    s: &AttnShape,
+    kvo: usize,
+    many: bool,
+    acc: &mut [f32],
+    rowf: &mut [f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { pv_f16_fma(p, v, s, kvo, many, acc, rowf, out) };
+        return;
+    }
+    pv_f16_body(p, v, s, kvo, many, acc, rowf, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_f16_fma(
+    p: &[f32],
+    v: &[u8],
+    s: &AttnShape,
+    kvo: usize,
+    many: bool,
+    acc: &mut [f32],
+    rowf: &mut [f32],
+    out: &mut [f32],
+) {
+    pv_f16_body(p, v, s, kvo, many, acc, rowf, out)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn pv_f16_body(
+    p: &[f32],
+    v: &[u8],
+    s: &AttnShape,
+    kvo: usize,
+    many: bool,
+    acc: &mut [f32],
+    rowf: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = s.head_dim;
+    let lanes = if many { 8 } else { 32 };
+    let acc = &mut acc[..lanes * d]; // [lanes, D]
+    acc.fill(0.0);
+    for (j, &pj) in p.iter().enumerate() {
+        let pj = f16::from_f32(pj).to_f32();
+        let o = j * s.row_bytes + kvo;
+        widen_f16(&v[o..o + s.head_bytes], &mut rowf[..d]);
+        let a = &mut acc[(j % lanes) * d..(j % lanes + 1) * d];
+        for (x, &vi) in a.iter_mut().zip(&rowf[..d]) {
+            *x = vi.mul_add(pj, *x);
+        }
+    }
+    for (i, o) in out.iter_mut().enumerate().take(d) {
+        *o = if many {
+            let r: [f32; 8] = std::array::from_fn(|k| acc[k * d + i]);
+            common_reduce8(&r)
+        } else {
+            let r: [[f32; 8]; 4] =
+                std::array::from_fn(|a| std::array::from_fn(|k| acc[(8 * a + k) * d + i]));
+            reduce_4x8(&r)
+        };
     }
 }
 
@@ -92,7 +185,9 @@ fn convert_q(ty: KvType, q: &[f32], out: &mut [u8]) -> crate::Result<()> {
     }
 }
 
-/// Attention of one position over keys/values [0, n) of one layer.
+/// Attention of one position over keys/values [0, n) of one layer, as one of `t` query rows
+/// of a chunk (ggml's float order depends on whether t > 1).
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     s: &AttnShape,
     k_cache: &[u8],
@@ -101,6 +196,7 @@ pub fn attend(
     q: &[f32],
     out: &mut [f32],
     scratch: &mut AttnScratch,
+    t: usize,
 ) -> crate::Result<()> {
     let d = s.head_dim;
     let group = s.n_head / s.n_head_kv;
@@ -115,9 +211,22 @@ pub fn attend(
         for (j, sc) in scores.iter_mut().enumerate() {
             let o = j * s.row_bytes + kvo;
             let k = &k_cache[o..o + s.head_bytes];
-            *sc = dot_qk(s.ty, d, k, &scratch.q_act, &scratch.qf, &mut scratch.rowf) * scale;
+            *sc = dot_qk(
+                s.ty,
+                d,
+                k,
+                &scratch.q_act,
+                &scratch.qf,
+                &mut scratch.rowf,
+                t,
+            ) * scale;
         }
-        softmax(scores);
+        softmax(scores, true);
+        if s.ty == KvType::F16 {
+            let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
+            pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);
+            continue;
+        }
         oh.fill(0.0);
         for (j, &p) in scores.iter().enumerate() {
             let p = if s.ty == KvType::F16 {
@@ -173,7 +282,7 @@ mod tests {
         let mut out = vec![0f32; nh * d];
         let mut s = AttnScratch::new(8, KvType::F32, d);
         let (kc, vc) = kv.layer(0, 0, n);
-        attend(&shape, kc, vc, n, &q, &mut out, &mut s).unwrap();
+        attend(&shape, kc, vc, n, &q, &mut out, &mut s, 1).unwrap();
         for h in 0..nh {
             let g = h / (nh / nkv);
             let sc: Vec<f64> = (0..n)
@@ -198,8 +307,9 @@ mod tests {
         }
     }
 
-    /// The F16 path (rows widened once) gives bit-for-bit the old per-element result:
-    /// scores Σ_i k[i]·q[i] in index order over f16 values, o += f16(p)·v[i].
+    /// The F16 path equals, bit for bit, ggml's one-query-row order written out element by
+    /// element: scores Σ_i k[i]·q[i] with element i in lane i % 32 of FMA accumulators, ggml's
+    /// softmax, then o[i] = Σ_j f16(p_j)·v_j[i] with position j in lane j % 32.
     #[test]
     fn f16_attention_bitwise_equals_per_element_reference() {
         let (nh, nkv, d, n) = (8, 2, 128, 37);
@@ -222,40 +332,37 @@ mod tests {
         let mut out = vec![0f32; nh * d];
         let mut s = AttnScratch::new(64, KvType::F16, d);
         let (kc, vc) = kv.layer(0, 0, n);
-        attend(&shape, kc, vc, n, &q, &mut out, &mut s).unwrap();
-        // the reference: the per-element code this path replaced
+        attend(&shape, kc, vc, n, &q, &mut out, &mut s, 1).unwrap();
+        let lanes32 = |terms: &mut dyn Iterator<Item = (usize, f32, f32)>| {
+            let mut acc = [[0f32; 8]; 4];
+            for (j, a, b) in terms {
+                let l = j % 32;
+                acc[l / 8][l % 8] = a.mul_add(b, acc[l / 8][l % 8]);
+            }
+            reduce_4x8(&acc)
+        };
         let scale = 1.0 / (d as f32).sqrt();
         for h in 0..nh {
             let kvo = (h / (nh / nkv)) * kv.head_bytes;
-            let qb: Vec<u8> = q[h * d..(h + 1) * d]
+            let qh: Vec<f32> = q[h * d..(h + 1) * d]
                 .iter()
-                .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+                .map(|x| f16::from_f32(*x).to_f32())
                 .collect();
             let mut sc: Vec<f32> = (0..n)
                 .map(|j| {
                     let o = j * kv.row_bytes + kvo;
-                    let mut acc = 0f32;
-                    for i in 0..d {
-                        acc += f16_at(&kc[o..], 2 * i) * f16_at(&qb, 2 * i);
-                    }
-                    acc * scale
+                    let mut it = (0..d).map(|i| (i, f16_at(&kc[o..], 2 * i), qh[i]));
+                    lanes32(&mut it) * scale
                 })
                 .collect();
-            softmax(&mut sc);
-            let mut want = vec![0f32; d];
-            for (j, &p) in sc.iter().enumerate() {
-                let p = f16::from_f32(p).to_f32();
-                let o = j * kv.row_bytes + kvo;
-                for (i, w) in want.iter_mut().enumerate() {
-                    *w += p * f16_at(&vc[o..], 2 * i);
-                }
-            }
+            softmax(&mut sc, true);
             for i in 0..d {
-                assert_eq!(
-                    out[h * d + i].to_bits(),
-                    want[i].to_bits(),
-                    "head {h} dim {i}"
-                );
+                let mut it = (0..n).map(|j| {
+                    let o = j * kv.row_bytes + kvo;
+                    (j, f16_at(&vc[o..], 2 * i), f16::from_f32(sc[j]).to_f32())
+                });
+                let want = lanes32(&mut it);
+                assert_eq!(out[h * d + i].to_bits(), want.to_bits(), "head {h} dim {i}");
             }
         }
     }

@@ -13,11 +13,12 @@ use super::compute::Compute;
 use super::compute::{ExpertLayer, QExperts};
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
-use super::ops::{rms_norm, rms_norm_rows_inplace, softmax, Rope};
+use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
 use super::readahead::Readahead;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::quant::vexp::softmax;
 use crate::tier::{PrefetchStats, Residency, RoutingCounters};
 use std::path::Path;
 use std::sync::Arc;
@@ -309,6 +310,7 @@ impl Model {
                     &s.q[r.clone()],
                     &mut s.att[r],
                     &mut s.attn,
+                    t,
                 )?;
             }
             compute.matmul(&w.mat(&lw.wo), &s.att[..t * qd], t, &mut s.o[..t * hd])?; // [T, H]
@@ -518,7 +520,7 @@ fn tier_tables<'a>(
 /// (ties: lower expert id first), weights renormalized to sum to 1.
 /// `p` is [E] (destroyed), `ids` and `w` are [K].
 pub fn route(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
-    softmax(p);
+    softmax(p, false);
     for (id, wt) in ids.iter_mut().zip(w.iter_mut()) {
         let mut best = 0;
         for (j, &v) in p.iter().enumerate() {
@@ -530,7 +532,8 @@ pub fn route(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
         *wt = p[best];
         p[best] = f32::NEG_INFINITY;
     }
-    let sum: f32 = w.iter().sum();
+    // As ggml: the sum in f64 (`ggml_vec_sum_f32`), rounded, clamped below at 2^-14.
+    let sum = (w.iter().map(|&v| v as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
     for v in w.iter_mut() {
         *v /= sum;
     }

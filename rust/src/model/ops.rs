@@ -1,4 +1,4 @@
-//! Small f32 kernels of the forward pass: RMSNorm, softmax, RoPE NEOX (with linear and YaRN
+//! Small f32 kernels of the forward pass: RMSNorm, RoPE NEOX (with linear and YaRN
 //! scaling). Reductions accumulate in f64 where ggml's CPU backend does, so that results
 //! track llama.cpp.
 
@@ -28,27 +28,20 @@ pub fn rms_norm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// In-place softmax of one row; returns nothing, the row sums to 1.
-#[inline]
-pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
-}
-
-/// RoPE NEOX: per rotated pair i < n_rot/2 a frequency `freq[i]` (scaling folded in) and a
-/// magnitude `mscale`; θ = pos·freq[i]; pairs are (i, i + n_rot/2).
+/// RoPE NEOX in ggml's arithmetic (`ggml_rope_cache_init`, `rope_yarn`): for position p,
+/// θ_extrap(i) = p·s^i accumulated in f32 by repeated multiplication with
+/// s = powf(base, −2/n_rot); θ = freq_scale·θ_extrap, with YaRN's ramp mix where asked; the
+/// pairs (i, i + n_rot/2) rotate as `fma(x0, cos, −x1·sin)` and `fma(x0, sin, x1·cos)`
+/// (ggml's compiled C contracts them into FMAs).
 #[derive(Clone, Debug)]
 pub struct Rope {
     pub n_rot: usize,
-    pub freq: Vec<f32>,
+    /// powf(base, −2/n_rot).
+    pub theta_scale: f32,
+    /// 1/factor for linear and YaRN scaling, else 1.
+    pub freq_scale: f32,
+    /// YaRN: per pair, the weight of the extrapolated angle (ramp · ext_factor); else empty.
+    pub mix: Vec<f32>,
     pub mscale: f32,
 }
 
@@ -62,20 +55,21 @@ fn yarn_corr_dim(n_dims: usize, orig_ctx: usize, turns: f32, base: f32) -> f32 {
 impl Rope {
     pub fn new(hp: &HParams) -> Rope {
         let n = hp.n_rot;
-        let base = hp.rope_freq_base as f64;
-        // Unscaled θ_i = base^(−2i/n).
-        let extrap: Vec<f32> = (0..n / 2)
-            .map(|i| (1.0 / base.powf((2 * i) as f64 / n as f64)) as f32)
-            .collect();
+        let base = hp.rope_freq_base;
+        let theta_scale = base.powf(-2.0 / n as f32);
         match hp.rope_scaling {
             RopeScaling::None => Rope {
                 n_rot: n,
-                freq: extrap,
+                theta_scale,
+                freq_scale: 1.0,
+                mix: Vec::new(),
                 mscale: 1.0,
             },
             RopeScaling::Linear { factor } => Rope {
                 n_rot: n,
-                freq: extrap.iter().map(|f| f / factor).collect(),
+                theta_scale,
+                freq_scale: 1.0 / factor,
+                mix: Vec::new(),
                 mscale: 1.0,
             },
             RopeScaling::Yarn {
@@ -86,20 +80,15 @@ impl Rope {
                 ext_factor,
                 attn_factor,
             } => {
-                let base = hp.rope_freq_base;
                 let lo = yarn_corr_dim(n, orig_ctx, beta_fast, base).floor().max(0.0);
                 let hi = yarn_corr_dim(n, orig_ctx, beta_slow, base)
                     .ceil()
                     .min((n - 1) as f32);
-                let freq = extrap
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &e)| {
-                        // ramp 1 → keep the extrapolated (original) frequency, 0 → interpolate.
+                // ramp 1 → keep the extrapolated (original) angle, 0 → interpolate.
+                let mix = (0..n / 2)
+                    .map(|i| {
                         let y = (i as f32 - lo) / (hi - lo).max(0.001);
-                        let mix = (1.0 - y.clamp(0.0, 1.0)) * ext_factor;
-                        let interp = e / factor;
-                        interp * (1.0 - mix) + e * mix
+                        (1.0 - y.clamp(0.0, 1.0)) * ext_factor
                     })
                     .collect();
                 let mut mscale = attn_factor;
@@ -108,7 +97,9 @@ impl Rope {
                 }
                 Rope {
                     n_rot: n,
-                    freq,
+                    theta_scale,
+                    freq_scale: 1.0 / factor,
+                    mix,
                     mscale,
                 }
             }
@@ -117,23 +108,45 @@ impl Rope {
 
     /// cos and sin of every pair for position `pos`: [n_rot/2] each.
     pub fn table(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
-        let p = pos as f32;
-        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.freq) {
-            let th = p * f;
+        let mut extrap = pos as f32;
+        for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
+            let interp = self.freq_scale * extrap;
+            let th = match self.mix.get(i) {
+                Some(&m) if m != 0.0 => interp * (1.0 - m) + extrap * m,
+                _ => interp,
+            };
             *c = th.cos() * self.mscale;
             *s = th.sin() * self.mscale;
+            extrap *= self.theta_scale;
         }
     }
 
     /// Rotates every `head_dim`-wide head of `x` in place with one position's table.
     pub fn apply(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has FMA (checked above).
+            unsafe { self.apply_fma(x, head_dim, cos, sin) };
+            return;
+        }
+        self.apply_body(x, head_dim, cos, sin)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn apply_fma(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+        self.apply_body(x, head_dim, cos, sin)
+    }
+
+    #[inline(always)]
+    fn apply_body(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
         let half = self.n_rot / 2;
         for head in x.chunks_exact_mut(head_dim) {
             let (a, b) = head[..self.n_rot].split_at_mut(half);
             for i in 0..half {
                 let (x0, x1) = (a[i], b[i]);
-                a[i] = x0 * cos[i] - x1 * sin[i];
-                b[i] = x0 * sin[i] + x1 * cos[i];
+                a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                b[i] = x0.mul_add(sin[i], x1 * cos[i]);
             }
         }
     }
@@ -154,18 +167,12 @@ mod tests {
     }
 
     #[test]
-    fn softmax_sums_to_one() {
-        let mut x = [1.0f32, 2.0, 3.0, -1e9];
-        softmax(&mut x);
-        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
-        assert!(x[3] == 0.0 && x[2] > x[1]);
-    }
-
-    #[test]
     fn rope_preserves_norm_and_matches_rotation() {
         let r = Rope {
             n_rot: 4,
-            freq: vec![1.0, 0.01],
+            theta_scale: 0.01,
+            freq_scale: 1.0,
+            mix: Vec::new(),
             mscale: 1.0,
         };
         let (mut c, mut s) = ([0f32; 2], [0f32; 2]);

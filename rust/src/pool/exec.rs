@@ -9,13 +9,11 @@
 
 use super::plan::{Kind, Plan, WPtr, E_CHUNK, N_PHASES, PH_A, PH_B, PH_C, PH_D, PH_E};
 use super::protocol::{wait_at_least, wait_zero};
-use crate::quant::dot::{quantize_act, vec_dot};
+use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-#[inline]
-fn silu_mul(g: f32, u: f32) -> f32 {
-    (g / (1.0 + (-g).exp())) * u
-}
+/// ggml's SwiGLU for one element (`vexp::silu_mul`).
+use crate::quant::vexp::silu_mul_one as silu_mul;
 
 /// Part `n` of `parts` equal splits of `len`: `[n·len/parts, (n+1)·len/parts)`.
 #[inline]
@@ -133,8 +131,9 @@ unsafe fn tile_gate_up(p: &Plan, n: usize) {
             let t = *p.pair_token.add(q) as usize;
             let xg = std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
             let xu = std::slice::from_raw_parts(p.xq_u.add(t * p.xq_u_rb), p.xq_u_rb);
-            let g = vec_dot(p.gate.ty, p.h, grow, xg);
-            let u = vec_dot(p.up.ty, p.h, urow, xu);
+            // ggml's order depends on the rows routed to the expert (`vec_dot_id`).
+            let g = vec_dot_id(p.gate.ty, p.h, grow, xg, job.n as usize);
+            let u = vec_dot_id(p.up.ty, p.h, urow, xu, job.n as usize);
             *p.h_buf.add(q * p.i + i) = silu_mul(g, u);
         }
     }
@@ -169,7 +168,7 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         let drow = p.row(&p.down, e, r);
         for q in pairs.clone() {
             let a = std::slice::from_raw_parts(p.hq.add(q * p.hq_rb), p.hq_rb);
-            *p.dout.add(q * p.h + r) = vec_dot(p.down.ty, p.i, drow, a);
+            *p.dout.add(q * p.h + r) = vec_dot_id(p.down.ty, p.i, drow, a, job.n as usize);
         }
     }
 }
@@ -205,7 +204,8 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         let wrow = p.row(&p.down, 0, r);
         for t in 0..p.t {
             let a = std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
-            *p.y.add(t * p.h + r) = vec_dot(p.down.ty, p.i, wrow, a);
+            // ggml's order depends on the number of activation rows (`vec_dot_t`).
+            *p.y.add(t * p.h + r) = vec_dot_t(p.down.ty, p.i, wrow, a, p.t, t);
         }
     }
 }

@@ -10,11 +10,10 @@
 
 use super::{ExpertLayer, QExperts, QMatrix};
 use crate::error::Result;
-use crate::quant::dot::{quantize_act, vec_dot};
+use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
 
-fn silu_mul(g: f32, u: f32) -> f32 {
-    (g / (1.0 + (-g).exp())) * u
-}
+/// ggml's SwiGLU for one element (`vexp::silu_mul`).
+use crate::quant::vexp::silu_mul_one as silu_mul;
 
 fn quantized(ty: crate::quant::GgmlType, x: &[f32]) -> Result<Vec<u8>> {
     let act = ty.vec_dot_type();
@@ -42,6 +41,13 @@ pub fn moe_serial(
     let hidden = layer.gate.cols;
     let inter = layer.gate.rows;
     let tokens = y.len() / hidden.max(1);
+    // rows routed to each expert in this call (ggml's order depends on it: `vec_dot_id`)
+    let routed = |e: usize| {
+        ids[..tokens * k]
+            .iter()
+            .filter(|&&i| i as usize == e)
+            .count()
+    };
     for t in 0..tokens {
         let xt = &x[t * hidden..(t + 1) * hidden];
         let xg = quantized(layer.gate.ty, xt)?;
@@ -51,15 +57,28 @@ pub fn moe_serial(
         for j in 0..k {
             let e = ids[t * k + j] as usize;
             let w = weights[t * k + j];
+            let rows = routed(e);
             let mut h = vec![0f32; inter];
             for (i, hi) in h.iter_mut().enumerate() {
-                let g = vec_dot(layer.gate.ty, hidden, expert_row(&layer.gate, e, i), &xg);
-                let u = vec_dot(layer.up.ty, hidden, expert_row(&layer.up, e, i), &xu);
+                let g = vec_dot_id(
+                    layer.gate.ty,
+                    hidden,
+                    expert_row(&layer.gate, e, i),
+                    &xg,
+                    rows,
+                );
+                let u = vec_dot_id(layer.up.ty, hidden, expert_row(&layer.up, e, i), &xu, rows);
                 *hi = silu_mul(g, u);
             }
             let hq = quantized(layer.down.ty, &h)?;
             for (r, yr) in yt.iter_mut().enumerate() {
-                let d = vec_dot(layer.down.ty, inter, expert_row(&layer.down, e, r), &hq);
+                let d = vec_dot_id(
+                    layer.down.ty,
+                    inter,
+                    expert_row(&layer.down, e, r),
+                    &hq,
+                    rows,
+                );
                 // First slot assigns (so -0.0 survives exactly as in the pool), later slots add.
                 *yr = if j == 0 { w * d } else { *yr + w * d };
             }
@@ -74,7 +93,8 @@ pub fn matmul_serial(w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Res
     for tok in 0..t {
         let xq = quantized(w.ty, &x[tok * w.cols..(tok + 1) * w.cols])?;
         for r in 0..w.rows {
-            y[tok * w.rows + r] = vec_dot(w.ty, w.cols, &w.data[r * rb..(r + 1) * rb], &xq);
+            let row = &w.data[r * rb..(r + 1) * rb];
+            y[tok * w.rows + r] = vec_dot_t(w.ty, w.cols, row, &xq, t, tok);
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ pub mod tables;
 #[cfg(test)]
 mod tables_tests;
 pub mod types;
+pub mod vexp;
 
 pub use types::{GgmlType, QK_K};
 

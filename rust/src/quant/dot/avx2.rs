@@ -185,13 +185,93 @@ macro_rules! lanes {
     }};
 }
 
+/// ggml's order (`common::Fma8`): one accumulator, `fma(d_w·d_a, partials, acc)`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    lanes!(n / 32, |b| {
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..n / 32 {
         let (wb, ab) = (wp.add(34 * b), ap.add(34 * b));
         let p = dot_ss(load(wb.add(2)), load(ab.add(2)));
-        (p, h2f(w, 34 * b) * h2f(a, 34 * b))
+        let d = _mm256_set1_ps(h2f(w, 34 * b) * h2f(a, 34 * b));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    hsum8(acc)
+}
+
+/// `common::reduce8` of one register (ggml's `hsum_float_8`).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn hsum8(v: __m256) -> f32 {
+    let mut r = [0f32; 8];
+    unsafe { _mm256_storeu_ps(r.as_mut_ptr(), v) };
+    reduce8(&r)
+}
+
+/// ggml's `ggml_vec_dot_f32` (`scalar::f32_dot`): four accumulators over 32-element steps.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let n32 = n / 32 * 32;
+    let mut i = 0;
+    while i < n32 {
+        for (j, s) in acc.iter_mut().enumerate() {
+            let o = i + 8 * j;
+            *s = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(o)), _mm256_loadu_ps(ap.add(o)), *s);
+        }
+        i += 32;
+    }
+    let mut r = [[0f32; 8]; 4];
+    for (j, s) in acc.iter().enumerate() {
+        _mm256_storeu_ps(r[j].as_mut_ptr(), *s);
+    }
+    let mut s = super::common::reduce_4x8(&r) as f64;
+    for i in n32..n {
+        s += (*wp.add(i) * *ap.add(i)) as f64;
+    }
+    s as f32
+}
+
+/// The multi-row F32 order (`scalar::f32_dot_many`): one 8-lane accumulator.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_dot_many(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    if !n.is_multiple_of(8) {
+        return f32_dot(n, w, a);
+    }
+    let (wp, ap) = (w.as_ptr() as *const f32, a.as_ptr() as *const f32);
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(i)), _mm256_loadu_ps(ap.add(i)), acc);
+        i += 8;
+    }
+    hsum8(acc)
+}
+
+/// The kernel of ggml's multi-row matmul order where it differs from `kernel`: F32
+/// (tinyBLAS, t > 1), Q6_K and IQ3_S (tiled, t ≥ 8), Q4_K (repacked gemm).
+pub fn kernel_many(w: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    if !cpu::has_avx2() {
+        return None;
+    }
+    macro_rules! safe {
+        ($t:ident, $f:path) => {{
+            fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
+                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
+                // SAFETY: handed out only when the CPU runs AVX2+FMA; lengths asserted.
+                unsafe { $f(n, w, a) }
+            }
+            wrap as DotFn
+        }};
+    }
+    Some(match w {
+        F32 => safe!(F32, f32_dot_many),
+        Q6K => safe!(Q6K, k::q6_k_tiled),
+        IQ3S => safe!(IQ3S, k::iq3_s_tiled),
+        Q4K => safe!(Q4K, k::q4_k_gemm),
+        _ => return None,
     })
 }
 
@@ -318,12 +398,6 @@ macro_rules! float_kernel {
 
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
-unsafe fn ld_f32(p: *const u8) -> __m256 {
-    _mm256_loadu_ps(p as *const f32)
-}
-
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
 unsafe fn ld_f16(p: *const u8) -> __m256 {
     _mm256_cvtph_ps(load128(p))
 }
@@ -334,6 +408,5 @@ unsafe fn ld_bf16(p: *const u8) -> __m256 {
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16))
 }
 
-float_kernel!(f32_dot, 4, ld_f32, super::common::f32_at);
 float_kernel!(f16_dot, 2, ld_f16, super::common::f16_at);
 float_kernel!(bf16_dot, 2, ld_bf16, super::common::bf16_at);

@@ -5,7 +5,7 @@
 
 use super::super::common::{f32_at, i16_at, iq1_add, k_add, k_add_min, u16_at, u32_at};
 use super::super::scalar_iq::iq1_m_d;
-use super::{bits_to_bytes, h2f, hsum_i32, load, load128, nibbles, table16};
+use super::{bits_to_bytes, h2f, hsum8, hsum_i32, load, load128, nibbles, table16};
 use crate::quant::tables::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
     KVALUES_IQ4NL,
@@ -213,6 +213,39 @@ unsafe fn q45_k_ints(wb: &[u8], ab: &[u8], qs: *const u8, qh: Option<*const u8>)
     (hsum_i32(sumv), _mm_cvtsi128_si32(summ))
 }
 
+/// ggml's repacked Q4_K gemm order (`scalar_k::q4_k_gemm`): per pair of sub-blocks, FMAs
+/// into a sum and a mins accumulator.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q4_k_gemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    let m4 = _mm256_set1_epi8(15);
+    let bm = bcast_masks();
+    for b in 0..n / 256 {
+        let wb = &w[144 * b..144 * b + 144];
+        let ab = &a[292 * b..292 * b + 292];
+        let da = f32_at(ab, 0);
+        let (dd, dm) = (h2f(wb, 0) * da, h2f(wb, 2) * da);
+        let (sc, mins) = k4_scales(wb);
+        let sc8 = scales8(sc.as_ptr(), false);
+        let (qs, ap) = (wb.as_ptr().add(16), ab.as_ptr().add(4));
+        for c in 0..4 {
+            let q = load(qs.add(32 * c));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            let s0 = _mm256_shuffle_epi8(sc8, bm[2 * c]);
+            let s1 = _mm256_shuffle_epi8(sc8, bm[2 * c + 1]);
+            let v = mac(_mm256_setzero_si256(), lo, load(ap.add(64 * c)), s0);
+            let si = hsum_i32(mac(v, hi, load(ap.add(64 * c + 32)), s1));
+            let bs = |k: usize| i16_at(ab, 260 + 2 * k);
+            let sm = mins[2 * c] as i32 * (bs(4 * c) + bs(4 * c + 1))
+                + mins[2 * c + 1] as i32 * (bs(4 * c + 2) + bs(4 * c + 3));
+            acc = (si as f32).mul_add(dd, acc);
+            accm = (sm as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
 #[inline(always)]
 unsafe fn q4_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     q45_k_ints(wb, ab, wb.as_ptr().add(16), None)
@@ -239,7 +272,7 @@ k_kernel!(q5_k, q5_k_ints, 176, |wb, ab, da, acc, si, sm| k_add_min(
 ));
 
 #[inline(always)]
-unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> __m256i {
     let masks = pair_masks();
     let (qlp, qhp, ap) = (wb.as_ptr(), wb.as_ptr().add(128), ab.as_ptr().add(4));
     let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
@@ -269,16 +302,49 @@ unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
     }
     let scv = _mm256_cvtepi8_epi16(load128(wb.as_ptr().add(192)));
     let msum = _mm256_madd_epi16(scv, load(ab.as_ptr().add(260)));
-    (
-        hsum_i32(_mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5))),
-        0,
-    )
+    _mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5))
 }
-k_kernel!(q6_k, q6_k_ints, 210, |wb, ab, da, acc, si, _sm| k_add(
-    acc,
-    da * h2f(wb, 208),
-    si
-));
+
+/// Blocks of `bs` bytes whose `$lanes(wb, ab)` are ggml's eight lane integers, combined in
+/// ggml's AVX2 order (`common::Fma8`): `fma(d(wb, d_a), lanes, acc)`, then `hsum8`.
+macro_rules! fma8_kernel {
+    ($name:ident, $lanes:ident, $bs:expr, |$wb:ident, $da:ident| $d:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let mut acc = _mm256_setzero_ps();
+            for b in 0..n / 256 {
+                let $wb = &w[$bs * b..$bs * b + $bs];
+                let ab = &a[292 * b..292 * b + 292];
+                let $da = f32_at(ab, 0);
+                let p = _mm256_cvtepi32_ps($lanes($wb, ab));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps($d), p, acc);
+            }
+            hsum8(acc)
+        }
+    };
+}
+
+fma8_kernel!(q6_k, q6_k_ints, 210, |wb, da| da * h2f(wb, 208));
+
+/// ggml's tiled multi-row order (`scalar_k::tiled_dot`): per block
+/// `acc + (f32(Σ lanes)·d_w)·d_a`.
+macro_rules! tiled_kernel {
+    ($name:ident, $lanes:ident, $bs:expr, $doff:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let mut acc = 0f32;
+            for b in 0..n / 256 {
+                let wb = &w[$bs * b..$bs * b + $bs];
+                let ab = &a[292 * b..292 * b + 292];
+                let s = hsum_i32($lanes(wb, ab)) as f32;
+                acc += (s * h2f(wb, $doff)) * f32_at(ab, 0);
+            }
+            acc
+        }
+    };
+}
+
+tiled_kernel!(q6_k_tiled, q6_k_ints, 210, 208);
 
 #[inline(always)]
 unsafe fn iq4_xs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
@@ -324,7 +390,7 @@ fn ksigns4(w: u32) -> u32 {
 }
 
 #[inline(always)]
-unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> __m256i {
     let ap = ab.as_ptr().add(4);
     let mut sumv = _mm256_setzero_si256();
     for g in 0..8 {
@@ -337,13 +403,10 @@ unsafe fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
         let av = apply_signs(load(ap.add(32 * g)), u32_at(wb, 74 + 4 * g));
         sumv = mac(sumv, gv, av, _mm256_set1_epi16(ls));
     }
-    (hsum_i32(sumv), 0)
+    sumv
 }
-k_kernel!(iq3_s, iq3_s_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
-    acc,
-    da * h2f(wb, 0) * 1.0,
-    si
-));
+fma8_kernel!(iq3_s, iq3_s_ints, 110, |wb, da| h2f(wb, 0) * da);
+tiled_kernel!(iq3_s_tiled, iq3_s_ints, 110, 0);
 
 #[inline(always)]
 unsafe fn iq3_xxs_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {

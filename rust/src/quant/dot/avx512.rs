@@ -8,7 +8,7 @@
 use super::avx2::{h2f, load, load128, nibbles};
 use super::common::{f32_at, k_add, k_add_min, reduce8, scale_min_k4, u16_at, u32_at};
 use super::{cpu, DotFn};
-use crate::quant::tables::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
+use crate::quant::tables::{IQ3XXS_GRID, KSIGNS_IQ2XS, KVALUES_IQ4NL};
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
@@ -34,11 +34,8 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
         }};
     }
     Some(match w {
-        F32 => safe!(F32, f32_dot),
         F16 => safe!(F16, f16_dot),
         BF16 => safe!(BF16, bf16_dot),
-        Q8_0 if vnni => safe!(Q8_0, q8_0_vnni),
-        Q8_0 => safe!(Q8_0, q8_0),
         Q4_0 if vnni => safe!(Q4_0, q4_0_vnni),
         Q4_0 => safe!(Q4_0, q4_0),
         IQ4NL if vnni => safe!(IQ4NL, iq4_nl_vnni),
@@ -47,9 +44,7 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
         Q3K => safe!(Q3K, q3_k),
         Q4K => safe!(Q4K, q4_k),
         Q5K => safe!(Q5K, q5_k),
-        Q6K => safe!(Q6K, q6_k),
         IQ4XS => safe!(IQ4XS, iq4_xs),
-        IQ3S => safe!(IQ3S, iq3_s),
         IQ3XXS => safe!(IQ3XXS, iq3_xxs),
         _ => return None,
     })
@@ -168,20 +163,6 @@ macro_rules! legacy {
 }
 
 legacy!(
-    q8_0,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
-    dot_ss,
-    34,
-    |wp, b| load(wp.add(34 * b + 2))
-);
-legacy!(
-    q8_0_vnni,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    dot_ss_vnni,
-    34,
-    |wp, b| { load(wp.add(34 * b + 2)) }
-);
-legacy!(
     q4_0,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
     dot_ss,
@@ -247,12 +228,6 @@ macro_rules! float_kernel {
 
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn ld_f32(p: *const u8) -> __m512 {
-    _mm512_loadu_ps(p as *const f32)
-}
-
-#[target_feature(enable = "avx512f")]
-#[inline]
 unsafe fn ld_f16(p: *const u8) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
 }
@@ -264,7 +239,6 @@ unsafe fn ld_bf16(p: *const u8) -> __m512 {
     _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
 }
 
-float_kernel!(f32_dot, 4, ld_f32, super::common::f32_at);
 float_kernel!(f16_dot, 2, ld_f16, super::common::f16_at);
 float_kernel!(bf16_dot, 2, ld_bf16, super::common::bf16_at);
 
@@ -355,39 +329,6 @@ fn scale_perms() -> [__m512i; 4] {
         let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
         unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }
     })
-}
-
-/// Q6_K: per half h, zmm A = elements 128h..+64 (low nibbles of ql[64h..+64], qh bits
-/// 0-1 | 2-3), zmm B = the next 64 (high nibbles, qh bits 4-5 | 6-7). i16 lane i of A
-/// belongs to sub-block 8h + i/8, of B to 8h + 4 + i/8.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (m4, m3) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
-    let idx = scale_perms();
-    let mut acc = 0f32;
-    for b in 0..n / 256 {
-        let (wb, ab) = (&w[210 * b..210 * b + 210], &a[292 * b..292 * b + 292]);
-        let (wp, ap) = (wb.as_ptr(), ab.as_ptr().add(4));
-        let sc16 = _mm256_cvtepi8_epi16(load128(wp.add(192)));
-        let sc512 = _mm512_castsi256_si512(sc16);
-        let mut sumv = _mm512_setzero_si512();
-        for h in 0..2 {
-            let ql = load512(wp.add(64 * h));
-            let qh = load(wp.add(128 + 32 * h));
-            let ha = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(qh, 0, 2), m3), 4);
-            let hb = _mm512_slli_epi16(_mm512_and_si512(bcast_shift(qh, 4, 6), m3), 4);
-            let qa = _mm512_or_si512(_mm512_and_si512(ql, m4), ha);
-            let qb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hb);
-            let sa = _mm512_permutexvar_epi16(idx[2 * h], sc512);
-            let sb = _mm512_permutexvar_epi16(idx[2 * h + 1], sc512);
-            sumv = mac(sumv, qa, load512(ap.add(128 * h)), sa);
-            sumv = mac(sumv, qb, load512(ap.add(128 * h + 64)), sb);
-        }
-        let msum = _mm256_madd_epi16(sc16, load(ab.as_ptr().add(260)));
-        let si = hsum_i32(sumv) - 32 * super::avx2::hsum_i32(msum);
-        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 208), si);
-    }
-    acc
 }
 
 /// Q2_K: per half h, zmm A = elements 128h..+64 (qs[32h..] >> 0 | >> 2), B = the next 64
@@ -495,35 +436,6 @@ unsafe fn iq4_xs(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 fn grid8x4(e: [u32; 8]) -> __m256i {
     unsafe { _mm256_loadu_si256(e.as_ptr() as *const __m256i) }
-}
-
-/// IQ3_S: groups g, g+1 per zmm; the 64 sign bits of the two groups negate activations
-/// through a byte mask.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = 0f32;
-    for b in 0..n / 256 {
-        let (wb, ab) = (&w[110 * b..110 * b + 110], &a[292 * b..292 * b + 292]);
-        let ap = ab.as_ptr().add(4);
-        let grid = |g: usize| {
-            let qh = wb[66 + g] as usize;
-            let qs = &wb[2 + 8 * g..10 + 8 * g];
-            grid8x4(std::array::from_fn(|m| {
-                IQ3S_GRID[qs[m] as usize | ((qh >> m) & 1) << 8]
-            }))
-        };
-        let ls = |g: usize| 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i32;
-        let mut sumv = _mm512_setzero_si512();
-        for g in (0..8).step_by(2) {
-            let gv = join(grid(g), grid(g + 1));
-            let signs = u32_at(wb, 74 + 4 * g) as u64 | (u32_at(wb, 78 + 4 * g) as u64) << 32;
-            let av = load512(ap.add(32 * g));
-            let av = _mm512_mask_sub_epi8(av, signs, _mm512_setzero_si512(), av);
-            sumv = mac(sumv, gv, av, pair32(ls(g), ls(g + 1)));
-        }
-        acc = k_add(acc, f32_at(ab, 0) * h2f(wb, 0) * 1.0, hsum_i32(sumv));
-    }
-    acc
 }
 
 /// IQ3_XXS: as IQ3_S with 8-bit grid indices and KSIGNS sign bytes.

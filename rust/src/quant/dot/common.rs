@@ -128,6 +128,41 @@ impl Lanes {
     }
 }
 
+/// ggml's AVX2 float accumulator for Q8_0, Q6_K and IQ3_S (`ggml_vec_dot_*` on an AVX2+FMA
+/// build): eight f32 lanes, each updated per block as `fma(d, lane integer, acc)`, reduced by
+/// [`reduce8`] (ggml's `hsum_float_8`).
+pub struct Fma8(pub [f32; 8]);
+
+impl Fma8 {
+    pub fn new() -> Self {
+        Fma8([0f32; 8])
+    }
+
+    /// Add one block: `lane k = fma(d, p[k], lane k)` with p the exact lane integers.
+    #[inline(always)]
+    pub fn add_ints(&mut self, d: f32, p: &[i32; 8]) {
+        for k in 0..8 {
+            self.0[k] = d.mul_add(p[k] as f32, self.0[k]);
+        }
+    }
+
+    pub fn reduce(&self) -> f32 {
+        reduce8(&self.0)
+    }
+}
+
+/// ggml's reduction of four 8-lane accumulators (`GGML_F32x8_REDUCE` on AVX: x0+x2 and
+/// x1+x3, then their sum, then 128-bit halves, then two horizontal adds).
+#[inline(always)]
+pub fn reduce_4x8(s: &[[f32; 8]; 4]) -> f32 {
+    let mut t = [0f32; 8];
+    for k in 0..8 {
+        t[k] = (s[0][k] + s[2][k]) + (s[1][k] + s[3][k]);
+    }
+    let h = [t[0] + t[4], t[1] + t[5], t[2] + t[6], t[3] + t[7]];
+    (h[0] + h[1]) + (h[2] + h[3])
+}
+
 /// One 256-element block's contribution: `acc + (d_a·d)·sumi`.
 #[inline(always)]
 pub fn k_add(acc: f32, dd: f32, sumi: i32) -> f32 {

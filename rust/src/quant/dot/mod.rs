@@ -34,6 +34,7 @@ use super::types::GgmlType;
 use crate::error::{Error, Result};
 use std::sync::OnceLock;
 
+pub use common::{reduce8 as common_reduce8, reduce_4x8};
 pub use cpu::cpu_features;
 
 /// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
@@ -299,6 +300,60 @@ pub fn vec_dot_isa(isa: Isa, w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) ->
         )));
     }
     Ok(checked(isa, w, n, w_row.len(), act.len())(n, w_row, act))
+}
+
+/// The dot ggml's CPU matmul (of a non-repacked weight) computes for one output when the
+/// activation has `t` rows. ggml (AVX2 build, llamafile on) runs `ggml_vec_dot_*` for one
+/// row; for several rows of F32 weights llamafile's tinyBLAS (`f32_dot_many`), and for ≥ 8
+/// rows of Q6_K / IQ3_S weights its tiled matmul (`scalar_k::tiled_dot`), whose float
+/// orders differ. Other types agree with `vec_dot` (Q8_0's tinyBLAS order is its vec_dot
+/// order). `vec_dot_t(.., 1)` is `vec_dot`.
+/// Q4_K weights (llama.cpp repacks them to `q4_K_8x8` when the row count is a multiple of 8)
+/// take the repacked gemm order (`scalar_k::q4_k_gemm`) for activation rows `tok` in the
+/// first ⌊t/4⌋·4 and the gemv order (`vec_dot`) for the rest.
+#[inline]
+pub fn vec_dot_t(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, tok: usize) -> f32 {
+    let many = match w {
+        GgmlType::F32 => t > 1,
+        GgmlType::Q6K | GgmlType::IQ3S => t >= 8,
+        GgmlType::Q4K => tok < t - t % 4,
+        _ => false,
+    };
+    if many {
+        if let Some(k) = kernel_many(active_isa(), w) {
+            assert_operands(w, n, w_row.len(), act.len());
+            return k(n, w_row, act);
+        }
+    }
+    vec_dot(w, n, w_row, act)
+}
+
+/// The dot ggml's CPU `mul_mat_id` (routed experts) computes for one output of an expert
+/// that `rows` activation rows (token-slots) are routed to: its tiled order for ≥ 8 rows of
+/// Q6_K / IQ3_S, else `vec_dot` (llamafile is not used for `mul_mat_id`, so F32 stays
+/// `vec_dot`; repacked Q4_K experts run the gemv, i.e. `vec_dot`, row by row).
+#[inline]
+pub fn vec_dot_id(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], rows: usize) -> f32 {
+    if matches!(w, GgmlType::F32 | GgmlType::Q4K) {
+        return vec_dot(w, n, w_row, act);
+    }
+    vec_dot_t(w, n, w_row, act, rows, 0)
+}
+
+/// The multi-row kernel of `isa` for `w` where its order differs from `kernel_for`'s
+/// (AVX-512 runs the AVX2 one).
+pub fn kernel_many(isa: Isa, w: GgmlType) -> Option<DotFn> {
+    let simd = match isa {
+        Isa::Avx2 | Isa::Avx512 if Isa::Avx2.available() => avx2::kernel_many(w),
+        _ => None,
+    };
+    simd.or(match w {
+        GgmlType::F32 => Some(scalar::f32_dot_many as DotFn),
+        GgmlType::Q6K => Some(scalar_k::q6_k_tiled as DotFn),
+        GgmlType::IQ3S => Some(scalar_k::iq3_s_tiled as DotFn),
+        GgmlType::Q4K => Some(scalar_k::q4_k_gemm as DotFn),
+        _ => None,
+    })
 }
 
 /// Dots of consecutive rows (`rows` = `out.len()` rows of `n` elements, back to back) with

@@ -2,7 +2,9 @@
 //! block types. Argument contract of every kernel: `w` holds exactly the weight row of
 //! `n` elements and `a` exactly the activation row (see `super::vec_dot`).
 
-use super::common::{bf16_at, e8m0_half, f16_at, f32_at, reduce16, Lanes};
+use super::common::{
+    bf16_at, e8m0_half, f16_at, f32_at, reduce16, reduce8, reduce_4x8, Fma8, Lanes,
+};
 use crate::quant::tables::{KVALUES_IQ4NL, KVALUES_MXFP4};
 
 /// Float rows: lane `i % 16` accumulates w_i·a_i over the first ⌊n/16⌋·16 elements, the
@@ -21,8 +23,34 @@ fn float_dot(n: usize, wv: impl Fn(usize) -> f32, av: impl Fn(usize) -> f32) -> 
     s
 }
 
+/// ggml's `ggml_vec_dot_f32` (AVX2+FMA build): four 8-lane accumulators over 32-element
+/// steps, `acc = fma(w, a, acc)`, reduced by `reduce_4x8`; the tail is added in f64.
 pub fn f32_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    float_dot(n, |i| f32_at(w, 4 * i), |i| f32_at(a, 4 * i))
+    let mut acc = [[0f32; 8]; 4];
+    let n32 = n / 32 * 32;
+    for i in 0..n32 {
+        let (j, k) = ((i % 32) / 8, i % 8);
+        acc[j][k] = f32_at(w, 4 * i).mul_add(f32_at(a, 4 * i), acc[j][k]);
+    }
+    let mut s = reduce_4x8(&acc) as f64;
+    for i in n32..n {
+        s += (f32_at(w, 4 * i) * f32_at(a, 4 * i)) as f64;
+    }
+    s as f32
+}
+
+/// The F32 dot of ggml's multi-row matmul (llamafile's tinyBLAS, used when the activation
+/// has more than one row and n is a multiple of 8): one 8-lane accumulator,
+/// `acc = fma(w, a, acc)`, reduced by `reduce8`; otherwise `f32_dot`.
+pub fn f32_dot_many(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    if !n.is_multiple_of(8) {
+        return f32_dot(n, w, a);
+    }
+    let mut acc = [0f32; 8];
+    for i in 0..n {
+        acc[i % 8] = f32_at(w, 4 * i).mul_add(f32_at(a, 4 * i), acc[i % 8]);
+    }
+    reduce8(&acc)
 }
 
 pub fn f16_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -74,15 +102,14 @@ fn q8_0_blocks(
     lanes.reduce()
 }
 
+/// ggml's AVX2 order (`Fma8`): per block `fma(d_w·d_a, lane partials, acc)`.
 pub fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    q8_0_blocks(
-        n,
-        w,
-        a,
-        34,
-        |wb| f16_at(wb, 0),
-        |wb, e| wb[2 + e] as i8 as i32,
-    )
+    let mut acc = Fma8::new();
+    for (wb, ab) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / 32) {
+        let p = partials(|e| wb[2 + e] as i8 as i32, &ab[2..]);
+        acc.add_ints(f16_at(wb, 0) * f16_at(ab, 0), &p);
+    }
+    acc.reduce()
 }
 
 pub fn q4_0(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -2,7 +2,7 @@
 //! are exact integers (the half-integer IQ2/IQ3 scales are doubled and the power of two put
 //! into the float factor), combined with the float scales in block order.
 
-use super::common::{f16_at, f32_at, iq1_add, k_add, q8k_bsum, u16_at, u32_at, Q8K_QS};
+use super::common::{f16_at, f32_at, iq1_add, k_add, q8k_bsum, u16_at, u32_at, Fma8, Q8K_QS};
 use crate::quant::tables::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
     KVALUES_IQ4NL,
@@ -124,26 +124,34 @@ pub fn iq3_xxs(n: usize, w: &[u8], a: &[u8]) -> f32 {
     iq_loop(n, w, a, 98, 0.25, iq3_xxs_ints)
 }
 
-/// IQ3_S (110): d; qs[64]; qh[8]; signs[32]; scales[4]. Group g scale 1 + 2·nibble.
-pub fn iq3_s_ints(wb: &[u8], ab: &[u8]) -> i32 {
-    let mut sumi = 0i32;
+/// The eight lane integers of ggml's AVX2 IQ3_S kernel for one block: lane k sums
+/// ls·(±grid)·a over elements 32g + 4k..32g + 4k + 4 of every group g.
+pub fn iq3_s_lanes(wb: &[u8], ab: &[u8]) -> [i32; 8] {
+    let mut p = [0i32; 8];
     for g in 0..8 {
         let qh = wb[66 + g] as usize;
         let ls = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i32;
-        let mut t = 0i32;
-        for l in 0..4 {
-            let i1 = wb[2 + 8 * g + 2 * l] as usize | ((qh >> (2 * l)) & 1) << 8;
-            let i2 = wb[2 + 8 * g + 2 * l + 1] as usize | ((qh >> (2 * l + 1)) & 1) << 8;
-            let grid = IQ3S_GRID[i1] as u64 | (IQ3S_GRID[i2] as u64) << 32;
-            t += grid8(grid, wb[74 + 4 * g + l], ab, 32 * g + 8 * l);
+        for m in 0..8 {
+            let gi = IQ3S_GRID[wb[2 + 8 * g + m] as usize | ((qh >> m) & 1) << 8];
+            let signs = wb[74 + 4 * g + m / 2];
+            for k in 0..4 {
+                let e = 4 * m + k; // element within the group
+                let v = ((gi >> (8 * k)) & 0xff) as i32;
+                let v = if signs >> (e % 8) & 1 != 0 { -v } else { v };
+                p[m] += ls * v * qa(ab, 32 * g + e);
+            }
         }
-        sumi += ls * t;
     }
-    sumi
+    p
 }
 
+/// IQ3_S in ggml's AVX2 order: per block `fma(d·d_a, lanes, acc)` (`Fma8`).
 pub fn iq3_s(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    iq_loop(n, w, a, 110, 1.0, iq3_s_ints)
+    let mut acc = Fma8::new();
+    for (wb, ab) in w.chunks_exact(110).zip(a.chunks_exact(292)).take(n / 256) {
+        acc.add_ints(f16_at(wb, 0) * f32_at(ab, 0), &iq3_s_lanes(wb, ab));
+    }
+    acc.reduce()
 }
 
 /// Σ grid·a over 8 elements of an IQ1 grid entry (int8 values −1, 0, 1).

@@ -4,7 +4,7 @@
 
 use super::common::i16_at;
 use super::common::{
-    f16_at, f32_at, k_add, k_add_min, q3k_scales, q8k_bsum, scale_min_k4, Q8K_BSUMS, Q8K_QS,
+    f16_at, f32_at, k_add, k_add_min, q3k_scales, q8k_bsum, scale_min_k4, Fma8, Q8K_BSUMS, Q8K_QS,
 };
 
 #[inline(always)]
@@ -118,13 +118,14 @@ pub fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     k_loop(n, w, a, 176, 0, Some(2), q5_k_ints)
 }
 
-/// Q6_K (210): ql[128]; qh[64]; scales i8[16]; d. sumi = Σ_s sc_s·Σ (q − 32)·a.
-pub fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
+/// The eight lane integers of ggml's AVX2 Q6_K kernel for one block: lane k sums
+/// sc·q·a over elements 32c + 4k..32c + 4k + 4 of every 32-element chunk c, with q the
+/// unsigned 6-bit value (0..63), minus 32·(sc[2k]·bsum[2k] + sc[2k+1]·bsum[2k+1]).
+pub fn q6_k_lanes(wb: &[u8], ab: &[u8]) -> [i32; 8] {
     let (ql, qh, sc) = (&wb[0..128], &wb[128..192], &wb[192..208]);
-    let mut sumi = 0i32;
+    let mut p = [0i32; 8];
     for h in 0..2 {
         let (ql, qh) = (&ql[64 * h..], &qh[32 * h..]);
-        let mut t = [0i32; 8];
         for l in 0..32 {
             let q = [
                 (ql[l] & 15) | ((qh[l] & 3) << 4),
@@ -133,18 +134,88 @@ pub fn q6_k_ints(wb: &[u8], ab: &[u8]) -> (i32, i32) {
                 (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
             ];
             for (j, &qv) in q.iter().enumerate() {
-                t[2 * j + l / 16] += (qv as i32 - 32) * qa(ab, 128 * h + 32 * j + l);
+                let e = 128 * h + 32 * j + l;
+                p[l / 4] += (sc[e / 16] as i8 as i32) * (qv as i32) * qa(ab, e);
             }
         }
-        for (s, &ts) in t.iter().enumerate() {
-            sumi += (sc[8 * h + s] as i8 as i32) * ts;
-        }
     }
-    (sumi, 0)
+    for (k, pk) in p.iter_mut().enumerate() {
+        let m = (sc[2 * k] as i8 as i32) * i16_at(ab, Q8K_BSUMS + 4 * k)
+            + (sc[2 * k + 1] as i8 as i32) * i16_at(ab, Q8K_BSUMS + 4 * k + 2);
+        *pk -= 32 * m;
+    }
+    p
 }
 
+/// ggml's tiled matmul order (taken for K/IQ weights when the activation has ≥ 8 rows):
+/// per block `acc + (f32(sumi)·d_w)·d_a`, sumi the block's exact integer dot.
+#[inline(always)]
+pub fn tiled_dot(
+    n: usize,
+    w: &[u8],
+    a: &[u8],
+    bs: usize,
+    d_off: usize,
+    lanes: impl Fn(&[u8], &[u8]) -> [i32; 8],
+) -> f32 {
+    let mut acc = 0f32;
+    for (wb, ab) in w.chunks_exact(bs).zip(a.chunks_exact(292)).take(n / 256) {
+        let s: i32 = lanes(wb, ab).iter().sum();
+        acc += (s as f32 * f16_at(wb, d_off)) * f32_at(ab, 0);
+    }
+    acc
+}
+
+/// ggml's repacked Q4_K gemm order (`q4_K_8x8`, used for groups of 4 activation rows of a
+/// dense matmul): per block and per pair of sub-blocks p,
+/// `acc = fma(f32(Σ_s sc_s·Σ q·a), d·d_a, acc)` and `accm = fma(f32(Σ_s m_s·bsum_s), dmin·d_a,
+/// accm)` over the pair's two sub-blocks s; the result is `acc − accm`.
+pub fn q4_k_gemm(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (mut acc, mut accm) = (0f32, 0f32);
+    for (wb, ab) in w.chunks_exact(144).zip(a.chunks_exact(292)).take(n / 256) {
+        let da = f32_at(ab, 0);
+        let (dd, dm) = (f16_at(wb, 0) * da, f16_at(wb, 2) * da);
+        let (sc, qs) = (&wb[4..16], &wb[16..144]);
+        for p in 0..4 {
+            let (mut si, mut sm) = (0i32, 0i32);
+            for s in [2 * p, 2 * p + 1] {
+                let (scale, min) = scale_min_k4(s, sc);
+                let chunk = &qs[32 * (s / 2)..32 * (s / 2) + 32];
+                let t: i32 = (0..32)
+                    .map(|l| {
+                        let q = if s % 2 == 0 {
+                            chunk[l] & 15
+                        } else {
+                            chunk[l] >> 4
+                        };
+                        q as i32 * qa(ab, 32 * s + l)
+                    })
+                    .sum();
+                si += scale * t;
+                sm += min * (i16_at(ab, Q8K_BSUMS + 4 * s) + i16_at(ab, Q8K_BSUMS + 4 * s + 2));
+            }
+            acc = (si as f32).mul_add(dd, acc);
+            accm = (sm as f32).mul_add(dm, accm);
+        }
+    }
+    acc - accm
+}
+
+pub fn q6_k_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    tiled_dot(n, w, a, 210, 208, q6_k_lanes)
+}
+
+pub fn iq3_s_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    tiled_dot(n, w, a, 110, 0, super::scalar_iq::iq3_s_lanes)
+}
+
+/// Q6_K in ggml's AVX2 order: per block `fma(d_a·d, lanes, acc)` (`Fma8`).
 pub fn q6_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    k_loop(n, w, a, 210, 208, None, q6_k_ints)
+    let mut acc = Fma8::new();
+    for (wb, ab) in w.chunks_exact(210).zip(a.chunks_exact(292)).take(n / 256) {
+        acc.add_ints(f32_at(ab, 0) * f16_at(wb, 208), &q6_k_lanes(wb, ab));
+    }
+    acc.reduce()
 }
 
 /// Trit n (0..5) of a TQ1_0 byte: ((u8)(b·3ⁿ)·3) >> 8.

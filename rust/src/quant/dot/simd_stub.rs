@@ -27,3 +27,7 @@ pub fn has_vnni() -> bool {
 pub fn cpu_features() -> Vec<&'static str> {
     Vec::new()
 }
+
+pub fn kernel_many(_w: GgmlType) -> Option<DotFn> {
+    None
+}

@@ -297,3 +297,29 @@ fn simd_kernels_check_their_slices() {
         }
     }
 }
+
+/// The multi-row (tinyBLAS / tiled) orders: AVX2 bitwise equal to scalar, and within the
+/// float rounding of the one-row order.
+#[test]
+fn multi_row_orders_avx2_equal_scalar() {
+    use GgmlType::*;
+    let mut rng = Rng::new(11);
+    for w in [F32, Q6K, IQ3S, Q4K] {
+        let scalar = kernel_many(Isa::Scalar, w).expect("scalar multi-row kernel");
+        for &n in &[256usize, 512, 1024] {
+            let row = random_row(w, n, &mut rng);
+            let act = random_act(w, n, &mut rng);
+            let s = scalar(n, &row, &act);
+            let one = vec_dot_isa(Isa::Scalar, w, n, &row, &act).unwrap();
+            assert!(
+                (s - one).abs() <= 1e-4 * one.abs().max(1.0),
+                "{w:?} {n}: {s} vs {one}"
+            );
+            if Isa::Avx2.available() {
+                let v = kernel_many(Isa::Avx2, w).unwrap()(n, &row, &act);
+                assert_eq!(s.to_bits(), v.to_bits(), "{w:?} n={n}");
+            }
+        }
+    }
+    assert!(kernel_many(Isa::Scalar, Q8_0).is_none());
+}

@@ -1,0 +1,179 @@
+//! The float math of ggml's vectorised CPU ops (AVX2+FMA build) that the forward pass must
+//! repeat bit for bit to agree with llama.cpp: the `exp` approximation ggml's softmax and
+//! SwiGLU use (`ggml_v_expf`: a degree-5 polynomial on a reduced argument, with FMAs), the
+//! SwiGLU built on it, and the softmax's summation order (8-element groups reduced in f32,
+//! accumulated in f64).
+//!
+//! Every lane of ggml's vector code is independent, so it is computed here one element at a
+//! time with `f32::mul_add` (an exact FMA, in hardware when the CPU has it), which gives the
+//! same bits on every ISA.
+
+use crate::quant::dot::common_reduce8;
+
+#[inline(always)]
+fn c(bits: u32) -> f32 {
+    f32::from_bits(bits)
+}
+
+/// ggml's `exp(x)` approximation for one lane. Relative error about 1.5 ulp against the
+/// true exp; exactly what `ggml_v_expf` returns for that lane.
+#[inline(always)]
+pub fn expf_lane(x: f32) -> f32 {
+    let shift = c(0x4b40_0000); // 1.5·2^23: rounds x·log2(e) to an integer in the mantissa
+    let z = x.mul_add(c(0x3fb8_aa3b), shift); // x·log2(e) + shift
+    let n = z - shift; // round(x·log2(e))
+                       // b = x − n·ln2, with ln2 split in a high and a low part
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    let e = z.to_bits() << 23; // 2^n in the exponent field (wrapping)
+    let k = f32::from_bits(e.wrapping_add(1f32.to_bits()));
+    let u = b * b;
+    let hi = c(0x3c07_2010).mul_add(b, c(0x3d2b_9f17));
+    let lo = c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb));
+    let j = hi.mul_add(u, lo).mul_add(u, c(0x3f7f_fff6) * b); // exp(b) − 1
+    if n.abs() <= 126.0 || n.is_nan() {
+        return j.mul_add(k, k);
+    }
+    // |n| > 126: the scale 2^n is split in two factors to reach the subnormal or overflow range
+    let g: u32 = if n <= 0.0 { 0x8200_0000 } else { 0 };
+    let s1 = f32::from_bits(g.wrapping_add(0x7f00_0000));
+    let s2 = f32::from_bits(e.wrapping_sub(g));
+    if n.abs() > 192.0 {
+        s1 * s1
+    } else {
+        s2.mul_add(j, s2) * s1
+    }
+}
+
+/// `silu(g)·u` as ggml's `ggml_vec_swiglu_f32` computes it in its 8-wide loop:
+/// `g / (1 + expf_lane(0 − g)) · u`.
+#[inline(always)]
+pub fn silu_mul(g: f32, u: f32) -> f32 {
+    (g / (1.0 + expf_lane(0.0 - g))) * u
+}
+
+/// `silu_mul` over slices (`h[i] = silu(g[i])·u[i]`), with the FMAs in hardware where the CPU
+/// has them.
+pub fn silu_mul_rows(g: &[f32], u: &[f32], h: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { silu_mul_rows_fma(g, u, h) };
+        return;
+    }
+    for ((hi, &gi), &ui) in h.iter_mut().zip(g).zip(u) {
+        *hi = silu_mul(gi, ui);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn silu_mul_rows_fma(g: &[f32], u: &[f32], h: &mut [f32]) {
+    for ((hi, &gi), &ui) in h.iter_mut().zip(g).zip(u) {
+        *hi = silu_mul(gi, ui);
+    }
+}
+
+/// One `silu_mul` with hardware FMAs where the CPU has them (for callers that produce one
+/// element at a time).
+#[inline]
+pub fn silu_mul_one(g: f32, u: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        return unsafe { silu_mul_one_fma(g, u) };
+    }
+    silu_mul(g, u)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn silu_mul_one_fma(g: f32, u: f32) -> f32 {
+    silu_mul(g, u)
+}
+
+/// In-place softmax of one row as ggml's `soft_max` op computes it (AVX2 build): the max;
+/// `expf_lane(x − max)` over 8-element groups, each group summed by `reduce8` in f32 and
+/// added to an f64 total; then every element times `(1/total) as f32`.
+/// A last partial group is padded with −∞ (exp 0) when `pad` holds — ggml's attention rows
+/// are padded to a multiple of 256 masked positions — and otherwise (as ggml's scalar tail
+/// does) uses `f32::exp` and adds element by element.
+pub fn softmax(x: &mut [f32], pad: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { softmax_fma(x, pad) };
+        return;
+    }
+    softmax_body(x, pad)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn softmax_fma(x: &mut [f32], pad: bool) {
+    softmax_body(x, pad)
+}
+
+#[inline(always)]
+fn softmax_body(x: &mut [f32], pad: bool) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    let mut groups = x.chunks_exact_mut(8);
+    for grp in &mut groups {
+        let mut r = [0f32; 8];
+        for (v, o) in grp.iter_mut().zip(r.iter_mut()) {
+            *v = expf_lane(*v - max);
+            *o = *v;
+        }
+        sum += common_reduce8(&r) as f64;
+    }
+    let tail = groups.into_remainder();
+    if pad && !tail.is_empty() {
+        let mut r = [0f32; 8];
+        for (v, o) in tail.iter_mut().zip(r.iter_mut()) {
+            *v = expf_lane(*v - max);
+            *o = *v;
+        }
+        sum += common_reduce8(&r) as f64;
+    } else {
+        for v in tail.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v as f64;
+        }
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expf_lane_is_close_to_exp_and_handles_the_ends() {
+        for i in -2000..2000 {
+            let x = i as f32 * 0.043;
+            let (a, b) = (expf_lane(x), x.exp());
+            assert!(((a - b) / b).abs() < 4e-7, "{x}: {a} vs {b}");
+        }
+        assert_eq!(expf_lane(f32::NEG_INFINITY), 0.0);
+        assert_eq!(expf_lane(-200.0), 0.0);
+        assert_eq!(expf_lane(0.0), 1.0);
+        assert!(expf_lane(100.0).is_infinite());
+        let sub = expf_lane(-100.0); // subnormal range
+        assert!(sub > 0.0 && ((sub - (-100f32).exp()) / (-100f32).exp()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_pads_with_zeros() {
+        let mut x = [1.0f32, 2.0, 3.0, -1e9, 0.5, 0.25, 7.0, 1.0, 2.0, 3.0, 0.0];
+        let mut y = x;
+        softmax(&mut x, true);
+        softmax(&mut y, false);
+        for v in [&x, &y] {
+            assert!((v.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+            assert!(v[3] == 0.0 && v[2] > v[1]);
+        }
+    }
+}

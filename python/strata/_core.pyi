@@ -14,6 +14,7 @@ __all__ = [
     "FillHandle",
     "GGUFError",
     "GGUFReader",
+    "HybridCounters",
     "MapOwner",
     "MoELayer",
     "Model",
@@ -40,6 +41,7 @@ __all__ = [
     "runnable_types",
     "set_dot_isa",
     "vec_dot",
+    "vram_plan",
 ]
 __version__: str
 
@@ -271,3 +273,27 @@ class ExpertTier:
 
 def model_fingerprint(model: str | PathLike[str]) -> tuple[str, str]: ...
 def evict_page_cache(path: str | PathLike[str]) -> None: ...
+
+@final
+class HybridCounters:
+    def __new__(cls, n_layer: int) -> HybridCounters: ...
+    @property
+    def n_layer(self) -> int: ...
+    def record_layer(self, layer: int, hits: int, miss_cpu: int, miss_pcie: int) -> None: ...
+    def record_swaps(self, n: int, bytes: int) -> None: ...
+    def record_fill(self, bytes: int) -> None: ...
+    def record_pcie(self, bytes: int) -> None: ...
+    def record_handoff(self, bytes: int) -> None: ...
+    def totals(self) -> tuple[int, int, int]: ...
+    def snapshot(self) -> dict[str, Any]: ...
+
+def vram_plan(
+    free_bytes: int,
+    reserve_mib: int,
+    budget_mib: int,
+    dense_bytes: int,
+    kv_bytes: int,
+    buffer_bytes: int,
+    n_expert: int,
+    layers: list[tuple[int, int, int] | None],
+) -> dict[str, Any]: ...

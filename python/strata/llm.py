@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from strata._core import Model, RoutingCounters
+from strata._core import HybridCounters, Model, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
-from strata.tiering import open_tier, tier_info, tier_stats
+from strata.tiering import LabeledStat, open_tier, tier_info, tier_stats, vram_info, vram_stats
 
 __all__ = ["LLM", "SamplingArgs", "TokenEvent"]
 
@@ -159,6 +159,8 @@ class LLM:
         # The RAM tier: residency of every expert, the fill threads (hot experts first when
         # `profile` is set; a profile for another model raises ProfileMismatchError).
         self.tier, self.fill = open_tier(self.config, self.path)
+        # The VRAM expert tier's counters: set by the hybrid GPU path; None on the CPU path.
+        self.hybrid: HybridCounters | None = None
         self.model.set_tier(self.tier)
         self._routing = self.model.routing_counters(decayed=True)
 
@@ -252,12 +254,22 @@ class LLM:
         d.update(tier_stats(self.tier, self.fill))
         return d
 
+    def labeled_stats(self) -> list[LabeledStat]:
+        """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
+        return vram_stats(self.hybrid)
+
+    def tier_counts(self) -> tuple[int, int, int] | None:
+        """(hits, CPU misses, PCIe misses) of the VRAM tier so far; None on the CPU-only path
+        (the scheduler's per-request hit rate and PCIe share come from these)."""
+        return self.hybrid.totals() if self.hybrid is not None else None
+
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
         d: dict[str, Any] = {k: self.hparams[k] for k in keys}
         d.update(kv_type=self.config.kv_type, n_ctx=self.n_ctx, max_slots=self.max_slots)
         tiers = tier_info(self.tier, self._routing, self.fill)
         tiers["profile"] = self.config.profile or None
+        tiers["vram"] = vram_info(self.hybrid)
         d["tiers"] = tiers
         return d
 

@@ -8,6 +8,7 @@ mod pool;
 mod quant;
 
 mod tier;
+mod vram;
 
 use pyo3::prelude::*;
 
@@ -21,5 +22,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
 
     tier::register(m)?;
+    vram::register(m)?;
     Ok(())
 }

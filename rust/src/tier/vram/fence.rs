@@ -25,9 +25,10 @@ use super::table::{Key, VramTable};
 use crate::error::{Error, Result};
 use std::collections::{BTreeSet, VecDeque};
 
-/// A completion event that can be asked, without blocking, whether it has completed.
+/// A completion event that can be asked, without blocking, whether it has completed
+/// (`cuEventQuery`). An error (a failed device) is passed up, never taken for "done".
 pub trait Fence {
-    fn done(&self) -> bool;
+    fn done(&self) -> Result<bool>;
 }
 
 /// Issues slot copies. `P` is what the copy reads from (a staged pinned buffer in the async
@@ -197,10 +198,10 @@ impl<E: Fence, P> SlotFences<E, P> {
 
     /// Query step events (each at most once per poll, in any completion order) and advance
     /// the prefix of completed steps.
-    fn collect_steps(&mut self) {
+    fn collect_steps(&mut self) -> Result<()> {
         let mut i = 0;
         while i < self.in_flight.len() {
-            if self.in_flight[i].1.done() {
+            if self.in_flight[i].1.done()? {
                 let (s, _) = self.in_flight.remove(i).expect("index in range");
                 self.done_above.insert(s);
             } else {
@@ -210,6 +211,7 @@ impl<E: Fence, P> SlotFences<E, P> {
         while self.done_above.remove(&self.done_below) {
             self.done_below += 1;
         }
+        Ok(())
     }
 
     /// Advance every slot as far as it can go now, without blocking: issue the copies whose
@@ -221,7 +223,7 @@ impl<E: Fence, P> SlotFences<E, P> {
         io: &mut Io,
         mut recycle: impl FnMut(P),
     ) -> Result<PollOutcome> {
-        self.collect_steps();
+        self.collect_steps()?;
         let mut out = PollOutcome::default();
         for slot in 0..self.slots.len() {
             let st = &mut self.slots[slot];
@@ -242,7 +244,7 @@ impl<E: Fence, P> SlotFences<E, P> {
             }
             // A copy issued just now may already be done (a fake, or a tiny copy).
             if let SlotState::Filling { ev, .. } = st {
-                if ev.done() {
+                if ev.done()? {
                     let old = std::mem::replace(st, SlotState::Free);
                     if let SlotState::Filling { next, payload, .. } = old {
                         table.map(next, slot as u32)?;

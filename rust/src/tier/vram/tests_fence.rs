@@ -37,8 +37,8 @@ impl Ev {
     }
 }
 impl Fence for Ev {
-    fn done(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+    fn done(&self) -> crate::error::Result<bool> {
+        Ok(self.0.load(Ordering::Acquire))
     }
 }
 

@@ -205,3 +205,20 @@ def test_settings() -> None:
         with pytest.raises(ConfigError):
             Config.load(bad, env={})
     assert np.isfinite(Config.load({"pcie_frac": 0.0}, env={}).pcie_frac)
+
+
+def test_default_pcie_frac() -> None:
+    from strata._core import default_pcie_frac
+
+    assert default_pcie_frac(20.0, 20.0) == 0.5
+    assert default_pcie_frac(0.0, 20.0) == 0.0
+
+
+@pytest.mark.gpu
+def test_pcie_probe_measures_the_link() -> None:
+    """Pinned host→device copies timed with events: a plausible PCIe/NVLink-C2C figure."""
+    from strata._core import pcie_probe_gbps
+
+    gbps = pcie_probe_gbps(64)
+    assert 1.0 < gbps < 1000.0, gbps
+    print(f"host→device link: {gbps:.1f} GB/s")

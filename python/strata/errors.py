@@ -4,6 +4,7 @@ and here are the same classes; this module is their public home."""
 from strata._core import (
     ConfigError,
     GGUFError,
+    GpuError,
     ModelError,
     ProfileError,
     ProfileMismatchError,
@@ -15,6 +16,7 @@ from strata._core import (
 __all__ = [
     "ConfigError",
     "GGUFError",
+    "GpuError",
     "ModelError",
     "ProfileError",
     "ProfileMismatchError",

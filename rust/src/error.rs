@@ -30,6 +30,14 @@ pub enum Error {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A CUDA driver call that failed: which call, its `CUresult` and the driver's words.
+    Cuda {
+        call: &'static str,
+        code: i32,
+        msg: String,
+    },
+    /// No usable GPU: no driver, no device, or a build without kernels (the reason).
+    NoGpu(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -59,6 +67,8 @@ impl fmt::Display for Error {
             Error::Profile(m) => write!(f, "profile: {m}"),
             Error::ProfileMismatch(m) => write!(f, "profile: {m}"),
             Error::Io { path, source } => write!(f, "{}: {}", path.display(), source),
+            Error::Cuda { call, code, msg } => write!(f, "CUDA {call} failed ({code}): {msg}"),
+            Error::NoGpu(m) => write!(f, "no GPU: {m}"),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! forward pass. The Python face lives in `py` and is compiled only with the `python`
 //! feature (maturin turns it on), so `cargo test` builds and links without libpython.
 
+pub mod cuda;
 pub mod error;
 pub mod gguf;
 pub mod model;

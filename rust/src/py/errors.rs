@@ -55,6 +55,13 @@ create_exception!(
     "A hotness profile made for another model."
 );
 
+create_exception!(
+    _core,
+    GpuError,
+    StrataError,
+    "No usable GPU (why), or a CUDA driver call that failed (which call, and the driver's words)."
+);
+
 impl From<Error> for PyErr {
     fn from(e: Error) -> PyErr {
         let msg = e.to_string();
@@ -69,6 +76,7 @@ impl From<Error> for PyErr {
             Error::Profile(_) => ProfileError::new_err(msg),
             Error::ProfileMismatch(_) => ProfileMismatchError::new_err(msg),
             Error::Io { .. } => PyOSError::new_err(msg),
+            Error::Cuda { .. } | Error::NoGpu(_) => GpuError::new_err(msg),
         }
     }
 }
@@ -81,6 +89,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;
     m.add("ModelError", py.get_type::<ModelError>())?;
+    m.add("GpuError", py.get_type::<GpuError>())?;
     m.add("ProfileError", py.get_type::<ProfileError>())?;
     m.add(
         "ProfileMismatchError",

@@ -1,6 +1,7 @@
 //! The PyO3 face of the core: `strata._core`. Thin wrappers only; errors become the
 //! exception tree re-exported by `strata.errors`.
 
+mod cuda;
 mod errors;
 mod gguf;
 mod model;
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    cuda::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;

@@ -118,8 +118,33 @@ fn vram_plan<'py>(
     Ok(d)
 }
 
+/// Host→device bandwidth of device 0's link in GB/s (pinned copies of `mib` MiB timed with
+/// events, best of three): what `pcie_frac`'s default is made from. GpuError without a GPU.
+#[pyfunction]
+#[pyo3(signature = (mib = 64))]
+fn pcie_probe_gbps(py: Python<'_>, mib: usize) -> PyResult<f64> {
+    if mib == 0 || mib > 4096 {
+        return Err(PyValueError::new_err(format!(
+            "mib must be in 1..=4096 (got {mib})"
+        )));
+    }
+    Ok(py.detach(|| {
+        let gpu = crate::cuda::Gpu::open(0)?;
+        vram::probe_pcie_gbps(&gpu, mib)
+    })?)
+}
+
+/// `pcie_frac`'s default from the link (`pcie_probe_gbps`) and the CPU pool's RAM bandwidth
+/// (`ram_read_gbps`): the share of missed bytes that makes both legs finish together.
+#[pyfunction]
+fn default_pcie_frac(link_gbps: f64, cpu_gbps: f64) -> f64 {
+    vram::default_pcie_frac(link_gbps, cpu_gbps)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HybridCounters>()?;
     m.add_function(wrap_pyfunction!(vram_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(pcie_probe_gbps, m)?)?;
+    m.add_function(wrap_pyfunction!(default_pcie_frac, m)?)?;
     Ok(())
 }

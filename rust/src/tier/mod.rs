@@ -28,4 +28,4 @@ pub use profile::{model_id, ModelId, Profile};
 pub use residency::{ExpertBytes, Place, RamMode, Residency, TierUses};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

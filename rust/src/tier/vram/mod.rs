@@ -8,6 +8,7 @@
 
 pub mod adapt;
 pub mod budget;
+pub mod cuda_io;
 pub mod driver;
 pub mod fence;
 pub mod miss;
@@ -16,6 +17,7 @@ pub mod table;
 
 pub use adapt::{choose, AdaptConfig, Swap};
 pub use budget::{plan, shapes_of, BudgetInputs, ExpertShape, Proj, VramPlan};
+pub use cuda_io::{default_pcie_frac, probe_pcie_gbps, CudaSlots, RamStager, StageBuf};
 pub use driver::{start_fill, GapOutcome, Prepared, Stager, TierDriver};
 pub use fence::{Fence, PollOutcome, SlotFences, SlotIo, SlotState};
 pub use miss::{cpu_misses, LayerSplit, PcieShare};

@@ -402,3 +402,54 @@ fn gpu_part_plus_cpu_misses_equals_the_full_layer() {
         }
     }
 }
+
+/// The RAM stager writes each projection of the right expert at its slot offset (the test
+/// model's slabs hold patterns naming layer, tensor and expert, so a wrong slice shows).
+#[test]
+fn ram_stager_writes_the_slot_record() {
+    use crate::gguf::Gguf;
+    use crate::tier::residency::{RamMode, Residency};
+    let path = crate::tier::tests::write_model("vram-stage", 3, 4, &[1], 0);
+    let g = std::sync::Arc::new(Gguf::open(&path).unwrap());
+    let ram = Residency::new(g, RamMode::Mmap, None, false).unwrap();
+    let mut inp = inputs(10_000, None);
+    inp.n_expert = 4;
+    inp.layers = shapes_of(ram.layout());
+    let p = plan(&inp).unwrap();
+    let mut st: RamStager<Vec<u8>> = RamStager::new(ram.clone(), &p);
+    for key in [(0u32, 0u32), (2, 3), (0, 2)] {
+        let mut buf = vec![0u8; p.slot_bytes as usize];
+        let n = st.stage(key, &mut buf).unwrap();
+        let sh = p.shape(key.0 as usize).unwrap();
+        assert_eq!(n, sh.expert_bytes());
+        let want = ram.expert_bytes(key.0 as usize, key.1 as usize).unwrap();
+        for (pr, part) in [
+            (Proj::Gate, want.gate),
+            (Proj::Up, want.up),
+            (Proj::Down, want.down),
+        ] {
+            let o = sh.offset(pr) as usize;
+            assert_eq!(&buf[o..o + part.len()], part, "{key:?} {pr:?}");
+        }
+    }
+    let mut small = vec![0u8; 16];
+    assert!(st.stage((0, 0), &mut small).is_err());
+    assert!(
+        st.stage((1, 0), &mut vec![0u8; p.slot_bytes as usize])
+            .is_err(),
+        "dense layer"
+    );
+    assert!(st
+        .stage((0, 9), &mut vec![0u8; p.slot_bytes as usize])
+        .is_err());
+    let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn default_pcie_frac_balances_the_two_legs() {
+    assert_eq!(default_pcie_frac(20.0, 20.0), 0.5);
+    assert!((default_pcie_frac(25.0, 75.0) - 0.25).abs() < 1e-12);
+    assert_eq!(default_pcie_frac(0.0, 20.0), 0.0);
+    assert_eq!(default_pcie_frac(f64::NAN, 20.0), 0.0);
+    assert_eq!(default_pcie_frac(10.0, 0.0), 1.0);
+}

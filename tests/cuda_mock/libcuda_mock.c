@@ -1,0 +1,271 @@
+// A fake CUDA driver (built as libcuda.so.1 by tests/test_gpu_mock.py) that lets the runtime's
+// plumbing run on a machine without a GPU: symbol binding, contexts, allocations and bounds,
+// copies, streams, graph capture and replay, events, kernel lookup in the real fatbins, the
+// parameter list, and launch-argument marshalling. "Device" memory is host memory. The one
+// kernel it can run is strata_smoke_axpb, executed in C with cuda/smoke.cuh's math. It is
+// compiled against the real cuda.h, so every definition below has the driver's exact
+// prototype (a mismatch is a compile error). The real check is the device suite.
+#include <cuda.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define OK CUDA_SUCCESS
+static int g_init = 0;
+static int g_ctx_token = 1;  // the primary context's handle is &g_ctx_token
+static int g_live_allocs = 0;
+
+// ---- init, device, context ------------------------------------------------------------------
+CUresult CUDAAPI cuInit(unsigned int flags) { g_init = 1; return flags == 0 ? OK : CUDA_ERROR_INVALID_VALUE; }
+CUresult CUDAAPI cuDriverGetVersion(int* v) { *v = 13000; return OK; }
+CUresult CUDAAPI cuGetErrorName(CUresult e, const char** s) {
+    switch (e) {
+        case CUDA_SUCCESS: *s = "CUDA_SUCCESS"; return OK;
+        case CUDA_ERROR_INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+        case CUDA_ERROR_NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return OK;
+        case CUDA_ERROR_NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return OK;
+        case CUDA_ERROR_INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
+        case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return OK;
+        case CUDA_ERROR_NOT_INITIALIZED: *s = "CUDA_ERROR_NOT_INITIALIZED"; return OK;
+        default: *s = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+CUresult CUDAAPI cuGetErrorString(CUresult e, const char** s) {
+    const char* name;
+    if (cuGetErrorName(e, &name) != OK) { *s = NULL; return CUDA_ERROR_INVALID_VALUE; }
+    *s = "mock driver error";
+    return OK;
+}
+CUresult CUDAAPI cuDeviceGetCount(int* n) { if (!g_init) return CUDA_ERROR_NOT_INITIALIZED; *n = 1; return OK; }
+CUresult CUDAAPI cuDeviceGet(CUdevice* d, int ordinal) { if (ordinal != 0) return CUDA_ERROR_INVALID_VALUE; *d = 0; return OK; }
+CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice d) { (void)d; snprintf(name, (size_t)len, "Mock GPU"); return OK; }
+CUresult CUDAAPI cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) {
+    (void)d;
+    switch (a) {
+        case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = 4; return OK;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 9; return OK;
+        case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; return OK;
+        case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; return OK;
+        case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *v = 50 << 20; return OK;
+        default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+CUresult CUDAAPI cuDeviceTotalMem(size_t* b, CUdevice d) { (void)d; *b = (size_t)2 << 30; return OK; }
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* c, CUdevice d) { (void)d; *c = (CUcontext)&g_ctx_token; return OK; }
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; return OK; }
+static CUcontext g_current = NULL;
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext c) { g_current = c; return OK; }
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext* c) { *c = g_current; return OK; }
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext c) { g_current = c; return OK; }
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext* c) { if (c) *c = g_current; return OK; }
+CUresult CUDAAPI cuCtxSynchronize(void) { return OK; }
+#define NEED_CTX() do { if (g_current != (CUcontext)&g_ctx_token) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
+
+// ---- modules and functions ------------------------------------------------------------------
+typedef struct { const unsigned char* image; size_t size; } Module;
+typedef struct { char name[128]; } Function;
+
+CUresult CUDAAPI cuModuleLoadData(CUmodule* m, const void* image) {
+    NEED_CTX();
+    const unsigned char* p = (const unsigned char*)image;
+    if (((uintptr_t)p & 15) != 0) return CUDA_ERROR_INVALID_IMAGE;   // we embed 16-aligned
+    if (!(p[0] == 0x50 && p[1] == 0xed && p[2] == 0x55 && p[3] == 0xba)) return CUDA_ERROR_INVALID_IMAGE;
+    uint64_t body;  // fatbin header: magic u32, version u16, header size u16, body size u64
+    uint16_t hsize;
+    memcpy(&hsize, p + 6, 2);
+    memcpy(&body, p + 8, 8);
+    Module* mod = (Module*)calloc(1, sizeof(Module));
+    mod->image = p;
+    mod->size = hsize + body;
+    *m = (CUmodule)mod;
+    return OK;
+}
+CUresult CUDAAPI cuModuleUnload(CUmodule m) { free(m); return OK; }
+CUresult CUDAAPI cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+    NEED_CTX();
+    Module* mod = (Module*)m;
+    size_t n = strlen(name) + 1;  // the name with its NUL, as in the fatbin's string tables
+    if (n > sizeof(((Function*)0)->name)) return CUDA_ERROR_NOT_FOUND;
+    for (size_t i = 0; i + n <= mod->size; ++i) {
+        if (memcmp(mod->image + i, name, n) == 0 && (i == 0 || mod->image[i - 1] == 0)) {
+            Function* fn = (Function*)calloc(1, sizeof(Function));
+            memcpy(fn->name, name, n);
+            *f = (CUfunction)fn;
+            return OK;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+static int is_smoke(CUfunction f) { return strcmp(((Function*)f)->name, "strata_smoke_axpb") == 0; }
+static const size_t SMOKE_PARAMS[5] = {8, 8, 4, 4, 4};
+CUresult CUDAAPI cuFuncGetParamInfo(CUfunction f, size_t i, size_t* off, size_t* size) {
+    if (!is_smoke(f) || i >= 5) return CUDA_ERROR_INVALID_VALUE;
+    static const size_t offs[5] = {0, 8, 16, 20, 24};
+    *off = offs[i];
+    *size = SMOKE_PARAMS[i];
+    return OK;
+}
+CUresult CUDAAPI cuFuncGetAttribute(int* v, CUfunction_attribute a, CUfunction f) { (void)a; (void)f; *v = 16; return OK; }
+CUresult CUDAAPI cuFuncSetAttribute(CUfunction f, CUfunction_attribute a, int v) {
+    (void)f;
+    return (a == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES && v <= 232448) ? OK : CUDA_ERROR_INVALID_VALUE;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+CUresult CUDAAPI cuMemGetInfo(size_t* fr, size_t* tot) { *tot = (size_t)2 << 30; *fr = *tot - ((size_t)g_live_allocs << 20); return OK; }
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr* p, size_t n) {
+    NEED_CTX();
+    if (n == 0) return CUDA_ERROR_INVALID_VALUE;  // the real driver refuses 0 too
+    void* m = malloc(n);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(m, 0xA5, n);  // uninitialised device memory is garbage, not zeros
+    ++g_live_allocs;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return OK;
+}
+CUresult CUDAAPI cuMemFree(CUdeviceptr p) { NEED_CTX(); free((void*)(uintptr_t)p); --g_live_allocs; return OK; }
+CUresult CUDAAPI cuMemHostAlloc(void** p, size_t n, unsigned int flags) { (void)flags; *p = malloc(n); return *p ? OK : CUDA_ERROR_OUT_OF_MEMORY; }
+CUresult CUDAAPI cuMemFreeHost(void* p) { free(p); return OK; }
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void* s, size_t n) { memcpy((void*)(uintptr_t)d, s, n); return OK; }
+CUresult CUDAAPI cuMemcpyDtoH(void* d, CUdeviceptr s, size_t n) { memcpy(d, (void*)(uintptr_t)s, n); return OK; }
+CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove((void*)(uintptr_t)d, (void*)(uintptr_t)s, n); return OK; }
+CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char c, size_t n) { memset((void*)(uintptr_t)d, c, n); return OK; }
+
+// ---- streams, capture, graphs ---------------------------------------------------------------
+enum { OP_COPY, OP_SET, OP_SMOKE };
+typedef struct { int kind; uint64_t dst, src; size_t n; unsigned char byte; float a, b; } Op;
+typedef struct { int capturing; Op* ops; size_t n_ops, cap; } Stream;
+typedef struct { Op* ops; size_t n_ops; } Graph;
+
+static void run_op(const Op* o) {
+    if (o->kind == OP_COPY) memmove((void*)(uintptr_t)o->dst, (const void*)(uintptr_t)o->src, o->n);
+    else if (o->kind == OP_SET) memset((void*)(uintptr_t)o->dst, o->byte, o->n);
+    else {
+        const float* x = (const float*)(uintptr_t)o->src;
+        float* y = (float*)(uintptr_t)o->dst;
+        for (size_t i = 0; i < o->n; ++i) { volatile float p = o->a * x[i]; y[i] = p + o->b; }
+    }
+}
+// Runs `o` now, or records it when `s` is capturing.
+static CUresult submit(CUstream hs, Op o) {
+    Stream* s = (Stream*)hs;
+    if (s && s->capturing) {
+        if (s->n_ops == s->cap) { s->cap = s->cap ? 2 * s->cap : 8; s->ops = (Op*)realloc(s->ops, s->cap * sizeof(Op)); }
+        s->ops[s->n_ops++] = o;
+        return OK;
+    }
+    run_op(&o);
+    return OK;
+}
+static int capturing(CUstream hs) { return hs && ((Stream*)hs)->capturing; }
+
+CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int flags) { (void)flags; NEED_CTX(); *s = (CUstream)calloc(1, sizeof(Stream)); return OK; }
+CUresult CUDAAPI cuStreamDestroy(CUstream s) { if (s) { free(((Stream*)s)->ops); free(s); } return OK; }
+CUresult CUDAAPI cuStreamSynchronize(CUstream s) { return capturing(s) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : OK; }
+CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return OK; }
+CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return OK; }
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hs, CUstreamCaptureMode mode) {
+    Stream* s = (Stream*)hs;
+    if (!s || s->capturing || mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) return CUDA_ERROR_INVALID_VALUE;
+    s->capturing = 1;
+    s->n_ops = 0;
+    return OK;
+}
+CUresult CUDAAPI cuStreamEndCapture(CUstream hs, CUgraph* g) {
+    Stream* s = (Stream*)hs;
+    if (!s || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    Graph* gr = (Graph*)calloc(1, sizeof(Graph));
+    gr->ops = s->ops;
+    gr->n_ops = s->n_ops;
+    s->ops = NULL; s->n_ops = s->cap = 0; s->capturing = 0;
+    *g = (CUgraph)gr;
+    return OK;
+}
+CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) {
+    *st = capturing(s) ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return OK;
+}
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* e, CUgraph g, unsigned long long flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    Graph* src = (Graph*)g;
+    Graph* ex = (Graph*)calloc(1, sizeof(Graph));
+    ex->n_ops = src->n_ops;
+    ex->ops = (Op*)malloc((src->n_ops + 1) * sizeof(Op));
+    memcpy(ex->ops, src->ops, src->n_ops * sizeof(Op));
+    *e = (CUgraphExec)ex;
+    return OK;
+}
+CUresult CUDAAPI cuGraphUpload(CUgraphExec e, CUstream s) { (void)e; (void)s; return OK; }
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (capturing(s)) return CUDA_ERROR_INVALID_VALUE;
+    Graph* g = (Graph*)e;
+    for (size_t i = 0; i < g->n_ops; ++i) run_op(&g->ops[i]);
+    return OK;
+}
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec e) { free(((Graph*)e)->ops); free(e); return OK; }
+CUresult CUDAAPI cuGraphDestroy(CUgraph g) { free(((Graph*)g)->ops); free(g); return OK; }
+
+// ---- async copies and launches ----------------------------------------------------------------
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr d, const void* s, size_t n, CUstream st) {
+    Op o = {OP_COPY, d, (uint64_t)(uintptr_t)s, n, 0, 0, 0};
+    return submit(st, o);
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync(void* d, CUdeviceptr s, size_t n, CUstream st) {
+    Op o = {OP_COPY, (uint64_t)(uintptr_t)d, s, n, 0, 0, 0};
+    return submit(st, o);
+}
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream st) {
+    Op o = {OP_COPY, d, s, n, 0, 0, 0};
+    return submit(st, o);
+}
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr d, unsigned char c, size_t n, CUstream st) {
+    Op o = {OP_SET, d, 0, n, c, 0, 0};
+    return submit(st, o);
+}
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                CUstream st, void** params, void** extra) {
+    NEED_CTX();
+    if (gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if (extra != NULL || shmem > 232448 || !is_smoke(f)) return CUDA_ERROR_INVALID_VALUE;
+    // Read each parameter the way the driver does: SMOKE_PARAMS[i] bytes from params[i].
+    uint64_t x, y;
+    float a, b;
+    uint32_t n;
+    memcpy(&x, params[0], 8);
+    memcpy(&y, params[1], 8);
+    memcpy(&a, params[2], 4);
+    memcpy(&b, params[3], 4);
+    memcpy(&n, params[4], 4);
+    if ((uint64_t)gx * bx < 1) return CUDA_ERROR_INVALID_VALUE;
+    Op o = {OP_SMOKE, y, x, n, 0, a, b};
+    return submit(st, o);
+}
+
+// ---- events -----------------------------------------------------------------------------------
+typedef struct { int timing; int recorded; double t_ms; } Event;
+static double now_ms(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec / 1e6; }
+CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
+    Event* ev = (Event*)calloc(1, sizeof(Event));
+    ev->timing = !(flags & CU_EVENT_DISABLE_TIMING);
+    *e = (CUevent)ev;
+    return OK;
+}
+CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
+    if (capturing(s)) return CUDA_ERROR_INVALID_VALUE;
+    ((Event*)e)->recorded = 1;
+    ((Event*)e)->t_ms = now_ms();
+    return OK;
+}
+CUresult CUDAAPI cuEventQuery(CUevent e) { (void)e; return OK; }
+CUresult CUDAAPI cuEventSynchronize(CUevent e) { (void)e; return OK; }
+CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
+    Event *s = (Event*)a, *e = (Event*)b;
+    if (!s->timing || !e->timing || !s->recorded || !e->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)(e->t_ms - s->t_ms);
+    return OK;
+}
+CUresult CUDAAPI cuEventDestroy(CUevent e) { free(e); return OK; }

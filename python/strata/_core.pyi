@@ -15,6 +15,7 @@ __all__ = [
     "GGUFError",
     "GGUFReader",
     "GpuError",
+    "HybridCounters",
     "MapOwner",
     "MoELayer",
     "Model",
@@ -28,6 +29,7 @@ __all__ = [
     "StrataError",
     "__version__",
     "cpu_features",
+    "default_pcie_frac",
     "dequantize_bytes",
     "dot_isa",
     "dot_isas",
@@ -58,12 +60,14 @@ __all__ = [
     "matmul_reference",
     "model_fingerprint",
     "moe_reference",
+    "pcie_probe_gbps",
     "pool_supports",
     "quantize_act",
     "ram_read_gbps",
     "runnable_types",
     "set_dot_isa",
     "vec_dot",
+    "vram_plan",
 ]
 __version__: str
 
@@ -355,6 +359,32 @@ class ExpertTier:
 
 def model_fingerprint(model: str | PathLike[str]) -> tuple[str, str]: ...
 def evict_page_cache(path: str | PathLike[str]) -> None: ...
+
+@final
+class HybridCounters:
+    def __new__(cls, n_layer: int) -> HybridCounters: ...
+    @property
+    def n_layer(self) -> int: ...
+    def record_layer(self, layer: int, hits: int, miss_cpu: int, miss_pcie: int) -> None: ...
+    def record_swaps(self, n: int, bytes: int) -> None: ...
+    def record_fill(self, bytes: int) -> None: ...
+    def record_pcie(self, bytes: int) -> None: ...
+    def record_handoff(self, bytes: int) -> None: ...
+    def totals(self) -> tuple[int, int, int]: ...
+    def snapshot(self) -> dict[str, Any]: ...
+
+def vram_plan(
+    free_bytes: int,
+    reserve_mib: int,
+    budget_mib: int,
+    dense_bytes: int,
+    kv_bytes: int,
+    buffer_bytes: int,
+    n_expert: int,
+    layers: list[tuple[int, int, int] | None],
+) -> dict[str, Any]: ...
+def pcie_probe_gbps(mib: int = 64) -> float: ...
+def default_pcie_frac(link_gbps: float, cpu_gbps: float) -> float: ...
 def gpu_status() -> tuple[bool, str]: ...
 def gpu_info() -> dict[str, Any]: ...
 def gpu_roundtrip(data: bytes, offset: int = 0, length: int | None = None) -> bytes: ...

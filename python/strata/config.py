@@ -73,6 +73,20 @@ class Config:
     profile_tokens: int = _f(64, "tokens strata-fill profile generates per prompt")
     vram_budget_mib: int = _f(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
     vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic")
+    adapt_every: int = _f(
+        16, "hybrid GPU: steps between adaptive tier choices (0: the VRAM cache never changes)"
+    )
+    adapt_swaps: int = _f(4, "hybrid GPU: most experts swapped into VRAM per choice")
+    pcie_frac: float = _f(
+        -1.0,
+        "hybrid GPU: share of missed experts copied over PCIe and run on the GPU instead of "
+        "the CPU, 0..1 (-1: from a probe of the link at start)",
+    )
+    tier_async: bool = _f(
+        False,
+        "hybrid GPU: choose and stage swaps on a helper thread (device calls stay on the step "
+        "thread, between steps)",
+    )
     # server
     host: str = _f("127.0.0.1", "address to bind")
     port: int = _f(8000, "port to bind")
@@ -118,6 +132,16 @@ class Config:
             raise bad("readahead_threads", "must be in 1..64")
         if self.profile_tokens < 0:
             raise bad("profile_tokens", "must be >= 0")
+        if self.vram_budget_mib < -1 or self.vram_budget_mib == 0:
+            raise bad("vram_budget_mib", "must be -1 (automatic) or > 0")
+        if self.vram_reserve_mib < 0:
+            raise bad("vram_reserve_mib", "must be >= 0")
+        if self.adapt_every < 0:
+            raise bad("adapt_every", "must be >= 0")
+        if not 0 <= self.adapt_swaps <= 4096:
+            raise bad("adapt_swaps", "must be in 0..4096")
+        if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):
+            raise bad("pcie_frac", "must be -1 (probe the link) or in 0..1")
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:

@@ -22,10 +22,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from strata._core import Model, RoutingCounters
+from strata._core import HybridCounters, Model, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
-from strata.tiering import open_tier, readahead_threads, tier_info, tier_stats
+from strata.tiering import (
+    LabeledStat,
+    open_tier,
+    readahead_threads,
+    tier_info,
+    tier_stats,
+    vram_info,
+    vram_stats,
+)
 
 __all__ = ["LLM", "SamplingArgs", "TokenEvent"]
 
@@ -162,6 +170,8 @@ class LLM:
         # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
         on_cpu = self.config.device == "cpu"
         self.tier, self.fill = open_tier(self.config, self.path, start_fill=on_cpu)
+        # The VRAM expert tier's counters: set by the hybrid GPU path; None on the CPU path.
+        self.hybrid: HybridCounters | None = None
         if on_cpu:
             self.model.set_tier(self.tier)
             # Read-ahead of the next layer's likely experts (budget mode by default).
@@ -258,6 +268,15 @@ class LLM:
         d.update(tier_stats(self.tier, self.fill, self.model.readahead_stats()))
         return d
 
+    def labeled_stats(self) -> list[LabeledStat]:
+        """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
+        return vram_stats(self.hybrid)
+
+    def tier_counts(self) -> tuple[int, int, int] | None:
+        """(hits, CPU misses, PCIe misses) of the VRAM tier so far; None on the CPU-only path
+        (the scheduler's per-request hit rate and PCIe share come from these)."""
+        return self.hybrid.totals() if self.hybrid is not None else None
+
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
         d: dict[str, Any] = {k: self.hparams[k] for k in keys}
@@ -266,6 +285,7 @@ class LLM:
             self.tier, self._routing, self.fill, readahead=self.model.readahead_stats()
         )
         tiers["profile"] = self.config.profile or None
+        tiers["vram"] = vram_info(self.hybrid)
         d["tiers"] = tiers
         return d
 

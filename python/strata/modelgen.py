@@ -58,6 +58,11 @@ class ModelSpec:
     rms_eps: float = 1e-6
     vocab: str = "small"  # "small" (trained on the built-in corpus) or "qwen3"
     name: str = "strata-random-qwen3moe"
+    # > 0: bias every router towards a Zipf-like expert popularity with this exponent (expert
+    # of popularity rank r gets a logit shift of -ZIPF_GAIN·router_zipf·ln(r+1) along a
+    # direction shared by all token embeddings); 0: random routers, which route almost
+    # uniformly.
+    router_zipf: float = 0.0
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -87,6 +92,8 @@ class ModelSpec:
             raise bad("vocab", "must be 'small' or 'qwen3'")
         if not (self.rope_freq_base > 0 and 0 < self.rms_eps < 1):
             raise ValueError("rope_freq_base must be > 0 and rms_eps in (0, 1)")
+        if not (isinstance(self.router_zipf, (int, float)) and 0 <= self.router_zipf <= 10):
+            raise bad("router_zipf", "must be a number in 0..10")
 
     # ---- presets -------------------------------------------------------------------------
 
@@ -134,7 +141,10 @@ class ModelSpec:
 
     def key(self, seed: int = 0, dtype: str = "f32") -> str:
         """A short hash of everything that determines the file's bytes."""
-        what = {"spec": dataclasses.asdict(self), "seed": seed, "dtype": dtype}
+        spec = dataclasses.asdict(self)
+        if not self.router_zipf:
+            del spec["router_zipf"]  # keys of unbiased models stay what they were
+        what = {"spec": spec, "seed": seed, "dtype": dtype}
         blob = json.dumps({**what, "v": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -186,7 +196,7 @@ def random_weights(spec: ModelSpec, seed: int = 0) -> dict[str, np.ndarray[Any, 
     """The float32 values `write_qwen3moe(spec, seed)` writes, by GGUF tensor name (numpy
     shapes). Holds the whole model in memory: for small specs."""
     n_vocab = spec.n_vocab if spec.vocab == "small" else len(build_vocab(spec))
-    return {t.name: _values(t, seed) for t in tensor_plan(spec, n_vocab)}
+    return {t.name: _biased(spec, t, _values(t, seed), seed) for t in tensor_plan(spec, n_vocab)}
 
 
 def _values(t: _Tensor, seed: int) -> np.ndarray[Any, Any]:
@@ -201,6 +211,57 @@ def _values(t: _Tensor, seed: int) -> np.ndarray[Any, Any]:
     return x
 
 
+# Scales the Zipf logit shift so that the measured share of routed picks on a layer's top 25%
+# experts comes near the share of drawing top-k distinct experts from a Zipf(router_zipf)
+# law (a router's top-k of noisy logits is sharper than sampling; bench/router_zipf.py
+# prints both).
+ZIPF_GAIN = 0.5
+
+
+def _zipf_direction(n_embd: int, seed: int) -> np.ndarray[Any, Any]:
+    """The unit direction shared by every token embedding of a Zipf-biased model."""
+    rng = np.random.default_rng([seed, zlib.crc32(b"router-zipf-direction")])
+    u = rng.standard_normal(n_embd).astype(np.float64)
+    out: np.ndarray[Any, Any] = (u / np.linalg.norm(u)).astype(np.float32)
+    return out
+
+
+def zipf_ranks(spec: ModelSpec, layer: int, seed: int = 0) -> np.ndarray[Any, Any]:
+    """Popularity rank (0 = hottest) of each expert of `layer` in a Zipf-biased model: a
+    random permutation per layer, so each layer has its own hot experts."""
+    rng = np.random.default_rng([seed, zlib.crc32(f"router-zipf-rank-{layer}".encode())])
+    ranks: np.ndarray[Any, Any] = rng.permutation(spec.n_expert)
+    return ranks
+
+
+def _biased(
+    spec: ModelSpec, t: _Tensor, x: np.ndarray[Any, Any], seed: int
+) -> np.ndarray[Any, Any]:
+    """Apply `spec.router_zipf`: every token embedding gets the shared unit direction u with
+    the norm of a typical row (sqrt(n_embd)), so after RMSNorm each hidden state has a
+    component of about sqrt(n_embd / 2) along u; router row e gets u scaled so that this
+    component shifts its logit by -ZIPF_GAIN·router_zipf·ln(rank_e + 1). The random part of
+    a router logit has std ~1, so popularity falls off roughly like rank^-router_zipf."""
+    if not spec.router_zipf:
+        return x
+    e = spec.n_embd
+    if t.name == "token_embd.weight":
+        emb: np.ndarray[Any, Any] = x + np.float32(np.sqrt(e)) * _zipf_direction(e, seed)[None, :]
+        return emb
+    m = re.fullmatch(r"blk\.(\d+)\.ffn_gate_inp\.weight", t.name)
+    if m is None:
+        return x
+    ranks = zipf_ranks(spec, int(m.group(1)), seed)
+    shift = -ZIPF_GAIN * spec.router_zipf * np.log(ranks + 1.0)
+    along = np.sqrt(e / 2.0)  # the hidden state's expected component along u
+    u = _zipf_direction(e, seed)
+    # Remove each random row's own component along u first: every hidden state shares that
+    # component, so it would be a popularity bias of its own, independent of the ranks.
+    x = x - (x @ u)[:, None] * u[None, :]
+    router: np.ndarray[Any, Any] = x + (shift[:, None] / along).astype(np.float32) * u[None, :]
+    return router
+
+
 def _encode(x: np.ndarray[Any, Any], store: str) -> np.ndarray[Any, Any]:
     if store == "f32":
         return x
@@ -213,11 +274,16 @@ def _encode(x: np.ndarray[Any, Any], store: str) -> np.ndarray[Any, Any]:
 
 
 def _iter_tensors(
-    plan: list[_Tensor], seed: int, weights: Mapping[str, np.ndarray[Any, Any]] | None = None
+    plan: list[_Tensor],
+    seed: int,
+    weights: Mapping[str, np.ndarray[Any, Any]] | None = None,
+    spec: ModelSpec | None = None,
 ) -> Iterator[tuple[_Tensor, np.ndarray[Any, Any]]]:
     for t in plan:
         if weights is None:
             x = _values(t, seed)
+            if spec is not None:
+                x = _biased(spec, t, x, seed)
         else:
             x = np.ascontiguousarray(weights[t.name], dtype=np.float32)
         yield t, _encode(x, t.store)
@@ -291,7 +357,7 @@ def write_qwen3moe(
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for _, data in _iter_tensors(plan, seed, weights):
+        for _, data in _iter_tensors(plan, seed, weights, spec):
             w.write_tensor_data(data)
         w.flush()
     finally:

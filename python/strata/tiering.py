@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from strata._core import ExpertTier, FillHandle, Profile, RoutingCounters
+from strata._core import ExpertTier, FillHandle, HybridCounters, Profile, RoutingCounters
 from strata.config import DEFAULT_FILL_THREADS, Config
 
 GIB = float(1 << 30)
@@ -106,4 +106,64 @@ def tier_info(
             [[e, round(c, 2)] for e, c in counters.top_k(layer, top)]
             for layer in range(counters.n_layer)
         ]
+    return d
+
+
+LabeledStat = tuple[str, dict[str, str], float]
+
+
+def vram_stats(c: HybridCounters | None) -> list[LabeledStat]:
+    """The VRAM tier's counters for `/metrics` (names without the `strata_` prefix): totals
+    `expert_hits_total`, `expert_misses_total{by=cpu|pcie}` (what the JSON view's hit rate
+    reads), `vram_swaps_total`, `vram_fill_bytes_total`, `vram_pcie_bytes_total`,
+    `vram_handoff_bytes_total`, and per layer `vram_layer_hits_total{layer}` and
+    `vram_layer_misses_total{layer,by}`. Empty without a VRAM tier (the CPU-only path)."""
+    if c is None:
+        return []
+    s = c.snapshot()
+    hits, cpu, pcie = s["hits"], s["miss_cpu"], s["miss_pcie"]
+    out: list[LabeledStat] = [
+        ("expert_hits_total", {"tier": "vram"}, float(sum(hits))),
+        ("expert_misses_total", {"by": "cpu"}, float(sum(cpu))),
+        ("expert_misses_total", {"by": "pcie"}, float(sum(pcie))),
+        ("vram_swaps_total", {}, float(s["swaps"])),
+        ("vram_fill_bytes_total", {}, float(s["fill_bytes"])),
+        ("vram_pcie_bytes_total", {}, float(s["pcie_bytes"])),
+        ("vram_handoff_bytes_total", {}, float(s["handoff_bytes"])),
+    ]
+    for layer, (h, m_cpu, m_pcie) in enumerate(zip(hits, cpu, pcie, strict=True)):
+        lab = str(layer)
+        out.append(("vram_layer_hits_total", {"layer": lab}, float(h)))
+        out.append(("vram_layer_misses_total", {"layer": lab, "by": "cpu"}, float(m_cpu)))
+        out.append(("vram_layer_misses_total", {"layer": lab, "by": "pcie"}, float(m_pcie)))
+    return out
+
+
+def _rate(num: int, den: int) -> float | None:
+    return round(num / den, 6) if den > 0 else None
+
+
+def vram_info(c: HybridCounters | None, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The VRAM tier for `/v1/status`: hit rate in total and per layer, PCIe share of the
+    misses, swaps and bytes moved, and the slot plan when given. `{"enabled": False}` on the
+    CPU-only path."""
+    if c is None:
+        return {"enabled": False}
+    s = c.snapshot()
+    hits, cpu, pcie = s["hits"], s["miss_cpu"], s["miss_pcie"]
+    h, mc, mp = sum(hits), sum(cpu), sum(pcie)
+    d: dict[str, Any] = {
+        "enabled": True,
+        "hit_rate": _rate(h, h + mc + mp),
+        "pcie_share": _rate(mp, mc + mp),
+        "hits": h,
+        "misses_cpu": mc,
+        "misses_pcie": mp,
+        "swaps": s["swaps"],
+        "fill_bytes": s["fill_bytes"],
+        "pcie_bytes": s["pcie_bytes"],
+        "layer_hit_rate": [_rate(a, a + b + p) for a, b, p in zip(hits, cpu, pcie, strict=True)],
+    }
+    if plan is not None:
+        d["plan"] = plan
     return d

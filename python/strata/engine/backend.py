@@ -17,7 +17,7 @@ import hashlib
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -266,12 +266,22 @@ class LLMBackend:
 
     def stats(self) -> list[Stat]:
         raw = getattr(self.llm, "stats", None)
-        if raw is None:
-            return []
-        return [
+        labeled = getattr(self.llm, "labeled_stats", None)
+        out = [
             Stat(str(name), "counter" if str(name).endswith("_total") else "gauge", {}, float(v))
-            for name, v in dict(raw()).items()
+            for name, v in (dict(raw()) if raw is not None else {}).items()
         ]
+        for name, labels, v in labeled() if labeled is not None else []:
+            kind: Literal["counter", "gauge"] = (
+                "counter" if str(name).endswith("_total") else "gauge"
+            )
+            out.append(Stat(str(name), kind, dict(labels), float(v)))
+        return out
+
+    def tier_counts(self) -> tuple[int, int, int] | None:
+        """The model's VRAM tier counters (hits, CPU misses, PCIe misses); None without one."""
+        fn = getattr(self.llm, "tier_counts", None)
+        return fn() if fn is not None else None
 
     def info(self) -> dict[str, Any]:
         extra = getattr(self.llm, "info", None)

@@ -75,6 +75,12 @@ class Tokens(msgspec.Struct, tag="tokens", tag_field="t"):
     prompt_s: float = 0.0  # on finish: seconds spent on the prompt
     drafts_offered: int | None = None  # on finish, when the engine speculates
     drafts_accepted: int | None = None
+    # On finish, with a VRAM expert tier (hybrid GPU): routed (token, expert) pairs of the
+    # steps this request ran in, served from VRAM / computed by the CPU / copied over PCIe.
+    # None on the CPU-only path.
+    expert_hits: int | None = None
+    expert_miss_cpu: int | None = None
+    expert_miss_pcie: int | None = None
 
 
 class Stat(msgspec.Struct, array_like=True):

@@ -33,6 +33,9 @@ class Seq:
     pending: int | None = None  # sampled, reported, not yet fed to the model
     t_admit: float = field(default_factory=time.monotonic)
     prompt_s: float = 0.0
+    # The backend's VRAM tier counters (hits, CPU misses, PCIe misses) when the sequence got
+    # its slot; None without a VRAM tier.
+    tier_at_start: tuple[int, int, int] | None = None
 
 
 class Scheduler:
@@ -96,13 +99,23 @@ class Scheduler:
         self.free_slots.append(slot)
         return self._tokens(s, ids or [], res, finish, message)
 
-    @staticmethod
+    def _tier_counts(self) -> tuple[int, int, int] | None:
+        """(hits, CPU misses, PCIe misses) of the backend's VRAM tier so far; None without one
+        (the CPU-only path, the fake engine)."""
+        fn = getattr(self.backend, "tier_counts", None)
+        return fn() if fn is not None else None
+
     def _tokens(
-        s: Seq, ids: list[int], res: SampleResult | None, finish: Finish | None, message: str = ""
+        self,
+        s: Seq,
+        ids: list[int],
+        res: SampleResult | None,
+        finish: Finish | None,
+        message: str = "",
     ) -> Tokens:
         lp = [res.logprob] if res is not None and res.logprob is not None and ids else None
         top = [res.top] if res is not None and res.top is not None and ids else None
-        return Tokens(
+        t = Tokens(
             s.req.rid,
             ids,
             lp,
@@ -111,6 +124,14 @@ class Scheduler:
             message,
             prompt_s=s.prompt_s if finish else 0.0,
         )
+        now = self._tier_counts() if finish and s.tier_at_start is not None else None
+        if now is not None and s.tier_at_start is not None:
+            # The steps this sequence ran in (shared with the other slots' sequences when
+            # parallel > 1: a step's experts serve the whole batch).
+            t.expert_hits, t.expert_miss_cpu, t.expert_miss_pcie = (
+                max(0, a - b) for a, b in zip(now, s.tier_at_start, strict=True)
+            )
+        return t
 
     def _emit(self, s: Seq, res: SampleResult) -> Tokens:
         """Report a sampled token; end the sequence when it is a stop id or the last one."""
@@ -128,6 +149,7 @@ class Scheduler:
         while self.waiting and self.free_slots:
             s = self.waiting.popleft()
             s.slot = self.free_slots.pop()
+            s.tier_at_start = self._tier_counts()
             self.running[s.slot] = s
         # prompt chunks (FIFO order of admission)
         for slot, s in list(self.running.items()):

@@ -32,6 +32,8 @@ class Delta:
     tokens: list[TokenInfo] = field(default_factory=list)
     finish: str | None = None
     output_tokens: int = 0  # set on the finishing delta
+    # On the finishing delta, with a VRAM expert tier: (hits, CPU misses, PCIe misses).
+    tier: tuple[int, int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -111,12 +113,46 @@ class SeqRun:
                     tokens_per_s=round((n_out - 1) / decode_s, 3) if decode_s > 0 else None,
                     drafts_offered=ev.drafts_offered,
                     drafts_accepted=ev.drafts_accepted,
-                    hit_rate=None,
-                    pcie_share=None,
+                    hit_rate=hit_rate(ev),
+                    pcie_share=pcie_share(ev),
                 )
             )
-            yield Delta(self.index, text, self._info(ev), finish, n_out)
+            yield Delta(self.index, text, self._info(ev), finish, n_out, tier_counts(ev))
             return
+
+
+def tier_counts(ev: Tokens) -> tuple[int, int, int] | None:
+    h, c, p = ev.expert_hits, ev.expert_miss_cpu, ev.expert_miss_pcie
+    return None if h is None or c is None or p is None else (h, c, p)
+
+
+def usage_extras(counts: list[tuple[int, int, int]]) -> dict[str, float | None]:
+    """`usage` keys beyond OpenAI's, from the choices' tier counts: `expert_hit_rate` and
+    `pcie_share` (absent on the CPU-only path, where `counts` is empty)."""
+    if not counts:
+        return {}
+    h, c, p = (sum(x) for x in zip(*counts, strict=True))
+    return {
+        "expert_hit_rate": round(h / (h + c + p), 6) if h + c + p else None,
+        "pcie_share": round(p / (c + p), 6) if c + p else None,
+    }
+
+
+def hit_rate(ev: Tokens) -> float | None:
+    """Share of the request's routed experts served from VRAM; None without a VRAM tier or
+    before any expert was routed."""
+    h, c, p = ev.expert_hits, ev.expert_miss_cpu, ev.expert_miss_pcie
+    if h is None or c is None or p is None or h + c + p == 0:
+        return None
+    return round(h / (h + c + p), 6)
+
+
+def pcie_share(ev: Tokens) -> float | None:
+    """Share of the request's missed experts copied over PCIe (the rest ran on the CPU)."""
+    c, p = ev.expert_miss_cpu, ev.expert_miss_pcie
+    if c is None or p is None or c + p == 0:
+        return None
+    return round(p / (c + p), 6)
 
 
 async def merge(runs: list[SeqRun]) -> AsyncIterator[Delta]:

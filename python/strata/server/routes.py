@@ -29,7 +29,7 @@ from strata.engine.client import (
 )
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
-from strata.server.generate import Delta, SeqRun, TokenInfo, merge
+from strata.server.generate import Delta, SeqRun, TokenInfo, merge, usage_extras
 from strata.server.openai_types import (
     APIError,
     ChatRequest,
@@ -306,13 +306,15 @@ class _Shape:
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}
         self.t0 = t0
+        self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
         return {
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
+            **usage_extras(self.tier),
         }
 
     def logprobs(self, index: int, toks: list[TokenInfo]) -> dict[str, Any] | None:
@@ -392,6 +394,8 @@ async def _stream(
                 yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
                 continue
             total += d.output_tokens
+            if d.tier is not None:
+                shape.tier.append(d.tier)
             if shape.chat and (d.text or d.tokens):
                 yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
                 d = Delta(d.index, "")
@@ -431,6 +435,8 @@ async def _complete(
             if d.finish is not None:
                 finish[d.index] = d.finish
                 total += d.output_tokens
+                if d.tier is not None:
+                    shape.tier.append(d.tier)
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":

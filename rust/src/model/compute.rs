@@ -8,7 +8,7 @@
 //! CPU backend does, and every output element is `vec_dot(weight row, quantized row)`.
 
 use crate::error::Result;
-use crate::pool::{reference, validate_matmul, validate_moe, Pool};
+use crate::pool::{reference, validate_matmul, validate_moe, validate_moe_masked, Pool};
 
 // The matrix types are the pool's: one definition for both implementations of `Compute`.
 pub use crate::pool::{ExpertLayer, QExperts, QMatrix};
@@ -22,6 +22,18 @@ pub trait Compute: Send + Sync {
     /// summed in slot order j = 0..k. x is [T, H], ids and weights are [T, K], y is [T, H]
     /// (overwritten).
     fn moe(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()>;
+
+    /// `moe` over the pairs whose id is not `pool::SKIP` (the others are computed elsewhere,
+    /// e.g. from VRAM); a token with no such pair gets zeros.
+    fn moe_masked(
         &self,
         layer: &ExpertLayer<'_>,
         x: &[f32],
@@ -62,6 +74,19 @@ impl Compute for SerialCompute {
         validate_moe(layer, x, ids, weights, k, y)?;
         reference::moe_serial(layer, x, ids, weights, k, y)
     }
+
+    fn moe_masked(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        validate_moe_masked(layer, x, ids, weights, k, y)?;
+        reference::moe_serial(layer, x, ids, weights, k, y)
+    }
 }
 
 /// The CPU expert pool runs both operations on its threads (same tiles and arithmetic as the
@@ -81,5 +106,17 @@ impl Compute for Pool {
         y: &mut [f32],
     ) -> Result<()> {
         Pool::moe(self, layer, x, ids, weights, k, y)
+    }
+
+    fn moe_masked(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        Pool::moe_masked(self, layer, x, ids, weights, k, y)
     }
 }

@@ -9,6 +9,7 @@
 
 use super::plan::{Kind, Plan, WPtr, E_CHUNK, N_PHASES, PH_A, PH_B, PH_C, PH_D, PH_E};
 use super::protocol::{wait_at_least, wait_zero};
+use super::SKIP;
 use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -173,7 +174,9 @@ unsafe fn tile_down(p: &Plan, n: usize) {
     }
 }
 
-/// E: y over a range of (token, H chunk) units, slots summed left to right.
+/// E: y over a range of (token, H chunk) units, slots summed left to right. The first
+/// computed slot assigns, later ones add; `SKIP` slots (masked calls) are passed over, and a
+/// token whose slots are all skipped gets zeros.
 unsafe fn tile_reduce(p: &Plan, n: usize) {
     let (u0, u1) = split(p.e_units, p.phase_len(PH_E) as usize, n);
     for unit in u0..u1 {
@@ -182,16 +185,28 @@ unsafe fn tile_reduce(p: &Plan, n: usize) {
         let h0 = c * E_CHUNK;
         let h1 = (h0 + E_CHUNK).min(p.h);
         let y = p.y.add(t * p.h);
-        let q0 = *p.slot_pair.add(t * p.k) as usize;
-        let w0 = *p.weights.add(t * p.k);
-        for hh in h0..h1 {
-            *y.add(hh) = w0 * *p.dout.add(q0 * p.h + hh);
-        }
-        for j in 1..p.k {
-            let q = *p.slot_pair.add(t * p.k + j) as usize;
+        let mut first = true;
+        for j in 0..p.k {
+            let q = *p.slot_pair.add(t * p.k + j);
+            if q == SKIP {
+                continue;
+            }
+            let q = q as usize;
             let w = *p.weights.add(t * p.k + j);
+            if first {
+                for hh in h0..h1 {
+                    *y.add(hh) = w * *p.dout.add(q * p.h + hh);
+                }
+                first = false;
+            } else {
+                for hh in h0..h1 {
+                    *y.add(hh) += w * *p.dout.add(q * p.h + hh);
+                }
+            }
+        }
+        if first {
             for hh in h0..h1 {
-                *y.add(hh) += w * *p.dout.add(q * p.h + hh);
+                *y.add(hh) = 0.0;
             }
         }
     }

@@ -19,12 +19,14 @@ mod topology;
 #[cfg(test)]
 mod loom_check;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
+#[cfg(test)]
+mod tests_masked;
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 use atomics::SpinClock;
-pub use plan::{validate_matmul, validate_moe};
+pub use plan::{validate_matmul, validate_moe, validate_moe_masked};
 use plan::{Plan, Scratch};
 use protocol::Protocol;
 use std::cell::UnsafeCell;
@@ -72,6 +74,11 @@ pub struct ExpertLayer<'a> {
     pub up: QExperts<'a>,
     pub down: QExperts<'a>,
 }
+
+/// An expert id of a masked call (`Pool::moe_masked`, `reference::moe_serial`) meaning "this
+/// (token, slot) pair is computed elsewhere" (a VRAM-resident expert of the hybrid step): it
+/// gets no job and adds nothing to y.
+pub const SKIP: u32 = u32::MAX;
 
 /// How a pool is built. Read once by `Pool::new`; a running pool never re-reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -325,7 +332,24 @@ impl Pool {
         y: &mut [f32],
     ) -> Result<()> {
         let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined))
+        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined, false))
+    }
+
+    /// `moe` over a subset of the pairs: ids equal to `SKIP` are computed elsewhere and add
+    /// nothing, so `y[t] = Σ_{j: ids[t,j] ≠ SKIP} w[t,j]·expert(x_t)`, summed in slot order
+    /// (a token whose slots are all `SKIP` gets zeros). The hybrid step computes its missed
+    /// experts with it. Bitwise equal to `moe` on the kept pairs alone.
+    pub fn moe_masked(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<()> {
+        let pipelined = self.cfg.pipelined;
+        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined, true))
     }
 
     /// Dense: `y[T,rows] = x[T,cols]·Wᵀ`.

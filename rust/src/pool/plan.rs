@@ -16,7 +16,7 @@
 //! Dense matmul uses A (quantize x) and D (rows of W for all tokens, written straight to y).
 
 use super::protocol::{Padded, MAX_TILES};
-use super::{ExpertLayer, QExperts, QMatrix};
+use super::{ExpertLayer, QExperts, QMatrix, SKIP};
 use crate::error::{Error, Result};
 use crate::quant::dot::supports;
 use crate::quant::GgmlType;
@@ -228,6 +228,30 @@ pub fn validate_moe(
     k: usize,
     y: &[f32],
 ) -> Result<[usize; 3]> {
+    validate_moe_ids(layer, x, ids, weights, k, y, false)
+}
+
+/// `validate_moe` for a masked call: ids may also be `SKIP` (a pair computed elsewhere).
+pub fn validate_moe_masked(
+    layer: &ExpertLayer<'_>,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    y: &[f32],
+) -> Result<[usize; 3]> {
+    validate_moe_ids(layer, x, ids, weights, k, y, true)
+}
+
+fn validate_moe_ids(
+    layer: &ExpertLayer<'_>,
+    x: &[f32],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    y: &[f32],
+    allow_skip: bool,
+) -> Result<[usize; 3]> {
     let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
     let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
     let grb = check_experts("gate", g)?;
@@ -273,7 +297,8 @@ pub fn validate_moe(
             weights.len()
         )));
     }
-    if let Some((n, &bad)) = ids.iter().enumerate().find(|(_, &e)| e as usize >= ne) {
+    let bad_id = |e: u32| e as usize >= ne && !(allow_skip && e == SKIP);
+    if let Some((n, &bad)) = ids.iter().enumerate().find(|(_, &e)| bad_id(e)) {
         return Err(shape(format!(
             "expert id {bad} at [{}, {}] is out of range (the layer has {ne} experts)",
             n / k,
@@ -351,6 +376,8 @@ impl Scratch {
     }
 
     /// Validate a MoE call and build its plan. `Ok(None)`: nothing to compute (y was zeroed).
+    /// With `masked`, ids equal to `SKIP` are pairs computed elsewhere: they get no job and
+    /// add nothing to y.
     #[allow(clippy::too_many_arguments)]
     pub fn plan_moe(
         &mut self,
@@ -362,12 +389,14 @@ impl Scratch {
         y: &mut [f32],
         threads: usize,
         pipelined: bool,
+        masked: bool,
     ) -> Result<Option<Plan>> {
-        let [grb, urb, drb] = validate_moe(layer, x, ids, weights, k, y)?;
+        let [grb, urb, drb] = validate_moe_ids(layer, x, ids, weights, k, y, masked)?;
         let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
         let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
         let t = x.len() / hdim;
-        let p = t * k;
+        // Pairs computed here (all T·k unless masked).
+        let p = ids.iter().filter(|&&e| e != SKIP).count();
         if p == 0 {
             y.fill(0.0);
             return Ok(None);
@@ -378,7 +407,7 @@ impl Scratch {
         grow(&mut self.counts, ne);
         let counts = &mut self.counts[..ne];
         counts.fill(0);
-        for &e in ids {
+        for &e in ids.iter().filter(|&&e| e != SKIP) {
             counts[e as usize] += 1;
         }
         let n_jobs = counts.iter().filter(|&&c| c > 0).count();
@@ -399,8 +428,12 @@ impl Scratch {
             }
         }
         grow(&mut self.pair_token, p);
-        grow(&mut self.slot_pair, p);
+        grow(&mut self.slot_pair, t * k);
         for (n, &e) in ids.iter().enumerate() {
+            if e == SKIP {
+                self.slot_pair[n] = SKIP;
+                continue;
+            }
             let cur = &mut counts[e as usize];
             self.pair_token[*cur as usize] = (n / k) as u32;
             self.slot_pair[n] = *cur;

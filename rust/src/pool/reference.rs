@@ -8,7 +8,7 @@
 //! - `h` is quantized to `down.ty.vec_dot_type()`; `d[r]` is the full-row dot of down row `r`;
 //! - `y[t][r] = w[t,0]·d_0[r] + w[t,1]·d_1[r] + …` summed left to right in slot order.
 
-use super::{ExpertLayer, QExperts, QMatrix};
+use super::{ExpertLayer, QExperts, QMatrix, SKIP};
 use crate::error::Result;
 use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
 
@@ -29,7 +29,7 @@ fn expert_row<'a>(m: &QExperts<'a>, e: usize, r: usize) -> &'a [u8] {
 }
 
 /// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`, one token and one slot at a time.
-/// The caller validates shapes (`Pool::moe` does; the parity tool calls through it).
+/// Slots whose id is `SKIP` (masked calls) are passed over. The caller validates shapes (`Pool::moe` does; the parity tool calls through it).
 pub fn moe_serial(
     layer: &ExpertLayer<'_>,
     x: &[f32],
@@ -54,7 +54,11 @@ pub fn moe_serial(
         let xu = quantized(layer.up.ty, xt)?;
         let yt = &mut y[t * hidden..(t + 1) * hidden];
         yt.fill(0.0);
+        let mut first = true;
         for j in 0..k {
+            if ids[t * k + j] == SKIP {
+                continue;
+            }
             let e = ids[t * k + j] as usize;
             let w = weights[t * k + j];
             let rows = routed(e);
@@ -80,8 +84,9 @@ pub fn moe_serial(
                     rows,
                 );
                 // First slot assigns (so -0.0 survives exactly as in the pool), later slots add.
-                *yr = if j == 0 { w * d } else { *yr + w * d };
+                *yr = if first { w * d } else { *yr + w * d };
             }
+            first = false;
         }
     }
     Ok(())

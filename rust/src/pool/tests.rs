@@ -7,20 +7,20 @@ use crate::quant::dequantize;
 use half::f16;
 
 /// xorshift64*: reproducible test data without a dependency.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
+    pub(crate) fn f(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
     }
 }
@@ -48,16 +48,16 @@ fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8>
     out
 }
 
-struct Layer {
+pub(crate) struct Layer {
     tys: [GgmlType; 3],
     bytes: [Vec<u8>; 3],
-    e: usize,
-    h: usize,
-    i: usize,
+    pub(crate) e: usize,
+    pub(crate) h: usize,
+    pub(crate) i: usize,
 }
 
 impl Layer {
-    fn new(seed: u64, tys: [GgmlType; 3], e: usize, h: usize, i: usize) -> Layer {
+    pub(crate) fn new(seed: u64, tys: [GgmlType; 3], e: usize, h: usize, i: usize) -> Layer {
         let mut rng = Rng(seed);
         let bytes = [
             random_rows(&mut rng, tys[0], e * i, h),
@@ -72,7 +72,7 @@ impl Layer {
             i,
         }
     }
-    fn view(&self) -> ExpertLayer<'_> {
+    pub(crate) fn view(&self) -> ExpertLayer<'_> {
         let m = |n: usize, rows, cols| QExperts {
             ty: self.tys[n],
             data: &self.bytes[n],
@@ -90,7 +90,7 @@ impl Layer {
 }
 
 /// Routing for `t` tokens × `k` slots: distinct experts within a token, random weights.
-fn routing(rng: &mut Rng, t: usize, k: usize, e: usize) -> (Vec<u32>, Vec<f32>) {
+pub(crate) fn routing(rng: &mut Rng, t: usize, k: usize, e: usize) -> (Vec<u32>, Vec<f32>) {
     let mut ids = Vec::new();
     for _ in 0..t {
         let mut row: Vec<u32> = Vec::new();
@@ -106,7 +106,7 @@ fn routing(rng: &mut Rng, t: usize, k: usize, e: usize) -> (Vec<u32>, Vec<f32>) 
     (ids, w)
 }
 
-fn cfg(workers: usize, host: bool, pipelined: bool) -> PoolConfig {
+pub(crate) fn cfg(workers: usize, host: bool, pipelined: bool) -> PoolConfig {
     PoolConfig {
         workers,
         host_participates: host,
@@ -116,11 +116,11 @@ fn cfg(workers: usize, host: bool, pipelined: bool) -> PoolConfig {
     }
 }
 
-fn bits(v: &[f32]) -> Vec<u32> {
+pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-const MIXES: [[GgmlType; 3]; 3] = [
+pub(crate) const MIXES: [[GgmlType; 3]; 3] = [
     [GgmlType::F32, GgmlType::F32, GgmlType::F32],
     [GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0],
     [GgmlType::Q8_0, GgmlType::F32, GgmlType::Q8_0],

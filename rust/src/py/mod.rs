@@ -12,6 +12,7 @@ mod pool;
 mod quant;
 
 mod tier;
+mod vram;
 
 use pyo3::prelude::*;
 
@@ -29,5 +30,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     pool::register(m)?;
 
     tier::register(m)?;
+    vram::register(m)?;
     Ok(())
 }

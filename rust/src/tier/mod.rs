@@ -9,7 +9,7 @@
 //! - `fill`: parallel fill threads (copy into the arena or prefault the page cache).
 //! - `prefetch`: read-ahead of the experts about to be used.
 //!
-//! VRAM slots and the adaptive tier extend this module when the CUDA backend lands.
+//! - `vram`: the VRAM expert slots of the hybrid step, the adaptive tier and its fences.
 
 pub mod counters;
 pub mod fill;
@@ -18,6 +18,7 @@ pub mod prefetch;
 pub mod profile;
 pub mod residency;
 pub mod sys;
+pub mod vram;
 
 pub use counters::RoutingCounters;
 pub use fill::{Fill, FillKind, FillOptions, FillProgress};
@@ -27,4 +28,4 @@ pub use profile::{model_id, ModelId, Profile};
 pub use residency::{ExpertBytes, Place, RamMode, Residency, TierUses};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

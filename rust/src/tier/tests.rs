@@ -29,7 +29,7 @@ fn dir() -> PathBuf {
 
 /// A qwen3moe-shaped file: `n_layer` blocks with stacked F32 experts (gate/up `{COLS, ROWS,
 /// E}`, down `{ROWS, COLS, E}`), except the layers in `dense`, plus `pad` bytes of metadata.
-fn write_model(
+pub(crate) fn write_model(
     name: &str,
     n_layer: usize,
     n_expert: usize,

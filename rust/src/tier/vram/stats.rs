@@ -1,0 +1,146 @@
+//! Counters of the hybrid tier: per-layer hits and misses (by CPU and by PCIe), swaps and bytes
+//! moved. One relaxed add per category per layer per step (the step thread is the only writer
+//! of the per-layer counters); readers (metrics, status) see slightly stale, never torn values.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Default)]
+struct LayerCtr {
+    hits: AtomicU64,
+    miss_cpu: AtomicU64,
+    miss_pcie: AtomicU64,
+}
+
+pub struct HybridCounters {
+    layers: Box<[LayerCtr]>,
+    swaps: AtomicU64,
+    /// Host→device bytes of slot fills (start fill and swaps).
+    fill_bytes: AtomicU64,
+    /// Host→device bytes of experts run on the GPU as PCIe misses.
+    pcie_bytes: AtomicU64,
+    /// Device→host and host→device bytes of activations for CPU misses (x, ids, y_miss).
+    handoff_bytes: AtomicU64,
+}
+
+/// A snapshot. Hits and misses count routed (token, slot) pairs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HybridSnapshot {
+    pub hits: Vec<u64>,
+    pub miss_cpu: Vec<u64>,
+    pub miss_pcie: Vec<u64>,
+    pub swaps: u64,
+    pub fill_bytes: u64,
+    pub pcie_bytes: u64,
+    pub handoff_bytes: u64,
+}
+
+impl HybridSnapshot {
+    pub fn total_hits(&self) -> u64 {
+        self.hits.iter().sum()
+    }
+    pub fn total_miss_cpu(&self) -> u64 {
+        self.miss_cpu.iter().sum()
+    }
+    pub fn total_miss_pcie(&self) -> u64 {
+        self.miss_pcie.iter().sum()
+    }
+    fn rate(h: u64, m: u64) -> Option<f64> {
+        (h + m > 0).then(|| h as f64 / (h + m) as f64)
+    }
+    /// Hits / routed pairs; None before any pair was routed.
+    pub fn hit_rate(&self) -> Option<f64> {
+        let m = self.total_miss_cpu() + self.total_miss_pcie();
+        Self::rate(self.total_hits(), m)
+    }
+    pub fn layer_hit_rate(&self, l: usize) -> Option<f64> {
+        Self::rate(*self.hits.get(l)?, self.miss_cpu[l] + self.miss_pcie[l])
+    }
+    /// PCIe misses / all misses; None without misses.
+    pub fn pcie_share(&self) -> Option<f64> {
+        let (c, p) = (self.total_miss_cpu(), self.total_miss_pcie());
+        (c + p > 0).then(|| p as f64 / (c + p) as f64)
+    }
+    /// `self − earlier` (a request's share of the totals).
+    pub fn since(&self, earlier: &HybridSnapshot) -> HybridSnapshot {
+        let d = |a: &[u64], b: &[u64]| -> Vec<u64> {
+            a.iter()
+                .enumerate()
+                .map(|(i, &x)| x.saturating_sub(b.get(i).copied().unwrap_or(0)))
+                .collect()
+        };
+        HybridSnapshot {
+            hits: d(&self.hits, &earlier.hits),
+            miss_cpu: d(&self.miss_cpu, &earlier.miss_cpu),
+            miss_pcie: d(&self.miss_pcie, &earlier.miss_pcie),
+            swaps: self.swaps.saturating_sub(earlier.swaps),
+            fill_bytes: self.fill_bytes.saturating_sub(earlier.fill_bytes),
+            pcie_bytes: self.pcie_bytes.saturating_sub(earlier.pcie_bytes),
+            handoff_bytes: self.handoff_bytes.saturating_sub(earlier.handoff_bytes),
+        }
+    }
+}
+
+impl HybridCounters {
+    pub fn new(n_layer: usize) -> Self {
+        HybridCounters {
+            layers: (0..n_layer).map(|_| LayerCtr::default()).collect(),
+            swaps: AtomicU64::new(0),
+            fill_bytes: AtomicU64::new(0),
+            pcie_bytes: AtomicU64::new(0),
+            handoff_bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub fn n_layer(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// One layer of one step: `hits` pairs ran from VRAM slots, `miss_cpu` on the CPU pool,
+    /// `miss_pcie` on the GPU after a copy over PCIe. Layers out of range are ignored.
+    #[inline]
+    pub fn record_layer(&self, layer: usize, hits: u64, miss_cpu: u64, miss_pcie: u64) {
+        if let Some(c) = self.layers.get(layer) {
+            let add = |a: &AtomicU64, v: u64| {
+                if v > 0 {
+                    a.store(a.load(Relaxed) + v, Relaxed);
+                }
+            };
+            add(&c.hits, hits);
+            add(&c.miss_cpu, miss_cpu);
+            add(&c.miss_pcie, miss_pcie);
+        }
+    }
+
+    pub fn record_swaps(&self, n: u64, bytes: u64) {
+        self.swaps.fetch_add(n, Relaxed);
+        self.fill_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    /// Start fill (not a swap).
+    pub fn record_fill(&self, bytes: u64) {
+        self.fill_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn record_pcie(&self, bytes: u64) {
+        self.pcie_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn record_handoff(&self, bytes: u64) {
+        self.handoff_bytes.fetch_add(bytes, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HybridSnapshot {
+        let g = |f: fn(&LayerCtr) -> &AtomicU64| -> Vec<u64> {
+            self.layers.iter().map(|c| f(c).load(Relaxed)).collect()
+        };
+        HybridSnapshot {
+            hits: g(|c| &c.hits),
+            miss_cpu: g(|c| &c.miss_cpu),
+            miss_pcie: g(|c| &c.miss_pcie),
+            swaps: self.swaps.load(Relaxed),
+            fill_bytes: self.fill_bytes.load(Relaxed),
+            pcie_bytes: self.pcie_bytes.load(Relaxed),
+            handoff_bytes: self.handoff_bytes.load(Relaxed),
+        }
+    }
+}

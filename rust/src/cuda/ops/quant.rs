@@ -594,6 +594,8 @@ pub fn moe_gate_up(
     let (ku, iu) = q.of(ty_up)?;
     if n_tok > MMVQ_MAX_TOKENS {
         let (layout, gy) = q.group(s, ids, n_tok * top_k, scratch)?;
+        // x's per-token power-of-two scales (pair p reads token p / top_k's row and scale)
+        q.row_scale(s, x, n_tok, h, scratch + layout.scales as u64)?;
         q.grouped(
             s,
             &kg.mmq_gate,

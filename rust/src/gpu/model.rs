@@ -14,6 +14,7 @@ use crate::cuda::ops::view::{bytes, prod};
 use crate::cuda::{as_bytes_mut, DevBuf, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
+use crate::model::forward::check_forward_args;
 use crate::model::ops::Rope;
 use crate::model::weights::Weights;
 use crate::model::{HParams, Logits, ModelConfig};
@@ -265,37 +266,8 @@ impl GpuModel {
         let vocab = self.hp.n_vocab;
         let start = self.slot_ref(slot)?;
         let n = tokens.len();
-        let need = match want {
-            Logits::None => 0,
-            Logits::Last => vocab,
-            Logits::All => n * vocab,
-        };
-        if out.len() != need {
-            return Err(Error::Input(format!(
-                "logits buffer holds {} floats, expected {need}",
-                out.len()
-            )));
-        }
-        if n == 0 {
-            return if want == Logits::Last {
-                Err(Error::Input(
-                    "no tokens given, so there are no last logits".into(),
-                ))
-            } else {
-                Ok(())
-            };
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Input(format!(
-                "token id {bad} is outside the vocabulary (n_vocab = {vocab})"
-            )));
-        }
-        if start + n > self.cfg.n_ctx {
-            return Err(Error::Input(format!(
-                "context overflow: slot {slot} holds {start} positions and {n} more would exceed \
-                 n_ctx = {}",
-                self.cfg.n_ctx
-            )));
+        if !check_forward_args(slot, start, tokens, want, out.len(), vocab, self.cfg.n_ctx)? {
+            return Ok(());
         }
         let chunk = self.chunk;
         let mut p0 = start;

@@ -163,37 +163,8 @@ impl Model {
         let vocab = self.hp.n_vocab;
         let start = self.kv.len(slot)?;
         let n = tokens.len();
-        let need = match want {
-            Logits::None => 0,
-            Logits::Last => vocab,
-            Logits::All => n * vocab,
-        };
-        if out.len() != need {
-            return Err(Error::Input(format!(
-                "logits buffer holds {} floats, expected {need}",
-                out.len()
-            )));
-        }
-        if n == 0 {
-            return if want == Logits::Last {
-                Err(Error::Input(
-                    "no tokens given, so there are no last logits".into(),
-                ))
-            } else {
-                Ok(())
-            };
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(Error::Input(format!(
-                "token id {bad} is outside the vocabulary (n_vocab = {vocab})"
-            )));
-        }
-        if start + n > self.cfg.n_ctx {
-            return Err(Error::Input(format!(
-                "context overflow: slot {slot} holds {start} positions and {n} more would exceed \
-                 n_ctx = {}",
-                self.cfg.n_ctx
-            )));
+        if !check_forward_args(slot, start, tokens, want, out.len(), vocab, self.cfg.n_ctx)? {
+            return Ok(());
         }
         let chunk = self.scratch.x.len() / self.hp.n_embd;
         let mut p0 = start;
@@ -537,6 +508,53 @@ pub fn route(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
     for v in w.iter_mut() {
         *v /= sum;
     }
+}
+
+/// The checks every forward pass (CPU or GPU) makes before running `tokens` after the slot's
+/// `start` cached positions: the logits buffer's length, the token ids, the context.
+/// Ok(false): nothing to run (no tokens and no last logits wanted).
+pub fn check_forward_args(
+    slot: usize,
+    start: usize,
+    tokens: &[u32],
+    want: Logits,
+    out_len: usize,
+    n_vocab: usize,
+    n_ctx: usize,
+) -> Result<bool> {
+    let vocab = n_vocab;
+    let n = tokens.len();
+    let need = match want {
+        Logits::None => 0,
+        Logits::Last => vocab,
+        Logits::All => n * vocab,
+    };
+    if out_len != need {
+        return Err(Error::Input(format!(
+            "logits buffer holds {out_len} floats, expected {need}"
+        )));
+    }
+    if n == 0 {
+        return if want == Logits::Last {
+            Err(Error::Input(
+                "no tokens given, so there are no last logits".into(),
+            ))
+        } else {
+            Ok(false)
+        };
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::Input(format!(
+            "token id {bad} is outside the vocabulary (n_vocab = {vocab})"
+        )));
+    }
+    if start + n > n_ctx {
+        return Err(Error::Input(format!(
+            "context overflow: slot {slot} holds {start} positions and {n} more would exceed \
+             n_ctx = {n_ctx}"
+        )));
+    }
+    Ok(true)
 }
 
 #[cfg(test)]

@@ -268,6 +268,10 @@ class LLM:
         d.update(tier_stats(self.tier, self.fill, self.model.readahead_stats()))
         return d
 
+    def settling(self) -> bool:
+        """True while the tier's fill threads run (its progress moves without any step)."""
+        return self.fill is not None and not self.fill.progress()["finished"]
+
     def labeled_stats(self) -> list[LabeledStat]:
         """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
         return vram_stats(self.hybrid)

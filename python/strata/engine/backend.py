@@ -53,6 +53,11 @@ class Backend(Protocol):
         """Description for /v1/status (kind, model, tier state)."""
         ...
 
+    def settling(self) -> bool:
+        """True while background work (the tier's fill) moves the stats without any step:
+        the engine keeps sending them until it ends."""
+        ...
+
 
 class FakeBackend:
     ECHO_BOOST = 10.0  # logit added to the echo target; noise is N(0, 1)
@@ -169,6 +174,9 @@ class FakeBackend:
             Stat("engine_decode_tokens_total", "counter", {}, float(self._decode_tokens)),
         ]
 
+    def settling(self) -> bool:
+        return False
+
     def info(self) -> dict[str, Any]:
         return {
             "kind": "fake",
@@ -277,6 +285,10 @@ class LLMBackend:
             )
             out.append(Stat(str(name), kind, dict(labels), float(v)))
         return out
+
+    def settling(self) -> bool:
+        fn = getattr(self.llm, "settling", None)
+        return bool(fn()) if fn is not None else False
 
     def tier_counts(self) -> tuple[int, int, int] | None:
         """The model's VRAM tier counters (hits, CPU misses, PCIe misses); None without one."""

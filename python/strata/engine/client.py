@@ -169,6 +169,7 @@ class EngineClient:
             await self._fail(f"engine answered {first!r} to start")
             return
         self.loaded = first
+        self.stats = Stats(first.stats, first.info)
         self.state = "ready"
         self._on_event("ready")
         self._reader_task = asyncio.create_task(self._read_loop(reader))

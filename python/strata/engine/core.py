@@ -61,6 +61,7 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend] | None:
             backend.n_ctx,
             min(config.parallel, backend.max_slots),
             backend.info(),
+            backend.stats(),
         )
     )
     return config, backend
@@ -78,6 +79,7 @@ def serve(sock: socket.socket) -> int:
     sched = Scheduler(backend, config.prefill_chunk, config.parallel)
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame
+    was_settling = False
     while True:
         try:
             frames = conn.recv_ready(0.0 if sched.has_work() else STATS_INTERVAL_S)
@@ -95,6 +97,9 @@ def serve(sock: socket.socket) -> int:
         if sched.has_work():
             out += sched.step()
             dirty = True
+        # background work (the fill) moves the stats: send them while it runs and once after
+        settling = backend.settling()
+        dirty, was_settling = dirty or settling or was_settling, settling
         now = time.monotonic()
         finished = any(isinstance(e, Tokens) and e.finish for e in out)
         if dirty and (finished or now - last_stats >= STATS_INTERVAL_S):

@@ -41,6 +41,7 @@ class Loaded(msgspec.Struct, tag="loaded", tag_field="t"):
     n_ctx: int
     max_slots: int
     info: dict[str, Any]  # backend description for /v1/status (kind, path, tiers, …)
+    stats: list[Stat] = []  # the first counters, so /metrics has them from the start
 
 
 class Submit(msgspec.Struct, tag="submit", tag_field="t"):

@@ -86,6 +86,12 @@ def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
         assert np.array_equal(got_v, ref.f16_round(v))
     else:  # q8_0: half a step d = amax/127, plus |q| ≤ 127 times the f16 rounding of d
         amax = np.abs(want_k).reshape(t, nkv, -1, 32).max(-1)
+        # each block's stored f16 scale is amax/127 rounded once (within one f16 ulp: amax
+        # is the GPU's own f32 value): a scale stored with wrong bytes fails here first
+        blk = cache.k[slot][:, pos].transpose(1, 0, 2).reshape(t, nkv, -1, 34)
+        d16 = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+        rel = np.abs(d16 / (amax / 127) - 1)
+        assert rel.max() <= 2**-10, f"q8_0 K scales off by up to {rel.max():.3g} (relative)"
         step = amax.repeat(32, -1).reshape(want_k.shape) / 127
         assert np.all(np.abs(got_k - want_k) <= step * (0.5 + 127 * 2**-11) + 1e-6)
         assert np.array_equal(cache.v[slot][:, pos].transpose(1, 0, 2), ref.q8_0_bytes(v))

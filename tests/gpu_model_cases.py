@@ -15,6 +15,7 @@ import pytest
 __all__ = [
     "test_argmax_and_add",
     "test_attention_decode",
+    "test_attention_over_cached_prefix_equals_fresh_rows",
     "test_attention_prefill",
     "test_norm_rows_and_fused_add",
     "test_rope_neox",
@@ -164,6 +165,50 @@ def test_attention_prefill(
     err = np.abs(out - want).max()
     # probabilities enter P·V as f16 (relative 2^-11 each)
     assert err <= 2e-3 * np.abs(want).max(), err
+
+
+def run_attention(kern: Any, kv: str, prefill: bool, q: np.ndarray, cache: Any, pos0: int) -> Any:
+    t, nh, d = q.shape
+    out = np.zeros((t, nh, d), np.float32)
+    sp = np.array([pos0, 0], np.int32)
+    args = (cache.k, cache.v, cache.slot_stride, sp)
+    if prefill:
+        kern.sim_attn_prefill(
+            ref.KV_TYPES[kv], d, q, *args, out, t, nh, cache.n_kv, cache.n_ctx, 1 / np.sqrt(d)
+        )
+    else:
+        n_split = 2
+        po = np.zeros(t * nh * n_split * d, np.float32)
+        pml = np.zeros(t * nh * n_split * 2, np.float32)
+        kern.sim_attn_decode(
+            ref.KV_TYPES[kv], d, q, *args, po, pml, out, t, nh, cache.n_kv, cache.n_ctx,
+            n_split, 1 / np.sqrt(d),
+        )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+@pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
+def test_attention_over_cached_prefix_equals_fresh_rows(kern: Any, kv: str, prefill: bool) -> None:
+    """A call that continues a slot (rows at positions p0.., the first p0 positions cached by
+    earlier calls) gives exactly the rows of one call over the whole prefix: what a row sees
+    (positions 0 ..= its own, split and tile boundaries) depends on its position only, not on
+    where its call started. The model's chunking relies on it (truncate, then continue)."""
+    rng = np.random.default_rng(8)
+    d, nh, nkv, n_ctx = 64, 6, 2, 256
+    p0, t = (37, 30) if prefill else (70, 5)
+    first = 0 if prefill else p0 - 3  # decode chunks are short: a fresh call of 8 tokens
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, p0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (p0 + t - first, nh, d)))
+    whole = run_attention(kern, kv, prefill, q, cache, first)
+    cont = run_attention(kern, kv, prefill, np.ascontiguousarray(q[p0 - first :]), cache, p0)
+    assert np.array_equal(cont, whole[p0 - first :]), np.abs(cont - whole[p0 - first :]).max()
+    want = ref.attention(q[p0 - first :], cache, 0, p0, "f16", "f16" if prefill else "cache")
+    if kv == "q8_0" and not prefill:
+        want = ref.attention(q[p0 - first :], cache, 0, p0, "q8_0")
+    bound = 2e-3 * np.abs(want).max() if prefill else 2e-5
+    assert np.abs(cont - want).max() <= bound
 
 
 def test_router_topk_and_ties(kern: Any) -> None:

@@ -305,6 +305,19 @@ def test_slot_semantics_match_cpu(files: dict[str, Path]) -> None:
     assert np.allclose(cont, fresh, rtol=0, atol=tol), np.abs(cont - fresh).max()
     step1, step0 = cuda.forward(1, toks[45:46]), cuda.forward(0, toks[45:46])
     assert np.allclose(step1, step0, rtol=0, atol=tol), np.abs(step1 - step0).max()
+    # Chunks that split positions differently: continuing with toks[20:40] runs [20, 36)
+    # [36, 40) against a fresh [0, 16) [16, 32) [32, 40). Positions 20..31 take the
+    # tensor-core path in both and must agree; 32..39 do not (printed: the paths' difference).
+    cuda.truncate(1, 20)
+    cont = cuda.forward(1, toks[20:40], logits="all")
+    cuda.free(0)
+    fresh = cuda.forward(0, toks[:40], logits="all")[20:]
+    diff = np.abs(cont - fresh).max(axis=1)
+    print(
+        f"continued vs fresh, max |Δlogit|: positions 20-31 (same path) {diff[:12].max():.2e}, "
+        f"32-39 (other paths) {diff[12:].max():.2e}; max |logit| {np.abs(fresh).max():.2f}"
+    )
+    assert diff[:12].max() <= tol
     cuda.free(1)
     assert cuda.slot_len(1) == 0
 

@@ -12,11 +12,13 @@
 // pos0, so a captured graph serves every length.
 // Prefill (large T): `strata_attn_prefill_*` is a flash-attention kernel on tensor cores
 // (mma.sync m16n8k16, f16 in, f32 accumulate): a block is 64 (token, head) rows of one KV
-// head, K/V tiles of 64 positions go through shared memory as f16 (q8_0 dequantized).
+// head, K/V tiles of 64 positions go through shared memory as f16 (q8_0: K as its int8 values
+// beside the block scales, V dequantized).
 //
 // Numerics: for an f16 cache q is rounded to f16 and q·k summed in f32 (as the CPU path);
-// for q8_0, q is quantized to q8_0 and q·k is the ggml integer block dot (decode), or both
-// go through f16 (prefill). Scores are scaled by `scale` (1/√D) and soft-maxed in f32.
+// for q8_0, q is quantized to q8_0 and q·k is the ggml integer block dot (decode: dp4a;
+// prefill: the int8 values on tensor cores, exact, one block at a time). Scores are scaled by
+// `scale` (1/√D) and soft-maxed in f32. Prefill rounds probabilities and V values to f16.
 #include "model.cuh"
 
 #define ATT_THREADS 128
@@ -280,6 +282,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   constexpr int KS = D + 8;      // sK row stride (halves): [PF_BK][KS], K rows by position
   constexpr int VS = PF_BK + 8;  // sV row stride (halves): [D][VS], V transposed
   __shared__ __align__(16) uint16_t sK[PF_BK * KS];
+  __shared__ float sKd[PF_BK][D / 32];  // q8_0 cache: the tile's K block scales
   __shared__ __align__(16) uint16_t sV[D * VS];
   const int G = n_head / n_head_kv, kvh = blockIdx.y;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -304,14 +307,31 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     lim[r] = pos0 + t;
     qr[r] = q + ((size_t)t * n_head + hq) * D;
   }
+  // q in the key type's dot form: rounded to f16 (f16 cache), or quantized to q8_0 as the CPU
+  // does (q8_0 cache: the int8 values, exact in f16, and each row's block scales qd)
+  float qd[2][D / 32], qid[2][D / 32];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+#pragma unroll
+    for (int b = 0; b < D / 32; b++) {
+      float amax = 0.0f;
+      if (KV == SM_KV_Q8_0)
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(qr[r][32 * b + i]));
+      qd[r][b] = sm_round_h(amax / 127.0f);
+      qid[r][b] = sm_q8_0_inv(amax);
+    }
+  }
+  auto qv = [&](int r, int c) -> float {
+    return KV == SM_KV_F16 ? qr[r][c] : (float)sm_rint(qr[r][c] * qid[r][c >> 5]);
+  };
   uint32_t qa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
     int c = kk * 16 + 2 * c4;
-    qa[kk][0] = sm_pack_h2(qr[0][c], qr[0][c + 1]);
-    qa[kk][1] = sm_pack_h2(qr[1][c], qr[1][c + 1]);
-    qa[kk][2] = sm_pack_h2(qr[0][c + 8], qr[0][c + 9]);
-    qa[kk][3] = sm_pack_h2(qr[1][c + 8], qr[1][c + 9]);
+    qa[kk][0] = sm_pack_h2(qv(0, c), qv(0, c + 1));
+    qa[kk][1] = sm_pack_h2(qv(1, c), qv(1, c + 1));
+    qa[kk][2] = sm_pack_h2(qv(0, c + 8), qv(0, c + 9));
+    qa[kk][3] = sm_pack_h2(qv(1, c + 8), qv(1, c + 9));
   }
   float o[D / 8][4];
 #pragma unroll
@@ -346,11 +366,12 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
         const uint8_t* vblk = vb + (size_t)(kt + j) * HB + 34 * b;
         float kd = ok ? sm_h2f(*(const uint16_t*)kblk) : 0.0f;
         float vd = ok ? sm_h2f(*(const uint16_t*)vblk) : 0.0f;
-        for (int i = 0; i < 32; i += 2) {
+        sKd[j][b] = kd;
+        for (int i = 0; i < 32; i += 2) {  // K: the int8 values (exact in f16)
           uint16_t kw = ok ? *(const uint16_t*)(kblk + 2 + i) : 0;
           uint16_t vw = ok ? *(const uint16_t*)(vblk + 2 + i) : 0;
-          sK[j * KS + 32 * b + i] = sm_f2h(kd * (float)(int8_t)(kw & 0xff));
-          sK[j * KS + 32 * b + i + 1] = sm_f2h(kd * (float)(int8_t)(kw >> 8));
+          sK[j * KS + 32 * b + i] = sm_f2h((float)(int8_t)(kw & 0xff));
+          sK[j * KS + 32 * b + i + 1] = sm_f2h((float)(int8_t)(kw >> 8));
           sV[(32 * b + i) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw & 0xff));
           sV[(32 * b + i + 1) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw >> 8));
         }
@@ -363,11 +384,29 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
 #pragma unroll
     for (int nt = 0; nt < PF_BK / 8; nt++) {
       sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+      if (KV == SM_KV_F16) {
 #pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
-        const uint16_t* kr = &sK[(nt * 8 + g8) * KS + kk * 16 + 2 * c4];
-        uint32_t b[2] = {*(const uint32_t*)kr, *(const uint32_t*)(kr + 8)};
-        sm_mma_16816(sc[nt], qa[kk], b);
+        for (int kk = 0; kk < D / 16; kk++) {
+          const uint16_t* kr = &sK[(nt * 8 + g8) * KS + kk * 16 + 2 * c4];
+          uint32_t b[2] = {*(const uint32_t*)kr, *(const uint32_t*)(kr + 8)};
+          sm_mma_16816(sc[nt], qa[kk], b);
+        }
+      } else {
+        // per 32-block: the integer dot (exact in f32: |Σ| ≤ 32·127²) times kd·qd, as the
+        // CPU's q8_0 block dot
+#pragma unroll
+        for (int b = 0; b < D / 32; b++) {
+          float isum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int kk = 2 * b; kk < 2 * b + 2; kk++) {
+            const uint16_t* kr = &sK[(nt * 8 + g8) * KS + kk * 16 + 2 * c4];
+            uint32_t bf[2] = {*(const uint32_t*)kr, *(const uint32_t*)(kr + 8)};
+            sm_mma_16816(isum, qa[kk], bf);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+            sc[nt][i] += isum[i] * (sKd[nt * 8 + 2 * c4 + (i & 1)][b] * qd[i >> 1][b]);
+        }
       }
     }
     // scale, causal mask, online softmax (rows r0: sc[.][0..1], r1: sc[.][2..3])

@@ -1,4 +1,4 @@
-// Shared definitions of the quantized kernels (GPU_SPEC.md §3): ggml block layouts, the q8_1
+// Shared definitions of the quantized kernels (GPU_SPEC.md §3): ggml block layouts, the int8
 // activation block, exact f16 widening, byte-wise (SWAR) helpers, dp4a, warp reductions.
 //
 // Everything marked STRATA_HD compiles for the device (nvcc) and for the host (nvcc or a plain
@@ -40,9 +40,11 @@ struct block_iq3_s { uint16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32
 struct block_iq3_xxs { uint16_t d; uint8_t qs[96]; };                                // 98 B
 struct block_iq2_xs { uint16_t d; uint16_t qs[32]; uint8_t scales[8]; };             // 74 B
 
-// The activation block the int8 dots read: 32 values q·d, d and s = d·Σq stored as f16 bits.
-// 36 bytes, 4-byte aligned (the quantize kernel writes arrays of it into 4-aligned scratch).
-struct block_q8_1 { uint16_t d, s; int8_t qs[32]; };
+// The activation block the int8 dots read: 32 values d·q with an f32 scale d. The quantize
+// kernels fill it exactly as the CPU path quantizes activations for the weight type (q8_0 or
+// q8_K, act_q8_0_ref / act_q8_k_ref in qdecode.cuh), so the int8 dots see the CPU's integers.
+// 36 bytes, 4-byte aligned (the quantize kernels write arrays of it into 4-aligned scratch).
+struct block_q8a { float d; int8_t qs[32]; };
 
 #ifdef __cplusplus
 static_assert(sizeof(block_q8_0) == 34, "q8_0");
@@ -57,7 +59,7 @@ static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs");
 static_assert(sizeof(block_iq3_s) == 110, "iq3_s");
 static_assert(sizeof(block_iq3_xxs) == 98, "iq3_xxs");
 static_assert(sizeof(block_iq2_xs) == 74, "iq2_xs");
-static_assert(sizeof(block_q8_1) == 36, "q8_1");
+static_assert(sizeof(block_q8a) == 36, "q8a");
 #endif
 
 // ---- float helpers ----
@@ -223,7 +225,7 @@ STRATA_HD STRATA_FI uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t sel) {
 }
 
 // ---- warp helpers ----
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(STRATA_SIM)
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

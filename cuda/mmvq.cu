@@ -1,11 +1,11 @@
 // Decode matrix-vector products: y[t, r] = Σ_k W[r, k]·x[t, k] for up to 8 tokens per block
 // (grid.z walks further groups of 8, the fallback for prefill shapes without mmq).
 // One warp per weight row; each lane decodes 32-element items into registers and dots them
-// with the q8_1 activations (dp4a) or, for float weights, with the f32 activations.
+// with the int8 activations (dp4a) or, for float weights, with the f32 activations.
 //
 // strata_mmvq_<ty>(w, rows, items, x, y, n_tok)      1 token  (grid (⌈rows/4⌉, 1, 1))
 // strata_mmvq_<ty>_n8(w, rows, items, x, y, n_tok)   ≤ 8 tokens per grid.z (grid (⌈rows/4⌉, 1, ⌈n/8⌉))
-//   w: [rows, 32·items] in the type's GGUF layout; x: q8_1 [n_tok, items] or f32 [n_tok, 32·items];
+//   w: [rows, 32·items] in the type's GGUF layout; x: int8 blocks (block_q8a) [n_tok, items] or f32 [n_tok, 32·items];
 //   y: f32 [n_tok, rows]. Block: 128 threads.
 #include "vecdot.cuh"
 

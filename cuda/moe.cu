@@ -5,13 +5,13 @@
 //
 // strata_moe_gate_up_<ty>(gate_ptrs, up_ptrs, ff, items, ids, top_k, x, act, tj0)
 //   grid (⌈ff/4⌉, pairs), block 128; pair p = tj0 + blockIdx.y = t·top_k + j, e = ids[p]:
-//   act[p, r] = silu(Wg[e][r]·x[t])·(Wu[e][r]·x[t]).  x: q8_1 [n_tok, items] (f32 for float types);
+//   act[p, r] = silu(Wg[e][r]·x[t])·(Wu[e][r]·x[t]).  x: block_q8a [n_tok, items] (f32 for float types);
 //   act f32 [n_tok·top_k, ff]; items = h/32.
 // strata_moe_gate_<ty> writes act[p, r] = Wg[e][r]·x[t]; strata_moe_up_glu_<ty> then replaces it by
 //   silu(act[p, r])·(Wu[e][r]·x[t]) — the two-launch form used when gate and up types differ.
 // strata_moe_down_<ty>(down_ptrs, h, items, ids, weights, top_k, a, y, t0)
 //   grid (⌈h/4⌉, tokens), block 128; t = t0 + blockIdx.y:
-//   y[t, r] += Σ_j weights[t, j]·(Wd[ids[t, j]][r]·a[t·top_k + j]).  a: q8_1 [n_tok·top_k, items]
+//   y[t, r] += Σ_j weights[t, j]·(Wd[ids[t, j]][r]·a[t·top_k + j]).  a: block_q8a [n_tok·top_k, items]
 //   (f32 for float types), items = ff/32; y f32 [n_tok, h].
 #include "vecdot.cuh"
 
@@ -37,18 +37,18 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
     }
     float g[1] = {0.0f}, u[1] = {0.0f};
     if constexpr (MODE == 0 && !TG::IS_FLOAT) {
-        // Fused: one pass over the items decodes the gate and the up row and reads each q8_1
+        // Fused: one pass over the items decodes the gate and the up row and reads each int8
         // activation block once (twice the independent loads in flight per lane).
         const uint8_t* rg = wg + (size_t)row * row_bytes_of<TG>(items);
         const uint8_t* ru = wu + (size_t)row * row_bytes_of<TU>(items);
-        const block_q8_1* xq = (const block_q8_1*)act_at<TG>(x, t, items);
+        const block_q8a* xq = (const block_q8a*)act_at<TG>(x, t, items);
 #pragma unroll 2
         for (int i = lane; i < items; i += 32) {
             QItem ig, iu;
             TG::item(rg + (size_t)(i / TG::ITEMS) * TG::BYTES, i % TG::ITEMS, ig);
             TU::item(ru + (size_t)(i / TU::ITEMS) * TU::BYTES, i % TU::ITEMS, iu);
             uint32_t qa[8];
-            const float da = load_q8_1(xq + i, qa);
+            const float da = load_q8a(xq + i, qa);
             g[0] += item_dot<TG>(ig, qa, da);
             u[0] += item_dot<TU>(iu, qa, da);
         }

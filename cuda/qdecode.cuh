@@ -2,7 +2,7 @@
 // (mmvq, mmq, moe, getrows) and by the host check cuda/tests/quant_host.cu.
 //
 // Item i of a row covers elements 32i..32i+31 in dequantization order (item j of a 256-element
-// super-block is its j-th group of 32), so it lines up with q8_1 activation block i.
+// super-block is its j-th group of 32), so it lines up with activation block i.
 // An item is decoded into 8 words of 4 signed int8 values v (element 4w + b is byte b of v[w]),
 // a scale per 16-element half d[h] and, for types with mins, m[h]:
 //     y[e] = d[e/16]·v[e] − m[e/16]
@@ -333,7 +333,7 @@ STRATA_HD STRATA_FI void item_dequant(const QItem& it, float* y) {
     }
 }
 
-// Σ_e y[e]·a[e] for the item's values y and the q8_1 values a = da·qa[e]: exact int8 sums per
+// Σ_e y[e]·a[e] for the item's values y and the activations a = da·qa[e]: exact int8 sums per
 // half, combined in f32: da·(d0·Σ0 v·qa + d1·Σ1 v·qa − m0·Σ0 qa − m1·Σ1 qa).
 // qa: the 8 words of the activation block; da its scale.
 template <class T>
@@ -357,31 +357,66 @@ STRATA_HD STRATA_FI float item_dot(const QItem& it, const uint32_t* qa, float da
     return da * r;
 }
 
-// The 8 words and the scale of a q8_1 block (4-byte aligned).
-STRATA_HD STRATA_FI float load_q8_1(const block_q8_1* a, uint32_t* qa) {
+// The 8 words and the scale of an activation block (4-byte aligned).
+STRATA_HD STRATA_FI float load_q8a(const block_q8a* a, uint32_t* qa) {
     const uint8_t* p = (const uint8_t*)a;
 #pragma unroll
     for (int w = 0; w < 8; ++w) qa[w] = ld_u32_a4(p + 4 + 4 * w);
-    return f16_to_f32(a->d);
+    return bits_f32(ld_u32_a4(p));
 }
 
-// Quantize 32 floats to a q8_1 block (host version of the quantize kernel's math):
-// d = f16(amax/127), q = clamp(round(x/d)), s = f16(d·Σq).
-STRATA_HD inline void quantize_q8_1_ref(const float* x, block_q8_1* out) {
+// Round half to even, as ggml's nearest_int (the CPU quantizers) and rintf do: exact for
+// |v| < 2^22.
+STRATA_HD STRATA_FI int act_rint(float v) {
+#ifdef __CUDA_ARCH__
+    return __float2int_rn(v);
+#else
+    return (int)(f32_bits(v + 12582912.0f) & 0x007fffffu) - 0x00400000;
+#endif
+}
+
+// The CPU path's activations for weights whose vec_dot type is Q8_0 (rust/src/quant/dot/act.rs
+// q8_0, ggml's x86 quantize_row_q8_0): per 32 values d = f16(amax/127) (kept as its f32 value),
+// q = round-half-even(x·(127/amax)), no clamp (|q| ≤ 127 by construction).
+STRATA_HD STRATA_FI float act_q8_0_scale(float amax) {
+    return f16_to_f32(f32_to_f16(amax / 127.0f));
+}
+STRATA_HD STRATA_FI float act_q8_0_inv(float amax) { return amax != 0.0f ? 127.0f / amax : 0.0f; }
+
+STRATA_HD inline void act_q8_0_ref(const float* x, block_q8a* out) {
     float amax = 0.0f;
     for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
-    const uint16_t dh = f32_to_f16(amax / 127.0f);
-    const float d = f16_to_f32(dh);
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    int sum = 0;
-    for (int i = 0; i < 32; ++i) {
-        float q = rintf(x[i] * inv);
-        q = fminf(fmaxf(q, -127.0f), 127.0f);
-        out->qs[i] = (int8_t)q;
-        sum += (int)q;
+    const float id = act_q8_0_inv(amax);
+    for (int i = 0; i < 32; ++i) out->qs[i] = (int8_t)act_rint(fmul_rn(x[i], id));
+    out->d = act_q8_0_scale(amax);
+}
+
+// The CPU path's activations for weights whose vec_dot type is Q8_K (K-quants and the
+// 256-element IQ types; act.rs q8_k, ggml's quantize_row_q8_K): per 256 values, `max` is the
+// first element of largest magnitude, iscale = −127/max, q = min(127, round-half-even(iscale·x)),
+// d = 1/iscale (f32), the same d in each of the 8 blocks. All zero: d = 0, q = 0.
+STRATA_HD inline void act_q8_k_ref(const float* x, block_q8a* out) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 256; ++i)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            max = x[i];
+        }
+    const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+    const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+    for (int b = 0; b < 8; ++b) {
+        for (int i = 0; i < 32; ++i) {
+            const int q = act_rint(fmul_rn(iscale, x[32 * b + i]));
+            out[b].qs[i] = (int8_t)(q < 127 ? q : 127);
+        }
+        out[b].d = d;
     }
-    out->d = dh;
-    out->s = f32_to_f16(d * (float)sum);
+}
+
+// Whether type T's activations are q8_K (256-element super-blocks) rather than q8_0.
+template <class T>
+STRATA_HD STRATA_FI constexpr bool act_is_q8_k() {
+    return T::QK == 256;
 }
 
 // The 32 values of item i of a row (any type), bit-exact with the CPU reference.
@@ -403,7 +438,7 @@ STRATA_HD STRATA_FI size_t row_bytes_of(long items) {
 }
 
 // Every type the kernels support: X(kernel suffix, decode struct). Float types use the f32
-// activations directly; the others use q8_1.
+// activations directly; the others int8 activation blocks (q8_0 or q8_K, act_is_q8_k).
 #define STRATA_FOR_TYPES(X)                                                                    \
     X(f32, TF32) X(f16, TF16) X(bf16, TBF16) X(q8_0, TQ8_0) X(q4_0, TQ4_0) X(q5_0, TQ5_0)      \
     X(iq4_nl, TIQ4_NL) X(q2_k, TQ2_K) X(q3_k, TQ3_K) X(q4_k, TQ4_K) X(q5_k, TQ5_K)             \

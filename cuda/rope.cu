@@ -25,8 +25,14 @@ extern "C" __global__ void __launch_bounds__(32)
   }
 }
 
-// Stores one head row of D values (in shared memory `v`) to the cache row `dst`; called by
-// all 32 lanes of the warp.
+// Stores one head row of D values (in shared memory `v`) to the cache row `dst` (2-byte
+// aligned: cache rows and q8_0 blocks have even sizes); called by all 32 lanes of the warp.
+//
+// The q8_0 scale is stored as one 16-bit word. Storing its two bytes separately
+// (`blk[0] = dh & 0xff`) is miscompiled by ptxas 13.0 for sm_90: the low byte of the
+// register that `cvt.rn.f16.f32` produced became `F2I.U8.F16.TRUNC`, the half VALUE
+// truncated to an integer (0 for any scale below 1), not its low 8 bits — every stored scale
+// lost its low mantissa bits on the GPU while the CPU emulation was right.
 template <int KV>
 __device__ void store_head(const float* v, uint8_t* dst, int d) {
   int lane = threadIdx.x;
@@ -39,11 +45,7 @@ __device__ void store_head(const float* v, uint8_t* dst, int d) {
       float amax = sm_warp_max(fabsf(x));
       float id = sm_q8_0_inv(amax);
       uint8_t* blk = dst + b * 34;
-      if (lane == 0) {
-        uint16_t dh = sm_f2h(amax / 127.0f);
-        blk[0] = (uint8_t)(dh & 0xff);
-        blk[1] = (uint8_t)(dh >> 8);
-      }
+      if (lane == 0) *(uint16_t*)blk = sm_f2h(amax / 127.0f);  // f16 d, little-endian
       blk[2 + lane] = (uint8_t)(int8_t)sm_rint(x * id);
     }
   }

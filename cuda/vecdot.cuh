@@ -7,7 +7,7 @@
 #define MMVQ_WARPS 4
 
 // acc[t] += Σ_k row[k]·x_t[k] over this lane's items (lane, lane + 32, ...), for t < nt ≤ NT.
-// Quantized rows: x is q8_1 blocks, token t at xq + t·x_stride (x_stride = items);
+// Quantized rows: x is int8 activation blocks (block_q8a), token t at xq + t·x_stride (x_stride = items);
 // float rows: x is f32, token t at xf + t·x_stride (x_stride = 32·items), 16-byte aligned.
 template <class T, int NT>
 __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int items, const void* x,
@@ -37,7 +37,7 @@ __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int ite
             for (int t = 0; t < NT; ++t) {
                 if (t < nt) {
                     uint32_t qa[8];
-                    const float da = load_q8_1((const block_q8_1*)x + t * x_stride + i, qa);
+                    const float da = load_q8a((const block_q8a*)x + t * x_stride + i, qa);
                     acc[t] += item_dot<T>(it, qa, da);
                 }
             }
@@ -46,7 +46,7 @@ __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int ite
 }
 
 // Σ over item i of a row times the matching 32 activations of one token (xt: that token's
-// q8_1 blocks, or its f32 values for float rows).
+// activation blocks, or its f32 values for float rows).
 template <class T>
 __device__ __forceinline__ float one_item_dot(const uint8_t* __restrict__ row, int i, const void* xt) {
     if constexpr (T::IS_FLOAT) {
@@ -64,16 +64,16 @@ __device__ __forceinline__ float one_item_dot(const uint8_t* __restrict__ row, i
         QItem it;
         T::item(row + (size_t)(i / T::ITEMS) * T::BYTES, i % T::ITEMS, it);
         uint32_t qa[8];
-        const float da = load_q8_1((const block_q8_1*)xt + i, qa);
+        const float da = load_q8a((const block_q8a*)xt + i, qa);
         return item_dot<T>(it, qa, da);
     }
 }
 
-// Activations of token t: q8_1 blocks for quantized rows, f32 for float rows.
+// Activations of token t: int8 activation blocks for quantized rows, f32 for float rows.
 template <class T>
 __device__ __forceinline__ const void* act_at(const void* x, long t, int items) {
     if constexpr (T::IS_FLOAT) return (const float*)x + t * 32l * items;
-    else return (const block_q8_1*)x + t * (long)items;
+    else return (const block_q8a*)x + t * (long)items;
 }
 
 template <class T>

@@ -15,6 +15,7 @@ import pytest
 __all__ = [
     "test_argmax_and_add",
     "test_attention_decode",
+    "test_attention_over_cached_prefix_equals_fresh_rows",
     "test_attention_prefill",
     "test_norm_rows_and_fused_add",
     "test_rope_neox",
@@ -86,6 +87,12 @@ def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
         assert np.array_equal(got_v, ref.f16_round(v))
     else:  # q8_0: half a step d = amax/127, plus |q| ≤ 127 times the f16 rounding of d
         amax = np.abs(want_k).reshape(t, nkv, -1, 32).max(-1)
+        # each block's stored f16 scale is amax/127 rounded once (within one f16 ulp: amax
+        # is the GPU's own f32 value): a scale stored with wrong bytes fails here first
+        blk = cache.k[slot][:, pos].transpose(1, 0, 2).reshape(t, nkv, -1, 34)
+        d16 = blk[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)
+        rel = np.abs(d16 / (amax / 127) - 1)
+        assert rel.max() <= 2**-10, f"q8_0 K scales off by up to {rel.max():.3g} (relative)"
         step = amax.repeat(32, -1).reshape(want_k.shape) / 127
         assert np.all(np.abs(got_k - want_k) <= step * (0.5 + 127 * 2**-11) + 1e-6)
         assert np.array_equal(cache.v[slot][:, pos].transpose(1, 0, 2), ref.q8_0_bytes(v))
@@ -154,10 +161,60 @@ def test_attention_prefill(
         ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, out, t, nh, nkv,
         n_ctx, 1 / np.sqrt(d),
     )  # fmt: skip
-    want = ref.attention(q, cache, slot, pos0, q_form="f16", k_form="f16")
+    if kv == "f16":
+        want = ref.attention(q, cache, slot, pos0, q_form="f16", k_form="f16")
+    else:  # q·k: the CPU's q8_0 block dot; values as f16
+        want = ref.attention(q, cache, slot, pos0, q_form="q8_0", v_form="f16")
     err = np.abs(out - want).max()
     # probabilities enter P·V as f16 (relative 2^-11 each)
     assert err <= 2e-3 * np.abs(want).max(), err
+    if kv == "q8_0":  # and q·k is the q8_0 one: nearer that than q and keys rounded to f16
+        other = ref.attention(q, cache, slot, pos0, q_form="f16", k_form="f16")
+        assert err < 0.5 * np.abs(out - other).max(), (err, np.abs(out - other).max())
+
+
+def run_attention(kern: Any, kv: str, prefill: bool, q: np.ndarray, cache: Any, pos0: int) -> Any:
+    t, nh, d = q.shape
+    out = np.zeros((t, nh, d), np.float32)
+    sp = np.array([pos0, 0], np.int32)
+    args = (cache.k, cache.v, cache.slot_stride, sp)
+    if prefill:
+        kern.sim_attn_prefill(
+            ref.KV_TYPES[kv], d, q, *args, out, t, nh, cache.n_kv, cache.n_ctx, 1 / np.sqrt(d)
+        )
+    else:
+        n_split = 2
+        po = np.zeros(t * nh * n_split * d, np.float32)
+        pml = np.zeros(t * nh * n_split * 2, np.float32)
+        kern.sim_attn_decode(
+            ref.KV_TYPES[kv], d, q, *args, po, pml, out, t, nh, cache.n_kv, cache.n_ctx,
+            n_split, 1 / np.sqrt(d),
+        )  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+@pytest.mark.parametrize("prefill", [True, False], ids=["prefill", "decode"])
+def test_attention_over_cached_prefix_equals_fresh_rows(kern: Any, kv: str, prefill: bool) -> None:
+    """A call that continues a slot (rows at positions p0.., the first p0 positions cached by
+    earlier calls) gives exactly the rows of one call over the whole prefix: what a row sees
+    (positions 0 ..= its own, split and tile boundaries) depends on its position only, not on
+    where its call started. The model's chunking relies on it (truncate, then continue)."""
+    rng = np.random.default_rng(8)
+    d, nh, nkv, n_ctx = 64, 6, 2, 256
+    p0, t = (37, 30) if prefill else (70, 5)
+    first = 0 if prefill else p0 - 3  # decode chunks are short: a fresh call of 8 tokens
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, p0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (p0 + t - first, nh, d)))
+    whole = run_attention(kern, kv, prefill, q, cache, first)
+    cont = run_attention(kern, kv, prefill, np.ascontiguousarray(q[p0 - first :]), cache, p0)
+    assert np.array_equal(cont, whole[p0 - first :]), np.abs(cont - whole[p0 - first :]).max()
+    q_form = "f16" if kv == "f16" else "q8_0"
+    k_form = "f16" if prefill and kv == "f16" else "cache"
+    want = ref.attention(q[p0 - first :], cache, 0, p0, q_form, k_form, "f16" if prefill else None)
+    bound = 2e-3 * np.abs(want).max() if prefill else 2e-5
+    assert np.abs(cont - want).max() <= bound
 
 
 def test_router_topk_and_ties(kern: Any) -> None:

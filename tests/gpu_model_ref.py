@@ -121,12 +121,18 @@ class Cache:
 
 
 def attention(
-    q: np.ndarray, cache: Cache, slot: int, pos0: int, q_form: str, k_form: str = "cache"
+    q: np.ndarray,
+    cache: Cache,
+    slot: int,
+    pos0: int,
+    q_form: str,
+    k_form: str = "cache",
+    v_form: str | None = None,
 ) -> np.ndarray:
     """Causal GQA attention of q [T, Nh, D] at positions pos0.. over the cache (f64).
-    q_form: how q enters q·k: "f16" (rounded to f16), "q8_0" (quantized, as the decode kernel
-    on a q8_0 cache does) or "f32". k_form "f16" rounds the dequantized keys and values to
-    f16 (the prefill kernel's tiles)."""
+    q_form: how q enters q·k: "f16" (rounded to f16), "q8_0" (quantized, as the kernels on a
+    q8_0 cache do, like the CPU) or "f32". k_form / v_form "f16" round the dequantized keys /
+    values to f16 (the prefill kernel's f16 tiles); v_form defaults to k_form."""
     t_n, nh, d = q.shape
     g = nh // cache.n_kv
     if q_form == "f16":
@@ -139,7 +145,9 @@ def attention(
     n = pos0 + t_n
     k, v = cache.values(slot, n)
     if k_form == "f16":
-        k, v = f16_round(k), f16_round(v)
+        k = f16_round(k)
+    if (k_form if v_form is None else v_form) == "f16":
+        v = f16_round(v)
     out = np.zeros((t_n, nh, d))
     for t in range(t_n):
         vis = pos0 + t + 1

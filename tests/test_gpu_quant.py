@@ -6,9 +6,9 @@ tests/test_dot.py uses; for the expert tests scaled to rms 1/√k like real weig
 chained gate/up → down values stay finite); activations are random normals with outliers.
 
 Error bounds (u = 2⁻²⁴), per output element:
-- quantized weights: the kernels quantize x to q8_1; x̂ below is that quantization emulated in
-  numpy float32 (d = f16(amax/127), q = clip(rint(x·(1/d)), ±127): the same IEEE operations as
-  cuda/quantize.cu, checked on the host by test_gpu_quant_host.py). Then
+- quantized weights: the kernels quantize x as the CPU path does for the weight type (q8_0 or
+  q8_K, ggml's vec_dot type); x̂ below is the CPU quantizer's own output (gpu_quant_ref, whose
+  equality with the kernels' math test_gpu_quant_host.py checks). Then
   |y − Σ ŵ·x̂| ≤ (k/32 + 10)·u·Σ T·|x̂|, T the magnitude of each weight term (dot_util);
   and against the exact x, additionally Σ |ŵ|·|x − x̂|.
 - float weights (F32/F16/BF16): |y − Σ ŵ·x| ≤ (k/32 + 48)·u·Σ |ŵ|·|x|.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import dot_util
 import numpy as np
 import pytest
-from gpu_quant_ref import q8_1
+from gpu_quant_ref import act_values
 from strata import _core
 from strata.errors import QuantError, ShapeError
 
@@ -94,7 +94,7 @@ def matmul_bound(
         )
     if t in FLOAT:
         return (k / 32 + 48) * U * (np.abs(x) @ np.abs(w).T)
-    xh = q8_1(x)
+    xh = act_values(t, x)
     return (k / 32 + 10) * U * (np.abs(xh) @ mag.T) + np.abs(x - xh) @ np.abs(w).T
 
 
@@ -115,8 +115,8 @@ def test_matmul(t: str, n_tok: int) -> None:
     print(f"{t} n_tok={n_tok}: max err/bound {ratio:.3g}, max rel err "
           f"{float(np.max(err) / np.max(np.abs(x64 @ w.T))):.3g}")  # fmt: skip
     assert np.all(err <= bound), f"{t} n_tok={n_tok}: err/bound up to {ratio:.3g}"
-    if t not in FLOAT and not prefill:  # the tight bound around the emulated q8_1 activations
-        xh = q8_1(x64)
+    if t not in FLOAT and not prefill:  # the tight bound around the CPU's own activations
+        xh = act_values(t, x64)
         tight = (k / 32 + 10) * U * (np.abs(xh) @ mag.T)
         assert np.all(np.abs(y - xh @ w.T) <= tight), t
 
@@ -145,7 +145,7 @@ def run_moe(tg: str, tu: str, td: str, n_tok: int, seed: int) -> None:
     n_exp, top_k, h, ff = 6, 4, 512, 256
     absent = 2  # expert 2 has a 0 pointer in every table
     # Realistic magnitudes (rms 1/√k): with the raw random scales of test_matmul, silu(g)·u
-    # and then the down projection overflow f32 (and q8_1's f16 scale) in the reference too.
+    # and then the down projection overflow f32 (and q8_0's f16 scale) in the reference too.
     gate = [weights(tg, ff, h, rng, h**-0.5) for _ in range(n_exp)]
     up = [weights(tu, ff, h, rng, h**-0.5) for _ in range(n_exp)]
     down = [weights(td, h, ff, rng, ff**-0.5) for _ in range(n_exp)]

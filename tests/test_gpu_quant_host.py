@@ -4,10 +4,11 @@ cuda/tests/quant_host.cu runs the same __host__ __device__ functions the kernels
 (cuda/qdecode.cuh, cuda/common.cuh) on the host:
 - dequantization of random blocks (finite f16 scales) is bit-exact with strata's CPU
   dequantization (itself bit-exact with gguf-py);
-- the q8_1 activation quantizer: |q| ≤ 127, d = f16(amax/127), |x − d·q| ≤ d/2 (+ a clamp
-  term of amax·2⁻¹⁰), s = f16(d·Σq);
-- the int8 item dot against q8_1: |dot − Σ ŵ·x̂| ≤ (items + 10)·u·Σ T·|x̂| (ŵ the dequantized
-  weight, x̂ the dequantized activation, T the magnitude of each weight term, u = 2⁻²⁴);
+- the activation quantizers (q8_0 and q8_K): the same scales and int8 values as the CPU
+  path's quantizer (`_core.quantize_act`, ggml's x86 rounding), bit for bit;
+- the int8 item dot against the type's activations: |dot − Σ ŵ·x̂| ≤ (items + 10)·u·Σ T·|x̂|
+  (ŵ the dequantized weight, x̂ the dequantized activation, T the magnitude of each weight
+  term, u = 2⁻²⁴);
 - the f32 → f16 rounding equals numpy's.
 """
 
@@ -21,7 +22,7 @@ import dot_util
 import numpy as np
 import pytest
 from cuda_host import CUDA, HOST_TESTS, find_nvcc
-from gpu_quant_ref import q8_1_parts
+from gpu_quant_ref import act_kind, act_parts
 from strata import _core
 
 QUANT_TYPES = [
@@ -81,35 +82,29 @@ def test_dequant_bit_exact(host: Path, tmp_path: Path, t: str) -> None:
     )
 
 
-def q8_1_values(blocks: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(d, s, q) per block and the dequantized values d·q, from raw q8_1 blocks."""
+def act_blocks(blocks: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(d f32 [n], q int64 [n, 32]) from raw activation blocks (f32 d, 32 × int8)."""
     b = np.frombuffer(blocks, np.uint8).reshape(-1, 36)
-    d = b[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
-    s = b[:, 2:4].copy().view(np.float16)[:, 0]
-    q = b[:, 4:].view(np.int8).astype(np.int64)
-    return d, s, q, (d[:, None] * q).reshape(-1)
+    return b[:, :4].copy().view(np.float32)[:, 0], b[:, 4:].view(np.int8).astype(np.int64)
 
 
-def test_q8_1_quantizer(host: Path, tmp_path: Path) -> None:
-    rng = np.random.default_rng(3)
-    x = np.concatenate([dot_util.random_act_f32(rng, 32 * 500), np.zeros(32, np.float32)])
-    x[32 * 7 : 32 * 8] *= 1e-3
+@pytest.mark.parametrize("kind", ["q8_0", "q8_k"])
+def test_act_quantizer_equals_cpu(host: Path, tmp_path: Path, kind: str) -> None:
+    rng = np.random.default_rng([3, *kind.encode()])
+    x = np.concatenate([dot_util.random_act_f32(rng, 256 * 40), np.zeros(256, np.float32)])
+    x[256 * 7 : 256 * 8] *= 1e-3
+    x[256 * 9 + 5] = -np.abs(x[256 * 9 : 256 * 10]).max() * 3  # a negative largest element
+    x[256 * 10 + 3] = 4.0  # equal magnitudes: the first one sets q8_K's sign
+    x[256 * 10 + 200] = -4.0
+    x[256 * 11 + 100] = -4.0
+    x[256 * 11 + 101] = 4.0
     x.tofile(tmp_path / "x.bin")
-    run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
-    d, s, q, xh = q8_1_values((tmp_path / "q.bin").read_bytes())
-    xb = x.reshape(-1, 32).astype(np.float64)
-    amax = np.abs(xb).max(axis=1)
-    want_d = (x.reshape(-1, 32).__abs__().max(axis=1) / np.float32(127)).astype(np.float16)
-    assert np.array_equal(d, want_d.astype(np.float64))
+    run(host, "act", kind, tmp_path / "x.bin", tmp_path / "q.bin")
+    d, q = act_blocks((tmp_path / "q.bin").read_bytes())
+    want_d, want_q = act_parts(kind, x)
+    assert np.array_equal(d.view(np.uint32), want_d.astype(np.float32).view(np.uint32))
+    assert np.array_equal(q, want_q)
     assert np.abs(q).max() <= 127
-    err = np.abs(xb - xh.reshape(-1, 32))
-    assert np.all(err <= (d / 2 + amax * 2.0**-10)[:, None] + 1e-30)
-    want_s = (d.astype(np.float32) * q.sum(axis=1).astype(np.float32)).astype(np.float16)
-    assert np.array_equal(s.view(np.uint16), want_s.view(np.uint16))
-    # The numpy emulation the device tests use is the same computation, value for value.
-    ed, eq = q8_1_parts(x)
-    assert np.array_equal(ed[:, 0].astype(np.float64), d)
-    assert np.array_equal(eq.astype(np.int64), q)
 
 
 @pytest.mark.parametrize("t", QUANT_TYPES)
@@ -122,8 +117,9 @@ def test_int8_dot_bound(host: Path, tmp_path: Path, t: str) -> None:
     x.tofile(tmp_path / "x.bin")
     run(host, "dot", t, str(k), tmp_path / "w.bin", tmp_path / "x.bin", tmp_path / "y.bin")
     got = np.fromfile(tmp_path / "y.bin", np.float32).reshape(n_tok, rows).astype(np.float64)
-    run(host, "q8_1", tmp_path / "x.bin", tmp_path / "q.bin")
-    xh = q8_1_values((tmp_path / "q.bin").read_bytes())[3].reshape(n_tok, k)
+    run(host, "act", act_kind(t), tmp_path / "x.bin", tmp_path / "q.bin")
+    d, q = act_blocks((tmp_path / "q.bin").read_bytes())
+    xh = (d.astype(np.float64)[:, None] * q).reshape(n_tok, k)
     w = np.stack([dequant_cpu(t, r, k) for r in w_rows]).astype(np.float64)
     mag = np.stack([dequant_cpu(t, dot_util.magnitude_row(t, r), k) for r in w_rows])
     mag = np.abs(mag.astype(np.float64))
@@ -132,7 +128,7 @@ def test_int8_dot_bound(host: Path, tmp_path: Path, t: str) -> None:
     err = np.abs(got - want)
     worst = float(np.max(err / np.maximum(bound, 1e-300)))
     assert np.all(err <= bound), f"{t}: error/bound up to {worst:.3g}"
-    # Against the exact f32 activations: the q8_1 rounding term Σ|ŵ|·|x − x̂| on top.
+    # Against the exact f32 activations: the activation rounding term Σ|ŵ|·|x − x̂| on top.
     full_bound = bound + np.abs(x.astype(np.float64) - xh) @ np.abs(w).T
     assert np.all(np.abs(got - x.astype(np.float64) @ w.T) <= full_bound)
 

@@ -3,12 +3,15 @@
 //
 //   quant_host dequant TYPE in.bin out.bin       blocks → f32 values (whole blocks)
 //   quant_host dot TYPE K w.bin x.bin out.bin    rows of W [rows, K] · x f32 [n, K] → f32 [n, rows],
-//                                                through q8_1 activations and the int8 item dot
-//   quant_host q8_1 x.bin out.bin                f32 [n·32] → q8_1 blocks (36 B each)
+//                                                through the type's int8 activations (q8_0 or
+//                                                q8_K, as the CPU path) and the int8 item dot
+//   quant_host act KIND x.bin out.bin            f32 → activation blocks (36 B each: f32 d,
+//                                                32 × int8); KIND q8_0 (n·32 values) or q8_k
+//                                                (n·256 values)
 //   quant_host f16 x.bin out.bin                 f32 → f16 bits (u16)
 //   quant_host                                   self-check (tests/test_cuda_host.py runs it): for
-//       every type, random blocks' int8 item dot equals Σ dequant·(q8_1 values) within
-//       16·u·Σ|terms|; the q8_1 rounding bound; f16 round trips. Exit 0 when all hold.
+//       every type, random blocks' int8 item dot equals Σ dequant·(activation values) within
+//       16·u·Σ|terms|; the activation rounding bound; f16 round trips. Exit 0 when all hold.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +62,12 @@ static int run_dot(long k, const std::vector<uint8_t>& w, const std::vector<uint
     if (w.size() % row_bytes || xb.size() % (4 * k)) { fprintf(stderr, "bad sizes\n"); return 2; }
     const size_t rows = w.size() / row_bytes, n = xb.size() / (4 * k);
     const float* x = (const float*)xb.data();
-    std::vector<block_q8_1> xq(n * (k / 32));
-    for (size_t i = 0; i < xq.size(); ++i) quantize_q8_1_ref(x + 32 * i, &xq[i]);
+    std::vector<block_q8a> xq(n * (k / 32));
+    if (act_is_q8_k<T>()) {
+        for (size_t i = 0; i < xq.size(); i += 8) act_q8_k_ref(x + 32 * i, &xq[i]);
+    } else {
+        for (size_t i = 0; i < xq.size(); ++i) act_q8_0_ref(x + 32 * i, &xq[i]);
+    }
     std::vector<float> y(n * rows);
     const long items = k / 32;
     for (size_t t = 0; t < n; ++t)
@@ -70,7 +77,7 @@ static int run_dot(long k, const std::vector<uint8_t>& w, const std::vector<uint
                 QItem it;
                 T::item(w.data() + r * row_bytes + (i / T::ITEMS) * T::BYTES, (int)(i % T::ITEMS), it);
                 uint32_t qa[8];
-                const float da = load_q8_1(&xq[t * items + i], qa);
+                const float da = load_q8a(&xq[t * items + i], qa);
                 acc += item_dot<T>(it, qa, da);
             }
             y[t * rows + r] = acc;
@@ -115,23 +122,26 @@ static int self_check_type(const char* name, std::initializer_list<int> f16_fiel
         for (int j = 0; j < T::ITEMS; ++j) {
             QItem it;
             T::item(b.data(), j, it);
-            float y[32], x[32];
+            float y[32], x[256];
             item_dequant<T>(it, y);
-            for (int e = 0; e < 32; ++e) x[e] = rnd_normal() * ((rnd() & 63) == 0 ? 20.0f : 1.0f);
-            block_q8_1 a;
-            quantize_q8_1_ref(x, &a);
+            const int nx = act_is_q8_k<T>() ? 256 : 32;  // the item's 32 values come first
+            for (int e = 0; e < nx; ++e) x[e] = rnd_normal() * ((rnd() & 63) == 0 ? 20.0f : 1.0f);
+            block_q8a ab[8];
+            if (act_is_q8_k<T>()) act_q8_k_ref(x, ab);
+            else act_q8_0_ref(x, ab);
+            const block_q8a& a = ab[0];
             uint32_t qa[8];
-            const float da = load_q8_1(&a, qa);
+            const float da = load_q8a(&a, qa);
             const float got = item_dot<T>(it, qa, da);
             double want = 0.0, mag = 0.0, amax = 0.0;
-            for (int e = 0; e < 32; ++e) amax = fmax(amax, fabs((double)x[e]));
+            for (int e = 0; e < nx; ++e) amax = fmax(amax, fabs((double)x[e]));
             for (int e = 0; e < 32; ++e) {
                 const double xh = (double)da * a.qs[e];
                 want += (double)y[e] * xh;
                 const double term = fabs((double)it.d[e / 16] * (int8_t)(it.v[e / 4] >> (8 * (e % 4)))) +
                                     (T::HAS_MIN ? fabs((double)it.m[e / 16]) : 0.0);
                 mag += term * fabs(xh);
-                if (fabs(x[e] - xh) > da / 2.0 + amax * ldexp(1.0, -10)) ++bad;
+                if (fabs(x[e] - xh) > fabs(da) / 2.0 + amax * ldexp(1.0, -10)) ++bad;
             }
             if (fabs((double)got - want) > 16.0 * ldexp(1.0, -24) * mag + 1e-30) {
                 if (bad < 5) fprintf(stderr, "%s: item dot %.9g vs %.9g\n", name, got, want);
@@ -191,12 +201,21 @@ int main(int argc, char** argv) {
         fprintf(stderr, "unknown type %s\n", argv[2]);
         return 2;
     }
-    if (mode == "q8_1" && argc == 4) {
-        const std::vector<uint8_t> xb = read_file(argv[2]);
+    if (mode == "act" && argc == 5) {
+        const std::string kind = argv[2];
+        const std::vector<uint8_t> xb = read_file(argv[3]);
+        const float* x = (const float*)xb.data();
         const size_t nb = xb.size() / (32 * 4);
-        std::vector<block_q8_1> out(nb);
-        for (size_t i = 0; i < nb; ++i) quantize_q8_1_ref((const float*)xb.data() + 32 * i, &out[i]);
-        write_file(argv[3], out.data(), out.size() * sizeof(block_q8_1));
+        std::vector<block_q8a> out(nb);
+        if (kind == "q8_0") {
+            for (size_t i = 0; i < nb; ++i) act_q8_0_ref(x + 32 * i, &out[i]);
+        } else if (kind == "q8_k" && nb % 8 == 0) {
+            for (size_t i = 0; i < nb; i += 8) act_q8_k_ref(x + 32 * i, &out[i]);
+        } else {
+            fprintf(stderr, "unknown kind %s (or not whole 256-value blocks)\n", argv[2]);
+            return 2;
+        }
+        write_file(argv[4], out.data(), out.size() * sizeof(block_q8a));
         return 0;
     }
     if (mode == "f16" && argc == 4) {

@@ -1,4 +1,5 @@
-//! Launchers of the quantized matrix kernels (GPU_SPEC.md §4): `cuda/quantize.cu` (f32 → q8_1),
+//! Launchers of the quantized matrix kernels (GPU_SPEC.md §4): `cuda/quantize.cu` (f32 → int8
+//! activation blocks, quantized as the CPU path quantizes them for the weight type),
 //! `cuda/mmvq.cu` (matrix × few vectors), `cuda/moe.cu` (routed experts through a per-expert
 //! pointer table), `cuda/getrows.cu` (embedding lookup).
 //!
@@ -15,8 +16,8 @@ use crate::cuda::{Arg, Gpu, Kernel, Stream};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
-/// Bytes of one q8_1 activation block (32 values).
-const Q8_1_BYTES: usize = 36;
+/// Bytes of one int8 activation block (32 values: f32 scale, 32 × int8; `block_q8a`).
+const ACT_BLOCK_BYTES: usize = 36;
 /// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
 const MMVQ_THREADS: u32 = 128;
 const MMVQ_ROWS: usize = 4;
@@ -36,7 +37,8 @@ const MOE_BN: usize = 32;
 const MOE_MAX_E: usize = 4096;
 
 /// What the kernels know about a weight type: its kernel-name suffix, whether the activations
-/// stay f32 (float weights) or become q8_1, the alignment its loads need, elements per block.
+/// stay f32 (float weights) or become int8 blocks, the alignment its loads need, elements per
+/// block.
 #[derive(Clone, Copy, Debug)]
 struct TypeInfo {
     suffix: &'static str,
@@ -109,14 +111,14 @@ fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
-/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens: the q8_1 copy of x for
+/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens: the int8 copy of x for
 /// decode (n_tok ≤ 8), the per-row f16 range scales for prefill (any type, float ones included).
 pub fn scratch_bytes(k: usize, n_tok: usize) -> usize {
-    round_up(n_tok * k.div_ceil(32) * Q8_1_BYTES, 256)
+    round_up(n_tok * k.div_ceil(32) * ACT_BLOCK_BYTES, 256)
 }
 
 /// Scratch bytes `moe_gate_up` / `moe_down` need (one buffer serves both, used in turn):
-/// q8_1 activations for decode; for prefill (n_tok > 8) the expert grouping and the down
+/// int8 activations for decode; for prefill (n_tok > 8) the expert grouping and the down
 /// projection's per-slot outputs.
 pub fn moe_scratch_bytes(h: usize, ff: usize, top_k: usize, n_tok: usize) -> usize {
     let decode = scratch_bytes(h, n_tok).max(scratch_bytes(ff, n_tok * top_k));
@@ -173,7 +175,8 @@ struct TypeKernels {
 
 /// The quantized kernels of one GPU, resolved once.
 pub struct QuantOps {
-    quantize: Kernel,
+    quantize_q8_0: Kernel,
+    quantize_q8_k: Kernel,
     row_scale: Kernel,
     group: Kernel,
     reduce: Kernel,
@@ -201,7 +204,8 @@ impl QuantOps {
             });
         }
         Ok(QuantOps {
-            quantize: gpu.kernel("strata_quantize_q8_1")?,
+            quantize_q8_0: gpu.kernel("strata_quantize_q8_0")?,
+            quantize_q8_k: gpu.kernel("strata_quantize_q8_k")?,
             row_scale: gpu.kernel("strata_row_scale")?,
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
@@ -302,16 +306,37 @@ impl QuantOps {
         )
     }
 
-    /// x f32 [n_rows, k] → q8_1 [n_rows, k/32] at `out`.
-    fn quantize_q8_1(&self, s: &Stream, x: u64, n_rows: usize, k: usize, out: u64) -> Result<()> {
-        let n_blocks = n_rows * (k / 32);
-        let grid = n_blocks.div_ceil(8);
-        self.quantize.launch(
+    /// x f32 [n_rows, k] → int8 activation blocks [n_rows, k/32] at `out`, quantized as the CPU
+    /// path quantizes the activations of weight type `ty` (its ggml vec_dot type: Q8_K for the
+    /// K-quants and the 256-element IQ types, Q8_0 otherwise), so the decode kernels' integer
+    /// dots are the CPU's.
+    fn quantize_act(
+        &self,
+        s: &Stream,
+        ty: GgmlType,
+        x: u64,
+        n_rows: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
+        let (kern, per_item) = match ty.vec_dot_type() {
+            GgmlType::Q8K => (&self.quantize_q8_k, 256),
+            _ => (&self.quantize_q8_0, 32),
+        };
+        if !k.is_multiple_of(per_item) {
+            return Err(Error::Shape(format!(
+                "{} activations of width {k}: not whole blocks of {per_item}",
+                ty.name()
+            )));
+        }
+        let n_items = n_rows * (k / per_item);
+        let grid = n_items.div_ceil(8);
+        kern.launch(
             s,
             (to_u32(grid, "quantize grid")?, 1, 1),
             (256, 1, 1),
             0,
-            &[Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n_blocks as i64)],
+            &[Arg::Ptr(x), Arg::Ptr(out), Arg::I64(n_items as i64)],
         )
     }
 }
@@ -389,7 +414,8 @@ pub fn check_matmul(
 }
 
 /// y[t, r] = Σ_k W[r, k]·x[t, k] for t < n_tok; x f32 [n_tok, k], y f32 [n_tok, rows].
-/// Quantizes x itself (to q8_1, except for float weights) into `scratch` (see `scratch_bytes`).
+/// Quantizes x itself (to int8 blocks as the CPU does, except for float weights) into `scratch`
+/// (see `scratch_bytes`).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     q: &QuantOps,
@@ -426,7 +452,7 @@ pub fn matmul(
     let xa = if info.float {
         x
     } else {
-        q.quantize_q8_1(s, x, n_tok, k, scratch)?;
+        q.quantize_act(s, ty, x, n_tok, k, scratch)?;
         scratch
     };
     let args = [
@@ -614,7 +640,10 @@ pub fn moe_gate_up(
         );
     }
     if !(ig.float && iu.float) {
-        q.quantize_q8_1(s, x, n_tok, h, scratch)?;
+        // one int8 copy of x serves both: as the gate type's activations (the up type's when
+        // the gate is a float type; real models give gate and up one type)
+        let ty_act = if ig.float { ty_up } else { ty_gate };
+        q.quantize_act(s, ty_act, x, n_tok, h, scratch)?;
     }
     let xg = if ig.float { x } else { scratch };
     let xu = if iu.float { x } else { scratch };
@@ -673,7 +702,7 @@ pub fn moe_gate_up(
 /// Routed experts, down, accumulated into the residual stream:
 /// y[t] += Σ_j weights[t, j]·(Wd[ids[t, j]]·act[t, j]); slots whose pointer is 0 add nothing.
 /// down_ptrs: device u64 [n_expert] addresses of [h, ff] matrices; weights f32 [n_tok, top_k];
-/// act f32 [n_tok, top_k, ff]; y f32 [n_tok, h]. One launch (plus the q8_1 quantization of act).
+/// act f32 [n_tok, top_k, ff]; y f32 [n_tok, h]. One launch (plus the int8 quantization of act).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_down(
     q: &QuantOps,
@@ -746,7 +775,7 @@ pub fn moe_down(
     let a = if info.float {
         act
     } else {
-        q.quantize_q8_1(s, act, n_tok * top_k, ff, scratch)?;
+        q.quantize_act(s, ty, act, n_tok * top_k, ff, scratch)?;
         scratch
     };
     let gx = to_u32(h.div_ceil(MMVQ_ROWS), "h")?;

@@ -219,6 +219,7 @@ def main() -> None:
     ap.add_argument("--type", default="Q4_K_M")
     ap.add_argument("--write-f16", choices=("uniform", "zipf"), help="write one F16 and exit")
     ap.add_argument("--llama-quantize", help="llama-quantize binary used to make the files")
+    ap.add_argument("--make-only", action="store_true", help="make the quantized files, exit")
     ap.add_argument("--llama-bench", help="llama-bench binary (CUDA build) to compare with")
     ap.add_argument("--ncmoe", default="", help="N values for -ncmoe (default: equal VRAM ±1)")
     ap.add_argument("--threads", type=int, default=16, help="CPU threads, both engines")
@@ -241,12 +242,15 @@ def main() -> None:
 
     from strata._core import gpu_copy_gbps, gpu_status, ram_read_gbps
 
+    kinds = a.models.split(",")
+    paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
+    if a.make_only:
+        print("\n".join(map(str, paths.values())))
+        return
     ok, why = gpu_status()
     if not ok:
         sys.exit(f"no usable GPU: {why}")
     print(f"device: {why}", file=sys.stderr)
-    kinds = a.models.split(",")
-    paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
     hbm = gpu_copy_gbps(1024, 10)
     ram = ram_read_gbps(a.threads)
     equal_n = round(a.layers * (1.0 - a.share))

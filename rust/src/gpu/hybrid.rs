@@ -322,6 +322,9 @@ impl Hybrid {
     /// Before a step is launched: the pointer-table changes of the last gap reach the device
     /// (on the compute stream, ahead of the step's kernels).
     pub(super) fn before_step(&mut self, s: &Stream) -> Result<()> {
+        if let Some(st) = self.stream.as_mut() {
+            st.begin_step();
+        }
         if self.ptrs_dirty {
             self.ptrs_dev.write(s, 0, &self.ptrs.ptrs)?;
             if let Some(st) = self.stream.as_mut() {

@@ -118,6 +118,11 @@ impl StreamIn {
         self.tables.write(s, 0, &self.host)
     }
 
+    /// A step begins: ids of a failed earlier chunk are not counted.
+    pub fn begin_step(&mut self) {
+        self.pending = None;
+    }
+
     /// Device address of layer `l`'s `[n_expert]` table of projection `p`.
     pub fn table(&self, ptrs: &PtrTables, l: usize, p: Proj) -> u64 {
         self.tables.ptr() + 8 * ptrs.index(l, p, 0) as u64

@@ -31,7 +31,7 @@ use crate::model::{Compute, HParams};
 use crate::tier::vram::{
     self, cpu_misses, fill_order, initial_assignment, start_fill, AdaptConfig, BudgetInputs,
     CudaSlots, ExpertShape, HybridCounters, Key, LayerSplit, PcieShare, Proj, PtrTables,
-    SlotFences, Stager, TierDriver, VramPlan, VramTable,
+    SlotFences, StageBuf, Stager, TierDriver, VramPlan, VramTable,
 };
 use crate::tier::{Profile, RoutingCounters};
 use std::sync::Arc;
@@ -68,24 +68,38 @@ pub struct HybridConfig {
     pub stream_min_tokens: usize,
 }
 
+/// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
+/// without routed experts).
+pub type ExpertTensors = Vec<Option<([TensorInfo; 3], ExpertShape)>>;
+
 /// Host-only staging of an expert's slot record from the GGUF mapping (RAM). Runs on the
 /// async tier's helper thread: it never calls the device.
-pub struct GgufStager {
+pub struct GgufStager<B> {
     gguf: Arc<Gguf>,
-    /// Per layer: the (gate, up, down) tensors and the shape of one expert.
-    layers: Vec<Option<([TensorInfo; 3], ExpertShape)>>,
+    layers: ExpertTensors,
+    _buf: std::marker::PhantomData<fn() -> B>,
 }
 
-impl Stager for GgufStager {
-    type Buf = PinnedBuf;
+impl<B> GgufStager<B> {
+    pub fn new(gguf: Arc<Gguf>, layers: ExpertTensors) -> Self {
+        GgufStager {
+            gguf,
+            layers,
+            _buf: std::marker::PhantomData,
+        }
+    }
+}
 
-    fn stage(&mut self, (l, e): Key, buf: &mut PinnedBuf) -> Result<u64> {
+impl<B: StageBuf> Stager for GgufStager<B> {
+    type Buf = B;
+
+    fn stage(&mut self, (l, e): Key, buf: &mut B) -> Result<u64> {
         let (ts, shape) = self
             .layers
             .get(l as usize)
             .and_then(Option::as_ref)
             .ok_or_else(|| Error::Config(format!("layer {l} has no experts")))?;
-        let dst = buf.as_mut_slice();
+        let dst = buf.bytes_mut();
         if (dst.len() as u64) < shape.record_bytes() {
             return Err(Error::Config(format!(
                 "staging buffer of {} bytes for a record of {}",
@@ -153,7 +167,7 @@ pub struct Hybrid {
     ptrs_dirty: bool,
     slots: CudaSlots,
     fences: SlotFences<Event, PinnedBuf>,
-    driver: TierDriver<GgufStager>,
+    driver: TierDriver<GgufStager<PinnedBuf>>,
     compute: Arc<dyn Compute>,
     /// The model's tensors in RAM (the CPU misses read its experts).
     weights: Weights,
@@ -206,7 +220,7 @@ impl Hybrid {
         let shapes = shapes(&weights)?;
         let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
         let y_miss = gpu.alloc(4 * t * hd)?;
-        let layers: Vec<Option<([TensorInfo; 3], ExpertShape)>> = weights
+        let layers: ExpertTensors = weights
             .layers
             .iter()
             .zip(&shapes)
@@ -238,10 +252,7 @@ impl Hybrid {
         let counters = Arc::new(HybridCounters::new(nl));
         let mut table = VramTable::new(nl, ne, plan.n_slots);
         let mut fences: SlotFences<Event, PinnedBuf> = SlotFences::new(plan.n_slots);
-        let mut stager = GgufStager {
-            gguf: weights.gguf.clone(),
-            layers,
-        };
+        let mut stager = GgufStager::new(weights.gguf.clone(), layers);
         let mut bufs = (0..STAGING_BUFFERS)
             .map(|_| slots.staging_buffer())
             .collect::<Result<Vec<_>>>()?;
@@ -513,5 +524,70 @@ impl Hybrid {
         elementwise::add(gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::residency::{RamMode, Residency};
+    use crate::tier::vram::{plan, shapes_of, RamStager};
+
+    /// The GGUF stager writes the same slot record as the RAM tier's stager (whose expert
+    /// slices come from the tier's own layout; the test model's slabs hold patterns naming
+    /// layer, tensor and expert, so a wrong slice shows).
+    #[test]
+    fn gguf_stager_writes_the_ram_stagers_record() {
+        let path = crate::tier::tests::write_model("hybrid-stage", 3, 4, &[1], 0);
+        let g = Arc::new(Gguf::open(&path).unwrap());
+        let ram = Residency::new(g.clone(), RamMode::Mmap, None, false).unwrap();
+        let shapes = shapes_of(ram.layout());
+        let p = plan(&BudgetInputs {
+            free_bytes: 1 << 30,
+            reserve_mib: 0,
+            budget_mib: None,
+            dense_bytes: 0,
+            kv_bytes: 0,
+            buffer_bytes: 0,
+            n_expert: 4,
+            layers: shapes.clone(),
+        })
+        .unwrap();
+        let layers: ExpertTensors = (0..3)
+            .map(|l| {
+                let t = |w: &str| g.tensor(&format!("blk.{l}.ffn_{w}_exps.weight")).cloned();
+                let ts = [t("gate")?, t("up")?, t("down")?];
+                let sh = expert_shape(&[&ts[0], &ts[1], &ts[2]]).unwrap();
+                Some((ts, sh))
+            })
+            .collect();
+        assert!(layers[1].is_none() && layers[0].is_some() && layers[2].is_some());
+        for (l, s) in layers.iter().enumerate() {
+            assert_eq!(s.as_ref().map(|s| s.1), shapes[l], "layer {l} shape");
+        }
+        let mut ours: GgufStager<Vec<u8>> = GgufStager::new(g.clone(), layers);
+        let mut theirs: RamStager<Vec<u8>> = RamStager::new(ram.clone(), &p);
+        let n = p.slot_bytes as usize;
+        for key in [(0u32, 0u32), (0, 3), (2, 1), (2, 3)] {
+            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+            assert_eq!(
+                ours.stage(key, &mut a).unwrap(),
+                theirs.stage(key, &mut b).unwrap()
+            );
+            assert_eq!(a, b, "{key:?}");
+        }
+        assert!(
+            ours.stage((1, 0), &mut vec![0u8; n]).is_err(),
+            "dense layer"
+        );
+        assert!(
+            ours.stage((0, 4), &mut vec![0u8; n]).is_err(),
+            "expert out of range"
+        );
+        assert!(
+            ours.stage((0, 0), &mut vec![0u8; 16]).is_err(),
+            "small buffer"
+        );
+        let _ = std::fs::remove_file(path);
     }
 }

@@ -88,8 +88,8 @@ def quantized(dir_: Path, layers: int, kind: str, ty: str, quantizer: str | None
 def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     from strata._core import Model, Profile
 
-    with open_meta(path) as (n_layer, n_expert):
-        slots = round(a.share * n_layer * n_expert)
+    n_layer, n_expert = layers_experts(path)
+    slots = round(a.share * n_layer * n_expert)
     n_ctx = max(a.pp + 64, DECODE_PROMPT + a.gen + 64)
     rng = np.random.default_rng(0)
 
@@ -158,20 +158,13 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-class open_meta:
-    """(n_layer, n_expert) of a GGUF, as a context manager."""
+def layers_experts(path: Path) -> tuple[int, int]:
+    """(n_layer, n_expert) of a qwen3moe GGUF."""
+    from strata.gguf import GGUFFile
 
-    def __init__(self, path: Path) -> None:
-        from strata.gguf import GGUFFile
-
-        self.g = GGUFFile(path)
-
-    def __enter__(self) -> tuple[int, int]:
-        md = self.g.metadata
+    with GGUFFile(path) as g:
+        md = g.metadata
         return int(md["qwen3moe.block_count"]), int(md["qwen3moe.expert_count"])
-
-    def __exit__(self, *exc: object) -> None:
-        self.g.close()
 
 
 def llama_runs(exe: str, path: Path, a: argparse.Namespace, ncmoe: list[int]) -> list[dict]:

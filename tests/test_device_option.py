@@ -39,3 +39,18 @@ def test_cuda_without_gpu_says_why(test_models: TestModels) -> None:
     with pytest.raises(GpuError) as ei:
         _core.Model.open(micro, n_ctx=32, device="cuda")
     assert str(ei.value), "the error says why"
+
+
+def test_hybrid_settings_without_gpu_say_why(test_models: TestModels) -> None:
+    """The hybrid mode's settings reach `Model.open`; without a GPU the error is the same
+    GpuError (the hybrid step itself: test_gpu_hybrid.py, marker gpu)."""
+    ok, why = _core.gpu_status()
+    if ok:
+        pytest.skip(f"a GPU is present ({why}): test_gpu_hybrid.py runs the hybrid step")
+    micro: Path = TestModels(test_models.root, test_models.spec.micro()).f32()
+    with pytest.raises(GpuError):
+        _core.Model.open(
+            micro, n_ctx=32, device="cuda", vram_slots=2, adapt_every=1, tier_async=True
+        )
+    m = _core.Model.open(micro, n_ctx=32)
+    assert m.hybrid_counters() is None and m.hybrid_info() is None

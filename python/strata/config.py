@@ -41,8 +41,9 @@ class Config:
     kv_type: str = _f("f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"))
     device: str = _f(
         "cpu",
-        "where the forward pass runs: cpu, or cuda (every weight and the KV cache in the VRAM "
-        "of GPU 0; KV cache f16 or q8_0)",
+        "where the forward pass runs: cpu, or cuda (the KV cache and every weight in the VRAM "
+        "of GPU 0; KV cache f16 or q8_0; when the experts do not fit or vram_budget_mib is "
+        "set, the hybrid mode: the hottest experts in VRAM, the others on the CPU pool)",
         choices=("cpu", "cuda"),
     )
     prefill_chunk: int = _f(512, "prompt tokens per prefill chunk")
@@ -81,6 +82,11 @@ class Config:
         -1.0,
         "hybrid GPU: share of missed experts copied over PCIe and run on the GPU instead of "
         "the CPU, 0..1 (-1: from a probe of the link at start)",
+    )
+    stream_min_tokens: int = _f(
+        64,
+        "hybrid GPU: prefill chunks of at least this many tokens copy each layer's missing "
+        "experts over PCIe and run them on the GPU (0: every miss on the CPU)",
     )
     tier_async: bool = _f(
         False,
@@ -138,6 +144,8 @@ class Config:
             raise bad("vram_reserve_mib", "must be >= 0")
         if self.adapt_every < 0:
             raise bad("adapt_every", "must be >= 0")
+        if self.stream_min_tokens < 0:
+            raise bad("stream_min_tokens", "must be >= 0")
         if not 0 <= self.adapt_swaps <= 4096:
             raise bad("adapt_swaps", "must be in 0..4096")
         if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):

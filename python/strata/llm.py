@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from strata._core import HybridCounters, Model, RoutingCounters
+from strata._core import HybridCounters, Model, Profile, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
 from strata.tiering import (
@@ -148,16 +148,31 @@ class LLM:
         # Slots 0..parallel-1 belong to the step API; the last one to logits()/generate().
         self.max_slots: int = self.config.parallel
         self._own = self.max_slots
+        c = self.config
+        gpu: dict[str, Any] = {}
+        if c.device == "cuda":
+            # The hybrid mode's settings (on when vram_budget_mib is set or the model does not
+            # fit whole). pcie_frac is not used yet: every miss runs on the CPU pool.
+            gpu = dict(
+                vram_budget_mib=c.vram_budget_mib,
+                vram_reserve_mib=c.vram_reserve_mib,
+                adapt_every=c.adapt_every,
+                adapt_swaps=c.adapt_swaps,
+                tier_async=c.tier_async,
+                stream_min_tokens=c.stream_min_tokens,
+                profile=Profile.load(c.profile, self.path) if c.profile else None,
+            )
         self.model = Model.open(
             self.path,
-            n_ctx=self.config.n_ctx,
+            n_ctx=c.n_ctx,
             n_slots=self.max_slots + 1,
-            kv_type=self.config.kv_type,
-            prefill_chunk=self.config.prefill_chunk,
-            threads=self.config.threads,
-            host_participates=self.config.host_participates,
-            pool_pipeline=self.config.pool_pipeline,
-            device=self.config.device,
+            kv_type=c.kv_type,
+            prefill_chunk=c.prefill_chunk,
+            threads=c.threads,
+            host_participates=c.host_participates,
+            pool_pipeline=c.pool_pipeline,
+            device=c.device,
+            **gpu,
         )
         self.hparams: dict[str, Any] = self.model.hparams
         self.n_ctx: int = self.config.n_ctx
@@ -170,8 +185,9 @@ class LLM:
         # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
         on_cpu = self.config.device == "cpu"
         self.tier, self.fill = open_tier(self.config, self.path, start_fill=on_cpu)
-        # The VRAM expert tier's counters: set by the hybrid GPU path; None on the CPU path.
-        self.hybrid: HybridCounters | None = None
+        # The VRAM expert tier's counters, shared with the hybrid GPU path; None on the CPU
+        # path and when every weight is in VRAM.
+        self.hybrid: HybridCounters | None = self.model.hybrid_counters()
         if on_cpu:
             self.model.set_tier(self.tier)
             # Read-ahead of the next layer's likely experts (budget mode by default).
@@ -289,7 +305,7 @@ class LLM:
             self.tier, self._routing, self.fill, readahead=self.model.readahead_stats()
         )
         tiers["profile"] = self.config.profile or None
-        tiers["vram"] = vram_info(self.hybrid)
+        tiers["vram"] = vram_info(self.hybrid, self.model.hybrid_info())
         d["tiers"] = tiers
         return d
 

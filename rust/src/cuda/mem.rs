@@ -180,6 +180,29 @@ impl DevBuf {
         ))
     }
 
+    /// Copy of host memory that need not be page-locked (e.g. a file mapping) to
+    /// `self[dst_off..]`, ordered on `s`. From pageable memory the driver stages the bytes
+    /// and the call returns once `src` may be reused (it may wait for `s` to reach the copy);
+    /// it never waits for the whole stream as `write` does.
+    ///
+    /// # Safety
+    /// If `src` is page-locked (registered) memory the copy runs asynchronously: `src` must
+    /// then stay alive and unchanged until `s` has passed this point.
+    pub unsafe fn write_host_async(&self, s: &Stream, dst_off: usize, src: &[u8]) -> Result<()> {
+        span("DevBuf::write_host_async", dst_off, src.len(), self.len)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let drv = self.ctx.drv;
+        cu!(drv.cuMemcpyHtoDAsync(
+            self.ptr + dst_off as u64,
+            src.as_ptr().cast(),
+            src.len(),
+            s.raw()
+        ))
+    }
+
     /// Asynchronous copy of `bytes` from `self[src_off..]` into pinned `dst[dst_off..]` on `s`;
     /// read `dst` only after `s.sync()` (or an event recorded after this).
     pub fn read_async(

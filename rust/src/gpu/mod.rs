@@ -3,8 +3,11 @@
 //! launches (`step`), decode replayed from a captured CUDA graph, prefill in chunks
 //! (`model`). Semantics of `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
 
+pub mod hybrid;
 mod model;
 mod step;
+mod stream_in;
 pub mod weights;
 
+pub use hybrid::{HybridConfig, HybridInfo};
 pub use model::{GpuModel, DECODE_MAX_TOKENS};

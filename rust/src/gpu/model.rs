@@ -7,6 +7,7 @@
 //! (`params` i32 [2 + chunk]) written before the launches, so the one-token decode step is
 //! captured once as a CUDA graph and replayed for any slot and position.
 
+use super::hybrid::{Hybrid, HybridConfig, HybridInfo};
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::{self, QuantOps};
@@ -76,23 +77,44 @@ pub struct GpuModel {
     /// Bytes of the routed-expert tensors and of everything else (for `hparams`).
     pub expert_bytes: usize,
     pub non_expert_bytes: usize,
+    /// The hybrid mode (`gpu::hybrid`): experts in the VRAM tier's slots and on the CPU.
+    hybrid: Option<Box<Hybrid>>,
 }
+
+/// Buffers besides the weights and the KV cache that the automatic hybrid decision assumes
+/// (activations, scratch, the CUDA context's own needs).
+const BUFFER_ALLOWANCE: usize = 512 << 20;
 
 fn alloc_f32(gpu: &Gpu, dims: &[usize]) -> Result<DevBuf> {
     gpu.alloc(bytes(prod(dims)?, 4)?)
 }
 
 impl GpuModel {
-    pub fn open(path: impl AsRef<Path>, cfg: ModelConfig, gpu: Arc<Gpu>) -> Result<GpuModel> {
+    /// `hybrid`: the VRAM expert tier's settings (None: every weight in VRAM).
+    pub fn open(
+        path: impl AsRef<Path>,
+        cfg: ModelConfig,
+        gpu: Arc<Gpu>,
+        hybrid: Option<HybridConfig>,
+    ) -> Result<GpuModel> {
         let gguf = Arc::new(Gguf::open(path)?);
         let mut hp = HParams::from_gguf(&gguf)?;
         let weights = Weights::load(gguf, &mut hp)?;
-        Self::new(hp, &weights, cfg, gpu)
+        Self::new(hp, weights, cfg, gpu, hybrid)
     }
 
     /// Uploads the weights (refusing, before any upload, a tensor type the GPU kernels lack),
     /// allocates the KV cache for `n_slots` × `n_ctx` and the buffers for `max_chunk` tokens.
-    pub fn new(hp: HParams, w: &Weights, cfg: ModelConfig, gpu: Arc<Gpu>) -> Result<GpuModel> {
+    /// With `hybrid` (and, when it is `only_if_needed`, a model that does not fit whole), the
+    /// expert tensors stay in RAM and the VRAM left by the budget holds expert slots.
+    pub fn new(
+        hp: HParams,
+        w: Weights,
+        cfg: ModelConfig,
+        gpu: Arc<Gpu>,
+        hybrid: Option<HybridConfig>,
+    ) -> Result<GpuModel> {
+        let free0 = gpu.mem_info()?.0;
         if cfg.max_chunk == 0 {
             return Err(Error::Config(
                 "prefill chunk must be at least 1 token".into(),
@@ -113,10 +135,15 @@ impl GpuModel {
                 attention::MAX_GROUP
             )));
         }
-        super::weights::check_types(w)?;
+        super::weights::check_types(&w)?;
+        let hybrid = hybrid.filter(|h| {
+            let need = w.expert_bytes() + w.non_expert_bytes() + 2 * lay.total();
+            let avail = free0.saturating_sub((h.reserve_mib as usize) << 20);
+            !h.only_if_needed || need + BUFFER_ALLOWANCE > avail
+        });
         let stream = gpu.stream()?;
         let q = QuantOps::new(&gpu)?;
-        let weights = GpuWeights::upload(&gpu, w)?;
+        let weights = GpuWeights::upload(&gpu, &w, hybrid.is_none())?;
         let t = cfg.max_chunk.min(cfg.n_ctx);
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
@@ -166,9 +193,24 @@ impl GpuModel {
         b.kc.zero(&stream)?;
         b.vc.zero(&stream)?;
         stream.sync()?;
+        let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
+        let hybrid = match hybrid {
+            Some(h) => Some(Box::new(Hybrid::new(
+                &gpu,
+                &hp,
+                w,
+                t,
+                h,
+                free0,
+                weights.bytes,
+                2 * lay.total(),
+            )?)),
+            None => None,
+        };
         Ok(GpuModel {
-            expert_bytes: w.expert_bytes(),
-            non_expert_bytes: w.non_expert_bytes(),
+            hybrid,
+            expert_bytes,
+            non_expert_bytes,
             lens: vec![0; cfg.n_slots],
             pin_params,
             pin_logits,
@@ -202,6 +244,28 @@ impl GpuModel {
         2 * self.lay.total()
     }
 
+    /// The hybrid mode's plan and state (None: every weight in VRAM).
+    pub fn hybrid_info(&self) -> Option<HybridInfo> {
+        self.hybrid.as_ref().map(|h| h.info())
+    }
+
+    /// The hybrid mode's counters (None: every weight in VRAM).
+    pub fn hybrid_counters(&self) -> Option<Arc<crate::tier::vram::HybridCounters>> {
+        self.hybrid.as_ref().map(|h| h.counters.clone())
+    }
+
+    /// The routing counters of the hybrid mode (the routed ids reach the host there):
+    /// undecayed since load, or decayed ("hot"). None: every weight in VRAM (not counted).
+    pub fn routing(&self, decayed: bool) -> Option<Arc<crate::tier::RoutingCounters>> {
+        self.hybrid.as_ref().map(|h| {
+            if decayed {
+                h.routing_hot.clone()
+            } else {
+                h.routing.clone()
+            }
+        })
+    }
+
     /// Replays the one-token step from a captured CUDA graph (the default) or launches its
     /// kernels one by one; both compute the same thing.
     pub fn set_graph(&mut self, on: bool) {
@@ -215,6 +279,9 @@ impl GpuModel {
 
     /// "captured", "not yet", "off", or "failed: why" (then the step runs kernel by kernel).
     pub fn graph_state(&self) -> String {
+        if self.hybrid.is_some() {
+            return "off (hybrid)".into();
+        }
         match (&self.graph, &self.graph_error, self.use_graph) {
             (Some(_), _, true) => "captured".into(),
             (_, Some(e), _) => format!("failed: {e}"),
@@ -325,6 +392,9 @@ impl GpuModel {
             .params
             .write_async(&self.stream, 0, &self.pin_params, 0, nb)?;
         let vocab = self.hp.n_vocab;
+        if self.hybrid.is_some() {
+            return self.run_chunk_hybrid(t, rows, dst);
+        }
         let graph_ok = self.use_graph && self.graph_error.is_none();
         if t == 1 && graph_ok && (self.graph.is_some() || self.eager_steps > 0) {
             if self.graph.is_none() {
@@ -346,10 +416,32 @@ impl GpuModel {
             }
             return Ok(());
         }
-        self.layers(t)?;
+        self.layers(t, None)?;
         if t == 1 {
             self.eager_steps += 1;
         }
+        self.logits_out(t, rows, dst)
+    }
+
+    /// One chunk in the hybrid mode (kernel by kernel, with a host wait per layer; no graph),
+    /// between the tier's gaps. `params` is queued already.
+    fn run_chunk_hybrid(&mut self, t: usize, rows: usize, dst: Option<&mut [f32]>) -> Result<()> {
+        let mut hy = self.hybrid.take().expect("hybrid mode");
+        let r = (|| -> Result<()> {
+            hy.before_step(&self.stream)?;
+            self.layers(t, Some(&mut hy))?;
+            hy.step_launched(&self.gpu, &self.stream)?;
+            self.logits_out(t, rows, dst)?;
+            hy.after_step(self.hp.n_expert_used)
+        })();
+        self.hybrid = Some(hy);
+        r
+    }
+
+    /// The last `rows` rows' logits of a chunk of `t` tokens to `dst` (then the stream is
+    /// idle); without `dst`, only the sync.
+    fn logits_out(&mut self, t: usize, rows: usize, dst: Option<&mut [f32]>) -> Result<()> {
+        let vocab = self.hp.n_vocab;
         if let Some(dst) = dst {
             let first = t - rows;
             self.final_norm(first, rows)?;
@@ -381,7 +473,7 @@ impl GpuModel {
 
     /// The whole one-token step (what the decode graph holds): layers, final norm, head.
     fn one_token_step(&self) -> Result<()> {
-        self.layers(1)?;
+        self.layers(1, None)?;
         self.final_norm(0, 1)?;
         self.head(0, 1)
     }

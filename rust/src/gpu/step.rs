@@ -9,14 +9,17 @@
 //!   ids, w = top-k(softmax(h·Wrᵀ)), renormalized          quant::matmul, router::topk
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
 
+use super::hybrid::Hybrid;
 use super::model::{GpuModel, DECODE_MAX_TOKENS};
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, norm, quant, rope, router};
 use crate::error::Result;
 
 impl GpuModel {
-    /// x [T, H] = the residual stream after every layer for the T tokens in `params`.
-    pub(super) fn layers(&self, t: usize) -> Result<()> {
+    /// x [T, H] = the residual stream after every layer for the T tokens in `params`. With
+    /// `hybrid`, the routed experts run through its slots and CPU pool (host waits per layer:
+    /// not capturable).
+    pub(super) fn layers(&self, t: usize, mut hybrid: Option<&mut Hybrid>) -> Result<()> {
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
@@ -135,14 +138,23 @@ impl GpuModel {
             )?;
             let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
             router::topk(g, s, logits, ids, wts, t, e, k, true)?;
+            if let Some(hy) = hybrid.as_deref_mut() {
+                hy.moe_layer(g, s, &self.q, hp, b, lw, l, t)?;
+                continue;
+            }
             let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
+            let (Some(gs), Some(us), Some(ds)) = (&gate.stacked, &up.stacked, &down.stacked) else {
+                return Err(crate::error::Error::Config(
+                    "the expert tensors are not in VRAM (hybrid mode without its tier)".into(),
+                ));
+            };
             quant::moe_gate_up(
                 &self.q,
                 s,
                 gate.ty,
                 up.ty,
-                gate.ptrs.ptr(),
-                up.ptrs.ptr(),
+                gs.ptrs.ptr(),
+                us.ptrs.ptr(),
                 f,
                 hd,
                 ids.ptr,
@@ -156,7 +168,7 @@ impl GpuModel {
                 &self.q,
                 s,
                 down.ty,
-                down.ptrs.ptr(),
+                ds.ptrs.ptr(),
                 hd,
                 f,
                 ids.ptr,

@@ -2,6 +2,9 @@
 //! file (the GPU kernels read GGUF rows), the norm vectors as f32, and per expert tensor a
 //! device table of each expert's address (what the grouped expert kernels take).
 //!
+//! In the hybrid mode (`gpu::hybrid`) the stacked expert tensors are not uploaded at all: the
+//! expert kernels read the VRAM tier's slots through its pointer tables instead.
+//!
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
 //! F = expert FFN width.
 
@@ -29,10 +32,16 @@ impl GpuMat {
 }
 
 /// A stacked expert tensor [E, rows, cols] and its table of expert addresses (u64 [E]).
-pub struct GpuExperts {
-    pub ty: GgmlType,
+pub struct Stacked {
     pub buf: DevBuf,
     pub ptrs: DevBuf,
+}
+
+/// An expert tensor's type and shape; `stacked` holds its bytes in VRAM (None in the hybrid
+/// mode, where the experts live in the VRAM tier's slots).
+pub struct GpuExperts {
+    pub ty: GgmlType,
+    pub stacked: Option<Stacked>,
     pub n_expert: usize,
     pub rows: usize,
     pub cols: usize,
@@ -94,6 +103,8 @@ struct Uploader<'a> {
     gpu: &'a Gpu,
     w: &'a Weights,
     bytes: usize,
+    /// Upload the stacked expert tensors (false: hybrid mode, shapes only).
+    experts: bool,
 }
 
 impl Uploader<'_> {
@@ -115,6 +126,15 @@ impl Uploader<'_> {
 
     fn experts(&mut self, t: &TensorInfo) -> Result<GpuExperts> {
         let (cols, rows, n) = (t.dims[0] as usize, t.dims[1] as usize, t.dims[2] as usize);
+        if !self.experts {
+            return Ok(GpuExperts {
+                ty: t.ty,
+                stacked: None,
+                n_expert: n,
+                rows,
+                cols,
+            });
+        }
         let row_bytes = t
             .ty
             .row_bytes(cols)
@@ -135,8 +155,10 @@ impl Uploader<'_> {
         }
         Ok(GpuExperts {
             ty: t.ty,
-            ptrs: self.gpu.upload_pod(&table)?,
-            buf,
+            stacked: Some(Stacked {
+                ptrs: self.gpu.upload_pod(&table)?,
+                buf,
+            }),
             n_expert: n,
             rows,
             cols,
@@ -149,10 +171,16 @@ impl Uploader<'_> {
 }
 
 impl GpuWeights {
-    /// Uploads every tensor of `w` (types checked first).
-    pub fn upload(gpu: &Gpu, w: &Weights) -> Result<GpuWeights> {
+    /// Uploads every tensor of `w` (types checked first); the stacked expert tensors only
+    /// when `experts` (the hybrid mode keeps them in RAM and the VRAM tier's slots).
+    pub fn upload(gpu: &Gpu, w: &Weights, experts: bool) -> Result<GpuWeights> {
         check_types(w)?;
-        let mut u = Uploader { gpu, w, bytes: 0 };
+        let mut u = Uploader {
+            gpu,
+            w,
+            bytes: 0,
+            experts,
+        };
         let token_embd = u.mat(&w.token_embd)?;
         let output = if w.output.name == w.token_embd.name {
             GpuMat {

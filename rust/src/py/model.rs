@@ -4,12 +4,14 @@
 //! serialize on its lock).
 
 use super::cuda::shared_gpu;
-use super::tier::{prefetch_dict, ExpertTier, RoutingCounters};
+use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
+use super::vram::HybridCounters;
 use crate::error::{Error, Result};
-use crate::gpu::GpuModel;
+use crate::gpu::{GpuModel, HybridConfig};
 use crate::model::{Compute, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
+use crate::tier::vram::AdaptConfig;
 use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -82,9 +84,27 @@ impl Backend {
         match self {
             Backend::Cpu(m) if decayed => m.routing_hot.clone(),
             Backend::Cpu(m) => m.routing.clone(),
-            Backend::Gpu { routing, .. } => routing.clone(),
+            Backend::Gpu { m, routing } => m.routing(decayed).unwrap_or_else(|| routing.clone()),
         }
     }
+}
+
+/// The CPU compute of the CPU path and of the hybrid mode's misses: the pool with `threads`
+/// workers besides the caller (0: one per physical core minus the caller), or the serial
+/// reference (`threads` < 0).
+fn make_compute(threads: i64, host_participates: bool, pool_pipeline: bool) -> Arc<dyn Compute> {
+    if threads < 0 {
+        return Arc::new(SerialCompute::new());
+    }
+    let mut pc = PoolConfig {
+        host_participates,
+        pipelined: pool_pipeline,
+        ..PoolConfig::default()
+    };
+    if threads > 0 {
+        pc.workers = threads as usize;
+    }
+    Arc::new(Pool::new(pc))
 }
 
 #[pyclass(frozen, name = "Model")]
@@ -124,11 +144,22 @@ impl PyModel {
     /// reference instead). `device="cuda"`: every weight and the KV cache in the VRAM of GPU
     /// 0 (f16 or q8_0 cache); the one-token step replays a CUDA graph unless `cuda_graph` is
     /// false. No usable GPU raises `GpuError` saying why.
+    /// The hybrid mode (docs/TIERS_VRAM.md) keeps the experts in RAM and the hottest of them
+    /// in VRAM slots; the CPU pool (`threads`) computes the others. It is on when
+    /// `vram_budget_mib` > 0 (dense weights, KV and buffers first, the rest as slots) or
+    /// `vram_slots` ≥ 0 (at most that many slots), or when the model does not fit in the free
+    /// VRAM minus `vram_reserve_mib`. Slots are filled hottest first along `profile` (else the
+    /// same share of every layer); every `adapt_every` steps up to `adapt_swaps` experts swap
+    /// in (0: never), chosen on a helper thread with `tier_async`. Chunks of at least
+    /// `stream_min_tokens` tokens (0: none) copy each layer's missing experts over PCIe and
+    /// run every pair on the GPU; shorter ones (decode) compute the misses on the CPU.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
                         threads=0, host_participates=true, pool_pipeline=false, device="cpu",
-                        cuda_graph=true))]
+                        cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
+                        vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
+                        profile=None, stream_min_tokens=64))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -141,6 +172,14 @@ impl PyModel {
         pool_pipeline: bool,
         device: &str,
         cuda_graph: bool,
+        vram_budget_mib: i64,
+        vram_reserve_mib: u64,
+        vram_slots: i64,
+        adapt_every: u32,
+        adapt_swaps: u32,
+        tier_async: bool,
+        profile: Option<PyRef<'_, Profile>>,
+        stream_min_tokens: usize,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
@@ -151,8 +190,26 @@ impl PyModel {
         match device {
             "cpu" => {}
             "cuda" => {
+                let hybrid = HybridConfig {
+                    budget_mib: (vram_budget_mib > 0).then_some(vram_budget_mib as u64),
+                    reserve_mib: vram_reserve_mib,
+                    max_slots: (vram_slots >= 0).then_some(vram_slots as usize),
+                    only_if_needed: vram_budget_mib <= 0 && vram_slots < 0,
+                    adapt: AdaptConfig {
+                        every: adapt_every,
+                        swaps: adapt_swaps,
+                        ..AdaptConfig::default()
+                    },
+                    tier_async,
+                    profile: profile.map(|p| p.inner.clone()),
+                    stream_min_tokens,
+                    compute: Box::new(move || {
+                        make_compute(threads, host_participates, pool_pipeline)
+                    }),
+                };
                 let b = py.detach(|| -> Result<Backend> {
-                    let mut m = Box::new(GpuModel::open(&path, cfg, shared_gpu()?)?);
+                    let gpu = shared_gpu()?;
+                    let mut m = Box::new(GpuModel::open(&path, cfg, gpu, Some(hybrid))?);
                     m.set_graph(cuda_graph);
                     let routing = Arc::new(Counters::new(m.hp.n_layer, m.hp.n_expert, 0.0));
                     Ok(Backend::Gpu { m, routing })
@@ -168,19 +225,7 @@ impl PyModel {
                 .into())
             }
         }
-        let compute: Arc<dyn Compute> = if threads < 0 {
-            Arc::new(SerialCompute::new())
-        } else {
-            let mut pc = PoolConfig {
-                host_participates,
-                pipelined: pool_pipeline,
-                ..PoolConfig::default()
-            };
-            if threads > 0 {
-                pc.workers = threads as usize;
-            }
-            Arc::new(Pool::new(pc))
-        };
+        let compute = make_compute(threads, host_participates, pool_pipeline);
         let m = py.detach(|| Model::open(&path, cfg, compute))?;
         Ok(PyModel {
             inner: Mutex::new(Backend::Cpu(Box::new(m))),
@@ -387,7 +432,46 @@ impl PyModel {
         })
     }
 
-    /// The decode graph: "captured", "not yet", "off", "failed: why", or "cpu".
+    /// The VRAM tier's counters (hits, misses, swaps, bytes), shared with the running model;
+    /// None unless the model runs in the hybrid mode.
+    fn hybrid_counters(&self, py: Python<'_>) -> Option<HybridCounters> {
+        self.with(py, |m| match m {
+            Backend::Cpu(_) => None,
+            Backend::Gpu { m, .. } => m.hybrid_counters(),
+        })
+        .map(|inner| HybridCounters { inner })
+    }
+
+    /// The hybrid mode's plan: `budget_bytes`, `fixed_bytes`, `slot_bytes`, `n_slots`,
+    /// `n_experts`, `expert_bytes_total`, `resident_share`, `resident` (experts in slots now),
+    /// `tier_async`, `adapt_every`, `adapt_swaps`, `stream_min_tokens` (0: chunks do not
+    /// stream, or cannot); None unless the model runs in that mode.
+    fn hybrid_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(i) = self.with(py, |m| match m {
+            Backend::Cpu(_) => None,
+            Backend::Gpu { m, .. } => m.hybrid_info(),
+        }) else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        let p = &i.plan;
+        d.set_item("budget_bytes", p.budget_bytes)?;
+        d.set_item("fixed_bytes", p.fixed_bytes)?;
+        d.set_item("slot_bytes", p.slot_bytes)?;
+        d.set_item("n_slots", p.n_slots)?;
+        d.set_item("n_experts", p.n_experts)?;
+        d.set_item("expert_bytes_total", p.expert_bytes_total)?;
+        d.set_item("resident_share", p.resident_share())?;
+        d.set_item("resident", i.resident)?;
+        d.set_item("tier_async", i.tier_async)?;
+        d.set_item("adapt_every", i.adapt_every)?;
+        d.set_item("adapt_swaps", i.adapt_swaps)?;
+        d.set_item("stream_min_tokens", i.stream_min_tokens)?;
+        Ok(Some(d))
+    }
+
+    /// The decode graph: "captured", "not yet", "off", "off (hybrid)", "failed: why", or
+    /// "cpu".
     #[getter]
     fn cuda_graph_state(&self, py: Python<'_>) -> String {
         self.with(py, |m| match m {

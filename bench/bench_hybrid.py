@@ -1,0 +1,298 @@
+"""Strata's hybrid step vs llama.cpp's `--n-cpu-moe` at equal VRAM (issue 9).
+
+    python bench/bench_hybrid.py --dir DIR --llama-quantize Q --llama-bench B [--threads 16]
+    python bench/bench_hybrid.py --dir DIR --write-f16 uniform|zipf    # one F16 file, then exit
+
+Two Qwen3-30B-A3B-shaped GGUFs at full width (hidden 2048, 128 experts, top-8, expert FF 768;
+`--layers` layers, vocabulary padded to 151936 as in bench/bench_gpu.py), random f16 weights
+quantized to Q4_K_M by llama.cpp's quantizer: one with the plain random router ("uniform":
+it routes almost uniformly) and one with a Zipf-biased router (`router_zipf`, docs/
+TIERS_VRAM.md: what real models look like to a cache). `--write-f16` writes one F16 file, so
+a driver script can write both in parallel (bench/run_hybrid_device.sh).
+
+Strata (`Model.open(..., device="cuda", vram_slots=S)`): S = `--share` (25%) of all experts
+in VRAM slots, filled hottest first along a profile of `--profile-tokens` random tokens
+routed first (what `strata-fill profile` gives a deployment; the adaptive tier swaps every
+16 steps), dense weights and KV in VRAM, the other experts computed by the CPU pool
+(`--threads` cores: the caller and threads−1 workers). Decode = `--gen` one-token steps after
+a 16-token prompt; prompt processing = a fresh slot fed `--pp` tokens in chunks of
+`--chunk` (every missed pair of a chunk on the CPU); medians of `--reps`. Hit rate = routed
+pairs served from VRAM during the decode runs.
+
+llama.cpp: llama-bench `-ngl 99 -ncmoe N` (the experts of the first N layers on the CPU) for
+each N of `--ncmoe` (default: the N that leaves the same share of expert layers on the GPU,
+and its neighbours; N below it gives llama.cpp more VRAM than Strata), same threads, its best
+N per test taken.
+
+The decode bound: every missed expert's bytes read once from RAM by the CPU at the pool's
+measured read bandwidth (`ram_read_gbps`), plus every other weight byte read from HBM at the
+device's copy bandwidth; the two legs overlap, so the bound is the slower one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# bench/ is the script's folder, first on sys.path: reuse bench_gpu's helpers
+from bench_gpu import DECODE_PROMPT, bytes_per_token
+
+ZIPF = 1.1
+
+
+def f16_path(dir_: Path, layers: int, kind: str) -> Path:
+    return dir_ / f"q3moe-{layers}l-{kind}-f16.gguf"
+
+
+def write_f16(dir_: Path, layers: int, kind: str) -> Path:
+    from strata.modelgen import ModelSpec, write_qwen3moe
+
+    dir_.mkdir(parents=True, exist_ok=True)
+    out = f16_path(dir_, layers, kind)
+    if not out.exists():
+        zipf = ZIPF if kind == "zipf" else 0.0
+        spec = ModelSpec.qwen3_30b_a3b(
+            layers=layers, vocab="small", n_vocab=151936, router_zipf=zipf
+        )
+        tmp = out.with_suffix(".part")
+        write_qwen3moe(tmp, spec, dtype="f16")
+        tmp.rename(out)
+    return out
+
+
+def quantized(dir_: Path, layers: int, kind: str, ty: str, quantizer: str | None) -> Path:
+    from strata.modelgen import quantize
+
+    out = dir_ / f"q3moe-{layers}l-{kind}-{ty}.gguf"
+    if out.exists():
+        return out
+    f16 = write_f16(dir_, layers, kind)
+    print(f"quantizing {out} ...", file=sys.stderr, flush=True)
+    tmp = out.with_suffix(".part")
+    if quantizer:
+        subprocess.run([quantizer, str(f16), str(tmp), ty], check=True, capture_output=True)
+    else:
+        quantize(f16, tmp, ty)
+    tmp.rename(out)
+    return out
+
+
+def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
+    from strata._core import Model, Profile
+
+    n_layer, n_expert = layers_experts(path)
+    slots = round(a.share * n_layer * n_expert)
+    n_ctx = max(a.pp + 64, DECODE_PROMPT + a.gen + 64)
+    rng = np.random.default_rng(0)
+
+    def open_model(profile: Profile | None) -> Model:
+        return Model.open(
+            path,
+            n_ctx=n_ctx,
+            prefill_chunk=a.chunk,
+            device="cuda",
+            threads=a.threads - 1,
+            vram_slots=slots,
+            adapt_every=a.adapt_every,
+            profile=profile,
+        )
+
+    profile = None
+    if a.profile_tokens > 0:
+        # What `strata-fill profile` does on real text: route some tokens, keep the counts,
+        # fill the slots hottest first (other tokens than the measured ones below).
+        m = open_model(None)
+        m.forward(0, rng.integers(0, m.n_vocab, a.profile_tokens).tolist(), logits="none")
+        profile = Profile.from_counts(path, m.routing_counts(), a.profile_tokens, "bench")
+        del m
+    m = open_model(profile)
+    info = m.hybrid_info()
+    counters = m.hybrid_counters()
+    assert info is not None and counters is not None, "the hybrid mode is off"
+    v = m.n_vocab
+    prompt = rng.integers(0, v, a.pp).tolist()
+    dprompt = rng.integers(0, v, DECODE_PROMPT).tolist()
+    gen = rng.integers(0, v, a.gen).tolist()
+
+    def decode() -> float:
+        m.free(0)
+        m.forward(0, dprompt, logits="last")
+        t = time.perf_counter()
+        for tok in gen:
+            m.forward(0, [tok], logits="last")
+        return len(gen) / (time.perf_counter() - t)
+
+    def prefill() -> float:
+        m.free(0)
+        t = time.perf_counter()
+        m.forward(0, prompt, logits="last")
+        return len(prompt) / (time.perf_counter() - t)
+
+    decode()  # warm-up (first-call setup, page cache, the tier adapts)
+    tg, pp = [], []
+    h0 = counters.totals()
+    for r in range(a.reps):
+        tg.append(decode())
+        print(f"  strata rep {r}: tg{a.gen} {tg[-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    h1 = counters.totals()
+    for r in range(a.pp_reps):
+        pp.append(prefill())
+        print(f"  strata rep {r}: pp{a.pp} {pp[-1]:.1f} tok/s", file=sys.stderr, flush=True)
+    hits = h1[0] - h0[0]
+    total = sum(h1) - sum(h0)
+    snap = counters.snapshot()
+    return {
+        "tg": statistics.median(tg),
+        "pp": statistics.median(pp),
+        "hit_rate": hits / total if total else float("nan"),
+        "swaps": snap["swaps"],
+        "info": info,
+    }
+
+
+def layers_experts(path: Path) -> tuple[int, int]:
+    """(n_layer, n_expert) of a qwen3moe GGUF."""
+    from strata.gguf import GGUFFile
+
+    with GGUFFile(path) as g:
+        md = g.metadata
+        return int(md["qwen3moe.block_count"]), int(md["qwen3moe.expert_count"])
+
+
+def llama_runs(exe: str, path: Path, a: argparse.Namespace, ncmoe: list[int]) -> list[dict]:
+    """llama-bench records: one per (N, test)."""
+    cmd = [exe, "-m", str(path), "-ngl", "99", "-ncmoe", ",".join(map(str, ncmoe))]
+    cmd += ["-p", str(a.pp), "-n", str(a.gen), "-r", str(a.llama_reps), "-t", str(a.threads)]
+    cmd += ["-o", "json"]
+    print("running " + " ".join(cmd), file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        print(r.stderr[-3000:], file=sys.stderr)
+        return []
+    return list(json.loads(r.stdout))
+
+
+def llama_best(recs: list[dict]) -> dict[str, tuple[float, int]]:
+    """Best tok/s per test ("pp", "tg") and the N that gave it."""
+    best: dict[str, tuple[float, int]] = {}
+    for rec in recs:
+        name = "pp" if rec["n_gen"] == 0 else "tg"
+        ts, n = float(rec["avg_ts"]), int(rec.get("n_cpu_moe", -1))
+        if name not in best or ts > best[name][0]:
+            best[name] = (ts, n)
+    return best
+
+
+def decode_bound(path: Path, hit_rate: float, ram_gbps: float, hbm_gbps: float) -> float:
+    """tok/s bound: missed expert bytes from RAM by the CPU, the rest from HBM, overlapped."""
+    from strata.gguf import GGUFFile
+
+    total, _ = bytes_per_token(path)
+    with GGUFFile(path) as g:
+        k = int(g.metadata["qwen3moe.expert_used_count"])
+        n_exp = int(g.metadata["qwen3moe.expert_count"])
+        routed = sum(t.nbytes * k / n_exp for t in g.tensors.values() if "_exps" in t.name)
+    ram = routed * (1.0 - hit_rate)
+    hbm = total - ram
+    return 1.0 / max(ram / (ram_gbps * 1e9), hbm / (hbm_gbps * 1e9))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--dir", type=Path, default=Path("/work/bench-models"))
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--type", default="Q4_K_M")
+    ap.add_argument("--write-f16", choices=("uniform", "zipf"), help="write one F16 and exit")
+    ap.add_argument("--llama-quantize", help="llama-quantize binary used to make the files")
+    ap.add_argument("--make-only", action="store_true", help="make the quantized files, exit")
+    ap.add_argument("--llama-bench", help="llama-bench binary (CUDA build) to compare with")
+    ap.add_argument("--ncmoe", default="", help="N values for -ncmoe (default: equal VRAM ±1)")
+    ap.add_argument("--threads", type=int, default=16, help="CPU threads, both engines")
+    ap.add_argument("--share", type=float, default=0.25, help="share of experts in VRAM")
+    ap.add_argument("--adapt-every", type=int, default=16)
+    ap.add_argument(
+        "--profile-tokens", type=int, default=512, help="tokens routed for the profile (0: none)"
+    )
+    ap.add_argument("--gen", type=int, default=64, help="decoded tokens per run")
+    ap.add_argument("--pp", type=int, default=4096, help="prompt length")
+    ap.add_argument("--chunk", type=int, default=512, help="Strata's prefill chunk")
+    ap.add_argument("--reps", type=int, default=3, help="Strata decode runs")
+    ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")
+    ap.add_argument("--llama-reps", type=int, default=2)
+    ap.add_argument("--models", default="uniform,zipf")
+    a = ap.parse_args()
+    if a.write_f16:
+        print(write_f16(a.dir, a.layers, a.write_f16))
+        return
+
+    from strata._core import gpu_copy_gbps, gpu_status, ram_read_gbps
+
+    kinds = a.models.split(",")
+    paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
+    if a.make_only:
+        print("\n".join(map(str, paths.values())))
+        return
+    ok, why = gpu_status()
+    if not ok:
+        sys.exit(f"no usable GPU: {why}")
+    print(f"device: {why}", file=sys.stderr)
+    hbm = gpu_copy_gbps(1024, 10)
+    ram = ram_read_gbps(a.threads)
+    equal_n = round(a.layers * (1.0 - a.share))
+    ncmoe = [int(x) for x in a.ncmoe.split(",")] if a.ncmoe else [equal_n - 1, equal_n, equal_n + 1]
+    ncmoe = [n for n in ncmoe if 0 <= n <= a.layers]
+    rows = []
+    for kind, path in paths.items():
+        print(f"== {kind}: {path.name}", file=sys.stderr, flush=True)
+        s = strata_run(path, a)
+        recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
+        best = llama_best(recs)
+        bound = decode_bound(path, s["hit_rate"], ram, hbm)
+        i = s["info"]
+        print(
+            f"{kind}: Strata {i['n_slots']} slots of {i['n_experts']} experts "
+            f"({100 * i['resident_share']:.0f}%), VRAM plan {i['fixed_bytes'] / 2**20:.0f} MiB "
+            f"fixed + {i['n_slots'] * i['slot_bytes'] / 2**20:.0f} MiB slots; decode hit rate "
+            f"{s['hit_rate']:.3f}, swaps {s['swaps']}; decode bound {bound:.1f} tok/s "
+            f"(RAM {ram:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
+        )
+        for rec in recs:
+            print(
+                f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')}: "
+                f"{'pp' if rec['n_gen'] == 0 else 'tg'} {float(rec['avg_ts']):.1f} tok/s"
+            )
+        for test, ours in (("tg", s["tg"]), ("pp", s["pp"])):
+            theirs, n = best.get(test, (float("nan"), -1))
+            rows.append((kind, test, ours, theirs, n, s["hit_rate"], bound))
+    name = {"tg": f"decode tg{a.gen}", "pp": f"prompt pp{a.pp}"}
+    print(
+        f"\nthreads {a.threads}; Strata: {a.share:.0%} of the experts in VRAM; "
+        f"llama.cpp -ncmoe {ncmoe}"
+    )
+    hdr = ["model", "test", "strata tok/s", "llama.cpp best (N)", "ratio", "hit rate", "bound"]
+    print("| " + " | ".join(hdr) + " |")
+    print("|" + "---|" * len(hdr))
+    for kind, test, ours, theirs, n, hr, bound in rows:
+        ratio = f"{ours / theirs:.2f}" if theirs == theirs and theirs > 0 else "-"
+        cells = [
+            kind,
+            name[test],
+            f"{ours:.1f}",
+            f"{theirs:.1f} ({n})" if theirs == theirs else "-",
+            ratio,
+            f"{hr:.3f}",
+            f"{bound:.1f}" if test == "tg" else "",
+        ]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,593 @@
+//! The hybrid step (issue #9, docs/TIERS_VRAM.md): the dense weights, the KV cache and the
+//! buffers in VRAM, the hottest experts in the VRAM tier's slots, every other expert computed
+//! by the CPU pool from RAM (the GGUF mapping) while the GPU runs the resident ones.
+//!
+//! Per layer of a chunk of T tokens (after the router on the GPU):
+//!   ids i32 [T, K], wts f32 [T, K], h f32 [T, H]  → pinned host buffers, then an event
+//!   GPU: moe_gate_up / moe_down through the slot pointer tables (0 = miss: no contribution)
+//!   host: wait for the event; LayerSplit (hit / CPU miss); the pool computes
+//!         y_miss f32 [T, H] = Σ_{CPU misses j} w[t, j]·expert_{ids[t, j]}(h[t])
+//!   y_miss → device (pinned, on the compute stream), x += y_miss
+//! A layer without CPU misses skips the upload and the add. Chunks of fewer than
+//! `stream_min_tokens` tokens work this way (the CPU computes every missed pair; `pcie_frac`
+//! is not used: no decode miss goes over PCIe); longer prefill chunks copy every missing
+//! expert of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
+//!
+//! Between steps (a gap, the step complete): the step's event goes to the fences, the tier
+//! driver chooses / stages / issues swaps (sync or async), and the table changes go to the
+//! host pointer tables; the device copy is rewritten on the compute stream before the next
+//! step is launched, so a step reads the table exactly as the host split it.
+
+use super::model::Bufs;
+use super::stream_in::StreamIn;
+use super::weights::GpuLayer;
+use crate::cuda::ops::view::Dv;
+use crate::cuda::ops::{elementwise, quant};
+use crate::cuda::{as_bytes, DevBuf, Event, Gpu, PinnedBuf, Stream};
+use crate::error::{Error, Result};
+use crate::gguf::{Gguf, TensorInfo};
+use crate::model::weights::Weights;
+use crate::model::{Compute, HParams};
+use crate::tier::vram::{
+    self, cpu_misses, fill_order, initial_assignment, start_fill, AdaptConfig, BudgetInputs,
+    CudaSlots, ExpertShape, HybridCounters, Key, LayerSplit, PcieShare, Proj, PtrTables,
+    SlotFences, StageBuf, Stager, TierDriver, VramPlan, VramTable,
+};
+use crate::tier::{Profile, RoutingCounters};
+use std::sync::Arc;
+
+/// Half-life (steps) of the routing counts the adaptive choice reads.
+pub const ADAPT_HALF_LIFE: f64 = 128.0;
+/// Half-life of the decayed counters reported as "hot" (as the CPU path's).
+pub const HOT_HALF_LIFE: f64 = 1024.0;
+/// Pinned staging buffers of one slot each (start fill and swaps in flight).
+const STAGING_BUFFERS: usize = 8;
+
+/// Makes the CPU side (the expert pool) once the hybrid mode is on.
+pub type ComputeMaker = Box<dyn FnOnce() -> Arc<dyn Compute> + Send>;
+
+/// How the hybrid mode is set up.
+pub struct HybridConfig {
+    /// `vram_budget_mib` (None: free − reserve).
+    pub budget_mib: Option<u64>,
+    pub reserve_mib: u64,
+    /// At most this many expert slots (tests and benchmarks: an exact share of the experts).
+    pub max_slots: Option<usize>,
+    /// Only when the model does not fit whole (the automatic budget): else every weight goes
+    /// to VRAM and the hybrid mode is off.
+    pub only_if_needed: bool,
+    pub adapt: AdaptConfig,
+    pub tier_async: bool,
+    /// Start fill order (hottest first); None: expert-major (every layer the same share).
+    pub profile: Option<Profile>,
+    /// The CPU side: the expert pool (or the serial reference), made only when the hybrid
+    /// mode is on.
+    pub compute: ComputeMaker,
+    /// Chunks of at least this many tokens copy their layers' missing experts to VRAM and run
+    /// every pair on the GPU (0: never; every miss on the CPU).
+    pub stream_min_tokens: usize,
+}
+
+/// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
+/// without routed experts).
+pub type ExpertTensors = Vec<Option<([TensorInfo; 3], ExpertShape)>>;
+
+/// Host-only staging of an expert's slot record from the GGUF mapping (RAM). Runs on the
+/// async tier's helper thread: it never calls the device.
+pub struct GgufStager<B> {
+    gguf: Arc<Gguf>,
+    layers: ExpertTensors,
+    _buf: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<B> GgufStager<B> {
+    pub fn new(gguf: Arc<Gguf>, layers: ExpertTensors) -> Self {
+        GgufStager {
+            gguf,
+            layers,
+            _buf: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<B: StageBuf> Stager for GgufStager<B> {
+    type Buf = B;
+
+    fn stage(&mut self, (l, e): Key, buf: &mut B) -> Result<u64> {
+        let (ts, shape) = self
+            .layers
+            .get(l as usize)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| Error::Config(format!("layer {l} has no experts")))?;
+        let dst = buf.bytes_mut();
+        if (dst.len() as u64) < shape.record_bytes() {
+            return Err(Error::Config(format!(
+                "staging buffer of {} bytes for a record of {}",
+                dst.len(),
+                shape.record_bytes()
+            )));
+        }
+        for (t, p) in ts.iter().zip(Proj::ALL) {
+            let eb = shape.bytes(p) as usize;
+            let src = self.gguf.data(t);
+            let part = src
+                .get(e as usize * eb..(e as usize + 1) * eb)
+                .ok_or_else(|| Error::Config(format!("expert ({l}, {e}) is out of range")))?;
+            let o = shape.offset(p) as usize;
+            dst[o..o + eb].copy_from_slice(part);
+        }
+        Ok(shape.expert_bytes())
+    }
+}
+
+fn expert_shape(ts: &[&TensorInfo; 3]) -> Result<ExpertShape> {
+    let one = |t: &TensorInfo| -> Result<u64> {
+        let n = t.dims.get(2).copied().unwrap_or(1).max(1) as usize;
+        if !t.nbytes.is_multiple_of(n) {
+            return Err(Error::Model(format!(
+                "tensor {}: {} bytes are not {n} equal experts",
+                t.name, t.nbytes
+            )));
+        }
+        Ok((t.nbytes / n) as u64)
+    };
+    Ok(ExpertShape {
+        gate: one(ts[0])?,
+        up: one(ts[1])?,
+        down: one(ts[2])?,
+    })
+}
+
+/// Per-layer expert shapes of `w` (every qwen3moe layer has routed experts).
+pub fn shapes(w: &Weights) -> Result<Vec<Option<ExpertShape>>> {
+    w.layers
+        .iter()
+        .map(|l| expert_shape(&[&l.gate, &l.up, &l.down]).map(Some))
+        .collect()
+}
+
+/// Sizes of the plan as Python reports them.
+#[derive(Clone, Debug)]
+pub struct HybridInfo {
+    pub plan: VramPlan,
+    pub resident: usize,
+    pub tier_async: bool,
+    pub adapt_every: u32,
+    pub adapt_swaps: u32,
+    /// Chunks of at least this many tokens stream their missing experts (0: none do).
+    pub stream_min_tokens: usize,
+}
+
+pub struct Hybrid {
+    plan: VramPlan,
+    table: VramTable,
+    ptrs: PtrTables,
+    /// u64 [layer][proj][expert]: the device copy of `ptrs`.
+    ptrs_dev: DevBuf,
+    ptrs_dirty: bool,
+    slots: CudaSlots,
+    fences: SlotFences<Event, PinnedBuf>,
+    driver: TierDriver<GgufStager<PinnedBuf>>,
+    compute: Arc<dyn Compute>,
+    /// The model's tensors in RAM (the CPU misses read its experts).
+    weights: Weights,
+    pub counters: Arc<HybridCounters>,
+    /// Undecayed picks since load, the "hot" decayed ones, and the adaptive choice's.
+    pub routing: Arc<RoutingCounters>,
+    pub routing_hot: Arc<RoutingCounters>,
+    routing_adapt: Arc<RoutingCounters>,
+    split: LayerSplit,
+    share: PcieShare,
+    pin_ids: PinnedBuf, // i32 [T, K]
+    pin_wts: PinnedBuf, // f32 [T, K]
+    pin_h: PinnedBuf,   // f32 [T, H]
+    pin_y: PinnedBuf,   // f32 [T, H]
+    y_miss: DevBuf,     // f32 [T, H]
+    ids: Vec<u32>,
+    wts: Vec<f32>,
+    h: Vec<f32>,
+    y: Vec<f32>,
+    ev: Event,
+    steps: u64,
+    /// Prefill chunks with every expert on the GPU (None: off).
+    stream: Option<StreamIn>,
+}
+
+fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
+    out.clear();
+    out.extend(
+        src[..4 * n]
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])),
+    );
+}
+
+impl Hybrid {
+    /// Buffers of the hybrid step for chunks of `t` tokens (allocated before the plan, so
+    /// they count as fixed VRAM).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        gpu: &Arc<Gpu>,
+        hp: &HParams,
+        weights: Weights,
+        t: usize,
+        cfg: HybridConfig,
+        free0: usize,
+        dense_bytes: usize,
+        kv_bytes: usize,
+    ) -> Result<Hybrid> {
+        let (nl, ne, k, hd) = (hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd);
+        let shapes = shapes(&weights)?;
+        let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
+        let y_miss = gpu.alloc(4 * t * hd)?;
+        let layers: ExpertTensors = weights
+            .layers
+            .iter()
+            .zip(&shapes)
+            .map(|(l, s)| s.map(|s| ([l.gate.clone(), l.up.clone(), l.down.clone()], s)))
+            .collect();
+        let min = cfg.stream_min_tokens;
+        let mut stream = if min > 0 && t >= min {
+            let g = weights.gguf.clone();
+            StreamIn::new(gpu, g, layers.clone(), ne, t, k, min)?
+        } else {
+            None
+        };
+        let used = free0.saturating_sub(gpu.mem_info()?.0);
+        let inp = BudgetInputs {
+            free_bytes: free0 as u64,
+            reserve_mib: cfg.reserve_mib,
+            budget_mib: cfg.budget_mib,
+            dense_bytes: dense_bytes as u64,
+            kv_bytes: kv_bytes as u64,
+            buffer_bytes: used.saturating_sub(dense_bytes + kv_bytes) as u64,
+            n_expert: ne,
+            layers: shapes.clone(),
+        };
+        let mut plan = vram::plan(&inp)?;
+        if let Some(m) = cfg.max_slots {
+            plan.n_slots = plan.n_slots.min(m);
+        }
+        let slots = CudaSlots::new(gpu, &plan)?;
+        let counters = Arc::new(HybridCounters::new(nl));
+        let mut table = VramTable::new(nl, ne, plan.n_slots);
+        let mut fences: SlotFences<Event, PinnedBuf> = SlotFences::new(plan.n_slots);
+        let mut stager = GgufStager::new(weights.gguf.clone(), layers);
+        let mut bufs = (0..STAGING_BUFFERS)
+            .map(|_| slots.staging_buffer())
+            .collect::<Result<Vec<_>>>()?;
+        let order = fill_order(&shapes, ne, cfg.profile.as_ref());
+        let assignment = initial_assignment(&order, plan.n_slots);
+        let mut slots = slots;
+        start_fill(
+            &mut stager,
+            &mut bufs,
+            &assignment,
+            &mut fences,
+            &mut table,
+            &mut slots,
+            Some(&counters),
+            || std::thread::sleep(std::time::Duration::from_micros(50)),
+        )?;
+        fences.take_changes();
+        let ptrs = PtrTables::build(&table, &plan, slots.base());
+        let s = gpu.stream()?;
+        ptrs_dev.write(&s, 0, &ptrs.ptrs)?;
+        if let Some(st) = stream.as_mut() {
+            st.refresh(&ptrs, &s)?;
+        }
+        let routing_adapt = Arc::new(RoutingCounters::new(nl, ne, ADAPT_HALF_LIFE));
+        let driver = TierDriver::new(
+            stager,
+            bufs,
+            routing_adapt.clone(),
+            shapes.iter().map(Option::is_some).collect(),
+            cfg.adapt,
+            cfg.tier_async,
+            Some(counters.clone()),
+        )?;
+        Ok(Hybrid {
+            plan,
+            table,
+            ptrs,
+            ptrs_dev,
+            ptrs_dirty: false,
+            slots,
+            fences,
+            driver,
+            compute: (cfg.compute)(),
+            weights,
+            counters,
+            routing: Arc::new(RoutingCounters::new(nl, ne, 0.0)),
+            routing_hot: Arc::new(RoutingCounters::new(nl, ne, HOT_HALF_LIFE)),
+            routing_adapt,
+            split: LayerSplit::default(),
+            share: PcieShare::new(0.0),
+            pin_ids: gpu.host_alloc(4 * t * k)?,
+            pin_wts: gpu.host_alloc(4 * t * k)?,
+            pin_h: gpu.host_alloc(4 * t * hd)?,
+            pin_y: gpu.host_alloc(4 * t * hd)?,
+            y_miss,
+            ids: Vec::with_capacity(t * k),
+            wts: Vec::with_capacity(t * k),
+            h: Vec::with_capacity(t * hd),
+            y: vec![0f32; t * hd],
+            ev: gpu.event_no_timing()?,
+            steps: 0,
+            stream,
+        })
+    }
+
+    pub fn info(&self) -> HybridInfo {
+        let a = self.driver.config();
+        HybridInfo {
+            plan: self.plan.clone(),
+            resident: self.table.resident(),
+            tier_async: self.driver.is_async(),
+            adapt_every: a.every,
+            adapt_swaps: a.swaps,
+            stream_min_tokens: self.stream.as_ref().map_or(0, |s| s.min_tokens),
+        }
+    }
+
+    /// Before a step is launched: the pointer-table changes of the last gap reach the device
+    /// (on the compute stream, ahead of the step's kernels).
+    pub(super) fn before_step(&mut self, s: &Stream) -> Result<()> {
+        if let Some(st) = self.stream.as_mut() {
+            st.begin_step();
+        }
+        if self.ptrs_dirty {
+            self.ptrs_dev.write(s, 0, &self.ptrs.ptrs)?;
+            if let Some(st) = self.stream.as_mut() {
+                st.refresh(&self.ptrs, s)?;
+            }
+            self.ptrs_dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Right after a step's kernels are queued on `s`: its completion event goes to the
+    /// fences (slots it may read are not overwritten before it).
+    pub(super) fn step_launched(&mut self, gpu: &Gpu, s: &Stream) -> Result<()> {
+        let ev = gpu.event_no_timing()?;
+        ev.record(s)?;
+        self.fences.step_launched(ev);
+        Ok(())
+    }
+
+    /// A gap after a step that has completed (`step_launched` first): a streamed chunk's ids
+    /// are counted, the tier driver advances (choices, staging, copies: never a wait), and
+    /// the table changes go to the host pointer tables (the device gets them in
+    /// `before_step`).
+    pub(super) fn after_step(&mut self, k: usize) -> Result<()> {
+        if let Some(st) = self.stream.as_mut() {
+            let (c, r) = (&self.counters, [&self.routing, &self.routing_hot]);
+            let ra = &self.routing_adapt;
+            st.count(&self.table, k, |l, ids, n| {
+                c.record_layer(l, n.hits, 0, n.misses);
+                r[0].observe(l, ids);
+                r[1].observe(l, ids);
+                ra.observe(l, ids);
+            });
+        }
+        self.routing.end_step();
+        self.routing_hot.end_step();
+        self.routing_adapt.end_step();
+        self.steps += 1;
+        self.driver.at_gap(
+            self.steps,
+            &mut self.fences,
+            &mut self.table,
+            &mut self.slots,
+        )?;
+        for (key, slot) in self.fences.take_changes() {
+            self.ptrs.set(&self.plan, key, slot);
+            self.ptrs_dirty = true;
+        }
+        Ok(())
+    }
+
+    /// The routed experts of layer `l` for the T tokens whose normed FFN input is `b.h` and
+    /// routing `b.ids`/`b.wts`: resident pairs on the GPU, the others on the CPU, both added
+    /// into `b.x`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_layer(
+        &mut self,
+        gpu: &Gpu,
+        s: &Stream,
+        q: &quant::QuantOps,
+        hp: &HParams,
+        b: &Bufs,
+        lw: &GpuLayer,
+        l: usize,
+        t: usize,
+    ) -> Result<()> {
+        let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
+        let nk = t * k;
+        if let Some(st) = self.stream.as_mut().filter(|st| t >= st.min_tokens) {
+            // every pair on the GPU: the missing experts copied into the staging area
+            let bytes = st.begin_layer(s, &self.table, &b.ids, l, t, k)?;
+            self.counters.record_pcie(bytes);
+            let tab = |p: Proj| st.table(&self.ptrs, l, p);
+            let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
+            let (scr, act) = (b.scratch.ptr(), b.act.ptr());
+            quant::moe_gate_up(
+                q,
+                s,
+                gate.ty,
+                up.ty,
+                tab(Proj::Gate),
+                tab(Proj::Up),
+                f,
+                hd,
+                b.ids.ptr(),
+                k,
+                b.h.ptr(),
+                t,
+                act,
+                scr,
+            )?;
+            quant::moe_down(
+                q,
+                s,
+                down.ty,
+                tab(Proj::Down),
+                hd,
+                f,
+                b.ids.ptr(),
+                b.wts.ptr(),
+                k,
+                act,
+                t,
+                b.x.ptr(),
+                scr,
+            )?;
+            return st.done_layer(s);
+        }
+        // routing and input to the host, then the event the host waits for
+        b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
+        b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
+        b.h.read_async(s, 0, &mut self.pin_h, 0, 4 * t * hd)?;
+        self.ev.record(s)?;
+        // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
+        let base = self.ptrs_dev.ptr();
+        let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
+        let (scr, act) = (b.scratch.ptr(), b.act.ptr());
+        let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
+        quant::moe_gate_up(
+            q,
+            s,
+            gate.ty,
+            up.ty,
+            tab(Proj::Gate),
+            tab(Proj::Up),
+            f,
+            hd,
+            b.ids.ptr(),
+            k,
+            b.h.ptr(),
+            t,
+            act,
+            scr,
+        )?;
+        quant::moe_down(
+            q,
+            s,
+            down.ty,
+            tab(Proj::Down),
+            hd,
+            f,
+            b.ids.ptr(),
+            b.wts.ptr(),
+            k,
+            act,
+            t,
+            b.x.ptr(),
+            scr,
+        )?;
+        // the CPU's part, while the GPU runs the resident experts
+        self.ev.sync()?;
+        self.ids.clear();
+        self.ids.extend(
+            self.pin_ids.as_slice()[..4 * nk]
+                .chunks_exact(4)
+                .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as u32),
+        );
+        self.routing.observe(l, &self.ids);
+        self.routing_hot.observe(l, &self.ids);
+        self.routing_adapt.observe(l, &self.ids);
+        self.split.split(&self.table, l, &self.ids, &mut self.share);
+        let sp = &self.split;
+        self.counters
+            .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
+        if sp.all_on_gpu() {
+            self.counters.record_handoff((8 * nk) as u64);
+            return Ok(());
+        }
+        read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
+        read_f32s(self.pin_h.as_slice(), &mut self.h, t * hd);
+        let y = &mut self.y[..t * hd];
+        let layer = self.weights.expert_layer(l);
+        cpu_misses(
+            &*self.compute,
+            &layer,
+            &self.h,
+            &self.split,
+            &self.wts,
+            k,
+            y,
+        )?;
+        self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
+        // ordered after moe_down on the stream; pin_y is rewritten only after the next
+        // layer's event, which the stream reaches after this copy
+        self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
+        elementwise::add(gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
+        self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tier::residency::{RamMode, Residency};
+    use crate::tier::vram::{plan, shapes_of, RamStager};
+
+    /// The GGUF stager writes the same slot record as the RAM tier's stager (whose expert
+    /// slices come from the tier's own layout; the test model's slabs hold patterns naming
+    /// layer, tensor and expert, so a wrong slice shows).
+    #[test]
+    fn gguf_stager_writes_the_ram_stagers_record() {
+        let path = crate::tier::tests::write_model("hybrid-stage", 3, 4, &[1], 0);
+        let g = Arc::new(Gguf::open(&path).unwrap());
+        let ram = Residency::new(g.clone(), RamMode::Mmap, None, false).unwrap();
+        let shapes = shapes_of(ram.layout());
+        let p = plan(&BudgetInputs {
+            free_bytes: 1 << 30,
+            reserve_mib: 0,
+            budget_mib: None,
+            dense_bytes: 0,
+            kv_bytes: 0,
+            buffer_bytes: 0,
+            n_expert: 4,
+            layers: shapes.clone(),
+        })
+        .unwrap();
+        let layers: ExpertTensors = (0..3)
+            .map(|l| {
+                let t = |w: &str| g.tensor(&format!("blk.{l}.ffn_{w}_exps.weight")).cloned();
+                let ts = [t("gate")?, t("up")?, t("down")?];
+                let sh = expert_shape(&[&ts[0], &ts[1], &ts[2]]).unwrap();
+                Some((ts, sh))
+            })
+            .collect();
+        assert!(layers[1].is_none() && layers[0].is_some() && layers[2].is_some());
+        for (l, s) in layers.iter().enumerate() {
+            assert_eq!(s.as_ref().map(|s| s.1), shapes[l], "layer {l} shape");
+        }
+        let mut ours: GgufStager<Vec<u8>> = GgufStager::new(g.clone(), layers);
+        let mut theirs: RamStager<Vec<u8>> = RamStager::new(ram.clone(), &p);
+        let n = p.slot_bytes as usize;
+        for key in [(0u32, 0u32), (0, 3), (2, 1), (2, 3)] {
+            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+            assert_eq!(
+                ours.stage(key, &mut a).unwrap(),
+                theirs.stage(key, &mut b).unwrap()
+            );
+            assert_eq!(a, b, "{key:?}");
+        }
+        assert!(
+            ours.stage((1, 0), &mut vec![0u8; n]).is_err(),
+            "dense layer"
+        );
+        assert!(
+            ours.stage((0, 4), &mut vec![0u8; n]).is_err(),
+            "expert out of range"
+        );
+        assert!(
+            ours.stage((0, 0), &mut vec![0u8; 16]).is_err(),
+            "small buffer"
+        );
+        let _ = std::fs::remove_file(path);
+    }
+}

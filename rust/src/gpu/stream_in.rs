@@ -1,0 +1,209 @@
+//! Prefill chunks of the hybrid mode with every expert on the GPU: the layer's experts that
+//! are not in a VRAM slot are copied from RAM (the GGUF mapping) over PCIe into a staging
+//! area, and the whole layer runs on the GPU through a pointer table whose entries are the
+//! slot of a resident expert or the staging copy of a missing one. For long chunks this moves
+//! each missed expert once instead of computing every (token, expert) pair on the CPU.
+//!
+//! Staging layout, per projection p: `[n_expert]` copies of `eb(p)` bytes (the largest of any
+//! layer), projections one after the other (256-aligned), so a run of consecutive missing
+//! experts is one copy. One staging area: the copies of layer l wait (on their own stream)
+//! until the kernels of the previous streamed layer have read theirs.
+//!
+//! The routed ids of a streamed chunk reach the host with the chunk (no per-layer wait): they
+//! are counted after it (hits: resident pairs; PCIe misses: the others).
+
+use crate::cuda::ops::quant;
+use crate::cuda::{DevBuf, Event, Gpu, PinnedBuf, Stream};
+use crate::error::Result;
+use crate::gguf::{Gguf, TensorInfo};
+use crate::tier::vram::budget::SLOT_ALIGN;
+use crate::tier::vram::{ExpertShape, Proj, PtrTables, VramTable};
+use std::sync::Arc;
+
+fn align(n: u64) -> u64 {
+    n.div_ceil(SLOT_ALIGN) * SLOT_ALIGN
+}
+
+pub(super) struct StreamIn {
+    /// Chunks of at least this many tokens stream.
+    pub min_tokens: usize,
+    gguf: Arc<Gguf>,
+    /// Per layer: the (gate, up, down) tensors and one expert's shape.
+    layers: Vec<Option<([TensorInfo; 3], ExpertShape)>>,
+    n_expert: usize,
+    /// Byte offset of each projection's copies in `stage`.
+    base: [u64; 3],
+    stage: DevBuf,
+    /// u64 [layer][proj][expert]: slot address (resident) or staging address (missing).
+    tables: DevBuf,
+    host: Vec<u64>,
+    copy: Stream,
+    copied: Event,
+    moe_done: Event,
+    /// i32 [layer][T][K]: the routed ids of the streamed chunk.
+    pin_ids: PinnedBuf,
+    /// T of the streamed chunk whose ids are not counted yet.
+    pending: Option<usize>,
+}
+
+/// What a streamed chunk's counting found for one layer.
+pub(super) struct LayerCount {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+impl StreamIn {
+    /// The staging area and tables for chunks of up to `t` tokens; None when a projection's
+    /// expert size is not a multiple of its kernels' alignment (then chunks do not stream).
+    pub fn new(
+        gpu: &Arc<Gpu>,
+        gguf: Arc<Gguf>,
+        layers: Vec<Option<([TensorInfo; 3], ExpertShape)>>,
+        n_expert: usize,
+        t: usize,
+        k: usize,
+        min_tokens: usize,
+    ) -> Result<Option<StreamIn>> {
+        let mut widest = [0u64; 3];
+        for (ts, sh) in layers.iter().flatten() {
+            for (i, p) in Proj::ALL.into_iter().enumerate() {
+                let a = quant::weight_align(ts[i].ty).unwrap_or(1).max(1);
+                if !sh.bytes(p).is_multiple_of(a) {
+                    return Ok(None);
+                }
+                widest[i] = widest[i].max(sh.bytes(p));
+            }
+        }
+        let ne = n_expert as u64;
+        let base = [
+            0,
+            align(ne * widest[0]),
+            align(ne * widest[0]) + align(ne * widest[1]),
+        ];
+        let total = base[2] + align(ne * widest[2]);
+        let nl = layers.len();
+        Ok(Some(StreamIn {
+            min_tokens,
+            gguf,
+            layers,
+            n_expert,
+            base,
+            stage: gpu.alloc(total as usize)?,
+            tables: gpu.alloc(8 * nl * 3 * n_expert)?,
+            host: vec![0; nl * 3 * n_expert],
+            copy: gpu.stream()?,
+            copied: gpu.event_no_timing()?,
+            moe_done: gpu.event_no_timing()?,
+            pin_ids: gpu.host_alloc(4 * nl * t * k)?,
+            pending: None,
+        }))
+    }
+
+    /// Rebuild the tables from the slot pointer tables (the host table changed) and write
+    /// them on `s` (ahead of the next step's kernels).
+    pub fn refresh(&mut self, ptrs: &PtrTables, s: &Stream) -> Result<()> {
+        let stage = self.stage.ptr();
+        for (l, lay) in self.layers.iter().enumerate() {
+            let Some((_, sh)) = lay else { continue };
+            for (i, p) in Proj::ALL.into_iter().enumerate() {
+                for e in 0..self.n_expert {
+                    let at = ptrs.index(l, p, e as u32);
+                    self.host[at] = match ptrs.ptrs[at] {
+                        0 => stage + self.base[i] + e as u64 * sh.bytes(p),
+                        v => v,
+                    };
+                }
+            }
+        }
+        self.tables.write(s, 0, &self.host)
+    }
+
+    /// A step begins: ids of a failed earlier chunk are not counted.
+    pub fn begin_step(&mut self) {
+        self.pending = None;
+    }
+
+    /// Device address of layer `l`'s `[n_expert]` table of projection `p`.
+    pub fn table(&self, ptrs: &PtrTables, l: usize, p: Proj) -> u64 {
+        self.tables.ptr() + 8 * ptrs.index(l, p, 0) as u64
+    }
+
+    /// Queue layer `l`'s routed ids ([T, K] in `ids`) for counting, copy the layer's missing
+    /// experts into the staging area (after the previous streamed layer's kernels), and make
+    /// `s` wait for the copies. Returns the bytes copied. Call `done_layer` after the layer's
+    /// expert kernels.
+    pub fn begin_layer(
+        &mut self,
+        s: &Stream,
+        table: &VramTable,
+        ids: &DevBuf,
+        l: usize,
+        t: usize,
+        k: usize,
+    ) -> Result<u64> {
+        ids.read_async(s, 0, &mut self.pin_ids, 4 * l * t * k, 4 * t * k)?;
+        self.pending = Some(t);
+        self.copy.wait(&self.moe_done)?;
+        let Some((ts, sh)) = &self.layers[l] else {
+            return Ok(0);
+        };
+        let mut bytes = 0u64;
+        let mut e = 0;
+        while e < self.n_expert {
+            if table.slot(l, e as u32).is_some() {
+                e += 1;
+                continue;
+            }
+            let first = e;
+            while e < self.n_expert && table.slot(l, e as u32).is_none() {
+                e += 1;
+            }
+            for (i, p) in Proj::ALL.into_iter().enumerate() {
+                let eb = sh.bytes(p) as usize;
+                let src = &self.gguf.data(&ts[i])[first * eb..e * eb];
+                let off = self.base[i] as usize + first * eb;
+                // SAFETY: the GGUF mapping outlives the copy (the model owns it and syncs its
+                // streams before it is dropped); it is not page-locked, so the driver stages
+                // it before returning anyway.
+                unsafe { self.stage.write_host_async(&self.copy, off, src)? };
+                bytes += src.len() as u64;
+            }
+        }
+        self.copied.record(&self.copy)?;
+        s.wait(&self.copied)?;
+        Ok(bytes)
+    }
+
+    /// After the layer's expert kernels are queued on `s`: the staging area may be rewritten
+    /// once they have run.
+    pub fn done_layer(&mut self, s: &Stream) -> Result<()> {
+        self.moe_done.record(s)
+    }
+
+    /// After the chunk has completed: per layer, the routed ids of a streamed chunk and how
+    /// many were resident (`f(layer, ids, count)`); nothing when the chunk did not stream.
+    pub fn count(
+        &mut self,
+        table: &VramTable,
+        k: usize,
+        mut f: impl FnMut(usize, &[u32], LayerCount),
+    ) {
+        let Some(t) = self.pending.take() else { return };
+        let mut ids = Vec::with_capacity(t * k);
+        for l in 0..self.layers.len() {
+            let bytes = &self.pin_ids.as_slice()[4 * l * t * k..4 * (l + 1) * t * k];
+            ids.clear();
+            ids.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as u32),
+            );
+            let hits = ids.iter().filter(|&&e| table.slot(l, e).is_some()).count() as u64;
+            let c = LayerCount {
+                hits,
+                misses: ids.len() as u64 - hits,
+            };
+            f(l, &ids, c);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+"""Run by tests/test_gpu_hybrid_mock.py in a child process whose libcuda.so.1 is the mock
+driver with no-op kernels (STRATA_MOCK_NOOP_KERNELS=1): the hybrid step's host-side control
+flow on a real test model. Kernels do nothing and memory starts zeroed, so the router routes
+both of every token's picks to expert 0; the profile ranks experts 5-7 hottest, so expert 0
+starts outside VRAM and the adaptive tier (a choice after every step) must bring it in.
+
+    python tests/hybrid_mock_child.py MODEL.gguf
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from strata._core import Model, Profile
+
+N_LAYER, N_EXPERT, K = 3, 8, 2
+
+
+def run(path: str, tier_async: bool, stream: bool) -> None:
+    counts = np.zeros((N_LAYER, N_EXPERT), np.float32)
+    counts[:, 5:] = 10.0
+    prof = Profile.from_counts(path, counts, 100)
+    m = Model.open(
+        path,
+        n_ctx=256,
+        prefill_chunk=24,
+        device="cuda",
+        threads=1,
+        vram_slots=6,
+        profile=prof,
+        adapt_every=1,
+        tier_async=tier_async,
+        stream_min_tokens=16 if stream else 0,
+    )
+    info = m.hybrid_info()
+    c = m.hybrid_counters()
+    assert info is not None and c is not None
+    assert info["n_slots"] == info["resident"] == 6 and info["n_experts"] == 24
+    assert info["stream_min_tokens"] == (16 if stream else 0)
+    assert info["tier_async"] == tier_async and m.cuda_graph_state == "off (hybrid)"
+    eb = info["expert_bytes_total"] // 24
+    assert c.snapshot()["fill_bytes"] == 6 * eb
+    m.forward(0, list(range(1, 49)), logits="all")  # two chunks of 24
+    steps = []
+    for _ in range(60):
+        before = c.totals()
+        m.forward(0, [5])
+        steps.append(tuple(a - b for a, b in zip(c.totals(), before, strict=True)))
+    h, mc, mp = c.totals()
+    s = c.snapshot()
+    label = f"async={tier_async} stream={stream}"
+    print(f"{label}: totals {(h, mc, mp)}, swaps {s['swaps']}, pcie bytes {s['pcie_bytes']}")
+    assert h + mc + mp == (48 + 60) * N_LAYER * K, label
+    assert s["swaps"] == 3, label  # expert 0 of each layer, once
+    assert s["fill_bytes"] == 9 * eb, label
+    assert steps[-10:] == [(N_LAYER * K, 0, 0)] * 10, (label, steps[-10:])
+    assert (m.hybrid_info() or {}).get("resident") == 6
+    assert (m.routing_counts()[:, 0] == 108 * K).all() and m.routing_counts()[:, 1:].sum() == 0
+    first = 24 * N_LAYER * K  # the first chunk misses everywhere (no slot holds expert 0)
+    if stream:
+        # every miss of the two streamed chunks went over PCIe, 18 experts per chunk
+        assert mc == 0 and mp >= first, label
+        assert s["pcie_bytes"] == 2 * 18 * eb, label
+        if not tier_async:
+            assert mp == first, label  # the sync tier swapped expert 0 in after chunk 1
+    else:
+        assert mp == 0 and s["pcie_bytes"] == 0 and mc >= first, label
+        if not tier_async:
+            assert mc == first, label
+
+
+def main() -> None:
+    path = sys.argv[1]
+    for tier_async in (False, True):
+        for stream in (False, True):
+            run(path, tier_async, stream)
+    print("hybrid mock: all passed")
+
+
+if __name__ == "__main__":
+    main()

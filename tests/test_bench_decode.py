@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from models import TestModels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,5 +29,9 @@ def test_bench_decode_quick(test_models: TestModels) -> None:
         cells = [c.strip() for c in ln.split("|")[1:-1]]
         llama, strata, ratio = float(cells[2]), float(cells[3]), float(cells[4])
         assert llama > 0 and strata > 0
-        assert ratio == pytest.approx(strata / llama, rel=0.02, abs=0.01)
+        # the cells are rounded (tok/s to 0.1, the ratio to 0.01): the ratio must lie within
+        # what the rounded speeds allow (a slow peer on a loaded machine reads e.g. "1.0")
+        lo = (strata - 0.05) / (llama + 0.05) - 0.005
+        hi = (strata + 0.05) / max(llama - 0.05, 1e-9) + 0.005
+        assert lo <= ratio <= hi, (llama, strata, ratio)
     assert float(rows[1].split("|")[8]) > 0  # decode bound

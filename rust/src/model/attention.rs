@@ -199,53 +199,57 @@ pub fn attend(
     t: usize,
 ) -> crate::Result<()> {
     let d = s.head_dim;
+    for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+        attend_head(s, k_cache, v_cache, n, h, qh, oh, scratch, t)?;
+    }
+    Ok(())
+}
+
+/// `attend` for query head `h` alone: `qh` and `oh` are that head's [D] query and output.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    h: usize,
+    qh: &[f32],
+    oh: &mut [f32],
+    scratch: &mut AttnScratch,
+    t: usize,
+) -> crate::Result<()> {
+    let d = s.head_dim;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (d as f32).sqrt();
     let scores = &mut scratch.scores[..n];
-    for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-        let kvo = (h / group) * s.head_bytes;
-        convert_q(s.ty, qh, &mut scratch.q_act)?;
-        if s.ty == KvType::F16 {
-            widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
-        }
-        for (j, sc) in scores.iter_mut().enumerate() {
-            let o = j * s.row_bytes + kvo;
-            let k = &k_cache[o..o + s.head_bytes];
-            *sc = dot_qk(
-                s.ty,
-                d,
-                k,
-                &scratch.q_act,
-                &scratch.qf,
-                &mut scratch.rowf,
-                t,
-            ) * scale;
-        }
-        softmax(scores, true);
-        if s.ty == KvType::F16 {
-            let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
-            pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);
-            continue;
-        }
-        oh.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            let p = if s.ty == KvType::F16 {
-                f16::from_f32(p).to_f32()
-            } else {
-                p
-            };
-            let o = j * s.row_bytes + kvo;
-            let v = &v_cache[o..o + s.head_bytes];
-            if s.ty == KvType::F16 {
-                // o[i] += p·v[i], as axpy_row does, on the widened row
-                widen_f16(v, &mut scratch.rowf[..d]);
-                for (x, &vi) in oh.iter_mut().zip(&scratch.rowf[..d]) {
-                    *x += p * vi;
-                }
-            } else {
-                axpy_row(s.ty, p, v, oh);
-            }
-        }
+    let kvo = (h / group) * s.head_bytes;
+    convert_q(s.ty, qh, &mut scratch.q_act)?;
+    if s.ty == KvType::F16 {
+        widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
+    }
+    for (j, sc) in scores.iter_mut().enumerate() {
+        let o = j * s.row_bytes + kvo;
+        let k = &k_cache[o..o + s.head_bytes];
+        *sc = dot_qk(
+            s.ty,
+            d,
+            k,
+            &scratch.q_act,
+            &scratch.qf,
+            &mut scratch.rowf,
+            t,
+        ) * scale;
+    }
+    softmax(scores, true);
+    if s.ty == KvType::F16 {
+        let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
+        pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);
+        return Ok(());
+    }
+    oh.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let o = j * s.row_bytes + kvo;
+        axpy_row(s.ty, p, &v_cache[o..o + s.head_bytes], oh);
     }
     Ok(())
 }

@@ -2,6 +2,7 @@
 //! attention and the layer loop. Heavy matmuls go through the `Compute` seam.
 
 pub mod attention;
+pub mod attn_par;
 pub mod compute;
 pub mod forward;
 pub mod hparams;

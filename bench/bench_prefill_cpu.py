@@ -1,13 +1,13 @@
-"""Prompt processing per CPU-second, Strata vs llama.cpp, one thread each (issue 7).
+"""Prompt processing per CPU-second, Strata vs llama.cpp, same thread count (issue 7).
 
     python bench/bench_prefill_cpu.py --model /work/bench-models/q3moe-6l-Q4_K_M.gguf --pp 512
 
-On a shared machine wall times swing with the load; the CPU time a single-threaded engine
-spends on a prompt does not (much). Both engines run on the calling thread alone (Strata's
-pool with no worker, llama.cpp with `n_threads` = `n_threads_batch` = 1), alternated
-(A B A B), each after an 8-token warm-up; a prompt of n random tokens is evaluated and
-n ÷ `time.process_time()` around the call is reported (tok/s per CPU-second), with the
-wall-clock rate beside it.
+On a shared machine wall times swing with the load (a descheduled thread stalls its peers);
+the CPU time an engine spends on a prompt swings less. Both engines run with `--threads`
+threads (Strata: threads - 1 pool workers plus the calling thread; llama.cpp: `n_threads` =
+`n_threads_batch`), alternated (A B A B), each after an 8-token warm-up; a prompt of n random
+tokens is evaluated and n ÷ the process CPU time (`time.process_time()`, all threads, spinning
+at barriers included for both) is reported as tok per CPU-second, with the wall rate beside it.
 """
 
 from __future__ import annotations
@@ -25,20 +25,23 @@ def main() -> None:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--pp", default="512", help="prompt lengths, comma-separated")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="at least 2")
     args = ap.parse_args()
     import llama_cpp
     from strata._core import Model
 
+    if args.threads < 2:
+        ap.error("--threads must be at least 2 (the pool's caller plus one worker)")
     pps = [int(v) for v in args.pp.split(",")]
     n_ctx = max(pps) + 64
-    sm = Model.open(args.model, n_ctx=n_ctx, n_slots=1, prefill_chunk=512, threads=-1)
+    sm = Model.open(args.model, n_ctx=n_ctx, n_slots=1, prefill_chunk=512, threads=args.threads - 1)
     ll = llama_cpp.Llama(
         str(args.model),
         n_ctx=n_ctx,
         n_batch=512,
         n_ubatch=512,
-        n_threads=1,
-        n_threads_batch=1,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
         verbose=False,
     )
     rng = np.random.default_rng(0)

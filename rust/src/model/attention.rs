@@ -96,14 +96,14 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }
 
-/// `out[i] = Σ_j p[j]·v_j[i]` over an f16 V (rows `v_row(j)`, widened into `rowf`), in ggml's
-/// order for the probabilities-times-V^T matmul: with one query row `ggml_vec_dot_f16` over
-/// j (lane j % 32 of four 8-lane FMA accumulators, `reduce_4x8`), with several tinyBLAS
-/// (lane j % 8 of one accumulator, `reduce8`). Positions past n are ggml's padding with
-/// p = 0, which leaves every lane unchanged. `acc` is scratch of [32·D].
+/// `out[i] = Σ_j p[j]·v_j[i]` over an f16 V (rows `v_row(j)`, widened into `rowf`), p rounded
+/// to f16 (in place), in ggml's order for the probabilities-times-V^T matmul: with one query
+/// row `ggml_vec_dot_f16` over j (lane j % 32 of four 8-lane FMA accumulators, `reduce_4x8`),
+/// with several tinyBLAS (lane j % 8 of one accumulator, `reduce8`). Positions past n are
+/// ggml's padding with p = 0, which leaves every lane unchanged. `acc` is scratch of [32·D].
 #[allow(clippy::too_many_arguments)]
 fn pv_f16(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,
@@ -125,7 +125,7 @@ fn pv_f16(
 #[target_feature(enable = "fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pv_f16_fma(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,
@@ -140,7 +140,7 @@ unsafe fn pv_f16_fma(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn pv_f16_body(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,

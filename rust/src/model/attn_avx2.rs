@@ -69,16 +69,17 @@ pub unsafe fn scores(
     }
 }
 
-/// `acc[(j % lanes)·d + i] = fma(v_j[i], p_j, acc[..])` over positions j < p.len(), V row j
-/// being the `d` f16 values at `v[j·row_bytes + kvo..]` and `p_j` the probability rounded to
-/// f16 (to nearest even, as `half::f16::from_f32`).
-/// `acc` holds `lanes·d` values. Needs `d % 8 == 0`.
+/// `acc[(j % lanes)·d + i] = fma(v_j[i], p_j, acc[..])` over positions j < p.len() in
+/// increasing j, V row j being the `d` f16 values at `v[j·row_bytes + kvo..]` and `p_j` the
+/// probability rounded to f16 (to nearest even, as `half::f16::from_f32`; `p` is rounded in
+/// place). `acc` holds `lanes·d` zeros on entry. Needs `d % 8 == 0`. With 8 lanes each group
+/// of 8 dimensions keeps its 8 lane accumulators in registers over all positions.
 ///
 /// # Safety
 /// `available()` holds.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn pv_lanes(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     row_bytes: usize,
     kvo: usize,
@@ -93,14 +94,38 @@ pub unsafe fn pv_lanes(
             "V rows out of range"
         );
     }
+    for x in p.iter_mut() {
+        *x = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<0>(_mm_set_ss(*x))));
+    }
+    let row = |j: usize, i: usize| {
+        let vp = v.as_ptr().add(j * row_bytes + kvo + 2 * i);
+        _mm256_cvtph_ps(_mm_loadu_si128(vp as *const __m128i))
+    };
+    if lanes == 8 {
+        let full = p.len() / 8 * 8;
+        for i in (0..d).step_by(8) {
+            let mut a = [_mm256_setzero_ps(); 8];
+            for j0 in (0..full).step_by(8) {
+                for (l, al) in a.iter_mut().enumerate() {
+                    let pj = _mm256_set1_ps(*p.get_unchecked(j0 + l));
+                    *al = _mm256_fmadd_ps(row(j0 + l, i), pj, *al);
+                }
+            }
+            for (l, al) in a.iter_mut().enumerate().take(p.len() - full) {
+                let pj = _mm256_set1_ps(p[full + l]);
+                *al = _mm256_fmadd_ps(row(full + l, i), pj, *al);
+            }
+            for (l, al) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.as_mut_ptr().add(l * d + i), *al);
+            }
+        }
+        return;
+    }
     for (j, &pj) in p.iter().enumerate() {
-        let vp = v.as_ptr().add(j * row_bytes + kvo);
         let a = acc.as_mut_ptr().add((j % lanes) * d);
-        let pj = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<0>(_mm_set_ss(pj))));
         let pv = _mm256_set1_ps(pj);
         for i in (0..d).step_by(8) {
-            let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(2 * i) as *const __m128i));
-            let s = _mm256_fmadd_ps(x, pv, _mm256_loadu_ps(a.add(i)));
+            let s = _mm256_fmadd_ps(row(j, i), pv, _mm256_loadu_ps(a.add(i)));
             _mm256_storeu_ps(a.add(i), s);
         }
     }

@@ -13,6 +13,14 @@ pub unsafe fn scores(_: &[u8], _: usize, _: usize, _: &[f32], _: bool, _: f32, _
 
 /// # Safety
 /// Never called: `available()` is false.
-pub unsafe fn pv_lanes(_: &[f32], _: &[u8], _: usize, _: usize, _: usize, _: usize, _: &mut [f32]) {
+pub unsafe fn pv_lanes(
+    _: &mut [f32],
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: usize,
+    _: usize,
+    _: &mut [f32],
+) {
     unreachable!("no attention kernels on this architecture")
 }

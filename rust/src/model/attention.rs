@@ -9,6 +9,7 @@
 //! scaled by 1/√D and soft-maxed in f32, and the probabilities are rounded to f16 before
 //! they weight an f16 V (f32 otherwise).
 
+use super::attn_avx2;
 use super::kv::{axpy_row, KvType};
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::{common_reduce8, quantize_act, reduce_4x8, vec_dot, vec_dot_t};
@@ -95,14 +96,14 @@ fn f32_bytes(x: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }
 
-/// `out[i] = Σ_j p[j]·v_j[i]` over an f16 V (rows `v_row(j)`, widened into `rowf`), in ggml's
-/// order for the probabilities-times-V^T matmul: with one query row `ggml_vec_dot_f16` over
-/// j (lane j % 32 of four 8-lane FMA accumulators, `reduce_4x8`), with several tinyBLAS
-/// (lane j % 8 of one accumulator, `reduce8`). Positions past n are ggml's padding with
-/// p = 0, which leaves every lane unchanged. `acc` is scratch of [32·D].
+/// `out[i] = Σ_j p[j]·v_j[i]` over an f16 V (rows `v_row(j)`, widened into `rowf`), p rounded
+/// to f16 (in place), in ggml's order for the probabilities-times-V^T matmul: with one query
+/// row `ggml_vec_dot_f16` over j (lane j % 32 of four 8-lane FMA accumulators, `reduce_4x8`),
+/// with several tinyBLAS (lane j % 8 of one accumulator, `reduce8`). Positions past n are
+/// ggml's padding with p = 0, which leaves every lane unchanged. `acc` is scratch of [32·D].
 #[allow(clippy::too_many_arguments)]
 fn pv_f16(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,
@@ -124,7 +125,7 @@ fn pv_f16(
 #[target_feature(enable = "fma")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pv_f16_fma(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,
@@ -139,7 +140,7 @@ unsafe fn pv_f16_fma(
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn pv_f16_body(
-    p: &[f32],
+    p: &mut [f32],
     v: &[u8],
     s: &AttnShape,
     kvo: usize,
@@ -152,6 +153,27 @@ fn pv_f16_body(
     let lanes = if many { 8 } else { 32 };
     let acc = &mut acc[..lanes * d]; // [lanes, D]
     acc.fill(0.0);
+    if attn_avx2::available() && d.is_multiple_of(8) {
+        // SAFETY: the CPU runs the kernels (checked); they bound-check their rows.
+        unsafe { attn_avx2::pv_lanes(p, v, s.row_bytes, kvo, d, lanes, acc) };
+    } else {
+        pv_widened(p, v, s, kvo, lanes, acc, rowf);
+    }
+    reduce_pv(acc, d, many, out);
+}
+
+/// The P·V lanes of `pv_f16_body` through widened rows.
+#[inline(always)]
+fn pv_widened(
+    p: &[f32],
+    v: &[u8],
+    s: &AttnShape,
+    kvo: usize,
+    lanes: usize,
+    acc: &mut [f32],
+    rowf: &mut [f32],
+) {
+    let d = s.head_dim;
     for (j, &pj) in p.iter().enumerate() {
         let pj = f16::from_f32(pj).to_f32();
         let o = j * s.row_bytes + kvo;
@@ -161,6 +183,10 @@ fn pv_f16_body(
             *x = vi.mul_add(pj, *x);
         }
     }
+}
+
+/// The P·V output from its lanes: `reduce8` over 8 lanes or `reduce_4x8` over 32.
+fn reduce_pv(acc: &[f32], d: usize, many: bool, out: &mut [f32]) {
     for (i, o) in out.iter_mut().enumerate().take(d) {
         *o = if many {
             let r: [f32; 8] = std::array::from_fn(|k| acc[k * d + i]);
@@ -199,53 +225,56 @@ pub fn attend(
     t: usize,
 ) -> crate::Result<()> {
     let d = s.head_dim;
+    for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+        attend_head(s, k_cache, v_cache, n, h, qh, oh, scratch, t)?;
+    }
+    Ok(())
+}
+
+/// `attend` for query head `h` alone: `qh` and `oh` are that head's [D] query and output.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    h: usize,
+    qh: &[f32],
+    oh: &mut [f32],
+    scratch: &mut AttnScratch,
+    t: usize,
+) -> crate::Result<()> {
+    let d = s.head_dim;
     let group = s.n_head / s.n_head_kv;
     let scale = 1.0 / (d as f32).sqrt();
     let scores = &mut scratch.scores[..n];
-    for (h, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-        let kvo = (h / group) * s.head_bytes;
-        convert_q(s.ty, qh, &mut scratch.q_act)?;
-        if s.ty == KvType::F16 {
-            widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
-        }
+    let kvo = (h / group) * s.head_bytes;
+    convert_q(s.ty, qh, &mut scratch.q_act)?;
+    if s.ty == KvType::F16 {
+        widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
+    }
+    if s.ty == KvType::F16 && attn_avx2::available() && d.is_multiple_of(32) {
+        // SAFETY: the CPU runs the kernels (checked); they bound-check their rows.
+        let qf = &scratch.qf[..d];
+        unsafe { attn_avx2::scores(k_cache, s.row_bytes, kvo, qf, t > 1, scale, scores) };
+    } else {
         for (j, sc) in scores.iter_mut().enumerate() {
             let o = j * s.row_bytes + kvo;
             let k = &k_cache[o..o + s.head_bytes];
-            *sc = dot_qk(
-                s.ty,
-                d,
-                k,
-                &scratch.q_act,
-                &scratch.qf,
-                &mut scratch.rowf,
-                t,
-            ) * scale;
+            let (qa, qf) = (&scratch.q_act, &scratch.qf);
+            *sc = dot_qk(s.ty, d, k, qa, qf, &mut scratch.rowf, t) * scale;
         }
-        softmax(scores, true);
-        if s.ty == KvType::F16 {
-            let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
-            pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);
-            continue;
-        }
-        oh.fill(0.0);
-        for (j, &p) in scores.iter().enumerate() {
-            let p = if s.ty == KvType::F16 {
-                f16::from_f32(p).to_f32()
-            } else {
-                p
-            };
-            let o = j * s.row_bytes + kvo;
-            let v = &v_cache[o..o + s.head_bytes];
-            if s.ty == KvType::F16 {
-                // o[i] += p·v[i], as axpy_row does, on the widened row
-                widen_f16(v, &mut scratch.rowf[..d]);
-                for (x, &vi) in oh.iter_mut().zip(&scratch.rowf[..d]) {
-                    *x += p * vi;
-                }
-            } else {
-                axpy_row(s.ty, p, v, oh);
-            }
-        }
+    }
+    softmax(scores, true);
+    if s.ty == KvType::F16 {
+        let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
+        pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);
+        return Ok(());
+    }
+    oh.fill(0.0);
+    for (j, &p) in scores.iter().enumerate() {
+        let o = j * s.row_bytes + kvo;
+        axpy_row(s.ty, p, &v_cache[o..o + s.head_bytes], oh);
     }
     Ok(())
 }
@@ -307,9 +336,10 @@ mod tests {
         }
     }
 
-    /// The F16 path equals, bit for bit, ggml's one-query-row order written out element by
-    /// element: scores Σ_i k[i]·q[i] with element i in lane i % 32 of FMA accumulators, ggml's
-    /// softmax, then o[i] = Σ_j f16(p_j)·v_j[i] with position j in lane j % 32.
+    /// The F16 path equals, bit for bit, ggml's orders written out element by element. One
+    /// query row: scores Σ_i k[i]·q[i] with element i in lane i % 32 of FMA accumulators,
+    /// ggml's softmax, then o[i] = Σ_j f16(p_j)·v_j[i] with position j in lane j % 32. Several
+    /// rows (tinyBLAS): lane i % 8 and j % 8 of one 8-lane accumulator.
     #[test]
     fn f16_attention_bitwise_equals_per_element_reference() {
         let (nh, nkv, d, n) = (8, 2, 128, 37);
@@ -329,40 +359,47 @@ mod tests {
             row_bytes: kv.row_bytes,
             head_bytes: kv.head_bytes,
         };
-        let mut out = vec![0f32; nh * d];
-        let mut s = AttnScratch::new(64, KvType::F16, d);
         let (kc, vc) = kv.layer(0, 0, n);
-        attend(&shape, kc, vc, n, &q, &mut out, &mut s, 1).unwrap();
-        let lanes32 = |terms: &mut dyn Iterator<Item = (usize, f32, f32)>| {
-            let mut acc = [[0f32; 8]; 4];
-            for (j, a, b) in terms {
-                let l = j % 32;
-                acc[l / 8][l % 8] = a.mul_add(b, acc[l / 8][l % 8]);
-            }
-            reduce_4x8(&acc)
-        };
-        let scale = 1.0 / (d as f32).sqrt();
-        for h in 0..nh {
-            let kvo = (h / (nh / nkv)) * kv.head_bytes;
-            let qh: Vec<f32> = q[h * d..(h + 1) * d]
-                .iter()
-                .map(|x| f16::from_f32(*x).to_f32())
-                .collect();
-            let mut sc: Vec<f32> = (0..n)
-                .map(|j| {
-                    let o = j * kv.row_bytes + kvo;
-                    let mut it = (0..d).map(|i| (i, f16_at(&kc[o..], 2 * i), qh[i]));
-                    lanes32(&mut it) * scale
-                })
-                .collect();
-            softmax(&mut sc, true);
-            for i in 0..d {
-                let mut it = (0..n).map(|j| {
-                    let o = j * kv.row_bytes + kvo;
-                    (j, f16_at(&vc[o..], 2 * i), f16::from_f32(sc[j]).to_f32())
-                });
-                let want = lanes32(&mut it);
-                assert_eq!(out[h * d + i].to_bits(), want.to_bits(), "head {h} dim {i}");
+        for t in [1usize, 5] {
+            let mut out = vec![0f32; nh * d];
+            let mut s = AttnScratch::new(64, KvType::F16, d);
+            attend(&shape, kc, vc, n, &q, &mut out, &mut s, t).unwrap();
+            let lanes = |terms: &mut dyn Iterator<Item = (usize, f32, f32)>| {
+                let mut acc = [[0f32; 8]; 4];
+                for (j, a, b) in terms {
+                    let l = if t > 1 { j % 8 } else { j % 32 };
+                    acc[l / 8][l % 8] = a.mul_add(b, acc[l / 8][l % 8]);
+                }
+                if t > 1 {
+                    common_reduce8(&acc[0])
+                } else {
+                    reduce_4x8(&acc)
+                }
+            };
+            let scale = 1.0 / (d as f32).sqrt();
+            for h in 0..nh {
+                let kvo = (h / (nh / nkv)) * kv.head_bytes;
+                let qh: Vec<f32> = q[h * d..(h + 1) * d]
+                    .iter()
+                    .map(|x| f16::from_f32(*x).to_f32())
+                    .collect();
+                let mut sc: Vec<f32> = (0..n)
+                    .map(|j| {
+                        let o = j * kv.row_bytes + kvo;
+                        let mut it = (0..d).map(|i| (i, f16_at(&kc[o..], 2 * i), qh[i]));
+                        lanes(&mut it) * scale
+                    })
+                    .collect();
+                softmax(&mut sc, true);
+                for i in 0..d {
+                    let mut it = (0..n).map(|j| {
+                        let o = j * kv.row_bytes + kvo;
+                        (j, f16_at(&vc[o..], 2 * i), f16::from_f32(sc[j]).to_f32())
+                    });
+                    let want = lanes(&mut it);
+                    let got = out[h * d + i].to_bits();
+                    assert_eq!(got, want.to_bits(), "t={t} head {h} dim {i}");
+                }
             }
         }
     }

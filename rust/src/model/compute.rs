@@ -1,6 +1,7 @@
-//! The compute seam: the two heavy operations of the forward pass, matmul against a quantized
-//! weight matrix and the routed-expert FFN. `SerialCompute` is the single-threaded reference;
-//! the CPU expert pool implements the same trait.
+//! The compute seam: the heavy operations of the forward pass, matmul against a quantized
+//! weight matrix and the routed-expert FFN, plus a parallel-for (attention's tasks).
+//! `SerialCompute` is the single-threaded reference; the CPU expert pool implements the same
+//! trait.
 //!
 //! Shapes (row-major, numpy order): T = tokens, H = hidden, F = expert FFN width,
 //! E = experts, K = experts used per token.
@@ -42,6 +43,11 @@ pub trait Compute: Send + Sync {
         k: usize,
         y: &mut [f32],
     ) -> Result<()>;
+
+    /// Runs `f(i)` for every `i < n`, each exactly once, on any threads; returns when all
+    /// have finished. Tasks write disjoint outputs, so the result does not depend on the
+    /// schedule. `f` must not call back into this `Compute`.
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()>;
 }
 
 /// Single-threaded reference implementation of `Compute`: the pool's serial reference
@@ -87,6 +93,11 @@ impl Compute for SerialCompute {
         validate_moe_masked(layer, x, ids, weights, k, y)?;
         reference::moe_serial(layer, x, ids, weights, k, y)
     }
+
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
+        (0..n).for_each(f);
+        Ok(())
+    }
 }
 
 /// The CPU expert pool runs both operations on its threads (same tiles and arithmetic as the
@@ -118,5 +129,9 @@ impl Compute for Pool {
         y: &mut [f32],
     ) -> Result<()> {
         Pool::moe_masked(self, layer, x, ids, weights, k, y)
+    }
+
+    fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
+        Pool::for_each(self, n, f)
     }
 }

@@ -8,7 +8,8 @@
 //! [3][E] per-expert slab tables the pool reads (a few small vectors per call). In `mmap`
 //! mode the tier only counts uses and the pool reads the model's own map directly.
 
-use super::attention::{attend, AttnScratch, AttnShape};
+use super::attention::AttnShape;
+use super::attn_par::{attend_chunk, AttnPar};
 use super::compute::Compute;
 use super::compute::{ExpertLayer, QExperts};
 use super::hparams::HParams;
@@ -56,8 +57,8 @@ struct Scratch {
     wts: Vec<f32>,    // [T, K] their renormalized weights
     cos: Vec<f32>,    // [T, n_rot/2]
     sin: Vec<f32>,    // [T, n_rot/2]
-    attn: AttnScratch,
-    seen: Vec<bool>, // [E] experts already counted in this layer (tier use counting)
+    attn: AttnPar,    // per-task attention scratch
+    seen: Vec<bool>,  // [E] experts already counted in this layer (tier use counting)
 }
 
 pub struct Model {
@@ -129,7 +130,7 @@ impl Model {
             wts: z(hp.n_expert_used),
             cos: z(hp.n_rot / 2),
             sin: z(hp.n_rot / 2),
-            attn: AttnScratch::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
+            attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
             seen: vec![false; hp.n_expert],
         };
         Ok(Model {
@@ -271,19 +272,18 @@ impl Model {
                 kv.write(slot, l, p0 + i, &s.k[r.clone()], &s.v[r])?;
             }
             let (kc, vc) = kv.layer(slot, l, p0 + t);
-            for i in 0..t {
-                let r = i * qd..(i + 1) * qd;
-                attend(
-                    &shape,
-                    kc,
-                    vc,
-                    p0 + i + 1,
-                    &s.q[r.clone()],
-                    &mut s.att[r],
-                    &mut s.attn,
-                    t,
-                )?;
-            }
+            // [T, Nh·D], (position, head) units on the compute's threads
+            attend_chunk(
+                &shape,
+                kc,
+                vc,
+                p0,
+                t,
+                &s.q[..t * qd],
+                &mut s.att[..t * qd],
+                &s.attn,
+                compute.as_ref(),
+            )?;
             compute.matmul(&w.mat(&lw.wo), &s.att[..t * qd], t, &mut s.o[..t * hd])?; // [T, H]
             for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
                 *x += o;

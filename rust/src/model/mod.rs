@@ -2,6 +2,10 @@
 //! attention and the layer loop. Heavy matmuls go through the `Compute` seam.
 
 pub mod attention;
+#[cfg_attr(target_arch = "x86_64", path = "attn_avx2.rs")]
+#[cfg_attr(not(target_arch = "x86_64"), path = "attn_stub.rs")]
+mod attn_avx2;
+pub mod attn_par;
 pub mod compute;
 pub mod forward;
 pub mod hparams;

@@ -10,7 +10,7 @@
 use super::plan::{Kind, Plan, WPtr, E_CHUNK, N_PHASES, PH_A, PH_B, PH_C, PH_D, PH_E};
 use super::protocol::{wait_at_least, wait_zero};
 use super::SKIP;
-use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
+use crate::quant::dot::{many_rows, order_id, quantize_act, MultiDot, Order, MAX_T};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// ggml's SwiGLU for one element (`vexp::silu_mul`).
@@ -20,6 +20,48 @@ use crate::quant::vexp::silu_mul_one as silu_mul;
 #[inline]
 fn split(len: usize, parts: usize, n: usize) -> (usize, usize) {
     (n * len / parts, (n + 1) * len / parts)
+}
+
+/// Weight bytes of one row block: the block stays in L2 while every token group runs over
+/// it (prefill's weight reuse; a token group's activations stay in L1).
+const ROW_BLOCK_BYTES: usize = 96 * 1024;
+
+/// Rows per block for rows of `rb` bytes (all matrices read per row together).
+#[inline]
+fn row_block(rb: usize) -> usize {
+    (ROW_BLOCK_BYTES / rb.max(1)).max(1)
+}
+
+/// Runs `f(row, g0, acts)` over rows `[r0,r1)` × tokens `0..count` in groups of at most
+/// `MAX_T` tokens (`acts` = the activations of tokens `g0..g0 + acts.len()`), row blocks
+/// outermost; no group straddles token `cut` (where ggml's float order changes).
+#[inline]
+fn blocked<'a>(
+    (r0, r1): (usize, usize),
+    count: usize,
+    cut: usize,
+    rows_per_block: usize,
+    act: impl Fn(usize) -> &'a [u8],
+    mut f: impl FnMut(usize, usize, &[&'a [u8]]),
+) {
+    let mut b0 = r0;
+    while b0 < r1 {
+        let b1 = (b0 + rows_per_block).min(r1);
+        let mut g0 = 0;
+        while g0 < count {
+            let end = if g0 < cut { cut } else { count };
+            let n = (end - g0).min(MAX_T);
+            let mut acts: [&[u8]; MAX_T] = [&[]; MAX_T];
+            for (j, a) in acts[..n].iter_mut().enumerate() {
+                *a = act(g0 + j);
+            }
+            for r in b0..b1 {
+                f(r, g0, &acts[..n]);
+            }
+            g0 += n;
+        }
+        b0 = b1;
+    }
 }
 
 impl Plan {
@@ -80,6 +122,7 @@ pub unsafe fn run_tile(p: &Plan, idx: u32) {
         }
         PH_D => {
             match (p.kind, p.pipelined) {
+                (Kind::Func, _) => {}
                 (Kind::Dense, _) => p.wait_phase(PH_A),
                 (Kind::Moe, false) => p.wait_phase(PH_C),
                 (Kind::Moe, true) => wait_zero(p.job_ctr(n / p.nd)),
@@ -87,6 +130,11 @@ pub unsafe fn run_tile(p: &Plan, idx: u32) {
             match p.kind {
                 Kind::Moe => tile_down(p, n),
                 Kind::Dense => tile_dense(p, n),
+                Kind::Func => {
+                    if let Some(f) = p.func {
+                        (*f)(n);
+                    }
+                }
             }
             p.finish(PH_D);
         }
@@ -103,7 +151,7 @@ unsafe fn tile_quantize_x(p: &Plan, n: usize) {
     let (t0, t1) = split(p.t, p.phase_len(PH_A) as usize, n);
     let cols = match p.kind {
         Kind::Moe => p.h,
-        Kind::Dense => p.i,
+        Kind::Dense | Kind::Func => p.i,
     };
     for t in t0..t1 {
         let x = std::slice::from_raw_parts(p.x.add(t * cols), cols);
@@ -119,25 +167,39 @@ unsafe fn tile_quantize_x(p: &Plan, n: usize) {
 }
 
 /// B: Gate and Up rows `[i0,i1)` of job `n / nb` for all its pairs, then SwiGLU into h.
+/// ggml's order depends on the rows routed to the expert (`order_id`).
 unsafe fn tile_gate_up(p: &Plan, n: usize) {
     let j = n / p.nb;
     let job = *p.jobs.add(j);
     let e = job.expert as usize;
-    let (i0, i1) = split(p.i, p.nb, n % p.nb);
-    let pairs = job.start as usize..(job.start + job.n) as usize;
-    for i in i0..i1 {
-        let grow = p.row(&p.gate, e, i);
-        let urow = p.row(&p.up, e, i);
-        for q in pairs.clone() {
-            let t = *p.pair_token.add(q) as usize;
-            let xg = std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
-            let xu = std::slice::from_raw_parts(p.xq_u.add(t * p.xq_u_rb), p.xq_u_rb);
-            // ggml's order depends on the rows routed to the expert (`vec_dot_id`).
-            let g = vec_dot_id(p.gate.ty, p.h, grow, xg, job.n as usize);
-            let u = vec_dot_id(p.up.ty, p.h, urow, xu, job.n as usize);
-            *p.h_buf.add(q * p.i + i) = silu_mul(g, u);
+    let rows = split(p.i, p.nb, n % p.nb);
+    let (q0, np) = (job.start as usize, job.n as usize);
+    let act = |base: *mut u8, rb: usize, j: usize| {
+        let t = *p.pair_token.add(q0 + j) as usize;
+        std::slice::from_raw_parts(base.add(t * rb), rb)
+    };
+    let same = p.xq_u == p.xq_g;
+    let gd = MultiDot::new(p.gate.ty, p.h, order_id(p.gate.ty, np));
+    let ud = MultiDot::new(p.up.ty, p.h, order_id(p.up.ty, np));
+    let (mut g, mut u) = ([0f32; MAX_T], [0f32; MAX_T]);
+    let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
+    let xg = |j| act(p.xq_g, p.xq_g_rb, j);
+    blocked(rows, np, np, rpb, xg, |i, g0, xg| {
+        let m = xg.len();
+        gd.call(p.row(&p.gate, e, i), xg, &mut g[..m]);
+        if same {
+            ud.call(p.row(&p.up, e, i), xg, &mut u[..m]);
+        } else {
+            let mut xu: [&[u8]; MAX_T] = [&[]; MAX_T];
+            for (j, a) in xu[..m].iter_mut().enumerate() {
+                *a = act(p.xq_u, p.xq_u_rb, g0 + j);
+            }
+            ud.call(p.row(&p.up, e, i), &xu[..m], &mut u[..m]);
         }
-    }
+        for jj in 0..m {
+            *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
+        }
+    });
     p.finish(PH_B);
     if p.pipelined {
         // The last B tile of the job quantizes its intermediate and publishes its D tiles.
@@ -163,15 +225,25 @@ unsafe fn quantize_job(p: &Plan, j: usize) {
 unsafe fn tile_down(p: &Plan, n: usize) {
     let job = *p.jobs.add(n / p.nd);
     let e = job.expert as usize;
-    let (r0, r1) = split(p.h, p.nd, n % p.nd);
-    let pairs = job.start as usize..(job.start + job.n) as usize;
-    for r in r0..r1 {
-        let drow = p.row(&p.down, e, r);
-        for q in pairs.clone() {
-            let a = std::slice::from_raw_parts(p.hq.add(q * p.hq_rb), p.hq_rb);
-            *p.dout.add(q * p.h + r) = vec_dot_id(p.down.ty, p.i, drow, a, job.n as usize);
-        }
-    }
+    let rows = split(p.h, p.nd, n % p.nd);
+    let (q0, np) = (job.start as usize, job.n as usize);
+    let act = |j: usize| std::slice::from_raw_parts(p.hq.add((q0 + j) * p.hq_rb), p.hq_rb);
+    let dd = MultiDot::new(p.down.ty, p.i, order_id(p.down.ty, np));
+    let mut out = [0f32; MAX_T];
+    blocked(
+        rows,
+        np,
+        np,
+        row_block(p.down.row_bytes),
+        act,
+        |r, g0, a| {
+            let m = a.len();
+            dd.call(p.row(&p.down, e, r), a, &mut out[..m]);
+            for (jj, &o) in out[..m].iter().enumerate() {
+                *p.dout.add((q0 + g0 + jj) * p.h + r) = o;
+            }
+        },
+    );
 }
 
 /// E: y over a range of (token, H chunk) units, slots summed left to right. The first
@@ -212,15 +284,29 @@ unsafe fn tile_reduce(p: &Plan, n: usize) {
     }
 }
 
-/// Dense D: rows `[r0,r1)` of W for every token, straight into y[T, rows].
+/// Dense D: rows `[r0,r1)` of W for every token, straight into y[T, rows]. ggml's order
+/// depends on the number of activation rows (`many_rows`: the first ones may take the
+/// multi-row order).
 unsafe fn tile_dense(p: &Plan, n: usize) {
-    let (r0, r1) = split(p.h, p.nd, n);
-    for r in r0..r1 {
-        let wrow = p.row(&p.down, 0, r);
-        for t in 0..p.t {
-            let a = std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
-            // ggml's order depends on the number of activation rows (`vec_dot_t`).
-            *p.y.add(t * p.h + r) = vec_dot_t(p.down.ty, p.i, wrow, a, p.t, t);
-        }
-    }
+    let rows = split(p.h, p.nd, n);
+    let act = |t: usize| std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
+    let cut = many_rows(p.down.ty, p.t);
+    let many = MultiDot::new(p.down.ty, p.i, Order::Many);
+    let single = MultiDot::new(p.down.ty, p.i, Order::Single);
+    let mut out = [0f32; MAX_T];
+    blocked(
+        rows,
+        p.t,
+        cut,
+        row_block(p.down.row_bytes),
+        act,
+        |r, g0, a| {
+            let m = a.len();
+            let dd = if g0 < cut { &many } else { &single };
+            dd.call(p.row(&p.down, 0, r), a, &mut out[..m]);
+            for (jj, &o) in out[..m].iter().enumerate() {
+                *p.y.add((g0 + jj) * p.h + r) = o;
+            }
+        },
+    );
 }

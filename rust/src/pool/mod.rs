@@ -22,6 +22,8 @@ mod loom_check;
 pub(crate) mod tests;
 #[cfg(test)]
 mod tests_masked;
+#[cfg(test)]
+mod tests_multi;
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
@@ -350,6 +352,16 @@ impl Pool {
     ) -> Result<()> {
         let pipelined = self.cfg.pipelined;
         self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined, true))
+    }
+
+    /// Runs `f(i)` for every `i < n` on the pool's threads (each index exactly once, in any
+    /// order and on any thread); returns when all have finished. `f` must not call the pool.
+    pub fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
+        // SAFETY: only the lifetime is erased; `run` returns after every tile has retired,
+        // so no tile calls `f` after this borrow ends.
+        let fp: plan::FuncPtr =
+            unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), plan::FuncPtr>(f) };
+        self.run(|s, _| s.plan_func(n, fp))
     }
 
     /// Dense: `y[T,rows] = x[T,cols]·Wᵀ`.

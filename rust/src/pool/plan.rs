@@ -40,7 +40,13 @@ pub const E_CHUNK: usize = 256;
 pub enum Kind {
     Moe,
     Dense,
+    /// `Pool::for_each`: D tiles run `func(n)`.
+    Func,
 }
+
+/// A borrowed task body with its lifetime erased: valid while its call is live (the host
+/// returns only after every tile has retired).
+pub type FuncPtr = *const (dyn Fn(usize) + Sync + 'static);
 
 /// One job: an expert and the pairs routed to it (`pairs[start..start+n]`, token order).
 #[derive(Clone, Copy, Default, Debug)]
@@ -99,6 +105,8 @@ pub struct Plan {
     pub slot_pair: *const u32,
     pub job_ctr: *const Padded<AtomicU32>,
     pub phase_done: *const Padded<AtomicU32>,
+    /// `Kind::Func` only: the task body.
+    pub func: Option<FuncPtr>,
 }
 
 impl Plan {
@@ -508,6 +516,7 @@ impl Scratch {
             slot_pair: self.slot_pair.as_ptr(),
             job_ctr: self.job_ctr.as_ptr(),
             phase_done,
+            func: None,
         }))
     }
 
@@ -575,6 +584,58 @@ impl Scratch {
             slot_pair: std::ptr::null(),
             job_ctr: std::ptr::null(),
             phase_done,
+            func: None,
+        }))
+    }
+}
+
+impl Scratch {
+    /// A `for_each` call: `n` tiles, tile i runs `f(i)`.
+    pub fn plan_func(&mut self, n: usize, f: FuncPtr) -> Result<Option<Plan>> {
+        if n == 0 {
+            return Ok(None);
+        }
+        let starts = prefix([0, 0, 0, n, 0])?;
+        let phase_done = self.phase_counters();
+        let none = WPtr {
+            ty: GgmlType::F32,
+            base: std::ptr::null(),
+            table: std::ptr::null(),
+            expert_bytes: 0,
+            row_bytes: 0,
+        };
+        Ok(Some(Plan {
+            kind: Kind::Func,
+            pipelined: false,
+            starts,
+            t: 0,
+            h: 0,
+            i: 0,
+            k: 0,
+            nb: 0,
+            nd: n,
+            e_units: 0,
+            e_chunks: 0,
+            gate: none,
+            up: none,
+            down: none,
+            x: std::ptr::null(),
+            weights: std::ptr::null(),
+            y: std::ptr::null_mut(),
+            xq_g: std::ptr::null_mut(),
+            xq_u: std::ptr::null_mut(),
+            xq_g_rb: 0,
+            xq_u_rb: 0,
+            h_buf: std::ptr::null_mut(),
+            hq: std::ptr::null_mut(),
+            hq_rb: 0,
+            dout: std::ptr::null_mut(),
+            jobs: std::ptr::null(),
+            pair_token: std::ptr::null(),
+            slot_pair: std::ptr::null(),
+            job_ctr: std::ptr::null(),
+            phase_done,
+            func: Some(f),
         }))
     }
 }

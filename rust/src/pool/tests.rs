@@ -26,7 +26,7 @@ impl Rng {
 }
 
 /// `n` rows of `cols` random weights in type `ty` (F32, or Q8_0 blocks with random scales).
-fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+pub(crate) fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let mut out = Vec::new();
     match ty {
         GgmlType::F32 => {
@@ -41,6 +41,23 @@ fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8>
                 for _ in 0..32 {
                     out.push(rng.next() as u8);
                 }
+            }
+        }
+        // Random blocks with small finite f16 scales at the formats' scale fields.
+        GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K | GgmlType::IQ3S => {
+            let (_, bs) = ty.block();
+            let offs: &[usize] = match ty {
+                GgmlType::Q4K | GgmlType::Q5K => &[0, 2],
+                GgmlType::Q6K => &[208],
+                _ => &[0],
+            };
+            for _ in 0..rows * cols / 256 {
+                let mut b: Vec<u8> = (0..bs).map(|_| rng.next() as u8).collect();
+                for &o in offs {
+                    let d = f16::from_f32(0.0005 + 0.001 * rng.f().abs());
+                    b[o..o + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+                }
+                out.extend_from_slice(&b);
             }
         }
         other => panic!("test data for {} not written", other.name()),

@@ -17,6 +17,7 @@
 
 mod act;
 mod common;
+mod gemm;
 mod scalar;
 mod scalar_iq;
 mod scalar_k;
@@ -36,6 +37,7 @@ use std::sync::OnceLock;
 
 pub use common::{reduce8 as common_reduce8, reduce_4x8};
 pub use cpu::cpu_features;
+pub use gemm::{has_multi_kernel, MultiDot, MAX_T};
 
 /// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
@@ -302,24 +304,56 @@ pub fn vec_dot_isa(isa: Isa, w: GgmlType, n: usize, w_row: &[u8], act: &[u8]) ->
     Ok(checked(isa, w, n, w_row.len(), act.len())(n, w_row, act))
 }
 
-/// The dot ggml's CPU matmul (of a non-repacked weight) computes for one output when the
-/// activation has `t` rows. ggml (AVX2 build, llamafile on) runs `ggml_vec_dot_*` for one
-/// row; for several rows of F32 weights llamafile's tinyBLAS (`f32_dot_many`), and for ≥ 8
-/// rows of Q6_K / IQ3_S weights its tiled matmul (`scalar_k::tiled_dot`), whose float
-/// orders differ. Other types agree with `vec_dot` (Q8_0's tinyBLAS order is its vec_dot
-/// order). `vec_dot_t(.., 1)` is `vec_dot`.
-/// Q4_K weights (llama.cpp repacks them to `q4_K_8x8` when the row count is a multiple of 8)
-/// take the repacked gemm order (`scalar_k::q4_k_gemm`) for activation rows `tok` in the
-/// first ⌊t/4⌋·4 and the gemv order (`vec_dot`) for the rest.
+/// Which of ggml's float orders a dot follows: `Single` is `vec_dot`'s; `Many` is ggml's
+/// multi-row order where it differs (`kernel_many`: llamafile's tinyBLAS for F32, the tiled
+/// matmul for Q6_K / IQ3_S, the repacked gemm for Q4_K); other types have one order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Single,
+    Many,
+}
+
+/// How many leading activation rows of a dense matmul with `t` rows ggml computes in its
+/// multi-row order (the rest in `vec_dot`'s). ggml (AVX2 build, llamafile on) runs
+/// `ggml_vec_dot_*` for one row; for several rows of F32 weights tinyBLAS, for ≥ 8 rows of
+/// Q6_K / IQ3_S its tiled matmul; Q4_K weights (llama.cpp repacks them to `q4_K_8x8` when the
+/// row count is a multiple of 8) take the repacked gemm for the first ⌊t/4⌋·4 rows and the
+/// gemv (`vec_dot`) for the rest. Q8_0's tinyBLAS order is its vec_dot order.
+pub fn many_rows(w: GgmlType, t: usize) -> usize {
+    match w {
+        GgmlType::F32 if t > 1 => t,
+        GgmlType::Q6K | GgmlType::IQ3S if t >= 8 => t,
+        GgmlType::Q4K => t - t % 4,
+        _ => 0,
+    }
+}
+
+/// The order of activation row `tok` of a dense matmul with `t` rows.
 #[inline]
-pub fn vec_dot_t(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, tok: usize) -> f32 {
-    let many = match w {
-        GgmlType::F32 => t > 1,
-        GgmlType::Q6K | GgmlType::IQ3S => t >= 8,
-        GgmlType::Q4K => tok < t - t % 4,
-        _ => false,
-    };
-    if many {
+pub fn order_t(w: GgmlType, t: usize, tok: usize) -> Order {
+    if tok < many_rows(w, t) {
+        Order::Many
+    } else {
+        Order::Single
+    }
+}
+
+/// The order of ggml's CPU `mul_mat_id` (routed experts) for an expert that `rows`
+/// activation rows (token-slots) are routed to: its tiled order for ≥ 8 rows of Q6_K /
+/// IQ3_S, else `vec_dot` (llamafile is not used for `mul_mat_id`, so F32 stays `vec_dot`;
+/// repacked Q4_K experts run the gemv, i.e. `vec_dot`, row by row).
+#[inline]
+pub fn order_id(w: GgmlType, rows: usize) -> Order {
+    match w {
+        GgmlType::F32 | GgmlType::Q4K => Order::Single,
+        _ => order_t(w, rows, 0),
+    }
+}
+
+/// `vec_dot` in a given order (`Many` falls back to `vec_dot` for types with one order).
+#[inline]
+pub fn vec_dot_order(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], order: Order) -> f32 {
+    if order == Order::Many {
         if let Some(k) = kernel_many(active_isa(), w) {
             assert_operands(w, n, w_row.len(), act.len());
             return k(n, w_row, act);
@@ -328,16 +362,18 @@ pub fn vec_dot_t(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, tok:
     vec_dot(w, n, w_row, act)
 }
 
-/// The dot ggml's CPU `mul_mat_id` (routed experts) computes for one output of an expert
-/// that `rows` activation rows (token-slots) are routed to: its tiled order for ≥ 8 rows of
-/// Q6_K / IQ3_S, else `vec_dot` (llamafile is not used for `mul_mat_id`, so F32 stays
-/// `vec_dot`; repacked Q4_K experts run the gemv, i.e. `vec_dot`, row by row).
+/// The dot ggml's CPU matmul computes for activation row `tok` of `t` (`order_t`).
+/// `vec_dot_t(.., 1, 0)` is `vec_dot`.
+#[inline]
+pub fn vec_dot_t(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, tok: usize) -> f32 {
+    vec_dot_order(w, n, w_row, act, order_t(w, t, tok))
+}
+
+/// The dot ggml's CPU `mul_mat_id` computes for one output of an expert that `rows`
+/// activation rows are routed to (`order_id`).
 #[inline]
 pub fn vec_dot_id(w: GgmlType, n: usize, w_row: &[u8], act: &[u8], rows: usize) -> f32 {
-    if matches!(w, GgmlType::F32 | GgmlType::Q4K) {
-        return vec_dot(w, n, w_row, act);
-    }
-    vec_dot_t(w, n, w_row, act, rows, 0)
+    vec_dot_order(w, n, w_row, act, order_id(w, rows))
 }
 
 /// The multi-row kernel of `isa` for `w` where its order differs from `kernel_for`'s

@@ -1,0 +1,168 @@
+//! Attention of a chunk on the compute's threads: the (query position, query head) units of a
+//! chunk are spread over `ATT_TASKS` tasks (`Compute::for_each`), each with its own scratch.
+//! Every unit runs `attention::attend_head` unchanged and writes its own [D] output, so the
+//! result is bit for bit the serial loop's whatever the schedule.
+//!
+//! Shapes: T query positions at p0.., Nh query heads of D; q and out are [T, Nh·D]; the
+//! cache layer holds positions [0, p0 + T); position p0 + i sees keys [0, p0 + i + 1).
+
+use super::attention::{attend_head, AttnScratch, AttnShape};
+use super::compute::Compute;
+use super::kv::KvType;
+use crate::error::{Error, Result};
+use std::sync::Mutex;
+
+/// Tasks per chunk and layer (each has its own scratch). Units are dealt out round robin, so
+/// the causal work (∝ p0 + i + 1) is spread evenly across tasks.
+pub const ATT_TASKS: usize = 8;
+
+/// One scratch per task, sized at load.
+pub struct AttnPar {
+    scratch: Vec<Mutex<AttnScratch>>,
+}
+
+impl AttnPar {
+    pub fn new(n_ctx: usize, ty: KvType, head_dim: usize) -> AttnPar {
+        AttnPar {
+            scratch: (0..ATT_TASKS)
+                .map(|_| Mutex::new(AttnScratch::new(n_ctx, ty, head_dim)))
+                .collect(),
+        }
+    }
+}
+
+/// The output buffer shared by the tasks; each unit writes a disjoint [D] slice.
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint ranges (one per (position, head) unit), and the call returns
+// only after every task has finished.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    fn at(&self, r: usize) -> *mut f32 {
+        // SAFETY (of the callers' use): r + D ≤ out.len(), checked by `attend_chunk`.
+        self.0.wrapping_add(r)
+    }
+}
+
+/// Attention of the chunk's `t` positions (q, out: [T, Nh·D]) over the layer's cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunk(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    p0: usize,
+    t: usize,
+    q: &[f32],
+    out: &mut [f32],
+    par: &AttnPar,
+    compute: &dyn Compute,
+) -> Result<()> {
+    let (nh, d) = (s.n_head, s.head_dim);
+    let qd = nh * d;
+    if q.len() != t * qd || out.len() != t * qd {
+        return Err(Error::Shape(format!(
+            "attention: q has {} and out {} values, expected T·Nh·D = {t}·{qd}",
+            q.len(),
+            out.len()
+        )));
+    }
+    let units = t * nh;
+    let tasks = units.min(par.scratch.len());
+    let o = OutPtr(out.as_mut_ptr());
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    let task = |k: usize| {
+        let Ok(mut scratch) = par.scratch[k].lock() else {
+            return;
+        };
+        for u in (k..units).step_by(tasks) {
+            let (i, h) = (u / nh, u % nh);
+            let r = i * qd + h * d;
+            // SAFETY: unit (i, h) alone writes out[r..r + D], inside out (checked above).
+            let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), d) };
+            let n = p0 + i + 1;
+            let res = attend_head(s, k_cache, v_cache, n, h, &q[r..r + d], oh, &mut scratch, t);
+            if let Err(e) = res {
+                if let Ok(mut f) = failed.lock() {
+                    f.get_or_insert(e);
+                }
+                return;
+            }
+        }
+    };
+    compute.for_each(tasks, &task)?;
+    match failed.into_inner() {
+        Ok(Some(e)) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::attend;
+    use crate::model::compute::SerialCompute;
+    use crate::model::kv::KvCache;
+    use crate::pool::{Pool, PoolConfig};
+
+    /// The threaded chunk equals the serial per-position loop bit for bit, for f16 and f32
+    /// caches, one and several query rows, on a pool with workers and on the serial compute.
+    #[test]
+    fn chunk_equals_the_serial_loop_bitwise() {
+        let (nh, nkv, d, p0) = (8, 2, 64, 5);
+        let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
+        let pool = Pool::new(PoolConfig {
+            workers: 2,
+            host_participates: true,
+            pipelined: false,
+            pin: false,
+            spin_us: 50,
+        });
+        for ty in [KvType::F16, KvType::F32] {
+            for t in [1usize, 7] {
+                let n = p0 + t;
+                let mut kv = KvCache::new(ty, 1, 32, nkv, d, 1).unwrap();
+                for p in 0..n {
+                    let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
+                    let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
+                    kv.write(0, 0, p, &k, &v).unwrap();
+                }
+                let shape = AttnShape {
+                    n_head: nh,
+                    n_head_kv: nkv,
+                    head_dim: d,
+                    ty,
+                    row_bytes: kv.row_bytes,
+                    head_bytes: kv.head_bytes,
+                };
+                let q: Vec<f32> = (0..t * nh * d).map(|i| val(i * 5 + 1) * 0.3).collect();
+                let (kc, vc) = kv.layer(0, 0, n);
+                let mut want = vec![0f32; t * nh * d];
+                let mut s = AttnScratch::new(32, ty, d);
+                for i in 0..t {
+                    let r = i * nh * d..(i + 1) * nh * d;
+                    attend(
+                        &shape,
+                        kc,
+                        vc,
+                        p0 + i + 1,
+                        &q[r.clone()],
+                        &mut want[r],
+                        &mut s,
+                        t,
+                    )
+                    .unwrap();
+                }
+                let par = AttnPar::new(32, ty, d);
+                let serial = SerialCompute::new();
+                for c in [&pool as &dyn Compute, &serial] {
+                    let mut out = vec![f32::NAN; t * nh * d];
+                    attend_chunk(&shape, kc, vc, p0, t, &q, &mut out, &par, c).unwrap();
+                    let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(b(&out), b(&want), "{ty:?} t={t}");
+                }
+                let mut short = vec![0f32; 3];
+                assert!(attend_chunk(&shape, kc, vc, p0, t, &q, &mut short, &par, &pool).is_err());
+            }
+        }
+    }
+}

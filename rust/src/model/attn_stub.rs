@@ -1,0 +1,26 @@
+//! Stand-in for `attn_avx2.rs` on other architectures: no kernels (attention widens rows).
+#![allow(dead_code)]
+
+pub fn available() -> bool {
+    false
+}
+
+/// # Safety
+/// Never called: `available()` is false.
+pub unsafe fn scores(_: &[u8], _: usize, _: usize, _: &[f32], _: bool, _: f32, _: &mut [f32]) {
+    unreachable!("no attention kernels on this architecture")
+}
+
+/// # Safety
+/// Never called: `available()` is false.
+pub unsafe fn pv_lanes(
+    _: &mut [f32],
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: usize,
+    _: usize,
+    _: &mut [f32],
+) {
+    unreachable!("no attention kernels on this architecture")
+}

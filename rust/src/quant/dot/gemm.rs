@@ -1,0 +1,192 @@
+//! Multi-token dots: one weight row against several tokens' quantized activations, each weight
+//! block decoded once for all of them (prefill's weight reuse). Every result is bitwise the
+//! single-token dot of the same row, activation and float order (`Order`: `vec_dot`'s, or the
+//! multi-row order of `kernel_many`): the SIMD kernels (`gemm_avx2.rs`) repeat the single-token
+//! kernel's integer lanes and float combine per token, and types without a multi-token kernel
+//! loop over the single-token one.
+
+use super::{active_isa, kernel_for, kernel_many, DotFn, Isa, Order};
+use crate::quant::GgmlType;
+
+#[cfg_attr(target_arch = "x86_64", path = "gemm_avx2.rs")]
+#[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
+mod gemm_avx2;
+
+/// Tokens a tile hands to one `MultiDot::call` (the kernels take them 4 at a time).
+pub const MAX_T: usize = 8;
+
+/// Whether `isa` has a multi-token kernel of its own for `w` in `order` (else the
+/// single-token kernel loops).
+pub fn has_multi_kernel(isa: Isa, w: GgmlType, order: Order) -> bool {
+    multi_for(isa, w, order).is_some()
+}
+
+fn multi_for(isa: Isa, w: GgmlType, order: Order) -> Option<gemm_avx2::MultiFn> {
+    // The AVX2 kernels serve AVX-512 too: their results are the single-token ones bit for bit
+    // whatever the ISA, and the block decode is shared across tokens.
+    if isa != Isa::Scalar && isa.available() && Isa::Avx2.available() {
+        gemm_avx2::kernel(w, order)
+    } else {
+        None
+    }
+}
+
+/// The single-token kernel of `order` (`kernel_many` where the type has one, else
+/// `kernel_for`).
+fn single_for(isa: Isa, w: GgmlType, order: Order) -> DotFn {
+    let many = match order {
+        Order::Many => kernel_many(isa, w),
+        Order::Single => None,
+    };
+    many.or_else(|| kernel_for(isa, w))
+        .unwrap_or_else(|| panic!("no {} dot kernel for {}", isa.name(), w.name()))
+}
+
+/// The multi-token dot for one weight type, row length and order, looked up once (a tile's
+/// loop calls it per row): `call` checks only slice lengths.
+#[derive(Clone, Copy)]
+pub struct MultiDot {
+    w: GgmlType,
+    n: usize,
+    row_len: usize,
+    act_len: usize,
+    single: DotFn,
+    multi: Option<gemm_avx2::MultiFn>,
+}
+
+impl MultiDot {
+    /// With the active ISA. Panics as `vec_dot` does for a type without a kernel or `n` not
+    /// whole blocks.
+    pub fn new(w: GgmlType, n: usize, order: Order) -> MultiDot {
+        MultiDot::with_isa(active_isa(), w, n, order)
+    }
+
+    /// With a given ISA (which the CPU must run).
+    pub fn with_isa(isa: Isa, w: GgmlType, n: usize, order: Order) -> MultiDot {
+        assert!(isa.available(), "this CPU cannot run {}", isa.name());
+        let row_len = w.row_bytes(n).expect("n is whole blocks");
+        let act_len = super::act_bytes(w, n).expect("n is whole blocks");
+        MultiDot {
+            w,
+            n,
+            row_len,
+            act_len,
+            single: single_for(isa, w, order),
+            multi: multi_for(isa, w, order),
+        }
+    }
+
+    /// `out[t] = dot(w_row, acts[t])` in the handle's order, for every `t < acts.len()`,
+    /// bitwise the single-token kernel's (`vec_dot_order`). Panics on wrong slice lengths.
+    #[inline]
+    pub fn call(&self, w_row: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+        assert!(
+            w_row.len() == self.row_len
+                && out.len() == acts.len()
+                && acts.iter().all(|a| a.len() == self.act_len),
+            "multi dot {}: n = {}, row {} bytes, {} activations",
+            self.w.name(),
+            self.n,
+            w_row.len(),
+            acts.len()
+        );
+        match self.multi {
+            // SAFETY: `multi_for` gave an AVX2 kernel only on an AVX2 CPU; every slice holds
+            // exactly the row and activation of n elements (asserted).
+            Some(k) if acts.len() > 1 => unsafe { k(self.n, w_row, acts, out) },
+            _ => {
+                // (each `DotFn` checks its operands itself)
+                for (o, a) in out.iter_mut().zip(acts) {
+                    *o = (self.single)(self.n, w_row, a);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{random_act, random_row, Rng};
+    use super::super::{supports, vec_dot_order, vec_dot_t};
+    use super::*;
+
+    /// Every (row, token) of the multi-token path equals the single-token kernel of the same
+    /// order bitwise, and the scalar kernel of that order too, for every supported type, both
+    /// orders, token counts 1..=MAX_T and several row lengths.
+    #[test]
+    fn multi_equals_single_token_bitwise() {
+        let mut native = 0;
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for w in GgmlType::ALL.into_iter().filter(|&w| supports(w)) {
+                for order in [Order::Single, Order::Many] {
+                    native += usize::from(has_multi_kernel(isa, w, order));
+                    let mut rng = Rng::new(w.id() as u64 * 31 + 5);
+                    let bs = w.block_size().max(32);
+                    for nb in [1usize, 3, 8] {
+                        let n = (nb * bs).max(w.block_size());
+                        let row = random_row(w, n, &mut rng);
+                        let acts: Vec<Vec<u8>> =
+                            (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
+                        let md = MultiDot::with_isa(isa, w, n, order);
+                        let single = single_for(Isa::Scalar, w, order);
+                        for cnt in 1..=MAX_T {
+                            let refs: Vec<&[u8]> = acts[..cnt].iter().map(|a| &a[..]).collect();
+                            let mut out = vec![f32::NAN; cnt];
+                            md.call(&row, &refs, &mut out);
+                            for (t, (o, a)) in out.iter().zip(&refs).enumerate() {
+                                let want = single(n, &row, a);
+                                assert_eq!(
+                                    o.to_bits(),
+                                    want.to_bits(),
+                                    "{} {} {order:?} n={n} cnt={cnt} t={t}",
+                                    isa.name(),
+                                    w.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if Isa::Avx2.available() {
+            assert!(
+                native >= 7,
+                "the AVX2 multi-token kernels were not exercised"
+            );
+        }
+    }
+
+    /// The handle of the active ISA agrees with `vec_dot_t` (the order ggml takes for each
+    /// activation row of a dense matmul of t rows) on the types of the test models.
+    #[test]
+    fn handle_follows_vec_dot_t() {
+        for w in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::IQ3S, GgmlType::Q5K] {
+            let mut rng = Rng::new(9 + w.id() as u64);
+            let n = 512;
+            let row = random_row(w, n, &mut rng);
+            for t in [1usize, 3, 5, 8, 13] {
+                let acts: Vec<Vec<u8>> = (0..t).map(|_| random_act(w, n, &mut rng)).collect();
+                for (tok, a) in acts.iter().enumerate() {
+                    let order = super::super::order_t(w, t, tok);
+                    let mut out = [0f32; 1];
+                    MultiDot::new(w, n, order).call(&row, &[a], &mut out);
+                    let want = vec_dot_t(w, n, &row, a, t, tok);
+                    assert_eq!(out[0].to_bits(), want.to_bits(), "{} t={t}", w.name());
+                    let again = vec_dot_order(w, n, &row, a, order);
+                    assert_eq!(again.to_bits(), want.to_bits());
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic]
+    fn multi_rejects_a_short_activation() {
+        let w = GgmlType::Q4K;
+        let mut rng = Rng::new(1);
+        let row = random_row(w, 256, &mut rng);
+        let a = random_act(w, 256, &mut rng);
+        let mut out = [0f32; 2];
+        MultiDot::new(w, 256, Order::Single).call(&row, &[&a, &a[..100]], &mut out);
+    }
+}

@@ -1,0 +1,10 @@
+//! Stand-in for `gemm_avx2.rs` on other architectures: no multi-token kernels (the tiles
+//! loop over the single-token ones).
+
+use super::super::Order;
+
+pub type MultiFn = unsafe fn(usize, &[u8], &[&[u8]], &mut [f32]);
+
+pub fn kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<MultiFn> {
+    None
+}

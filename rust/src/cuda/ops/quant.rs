@@ -15,6 +15,8 @@ use crate::cuda::{Arg, Gpu, Kernel, Stream};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
+pub use super::quant_shared::matmul_shared_x;
+
 /// Bytes of one q8_1 activation block (32 values).
 const Q8_1_BYTES: usize = 36;
 /// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
@@ -25,7 +27,7 @@ const MMVQ_TOKENS: usize = 8;
 /// The largest grid.y / grid.z.
 const GRID_YZ_MAX: usize = 65535;
 /// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
-const MMVQ_MAX_TOKENS: usize = 8;
+pub(super) const MMVQ_MAX_TOKENS: usize = 8;
 /// Output tile of the dense mmq kernel: rows × tokens.
 const MMQ_ROWS: usize = 64;
 const MMQ_TOKENS: usize = 64;
@@ -38,14 +40,14 @@ const MOE_MAX_E: usize = 4096;
 /// What the kernels know about a weight type: its kernel-name suffix, whether the activations
 /// stay f32 (float weights) or become q8_1, the alignment its loads need, elements per block.
 #[derive(Clone, Copy, Debug)]
-struct TypeInfo {
+pub(super) struct TypeInfo {
     suffix: &'static str,
-    float: bool,
+    pub(super) float: bool,
     align: u64,
     block: usize,
 }
 
-fn type_info(ty: GgmlType) -> Option<TypeInfo> {
+pub(super) fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType::*;
     let (suffix, float, align) = match ty {
         F32 => ("f32", true, 16),
@@ -157,9 +159,10 @@ impl GroupLayout {
 }
 
 /// The kernels of one weight type.
-struct TypeKernels {
+pub(super) struct TypeKernels {
     mmvq1: Kernel,
     mmvq8: Kernel,
+    mmvq_r1: Kernel,
     gate_up: Kernel,
     gate: Kernel,
     up_glu: Kernel,
@@ -178,6 +181,9 @@ pub struct QuantOps {
     group: Kernel,
     reduce: Kernel,
     types: Vec<TypeKernels>,
+    /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
+    /// the warp-per-row one would launch fewer than two blocks per SM.
+    r1_below: usize,
 }
 
 impl QuantOps {
@@ -189,6 +195,7 @@ impl QuantOps {
             types.push(TypeKernels {
                 mmvq1: k("mmvq")?,
                 mmvq8: gpu.kernel(&format!("strata_mmvq_{s}_n8"))?,
+                mmvq_r1: gpu.kernel(&format!("strata_mmvq_{s}_r1"))?,
                 gate_up: k("moe_gate_up")?,
                 gate: k("moe_gate")?,
                 up_glu: k("moe_up_glu")?,
@@ -206,10 +213,11 @@ impl QuantOps {
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
             types,
+            r1_below: 2 * gpu.sm_count() as usize * MMVQ_ROWS,
         })
     }
 
-    fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
+    pub(super) fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
         let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
         let i = TYPES
             .iter()
@@ -302,8 +310,49 @@ impl QuantOps {
         )
     }
 
+    /// y = W·x for n_tok ≤ 8 on x in the kernels' form (f32 for float weights, else q8_1).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mmvq(
+        &self,
+        s: &Stream,
+        kern: &TypeKernels,
+        w: u64,
+        rows: usize,
+        k: usize,
+        xa: u64,
+        y: u64,
+        n_tok: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(rows as i32),
+            Arg::I32((k / 32) as i32),
+            Arg::Ptr(xa),
+            Arg::Ptr(y),
+            Arg::I32(n_tok as i32),
+        ];
+        let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
+        let block = (MMVQ_THREADS, 1, 1);
+        if n_tok == 1 && rows < self.r1_below {
+            let g = (to_u32(rows, "rows")?, 1, 1);
+            kern.mmvq_r1.launch(s, g, block, 0, &args)
+        } else if n_tok == 1 {
+            kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
+        } else {
+            let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
+            kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
+        }
+    }
+
     /// x f32 [n_rows, k] → q8_1 [n_rows, k/32] at `out`.
-    fn quantize_q8_1(&self, s: &Stream, x: u64, n_rows: usize, k: usize, out: u64) -> Result<()> {
+    pub(super) fn quantize_q8_1(
+        &self,
+        s: &Stream,
+        x: u64,
+        n_rows: usize,
+        k: usize,
+        out: u64,
+    ) -> Result<()> {
         let n_blocks = n_rows * (k / 32);
         let grid = n_blocks.div_ceil(8);
         self.quantize.launch(
@@ -429,22 +478,7 @@ pub fn matmul(
         q.quantize_q8_1(s, x, n_tok, k, scratch)?;
         scratch
     };
-    let args = [
-        Arg::Ptr(w),
-        Arg::I32(rows as i32),
-        Arg::I32((k / 32) as i32),
-        Arg::Ptr(xa),
-        Arg::Ptr(y),
-        Arg::I32(n_tok as i32),
-    ];
-    let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
-    let block = (MMVQ_THREADS, 1, 1);
-    if n_tok == 1 {
-        kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
-    } else {
-        let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
-        kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
-    }
+    q.mmvq(s, kern, w, rows, k, xa, y, n_tok)
 }
 
 /// Checks of `get_rows`' arguments.

@@ -30,8 +30,10 @@ def main() -> None:
     def row(name: str, us: float) -> None:
         print(f"{name:52s} {us:9.2f}", flush=True)
 
-    row(f"norm_rms [1, {H}]", _core.gpu_bench_norm(H, 1, False, a.reps))
-    row(f"norm_add_rms [1, {H}]", _core.gpu_bench_norm(H, 1, True, a.reps))
+    for fused in (False, True):
+        for q8 in (False, True):
+            name = ("norm_add_rms" if fused else "norm_rms") + ("_q8" if q8 else "")
+            row(f"{name} [1, {H}]", _core.gpu_bench_norm(H, 1, fused, q8, a.reps))
     for ty, rows, k in [
         ("Q4_K", NH * D, H),  # Q
         ("Q4_K", NKV * D, H),  # K (and V in Q4_K)
@@ -41,6 +43,9 @@ def main() -> None:
     ]:
         us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps)
         row(f"quantize + matmul {ty} [{rows}, {k}] (F32: no quantize)", us)
+        if ty != "F32":
+            us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, True)
+            row(f"  matmul {ty} [{rows}, {k}], x already q8_1", us)
     for kv in ["f16", "q8_0"]:
         for p in (int(c) for c in a.ctx.split(",")):
             if p >= a.n_ctx:

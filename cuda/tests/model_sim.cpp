@@ -20,6 +20,16 @@ void sim_norm_add_rms(float* x, const float* y, const float* w, float* out, int 
   sim_launch(strata_norm_add_rms, dim3(rows), dim3(NORM_THREADS), x, y, w, out, n, eps);
 }
 
+void sim_norm_rms_q8(const float* x, const float* w, float* out, uint8_t* xq, int rows, int n,
+                     float eps) {
+  sim_launch(strata_norm_rms_q8, dim3(rows), dim3(NORM_THREADS), x, w, out, xq, n, eps);
+}
+
+void sim_norm_add_rms_q8(float* x, const float* y, const float* w, float* out, uint8_t* xq,
+                         int rows, int n, float eps) {
+  sim_launch(strata_norm_add_rms_q8, dim3(rows), dim3(NORM_THREADS), x, y, w, out, xq, n, eps);
+}
+
 void sim_rope_neox(float* x, const float* c, const float* s, const int* sp, int n_tok,
                    int n_head, int d, int n_rot, int n_pos) {
   sim_launch(strata_rope_neox, dim3(n_head, n_tok), dim3(32), x, c, s, sp, n_head, d, n_rot,

@@ -1,11 +1,11 @@
 //! The kernel sequence of one chunk (launches only: no host copies or syncs, so the
 //! one-token step can be captured as a graph). Per layer (FORMATS.md §4 "Forward pass"):
 //!
-//!   h = RMSNorm(x)·attn_norm                              norm::rms
+//!   h = RMSNorm(x)·attn_norm (decode: + h as q8_1)         norm::rms_to
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant::matmul_shared_x
 //!   q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache       rope::qkv
 //!   att = softmax(q·kᵀ/√D)·v (causal, GQA)                attention::decode | prefill
-//!   o = att·Woᵀ;  x += o;  h = RMSNorm(x)·ffn_norm          quant::matmul, norm::add_rms
+//!   o = att·Woᵀ;  x += o;  h = RMSNorm(x)·ffn_norm          quant::matmul, norm::add_rms_to
 //!   ids, w = top-k(softmax(h·Wrᵀ)), renormalized          quant::matmul, router::topk
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
 
@@ -42,9 +42,12 @@ impl GpuModel {
             t,
             x.ptr,
         )?;
+        // decode: the norms also write h as q8_1 into the scratch, which the Q/K/V and the
+        // expert gate/up products then read instead of quantizing h themselves
+        let hq = (t <= DECODE_MAX_TOKENS && hd.is_multiple_of(32)).then(|| Dv::of(&b.scratch));
         for (l, lw) in w.layers.iter().enumerate() {
             // ---- attention ----
-            norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
+            norm::rms_to(g, s, x, Dv::of(&lw.attn_norm), h, hq, t, hd, eps)?;
             // h [T, hd] is quantized once for the three
             if (lw.wq.cols, lw.wk.cols, lw.wv.cols) != (hd, hd, hd) {
                 return Err(Error::Model(format!(
@@ -53,7 +56,7 @@ impl GpuModel {
             }
             let qkv = [(&lw.wq, q), (&lw.wk, kk), (&lw.wv, v)]
                 .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
-            quant::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
+            quant::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr, hq.is_some())?;
             rope::qkv(
                 g,
                 s,
@@ -113,7 +116,7 @@ impl GpuModel {
                 (hd, qd, qd, kvd)
             );
             // ---- routed experts ----
-            norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, t, hd, eps)?;
+            norm::add_rms_to(g, s, x, o, Dv::of(&lw.ffn_norm), h, hq, t, hd, eps)?;
             let r = &lw.router;
             let logits = Dv::of(&b.router);
             quant::matmul(
@@ -131,7 +134,7 @@ impl GpuModel {
             let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
             router::topk(g, s, logits, ids, wts, t, e, k, true)?;
             let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
-            quant::moe_gate_up(
+            quant::moe_gate_up_x(
                 &self.q,
                 s,
                 gate.ty,
@@ -146,6 +149,7 @@ impl GpuModel {
                 t,
                 b.act.ptr(),
                 scr,
+                hq.is_some(),
             )?;
             quant::moe_down(
                 &self.q,

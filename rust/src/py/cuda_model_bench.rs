@@ -54,13 +54,15 @@ fn zeros(gpu: &Gpu, s: &Stream, bytes: usize) -> Result<DevBuf> {
     Ok(b)
 }
 
-/// µs per RMSNorm of `rows` rows of n (`fused`: the residual add + norm kernel).
+/// µs per RMSNorm of `rows` rows of n (`fused`: the residual add + norm kernel; `q8`: the
+/// form that also writes q8_1 blocks).
 #[pyfunction]
 fn gpu_bench_norm(
     py: Python<'_>,
     n: usize,
     rows: usize,
     fused: bool,
+    q8: bool,
     reps: usize,
 ) -> PyResult<f64> {
     Ok(py.detach(|| -> Result<f64> {
@@ -72,13 +74,17 @@ fn gpu_bench_norm(
             zeros(&gpu, &s, b)?,
             zeros(&gpu, &s, b)?,
         );
-        let w = zeros(&gpu, &s, 4 * n)?;
+        let (w, xq) = (
+            zeros(&gpu, &s, 4 * n)?,
+            zeros(&gpu, &s, rows * n.div_ceil(32) * 36)?,
+        );
         let (x, y, o, w) = (Dv::of(&x), Dv::of(&y), Dv::of(&o), Dv::of(&w));
+        let xq = q8.then(|| Dv::of(&xq));
         time_graph_us(&gpu, &s, reps, || {
             if fused {
-                norm::add_rms(&gpu, &s, x, y, w, o, rows, n, 1e-6)
+                norm::add_rms_to(&gpu, &s, x, y, w, o, xq, rows, n, 1e-6)
             } else {
-                norm::rms(&gpu, &s, x, w, o, rows, n, 1e-6)
+                norm::rms_to(&gpu, &s, x, w, o, xq, rows, n, 1e-6)
             }
         })
     })?)
@@ -178,8 +184,10 @@ fn gpu_bench_router(
 }
 
 /// µs per `quant::matmul` of W [rows, k] (`type_name`, zero bytes: timing does not depend on
-/// the values) with n_tok tokens, q8_1 quantization of x included, inside a graph.
+/// the values) with n_tok tokens inside a graph: q8_1 quantization of x included, unless
+/// `x_q8` (x already quantized, as after `norm::rms_to`).
 #[pyfunction]
+#[pyo3(signature = (type_name, rows, k, n_tok, reps, x_q8 = false))]
 fn gpu_bench_matmul_graph(
     py: Python<'_>,
     type_name: &str,
@@ -187,6 +195,7 @@ fn gpu_bench_matmul_graph(
     k: usize,
     n_tok: usize,
     reps: usize,
+    x_q8: bool,
 ) -> PyResult<f64> {
     let ty = GgmlType::from_name(type_name)
         .ok_or_else(|| Error::Quant(format!("unknown ggml type {type_name:?}")))?;
@@ -203,18 +212,8 @@ fn gpu_bench_matmul_graph(
         let y = zeros(&gpu, &s, 4 * n_tok * rows)?;
         let scratch = zeros(&gpu, &s, quant::scratch_bytes(k, n_tok))?;
         time_graph_us(&gpu, &s, reps, || {
-            quant::matmul(
-                &q,
-                &s,
-                ty,
-                w.ptr(),
-                rows,
-                k,
-                x.ptr(),
-                y.ptr(),
-                n_tok,
-                scratch.ptr(),
-            )
+            let m = [(ty, w.ptr(), rows, y.ptr())];
+            quant::matmul_shared_x(&q, &s, &m, k, x.ptr(), n_tok, scratch.ptr(), x_q8)
         })
     })?)
 }

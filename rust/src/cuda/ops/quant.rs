@@ -15,7 +15,7 @@ use crate::cuda::{Arg, Gpu, Kernel, Stream};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
-pub use super::quant_shared::matmul_shared_x;
+pub use super::quant_shared::{matmul_shared_x, moe_gate_up};
 
 /// Bytes of one q8_1 activation block (32 values).
 const Q8_1_BYTES: usize = 36;
@@ -584,13 +584,10 @@ pub fn check_moe(
     Ok(())
 }
 
-/// Routed experts, gate and up: for each token t and slot j with e = ids[t, j],
-/// act[t, j, r] = silu(Wg[e][r]·x[t])·(Wu[e][r]·x[t]) (zeros when gate_ptrs[e] or up_ptrs[e]
-/// is 0). gate_ptrs/up_ptrs: device u64 [n_expert] addresses of each expert's [ff, h] matrix;
-/// ids: device i32 [n_tok, top_k] (trusted to be < n_expert; negative = absent);
-/// x f32 [n_tok, h]; act f32 [n_tok, top_k, ff]. One launch (two when the types differ).
+/// `moe_gate_up` where, with `x_q8` (decode only, n_tok ≤ 8), the scratch already holds x as
+/// q8_1 (`norm::add_rms_to`) and is not quantized again.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_gate_up(
+pub fn moe_gate_up_x(
     q: &QuantOps,
     s: &Stream,
     ty_gate: GgmlType,
@@ -605,6 +602,7 @@ pub fn moe_gate_up(
     n_tok: usize,
     act: u64,
     scratch: u64,
+    x_q8: bool,
 ) -> Result<()> {
     check_moe(
         &[ty_gate, ty_up],
@@ -647,7 +645,7 @@ pub fn moe_gate_up(
             s, &ku.mmq_up, up_ptrs, ff, h, x, top_k, scratch, &layout, gy, act,
         );
     }
-    if !(ig.float && iu.float) {
+    if !(ig.float && iu.float || x_q8) {
         q.quantize_q8_1(s, x, n_tok, h, scratch)?;
     }
     let xg = if ig.float { x } else { scratch };

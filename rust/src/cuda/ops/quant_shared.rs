@@ -2,13 +2,15 @@
 //! for decode the activation is quantized to q8_1 once for all the quantized matrices, then
 //! each product runs as `quant::matmul` would run it.
 
-use super::quant::{check_matmul, matmul, type_info, QuantOps, MMVQ_MAX_TOKENS};
+use super::quant::{check_matmul, matmul, moe_gate_up_x, type_info, QuantOps, MMVQ_MAX_TOKENS};
 use crate::cuda::Stream;
 use crate::error::Result;
 use crate::quant::GgmlType;
 
 /// `matmul` of several matrices (type, w, rows, y) over one x f32 [n_tok, k] (a layer's Q, K
-/// and V): for decode, x is quantized to q8_1 once for all the quantized ones.
+/// and V): for decode, x is quantized to q8_1 once for all the quantized ones, or not at all
+/// with `x_q8`, where the scratch already holds it (`norm::rms_to`).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_shared_x(
     q: &QuantOps,
     s: &Stream,
@@ -17,6 +19,7 @@ pub fn matmul_shared_x(
     x: u64,
     n_tok: usize,
     scratch: u64,
+    x_q8: bool,
 ) -> Result<()> {
     for &(ty, w, rows, y) in mats {
         check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
@@ -27,10 +30,39 @@ pub fn matmul_shared_x(
             .iter()
             .try_for_each(|&(ty, w, rows, y)| matmul(q, s, ty, w, rows, k, x, y, n_tok, scratch));
     }
-    q.quantize_q8_1(s, x, n_tok, k, scratch)?;
+    if !x_q8 {
+        q.quantize_q8_1(s, x, n_tok, k, scratch)?;
+    }
     for &(ty, w, rows, y) in mats {
         let xa = if float(ty) { x } else { scratch };
         q.mmvq(s, q.of(ty)?.0, w, rows, k, xa, y, n_tok)?;
     }
     Ok(())
+}
+
+/// Routed experts, gate and up: for each token t and slot j with e = ids[t, j],
+/// act[t, j, r] = silu(Wg[e][r]·x[t])·(Wu[e][r]·x[t]) (zeros when gate_ptrs[e] or up_ptrs[e]
+/// is 0). gate_ptrs/up_ptrs: device u64 [n_expert] addresses of each expert's [ff, h] matrix;
+/// ids: device i32 [n_tok, top_k] (trusted to be < n_expert; negative = absent);
+/// x f32 [n_tok, h]; act f32 [n_tok, top_k, ff]. One launch (two when the types differ).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_gate_up(
+    q: &QuantOps,
+    s: &Stream,
+    ty_gate: GgmlType,
+    ty_up: GgmlType,
+    gate_ptrs: u64,
+    up_ptrs: u64,
+    ff: usize,
+    h: usize,
+    ids: u64,
+    top_k: usize,
+    x: u64,
+    n_tok: usize,
+    act: u64,
+    scratch: u64,
+) -> Result<()> {
+    moe_gate_up_x(
+        q, s, ty_gate, ty_up, gate_ptrs, up_ptrs, ff, h, ids, top_k, x, n_tok, act, scratch, false,
+    )
 }

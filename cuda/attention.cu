@@ -313,12 +313,39 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
     if (lane == 0) lsum[g] = ls;
   }
   __syncthreads();
-  for (int i = tid; i < G * D; i += ATT_THREADS) {
-    int g = i / D, dm = i % D;
-    size_t row0 = (head0 + g) * n_split;
-    float a = 0.0f;
-    for (int k = 0; k < n_live; k++) a += wsp[g][k] * __ldcg(part_o + (row0 + k) * D + dm);
-    out[(head0 + g) * D + dm] = a / lsum[g];
+  // float4 f = tid + j·ATT_THREADS of the G·D/4 outputs; the loads of all j (and, unrolled,
+  // of several splits) are in flight together
+  constexpr int D4 = D / 4, NJ = (MAXG * D4 + ATT_THREADS - 1) / ATT_THREADS;
+  float4 a[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; j++) a[j].x = a[j].y = a[j].z = a[j].w = 0.0f;
+#pragma unroll 4
+  for (int k = 0; k < n_live; k++) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      int f = tid + j * ATT_THREADS, g = f / D4;
+      if (g < G) {
+        const float4* src = (const float4*)(part_o + ((head0 + g) * n_split + k) * D) + f % D4;
+        float4 p = __ldcg(src);
+        float wk = wsp[g][k];
+        a[j].x += wk * p.x;
+        a[j].y += wk * p.y;
+        a[j].z += wk * p.z;
+        a[j].w += wk * p.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    int f = tid + j * ATT_THREADS, g = f / D4;
+    if (g < G) {
+      float* o = out + (head0 + g) * D + 4 * (f % D4);
+      float l = lsum[g];
+      o[0] = a[j].x / l;
+      o[1] = a[j].y / l;
+      o[2] = a[j].z / l;
+      o[3] = a[j].w / l;
+    }
   }
 }
 

@@ -11,11 +11,13 @@ from typing import Any
 import gpu_model_ref as ref
 import numpy as np
 import pytest
+from gpu_quant_ref import q8_1_parts
 
 __all__ = [
     "test_argmax_and_add",
     "test_attention_decode",
     "test_attention_prefill",
+    "test_norm_q8_outputs",
     "test_norm_rows_and_fused_add",
     "test_rope_neox",
     "test_rope_qkv_writes_cache",
@@ -43,6 +45,39 @@ def test_norm_rows_and_fused_add(kern: Any, n: int) -> None:
     assert np.array_equal(x2, x + y)
     want = ref.rms_norm(x + y, w, eps)
     assert np.abs(out - want).max() <= 1e-6 * np.abs(want).max()
+
+
+# float4 rows in registers (n ≤ 8192, 16-byte aligned) and the strided loop (n = 8224)
+@pytest.mark.parametrize("n", [2048, 96, 8224])
+def test_norm_q8_outputs(kern: Any, n: int) -> None:
+    """The `_q8` norms write the same f32 rows as the plain ones and, as q8_1 blocks, exactly
+    what cuda/quantize.cu makes of those rows (gpu_quant_ref.q8_1_parts: d and s = d·Σq as
+    f16 bits, int8 q)."""
+    rng = np.random.default_rng(12)
+    rows, eps = 2, 1e-6
+    x = np.ascontiguousarray(rng.normal(0, 2, (rows, n)), np.float32)
+    y = np.ascontiguousarray(rng.normal(0, 1, (rows, n)), np.float32)
+    w = np.ascontiguousarray(rng.normal(1, 0.2, n), np.float32)
+    for fused in (False, True):
+        plain, out = np.zeros_like(x), np.zeros_like(x)
+        xq = np.zeros(rows * n // 32 * 36, np.uint8)
+        x1, x2 = x.copy(), x.copy()
+        if fused:
+            kern.sim_norm_add_rms(x1, y, w, plain, rows, n, eps)
+            kern.sim_norm_add_rms_q8(x2, y, w, out, xq, rows, n, eps)
+            assert np.array_equal(x1, x2)
+        else:
+            kern.sim_norm_rms(x1, w, plain, rows, n, eps)
+            kern.sim_norm_rms_q8(x2, w, out, xq, rows, n, eps)
+        assert np.array_equal(out, plain)
+        d, q = q8_1_parts(out)
+        s = (d[..., 0] * q.sum(-1, dtype=np.float32)).astype(np.float32)
+        blk = xq.reshape(rows, n // 32, 36)
+        assert np.array_equal(
+            blk[..., 0:2].copy().view(np.float16)[..., 0], d[..., 0].astype(np.float16)
+        )
+        assert np.array_equal(blk[..., 2:4].copy().view(np.float16)[..., 0], s.astype(np.float16))
+        assert np.array_equal(blk[..., 4:].view(np.int8), q.astype(np.int8))
 
 
 def rope_tables(rng: np.random.Generator, n_ctx: int, half: int) -> tuple[np.ndarray, np.ndarray]:

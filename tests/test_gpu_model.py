@@ -60,6 +60,18 @@ class GpuKernels:
         x[...] = x2
         out[...] = o
 
+    def sim_norm_rms_q8(
+        self, x: Any, w: Any, out: Any, xq: Any, rows: int, n: int, eps: float
+    ) -> None:
+        _, o, q = _core.gpu_norm_q8(x, w, eps)
+        out[...], xq[...] = o, q.reshape(-1)
+
+    def sim_norm_add_rms_q8(
+        self, x: Any, y: Any, w: Any, out: Any, xq: Any, rows: int, n: int, eps: float
+    ) -> None:
+        x2, o, q = _core.gpu_norm_q8(x, w, eps, y)
+        x[...], out[...], xq[...] = x2, o, q.reshape(-1)
+
     def sim_rope_neox(self, x: Any, c: Any, s: Any, sp: Any, *dims: int) -> None:
         n_rot, n_pos = dims[-2], dims[-1]
         x[...] = _core.gpu_rope_neox(x, c[:n_pos], s[:n_pos], int(sp[0]), n_rot)

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 import pytest
 from gpu_model_cases import *  # noqa: F403  (the shared test cases)
-from gpu_quant_ref import q8_1_parts
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = ROOT / "cuda"
@@ -87,36 +86,3 @@ def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def kern(sim: ctypes.CDLL) -> ctypes.CDLL:
     return sim
-
-
-# float4 rows in registers (n ≤ 8192, 16-byte aligned) and the strided loop (n = 8224)
-@pytest.mark.parametrize("n", [2048, 96, 8224])
-def test_norm_q8_outputs(sim: ctypes.CDLL, n: int) -> None:
-    """The `_q8` norms write the same f32 rows as the plain ones and, as q8_1 blocks, exactly
-    what cuda/quantize.cu makes of those rows (gpu_quant_ref.q8_1_parts: d and s = d·Σq as
-    f16 bits, int8 q)."""
-    rng = np.random.default_rng(12)
-    rows, eps = 2, 1e-6
-    x = np.ascontiguousarray(rng.normal(0, 2, (rows, n)), np.float32)
-    y = np.ascontiguousarray(rng.normal(0, 1, (rows, n)), np.float32)
-    w = np.ascontiguousarray(rng.normal(1, 0.2, n), np.float32)
-    for fused in (False, True):
-        plain, out = np.zeros_like(x), np.zeros_like(x)
-        xq = np.zeros(rows * n // 32 * 36, np.uint8)
-        x1, x2 = x.copy(), x.copy()
-        if fused:
-            sim.sim_norm_add_rms(x1, y, w, plain, rows, n, eps)
-            sim.sim_norm_add_rms_q8(x2, y, w, out, xq, rows, n, eps)
-            assert np.array_equal(x1, x2)
-        else:
-            sim.sim_norm_rms(x1, w, plain, rows, n, eps)
-            sim.sim_norm_rms_q8(x2, w, out, xq, rows, n, eps)
-        assert np.array_equal(out, plain)
-        d, q = q8_1_parts(out)
-        s = (d[..., 0] * q.sum(-1, dtype=np.float32)).astype(np.float32)
-        blk = xq.reshape(rows, n // 32, 36)
-        assert np.array_equal(
-            blk[..., 0:2].copy().view(np.float16)[..., 0], d[..., 0].astype(np.float16)
-        )
-        assert np.array_equal(blk[..., 2:4].copy().view(np.float16)[..., 0], s.astype(np.float16))
-        assert np.array_equal(blk[..., 4:].view(np.int8), q.astype(np.int8))

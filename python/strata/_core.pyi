@@ -51,6 +51,7 @@ __all__ = [
     "gpu_matmul",
     "gpu_moe",
     "gpu_norm_add_rms",
+    "gpu_norm_q8",
     "gpu_norm_rms",
     "gpu_quant_supports",
     "gpu_rope_neox",
@@ -155,6 +156,12 @@ def gpu_norm_rms(
 def gpu_norm_add_rms(
     x: npt.NDArray[np.float32], y: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+def gpu_norm_q8(
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[np.float32],
+    eps: float,
+    y: npt.NDArray[np.float32] | None = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.uint8]]: ...
 def gpu_rope_neox(
     x: npt.NDArray[np.float32],
     cos: npt.NDArray[np.float32],

@@ -123,6 +123,52 @@ fn gpu_norm_add_rms<'py>(
     Ok((xo.into_pyarray(py), out.into_pyarray(py)))
 }
 
+/// The `_q8` norms: with y, x += y first. Returns (x, out = RMSNorm(x)·w, out as q8_1 bytes
+/// u8 [rows, n/32·36]).
+#[pyfunction]
+#[pyo3(signature = (x, w, eps, y = None))]
+fn gpu_norm_q8<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    w: PyReadonlyArray1<'py, f32>,
+    eps: f32,
+    y: Option<PyReadonlyArray2<'py, f32>>,
+) -> PyResult<(P2<'py>, P2<'py>, Bound<'py, PyArray2<u8>>)> {
+    let (rows, n) = x.as_array().dim();
+    let (xv, wv) = (flat(&x), flat(&w));
+    let yv = y.as_ref().map(flat);
+    let qb = rows * n.div_ceil(32) * 36;
+    let (xo, out, q) = py.detach(|| -> Result<(Vec<f32>, Vec<f32>, Vec<u8>)> {
+        let d = Dev::new()?;
+        let (bx, bw) = (d.up(&xv)?, d.up(&wv)?);
+        let bo = d.up(&vec![0f32; rows * n])?;
+        let bq = d.up(&vec![0u8; qb])?;
+        let (x, w, o, q) = (Dv::of(&bx), Dv::of(&bw), Dv::of(&bo), Some(Dv::of(&bq)));
+        match &yv {
+            Some(yv) => {
+                let by = d.up(yv)?;
+                norm::add_rms_to(&d.gpu, &d.s, x, Dv::of(&by), w, o, q, rows, n, eps)?
+            }
+            None => norm::rms_to(&d.gpu, &d.s, x, w, o, q, rows, n, eps)?,
+        }
+        Ok((
+            d.down(&bx, rows * n)?,
+            d.down(&bo, rows * n)?,
+            d.down(&bq, qb)?,
+        ))
+    })?;
+    let mk = |v: Vec<f32>| Array2::from_shape_vec((rows, n), v);
+    let xo = mk(xo).map_err(|e| shape_err(&e.to_string()))?;
+    let out = mk(out).map_err(|e| shape_err(&e.to_string()))?;
+    let q = Array2::from_shape_vec((rows, qb / rows.max(1)), q)
+        .map_err(|e| shape_err(&e.to_string()))?;
+    Ok((
+        xo.into_pyarray(py),
+        out.into_pyarray(py),
+        q.into_pyarray(py),
+    ))
+}
+
 /// RoPE NEOX of x f32 [T, H, D] at positions pos0 + t with tables cos/sin f32 [P, n_rot/2].
 #[pyfunction]
 fn gpu_rope_neox<'py>(
@@ -423,6 +469,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_copy_gbps, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_norm_rms, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_norm_add_rms, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_norm_q8, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_rope_neox, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_rope_qkv, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_attention, m)?)?;

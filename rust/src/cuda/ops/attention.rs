@@ -132,10 +132,10 @@ pub fn n_split(gpu: &Gpu, n_kv: usize, n_ctx: usize) -> usize {
     waves.min(n_ctx.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT)
 }
 
-/// Bytes of the decode partials: (acc f32 [n_tok, n_head, n_split, d], max/sum f32
-/// [n_tok, n_head, n_split, 2] followed by i32 [n_tok, n_head] finish counters). The second
-/// buffer must be zeroed once before its first use (`DevBuf::zero`); every decode launch
-/// leaves its counters at zero again.
+/// Bytes of the decode partials: (acc f32 [n_tok, n_head, n_split, d]; per token, i32
+/// [n_head] finish counters then (max, sum) f32 [n_head, n_split, 2], so a token's part does
+/// not move with n_tok). The second buffer must be zeroed once before its first use
+/// (`DevBuf::zero`); every decode launch leaves its counters at zero again.
 pub fn part_bytes(n_tok: usize, n_head: usize, n_split: usize, d: usize) -> Result<(usize, usize)> {
     let ml = prod(&[n_tok, n_head, n_split, 2])?;
     Ok((

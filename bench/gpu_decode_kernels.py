@@ -4,7 +4,9 @@
 
 Each figure is µs per call with `reps` calls captured in one CUDA graph and replayed (the
 way the decode step runs them: no host launch cost between kernels), so the sum over a
-layer's kernels is comparable with ncu's per-kernel durations. Shapes: hidden 2048, 32 query
+layer's kernels is comparable with ncu's per-kernel durations. The one-token matmuls are
+also timed with each kernel forced (row per block `_r1` vs warp per row), the data for the
+launcher's threshold (now: row per block below 2·SMs·4 rows). Shapes: hidden 2048, 32 query
 / 4 KV heads of 128, 128 experts top-8, Q/K/V Q4_K (V Q6_K in Q4_K_M), O Q4_K, router F32;
 the routed experts are timed by bench/gpu_quant_bench.py (gpu_bench_moe).
 """
@@ -40,12 +42,14 @@ def main() -> None:
         ("Q6_K", NKV * D, H),  # V in Q4_K_M
         ("Q4_K", H, NH * D),  # O
         ("F32", E, H),  # router
+        ("Q6_K", 151936, H),  # output head
     ]:
         us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps)
         row(f"quantize + matmul {ty} [{rows}, {k}] (F32: no quantize)", us)
-        if ty != "F32":
-            us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, True)
-            row(f"  matmul {ty} [{rows}, {k}], x already q8_1", us)
+        q8 = ty != "F32"  # x already q8_1 (as after the q8 norms); F32 takes f32 x anyway
+        for r1, kind in [(True, "row per block"), (False, "warp per row")]:
+            us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, q8, r1)
+            row(f"  matmul {ty} [{rows}, {k}] only, {kind}", us)
     for kv in ["f16", "q8_0"]:
         for p in (int(c) for c in a.ctx.split(",")):
             if p >= a.n_ctx:

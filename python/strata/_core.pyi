@@ -446,5 +446,11 @@ def gpu_bench_attention(
 ) -> float: ...
 def gpu_bench_router(n_expert: int, k: int, n_tok: int, reps: int) -> float: ...
 def gpu_bench_matmul_graph(
-    type_name: str, rows: int, k: int, n_tok: int, reps: int, x_q8: bool = False
+    type_name: str,
+    rows: int,
+    k: int,
+    n_tok: int,
+    reps: int,
+    x_q8: bool = False,
+    row_per_block: bool | None = None,
 ) -> float: ...

@@ -185,9 +185,12 @@ fn gpu_bench_router(
 
 /// µs per `quant::matmul` of W [rows, k] (`type_name`, zero bytes: timing does not depend on
 /// the values) with n_tok tokens inside a graph: q8_1 quantization of x included, unless
-/// `x_q8` (x already quantized, as after `norm::rms_to`).
+/// `x_q8` (x already quantized, as after `norm::rms_to`). `row_per_block`: None lets the
+/// launcher choose the one-token kernel, True / False force the row-per-block (`_r1`) / the
+/// warp-per-row one.
 #[pyfunction]
-#[pyo3(signature = (type_name, rows, k, n_tok, reps, x_q8 = false))]
+#[pyo3(signature = (type_name, rows, k, n_tok, reps, x_q8 = false, row_per_block = None))]
+#[allow(clippy::too_many_arguments)]
 fn gpu_bench_matmul_graph(
     py: Python<'_>,
     type_name: &str,
@@ -196,12 +199,16 @@ fn gpu_bench_matmul_graph(
     n_tok: usize,
     reps: usize,
     x_q8: bool,
+    row_per_block: Option<bool>,
 ) -> PyResult<f64> {
     let ty = GgmlType::from_name(type_name)
         .ok_or_else(|| Error::Quant(format!("unknown ggml type {type_name:?}")))?;
     Ok(py.detach(|| -> Result<f64> {
         let gpu = shared_gpu()?;
-        let q = QuantOps::new(&gpu)?;
+        let mut q = QuantOps::new(&gpu)?;
+        if let Some(r1) = row_per_block {
+            q.set_row_per_block_below(if r1 { usize::MAX } else { 0 });
+        }
         let s = gpu.stream()?;
         let wb = ty
             .row_bytes(k)

@@ -217,6 +217,12 @@ impl QuantOps {
         })
     }
 
+    /// One-token products of fewer rows than `rows` run one row per block (default 2·SMs·4;
+    /// 0 never, usize::MAX always): for timing both kernels on a shape.
+    pub fn set_row_per_block_below(&mut self, rows: usize) {
+        self.r1_below = rows;
+    }
+
     pub(super) fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
         let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
         let i = TYPES

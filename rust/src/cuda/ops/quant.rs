@@ -20,10 +20,10 @@ pub use super::quant_shared::{matmul_shared_x, moe_gate_up};
 /// Bytes of one q8_1 activation block (32 values).
 const Q8_1_BYTES: usize = 36;
 /// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
-const MMVQ_THREADS: u32 = 128;
-const MMVQ_ROWS: usize = 4;
+pub(super) const MMVQ_THREADS: u32 = 128;
+pub(super) const MMVQ_ROWS: usize = 4;
 /// Tokens per block of the `_n8` matrix-vector kernels.
-const MMVQ_TOKENS: usize = 8;
+pub(super) const MMVQ_TOKENS: usize = 8;
 /// The largest grid.y / grid.z.
 const GRID_YZ_MAX: usize = 65535;
 /// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
@@ -160,9 +160,9 @@ impl GroupLayout {
 
 /// The kernels of one weight type.
 pub(super) struct TypeKernels {
-    mmvq1: Kernel,
-    mmvq8: Kernel,
-    mmvq_r1: Kernel,
+    pub(super) mmvq1: Kernel,
+    pub(super) mmvq8: Kernel,
+    pub(super) mmvq_r1: Kernel,
     gate_up: Kernel,
     gate: Kernel,
     up_glu: Kernel,
@@ -183,7 +183,7 @@ pub struct QuantOps {
     types: Vec<TypeKernels>,
     /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
     /// the warp-per-row one would launch fewer than two blocks per SM.
-    r1_below: usize,
+    pub(super) r1_below: usize,
 }
 
 impl QuantOps {
@@ -215,12 +215,6 @@ impl QuantOps {
             types,
             r1_below: 2 * gpu.sm_count() as usize * MMVQ_ROWS,
         })
-    }
-
-    /// One-token products of fewer rows than `rows` run one row per block (default 2·SMs·4;
-    /// 0 never, usize::MAX always): for timing both kernels on a shape.
-    pub fn set_row_per_block_below(&mut self, rows: usize) {
-        self.r1_below = rows;
     }
 
     pub(super) fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
@@ -316,40 +310,6 @@ impl QuantOps {
         )
     }
 
-    /// y = W·x for n_tok ≤ 8 on x in the kernels' form (f32 for float weights, else q8_1).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn mmvq(
-        &self,
-        s: &Stream,
-        kern: &TypeKernels,
-        w: u64,
-        rows: usize,
-        k: usize,
-        xa: u64,
-        y: u64,
-        n_tok: usize,
-    ) -> Result<()> {
-        let args = [
-            Arg::Ptr(w),
-            Arg::I32(rows as i32),
-            Arg::I32((k / 32) as i32),
-            Arg::Ptr(xa),
-            Arg::Ptr(y),
-            Arg::I32(n_tok as i32),
-        ];
-        let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
-        let block = (MMVQ_THREADS, 1, 1);
-        if n_tok == 1 && rows < self.r1_below {
-            let g = (to_u32(rows, "rows")?, 1, 1);
-            kern.mmvq_r1.launch(s, g, block, 0, &args)
-        } else if n_tok == 1 {
-            kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
-        } else {
-            let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
-            kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
-        }
-    }
-
     /// x f32 [n_rows, k] → q8_1 [n_rows, k/32] at `out`.
     pub(super) fn quantize_q8_1(
         &self,
@@ -375,7 +335,7 @@ fn unsupported(ty: GgmlType) -> Error {
     Error::Quant(format!("{}: no GPU kernel for this type", ty.name()))
 }
 
-fn to_u32(v: usize, what: &str) -> Result<u32> {
+pub(super) fn to_u32(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
 }
 

@@ -1,9 +1,12 @@
 //! Several matrix products over one activation (a layer's Q, K and V of its normed input):
 //! for decode the activation is quantized to q8_1 once for all the quantized matrices, then
-//! each product runs as `quant::matmul` would run it.
+//! each product runs as `quant::matmul` would run it. Also the one-token kernel choice.
 
-use super::quant::{check_matmul, matmul, moe_gate_up_x, type_info, QuantOps, MMVQ_MAX_TOKENS};
-use crate::cuda::Stream;
+use super::quant::{
+    check_matmul, matmul, moe_gate_up_x, to_u32, type_info, QuantOps, TypeKernels, MMVQ_MAX_TOKENS,
+    MMVQ_ROWS, MMVQ_THREADS, MMVQ_TOKENS,
+};
+use crate::cuda::{Arg, Stream};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
@@ -65,4 +68,46 @@ pub fn moe_gate_up(
     moe_gate_up_x(
         q, s, ty_gate, ty_up, gate_ptrs, up_ptrs, ff, h, ids, top_k, x, n_tok, act, scratch, false,
     )
+}
+
+impl QuantOps {
+    /// One-token products of fewer rows than `rows` run one row per block (default 2·SMs·4;
+    /// 0 never, usize::MAX always): for timing both kernels on a shape.
+    pub fn set_row_per_block_below(&mut self, rows: usize) {
+        self.r1_below = rows;
+    }
+
+    /// y = W·x for n_tok ≤ 8 on x in the kernels' form (f32 for float weights, else q8_1).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mmvq(
+        &self,
+        s: &Stream,
+        kern: &TypeKernels,
+        w: u64,
+        rows: usize,
+        k: usize,
+        xa: u64,
+        y: u64,
+        n_tok: usize,
+    ) -> Result<()> {
+        let args = [
+            Arg::Ptr(w),
+            Arg::I32(rows as i32),
+            Arg::I32((k / 32) as i32),
+            Arg::Ptr(xa),
+            Arg::Ptr(y),
+            Arg::I32(n_tok as i32),
+        ];
+        let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
+        let block = (MMVQ_THREADS, 1, 1);
+        if n_tok == 1 && rows < self.r1_below {
+            let g = (to_u32(rows, "rows")?, 1, 1);
+            kern.mmvq_r1.launch(s, g, block, 0, &args)
+        } else if n_tok == 1 {
+            kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
+        } else {
+            let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
+            kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
+        }
+    }
 }

@@ -23,6 +23,8 @@
 #define ATT_WARPS (ATT_THREADS / 32)
 #define ATT_TILE 128      // positions per pass of the decode kernel
 #define ATT_OCT 8         // lanes per position in the decode score pass
+#define ATT_SU 4          // score steps (of 16 positions) whose K loads are in flight at once
+#define ATT_VU 4          // V rows a warp loads at once
 #define ATT_MIN_CHUNK 32  // fewest positions a decode split takes
 #define NEG_INF (-__builtin_huge_valf())
 
@@ -115,71 +117,90 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
 
   for (int p0 = p_begin; p0 < p_end; p0 += ATT_TILE) {
     const int cnt = p_end - p0 < ATT_TILE ? p_end - p0 : ATT_TILE;
-    // scores of positions p0 + j, j < cnt (the loop bound is uniform over the block)
-    for (int j0 = 0; j0 < cnt; j0 += PSTEP) {
-      const int j = j0 + oct;
-      const bool ok = j < cnt;
-      const uint8_t* kr = kb + (size_t)(p0 + (ok ? j : 0)) * HB;
-      float sg[MAXG];
-      if (KV == SM_KV_F16) {
-        float kf[DL];
+    // scores of positions p0 + j, j < cnt: ATT_SU steps of PSTEP positions at a time, their
+    // K loads issued together (the loop bounds are uniform over the block)
+    for (int j0 = 0; j0 < cnt; j0 += ATT_SU * PSTEP) {
+      constexpr int KW = KV == SM_KV_F16 ? DL / 8 : 1;  // f16: uint4 per lane and position
+      uint4 kraw[ATT_SU][KW];  // f16 K chunks
+      int kq[ATT_SU][DL / 4];  // q8_0 K quants (words)
+      float kd[ATT_SU];        // q8_0 K block scales
+      const int b = c / LPB, part = c % LPB;  // q8_0: block and quarter/half of this lane
 #pragma unroll
-        for (int u = 0; u < DL / 8; u++) {
-          uint4 w = make_uint4(0, 0, 0, 0);
-          if (ok) w = *(const uint4*)(kr + 2 * (c * DL + 8 * u));
-          uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+      for (int u = 0; u < ATT_SU; u++) {
+        const int j = j0 + u * PSTEP + oct;
+        const bool ok = j < cnt;
+        const uint8_t* kr = kb + (size_t)(p0 + (ok ? j : 0)) * HB;
+        if (KV == SM_KV_F16) {
 #pragma unroll
-          for (int i = 0; i < 4; i++) {
-            kf[8 * u + 2 * i] = sm_h2f((uint16_t)(ws[i] & 0xffff));
-            kf[8 * u + 2 * i + 1] = sm_h2f((uint16_t)(ws[i] >> 16));
+          for (int v = 0; v < KW; v++) {
+            kraw[u][v] = make_uint4(0, 0, 0, 0);
+            if (ok) kraw[u][v] = *(const uint4*)(kr + 2 * (c * DL + 8 * v));
           }
-        }
+        } else {
+          // lane c: values part·DL .. of block b; the block's integer dot is summed over its
+          // LPB lanes, then scaled once (ggml's q8_0 block dot)
+          const uint16_t* kw = (const uint16_t*)(kr + 34 * b);
+          kd[u] = ok ? sm_h2f(kw[0]) : 0.0f;
 #pragma unroll
-        for (int g = 0; g < MAXG; g++) {
-          sg[g] = 0.0f;
-          if (g < G) {
-            const float4* qv = (const float4*)&qf[g][c * QS];
-#pragma unroll
-            for (int u = 0; u < DL / 4; u++) {
-              float4 a = qv[u];
-              sg[g] += a.x * kf[4 * u] + a.y * kf[4 * u + 1] + a.z * kf[4 * u + 2] +
-                       a.w * kf[4 * u + 3];
-            }
-          }
-        }
-      } else {
-        // lane c: values (c % LPB)·DL .. of block b = c / LPB; the block's integer dot is
-        // summed over its LPB lanes, then scaled once (ggml's q8_0 block dot)
-        const int b = c / LPB, part = c % LPB;
-        const uint16_t* kw = (const uint16_t*)(kr + 34 * b);
-        float kd = ok ? sm_h2f(kw[0]) : 0.0f;
-        int kq[DL / 4];
-#pragma unroll
-        for (int u = 0; u < DL / 4; u++) {
-          int o = 1 + part * (DL / 2) + 2 * u;
-          kq[u] = ok ? (int)((uint32_t)kw[o] | ((uint32_t)kw[o + 1] << 16)) : 0;
-        }
-#pragma unroll
-        for (int g = 0; g < MAXG; g++) {
-          sg[g] = 0.0f;
-          if (g < G) {
-            int isum = 0;
-#pragma unroll
-            for (int u = 0; u < DL / 4; u++)
-              isum = __dp4a(kq[u], qq[g][b * 8 + part * (DL / 4) + u], isum);
-#pragma unroll
-            for (int o = 1; o < LPB; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
-            sg[g] = part == 0 ? (float)isum * (kd * qd[g][b]) : 0.0f;
+          for (int v = 0; v < DL / 4; v++) {
+            int o = 1 + part * (DL / 2) + 2 * v;
+            kq[u][v] = ok ? (int)((uint32_t)kw[o] | ((uint32_t)kw[o + 1] << 16)) : 0;
           }
         }
       }
 #pragma unroll
-      for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
-          float v = sg[g];
+      for (int u = 0; u < ATT_SU; u++) {
+        if (j0 + u * PSTEP >= cnt) break;  // uniform
+        const int j = j0 + u * PSTEP + oct;
+        const bool ok = j < cnt;
+        float sg[MAXG];
+        if (KV == SM_KV_F16) {
+          float kf[DL];
 #pragma unroll
-          for (int o = 1; o < ATT_OCT; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (c == 0) sc[g][j] = ok ? v * scale : NEG_INF;
+          for (int v = 0; v < KW; v++) {
+            uint32_t ws[4] = {kraw[u][v].x, kraw[u][v].y, kraw[u][v].z, kraw[u][v].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              kf[8 * v + 2 * i] = sm_h2f((uint16_t)(ws[i] & 0xffff));
+              kf[8 * v + 2 * i + 1] = sm_h2f((uint16_t)(ws[i] >> 16));
+            }
+          }
+#pragma unroll
+          for (int g = 0; g < MAXG; g++) {
+            sg[g] = 0.0f;
+            if (g < G) {
+              const float4* qv = (const float4*)&qf[g][c * QS];
+#pragma unroll
+              for (int v = 0; v < DL / 4; v++) {
+                float4 a = qv[v];
+                sg[g] += a.x * kf[4 * v] + a.y * kf[4 * v + 1] + a.z * kf[4 * v + 2] +
+                         a.w * kf[4 * v + 3];
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int g = 0; g < MAXG; g++) {
+            sg[g] = 0.0f;
+            if (g < G) {
+              int isum = 0;
+#pragma unroll
+              for (int v = 0; v < DL / 4; v++)
+                isum = __dp4a(kq[u][v], qq[g][b * 8 + part * (DL / 4) + v], isum);
+#pragma unroll
+              for (int o = 1; o < LPB; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+              sg[g] = part == 0 ? (float)isum * (kd[u] * qd[g][b]) : 0.0f;
+            }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+          if (g < G) {
+            float v = sg[g];
+#pragma unroll
+            for (int o = 1; o < ATT_OCT; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (c == 0) sc[g][j] = ok ? v * scale : NEG_INF;
+          }
         }
       }
     }
@@ -213,32 +234,43 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
         for (int i = 0; i < VD; i++) acc[g][i] *= alpha[g];
       }
     }
-    for (int j = warp; j < cnt; j += ATT_WARPS) {
-      const uint8_t* vr = vb + (size_t)(p0 + j) * HB;
-      float vv[VD], vd = 1.0f;
-      if (KV == SM_KV_F16) {
+    for (int j0 = warp; j0 < cnt; j0 += ATT_VU * ATT_WARPS) {
+      float vv[ATT_VU][VD], vd[ATT_VU];  // V rows j0 + u·ATT_WARPS, loaded together
 #pragma unroll
-        for (int i = 0; i < VD / 2; i++) {
-          uint32_t w = *(const uint32_t*)(vr + 2 * dd + 4 * i);
-          vv[2 * i] = sm_h2f((uint16_t)(w & 0xffff));
-          vv[2 * i + 1] = sm_h2f((uint16_t)(w >> 16));
-        }
-      } else {
-        const uint8_t* blk = vr + (dd >> 5) * 34;
-        vd = sm_h2f(*(const uint16_t*)blk);
+      for (int u = 0; u < ATT_VU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        const bool ok = j < cnt;
+        const uint8_t* vr = vb + (size_t)(p0 + (ok ? j : j0)) * HB;
+        vd[u] = 1.0f;
+        if (KV == SM_KV_F16) {
 #pragma unroll
-        for (int i = 0; i < VD / 2; i++) {
-          uint16_t w = *(const uint16_t*)(blk + 2 + (dd & 31) + 2 * i);
-          vv[2 * i] = (float)(int8_t)(w & 0xff);
-          vv[2 * i + 1] = (float)(int8_t)(w >> 8);
+          for (int i = 0; i < VD / 2; i++) {
+            uint32_t w = ok ? *(const uint32_t*)(vr + 2 * dd + 4 * i) : 0u;
+            vv[u][2 * i] = sm_h2f((uint16_t)(w & 0xffff));
+            vv[u][2 * i + 1] = sm_h2f((uint16_t)(w >> 16));
+          }
+        } else {
+          const uint8_t* blk = vr + (dd >> 5) * 34;
+          vd[u] = ok ? sm_h2f(*(const uint16_t*)blk) : 0.0f;
+#pragma unroll
+          for (int i = 0; i < VD / 2; i++) {
+            uint16_t w = ok ? *(const uint16_t*)(blk + 2 + (dd & 31) + 2 * i) : 0;
+            vv[u][2 * i] = (float)(int8_t)(w & 0xff);
+            vv[u][2 * i + 1] = (float)(int8_t)(w >> 8);
+          }
         }
       }
 #pragma unroll
-      for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
-          float pj = KV == SM_KV_F16 ? sc[g][j] : vd * sc[g][j];
+      for (int u = 0; u < ATT_VU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        if (j >= cnt) break;  // rows past cnt were not loaded (and sc holds no probability)
 #pragma unroll
-          for (int i = 0; i < VD; i++) acc[g][i] += pj * vv[i];
+        for (int g = 0; g < MAXG; g++) {
+          if (g < G) {
+            float pj = KV == SM_KV_F16 ? sc[g][j] : vd[u] * sc[g][j];
+#pragma unroll
+            for (int i = 0; i < VD; i++) acc[g][i] += pj * vv[u][i];
+          }
         }
       }
     }

@@ -24,7 +24,7 @@
 #define ATT_TILE 128      // positions per pass of the decode kernel
 #define ATT_OCT 8         // lanes per position in the decode score pass
 #define ATT_SU 4          // score steps (of 16 positions) whose K loads are in flight at once
-#define ATT_VU 4          // V rows a warp loads at once
+#define ATT_VU 8          // V rows a warp loads at once
 #define ATT_MIN_CHUNK 32  // fewest positions a decode split takes
 #define NEG_INF (-__builtin_huge_valf())
 

@@ -5,11 +5,11 @@
 // (64 or 128). q is f32 [T, Nh, D] (normed and rotated), the output f32 [T, Nh, D]. Token t
 // sees positions 0 ..= pos0 + t, whose K/V rows are already in the cache.
 //
-// Decode (small T): `strata_attn_decode_*` splits the visible positions into n_split ranges
-// (grid.x) of one KV head (grid.y) and token (grid.z); the G query heads of the KV head
-// share every K/V read; each block leaves an unnormalized partial (acc, max, sum) and
-// `strata_attn_combine` merges them. The range of a split is computed on the device from
-// pos0, so a captured graph serves every length.
+// Decode (small T): `strata_attn_decode_*` splits the visible positions into at most n_split
+// ranges (grid.x) of one KV head (grid.y) and token (grid.z), as many as the live length
+// needs; the G query heads of the KV head share every K/V read. One live split writes the
+// output; several leave partials (acc, max, sum) that the last of them to finish merges.
+// The ranges are computed on the device from pos0, so a captured graph serves every length.
 // Prefill (large T): `strata_attn_prefill_*` is a flash-attention kernel on tensor cores
 // (mma.sync m16n8k16, f16 in, f32 accumulate): a block is 64 (token, head) rows of one KV
 // head, K/V tiles of 64 positions go through shared memory as f16 (q8_0: K as its int8 values
@@ -22,45 +22,76 @@
 #include "model.cuh"
 
 #define ATT_THREADS 128
-#define ATT_TILE 128      // positions per pass of the decode kernel (one per thread)
-#define ATT_MIN_CHUNK 64  // fewest positions a decode split takes
+#define ATT_WARPS (ATT_THREADS / 32)
+#define ATT_TILE 128      // positions per pass of the decode kernel
+#define ATT_OCT 8         // lanes per position in the decode score pass
+#define ATT_SU 4          // score steps (of 16 positions) whose K loads are in flight at once
+#define ATT_VU 8          // V rows a warp loads at once
+#define ATT_MIN_CHUNK 32  // fewest positions a decode split takes
 #define NEG_INF (-__builtin_huge_valf())
 
 // ---- decode --------------------------------------------------------------------------
-
-// part_o f32 [T, Nh, S, D] unnormalized; part_ml f32 [T, Nh, S, 2] (running max, sum).
-// Launch: grid (S, Nkv, T), block ATT_THREADS.
+//
+// Block (s, kvh, t) takes split s of the n = pos0 + t + 1 visible positions: chunk =
+// max(⌈n / n_split⌉, ATT_MIN_CHUNK) positions, so n_live = ⌈n / chunk⌉ splits have work and
+// the blocks s ≥ n_live return at once (short contexts use few blocks, long ones all).
+// Scores: 8 lanes per position (each D/8 dims, reduced by 3 shuffles), 16 positions per
+// step, into shared memory; online softmax per head over a pass of ATT_TILE positions; then
+// P·V with one warp per position (each lane D/32 dims of the G heads).
+// n_live = 1: the block writes out directly. Otherwise each block leaves its partial
+// (acc, max, sum) and the last block of (t, kvh) to finish (a counter in part_ml's tail,
+// reset by that block) merges the n_live partials into out.
+//
+// part_o f32 [T, Nh, S, D] unnormalized; part_ml per token t: i32 [Nh] counters (the first
+// Nkv used), then f32 [Nh, S, 2] (max, sum); a token's part does not depend on T, so calls
+// with different T share the buffer. The counters are zero before the first launch, and
+// every launch leaves them zero.
+// out f32 [T, Nh, D]. Launch: grid (S, Nkv, T), block ATT_THREADS.
 template <int KV, int D, int MAXG>
 __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
                             unsigned long long slot_stride, const int* sp, float* part_o,
-                            float* part_ml, int n_head, int n_head_kv, int n_ctx, int n_split,
-                            float scale) {
+                            float* part_ml, float* out, int n_head, int n_head_kv, int n_ctx,
+                            int n_split, float scale) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
-  constexpr int NG = ATT_THREADS / (D / 2);  // position groups in the V pass
-  __shared__ float qf[MAXG][D];              // f16 cache: q rounded to f16
-  __shared__ int qq[MAXG][D / 4];            // q8_0 cache: q's int8 quants, packed by 4
-  __shared__ float qd[MAXG][D / 32];         // and their block scales
-  __shared__ float sc[MAXG][ATT_TILE];       // scores, then probabilities of a pass
+  constexpr int DL = D / ATT_OCT;      // dims of a lane in the score pass (16 or 8)
+  constexpr int QS = DL + 4;           // padded stride of a lane's q chunk (no bank conflicts)
+  constexpr int LPB = 32 / DL;         // q8_0: lanes per 32-value block (2 or 4)
+  constexpr int VD = D / 32;           // dims of a lane in the V pass (4 or 2)
+  constexpr int PSTEP = ATT_THREADS / ATT_OCT;  // positions per score step (16)
+  __shared__ __align__(16) float qf[MAXG][ATT_OCT * QS];  // f16 cache: q rounded to f16
+  __shared__ int qq[MAXG][D / 4];     // q8_0 cache: q's int8 quants, packed by 4
+  __shared__ float qd[MAXG][D / 32];  // and their block scales
+  __shared__ float sc[MAXG][ATT_TILE];  // scores, then probabilities of a pass
   __shared__ float mrun[MAXG], lrun[MAXG], alpha[MAXG];
   __shared__ float red[MAXG][D];
+  __shared__ float wsp[MAXG][32], lsum[MAXG];
+  __shared__ int is_last;
   const int G = n_head / n_head_kv;
   const int s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = sp[0] + t + 1;
   int chunk = (n + n_split - 1) / n_split;
   chunk = chunk < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : chunk;
+  const int n_live = (n + chunk - 1) / chunk;
+  if (s >= n_live) return;  // the whole block: no barrier is skipped by part of it
   const int p_begin = s * chunk;
   const int p_end = p_begin + chunk < n ? p_begin + chunk : n;
   const size_t base = (size_t)sp[1] * slot_stride + (size_t)kvh * n_ctx * HB;
   const uint8_t* kb = kc + base;
   const uint8_t* vb = vc + base;
-  const float* qh = q + ((size_t)t * n_head + (size_t)kvh * G) * D;
+  const size_t head0 = (size_t)t * n_head + (size_t)kvh * G;  // first query head row
+  const float* qh = q + head0 * D;
+  float* ml_t = part_ml + (size_t)t * n_head * (2 * n_split + 1);  // token t's counters, then
+  float* ml = ml_t + n_head + (size_t)kvh * G * n_split * 2;     // (max, sum) of head kvh·G..
 
   // q of the G heads in the key type's dot form
   if (KV == SM_KV_F16) {
-    for (int i = tid; i < G * D; i += ATT_THREADS) qf[i / D][i % D] = sm_round_h(qh[i]);
+    for (int i = tid; i < G * D; i += ATT_THREADS) {
+      int g = i / D, dm = i % D;
+      qf[g][(dm / DL) * QS + dm % DL] = sm_round_h(qh[i]);
+    }
   } else {
-    for (int gb = warp; gb < G * (D / 32); gb += ATT_THREADS / 32) {
+    for (int gb = warp; gb < G * (D / 32); gb += ATT_WARPS) {
       int g = gb / (D / 32), b = gb % (D / 32);
       float x = qh[g * D + b * 32 + lane];
       float amax = sm_warp_max(fabsf(x));
@@ -77,70 +108,113 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
     mrun[tid] = NEG_INF;
     lrun[tid] = 0.0f;
   }
-  float acc[MAXG][2];
+  float acc[MAXG][VD];
 #pragma unroll
-  for (int g = 0; g < MAXG; g++) acc[g][0] = acc[g][1] = 0.0f;
-  const int grp = tid / (D / 2), dd = (tid % (D / 2)) * 2;
+  for (int g = 0; g < MAXG; g++)
+#pragma unroll
+    for (int i = 0; i < VD; i++) acc[g][i] = 0.0f;
+  const int oct = tid / ATT_OCT, c = tid % ATT_OCT;  // score pass: position oct, dims c·DL..
+  const int dd = lane * VD;                          // V pass: dims dd .. dd + VD
   __syncthreads();
 
   for (int p0 = p_begin; p0 < p_end; p0 += ATT_TILE) {
-    // scores: one position per thread, all G heads
-    const int p = p0 + tid;
-    float sg[MAXG];
+    const int cnt = p_end - p0 < ATT_TILE ? p_end - p0 : ATT_TILE;
+    // scores of positions p0 + j, j < cnt: ATT_SU steps of PSTEP positions at a time, their
+    // K loads issued together (the loop bounds are uniform over the block)
+    for (int j0 = 0; j0 < cnt; j0 += ATT_SU * PSTEP) {
+      constexpr int KW = KV == SM_KV_F16 ? DL / 8 : 1;  // f16: uint4 per lane and position
+      uint4 kraw[ATT_SU][KW];  // f16 K chunks
+      int kq[ATT_SU][DL / 4];  // q8_0 K quants (words)
+      float kd[ATT_SU];        // q8_0 K block scales
+      const int b = c / LPB, part = c % LPB;  // q8_0: block and quarter/half of this lane
 #pragma unroll
-    for (int g = 0; g < MAXG; g++) sg[g] = 0.0f;
-    if (p < p_end) {
-      const uint8_t* kr = kb + (size_t)p * HB;
-      if (KV == SM_KV_F16) {
-        for (int c = 0; c < D / 8; c++) {
-          uint4 w = *(const uint4*)(kr + 16 * c);
-          uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-          float kf[8];
+      for (int u = 0; u < ATT_SU; u++) {
+        const int j = j0 + u * PSTEP + oct;
+        const bool ok = j < cnt;
+        const uint8_t* kr = kb + (size_t)(p0 + (ok ? j : 0)) * HB;
+        if (KV == SM_KV_F16) {
 #pragma unroll
-          for (int i = 0; i < 4; i++) {
-            kf[2 * i] = sm_h2f((uint16_t)(ws[i] & 0xffff));
-            kf[2 * i + 1] = sm_h2f((uint16_t)(ws[i] >> 16));
+          for (int v = 0; v < KW; v++) {
+            kraw[u][v] = make_uint4(0, 0, 0, 0);
+            if (ok) kraw[u][v] = *(const uint4*)(kr + 2 * (c * DL + 8 * v));
           }
+        } else {
+          // lane c: values part·DL .. of block b; the block's integer dot is summed over its
+          // LPB lanes, then scaled once (ggml's q8_0 block dot)
+          const uint16_t* kw = (const uint16_t*)(kr + 34 * b);
+          kd[u] = ok ? sm_h2f(kw[0]) : 0.0f;
 #pragma unroll
-          for (int g = 0; g < MAXG; g++) {
-            if (g < G) {
-#pragma unroll
-              for (int i = 0; i < 8; i++) sg[g] += qf[g][8 * c + i] * kf[i];
-            }
+          for (int v = 0; v < DL / 4; v++) {
+            int o = 1 + part * (DL / 2) + 2 * v;
+            kq[u][v] = ok ? (int)((uint32_t)kw[o] | ((uint32_t)kw[o + 1] << 16)) : 0;
           }
         }
-      } else {
-        for (int b = 0; b < D / 32; b++) {
-          const uint16_t* kw = (const uint16_t*)(kr + 34 * b);
-          float kd = sm_h2f(kw[0]);
-          int kq[8];
+      }
 #pragma unroll
-          for (int j = 0; j < 8; j++)
-            kq[j] = (int)((uint32_t)kw[1 + 2 * j] | ((uint32_t)kw[2 + 2 * j] << 16));
+      for (int u = 0; u < ATT_SU; u++) {
+        if (j0 + u * PSTEP >= cnt) break;  // uniform
+        const int j = j0 + u * PSTEP + oct;
+        const bool ok = j < cnt;
+        float sg[MAXG];
+        if (KV == SM_KV_F16) {
+          float kf[DL];
+#pragma unroll
+          for (int v = 0; v < KW; v++) {
+            uint32_t ws[4] = {kraw[u][v].x, kraw[u][v].y, kraw[u][v].z, kraw[u][v].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              kf[8 * v + 2 * i] = sm_h2f((uint16_t)(ws[i] & 0xffff));
+              kf[8 * v + 2 * i + 1] = sm_h2f((uint16_t)(ws[i] >> 16));
+            }
+          }
 #pragma unroll
           for (int g = 0; g < MAXG; g++) {
+            sg[g] = 0.0f;
+            if (g < G) {
+              const float4* qv = (const float4*)&qf[g][c * QS];
+#pragma unroll
+              for (int v = 0; v < DL / 4; v++) {
+                float4 a = qv[v];
+                sg[g] += a.x * kf[4 * v] + a.y * kf[4 * v + 1] + a.z * kf[4 * v + 2] +
+                         a.w * kf[4 * v + 3];
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int g = 0; g < MAXG; g++) {
+            sg[g] = 0.0f;
             if (g < G) {
               int isum = 0;
 #pragma unroll
-              for (int j = 0; j < 8; j++) isum = __dp4a(kq[j], qq[g][b * 8 + j], isum);
-              sg[g] += (float)isum * (kd * qd[g][b]);
+              for (int v = 0; v < DL / 4; v++)
+                isum = __dp4a(kq[u][v], qq[g][b * 8 + part * (DL / 4) + v], isum);
+#pragma unroll
+              for (int o = 1; o < LPB; o <<= 1) isum += __shfl_xor_sync(0xffffffffu, isum, o);
+              sg[g] = part == 0 ? (float)isum * (kd[u] * qd[g][b]) : 0.0f;
             }
+          }
+        }
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+          if (g < G) {
+            float v = sg[g];
+#pragma unroll
+            for (int o = 1; o < ATT_OCT; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (c == 0) sc[g][j] = ok ? v * scale : NEG_INF;
           }
         }
       }
     }
-#pragma unroll
-    for (int g = 0; g < MAXG; g++)
-      if (g < G) sc[g][tid] = p < p_end ? sg[g] * scale : NEG_INF;
     __syncthreads();
     // running max and sum per head (warp w takes heads w, w+4, ...)
-    for (int g = warp; g < G; g += ATT_THREADS / 32) {
+    for (int g = warp; g < G; g += ATT_WARPS) {
       float mx = NEG_INF;
-      for (int j = lane; j < ATT_TILE; j += 32) mx = fmaxf(mx, sc[g][j]);
+      for (int j = lane; j < cnt; j += 32) mx = fmaxf(mx, sc[g][j]);
       mx = sm_warp_max(mx);
       float mold = mrun[g], mnew = fmaxf(mold, mx);  // finite: position p0 is visible
       float sum = 0.0f;
-      for (int j = lane; j < ATT_TILE; j += 32) {
+      for (int j = lane; j < cnt; j += 32) {
         float e = expf(sc[g][j] - mnew);
         sc[g][j] = e;
         sum += e;
@@ -154,78 +228,158 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       }
     }
     __syncthreads();
-    // acc = acc·alpha + Σ_j p_j·v_j over this pass's positions (group grp takes j ≡ grp)
+    // acc = acc·alpha + Σ_j p_j·v_j over this pass's positions (warp w takes j ≡ w)
 #pragma unroll
     for (int g = 0; g < MAXG; g++) {
       if (g < G) {
-        acc[g][0] *= alpha[g];
-        acc[g][1] *= alpha[g];
+#pragma unroll
+        for (int i = 0; i < VD; i++) acc[g][i] *= alpha[g];
       }
     }
-    const int cnt = p_end - p0 < ATT_TILE ? p_end - p0 : ATT_TILE;
-    for (int j = grp; j < cnt; j += NG) {
-      const uint8_t* vr = vb + (size_t)(p0 + j) * HB;
-      float v0, v1, vd = 1.0f;
-      if (KV == SM_KV_F16) {
-        uint32_t w = *(const uint32_t*)(vr + 2 * dd);
-        v0 = sm_h2f((uint16_t)(w & 0xffff));
-        v1 = sm_h2f((uint16_t)(w >> 16));
-      } else {
-        const uint8_t* blk = vr + (dd >> 5) * 34;
-        vd = sm_h2f(*(const uint16_t*)blk);
-        uint16_t w = *(const uint16_t*)(blk + 2 + (dd & 31));
-        v0 = (float)(int8_t)(w & 0xff);
-        v1 = (float)(int8_t)(w >> 8);
+    for (int j0 = warp; j0 < cnt; j0 += ATT_VU * ATT_WARPS) {
+      float vv[ATT_VU][VD], vd[ATT_VU];  // V rows j0 + u·ATT_WARPS, loaded together
+#pragma unroll
+      for (int u = 0; u < ATT_VU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        const bool ok = j < cnt;
+        const uint8_t* vr = vb + (size_t)(p0 + (ok ? j : j0)) * HB;
+        vd[u] = 1.0f;
+        if (KV == SM_KV_F16) {
+#pragma unroll
+          for (int i = 0; i < VD / 2; i++) {
+            uint32_t w = ok ? *(const uint32_t*)(vr + 2 * dd + 4 * i) : 0u;
+            vv[u][2 * i] = sm_h2f((uint16_t)(w & 0xffff));
+            vv[u][2 * i + 1] = sm_h2f((uint16_t)(w >> 16));
+          }
+        } else {
+          const uint8_t* blk = vr + (dd >> 5) * 34;
+          vd[u] = ok ? sm_h2f(*(const uint16_t*)blk) : 0.0f;
+#pragma unroll
+          for (int i = 0; i < VD / 2; i++) {
+            uint16_t w = ok ? *(const uint16_t*)(blk + 2 + (dd & 31) + 2 * i) : 0;
+            vv[u][2 * i] = (float)(int8_t)(w & 0xff);
+            vv[u][2 * i + 1] = (float)(int8_t)(w >> 8);
+          }
+        }
       }
 #pragma unroll
-      for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
-          float pj = KV == SM_KV_F16 ? sc[g][j] : vd * sc[g][j];
-          acc[g][0] += pj * v0;
-          acc[g][1] += pj * v1;
+      for (int u = 0; u < ATT_VU; u++) {
+        const int j = j0 + u * ATT_WARPS;
+        if (j >= cnt) break;  // rows past cnt were not loaded (and sc holds no probability)
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+          if (g < G) {
+            float pj = KV == SM_KV_F16 ? sc[g][j] : vd[u] * sc[g][j];
+#pragma unroll
+            for (int i = 0; i < VD; i++) acc[g][i] += pj * vv[u][i];
+          }
         }
       }
     }
     __syncthreads();  // sc is rewritten by the next pass
   }
 
-  // sum the NG groups' partials into group 0, then write
-  for (int gi = 1; gi < NG; gi++) {
-    if (grp == gi) {
+  // sum the warps' partials into warp 0
+  for (int wi = 1; wi < ATT_WARPS; wi++) {
+    if (warp == wi) {
 #pragma unroll
-      for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
-          red[g][dd] = acc[g][0];
-          red[g][dd + 1] = acc[g][1];
-        }
-      }
+      for (int g = 0; g < MAXG; g++)
+        if (g < G)
+#pragma unroll
+          for (int i = 0; i < VD; i++) red[g][dd + i] = acc[g][i];
     }
     __syncthreads();
-    if (grp == 0) {
+    if (warp == 0) {
 #pragma unroll
-      for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
-          acc[g][0] += red[g][dd];
-          acc[g][1] += red[g][dd + 1];
-        }
-      }
+      for (int g = 0; g < MAXG; g++)
+        if (g < G)
+#pragma unroll
+          for (int i = 0; i < VD; i++) acc[g][i] += red[g][dd + i];
     }
     __syncthreads();
   }
-  if (grp == 0) {
+  if (n_live == 1) {  // the only split: normalize and write the output
+    if (warp == 0) {
+#pragma unroll
+      for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+          float l = lrun[g];
+#pragma unroll
+          for (int i = 0; i < VD; i++) out[(head0 + g) * D + dd + i] = acc[g][i] / l;
+        }
+      }
+    }
+    return;
+  }
+  if (warp == 0) {
 #pragma unroll
     for (int g = 0; g < MAXG; g++) {
       if (g < G) {
-        size_t row = ((size_t)t * n_head + (size_t)kvh * G + g) * n_split + s;
-        part_o[row * D + dd] = acc[g][0];
-        part_o[row * D + dd + 1] = acc[g][1];
+        size_t row = (head0 + g) * n_split + s;
+#pragma unroll
+        for (int i = 0; i < VD; i++) part_o[row * D + dd + i] = acc[g][i];
       }
     }
   }
   if (tid < G) {
-    size_t row = ((size_t)t * n_head + (size_t)kvh * G + tid) * n_split + s;
-    part_ml[2 * row] = mrun[tid];
-    part_ml[2 * row + 1] = lrun[tid];
+    ml[2 * (tid * n_split + s)] = mrun[tid];
+    ml[2 * (tid * n_split + s) + 1] = lrun[tid];
+  }
+  // the last block of (t, kvh) to get here merges the partials
+  int* counter = (int*)ml_t + kvh;
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(counter, 1) == n_live - 1;
+  __syncthreads();
+  if (!is_last) return;
+  if (tid == 0) *counter = 0;  // ready for the next launch
+  // out = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s (every live split has a finite max)
+  for (int g = warp; g < G; g += ATT_WARPS) {
+    float m = NEG_INF, l = 0.0f;
+    if (lane < n_live) {
+      m = __ldcg(ml + 2 * (g * n_split + lane));
+      l = __ldcg(ml + 2 * (g * n_split + lane) + 1);
+    }
+    float mx = sm_warp_max(m);
+    float w = lane < n_live ? expf(m - mx) : 0.0f;
+    float ls = sm_warp_sum(w * l);
+    wsp[g][lane] = w;
+    if (lane == 0) lsum[g] = ls;
+  }
+  __syncthreads();
+  // float4 f = tid + j·ATT_THREADS of the G·D/4 outputs; the loads of all j (and, unrolled,
+  // of several splits) are in flight together
+  constexpr int D4 = D / 4, NJ = (MAXG * D4 + ATT_THREADS - 1) / ATT_THREADS;
+  float4 a[NJ];
+#pragma unroll
+  for (int j = 0; j < NJ; j++) a[j].x = a[j].y = a[j].z = a[j].w = 0.0f;
+#pragma unroll 4
+  for (int k = 0; k < n_live; k++) {
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      int f = tid + j * ATT_THREADS, g = f / D4;
+      if (g < G) {
+        const float4* src = (const float4*)(part_o + ((head0 + g) * n_split + k) * D) + f % D4;
+        float4 p = __ldcg(src);
+        float wk = wsp[g][k];
+        a[j].x += wk * p.x;
+        a[j].y += wk * p.y;
+        a[j].z += wk * p.z;
+        a[j].w += wk * p.w;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    int f = tid + j * ATT_THREADS, g = f / D4;
+    if (g < G) {
+      float* o = out + (head0 + g) * D + 4 * (f % D4);
+      float l = lsum[g];
+      o[0] = a[j].x / l;
+      o[1] = a[j].y / l;
+      o[2] = a[j].z / l;
+      o[3] = a[j].w / l;
+    }
   }
 }
 
@@ -234,8 +388,8 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       strata_attn_decode_##KVN##_d##D##_g##MAXG(                                             \
           const float* q, const uint8_t* kc, const uint8_t* vc,                              \
           unsigned long long slot_stride, const int* sp, float* part_o, float* part_ml,      \
-          int n_head, int n_head_kv, int n_ctx, int n_split, float scale) {                  \
-    attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, n_head,           \
+          float* out, int n_head, int n_head_kv, int n_ctx, int n_split, float scale) {      \
+    attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_head,      \
                              n_head_kv, n_ctx, n_split, scale);                              \
   }
 
@@ -247,25 +401,6 @@ ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 8)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 16)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 8)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 16)
-
-// Merges the decode partials: out[t, h] = Σ_s e^(m_s − M)·acc_s / Σ_s e^(m_s − M)·l_s.
-// out f32 [T, Nh, D]. Launch: grid (Nh, T), block D.
-extern "C" __global__ void strata_attn_combine(const float* part_o, const float* part_ml,
-                                               float* out, int n_head, int n_split, int d) {
-  const int h = blockIdx.x, t = blockIdx.y, i = threadIdx.x;
-  const size_t row = ((size_t)t * n_head + h) * n_split;
-  const float* ml = part_ml + 2 * row;
-  float mx = NEG_INF;
-  for (int s = 0; s < n_split; s++) mx = fmaxf(mx, ml[2 * s]);
-  float l = 0.0f, acc = 0.0f;
-  for (int s = 0; s < n_split; s++) {
-    float m = ml[2 * s];
-    float w = m == NEG_INF ? 0.0f : expf(m - mx);
-    l += w * ml[2 * s + 1];
-    acc += w * part_o[(row + s) * d + i];
-  }
-  out[((size_t)t * n_head + h) * d + i] = acc / l;
-}
 
 // ---- prefill ---------------------------------------------------------------------------
 

@@ -1,24 +1,97 @@
 // RMSNorm over rows: out = x / sqrt(mean(x²) + eps) · w, the mean from an f64 sum of f32
 // squares (as the CPU path and ggml's CPU backend compute it).
 //
-// Launch: grid (rows), block NORM_THREADS; `n` is the row width (any n ≥ 1).
+// Launch: grid (rows), block NORM_THREADS; `n` is the row width (any n ≥ 1). Rows of a
+// multiple of 4 values up to NORM_REG_MAX, with 16-byte aligned pointers, stay in registers
+// as float4 between the sum and the scaling; others take the strided loop.
 #include "model.cuh"
 
-#define NORM_THREADS 256
+#define NORM_THREADS 512
+#define NORM_VEC 4                                      // float4s a thread keeps
+#define NORM_REG_MAX (4 * NORM_VEC * NORM_THREADS)      // 8192 values
+
+// Sum of one double per thread over the block; every thread gets the total (one warp
+// reduces the warps' sums). `red` is shared scratch of 33 doubles.
+SM_D double norm_block_sum(double v, double* red) {
+  int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = sm_warp_sum_d(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    double t = lane < nw ? red[lane] : 0.0;
+    t = sm_warp_sum_d(t);
+    if (lane == 0) red[32] = t;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+SM_D bool norm_aligned(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
+// One row: x (+ y, written back to xw when y is given) → out.
+SM_D void norm_row(const float* xr, const float* yr, float* xw, const float* w, float* orow,
+                   int n, float eps) {
+  __shared__ double red[33];
+  const int tid = threadIdx.x, nt = blockDim.x;
+  if ((n & 3) == 0 && n <= 4 * NORM_VEC * nt && norm_aligned(xr) && norm_aligned(w) &&
+      norm_aligned(orow) && (yr == nullptr || norm_aligned(yr))) {
+    const int n4 = n >> 2;
+    float4 v[NORM_VEC];
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) {
+      int i = tid + k * nt;
+      if (i < n4) {
+        float4 a = ((const float4*)xr)[i];
+        if (yr != nullptr) {
+          float4 b = ((const float4*)yr)[i];
+          a.x += b.x;
+          a.y += b.y;
+          a.z += b.z;
+          a.w += b.w;
+          ((float4*)xw)[i] = a;
+        }
+        v[k] = a;
+        s += (double)(a.x * a.x);
+        s += (double)(a.y * a.y);
+        s += (double)(a.z * a.z);
+        s += (double)(a.w * a.w);
+      }
+    }
+    float scale = sm_rms_scale(norm_block_sum(s, red), n, eps);
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) {
+      int i = tid + k * nt;
+      if (i < n4) {
+        float4 ww = ((const float4*)w)[i], a = v[k], o;
+        o.x = (a.x * scale) * ww.x;
+        o.y = (a.y * scale) * ww.y;
+        o.z = (a.z * scale) * ww.z;
+        o.w = (a.w * scale) * ww.w;
+        ((float4*)orow)[i] = o;
+      }
+    }
+    return;
+  }
+  double s = 0.0;
+  for (int i = tid; i < n; i += nt) {
+    float v = xr[i];
+    if (yr != nullptr) {
+      v += yr[i];
+      xw[i] = v;
+    }
+    s += (double)(v * v);
+  }
+  float scale = sm_rms_scale(norm_block_sum(s, red), n, eps);
+  // each thread reads back only the elements it wrote
+  for (int i = tid; i < n; i += nt) orow[i] = (xr[i] * scale) * w[i];
+}
 
 // x f32 [rows, n], w f32 [n], out f32 [rows, n] (may alias x).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     strata_norm_rms(const float* x, const float* w, float* out, int n, float eps) {
-  __shared__ double red[32];
-  const float* xr = x + (size_t)blockIdx.x * n;
-  float* orow = out + (size_t)blockIdx.x * n;
-  double s = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = xr[i];
-    s += (double)(v * v);
-  }
-  float scale = sm_rms_scale(sm_block_sum_d(s, red), n, eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = (xr[i] * scale) * w[i];
+  const size_t off = (size_t)blockIdx.x * n;
+  norm_row(x + off, nullptr, nullptr, w, out + off, n, eps);
 }
 
 // The residual add fused with the next norm: x += y, then out = RMSNorm(x) · w.
@@ -26,17 +99,6 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     strata_norm_add_rms(float* x, const float* y, const float* w, float* out, int n,
                         float eps) {
-  __shared__ double red[32];
-  float* xr = x + (size_t)blockIdx.x * n;
-  const float* yr = y + (size_t)blockIdx.x * n;
-  float* orow = out + (size_t)blockIdx.x * n;
-  double s = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = xr[i] + yr[i];
-    xr[i] = v;
-    s += (double)(v * v);
-  }
-  float scale = sm_rms_scale(sm_block_sum_d(s, red), n, eps);
-  // each thread reads back only the elements it wrote
-  for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = (xr[i] * scale) * w[i];
+  const size_t off = (size_t)blockIdx.x * n;
+  norm_row(x + off, y + off, x + off, w, out + off, n, eps);
 }

@@ -6,14 +6,16 @@
 // Warps per thread block of the matrix-vector kernels (one weight row per warp).
 #define MMVQ_WARPS 4
 
-// acc[t] += Σ_k row[k]·x_t[k] over this lane's items (lane, lane + 32, ...), for t < nt ≤ NT.
+// acc[t] += Σ_k row[k]·x_t[k] over this lane's items (lane, lane + step, ...; step 32 when a
+// warp has the row, more when several warps share it), for t < nt ≤ NT.
 // Quantized rows: x is int8 activation blocks (block_q8a), token t at xq + t·x_stride (x_stride = items);
 // float rows: x is f32, token t at xf + t·x_stride (x_stride = 32·items), 16-byte aligned.
 template <class T, int NT>
 __device__ __forceinline__ void row_dot(const uint8_t* __restrict__ row, int items, const void* x,
-                                        long x_stride, int nt, float (&acc)[NT], int lane) {
+                                        long x_stride, int nt, float (&acc)[NT], int lane,
+                                        int step = 32) {
 #pragma unroll 2
-    for (int i = lane; i < items; i += 32) {
+    for (int i = lane; i < items; i += step) {
         if constexpr (T::IS_FLOAT) {
             float v[32];
             T::fitem(row + (size_t)i * T::BYTES, v);

@@ -28,9 +28,11 @@ def f32(a: Any) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
-def test_norm_rows_and_fused_add(kern: Any) -> None:
+# float4 rows in registers (n % 4 == 0, ≤ 8192), the strided loop otherwise
+@pytest.mark.parametrize("n", [300, 2048, 301, 8196])
+def test_norm_rows_and_fused_add(kern: Any, n: int) -> None:
     rng = np.random.default_rng(1)
-    rows, n, eps = 3, 300, 1e-6  # n not a multiple of the block: strided tail
+    rows, eps = 3, 1e-6
     x, y = f32(rng.normal(0, 2, (rows, n))), f32(rng.normal(0, 1, (rows, n)))
     w = f32(rng.normal(1, 0.2, n))
     out = np.zeros_like(x)
@@ -104,12 +106,25 @@ def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
 
 
 ATT_CASES = [
-    # kv, d, n_head, n_kv, n_ctx, pos0, t, n_split
+    # kv, d, n_head, n_kv, n_ctx, pos0, t, n_split (the most splits; the kernel takes
+    # max(⌈n/n_split⌉, 32) positions a split, n = pos0 + t + 1 visible)
+    ("f16", 128, 8, 1, 16, 0, 1, 32),  # n = 1: one live split writes the output
+    ("q8_0", 128, 16, 2, 16, 6, 1, 8),  # n = 7
+    ("f16", 64, 4, 2, 128, 63, 1, 4),  # n = 64: two splits merged by the last block
     ("f16", 64, 4, 2, 512, 300, 1, 4),
     ("f16", 128, 8, 1, 256, 0, 1, 3),
     ("q8_0", 64, 4, 2, 512, 200, 2, 5),
     ("q8_0", 128, 16, 1, 256, 130, 1, 2),
+    ("f16", 64, 8, 4, 512, 297, 3, 1),  # one split over several passes of 128 positions
+    ("f16", 128, 8, 1, 2048, 1999, 1, 32),  # n = 2000: 32 splits of 63
+    ("q8_0", 128, 8, 1, 1024, 900, 2, 3),  # 2 tokens, 3 splits of 3 passes each
 ]
+
+
+def part_sizes(t: int, nh: int, n_split: int, d: int) -> tuple[int, int]:
+    """f32 elements of the decode partials: acc [t, nh, n_split, d]; per token the i32 [nh]
+    finish counters, then (max, sum) [nh, n_split, 2]."""
+    return t * nh * n_split * d, t * nh * (2 * n_split + 1)
 
 
 @pytest.mark.parametrize("kv, d, nh, nkv, n_ctx, pos0, t, n_split", ATT_CASES)
@@ -122,17 +137,21 @@ def test_attention_decode(
     cache = ref.Cache(kv, 2, nkv, n_ctx, d)
     cache.fill(rng, slot, pos0 + t, scale=0.3)
     q = f32(rng.normal(0, 1, (t, nh, d)))
-    part_o = np.zeros(t * nh * n_split * d, np.float32)
-    part_ml = np.zeros(t * nh * n_split * 2, np.float32)
-    out = np.zeros((t, nh, d), np.float32)
+    npo, npml = part_sizes(t, nh, n_split, d)
+    part_o = np.zeros(npo, np.float32)
+    part_ml = np.zeros(npml, np.float32)
     sp = np.array([pos0, slot], np.int32)
-    kern.sim_attn_decode(
-        ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, part_o, part_ml,
-        out, t, nh, nkv, n_ctx, n_split, 1 / np.sqrt(d),
-    )  # fmt: skip
     want = ref.attention(q, cache, slot, pos0, q_form="f16" if kv == "f16" else "q8_0")
-    err = np.abs(out - want).max()
-    assert err <= 2e-5, err
+    for _ in range(2):  # the second launch finds the counters the first one left
+        out = np.full((t, nh, d), np.nan, np.float32)
+        kern.sim_attn_decode(
+            ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, part_o, part_ml,
+            out, t, nh, nkv, n_ctx, n_split, 1 / np.sqrt(d),
+        )  # fmt: skip
+        err = np.abs(out - want).max()
+        assert err <= 2e-5, err
+        counters = part_ml.reshape(t, -1)[:, :nh]
+        assert not counters.any(), "finish counters left non-zero"
 
 
 PF_CASES = [
@@ -184,8 +203,8 @@ def run_attention(kern: Any, kv: str, prefill: bool, q: np.ndarray, cache: Any, 
         )
     else:
         n_split = 2
-        po = np.zeros(t * nh * n_split * d, np.float32)
-        pml = np.zeros(t * nh * n_split * 2, np.float32)
+        npo, npml = part_sizes(t, nh, n_split, d)
+        po, pml = np.zeros(npo, np.float32), np.zeros(npml, np.float32)
         kern.sim_attn_decode(
             ref.KV_TYPES[kv], d, q, *args, po, pml, out, t, nh, cache.n_kv, cache.n_ctx,
             n_split, 1 / np.sqrt(d),

@@ -101,8 +101,19 @@ def matmul_bound(
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 37, 512])
 @pytest.mark.parametrize("t", TYPES)
 def test_matmul(t: str, n_tok: int) -> None:
+    # one token over 67 rows: the row-per-block kernel (`_r1`, fewer than 2·SMs·4 rows)
+    check_matmul(t, 67, n_tok)
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q6_K", "Q8_0", "F32"])
+def test_matmul_warp_per_row(t: str) -> None:
+    # 1100 rows (> 2·132·4 on an H200), one token: the warp-per-row kernel
+    check_matmul(t, 1100, 1)
+
+
+def check_matmul(t: str, rows: int, n_tok: int) -> None:
     rng = np.random.default_rng([n_tok, *t.encode()])
-    rows, k = 67, 1024
+    k = 1024
     wb, w, mag = weights(t, rows, k, rng)
     x = np.stack([dot_util.random_act_f32(rng, k) for _ in range(n_tok)])
     y = _core.gpu_matmul(t, wb, rows, k, x).astype(np.float64)

@@ -36,7 +36,7 @@ void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float*
 }
 
 typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
-                        const int*, float*, float*, int, int, int, int, float);
+                        const int*, float*, float*, float*, int, int, int, int, float);
 typedef void (*PrefillK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
                          const int*, float*, int, int, int, int, float);
 
@@ -53,9 +53,7 @@ void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uin
     k = d == 64 ? (g <= 8 ? strata_attn_decode_q8_0_d64_g8 : strata_attn_decode_q8_0_d64_g16)
                 : (g <= 8 ? strata_attn_decode_q8_0_d128_g8 : strata_attn_decode_q8_0_d128_g16);
   sim_launch(k, dim3(n_split, n_head_kv, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride, sp,
-             part_o, part_ml, n_head, n_head_kv, n_ctx, n_split, scale);
-  sim_launch(strata_attn_combine, dim3(n_head, n_tok), dim3(d), (const float*)part_o,
-             (const float*)part_ml, out, n_head, n_split, d);
+             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale);
 }
 
 void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,

@@ -31,6 +31,9 @@
 struct alignas(16) uint4 {
   uint32_t x, y, z, w;
 };
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 
 struct dim3 {
@@ -81,6 +84,19 @@ inline T __shfl_sync(unsigned, T v, int src) {
   std::memcpy(&r, sim_slot(src & 31), sizeof(T));
   sim_warp_sync();
   return r;
+}
+
+// Blocks run one at a time: fences are no-ops, atomics plain read-modify-writes, and a
+// load that bypasses L1 a plain load.
+inline void __threadfence() {}
+inline int atomicAdd(int* p, int v) {
+  int old = *p;
+  *p = old + v;
+  return old;
+}
+template <class T>
+inline T __ldcg(const T* p) {
+  return *p;
 }
 
 inline int __dp4a(int a, int b, int c) {

@@ -38,8 +38,12 @@ __all__ = [
     "gpu_argmax",
     "gpu_attention",
     "gpu_bad_launch",
+    "gpu_bench_attention",
     "gpu_bench_matmul",
+    "gpu_bench_matmul_graph",
     "gpu_bench_moe",
+    "gpu_bench_norm",
+    "gpu_bench_router",
     "gpu_copy_gbps",
     "gpu_get_rows",
     "gpu_info",
@@ -439,3 +443,16 @@ def gpu_bench_moe(
     n_tok: int,
     reps: int,
 ) -> tuple[float, float, int, int]: ...
+def gpu_bench_norm(n: int, rows: int, fused: bool, reps: int) -> float: ...
+def gpu_bench_attention(
+    kv: str, n_head: int, n_kv: int, d: int, n_ctx: int, pos: int, n_tok: int, reps: int
+) -> float: ...
+def gpu_bench_router(n_expert: int, k: int, n_tok: int, reps: int) -> float: ...
+def gpu_bench_matmul_graph(
+    type_name: str,
+    rows: int,
+    k: int,
+    n_tok: int,
+    reps: int,
+    row_per_block: bool | None = None,
+) -> float: ...

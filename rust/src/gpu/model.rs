@@ -192,6 +192,7 @@ impl GpuModel {
         // never-written positions hold zeros, not garbage
         b.kc.zero(&stream)?;
         b.vc.zero(&stream)?;
+        b.part_ml.zero(&stream)?; // the decode kernel's finish counters start at zero
         stream.sync()?;
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
         let hybrid = match hybrid {

@@ -2,7 +2,7 @@
 //! one-token step can be captured as a graph). Per layer (FORMATS.md §4 "Forward pass"):
 //!
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
-//!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant::matmul ×3
+//!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
 //!   q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache       rope::qkv
 //!   att = softmax(q·kᵀ/√D)·v (causal, GQA)                attention::decode | prefill
 //!   o = att·Woᵀ;  x += o;  h = RMSNorm(x)·ffn_norm          quant::matmul, norm::add_rms
@@ -12,8 +12,8 @@
 use super::hybrid::Hybrid;
 use super::model::{GpuModel, DECODE_MAX_TOKENS};
 use crate::cuda::ops::view::Dv;
-use crate::cuda::ops::{attention, norm, quant, rope, router};
-use crate::error::Result;
+use crate::cuda::ops::{attention, norm, quant, quant_shared, rope, router};
+use crate::error::{Error, Result};
 
 impl GpuModel {
     /// x [T, H] = the residual stream after every layer for the T tokens in `params`. With
@@ -48,20 +48,15 @@ impl GpuModel {
         for (l, lw) in w.layers.iter().enumerate() {
             // ---- attention ----
             norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
-            for (m, y) in [(&lw.wq, q), (&lw.wk, kk), (&lw.wv, v)] {
-                quant::matmul(
-                    &self.q,
-                    s,
-                    m.ty,
-                    m.ptr(),
-                    m.rows,
-                    m.cols,
-                    h.ptr,
-                    y.ptr,
-                    t,
-                    scr,
-                )?;
+            // decode: h [T, hd] is quantized once for the three (when they share an activation type)
+            if (lw.wq.cols, lw.wk.cols, lw.wv.cols) != (hd, hd, hd) {
+                return Err(Error::Model(format!(
+                    "layer {l}: Q/K/V widths differ from {hd}"
+                )));
             }
+            let qkv = [(&lw.wq, q), (&lw.wk, kk), (&lw.wv, v)]
+                .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
+            quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
             rope::qkv(
                 g,
                 s,
@@ -144,7 +139,7 @@ impl GpuModel {
             }
             let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
             let (Some(gs), Some(us), Some(ds)) = (&gate.stacked, &up.stacked, &down.stacked) else {
-                return Err(crate::error::Error::Config(
+                return Err(Error::Config(
                     "the expert tensors are not in VRAM (hybrid mode without its tier)".into(),
                 ));
             };

@@ -285,6 +285,7 @@ fn gpu_attention<'py>(
         if n_split > 0 {
             let (po, pml) = attention::part_bytes(t, nh, n_split, dd)?;
             let (bpo, bpm) = (d.gpu.alloc(po)?, d.gpu.alloc(pml)?);
+            bpm.zero(s)?; // the finish counters start at zero
             attention::decode(
                 g,
                 s,

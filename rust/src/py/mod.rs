@@ -3,6 +3,7 @@
 
 mod cuda;
 mod cuda_model;
+mod cuda_model_bench;
 mod cuda_quant;
 mod cuda_quant_bench;
 mod errors;
@@ -22,6 +23,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cuda::register(m)?;
     cuda_model::register(m)?;
+    cuda_model_bench::register(m)?;
     cuda_quant::register(m)?;
     cuda_quant_bench::register(m)?;
     gguf::register(m)?;

@@ -1,5 +1,6 @@
-//! Launchers of `cuda/attention.cu`: decode attention (split over the visible positions, then
-//! the combine kernel) and prefill attention (tensor-core tiles), over an f16 or q8_0 cache.
+//! Launchers of `cuda/attention.cu`: decode attention (split over the visible positions; the
+//! last split to finish merges the partials) and prefill attention (tensor-core tiles), over
+//! an f16 or q8_0 cache.
 //!
 //! Cache layout (`KvLayout`), K and V alike: [slot][layer][Nkv][n_ctx] head rows of D values
 //! in the cache type (2·D bytes for f16, D/32·34 for q8_0).
@@ -16,7 +17,7 @@ pub const MAX_GROUP: usize = 16;
 /// Most decode splits (partials per head).
 pub const MAX_SPLIT: usize = 32;
 /// Fewest positions one decode split takes (the kernel's ATT_MIN_CHUNK).
-const MIN_CHUNK: usize = 64;
+const MIN_CHUNK: usize = 32;
 const THREADS: u32 = 128;
 const PF_ROWS: usize = 64;
 
@@ -131,18 +132,26 @@ pub fn n_split(gpu: &Gpu, n_kv: usize, n_ctx: usize) -> usize {
     waves.min(n_ctx.div_ceil(MIN_CHUNK)).clamp(1, MAX_SPLIT)
 }
 
-/// Bytes of the decode partials: (acc f32 [n_tok, n_head, n_split, d], max/sum f32
-/// [n_tok, n_head, n_split, 2]).
+/// Bytes of the decode partials: (acc f32 [n_tok, n_head, n_split, d]; per token, i32
+/// [n_head] finish counters then (max, sum) f32 [n_head, n_split, 2], so a token's part does
+/// not move with n_tok). The second buffer must be zeroed once before its first use
+/// (`DevBuf::zero`); every decode launch leaves its counters at zero again.
 pub fn part_bytes(n_tok: usize, n_head: usize, n_split: usize, d: usize) -> Result<(usize, usize)> {
+    let ml = prod(&[n_tok, n_head, n_split, 2])?;
     Ok((
         bytes(prod(&[n_tok, n_head, n_split, d])?, 4)?,
-        bytes(prod(&[n_tok, n_head, n_split, 2])?, 4)?,
+        bytes(
+            ml.checked_add(prod(&[n_tok, n_head])?)
+                .ok_or_else(|| Error::Shape("decode partials overflow".into()))?,
+            4,
+        )?,
     ))
 }
 
 /// Decode attention of q f32 [n_tok, n_head, d] (tokens at positions sp[0] + t of slot sp[1],
 /// their K/V already in layer `layer` of the cache) into out f32 [n_tok, n_head, d], through
-/// the partials part_o / part_ml (`part_bytes`).
+/// the partials part_o / part_ml (`part_bytes`; part_ml zeroed before the first call). One
+/// launch: grid (n_split, n_kv, n_tok), of which the blocks the live length needs work.
 #[allow(clippy::too_many_arguments)]
 pub fn decode(
     gpu: &Gpu,
@@ -200,26 +209,12 @@ pub fn decode(
             sp.arg(),
             part_o.arg(),
             part_ml.arg(),
+            out.arg(),
             Arg::I32(i32_of("n_head", n_head)?),
             Arg::I32(lay.n_kv as i32),
             Arg::I32(lay.n_ctx as i32),
             Arg::I32(n_split as i32),
             Arg::F32(scale),
-        ],
-    )?;
-    launch(
-        gpu,
-        s,
-        "strata_attn_combine",
-        (grid_dim("heads", n_head, GRID_X)?, t, 1),
-        d as u32,
-        &[
-            part_o.arg(),
-            part_ml.arg(),
-            out.arg(),
-            Arg::I32(n_head as i32),
-            Arg::I32(n_split as i32),
-            Arg::I32(d as i32),
         ],
     )
 }
@@ -324,7 +319,7 @@ mod tests {
     fn part_sizes() {
         assert_eq!(
             part_bytes(2, 4, 3, 64).unwrap(),
-            (2 * 4 * 3 * 64 * 4, 2 * 4 * 3 * 2 * 4)
+            (2 * 4 * 3 * 64 * 4, (2 * 4 * 3 * 2 + 2 * 4) * 4)
         );
         assert!(part_bytes(usize::MAX, 2, 2, 64).is_err());
     }

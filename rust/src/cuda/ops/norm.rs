@@ -4,7 +4,7 @@ use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
 
-const THREADS: u32 = 256;
+const THREADS: u32 = 512; // the kernels' NORM_THREADS
 
 fn check(rows: usize, n: usize, eps: f32) -> Result<usize> {
     if n == 0 {

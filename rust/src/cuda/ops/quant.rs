@@ -19,14 +19,14 @@ use crate::quant::GgmlType;
 /// Bytes of one int8 activation block (32 values: f32 scale, 32 × int8; `block_q8a`).
 const ACT_BLOCK_BYTES: usize = 36;
 /// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
-const MMVQ_THREADS: u32 = 128;
-const MMVQ_ROWS: usize = 4;
+pub(super) const MMVQ_THREADS: u32 = 128;
+pub(super) const MMVQ_ROWS: usize = 4;
 /// Tokens per block of the `_n8` matrix-vector kernels.
-const MMVQ_TOKENS: usize = 8;
+pub(super) const MMVQ_TOKENS: usize = 8;
 /// The largest grid.y / grid.z.
 const GRID_YZ_MAX: usize = 65535;
 /// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
-const MMVQ_MAX_TOKENS: usize = 8;
+pub(super) const MMVQ_MAX_TOKENS: usize = 8;
 /// Output tile of the dense mmq kernel: rows × tokens.
 const MMQ_ROWS: usize = 64;
 const MMQ_TOKENS: usize = 64;
@@ -40,14 +40,14 @@ const MOE_MAX_E: usize = 4096;
 /// stay f32 (float weights) or become int8 blocks, the alignment its loads need, elements per
 /// block.
 #[derive(Clone, Copy, Debug)]
-struct TypeInfo {
+pub(super) struct TypeInfo {
     suffix: &'static str,
-    float: bool,
+    pub(super) float: bool,
     align: u64,
     block: usize,
 }
 
-fn type_info(ty: GgmlType) -> Option<TypeInfo> {
+pub(super) fn type_info(ty: GgmlType) -> Option<TypeInfo> {
     use GgmlType::*;
     let (suffix, float, align) = match ty {
         F32 => ("f32", true, 16),
@@ -159,9 +159,10 @@ impl GroupLayout {
 }
 
 /// The kernels of one weight type.
-struct TypeKernels {
-    mmvq1: Kernel,
-    mmvq8: Kernel,
+pub(super) struct TypeKernels {
+    pub(super) mmvq1: Kernel,
+    pub(super) mmvq8: Kernel,
+    pub(super) mmvq_r1: Kernel,
     gate_up: Kernel,
     gate: Kernel,
     up_glu: Kernel,
@@ -181,6 +182,9 @@ pub struct QuantOps {
     group: Kernel,
     reduce: Kernel,
     types: Vec<TypeKernels>,
+    /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
+    /// the warp-per-row one would launch fewer than two blocks per SM.
+    pub(super) r1_below: usize,
 }
 
 impl QuantOps {
@@ -192,6 +196,7 @@ impl QuantOps {
             types.push(TypeKernels {
                 mmvq1: k("mmvq")?,
                 mmvq8: gpu.kernel(&format!("strata_mmvq_{s}_n8"))?,
+                mmvq_r1: gpu.kernel(&format!("strata_mmvq_{s}_r1"))?,
                 gate_up: k("moe_gate_up")?,
                 gate: k("moe_gate")?,
                 up_glu: k("moe_up_glu")?,
@@ -210,10 +215,11 @@ impl QuantOps {
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
             types,
+            r1_below: 2 * gpu.sm_count() as usize * MMVQ_ROWS,
         })
     }
 
-    fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
+    pub(super) fn of(&self, ty: GgmlType) -> Result<(&TypeKernels, TypeInfo)> {
         let info = type_info(ty).ok_or_else(|| unsupported(ty))?;
         let i = TYPES
             .iter()
@@ -310,7 +316,7 @@ impl QuantOps {
     /// path quantizes the activations of weight type `ty` (its ggml vec_dot type: Q8_K for the
     /// K-quants and the 256-element IQ types, Q8_0 otherwise), so the decode kernels' integer
     /// dots are the CPU's.
-    fn quantize_act(
+    pub(super) fn quantize_act(
         &self,
         s: &Stream,
         ty: GgmlType,
@@ -345,7 +351,7 @@ fn unsupported(ty: GgmlType) -> Error {
     Error::Quant(format!("{}: no GPU kernel for this type", ty.name()))
 }
 
-fn to_u32(v: usize, what: &str) -> Result<u32> {
+pub(super) fn to_u32(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
 }
 
@@ -455,22 +461,7 @@ pub fn matmul(
         q.quantize_act(s, ty, x, n_tok, k, scratch)?;
         scratch
     };
-    let args = [
-        Arg::Ptr(w),
-        Arg::I32(rows as i32),
-        Arg::I32((k / 32) as i32),
-        Arg::Ptr(xa),
-        Arg::Ptr(y),
-        Arg::I32(n_tok as i32),
-    ];
-    let gx = to_u32(rows.div_ceil(MMVQ_ROWS), "rows")?;
-    let block = (MMVQ_THREADS, 1, 1);
-    if n_tok == 1 {
-        kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
-    } else {
-        let gz = n_tok.div_ceil(MMVQ_TOKENS) as u32;
-        kern.mmvq8.launch(s, (gx, 1, gz), block, 0, &args)
-    }
+    q.mmvq(s, kern, w, rows, k, xa, y, n_tok)
 }
 
 /// Checks of `get_rows`' arguments.

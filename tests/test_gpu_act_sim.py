@@ -11,42 +11,20 @@ cache, as test_gpu_model_sim.py does.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 
 import dot_util
 import numpy as np
 import pytest
+from cuda_sim import build_sim
 from gpu_quant_ref import act_parts
 
-CUDA = Path(__file__).resolve().parent.parent / "cuda"
 SOURCES = ["common.cuh", "qdecode.cuh", "quant_tables.cuh", "quantize.cu", "tests/sim.h"]
 SOURCES += ["tests/act_sim.cpp"]
 
 
 @pytest.fixture(scope="module")
 def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not installed: the CUDA emulation is built with g++")
-    h = hashlib.sha256()
-    for s in SOURCES:
-        h.update((CUDA / s).read_bytes())
-    cfg_cache = getattr(request.config, "cache", None)
-    if cfg_cache is not None:
-        cache = Path(cfg_cache.mkdir("gpu_act_sim"))
-    else:
-        cache = tmp_path_factory.mktemp("gpu_act_sim")
-    lib = cache / f"actsim-{h.hexdigest()[:16]}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(".tmp.so")
-        cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-DSTRATA_SIM"]
-        cmd += ["-I", str(CUDA), str(CUDA / "tests/act_sim.cpp"), "-o", str(tmp)]
-        subprocess.run(cmd, check=True)
-        tmp.rename(lib)
-    dll = ctypes.CDLL(str(lib))
+    dll = build_sim(request, tmp_path_factory, "act_sim.cpp", SOURCES)
     f32p = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
     u8p = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
     for name in ("sim_quantize_q8_0", "sim_quantize_q8_k"):

@@ -11,18 +11,13 @@ cache.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from cuda_sim import build_sim
 from gpu_model_cases import *  # noqa: F403  (the shared test cases)
 
-ROOT = Path(__file__).resolve().parent.parent
-CUDA = ROOT / "cuda"
 SOURCES = [
     "model.cuh",
     "tests/sim.h",
@@ -56,25 +51,7 @@ SIGS: dict[str, list[Any]] = {
 
 @pytest.fixture(scope="module")
 def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not installed: the CUDA emulation is built with g++")
-    h = hashlib.sha256()
-    for s in SOURCES:
-        h.update((CUDA / s).read_bytes())
-    cfg_cache = getattr(request.config, "cache", None)
-    if cfg_cache is not None:
-        cache = Path(cfg_cache.mkdir("gpu_model_sim"))
-    else:
-        cache = tmp_path_factory.mktemp("gpu_model_sim")
-    lib = cache / f"modelsim-{h.hexdigest()[:16]}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(".tmp.so")
-        cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-DSTRATA_SIM"]
-        cmd += ["-I", str(CUDA), str(CUDA / "tests/model_sim.cpp"), "-o", str(tmp)]
-        subprocess.run(cmd, check=True)
-        tmp.rename(lib)
-    dll = ctypes.CDLL(str(lib))
+    dll = build_sim(request, tmp_path_factory, "model_sim.cpp", SOURCES)
     for name, args in SIGS.items():
         getattr(dll, name).argtypes = args
         getattr(dll, name).restype = None

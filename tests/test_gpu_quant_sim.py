@@ -14,19 +14,14 @@ Needs g++ with C++20 (<barrier>); built once per source hash into the pytest cac
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
+from cuda_sim import build_sim
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from gpu_quant_ref import act_kind, act_parts
 
-ROOT = Path(__file__).resolve().parent.parent
-CUDA = ROOT / "cuda"
 SOURCES = ["tests/sim.h", "tests/quant_sim.cpp", "mmvq.cu", "vecdot.cuh", "qdecode.cuh"]
 SOURCES += ["common.cuh", "quant_tables.cuh"]
 
@@ -37,25 +32,7 @@ INT = ctypes.c_int
 
 @pytest.fixture(scope="module")
 def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ is not installed: the CUDA emulation is built with g++")
-    h = hashlib.sha256()
-    for s in SOURCES:
-        h.update((CUDA / s).read_bytes())
-    cfg_cache = getattr(request.config, "cache", None)
-    if cfg_cache is not None:
-        cache = Path(cfg_cache.mkdir("gpu_quant_sim"))
-    else:
-        cache = tmp_path_factory.mktemp("gpu_quant_sim")
-    lib = cache / f"quantsim-{h.hexdigest()[:16]}.so"
-    if not lib.exists():
-        tmp = lib.with_suffix(".tmp.so")
-        cmd = [gxx, "-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-DSTRATA_SIM"]
-        cmd += ["-I", str(CUDA), str(CUDA / "tests/quant_sim.cpp"), "-o", str(tmp)]
-        subprocess.run(cmd, check=True)
-        tmp.rename(lib)
-    dll = ctypes.CDLL(str(lib))
+    dll = build_sim(request, tmp_path_factory, "quant_sim.cpp", SOURCES)
     dll.sim_mmvq.argtypes = [ctypes.c_char_p, INT, U8P, INT, INT, ctypes.c_void_p, F32P, INT]
     dll.sim_mmvq.restype = INT
     return dll

@@ -402,45 +402,21 @@ impl Hybrid {
         l: usize,
         t: usize,
     ) -> Result<()> {
-        let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
+        let (hd, k) = (hp.n_embd, hp.n_expert_used);
         let nk = t * k;
         if let Some(st) = self.stream.as_mut().filter(|st| t >= st.min_tokens) {
             // every pair on the GPU: the missing experts copied into the staging area
             let bytes = st.begin_layer(s, &self.table, &b.ids, l, t, k)?;
             self.counters.record_pcie(bytes);
             let tab = |p: Proj| st.table(&self.ptrs, l, p);
-            let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
-            let (scr, act) = (b.scratch.ptr(), b.act.ptr());
-            quant::moe_gate_up(
+            experts_through(
                 q,
                 s,
-                gate.ty,
-                up.ty,
-                tab(Proj::Gate),
-                tab(Proj::Up),
-                f,
-                hd,
-                b.ids.ptr(),
-                k,
-                b.h.ptr(),
+                hp,
+                b,
+                lw,
                 t,
-                act,
-                scr,
-            )?;
-            quant::moe_down(
-                q,
-                s,
-                down.ty,
-                tab(Proj::Down),
-                hd,
-                f,
-                b.ids.ptr(),
-                b.wts.ptr(),
-                k,
-                act,
-                t,
-                b.x.ptr(),
-                scr,
+                [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
             )?;
             return st.done_layer(s);
         }
@@ -452,38 +428,14 @@ impl Hybrid {
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
         let base = self.ptrs_dev.ptr();
         let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
-        let (scr, act) = (b.scratch.ptr(), b.act.ptr());
-        let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
-        quant::moe_gate_up(
+        experts_through(
             q,
             s,
-            gate.ty,
-            up.ty,
-            tab(Proj::Gate),
-            tab(Proj::Up),
-            f,
-            hd,
-            b.ids.ptr(),
-            k,
-            b.h.ptr(),
+            hp,
+            b,
+            lw,
             t,
-            act,
-            scr,
-        )?;
-        quant::moe_down(
-            q,
-            s,
-            down.ty,
-            tab(Proj::Down),
-            hd,
-            f,
-            b.ids.ptr(),
-            b.wts.ptr(),
-            k,
-            act,
-            t,
-            b.x.ptr(),
-            scr,
+            [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
         )?;
         // the CPU's part, while the GPU runs the resident experts
         self.ev.sync()?;
@@ -525,6 +477,43 @@ impl Hybrid {
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
     }
+}
+
+/// The grouped expert kernels of one layer over pointer tables `tab` = [gate, up, down] (device
+/// addresses of [n_expert] weight pointers; a 0 entry adds nothing): for the T tokens of
+/// `b.h` [T, H] routed by `b.ids`/`b.wts` [T, k], `b.x` [T, H] += Σ_k w·down(silu(gate)·up).
+fn experts_through(
+    q: &quant::QuantOps,
+    s: &Stream,
+    hp: &HParams,
+    b: &Bufs,
+    lw: &GpuLayer,
+    t: usize,
+    tab: [u64; 3],
+) -> Result<()> {
+    let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
+    let (scr, act) = (b.scratch.ptr(), b.act.ptr());
+    let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
+    let ids = b.ids.ptr();
+    let h = b.h.ptr();
+    quant::moe_gate_up(
+        q, s, gate.ty, up.ty, tab[0], tab[1], f, hd, ids, k, h, t, act, scr,
+    )?;
+    quant::moe_down(
+        q,
+        s,
+        down.ty,
+        tab[2],
+        hd,
+        f,
+        ids,
+        b.wts.ptr(),
+        k,
+        act,
+        t,
+        b.x.ptr(),
+        scr,
+    )
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use crate::cuda::ops::view::{bytes, prod};
 use crate::cuda::{as_bytes_mut, DevBuf, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::forward::check_forward_args;
+use crate::model::forward::{check_forward_args, chunk_logits};
 use crate::model::ops::Rope;
 use crate::model::weights::Weights;
 use crate::model::{HParams, Logits, ModelConfig};
@@ -340,21 +340,7 @@ impl GpuModel {
         let chunk = self.chunk;
         let mut p0 = start;
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
-            let last_chunk = (ci + 1) * chunk >= n;
-            let dst: Option<&mut [f32]> = match want {
-                Logits::None => None,
-                Logits::Last if last_chunk => Some(&mut out[..]),
-                Logits::Last => None,
-                Logits::All => {
-                    let a = ci * chunk * vocab;
-                    Some(&mut out[a..a + toks.len() * vocab])
-                }
-            };
-            let rows = match (want, dst.is_some()) {
-                (Logits::All, _) => toks.len(),
-                (_, true) => 1,
-                _ => 0,
-            };
+            let (rows, dst) = chunk_logits(want, out, ci, chunk, toks.len(), n, vocab);
             if let Err(e) = self.run_chunk(slot, p0, toks, rows, dst) {
                 // A failed call leaves the slot as it was (and no copy from the staging
                 // buffers in flight).

@@ -170,21 +170,7 @@ impl Model {
         let chunk = self.scratch.x.len() / self.hp.n_embd;
         let mut p0 = start;
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
-            let last_chunk = (ci + 1) * chunk >= n;
-            let dst: Option<&mut [f32]> = match want {
-                Logits::None => None,
-                Logits::Last if last_chunk => Some(&mut out[..]),
-                Logits::Last => None,
-                Logits::All => {
-                    let a = ci * chunk * vocab;
-                    Some(&mut out[a..a + toks.len() * vocab])
-                }
-            };
-            let rows = match (want, dst.is_some()) {
-                (Logits::All, _) => toks.len(),
-                (_, true) => 1,
-                _ => 0,
-            };
+            let (rows, dst) = chunk_logits(want, out, ci, chunk, toks.len(), n, vocab);
             let done = self.chunk(slot, p0, toks, rows, dst);
             if let Some(ra) = &self.readahead {
                 // Whatever is still queued was for this chunk's layers.
@@ -555,6 +541,28 @@ pub fn check_forward_args(
         )));
     }
     Ok(true)
+}
+
+/// Where chunk `ci` (its `len` tokens start at `ci·chunk` of the call's `n`) writes its logits
+/// in the call's buffer `out`, and how many rows: every row for `All`, the last row of the last
+/// chunk for `Last`, none otherwise. Shared by the CPU and GPU forward passes.
+pub fn chunk_logits(
+    want: Logits,
+    out: &mut [f32],
+    ci: usize,
+    chunk: usize,
+    len: usize,
+    n: usize,
+    vocab: usize,
+) -> (usize, Option<&mut [f32]>) {
+    match want {
+        Logits::Last if (ci + 1) * chunk >= n => (1, Some(out)),
+        Logits::All => {
+            let a = ci * chunk * vocab;
+            (len, Some(&mut out[a..a + len * vocab]))
+        }
+        _ => (0, None),
+    }
 }
 
 #[cfg(test)]

@@ -191,6 +191,7 @@ __device__ __forceinline__ void mmq_tile(const uint8_t* __restrict__ w, int rows
         } else {
             // per 32-value block j: part = Σ ŵ·q (two k16 steps), acc += d·part per token
 #pragma unroll
+#pragma unroll 1
             for (int j = 0; j < MMQ_BK / 32; ++j) {
                 float part[S::MT][S::NT][4];
 #pragma unroll

@@ -4,8 +4,10 @@
 // strata_row_scale(x, n_rows, k, scale)   grid ⌈n_rows/8⌉, block 256 (a warp per row):
 //   scale[r] = the power of two that brings max|x[r, :]| into [2^14, 2^15) (mmq.cuh).
 // strata_mmq_<ty>(w, rows, items, x, scale, y, n_tok)   grid (⌈rows/64⌉, ⌈n_tok/64⌉), block 128;
-//   w [rows, 32·items] GGUF rows; x f32 [n_tok, 32·items] (16-byte aligned); scale f32 [n_tok]
-//   from strata_row_scale; y f32 [n_tok, rows].
+//   w [rows, 32·items] GGUF rows; y f32 [n_tok, rows]. x, by weight type (mmq.cuh):
+//   quantized: block_q8a [n_tok, items] from strata_quantize_q8_0 / _q8_k for the type (the
+//   CPU's activations), scale unused (may be null);
+//   float: f32 [n_tok, 32·items] (16-byte aligned), scale f32 [n_tok] from strata_row_scale.
 #include "mmq.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -21,23 +23,26 @@ extern "C" __global__ void __launch_bounds__(256)
 
 template <class T>
 __device__ __forceinline__ void mmq_dense(const uint8_t* __restrict__ w, int rows, int items,
-                                          const float* __restrict__ x, const float* __restrict__ xs,
+                                          const void* __restrict__ x, const float* __restrict__ xs,
                                           float* __restrict__ y, int n_tok) {
     constexpr int BN = 64;
     const int row0 = blockIdx.x * MMQ_BM;
     const int col0 = blockIdx.y * BN;
     const int n_valid = min(BN, n_tok - col0);
     float acc[MmqShape<BN>::MT][MmqShape<BN>::NT][4];
-    mmq_tile<T, BN>(w, rows, items, row0, x, 32l * items, xs, n_valid,
+    mmq_tile<T, BN>(w, rows, items, row0, x, xs, n_valid,
                     [=](int n) { return col0 + n; }, acc);
     mmq_epilogue<BN>(acc, [&](int r, int n, float v) {
-        if (row0 + r < rows && n < n_valid) y[(long)(col0 + n) * rows + row0 + r] = v / xs[col0 + n];
+        if (row0 + r < rows && n < n_valid) {
+            if constexpr (T::IS_FLOAT) v /= xs[col0 + n];
+            y[(long)(col0 + n) * rows + row0 + r] = v;
+        }
     });
 }
 
 #define MMQ_KERNEL(name, T)                                                                      \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS)                                   \
-        strata_mmq_##name(const uint8_t* w, int rows, int items, const float* x,               \
+        strata_mmq_##name(const uint8_t* w, int rows, int items, const void* x,                \
                           const float* xs, float* y, int n_tok) {                               \
         mmq_dense<T>(w, rows, items, x, xs, y, n_tok);                                          \
     }

@@ -7,8 +7,9 @@
 //   start in order, count ≤ bn, 0); n_tiles i32 [1].
 // strata_moe_mmq_{gate,up,down}_<ty>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out)
 //   grid (⌈rows/64⌉, any), block 128; each block walks tiles blockIdx.y, +gridDim.y, ...
-//   Pair p reads activation row p / x_div of x (f32 [.., 32·items]) with its scale xs[p / x_div]
-//   (strata_row_scale, mmq.cu); out f32 [pairs, rows]:
+//   Pair p reads activation row p / x_div of x: quantized types block_q8a [.., items] (the CPU's
+//   activations for the type, strata_quantize_*; xs unused), float types f32 [.., 32·items] with
+//   its scale xs[p / x_div] (strata_row_scale, mmq.cu); out f32 [pairs, rows]:
 //   gate: out = W·x; up: out = silu(out)·(W·x); down: out = W·x. A 0 / misaligned pointer or an
 //   absent id writes zeros.
 // strata_moe_reduce(out, weights, top_k, h, y, n_tok)   y[t, r] += Σ_j weights[t, j]·out[t·top_k + j, r]
@@ -64,7 +65,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 // MODE 0: gate (out = v); 1: up (out = silu(out)·v); 2: down (out = v).
 template <class T, int MODE>
 __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int rows, int items,
-                                             const float* __restrict__ x,
+                                             const void* __restrict__ x,
                                              const float* __restrict__ xs, int x_div,
                                              const int* __restrict__ order, const int4* tiles,
                                              const int* n_tiles, float* out) {
@@ -87,11 +88,11 @@ __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int
             continue;
         }
         float acc[MmqShape<BN>::MT][MmqShape<BN>::NT][4];
-        mmq_tile<T, BN>(w, rows, items, row0, x, 32l * items, xs, cnt,
+        mmq_tile<T, BN>(w, rows, items, row0, x, xs, cnt,
                         [&](int n) { return s_pair[n] / x_div; }, acc);
         mmq_epilogue<BN>(acc, [&](int r, int n, float v) {
             if (row0 + r < rows && n < cnt) {
-                v /= xs[s_pair[n] / x_div];
+                if constexpr (T::IS_FLOAT) v /= xs[s_pair[n] / x_div];
                 float* o = out + (long)s_pair[n] * rows + row0 + r;
                 *o = MODE == 1 ? silu_mul(*o, v) : v;
             }
@@ -101,17 +102,17 @@ __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int
 
 #define MOE_MMQ_KERNELS(name, T)                                                                  \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS) strata_moe_mmq_gate_##name(        \
-        const unsigned long long* ptrs, int rows, int items, const float* x, const float* xs,     \
+        const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
         int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {         \
         moe_mmq_body<T, 0>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out);          \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS) strata_moe_mmq_up_##name(          \
-        const unsigned long long* ptrs, int rows, int items, const float* x, const float* xs,     \
+        const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
         int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {         \
         moe_mmq_body<T, 1>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out);          \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS) strata_moe_mmq_down_##name(        \
-        const unsigned long long* ptrs, int rows, int items, const float* x, const float* xs,     \
+        const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
         int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {         \
         moe_mmq_body<T, 2>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out);          \
     }

@@ -12,10 +12,15 @@ Error bounds (u = 2⁻²⁴), per output element:
   |y − Σ ŵ·x̂| ≤ (k/32 + 10)·u·Σ T·|x̂|, T the magnitude of each weight term (dot_util);
   and against the exact x, additionally Σ |ŵ|·|x − x̂|.
 - float weights (F32/F16/BF16): |y − Σ ŵ·x| ≤ (k/32 + 48)·u·Σ |ŵ|·|x|.
-- prefill (n_tok > 8, the tensor-core mmq path, any type): ŵ and x (times an exact power of
-  two per row) are rounded to f16, products summed in f32:
-  |y − Σ ŵ·x| ≤ (2⁻¹⁰ + 2⁻²⁰ + (k/16 + 16)·2⁻²¹)·Σ|ŵ|·|x| + 2⁻²⁴·Σ|x| + 2⁻³⁸·max|x|·Σ|ŵ|
-  (f16 relative rounding 2⁻¹¹ on each factor, 2⁻²⁵ absolute for subnormal weights).
+- prefill (n_tok > 8, the tensor-core mmq path): ŵ is rounded to f16 (ŵ₁₆), products summed
+  in f32 (A = (k/16 + 16)·2⁻²¹ for the sums).
+  Quantized weights: the kernels read the CPU's activations x̂ (the same q8_0 / q8_K blocks
+  as decode; q exact in f16, each 32-value block's sum scaled by its d in f32):
+  |y − Σ ŵ₁₆·x̂| ≤ A·Σ|ŵ₁₆|·|x̂| (checked), hence |y − Σ ŵ·x̂| ≤ (2⁻¹¹ + A)·Σ|ŵ|·|x̂| +
+  2⁻²⁴·Σ|x̂| (f16 relative rounding 2⁻¹¹, 2⁻²⁵ absolute for subnormal weights), and against
+  the exact x additionally Σ |ŵ|·|x − x̂|.
+  Float weights: x times an exact power of two per row, rounded to f16 as well:
+  |y − Σ ŵ·x| ≤ (2⁻¹⁰ + 2⁻²⁰ + A)·Σ|ŵ|·|x| + 2⁻²⁴·Σ|x| + 2⁻³⁸·max|x|·Σ|ŵ|.
 - getrows: bit-exact.
 - moe gate/up: the matmul bounds on g and u, propagated through silu(g)·u (|silu'| ≤ 1.1);
   moe down: from the kernel's own act (returned), the matmul bound per slot, weighted, plus
@@ -84,6 +89,14 @@ def matmul_bound(
     t: str, k: int, w: np.ndarray, mag: np.ndarray, x: np.ndarray, prefill: bool
 ) -> np.ndarray:
     """Bound on |y − x·ŵᵀ| for x f64 [n, k] (the activations as given)."""
+    if prefill and t not in FLOAT:
+        xh = act_values(t, x)
+        rel = 2.0**-11 + (k / 16 + 16) * 2.0**-21
+        return (
+            rel * (np.abs(xh) @ np.abs(w).T)
+            + 2.0**-24 * np.abs(xh).sum(axis=1, keepdims=True)
+            + np.abs(x - xh) @ np.abs(w).T
+        )
     if prefill:
         rel = 2.0**-10 + 2.0**-20 + (k / 16 + 16) * 2.0**-21
         amax = np.abs(x).max(axis=1, keepdims=True)
@@ -130,6 +143,13 @@ def check_matmul(t: str, rows: int, n_tok: int) -> None:
         xh = act_values(t, x64)
         tight = (k / 32 + 10) * U * (np.abs(xh) @ mag.T)
         assert np.all(np.abs(y - xh @ w.T) <= tight), t
+    if t not in FLOAT and prefill:  # the CPU's activations times the f16-rounded weights
+        xh = act_values(t, x64)
+        w16 = w.astype(np.float16).astype(np.float64)
+        tight = (k / 16 + 16) * 2.0**-21 * (np.abs(xh) @ np.abs(w16).T) + 1e-30
+        r = float(np.max(np.abs(y - xh @ w16.T) / tight))
+        print(f"{t} n_tok={n_tok}: around the CPU activations: max err/bound {r:.3g}")
+        assert r <= 1, f"{t} n_tok={n_tok}: err/bound {r:.3g} around the CPU's activations"
 
 
 @pytest.mark.parametrize("t", TYPES)

@@ -35,6 +35,15 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
@@ -86,12 +95,15 @@ inline T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 
-// Blocks run one at a time: fences are no-ops, atomics plain read-modify-writes, and a
-// load that bypasses L1 a plain load.
+// Blocks run one at a time: fences are no-ops and a load that bypasses L1 a plain load; the
+// threads of a block do run concurrently, so atomics are real (relaxed) atomics.
 inline void __threadfence() {}
-inline int atomicAdd(int* p, int v) {
-  int old = *p;
-  *p = old + v;
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline int atomicMax(int* p, int v) {
+  int old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > old && !__atomic_compare_exchange_n(p, &old, v, true, __ATOMIC_RELAXED,
+                                                 __ATOMIC_RELAXED)) {
+  }
   return old;
 }
 template <class T>

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod norm;
 pub mod quant;
+pub mod quant_mmq;
 pub mod quant_shared;
 pub mod rope;
 pub mod router;

@@ -1,7 +1,8 @@
 //! Launchers of the quantized matrix kernels (GPU_SPEC.md §4): `cuda/quantize.cu` (f32 → int8
 //! activation blocks, quantized as the CPU path quantizes them for the weight type),
 //! `cuda/mmvq.cu` (matrix × few vectors), `cuda/moe.cu` (routed experts through a per-expert
-//! pointer table), `cuda/getrows.cu` (embedding lookup).
+//! pointer table), `cuda/getrows.cu` (embedding lookup); for prefill (n_tok > 8) `matmul` and
+//! the MoE launchers hand over to the tiled kernels' launches in `quant_mmq.rs`.
 //!
 //! Every launcher checks its shapes and pointers first (`check_*`, pure functions, unit-tested
 //! without a GPU) and returns `Error::Quant` for an unsupported type, `Error::Shape` for sizes
@@ -12,12 +13,13 @@
 
 use std::sync::Arc;
 
+use super::quant_mmq::{self, moe_prefill_scratch_bytes};
 use crate::cuda::{Arg, Gpu, Kernel, Stream};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 
 /// Bytes of one int8 activation block (32 values: f32 scale, 32 × int8; `block_q8a`).
-const ACT_BLOCK_BYTES: usize = 36;
+pub(super) const ACT_BLOCK_BYTES: usize = 36;
 /// Threads per block of the matrix-vector kernels, and weight rows per block (one per warp).
 pub(super) const MMVQ_THREADS: u32 = 128;
 pub(super) const MMVQ_ROWS: usize = 4;
@@ -27,14 +29,6 @@ pub(super) const MMVQ_TOKENS: usize = 8;
 const GRID_YZ_MAX: usize = 65535;
 /// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
 pub(super) const MMVQ_MAX_TOKENS: usize = 8;
-/// Output tile of the dense mmq kernel: rows × tokens.
-const MMQ_ROWS: usize = 64;
-const MMQ_TOKENS: usize = 64;
-const MMQ_THREADS: u32 = 128;
-/// Token tile of the grouped-expert mmq kernels, and the most expert ids they group
-/// (cuda/moe_mmq.cu MOE_BN, MOE_MAX_E; larger ids are treated as absent).
-const MOE_BN: usize = 32;
-const MOE_MAX_E: usize = 4096;
 
 /// What the kernels know about a weight type: its kernel-name suffix, whether the activations
 /// stay f32 (float weights) or become int8 blocks, the alignment its loads need, elements per
@@ -111,51 +105,25 @@ fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
 
-/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens: the int8 copy of x for
-/// decode (n_tok ≤ 8), the per-row f16 range scales for prefill (any type, float ones included).
+/// Scratch bytes `matmul` needs for k-wide activations of n_tok tokens: the int8 copy of x
+/// (quantized weights; decode, and prefill since the tiled kernels read the CPU's int8
+/// activations too), or the per-row f16 range scales for prefill over float weights.
 pub fn scratch_bytes(k: usize, n_tok: usize) -> usize {
     round_up(n_tok * k.div_ceil(32) * ACT_BLOCK_BYTES, 256)
 }
 
 /// Scratch bytes `moe_gate_up` / `moe_down` need (one buffer serves both, used in turn):
-/// int8 activations for decode; for prefill (n_tok > 8) the expert grouping and the down
-/// projection's per-slot outputs.
+/// int8 activations for decode; for prefill (n_tok > 8) the expert grouping, the int8
+/// activations and the down projection's per-slot outputs (`quant_mmq::GroupLayout`).
 pub fn moe_scratch_bytes(h: usize, ff: usize, top_k: usize, n_tok: usize) -> usize {
     let decode = scratch_bytes(h, n_tok).max(scratch_bytes(ff, n_tok * top_k));
     if n_tok <= MMVQ_MAX_TOKENS {
         return decode;
     }
-    let pairs = n_tok * top_k;
-    let g = GroupLayout::new(pairs);
-    decode.max(round_up(g.end + 4 * pairs * h, 256))
-}
-
-/// Where `strata_moe_group` writes in the scratch: n_tiles (i32), the tile table (int4 ×
-/// max_tiles), the grouped pair order (i32 × pairs), then the activation rows' scales (f32 ×
-/// pairs, `strata_row_scale`); the down outputs follow at `end`.
-struct GroupLayout {
-    max_tiles: usize,
-    tiles: usize,
-    order: usize,
-    scales: usize,
-    end: usize,
-}
-
-impl GroupLayout {
-    fn new(pairs: usize) -> GroupLayout {
-        let max_tiles = pairs.div_ceil(MOE_BN) + pairs.min(MOE_MAX_E + 1);
-        let tiles = 16;
-        let order = tiles + 16 * max_tiles;
-        let scales = round_up(order + 4 * pairs, 16);
-        let end = round_up(scales + 4 * pairs, 256);
-        GroupLayout {
-            max_tiles,
-            tiles,
-            order,
-            scales,
-            end,
-        }
-    }
+    decode.max(round_up(
+        moe_prefill_scratch_bytes(h, ff, top_k, n_tok),
+        256,
+    ))
 }
 
 /// The kernels of one weight type.
@@ -168,19 +136,19 @@ pub(super) struct TypeKernels {
     up_glu: Kernel,
     down: Kernel,
     getrows: Kernel,
-    mmq: Kernel,
-    mmq_gate: Kernel,
-    mmq_up: Kernel,
-    mmq_down: Kernel,
+    pub(super) mmq: Kernel,
+    pub(super) mmq_gate: Kernel,
+    pub(super) mmq_up: Kernel,
+    pub(super) mmq_down: Kernel,
 }
 
 /// The quantized kernels of one GPU, resolved once.
 pub struct QuantOps {
     quantize_q8_0: Kernel,
     quantize_q8_k: Kernel,
-    row_scale: Kernel,
-    group: Kernel,
-    reduce: Kernel,
+    pub(super) row_scale: Kernel,
+    pub(super) group: Kernel,
+    pub(super) reduce: Kernel,
     types: Vec<TypeKernels>,
     /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
     /// the warp-per-row one would launch fewer than two blocks per SM.
@@ -226,90 +194,6 @@ impl QuantOps {
             .position(|&t| t == ty)
             .expect("supported types are in TYPES");
         Ok((&self.types[i], info))
-    }
-
-    /// Groups the (token, slot) pairs by expert into the scratch (see `GroupLayout`); returns
-    /// (layout, grid.y for the tile kernels).
-    fn group(
-        &self,
-        s: &Stream,
-        ids: u64,
-        pairs: usize,
-        scratch: u64,
-    ) -> Result<(GroupLayout, u32)> {
-        let g = GroupLayout::new(pairs);
-        self.group.launch(
-            s,
-            (1, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ids),
-                Arg::I32(to_i32(pairs, "pairs")?),
-                Arg::I32(MOE_BN as i32),
-                Arg::Ptr(scratch + g.order as u64),
-                Arg::Ptr(scratch + g.tiles as u64),
-                Arg::Ptr(scratch),
-                Arg::I32(to_i32(g.max_tiles, "tiles")?),
-            ],
-        )?;
-        // Blocks walk the tiles with a stride of grid.y: enough for the usual count.
-        let gy = (pairs.div_ceil(MOE_BN) + pairs.min(512)).min(GRID_YZ_MAX);
-        Ok((g, gy as u32))
-    }
-
-    /// One grouped tile launch: out[p, r] (= or silu(out)·) W[ids[p]][r]·x[p / x_div]; the
-    /// scales of x's rows must be in the layout's `scales` (`row_scale`).
-    #[allow(clippy::too_many_arguments)]
-    fn grouped(
-        &self,
-        s: &Stream,
-        kern: &Kernel,
-        ptrs: u64,
-        rows: usize,
-        k: usize,
-        x: u64,
-        x_div: usize,
-        scratch: u64,
-        layout: &GroupLayout,
-        gy: u32,
-        out: u64,
-    ) -> Result<()> {
-        kern.launch(
-            s,
-            (to_u32(rows.div_ceil(MMQ_ROWS), "rows")?, gy, 1),
-            (MMQ_THREADS, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ptrs),
-                Arg::I32(rows as i32),
-                Arg::I32((k / 32) as i32),
-                Arg::Ptr(x),
-                Arg::Ptr(scratch + layout.scales as u64),
-                Arg::I32(x_div as i32),
-                Arg::Ptr(scratch + layout.order as u64),
-                Arg::Ptr(scratch + layout.tiles as u64),
-                Arg::Ptr(scratch),
-                Arg::Ptr(out),
-            ],
-        )
-    }
-
-    /// scale f32 [n_rows]: the power of two per row of x f32 [n_rows, k] that the mmq kernels
-    /// multiply in before rounding to f16 (and divide out after).
-    fn row_scale(&self, s: &Stream, x: u64, n_rows: usize, k: usize, scale: u64) -> Result<()> {
-        self.row_scale.launch(
-            s,
-            (to_u32(n_rows.div_ceil(8), "rows")?, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                Arg::I32(to_i32(n_rows, "rows")?),
-                Arg::I32(to_i32(k, "k")?),
-                Arg::Ptr(scale),
-            ],
-        )
     }
 
     /// x f32 [n_rows, k] → int8 activation blocks [n_rows, k/32] at `out`, quantized as the CPU
@@ -421,7 +305,7 @@ pub fn check_matmul(
 
 /// y[t, r] = Σ_k W[r, k]·x[t, k] for t < n_tok; x f32 [n_tok, k], y f32 [n_tok, rows].
 /// Quantizes x itself (to int8 blocks as the CPU does, except for float weights) into `scratch`
-/// (see `scratch_bytes`).
+/// (see `scratch_bytes`), for decode and prefill alike.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
     q: &QuantOps,
@@ -436,25 +320,10 @@ pub fn matmul(
     scratch: u64,
 ) -> Result<()> {
     check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
-    let (kern, info) = q.of(ty)?;
     if n_tok > MMVQ_MAX_TOKENS {
-        let grid = (
-            to_u32(rows.div_ceil(MMQ_ROWS), "rows")?,
-            to_u32(n_tok.div_ceil(MMQ_TOKENS), "n_tok")?,
-            1,
-        );
-        q.row_scale(s, x, n_tok, k, scratch)?;
-        let args = [
-            Arg::Ptr(w),
-            Arg::I32(rows as i32),
-            Arg::I32((k / 32) as i32),
-            Arg::Ptr(x),
-            Arg::Ptr(scratch),
-            Arg::Ptr(y),
-            Arg::I32(n_tok as i32),
-        ];
-        return kern.mmq.launch(s, grid, (MMQ_THREADS, 1, 1), 0, &args);
+        return quant_mmq::matmul_prefill(q, s, ty, w, rows, k, x, y, n_tok, scratch);
     }
+    let (kern, info) = q.of(ty)?;
     let xa = if info.float {
         x
     } else {
@@ -558,10 +427,11 @@ pub fn check_moe(
     for &(p, align, what) in ptrs {
         check_ptr(p, align, what)?;
     }
-    if types
+    // int8 activations (quantized types) and, for prefill, the expert grouping
+    let quantized = types
         .iter()
-        .any(|&t| !type_info(t).is_some_and(|i| i.float))
-    {
+        .any(|&t| !type_info(t).is_some_and(|i| i.float));
+    if quantized || n_tok > MMVQ_MAX_TOKENS {
         check_ptr(scratch, 16, "moe scratch")?;
     }
     Ok(())
@@ -607,29 +477,24 @@ pub fn moe_gate_up(
     if n_tok == 0 {
         return Ok(());
     }
-    let (kg, ig) = q.of(ty_gate)?;
-    let (ku, iu) = q.of(ty_up)?;
     if n_tok > MMVQ_MAX_TOKENS {
-        let (layout, gy) = q.group(s, ids, n_tok * top_k, scratch)?;
-        // x's per-token power-of-two scales (pair p reads token p / top_k's row and scale)
-        q.row_scale(s, x, n_tok, h, scratch + layout.scales as u64)?;
-        q.grouped(
+        return quant_mmq::moe_gate_up_prefill(
+            q,
             s,
-            &kg.mmq_gate,
-            gate_ptrs,
+            [ty_gate, ty_up],
+            [gate_ptrs, up_ptrs],
             ff,
             h,
-            x,
+            ids,
             top_k,
-            scratch,
-            &layout,
-            gy,
+            x,
+            n_tok,
             act,
-        )?;
-        return q.grouped(
-            s, &ku.mmq_up, up_ptrs, ff, h, x, top_k, scratch, &layout, gy, act,
+            scratch,
         );
     }
+    let (kg, ig) = q.of(ty_gate)?;
+    let (ku, iu) = q.of(ty_up)?;
     if !(ig.float && iu.float) {
         // one int8 copy of x serves both: as the gate type's activations (the up type's when
         // the gate is a float type; real models give gate and up one type)
@@ -728,41 +593,12 @@ pub fn moe_down(
     if n_tok == 0 {
         return Ok(());
     }
-    let (kern, info) = q.of(ty)?;
     if n_tok > MMVQ_MAX_TOKENS {
-        let pairs = n_tok * top_k;
-        let (layout, gy) = q.group(s, ids, pairs, scratch)?;
-        q.row_scale(s, act, pairs, ff, scratch + layout.scales as u64)?;
-        let out = scratch + layout.end as u64;
-        q.grouped(
-            s,
-            &kern.mmq_down,
-            down_ptrs,
-            h,
-            ff,
-            act,
-            1,
-            scratch,
-            &layout,
-            gy,
-            out,
-        )?;
-        let n = n_tok * h;
-        return q.reduce.launch(
-            s,
-            (to_u32(n.div_ceil(256), "n_tok × h")?, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(out),
-                Arg::Ptr(weights),
-                Arg::I32(top_k as i32),
-                Arg::I32(h as i32),
-                Arg::Ptr(y),
-                Arg::I32(to_i32(n_tok, "n_tok")?),
-            ],
+        return quant_mmq::moe_down_prefill(
+            q, s, ty, down_ptrs, h, ff, ids, weights, top_k, act, n_tok, y, scratch,
         );
     }
+    let (kern, info) = q.of(ty)?;
     let a = if info.float {
         act
     } else {

@@ -1,7 +1,7 @@
 //! Several matrix products over one activation (a layer's Q, K and V of its normed input):
-//! for decode, when the quantized matrices share one activation type (ggml vec_dot type), the
-//! activation is quantized once for all of them, then each product runs as `quant::matmul`
-//! would run it. Also the one-token kernel choice.
+//! when the quantized matrices share one activation type (ggml vec_dot type), the activation
+//! is quantized once for all of them (decode and prefill alike), then each product runs as
+//! `quant::matmul` would run it. Also the one-token kernel choice.
 
 use super::quant::{
     check_matmul, matmul, to_u32, type_info, QuantOps, TypeKernels, MMVQ_MAX_TOKENS, MMVQ_ROWS,
@@ -12,8 +12,9 @@ use crate::error::Result;
 use crate::quant::GgmlType;
 
 /// `matmul` of several matrices (type, w, rows, y) over one x f32 [n_tok, k] (a layer's Q, K
-/// and V): for decode, x is quantized once for all the quantized ones when they share one
-/// activation type (`GgmlType::vec_dot_type`); otherwise each product quantizes x itself.
+/// and V): x is quantized once for each run of quantized matrices that share an activation
+/// type (`GgmlType::vec_dot_type`; once in all for real models), into `scratch`; float
+/// matrices run first, on their own (prefill writes their row scales into `scratch`).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_shared_x(
     q: &QuantOps,
@@ -27,34 +28,43 @@ pub fn matmul_shared_x(
     for &(ty, w, rows, y) in mats {
         check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
     }
-    let float = |ty| type_info(ty).is_some_and(|i| i.float);
-    let Some(ty_act) =
-        shared_act_type(mats.iter().map(|m| m.0)).filter(|_| n_tok <= MMVQ_MAX_TOKENS)
-    else {
-        // prefill, all float, or activation types that differ: each product on its own
-        return mats
-            .iter()
-            .try_for_each(|&(ty, w, rows, y)| matmul(q, s, ty, w, rows, k, x, y, n_tok, scratch));
-    };
-    q.quantize_act(s, ty_act, x, n_tok, k, scratch)?;
-    for &(ty, w, rows, y) in mats {
-        let xa = if float(ty) { x } else { scratch };
-        q.mmvq(s, q.of(ty)?.0, w, rows, k, xa, y, n_tok)?;
+    for (i, quantize) in launch_order(mats.iter().map(|m| m.0)) {
+        let (ty, w, rows, y) = mats[i];
+        let Some(quantize) = quantize else {
+            matmul(q, s, ty, w, rows, k, x, y, n_tok, scratch)?;
+            continue;
+        };
+        if quantize {
+            q.quantize_act(s, ty, x, n_tok, k, scratch)?;
+        }
+        let kern = q.of(ty)?.0;
+        if n_tok <= MMVQ_MAX_TOKENS {
+            q.mmvq(s, kern, w, rows, k, scratch, y, n_tok)?;
+        } else {
+            q.mmq(s, kern, w, rows, k, scratch, scratch, y, n_tok)?;
+        }
     }
     Ok(())
 }
 
-/// The type whose activations serve every quantized type of `types` (the first quantized one),
-/// when they all have one activation type (`GgmlType::vec_dot_type`); None when there is no
-/// quantized type or their activation types differ. Float types take f32 x and do not count.
-fn shared_act_type(types: impl IntoIterator<Item = GgmlType>) -> Option<GgmlType> {
-    let mut quantized = types
-        .into_iter()
-        .filter(|&ty| !type_info(ty).is_some_and(|i| i.float));
-    let first = quantized.next()?;
-    quantized
-        .all(|ty| ty.vec_dot_type() == first.vec_dot_type())
-        .then_some(first)
+/// The order in which `matmul_shared_x` runs products of these types: (index, None) for a
+/// float type (first, each on its own), then (index, Some(quantize x first)) for the quantized
+/// ones in their order, quantizing when the activation type differs from the one x was last
+/// quantized to.
+fn launch_order(types: impl IntoIterator<Item = GgmlType>) -> Vec<(usize, Option<bool>)> {
+    let float = |ty: GgmlType| type_info(ty).is_some_and(|i| i.float);
+    let types: Vec<GgmlType> = types.into_iter().collect();
+    let mut out: Vec<(usize, Option<bool>)> = (0..types.len())
+        .filter(|&i| float(types[i]))
+        .map(|i| (i, None))
+        .collect();
+    let mut held: Option<GgmlType> = None;
+    for (i, &ty) in types.iter().enumerate().filter(|(_, &t)| !float(t)) {
+        let act = ty.vec_dot_type();
+        out.push((i, Some(held != Some(act))));
+        held = Some(act);
+    }
+    out
 }
 
 impl QuantOps {
@@ -102,17 +112,37 @@ impl QuantOps {
 
 #[cfg(test)]
 mod tests {
-    use super::shared_act_type;
+    use super::launch_order;
     use crate::quant::GgmlType::*;
 
     #[test]
-    fn one_quantization_only_for_one_activation_type() {
-        // Q4_K and Q6_K both dot with q8_K activations; a float V takes f32 x
-        assert_eq!(shared_act_type([Q4K, Q4K, Q6K]), Some(Q4K));
-        assert_eq!(shared_act_type([F32, Q6K, F16]), Some(Q6K));
-        assert_eq!(shared_act_type([Q8_0, Q4_0, IQ4NL]), Some(Q8_0));
-        // q8_K for Q4_K, q8_0 for Q8_0: each product quantizes x itself
-        assert_eq!(shared_act_type([Q4K, Q4K, Q8_0]), None);
-        assert_eq!(shared_act_type([F32, F32, BF16]), None);
+    fn one_quantization_per_activation_type() {
+        // Q4_K and Q6_K both dot with q8_K activations: quantized once
+        assert_eq!(
+            launch_order([Q4K, Q4K, Q6K]),
+            [(0, Some(true)), (1, Some(false)), (2, Some(false))]
+        );
+        // a float V takes f32 x and runs first (prefill puts its row scales in the scratch)
+        assert_eq!(
+            launch_order([F32, Q6K, F16]),
+            [(0, None), (2, None), (1, Some(true))]
+        );
+        assert_eq!(
+            launch_order([Q8_0, Q4_0, IQ4NL]),
+            [(0, Some(true)), (1, Some(false)), (2, Some(false))]
+        );
+        // q8_K for Q4_K, q8_0 for Q8_0: x quantized again when the type changes
+        assert_eq!(
+            launch_order([Q4K, Q4K, Q8_0]),
+            [(0, Some(true)), (1, Some(false)), (2, Some(true))]
+        );
+        assert_eq!(
+            launch_order([Q8_0, Q4K, Q8_0]),
+            [(0, Some(true)), (1, Some(true)), (2, Some(true))]
+        );
+        assert_eq!(
+            launch_order([F32, F32, BF16]),
+            [(0, None), (1, None), (2, None)]
+        );
     }
 }

@@ -129,6 +129,8 @@ class Model:
         tier_async: bool = False,
         profile: Profile | None = None,
         stream_min_tokens: int = 64,
+        stream_chunk: int = 4096,
+        stream_threads: int = 0,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

@@ -66,6 +66,13 @@ pub struct HybridConfig {
     /// Chunks of at least this many tokens copy their layers' missing experts to VRAM and run
     /// every pair on the GPU (0: never; every miss on the CPU).
     pub stream_min_tokens: usize,
+    /// Tokens per prefill chunk when chunks stream (0: the model's `max_chunk`): each chunk
+    /// moves every missing expert once, so longer chunks move fewer bytes per token. The
+    /// model's buffers are sized for it (and count as fixed VRAM in the plan).
+    pub stream_chunk: usize,
+    /// Threads that copy streamed experts into the page-locked bounce buffers (0: one per
+    /// core, at most 8).
+    pub stream_threads: usize,
 }
 
 /// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
@@ -156,6 +163,12 @@ pub struct HybridInfo {
     pub adapt_swaps: u32,
     /// Chunks of at least this many tokens stream their missing experts (0: none do).
     pub stream_min_tokens: usize,
+    /// Staging areas of the streamed chunks (2: double-buffered; 0: no streaming) and the
+    /// threads that copy into the bounce buffers.
+    pub stream_areas: usize,
+    pub stream_threads: usize,
+    /// Tokens per streamed prefill chunk (0: chunks do not stream; set by the model).
+    pub stream_chunk: usize,
 }
 
 pub struct Hybrid {
@@ -229,7 +242,8 @@ impl Hybrid {
         let min = cfg.stream_min_tokens;
         let mut stream = if min > 0 && t >= min {
             let g = weights.gguf.clone();
-            StreamIn::new(gpu, g, layers.clone(), ne, t, k, min)?
+            let lanes = super::bounce::lanes_for(cfg.stream_threads);
+            StreamIn::new(gpu, g, layers.clone(), ne, t, k, min, lanes)?
         } else {
             None
         };
@@ -244,9 +258,27 @@ impl Hybrid {
             n_expert: ne,
             layers: shapes.clone(),
         };
-        let mut plan = vram::plan(&inp)?;
+        let mut plan = vram::plan(&inp).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!(
+                "{m} (the buffers are sized for chunks of {t} tokens: prefill_chunk, or \
+                 stream_chunk when prefill chunks stream)"
+            )),
+            e => e,
+        })?;
         if let Some(m) = cfg.max_slots {
             plan.n_slots = plan.n_slots.min(m);
+        }
+        if let Some(st) = stream.as_mut() {
+            // A second staging area when the plan has room: the slots asked for
+            // (`max_slots`) stay, or the automatic budget gives up at most 1/16 of its slots.
+            let keep = match cfg.max_slots {
+                Some(_) => plan.n_slots,
+                None => plan.n_slots - plan.n_slots / 16,
+            };
+            if let Some(p) = vram::budget::with_extra(&plan, st.area_bytes(), cfg.max_slots, keep) {
+                st.add_area(gpu)?;
+                plan = p;
+            }
         }
         let slots = CudaSlots::new(gpu, &plan)?;
         let counters = Arc::new(HybridCounters::new(nl));
@@ -327,6 +359,9 @@ impl Hybrid {
             adapt_every: a.every,
             adapt_swaps: a.swaps,
             stream_min_tokens: self.stream.as_ref().map_or(0, |s| s.min_tokens),
+            stream_areas: self.stream.as_ref().map_or(0, |s| s.n_areas()),
+            stream_threads: self.stream.as_ref().map_or(0, |s| s.n_lanes()),
+            stream_chunk: 0,
         }
     }
 
@@ -344,6 +379,11 @@ impl Hybrid {
             self.ptrs_dirty = false;
         }
         Ok(())
+    }
+
+    /// Chunks of at least this many tokens stream (None: none do).
+    pub(super) fn stream_min(&self) -> Option<usize> {
+        self.stream.as_ref().map(|s| s.min_tokens)
     }
 
     /// Right after a step's kernels are queued on `s`: its completion event goes to the
@@ -418,7 +458,7 @@ impl Hybrid {
                 t,
                 [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
             )?;
-            return st.done_layer(s);
+            return st.done_layer(s, l);
         }
         // routing and input to the host, then the event the host waits for
         b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;

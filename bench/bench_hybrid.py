@@ -234,7 +234,7 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=4096, help="prompt length")
     ap.add_argument("--chunk", type=int, default=512, help="Strata's prefill chunk")
     ap.add_argument(
-        "--stream-chunk", type=int, default=4096, help="Strata's streamed prefill chunk (0: --chunk)"
+        "--stream-chunk", type=int, default=4096, help="streamed prefill chunk (0: --chunk)"
     )
     ap.add_argument(
         "--llama-ubatch", default="512,4096", help="llama-bench -ub values (-b: the largest)"

@@ -144,10 +144,14 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     decode()  # warm-up (first-call setup, page cache, the tier adapts)
     tg, pp = [], []
     h0 = counters.totals()
+    lt0 = counters.layer_times()
     for r in range(a.reps):
         tg.append(decode())
         print(f"  strata rep {r}: tg{a.gen} {tg[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     h1 = counters.totals()
+    lt1 = counters.layer_times()
+    n_lay = max(1, lt1["layers"] - lt0["layers"])
+    phases = {k: (lt1[k] - lt0[k]) / n_lay / 1e3 for k in lt1 if k != "layers"}
     for r in range(a.pp_reps):
         pp.append(prefill())
         print(f"  strata rep {r}: pp{a.pp} {pp[-1]:.1f} tok/s", file=sys.stderr, flush=True)
@@ -159,6 +163,7 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         "pp": statistics.median(pp),
         "hit_rate": hits / total if total else float("nan"),
         "swaps": snap["swaps"],
+        "phases": phases,
         "info": info,
     }
 
@@ -281,6 +286,8 @@ def main() -> None:
             f"decode bound {bound:.1f} tok/s "
             f"(RAM {ram:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
         )
+        ph = ", ".join(f"{k} {v:.1f}" for k, v in s["phases"].items())
+        print(f"  Strata decode, host µs per layer: {ph} (rust tier::vram::stats::PHASES)")
         for rec in recs:
             print(
                 f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')} -ub {rec.get('n_ubatch')}: "

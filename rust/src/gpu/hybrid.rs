@@ -35,6 +35,7 @@ use crate::tier::vram::{
 };
 use crate::tier::{Profile, RoutingCounters};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Half-life (steps) of the routing counts the adaptive choice reads.
 pub const ADAPT_HALF_LIFE: f64 = 128.0;
@@ -204,6 +205,8 @@ pub struct Hybrid {
     steps: u64,
     /// Prefill chunks with every expert on the GPU (None: off).
     stream: Option<StreamIn>,
+    /// When the last CPU-path layer of this step returned (the phase timing).
+    t_last: Option<Instant>,
 }
 
 fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
@@ -347,6 +350,7 @@ impl Hybrid {
             ev: gpu.event_no_timing()?,
             steps: 0,
             stream,
+            t_last: None,
         })
     }
 
@@ -368,6 +372,7 @@ impl Hybrid {
     /// Before a step is launched: the pointer-table changes of the last gap reach the device
     /// (on the compute stream, ahead of the step's kernels).
     pub(super) fn before_step(&mut self, s: &Stream) -> Result<()> {
+        self.t_last = None;
         if let Some(st) = self.stream.as_mut() {
             st.begin_step();
         }
@@ -460,6 +465,8 @@ impl Hybrid {
             )?;
             return st.done_layer(s, l);
         }
+        let t0 = Instant::now();
+        let between = self.t_last.map_or(0, |t| (t0 - t).as_nanos() as u64);
         // routing and input to the host, then the event the host waits for
         b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
         b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
@@ -478,7 +485,9 @@ impl Hybrid {
             [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
         )?;
         // the CPU's part, while the GPU runs the resident experts
+        let t1 = Instant::now();
         self.ev.sync()?;
+        let t2 = Instant::now();
         self.ids.clear();
         self.ids.extend(
             self.pin_ids.as_slice()[..4 * nk]
@@ -494,6 +503,7 @@ impl Hybrid {
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
         if sp.all_on_gpu() {
             self.counters.record_handoff((8 * nk) as u64);
+            self.layer_done([t0, t1, t2, Instant::now()], between);
             return Ok(());
         }
         read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
@@ -509,13 +519,29 @@ impl Hybrid {
             k,
             y,
         )?;
+        let t3 = Instant::now();
         self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
         // ordered after moe_down on the stream; pin_y is rewritten only after the next
         // layer's event, which the stream reaches after this copy
         self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
         elementwise::add(gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
+        self.layer_done([t0, t1, t2, t3], between);
         Ok(())
+    }
+
+    /// Phase times of a CPU-path layer (`[start, queued, ids here, cpu done]`, now = end).
+    fn layer_done(&mut self, t: [Instant; 4], between: u64) {
+        let now = Instant::now();
+        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
+        self.counters.record_times([
+            between,
+            ns(t[0], t[1]),
+            ns(t[1], t[2]),
+            ns(t[2], t[3]),
+            ns(t[3], now),
+        ]);
+        self.t_last = Some(now);
     }
 }
 

@@ -62,6 +62,11 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
         steps.append(tuple(a - b for a, b in zip(c.totals(), before, strict=True)))
     h, mc, mp = c.totals()
     s = c.snapshot()
+    # phase times of the layers whose misses ran on the CPU path: every decode layer, and
+    # the prefill chunks' layers when they do not stream
+    lt = c.layer_times()
+    assert lt["layers"] == 60 * N_LAYER + (0 if stream else n_chunks * N_LAYER), lt
+    assert sum(v for k, v in lt.items() if k != "layers") > 0, lt
     label = f"async={tier_async} stream={stream} chunks={n_chunks}"
     print(f"{label}: totals {(h, mc, mp)}, swaps {s['swaps']}, pcie bytes {s['pcie_bytes']}")
     assert h + mc + mp == (48 + 60) * N_LAYER * K, label

@@ -14,7 +14,8 @@
 # Results under $OUT: bench.log (the table is its last lines), llbuild.log, write-*.log.
 # Knobs (environment): REPS (Strata decode runs, 2), LLREPS (llama-bench -r, 2), PP (4096),
 # GEN (64), NCMOE (default: equal VRAM ±1), THREADS (nproc), STREAM_CHUNK (Strata's streamed
-# prefill chunk, 4096; 0: the 512 prefill chunk), UBATCH (llama-bench -ub list, "512,4096").
+# prefill chunk, 4096; 0: the 512 prefill chunk), UBATCH (llama-bench -ub list, "512,4096"),
+# PPREPS (Strata prompt runs, 2).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
@@ -30,7 +31,7 @@ mkdir -p "$D"
 t0=$(date +%s)
 ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-reps "${LLREPS:-2}"
     --pp "${PP:-4096}" --gen "${GEN:-64}" --stream-chunk "${STREAM_CHUNK:-4096}"
-    --llama-ubatch "${UBATCH:-512,4096}")
+    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then

@@ -1,6 +1,7 @@
 //! `GpuModel`: the public face of the GPU forward pass, its buffers and the KV slots.
 //!
-//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx)), H = hidden, Nh / Nkv =
+//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx), or the hybrid mode's
+//! streamed chunk when longer: the buffers hold the longer), H = hidden, Nh / Nkv =
 //! query / KV heads, D = head dim, E = experts, K = experts used, F = expert FFN width,
 //! V = vocab, C = n_ctx.
 //! Every per-call value the kernels need (pos0, slot, token ids) sits in one device buffer

@@ -108,6 +108,7 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             adapt_every=a.adapt_every,
             profile=profile,
             stream_chunk=a.stream_chunk,
+            pool_pipeline=a.pool_pipeline,
         )
 
     profile = None
@@ -243,6 +244,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--llama-ubatch", default="512,4096", help="llama-bench -ub values (-b: the largest)"
+    )
+    ap.add_argument(
+        "--pool-pipeline", action="store_true", help="the pool's pipelined schedule (no barrier)"
     )
     ap.add_argument("--reps", type=int, default=3, help="Strata decode runs")
     ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")

@@ -16,13 +16,17 @@ routed first (what `strata-fill profile` gives a deployment; the adaptive tier s
 16 steps), dense weights and KV in VRAM, the other experts computed by the CPU pool
 (`--threads` cores: the caller and threads−1 workers). Decode = `--gen` one-token steps after
 a 16-token prompt; prompt processing = a fresh slot fed `--pp` tokens in chunks of
-`--chunk` (every missed pair of a chunk on the CPU); medians of `--reps`. Hit rate = routed
-pairs served from VRAM during the decode runs.
+`--stream-chunk` (each chunk copies every expert missing from VRAM once over PCIe, through
+page-locked bounce buffers, and runs every pair on the GPU; docs/TIERS_VRAM.md; 0: chunks of
+`--chunk`); medians of `--reps`. Hit rate = routed pairs served from VRAM during the decode
+runs.
 
 llama.cpp: llama-bench `-ngl 99 -ncmoe N` (the experts of the first N layers on the CPU) for
 each N of `--ncmoe` (default: the N that leaves the same share of expert layers on the GPU,
-and its neighbours; N below it gives llama.cpp more VRAM than Strata), same threads, its best
-N per test taken.
+and its neighbours; N below it gives llama.cpp more VRAM than Strata) and each micro-batch of
+`--llama-ubatch` (`-ub 512,4096 -b 4096`: llama.cpp also copies the CPU layers' experts to
+the GPU for large batches, and a longer micro-batch moves fewer bytes per token, as
+Strata's long chunk does), same threads, its best (N, ubatch) per test taken.
 
 The decode bound: every missed expert's bytes read once from RAM by the CPU at the pool's
 measured read bandwidth (`ram_read_gbps`), plus every other weight byte read from HBM at the
@@ -103,6 +107,8 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             vram_slots=slots,
             adapt_every=a.adapt_every,
             profile=profile,
+            stream_chunk=a.stream_chunk,
+            pool_pipeline=a.pool_pipeline,
         )
 
     profile = None
@@ -139,10 +145,14 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     decode()  # warm-up (first-call setup, page cache, the tier adapts)
     tg, pp = [], []
     h0 = counters.totals()
+    lt0 = counters.layer_times()
     for r in range(a.reps):
         tg.append(decode())
         print(f"  strata rep {r}: tg{a.gen} {tg[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     h1 = counters.totals()
+    lt1 = counters.layer_times()
+    n_lay = max(1, lt1["layers"] - lt0["layers"])
+    phases = {k: (lt1[k] - lt0[k]) / n_lay / 1e3 for k in lt1 if k != "layers"}
     for r in range(a.pp_reps):
         pp.append(prefill())
         print(f"  strata rep {r}: pp{a.pp} {pp[-1]:.1f} tok/s", file=sys.stderr, flush=True)
@@ -154,6 +164,7 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         "pp": statistics.median(pp),
         "hit_rate": hits / total if total else float("nan"),
         "swaps": snap["swaps"],
+        "phases": phases,
         "info": info,
     }
 
@@ -170,6 +181,9 @@ def layers_experts(path: Path) -> tuple[int, int]:
 def llama_runs(exe: str, path: Path, a: argparse.Namespace, ncmoe: list[int]) -> list[dict]:
     """llama-bench records: one per (N, test)."""
     cmd = [exe, "-m", str(path), "-ngl", "99", "-ncmoe", ",".join(map(str, ncmoe))]
+    if a.llama_ubatch:
+        ubs = [int(x) for x in a.llama_ubatch.split(",")]
+        cmd += ["-ub", ",".join(map(str, ubs)), "-b", str(max(ubs))]
     cmd += ["-p", str(a.pp), "-n", str(a.gen), "-r", str(a.llama_reps), "-t", str(a.threads)]
     cmd += ["-o", "json"]
     print("running " + " ".join(cmd), file=sys.stderr, flush=True)
@@ -180,14 +194,15 @@ def llama_runs(exe: str, path: Path, a: argparse.Namespace, ncmoe: list[int]) ->
     return list(json.loads(r.stdout))
 
 
-def llama_best(recs: list[dict]) -> dict[str, tuple[float, int]]:
-    """Best tok/s per test ("pp", "tg") and the N that gave it."""
-    best: dict[str, tuple[float, int]] = {}
+def llama_best(recs: list[dict]) -> dict[str, tuple[float, int, int]]:
+    """Best tok/s per test ("pp", "tg") and the N and ubatch that gave it."""
+    best: dict[str, tuple[float, int, int]] = {}
     for rec in recs:
         name = "pp" if rec["n_gen"] == 0 else "tg"
         ts, n = float(rec["avg_ts"]), int(rec.get("n_cpu_moe", -1))
+        ub = int(rec.get("n_ubatch", -1))
         if name not in best or ts > best[name][0]:
-            best[name] = (ts, n)
+            best[name] = (ts, n, ub)
     return best
 
 
@@ -224,6 +239,15 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--pp", type=int, default=4096, help="prompt length")
     ap.add_argument("--chunk", type=int, default=512, help="Strata's prefill chunk")
+    ap.add_argument(
+        "--stream-chunk", type=int, default=4096, help="streamed prefill chunk (0: --chunk)"
+    )
+    ap.add_argument(
+        "--llama-ubatch", default="512,4096", help="llama-bench -ub values (-b: the largest)"
+    )
+    ap.add_argument(
+        "--pool-pipeline", action="store_true", help="the pool's pipelined schedule (no barrier)"
+    )
     ap.add_argument("--reps", type=int, default=3, help="Strata decode runs")
     ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")
     ap.add_argument("--llama-reps", type=int, default=2)
@@ -261,32 +285,40 @@ def main() -> None:
             f"{kind}: Strata {i['n_slots']} slots of {i['n_experts']} experts "
             f"({100 * i['resident_share']:.0f}%), VRAM plan {i['fixed_bytes'] / 2**20:.0f} MiB "
             f"fixed + {i['n_slots'] * i['slot_bytes'] / 2**20:.0f} MiB slots; decode hit rate "
-            f"{s['hit_rate']:.3f}, swaps {s['swaps']}; decode bound {bound:.1f} tok/s "
+            f"{s['hit_rate']:.3f}, swaps {s['swaps']}; streamed chunk {i['stream_chunk']} "
+            f"({i['stream_areas']} staging areas, {i['stream_threads']} copy threads); "
+            f"decode bound {bound:.1f} tok/s "
             f"(RAM {ram:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
         )
+        ph = ", ".join(f"{k} {v:.1f}" for k, v in s["phases"].items())
+        print(f"  Strata decode, host µs per layer: {ph} (rust tier::vram::stats::PHASES)")
         for rec in recs:
             print(
-                f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')}: "
+                f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')} -ub {rec.get('n_ubatch')}: "
                 f"{'pp' if rec['n_gen'] == 0 else 'tg'} {float(rec['avg_ts']):.1f} tok/s"
             )
+        pp_chunk = i["stream_chunk"] or a.chunk
         for test, ours in (("tg", s["tg"]), ("pp", s["pp"])):
-            theirs, n = best.get(test, (float("nan"), -1))
-            rows.append((kind, test, ours, theirs, n, s["hit_rate"], bound))
+            theirs, n, ub = best.get(test, (float("nan"), -1, -1))
+            chunk = f"{pp_chunk} / {ub}" if test == "pp" else f"1 / {ub}"
+            rows.append((kind, test, ours, theirs, n, chunk, s["hit_rate"], bound))
     name = {"tg": f"decode tg{a.gen}", "pp": f"prompt pp{a.pp}"}
     print(
         f"\nthreads {a.threads}; Strata: {a.share:.0%} of the experts in VRAM; "
         f"llama.cpp -ncmoe {ncmoe}"
     )
-    hdr = ["model", "test", "strata tok/s", "llama.cpp best (N)", "ratio", "hit rate", "bound"]
+    hdr = ["model", "test", "strata tok/s", "llama.cpp best (N)", "chunk / ubatch", "ratio"]
+    hdr += ["hit rate", "bound"]
     print("| " + " | ".join(hdr) + " |")
     print("|" + "---|" * len(hdr))
-    for kind, test, ours, theirs, n, hr, bound in rows:
+    for kind, test, ours, theirs, n, chunk, hr, bound in rows:
         ratio = f"{ours / theirs:.2f}" if theirs == theirs and theirs > 0 else "-"
         cells = [
             kind,
             name[test],
             f"{ours:.1f}",
             f"{theirs:.1f} ({n})" if theirs == theirs else "-",
+            chunk,
             ratio,
             f"{hr:.3f}",
             f"{bound:.1f}" if test == "tg" else "",

@@ -13,7 +13,10 @@
 # the machine is warm), then PHASE=bench. Every step skips what is already there.
 # Results under $OUT: bench.log (the table is its last lines), llbuild.log, write-*.log.
 # Knobs (environment): REPS (Strata decode runs, 2), LLREPS (llama-bench -r, 2), PP (4096),
-# GEN (64), NCMOE (default: equal VRAM ±1), THREADS (nproc).
+# GEN (64), NCMOE (default: equal VRAM ±1), THREADS (nproc), STREAM_CHUNK (Strata's streamed
+# prefill chunk, 4096; 0: the 512 prefill chunk), UBATCH (llama-bench -ub list, "512,4096"),
+# PPREPS (Strata prompt runs, 2), POOL_PIPELINE=1 (the pool's pipelined schedule),
+# MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
@@ -28,8 +31,10 @@ LL=/tmp/ll/build/bin
 mkdir -p "$D"
 t0=$(date +%s)
 ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-reps "${LLREPS:-2}"
-    --pp "${PP:-4096}" --gen "${GEN:-64}")
+    --pp "${PP:-4096}" --gen "${GEN:-64}" --stream-chunk "${STREAM_CHUNK:-4096}"
+    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
+[ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then
         (
@@ -46,14 +51,16 @@ if [ "$PHASE" != bench ]; then
     wait
     tail -n 2 "$OUT"/write-*.log "$OUT/llbuild.log" 2>/dev/null
 fi
+[ -n "${MODELS:-}" ] && ARGS+=(--models "$MODELS")
 if [ -x "$LL/llama-bench" ]; then
-    ARGS+=(--llama-quantize "$LL/llama-quantize" --llama-bench "$LL/llama-bench")
+    ARGS+=(--llama-quantize "$LL/llama-quantize")
+    [ "${SKIP_LLAMA:-0}" = 1 ] || ARGS+=(--llama-bench "$LL/llama-bench")
 else
     echo "llama.cpp did not build: Strata only (quantized by llama-cpp-python if present)"
 fi
 if [ "$PHASE" = prep ]; then
     python3 "$R/bench/bench_hybrid.py" "${ARGS[@]}" --make-only
 else
-    python3 "$R/bench/bench_hybrid.py" "${ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | tail -n 30
+    python3 "$R/bench/bench_hybrid.py" "${ARGS[@]}" 2>&1 | tee "$OUT/bench.log" | tail -n 45
 fi
 echo "total $(($(date +%s) - t0))s"

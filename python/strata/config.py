@@ -88,6 +88,17 @@ class Config:
         "hybrid GPU: prefill chunks of at least this many tokens copy each layer's missing "
         "experts over PCIe and run them on the GPU (0: every miss on the CPU)",
     )
+    stream_chunk: int = _f(
+        4096,
+        "hybrid GPU: tokens per prefill chunk when chunks stream (each chunk copies every "
+        "missing expert once, so longer chunks move fewer bytes per token; the buffers are "
+        "sized for it; 0: prefill_chunk)",
+    )
+    stream_threads: int = _f(
+        0,
+        "hybrid GPU: threads that copy streamed experts through page-locked buffers (0: one "
+        "per core, at most 8)",
+    )
     tier_async: bool = _f(
         False,
         "hybrid GPU: choose and stage swaps on a helper thread (device calls stay on the step "
@@ -146,6 +157,10 @@ class Config:
             raise bad("adapt_every", "must be >= 0")
         if self.stream_min_tokens < 0:
             raise bad("stream_min_tokens", "must be >= 0")
+        if self.stream_chunk < 0:
+            raise bad("stream_chunk", "must be >= 0")
+        if self.stream_threads < 0:
+            raise bad("stream_threads", "must be >= 0")
         if not 0 <= self.adapt_swaps <= 4096:
             raise bad("adapt_swaps", "must be in 0..4096")
         if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):

@@ -160,6 +160,8 @@ class LLM:
                 adapt_swaps=c.adapt_swaps,
                 tier_async=c.tier_async,
                 stream_min_tokens=c.stream_min_tokens,
+                stream_chunk=c.stream_chunk,
+                stream_threads=c.stream_threads,
                 profile=Profile.load(c.profile, self.path) if c.profile else None,
             )
         self.model = Model.open(

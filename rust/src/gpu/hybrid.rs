@@ -35,6 +35,7 @@ use crate::tier::vram::{
 };
 use crate::tier::{Profile, RoutingCounters};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Half-life (steps) of the routing counts the adaptive choice reads.
 pub const ADAPT_HALF_LIFE: f64 = 128.0;
@@ -66,6 +67,13 @@ pub struct HybridConfig {
     /// Chunks of at least this many tokens copy their layers' missing experts to VRAM and run
     /// every pair on the GPU (0: never; every miss on the CPU).
     pub stream_min_tokens: usize,
+    /// Tokens per prefill chunk when chunks stream (0: the model's `max_chunk`): each chunk
+    /// moves every missing expert once, so longer chunks move fewer bytes per token. The
+    /// model's buffers are sized for it (and count as fixed VRAM in the plan).
+    pub stream_chunk: usize,
+    /// Threads that copy streamed experts into the page-locked bounce buffers (0: one per
+    /// core, at most 8).
+    pub stream_threads: usize,
 }
 
 /// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
@@ -156,6 +164,12 @@ pub struct HybridInfo {
     pub adapt_swaps: u32,
     /// Chunks of at least this many tokens stream their missing experts (0: none do).
     pub stream_min_tokens: usize,
+    /// Staging areas of the streamed chunks (2: double-buffered; 0: no streaming) and the
+    /// threads that copy into the bounce buffers.
+    pub stream_areas: usize,
+    pub stream_threads: usize,
+    /// Tokens per streamed prefill chunk (0: chunks do not stream; set by the model).
+    pub stream_chunk: usize,
 }
 
 pub struct Hybrid {
@@ -191,6 +205,8 @@ pub struct Hybrid {
     steps: u64,
     /// Prefill chunks with every expert on the GPU (None: off).
     stream: Option<StreamIn>,
+    /// When the last CPU-path layer of this step returned (the phase timing).
+    t_last: Option<Instant>,
 }
 
 fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
@@ -229,7 +245,8 @@ impl Hybrid {
         let min = cfg.stream_min_tokens;
         let mut stream = if min > 0 && t >= min {
             let g = weights.gguf.clone();
-            StreamIn::new(gpu, g, layers.clone(), ne, t, k, min)?
+            let lanes = super::bounce::lanes_for(cfg.stream_threads);
+            StreamIn::new(gpu, g, layers.clone(), ne, t, k, min, lanes)?
         } else {
             None
         };
@@ -244,9 +261,27 @@ impl Hybrid {
             n_expert: ne,
             layers: shapes.clone(),
         };
-        let mut plan = vram::plan(&inp)?;
+        let mut plan = vram::plan(&inp).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!(
+                "{m} (the buffers are sized for chunks of {t} tokens: prefill_chunk, or \
+                 stream_chunk when prefill chunks stream)"
+            )),
+            e => e,
+        })?;
         if let Some(m) = cfg.max_slots {
             plan.n_slots = plan.n_slots.min(m);
+        }
+        if let Some(st) = stream.as_mut() {
+            // A second staging area when the plan has room: the slots asked for
+            // (`max_slots`) stay, or the automatic budget gives up at most 1/16 of its slots.
+            let keep = match cfg.max_slots {
+                Some(_) => plan.n_slots,
+                None => plan.n_slots - plan.n_slots / 16,
+            };
+            if let Some(p) = vram::budget::with_extra(&plan, st.area_bytes(), cfg.max_slots, keep) {
+                st.add_area(gpu)?;
+                plan = p;
+            }
         }
         let slots = CudaSlots::new(gpu, &plan)?;
         let counters = Arc::new(HybridCounters::new(nl));
@@ -315,6 +350,7 @@ impl Hybrid {
             ev: gpu.event_no_timing()?,
             steps: 0,
             stream,
+            t_last: None,
         })
     }
 
@@ -327,12 +363,16 @@ impl Hybrid {
             adapt_every: a.every,
             adapt_swaps: a.swaps,
             stream_min_tokens: self.stream.as_ref().map_or(0, |s| s.min_tokens),
+            stream_areas: self.stream.as_ref().map_or(0, |s| s.n_areas()),
+            stream_threads: self.stream.as_ref().map_or(0, |s| s.n_lanes()),
+            stream_chunk: 0,
         }
     }
 
     /// Before a step is launched: the pointer-table changes of the last gap reach the device
     /// (on the compute stream, ahead of the step's kernels).
     pub(super) fn before_step(&mut self, s: &Stream) -> Result<()> {
+        self.t_last = None;
         if let Some(st) = self.stream.as_mut() {
             st.begin_step();
         }
@@ -344,6 +384,11 @@ impl Hybrid {
             self.ptrs_dirty = false;
         }
         Ok(())
+    }
+
+    /// Chunks of at least this many tokens stream (None: none do).
+    pub(super) fn stream_min(&self) -> Option<usize> {
+        self.stream.as_ref().map(|s| s.min_tokens)
     }
 
     /// Right after a step's kernels are queued on `s`: its completion event goes to the
@@ -418,8 +463,10 @@ impl Hybrid {
                 t,
                 [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
             )?;
-            return st.done_layer(s);
+            return st.done_layer(s, l);
         }
+        let t0 = Instant::now();
+        let between = self.t_last.map_or(0, |t| (t0 - t).as_nanos() as u64);
         // routing and input to the host, then the event the host waits for
         b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
         b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
@@ -438,7 +485,9 @@ impl Hybrid {
             [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
         )?;
         // the CPU's part, while the GPU runs the resident experts
+        let t1 = Instant::now();
         self.ev.sync()?;
+        let t2 = Instant::now();
         self.ids.clear();
         self.ids.extend(
             self.pin_ids.as_slice()[..4 * nk]
@@ -454,6 +503,7 @@ impl Hybrid {
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
         if sp.all_on_gpu() {
             self.counters.record_handoff((8 * nk) as u64);
+            self.layer_done([t0, t1, t2, Instant::now()], between);
             return Ok(());
         }
         read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
@@ -469,13 +519,29 @@ impl Hybrid {
             k,
             y,
         )?;
+        let t3 = Instant::now();
         self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
         // ordered after moe_down on the stream; pin_y is rewritten only after the next
         // layer's event, which the stream reaches after this copy
         self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
         elementwise::add(gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
+        self.layer_done([t0, t1, t2, t3], between);
         Ok(())
+    }
+
+    /// Phase times of a CPU-path layer (`[start, queued, ids here, cpu done]`, now = end).
+    fn layer_done(&mut self, t: [Instant; 4], between: u64) {
+        let now = Instant::now();
+        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
+        self.counters.record_times([
+            between,
+            ns(t[0], t[1]),
+            ns(t[1], t[2]),
+            ns(t[2], t[3]),
+            ns(t[3], now),
+        ]);
+        self.t_last = Some(now);
     }
 }
 

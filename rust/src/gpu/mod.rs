@@ -3,6 +3,7 @@
 //! launches (`step`), decode replayed from a captured CUDA graph, prefill in chunks
 //! (`model`). Semantics of `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
 
+mod bounce;
 pub mod hybrid;
 mod model;
 mod step;

@@ -1,6 +1,7 @@
 //! `GpuModel`: the public face of the GPU forward pass, its buffers and the KV slots.
 //!
-//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx)), H = hidden, Nh / Nkv =
+//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx), or the hybrid mode's
+//! streamed chunk when longer: the buffers hold the longer), H = hidden, Nh / Nkv =
 //! query / KV heads, D = head dim, E = experts, K = experts used, F = expert FFN width,
 //! V = vocab, C = n_ctx.
 //! Every per-call value the kernels need (pos0, slot, token ids) sits in one device buffer
@@ -61,6 +62,9 @@ pub struct GpuModel {
     pub(super) lay: KvLayout,
     pub(super) b: Bufs,
     pub(super) chunk: usize,
+    /// Tokens per chunk of a hybrid prefill whose chunks stream (`HybridConfig::stream_chunk`;
+    /// the buffers hold max(chunk, stream_chunk) tokens).
+    stream_chunk: usize,
     pub(super) n_split: usize,
     lens: Vec<usize>,
     /// Page-locked staging of `params` and of one row of logits: the per-token copies go
@@ -144,7 +148,15 @@ impl GpuModel {
         let stream = gpu.stream()?;
         let q = QuantOps::new(&gpu)?;
         let weights = GpuWeights::upload(&gpu, &w, hybrid.is_none())?;
-        let t = cfg.max_chunk.min(cfg.n_ctx);
+        let chunk = cfg.max_chunk.min(cfg.n_ctx);
+        // streamed hybrid prefill chunks may be longer: the buffers hold the longer of the two
+        let stream_chunk = match &hybrid {
+            Some(h) if h.stream_min_tokens > 0 && h.stream_chunk > 0 => {
+                h.stream_chunk.min(cfg.n_ctx)
+            }
+            _ => chunk,
+        };
+        let t = chunk.max(stream_chunk);
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
         let n_split = attention::n_split(&gpu, hp.n_head_kv, cfg.n_ctx);
@@ -223,7 +235,8 @@ impl GpuModel {
             w: weights,
             lay,
             b,
-            chunk: t,
+            chunk,
+            stream_chunk,
             n_split,
             graph: None,
             use_graph: true,
@@ -247,7 +260,13 @@ impl GpuModel {
 
     /// The hybrid mode's plan and state (None: every weight in VRAM).
     pub fn hybrid_info(&self) -> Option<HybridInfo> {
-        self.hybrid.as_ref().map(|h| h.info())
+        self.hybrid.as_ref().map(|h| {
+            let mut i = h.info();
+            if i.stream_areas > 0 {
+                i.stream_chunk = self.stream_chunk;
+            }
+            i
+        })
     }
 
     /// The hybrid mode's counters (None: every weight in VRAM).
@@ -337,7 +356,7 @@ impl GpuModel {
         if !check_forward_args(slot, start, tokens, want, out.len(), vocab, self.cfg.n_ctx)? {
             return Ok(());
         }
-        let chunk = self.chunk;
+        let chunk = self.chunk_for(n);
         let mut p0 = start;
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
             let (rows, dst) = chunk_logits(want, out, ci, chunk, toks.len(), n, vocab);
@@ -352,6 +371,15 @@ impl GpuModel {
             self.lens[slot] = p0;
         }
         Ok(())
+    }
+
+    /// Tokens per chunk for a call of `n` tokens: `stream_chunk` when the hybrid mode streams
+    /// chunks of that length, else `chunk`.
+    fn chunk_for(&self, n: usize) -> usize {
+        match self.hybrid.as_ref().and_then(|h| h.stream_min()) {
+            Some(min) if n >= min && self.stream_chunk >= min => self.stream_chunk,
+            _ => self.chunk,
+        }
     }
 
     /// One chunk of T tokens at positions p0..; the last `rows` rows' logits go to `dst`.

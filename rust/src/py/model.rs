@@ -152,14 +152,18 @@ impl PyModel {
     /// same share of every layer); every `adapt_every` steps up to `adapt_swaps` experts swap
     /// in (0: never), chosen on a helper thread with `tier_async`. Chunks of at least
     /// `stream_min_tokens` tokens (0: none) copy each layer's missing experts over PCIe and
-    /// run every pair on the GPU; shorter ones (decode) compute the misses on the CPU.
+    /// run every pair on the GPU; shorter ones (decode) compute the misses on the CPU. A call
+    /// whose chunks stream is cut into chunks of `stream_chunk` tokens (0: `prefill_chunk`;
+    /// the buffers are sized for the longer of the two), and `stream_threads` threads (0: one
+    /// per core, at most 8) copy the experts into page-locked bounce buffers.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
                         threads=0, host_participates=true, pool_pipeline=false, device="cpu",
                         cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
                         vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
-                        profile=None, stream_min_tokens=64))]
+                        profile=None, stream_min_tokens=64, stream_chunk=4096,
+                        stream_threads=0))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -180,6 +184,8 @@ impl PyModel {
         tier_async: bool,
         profile: Option<PyRef<'_, Profile>>,
         stream_min_tokens: usize,
+        stream_chunk: usize,
+        stream_threads: usize,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
@@ -203,6 +209,8 @@ impl PyModel {
                     tier_async,
                     profile: profile.map(|p| p.inner.clone()),
                     stream_min_tokens,
+                    stream_chunk,
+                    stream_threads,
                     compute: Box::new(move || {
                         make_compute(threads, host_participates, pool_pipeline)
                     }),
@@ -445,7 +453,9 @@ impl PyModel {
     /// The hybrid mode's plan: `budget_bytes`, `fixed_bytes`, `slot_bytes`, `n_slots`,
     /// `n_experts`, `expert_bytes_total`, `resident_share`, `resident` (experts in slots now),
     /// `tier_async`, `adapt_every`, `adapt_swaps`, `stream_min_tokens` (0: chunks do not
-    /// stream, or cannot); None unless the model runs in that mode.
+    /// stream, or cannot), `stream_chunk` (tokens per streamed chunk; 0: none stream),
+    /// `stream_areas` (staging areas: 2 = double-buffered, 0: none), `stream_threads`
+    /// (bounce copy threads); None unless the model runs in that mode.
     fn hybrid_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(i) = self.with(py, |m| match m {
             Backend::Cpu(_) => None,
@@ -467,6 +477,9 @@ impl PyModel {
         d.set_item("adapt_every", i.adapt_every)?;
         d.set_item("adapt_swaps", i.adapt_swaps)?;
         d.set_item("stream_min_tokens", i.stream_min_tokens)?;
+        d.set_item("stream_areas", i.stream_areas)?;
+        d.set_item("stream_threads", i.stream_threads)?;
+        d.set_item("stream_chunk", i.stream_chunk)?;
         Ok(Some(d))
     }
 

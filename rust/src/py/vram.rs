@@ -60,6 +60,13 @@ impl HybridCounters {
         (s.total_hits(), s.total_miss_cpu(), s.total_miss_pcie())
     }
 
+    /// Host time of the layers whose misses ran on the CPU: `layers` (how many) and the ns
+    /// summed over them per phase (`between`, `queue`, `wait`, `cpu`, `tail`; rust
+    /// `tier::vram::stats::PHASES` says what each covers).
+    fn layer_times(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.inner.times().into_iter().collect()
+    }
+
     /// Per-layer lists `hits`, `miss_cpu`, `miss_pcie`, and `swaps`, `fill_bytes`,
     /// `pcie_bytes`, `handoff_bytes`.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

@@ -207,3 +207,26 @@ pub fn budget_mib_for_share(inp: &BudgetInputs, share: f64) -> u64 {
     let slots = (n as f64 * share.clamp(0.0, 1.0)).round() as u64;
     (inp.dense_bytes + inp.kv_bytes + inp.buffer_bytes + slots * slot).div_ceil(MIB)
 }
+
+/// The plan with `extra` more bytes of fixed buffers (a second prefill staging area) taken
+/// from the slots, if that leaves at least `keep` slots (`keep` = the slots asked for, or the
+/// planned ones); None: no room (the caller goes on without the extra buffer). `want` caps
+/// the slots as `max_slots` does.
+pub fn with_extra(
+    plan: &VramPlan,
+    extra: u64,
+    want: Option<usize>,
+    keep: usize,
+) -> Option<VramPlan> {
+    let fixed = plan.fixed_bytes + extra;
+    let free = plan.budget_bytes.checked_sub(fixed)?;
+    let fit = free
+        .checked_div(plan.slot_bytes)
+        .map_or(0, |n| (n as usize).min(plan.n_experts));
+    let n_slots = want.map_or(fit, |w| w.min(fit));
+    (n_slots >= keep).then(|| VramPlan {
+        fixed_bytes: fixed,
+        n_slots,
+        ..plan.clone()
+    })
+}

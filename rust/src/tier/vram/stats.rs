@@ -20,7 +20,18 @@ pub struct HybridCounters {
     pcie_bytes: AtomicU64,
     /// Device→host and host→device bytes of activations for CPU misses (x, ids, y_miss).
     handoff_bytes: AtomicU64,
+    /// Host time of the layers whose misses ran on the CPU (decode), by phase.
+    times: [AtomicU64; PHASES.len()],
 }
+
+/// Phases of a layer whose misses run on the CPU, as the step thread sees them (ns summed
+/// over such layers; `layers` counts them): `between` from the previous layer's return to
+/// this layer's expert part (queueing the attention and router kernels), `queue` (the
+/// copies of ids/weights/input and the GPU's expert kernels queued), `wait` (the host waits
+/// for the routed ids: the GPU's attention and router not yet done, plus the wake-up),
+/// `cpu` (split, counting and the pool's miss computation), `tail` (y_miss up and the add
+/// queued).
+pub const PHASES: [&str; 6] = ["layers", "between", "queue", "wait", "cpu", "tail"];
 
 /// A snapshot. Hits and misses count routed (token, slot) pairs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,7 +99,25 @@ impl HybridCounters {
             fill_bytes: AtomicU64::new(0),
             pcie_bytes: AtomicU64::new(0),
             handoff_bytes: AtomicU64::new(0),
+            times: Default::default(),
         }
+    }
+
+    /// One CPU-path layer's phases in ns (`PHASES[1..]`; `between` 0 for a step's first).
+    pub fn record_times(&self, ns: [u64; 5]) {
+        self.times[0].fetch_add(1, Relaxed);
+        for (a, v) in self.times[1..].iter().zip(ns) {
+            a.fetch_add(v, Relaxed);
+        }
+    }
+
+    /// `PHASES` with their sums (layers, then ns).
+    pub fn times(&self) -> Vec<(&'static str, u64)> {
+        PHASES
+            .iter()
+            .zip(&self.times)
+            .map(|(&n, a)| (n, a.load(Relaxed)))
+            .collect()
     }
 
     pub fn n_layer(&self) -> usize {

@@ -49,6 +49,28 @@ fn budget_is_free_minus_reserve_and_slots_take_the_rest() {
 }
 
 #[test]
+fn a_second_staging_area_only_where_the_slots_keep_their_count() {
+    let mut inp = inputs(1000, None);
+    inp.dense_bytes = (140 << 20) - 10 * 3584 + 100; // room for 9 whole slots
+    inp.kv_bytes = 0;
+    inp.buffer_bytes = 160 << 20;
+    let p = plan(&inp).unwrap();
+    assert_eq!(p.n_slots, 9);
+    // 100 bytes spare: 3 slots' worth more costs 3 slots (the extra does not fit the spare)
+    let q = budget::with_extra(&p, 3 * 3584, None, 6).unwrap();
+    assert_eq!((q.n_slots, q.fixed_bytes), (6, p.fixed_bytes + 3 * 3584));
+    assert!(q.fixed_bytes + q.slots_bytes() <= q.budget_bytes);
+    assert!(budget::with_extra(&p, 3 * 3584, None, 7).is_none());
+    // the slots asked for (vram_slots = 5) still fit: the count is kept
+    let q = budget::with_extra(&p, 3 * 3584, Some(5), 5).unwrap();
+    assert_eq!(q.n_slots, 5);
+    // an extra larger than the whole budget
+    assert!(budget::with_extra(&p, 1 << 40, None, 0).is_none());
+    // zero extra is the plan itself
+    assert_eq!(budget::with_extra(&p, 0, None, 9).unwrap(), p);
+}
+
+#[test]
 fn budget_setting_and_errors() {
     let p = plan(&inputs(1000, Some(200))).unwrap();
     assert_eq!(p.budget_bytes, 200 << 20);

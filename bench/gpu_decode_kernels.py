@@ -53,7 +53,7 @@ def main() -> None:
             row(f"  the same, {kind}", us)
         if ty != "F32":
             us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, staged=True)
-            row("  the same, warp per row, x staged in shared memory", us)
+            row("  the same, warp per row, x and rows staged (_st)", us)
     for kv in ["f16", "q8_0"]:
         for p in (int(c) for c in a.ctx.split(",")):
             if p >= a.n_ctx:

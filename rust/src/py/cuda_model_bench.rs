@@ -181,8 +181,8 @@ fn gpu_bench_router(
 /// the values) with n_tok tokens inside a graph, the activation quantization of x included.
 /// `row_per_block`: None lets the
 /// launcher choose the one-token kernel, True / False force the row-per-block (`_r1`) / the
-/// warp-per-row one. `staged`: True / False force the warp-per-row kernel with x staged in
-/// shared memory (`_st`) / without (row_per_block False then).
+/// plain warp-per-row one. `staged`: True / False force the warp-per-row kernel with x and the
+/// rows staged in shared memory (`_st`) / without.
 #[pyfunction]
 #[pyo3(signature = (type_name, rows, k, n_tok, reps, row_per_block = None, staged = None))]
 #[allow(clippy::too_many_arguments)]
@@ -203,6 +203,7 @@ fn gpu_bench_matmul_graph(
         let mut q = QuantOps::new(&gpu)?;
         if let Some(r1) = row_per_block {
             q.set_row_per_block_below(if r1 { usize::MAX } else { 0 });
+            q.set_stage_from(usize::MAX);
         }
         if let Some(st) = staged {
             q.set_row_per_block_below(0);

@@ -45,6 +45,15 @@ def main() -> None:
         flop = 2 * 768 * 2048 * 8 * n
         row(f"moe gate_up Q4_K n_tok={n}", gu, bgu, 2 * flop)
         row(f"moe down Q6_K n_tok={n}", dn, bdn, flop)
+    # decode kernel variants, graph-timed, each call on other experts (weights from HBM)
+    for variant in ["current", "act", "v0"]:
+        for n in [1, 4]:
+            gu, dn, bgu, bdn = _core.gpu_bench_moe(
+                "Q4_K", "Q6_K", 128, 768, 2048, 8, n, a.reps, variant=variant, graph=True
+            )
+            flop = 2 * 768 * 2048 * 8 * n
+            row(f"moe gate_up Q4_K n_tok={n} graph {variant}", gu, bgu, 2 * flop)
+            row(f"moe down Q6_K n_tok={n} graph {variant}", dn, bdn, flop)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,37 @@ STRATA_HD STRATA_FI void ld_32b_a4(const uint8_t* p, uint32_t (&w)[8]) {
     for (int i = 0; i < 8; ++i) w[i] = ld_u32_a4(p + 4 * i);
 }
 
+// 32 bytes at a 2-byte aligned address as 8 little-endian words: on the device nine aligned word
+// loads from p rounded down to 4 and a funnel shift (half the load instructions of 16-bit loads;
+// the words read lie in the 4-byte words that hold p .. p + 31, so in the same allocation). The
+// CPU emulation (STRATA_SIM) runs this device form too; plain host code reads bytes.
+STRATA_HD STRATA_FI void ld_32b_a2(const uint8_t* p, uint32_t (&w)[8]) {
+#if defined(__CUDA_ARCH__) || defined(STRATA_SIM)
+    const uint32_t* a = (const uint32_t*)((uintptr_t)p & ~(uintptr_t)3);
+    const uint32_t sh = ((uint32_t)(uintptr_t)p & 2u) * 8u;
+    uint32_t v[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) v[i] = a[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+#else
+    for (int i = 0; i < 8; ++i) w[i] = ld_u32_a2(p + 4 * i);
+#endif
+}
+
+// 16 bytes at a 4-byte aligned address as 4 words (one 16-byte load on the device when aligned).
+STRATA_HD STRATA_FI void ld_16b_a4(const uint8_t* p, uint32_t (&w)[4]) {
+#if defined(__CUDA_ARCH__) || defined(STRATA_SIM)
+    if (((uintptr_t)p & 15u) == 0) {
+        const uint4 a = *(const uint4*)p;
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = ld_u32_a4(p + 4 * i);
+}
+
 STRATA_HD STRATA_FI float ld_f16(const uint8_t* p) { return f16_to_f32((uint16_t)ld_u16(p)); }
 
 // ---- byte-wise (SWAR) helpers on 4 packed int8 ----

@@ -135,15 +135,14 @@ struct TQ3_K {
     }
 };
 
-// get_scale_min_k4: the 6-bit (scale, min) of sub-block k from scales[12] at s.
-STRATA_HD STRATA_FI void scale_min_k4(const uint8_t* s, int k, uint32_t& sc, uint32_t& m) {
-    if (k < 4) {
-        sc = s[k] & 63u;
-        m = s[k + 4] & 63u;
-    } else {
-        sc = (s[k + 4] & 15u) | (uint32_t)(s[k - 4] >> 6) << 4;
-        m = (uint32_t)(s[k + 4] >> 4) | (uint32_t)(s[k] >> 6) << 4;
-    }
+// get_scale_min_k4, the 6-bit (scale, min) of sub-block k, from the 16-byte header of a Q4_K /
+// Q5_K block as 4 words (h[0]: d, dmin; h[1..3]: scales[12]), without branches.
+STRATA_HD STRATA_FI void scale_min_k4_w(const uint32_t (&h)[4], int k, uint32_t& sc, uint32_t& m) {
+    const int s = 8 * (k & 3);
+    const uint32_t a = (h[1] >> s) & 255u, b = (h[2] >> s) & 255u, c = (h[3] >> s) & 255u;
+    const bool lo = k < 4;
+    sc = lo ? (a & 63u) : ((c & 15u) | (a >> 6) << 4);
+    m = lo ? (b & 63u) : ((c >> 4) | (b >> 6) << 4);
 }
 
 // d | dmin | scales[12] | qs[128]. Item k takes nibble k%2 of qs[32(k/2) + l];
@@ -151,10 +150,11 @@ STRATA_HD STRATA_FI void scale_min_k4(const uint8_t* s, int k, uint32_t& sc, uin
 struct TQ4_K {
     static constexpr int QK = 256, BYTES = 144, ITEMS = 8, IS_FLOAT = 0, HAS_MIN = 1, ALIGN = 4;
     STRATA_HD static STRATA_FI void item(const uint8_t* b, int k, QItem& it) {
-        uint32_t sc, m;
-        scale_min_k4(b + 4, k, sc, m);
-        it.d[0] = it.d[1] = ld_f16(b) * (float)sc;
-        it.m[0] = it.m[1] = ld_f16(b + 2) * (float)m;
+        uint32_t h[4], sc, m;
+        ld_16b_a4(b, h);  // one load for d, dmin and the scales
+        scale_min_k4_w(h, k, sc, m);
+        it.d[0] = it.d[1] = f16_to_f32((uint16_t)(h[0] & 0xffffu)) * (float)sc;
+        it.m[0] = it.m[1] = f16_to_f32((uint16_t)(h[0] >> 16)) * (float)m;
         uint32_t q[8];
         ld_32b_a4(b + 16 + 32 * (k >> 1), q);
         const int shift = 4 * (k & 1);
@@ -167,10 +167,11 @@ struct TQ4_K {
 struct TQ5_K {
     static constexpr int QK = 256, BYTES = 176, ITEMS = 8, IS_FLOAT = 0, HAS_MIN = 1, ALIGN = 4;
     STRATA_HD static STRATA_FI void item(const uint8_t* b, int k, QItem& it) {
-        uint32_t sc, m;
-        scale_min_k4(b + 4, k, sc, m);
-        it.d[0] = it.d[1] = ld_f16(b) * (float)sc;
-        it.m[0] = it.m[1] = ld_f16(b + 2) * (float)m;
+        uint32_t hd[4], sc, m;
+        ld_16b_a4(b, hd);
+        scale_min_k4_w(hd, k, sc, m);
+        it.d[0] = it.d[1] = f16_to_f32((uint16_t)(hd[0] & 0xffffu)) * (float)sc;
+        it.m[0] = it.m[1] = f16_to_f32((uint16_t)(hd[0] >> 16)) * (float)m;
         uint32_t q[8], qh[8];
         ld_32b_a4(b + 48 + 32 * (k >> 1), q);
         ld_32b_a4(b + 16, qh);
@@ -194,12 +195,14 @@ struct TQ6_K {
         const uint32_t sc = ld_u16(b + 192 + 8 * h + 2 * k);
         it.d[0] = d * (float)(int8_t)(sc & 255);
         it.d[1] = d * (float)(int8_t)(sc >> 8);
-        const uint8_t* ql = b + 64 * h + 32 * (k & 1);
         const int shift = 4 * (k >> 1);
+        uint32_t ql[8], qh[8];
+        ld_32b_a2(b + 64 * h + 32 * (k & 1), ql);
+        ld_32b_a2(b + 128 + 32 * h, qh);
 #pragma unroll
         for (int w = 0; w < 8; ++w) {
-            const uint32_t lo = (ld_u32_a2(ql + 4 * w) >> shift) & 0x0f0f0f0fu;
-            const uint32_t hi = (ld_u32_a2(b + 128 + 32 * h + 4 * w) >> (2 * k)) & 0x03030303u;
+            const uint32_t lo = (ql[w] >> shift) & 0x0f0f0f0fu;
+            const uint32_t hi = (qh[w] >> (2 * k)) & 0x03030303u;
             it.v[w] = vsub_b(lo | hi << 4, 0x20202020u);
         }
     }

@@ -83,6 +83,28 @@ __device__ __forceinline__ long act_stride(int items) {
     return T::IS_FLOAT ? 32l * items : (long)items;
 }
 
+// A copy global → shared of the elements first, first + step, ... (< n, at most N of them) of
+// one thread, in two phases: load() keeps them in registers, store() writes them, so that the
+// loads of several copies are in flight together before any store waits on them.
+template <class W, int N>
+struct StageCopy {
+    W v[N];
+    __device__ __forceinline__ void load(const W* __restrict__ src, int n, int first, int step) {
+#pragma unroll
+        for (int b = 0; b < N; ++b) {
+            const int i = first + b * step;
+            if (i < n) v[b] = src[i];
+        }
+    }
+    __device__ __forceinline__ void store(W* dst, int n, int first, int step) const {
+#pragma unroll
+        for (int b = 0; b < N; ++b) {
+            const int i = first + b * step;
+            if (i < n) dst[i] = v[b];
+        }
+    }
+};
+
 // Expert e's matrix from a pointer table, or null when e < 0, the pointer is 0 or misaligned.
 template <class T>
 __device__ __forceinline__ const uint8_t* expert_ptr(const unsigned long long* ptrs, int e) {

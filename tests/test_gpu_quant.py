@@ -114,14 +114,20 @@ def matmul_bound(
 @pytest.mark.parametrize("n_tok", [1, 3, 8, 37, 512])
 @pytest.mark.parametrize("t", TYPES)
 def test_matmul(t: str, n_tok: int) -> None:
-    # one token over 67 rows: the row-per-block kernel (`_r1`, fewer than 2·SMs·4 rows)
+    # one token over 67 rows: the row-per-block kernel (`_r1`, fewer than 4·SMs·4 rows)
     check_matmul(t, 67, n_tok)
 
 
 @pytest.mark.parametrize("t", ["Q4_K", "Q6_K", "Q8_0", "F32"])
 def test_matmul_warp_per_row(t: str) -> None:
-    # 1100 rows (> 2·132·4 on an H200), one token: the warp-per-row kernel
-    check_matmul(t, 1100, 1)
+    # more than 4·SMs·4 rows (2112 on an H200), one token: the warp-per-row kernel
+    check_matmul(t, 4 * int(_core.gpu_info()["sm_count"]) * 4 + 3, 1)
+
+
+@pytest.mark.parametrize("t", ["Q4_K", "Q6_K", "Q8_0"])
+def test_matmul_staged(t: str) -> None:
+    # at least 16·SMs·4 rows, one token: warp per row on x staged in shared memory (`_st`)
+    check_matmul(t, 16 * int(_core.gpu_info()["sm_count"]) * 4 + 5, 1)
 
 
 def check_matmul(t: str, rows: int, n_tok: int) -> None:

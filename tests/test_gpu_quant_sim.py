@@ -2,8 +2,9 @@
 blocks, barriers and warp shuffles), against gguf-py's dequantization: y = W·x̂ with x̂ the
 int8 activation the CPU path makes for the weight type (block_q8a from gpu_quant_ref.act_parts,
 i.e. `_core.quantize_act`: q8_0 or q8_K; f32 x for float weights). Every variant the
-launcher picks from is checked: warp per row (`strata_mmvq_<ty>`), up to 8 tokens (`_n8`)
-and one row per block with the items over 4 warps (`_r1`, matrices of few rows).
+launcher picks from is checked: warp per row (`strata_mmvq_<ty>`), up to 8 tokens (`_n8`),
+one row per block with the items over 4 warps (`_r1`, matrices of few rows) and warp per row
+on activations staged in shared memory (`_st`, the largest matrices: equal to warp per row).
 
 Bound: |y − W·x̂| ≤ 2⁻⁹·Σ|W|·|x̂| + 1e-6 (f32 scales and summation), and the row-per-block
 kernel agrees with the warp-per-row one to f32 summation order (2⁻¹⁸·Σ|W|·|x̂|).
@@ -22,7 +23,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from gpu_quant_ref import act_kind, act_parts
 
-SOURCES = ["tests/sim.h", "tests/quant_sim.cpp", "mmvq.cu", "vecdot.cuh", "qdecode.cuh"]
+SOURCES = ["tests/sim.h", "tests/quant_sim.cpp", "mmvq.cu", "moe.cu", "vecdot.cuh", "qdecode.cuh"]
 SOURCES += ["common.cuh", "quant_tables.cuh"]
 
 U8P = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
@@ -72,6 +73,7 @@ def q8a_blocks(ty: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 CASES = [("F32", 128, 2048), ("Q8_0", 64, 1024), ("Q4_K", 48, 2048), ("Q6_K", 40, 1024)]
+CASES += [("Q6_K", 36, 2048)]  # rows of 1680 bytes: `_st` stages them
 
 
 @pytest.mark.parametrize("ty, rows, k", CASES)
@@ -91,10 +93,11 @@ def test_mmvq_variants(sim: ctypes.CDLL, ty: str, rows: int, k: int) -> None:
     ptr = xa.ctypes.data_as(ctypes.c_void_p)
     name = ty.lower().encode()
     got = {}
-    for variant, nt in [(0, 1), (2, 1), (1, n_tok)]:
+    for variant, nt in [(0, 1), (2, 1), (1, n_tok), (3, 1)]:
         y = np.full((nt, rows), np.nan, np.float32)
         assert sim.sim_mmvq(name, variant, wb, rows, k // 32, ptr, y, nt) == 0
         err = np.abs(y - want[:nt]) - (2.0**-9 * mag[:nt] + 1e-6)
         assert err.max() <= 0, (variant, float(err.max()))
         got[variant] = y
     assert np.all(np.abs(got[2] - got[0]) <= 2.0**-18 * mag[:1] + 1e-7)
+    assert np.array_equal(got[3], got[0])  # staging moves the activations, not the sums

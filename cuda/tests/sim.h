@@ -111,6 +111,10 @@ inline T __ldcg(const T* p) {
   return *p;
 }
 
+inline uint32_t __funnelshift_r(uint32_t lo, uint32_t hi, uint32_t shift) {
+  return (uint32_t)((((uint64_t)hi << 32) | lo) >> (shift & 31));
+}
+
 inline int __dp4a(int a, int b, int c) {
   for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
   return c;

@@ -445,6 +445,8 @@ def gpu_bench_moe(
     top_k: int,
     n_tok: int,
     reps: int,
+    variant: str = "current",
+    graph: bool = False,
 ) -> tuple[float, float, int, int]: ...
 def gpu_bench_norm(n: int, rows: int, fused: bool, reps: int) -> float: ...
 def gpu_bench_attention(
@@ -458,4 +460,5 @@ def gpu_bench_matmul_graph(
     n_tok: int,
     reps: int,
     row_per_block: bool | None = None,
+    staged: bool | None = None,
 ) -> float: ...

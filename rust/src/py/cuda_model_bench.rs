@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 const REPLAYS: usize = 5;
 
 /// µs per call of `f`: `reps` calls captured into one graph, replayed REPLAYS times.
-fn time_graph_us(
+pub(super) fn time_graph_us(
     gpu: &Gpu,
     s: &Stream,
     reps: usize,
@@ -181,9 +181,10 @@ fn gpu_bench_router(
 /// the values) with n_tok tokens inside a graph, the activation quantization of x included.
 /// `row_per_block`: None lets the
 /// launcher choose the one-token kernel, True / False force the row-per-block (`_r1`) / the
-/// warp-per-row one.
+/// plain warp-per-row one. `staged`: True / False force the warp-per-row kernel with x and the
+/// rows staged in shared memory (`_st`) / without.
 #[pyfunction]
-#[pyo3(signature = (type_name, rows, k, n_tok, reps, row_per_block = None))]
+#[pyo3(signature = (type_name, rows, k, n_tok, reps, row_per_block = None, staged = None))]
 #[allow(clippy::too_many_arguments)]
 fn gpu_bench_matmul_graph(
     py: Python<'_>,
@@ -193,6 +194,7 @@ fn gpu_bench_matmul_graph(
     n_tok: usize,
     reps: usize,
     row_per_block: Option<bool>,
+    staged: Option<bool>,
 ) -> PyResult<f64> {
     let ty = GgmlType::from_name(type_name)
         .ok_or_else(|| Error::Quant(format!("unknown ggml type {type_name:?}")))?;
@@ -201,6 +203,11 @@ fn gpu_bench_matmul_graph(
         let mut q = QuantOps::new(&gpu)?;
         if let Some(r1) = row_per_block {
             q.set_row_per_block_below(if r1 { usize::MAX } else { 0 });
+            q.set_stage_from(usize::MAX);
+        }
+        if let Some(st) = staged {
+            q.set_row_per_block_below(0);
+            q.set_stage_from(if st { 0 } else { usize::MAX });
         }
         let s = gpu.stream()?;
         let wb = ty

@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod elementwise;
+pub mod moe_decode;
 pub mod norm;
 pub mod quant;
 pub mod quant_mmq;

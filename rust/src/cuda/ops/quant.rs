@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use super::moe_decode::{self, MoeAlt, MoeVariant};
 use super::quant_mmq::{self, moe_prefill_scratch_bytes};
 use crate::cuda::{Arg, Gpu, Kernel, Stream};
 use crate::error::{Error, Result};
@@ -131,10 +132,12 @@ pub(super) struct TypeKernels {
     pub(super) mmvq1: Kernel,
     pub(super) mmvq8: Kernel,
     pub(super) mmvq_r1: Kernel,
-    gate_up: Kernel,
-    gate: Kernel,
-    up_glu: Kernel,
-    down: Kernel,
+    pub(super) mmvq_st: Kernel,
+    pub(super) gate_up: Kernel,
+    pub(super) gate: Kernel,
+    pub(super) up_glu: Kernel,
+    pub(super) down: Kernel,
+    pub(super) moe_alt: MoeAlt,
     getrows: Kernel,
     pub(super) mmq: Kernel,
     pub(super) mmq_gate: Kernel,
@@ -151,8 +154,12 @@ pub struct QuantOps {
     pub(super) reduce: Kernel,
     types: Vec<TypeKernels>,
     /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
-    /// the warp-per-row one would launch fewer than two blocks per SM.
+    /// the warp-per-row one would launch fewer than four blocks per SM.
     pub(super) r1_below: usize,
+    /// One-token products of at least this many rows stage x in shared memory (`_st`).
+    pub(super) st_from: usize,
+    /// The routed-expert decode kernels in use (`set_moe_variant`).
+    pub(super) moe_variant: MoeVariant,
 }
 
 impl QuantOps {
@@ -165,10 +172,12 @@ impl QuantOps {
                 mmvq1: k("mmvq")?,
                 mmvq8: gpu.kernel(&format!("strata_mmvq_{s}_n8"))?,
                 mmvq_r1: gpu.kernel(&format!("strata_mmvq_{s}_r1"))?,
+                mmvq_st: gpu.kernel(&format!("strata_mmvq_{s}_st"))?,
                 gate_up: k("moe_gate_up")?,
                 gate: k("moe_gate")?,
                 up_glu: k("moe_up_glu")?,
                 down: k("moe_down")?,
+                moe_alt: MoeAlt::load(gpu, s),
                 getrows: k("getrows")?,
                 mmq: k("mmq")?,
                 mmq_gate: k("moe_mmq_gate")?,
@@ -183,7 +192,9 @@ impl QuantOps {
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
             types,
-            r1_below: 2 * gpu.sm_count() as usize * MMVQ_ROWS,
+            r1_below: 4 * gpu.sm_count() as usize * MMVQ_ROWS,
+            st_from: 16 * gpu.sm_count() as usize * MMVQ_ROWS,
+            moe_variant: MoeVariant::default(),
         })
     }
 
@@ -239,7 +250,7 @@ pub(super) fn to_u32(v: usize, what: &str) -> Result<u32> {
     u32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
 }
 
-fn to_i32(v: usize, what: &str) -> Result<i32> {
+pub(super) fn to_i32(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Shape(format!("{what} {v} is too large")))
 }
 
@@ -503,56 +514,20 @@ pub fn moe_gate_up(
     }
     let xg = if ig.float { x } else { scratch };
     let xu = if iu.float { x } else { scratch };
-    let pairs = n_tok * top_k;
-    let gx = to_u32(ff.div_ceil(MMVQ_ROWS), "ff")?;
-    let (ff32, items, k32) = (ff as i32, (h / 32) as i32, top_k as i32);
-    let mut done = 0;
-    while done < pairs {
-        let chunk = (pairs - done).min(GRID_YZ_MAX);
-        let grid = (gx, chunk as u32, 1);
-        let block = (MMVQ_THREADS, 1, 1);
-        let tj0 = Arg::I32(to_i32(done, "pairs")?);
-        if ty_gate == ty_up {
-            kg.gate_up.launch(
-                s,
-                grid,
-                block,
-                0,
-                &[
-                    Arg::Ptr(gate_ptrs),
-                    Arg::Ptr(up_ptrs),
-                    Arg::I32(ff32),
-                    Arg::I32(items),
-                    Arg::Ptr(ids),
-                    Arg::I32(k32),
-                    Arg::Ptr(xg),
-                    Arg::Ptr(act),
-                    tj0,
-                ],
-            )?;
-        } else {
-            for (kern, ptrs, xa) in [(&kg.gate, gate_ptrs, xg), (&ku.up_glu, up_ptrs, xu)] {
-                kern.launch(
-                    s,
-                    grid,
-                    block,
-                    0,
-                    &[
-                        Arg::Ptr(ptrs),
-                        Arg::I32(ff32),
-                        Arg::I32(items),
-                        Arg::Ptr(ids),
-                        Arg::I32(k32),
-                        Arg::Ptr(xa),
-                        Arg::Ptr(act),
-                        tj0,
-                    ],
-                )?;
-            }
-        }
-        done += chunk;
-    }
-    Ok(())
+    moe_decode::gate_up(
+        q,
+        s,
+        (kg, ku),
+        ty_gate == ty_up,
+        (gate_ptrs, up_ptrs),
+        ff,
+        h,
+        ids,
+        top_k,
+        (xg, xu),
+        n_tok,
+        act,
+    )
 }
 
 /// Routed experts, down, accumulated into the residual stream:
@@ -605,30 +580,9 @@ pub fn moe_down(
         q.quantize_act(s, ty, act, n_tok * top_k, ff, scratch)?;
         scratch
     };
-    let gx = to_u32(h.div_ceil(MMVQ_ROWS), "h")?;
-    let mut done = 0;
-    while done < n_tok {
-        let chunk = (n_tok - done).min(GRID_YZ_MAX);
-        kern.down.launch(
-            s,
-            (gx, chunk as u32, 1),
-            (MMVQ_THREADS, 1, 1),
-            0,
-            &[
-                Arg::Ptr(down_ptrs),
-                Arg::I32(h as i32),
-                Arg::I32((ff / 32) as i32),
-                Arg::Ptr(ids),
-                Arg::Ptr(weights),
-                Arg::I32(top_k as i32),
-                Arg::Ptr(a),
-                Arg::Ptr(y),
-                Arg::I32(to_i32(done, "n_tok")?),
-            ],
-        )?;
-        done += chunk;
-    }
-    Ok(())
+    moe_decode::down(
+        q, s, kern, down_ptrs, h, ff, ids, weights, top_k, a, n_tok, y,
+    )
 }
 
 #[cfg(test)]

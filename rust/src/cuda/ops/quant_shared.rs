@@ -68,10 +68,16 @@ fn launch_order(types: impl IntoIterator<Item = GgmlType>) -> Vec<(usize, Option
 }
 
 impl QuantOps {
-    /// One-token products of fewer rows than `rows` run one row per block (default 2·SMs·4;
+    /// One-token products of fewer rows than `rows` run one row per block (default 4·SMs·4;
     /// 0 never, usize::MAX always): for timing both kernels on a shape.
     pub fn set_row_per_block_below(&mut self, rows: usize) {
         self.r1_below = rows;
+    }
+
+    /// One-token products of at least `rows` rows stage x in shared memory (`_st`; default
+    /// 16·SMs·4, the output head; 0 always, usize::MAX never): for timing both kernels.
+    pub fn set_stage_from(&mut self, rows: usize) {
+        self.st_from = rows;
     }
 
     /// y = W·x for n_tok ≤ 8 on x in the kernels' form (f32 for float weights, else int8 blocks from
@@ -101,6 +107,8 @@ impl QuantOps {
         if n_tok == 1 && rows < self.r1_below {
             let g = (to_u32(rows, "rows")?, 1, 1);
             kern.mmvq_r1.launch(s, g, block, 0, &args)
+        } else if n_tok == 1 && rows >= self.st_from {
+            kern.mmvq_st.launch(s, (gx, 1, 1), block, 0, &args)
         } else if n_tok == 1 {
             kern.mmvq1.launch(s, (gx, 1, 1), block, 0, &args)
         } else {

@@ -129,6 +129,7 @@ class Model:
         tier_async: bool = False,
         profile: Profile | None = None,
         stream_min_tokens: int = 64,
+        cpu_repack: bool = True,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

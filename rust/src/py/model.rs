@@ -133,6 +133,7 @@ struct Snapshot {
     expert_bytes: usize,
     non_expert_bytes: usize,
     kv_bytes: usize,
+    repack_bytes: usize,
     device: &'static str,
 }
 
@@ -159,7 +160,7 @@ impl PyModel {
                         threads=0, host_participates=true, pool_pipeline=false, device="cpu",
                         cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
                         vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
-                        profile=None, stream_min_tokens=64))]
+                        profile=None, stream_min_tokens=64, cpu_repack=true))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -180,12 +181,14 @@ impl PyModel {
         tier_async: bool,
         profile: Option<PyRef<'_, Profile>>,
         stream_min_tokens: usize,
+        cpu_repack: bool,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
             n_slots,
             kv_type: KvType::parse(kv_type)?,
             max_chunk: prefill_chunk,
+            cpu_repack,
         };
         match device {
             "cpu" => {}
@@ -245,6 +248,7 @@ impl PyModel {
                 expert_bytes: m.weights.expert_bytes(),
                 non_expert_bytes: m.weights.non_expert_bytes(),
                 kv_bytes: m.kv.bytes(),
+                repack_bytes: m.repack_bytes(),
                 device: "cpu",
             },
             Backend::Gpu { m, .. } => Snapshot {
@@ -256,6 +260,7 @@ impl PyModel {
                 expert_bytes: m.expert_bytes,
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
+                repack_bytes: 0,
                 device: "cuda",
             },
         });
@@ -283,6 +288,7 @@ impl PyModel {
         d.set_item("expert_bytes", s.expert_bytes)?;
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
+        d.set_item("repack_bytes", s.repack_bytes)?;
         d.set_item("device", s.device)?;
         Ok(d)
     }

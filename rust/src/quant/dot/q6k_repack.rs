@@ -99,7 +99,7 @@ pub fn repack_block(src: &[u8], dst: &mut [u8]) {
 /// Repack a Q6_K matrix of whole blocks (any number of rows, back to back); an error when
 /// `src` is not whole Q6_K blocks.
 pub fn repack(src: &[u8]) -> Result<Vec<u8>> {
-    if src.len() % BLOCK_BYTES != 0 {
+    if !src.len().is_multiple_of(BLOCK_BYTES) {
         return Err(Error::Quant(format!(
             "{} bytes are not whole Q6_K blocks",
             src.len()
@@ -118,7 +118,7 @@ pub fn repack(src: &[u8]) -> Result<Vec<u8>> {
 /// Permute a Q8_K activation row (whole 292-byte blocks) for the repacked dot: quant
 /// `32v + p` of each block becomes the activation of `elem(v, p)`; d and bsums are copied.
 pub fn permute_act(act: &[u8], out: &mut [u8]) -> Result<()> {
-    if act.len() % ACT_BLOCK != 0 || out.len() != act.len() {
+    if !act.len().is_multiple_of(ACT_BLOCK) || out.len() != act.len() {
         return Err(Error::Quant(format!(
             "activation of {} bytes (buffer {}) is not whole Q8_K blocks",
             act.len(),
@@ -141,7 +141,7 @@ pub fn permute_act(act: &[u8], out: &mut [u8]) -> Result<()> {
 /// The reference: ggml's eight lane integers of a repacked block and a permuted activation.
 pub fn lanes(wb: &[u8], ab: &[u8]) -> [i32; 8] {
     let sc = |i: usize| {
-        (if i % 2 == 0 {
+        (if i.is_multiple_of(2) {
             wb[192 + i / 2]
         } else {
             wb[200 + i / 2]
@@ -204,7 +204,9 @@ fn dot_tiled_scalar(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 pub fn dot(n: usize, w_row: &[u8], act: &[u8], order: Order, simd: bool) -> f32 {
     assert!(
-        n % 256 == 0 && w_row.len() == n / 256 * BLOCK_BYTES && act.len() == n / 256 * ACT_BLOCK,
+        n.is_multiple_of(256)
+            && w_row.len() == n / 256 * BLOCK_BYTES
+            && act.len() == n / 256 * ACT_BLOCK,
         "Q6_K-R dot: n = {n}, row {} bytes, activation {} bytes",
         w_row.len(),
         act.len()

@@ -118,12 +118,19 @@ class LlamaCpp:
 
 
 class Strata:
-    def __init__(self, path: Path, threads: int, n_ctx: int) -> None:
+    def __init__(self, path: Path, threads: int, n_ctx: int, cpu_repack: bool = True) -> None:
         from strata._core import Model
 
         # `threads` pool workers besides the caller; the caller takes work too.
         workers = -1 if threads == 1 else threads - 1
-        self.m = Model.open(path, n_ctx=n_ctx, n_slots=1, prefill_chunk=512, threads=workers)
+        self.m = Model.open(
+            path,
+            n_ctx=n_ctx,
+            n_slots=1,
+            prefill_chunk=512,
+            threads=workers,
+            cpu_repack=cpu_repack,
+        )
 
     def prefill(self, ids: list[int]) -> float:
         self.m.free(0)
@@ -141,7 +148,13 @@ class Strata:
 
 
 def run_file(
-    path: Path, threads: int, reps: int, pps: list[int], n_gen: int, gbps: float
+    path: Path,
+    threads: int,
+    reps: int,
+    pps: list[int],
+    n_gen: int,
+    gbps: float,
+    repack_ab: bool = False,
 ) -> list[list[str]]:
     rng = np.random.default_rng(0)
     bpt, ety = bytes_per_token(path)
@@ -150,6 +163,8 @@ def run_file(
         "llama.cpp": LlamaCpp(path, threads, n_ctx),
         "strata": Strata(path, threads, n_ctx),
     }
+    if repack_ab:  # the same engine without the load-time repack (`cpu_repack`)
+        engines["strata no-repack"] = Strata(path, threads, n_ctx, cpu_repack=False)
     n_vocab = engines["strata"].m.n_vocab
     prompts = {n: rng.integers(0, n_vocab, n).tolist() for n in pps}
     dprompt = rng.integers(0, n_vocab, DECODE_PROMPT).tolist()
@@ -170,20 +185,22 @@ def run_file(
     rows = []
     for name, _ in tests:
         a = statistics.median(res[(name, "llama.cpp")])
-        b = statistics.median(res[(name, "strata")])
-        bound = f"{gbps * 1e9 / bpt:.1f}" if name.startswith("tg") else ""
-        rows.append(
-            [
-                f"{path.name} ({ety})",
-                name,
-                f"{a:.1f}",
-                f"{b:.1f}",
-                f"{b / a:.2f}",
-                f"{bpt / 1e6:.0f}",
-                f"{gbps:.1f}",
-                bound,
-            ]
-        )
+        for ename in [e for e in engines if e != "llama.cpp"]:
+            b = statistics.median(res[(name, ename)])
+            bound = f"{gbps * 1e9 / bpt:.1f}" if name.startswith("tg") else ""
+            label = "" if ename == "strata" else f" [{ename}]"
+            rows.append(
+                [
+                    f"{path.name} ({ety}){label}",
+                    name,
+                    f"{a:.1f}",
+                    f"{b:.1f}",
+                    f"{b / a:.2f}",
+                    f"{bpt / 1e6:.0f}",
+                    f"{gbps:.1f}",
+                    bound,
+                ]
+            )
     return rows
 
 
@@ -198,10 +215,15 @@ def main() -> None:
     ap.add_argument("--pp", default="512,2048", help="prompt lengths")
     ap.add_argument("--gen", type=int, default=128, help="decoded tokens")
     ap.add_argument("--quick", action="store_true", help="1 rep, pp 64, 16 decoded tokens")
+    ap.add_argument(
+        "--repack-ab",
+        action="store_true",
+        help="also run Strata with cpu_repack off (a third engine, interleaved)",
+    )
     a = ap.parse_args()
     if a.quick:
         a.reps, a.pp, a.gen = 1, "64", 16
-    pps = [int(x) for x in a.pp.split(",")]
+    pps = [int(x) for x in a.pp.split(",") if x]  # --pp "": decode only
     files = [a.model] if a.model else [make_model(a.dir, a.layers, t) for t in a.types.split(",")]
 
     from strata._core import ram_read_gbps
@@ -210,7 +232,7 @@ def main() -> None:
     print(f"RAM read bandwidth, {a.threads} threads: {gbps:.1f} GB/s", file=sys.stderr)
     rows = []
     for f in files:
-        rows += run_file(f, a.threads, a.reps, pps, a.gen, gbps)
+        rows += run_file(f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab)
     gbps2 = ram_read_gbps(a.threads)
     hdr = [
         "file",

@@ -131,6 +131,7 @@ class Model:
         stream_min_tokens: int = 64,
         stream_chunk: int = 4096,
         stream_threads: int = 0,
+        cpu_repack: bool = True,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

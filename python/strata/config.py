@@ -52,6 +52,11 @@ class Config:
     pool_pipeline: bool = _f(
         False, "pipelined pool schedule (per-expert readiness, no phase barrier)"
     )
+    cpu_repack: bool = _f(
+        True,
+        "CPU: repack a Q6_K output head at load into a faster layout for decode (same logits "
+        "bitwise; costs a copy of the head in RAM, reported as hparams repack_bytes)",
+    )
     ram_mode: str = _f(
         "mmap", "RAM tier: mmap, resident, or budget", choices=("mmap", "resident", "budget")
     )

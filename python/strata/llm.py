@@ -173,6 +173,7 @@ class LLM:
             threads=c.threads,
             host_participates=c.host_participates,
             pool_pipeline=c.pool_pipeline,
+            cpu_repack=c.cpu_repack,
             device=c.device,
             **gpu,
         )

@@ -193,6 +193,7 @@ MODEL_FIELDS = (
     "threads",
     "host_participates",
     "pool_pipeline",
+    "cpu_repack",
     "ram_mode",
     "ram_budget_gib",
     "profile",

@@ -12,6 +12,7 @@ use super::attention::AttnShape;
 use super::attn_par::{attend_chunk, AttnPar};
 use super::compute::Compute;
 use super::compute::{ExpertLayer, QExperts};
+use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
 use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
@@ -42,6 +43,9 @@ pub struct ModelConfig {
     pub kv_type: KvType,
     /// Largest prefill chunk (tokens through the matmuls at once).
     pub max_chunk: usize,
+    /// Repack a Q6_K output head at load for a faster CPU decode (`head::RepackedHead`: a
+    /// copy of the head in RAM, same logits bitwise).
+    pub cpu_repack: bool,
 }
 
 struct Scratch {
@@ -79,6 +83,8 @@ pub struct Model {
     tier: Option<Arc<Residency>>,
     /// Read-ahead of the next layer's likely experts (`set_readahead`).
     readahead: Option<Readahead>,
+    /// The repacked output head (`cpu_repack` with a Q6_K head).
+    head: Option<RepackedHead>,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -133,7 +139,12 @@ impl Model {
             attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
             seen: vec![false; hp.n_expert],
         };
+        let head = match cfg.cpu_repack {
+            true => RepackedHead::new(&weights.mat(&weights.output), t, compute.as_ref())?,
+            false => None,
+        };
         Ok(Model {
+            head,
             routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
             routing_hot: Arc::new(RoutingCounters::new(
                 hp.n_layer,
@@ -209,6 +220,7 @@ impl Model {
             routing_hot,
             tier,
             readahead,
+            head,
             ..
         } = self;
         let tier = tier.as_deref();
@@ -343,8 +355,11 @@ impl Model {
                 let r = i * hd..(i + 1) * hd;
                 rms_norm(&s.x[r.clone()], &w.output_norm, eps, &mut s.h[r]);
             }
-            compute.matmul(&w.mat(&w.output), &s.h[first * hd..t * hd], rows, dst)?;
-            // [rows, V]
+            let x = &s.h[first * hd..t * hd];
+            match head {
+                Some(rh) => rh.matmul(&**compute, x, rows, dst)?,
+                None => compute.matmul(&w.mat(&w.output), x, rows, dst)?,
+            } // [rows, V]
         }
         Ok(())
     }
@@ -407,6 +422,11 @@ impl Model {
     /// The read-ahead's counts (`None` when it is off).
     pub fn readahead_stats(&self) -> Option<PrefetchStats> {
         self.readahead.as_ref().map(Readahead::stats)
+    }
+
+    /// RAM of the load-time repacked copies (`cpu_repack`); 0 when nothing was repacked.
+    pub fn repack_bytes(&self) -> usize {
+        self.head.as_ref().map_or(0, RepackedHead::bytes)
     }
 
     pub fn slot_len(&self, slot: usize) -> Result<usize> {

@@ -8,6 +8,7 @@ mod attn_avx2;
 pub mod attn_par;
 pub mod compute;
 pub mod forward;
+pub mod head;
 pub mod hparams;
 pub mod kv;
 pub mod ops;

@@ -133,6 +133,7 @@ struct Snapshot {
     expert_bytes: usize,
     non_expert_bytes: usize,
     kv_bytes: usize,
+    repack_bytes: usize,
     device: &'static str,
 }
 
@@ -163,7 +164,7 @@ impl PyModel {
                         cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
                         vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
                         profile=None, stream_min_tokens=64, stream_chunk=4096,
-                        stream_threads=0))]
+                        stream_threads=0, cpu_repack=true))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -186,12 +187,14 @@ impl PyModel {
         stream_min_tokens: usize,
         stream_chunk: usize,
         stream_threads: usize,
+        cpu_repack: bool,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
             n_slots,
             kv_type: KvType::parse(kv_type)?,
             max_chunk: prefill_chunk,
+            cpu_repack,
         };
         match device {
             "cpu" => {}
@@ -253,6 +256,7 @@ impl PyModel {
                 expert_bytes: m.weights.expert_bytes(),
                 non_expert_bytes: m.weights.non_expert_bytes(),
                 kv_bytes: m.kv.bytes(),
+                repack_bytes: m.repack_bytes(),
                 device: "cpu",
             },
             Backend::Gpu { m, .. } => Snapshot {
@@ -264,6 +268,7 @@ impl PyModel {
                 expert_bytes: m.expert_bytes,
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
+                repack_bytes: 0,
                 device: "cuda",
             },
         });
@@ -291,6 +296,7 @@ impl PyModel {
         d.set_item("expert_bytes", s.expert_bytes)?;
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
+        d.set_item("repack_bytes", s.repack_bytes)?;
         d.set_item("device", s.device)?;
         Ok(d)
     }

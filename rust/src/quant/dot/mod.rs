@@ -18,6 +18,7 @@
 mod act;
 mod common;
 mod gemm;
+pub mod q6k_repack;
 mod scalar;
 mod scalar_iq;
 mod scalar_k;

@@ -1,0 +1,111 @@
+//! AVX2 kernels of the repacked Q6_K dot (`q6k_repack`): per block 3 shifts per 128 quants
+//! to decode, 8 `maddubs` + 4 `madd` for the scaled sums and 1 `madd` for the bsum term,
+//! then ggml's float combine of the eight lanes.
+//! Safety: callers have checked AVX2/FMA/F16C and that the slices hold `n / 256` blocks.
+
+use super::super::avx2::{h2f, hsum8, hsum_i32, load, load128};
+use super::super::common::f32_at;
+use std::arch::x86_64::*;
+
+/// `pshufb` masks: mask m puts scale words 2m and 2m+1 of each 128-bit half of the widened
+/// reordered scales in alternate i16 lanes (i16 lane k of `madd` m scales S(2m + k%2, k/2)).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair_masks() -> [__m256i; 4] {
+    std::array::from_fn(|m| {
+        let b: [u8; 32] = std::array::from_fn(|i| {
+            let k = (i % 16) / 2;
+            (2 * (2 * m + k % 2) + i % 2) as u8
+        });
+        unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
+    })
+}
+
+/// The block's eight lane integers (ggml's), from repacked block `wb` and permuted
+/// activation block `ab`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
+    let ap = ab.add(4);
+    let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
+    let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
+    let scr = load128(wb.add(192));
+    let w = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]
+    let mut sum = _mm256_setzero_si256();
+    for g in 0..2 {
+        let qa = load(wb.add(96 * g));
+        let qb = load(wb.add(96 * g + 32));
+        let qc = load(wb.add(96 * g + 64));
+        let v0 = _mm256_and_si256(qa, m6);
+        let v1 = _mm256_and_si256(qb, m6);
+        let v2 = _mm256_and_si256(qc, m6);
+        let v3 = _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
+                _mm256_and_si256(_mm256_srli_epi16(qb, 4), mc),
+            ),
+            _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
+        );
+        let a = |v: usize| load(ap.add(32 * (4 * g + v)));
+        let p0 = _mm256_add_epi16(
+            _mm256_maddubs_epi16(v0, a(0)),
+            _mm256_maddubs_epi16(v1, a(1)),
+        );
+        let p1 = _mm256_add_epi16(
+            _mm256_maddubs_epi16(v2, a(2)),
+            _mm256_maddubs_epi16(v3, a(3)),
+        );
+        let s0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(w, masks[2 * g]));
+        let s1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(w, masks[2 * g + 1]));
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(s0, s1));
+    }
+    // Natural scale order for the bsum term: byte i = sc[i].
+    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    let scn = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat));
+    let msum = _mm256_madd_epi16(scn, load(ab.add(260)));
+    _mm256_sub_epi32(sum, _mm256_slli_epi32(msum, 5))
+}
+
+/// Bytes ahead of the block being decoded that the kernels prefetch: the hardware prefetcher
+/// alone left one core at ~7 GB/s on a 255 MB head (Zen 1), with this at ~13 GB/s.
+const PREFETCH: usize = 2048;
+
+/// Prefetch the 256 bytes `PREFETCH` past block offset `wo` of `w` (a hint: addresses past
+/// the row are never dereferenced).
+#[inline(always)]
+fn prefetch(w: &[u8], wo: usize) {
+    let p = w.as_ptr().wrapping_add(wo + PREFETCH);
+    for l in 0..4 {
+        // SAFETY: prefetching is a hint that never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8) };
+    }
+}
+
+/// `vec_dot`'s order (`k::q6_k`): `fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_single(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let masks = pair_masks();
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..n / 256 {
+        let (wo, ao) = (210 * b, 292 * b);
+        prefetch(w, wo);
+        let l = lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks);
+        let d = f32_at(a, ao) * h2f(w, wo + 208);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc);
+    }
+    hsum8(acc)
+}
+
+/// The tiled order (`k::q6_k_tiled`): `acc + (f32(Σ lanes)·d)·d_a` per block.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let masks = pair_masks();
+    let mut acc = 0f32;
+    for b in 0..n / 256 {
+        let (wo, ao) = (210 * b, 292 * b);
+        prefetch(w, wo);
+        let s = hsum_i32(lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks)) as f32;
+        acc += (s * h2f(w, wo + 208)) * f32_at(a, ao);
+    }
+    acc
+}

@@ -1,12 +1,15 @@
-//! Attention of a chunk on the compute's threads: the (query position, query head) units of a
-//! chunk are spread over `ATT_TASKS` tasks (`Compute::for_each`), each with its own scratch.
-//! Every unit runs `attention::attend_head` unchanged and writes its own [D] output, so the
-//! result is bit for bit the serial loop's whatever the schedule.
+//! Attention of a chunk on the compute's threads: the units of a chunk are spread over
+//! `ATT_TASKS` tasks (`Compute::for_each`), each with its own scratch. A unit is (query
+//! position, KV group) where the grouped kernels serve the chunk (`attn_gqa::serves`: all the
+//! group's query heads in one pass over its K/V rows, bitwise `attend_head` per head), and
+//! (query position, query head) running `attention::attend_head` otherwise. Every unit writes
+//! its own outputs, so the result is bit for bit the serial loop's whatever the schedule.
 //!
 //! Shapes: T query positions at p0.., Nh query heads of D; q and out are [T, Nh·D]; the
 //! cache layer holds positions [0, p0 + T); position p0 + i sees keys [0, p0 + i + 1).
 
 use super::attention::{attend_head, AttnScratch, AttnShape};
+use super::attn_gqa::{attend_group, serves, GroupScratch};
 use super::compute::Compute;
 use super::kv::KvType;
 use crate::error::{Error, Result};
@@ -16,16 +19,27 @@ use std::sync::Mutex;
 /// the causal work (∝ p0 + i + 1) is spread evenly across tasks.
 pub const ATT_TASKS: usize = 8;
 
+/// One task's scratch: the per-head path's and the grouped kernels'.
+struct TaskScratch {
+    head: AttnScratch,
+    group: GroupScratch,
+}
+
 /// One scratch per task, sized at load.
 pub struct AttnPar {
-    scratch: Vec<Mutex<AttnScratch>>,
+    scratch: Vec<Mutex<TaskScratch>>,
 }
 
 impl AttnPar {
     pub fn new(n_ctx: usize, ty: KvType, head_dim: usize) -> AttnPar {
         AttnPar {
             scratch: (0..ATT_TASKS)
-                .map(|_| Mutex::new(AttnScratch::new(n_ctx, ty, head_dim)))
+                .map(|_| {
+                    Mutex::new(TaskScratch {
+                        head: AttnScratch::new(n_ctx, ty, head_dim),
+                        group: GroupScratch::new(n_ctx, ty, head_dim),
+                    })
+                })
                 .collect(),
         }
     }
@@ -57,6 +71,25 @@ pub fn attend_chunk(
     par: &AttnPar,
     compute: &dyn Compute,
 ) -> Result<()> {
+    let grouped = serves(s, t);
+    attend_chunk_units(s, k_cache, v_cache, p0, t, q, out, par, compute, grouped)
+}
+
+/// `attend_chunk` with the unit kind chosen: grouped units (only where `serves` holds) or
+/// per-head units. Both give the same bits; benchmarks compare their speed.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_chunk_units(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    p0: usize,
+    t: usize,
+    q: &[f32],
+    out: &mut [f32],
+    par: &AttnPar,
+    compute: &dyn Compute,
+    grouped: bool,
+) -> Result<()> {
     let (nh, d) = (s.n_head, s.head_dim);
     let qd = nh * d;
     if q.len() != t * qd || out.len() != t * qd {
@@ -66,7 +99,14 @@ pub fn attend_chunk(
             out.len()
         )));
     }
-    let units = t * nh;
+    // units per position: KV groups of G heads, or single heads
+    let grouped = grouped && serves(s, t);
+    let (per, width) = if grouped {
+        (s.n_head_kv, nh / s.n_head_kv)
+    } else {
+        (nh, 1)
+    };
+    let units = t * per;
     let tasks = units.min(par.scratch.len());
     let o = OutPtr(out.as_mut_ptr());
     let failed: Mutex<Option<Error>> = Mutex::new(None);
@@ -74,13 +114,19 @@ pub fn attend_chunk(
         let Ok(mut scratch) = par.scratch[k].lock() else {
             return;
         };
+        let TaskScratch { head, group } = &mut *scratch;
         for u in (k..units).step_by(tasks) {
-            let (i, h) = (u / nh, u % nh);
-            let r = i * qd + h * d;
-            // SAFETY: unit (i, h) alone writes out[r..r + D], inside out (checked above).
-            let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), d) };
+            let (i, h) = (u / per, u % per);
+            let (r, len) = (i * qd + h * width * d, width * d);
+            // SAFETY: unit (i, h) alone writes out[r..r + len], inside out (checked above).
+            let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), len) };
             let n = p0 + i + 1;
-            let res = attend_head(s, k_cache, v_cache, n, h, &q[r..r + d], oh, &mut scratch, t);
+            let qh = &q[r..r + len];
+            let res = if grouped {
+                attend_group(s, k_cache, v_cache, n, h, qh, oh, group, head, t)
+            } else {
+                attend_head(s, k_cache, v_cache, n, h, qh, oh, head, t)
+            };
             if let Err(e) = res {
                 if let Ok(mut f) = failed.lock() {
                     f.get_or_insert(e);

@@ -5,6 +5,10 @@ pub mod attention;
 #[cfg_attr(target_arch = "x86_64", path = "attn_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "attn_stub.rs")]
 mod attn_avx2;
+pub mod attn_gqa;
+#[cfg_attr(target_arch = "x86_64", path = "attn_gqa_avx2.rs")]
+#[cfg_attr(not(target_arch = "x86_64"), path = "attn_gqa_stub.rs")]
+mod attn_gqa_avx2;
 pub mod attn_par;
 pub mod compute;
 pub mod forward;

@@ -1,0 +1,251 @@
+//! Grouped-query attention of one query position: all the query heads that read one KV
+//! head, in one pass over that head's K and V rows (`attn_gqa_avx2.rs`). Bitwise equal to
+//! `attention::attend_head` for each head in the multi-row order (t > 1) over an f16 cache,
+//! the case these kernels serve (`serves`); the other cases run `attend_head` per head.
+//!
+//! Shapes: Nh query heads in Nkv groups of G = Nh / Nkv consecutive heads, D = head dim,
+//! n = visible positions; q and out are the group's [G, D].
+
+use super::attention::{attend_head, AttnScratch, AttnShape};
+use super::attn_gqa_avx2 as k;
+use super::kv::KvType;
+use crate::error::Result;
+use half::f16;
+
+/// Heads served by one pass (larger groups take several passes).
+pub const MAX_HEADS: usize = 8;
+
+/// Per-task scratch of the grouped kernels, sized at load.
+pub struct GroupScratch {
+    qf: Vec<f32>,     // [8, D] the heads' queries rounded to f16, widened
+    scores: Vec<f32>, // [8, C] scores, then probabilities (row stride C)
+    acc: Vec<f32>,    // [8 lanes, 8, D] P·V lane accumulators
+    pack: Vec<f32>,   // a block of V rows widened, as 16-dimension slabs (`group_pv`)
+    n_ctx: usize,
+}
+
+impl GroupScratch {
+    pub fn new(n_ctx: usize, ty: KvType, head_dim: usize) -> GroupScratch {
+        let on = ty == KvType::F16;
+        let z = |n: usize| vec![0f32; if on { n } else { 0 }];
+        GroupScratch {
+            qf: z(MAX_HEADS * head_dim),
+            scores: z(MAX_HEADS * n_ctx),
+            acc: z(8 * MAX_HEADS * head_dim),
+            pack: z(k::pack_len(head_dim)),
+            n_ctx: if on { n_ctx } else { 0 },
+        }
+    }
+}
+
+/// Whether the grouped kernels serve a chunk of `t` query rows with this shape.
+pub fn serves(s: &AttnShape, t: usize) -> bool {
+    t > 1
+        && s.ty == KvType::F16
+        && s.head_dim.is_multiple_of(32)
+        && s.n_head_kv > 0
+        && s.n_head.is_multiple_of(s.n_head_kv)
+        && k::available()
+}
+
+/// Attention of one position over keys/values [0, n) for the query heads of KV head `g`
+/// (heads g·G..(g+1)·G), one of `t` query rows: `q`, `out` are those heads' [G, D].
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    g: usize,
+    q: &[f32],
+    out: &mut [f32],
+    gs: &mut GroupScratch,
+    hs: &mut AttnScratch,
+    t: usize,
+) -> Result<()> {
+    let d = s.head_dim;
+    let group = s.n_head / s.n_head_kv;
+    if !serves(s, t) || n > gs.n_ctx {
+        for (j, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+            attend_head(s, k_cache, v_cache, n, g * group + j, qh, oh, hs, t)?;
+        }
+        return Ok(());
+    }
+    let kvo = g * s.head_bytes;
+    let mut h = 0;
+    while h < group {
+        let m = match group - h {
+            r if r >= 8 => 8,
+            r if r >= 4 => 4,
+            r if r >= 2 => 2,
+            _ => 1,
+        };
+        let (qs, os) = (&q[h * d..(h + m) * d], &mut out[h * d..(h + m) * d]);
+        match m {
+            8 => heads::<8>(s, k_cache, v_cache, n, kvo, qs, os, gs),
+            4 => heads::<4>(s, k_cache, v_cache, n, kvo, qs, os, gs),
+            2 => heads::<2>(s, k_cache, v_cache, n, kvo, qs, os, gs),
+            _ => heads::<1>(s, k_cache, v_cache, n, kvo, qs, os, gs),
+        }
+        h += m;
+    }
+    Ok(())
+}
+
+/// M heads of one KV head: q·k, softmax and P·V, each over the rows once.
+#[allow(clippy::too_many_arguments)]
+fn heads<const M: usize>(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    kvo: usize,
+    q: &[f32],
+    out: &mut [f32],
+    gs: &mut GroupScratch,
+) {
+    let d = s.head_dim;
+    let stride = gs.n_ctx;
+    let qf = &mut gs.qf[..M * d];
+    for (o, &x) in qf.iter_mut().zip(q) {
+        *o = f16::from_f32(x).to_f32(); // q in the key type's dot type (f16)
+    }
+    let scale = 1.0 / (d as f32).sqrt();
+    let scores = &mut gs.scores[..M * stride];
+    // SAFETY: `serves` checked the CPU features; the kernels bound-check their rows.
+    unsafe {
+        k::group_scores::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
+        for row in scores.chunks_exact_mut(stride) {
+            k::softmax_f16p(&mut row[..n]);
+        }
+        let (acc, pack) = (&mut gs.acc, &mut gs.pack);
+        k::group_pv::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::kv::KvCache;
+    use crate::quant::vexp::{expf_lane, softmax};
+
+    fn cache(nkv: usize, d: usize, n: usize) -> KvCache {
+        let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
+        let mut kv = KvCache::new(KvType::F16, 1, n.max(1), nkv, d, 1).unwrap();
+        for p in 0..n {
+            let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
+            let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
+            kv.write(0, 0, p, &k, &v).unwrap();
+        }
+        kv
+    }
+
+    /// Every head of every group equals `attend_head` (the per-head path, itself checked
+    /// element by element against ggml's orders in `attention::tests`) bit for bit: groups of
+    /// 8, 6 (a pass of 4 and one of 2) and 3, positions short of one 8-lane step, not a
+    /// multiple of 8, and spanning several P·V blocks (256 positions).
+    #[test]
+    fn group_equals_attend_head_bitwise() {
+        if !k::available() {
+            return; // nothing to compare: `serves` is false and the per-head path runs
+        }
+        let d = 64;
+        for (nh, nkv) in [(16usize, 2usize), (12, 2), (3, 1)] {
+            let group = nh / nkv;
+            let kv = cache(nkv, d, 530);
+            let shape = AttnShape {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: d,
+                ty: KvType::F16,
+                row_bytes: kv.row_bytes,
+                head_bytes: kv.head_bytes,
+            };
+            assert!(serves(&shape, 2));
+            let q: Vec<f32> = (0..nh * d)
+                .map(|i| ((i * 104_729) % 2003) as f32 / 700.0 - 1.4)
+                .collect();
+            let mut gs = GroupScratch::new(530, KvType::F16, d);
+            let mut hs = AttnScratch::new(530, KvType::F16, d);
+            for n in [1usize, 5, 8, 61, 64, 65, 150, 256, 257, 530] {
+                let (kc, vc) = kv.layer(0, 0, n);
+                for g in 0..nkv {
+                    let r = g * group * d..(g + 1) * group * d;
+                    let mut got = vec![f32::NAN; group * d];
+                    attend_group(
+                        &shape,
+                        kc,
+                        vc,
+                        n,
+                        g,
+                        &q[r.clone()],
+                        &mut got,
+                        &mut gs,
+                        &mut hs,
+                        4,
+                    )
+                    .unwrap();
+                    for j in 0..group {
+                        let h = g * group + j;
+                        let mut want = vec![0f32; d];
+                        let qh = &q[h * d..(h + 1) * d];
+                        attend_head(&shape, kc, vc, n, h, qh, &mut want, &mut hs, 4).unwrap();
+                        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            b(&got[j * d..(j + 1) * d]),
+                            b(&want),
+                            "{nh}/{nkv} n={n} h={h}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The 8-lane exp equals `expf_lane` over its whole range (fast path, the subnormal and
+    /// overflow branches, −∞), and the softmax equals `vexp::softmax` with padding, with the
+    /// probabilities then rounded to f16.
+    #[test]
+    fn softmax_equals_vexp_bitwise() {
+        if !k::available() {
+            return;
+        }
+        let mut xs: Vec<f32> = (0..4000).map(|i| -110.0 + i as f32 * 0.0517).collect();
+        xs.extend([
+            -87.5,
+            -88.7,
+            -100.0,
+            -103.9,
+            -104.0,
+            -150.0,
+            -200.0,
+            f32::NEG_INFINITY,
+        ]);
+        xs.extend([0.0, -0.0, 1e-30, 88.0, 88.8, 89.0, 130.0]);
+        for (ci, c) in xs.chunks(8).enumerate() {
+            let mut lanes = [0f32; 8];
+            lanes[..c.len()].copy_from_slice(c);
+            // SAFETY: the CPU runs the kernels (checked above).
+            let got = unsafe { k::expf_lanes(&lanes) };
+            for (l, &x) in lanes.iter().enumerate() {
+                assert_eq!(got[l].to_bits(), expf_lane(x).to_bits(), "chunk {ci} x={x}");
+            }
+        }
+        for n in [1usize, 3, 8, 13, 64, 301] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919) % 613) as f32 / 19.0 - 16.0)
+                .collect();
+            let mut want = x.clone();
+            softmax(&mut want, true);
+            let want: Vec<u32> = want
+                .iter()
+                .map(|v| f16::from_f32(*v).to_f32().to_bits())
+                .collect();
+            let mut got = x.clone();
+            // SAFETY: the CPU runs the kernels (checked above).
+            unsafe { k::softmax_f16p(&mut got) };
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "n={n}");
+        }
+    }
+}

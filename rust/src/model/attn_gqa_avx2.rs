@@ -1,0 +1,360 @@
+//! AVX2 kernels of grouped-query attention over an f16 cache, multi-row order (a prefill
+//! chunk of several query rows): the M query heads that share one KV head are served by one
+//! pass over that head's K and V rows, so each f16 row is widened (F16C) once for M heads
+//! instead of once per head. Every head keeps `attention.rs`'s float order exactly:
+//! - q·k: one 8-lane FMA accumulator over the 8-element steps of D, reduced by `reduce8`,
+//!   times the scale (tinyBLAS);
+//! - softmax: ggml's (`vexp::softmax` with padding), `ggml_v_expf` lane for lane;
+//! - P·V: the probability rounded to f16, lane j % 8 of 8 accumulators per dimension,
+//!   `fma(v, p, lane)` in increasing j, then `reduce8` over the lanes (tinyBLAS).
+//!
+//! Shapes: D = head dim (a multiple of 32), n = visible positions, M ≤ 8 heads; K/V rows of
+//! one position are `row_bytes` apart and this KV head starts `kvo` bytes into a row.
+
+use std::arch::x86_64::*;
+
+/// Positions per block of the P·V pass (widened to 16-dimension slabs of 256·64 bytes, each
+/// in L1 while every head and lane of the block reads it).
+const PV_BLOCK: usize = 256;
+
+/// Whether the kernels can run (AVX2 + FMA + F16C).
+pub fn available() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// The 8 lanes of `a` reduced as `reduce8` does: (lo + hi), then [0]+[2] and [1]+[3], then
+/// the two; returned as a 128-bit pair of halves (adds of the same operands in any operand
+/// order are bitwise equal).
+#[inline(always)]
+unsafe fn half_sums(a: __m256) -> __m128 {
+    _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a))
+}
+
+/// `reduce8` of four accumulators at once: lanes [r(a), r(b), r(c), r(d)].
+#[inline(always)]
+unsafe fn reduce8_x4(a: __m256, b: __m256, c: __m256, d: __m256) -> __m128 {
+    let (ha, hb, hc, hd) = (half_sums(a), half_sums(b), half_sums(c), half_sums(d));
+    // [a0+a2, a1+a3, b0+b2, b1+b3] and the same for c, d
+    let ab = _mm_add_ps(
+        _mm_shuffle_ps::<0x44>(ha, hb),
+        _mm_shuffle_ps::<0xEE>(ha, hb),
+    );
+    let cd = _mm_add_ps(
+        _mm_shuffle_ps::<0x44>(hc, hd),
+        _mm_shuffle_ps::<0xEE>(hc, hd),
+    );
+    _mm_add_ps(
+        _mm_shuffle_ps::<0x88>(ab, cd),
+        _mm_shuffle_ps::<0xDD>(ab, cd),
+    )
+}
+
+/// `scores[h·stride + j] = reduce8(Σ_i k_j[i]·q_h[i]) · scale` for heads h < M and positions
+/// j < n: `qf` is [M, D] (f16-rounded queries widened to f32), K row j the `d` f16 values at
+/// `k[j·row_bytes + kvo..]`. One widened K step feeds all M heads' accumulators.
+///
+/// # Safety
+/// `available()` holds.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_scores<const M: usize>(
+    k: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    qf: &[f32],
+    n: usize,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+) {
+    let d = qf.len() / M;
+    assert!(
+        M <= 8 && d.is_multiple_of(8) && qf.len() == M * d,
+        "q·k shape"
+    );
+    assert!(
+        n <= stride && (M - 1) * stride + n <= scores.len(),
+        "scores"
+    );
+    if n == 0 {
+        return;
+    }
+    assert!(
+        (n - 1) * row_bytes + kvo + 2 * d <= k.len(),
+        "K rows out of range"
+    );
+    let q = qf.as_ptr();
+    let sc = _mm_set1_ps(scale);
+    for j in 0..n {
+        let kp = k.as_ptr().add(j * row_bytes + kvo);
+        let mut acc = [_mm256_setzero_ps(); M];
+        for i in (0..d).step_by(8) {
+            let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(2 * i) as *const __m128i));
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q.add(h * d + i)), *a);
+            }
+        }
+        let mut r = [0f32; 8];
+        if M == 8 {
+            let lo = reduce8_x4(acc[0], acc[1], acc[2], acc[3]);
+            let hi = reduce8_x4(acc[4], acc[5], acc[6], acc[7]);
+            _mm_storeu_ps(r.as_mut_ptr(), _mm_mul_ps(lo, sc));
+            _mm_storeu_ps(r.as_mut_ptr().add(4), _mm_mul_ps(hi, sc));
+        } else {
+            for (h, a) in acc.iter().enumerate() {
+                let mut l = [0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *a);
+                r[h] = crate::quant::dot::common_reduce8(&l) * scale;
+            }
+        }
+        for (h, &v) in r.iter().enumerate().take(M) {
+            *scores.get_unchecked_mut(h * stride + j) = v;
+        }
+    }
+}
+
+/// `ggml_v_expf` on 8 lanes: `vexp::expf_lane` lane for lane (same operations and constants).
+#[inline(always)]
+unsafe fn expf8(x: __m256) -> __m256 {
+    let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+    let shift = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
+    let n = _mm256_sub_ps(z, shift);
+    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(c(0x3f80_0000))));
+    let u = _mm256_mul_ps(b, b);
+    let hi = _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17));
+    let lo = _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb));
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(hi, u, lo),
+        u,
+        _mm256_mul_ps(c(0x3f7f_fff6), b),
+    );
+    let abs_n = _mm256_andnot_ps(c(0x8000_0000), n);
+    let slow = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let fast = _mm256_fmadd_ps(j, k, k);
+    if _mm256_movemask_ps(slow) == 0 {
+        return fast;
+    }
+    // |n| > 126: 2^n split in two factors (subnormal or overflow range)
+    let neg = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(neg),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let huge = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    let r1 = _mm256_mul_ps(s1, s1);
+    let r2 = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    let slow_v = _mm256_blendv_ps(r2, r1, huge);
+    _mm256_blendv_ps(fast, slow_v, slow)
+}
+
+/// `expf8` on an array (tests).
+///
+/// # Safety
+/// `available()` holds.
+#[cfg(test)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn expf_lanes(x: &[f32; 8]) -> [f32; 8] {
+    let mut r = [0f32; 8];
+    _mm256_storeu_ps(r.as_mut_ptr(), expf8(_mm256_loadu_ps(x.as_ptr())));
+    r
+}
+
+/// `vexp::softmax(x, true)` (bitwise), then each probability rounded to f16 (to nearest even)
+/// as the P·V product of an f16 V reads it.
+///
+/// # Safety
+/// `available()` holds.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn softmax_f16p(x: &mut [f32]) {
+    let n = x.len();
+    if n == 0 {
+        return;
+    }
+    let full = n / 8 * 8;
+    let mut tail = [f32::NEG_INFINITY; 8];
+    tail[..n - full].copy_from_slice(&x[full..]);
+    let mut m = _mm256_loadu_ps(tail.as_ptr());
+    for i in (0..full).step_by(8) {
+        m = _mm256_max_ps(m, _mm256_loadu_ps(x.as_ptr().add(i)));
+    }
+    let mut mr = [0f32; 8];
+    _mm256_storeu_ps(mr.as_mut_ptr(), m);
+    let max = mr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mv = _mm256_set1_ps(max);
+    let mut sum = 0f64;
+    let group = |e: __m256| -> f32 {
+        let h = half_sums(e);
+        let q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)))
+    };
+    for i in (0..full).step_by(8) {
+        let p = x.as_mut_ptr().add(i);
+        let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(p), mv));
+        _mm256_storeu_ps(p, e);
+        sum += group(e) as f64;
+    }
+    if full < n {
+        // ggml pads the row with masked positions: their lanes add exp(−∞) = 0
+        let live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+            _mm256_set1_epi32((n - full) as i32),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        ));
+        let e = expf8(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), mv));
+        let e = _mm256_and_ps(e, live);
+        _mm256_storeu_ps(tail.as_mut_ptr(), e);
+        x[full..].copy_from_slice(&tail[..n - full]);
+        sum += group(e) as f64;
+    }
+    let inv = _mm256_set1_ps((1.0 / sum) as f32);
+    let round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_mul_ps(v, inv)));
+    for i in (0..full).step_by(8) {
+        let p = x.as_mut_ptr().add(i);
+        _mm256_storeu_ps(p, round(_mm256_loadu_ps(p)));
+    }
+    for v in &mut x[full..] {
+        let r = round(_mm256_set1_ps(*v));
+        *v = _mm256_cvtss_f32(r);
+    }
+}
+
+/// `out[h·D + i] = reduce8_l(Σ_{j ≡ l mod 8} p[h·stride + j]·v_j[i])` for heads h < M and
+/// positions j < n in increasing j per lane l (p already rounded to f16), V row j being the
+/// `d` f16 values at `v[j·row_bytes + kvo..]`. `acc` is scratch of [8, M, D], `pack` of
+/// `pack_len(d)` floats: each block of V rows is first widened into it as 16-dimension slabs
+/// ([D/16, PV_BLOCK, 16] f32, exact), so that each row is widened once for all M heads and
+/// one slab (PV_BLOCK·64 bytes) serves every head and lane from L1 (rows `row_bytes` apart
+/// in the cache would fall into a few L1 sets).
+///
+/// # Safety
+/// `available()` holds.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_pv<const M: usize>(
+    p: &[f32],
+    stride: usize,
+    n: usize,
+    v: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    acc: &mut [f32],
+    pack: &mut [f32],
+    out: &mut [f32],
+) {
+    let d = out.len() / M;
+    assert!(
+        M <= 8 && d.is_multiple_of(16) && out.len() == M * d,
+        "P·V shape"
+    );
+    assert!(
+        acc.len() >= 8 * M * d && pack.len() >= pack_len(d),
+        "P·V scratch"
+    );
+    assert!(
+        n <= stride && (M.max(1) - 1) * stride + n <= p.len(),
+        "P rows"
+    );
+    if n > 0 {
+        assert!(
+            (n - 1) * row_bytes + kvo + 2 * d <= v.len(),
+            "V rows out of range"
+        );
+    }
+    acc[..8 * M * d].fill(0.0);
+    for j0 in (0..n).step_by(PV_BLOCK) {
+        let nb = (n - j0).min(PV_BLOCK);
+        for jj in 0..nb {
+            let src = v.as_ptr().add((j0 + jj) * row_bytes + kvo);
+            for c in 0..d / 16 {
+                let x0 = _mm256_cvtph_ps(_mm_loadu_si128(src.add(32 * c) as *const __m128i));
+                let x1 = _mm256_cvtph_ps(_mm_loadu_si128(src.add(32 * c + 16) as *const __m128i));
+                let dst = pack.as_mut_ptr().add((c * PV_BLOCK + jj) * 16);
+                _mm256_storeu_ps(dst, x0);
+                _mm256_storeu_ps(dst.add(8), x1);
+            }
+        }
+        let pj = p.as_ptr().add(j0);
+        for c in 0..d / 16 {
+            let slab = pack.as_ptr().add(c * PV_BLOCK * 16);
+            let mut h = 0;
+            while h < M {
+                let w = match M - h {
+                    1 => 1,
+                    2 | 3 => 2,
+                    _ => 4,
+                };
+                let a = acc.as_mut_ptr().add(h * d + 16 * c);
+                match w {
+                    1 => pv_tile::<1>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
+                    2 => pv_tile::<2>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
+                    _ => pv_tile::<4>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
+                }
+                h += w;
+            }
+        }
+    }
+    // reduce8 over the lanes, 8 dimensions at a time
+    let a = acc.as_ptr();
+    for h in 0..M {
+        for i in (0..d).step_by(8) {
+            let l = |x: usize| _mm256_loadu_ps(a.add((x * M + h) * d + i));
+            let s = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6))),
+                _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7))),
+            );
+            _mm256_storeu_ps(out.as_mut_ptr().add(h * d + i), s);
+        }
+    }
+}
+
+/// Floats of `group_pv`'s V block copy for head dim `d`.
+pub fn pack_len(d: usize) -> usize {
+    PV_BLOCK * d
+}
+
+/// One register tile of `group_pv`: H heads (probability rows `p + h·stride`, from the
+/// block's first position), 16 dimensions (the slab: row jj's 16 values at `slab + 16·jj`),
+/// the block's `nb` positions. Lane l's accumulators of head h are the 16 floats at
+/// `acc + l·lane_stride + h·d`; for each lane they are loaded, advanced over the lane's
+/// positions and stored back. (4 heads × 16 dimensions: per position 2 loads, 4 broadcasts,
+/// 8 FMAs. On Zen 1 a tile of 8 heads × 8 dimensions, 8 broadcasts, ran at half the speed,
+/// and 2 heads × 32 dimensions 10% slower.)
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_tile<const H: usize>(
+    p: *const f32,
+    stride: usize,
+    slab: *const f32,
+    nb: usize,
+    acc: *mut f32,
+    d: usize,
+    lane_stride: usize,
+) {
+    for l in 0..8.min(nb) {
+        let at = |h: usize, half: usize| acc.add(l * lane_stride + h * d + 8 * half);
+        let mut a = [[_mm256_setzero_ps(); 2]; H];
+        for (h, ah) in a.iter_mut().enumerate() {
+            ah[0] = _mm256_loadu_ps(at(h, 0));
+            ah[1] = _mm256_loadu_ps(at(h, 1));
+        }
+        for jj in (l..nb).step_by(8) {
+            let r = slab.add(16 * jj);
+            let (v0, v1) = (_mm256_loadu_ps(r), _mm256_loadu_ps(r.add(8)));
+            for (h, ah) in a.iter_mut().enumerate() {
+                let pj = _mm256_broadcast_ss(&*p.add(h * stride + jj));
+                ah[0] = _mm256_fmadd_ps(v0, pj, ah[0]);
+                ah[1] = _mm256_fmadd_ps(v1, pj, ah[1]);
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            _mm256_storeu_ps(at(h, 0), ah[0]);
+            _mm256_storeu_ps(at(h, 1), ah[1]);
+        }
+    }
+}

@@ -12,6 +12,8 @@ use std::arch::x86_64::*;
 
 #[path = "avx2_k.rs"]
 pub(super) mod k;
+#[path = "avx2_prefetch.rs"]
+pub(super) mod pf;
 
 pub fn kernel(w: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
@@ -190,7 +192,9 @@ macro_rules! lanes {
 unsafe fn q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let mut acc = _mm256_setzero_ps();
+    let dist = pf::distance();
     for b in 0..n / 32 {
+        pf::ahead(w, 34 * b, dist, 34);
         let (wb, ab) = (wp.add(34 * b), ap.add(34 * b));
         let p = dot_ss(load(wb.add(2)), load(ab.add(2)));
         let d = _mm256_set1_ps(h2f(w, 34 * b) * h2f(a, 34 * b));

@@ -5,7 +5,7 @@
 
 use super::super::common::{f32_at, i16_at, iq1_add, k_add, k_add_min, u16_at, u32_at};
 use super::super::scalar_iq::iq1_m_d;
-use super::{bits_to_bytes, h2f, hsum8, hsum_i32, load, load128, nibbles, table16};
+use super::{bits_to_bytes, h2f, hsum8, hsum_i32, load, load128, nibbles, pf, table16};
 use crate::quant::tables::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS,
     KVALUES_IQ4NL,
@@ -64,7 +64,9 @@ macro_rules! k_kernel {
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(in super::super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let mut $acc = 0f32;
+            let dist = pf::distance();
             for b in 0..n / 256 {
+                pf::ahead(w, $bs * b, dist, $bs);
                 let $wb = &w[$bs * b..$bs * b + $bs];
                 let $ab = &a[292 * b..292 * b + 292];
                 let ($si, $sm) = $ints($wb, $ab);
@@ -312,7 +314,9 @@ macro_rules! fma8_kernel {
         #[target_feature(enable = "avx2,fma,f16c")]
         pub(in super::super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let mut acc = _mm256_setzero_ps();
+            let dist = pf::distance();
             for b in 0..n / 256 {
+                pf::ahead(w, $bs * b, dist, $bs);
                 let $wb = &w[$bs * b..$bs * b + $bs];
                 let ab = &a[292 * b..292 * b + 292];
                 let $da = f32_at(ab, 0);

@@ -89,7 +89,8 @@ def quantized(dir_: Path, layers: int, kind: str, ty: str, quantizer: str | None
     return out
 
 
-def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
+def strata_run(path: Path, a: argparse.Namespace, frac: float, pp_reps: int) -> dict[str, Any]:
+    """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`."""
     from strata._core import Model, Profile
 
     n_layer, n_expert = layers_experts(path)
@@ -109,6 +110,7 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             profile=profile,
             stream_chunk=a.stream_chunk,
             pool_pipeline=a.pool_pipeline,
+            pcie_frac=frac,
         )
 
     profile = None
@@ -153,7 +155,7 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     lt1 = counters.layer_times()
     n_lay = max(1, lt1["layers"] - lt0["layers"])
     phases = {k: (lt1[k] - lt0[k]) / n_lay / 1e3 for k in lt1 if k != "layers"}
-    for r in range(a.pp_reps):
+    for r in range(pp_reps):
         pp.append(prefill())
         print(f"  strata rep {r}: pp{a.pp} {pp[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     hits = h1[0] - h0[0]
@@ -161,8 +163,9 @@ def strata_run(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     snap = counters.snapshot()
     return {
         "tg": statistics.median(tg),
-        "pp": statistics.median(pp),
+        "pp": statistics.median(pp) if pp else float("nan"),
         "hit_rate": hits / total if total else float("nan"),
+        "pcie_share": (h1[2] - h0[2]) / max(1, total - hits),
         "swaps": snap["swaps"],
         "phases": phases,
         "info": info,
@@ -252,12 +255,18 @@ def main() -> None:
     ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")
     ap.add_argument("--llama-reps", type=int, default=2)
     ap.add_argument("--models", default="uniform,zipf")
+    ap.add_argument(
+        "--pcie-frac",
+        default="0",
+        help="Strata's pcie_frac values, comma-separated (-1: from the link probe); decode "
+        "runs for each, the prompt with the first",
+    )
     a = ap.parse_args()
     if a.write_f16:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core import gpu_copy_gbps, gpu_status, ram_read_gbps
+    from strata._core import gpu_copy_gbps, gpu_status, pcie_probe_gbps, ram_read_gbps
 
     kinds = a.models.split(",")
     paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
@@ -270,16 +279,20 @@ def main() -> None:
     print(f"device: {why}", file=sys.stderr)
     hbm = gpu_copy_gbps(1024, 10)
     ram = ram_read_gbps(a.threads)
+    link = pcie_probe_gbps(256)
+    fracs = [float(x) for x in a.pcie_frac.split(",")]
     equal_n = round(a.layers * (1.0 - a.share))
     ncmoe = [int(x) for x in a.ncmoe.split(",")] if a.ncmoe else [equal_n - 1, equal_n, equal_n + 1]
     ncmoe = [n for n in ncmoe if 0 <= n <= a.layers]
     rows = []
     for kind, path in paths.items():
         print(f"== {kind}: {path.name}", file=sys.stderr, flush=True)
-        s = strata_run(path, a)
+        runs = [strata_run(path, a, f, a.pp_reps if j == 0 else 0) for j, f in enumerate(fracs)]
         recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
         best = llama_best(recs)
+        s = runs[0]
         bound = decode_bound(path, s["hit_rate"], ram, hbm)
+        bound_link = decode_bound(path, s["hit_rate"], ram + link, hbm)
         i = s["info"]
         print(
             f"{kind}: Strata {i['n_slots']} slots of {i['n_experts']} experts "
@@ -287,11 +300,18 @@ def main() -> None:
             f"fixed + {i['n_slots'] * i['slot_bytes'] / 2**20:.0f} MiB slots; decode hit rate "
             f"{s['hit_rate']:.3f}, swaps {s['swaps']}; streamed chunk {i['stream_chunk']} "
             f"({i['stream_areas']} staging areas, {i['stream_threads']} copy threads); "
-            f"decode bound {bound:.1f} tok/s "
-            f"(RAM {ram:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
+            f"decode bound {bound:.1f} tok/s, {bound_link:.1f} with the link "
+            f"(RAM {ram:.0f} GB/s, link {link:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
         )
-        ph = ", ".join(f"{k} {v:.1f}" for k, v in s["phases"].items())
-        print(f"  Strata decode, host µs per layer: {ph} (rust tier::vram::stats::PHASES)")
+        for f, r in zip(fracs, runs, strict=True):
+            ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+            ri = r["info"]
+            print(
+                f"  Strata pcie_frac {f} (used {ri['pcie_frac']:.3f}, {ri['pcie']}): "
+                f"tg{a.gen} {r['tg']:.1f} tok/s, hit rate {r['hit_rate']:.3f}, "
+                f"PCIe share {r['pcie_share']:.3f}; host µs per layer: {ph}"
+            )
+        s = max(runs, key=lambda r: r["tg"]) | {"pp": s["pp"]}
         for rec in recs:
             print(
                 f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')} -ub {rec.get('n_ubatch')}: "
@@ -301,7 +321,8 @@ def main() -> None:
         for test, ours in (("tg", s["tg"]), ("pp", s["pp"])):
             theirs, n, ub = best.get(test, (float("nan"), -1, -1))
             chunk = f"{pp_chunk} / {ub}" if test == "pp" else f"1 / {ub}"
-            rows.append((kind, test, ours, theirs, n, chunk, s["hit_rate"], bound))
+            bnd = bound_link if s["info"]["pcie_frac"] > 0 else bound
+            rows.append((kind, test, ours, theirs, n, chunk, s["hit_rate"], bnd))
     name = {"tg": f"decode tg{a.gen}", "pp": f"prompt pp{a.pp}"}
     print(
         f"\nthreads {a.threads}; Strata: {a.share:.0%} of the experts in VRAM; "

@@ -16,7 +16,8 @@
 # GEN (64), NCMOE (default: equal VRAM ±1), THREADS (nproc), STREAM_CHUNK (Strata's streamed
 # prefill chunk, 4096; 0: the 512 prefill chunk), UBATCH (llama-bench -ub list, "512,4096"),
 # PPREPS (Strata prompt runs, 2), POOL_PIPELINE=1 (the pool's pipelined schedule),
-# MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known).
+# MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known),
+# PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
@@ -32,7 +33,7 @@ mkdir -p "$D"
 t0=$(date +%s)
 ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-reps "${LLREPS:-2}"
     --pp "${PP:-4096}" --gen "${GEN:-64}" --stream-chunk "${STREAM_CHUNK:-4096}"
-    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}")
+    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}" --pcie-frac "${PCIE_FRAC:--1,0}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
 [ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
 if [ "$PHASE" != bench ]; then

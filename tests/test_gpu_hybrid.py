@@ -148,34 +148,29 @@ def test_prefill_logits_agree_with_pure_gpu(files: dict[str, Path], ty: str) -> 
 
 
 @pytest.mark.parametrize("tier_async", [False, True], ids=["sync", "async"])
-@pytest.mark.parametrize("ty", ["Q4_K_M", "Q8_0"])
-def test_greedy_matches_pure_gpu_with_swaps_every_step(
-    files: dict[str, Path], ty: str, tier_async: bool
-) -> None:
-    pure = open_gpu(files[ty])
-    hy = open_gpu(
-        files[ty], vram_slots=QUARTER, adapt_every=1, adapt_swaps=4, tier_async=tier_async
-    )
+def greedy_vs_pure(pure: Model, hy: Model, n: int, steps: int) -> tuple[int, list[int], float]:
+    """test_gpu_model.py's protocol with the pure path as the reference, over `n` 8-token
+    prompts: how many greedy `steps`-token continuations are identical up to the reference's
+    first near-tie (and those cuts), and top-1 along the reference's path at its sure steps."""
     same = 0
     cuts: list[int] = []
     forced: list[bool] = []
-    steps = 0
-    for toks in prompts(10, 8, seed=13, vocab=pure.n_vocab):
+    for toks in prompts(n, 8, seed=13, vocab=pure.n_vocab):
         refs: list[int] = []
         sure: list[bool] = []
         pure.free(0)
         logits = pure.forward(0, toks)
-        cut = 64
-        for i in range(64):
+        cut = steps
+        for i in range(steps):
             sure.append(bool(margin(logits) >= MARGIN))
-            if cut == 64 and not sure[-1]:
+            if cut == steps and not sure[-1]:
                 cut = i
             refs.append(int(logits.argmax()))
             logits = pure.forward(0, refs[-1:])
         hy.free(0)
         ours: list[int] = []
         logits = hy.forward(0, toks)
-        for _ in range(64):
+        for _ in range(steps):
             ours.append(int(logits.argmax()))
             logits = hy.forward(0, ours[-1:])
         hy.free(0)
@@ -184,17 +179,27 @@ def test_greedy_matches_pure_gpu_with_swaps_every_step(
             if ok:
                 forced.append(int(logits.argmax()) == r)
             logits = hy.forward(0, [r])
-        steps += 2 * (1 + 64)
         same += ours[:cut] == refs[:cut]
         cuts.append(cut)
-    agree = float(np.mean(forced))
+    return same, cuts, float(np.mean(forced))
+
+
+@pytest.mark.parametrize("ty", ["Q4_K_M", "Q8_0"])
+def test_greedy_matches_pure_gpu_with_swaps_every_step(
+    files: dict[str, Path], ty: str, tier_async: bool
+) -> None:
+    pure = open_gpu(files[ty])
+    hy = open_gpu(
+        files[ty], vram_slots=QUARTER, adapt_every=1, adapt_swaps=4, tier_async=tier_async
+    )
+    same, cuts, agree = greedy_vs_pure(pure, hy, 10, 64)
     c = hy.hybrid_counters()
     info = hy.hybrid_info()
     assert c is not None and info is not None
     snap = c.snapshot()
     print(
         f"{ty} {'async' if tier_async else 'sync'}: {same}/10 identical up to the first "
-        f"near-tie {cuts}; top-1 along the pure path {agree:.4f} over {len(forced)}; "
+        f"near-tie {cuts}; top-1 along the pure path {agree:.4f}; "
         f"swaps {snap['swaps']}, hit rate {sum(snap['hits']) / routed_pairs(c):.3f}"
     )
     assert same >= 9
@@ -203,7 +208,42 @@ def test_greedy_matches_pure_gpu_with_swaps_every_step(
     assert snap["swaps"] > 0, "adapt_every=1 swaps experts in"
     assert snap["fill_bytes"] > 0 and info["tier_async"] == tier_async
     assert info["resident"] <= info["n_slots"] == QUARTER
-    assert steps > 0
+    assert info["pcie_frac"] == 0.0 and info["pcie"] == "off"
+
+
+@pytest.mark.parametrize("frac", [0.5, 1.0])
+def test_pcie_misses_run_on_the_gpu_from_the_registered_mapping(
+    files: dict[str, Path], frac: float
+) -> None:
+    """`pcie_frac` of the missed experts of chunks of ≤ 8 tokens run on the GPU, their bytes
+    read over the link from the GGUF mapping registered with the driver, through the resident
+    experts' kernels (a second launch over the PCIe experts' pointer tables); the pool
+    computes the rest. With every miss over PCIe each pair runs the pure path's kernels on
+    the same bytes (only the sum is split in two), so the logits stay within float rounding
+    of the pure path's; with half, the protocol of the CPU misses holds."""
+    pure = open_gpu(files["Q4_K_M"])
+    hy = open_gpu(files["Q4_K_M"], vram_slots=QUARTER, adapt_every=1, pcie_frac=frac)
+    info = hy.hybrid_info()
+    assert info is not None and info["pcie"].startswith("registered"), info["pcie"]
+    assert info["pcie_frac"] == frac
+    same, cuts, agree = greedy_vs_pure(pure, hy, 6, 32)
+    print(f"pcie_frac {frac}: {same}/6 identical up to {cuts}; top-1 {agree:.4f}")
+    assert same >= 5 and agree >= 0.99
+    c = hy.hybrid_counters()
+    assert c is not None
+    h, mc, mp = c.totals()
+    assert h + mc + mp == 6 * 2 * (8 + 32) * N_LAYER * TOP_K
+    assert mp > 0 and c.snapshot()["pcie_bytes"] > 0 and h > 0
+    assert (mc == 0) if frac == 1.0 else (mc > 0)
+    if frac == 1.0:
+        toks = prompts(1, 8, seed=18, vocab=pure.n_vocab)[0]
+        pure.free(0)
+        hy.free(0)
+        a, b = pure.forward(0, toks), hy.forward(0, toks)
+        for _ in range(8):
+            assert np.abs(a - b).max() <= 1e-2 * max(1.0, float(np.abs(a).max()))
+            nxt = [int(a.argmax())]
+            a, b = pure.forward(0, nxt), hy.forward(0, nxt)
 
 
 def test_no_slots_runs_every_expert_on_the_cpu(files: dict[str, Path]) -> None:

@@ -132,6 +132,7 @@ class Model:
         stream_chunk: int = 4096,
         stream_threads: int = 0,
         cpu_repack: bool = True,
+        pcie_frac: float = 0.0,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

@@ -152,7 +152,7 @@ class LLM:
         gpu: dict[str, Any] = {}
         if c.device == "cuda":
             # The hybrid mode's settings (on when vram_budget_mib is set or the model does not
-            # fit whole). pcie_frac is not used yet: every miss runs on the CPU pool.
+            # fit whole); pcie_frac -1 probes the link and the RAM at start.
             gpu = dict(
                 vram_budget_mib=c.vram_budget_mib,
                 vram_reserve_mib=c.vram_reserve_mib,
@@ -162,6 +162,7 @@ class LLM:
                 stream_min_tokens=c.stream_min_tokens,
                 stream_chunk=c.stream_chunk,
                 stream_threads=c.stream_threads,
+                pcie_frac=c.pcie_frac,
                 profile=Profile.load(c.profile, self.path) if c.profile else None,
             )
         self.model = Model.open(

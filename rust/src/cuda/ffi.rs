@@ -41,6 +41,10 @@ pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub const CU_EVENT_DEFAULT: c_uint = 0x0;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+pub const CU_MEMHOSTREGISTER_READ_ONLY: c_uint = 0x8;
+pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: c_int = 113;
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
@@ -126,6 +130,10 @@ driver_api! {
     cuMemFree: ["cuMemFree_v2"] fn(CUdeviceptr);
     cuMemHostAlloc: ["cuMemHostAlloc"] fn(*mut *mut c_void, usize, c_uint);
     cuMemFreeHost: ["cuMemFreeHost"] fn(*mut c_void);
+    cuMemHostRegister: ["cuMemHostRegister_v2", "cuMemHostRegister"] fn(*mut c_void, usize, c_uint);
+    cuMemHostUnregister: ["cuMemHostUnregister"] fn(*mut c_void);
+    cuMemHostGetDevicePointer: ["cuMemHostGetDevicePointer_v2"] fn(
+        *mut CUdeviceptr, *mut c_void, c_uint);
     cuMemcpyHtoD: ["cuMemcpyHtoD_v2"] fn(CUdeviceptr, *const c_void, usize);
     cuMemcpyDtoH: ["cuMemcpyDtoH_v2"] fn(*mut c_void, CUdeviceptr, usize);
     cuMemcpyDtoD: ["cuMemcpyDtoD_v2"] fn(CUdeviceptr, CUdeviceptr, usize);

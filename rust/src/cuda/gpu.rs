@@ -3,7 +3,7 @@
 use super::fatbin;
 use super::ffi::{self, cu, CUcontext, CUdevice, CUmodule, CUstream, Driver};
 use super::kernel::Kernel;
-use super::mem::{DevBuf, PinnedBuf};
+use super::mem::{DevBuf, HostRegistration, PinnedBuf};
 use super::stream::{Event, Stream};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -34,6 +34,11 @@ impl Ctx {
     pub(crate) fn bind(&self) -> Result<()> {
         let drv = self.drv;
         cu!(drv.cuCtxSetCurrent(self.ctx))
+    }
+
+    /// A device attribute of this context's device.
+    pub(crate) fn attr(&self, a: i32) -> Result<i32> {
+        attr(self.drv, self.dev, a)
     }
 }
 
@@ -271,6 +276,16 @@ impl Gpu {
     /// `bytes` of page-locked host memory, usable by every context (cuMemHostAlloc PORTABLE).
     pub fn host_alloc(&self, bytes: usize) -> Result<PinnedBuf> {
         PinnedBuf::alloc(&self.ctx, bytes)
+    }
+
+    /// Pins `[ptr, ptr + len)` (host memory the caller keeps mapped, page aligned) and maps it
+    /// for the device's kernels (`HostRegistration::dev_ptr`).
+    ///
+    /// # Safety
+    /// The range must stay mapped until the registration drops.
+    pub unsafe fn register_host(&self, ptr: *const u8, len: usize) -> Result<HostRegistration> {
+        // SAFETY: the caller's contract.
+        unsafe { HostRegistration::new(&self.ctx, ptr, len) }
     }
 
     /// Waits for all work on this device.

@@ -1,4 +1,5 @@
-//! Device memory (`DevBuf`) and page-locked host memory (`PinnedBuf`). Every copy is
+//! Device memory (`DevBuf`), page-locked host memory (`PinnedBuf`) and host memory registered
+//! with the driver (`HostRegistration`). Every copy is
 //! bounds-checked on the host and fails with `Error::Shape` before the driver is called.
 
 use super::ffi::{cu, CUdeviceptr};
@@ -348,6 +349,90 @@ impl Drop for PinnedBuf {
         if self.len > 0 && self.ctx.bind().is_ok() {
             let drv = self.ctx.drv;
             let _ = cu!(drv.cuMemFreeHost(self.ptr.cast()));
+        }
+    }
+}
+
+/// Host memory the caller owns, page-locked and mapped into the device's address space
+/// (cuMemHostRegister, read-only where the device supports it): kernels read it over the link
+/// through `dev_ptr`. `Drop` unregisters; the memory must outlive this value.
+pub struct HostRegistration {
+    ctx: Arc<Ctx>,
+    ptr: *mut c_void,
+    len: usize,
+    dev: CUdeviceptr,
+    read_only: bool,
+}
+
+// SAFETY: the registration is a handle to memory the driver pinned; it is never written
+// through here.
+unsafe impl Send for HostRegistration {}
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// # Safety
+    /// `[ptr, ptr + len)` must be mapped host memory, page aligned, that stays mapped until
+    /// this value drops.
+    pub(crate) unsafe fn new(ctx: &Arc<Ctx>, ptr: *const u8, len: usize) -> Result<Self> {
+        use super::ffi::{
+            CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED as RO_ATTR,
+            CU_MEMHOSTREGISTER_DEVICEMAP as MAP, CU_MEMHOSTREGISTER_PORTABLE as PORT,
+            CU_MEMHOSTREGISTER_READ_ONLY as RO,
+        };
+        if len == 0 || !(ptr as usize).is_multiple_of(4096) {
+            return Err(Error::Shape(format!(
+                "host registration of {len} bytes at {ptr:p}: must be non-empty and page aligned"
+            )));
+        }
+        ctx.bind()?;
+        let drv = ctx.drv;
+        let read_only = ctx.attr(RO_ATTR)? == 1;
+        let flags = PORT | MAP | if read_only { RO } else { 0 };
+        let p = ptr as *mut c_void;
+        cu!(drv.cuMemHostRegister(p, len, flags))?;
+        let mut dev: CUdeviceptr = 0;
+        if let Err(e) = cu!(drv.cuMemHostGetDevicePointer(&mut dev, p, 0)) {
+            let _ = cu!(drv.cuMemHostUnregister(p));
+            return Err(e);
+        }
+        Ok(HostRegistration {
+            ctx: ctx.clone(),
+            ptr: p,
+            len,
+            dev,
+            read_only,
+        })
+    }
+
+    /// The device address of the registered range's first byte.
+    pub fn dev_ptr(&self) -> u64 {
+        self.dev
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Registered read-only (the device supports it); else read-write.
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// The host address of the first byte.
+    pub fn host_ptr(&self) -> *const u8 {
+        self.ptr.cast()
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.ctx.bind().is_ok() {
+            let drv = self.ctx.drv;
+            let _ = cu!(drv.cuMemHostUnregister(self.ptr));
         }
     }
 }

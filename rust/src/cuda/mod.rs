@@ -15,7 +15,7 @@ mod stream;
 pub use ffi::CUstream;
 pub use gpu::Gpu;
 pub use kernel::{Arg, Kernel, MAX_ARGS};
-pub use mem::{DevBuf, PinnedBuf};
+pub use mem::{DevBuf, HostRegistration, PinnedBuf};
 pub use stream::{Event, Graph, Stream};
 
 /// Whether nvcc built the kernels into this binary, and if not, why.

@@ -8,10 +8,12 @@
 //!   host: wait for the event; LayerSplit (hit / CPU miss); the pool computes
 //!         y_miss f32 [T, H] = Σ_{CPU misses j} w[t, j]·expert_{ids[t, j]}(h[t])
 //!   y_miss → device (pinned, on the compute stream), x += y_miss
+//!   PCIe misses (`pcie_frac` of the missed experts, chunks of ≤ 8 tokens): the GPU runs them
+//!         through the same kernels, reading their bytes over the link from the registered
+//!         mapping (`pcie.rs`), while the pool computes the rest
 //! A layer without CPU misses skips the upload and the add. Chunks of fewer than
-//! `stream_min_tokens` tokens work this way (the CPU computes every missed pair; `pcie_frac`
-//! is not used: no decode miss goes over PCIe); longer prefill chunks copy every missing
-//! expert of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
+//! `stream_min_tokens` tokens work this way; longer prefill chunks copy every missing expert
+//! of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
 //!
 //! Between steps (a gap, the step complete): the step's event goes to the fences, the tier
 //! driver chooses / stages / issues swaps (sync or async), and the table changes go to the
@@ -19,6 +21,7 @@
 //! step is launched, so a step reads the table exactly as the host split it.
 
 use super::model::Bufs;
+use super::pcie::PcieMisses;
 use super::stream_in::StreamIn;
 use super::weights::GpuLayer;
 use crate::cuda::ops::view::Dv;
@@ -74,6 +77,10 @@ pub struct HybridConfig {
     /// Threads that copy streamed experts into the page-locked bounce buffers (0: one per
     /// core, at most 8).
     pub stream_threads: usize,
+    /// Share of the missed experts of decode steps (chunks of ≤ 8 tokens) run on the GPU from
+    /// the registered mapping over PCIe, 0..1; negative: from a probe of the link and of the
+    /// RAM bandwidth at start (`default_pcie_frac`); 0: every miss on the CPU.
+    pub pcie_frac: f64,
 }
 
 /// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
@@ -170,6 +177,10 @@ pub struct HybridInfo {
     pub stream_threads: usize,
     /// Tokens per streamed prefill chunk (0: chunks do not stream; set by the model).
     pub stream_chunk: usize,
+    /// The share of decode misses run over PCIe (0: none), and how the link is used: "off",
+    /// "registered N bytes (read-only)", or why it is not.
+    pub pcie_frac: f64,
+    pub pcie: String,
 }
 
 pub struct Hybrid {
@@ -207,6 +218,9 @@ pub struct Hybrid {
     stream: Option<StreamIn>,
     /// When the last CPU-path layer of this step returned (the phase timing).
     t_last: Option<Instant>,
+    /// Decode misses over PCIe (None: off, or the mapping could not be registered).
+    pcie: Option<PcieMisses>,
+    pcie_note: String,
 }
 
 fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
@@ -236,12 +250,8 @@ impl Hybrid {
         let shapes = shapes(&weights)?;
         let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
         let y_miss = gpu.alloc(4 * t * hd)?;
-        let layers: ExpertTensors = weights
-            .layers
-            .iter()
-            .zip(&shapes)
-            .map(|(l, s)| s.map(|s| ([l.gate.clone(), l.up.clone(), l.down.clone()], s)))
-            .collect();
+        let layers = layers_of(&weights, &shapes);
+        let (pcie, pcie_note, frac) = open_pcie(gpu, &weights, &layers, ne, cfg.pcie_frac);
         let min = cfg.stream_min_tokens;
         let mut stream = if min > 0 && t >= min {
             let g = weights.gguf.clone();
@@ -337,7 +347,7 @@ impl Hybrid {
             routing_hot: Arc::new(RoutingCounters::new(nl, ne, HOT_HALF_LIFE)),
             routing_adapt,
             split: LayerSplit::default(),
-            share: PcieShare::new(0.0),
+            share: PcieShare::new(frac),
             pin_ids: gpu.host_alloc(4 * t * k)?,
             pin_wts: gpu.host_alloc(4 * t * k)?,
             pin_h: gpu.host_alloc(4 * t * hd)?,
@@ -351,6 +361,8 @@ impl Hybrid {
             steps: 0,
             stream,
             t_last: None,
+            pcie,
+            pcie_note,
         })
     }
 
@@ -366,6 +378,12 @@ impl Hybrid {
             stream_areas: self.stream.as_ref().map_or(0, |s| s.n_areas()),
             stream_threads: self.stream.as_ref().map_or(0, |s| s.n_lanes()),
             stream_chunk: 0,
+            pcie_frac: if self.pcie.is_some() {
+                self.share.frac()
+            } else {
+                0.0
+            },
+            pcie: self.pcie_note.clone(),
         }
     }
 
@@ -497,10 +515,21 @@ impl Hybrid {
         self.routing.observe(l, &self.ids);
         self.routing_hot.observe(l, &self.ids);
         self.routing_adapt.observe(l, &self.ids);
-        self.split.split(&self.table, l, &self.ids, &mut self.share);
+        let mut none = PcieShare::new(0.0);
+        let share = match self.pcie {
+            Some(_) if t <= quant::MMVQ_MAX_TOKENS => &mut self.share,
+            _ => &mut none,
+        };
+        self.split.split(&self.table, l, &self.ids, share);
         let sp = &self.split;
         self.counters
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
+        if let Some(pc) = self.pcie.as_mut().filter(|_| sp.miss_pcie > 0) {
+            // the PCIe misses on the GPU, while the pool computes the CPU's
+            let (tabs, bytes) = pc.tables(s, l, &sp.pcie_experts)?;
+            self.counters.record_pcie(bytes);
+            experts_through(q, s, hp, b, lw, t, tabs)?;
+        }
         if sp.all_on_gpu() {
             self.counters.record_handoff((8 * nk) as u64);
             self.layer_done([t0, t1, t2, Instant::now()], between);
@@ -542,6 +571,49 @@ impl Hybrid {
             ns(t[3], now),
         ]);
         self.t_last = Some(now);
+    }
+}
+
+/// Per layer: the expert tensors and one expert's shape (None: no routed experts).
+fn layers_of(w: &Weights, shapes: &[Option<ExpertShape>]) -> ExpertTensors {
+    w.layers
+        .iter()
+        .zip(shapes)
+        .map(|(l, s)| s.map(|s| ([l.gate.clone(), l.up.clone(), l.down.clone()], s)))
+        .collect()
+}
+
+/// The PCIe side of decode misses for `pcie_frac` = `frac` (negative: probe the link and the
+/// RAM): the registration (None when off or refused), what `HybridInfo::pcie` says, and the
+/// share.
+fn open_pcie(
+    gpu: &Arc<Gpu>,
+    w: &Weights,
+    layers: &ExpertTensors,
+    ne: usize,
+    frac: f64,
+) -> (Option<PcieMisses>, String, f64) {
+    if frac == 0.0 || frac.is_nan() {
+        return (None, "off".into(), 0.0);
+    }
+    let frac = if frac < 0.0 {
+        let link = vram::probe_pcie_gbps(gpu, 64).unwrap_or(0.0);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let ram = crate::pool::membench::read_gbps(256 << 20, threads, 3);
+        vram::default_pcie_frac(link, ram)
+    } else {
+        frac.min(1.0)
+    };
+    if frac <= 0.0 {
+        return (None, "off (the link probe gave no bandwidth)".into(), 0.0);
+    }
+    match PcieMisses::new(gpu, w.gguf.clone(), layers, ne) {
+        Ok(p) => {
+            let (n, ro) = p.registered();
+            let how = if ro { "read-only" } else { "read-write" };
+            (Some(p), format!("registered {n} bytes ({how})"), frac)
+        }
+        Err(e) => (None, format!("unavailable: {e}"), 0.0),
     }
 }
 

@@ -6,6 +6,7 @@
 mod bounce;
 pub mod hybrid;
 mod model;
+mod pcie;
 mod step;
 mod stream_in;
 pub mod weights;

@@ -156,7 +156,9 @@ impl PyModel {
     /// run every pair on the GPU; shorter ones (decode) compute the misses on the CPU. A call
     /// whose chunks stream is cut into chunks of `stream_chunk` tokens (0: `prefill_chunk`;
     /// the buffers are sized for the longer of the two), and `stream_threads` threads (0: one
-    /// per core, at most 8) copy the experts into page-locked bounce buffers.
+    /// per core, at most 8) copy the experts into page-locked bounce buffers. `pcie_frac` of
+    /// the missed experts of decode steps (0..1; negative: from a probe of the link and the
+    /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
@@ -164,7 +166,7 @@ impl PyModel {
                         cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
                         vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
                         profile=None, stream_min_tokens=64, stream_chunk=4096,
-                        stream_threads=0, cpu_repack=true))]
+                        stream_threads=0, cpu_repack=true, pcie_frac=0.0))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -188,6 +190,7 @@ impl PyModel {
         stream_chunk: usize,
         stream_threads: usize,
         cpu_repack: bool,
+        pcie_frac: f64,
     ) -> PyResult<Self> {
         let cfg = ModelConfig {
             n_ctx,
@@ -214,6 +217,7 @@ impl PyModel {
                     stream_min_tokens,
                     stream_chunk,
                     stream_threads,
+                    pcie_frac,
                     compute: Box::new(move || {
                         make_compute(threads, host_participates, pool_pipeline)
                     }),
@@ -461,7 +465,9 @@ impl PyModel {
     /// `tier_async`, `adapt_every`, `adapt_swaps`, `stream_min_tokens` (0: chunks do not
     /// stream, or cannot), `stream_chunk` (tokens per streamed chunk; 0: none stream),
     /// `stream_areas` (staging areas: 2 = double-buffered, 0: none), `stream_threads`
-    /// (bounce copy threads); None unless the model runs in that mode.
+    /// (bounce copy threads), `pcie_frac` (share of decode misses run over PCIe) and `pcie`
+    /// ("off", "registered N bytes (read-only)", or why not); None unless the model runs in
+    /// that mode.
     fn hybrid_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(i) = self.with(py, |m| match m {
             Backend::Cpu(_) => None,
@@ -486,6 +492,8 @@ impl PyModel {
         d.set_item("stream_areas", i.stream_areas)?;
         d.set_item("stream_threads", i.stream_threads)?;
         d.set_item("stream_chunk", i.stream_chunk)?;
+        d.set_item("pcie_frac", i.pcie_frac)?;
+        d.set_item("pcie", i.pcie)?;
         Ok(Some(d))
     }
 

@@ -29,7 +29,7 @@ pub(super) const MMVQ_TOKENS: usize = 8;
 /// The largest grid.y / grid.z.
 const GRID_YZ_MAX: usize = 65535;
 /// Above this many tokens the tiled tensor-core kernels (mmq) replace the matrix-vector ones.
-pub(super) const MMVQ_MAX_TOKENS: usize = 8;
+pub const MMVQ_MAX_TOKENS: usize = 8;
 
 /// What the kernels know about a weight type: its kernel-name suffix, whether the activations
 /// stay f32 (float weights) or become int8 blocks, the alignment its loads need, elements per

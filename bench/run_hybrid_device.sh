@@ -33,7 +33,7 @@ mkdir -p "$D"
 t0=$(date +%s)
 ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-reps "${LLREPS:-2}"
     --pp "${PP:-4096}" --gen "${GEN:-64}" --stream-chunk "${STREAM_CHUNK:-4096}"
-    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}" --pcie-frac "${PCIE_FRAC:--1,0}")
+    --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}" --pcie-frac="${PCIE_FRAC:--1,0}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
 [ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
 if [ "$PHASE" != bench ]; then

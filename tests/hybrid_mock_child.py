@@ -3,9 +3,10 @@ driver with no-op kernels (STRATA_MOCK_NOOP_KERNELS=1): the hybrid step's host-s
 flow on a real test model. Kernels do nothing and memory starts zeroed, so the router routes
 both of every token's picks to expert 0; the profile ranks experts 5-7 hottest, so expert 0
 starts outside VRAM and the adaptive tier (a choice after every step) must bring it in.
-Streamed prefill: chunks of `stream_chunk` tokens (24: two chunks of the 48-token prompt;
-4096: one, capped at n_ctx), two staging areas (the plan has room), the bounce copy threads;
-the bytes moved are one copy of each missing expert per chunk.
+With `pcie_frac=1.0` (`run_pcie`), decode misses are staged over PCIe. Streamed prefill:
+chunks of `stream_chunk` tokens (24: two chunks of the 48-token prompt; 4096: one, capped at
+n_ctx), two staging areas (the plan has room), the bounce copy threads; the bytes moved are
+one copy of each missing expert per chunk.
 
     python tests/hybrid_mock_child.py MODEL.gguf
 """
@@ -91,8 +92,43 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     return np.asarray(logits)
 
 
+def run_pcie(path: str) -> None:
+    """`pcie_frac=1.0` without adaptation: expert 0 (every pick) stays outside VRAM, so every
+    decode step stages it over PCIe once per layer (the token's two picks name it twice) and
+    runs it on the GPU, while prefill chunks (24 tokens: more than 8) compute their misses on
+    the CPU; the staging copies move real bytes from the registered mapping."""
+    counts = np.zeros((N_LAYER, N_EXPERT), np.float32)
+    counts[:, 5:] = 10.0
+    m = Model.open(
+        path,
+        n_ctx=256,
+        prefill_chunk=24,
+        device="cuda",
+        threads=1,
+        vram_slots=6,
+        profile=Profile.from_counts(path, counts, 100),
+        adapt_every=0,
+        stream_min_tokens=0,
+        pcie_frac=1.0,
+    )
+    info = m.hybrid_info()
+    c = m.hybrid_counters()
+    assert info is not None and c is not None
+    assert info["pcie"].startswith("registered") and info["pcie"].endswith("(read-only)"), info
+    assert info["pcie_frac"] == 1.0
+    eb = info["expert_bytes_total"] // 24
+    m.forward(0, list(range(1, 49)), logits="all")
+    assert c.totals() == (0, 48 * N_LAYER * K, 0), c.totals()
+    for _ in range(10):
+        m.forward(0, [5])
+    assert c.totals() == (0, 48 * N_LAYER * K, 10 * N_LAYER * K), c.totals()
+    assert c.snapshot()["pcie_bytes"] == 10 * N_LAYER * eb, c.snapshot()["pcie_bytes"] / eb
+    print(f"pcie: totals {c.totals()}, pcie bytes {c.snapshot()['pcie_bytes']}")
+
+
 def main() -> None:
     path = sys.argv[1]
+    run_pcie(path)
     for tier_async in (False, True):
         ref = run(path, tier_async, False)
         for sc in (24, 0 if tier_async else 4096):

@@ -57,6 +57,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* v, CUdevice_attribute a, CUdevice d) 
         case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; return OK;
         case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *v = 232448; return OK;
         case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *v = 50 << 20; return OK;
+        case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: *v = 1; return OK;
         default: return CUDA_ERROR_INVALID_VALUE;
     }
 }
@@ -143,6 +144,10 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr* p, size_t n) {
 CUresult CUDAAPI cuMemFree(CUdeviceptr p) { NEED_CTX(); free((void*)(uintptr_t)p); --g_live_allocs; return OK; }
 CUresult CUDAAPI cuMemHostAlloc(void** p, size_t n, unsigned int flags) { (void)flags; *p = malloc(n); return *p ? OK : CUDA_ERROR_OUT_OF_MEMORY; }
 CUresult CUDAAPI cuMemFreeHost(void* p) { free(p); return OK; }
+/* host memory "registered": device pointers are host pointers here */
+CUresult CUDAAPI cuMemHostRegister(void* p, size_t n, unsigned int flags) { (void)flags; return p && n ? OK : CUDA_ERROR_INVALID_VALUE; }
+CUresult CUDAAPI cuMemHostUnregister(void* p) { (void)p; return OK; }
+CUresult CUDAAPI cuMemHostGetDevicePointer(CUdeviceptr* d, void* p, unsigned int flags) { (void)flags; *d = (CUdeviceptr)(uintptr_t)p; return OK; }
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr d, const void* s, size_t n) { memcpy((void*)(uintptr_t)d, s, n); return OK; }
 CUresult CUDAAPI cuMemcpyDtoH(void* d, CUdeviceptr s, size_t n) { memcpy(d, (void*)(uintptr_t)s, n); return OK; }
 CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr d, CUdeviceptr s, size_t n) { memmove((void*)(uintptr_t)d, (void*)(uintptr_t)s, n); return OK; }

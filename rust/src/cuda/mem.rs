@@ -386,7 +386,7 @@ impl HostRegistration {
         }
         ctx.bind()?;
         let drv = ctx.drv;
-        let read_only = ctx.attr(RO_ATTR)? == 1;
+        let read_only = ctx.attr(RO_ATTR).is_ok_and(|v| v == 1);
         let flags = PORT | MAP | if read_only { RO } else { 0 };
         let p = ptr as *mut c_void;
         cu!(drv.cuMemHostRegister(p, len, flags))?;
@@ -425,6 +425,43 @@ impl HostRegistration {
     /// The host address of the first byte.
     pub fn host_ptr(&self) -> *const u8 {
         self.ptr.cast()
+    }
+
+    /// Asynchronous DMA of `bytes` from `self[src_off..]` to `dst[dst_off..]` on `s` (the
+    /// registered memory is page-locked: the copy engine reads it directly).
+    pub fn copy_to_async(
+        &self,
+        s: &Stream,
+        dst: &DevBuf,
+        dst_off: usize,
+        src_off: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        span(
+            "HostRegistration::copy_to_async (device)",
+            dst_off,
+            bytes,
+            dst.len,
+        )?;
+        span(
+            "HostRegistration::copy_to_async (host)",
+            src_off,
+            bytes,
+            self.len,
+        )?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        let drv = self.ctx.drv;
+        // SAFETY: both ranges are in bounds; the source stays registered (and mapped, the
+        // owner's contract) while `self` lives.
+        cu!(drv.cuMemcpyHtoDAsync(
+            dst.ptr + dst_off as u64,
+            self.ptr.cast::<u8>().add(src_off).cast(),
+            bytes,
+            s.raw()
+        ))
     }
 }
 

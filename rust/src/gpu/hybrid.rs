@@ -8,9 +8,9 @@
 //!   host: wait for the event; LayerSplit (hit / CPU miss); the pool computes
 //!         y_miss f32 [T, H] = Σ_{CPU misses j} w[t, j]·expert_{ids[t, j]}(h[t])
 //!   y_miss → device (pinned, on the compute stream), x += y_miss
-//!   PCIe misses (`pcie_frac` of the missed experts, chunks of ≤ 8 tokens): the GPU runs them
-//!         through the same kernels, reading their bytes over the link from the registered
-//!         mapping (`pcie.rs`), while the pool computes the rest
+//!   PCIe misses (`pcie_frac` of the missed experts, chunks of ≤ 8 tokens): the copy engine
+//!         moves them from the registered mapping into a staging area and the GPU runs them
+//!         through the same kernels (`pcie.rs`), while the pool computes the rest
 //! A layer without CPU misses skips the upload and the add. Chunks of fewer than
 //! `stream_min_tokens` tokens work this way; longer prefill chunks copy every missing expert
 //! of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
@@ -26,7 +26,7 @@ use super::stream_in::StreamIn;
 use super::weights::GpuLayer;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{elementwise, quant};
-use crate::cuda::{as_bytes, DevBuf, Event, Gpu, PinnedBuf, Stream};
+use crate::cuda::{as_bytes, DevBuf, Event, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::model::weights::Weights;
@@ -221,6 +221,8 @@ pub struct Hybrid {
     /// Decode misses over PCIe (None: off, or the mapping could not be registered).
     pcie: Option<PcieMisses>,
     pcie_note: String,
+    top_k: usize,
+    n_embd: usize,
 }
 
 fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
@@ -251,7 +253,7 @@ impl Hybrid {
         let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
         let y_miss = gpu.alloc(4 * t * hd)?;
         let layers = layers_of(&weights, &shapes);
-        let (pcie, pcie_note, frac) = open_pcie(gpu, &weights, &layers, ne, cfg.pcie_frac);
+        let (pcie, pcie_note, frac) = open_pcie(gpu, &weights, &layers, ne, k, cfg.pcie_frac);
         let min = cfg.stream_min_tokens;
         let mut stream = if min > 0 && t >= min {
             let g = weights.gguf.clone();
@@ -347,7 +349,7 @@ impl Hybrid {
             routing_hot: Arc::new(RoutingCounters::new(nl, ne, HOT_HALF_LIFE)),
             routing_adapt,
             split: LayerSplit::default(),
-            share: PcieShare::new(frac),
+            share: PcieShare::new(frac).with_cap(pcie.as_ref().map_or(0, PcieMisses::cap)),
             pin_ids: gpu.host_alloc(4 * t * k)?,
             pin_wts: gpu.host_alloc(4 * t * k)?,
             pin_h: gpu.host_alloc(4 * t * hd)?,
@@ -363,6 +365,8 @@ impl Hybrid {
             t_last: None,
             pcie,
             pcie_note,
+            top_k: k,
+            n_embd: hd,
         })
     }
 
@@ -450,9 +454,54 @@ impl Hybrid {
         Ok(())
     }
 
+    /// Whether a chunk of `t` tokens streams its layers' missing experts (`stream_in`).
+    fn streams(&self, t: usize) -> bool {
+        self.stream.as_ref().is_some_and(|st| t >= st.min_tokens)
+    }
+
+    /// After layer `l`'s router, before `moe_layer`: the routing and the FFN input of a chunk
+    /// that does not stream go to the host's pinned buffers (launches only: the per-layer
+    /// decode graph holds them).
+    pub(super) fn moe_pre(&mut self, s: &Stream, b: &Bufs, t: usize) -> Result<()> {
+        if self.streams(t) {
+            return Ok(());
+        }
+        let (nk, hd) = (t * self.top_k, self.n_embd);
+        b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
+        b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
+        b.h.read_async(s, 0, &mut self.pin_h, 0, 4 * t * hd)
+    }
+
+    /// Layer `l`'s resident experts through the slot pointer tables (a miss adds nothing):
+    /// launches only (the per-layer decode graph holds them).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn resident(
+        &self,
+        q: &quant::QuantOps,
+        s: &Stream,
+        hp: &HParams,
+        b: &Bufs,
+        lw: &GpuLayer,
+        l: usize,
+        t: usize,
+    ) -> Result<()> {
+        let base = self.ptrs_dev.ptr();
+        let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
+        experts_through(
+            q,
+            s,
+            hp,
+            b,
+            lw,
+            t,
+            [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
+        )
+    }
+
     /// The routed experts of layer `l` for the T tokens whose normed FFN input is `b.h` and
-    /// routing `b.ids`/`b.wts`: resident pairs on the GPU, the others on the CPU, both added
-    /// into `b.x`.
+    /// routing `b.ids`/`b.wts` (`moe_pre` queued their copies to the host): resident pairs on
+    /// the GPU (`resident`, or its captured graph), PCIe misses staged and run on the GPU,
+    /// the others on the CPU, all added into `b.x`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_layer(
         &mut self,
@@ -464,6 +513,7 @@ impl Hybrid {
         lw: &GpuLayer,
         l: usize,
         t: usize,
+        resident: Option<&Graph>,
     ) -> Result<()> {
         let (hd, k) = (hp.n_embd, hp.n_expert_used);
         let nk = t * k;
@@ -485,23 +535,13 @@ impl Hybrid {
         }
         let t0 = Instant::now();
         let between = self.t_last.map_or(0, |t| (t0 - t).as_nanos() as u64);
-        // routing and input to the host, then the event the host waits for
-        b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
-        b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
-        b.h.read_async(s, 0, &mut self.pin_h, 0, 4 * t * hd)?;
+        // the event the host waits for (routing and input are on their way to the host)
         self.ev.record(s)?;
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
-        let base = self.ptrs_dev.ptr();
-        let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
-        experts_through(
-            q,
-            s,
-            hp,
-            b,
-            lw,
-            t,
-            [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
-        )?;
+        match resident {
+            Some(g) => g.launch(s)?,
+            None => self.resident(q, s, hp, b, lw, l, t)?,
+        }
         // the CPU's part, while the GPU runs the resident experts
         let t1 = Instant::now();
         self.ev.sync()?;
@@ -526,7 +566,7 @@ impl Hybrid {
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
         if let Some(pc) = self.pcie.as_mut().filter(|_| sp.miss_pcie > 0) {
             // the PCIe misses on the GPU, while the pool computes the CPU's
-            let (tabs, bytes) = pc.tables(s, l, &sp.pcie_experts)?;
+            let (tabs, bytes) = pc.stage(s, l, &sp.pcie_experts)?;
             self.counters.record_pcie(bytes);
             experts_through(q, s, hp, b, lw, t, tabs)?;
         }
@@ -591,6 +631,7 @@ fn open_pcie(
     w: &Weights,
     layers: &ExpertTensors,
     ne: usize,
+    cap: usize,
     frac: f64,
 ) -> (Option<PcieMisses>, String, f64) {
     if frac == 0.0 || frac.is_nan() {
@@ -607,7 +648,7 @@ fn open_pcie(
     if frac <= 0.0 {
         return (None, "off (the link probe gave no bandwidth)".into(), 0.0);
     }
-    match PcieMisses::new(gpu, w.gguf.clone(), layers, ne) {
+    match PcieMisses::new(gpu, w.gguf.clone(), layers, ne, cap) {
         Ok(p) => {
             let (n, ro) = p.registered();
             let how = if ro { "read-only" } else { "read-write" };

@@ -78,6 +78,9 @@ pub struct GpuModel {
     eager_steps: usize,
     /// Why capturing the decode graph failed (the step then runs kernel by kernel).
     graph_error: Option<String>,
+    /// The hybrid one-token step's graphs, per layer: [attention, router and the routing to
+    /// the host; the resident experts] (the host's split and the CPU misses run between).
+    hy_graphs: Option<Vec<[Graph; 2]>>,
     /// Bytes of the routed-expert tensors and of everything else (for `hparams`).
     pub expert_bytes: usize,
     pub non_expert_bytes: usize,
@@ -242,6 +245,7 @@ impl GpuModel {
             use_graph: true,
             eager_steps: 0,
             graph_error: None,
+            hy_graphs: None,
         })
     }
 
@@ -292,21 +296,24 @@ impl GpuModel {
         self.use_graph = on;
     }
 
-    /// Whether the decode graph has been captured.
+    /// Whether the decode graph (the hybrid mode's per-layer graphs) has been captured.
     pub fn graph_captured(&self) -> bool {
-        self.graph.is_some()
+        self.graph.is_some() || self.hy_graphs.is_some()
     }
 
     /// "captured", "not yet", "off", or "failed: why" (then the step runs kernel by kernel).
+    /// The hybrid mode says "captured (per layer)" for its per-layer graphs.
     pub fn graph_state(&self) -> String {
-        if self.hybrid.is_some() {
-            return "off (hybrid)".into();
-        }
-        match (&self.graph, &self.graph_error, self.use_graph) {
-            (Some(_), _, true) => "captured".into(),
+        let captured = match self.hybrid {
+            Some(_) => self.hy_graphs.is_some(),
+            None => self.graph.is_some(),
+        };
+        match (captured, &self.graph_error, self.use_graph) {
+            (true, _, true) if self.hybrid.is_some() => "captured (per layer)".into(),
+            (true, _, true) => "captured".into(),
             (_, Some(e), _) => format!("failed: {e}"),
             (_, None, false) => "off".into(),
-            (None, None, true) => "not yet".into(),
+            (false, None, true) => "not yet".into(),
         }
     }
 
@@ -438,13 +445,25 @@ impl GpuModel {
         self.logits_out(t, rows, dst)
     }
 
-    /// One chunk in the hybrid mode (kernel by kernel, with a host wait per layer; no graph),
-    /// between the tier's gaps. `params` is queued already.
+    /// One chunk in the hybrid mode, with a host wait per layer, between the tier's gaps; a
+    /// one-token step replays per-layer graphs (captured after the first step ran eagerly).
+    /// `params` is queued already.
     fn run_chunk_hybrid(&mut self, t: usize, rows: usize, dst: Option<&mut [f32]>) -> Result<()> {
         let mut hy = self.hybrid.take().expect("hybrid mode");
         let r = (|| -> Result<()> {
             hy.before_step(&self.stream)?;
-            self.layers(t, Some(&mut hy))?;
+            let graph_ok = self.use_graph && self.graph_error.is_none();
+            let graphed = t == 1 && graph_ok && (self.hy_graphs.is_some() || self.eager_steps > 0);
+            if graphed && self.hy_graphs.is_none() {
+                self.capture_hybrid(&mut hy)?;
+            }
+            match self.hy_graphs.as_ref().filter(|_| graphed) {
+                Some(gs) => self.layers_graphed(&mut hy, gs)?,
+                None => {
+                    self.layers(t, Some(&mut hy))?;
+                    self.eager_steps += usize::from(t == 1);
+                }
+            }
             hy.step_launched(&self.gpu, &self.stream)?;
             self.logits_out(t, rows, dst)?;
             hy.after_step(self.hp.n_expert_used)
@@ -468,6 +487,50 @@ impl GpuModel {
         } else {
             self.stream.sync()?;
         }
+        Ok(())
+    }
+
+    /// The hybrid one-token step's layers from the per-layer graphs `gs`.
+    fn layers_graphed(&self, hy: &mut Hybrid, gs: &[[Graph; 2]]) -> Result<()> {
+        self.embed(1)?;
+        for ((l, lw), g) in self.w.layers.iter().enumerate().zip(gs) {
+            g[0].launch(&self.stream)?;
+            let (gpu, s, q, hp, b) = (&self.gpu, &self.stream, &self.q, &self.hp, &self.b);
+            hy.moe_layer(gpu, s, q, hp, b, lw, l, 1, Some(&g[1]))?;
+        }
+        Ok(())
+    }
+
+    /// Captures the hybrid one-token step's per-layer graphs (as `capture`: a refused capture
+    /// goes to `graph_error`, and the step runs kernel by kernel).
+    fn capture_hybrid(&mut self, hy: &mut Hybrid) -> Result<()> {
+        let mut gs = Vec::with_capacity(self.w.layers.len());
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            let mut pair = Vec::with_capacity(2);
+            for part in 0..2 {
+                self.stream.begin_capture()?;
+                let body = if part == 0 {
+                    self.attn_router(l, 1)
+                        .and_then(|()| hy.moe_pre(&self.stream, &self.b, 1))
+                } else {
+                    hy.resident(&self.q, &self.stream, &self.hp, &self.b, lw, l, 1)
+                };
+                let g = self.stream.end_capture();
+                body?;
+                match g {
+                    Ok(g) => pair.push(g),
+                    Err(e) => {
+                        self.graph_error = Some(e.to_string());
+                        return Ok(());
+                    }
+                }
+            }
+            let [a, b]: [Graph; 2] = pair
+                .try_into()
+                .map_err(|_| Error::Config("a layer's graphs were not both captured".into()))?;
+            gs.push([a, b]);
+        }
+        self.hy_graphs = Some(gs);
         Ok(())
     }
 

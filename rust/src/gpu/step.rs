@@ -18,34 +18,66 @@ use crate::error::{Error, Result};
 impl GpuModel {
     /// x [T, H] = the residual stream after every layer for the T tokens in `params`. With
     /// `hybrid`, the routed experts run through its slots and CPU pool (host waits per layer:
-    /// not capturable).
+    /// not capturable as one graph; `layers_hybrid_graphed` replays per-layer graphs).
     pub(super) fn layers(&self, t: usize, mut hybrid: Option<&mut Hybrid>) -> Result<()> {
-        let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
-        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
-        let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
-        let eps = hp.rms_eps;
-        let scale = 1.0 / (hp.head_dim as f32).sqrt();
-        let params = Dv::of(&b.params);
-        let sp = params.sub(0, 8)?;
-        let tok = params.sub(8, 4 * t)?;
-        let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
-        let (q, kk, v, att) = (Dv::of(&b.q), Dv::of(&b.k), Dv::of(&b.v), Dv::of(&b.att));
-        let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
-        let (cos, sin) = (Dv::of(&b.cos), Dv::of(&b.sin));
-        let scr = b.scratch.ptr();
-        let te = &w.token_embd;
+        self.embed(t)?;
+        for (l, lw) in self.w.layers.iter().enumerate() {
+            self.attn_router(l, t)?;
+            match hybrid.as_deref_mut() {
+                Some(hy) => {
+                    hy.moe_pre(&self.stream, &self.b, t)?;
+                    hy.moe_layer(
+                        &self.gpu,
+                        &self.stream,
+                        &self.q,
+                        &self.hp,
+                        &self.b,
+                        lw,
+                        l,
+                        t,
+                        None,
+                    )?
+                }
+                None => self.experts_vram(l, t)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// x [T, H] = the embeddings of the T tokens in `params`.
+    pub(super) fn embed(&self, t: usize) -> Result<()> {
+        let b = &self.b;
+        let tok = Dv::of(&b.params).sub(8, 4 * t)?;
+        let te = &self.w.token_embd;
         quant::get_rows(
             &self.q,
-            s,
+            &self.stream,
             te.ty,
             te.ptr(),
             te.rows,
             te.cols,
             tok.ptr,
             t,
-            x.ptr,
-        )?;
-        for (l, lw) in w.layers.iter().enumerate() {
+            Dv::of(&b.x).ptr,
+        )
+    }
+
+    /// Layer `l`'s attention block and router for T tokens: x += attention; h = the normed
+    /// FFN input [T, H]; ids i32 / wts f32 [T, k] the routing.
+    pub(super) fn attn_router(&self, l: usize, t: usize) -> Result<()> {
+        let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
+        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let (e, k) = (hp.n_expert, hp.n_expert_used);
+        let eps = hp.rms_eps;
+        let scale = 1.0 / (hp.head_dim as f32).sqrt();
+        let sp = Dv::of(&b.params).sub(0, 8)?;
+        let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
+        let (q, kk, v, att) = (Dv::of(&b.q), Dv::of(&b.k), Dv::of(&b.v), Dv::of(&b.att));
+        let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
+        let (cos, sin) = (Dv::of(&b.cos), Dv::of(&b.sin));
+        let scr = b.scratch.ptr();
+        let lw = &w.layers[l];
+        {
             // ---- attention ----
             norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
             // decode: h [T, hd] is quantized once for the three (when they share an activation type)
@@ -133,10 +165,20 @@ impl GpuModel {
             )?;
             let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
             router::topk(g, s, logits, ids, wts, t, e, k, true)?;
-            if let Some(hy) = hybrid.as_deref_mut() {
-                hy.moe_layer(g, s, &self.q, hp, b, lw, l, t)?;
-                continue;
-            }
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s routed experts with every expert in VRAM (the pure path):
+    /// x [T, H] += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h).
+    fn experts_vram(&self, l: usize, t: usize) -> Result<()> {
+        let (s, b, hp) = (&self.stream, &self.b, &self.hp);
+        let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
+        let (x, h) = (Dv::of(&b.x), Dv::of(&b.h));
+        let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
+        let scr = b.scratch.ptr();
+        let lw = &self.w.layers[l];
+        {
             let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
             let (Some(gs), Some(us), Some(ds)) = (&gate.stacked, &up.stacked, &down.stacked) else {
                 return Err(Error::Config(

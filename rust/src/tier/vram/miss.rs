@@ -15,6 +15,8 @@ use crate::pool::SKIP;
 pub struct PcieShare {
     frac: f64,
     carry: f64,
+    /// At most this many experts per layer (the staging area's capacity).
+    cap: usize,
 }
 
 impl PcieShare {
@@ -26,7 +28,14 @@ impl PcieShare {
                 0.0
             },
             carry: 0.0,
+            cap: usize::MAX,
         }
+    }
+
+    /// At most `cap` experts per `take` (what is over the cap does not carry).
+    pub fn with_cap(mut self, cap: usize) -> Self {
+        self.cap = cap;
+        self
     }
 
     pub fn frac(&self) -> f64 {
@@ -36,8 +45,8 @@ impl PcieShare {
     /// Of `n` missed experts, how many go over PCIe now.
     pub fn take(&mut self, n: usize) -> usize {
         self.carry += self.frac * n as f64;
-        let t = (self.carry.floor() as usize).min(n);
-        self.carry -= t as f64;
+        let t = (self.carry.floor() as usize).min(n).min(self.cap);
+        self.carry = (self.carry - t as f64).min(1.0);
         t
     }
 }

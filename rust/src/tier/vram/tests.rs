@@ -328,6 +328,12 @@ fn pcie_share_matches_the_fraction_over_time() {
     assert_eq!(all.take(5), 5);
     assert_eq!(PcieShare::new(f64::NAN).frac(), 0.0);
     assert_eq!(PcieShare::new(7.0).frac(), 1.0);
+    // the staging cap: what is over it runs on the CPU and does not pile up as carry
+    let mut capped = PcieShare::new(0.9).with_cap(2);
+    assert_eq!(capped.take(6), 2);
+    assert_eq!(capped.take(6), 2);
+    assert_eq!(capped.take(1), 1, "carry of 0.9·1 + at most 1 left over");
+    assert_eq!(capped.take(0), 0);
 }
 
 #[test]

@@ -89,8 +89,11 @@ def quantized(dir_: Path, layers: int, kind: str, ty: str, quantizer: str | None
     return out
 
 
-def strata_run(path: Path, a: argparse.Namespace, frac: float, pp_reps: int) -> dict[str, Any]:
-    """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`."""
+def strata_run(
+    path: Path, a: argparse.Namespace, frac: float, pp_reps: int, graph: bool = True
+) -> dict[str, Any]:
+    """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`, decode
+    steps replaying per-layer graphs (`graph`) or launching kernel by kernel."""
     from strata._core import Model, Profile
 
     n_layer, n_expert = layers_experts(path)
@@ -111,6 +114,7 @@ def strata_run(path: Path, a: argparse.Namespace, frac: float, pp_reps: int) -> 
             stream_chunk=a.stream_chunk,
             pool_pipeline=a.pool_pipeline,
             pcie_frac=frac,
+            cuda_graph=graph,
         )
 
     profile = None
@@ -169,6 +173,7 @@ def strata_run(path: Path, a: argparse.Namespace, frac: float, pp_reps: int) -> 
         "swaps": snap["swaps"],
         "phases": phases,
         "info": info,
+        "graph": m.cuda_graph_state,
     }
 
 
@@ -256,6 +261,11 @@ def main() -> None:
     ap.add_argument("--llama-reps", type=int, default=2)
     ap.add_argument("--models", default="uniform,zipf")
     ap.add_argument(
+        "--eager-ab",
+        action="store_true",
+        help="also decode at the first pcie_frac without the per-layer graphs",
+    )
+    ap.add_argument(
         "--pcie-frac",
         default="0",
         help="Strata's pcie_frac values, comma-separated (-1: from the link probe); decode "
@@ -288,6 +298,8 @@ def main() -> None:
     for kind, path in paths.items():
         print(f"== {kind}: {path.name}", file=sys.stderr, flush=True)
         runs = [strata_run(path, a, f, a.pp_reps if j == 0 else 0) for j, f in enumerate(fracs)]
+        if a.eager_ab:
+            runs.append(strata_run(path, a, fracs[0], 0, graph=False))
         recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
         best = llama_best(recs)
         s = runs[0]
@@ -303,15 +315,16 @@ def main() -> None:
             f"decode bound {bound:.1f} tok/s, {bound_link:.1f} with the link "
             f"(RAM {ram:.0f} GB/s, link {link:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
         )
-        for f, r in zip(fracs, runs, strict=True):
+        for f, r in zip([*fracs, fracs[0]], runs, strict=False):
             ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
             ri = r["info"]
             print(
-                f"  Strata pcie_frac {f} (used {ri['pcie_frac']:.3f}, {ri['pcie']}): "
+                f"  Strata pcie_frac {f} (used {ri['pcie_frac']:.3f}, {ri['pcie']}; graph "
+                f"{r['graph']}): "
                 f"tg{a.gen} {r['tg']:.1f} tok/s, hit rate {r['hit_rate']:.3f}, "
                 f"PCIe share {r['pcie_share']:.3f}; host µs per layer: {ph}"
             )
-        s = max(runs, key=lambda r: r["tg"]) | {"pp": s["pp"]}
+        # the table: the first pcie_frac value (the default, -1: the probe's), graphs on
         for rec in recs:
             print(
                 f"  llama.cpp -ncmoe {rec.get('n_cpu_moe')} -ub {rec.get('n_ubatch')}: "

@@ -17,7 +17,8 @@
 # prefill chunk, 4096; 0: the 512 prefill chunk), UBATCH (llama-bench -ub list, "512,4096"),
 # PPREPS (Strata prompt runs, 2), POOL_PIPELINE=1 (the pool's pipelined schedule),
 # MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known),
-# PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none).
+# PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none),
+# EAGER_AB=1 (also decode without the per-layer graphs).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
@@ -36,6 +37,7 @@ ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-re
     --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}" --pcie-frac="${PCIE_FRAC:--1,0}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
 [ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
+[ "${EAGER_AB:-0}" = 1 ] && ARGS+=(--eager-ab)
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then
         (

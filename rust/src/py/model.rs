@@ -497,8 +497,8 @@ impl PyModel {
         Ok(Some(d))
     }
 
-    /// The decode graph: "captured", "not yet", "off", "off (hybrid)", "failed: why", or
-    /// "cpu".
+    /// The decode graph: "captured", "captured (per layer)" (hybrid), "not yet", "off",
+    /// "failed: why", or "cpu".
     #[getter]
     fn cuda_graph_state(&self, py: Python<'_>) -> String {
         self.with(py, |m| match m {

@@ -273,6 +273,8 @@ def test_llm_hybrid_counters_and_status(files: dict[str, Path]) -> None:
 
     llm = LLM(files["Q4_K_M"], n_ctx=128, device="cuda", vram_budget_mib=2048, adapt_every=2)
     assert llm.hybrid is not None
+    sc = (llm.model.hybrid_info() or {})["stream_chunk"]
+    assert llm.prefill_piece == (sc or llm.config.prefill_chunk)
     ids = prompts(1, 16, seed=15, vocab=llm.n_vocab)[0]
     out = list(llm.generate_ids(ids, max_tokens=8, stop_ids=[], temperature=0))
     assert len(out) == 8

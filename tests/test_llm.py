@@ -89,6 +89,7 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
 
 def test_logits_and_validation(path: Path) -> None:
     llm = LLM(path, n_ctx=32, prefill_chunk=8)
+    assert llm.prefill_piece == 8  # the CPU path: the scheduler feeds prefill_chunk pieces
     ids = toks(20)
     out = llm.logits(ids)
     assert out.shape == (20, SHAPE.n_vocab) and out.dtype == np.float32

@@ -199,6 +199,16 @@ class LLM:
         self._routing = self.model.routing_counters(decayed=True)
 
     @property
+    def prefill_piece(self) -> int:
+        """Prompt tokens a scheduler should hand `prefill` per call: `prefill_chunk`, or, in the
+        hybrid mode whose long chunks stream their missing experts over PCIe, `stream_chunk`
+        (each call moves every missing expert once, so shorter pieces move more bytes per
+        token; other sequences wait one piece)."""
+        info = self.model.hybrid_info()
+        sc = int(info["stream_chunk"]) if info else 0
+        return sc if sc > 0 else self.config.prefill_chunk
+
+    @property
     def tokenizer(self) -> Any:
         """`strata.tokenizer.Tokenizer` built from the GGUF metadata (loaded on first use)."""
         if self._tokenizer is None:

@@ -185,10 +185,12 @@ class FakeBackend:
         }
 
 
-# Config fields handed to `LLM(path, **fields)` (the model's own settings).
+# Config fields handed to `LLM(path, **fields)` (the model's own settings; the engine's LLM
+# also reads the environment, but flags given to the server reach it only through these).
 MODEL_FIELDS = (
     "n_ctx",
     "kv_type",
+    "device",
     "prefill_chunk",
     "threads",
     "host_participates",
@@ -202,7 +204,35 @@ MODEL_FIELDS = (
     "readahead_threads",
     "vram_budget_mib",
     "vram_reserve_mib",
+    "adapt_every",
+    "adapt_swaps",
+    "pcie_frac",
+    "stream_min_tokens",
+    "stream_chunk",
+    "stream_threads",
+    "tier_async",
     "parallel",
+)
+# The server's and the tools' own fields (everything else is the model's).
+SERVER_FIELDS = (
+    "model",
+    "profile_tokens",
+    "host",
+    "port",
+    "api_key",
+    "max_queue",
+    "engine_silence_s",
+    "request_timeout_s",
+    "max_body_bytes",
+    "max_tokens_limit",
+    "max_top_logprobs",
+    "served_model_name",
+    "cache_dir",
+    "drain_timeout_s",
+    "engine",
+    "fake_step_ms",
+    "fake_load_s",
+    "test_faults",
 )
 
 
@@ -238,6 +268,8 @@ class LLMBackend:
         self.n_ctx = int(getattr(self.llm, "n_ctx", config.n_ctx))
         self.stepwise = all(callable(getattr(self.llm, m, None)) for m in ("prefill", "decode"))
         self.max_slots = int(getattr(self.llm, "max_slots", config.parallel))
+        # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
+        self.prefill_piece = int(getattr(self.llm, "prefill_piece", config.prefill_chunk))
         self._seqs: dict[int, list[int]] = {}  # slot → tokens (fallback only)
 
     def _last(self, ids: list[int]) -> F32:

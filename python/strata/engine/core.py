@@ -76,7 +76,8 @@ def serve(sock: socket.socket) -> int:
     if loaded is None:
         return 1
     config, backend = loaded
-    sched = Scheduler(backend, config.prefill_chunk, config.parallel)
+    piece = int(getattr(backend, "prefill_piece", config.prefill_chunk))
+    sched = Scheduler(backend, piece, config.parallel)
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame
     was_settling = False

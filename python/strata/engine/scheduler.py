@@ -2,8 +2,9 @@
 
 One `step()`:
   1. admit waiting sequences (FIFO) into free slots;
-  2. each sequence still reading its prompt runs one chunk (`prefill_chunk` tokens); a
-     sequence whose prompt is done samples its first token from the last chunk's logits;
+  2. each sequence still reading its prompt runs one chunk (`prefill_chunk` tokens, or the
+     backend's `prefill_piece`: the hybrid mode's `stream_chunk`); a sequence whose prompt
+     is done samples its first token from the last chunk's logits;
   3. every sequence that has a token to feed runs in one batched decode and samples its next.
 Sequences end with finish "stop" (an end-of-generation id, not reported as output), "length"
 (max_tokens or the context end), "abort" (asked by the server) or "error" (the backend refused).

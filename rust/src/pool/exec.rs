@@ -35,8 +35,8 @@ fn row_block(rb: usize) -> usize {
 /// Rows per `vec_dot_rows` call of the one-token (decode) path.
 const DECODE_ROWS: usize = 64;
 
-/// The one-token path: `f(r, out)` with `out[k] = dot(row r + k, act)` over rows `[r0,r1)`
-/// in runs of at most `DECODE_ROWS`, computed by `vec_dot_rows` (grouped kernels; bitwise
+/// The one-token (decode) path: `f(r, k)` for runs `[r, r+k)` of at most `DECODE_ROWS` rows
+/// covering `[r0,r1)`; the callers dot each run with `vec_dot_rows` (grouped kernels, bitwise
 /// `vec_dot` per row, which is ggml's order for one activation row).
 #[inline]
 fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {

@@ -10,7 +10,7 @@
 use super::plan::{Kind, Plan, WPtr, E_CHUNK, N_PHASES, PH_A, PH_B, PH_C, PH_D, PH_E};
 use super::protocol::{wait_at_least, wait_zero};
 use super::SKIP;
-use crate::quant::dot::{many_rows, order_id, quantize_act, MultiDot, Order, MAX_T};
+use crate::quant::dot::{many_rows, order_id, quantize_act, vec_dot_rows, MultiDot, Order, MAX_T};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// ggml's SwiGLU for one element (`vexp::silu_mul`).
@@ -30,6 +30,22 @@ const ROW_BLOCK_BYTES: usize = 96 * 1024;
 #[inline]
 fn row_block(rb: usize) -> usize {
     (ROW_BLOCK_BYTES / rb.max(1)).max(1)
+}
+
+/// Rows per `vec_dot_rows` call of the one-token (decode) path.
+const DECODE_ROWS: usize = 64;
+
+/// The one-token (decode) path: `f(r, k)` for runs `[r, r+k)` of at most `DECODE_ROWS` rows
+/// covering `[r0,r1)`; the callers dot each run with `vec_dot_rows` (grouped kernels, bitwise
+/// `vec_dot` per row, which is ggml's order for one activation row).
+#[inline]
+fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {
+    let mut r = r0;
+    while r < r1 {
+        let k = (r1 - r).min(DECODE_ROWS);
+        f(r, k);
+        r += k;
+    }
 }
 
 /// Runs `f(row, g0, acts)` over rows `[r0,r1)` × tokens `0..count` in groups of at most
@@ -96,6 +112,13 @@ impl Plan {
             (*w.table.add(e)).as_ptr()
         };
         std::slice::from_raw_parts(start.add(r * w.row_bytes), w.row_bytes)
+    }
+
+    /// Rows `[r, r+k)` of expert `e` of `w`, back to back.
+    #[inline]
+    unsafe fn rows(&self, w: &WPtr, e: usize, r: usize, k: usize) -> &[u8] {
+        let first = self.row(w, e, r).as_ptr();
+        std::slice::from_raw_parts(first, k * w.row_bytes)
     }
 }
 
@@ -174,6 +197,34 @@ unsafe fn tile_gate_up(p: &Plan, n: usize) {
     let e = job.expert as usize;
     let rows = split(p.i, p.nb, n % p.nb);
     let (q0, np) = (job.start as usize, job.n as usize);
+    if np == 1 {
+        let t = *p.pair_token.add(q0) as usize;
+        let xg = std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
+        let xu = std::slice::from_raw_parts(p.xq_u.add(t * p.xq_u_rb), p.xq_u_rb);
+        let (mut g, mut u) = ([0f32; DECODE_ROWS], [0f32; DECODE_ROWS]);
+        decode_runs(rows, |i, k| {
+            vec_dot_rows(p.gate.ty, p.h, p.rows(&p.gate, e, i, k), xg, &mut g[..k]);
+            vec_dot_rows(p.up.ty, p.h, p.rows(&p.up, e, i, k), xu, &mut u[..k]);
+            for jj in 0..k {
+                *p.h_buf.add(q0 * p.i + i + jj) = silu_mul(g[jj], u[jj]);
+            }
+        });
+    } else {
+        gate_up_multi(p, e, rows, q0, np);
+    }
+    p.finish(PH_B);
+    if p.pipelined {
+        // The last B tile of the job quantizes its intermediate and publishes its D tiles.
+        if p.job_ctr(j).fetch_sub(1, Ordering::AcqRel) == 2 {
+            quantize_job(p, j);
+            p.job_ctr(j).store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Gate and Up rows `rows` of expert `e` for the `np` > 1 pairs from `q0`, token groups
+/// decoded once per weight block (`MultiDot`), then SwiGLU into h.
+unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np: usize) {
     let act = |base: *mut u8, rb: usize, j: usize| {
         let t = *p.pair_token.add(q0 + j) as usize;
         std::slice::from_raw_parts(base.add(t * rb), rb)
@@ -200,14 +251,6 @@ unsafe fn tile_gate_up(p: &Plan, n: usize) {
             *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
         }
     });
-    p.finish(PH_B);
-    if p.pipelined {
-        // The last B tile of the job quantizes its intermediate and publishes its D tiles.
-        if p.job_ctr(j).fetch_sub(1, Ordering::AcqRel) == 2 {
-            quantize_job(p, j);
-            p.job_ctr(j).store(0, Ordering::Release);
-        }
-    }
 }
 
 /// C: quantize job `j`'s intermediate rows to the Down activation type.
@@ -228,6 +271,20 @@ unsafe fn tile_down(p: &Plan, n: usize) {
     let rows = split(p.h, p.nd, n % p.nd);
     let (q0, np) = (job.start as usize, job.n as usize);
     let act = |j: usize| std::slice::from_raw_parts(p.hq.add((q0 + j) * p.hq_rb), p.hq_rb);
+    if np == 1 {
+        let mut out = [0f32; DECODE_ROWS];
+        decode_runs(rows, |r, k| {
+            vec_dot_rows(
+                p.down.ty,
+                p.i,
+                p.rows(&p.down, e, r, k),
+                act(0),
+                &mut out[..k],
+            );
+            std::ptr::copy_nonoverlapping(out.as_ptr(), p.dout.add(q0 * p.h + r), k);
+        });
+        return;
+    }
     let dd = MultiDot::new(p.down.ty, p.i, order_id(p.down.ty, np));
     let mut out = [0f32; MAX_T];
     blocked(
@@ -290,6 +347,20 @@ unsafe fn tile_reduce(p: &Plan, n: usize) {
 unsafe fn tile_dense(p: &Plan, n: usize) {
     let rows = split(p.h, p.nd, n);
     let act = |t: usize| std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
+    if p.t == 1 {
+        let mut out = [0f32; DECODE_ROWS];
+        decode_runs(rows, |r, k| {
+            vec_dot_rows(
+                p.down.ty,
+                p.i,
+                p.rows(&p.down, 0, r, k),
+                act(0),
+                &mut out[..k],
+            );
+            std::ptr::copy_nonoverlapping(out.as_ptr(), p.y.add(r), k);
+        });
+        return;
+    }
     let cut = many_rows(p.down.ty, p.t);
     let many = MultiDot::new(p.down.ty, p.i, Order::Many);
     let single = MultiDot::new(p.down.ty, p.i, Order::Single);

@@ -9,7 +9,8 @@ use super::*;
 /// reference (`vec_dot_id` / `vec_dot_t` per element): jobs of fewer and of more than 8 pairs
 /// (Q6_K / IQ3_S switch to ggml's tiled order at 8), more pairs than one token group, dense
 /// calls of several row blocks, and token counts whose Q4_K rows split between the repacked
-/// gemm order and the gemv order (t mod 4 ≠ 0).
+/// gemm order and the gemv order (t mod 4 ≠ 0); one token (decode: grouped row kernels over
+/// tiles whose row counts are not multiples of the group).
 #[test]
 fn multi_token_tiles_match_the_serial_reference() {
     let pools = [
@@ -48,7 +49,7 @@ fn multi_token_tiles_match_the_serial_reference() {
             rows,
             cols,
         };
-        for t in [3, 13] {
+        for t in [1, 3, 13] {
             let x: Vec<f32> = (0..t * cols).map(|_| rng.f()).collect();
             let mut want = vec![0f32; t * rows];
             matmul_serial(&w, &x, t, &mut want).unwrap();

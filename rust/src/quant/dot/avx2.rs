@@ -12,6 +12,9 @@ use std::arch::x86_64::*;
 
 #[path = "avx2_k.rs"]
 pub(super) mod k;
+#[path = "avx2_rows.rs"]
+pub(super) mod rows;
+pub use rows::rows_kernel;
 #[path = "avx2_prefetch.rs"]
 pub(super) mod pf;
 

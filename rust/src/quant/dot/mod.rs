@@ -19,6 +19,8 @@ mod act;
 mod common;
 mod gemm;
 pub mod q6k_repack;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod rows_bench;
 mod scalar;
 mod scalar_iq;
 mod scalar_k;
@@ -42,6 +44,10 @@ pub use gemm::{has_multi_kernel, MultiDot, MAX_T};
 
 /// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;
+
+/// `f(n, rows, act, out)`: `out[r] = dot(row r, act)` for `out.len()` rows back to back in
+/// `rows`, bitwise the `DotFn` of the same ISA row by row (panics on wrong slice lengths).
+pub type RowsFn = fn(usize, &[u8], &[u8], &mut [f32]);
 
 /// An instruction set the kernels come in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,12 +399,28 @@ pub fn kernel_many(isa: Isa, w: GgmlType) -> Option<DotFn> {
     })
 }
 
+/// The grouped one-token kernel of `isa` for `w` where it has one (several rows per call
+/// against one activation, bitwise `kernel_for(isa, w)` per row): AVX2 Q4_K and Q6_K, also
+/// under AVX-512 where that ISA has no kernel of its own for the type.
+pub fn rows_kernel_for(isa: Isa, w: GgmlType) -> Option<RowsFn> {
+    match isa {
+        Isa::Avx2 if isa.available() => avx2::rows_kernel(w),
+        Isa::Avx512 if isa.available() && avx512::kernel(w).is_none() => avx2::rows_kernel(w),
+        _ => None,
+    }
+}
+
 /// Dots of consecutive rows (`rows` = `out.len()` rows of `n` elements, back to back) with
-/// one activation: `out[r] = dot(row r, act)`. The kernel is looked up once.
+/// one activation: `out[r] = vec_dot(w, n, row r, act)` bitwise (the one-token decode
+/// matvec; grouped kernels where the type has them). The kernel is looked up once.
 pub fn vec_dot_rows(w: GgmlType, n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     let rb = w.row_bytes(n).expect("n is whole blocks");
     assert_eq!(rows.len(), rb * out.len(), "rows hold out.len() rows");
-    let k = checked(active_isa(), w, n, rb, act.len());
+    let isa = active_isa();
+    let k = checked(isa, w, n, rb, act.len());
+    if let Some(g) = rows_kernel_for(isa, w) {
+        return g(n, rows, act, out);
+    }
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(rb)) {
         *o = k(n, row, act);
     }

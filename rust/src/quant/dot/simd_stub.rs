@@ -1,7 +1,7 @@
 //! Stand-in for the x86 SIMD modules on other architectures: no kernels, no features.
 #![allow(dead_code)]
 
-use super::DotFn;
+use super::{DotFn, RowsFn};
 use crate::quant::GgmlType;
 
 pub fn kernel(_w: GgmlType) -> Option<DotFn> {
@@ -29,5 +29,9 @@ pub fn cpu_features() -> Vec<&'static str> {
 }
 
 pub fn kernel_many(_w: GgmlType) -> Option<DotFn> {
+    None
+}
+
+pub fn rows_kernel(_w: GgmlType) -> Option<RowsFn> {
     None
 }

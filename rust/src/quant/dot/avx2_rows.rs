@@ -1,0 +1,367 @@
+//! AVX2 single-token (decode) kernels over groups of four consecutive weight rows against one
+//! Q8_K activation (Q4_K, Q6_K): `out[r] = vec_dot(row r, a)` bitwise.
+//!
+//! Why: on Zen 1 the one-row kernels are bound by vector µops, not by RAM (a Q4_K row streams
+//! ~7 GB/s from L2 and from RAM alike); about a third of a Q4_K block's µops were its tail
+//! (horizontal sums, mins, the float combine), done once per row. Here four rows share the
+//! activation loads and the mins' pair sums, and their tails run as one in-lane transpose and
+//! 4-wide float ops. Q6_K also rebuilds its 6-bit values with fewer shifts.
+//!
+//! Bitwise contract, per row: the integer sums are exact (so regrouping them changes nothing:
+//! Q4_K uses only their totals, Q6_K keeps every i32 lane as `avx2_k::q6_k_ints` forms it),
+//! and the float combine is `vec_dot`'s operation for operation — Q4_K `k_add_min`
+//! (`acc + (d_a·d·sumi − d_a·dmin·summ)`, separate multiplies and adds, never fused), Q6_K
+//! ggml's `Fma8` (`fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`).
+//! Prefetch: hints run a group ahead (the next four rows), which from RAM beat per-row hints.
+//!
+//! Safety: callers (`super::rows_kernel`'s wrappers) have checked the CPU features and that
+//! `w` holds four rows of `rb` = row bytes of `n` elements and `a` the activation of `n`.
+
+use super::super::common::u32_at;
+use super::super::{act_bytes, cpu, RowsFn};
+use super::{h2f, hsum8, load, load128, pf};
+use crate::quant::GgmlType;
+use std::arch::x86_64::*;
+
+/// Q8_K block bytes.
+const AB: usize = 292;
+/// Rows per group.
+pub(in super::super) const R: usize = 4;
+
+/// Q4_K block scales and mins (`avx2_k::k4_scales`, the same bit operations).
+#[inline(always)]
+fn k4_scales(wb: &[u8]) -> (u64, u64) {
+    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
+    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
+    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
+    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
+    (sc, mn)
+}
+
+/// Eight u8 (`signed`: i8) scales packed in a u64, as i16 in both 128-bit halves.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn scales8(s: u64, signed: bool) -> __m256i {
+    let b = _mm_cvtsi64_si128(s as i64);
+    let v = if signed {
+        _mm_cvtepi8_epi16(b)
+    } else {
+        _mm_cvtepu8_epi16(b)
+    };
+    _mm256_broadcastsi128_si256(v)
+}
+
+/// Per 128-bit half, lanes `[Σa, Σb, Σc, Σd]` of the i32 vectors a..d summed within the half.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn transpose_sum4(s: [__m256i; R]) -> __m256i {
+    let ab = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(s[0], s[1]),
+        _mm256_unpackhi_epi32(s[0], s[1]),
+    );
+    let cd = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(s[2], s[3]),
+        _mm256_unpackhi_epi32(s[2], s[3]),
+    );
+    _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+}
+
+/// Hints for the group one ahead: over the `nb` blocks the hints walk the next `R·rb` bytes
+/// (shifted by half the prefetch distance), `R·bs` bytes per block.
+#[inline(always)]
+fn ahead_group(w: &[u8], b: usize, bs: usize, rb: usize, dist: usize) {
+    if dist > 0 {
+        pf::ahead(w, R * bs * b, R * rb + dist / 2, R * bs);
+    }
+}
+
+/// Q4_K: `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = _mm_setzero_ps();
+    let m4 = _mm256_set1_epi8(15);
+    let bm: [__m256i; 8] = std::array::from_fn(|k| _mm256_set1_epi16((0x0100 + 0x0202 * k) as i16));
+    let dist = pf::distance();
+    for b in 0..n / 256 {
+        ahead_group(w, b, 144, rb, dist);
+        let ab = &a[AB * b..AB * b + AB];
+        let ap = ab.as_ptr().add(4);
+        let mut mins = [0u64; R];
+        let (mut dbits, mut mbits) = (0u64, 0u64);
+        let mut sumv = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let wb = &w[r * rb + 144 * b..r * rb + 144 * b + 144];
+            let (sc, mn) = k4_scales(wb);
+            let sc8 = scales8(sc, false);
+            mins[r] = mn;
+            dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);
+            mbits |= (u32_at(wb, 0) as u64 >> 16) << (16 * r);
+            let qp = wb.as_ptr().add(16);
+            let mut s = _mm256_setzero_si256();
+            for c in 0..4 {
+                let q = load(qp.add(32 * c));
+                let lo = _mm256_and_si256(q, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                let plo = _mm256_maddubs_epi16(lo, load(ap.add(64 * c)));
+                let phi = _mm256_maddubs_epi16(hi, load(ap.add(64 * c + 32)));
+                let s0 = _mm256_shuffle_epi8(sc8, bm[2 * c]);
+                let s1 = _mm256_shuffle_epi8(sc8, bm[2 * c + 1]);
+                let v = _mm256_add_epi32(_mm256_madd_epi16(plo, s0), _mm256_madd_epi16(phi, s1));
+                s = _mm256_add_epi32(s, v);
+            }
+            sumv[r] = s;
+        }
+        // sumi of the four rows: lanes [r0, r1, r2, r3].
+        let t = transpose_sum4(sumv);
+        let si = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        // summ = Σ_k min_k·(bsum_2k + bsum_2k+1): rows 0|1 and 2|3 in the halves of a madd.
+        let bs = load(ab.as_ptr().add(260));
+        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        let pairs = _mm256_broadcastsi128_si256(pairs);
+        let mv =
+            |r: usize| _mm256_cvtepu8_epi16(_mm_set_epi64x(mins[r + 1] as i64, mins[r] as i64));
+        let m01 = _mm256_madd_epi16(mv(0), pairs); // [r0 ×4 | r1 ×4]
+        let m23 = _mm256_madd_epi16(mv(2), pairs); // [r2 ×4 | r3 ×4]
+        let x = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(m01, m23),
+            _mm256_unpackhi_epi32(m01, m23),
+        );
+        let y = _mm256_add_epi32(x, _mm256_shuffle_epi32(x, 0b01_00_11_10)); // [r0 r2 . . | r1 r3 . .]
+        let sm = _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+        // acc + (d_a·d·sumi − d_a·dmin·summ), four rows at once.
+        let da = _mm_set1_ps(f32::from_le_bytes(ab[0..4].try_into().unwrap()));
+        let dd = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(dbits as i64)));
+        let dm = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(mbits as i64)));
+        let v = _mm_sub_ps(
+            _mm_mul_ps(dd, _mm_cvtepi32_ps(si)),
+            _mm_mul_ps(dm, _mm_cvtepi32_ps(sm)),
+        );
+        acc = _mm_add_ps(acc, v);
+    }
+    let mut out = [0f32; R];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// Q6_K: `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (m4, m30) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
+    let masks: [__m256i; 4] = std::array::from_fn(|p| {
+        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
+        _mm256_loadu_si256(m.as_ptr() as *const __m256i)
+    });
+    let dist = pf::distance();
+    let wp = w.as_ptr();
+    for b in 0..n / 256 {
+        ahead_group(w, b, 210, rb, dist);
+        let ab = &a[AB * b..AB * b + AB];
+        let ap = ab.as_ptr().add(4);
+        let bsums = load(ab.as_ptr().add(260));
+        let da = f32::from_le_bytes(ab[0..4].try_into().unwrap());
+        for r in 0..R {
+            let wb = &w[r * rb + 210 * b..r * rb + 210 * b + 210];
+            let base = wp.add(r * rb + 210 * b);
+            let mut sumv = _mm256_setzero_si256();
+            for h in 0..2 {
+                let ql0 = load(base.add(64 * h));
+                let ql1 = load(base.add(64 * h + 32));
+                let qh = load(base.add(128 + 32 * h));
+                // 6-bit values: low nibbles | qh bit pairs 0-1, 2-3, 4-5, 6-7 moved to bits 4-5.
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, m4),
+                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        _mm256_and_si256(qh, m30),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                    ),
+                ];
+                let sc8 = scales8(
+                    u64::from_le_bytes(wb[192 + 8 * h..200 + 8 * h].try_into().unwrap()),
+                    true,
+                );
+                for (j, &qj) in q.iter().enumerate() {
+                    let scv = _mm256_shuffle_epi8(sc8, masks[j]);
+                    let p = _mm256_maddubs_epi16(qj, load(ap.add(128 * h + 32 * j)));
+                    sumv = _mm256_add_epi32(sumv, _mm256_madd_epi16(p, scv));
+                }
+            }
+            let scv = _mm256_cvtepi8_epi16(load128(base.add(192)));
+            let msum = _mm256_madd_epi16(scv, bsums);
+            let lanes = _mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5));
+            let d = da * h2f(wb, 208);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum8(acc[r]))
+}
+
+/// The grouped kernel for `w`, if it has one: `f(n, rows, act, out)` with `out.len()` rows
+/// back to back in `rows`; groups of four, the rest row by row with the one-row kernel.
+pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
+    if !cpu::has_avx2() {
+        return None;
+    }
+    match w {
+        GgmlType::Q4K => Some(q4_k_rows as RowsFn),
+        GgmlType::Q6K => Some(q6_k_rows as RowsFn),
+        _ => None,
+    }
+}
+
+/// Rows of `w` through `four` in groups, the rest through `one` (both unsafe AVX2 kernels).
+#[inline(always)]
+fn by_groups(
+    w: GgmlType,
+    n: usize,
+    rows: &[u8],
+    act: &[u8],
+    out: &mut [f32],
+    four: unsafe fn(usize, &[u8], usize, &[u8]) -> [f32; R],
+    one: unsafe fn(usize, &[u8], &[u8]) -> f32,
+) {
+    let rb = w.row_bytes(n).unwrap_or(0);
+    assert!(
+        rb > 0 && rows.len() == rb * out.len() && act_bytes(w, n) == Some(act.len()),
+        "rows dot {}: n = {n}, {} row bytes for {} rows, activation {} bytes",
+        w.name(),
+        rows.len(),
+        out.len(),
+        act.len()
+    );
+    let done = out.len() / R * R;
+    let mut groups = out.chunks_exact_mut(R);
+    for (o, g) in (&mut groups).zip(rows.chunks_exact(R * rb)) {
+        // SAFETY: `rows_kernel` hands this out only on an AVX2 CPU; `g` holds four rows of
+        // `rb` bytes and `act` the activation of n elements (asserted above).
+        o.copy_from_slice(&unsafe { four(n, g, rb, act) });
+    }
+    for (o, row) in groups
+        .into_remainder()
+        .iter_mut()
+        .zip(rows[done * rb..].chunks_exact(rb))
+    {
+        // SAFETY: as above, one row of `rb` bytes.
+        *o = unsafe { one(n, row, act) };
+    }
+}
+
+fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q4K, n, rows, act, out, q4_k_rows4, super::k::q4_k);
+}
+
+fn q6_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q6K, n, rows, act, out, q6_k_rows4, super::k::q6_k);
+}
+
+/// Every row of the grouped kernels equals the one-row kernels (AVX2 and scalar) bitwise:
+/// random blocks, row counts around and not multiples of the group, prefetch off and on, and
+/// the extremes (every weight at its maximum, every activation ±127) that bound the i16 sums.
+#[cfg(test)]
+mod exact {
+    use super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::{kernel_for, rows_kernel_for, Isa};
+    use super::super::pf::{test_knob::DIST, DISTANCE};
+    use crate::quant::GgmlType;
+    use std::sync::atomic::Ordering;
+
+    fn check(w: GgmlType, n: usize, m: &[u8], act: &[u8], what: &str) {
+        let rb = w.row_bytes(n).unwrap();
+        let rows = m.len() / rb;
+        let g = rows_kernel_for(Isa::Avx2, w).expect("a grouped kernel");
+        let mut out = vec![f32::NAN; rows];
+        g(n, m, act, &mut out);
+        let (one, scalar) = (
+            kernel_for(Isa::Avx2, w).unwrap(),
+            kernel_for(Isa::Scalar, w).unwrap(),
+        );
+        for (r, row) in m.chunks_exact(rb).enumerate() {
+            let (a, s) = (one(n, row, act), scalar(n, row, act));
+            assert_eq!(a.to_bits(), s.to_bits());
+            assert_eq!(
+                out[r].to_bits(),
+                a.to_bits(),
+                "{} {what} n={n} row {r}/{rows}",
+                w.name()
+            );
+        }
+    }
+
+    #[test]
+    fn grouped_rows_equal_one_row_kernel_bitwise() {
+        if !Isa::Avx2.available() {
+            return;
+        }
+        for w in [GgmlType::Q4K, GgmlType::Q6K] {
+            let mut rng = Rng::new(17 + w.id() as u64);
+            for n in [256usize, 768, 2048] {
+                let act = random_act(w, n, &mut rng);
+                let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
+                let rb = m.len() / 13;
+                for d in [0, DISTANCE] {
+                    DIST.store(d, Ordering::Relaxed);
+                    for rows in [1usize, 2, 3, 4, 5, 7, 8, 9, 13] {
+                        check(w, n, &m[..rows * rb], &act, &format!("random pf {d}"));
+                    }
+                }
+                DIST.store(DISTANCE, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A Q8_K activation of `n` elements with every value `v` (d = 1; bsums = 16·v).
+    fn flat_act(n: usize, v: i8) -> Vec<u8> {
+        let mut a = Vec::new();
+        for _ in 0..n / 256 {
+            a.extend_from_slice(&1f32.to_le_bytes());
+            a.extend(std::iter::repeat_n(v as u8, 256));
+            for _ in 0..16 {
+                a.extend_from_slice(&(16 * v as i16).to_le_bytes());
+            }
+        }
+        a
+    }
+
+    #[test]
+    fn grouped_rows_extremes_bitwise() {
+        if !Isa::Avx2.available() {
+            return;
+        }
+        let n = 512;
+        for w in [GgmlType::Q4K, GgmlType::Q6K] {
+            let mut rng = Rng::new(3);
+            let rb = w.row_bytes(n).unwrap();
+            // all quant bits set (nibbles 15, 6-bit values 63), scales from random rows so
+            // the f16 fields stay finite; Q6_K scales at ±127/−128 extremes.
+            let mut m: Vec<u8> = (0..6).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            for (k, row) in m.chunks_exact_mut(rb).enumerate() {
+                for blk in row.chunks_exact_mut(w.block().1) {
+                    match w {
+                        GgmlType::Q4K => blk[16..144].fill(0xff),
+                        _ => {
+                            blk[..192].fill(0xff);
+                            let s = [127u8, 0x80, 0xff, 1][k % 4];
+                            blk[192..208].fill(s);
+                        }
+                    }
+                }
+            }
+            for v in [127i8, -127, 1] {
+                check(w, n, &m, &flat_act(n, v), &format!("extreme act {v}"));
+            }
+        }
+    }
+}

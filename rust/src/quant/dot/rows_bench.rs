@@ -1,0 +1,151 @@
+//! One-token decode matvec speed, interleaved A/B in one process: the one-row kernel row by
+//! row (`vec_dot`, the old decode path) against the grouped kernels (`vec_dot_rows`), on
+//! matrices far larger than the caches, with 1 and 2 threads (each thread its own half), next
+//! to a plain AVX2 streaming read of the same bytes (the ceiling). Reports wall GB/s and per
+//! core GB/s (bytes over the slowest thread's CPU time), best of 5 interleaved passes:
+//! `cargo test --no-default-features --release decode_rows_ab -- --ignored --nocapture`.
+
+use super::tests::{random_act, random_row, Rng};
+use super::{vec_dot, vec_dot_rows};
+use crate::quant::GgmlType;
+use std::arch::x86_64::*;
+
+fn cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sum of the bytes as u64 words, AVX2 loads, hints 2 KB ahead.
+#[target_feature(enable = "avx2")]
+unsafe fn stream(m: &[u8]) -> u64 {
+    let mut acc = [_mm256_setzero_si256(); 4];
+    let p = m.as_ptr();
+    let mut i = 0;
+    while i + 128 <= m.len() {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 2048) as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i + 2112) as *const i8);
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_epi64(*a, _mm256_loadu_si256(p.add(i + 32 * k) as *const __m256i));
+        }
+        i += 128;
+    }
+    let s = _mm256_add_epi64(
+        _mm256_add_epi64(acc[0], acc[1]),
+        _mm256_add_epi64(acc[2], acc[3]),
+    );
+    let mut o = [0u64; 4];
+    _mm256_storeu_si256(o.as_mut_ptr() as *mut __m256i, s);
+    o.iter().fold(0, |a, b| a.wrapping_add(*b))
+}
+
+/// (wall GB/s, per-core GB/s) of `f` over `threads` equal parts of `m` (cut at `rb` rows).
+fn run(threads: usize, m: &[u8], rb: usize, f: &(dyn Fn(&[u8]) -> u64 + Sync)) -> (f64, f64) {
+    let part = m.len() / rb / threads * rb;
+    let t0 = std::time::Instant::now();
+    let cpu: Vec<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|k| {
+                let c = &m[k * part..(k + 1) * part];
+                s.spawn(move || {
+                    let c0 = cpu_ns();
+                    std::hint::black_box(f(c));
+                    cpu_ns() - c0
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let slow = *cpu.iter().max().unwrap() as f64;
+    ((part * threads) as f64 / wall / 1e9, part as f64 / slow)
+}
+
+#[test]
+#[ignore]
+fn decode_rows_ab() {
+    // (type, row length, rows): an expert gate/up (768 × 2048) and down (2048 × 768) over 128
+    // experts, from RAM.
+    let shapes = [
+        (GgmlType::Q4K, 2048usize, 768 * 128usize),
+        (GgmlType::Q4K, 768, 2048 * 128),
+        (GgmlType::Q6K, 768, 2048 * 128),
+        (GgmlType::Q6K, 2048, 768 * 128),
+    ];
+    for (w, n, rows) in shapes {
+        let mut rng = Rng::new(11 + w.id() as u64);
+        let rb = w.row_bytes(n).unwrap();
+        let proto: Vec<u8> = (0..64).flat_map(|_| random_row(w, n, &mut rng)).collect();
+        let m: Vec<u8> = proto.iter().copied().cycle().take(rows * rb).collect();
+        let act = random_act(w, n, &mut rng);
+        let old = |c: &[u8]| {
+            let mut x = 0f32;
+            for row in c.chunks_exact(rb) {
+                x += vec_dot(w, n, row, &act);
+            }
+            x.to_bits() as u64
+        };
+        let new = |c: &[u8]| {
+            let mut out = [0f32; 64];
+            let mut x = 0f32;
+            for g in c.chunks(64 * rb) {
+                let o = &mut out[..g.len() / rb];
+                vec_dot_rows(w, n, g, &act, o);
+                x += o.iter().sum::<f32>();
+            }
+            x.to_bits() as u64
+        };
+        // the same values in the same order: the sums agree bitwise
+        assert_eq!(old(&m[..64 * rb]), new(&m[..64 * rb]));
+        // compute-bound: 384 KB (L2-resident) passed over 300 times, one thread, CPU time
+        let small = &m[..384 * 1024 / rb * rb];
+        let mut l2 = [u64::MAX; 2];
+        for _ in 0..5 {
+            for (k, f) in [&old as &dyn Fn(&[u8]) -> u64, &new].iter().enumerate() {
+                let c0 = cpu_ns();
+                for _ in 0..300 {
+                    std::hint::black_box(f(small));
+                }
+                l2[k] = l2[k].min(cpu_ns() - c0);
+            }
+        }
+        let gb = |t: u64| (small.len() * 300) as f64 / t as f64;
+        println!(
+            "{} n={n} L2-resident 1 thr: one-row {:.2}, grouped {:.2} GB/s ({:.3}x)",
+            w.name(),
+            gb(l2[0]),
+            gb(l2[1]),
+            l2[0] as f64 / l2[1] as f64
+        );
+        let names = ["stream", "one-row", "grouped"];
+        for threads in [1usize, 2] {
+            let mut best = [(0f64, 0f64); 3];
+            for _ in 0..5 {
+                let r = [
+                    run(threads, &m, rb, &|c| unsafe { stream(c) }),
+                    run(threads, &m, rb, &old),
+                    run(threads, &m, rb, &new),
+                ];
+                for (b, x) in best.iter_mut().zip(r) {
+                    *b = (b.0.max(x.0), b.1.max(x.1));
+                }
+            }
+            let line: Vec<String> = names
+                .iter()
+                .zip(best)
+                .map(|(nm, (wall, core))| format!("{nm} {wall:.2} ({core:.2}/core)"))
+                .collect();
+            println!(
+                "{} n={n} {:.0} MB, {threads} thr: {}; grouped/one-row {:.3}x",
+                w.name(),
+                m.len() as f64 / 1e6,
+                line.join(", "),
+                best[2].0 / best[1].0
+            );
+        }
+    }
+}

@@ -1,15 +1,20 @@
-//! IQ3_S multi-token kernel (AVX2): each 256-weight block is decoded once per call into a
-//! small L1 buffer (per group of 32 weights: the 32 grid bytes, 32 sign bytes ±1 and the
-//! broadcast scale), then every token of the call (up to `MAX_T`, 8 at a time in
-//! registers) runs over it: per token and group one activation load, `vpsignb`,
-//! `vpmaddubsw`, `vpmaddwd` and an add. Decoding (8 scalar grid lookups, the sign mask) is
-//! the dear part, so it is shared by all the call's tokens instead of 4.
+//! IQ3_S multi-token kernel (AVX2): one weight row against every token of the call (up to
+//! `MAX_T`), 8 tokens at a time in registers. Decoding a group of 32 weights (8 scalar grid
+//! lookups, the sign mask, the scale) costs several tokens' work, so it is done once per
+//! call: the first chunk of 8 tokens decodes each group as it goes (the lookups overlap the
+//! token math) and keeps it in a small L1 buffer (`Decoded`, 768 bytes) that the call's
+//! other chunks read. Per token and group: one activation load, `(a ^ m) − m`,
+//! `vpmaddubsw`, `vpmaddwd`, an add. On the tiles' access pattern (a ~96 KiB row block,
+//! groups of 32 tokens) this is ~1.4× the previous kernel, which decoded per 4 tokens
+//! (`bench::iq3s_multi_throughput`). The multiply port bounds it: on Zen 1 `vpmaddubsw`
+//! and `vpmaddwd` (ymm) each take 2 cycles of the one pipe that multiplies, so ≥ 4 cycles
+//! per token and group; measured ~5.2.
 //!
-//! Bitwise contract (as `gemm_avx2.rs`): per token the integer lanes of the single-token
-//! `avx2_k::iq3_s_ints` — `vpsignb` by ±1 negates exactly as its `(a ^ m) − m` (both wrap
-//! −128 to −128) — then the float combine of the order: `Order::Single` ggml's `Fma8`
-//! (`fma(d·d_a, f32(lanes), acc)` per block, `hsum8`), `Order::Many` the tiled order
-//! (`acc + (f32(Σ lanes)·d)·d_a`). `gemm::tests` checks it against the scalar kernels.
+//! Bitwise contract (as `gemm_avx2.rs`): per token exactly the integer lanes of the
+//! single-token `avx2_k::iq3_s_ints`, then the float combine of the order: `Order::Single`
+//! ggml's `Fma8` (`fma(d·d_a, f32(lanes), acc)` per block, `hsum8`), `Order::Many` the tiled
+//! order (`acc + (f32(Σ lanes)·d)·d_a`; for 8 tokens the same IEEE operations lane-wise on a
+//! vector of their sums). `gemm::tests` checks it against the single-token kernels.
 
 use super::super::super::avx2::{bits_to_bytes, h2f, hsum8, hsum_i32, load};
 use super::super::super::common::u32_at;
@@ -46,8 +51,9 @@ unsafe fn decode_group(wb: &[u8], g: usize) -> (__m256i, __m256i, __m256i) {
 }
 
 /// The integer lanes of `N` tokens' Q8_K blocks (`a[t]` points at a block's `d`) against
-/// block `wb`. `FIRST`: decode the block group by group (the scalar lookups then overlap the
-/// token math) and keep it in `dec`; else read it from `dec`.
+/// block `wb`: exactly `iq3_s_ints`'s eight lanes (`Order::Single` needs each lane).
+/// `FIRST`: decode the block group by group (the scalar lookups then overlap the token
+/// math) and keep it in `dec`; else read it from `dec`.
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn lanes<const N: usize, const FIRST: bool>(
@@ -92,6 +98,25 @@ unsafe fn run<const N: usize, const MANY: bool, const FIRST: bool>(
 ) {
     let a: [*const u8; N] = std::array::from_fn(|j| acts[t0 + j].as_ptr().add(AB * b));
     let sumv = lanes::<N, FIRST>(wb, dec, a);
+    if MANY && N == 8 {
+        // the eight tokens' Σ lanes at once (exact integer sums in any grouping), then the
+        // same IEEE operations as below, lane by lane
+        let h = |x: __m256i, y: __m256i| _mm256_hadd_epi32(x, y);
+        let s4 = h(h(sumv[0], sumv[1]), h(sumv[2], sumv[3]));
+        let s8 = h(h(sumv[4], sumv[5]), h(sumv[6], sumv[7]));
+        // s4 = (t0 t1 t2 t3 | t0 t1 t2 t3) halves; s8 likewise for t4..t7
+        let lo = _mm256_permute2x128_si256(s4, s8, 0x20);
+        let hi = _mm256_permute2x128_si256(s4, s8, 0x31);
+        let tot = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+        let da: [f32; 8] = std::array::from_fn(|j| f32::from_le_bytes(*(a[j] as *const [u8; 4])));
+        let f = _mm256_mul_ps(
+            _mm256_mul_ps(tot, _mm256_set1_ps(d)),
+            _mm256_loadu_ps(da.as_ptr()),
+        );
+        let p = acc.as_mut_ptr().add(t0);
+        _mm256_storeu_ps(p, _mm256_add_ps(_mm256_loadu_ps(p), f));
+        return;
+    }
     for j in 0..N {
         let da = f32::from_le_bytes(*(a[j] as *const [u8; 4]));
         let t = t0 + j;
@@ -228,7 +253,10 @@ mod bench {
     #[ignore]
     fn iq3s_multi_throughput() {
         let w = GgmlType::IQ3S;
-        for (n, tokens) in [(2048usize, [8usize, 13, 32, 64]), (768, [8, 13, 32, 64])] {
+        for (n, tokens) in [
+            (2048usize, [1usize, 2, 4, 8, 13, 32, 64]),
+            (768, [1, 2, 4, 8, 13, 32, 64]),
+        ] {
             let mut rng = Rng::new(5 + n as u64);
             let rb = w.row_bytes(n).unwrap();
             let rows = 96 * 1024 / rb;
@@ -237,47 +265,49 @@ mod bench {
             for nt in tokens {
                 let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
                 // (old: groups of 8 as the tiles gave it; new: groups of MAX_T)
-                let pass = |new: bool, out: &mut [f32]| {
-                    let group = if new { MAX_T } else { 8 };
+                let pass = |k: usize, out: &mut [f32]| {
+                    let group = if k > 0 { MAX_T } else { 8 };
                     for (g0, grp) in refs.chunks(group).enumerate() {
                         for row in m.chunks_exact(rb) {
                             let o = &mut out[g0 * group..g0 * group + grp.len()];
                             unsafe {
-                                if new {
-                                    iq3_s_multi::<true>(n, row, grp, o)
-                                } else {
-                                    old_call(n, row, grp, o)
+                                match k {
+                                    0 => old_call(n, row, grp, o),
+                                    1 => iq3_s_multi::<false>(n, row, grp, o),
+                                    _ => iq3_s_multi::<true>(n, row, grp, o),
                                 }
                             }
                         }
                     }
                 };
                 let reps = (2_000_000 / (rows * n / 32 * nt)).max(1);
-                let mut best = [u64::MAX; 2];
-                let mut outs = [vec![0f32; nt], vec![0f32; nt]];
+                let mut best = [u64::MAX; 3];
+                let mut outs = [vec![0f32; nt], vec![0f32; nt], vec![0f32; nt]];
                 for _ in 0..7 {
                     for (k, out) in outs.iter_mut().enumerate() {
                         let t0 = cpu_ns();
                         for _ in 0..reps {
-                            pass(k == 1, out);
+                            pass(k, out);
                         }
                         best[k] = best[k].min(cpu_ns() - t0);
                     }
                 }
+                // (old and new Many: the same order, bitwise)
                 assert!(outs[0]
                     .iter()
-                    .zip(&outs[1])
+                    .zip(&outs[2])
                     .all(|(a, b)| a.to_bits() == b.to_bits()));
                 let per = |k: usize| best[k] as f64 / (reps * rows * n / 32 * nt) as f64;
                 let gbs = |k: usize| (reps * rows * rb) as f64 / best[k] as f64;
                 println!(
-                    "n={n} tokens={nt}: old {:.2} ns / new {:.2} ns per token per 32 weights \
-                     ({:.2}x); weights {:.2} / {:.2} GB/s per core",
+                    "n={n} tokens={nt}: old {:.2} / new Single {:.2} / new Many {:.2} ns per token \
+                     per 32 weights (Many {:.2}x); weights {:.2} / {:.2} GB/s per core",
                     per(0),
                     per(1),
-                    per(0) / per(1),
+                    per(2),
+                    per(0) / per(2),
                     gbs(0),
-                    gbs(1)
+                    gbs(2)
                 );
             }
         }

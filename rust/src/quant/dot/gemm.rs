@@ -178,7 +178,7 @@ mod tests {
     }
 
     /// IQ3_S (whose kernel decodes a block once for all the call's tokens): every token count
-    /// 1..=MAX_T, both orders, against the active ISA's single-token kernels (`vec_dot_order`:
+    /// 1..=MAX_T and one above it, both orders, against the active ISA's single-token kernels (`vec_dot_order`:
     /// AVX2 `iq3_s` / `iq3_s_tiled`), with activations at the Q8_K extremes (±127) beside
     /// random ones, and tokens given in a shuffled order of distinct buffers.
     #[test]
@@ -188,7 +188,8 @@ mod tests {
         for nb in [1usize, 2, 3, 8] {
             let n = 256 * nb;
             let row = random_row(w, n, &mut rng);
-            let mut acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
+            let mut acts: Vec<Vec<u8>> =
+                (0..MAX_T + 9).map(|_| random_act(w, n, &mut rng)).collect();
             // two tokens at the extremes: all +127 / all −127 (Q8_K never holds −128)
             let x: Vec<f32> = (0..n)
                 .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
@@ -199,7 +200,7 @@ mod tests {
             acts.rotate_left(nb);
             for order in [Order::Single, Order::Many] {
                 let md = MultiDot::new(w, n, order);
-                for cnt in 1..=MAX_T {
+                for cnt in (1..=MAX_T).chain([MAX_T + 9]) {
                     let refs: Vec<&[u8]> = acts[..cnt].iter().map(|a| &a[..]).collect();
                     let mut out = vec![f32::NAN; cnt];
                     md.call(&row, &refs, &mut out);

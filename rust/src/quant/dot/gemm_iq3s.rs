@@ -130,15 +130,24 @@ unsafe fn run<const N: usize, const MANY: bool, const FIRST: bool>(
     }
 }
 
-/// `out[t] = dot(w, acts[t])` in the order `MANY` selects, for up to `MAX_T` tokens.
+/// `out[t] = dot(w, acts[t])` in the order `MANY` selects, for any number of tokens (the row
+/// is decoded once per `MAX_T`).
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available; `w` holds `n / 256` IQ3_S blocks, every activation
-/// `n / 256` Q8_K blocks, `out.len() == acts.len() <= MAX_T`.
+/// `n / 256` Q8_K blocks, `out.len() == acts.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq3_s_multi<const MANY: bool>(n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
+    assert_eq!(out.len(), acts.len());
+    for (a, o) in acts.chunks(MAX_T).zip(out.chunks_mut(MAX_T)) {
+        up_to_max::<MANY>(n, w, a, o);
+    }
+}
+
+/// `iq3_s_multi` for at most `MAX_T` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn up_to_max<const MANY: bool>(n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
     let nt = acts.len();
-    assert!(nt <= MAX_T && out.len() == nt);
     let mut accv = [_mm256_setzero_ps(); MAX_T];
     let mut acc = [0f32; MAX_T];
     let mut dec = Decoded {

@@ -3,7 +3,8 @@
 //! lookups, the sign mask, the scale) costs several tokens' work, so it is done once per
 //! call: the first chunk of 8 tokens decodes each group as it goes (the lookups overlap the
 //! token math) and keeps it in a small L1 buffer (`Decoded`, 768 bytes) that the call's
-//! other chunks read. Per token and group: one activation load, `(a ^ m) − m`,
+//! other chunks read (calls of up to 4 tokens keep it in registers, `small`). Per token and
+//! group: one activation load, `(a ^ m) − m`,
 //! `vpmaddubsw`, `vpmaddwd`, an add. On the tiles' access pattern (a ~96 KiB row block,
 //! groups of 32 tokens) this is ~1.4× the previous kernel, which decoded per 4 tokens
 //! (`bench::iq3s_multi_throughput`). The multiply port bounds it: on Zen 1 `vpmaddubsw`
@@ -71,14 +72,59 @@ unsafe fn lanes<const N: usize, const FIRST: bool>(
             (dec.grid[g], dec.mask[g], dec.scale[g])
         };
         for t in 0..N {
-            let av = load(a[t].add(4 + 32 * g));
-            // as iq3_s_ints: negate where the sign bit is set, (a ^ m) − m
-            let av = _mm256_sub_epi8(_mm256_xor_si256(av, m), m);
-            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(gv, av), lsv);
-            sumv[t] = _mm256_add_epi32(sumv[t], p);
+            sumv[t] = mac(sumv[t], a[t].add(4 + 32 * g), gv, m, lsv);
         }
     }
     sumv
+}
+
+/// `sum` plus one token's group (32 activations at `ap`) against a decoded group, as
+/// `iq3_s_ints`: the activation negated where the sign bit is set, `(a ^ m) − m`, then
+/// `madd(maddubs(grid, a), ls)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn mac(sum: __m256i, ap: *const u8, gv: __m256i, m: __m256i, lsv: __m256i) -> __m256i {
+    let av = _mm256_sub_epi8(_mm256_xor_si256(load(ap), m), m);
+    _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(gv, av), lsv))
+}
+
+/// One token's per-block float combine: `Many` as tiled_kernel!, `acc + (f32(Σ lanes)·d_w)·d_a`;
+/// `Single` as fma8_kernel!, `fma(d_w·d_a, f32(lanes), accv)`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn combine<const MANY: bool>(lanes: __m256i, d: f32, da: f32, accv: &mut __m256, acc: &mut f32) {
+    if MANY {
+        *acc += (hsum_i32(lanes) as f32 * d) * da;
+    } else {
+        *accv = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(lanes), *accv);
+    }
+}
+
+/// Up to 4 tokens: each group decoded in registers and used at once, no buffer (at such
+/// counts the buffer's stores and the 8-token bookkeeping cost more than they save).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn small<const N: usize, const MANY: bool>(
+    n: usize,
+    w: &[u8],
+    a: [*const u8; N],
+) -> [f32; N] {
+    let (mut accv, mut acc) = ([_mm256_setzero_ps(); N], [0f32; N]);
+    for b in 0..n / 256 {
+        let wb = &w[WB * b..WB * b + WB];
+        let mut sumv = [_mm256_setzero_si256(); N];
+        for g in 0..8 {
+            let (gv, m, lsv) = decode_group(wb, g);
+            for t in 0..N {
+                sumv[t] = mac(sumv[t], a[t].add(AB * b + 4 + 32 * g), gv, m, lsv);
+            }
+        }
+        let d = h2f(wb, 0);
+        for t in 0..N {
+            let da = f32::from_le_bytes(*(a[t].add(AB * b) as *const [u8; 4]));
+            combine::<MANY>(sumv[t], d, da, &mut accv[t], &mut acc[t]);
+        }
+    }
+    std::array::from_fn(|t| if MANY { acc[t] } else { hsum8(accv[t]) })
 }
 
 /// Tokens `acts[t0..t0 + N]` against block `b`: their lanes combined into `accv`
@@ -119,19 +165,12 @@ unsafe fn run<const N: usize, const MANY: bool, const FIRST: bool>(
     }
     for j in 0..N {
         let da = f32::from_le_bytes(*(a[j] as *const [u8; 4]));
-        let t = t0 + j;
-        if MANY {
-            // as tiled_kernel!: acc + (f32(Σ lanes)·d_w)·d_a
-            acc[t] += (hsum_i32(sumv[j]) as f32 * d) * da;
-        } else {
-            // as fma8_kernel!: fma(d_w·d_a, f32(lanes), acc)
-            accv[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(sumv[j]), accv[t]);
-        }
+        combine::<MANY>(sumv[j], d, da, &mut accv[t0 + j], &mut acc[t0 + j]);
     }
 }
 
 /// `out[t] = dot(w, acts[t])` in the order `MANY` selects, for any number of tokens (the row
-/// is decoded once per `MAX_T`).
+/// is decoded once per `MAX_T`; up to 4 tokens take `small`).
 ///
 /// # Safety
 /// AVX2, FMA and F16C are available; `w` holds `n / 256` IQ3_S blocks, every activation
@@ -139,8 +178,17 @@ unsafe fn run<const N: usize, const MANY: bool, const FIRST: bool>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn iq3_s_multi<const MANY: bool>(n: usize, w: &[u8], acts: &[&[u8]], out: &mut [f32]) {
     assert_eq!(out.len(), acts.len());
-    for (a, o) in acts.chunks(MAX_T).zip(out.chunks_mut(MAX_T)) {
-        up_to_max::<MANY>(n, w, a, o);
+    let p = |i: usize| acts[i].as_ptr();
+    match acts.len() {
+        1 => out[0] = small::<1, MANY>(n, w, [p(0)])[0],
+        2 => out.copy_from_slice(&small::<2, MANY>(n, w, [p(0), p(1)])),
+        3 => out.copy_from_slice(&small::<3, MANY>(n, w, [p(0), p(1), p(2)])),
+        4 => out.copy_from_slice(&small::<4, MANY>(n, w, [p(0), p(1), p(2), p(3)])),
+        _ => {
+            for (a, o) in acts.chunks(MAX_T).zip(out.chunks_mut(MAX_T)) {
+                up_to_max::<MANY>(n, w, a, o);
+            }
+        }
     }
 }
 

@@ -23,7 +23,8 @@ fn split(len: usize, parts: usize, n: usize) -> (usize, usize) {
 }
 
 /// Weight bytes of one row block: the block stays in L2 while every token group runs over
-/// it (prefill's weight reuse; a token group's activations stay in L1).
+/// it (prefill's weight reuse; a group of 8 tokens' activations stays in L1, IQ3_S's 32 in
+/// L2 beside the block).
 const ROW_BLOCK_BYTES: usize = 96 * 1024;
 
 /// Rows per block for rows of `rb` bytes (all matrices read per row together).
@@ -49,13 +50,15 @@ fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {
 }
 
 /// Runs `f(row, g0, acts)` over rows `[r0,r1)` × tokens `0..count` in groups of at most
-/// `MAX_T` tokens (`acts` = the activations of tokens `g0..g0 + acts.len()`), row blocks
-/// outermost; no group straddles token `cut` (where ggml's float order changes).
+/// `group` (≤ `MAX_T`) tokens (`acts` = the activations of tokens `g0..g0 + acts.len()`),
+/// row blocks outermost; no group straddles token `cut` (where ggml's float order changes).
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn blocked<'a>(
     (r0, r1): (usize, usize),
     count: usize,
     cut: usize,
+    group: usize,
     rows_per_block: usize,
     act: impl Fn(usize) -> &'a [u8],
     mut f: impl FnMut(usize, usize, &[&'a [u8]]),
@@ -66,7 +69,7 @@ fn blocked<'a>(
         let mut g0 = 0;
         while g0 < count {
             let end = if g0 < cut { cut } else { count };
-            let n = (end - g0).min(MAX_T);
+            let n = (end - g0).min(group.min(MAX_T));
             let mut acts: [&[u8]; MAX_T] = [&[]; MAX_T];
             for (j, a) in acts[..n].iter_mut().enumerate() {
                 *a = act(g0 + j);
@@ -235,7 +238,8 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
     let (mut g, mut u) = ([0f32; MAX_T], [0f32; MAX_T]);
     let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
     let xg = |j| act(p.xq_g, p.xq_g_rb, j);
-    blocked(rows, np, np, rpb, xg, |i, g0, xg| {
+    let group = gd.group().min(ud.group());
+    blocked(rows, np, np, group, rpb, xg, |i, g0, xg| {
         let m = xg.len();
         gd.call(p.row(&p.gate, e, i), xg, &mut g[..m]);
         if same {
@@ -291,6 +295,7 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         rows,
         np,
         np,
+        dd.group(),
         row_block(p.down.row_bytes),
         act,
         |r, g0, a| {
@@ -369,6 +374,7 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         rows,
         p.t,
         cut,
+        many.group(),
         row_block(p.down.row_bytes),
         act,
         |r, g0, a| {

@@ -10,7 +10,8 @@ use super::*;
 /// (Q6_K / IQ3_S switch to ggml's tiled order at 8), more pairs than one token group, dense
 /// calls of several row blocks, and token counts whose Q4_K rows split between the repacked
 /// gemm order and the gemv order (t mod 4 ≠ 0); one token (decode: grouped row kernels over
-/// tiles whose row counts are not multiples of the group).
+/// tiles whose row counts are not multiples of the group); IQ3_S jobs and dense calls of more
+/// than one 32-token group.
 #[test]
 fn multi_token_tiles_match_the_serial_reference() {
     let pools = [
@@ -27,7 +28,8 @@ fn multi_token_tiles_match_the_serial_reference() {
     for (m, tys) in mixes.iter().enumerate() {
         let layer = Layer::new(300 + m as u64, *tys, 4, 512, 256);
         let view = layer.view();
-        for &(t, k) in &[(1, 2), (7, 2), (19, 3)] {
+        // (40, 4): ~40 pairs per expert, more than IQ3_S's 32-token group
+        for &(t, k) in &[(1, 2), (7, 2), (19, 3), (40, 4)] {
             let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
             let (ids, w) = routing(&mut rng, t, k, layer.e);
             let mut want = vec![0f32; t * layer.h];
@@ -49,7 +51,8 @@ fn multi_token_tiles_match_the_serial_reference() {
             rows,
             cols,
         };
-        for t in [1, 3, 13] {
+        // 45: an IQ3_S group of 32 tokens and one of 13
+        for t in [1, 3, 13, 45] {
             let x: Vec<f32> = (0..t * cols).map(|_| rng.f()).collect();
             let mut want = vec![0f32; t * rows];
             matmul_serial(&w, &x, t, &mut want).unwrap();

@@ -12,8 +12,13 @@ use crate::quant::GgmlType;
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx2;
 
-/// Tokens a tile hands to one `MultiDot::call` (the kernels take them 4 at a time).
-pub const MAX_T: usize = 8;
+/// Most tokens a tile hands to one `MultiDot::call` (`MultiDot::group` says how many suit
+/// the kernel).
+pub const MAX_T: usize = 32;
+
+/// Tokens per call for the kernels that decode a block per 4 tokens: a group's activations
+/// stay in L1 while the rows of a tile's row block run over them.
+const NARROW_T: usize = 8;
 
 /// Whether `isa` has a multi-token kernel of its own for `w` in `order` (else the
 /// single-token kernel loops).
@@ -76,6 +81,18 @@ impl MultiDot {
         }
     }
 
+    /// How many tokens (at most `MAX_T`) a call should get. The IQ3_S kernel decodes each
+    /// block once per call for all its tokens (its decode costs several tokens' work), so
+    /// it takes `MAX_T`; the others `NARROW_T`.
+    #[inline]
+    pub fn group(&self) -> usize {
+        if self.multi.is_some() && self.w == GgmlType::IQ3S {
+            MAX_T
+        } else {
+            NARROW_T
+        }
+    }
+
     /// `out[t] = dot(w_row, acts[t])` in the handle's order, for every `t < acts.len()`,
     /// bitwise the single-token kernel's (`vec_dot_order`). Panics on wrong slice lengths.
     #[inline]
@@ -110,9 +127,13 @@ mod tests {
     use super::super::{supports, vec_dot_order, vec_dot_t};
     use super::*;
 
+    /// Token counts the tests hand to one call: every count up to 9 (one and more chunks of
+    /// the kernels' 4 or 8 tokens in registers), odd ones and `MAX_T`.
+    const COUNTS: [usize; 14] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 31, MAX_T];
+
     /// Every (row, token) of the multi-token path equals the single-token kernel of the same
     /// order bitwise, and the scalar kernel of that order too, for every supported type, both
-    /// orders, token counts 1..=MAX_T and several row lengths.
+    /// orders, token counts 1..=MAX_T (`COUNTS`) and several row lengths.
     #[test]
     fn multi_equals_single_token_bitwise() {
         let mut native = 0;
@@ -129,7 +150,7 @@ mod tests {
                             (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
                         let md = MultiDot::with_isa(isa, w, n, order);
                         let single = single_for(Isa::Scalar, w, order);
-                        for cnt in 1..=MAX_T {
+                        for cnt in COUNTS {
                             let refs: Vec<&[u8]> = acts[..cnt].iter().map(|a| &a[..]).collect();
                             let mut out = vec![f32::NAN; cnt];
                             md.call(&row, &refs, &mut out);
@@ -153,6 +174,46 @@ mod tests {
                 native >= 7,
                 "the AVX2 multi-token kernels were not exercised"
             );
+        }
+    }
+
+    /// IQ3_S (whose kernel decodes a block once for all the call's tokens): every token count
+    /// 1..=MAX_T and one above it, both orders, against the active ISA's single-token kernels (`vec_dot_order`:
+    /// AVX2 `iq3_s` / `iq3_s_tiled`), with activations at the Q8_K extremes (±127) beside
+    /// random ones, and tokens given in a shuffled order of distinct buffers.
+    #[test]
+    fn iq3s_every_count_equals_single_token() {
+        let w = GgmlType::IQ3S;
+        let mut rng = Rng::new(0x1935);
+        for nb in [1usize, 2, 3, 8] {
+            let n = 256 * nb;
+            let row = random_row(w, n, &mut rng);
+            let mut acts: Vec<Vec<u8>> =
+                (0..MAX_T + 9).map(|_| random_act(w, n, &mut rng)).collect();
+            // two tokens at the extremes: all +127 / all −127 (Q8_K never holds −128)
+            let x: Vec<f32> = (0..n)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            super::super::quantize_act(GgmlType::Q8K, &x, &mut acts[3]).unwrap();
+            let y: Vec<f32> = x.iter().map(|v| -v).collect();
+            super::super::quantize_act(GgmlType::Q8K, &y, &mut acts[10]).unwrap();
+            acts.rotate_left(nb);
+            for order in [Order::Single, Order::Many] {
+                let md = MultiDot::new(w, n, order);
+                for cnt in (1..=MAX_T).chain([MAX_T + 9]) {
+                    let refs: Vec<&[u8]> = acts[..cnt].iter().map(|a| &a[..]).collect();
+                    let mut out = vec![f32::NAN; cnt];
+                    md.call(&row, &refs, &mut out);
+                    for (t, (o, a)) in out.iter().zip(&refs).enumerate() {
+                        let want = vec_dot_order(w, n, &row, a, order);
+                        assert_eq!(
+                            o.to_bits(),
+                            want.to_bits(),
+                            "{order:?} n={n} cnt={cnt} t={t}"
+                        );
+                    }
+                }
+            }
         }
     }
 

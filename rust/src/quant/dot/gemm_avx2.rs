@@ -1,6 +1,7 @@
 //! AVX2 multi-token kernels: one weight row against up to 4 tokens' Q8_K activations at a
-//! time. Each weight block is decoded once (nibbles, scales, grid lookups, sign masks) and
-//! dotted against every token's activation block while it is in registers.
+//! time (IQ3_S: every token of the call, `gemm_iq3s.rs`). Each weight block is decoded once
+//! (nibbles, scales, grid lookups, sign masks) and dotted against every token's activation
+//! block while it is in registers.
 //!
 //! Bitwise contract: per token the kernel forms exactly the integer lanes of the single-token
 //! kernel of `avx2_k.rs` (integer sums are exact, so any grouping of them is the same) and
@@ -15,11 +16,13 @@
 //! Safety: callers (`gemm.rs`) have checked the CPU features and that `w` holds `n / 256`
 //! blocks and every activation `n / 256` Q8_K blocks.
 
-use super::super::avx2::{bits_to_bytes, h2f, hsum8, hsum_i32, load};
+use super::super::avx2::{h2f, hsum8, hsum_i32, load};
 use super::super::common::{k_add_min, u32_at};
 use super::super::Order;
-use crate::quant::tables::IQ3S_GRID;
 use std::arch::x86_64::*;
+
+#[path = "gemm_iq3s.rs"]
+mod iq3s;
 
 /// Q8_K block bytes.
 const AB: usize = 292;
@@ -277,42 +280,6 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(
     finish8::<N, MANY>(&accv, &acc)
 }
 
-/// IQ3_S (110-byte blocks), either order: grid lookups and sign masks once per 32 weights.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn iq3_s<const N: usize, const MANY: bool>(
-    n: usize,
-    w: &[u8],
-    a: [*const u8; N],
-) -> [f32; N] {
-    let (mut accv, mut acc) = ([_mm256_setzero_ps(); N], [0f32; N]);
-    for b in 0..n / 256 {
-        let wb = &w[110 * b..110 * b + 110];
-        let mut sumv = [_mm256_setzero_si256(); N];
-        for g in 0..8 {
-            let qh = wb[66 + g] as usize;
-            let ls = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i16;
-            let qs = &wb[2 + 8 * g..10 + 8 * g];
-            // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
-            let gi =
-                |m: usize| *IQ3S_GRID.get_unchecked(qs[m] as usize | ((qh >> m) & 1) << 8) as i32;
-            let gv = _mm256_set_epi32(gi(7), gi(6), gi(5), gi(4), gi(3), gi(2), gi(1), gi(0));
-            let m = bits_to_bytes(u32_at(wb, 74 + 4 * g));
-            let lsv = _mm256_set1_epi16(ls);
-            for t in 0..N {
-                let av = load(a[t].add(AB * b + 4 + 32 * g));
-                let av = _mm256_sub_epi8(_mm256_xor_si256(av, m), m);
-                sumv[t] = mac(sumv[t], gv, av, lsv);
-            }
-        }
-        let d = h2f(wb, 0);
-        for t in 0..N {
-            let da = da_at(a[t].add(AB * b));
-            combine8::<MANY>(sumv[t], d, da, &mut accv[t], &mut acc[t], d * da);
-        }
-    }
-    finish8::<N, MANY>(&accv, &acc)
-}
-
 /// A multi-token kernel: `out[t] = dot(w, acts[t])` for `t < acts.len()` (any count).
 pub type MultiFn = unsafe fn(usize, &[u8], &[&[u8]], &mut [f32]);
 
@@ -349,8 +316,8 @@ pub fn kernel(w: crate::quant::GgmlType, order: Order) -> Option<MultiFn> {
         (Q5K, Order::Single) => grouped!(q45_k, true),
         (Q6K, Order::Single) => grouped!(q6_k, false),
         (Q6K, Order::Many) => grouped!(q6_k, true),
-        (IQ3S, Order::Single) => grouped!(iq3_s, false),
-        (IQ3S, Order::Many) => grouped!(iq3_s, true),
+        (IQ3S, Order::Single) => iq3s::iq3_s_multi::<false> as MultiFn,
+        (IQ3S, Order::Many) => iq3s::iq3_s_multi::<true> as MultiFn,
         _ => return None,
     })
 }

@@ -95,21 +95,11 @@ mod exact {
 /// `cargo test --no-default-features --release decode_prefetch_throughput -- --ignored --nocapture`.
 #[cfg(test)]
 mod bench {
-    use super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::tests::{random_act, random_row, thread_cpu_ns, Rng};
     use super::super::super::vec_dot;
     use super::test_knob::DIST;
     use crate::quant::GgmlType;
     use std::sync::atomic::Ordering;
-
-    fn cpu_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
 
     #[test]
     #[ignore]
@@ -137,11 +127,11 @@ mod bench {
                 for (k, &d) in dists.iter().enumerate() {
                     DIST.store(d, Ordering::Relaxed);
                     let mut x = 0f32;
-                    let t0 = cpu_ns();
+                    let t0 = thread_cpu_ns();
                     for row in m.chunks_exact(rb) {
                         x += vec_dot(w, n, row, &act);
                     }
-                    best[k] = best[k].min(cpu_ns() - t0);
+                    best[k] = best[k].min(thread_cpu_ns() - t0);
                     sums[k] = x.to_bits();
                 }
             }

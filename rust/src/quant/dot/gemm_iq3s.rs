@@ -243,19 +243,9 @@ unsafe fn up_to_max<const MANY: bool>(n: usize, w: &[u8], acts: &[&[u8]], out: &
 /// `cargo test --no-default-features --release iq3s_multi_throughput -- --ignored --nocapture`.
 #[cfg(test)]
 mod bench {
-    use super::super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::super::tests::{random_act, random_row, thread_cpu_ns, Rng};
     use super::*;
     use crate::quant::GgmlType;
-
-    fn cpu_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
 
     /// The previous kernel (before the decoded-block buffer), `Order::Many`.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -342,11 +332,11 @@ mod bench {
                 let mut outs = [vec![0f32; nt], vec![0f32; nt], vec![0f32; nt]];
                 for _ in 0..7 {
                     for (k, out) in outs.iter_mut().enumerate() {
-                        let t0 = cpu_ns();
+                        let t0 = thread_cpu_ns();
                         for _ in 0..reps {
                             pass(k, out);
                         }
-                        best[k] = best[k].min(cpu_ns() - t0);
+                        best[k] = best[k].min(thread_cpu_ns() - t0);
                     }
                 }
                 // (old and new Many: the same order, bitwise)

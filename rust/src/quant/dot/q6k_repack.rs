@@ -355,19 +355,9 @@ mod tests {
 /// `cargo test --no-default-features --release q6k_head_throughput -- --ignored --nocapture`.
 #[cfg(test)]
 mod bench {
-    use super::super::tests::{random_act, Rng};
+    use super::super::tests::{random_act, thread_cpu_ns, Rng};
     use super::super::vec_dot;
     use super::*;
-
-    fn cpu_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec out-pointer.
-        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
 
     #[test]
     #[ignore]
@@ -405,22 +395,22 @@ mod bench {
             for c in 0..chunks {
                 let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
                 for (k, (_, f)) in kernels.iter().enumerate() {
-                    let t0 = cpu_ns();
+                    let t0 = thread_cpu_ns();
                     for r in r0..r1 {
                         x += f(r);
                     }
-                    best[k][c] = best[k][c].min(cpu_ns() - t0);
+                    best[k][c] = best[k][c].min(thread_cpu_ns() - t0);
                 }
             }
             // L2-resident: the same 128 rows (215 KB) 20 times.
             for (k, (_, f)) in kernels.iter().enumerate() {
-                let t0 = cpu_ns();
+                let t0 = thread_cpu_ns();
                 for _ in 0..20 {
                     for r in 0..128 {
                         x += f(r);
                     }
                 }
-                hot[k] = hot[k].min(cpu_ns() - t0);
+                hot[k] = hot[k].min(thread_cpu_ns() - t0);
             }
         }
         std::hint::black_box(x);

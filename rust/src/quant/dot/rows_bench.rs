@@ -5,20 +5,10 @@
 //! core GB/s (bytes over the slowest thread's CPU time), best of 5 interleaved passes:
 //! `cargo test --no-default-features --release decode_rows_ab -- --ignored --nocapture`.
 
-use super::tests::{random_act, random_row, Rng};
+use super::tests::{random_act, random_row, thread_cpu_ns, Rng};
 use super::{vec_dot, vec_dot_rows};
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
-
-fn cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Sum of the bytes as u64 words, AVX2 loads, hints 2 KB ahead.
 #[target_feature(enable = "avx2")]
@@ -52,9 +42,9 @@ fn run(threads: usize, m: &[u8], rb: usize, f: &(dyn Fn(&[u8]) -> u64 + Sync)) -
             .map(|k| {
                 let c = &m[k * part..(k + 1) * part];
                 s.spawn(move || {
-                    let c0 = cpu_ns();
+                    let c0 = thread_cpu_ns();
                     std::hint::black_box(f(c));
-                    cpu_ns() - c0
+                    thread_cpu_ns() - c0
                 })
             })
             .collect();
@@ -106,11 +96,11 @@ fn decode_rows_ab() {
         let mut l2 = [u64::MAX; 2];
         for _ in 0..5 {
             for (k, f) in [&old as &dyn Fn(&[u8]) -> u64, &new].iter().enumerate() {
-                let c0 = cpu_ns();
+                let c0 = thread_cpu_ns();
                 for _ in 0..300 {
                     std::hint::black_box(f(small));
                 }
-                l2[k] = l2[k].min(cpu_ns() - c0);
+                l2[k] = l2[k].min(thread_cpu_ns() - c0);
             }
         }
         let gb = |t: u64| (small.len() * 300) as f64 / t as f64;

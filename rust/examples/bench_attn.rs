@@ -59,14 +59,7 @@ fn main() {
         let v: Vec<f32> = (0..nkv * d).map(|_| rnd()).collect();
         kv.write(0, 0, p, &k, &v).unwrap();
     }
-    let shape = AttnShape {
-        n_head: nh,
-        n_head_kv: nkv,
-        head_dim: d,
-        ty: KvType::F16,
-        row_bytes: kv.row_bytes,
-        head_bytes: kv.head_bytes,
-    };
+    let shape = AttnShape::of(&kv, nh, nkv, d);
     let q: Vec<f32> = (0..t * nh * d).map(|_| rnd()).collect();
     let par = AttnPar::new(ctx, KvType::F16, d);
     let mut total = [0.0f64; 2];

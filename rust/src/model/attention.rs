@@ -10,7 +10,7 @@
 //! they weight an f16 V (f32 otherwise).
 
 use super::attn_avx2;
-use super::kv::{axpy_row, KvType};
+use super::kv::{axpy_row, KvCache, KvType};
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::{common_reduce8, quantize_act, reduce_4x8, vec_dot, vec_dot_t};
 use crate::quant::vexp::softmax;
@@ -51,6 +51,20 @@ pub struct AttnShape {
     /// Bytes of one position's row (Nkv heads) and of one head in the cache type.
     pub row_bytes: usize,
     pub head_bytes: usize,
+}
+
+impl AttnShape {
+    /// The shape of `n_head` query heads over `kv`'s `n_head_kv` heads of `head_dim`.
+    pub fn of(kv: &KvCache, n_head: usize, n_head_kv: usize, head_dim: usize) -> AttnShape {
+        AttnShape {
+            n_head,
+            n_head_kv,
+            head_dim,
+            ty: kv.ty,
+            row_bytes: kv.row_bytes,
+            head_bytes: kv.head_bytes,
+        }
+    }
 }
 
 /// `q · k` for one head: q already converted to the key type's dot type.
@@ -300,14 +314,7 @@ mod tests {
             kv.write(0, 0, p, &ks[p], &vs[p]).unwrap();
         }
         let q: Vec<f32> = (0..nh * d).map(|i| val(i * 5 + 1)).collect();
-        let shape = AttnShape {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim: d,
-            ty: KvType::F32,
-            row_bytes: kv.row_bytes,
-            head_bytes: kv.head_bytes,
-        };
+        let shape = AttnShape::of(&kv, nh, nkv, d);
         let mut out = vec![0f32; nh * d];
         let mut s = AttnScratch::new(8, KvType::F32, d);
         let (kc, vc) = kv.layer(0, 0, n);
@@ -351,14 +358,7 @@ mod tests {
             kv.write(0, 0, p, &k, &v).unwrap();
         }
         let q: Vec<f32> = (0..nh * d).map(|i| val(i * 5 + 1) * 0.3).collect();
-        let shape = AttnShape {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim: d,
-            ty: KvType::F16,
-            row_bytes: kv.row_bytes,
-            head_bytes: kv.head_bytes,
-        };
+        let shape = AttnShape::of(&kv, nh, nkv, d);
         let (kc, vc) = kv.layer(0, 0, n);
         for t in [1usize, 5] {
             let mut out = vec![0f32; nh * d];

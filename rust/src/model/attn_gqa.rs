@@ -153,14 +153,7 @@ mod tests {
         for (nh, nkv) in [(16usize, 2usize), (12, 2), (3, 1)] {
             let group = nh / nkv;
             let kv = cache(nkv, d, 530);
-            let shape = AttnShape {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim: d,
-                ty: KvType::F16,
-                row_bytes: kv.row_bytes,
-                head_bytes: kv.head_bytes,
-            };
+            let shape = AttnShape::of(&kv, nh, nkv, d);
             assert!(serves(&shape, 2));
             let q: Vec<f32> = (0..nh * d)
                 .map(|i| ((i * 104_729) % 2003) as f32 / 700.0 - 1.4)

@@ -172,14 +172,7 @@ mod tests {
                     let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
                     kv.write(0, 0, p, &k, &v).unwrap();
                 }
-                let shape = AttnShape {
-                    n_head: nh,
-                    n_head_kv: nkv,
-                    head_dim: d,
-                    ty,
-                    row_bytes: kv.row_bytes,
-                    head_bytes: kv.head_bytes,
-                };
+                let shape = AttnShape::of(&kv, nh, nkv, d);
                 let q: Vec<f32> = (0..t * nh * d).map(|i| val(i * 5 + 1) * 0.3).collect();
                 let (kc, vc) = kv.layer(0, 0, n);
                 let mut want = vec![0f32; t * nh * d];

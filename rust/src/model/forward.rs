@@ -231,14 +231,7 @@ impl Model {
         let (e, k) = (hp.n_expert, hp.n_expert_used);
         let half = hp.n_rot / 2;
         let eps = hp.rms_eps;
-        let shape = AttnShape {
-            n_head: hp.n_head,
-            n_head_kv: hp.n_head_kv,
-            head_dim: d,
-            ty: kv.ty,
-            row_bytes: kv.row_bytes,
-            head_bytes: kv.head_bytes,
-        };
+        let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
         // x = token_embd[ids]  [T, H]
         for (i, &id) in toks.iter().enumerate() {
             w.embed(id as usize, &mut s.x[i * hd..(i + 1) * hd])?;

@@ -4,6 +4,7 @@
 //! built kernels every entry point returns `Error::NoGpu` saying why; a failing driver call is
 //! `Error::Cuda { call, .. }` naming it. Contract: GPU_SPEC.md §1–2; guide: docs/GPU.md.
 
+mod ctx;
 mod fatbin;
 pub(crate) mod ffi;
 mod gpu;

@@ -6,6 +6,7 @@ pub mod elementwise;
 pub mod moe_decode;
 pub mod norm;
 pub mod quant;
+pub mod quant_kernels;
 pub mod quant_mmq;
 pub mod quant_shared;
 pub mod rope;

@@ -98,7 +98,7 @@ class Crate:
                 for m in re.finditer(r"pub(?:\([^)]*\))?\s+use\s+([^;]+);", text):
                     for p in expand_use(m.group(1)):
                         segs = p.split("::")
-                        if len(segs) == 2 and self.file_of(mod + (segs[0],)):
+                        if len(segs) == 2 and self.file_of((*mod, segs[0])):
                             names[segs[1]] = segs[0]
             self.reexports[mod] = names
         return self.reexports[mod]
@@ -123,12 +123,12 @@ class Crate:
         for s in segs:
             if s in ("*", "self"):
                 break
-            if self.file_of(mod + (s,)):
-                mod = mod + (s,)
+            if self.file_of((*mod, s)):
+                mod = (*mod, s)
                 continue
             child = self.reexported(mod).get(s)
             if child is not None:
-                mod = mod + (child,)
+                mod = (*mod, child)
             break
         return mod
 

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("module_cycles", ROOT / "scripts" / "module_cycles.py")
+_spec = importlib.util.spec_from_file_location(
+    "module_cycles", ROOT / "scripts" / "module_cycles.py"
+)
 assert _spec is not None and _spec.loader is not None
 mc = importlib.util.module_from_spec(_spec)
 sys.modules["module_cycles"] = mc

@@ -9,8 +9,8 @@ Our arithmetic follows ggml's CPU backend on an AVX2+FMA machine (activations qu
 ggml's x86 path; ggml's float order in the dot kernels, the batch-dependent tinyBLAS, tiled
 and repacked-gemm orders, softmax, SwiGLU, RoPE and f16 attention; docs/MODEL_ORACLES.md
 lists them), so the logits are llama.cpp's bit for bit and the unfiltered thresholds are
-asserted on every file in EXACT (all of them). The filtered figures of BENCH.md "Testing
-against oracles" (top-1 where the reference is sure, margin ≥ MARGIN; greedy continuations
+asserted on every file in EXACT (all of them). The filtered figures of docs/test-models.md
+"Weight scales" (top-1 where the reference is sure, margin ≥ MARGIN; greedy continuations
 up to the reference's first near-tie) are still printed and asserted: they are what a file
 that is not matched bit for bit would be held to.
 """

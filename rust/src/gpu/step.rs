@@ -1,5 +1,5 @@
 //! The kernel sequence of one chunk (launches only: no host copies or syncs, so the
-//! one-token step can be captured as a graph). Per layer (FORMATS.md §4 "Forward pass"):
+//! one-token step can be captured as a graph). Per layer (docs/FORMATS.md §4 "Forward pass"):
 //!
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x

@@ -1,5 +1,5 @@
 //! Kernel launchers: one file per `cuda/<family>.cu`, each checking shapes and buffer sizes
-//! (`Error::Shape` / `Error::Config`) before it launches (GPU_SPEC.md §3).
+//! (`Error::Shape` / `Error::Config`) before it launches (docs/GPU.md).
 
 pub mod attention;
 pub mod elementwise;

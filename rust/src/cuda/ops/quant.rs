@@ -1,4 +1,4 @@
-//! Launchers of the quantized matrix kernels (GPU_SPEC.md §4): `cuda/quantize.cu` (f32 → int8
+//! Launchers of the quantized matrix kernels (docs/GPU.md): `cuda/quantize.cu` (f32 → int8
 //! activation blocks, quantized as the CPU path quantizes them for the weight type),
 //! `cuda/mmvq.cu` (matrix × few vectors), `cuda/moe.cu` (routed experts through a per-expert
 //! pointer table), `cuda/getrows.cu` (embedding lookup); for prefill (n_tok > 8) `matmul` and

@@ -8,6 +8,7 @@ from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
+from strata._core import _testing as _testing  # the private test hooks (_testing.pyi)
 
 __all__ = [
     "ConfigError",
@@ -30,6 +31,7 @@ __all__ = [
     "ShapeError",
     "StrataError",
     "__version__",
+    "_testing",
     "cpu_features",
     "default_pcie_frac",
     "dequantize_bytes",
@@ -101,7 +103,7 @@ class Model:
         cuda_graph: bool = True,
         vram_budget_mib: int | None = None,
         vram_reserve_mib: int | None = None,
-        vram_slots: int = -1,
+        vram_slots: int = ...,
         adapt_every: int | None = None,
         adapt_swaps: int | None = None,
         tier_async: bool | None = None,

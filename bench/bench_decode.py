@@ -121,14 +121,14 @@ class Strata:
     def __init__(self, path: Path, threads: int, n_ctx: int, cpu_repack: bool = True) -> None:
         from strata._core import Model
 
-        # `threads` pool workers besides the caller; the caller takes work too.
-        workers = -1 if threads == 1 else threads - 1
+        # `threads` compute threads in all, the caller among them (llama.cpp's -t); one thread:
+        # the serial reference.
         self.m = Model.open(
             path,
             n_ctx=n_ctx,
             n_slots=1,
             prefill_chunk=512,
-            threads=workers,
+            threads=-1 if threads == 1 else threads,
             cpu_repack=cpu_repack,
         )
 

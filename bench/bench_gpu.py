@@ -141,7 +141,7 @@ def main() -> None:
         print(path)
         return
 
-    from strata._core import gpu_copy_gbps, gpu_status
+    from strata._core._testing import gpu_copy_gbps, gpu_status
 
     ok, why = gpu_status()
     if not ok:

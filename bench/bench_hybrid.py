@@ -107,7 +107,7 @@ def strata_run(
             n_ctx=n_ctx,
             prefill_chunk=a.chunk,
             device="cuda",
-            threads=a.threads - 1,
+            threads=a.threads,
             vram_slots=slots,
             adapt_every=a.adapt_every,
             profile=profile,
@@ -276,7 +276,7 @@ def main() -> None:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core import gpu_copy_gbps, gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core._testing import gpu_copy_gbps, gpu_status, pcie_probe_gbps, ram_read_gbps
 
     kinds = a.models.split(",")
     paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from strata._core import ExpertPool, MoELayer, pool_supports, ram_read_gbps
 
 # ggml type ids and (block elements, block bytes) of the types this script can make
-# (the ggml ids are the GGUF `ggml_type` values, FORMATS.md §2).
+# (the ggml ids are the GGUF `ggml_type` values, docs/FORMATS.md §2).
 TYPES = {"F32": (0, 1, 4), "Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "IQ3_S": (21, 256, 110)}
 
 

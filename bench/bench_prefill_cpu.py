@@ -34,7 +34,7 @@ def main() -> None:
         ap.error("--threads must be at least 2 (the pool's caller plus one worker)")
     pps = [int(v) for v in args.pp.split(",")]
     n_ctx = max(pps) + 64
-    sm = Model.open(args.model, n_ctx=n_ctx, n_slots=1, prefill_chunk=512, threads=args.threads - 1)
+    sm = Model.open(args.model, n_ctx=n_ctx, n_slots=1, prefill_chunk=512, threads=args.threads)
     ll = llama_cpp.Llama(
         str(args.model),
         n_ctx=n_ctx,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 
 from strata import _core
+from strata._core import _testing
 
 H, NH, NKV, D, E, TOPK, FF = 2048, 32, 4, 128, 128, 8, 768
 
@@ -37,7 +38,7 @@ def main() -> None:
 
     for fused in (False, True):
         name = "norm_add_rms" if fused else "norm_rms"
-        row(f"{name} [1, {H}]", _core.gpu_bench_norm(H, 1, fused, a.reps))
+        row(f"{name} [1, {H}]", _testing.gpu_bench_norm(H, 1, fused, a.reps))
     for ty, rows, k in [
         ("Q4_K", NH * D, H),  # Q
         ("Q4_K", NKV * D, H),  # K (and V in Q4_K)
@@ -46,24 +47,24 @@ def main() -> None:
         ("F32", E, H),  # router
         ("Q6_K", 151936, H),  # output head
     ]:
-        us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps)
+        us = _testing.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps)
         row(f"quantize + matmul {ty} [{rows}, {k}] (F32: no quantize)", us)
         for r1, kind in [(True, "row per block"), (False, "warp per row")]:
-            us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, r1)
+            us = _testing.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, r1)
             row(f"  the same, {kind}", us)
         if ty != "F32":
-            us = _core.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, staged=True)
+            us = _testing.gpu_bench_matmul_graph(ty, rows, k, 1, a.reps, staged=True)
             row("  the same, warp per row, x and rows staged (_st)", us)
     for kv in ["f16", "q8_0"]:
         for p in (int(c) for c in a.ctx.split(",")):
             if p >= a.n_ctx:
                 continue
-            us = _core.gpu_bench_attention(kv, NH, NKV, D, a.n_ctx, p, 1, a.reps)
+            us = _testing.gpu_bench_attention(kv, NH, NKV, D, a.n_ctx, p, 1, a.reps)
             row(f"attn decode {kv} at position {p} (n_ctx {a.n_ctx})", us)
-    row(f"router top-{TOPK} of {E}", _core.gpu_bench_router(E, TOPK, 1, a.reps))
+    row(f"router top-{TOPK} of {E}", _testing.gpu_bench_router(E, TOPK, 1, a.reps))
     for variant in ("current", "act", "v0"):
         for down in ("Q6_K", "Q4_K"):
-            gu, dn, _, _ = _core.gpu_bench_moe(
+            gu, dn, _, _ = _testing.gpu_bench_moe(
                 "Q4_K", down, E, FF, H, TOPK, 1, a.reps, variant=variant, graph=True
             )
             if down == "Q6_K":

@@ -68,7 +68,7 @@ def generate() -> str:
         f"// Source: gguf-py {version('gguf')} gguf/quants.py"
         " (grid_hex/grid_map decoded by init_grid, ksigns, kvalues, delta).",
         "// Grid entries: byte k of the little-endian integer is element k of the group (as ggml).",
-        '//! Lookup tables of the IQ/FP4 block formats (FORMATS.md §2, "Lookup tables").',
+        '//! Lookup tables of the IQ/FP4 block formats (docs/FORMATS.md §2, "Lookup tables").',
         "",
         "/// Sign bytes: index i (7 bits) plus a parity bit 7 making the count of set bits even.",
         "#[rustfmt::skip]",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,9 +27,15 @@ def build_sim(
     sources: list[str],
 ) -> ctypes.CDLL:
     """The library of `cuda/tests/<main>`, rebuilt when it, sim.h or any of `sources` (paths
-    under cuda/) changes; skips the test where g++ is missing."""
+    under cuda/) changes; skips the test where g++ is missing (fails it under
+    STRATA_REQUIRE_KERNELS=1)."""
     gxx = shutil.which("g++")
     if gxx is None:
+        if os.environ.get("STRATA_REQUIRE_KERNELS") == "1":
+            # where the kernels are required (CI: scripts/test), their emulation is too
+            pytest.fail(
+                "STRATA_REQUIRE_KERNELS=1 but g++ (the CUDA emulation's compiler) is missing"
+            )
         pytest.skip("g++ is not installed: the CUDA emulation is built with g++")
     h = hashlib.sha256()
     for s in sorted({f"tests/{main}", "tests/sim.h", *sources}):

@@ -1,7 +1,7 @@
 """numpy references for the model kernels (cuda/{norm,rope,attention,router,elementwise}.cu),
 shared by the emulation tests (test_gpu_model_sim.py) and the device tests (test_gpu_model.py).
 
-Written from FORMATS.md §4 and the CPU path's documented numerics (rust/src/model/ops.rs,
+Written from docs/FORMATS.md §4 and the CPU path's documented numerics (rust/src/model/ops.rs,
 attention.rs, forward.rs `route`), not from the kernels: f64 where the kernels use f32, and
 inputs rounded the way the documented numerics round them (q to f16 before q·k on an f16
 cache, q to q8_0 on a q8_0 cache in decode). The KV cache layout is [slot][Nkv][n_ctx] head

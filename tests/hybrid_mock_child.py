@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 from strata._core import Model, Profile
+from strata.errors import ConfigError
 
 N_LAYER, N_EXPERT, K = 3, 8, 2
 
@@ -30,9 +31,10 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
         n_ctx=256,
         prefill_chunk=24,
         device="cuda",
-        threads=1,
+        threads=2,
         vram_slots=6,
         profile=prof,
+        pcie_frac=0.0,
         adapt_every=1,
         tier_async=tier_async,
         stream_min_tokens=16 if stream else 0,
@@ -106,13 +108,14 @@ def run_pcie(path: str) -> None:
         n_ctx=256,
         prefill_chunk=24,
         device="cuda",
-        threads=1,
+        threads=2,
         vram_slots=6,
         profile=Profile.from_counts(path, counts, 100),
         adapt_every=0,
         stream_min_tokens=0,
         pcie_frac=1.0,
     )
+    assert m.counts_routing  # the hybrid mode sees the routed ids on the host
     info = m.hybrid_info()
     c = m.hybrid_counters()
     assert info is not None and c is not None
@@ -128,8 +131,31 @@ def run_pcie(path: str) -> None:
     print(f"pcie: totals {c.totals()}, pcie bytes {c.snapshot()['pcie_bytes']}")
 
 
+def run_vram(path: str) -> None:
+    """Every expert in VRAM (the tiny model fits, no hybrid setting): the whole one-token step
+    is captured as one graph after an eager first step, and the routing is not counted there,
+    so asking for it is refused with the reason (issue #24)."""
+    m = Model.open(path, n_ctx=64, device="cuda", threads=2)
+    assert m.hybrid_info() is None and m.hybrid_counters() is None
+    m.forward(0, list(range(1, 13)))
+    for t in range(3):
+        m.forward(0, [t + 1])
+    assert m.cuda_graph_state == "captured", m.cuda_graph_state
+    assert m.slot_len(0) == 15
+    assert not m.counts_routing
+    for call in (m.routing_counts, m.routing_counters):
+        try:
+            call()
+        except ConfigError as e:
+            assert "does not count the routing" in str(e), e
+        else:
+            raise AssertionError(f"{call.__name__} on the all-in-VRAM GPU path did not refuse")
+    print("vram: ok")
+
+
 def main() -> None:
     path = sys.argv[1]
+    run_vram(path)
     run_pcie(path)
     for tier_async in (False, True):
         ref = run(path, tier_async, False)

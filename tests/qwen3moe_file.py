@@ -1,5 +1,5 @@
 """Writes small qwen3moe GGUF files with gguf-py (an independent writer), with the tensor names
-and metadata llama.cpp uses (FORMATS.md §4) and a minimal byte-level BPE tokenizer that
+and metadata llama.cpp uses (docs/FORMATS.md §4) and a minimal byte-level BPE tokenizer that
 llama.cpp accepts. Shared by the model tests and scripts/make_hf_golden.py.
 
 Tensors are given in numpy order (ggml ne reversed): token_embd (V, H), attn_q (Nh·D, H),
@@ -78,9 +78,10 @@ def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
 
 
 def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
-    """Random weights with the spread BENCH.md asks for: linear and router std 1/sqrt(fan_in),
-    embeddings std 1, norm weights near 1. `router_scale` multiplies the router weights:
-    trained routers are peaked, and a flat random one has many 4th/5th-expert near-ties."""
+    """Random weights with the spread docs/test-models.md "Weight scales" gives: linear and
+    router std 1/sqrt(fan_in), embeddings std 1, norm weights near 1. `router_scale`
+    multiplies the router weights: trained routers are peaked, and a flat random one has many
+    4th/5th-expert near-ties."""
     rng = np.random.default_rng(seed)
 
     def lin(*shape: int) -> np.ndarray:

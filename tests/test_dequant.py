@@ -26,7 +26,7 @@ SPECIAL_F16 = np.array(
     dtype=np.uint16,
 )  # fmt: skip
 
-# Byte offsets of the f16 scale fields in each block (FORMATS.md §2 block table).
+# Byte offsets of the f16 scale fields in each block (docs/FORMATS.md §2 block table).
 F16_FIELDS: dict[str, list[int]] = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],

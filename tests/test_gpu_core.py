@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 from strata import _core
+from strata._core import _testing
 from strata.errors import ConfigError, GpuError, ShapeError, StrataError
 
 
@@ -38,12 +39,12 @@ def test_status_is_a_clear_answer_and_gpu_calls_raise_typed_errors() -> None:
     assert any(w in why for w in ("driver", "device", "kernels", "CUDA")), why
     x = np.ones(8, dtype=np.float32)
     calls = [
-        lambda: _core.gpu_smoke(x, 1.0, 2.0),
-        lambda: _core.gpu_smoke_graph(x, 1.0, 2.0, 3),
-        lambda: _core.gpu_roundtrip(b"abc"),
-        lambda: _core.gpu_time_smoke(16, 1),
-        lambda: _core.gpu_kernel_params("strata_smoke_axpb"),
-        lambda: _core.gpu_bad_launch(),
+        lambda: _testing.gpu_smoke(x, 1.0, 2.0),
+        lambda: _testing.gpu_smoke_graph(x, 1.0, 2.0, 3),
+        lambda: _testing.gpu_roundtrip(b"abc"),
+        lambda: _testing.gpu_time_smoke(16, 1),
+        lambda: _testing.gpu_kernel_params("strata_smoke_axpb"),
+        lambda: _testing.gpu_bad_launch(),
     ]
     for call in calls:
         with pytest.raises(GpuError) as e:
@@ -82,11 +83,11 @@ def test_upload_download_round_trip() -> None:
     rng, seed = fresh_rng()
     for n in (0, 1, 7, 4097, (1 << 20) + 3):
         data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
-        assert _core.gpu_roundtrip(data) == data, f"n={n} seed={seed}"
+        assert _testing.gpu_roundtrip(data) == data, f"n={n} seed={seed}"
         if n > 2:
             off = int(rng.integers(0, n - 1))
             length = int(rng.integers(0, n - off + 1))
-            got = _core.gpu_roundtrip(data, off, length)
+            got = _testing.gpu_roundtrip(data, off, length)
             assert got == data[off : off + length], f"n={n} off={off} len={length} seed={seed}"
 
 
@@ -94,14 +95,14 @@ def test_upload_download_round_trip() -> None:
 def test_out_of_range_copies_are_shape_errors() -> None:
     data = bytes(range(100))
     with pytest.raises(ShapeError):
-        _core.gpu_roundtrip(data, 99, 2)
+        _testing.gpu_roundtrip(data, 99, 2)
     with pytest.raises(ShapeError):
-        _core.gpu_roundtrip(data, 101, 0)
+        _testing.gpu_roundtrip(data, 101, 0)
     with pytest.raises(ShapeError):
-        _core.gpu_roundtrip(data, 1, (1 << 64) - 1)  # offset + length overflows
-    assert _core.gpu_roundtrip(data, 100, 0) == b""  # the end itself is in range
+        _testing.gpu_roundtrip(data, 1, (1 << 64) - 1)  # offset + length overflows
+    assert _testing.gpu_roundtrip(data, 100, 0) == b""  # the end itself is in range
     # The context is still healthy afterwards.
-    assert _core.gpu_roundtrip(data) == data
+    assert _testing.gpu_roundtrip(data) == data
 
 
 @pytest.mark.gpu
@@ -110,7 +111,7 @@ def test_smoke_kernel_matches_numpy() -> None:
     for n in (0, 1, 255, 256, 257, int(rng.integers(1, 1 << 20))):
         x = rng.standard_normal(n).astype(np.float32) * np.float32(100)
         a, b = np.float32(rng.standard_normal()), np.float32(rng.standard_normal())
-        y = _core.gpu_smoke(x, float(a), float(b))
+        y = _testing.gpu_smoke(x, float(a), float(b))
         want = a * x + b  # float32 product, rounded, then float32 sum: the kernel's math
         assert y.dtype == np.float32 and y.shape == (n,)
         np.testing.assert_array_equal(y, want, err_msg=f"n={n} seed={seed}")
@@ -123,7 +124,7 @@ def test_graph_replays_the_captured_step() -> None:
     x = rng.uniform(-1, 1, n).astype(np.float32)
     a, b = np.float32(rng.uniform(0.5, 1.0)), np.float32(rng.uniform(-0.5, 0.5))
     for replays in (0, 1, int(rng.integers(2, 20))):
-        got = _core.gpu_smoke_graph(x, float(a), float(b), replays)
+        got = _testing.gpu_smoke_graph(x, float(a), float(b), replays)
         want = x.copy()
         for _ in range(replays):
             want = a * want + b
@@ -132,23 +133,23 @@ def test_graph_replays_the_captured_step() -> None:
 
 @pytest.mark.gpu
 def test_events_time_the_work() -> None:
-    ms = _core.gpu_time_smoke(1 << 22, 20)
+    ms = _testing.gpu_time_smoke(1 << 22, 20)
     assert math.isfinite(ms) and 0 < ms < 5_000, ms
 
 
 @pytest.mark.gpu
 def test_unknown_kernel_is_a_gpu_error_naming_it() -> None:
     with pytest.raises(GpuError, match="strata_no_such_kernel"):
-        _core.gpu_kernel_params("strata_no_such_kernel")
-    params = _core.gpu_kernel_params("strata_smoke_axpb")
+        _testing.gpu_kernel_params("strata_no_such_kernel")
+    params = _testing.gpu_kernel_params("strata_smoke_axpb")
     assert params is None or params == [8, 8, 4, 4, 4], params
 
 
 @pytest.mark.gpu
 def test_wrong_launch_arguments_are_refused() -> None:
-    if _core.gpu_kernel_params("strata_smoke_axpb") is None:
+    if _testing.gpu_kernel_params("strata_smoke_axpb") is None:
         pytest.skip("this driver cannot list kernel parameters (cuFuncGetParamInfo)")
     with pytest.raises(ConfigError, match="strata_smoke_axpb"):
-        _core.gpu_bad_launch()
+        _testing.gpu_bad_launch()
     x = np.arange(5, dtype=np.float32)
-    np.testing.assert_array_equal(_core.gpu_smoke(x, 2.0, 1.0), 2 * x + 1)
+    np.testing.assert_array_equal(_testing.gpu_smoke(x, 2.0, 1.0), 2 * x + 1)

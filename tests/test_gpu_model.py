@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 from gpu_model_cases import *  # noqa: F403  (the shared kernel cases)
 from models import TestModels
 from strata import _core
-from strata._core import Model
+from strata._core import Model, _testing
 from strata.modelgen import ModelSpec
 
 pytestmark = pytest.mark.gpu
@@ -52,23 +53,23 @@ class GpuKernels:
     launchers: same arguments, outputs written into the arrays passed."""
 
     def sim_norm_rms(self, x: Any, w: Any, out: Any, rows: int, n: int, eps: float) -> None:
-        out[...] = _core.gpu_norm_rms(x, w, eps)
+        out[...] = _testing.gpu_norm_rms(x, w, eps)
 
     def sim_norm_add_rms(
         self, x: Any, y: Any, w: Any, out: Any, rows: int, n: int, eps: float
     ) -> None:
-        x2, o = _core.gpu_norm_add_rms(x, y, w, eps)
+        x2, o = _testing.gpu_norm_add_rms(x, y, w, eps)
         x[...] = x2
         out[...] = o
 
     def sim_rope_neox(self, x: Any, c: Any, s: Any, sp: Any, *dims: int) -> None:
         n_rot, n_pos = dims[-2], dims[-1]
-        x[...] = _core.gpu_rope_neox(x, c[:n_pos], s[:n_pos], int(sp[0]), n_rot)
+        x[...] = _testing.gpu_rope_neox(x, c[:n_pos], s[:n_pos], int(sp[0]), n_rot)
 
     def sim_rope_qkv(self, kv: int, q: Any, k: Any, v: Any, qn: Any, kn: Any, c: Any, s: Any,
                      sp: Any, kc: Any, vc: Any, stride: int, *rest: Any) -> None:  # fmt: skip
         n_rot, eps = rest[-3], rest[-1]
-        q2, k2, v2 = _core.gpu_rope_qkv(
+        q2, k2, v2 = _testing.gpu_rope_qkv(
             KV_NAME[kv], q, k, v, qn, kn, c, s, int(sp[0]), int(sp[1]), kc, vc, n_rot, eps
         )
         q[...], kc[...], vc[...] = q2, k2, v2
@@ -76,24 +77,26 @@ class GpuKernels:
     def sim_attn_decode(self, kv: int, d: int, q: Any, kc: Any, vc: Any, stride: int, sp: Any,
                         po: Any, pml: Any, out: Any, *rest: Any) -> None:  # fmt: skip
         n_split, scale = rest[-2], rest[-1]
-        out[...] = _core.gpu_attention(
+        out[...] = _testing.gpu_attention(
             KV_NAME[kv], q, kc, vc, int(sp[0]), int(sp[1]), n_split, scale
         )
 
     def sim_attn_prefill(self, kv: int, d: int, q: Any, kc: Any, vc: Any, stride: int, sp: Any,
                          out: Any, *rest: Any) -> None:  # fmt: skip
-        out[...] = _core.gpu_attention(KV_NAME[kv], q, kc, vc, int(sp[0]), int(sp[1]), 0, rest[-1])
+        out[...] = _testing.gpu_attention(
+            KV_NAME[kv], q, kc, vc, int(sp[0]), int(sp[1]), 0, rest[-1]
+        )
 
     def sim_router_topk(self, logits: Any, ids: Any, w: Any, *dims: int) -> None:
         k, norm = dims[-2], dims[-1]
-        i, ww = _core.gpu_router_topk(logits, k, bool(norm))
+        i, ww = _testing.gpu_router_topk(logits, k, bool(norm))
         ids[...], w[...] = i, ww
 
     def sim_argmax(self, x: Any, out: Any, rows: int, n: int) -> None:
-        out[...] = _core.gpu_argmax(x)
+        out[...] = _testing.gpu_argmax(x)
 
     def sim_add(self, x: Any, y: Any, n: int) -> None:
-        s, c = _core.gpu_add_copy(x, y)
+        s, c = _testing.gpu_add_copy(x, y)
         assert np.array_equal(c, x), "the copy kernel"
         x[...] = s
 
@@ -111,9 +114,11 @@ def kern() -> GpuKernels:
 SPEC = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
 TYPES = ("F32", "Q8_0", "Q4_K_M", "IQ3_S")
 # Copies of the files, named by type: made on first use where llama.cpp can quantize, read
-# as they are where it cannot (the GPU machine has neither llama-cpp-python nor gguf-py;
-# carry this folder there: `python tests/test_gpu_model.py` fills it).
-CARRY = Path(__file__).resolve().parent / ".gpu-models"
+# as they are where it cannot (the GPU machine has neither llama-cpp-python nor gguf-py).
+# The folder is $STRATA_GPU_MODELS, else tests/.gpu-models; `python tests/test_gpu_model.py`
+# fills it (scripts/build_device_wheel does, into .whl/gpu-models, which scripts/gpu_suite
+# points the variable at on the device).
+CARRY = Path(os.environ.get("STRATA_GPU_MODELS") or Path(__file__).resolve().parent / ".gpu-models")
 
 
 def model_files() -> dict[str, Path]:

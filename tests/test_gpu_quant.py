@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from gpu_quant_ref import act_values
 from strata import _core
+from strata._core import _testing
 from strata.errors import QuantError, ShapeError
 
 _GPU = _core.gpu_status()
@@ -135,7 +136,7 @@ def check_matmul(t: str, rows: int, n_tok: int) -> None:
     k = 1024
     wb, w, mag = weights(t, rows, k, rng)
     x = np.stack([dot_util.random_act_f32(rng, k) for _ in range(n_tok)])
-    y = _core.gpu_matmul(t, wb, rows, k, x).astype(np.float64)
+    y = _testing.gpu_matmul(t, wb, rows, k, x).astype(np.float64)
     assert y.shape == (n_tok, rows)
     x64 = x.astype(np.float64)
     err = np.abs(y - x64 @ w.T)
@@ -166,7 +167,7 @@ def test_get_rows(t: str) -> None:
     want = np.stack([_core.dequantize_bytes(t, np.frombuffer(r, np.uint8), k) for r in rs])
     ids = rng.integers(0, rows, 40).astype(np.int32)
     ids[[3, 7]] = [-1, rows]  # out of range: zeros
-    got = _core.gpu_get_rows(t, b"".join(rs), rows, k, ids)
+    got = _testing.gpu_get_rows(t, b"".join(rs), rows, k, ids)
     assert got.shape == (40, k)
     ok = (ids >= 0) & (ids < rows)
     assert np.array_equal(got[ok].view(np.uint32), want[ids[ok]].view(np.uint32)), t
@@ -197,7 +198,9 @@ def run_moe(tg: str, tu: str, td: str, n_tok: int, seed: int) -> None:
     def table(ws: list[tuple[bytes, np.ndarray, np.ndarray]]) -> list[bytes | None]:
         return [None if e == absent else ws[e][0] for e in range(n_exp)]
 
-    act, y = _core.gpu_moe(tg, tu, td, table(gate), table(up), table(down), ff, h, ids, wts, x, y0)
+    act, y = _testing.gpu_moe(
+        tg, tu, td, table(gate), table(up), table(down), ff, h, ids, wts, x, y0
+    )
     prefill = n_tok > 8  # the grouped tensor-core path
     assert act.shape == (n_tok, top_k, ff) and y.shape == (n_tok, h)
     x64 = x.astype(np.float64)
@@ -254,20 +257,20 @@ def test_moe_mixed_gate_up_types() -> None:
 def test_bad_shapes_are_typed_errors() -> None:
     x = np.zeros((2, 48), np.float32)
     with pytest.raises(ShapeError):  # k not a multiple of 32: refused by the launcher
-        _core.gpu_matmul("F32", bytes(4 * 48 * 3), 3, 48, x)
+        _testing.gpu_matmul("F32", bytes(4 * 48 * 3), 3, 48, x)
     with pytest.raises(ShapeError):  # weight bytes do not match [rows, k]
-        _core.gpu_matmul("Q8_0", bytes(33), 1, 32, np.zeros((1, 32), np.float32))
+        _testing.gpu_matmul("Q8_0", bytes(33), 1, 32, np.zeros((1, 32), np.float32))
     with pytest.raises(QuantError):
-        _core.gpu_matmul("Q4_1", bytes(20), 1, 32, np.zeros((1, 32), np.float32))
+        _testing.gpu_matmul("Q4_1", bytes(20), 1, 32, np.zeros((1, 32), np.float32))
     with pytest.raises(ShapeError):
-        _core.gpu_matmul("Q8_0", bytes(34), 1, 32, np.zeros((1, 64), np.float32))
+        _testing.gpu_matmul("Q8_0", bytes(34), 1, 32, np.zeros((1, 64), np.float32))
     with pytest.raises(ShapeError):
-        _core.gpu_get_rows("Q4_K", bytes(144), 1, 96, np.zeros(2, np.int32))
+        _testing.gpu_get_rows("Q4_K", bytes(144), 1, 96, np.zeros(2, np.int32))
     ids = np.zeros((1, 2), np.int32)
     w2 = np.zeros((1, 2), np.float32)
     with pytest.raises(ShapeError):  # h not a multiple of the Q4_K block
-        _core.gpu_moe(
+        _testing.gpu_moe(
             "Q4_K", "Q4_K", "Q4_K", [None], [None], [None], 256, 128, ids, w2,
             np.zeros((1, 128), np.float32), np.zeros((1, 128), np.float32),
         )  # fmt: skip
-    assert _core.gpu_quant_supports("IQ3_S") and not _core.gpu_quant_supports("IQ1_S")
+    assert _testing.gpu_quant_supports("IQ3_S") and not _testing.gpu_quant_supports("IQ1_S")

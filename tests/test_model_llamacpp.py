@@ -13,7 +13,7 @@ too, and the unfiltered thresholds are asserted on every file in EXACT. On a CPU
 llama.cpp's build reports AVX-512 (its system info), ggml takes other float orders (512-bit
 tinyBLAS, the AVX-512 repacked gemms, vec.cpp's reductions), so EXACT is empty there and each
 unfiltered check is reported as skipped with that reason (`*_unfiltered_where_bitwise`). The
-filtered figures of BENCH.md "Testing against oracles" (top-1 where the reference is sure,
+filtered figures of docs/test-models.md "Weight scales" (top-1 where the reference is sure,
 margin >= MARGIN; greedy continuations up to the reference's first near-tie) are asserted on
 every CPU: they are what a file that is not matched bit for bit is held to.
 """

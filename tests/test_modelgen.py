@@ -67,7 +67,7 @@ def test_metadata_and_tensors_match_the_qwen3moe_layout(test_models: TestModels)
     assert tokens[field(r, "tokenizer.ggml.eos_token_id")] == "<|im_end|>"
     assert "<|im_start|>" in field(r, "tokenizer.chat_template")
 
-    # ggml ne, FORMATS.md §4 (gguf-py reports ne order in .shape)
+    # ggml ne, docs/FORMATS.md §4 (gguf-py reports ne order in .shape)
     e, v, ff, ne = spec.n_embd, spec.n_vocab, spec.n_ff_exp, spec.n_expert
     qo, kvo, hd = spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim, spec.head_dim
     want = {"token_embd.weight": [e, v], "output_norm.weight": [e], "output.weight": [e, v]}

@@ -1,17 +1,26 @@
 """The one settings object. CLI flags, `STRATA_*` environment variables, the config file
-(TOML) and the server's `/v1/status` view are all derived from the fields of `Config`.
+(TOML), the keyword defaults of `strata._core.Model.open` and the server's `/v1/status` view are
+all derived from the fields of `Config`: a setting and its default are named here only.
 
 Precedence, lowest first: field default < config file (`STRATA_CONFIG` or `--config`) <
 environment < CLI flags.
+
+Each field belongs to a group (`Config.names(group)`): "model" (the model's and the engine's
+own settings, handed to `strata.llm.LLM`), "server" (the server's and the tools') or "test"
+(TEST-ONLY switches of the fake engine: settable, but hidden from `--help` and `/v1/status`).
+The "core" fields are keywords of `strata._core.Model.open` too, whose defaults it reads from
+here (`Config.default`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -29,33 +38,84 @@ ENV_PREFIX = "STRATA_"
 DEFAULT_FILL_THREADS = 4
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
+# `STRATA_*` variables that are not settings: the build's, the test harness's and the device
+# suite's (an unknown `STRATA_*` variable outside this list gets a warning).
+OTHER_ENV = (
+    "STRATA_CONFIG",
+    "STRATA_REQUIRE_KERNELS",
+    "STRATA_SKIP_KERNELS",
+    "STRATA_NVCC",
+    "STRATA_CUDA_ARCHS",
+    "STRATA_MOCK_NOOP_KERNELS",
+    "STRATA_TEST_MODELS",
+    "STRATA_TEST_LLAMA_CPP_VERSION",
+    "STRATA_GPU_MODELS",
+    "STRATA_SUITE_SITE",
+    "STRATA_DEVICE_DEPS",
+)
+GROUPS = ("model", "server", "test")
+
+
+class UnknownSettingWarning(UserWarning):
+    """A `STRATA_*` environment variable that names no setting (probably a typo)."""
+
+
+def _f(default: Any, help: str, group: str = "model", core: bool = False, **kw: Any) -> Any:
+    """A field of `group`; `core`: a keyword of `strata._core.Model.open` too (which takes
+    this default when the keyword is left out)."""
+    assert group in GROUPS, group
+    return field(default=default, metadata={"help": help, "group": group, "core": core, **kw})
+
+
+def _s(default: Any, help: str, **kw: Any) -> Any:
+    return _f(default, help, group="server", **kw)
+
+
+def _t(default: Any, help: str, **kw: Any) -> Any:
+    return _f(default, "TEST-ONLY: " + help, group="test", **kw)
 
 
 @dataclass(slots=True)
 class Config:
     # model and engine
-    model: str = _f("", "GGUF path (any shard of a split model); empty: the embedded default model")
-    n_ctx: int = _f(4096, "context length per sequence (tokens)")
-    kv_type: str = _f("f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"))
+    model: str = _s("", "GGUF path (any shard of a split model); empty: the embedded default model")
+    n_ctx: int = _f(4096, "context length per sequence (tokens)", core=True)
+    kv_type: str = _f(
+        "f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"), core=True
+    )
     device: str = _f(
         "cpu",
         "where the forward pass runs: cpu, or cuda (the KV cache and every weight in the VRAM "
         "of GPU 0; KV cache f16 or q8_0; when the experts do not fit or vram_budget_mib is "
         "set, the hybrid mode: the hottest experts in VRAM, the others on the CPU pool)",
         choices=("cpu", "cuda"),
+        core=True,
     )
-    prefill_chunk: int = _f(512, "prompt tokens per prefill chunk")
-    threads: int = _f(0, "pool worker threads (0: one per core minus the host thread)")
-    host_participates: bool = _f(True, "the calling thread takes pool work too")
+    prefill_chunk: int = _f(512, "prompt tokens per prefill chunk", core=True)
+    threads: int = _f(
+        0,
+        "CPU compute threads in all, the calling thread included, as llama.cpp's -t (0: one "
+        "per physical core)",
+        core=True,
+    )
+    host_participates: bool = _f(True, "the calling thread takes pool work too", core=True)
     pool_pipeline: bool = _f(
-        False, "pipelined pool schedule (per-expert readiness, no phase barrier)"
+        False,
+        "pipelined pool schedule (per-expert readiness, no phase barrier)",
+        core=True,
     )
     cpu_repack: bool = _f(
         True,
         "CPU: repack a Q6_K output head at load into a faster layout for decode (same logits "
         "bitwise; costs a copy of the head in RAM, reported as hparams repack_bytes)",
+        core=True,
+    )
+    isa: str = _f(
+        "auto",
+        "CPU: instruction set of the dot-product kernels (auto: the best this CPU runs; chosen "
+        "once per process)",
+        choices=("auto", "scalar", "avx2", "avx512"),
+        core=True,
     )
     ram_mode: str = _f(
         "mmap", "RAM tier: mmap, resident, or budget", choices=("mmap", "resident", "budget")
@@ -76,63 +136,72 @@ class Config:
         choices=("auto", "on", "off"),
     )
     readahead_threads: int = _f(2, "threads that do the read-ahead")
-    profile_tokens: int = _f(64, "tokens strata-fill profile generates per prompt")
-    vram_budget_mib: int = _f(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
-    vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic")
-    adapt_every: int = _f(
-        16, "hybrid GPU: steps between adaptive tier choices (0: the VRAM cache never changes)"
+    profile_tokens: int = _s(64, "tokens strata-fill profile generates per prompt")
+    vram_budget_mib: int = _f(
+        -1, "VRAM budget in MiB (-1: free memory minus the reserve)", core=True
     )
-    adapt_swaps: int = _f(4, "hybrid GPU: most experts swapped into VRAM per choice")
+    vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic", core=True)
+    adapt_every: int = _f(
+        16,
+        "hybrid GPU: steps between adaptive tier choices (0: the VRAM cache never changes)",
+        core=True,
+    )
+    adapt_swaps: int = _f(4, "hybrid GPU: most experts swapped into VRAM per choice", core=True)
     pcie_frac: float = _f(
         -1.0,
         "hybrid GPU: share of missed experts copied over PCIe and run on the GPU instead of "
         "the CPU, 0..1 (-1: from a probe of the link at start)",
+        core=True,
     )
     stream_min_tokens: int = _f(
         64,
         "hybrid GPU: prefill chunks of at least this many tokens copy each layer's missing "
         "experts over PCIe and run them on the GPU (0: every miss on the CPU)",
+        core=True,
     )
     stream_chunk: int = _f(
         4096,
         "hybrid GPU: tokens per prefill chunk when chunks stream (each chunk copies every "
         "missing expert once, so longer chunks move fewer bytes per token; the buffers are "
         "sized for it; 0: prefill_chunk)",
+        core=True,
     )
     stream_threads: int = _f(
         0,
         "hybrid GPU: threads that copy streamed experts through page-locked buffers (0: one "
         "per core, at most 8)",
+        core=True,
     )
     tier_async: bool = _f(
         False,
         "hybrid GPU: choose and stage swaps on a helper thread (device calls stay on the step "
         "thread, between steps)",
+        core=True,
     )
     # server
-    host: str = _f("127.0.0.1", "address to bind")
-    port: int = _f(8000, "port to bind")
-    api_key: str = _f("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
+    host: str = _s("127.0.0.1", "address to bind")
+    port: int = _s(8000, "port to bind")
+    api_key: str = _s("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
     parallel: int = _f(1, "concurrent sequences (engine slots)")
-    max_queue: int = _f(64, "requests waiting beyond the slots before 429")
-    engine_silence_s: float = _f(300.0, "seconds an engine may stay silent on a request (0: off)")
-    request_timeout_s: float = _f(600.0, "per-request deadline in seconds (0: none)")
-    max_body_bytes: int = _f(4 << 20, "largest request body accepted")
-    max_tokens_limit: int = _f(32768, "largest max_tokens accepted")
-    max_top_logprobs: int = _f(20, "largest top_logprobs accepted")
-    served_model_name: str = _f("", "model id reported by /v1/models (empty: the file's stem)")
-    cache_dir: str = _f("", "where the embedded default model is built (empty: user cache)")
-    drain_timeout_s: float = _f(30.0, "on shutdown, seconds running requests get to finish")
-    engine: str = _f(
+    max_queue: int = _s(64, "requests waiting beyond the slots before 429")
+    engine_silence_s: float = _s(300.0, "seconds an engine may stay silent on a request (0: off)")
+    request_timeout_s: float = _s(600.0, "per-request deadline in seconds (0: none)")
+    max_body_bytes: int = _s(4 << 20, "largest request body accepted")
+    max_tokens_limit: int = _s(32768, "largest max_tokens accepted")
+    max_top_logprobs: int = _s(20, "largest top_logprobs accepted")
+    served_model_name: str = _s("", "model id reported by /v1/models (empty: the file's stem)")
+    cache_dir: str = _s("", "where the embedded default model is built (empty: user cache)")
+    drain_timeout_s: float = _s(30.0, "on shutdown, seconds running requests get to finish")
+    engine: str = _s(
         "llm",
         "engine backend: llm (the model) or fake (deterministic toy model, for tests)",
         choices=("llm", "fake"),
     )
     # test-only switches (the fake engine reads them; never set them in production)
-    fake_step_ms: float = _f(0.0, "TEST-ONLY: milliseconds the fake engine sleeps per step")
-    fake_load_s: float = _f(0.0, "TEST-ONLY: seconds the fake engine takes to load")
-    test_faults: bool = _f(
-        False, "TEST-ONLY: prompts containing #stall# or #crash# make the fake engine hang or die"
+    fake_step_ms: float = _t(0.0, "milliseconds the fake engine sleeps per step")
+    fake_load_s: float = _t(0.0, "seconds the fake engine takes to load")
+    test_faults: bool = _t(
+        False, "prompts containing #stall# or #crash# make the fake engine hang or die"
     )
 
     def __post_init__(self) -> None:
@@ -207,6 +276,42 @@ class Config:
         return ENV_PREFIX + name.upper()
 
     @classmethod
+    def names(cls, *groups: str) -> tuple[str, ...]:
+        """The fields of `groups` ("model", "server", "test"; "core": the settings that
+        `strata._core.Model.open` takes), in declaration order."""
+        for g in groups:
+            if g not in (*GROUPS, "core"):
+                raise ValueError(f"no settings group {g!r} (one of {', '.join(GROUPS)}, core)")
+        return tuple(
+            f.name
+            for f in fields(cls)
+            if f.metadata["group"] in groups or ("core" in groups and f.metadata["core"])
+        )
+
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of setting `name` (what `strata._core.Model.open` takes when a keyword
+        is left out)."""
+        f = {f.name: f for f in fields(cls)}.get(name)
+        if f is None:
+            raise ConfigError(f"unknown setting {name!r}")
+        return f.default
+
+    @classmethod
+    def unknown_env(cls, env: dict[str, str]) -> list[str]:
+        """One message per `STRATA_*` variable in `env` that names no setting, with the closest
+        setting's variable when there is one."""
+        known = {cls.env_name(f.name) for f in fields(cls)} | set(OTHER_ENV)
+        out = []
+        for k in sorted(env):
+            if not k.startswith(ENV_PREFIX) or k in known:
+                continue
+            near = difflib.get_close_matches(k, sorted(known), n=1, cutoff=0.75)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            out.append(f"environment {k} names no Strata setting{hint}")
+        return out
+
+    @classmethod
     def _coerce(cls, name: str, raw: Any, source: str) -> Any:
         f = {f.name: f for f in fields(cls)}.get(name)
         if f is None:
@@ -251,6 +356,8 @@ class Config:
             for k, v in data.items():
                 values[k] = cls._coerce(k, v, f"config file {path}")
         names = {f.name for f in fields(cls)}
+        for msg in cls.unknown_env(env):
+            warnings.warn(msg, UnknownSettingWarning, stacklevel=2)
         for k, v in env.items():
             if k.startswith(ENV_PREFIX) and k != ENV_PREFIX + "CONFIG":
                 name = k[len(ENV_PREFIX) :].lower()
@@ -276,6 +383,8 @@ class Config:
                 continue
             flag = (flags or {}).get(f.name) or "--" + f.name.replace("_", "-")
             h = f"{f.metadata['help']} [env {cls.env_name(f.name)}]"
+            if f.metadata["group"] == "test":
+                h = argparse.SUPPRESS  # settable, never advertised
             if isinstance(f.default, bool):
                 parser.add_argument(
                     flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=h
@@ -298,7 +407,10 @@ class Config:
         return cls.load({k: v for k, v in vars(ns).items() if k in names}, config_file=config_file)
 
     def public_dict(self) -> dict[str, Any]:
-        """Settings as shown by `/v1/status` (the API key is never shown)."""
+        """Settings as shown by `/v1/status` (the API key is never shown, the TEST-ONLY
+        switches are left out)."""
         d = dataclasses.asdict(self)
+        for name in self.names("test"):
+            del d[name]
         d["api_key"] = "set" if self.api_key else ""
         return d

@@ -1,4 +1,4 @@
-"""HF transformers Qwen3-MoE ↔ GGUF qwen3moe: config and tensor-name mapping (FORMATS.md §4).
+"""HF transformers Qwen3-MoE ↔ GGUF qwen3moe: config and tensor-name mapping (docs/FORMATS.md §4).
 
 For the float oracle: build `Qwen3MoeForCausalLM` from `hf_config(spec)` and load
 `gguf_to_hf(weights, spec)` into it, or convert an HF state dict with `hf_to_gguf` and write it

@@ -149,34 +149,14 @@ class LLM:
         self.max_slots: int = self.config.parallel
         self._own = self.max_slots
         c = self.config
-        gpu: dict[str, Any] = {}
-        if c.device == "cuda":
-            # The hybrid mode's settings (on when vram_budget_mib is set or the model does not
-            # fit whole); pcie_frac -1 probes the link and the RAM at start.
-            gpu = dict(
-                vram_budget_mib=c.vram_budget_mib,
-                vram_reserve_mib=c.vram_reserve_mib,
-                adapt_every=c.adapt_every,
-                adapt_swaps=c.adapt_swaps,
-                tier_async=c.tier_async,
-                stream_min_tokens=c.stream_min_tokens,
-                stream_chunk=c.stream_chunk,
-                stream_threads=c.stream_threads,
-                pcie_frac=c.pcie_frac,
-                profile=Profile.load(c.profile, self.path) if c.profile else None,
-            )
+        # Every setting `Model.open` takes (Config.names("core")); on the GPU, the hybrid
+        # mode's start fill follows the profile (the CPU path applies it to the RAM tier).
+        profile = Profile.load(c.profile, self.path) if c.profile and c.device == "cuda" else None
         self.model = Model.open(
             self.path,
-            n_ctx=c.n_ctx,
             n_slots=self.max_slots + 1,
-            kv_type=c.kv_type,
-            prefill_chunk=c.prefill_chunk,
-            threads=c.threads,
-            host_participates=c.host_participates,
-            pool_pipeline=c.pool_pipeline,
-            cpu_repack=c.cpu_repack,
-            device=c.device,
-            **gpu,
+            profile=profile,
+            **{k: getattr(c, k) for k in Config.names("core")},
         )
         self.hparams: dict[str, Any] = self.model.hparams
         self.n_ctx: int = self.config.n_ctx
@@ -196,7 +176,10 @@ class LLM:
             self.model.set_tier(self.tier)
             # Read-ahead of the next layer's likely experts (budget mode by default).
             self.model.set_readahead(readahead_threads(self.config))
-        self._routing = self.model.routing_counters(decayed=True)
+        # None where the routing is not counted (the GPU path with every expert in VRAM)
+        self._routing: RoutingCounters | None = (
+            self.model.routing_counters(decayed=True) if self.model.counts_routing else None
+        )
 
     @property
     def prefill_piece(self) -> int:
@@ -286,11 +269,18 @@ class LLM:
         self.model.free(self._slot(slot))
 
     def routing_counts(self) -> npt.NDArray[np.float32]:
-        """Router picks per (layer, expert) since load, undecayed: [n_layer, n_expert]."""
+        """Router picks per (layer, expert) since load, undecayed: [n_layer, n_expert].
+        ConfigError where the routing is not counted (`counts_routing` false)."""
         return self.model.routing_counts()
 
-    def routing_counters(self) -> RoutingCounters:
-        """The live decayed routing counters (top experts per layer for status)."""
+    @property
+    def counts_routing(self) -> bool:
+        """Whether the routing is counted (not on the GPU path with every expert in VRAM)."""
+        return self.model.counts_routing
+
+    def routing_counters(self) -> RoutingCounters | None:
+        """The live decayed routing counters (top experts per layer for status); None where
+        the routing is not counted."""
         return self._routing
 
     def stats(self) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""Small random-weight qwen3moe GGUFs (FORMATS.md §4) for tests, benchmarks and the server's
+"""Small random-weight qwen3moe GGUFs (docs/FORMATS.md §4) for tests, benchmarks and the server's
 embedded default model.
 
 - `ModelSpec`: the shapes; presets `tiny()`, `default()`, `qwen3_30b_a3b(layers)`.
@@ -7,7 +7,7 @@ embedded default model.
 - `quantize(src, dst, type_name)`: llama.cpp's own quantizer through llama-cpp-python.
 - `ensure_default_model(cache_dir)`: builds the embedded default model once into the cache.
 
-Weight scales follow BENCH.md "Testing against oracles": linear and router weights have std
+Weight scales follow docs/test-models.md "Weight scales": linear and router weights have std
 1/sqrt(fan_in), embeddings std 1, norm weights near 1, so the logits have a clear spread.
 """
 
@@ -40,7 +40,7 @@ _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F1
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shapes and hyper-parameters of a qwen3moe model (names as in FORMATS.md §4)."""
+    """Shapes and hyper-parameters of a qwen3moe model (names as in docs/FORMATS.md §4)."""
 
     n_embd: int = 256
     n_layer: int = 4
@@ -121,7 +121,7 @@ class ModelSpec:
 
     @classmethod
     def qwen3_30b_a3b(cls, layers: int = 8, **overrides: Any) -> ModelSpec:
-        """Qwen3-30B-A3B at full width (FORMATS.md §4) with `layers` of its 48 layers and the
+        """Qwen3-30B-A3B at full width (docs/FORMATS.md §4) with `layers` of its 48 layers and the
         real Qwen3 vocabulary. About 1.8 GB of weights per layer in f32 (0.9 in f16)."""
         base = cls(
             n_embd=2048,
@@ -163,7 +163,7 @@ class _Tensor:
 
 
 def tensor_plan(spec: ModelSpec, n_vocab: int, dtype: str = "f32") -> list[_Tensor]:
-    """Every tensor of the model, in file order, with its numpy shape (FORMATS.md §4 table)."""
+    """Every tensor of the model, in file order, with its numpy shape (docs/FORMATS.md §4 table)."""
     e, hd, ff, ne = spec.n_embd, spec.head_dim, spec.n_ff_exp, spec.n_expert
     q_out, kv_out = spec.n_head * hd, spec.n_head_kv * hd
     plan = [

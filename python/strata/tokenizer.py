@@ -1,4 +1,4 @@
-"""The GGUF's byte-level BPE tokenizer rebuilt with HF `tokenizers` (FORMATS.md §5), its chat
+"""The GGUF's byte-level BPE tokenizer rebuilt with HF `tokenizers` (docs/FORMATS.md §5), its chat
 template, an incremental UTF-8-safe detokenizer and a stop-string matcher.
 
 Used by the server (which owns tokenization, templates, stop strings and detokenization) and
@@ -15,7 +15,7 @@ from typing import Any
 
 from strata.errors import ModelError
 
-# The qwen2 pre-tokenizer split pattern (FORMATS.md §5), as in Qwen's tokenizer.json.
+# The qwen2 pre-tokenizer split pattern (docs/FORMATS.md §5), as in Qwen's tokenizer.json.
 QWEN2_PRETOKENIZER_RE = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"

@@ -1,4 +1,4 @@
-"""Byte-level BPE vocabularies in GGUF form (FORMATS.md §5) for the generated test models.
+"""Byte-level BPE vocabularies in GGUF form (docs/FORMATS.md §5) for the generated test models.
 
 Two sources:
 - `small_vocab(n)`: a small vocabulary trained deterministically with HF `tokenizers` (BpeTrainer
@@ -18,7 +18,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-# The qwen2 pre-tokenizer split pattern, as in Qwen's tokenizer.json (FORMATS.md §5).
+# The qwen2 pre-tokenizer split pattern, as in Qwen's tokenizer.json (docs/FORMATS.md §5).
 QWEN2_PRETOKENIZER_RE = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -66,7 +66,7 @@ _LOOKS_SPECIAL = re.compile(r"^<\|.*\|>$")
 
 @dataclass(frozen=True)
 class GGUFVocab:
-    """The `tokenizer.*` metadata of a GGUF file (FORMATS.md §5)."""
+    """The `tokenizer.*` metadata of a GGUF file (docs/FORMATS.md §5)."""
 
     tokens: list[str]
     token_types: list[int]

@@ -186,6 +186,13 @@ def cmd_profile(cfg: Config, ns: argparse.Namespace) -> int:
 
     cfg.model = str(path)
     backend = LLMBackend(cfg)
+    if not backend.llm.counts_routing:
+        # nothing would be measured: refuse rather than write a profile of zeros
+        raise ConfigError(
+            "strata-fill profile: the GPU path with every expert in VRAM does not count the "
+            "routing; profile on the CPU (STRATA_DEVICE=cpu: the same routing) or in the "
+            "hybrid mode (STRATA_VRAM_BUDGET_MIB)"
+        )
     tok = Tokenizer.from_gguf(path)
     eog = tok.eog_ids
     n_ctx = backend.n_ctx

@@ -186,54 +186,10 @@ class FakeBackend:
 
 
 # Config fields handed to `LLM(path, **fields)` (the model's own settings; the engine's LLM
-# also reads the environment, but flags given to the server reach it only through these).
-MODEL_FIELDS = (
-    "n_ctx",
-    "kv_type",
-    "device",
-    "prefill_chunk",
-    "threads",
-    "host_participates",
-    "pool_pipeline",
-    "cpu_repack",
-    "ram_mode",
-    "ram_budget_gib",
-    "profile",
-    "fill_threads",
-    "readahead",
-    "readahead_threads",
-    "vram_budget_mib",
-    "vram_reserve_mib",
-    "adapt_every",
-    "adapt_swaps",
-    "pcie_frac",
-    "stream_min_tokens",
-    "stream_chunk",
-    "stream_threads",
-    "tier_async",
-    "parallel",
-)
-# The server's and the tools' own fields (everything else is the model's).
-SERVER_FIELDS = (
-    "model",
-    "profile_tokens",
-    "host",
-    "port",
-    "api_key",
-    "max_queue",
-    "engine_silence_s",
-    "request_timeout_s",
-    "max_body_bytes",
-    "max_tokens_limit",
-    "max_top_logprobs",
-    "served_model_name",
-    "cache_dir",
-    "drain_timeout_s",
-    "engine",
-    "fake_step_ms",
-    "fake_load_s",
-    "test_faults",
-)
+# also reads the environment, but flags given to the server reach it only through these), and
+# the server's and the tools' own (with the TEST-ONLY switches).
+MODEL_FIELDS = Config.names("model")
+SERVER_FIELDS = Config.names("server", "test")
 
 
 class LLMBackend:

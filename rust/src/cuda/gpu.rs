@@ -1,7 +1,8 @@
 //! `Gpu`: one device's primary context with every embedded kernel module loaded.
 
+use super::ctx::{attr, Ctx};
 use super::fatbin;
-use super::ffi::{self, cu, CUcontext, CUdevice, CUmodule, CUstream, Driver};
+use super::ffi::{self, cu, CUcontext, CUdevice, CUmodule};
 use super::kernel::Kernel;
 use super::mem::{DevBuf, HostRegistration, PinnedBuf};
 use super::stream::{Event, Stream};
@@ -9,53 +10,6 @@ use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::ffi::{c_char, CString};
 use std::sync::{Arc, Mutex, Weak};
-
-/// The context every object of one `Gpu` keeps alive (`DevBuf`, `Stream`, `Kernel`, ...):
-/// the primary context is released, and the modules unloaded, when the last one drops.
-pub(crate) struct Ctx {
-    pub(crate) drv: &'static Driver,
-    pub(crate) ctx: CUcontext,
-    dev: CUdevice,
-    modules: Vec<(&'static str, CUmodule)>,
-    /// A private non-blocking stream for the synchronous copies (`DevBuf::copy_from_host`,
-    /// `copy_to_host`, `Gpu::upload`): each waits on it, so the data has fully landed when
-    /// the call returns and any stream may use it (a legacy cuMemcpyHtoD may return before
-    /// its DMA ends, unordered with non-blocking streams).
-    pub(crate) copy: CUstream,
-}
-
-// SAFETY: a CUDA context and its modules may be used from any thread once made current there
-// (every entry point calls `Ctx::bind`); the handles are immutable after creation.
-unsafe impl Send for Ctx {}
-unsafe impl Sync for Ctx {}
-
-impl Ctx {
-    /// Makes this context current on the calling thread (cheap: a thread-local store).
-    pub(crate) fn bind(&self) -> Result<()> {
-        let drv = self.drv;
-        cu!(drv.cuCtxSetCurrent(self.ctx))
-    }
-
-    /// A device attribute of this context's device.
-    pub(crate) fn attr(&self, a: i32) -> Result<i32> {
-        attr(self.drv, self.dev, a)
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        let drv = self.drv;
-        // Errors on teardown cannot be reported; the process keeps running either way.
-        let _ = cu!(drv.cuCtxSetCurrent(self.ctx));
-        if !self.copy.is_null() {
-            let _ = cu!(drv.cuStreamDestroy(self.copy));
-        }
-        for &(_, m) in &self.modules {
-            let _ = cu!(drv.cuModuleUnload(m));
-        }
-        let _ = cu!(drv.cuDevicePrimaryCtxRelease(self.dev));
-    }
-}
 
 /// One GPU: the primary context of one device, with every `cuda/*.cu` module loaded.
 /// Send + Sync: any thread may use it (each call makes the context current there).
@@ -70,12 +24,6 @@ pub struct Gpu {
 }
 
 static OPEN: Mutex<Vec<(usize, Weak<Gpu>)>> = Mutex::new(Vec::new());
-
-fn attr(drv: &'static Driver, dev: CUdevice, a: i32) -> Result<i32> {
-    let mut v = 0;
-    cu!(drv.cuDeviceGetAttribute(&mut v, a, dev))?;
-    Ok(v)
-}
 
 impl Gpu {
     /// Opens device `ordinal` (the same `Arc` while one is alive). `Error::NoGpu` when there is

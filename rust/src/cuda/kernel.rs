@@ -1,7 +1,7 @@
 //! `Kernel` (a resolved `__global__` function) and `Arg` (one by-value kernel parameter).
 
+use super::ctx::Ctx;
 use super::ffi::{self, cu, CUfunction};
-use super::gpu::Ctx;
 use super::stream::Stream;
 use crate::error::{Error, Result};
 use std::ffi::c_void;

@@ -2,8 +2,8 @@
 //! with the driver (`HostRegistration`). Every copy is
 //! bounds-checked on the host and fails with `Error::Shape` before the driver is called.
 
+use super::ctx::Ctx;
 use super::ffi::{cu, CUdeviceptr};
-use super::gpu::Ctx;
 use super::stream::Stream;
 use super::{as_bytes, as_bytes_mut, Pod};
 use crate::error::{Error, Result};

@@ -2,8 +2,9 @@
 //! (`Gpu`), memory (`DevBuf`, `PinnedBuf`), `Stream`, `Event`, `Graph`, `Kernel` + `Arg`, and
 //! the kernel launchers (`ops`). No link-time CUDA dependency: without a driver, a device or
 //! built kernels every entry point returns `Error::NoGpu` saying why; a failing driver call is
-//! `Error::Cuda { call, .. }` naming it. Contract: GPU_SPEC.md §1–2; guide: docs/GPU.md.
+//! `Error::Cuda { call, .. }` naming it. Contract: docs/GPU.md; guide: docs/GPU.md.
 
+mod ctx;
 mod fatbin;
 pub(crate) mod ffi;
 mod gpu;

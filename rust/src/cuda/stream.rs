@@ -1,7 +1,7 @@
 //! Streams, events and CUDA graphs (stream capture → instantiate → launch).
 
+use super::ctx::Ctx;
 use super::ffi::{self, cu, CUevent, CUgraph, CUgraphExec, CUstream};
-use super::gpu::Ctx;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //!
 //! A split model (`<prefix>-00001-of-0000N.gguf`) may be opened from any shard's path; every
 //! shard is opened, `split.no`/`split.count` are checked per shard, tensor names must be unique
-//! across shards and their total must equal `split.tensors.count` (FORMATS.md §1).
+//! across shards and their total must equal `split.tensors.count` (docs/FORMATS.md §1).
 //! `parse_bytes`/`parse_shards` run the same parser on bytes held in memory (fuzzing, tests).
 
 mod cursor;

@@ -1,5 +1,5 @@
 //! One GGUF file: header, metadata, tensor infos and the mapped data section
-//! (FORMATS.md §1). All arithmetic on sizes is overflow-checked and every tensor's bytes
+//! (docs/FORMATS.md §1). All arithmetic on sizes is overflow-checked and every tensor's bytes
 //! must lie inside the file.
 
 use super::cursor::Cursor;

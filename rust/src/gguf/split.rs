@@ -1,4 +1,4 @@
-//! Split models (FORMATS.md §1): the shard naming rule, finding a model's shards from any
+//! Split models (docs/FORMATS.md §1): the shard naming rule, finding a model's shards from any
 //! one shard's path, and the checks every set of shards passes, whether read from files or
 //! from memory: `split.no` equals the shard's place, every shard agrees on `split.count`
 //! and `split.tensors.count`, and the shards hold exactly that many uniquely named tensors.

@@ -1,4 +1,4 @@
-//! GGUF metadata values (FORMATS.md §1, value types 0–12).
+//! GGUF metadata values (docs/FORMATS.md §1, value types 0–12).
 
 use super::cursor::Cursor;
 use crate::error::Result;

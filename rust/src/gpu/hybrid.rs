@@ -1,4 +1,4 @@
-//! The hybrid step (issue #9, docs/TIERS_VRAM.md): the dense weights, the KV cache and the
+//! The hybrid MoE placement (issue #9, docs/TIERS_VRAM.md; the interface is `placement.rs`): the dense weights, the KV cache and the
 //! buffers in VRAM, the hottest experts in the VRAM tier's slots, every other expert computed
 //! by the CPU pool from RAM (the GGUF mapping) while the GPU runs the resident ones.
 //!
@@ -20,168 +20,29 @@
 //! host pointer tables; the device copy is rewritten on the compute stream before the next
 //! step is launched, so a step reads the table exactly as the host split it.
 
-use super::model::Bufs;
+use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
+use super::hybrid_cfg::{HybridConfig, HybridInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
+use super::launch::Launcher;
 use super::pcie::PcieMisses;
+use super::placement::{experts_through, MoePlacement};
 use super::stream_in::StreamIn;
-use super::weights::GpuLayer;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{elementwise, quant};
 use crate::cuda::{as_bytes, DevBuf, Event, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
-use crate::gguf::{Gguf, TensorInfo};
 use crate::model::weights::Weights;
 use crate::model::{Compute, HParams};
 use crate::tier::vram::{
-    self, cpu_misses, fill_order, initial_assignment, start_fill, AdaptConfig, BudgetInputs,
-    CudaSlots, ExpertShape, HybridCounters, Key, LayerSplit, PcieShare, Proj, PtrTables,
-    SlotFences, StageBuf, Stager, TierDriver, VramPlan, VramTable,
+    self, cpu_misses, fill_order, initial_assignment, start_fill, BudgetInputs, CudaSlots,
+    HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, SlotFences, TierDriver, VramPlan,
+    VramTable,
 };
-use crate::tier::{Profile, RoutingCounters};
+use crate::tier::RoutingCounters;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Half-life (steps) of the routing counts the adaptive choice reads.
-pub const ADAPT_HALF_LIFE: f64 = 128.0;
-/// Half-life of the decayed counters reported as "hot" (as the CPU path's).
-pub const HOT_HALF_LIFE: f64 = 1024.0;
 /// Pinned staging buffers of one slot each (start fill and swaps in flight).
 const STAGING_BUFFERS: usize = 8;
-
-/// Makes the CPU side (the expert pool) once the hybrid mode is on.
-pub type ComputeMaker = Box<dyn FnOnce() -> Arc<dyn Compute> + Send>;
-
-/// How the hybrid mode is set up.
-pub struct HybridConfig {
-    /// `vram_budget_mib` (None: free − reserve).
-    pub budget_mib: Option<u64>,
-    pub reserve_mib: u64,
-    /// At most this many expert slots (tests and benchmarks: an exact share of the experts).
-    pub max_slots: Option<usize>,
-    /// Only when the model does not fit whole (the automatic budget): else every weight goes
-    /// to VRAM and the hybrid mode is off.
-    pub only_if_needed: bool,
-    pub adapt: AdaptConfig,
-    pub tier_async: bool,
-    /// Start fill order (hottest first); None: expert-major (every layer the same share).
-    pub profile: Option<Profile>,
-    /// The CPU side: the expert pool (or the serial reference), made only when the hybrid
-    /// mode is on.
-    pub compute: ComputeMaker,
-    /// Chunks of at least this many tokens copy their layers' missing experts to VRAM and run
-    /// every pair on the GPU (0: never; every miss on the CPU).
-    pub stream_min_tokens: usize,
-    /// Tokens per prefill chunk when chunks stream (0: the model's `max_chunk`): each chunk
-    /// moves every missing expert once, so longer chunks move fewer bytes per token. The
-    /// model's buffers are sized for it (and count as fixed VRAM in the plan).
-    pub stream_chunk: usize,
-    /// Threads that copy streamed experts into the page-locked bounce buffers (0: one per
-    /// core, at most 8).
-    pub stream_threads: usize,
-    /// Share of the missed experts of decode steps (chunks of ≤ 8 tokens) run on the GPU from
-    /// the registered mapping over PCIe, 0..1; negative: from a probe of the link and of the
-    /// RAM bandwidth at start (`default_pcie_frac`); 0: every miss on the CPU.
-    pub pcie_frac: f64,
-}
-
-/// Per layer: the (gate, up, down) expert tensors and the shape of one expert (None: a layer
-/// without routed experts).
-pub type ExpertTensors = Vec<Option<([TensorInfo; 3], ExpertShape)>>;
-
-/// Host-only staging of an expert's slot record from the GGUF mapping (RAM). Runs on the
-/// async tier's helper thread: it never calls the device.
-pub struct GgufStager<B> {
-    gguf: Arc<Gguf>,
-    layers: ExpertTensors,
-    _buf: std::marker::PhantomData<fn() -> B>,
-}
-
-impl<B> GgufStager<B> {
-    pub fn new(gguf: Arc<Gguf>, layers: ExpertTensors) -> Self {
-        GgufStager {
-            gguf,
-            layers,
-            _buf: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<B: StageBuf> Stager for GgufStager<B> {
-    type Buf = B;
-
-    fn stage(&mut self, (l, e): Key, buf: &mut B) -> Result<u64> {
-        let (ts, shape) = self
-            .layers
-            .get(l as usize)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| Error::Config(format!("layer {l} has no experts")))?;
-        let dst = buf.bytes_mut();
-        if (dst.len() as u64) < shape.record_bytes() {
-            return Err(Error::Config(format!(
-                "staging buffer of {} bytes for a record of {}",
-                dst.len(),
-                shape.record_bytes()
-            )));
-        }
-        for (t, p) in ts.iter().zip(Proj::ALL) {
-            let eb = shape.bytes(p) as usize;
-            let src = self.gguf.data(t);
-            let part = src
-                .get(e as usize * eb..(e as usize + 1) * eb)
-                .ok_or_else(|| Error::Config(format!("expert ({l}, {e}) is out of range")))?;
-            let o = shape.offset(p) as usize;
-            dst[o..o + eb].copy_from_slice(part);
-        }
-        Ok(shape.expert_bytes())
-    }
-}
-
-fn expert_shape(ts: &[&TensorInfo; 3]) -> Result<ExpertShape> {
-    let one = |t: &TensorInfo| -> Result<u64> {
-        let n = t.dims.get(2).copied().unwrap_or(1).max(1) as usize;
-        if !t.nbytes.is_multiple_of(n) {
-            return Err(Error::Model(format!(
-                "tensor {}: {} bytes are not {n} equal experts",
-                t.name, t.nbytes
-            )));
-        }
-        Ok((t.nbytes / n) as u64)
-    };
-    Ok(ExpertShape {
-        gate: one(ts[0])?,
-        up: one(ts[1])?,
-        down: one(ts[2])?,
-    })
-}
-
-/// Per-layer expert shapes of `w` (every qwen3moe layer has routed experts).
-pub fn shapes(w: &Weights) -> Result<Vec<Option<ExpertShape>>> {
-    w.layers
-        .iter()
-        .map(|l| expert_shape(&[&l.gate, &l.up, &l.down]).map(Some))
-        .collect()
-}
-
-/// Sizes of the plan as Python reports them.
-#[derive(Clone, Debug)]
-pub struct HybridInfo {
-    pub plan: VramPlan,
-    pub resident: usize,
-    pub tier_async: bool,
-    pub adapt_every: u32,
-    pub adapt_swaps: u32,
-    /// Chunks of at least this many tokens stream their missing experts (0: none do).
-    pub stream_min_tokens: usize,
-    /// Staging areas of the streamed chunks (2: double-buffered; 0: no streaming) and the
-    /// threads that copy into the bounce buffers.
-    pub stream_areas: usize,
-    pub stream_threads: usize,
-    /// Tokens per streamed prefill chunk (0: chunks do not stream; set by the model).
-    pub stream_chunk: usize,
-    /// The share of decode misses run over PCIe (0: none), and how the link is used: "off",
-    /// "registered N bytes (read-only)", or why it is not.
-    pub pcie_frac: f64,
-    pub pcie: String,
-}
 
 pub struct Hybrid {
     plan: VramPlan,
@@ -196,10 +57,10 @@ pub struct Hybrid {
     compute: Arc<dyn Compute>,
     /// The model's tensors in RAM (the CPU misses read its experts).
     weights: Weights,
-    pub counters: Arc<HybridCounters>,
+    counters: Arc<HybridCounters>,
     /// Undecayed picks since load, the "hot" decayed ones, and the adaptive choice's.
-    pub routing: Arc<RoutingCounters>,
-    pub routing_hot: Arc<RoutingCounters>,
+    routing: Arc<RoutingCounters>,
+    routing_hot: Arc<RoutingCounters>,
     routing_adapt: Arc<RoutingCounters>,
     split: LayerSplit,
     share: PcieShare,
@@ -370,7 +231,7 @@ impl Hybrid {
         })
     }
 
-    pub fn info(&self) -> HybridInfo {
+    fn info(&self) -> HybridInfo {
         let a = self.driver.config();
         HybridInfo {
             plan: self.plan.clone(),
@@ -391,9 +252,39 @@ impl Hybrid {
         }
     }
 
+    /// Whether a chunk of `t` tokens streams its layers' missing experts (`stream_in`).
+    fn streams(&self, t: usize) -> bool {
+        self.stream.as_ref().is_some_and(|st| t >= st.min_tokens)
+    }
+
+    /// Phase times of a CPU-path layer (`[start, queued, ids here, cpu done]`, now = end).
+    fn layer_done(&mut self, t: [Instant; 4], between: u64) {
+        let now = Instant::now();
+        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
+        self.counters.record_times([
+            between,
+            ns(t[0], t[1]),
+            ns(t[1], t[2]),
+            ns(t[2], t[3]),
+            ns(t[3], now),
+        ]);
+        self.t_last = Some(now);
+    }
+}
+
+impl MoePlacement for Hybrid {
+    fn host_per_layer(&self) -> bool {
+        true
+    }
+
+    /// Chunks of at least this many tokens stream (None: none do).
+    fn stream_min(&self) -> Option<usize> {
+        self.stream.as_ref().map(|s| s.min_tokens)
+    }
+
     /// Before a step is launched: the pointer-table changes of the last gap reach the device
     /// (on the compute stream, ahead of the step's kernels).
-    pub(super) fn before_step(&mut self, s: &Stream) -> Result<()> {
+    fn before_step(&mut self, s: &Stream) -> Result<()> {
         self.t_last = None;
         if let Some(st) = self.stream.as_mut() {
             st.begin_step();
@@ -408,64 +299,14 @@ impl Hybrid {
         Ok(())
     }
 
-    /// Chunks of at least this many tokens stream (None: none do).
-    pub(super) fn stream_min(&self) -> Option<usize> {
-        self.stream.as_ref().map(|s| s.min_tokens)
-    }
-
-    /// Right after a step's kernels are queued on `s`: its completion event goes to the
-    /// fences (slots it may read are not overwritten before it).
-    pub(super) fn step_launched(&mut self, gpu: &Gpu, s: &Stream) -> Result<()> {
-        let ev = gpu.event_no_timing()?;
-        ev.record(s)?;
-        self.fences.step_launched(ev);
-        Ok(())
-    }
-
-    /// A gap after a step that has completed (`step_launched` first): a streamed chunk's ids
-    /// are counted, the tier driver advances (choices, staging, copies: never a wait), and
-    /// the table changes go to the host pointer tables (the device gets them in
-    /// `before_step`).
-    pub(super) fn after_step(&mut self, k: usize) -> Result<()> {
-        if let Some(st) = self.stream.as_mut() {
-            let (c, r) = (&self.counters, [&self.routing, &self.routing_hot]);
-            let ra = &self.routing_adapt;
-            st.count(&self.table, k, |l, ids, n| {
-                c.record_layer(l, n.hits, 0, n.misses);
-                r[0].observe(l, ids);
-                r[1].observe(l, ids);
-                ra.observe(l, ids);
-            });
-        }
-        self.routing.end_step();
-        self.routing_hot.end_step();
-        self.routing_adapt.end_step();
-        self.steps += 1;
-        self.driver.at_gap(
-            self.steps,
-            &mut self.fences,
-            &mut self.table,
-            &mut self.slots,
-        )?;
-        for (key, slot) in self.fences.take_changes() {
-            self.ptrs.set(&self.plan, key, slot);
-            self.ptrs_dirty = true;
-        }
-        Ok(())
-    }
-
-    /// Whether a chunk of `t` tokens streams its layers' missing experts (`stream_in`).
-    fn streams(&self, t: usize) -> bool {
-        self.stream.as_ref().is_some_and(|st| t >= st.min_tokens)
-    }
-
-    /// After layer `l`'s router, before `moe_layer`: the routing and the FFN input of a chunk
-    /// that does not stream go to the host's pinned buffers (launches only: the per-layer
-    /// decode graph holds them).
-    pub(super) fn moe_pre(&mut self, s: &Stream, b: &Bufs, t: usize) -> Result<()> {
+    /// After layer `l`'s router: the routing and the FFN input of a chunk that does not
+    /// stream go to the host's pinned buffers (launches only: the per-layer decode graph
+    /// holds them).
+    fn pre(&mut self, cx: &Launcher, _l: usize, t: usize) -> Result<()> {
         if self.streams(t) {
             return Ok(());
         }
+        let (s, b) = (&cx.stream, &cx.b);
         let (nk, hd) = (t * self.top_k, self.n_embd);
         b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
         b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
@@ -474,47 +315,18 @@ impl Hybrid {
 
     /// Layer `l`'s resident experts through the slot pointer tables (a miss adds nothing):
     /// launches only (the per-layer decode graph holds them).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn resident(
-        &self,
-        q: &quant::QuantOps,
-        s: &Stream,
-        hp: &HParams,
-        b: &Bufs,
-        lw: &GpuLayer,
-        l: usize,
-        t: usize,
-    ) -> Result<()> {
+    fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()> {
         let base = self.ptrs_dev.ptr();
         let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
-        experts_through(
-            q,
-            s,
-            hp,
-            b,
-            lw,
-            t,
-            [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
-        )
+        experts_through(cx, l, t, [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)])
     }
 
     /// The routed experts of layer `l` for the T tokens whose normed FFN input is `b.h` and
-    /// routing `b.ids`/`b.wts` (`moe_pre` queued their copies to the host): resident pairs on
+    /// routing `b.ids`/`b.wts` (`pre` queued their copies to the host): resident pairs on
     /// the GPU (`resident`, or its captured graph), PCIe misses staged and run on the GPU,
     /// the others on the CPU, all added into `b.x`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn moe_layer(
-        &mut self,
-        gpu: &Gpu,
-        s: &Stream,
-        q: &quant::QuantOps,
-        hp: &HParams,
-        b: &Bufs,
-        lw: &GpuLayer,
-        l: usize,
-        t: usize,
-        resident: Option<&Graph>,
-    ) -> Result<()> {
+    fn moe(&mut self, cx: &Launcher, l: usize, t: usize, resident: Option<&Graph>) -> Result<()> {
+        let (s, b, hp) = (&cx.stream, &cx.b, &cx.hp);
         let (hd, k) = (hp.n_embd, hp.n_expert_used);
         let nk = t * k;
         if let Some(st) = self.stream.as_mut().filter(|st| t >= st.min_tokens) {
@@ -522,15 +334,7 @@ impl Hybrid {
             let bytes = st.begin_layer(s, &self.table, &b.ids, l, t, k)?;
             self.counters.record_pcie(bytes);
             let tab = |p: Proj| st.table(&self.ptrs, l, p);
-            experts_through(
-                q,
-                s,
-                hp,
-                b,
-                lw,
-                t,
-                [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)],
-            )?;
+            experts_through(cx, l, t, [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)])?;
             return st.done_layer(s, l);
         }
         let t0 = Instant::now();
@@ -540,7 +344,7 @@ impl Hybrid {
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
         match resident {
             Some(g) => g.launch(s)?,
-            None => self.resident(q, s, hp, b, lw, l, t)?,
+            None => self.resident(cx, l, t)?,
         }
         // the CPU's part, while the GPU runs the resident experts
         let t1 = Instant::now();
@@ -568,7 +372,7 @@ impl Hybrid {
             // the PCIe misses on the GPU, while the pool computes the CPU's
             let (tabs, bytes) = pc.stage(s, l, &sp.pcie_experts)?;
             self.counters.record_pcie(bytes);
-            experts_through(q, s, hp, b, lw, t, tabs)?;
+            experts_through(cx, l, t, tabs)?;
         }
         if sp.all_on_gpu() {
             self.counters.record_handoff((8 * nk) as u64);
@@ -593,34 +397,69 @@ impl Hybrid {
         // ordered after moe_down on the stream; pin_y is rewritten only after the next
         // layer's event, which the stream reaches after this copy
         self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
-        elementwise::add(gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
+        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         self.layer_done([t0, t1, t2, t3], between);
         Ok(())
     }
 
-    /// Phase times of a CPU-path layer (`[start, queued, ids here, cpu done]`, now = end).
-    fn layer_done(&mut self, t: [Instant; 4], between: u64) {
-        let now = Instant::now();
-        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
-        self.counters.record_times([
-            between,
-            ns(t[0], t[1]),
-            ns(t[1], t[2]),
-            ns(t[2], t[3]),
-            ns(t[3], now),
-        ]);
-        self.t_last = Some(now);
+    /// Right after a step's kernels are queued: its completion event goes to the fences
+    /// (slots it may read are not overwritten before it).
+    fn step_launched(&mut self, cx: &Launcher) -> Result<()> {
+        let ev = cx.gpu.event_no_timing()?;
+        ev.record(&cx.stream)?;
+        self.fences.step_launched(ev);
+        Ok(())
     }
-}
 
-/// Per layer: the expert tensors and one expert's shape (None: no routed experts).
-fn layers_of(w: &Weights, shapes: &[Option<ExpertShape>]) -> ExpertTensors {
-    w.layers
-        .iter()
-        .zip(shapes)
-        .map(|(l, s)| s.map(|s| ([l.gate.clone(), l.up.clone(), l.down.clone()], s)))
-        .collect()
+    /// A gap after a step that has completed (`step_launched` first): a streamed chunk's ids
+    /// are counted, the tier driver advances (choices, staging, copies: never a wait), and
+    /// the table changes go to the host pointer tables (the device gets them in
+    /// `before_step`).
+    fn after_step(&mut self, cx: &Launcher) -> Result<()> {
+        let k = cx.hp.n_expert_used;
+        if let Some(st) = self.stream.as_mut() {
+            let (c, r) = (&self.counters, [&self.routing, &self.routing_hot]);
+            let ra = &self.routing_adapt;
+            st.count(&self.table, k, |l, ids, n| {
+                c.record_layer(l, n.hits, 0, n.misses);
+                r[0].observe(l, ids);
+                r[1].observe(l, ids);
+                ra.observe(l, ids);
+            });
+        }
+        self.routing.end_step();
+        self.routing_hot.end_step();
+        self.routing_adapt.end_step();
+        self.steps += 1;
+        self.driver.at_gap(
+            self.steps,
+            &mut self.fences,
+            &mut self.table,
+            &mut self.slots,
+        )?;
+        for (key, slot) in self.fences.take_changes() {
+            self.ptrs.set(&self.plan, key, slot);
+            self.ptrs_dirty = true;
+        }
+        Ok(())
+    }
+
+    fn hybrid_info(&self) -> Option<HybridInfo> {
+        Some(self.info())
+    }
+
+    fn hybrid_counters(&self) -> Option<Arc<HybridCounters>> {
+        Some(self.counters.clone())
+    }
+
+    fn routing(&self, decayed: bool) -> Option<Arc<RoutingCounters>> {
+        Some(if decayed {
+            self.routing_hot.clone()
+        } else {
+            self.routing.clone()
+        })
+    }
 }
 
 /// The PCIe side of decode misses for `pcie_frac` = `frac` (negative: probe the link and the
@@ -655,107 +494,5 @@ fn open_pcie(
             (Some(p), format!("registered {n} bytes ({how})"), frac)
         }
         Err(e) => (None, format!("unavailable: {e}"), 0.0),
-    }
-}
-
-/// The grouped expert kernels of one layer over pointer tables `tab` = [gate, up, down] (device
-/// addresses of [n_expert] weight pointers; a 0 entry adds nothing): for the T tokens of
-/// `b.h` [T, H] routed by `b.ids`/`b.wts` [T, k], `b.x` [T, H] += Σ_k w·down(silu(gate)·up).
-fn experts_through(
-    q: &quant::QuantOps,
-    s: &Stream,
-    hp: &HParams,
-    b: &Bufs,
-    lw: &GpuLayer,
-    t: usize,
-    tab: [u64; 3],
-) -> Result<()> {
-    let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
-    let (scr, act) = (b.scratch.ptr(), b.act.ptr());
-    let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
-    let ids = b.ids.ptr();
-    let h = b.h.ptr();
-    quant::moe_gate_up(
-        q, s, gate.ty, up.ty, tab[0], tab[1], f, hd, ids, k, h, t, act, scr,
-    )?;
-    quant::moe_down(
-        q,
-        s,
-        down.ty,
-        tab[2],
-        hd,
-        f,
-        ids,
-        b.wts.ptr(),
-        k,
-        act,
-        t,
-        b.x.ptr(),
-        scr,
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tier::residency::{RamMode, Residency};
-    use crate::tier::vram::{plan, shapes_of, RamStager};
-
-    /// The GGUF stager writes the same slot record as the RAM tier's stager (whose expert
-    /// slices come from the tier's own layout; the test model's slabs hold patterns naming
-    /// layer, tensor and expert, so a wrong slice shows).
-    #[test]
-    fn gguf_stager_writes_the_ram_stagers_record() {
-        let path = crate::tier::tests::write_model("hybrid-stage", 3, 4, &[1], 0);
-        let g = Arc::new(Gguf::open(&path).unwrap());
-        let ram = Residency::new(g.clone(), RamMode::Mmap, None, false).unwrap();
-        let shapes = shapes_of(ram.layout());
-        let p = plan(&BudgetInputs {
-            free_bytes: 1 << 30,
-            reserve_mib: 0,
-            budget_mib: None,
-            dense_bytes: 0,
-            kv_bytes: 0,
-            buffer_bytes: 0,
-            n_expert: 4,
-            layers: shapes.clone(),
-        })
-        .unwrap();
-        let layers: ExpertTensors = (0..3)
-            .map(|l| {
-                let t = |w: &str| g.tensor(&format!("blk.{l}.ffn_{w}_exps.weight")).cloned();
-                let ts = [t("gate")?, t("up")?, t("down")?];
-                let sh = expert_shape(&[&ts[0], &ts[1], &ts[2]]).unwrap();
-                Some((ts, sh))
-            })
-            .collect();
-        assert!(layers[1].is_none() && layers[0].is_some() && layers[2].is_some());
-        for (l, s) in layers.iter().enumerate() {
-            assert_eq!(s.as_ref().map(|s| s.1), shapes[l], "layer {l} shape");
-        }
-        let mut ours: GgufStager<Vec<u8>> = GgufStager::new(g.clone(), layers);
-        let mut theirs: RamStager<Vec<u8>> = RamStager::new(ram.clone(), &p);
-        let n = p.slot_bytes as usize;
-        for key in [(0u32, 0u32), (0, 3), (2, 1), (2, 3)] {
-            let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
-            assert_eq!(
-                ours.stage(key, &mut a).unwrap(),
-                theirs.stage(key, &mut b).unwrap()
-            );
-            assert_eq!(a, b, "{key:?}");
-        }
-        assert!(
-            ours.stage((1, 0), &mut vec![0u8; n]).is_err(),
-            "dense layer"
-        );
-        assert!(
-            ours.stage((0, 4), &mut vec![0u8; n]).is_err(),
-            "expert out of range"
-        );
-        assert!(
-            ours.stage((0, 0), &mut vec![0u8; 16]).is_err(),
-            "small buffer"
-        );
-        let _ = std::fs::remove_file(path);
     }
 }

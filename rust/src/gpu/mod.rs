@@ -1,15 +1,22 @@
-//! The qwen3moe forward pass on one GPU with every weight in VRAM (GPU_SPEC.md §5): weights
-//! uploaded once (`weights`), the KV cache for all slots in VRAM, the layer loop as kernel
-//! launches (`step`), decode replayed from a captured CUDA graph, prefill in chunks
-//! (`model`). Semantics of `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
+//! The qwen3moe forward pass on one GPU (docs/GPU.md): weights uploaded once (`weights`),
+//! the KV cache for all slots in VRAM, the layer loop as kernel launches (`step`, over the
+//! `launch::Launcher`), decode replayed from captured CUDA graphs, prefill in chunks
+//! (`model`). Where the routed experts run is a MoE placement (`placement`): all in VRAM, or
+//! the hybrid tier (`hybrid`: VRAM slots, the CPU pool, PCIe). Semantics of
+//! `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
 
 mod bounce;
-pub mod hybrid;
+mod experts;
+mod hybrid;
+mod hybrid_cfg;
+mod launch;
 mod model;
 mod pcie;
+mod placement;
 mod step;
 mod stream_in;
 pub mod weights;
 
-pub use hybrid::{HybridConfig, HybridInfo};
-pub use model::{GpuModel, DECODE_MAX_TOKENS};
+pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo};
+pub use launch::DECODE_MAX_TOKENS;
+pub use model::GpuModel;

@@ -15,7 +15,7 @@
 //! rewritten only in a later step, after the host waited for that layer's event of the later
 //! step, which the stream reaches after the earlier copy.
 
-use super::hybrid::ExpertTensors;
+use super::experts::ExpertTensors;
 use crate::cuda::{DevBuf, Gpu, HostRegistration, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;

@@ -1,5 +1,5 @@
 //! The kernel sequence of one chunk (launches only: no host copies or syncs, so the
-//! one-token step can be captured as a graph). Per layer (FORMATS.md §4 "Forward pass"):
+//! one-token step can be captured as a graph). Per layer (docs/FORMATS.md §4 "Forward pass"):
 //!
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
@@ -9,37 +9,21 @@
 //!   ids, w = top-k(softmax(h·Wrᵀ)), renormalized          quant::matmul, router::topk
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
 
-use super::hybrid::Hybrid;
-use super::model::{GpuModel, DECODE_MAX_TOKENS};
+use super::launch::{Launcher, DECODE_MAX_TOKENS};
+use super::placement::MoePlacement;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
 
-impl GpuModel {
-    /// x [T, H] = the residual stream after every layer for the T tokens in `params`. With
-    /// `hybrid`, the routed experts run through its slots and CPU pool (host waits per layer:
-    /// not capturable as one graph; `layers_hybrid_graphed` replays per-layer graphs).
-    pub(super) fn layers(&self, t: usize, mut hybrid: Option<&mut Hybrid>) -> Result<()> {
+impl Launcher {
+    /// x [T, H] = the residual stream after every layer for the T tokens in `params`, the
+    /// routed experts placed by `moe` (`placement.rs`).
+    pub(super) fn layers(&self, t: usize, moe: &mut dyn MoePlacement) -> Result<()> {
         self.embed(t)?;
-        for (l, lw) in self.w.layers.iter().enumerate() {
+        for l in 0..self.w.layers.len() {
             self.attn_router(l, t)?;
-            match hybrid.as_deref_mut() {
-                Some(hy) => {
-                    hy.moe_pre(&self.stream, &self.b, t)?;
-                    hy.moe_layer(
-                        &self.gpu,
-                        &self.stream,
-                        &self.q,
-                        &self.hp,
-                        &self.b,
-                        lw,
-                        l,
-                        t,
-                        None,
-                    )?
-                }
-                None => self.experts_vram(l, t)?,
-            }
+            moe.pre(self, l, t)?;
+            moe.moe(self, l, t, None)?;
         }
         Ok(())
     }
@@ -165,57 +149,6 @@ impl GpuModel {
             )?;
             let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
             router::topk(g, s, logits, ids, wts, t, e, k, true)?;
-        }
-        Ok(())
-    }
-
-    /// Layer `l`'s routed experts with every expert in VRAM (the pure path):
-    /// x [T, H] += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h).
-    fn experts_vram(&self, l: usize, t: usize) -> Result<()> {
-        let (s, b, hp) = (&self.stream, &self.b, &self.hp);
-        let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
-        let (x, h) = (Dv::of(&b.x), Dv::of(&b.h));
-        let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
-        let scr = b.scratch.ptr();
-        let lw = &self.w.layers[l];
-        {
-            let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
-            let (Some(gs), Some(us), Some(ds)) = (&gate.stacked, &up.stacked, &down.stacked) else {
-                return Err(Error::Config(
-                    "the expert tensors are not in VRAM (hybrid mode without its tier)".into(),
-                ));
-            };
-            quant::moe_gate_up(
-                &self.q,
-                s,
-                gate.ty,
-                up.ty,
-                gs.ptrs.ptr(),
-                us.ptrs.ptr(),
-                f,
-                hd,
-                ids.ptr,
-                k,
-                h.ptr,
-                t,
-                b.act.ptr(),
-                scr,
-            )?;
-            quant::moe_down(
-                &self.q,
-                s,
-                down.ty,
-                ds.ptrs.ptr(),
-                hd,
-                f,
-                ids.ptr,
-                wts.ptr,
-                k,
-                b.act.ptr(),
-                t,
-                x.ptr,
-                scr,
-            )?;
         }
         Ok(())
     }

@@ -128,6 +128,7 @@ mod tests {
     use super::*;
     use crate::model::kv::KvCache;
     use crate::quant::vexp::{expf_lane, softmax};
+    use crate::quant::dot::Isa;
 
     fn cache(nkv: usize, d: usize, n: usize) -> KvCache {
         let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
@@ -145,10 +146,11 @@ mod tests {
     /// 8, 6 (a pass of 4 and one of 2) and 3, positions short of one 8-lane step, not a
     /// multiple of 8, and spanning several P·V blocks (256 positions).
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn group_equals_attend_head_bitwise() {
-        if !k::available() {
-            return; // nothing to compare: `serves` is false and the per-head path runs
-        }
+        // (without AVX2 `serves` is false and the per-head path runs: nothing to compare)
+        crate::quant::dot::require_isa(Isa::Avx2, "group_equals_attend_head_bitwise");
+        assert!(k::available());
         let d = 64;
         for (nh, nkv) in [(16usize, 2usize), (12, 2), (3, 1)] {
             let group = nh / nkv;
@@ -199,10 +201,10 @@ mod tests {
     /// overflow branches, −∞), and the softmax equals `vexp::softmax` with padding, with the
     /// probabilities then rounded to f16.
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn softmax_equals_vexp_bitwise() {
-        if !k::available() {
-            return;
-        }
+        crate::quant::dot::require_isa(Isa::Avx2, "softmax_equals_vexp_bitwise");
+        assert!(k::available());
         let mut xs: Vec<f32> = (0..4000).map(|i| -110.0 + i as f32 * 0.0517).collect();
         xs.extend([
             -87.5,

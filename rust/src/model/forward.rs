@@ -1,4 +1,4 @@
-//! The qwen3moe forward pass (FORMATS.md §4, "Forward pass") over a multi-slot KV cache.
+//! The qwen3moe forward pass (docs/FORMATS.md §4, "Forward pass") over a multi-slot KV cache.
 //!
 //! Legend: T = tokens in the chunk (≤ max_chunk), H = hidden, Nh / Nkv = query / KV heads,
 //! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx.

@@ -1,4 +1,4 @@
-//! qwen3moe hyper-parameters from GGUF metadata (FORMATS.md §4, "Metadata").
+//! qwen3moe hyper-parameters from GGUF metadata (docs/FORMATS.md §4, "Metadata").
 //!
 //! Required keys are refused with a `Model` error naming the key; optional keys take the
 //! defaults llama.cpp uses. Shapes are cross-checked against the tensors in `weights`.

@@ -1,4 +1,4 @@
-//! qwen3moe weights as zero-copy views into the GGUF map (FORMATS.md §4, "Tensors").
+//! qwen3moe weights as zero-copy views into the GGUF map (docs/FORMATS.md §4, "Tensors").
 //!
 //! Matrices are referenced by their tensor info and resolved to byte slices of the mmap on
 //! use; nothing is copied except the small norm vectors, converted once to f32. Every tensor

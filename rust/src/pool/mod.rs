@@ -1,4 +1,4 @@
-//! The CPU expert pool (SYSTEM.md §CPU expert pool, docs/POOL.md): pinned worker threads plus
+//! The CPU expert pool (docs/POOL.md): pinned worker threads plus
 //! the calling thread compute one MoE layer (or one dense projection) per call, as tiles
 //! claimed lock-free from one epoch-tagged counter.
 //!
@@ -109,43 +109,21 @@ impl Default for PoolConfig {
     }
 }
 
-fn parse_bool(name: &str, v: Option<String>, default: bool) -> Result<bool> {
-    match v {
-        None => Ok(default),
-        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Ok(true),
-            "0" | "false" | "no" | "off" | "" => Ok(false),
-            _ => Err(Error::Config(format!(
-                "{name} expects a boolean, got {v:?}"
-            ))),
-        },
-    }
-}
-
 impl PoolConfig {
-    /// The defaults overridden by `STRATA_THREADS` (0: one per physical core minus the
-    /// host), `STRATA_HOST_PARTICIPATES` and `STRATA_POOL_PIPELINE`, parsed as
-    /// `strata.config.Config` parses them.
-    pub fn from_env() -> Result<PoolConfig> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// `from_env` with the variables read through `var` (tests pass a map).
-    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<PoolConfig> {
-        let mut c = PoolConfig::default();
-        if let Some(v) = var("STRATA_THREADS") {
-            let n: usize = v.trim().parse().map_err(|_| {
-                Error::Config(format!("STRATA_THREADS expects an integer >= 0, got {v:?}"))
-            })?;
-            if n > 0 {
-                c.workers = n;
-            }
+    /// A pool of `threads` compute threads in all, the caller included when it participates,
+    /// as llama.cpp's `-t` counts them (0: one per physical core): `threads − 1` workers
+    /// besides a participating caller, `threads` besides one that only waits.
+    pub fn for_threads(threads: usize, host_participates: bool, pipelined: bool) -> PoolConfig {
+        let threads = match threads {
+            0 => topology::physical_cores().len().max(1),
+            n => n,
+        };
+        PoolConfig {
+            workers: threads - usize::from(host_participates),
+            host_participates,
+            pipelined,
+            ..PoolConfig::default()
         }
-        let hp = "STRATA_HOST_PARTICIPATES";
-        c.host_participates = parse_bool(hp, var(hp), c.host_participates)?;
-        let pp = "STRATA_POOL_PIPELINE";
-        c.pipelined = parse_bool(pp, var(pp), c.pipelined)?;
-        Ok(c)
     }
 }
 

@@ -31,7 +31,7 @@ pub const N_PHASES: usize = 5;
 
 /// Rows per tile never go below this (a tile's fixed cost stays small against its work).
 const MIN_TILE_ROWS: usize = 16;
-/// Tiles per thread per phase (CPU_PERF.md §4: about 3).
+/// Tiles per thread per phase (about 3: docs/POOL.md "Tiles").
 const TILES_PER_THREAD: usize = 3;
 /// H elements per reduction unit.
 pub const E_CHUNK: usize = 256;

@@ -415,27 +415,17 @@ fn parked_workers_wake_for_calls_and_exit_on_drop() {
 }
 
 #[test]
-fn from_env_reads_the_switches() {
-    let env = |pairs: &'static [(&'static str, &'static str)]| {
-        move |name: &str| {
-            pairs
-                .iter()
-                .find(|(k, _)| *k == name)
-                .map(|(_, v)| v.to_string())
-        }
-    };
-    let c = PoolConfig::from_lookup(env(&[
-        ("STRATA_POOL_PIPELINE", "1"),
-        ("STRATA_THREADS", "3"),
-        ("STRATA_HOST_PARTICIPATES", "off"),
-    ]))
-    .unwrap();
-    assert!(c.pipelined && !c.host_participates && c.workers == 3);
-    let bad = PoolConfig::from_lookup(env(&[("STRATA_POOL_PIPELINE", "maybe")]));
-    assert!(matches!(bad, Err(Error::Config(_))));
-    let bad = PoolConfig::from_lookup(env(&[("STRATA_THREADS", "-1")]));
-    assert!(matches!(bad, Err(Error::Config(_))));
-    let d = PoolConfig::from_lookup(env(&[])).unwrap();
-    assert!(!d.pipelined && d.host_participates);
-    assert_eq!(d.workers, PoolConfig::default().workers);
+fn for_threads_counts_the_caller_as_llama_cpp_counts_t() {
+    // threads = compute threads in all (llama.cpp's -t): a participating caller is one of them
+    let c = PoolConfig::for_threads(2, true, true);
+    assert_eq!((c.workers, c.host_participates, c.pipelined), (1, true, true));
+    let c = PoolConfig::for_threads(1, true, false);
+    assert_eq!(c.workers, 0, "the caller alone");
+    // a caller that only waits is not a compute thread
+    let c = PoolConfig::for_threads(2, false, false);
+    assert_eq!((c.workers, c.host_participates), (2, false));
+    // 0: one compute thread per physical core, the caller among them
+    let cores = crate::pool::topology::physical_cores().len().max(1);
+    assert_eq!(PoolConfig::for_threads(0, true, false).workers, cores - 1);
+    assert_eq!(PoolConfig::default().workers, cores.saturating_sub(1));
 }

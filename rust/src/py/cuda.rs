@@ -207,6 +207,11 @@ fn gpu_bad_launch(py: Python<'_>) -> PyResult<()> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_info, m)?)?;
+    Ok(())
+}
+
+/// The runtime's test hooks, into `strata._core._testing`.
+pub fn register_testing(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_roundtrip, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_smoke, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_smoke_graph, m)?)?;

@@ -1,4 +1,4 @@
-//! `strata._core` test entry points of the quantized GPU kernels (GPU_SPEC.md §4): each uploads
+//! `strata._core` test entry points of the quantized GPU kernels (docs/GPU.md): each uploads
 //! its inputs, runs one launcher of `cuda::ops::quant` on the process's device and reads the
 //! result back. Shapes are checked here (`ShapeError`) and again by the launchers.
 

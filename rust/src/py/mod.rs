@@ -1,5 +1,9 @@
 //! The PyO3 face of the core: `strata._core`. Thin wrappers only; errors become the
 //! exception tree re-exported by `strata.errors`.
+//!
+//! The product's surface is `strata._core` itself. The kernel test and benchmark hooks
+//! (`cuda_model`, `cuda_quant`, the `*_bench` modules and the runtime's smoke and fault hooks)
+//! live apart, in the private submodule `strata._core._testing`, for tests/ and bench/ only.
 
 mod cuda;
 mod cuda_model;
@@ -22,10 +26,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     cuda::register(m)?;
-    cuda_model::register(m)?;
-    cuda_model_bench::register(m)?;
-    cuda_quant::register(m)?;
-    cuda_quant_bench::register(m)?;
     gguf::register(m)?;
     quant::register(m)?;
     model::register(m)?;
@@ -33,5 +33,22 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
     tier::register(m)?;
     vram::register(m)?;
+    testing(m)
+}
+
+/// `strata._core._testing`: the kernel test and benchmark hooks (not the product's surface).
+fn testing(parent: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = parent.py();
+    let t = PyModule::new(py, "_testing")?;
+    cuda::register_testing(&t)?;
+    cuda_model::register(&t)?;
+    cuda_model_bench::register(&t)?;
+    cuda_quant::register(&t)?;
+    cuda_quant_bench::register(&t)?;
+    parent.add_submodule(&t)?;
+    // `import strata._core._testing` finds it (an extension's submodule is not a file)
+    py.import("sys")?
+        .getattr("modules")?
+        .set_item("strata._core._testing", &t)?;
     Ok(())
 }

@@ -23,12 +23,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// The forward pass on one device; both backends have the CPU `Model`'s slot semantics.
 enum Backend {
     Cpu(Box<Model>),
-    Gpu {
-        m: Box<GpuModel>,
-        /// The GPU path does not count routing (yet): these stay zero.
-        routing: Arc<Counters>,
-    },
+    Gpu { m: Box<GpuModel> },
 }
+
+/// Why the routing counters of a GPU model with every expert in VRAM are refused.
+const NOT_COUNTED: &str = "the GPU path with every expert in VRAM does not count the routing \
+    (the routed ids never leave the GPU): count on device=cpu (the same routing) or in the \
+    hybrid mode (vram_budget_mib)";
 
 impl Backend {
     fn hp(&self) -> &HParams {
@@ -80,31 +81,51 @@ impl Backend {
         }
     }
 
-    fn routing(&self, decayed: bool) -> Arc<Counters> {
+    /// The routing counters; an error where this path does not count (`NOT_COUNTED`).
+    fn routing(&self, decayed: bool) -> Result<Arc<Counters>> {
         match self {
-            Backend::Cpu(m) if decayed => m.routing_hot.clone(),
-            Backend::Cpu(m) => m.routing.clone(),
-            Backend::Gpu { m, routing } => m.routing(decayed).unwrap_or_else(|| routing.clone()),
+            Backend::Cpu(m) if decayed => Ok(m.routing_hot.clone()),
+            Backend::Cpu(m) => Ok(m.routing.clone()),
+            Backend::Gpu { m } => m
+                .routing(decayed)
+                .ok_or_else(|| Error::Config(NOT_COUNTED.into())),
         }
     }
 }
 
 /// The CPU compute of the CPU path and of the hybrid mode's misses: the pool with `threads`
-/// workers besides the caller (0: one per physical core minus the caller), or the serial
-/// reference (`threads` < 0).
+/// compute threads in all, the caller included when it participates, as llama.cpp's `-t`
+/// (0: one per physical core; `PoolConfig::for_threads`), or the serial reference
+/// (`threads` < 0).
 fn make_compute(threads: i64, host_participates: bool, pool_pipeline: bool) -> Arc<dyn Compute> {
     if threads < 0 {
         return Arc::new(SerialCompute::new());
     }
-    let mut pc = PoolConfig {
-        host_participates,
-        pipelined: pool_pipeline,
-        ..PoolConfig::default()
-    };
-    if threads > 0 {
-        pc.workers = threads as usize;
-    }
+    let pc = PoolConfig::for_threads(threads as usize, host_participates, pool_pipeline);
     Arc::new(Pool::new(pc))
+}
+
+/// The settings object's default of `name` (`strata.config.Config.default`: the one place a
+/// setting's default is named).
+fn config_default<T>(py: Python<'_>, name: &str) -> PyResult<T>
+where
+    T: for<'a, 'py> FromPyObject<'a, 'py>,
+{
+    let v = py
+        .import("strata.config")?
+        .getattr("Config")?
+        .call_method1("default", (name,))?;
+    v.extract::<T>().map_err(Into::into)
+}
+
+/// `$v`, or the settings object's default of the keyword of the same name when left out.
+macro_rules! or_default {
+    ($py:expr, $($v:ident),+) => {
+        $( let $v = match $v {
+            Some(v) => v,
+            None => config_default($py, stringify!($v))?,
+        }; )+
+    };
 }
 
 #[pyclass(frozen, name = "Model")]
@@ -139,10 +160,13 @@ struct Snapshot {
 
 #[pymethods]
 impl PyModel {
-    /// Opens a GGUF and builds the KV cache: `n_slots` sequences of `n_ctx` positions.
-    /// `device="cpu"`: compute runs on the CPU expert pool: `threads` workers besides the
-    /// caller (0: one per physical core minus the caller; -1: the serial single-threaded
-    /// reference instead). `device="cuda"`: every weight and the KV cache in the VRAM of GPU
+    /// Opens a GGUF and builds the KV cache: `n_slots` sequences of `n_ctx` positions. Every
+    /// keyword named like a `strata.config.Config` field means what the field means, and a
+    /// keyword left out takes the field's default (`Config.default`).
+    /// `device="cpu"`: compute runs on the CPU expert pool: `threads` compute threads in all,
+    /// the caller included, as llama.cpp's `-t` (0: one per physical core; -1: the serial
+    /// single-threaded reference instead). `isa` fixes the dot kernels' instruction set for
+    /// the process ("auto": the best the CPU runs). `device="cuda"`: every weight and the KV cache in the VRAM of GPU
     /// 0 (f16 or q8_0 cache); the one-token step replays a CUDA graph unless `cuda_graph` is
     /// false. No usable GPU raises `GpuError` saying why.
     /// The hybrid mode (docs/TIERS_VRAM.md) keeps the experts in RAM and the hottest of them
@@ -161,45 +185,73 @@ impl PyModel {
     /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (path, n_ctx=4096, n_slots=1, kv_type="f16", prefill_chunk=512,
-                        threads=0, host_participates=true, pool_pipeline=false, device="cpu",
-                        cuda_graph=true, vram_budget_mib=-1, vram_reserve_mib=700,
-                        vram_slots=-1, adapt_every=16, adapt_swaps=4, tier_async=false,
-                        profile=None, stream_min_tokens=64, stream_chunk=4096,
-                        stream_threads=0, cpu_repack=true, pcie_frac=0.0))]
+    #[pyo3(signature = (path, n_ctx=None, n_slots=1, kv_type=None, prefill_chunk=None,
+                        threads=None, host_participates=None, pool_pipeline=None, device=None,
+                        cuda_graph=true, vram_budget_mib=None, vram_reserve_mib=None,
+                        vram_slots=-1, adapt_every=None, adapt_swaps=None, tier_async=None,
+                        profile=None, stream_min_tokens=None, stream_chunk=None,
+                        stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
-        n_ctx: usize,
+        n_ctx: Option<usize>,
         n_slots: usize,
-        kv_type: &str,
-        prefill_chunk: usize,
-        threads: i64,
-        host_participates: bool,
-        pool_pipeline: bool,
-        device: &str,
+        kv_type: Option<String>,
+        prefill_chunk: Option<usize>,
+        threads: Option<i64>,
+        host_participates: Option<bool>,
+        pool_pipeline: Option<bool>,
+        device: Option<String>,
         cuda_graph: bool,
-        vram_budget_mib: i64,
-        vram_reserve_mib: u64,
+        vram_budget_mib: Option<i64>,
+        vram_reserve_mib: Option<u64>,
         vram_slots: i64,
-        adapt_every: u32,
-        adapt_swaps: u32,
-        tier_async: bool,
+        adapt_every: Option<u32>,
+        adapt_swaps: Option<u32>,
+        tier_async: Option<bool>,
         profile: Option<PyRef<'_, Profile>>,
-        stream_min_tokens: usize,
-        stream_chunk: usize,
-        stream_threads: usize,
-        cpu_repack: bool,
-        pcie_frac: f64,
+        stream_min_tokens: Option<usize>,
+        stream_chunk: Option<usize>,
+        stream_threads: Option<usize>,
+        cpu_repack: Option<bool>,
+        pcie_frac: Option<f64>,
+        isa: Option<String>,
     ) -> PyResult<Self> {
+        or_default!(
+            py,
+            n_ctx,
+            kv_type,
+            prefill_chunk,
+            threads,
+            host_participates,
+            pool_pipeline,
+            device,
+            vram_budget_mib,
+            vram_reserve_mib,
+            adapt_every,
+            adapt_swaps,
+            tier_async,
+            stream_min_tokens,
+            stream_chunk,
+            stream_threads,
+            cpu_repack,
+            pcie_frac,
+            isa
+        );
+        if !isa.eq_ignore_ascii_case("auto") {
+            let want = dot::Isa::from_name(&isa).ok_or_else(|| {
+                Error::Config(format!("isa {isa:?} is not one of auto, scalar, avx2, avx512"))
+            })?;
+            dot::set_active_isa(want)?;
+        }
         let cfg = ModelConfig {
             n_ctx,
             n_slots,
-            kv_type: KvType::parse(kv_type)?,
+            kv_type: KvType::parse(&kv_type)?,
             max_chunk: prefill_chunk,
             cpu_repack,
         };
-        match device {
+        match device.as_str() {
             "cpu" => {}
             "cuda" => {
                 let hybrid = HybridConfig {
@@ -226,8 +278,7 @@ impl PyModel {
                     let gpu = shared_gpu()?;
                     let mut m = Box::new(GpuModel::open(&path, cfg, gpu, Some(hybrid))?);
                     m.set_graph(cuda_graph);
-                    let routing = Arc::new(Counters::new(m.hp.n_layer, m.hp.n_expert, 0.0));
-                    Ok(Backend::Gpu { m, routing })
+                    Ok(Backend::Gpu { m })
                 })?;
                 return Ok(PyModel {
                     inner: Mutex::new(b),
@@ -374,19 +425,28 @@ impl PyModel {
     }
 
     /// Router picks per (layer, expert) since load, undecayed: float32 [n_layer, n_expert].
+    /// ConfigError where the routing is not counted (`counts_routing` false).
     fn routing_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (v, l, e) = self.with(py, |m| {
-            (m.routing(false).snapshot(), m.hp().n_layer, m.hp().n_expert)
-        });
+        let (v, l, e) = self.with(py, |m| -> Result<_> {
+            Ok((m.routing(false)?.snapshot(), m.hp().n_layer, m.hp().n_expert))
+        })?;
         Ok(PyArray1::from_vec(py, v).reshape([l, e])?.into_any())
     }
 
     /// The model's live routing counters (shared, not a copy): `decayed` picks the ones with
-    /// exponential decay, else the undecayed counts since load.
+    /// exponential decay, else the undecayed counts since load. ConfigError where the routing
+    /// is not counted (`counts_routing` false).
     #[pyo3(signature = (decayed=true))]
-    fn routing_counters(&self, py: Python<'_>, decayed: bool) -> RoutingCounters {
-        let inner = self.with(py, |m| m.routing(decayed));
-        RoutingCounters { inner }
+    fn routing_counters(&self, py: Python<'_>, decayed: bool) -> PyResult<RoutingCounters> {
+        let inner = self.with(py, |m| m.routing(decayed))?;
+        Ok(RoutingCounters { inner })
+    }
+
+    /// Whether this model counts the routing: the CPU path and the hybrid GPU mode do; the GPU
+    /// path with every expert in VRAM does not (its routed ids never leave the GPU).
+    #[getter]
+    fn counts_routing(&self, py: Python<'_>) -> bool {
+        self.with(py, |m| m.routing(false).is_ok())
     }
 
     /// Reads routed experts through `tier` (its residency table: arena or map) from now on,

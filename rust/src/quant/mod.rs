@@ -1,4 +1,4 @@
-//! Block formats (FORMATS.md §2): types, dequantization, activation quantization and dot
+//! Block formats (docs/FORMATS.md §2): types, dequantization, activation quantization and dot
 //! products. The scalar code is the reference every SIMD path is tested against.
 
 pub mod dequant;

@@ -1,4 +1,4 @@
-//! Properties of the generated lookup tables (FORMATS.md §2, "Lookup tables").
+//! Properties of the generated lookup tables (docs/FORMATS.md §2, "Lookup tables").
 
 use super::tables::*;
 

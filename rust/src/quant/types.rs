@@ -1,5 +1,5 @@
 //! ggml tensor types: ids as stored in GGUF tensor infos, block sizes and bytes per block
-//! (FORMATS.md §2), and the activation type ggml pairs each weight type with (§6).
+//! (docs/FORMATS.md §2), and the activation type ggml pairs each weight type with (§6).
 
 /// A ggml tensor type. The discriminant is the GGUF `ggml_type` id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

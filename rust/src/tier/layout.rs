@@ -1,7 +1,7 @@
 //! Where each expert's bytes are in the GGUF file(s).
 //!
 //! A MoE layer stores its experts stacked: `blk.N.ffn_{gate,up,down}_exps.weight` with ggml
-//! dims `{cols, rows, n_expert}` (FORMATS.md §4), so expert `x` of a tensor is the contiguous
+//! dims `{cols, rows, n_expert}` (docs/FORMATS.md §4), so expert `x` of a tensor is the contiguous
 //! slab `[x·slab, (x+1)·slab)` with `slab = nbytes / n_expert`. Layers without stacked experts
 //! (dense layers of some models) have no entry.
 

@@ -1,11 +1,12 @@
 //! Kernel launchers: one file per `cuda/<family>.cu`, each checking shapes and buffer sizes
-//! (`Error::Shape` / `Error::Config`) before it launches (GPU_SPEC.md §3).
+//! (`Error::Shape` / `Error::Config`) before it launches (docs/GPU.md).
 
 pub mod attention;
 pub mod elementwise;
 pub mod moe_decode;
 pub mod norm;
 pub mod quant;
+pub mod quant_kernels;
 pub mod quant_mmq;
 pub mod quant_shared;
 pub mod rope;

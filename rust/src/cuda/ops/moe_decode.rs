@@ -3,8 +3,9 @@
 //! quantized the activations. Also the earlier kernel forms, kept to be timed against
 //! (`QuantOps::set_moe_variant`, bench/gpu_quant_bench.py).
 
-use super::quant::{to_i32, to_u32, QuantOps, TypeKernels, MMVQ_ROWS, MMVQ_THREADS};
-use crate::cuda::{Arg, Gpu, Kernel, Stream};
+pub use super::quant_kernels::MoeVariant;
+use super::quant_kernels::{to_i32, to_u32, QuantOps, TypeKernels, MMVQ_ROWS, MMVQ_THREADS};
+use crate::cuda::{Arg, Stream};
 use crate::error::Result;
 
 /// The largest grid.y.
@@ -16,38 +17,6 @@ const GU_THREADS: u32 = 256;
 /// MOE_DOWN_WARPS).
 const DOWN_ROWS: usize = 4;
 const DOWN_WARPS: usize = 8;
-
-/// Which decode kernels `moe_gate_up` / `moe_down` launch (for timing one against another).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum MoeVariant {
-    /// gate/up: 8 rows a block, the activations and each warp's gate and up rows staged in
-    /// shared memory; down: 4 rows a block, slots over its warps.
-    #[default]
-    Current,
-    /// gate/up staging only the activations (`_act`; Q4_K and Q6_K, else `Current`).
-    GateUpAct,
-    /// the earlier kernels (`_v0`: 4 rows a block, activations from global memory; Q4_K and
-    /// Q6_K, else `Current`).
-    V0,
-}
-
-/// A type's alternative decode kernels (absent for most types).
-pub(super) struct MoeAlt {
-    gate_up_act: Option<Kernel>,
-    gate_up_v0: Option<Kernel>,
-    down_v0: Option<Kernel>,
-}
-
-impl MoeAlt {
-    pub(super) fn load(gpu: &Gpu, suffix: &str) -> MoeAlt {
-        let k = |v: &str| gpu.kernel(&format!("strata_moe_{v}_{suffix}")).ok();
-        MoeAlt {
-            gate_up_act: k("gate_up_act"),
-            gate_up_v0: k("gate_up_v0"),
-            down_v0: k("down_v0"),
-        }
-    }
-}
 
 impl QuantOps {
     /// The decode kernels `moe_gate_up` / `moe_down` use from now on (default `Current`).

@@ -12,7 +12,7 @@
 //! - float weights: x f32 times an exact power of two per row (`strata_row_scale`), rounded to
 //!   f16 in the kernel.
 
-use super::quant::{to_u32, QuantOps, TypeKernels, ACT_BLOCK_BYTES, MMVQ_MAX_TOKENS};
+use super::quant_kernels::{to_u32, QuantOps, TypeKernels, ACT_BLOCK_BYTES, MMVQ_MAX_TOKENS};
 use crate::cuda::{Arg, Kernel, Stream};
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;

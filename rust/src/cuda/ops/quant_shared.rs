@@ -3,9 +3,9 @@
 //! is quantized once for all of them (decode and prefill alike), then each product runs as
 //! `quant::matmul` would run it. Also the one-token kernel choice.
 
-use super::quant::{
-    check_matmul, matmul, to_u32, type_info, QuantOps, TypeKernels, MMVQ_MAX_TOKENS, MMVQ_ROWS,
-    MMVQ_THREADS, MMVQ_TOKENS,
+use super::quant::{check_matmul, matmul};
+use super::quant_kernels::{
+    to_u32, type_info, QuantOps, TypeKernels, MMVQ_MAX_TOKENS, MMVQ_ROWS, MMVQ_THREADS, MMVQ_TOKENS,
 };
 use crate::cuda::{Arg, Stream};
 use crate::error::Result;

@@ -1,6 +1,7 @@
 //! Unit tests of the launchers' pure checks and scratch sizes (no GPU needed).
 
 use super::*;
+use crate::cuda::ops::quant_kernels::TYPES;
 use GgmlType::*;
 
 #[test]

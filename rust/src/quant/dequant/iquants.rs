@@ -1,5 +1,5 @@
 //! The i-quant super-blocks (256 elements): IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
-//! IQ1_M, IQ4_XS (FORMATS.md §2). Grids come from `tables.rs`; byte k of an entry is element k.
+//! IQ1_M, IQ4_XS (docs/FORMATS.md §2). Grids come from `tables.rs`; byte k of an entry is element k.
 //! Order of operations as in gguf-py: `db = (d·(0.5 + s))·k`, then `y = (db·grid)·sign`.
 
 use super::{f16_at, f16_to_f32, for_blocks, u16_at, u32_at};

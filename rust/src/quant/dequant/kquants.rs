@@ -1,4 +1,4 @@
-//! The 256-element k-quant super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (FORMATS.md §2).
+//! The 256-element k-quant super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (docs/FORMATS.md §2).
 //! Sub-block scales are multiplied into d first (`dl = d·sc`, `ml = dmin·m`), then
 //! `y = dl·q − ml`, the order gguf-py uses.
 

@@ -1,4 +1,4 @@
-//! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (FORMATS.md §2,
+//! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL (docs/FORMATS.md §2,
 //! "Legacy 32-element blocks"). Element j takes the low nibble of qs[j], element j+16 the
 //! high nibble.
 

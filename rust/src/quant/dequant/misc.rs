@@ -1,5 +1,5 @@
 //! Float, ternary and FP4 formats: F32, F16, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4, Q1_0, Q2_0
-//! (FORMATS.md §2).
+//! (docs/FORMATS.md §2).
 
 use super::{f16_at, for_blocks, quiet_nan};
 use crate::quant::tables::KVALUES_MXFP4;

@@ -1,4 +1,4 @@
-//! Scalar dequantization, one function per block format (FORMATS.md §2).
+//! Scalar dequantization, one function per block format (docs/FORMATS.md §2).
 //!
 //! This is the reference every SIMD path is tested against. It matches gguf-py 0.19
 //! (`gguf/quants.py`) bit for bit, including non-finite scales: every product and sum is

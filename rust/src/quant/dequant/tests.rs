@@ -1,4 +1,4 @@
-//! Hand-built blocks per family, with expected values worked out from FORMATS.md §2.
+//! Hand-built blocks per family, with expected values worked out from docs/FORMATS.md §2.
 //! (The bit-exact comparison against gguf-py and ggml is tests/test_dequant.py.)
 
 use super::*;

@@ -23,44 +23,33 @@ pub fn kernel(w: GgmlType) -> Option<DotFn> {
     if !cpu::has_avx2() {
         return None;
     }
-    macro_rules! safe {
-        ($t:ident, $f:path) => {{
-            fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
-                // SAFETY: `kernel` hands this out only when the CPU runs the ISA, and the
-                // slices hold exactly the row and activation of n elements (asserted).
-                unsafe { $f(n, w, a) }
-            }
-            wrap as DotFn
-        }};
-    }
     Some(match w {
-        F32 => safe!(F32, f32_dot),
-        F16 => safe!(F16, f16_dot),
-        BF16 => safe!(BF16, bf16_dot),
-        Q8_0 => safe!(Q8_0, q8_0),
-        Q4_0 => safe!(Q4_0, q4_0),
-        Q5_0 => safe!(Q5_0, q5_0),
-        Q4_1 => safe!(Q4_1, q4_1),
-        Q5_1 => safe!(Q5_1, q5_1),
-        IQ4NL => safe!(IQ4NL, iq4_nl),
-        MXFP4 => safe!(MXFP4, mxfp4),
-        Q2_0 => safe!(Q2_0, q2_0),
-        Q2K => safe!(Q2K, k::q2_k),
-        Q3K => safe!(Q3K, k::q3_k),
-        Q4K => safe!(Q4K, k::q4_k),
-        Q5K => safe!(Q5K, k::q5_k),
-        Q6K => safe!(Q6K, k::q6_k),
-        IQ4XS => safe!(IQ4XS, k::iq4_xs),
-        IQ3S => safe!(IQ3S, k::iq3_s),
-        IQ3XXS => safe!(IQ3XXS, k::iq3_xxs),
-        IQ2XXS => safe!(IQ2XXS, k::iq2_xxs),
-        IQ2XS => safe!(IQ2XS, k::iq2_xs),
-        IQ2S => safe!(IQ2S, k::iq2_s),
-        TQ2_0 => safe!(TQ2_0, k::tq2_0),
-        TQ1_0 => safe!(TQ1_0, k::tq1_0),
-        IQ1S => safe!(IQ1S, k::iq1_s),
-        IQ1M => safe!(IQ1M, k::iq1_m),
+        F32 => safe_dot!(F32, f32_dot),
+        F16 => safe_dot!(F16, f16_dot),
+        BF16 => safe_dot!(BF16, bf16_dot),
+        Q8_0 => safe_dot!(Q8_0, q8_0),
+        Q4_0 => safe_dot!(Q4_0, q4_0),
+        Q5_0 => safe_dot!(Q5_0, q5_0),
+        Q4_1 => safe_dot!(Q4_1, q4_1),
+        Q5_1 => safe_dot!(Q5_1, q5_1),
+        IQ4NL => safe_dot!(IQ4NL, iq4_nl),
+        MXFP4 => safe_dot!(MXFP4, mxfp4),
+        Q2_0 => safe_dot!(Q2_0, q2_0),
+        Q2K => safe_dot!(Q2K, k::q2_k),
+        Q3K => safe_dot!(Q3K, k::q3_k),
+        Q4K => safe_dot!(Q4K, k::q4_k),
+        Q5K => safe_dot!(Q5K, k::q5_k),
+        Q6K => safe_dot!(Q6K, k::q6_k),
+        IQ4XS => safe_dot!(IQ4XS, k::iq4_xs),
+        IQ3S => safe_dot!(IQ3S, k::iq3_s),
+        IQ3XXS => safe_dot!(IQ3XXS, k::iq3_xxs),
+        IQ2XXS => safe_dot!(IQ2XXS, k::iq2_xxs),
+        IQ2XS => safe_dot!(IQ2XS, k::iq2_xs),
+        IQ2S => safe_dot!(IQ2S, k::iq2_s),
+        TQ2_0 => safe_dot!(TQ2_0, k::tq2_0),
+        TQ1_0 => safe_dot!(TQ1_0, k::tq1_0),
+        IQ1S => safe_dot!(IQ1S, k::iq1_s),
+        IQ1M => safe_dot!(IQ1M, k::iq1_m),
         _ => return None,
     })
 }
@@ -263,21 +252,11 @@ pub fn kernel_many(w: GgmlType) -> Option<DotFn> {
     if !cpu::has_avx2() {
         return None;
     }
-    macro_rules! safe {
-        ($t:ident, $f:path) => {{
-            fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
-                // SAFETY: handed out only when the CPU runs AVX2+FMA; lengths asserted.
-                unsafe { $f(n, w, a) }
-            }
-            wrap as DotFn
-        }};
-    }
     Some(match w {
-        F32 => safe!(F32, f32_dot_many),
-        Q6K => safe!(Q6K, k::q6_k_tiled),
-        IQ3S => safe!(IQ3S, k::iq3_s_tiled),
-        Q4K => safe!(Q4K, k::q4_k_gemm),
+        F32 => safe_dot!(F32, f32_dot_many),
+        Q6K => safe_dot!(Q6K, k::q6_k_tiled),
+        IQ3S => safe_dot!(IQ3S, k::iq3_s_tiled),
+        Q4K => safe_dot!(Q4K, k::q4_k_gemm),
         _ => return None,
     })
 }

@@ -57,10 +57,9 @@ mod exact {
     use std::sync::atomic::Ordering;
 
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn prefetch_keeps_results_bitwise() {
-        if !Isa::Avx2.available() {
-            return;
-        }
+        crate::quant::dot::require_isa(Isa::Avx2, "prefetch_keeps_results_bitwise");
         for w in [
             GgmlType::Q4K,
             GgmlType::Q5K,

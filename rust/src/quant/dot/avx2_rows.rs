@@ -301,10 +301,9 @@ mod exact {
     }
 
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn grouped_rows_equal_one_row_kernel_bitwise() {
-        if !Isa::Avx2.available() {
-            return;
-        }
+        crate::quant::dot::require_isa(Isa::Avx2, "grouped_rows_equal_one_row_kernel_bitwise");
         for w in [GgmlType::Q4K, GgmlType::Q6K] {
             let mut rng = Rng::new(17 + w.id() as u64);
             for n in [256usize, 768, 2048] {
@@ -336,10 +335,9 @@ mod exact {
     }
 
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn grouped_rows_extremes_bitwise() {
-        if !Isa::Avx2.available() {
-            return;
-        }
+        crate::quant::dot::require_isa(Isa::Avx2, "grouped_rows_extremes_bitwise");
         let n = 512;
         for w in [GgmlType::Q4K, GgmlType::Q6K] {
             let mut rng = Rng::new(3);

@@ -22,30 +22,19 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
     if !cpu::has_avx512() || (vnni && !cpu::has_vnni()) {
         return None;
     }
-    macro_rules! safe {
-        ($t:ident, $f:path) => {{
-            fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                super::assert_operands(GgmlType::$t, n, w.len(), a.len());
-                // SAFETY: `kernel` hands this out only when the CPU runs the ISA, and the
-                // slices hold exactly the row and activation of n elements (asserted).
-                unsafe { $f(n, w, a) }
-            }
-            wrap as DotFn
-        }};
-    }
     Some(match w {
-        F16 => safe!(F16, f16_dot),
-        BF16 => safe!(BF16, bf16_dot),
-        Q4_0 if vnni => safe!(Q4_0, q4_0_vnni),
-        Q4_0 => safe!(Q4_0, q4_0),
-        IQ4NL if vnni => safe!(IQ4NL, iq4_nl_vnni),
-        IQ4NL => safe!(IQ4NL, iq4_nl),
-        Q2K => safe!(Q2K, q2_k),
-        Q3K => safe!(Q3K, q3_k),
-        Q4K => safe!(Q4K, q4_k),
-        Q5K => safe!(Q5K, q5_k),
-        IQ4XS => safe!(IQ4XS, iq4_xs),
-        IQ3XXS => safe!(IQ3XXS, iq3_xxs),
+        F16 => safe_dot!(F16, f16_dot),
+        BF16 => safe_dot!(BF16, bf16_dot),
+        Q4_0 if vnni => safe_dot!(Q4_0, q4_0_vnni),
+        Q4_0 => safe_dot!(Q4_0, q4_0),
+        IQ4NL if vnni => safe_dot!(IQ4NL, iq4_nl_vnni),
+        IQ4NL => safe_dot!(IQ4NL, iq4_nl),
+        Q2K => safe_dot!(Q2K, q2_k),
+        Q3K => safe_dot!(Q3K, q3_k),
+        Q4K => safe_dot!(Q4K, q4_k),
+        Q5K => safe_dot!(Q5K, q5_k),
+        IQ4XS => safe_dot!(IQ4XS, iq4_xs),
+        IQ3XXS => safe_dot!(IQ3XXS, iq3_xxs),
         _ => return None,
     })
 }

@@ -3,8 +3,8 @@
 //! For each weight type the activation is quantized to the type ggml pairs it with
 //! (`GgmlType::vec_dot_type`: Q8_0, Q8_1 or Q8_K; identity for float types), exactly as
 //! ggml's reference quantizers round. The scalar kernels are the reference; AVX2 and
-//! AVX-512 versions are chosen once at run time by CPU feature detection (or forced with
-//! `STRATA_ISA=scalar|avx2|avx512`, read once, or per call with [`vec_dot_isa`]).
+//! AVX-512 versions are chosen once at run time by CPU feature detection (or fixed with
+//! [`set_active_isa`]: the settings' `isa`, `STRATA_ISA`; or per call with [`vec_dot_isa`]).
 //!
 //! Every kernel computes exact integer sums per block (or sub-block) and combines them with
 //! the float scales in a fixed order (see `common`), so the SIMD versions, which vectorise
@@ -12,8 +12,24 @@
 //! bitwise equal to the scalar ones. docs/QUANT.md states the error bound against the float
 //! dot of the dequantized operands.
 
-// The kernels index by position as the block formats are specified (FORMATS.md §2).
+// The kernels index by position as the block formats are specified (docs/FORMATS.md §2).
 #![allow(clippy::needless_range_loop)]
+
+/// The `DotFn` of an ISA's `unsafe` kernel `$f` for weight type `$t`: asserts the operand
+/// lengths, then calls it. Every ISA table (`avx2::kernel`, `kernel_many`, `avx512::kernel`)
+/// builds its entries with it, after its CPU check.
+macro_rules! safe_dot {
+    ($t:ident, $f:path) => {{
+        fn wrap(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            $crate::quant::dot::assert_operands($crate::quant::GgmlType::$t, n, w.len(), a.len());
+            // SAFETY: the tables hand this out only when the CPU runs the ISA (checked before
+            // the table is built), and the slices hold exactly the row and activation of n
+            // elements (asserted).
+            unsafe { $f(n, w, a) }
+        }
+        wrap as $crate::quant::dot::DotFn
+    }};
+}
 
 mod act;
 mod common;
@@ -99,6 +115,18 @@ pub fn best_isa() -> Isa {
         .unwrap_or(Isa::Scalar)
 }
 
+/// The guard of an ISA test: such tests are `#[ignore]`d in `cargo test` and run by
+/// tests/test_isa.py (`-- --ignored`), which reports each as skipped, with the reason, where
+/// the CPU lacks its ISA; run without the ISA, the test fails instead of passing unchecked.
+#[cfg(test)]
+pub(crate) fn require_isa(isa: Isa, test: &str) {
+    assert!(
+        isa.available(),
+        "{test} needs {} and this CPU lacks it: tests/test_isa.py runs it only where it can",
+        isa.name()
+    );
+}
+
 static ACTIVE: OnceLock<Isa> = OnceLock::new();
 
 /// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an
@@ -117,32 +145,10 @@ pub fn set_active_isa(isa: Isa) -> Result<()> {
     Ok(())
 }
 
-/// The ISA `vec_dot` uses: as set by `set_active_isa`, else `STRATA_ISA` if set (capped at
-/// what the CPU runs), else the best. Chosen once per process.
+/// The ISA `vec_dot` uses: as set by `set_active_isa` (the settings object's `isa`, through
+/// `Model.open`), else the best this CPU runs. Chosen once per process.
 pub fn active_isa() -> Isa {
-    *ACTIVE.get_or_init(|| {
-        let want = match std::env::var("STRATA_ISA") {
-            Ok(s) if !s.is_empty() && s != "auto" => match Isa::from_name(&s) {
-                Some(i) => i,
-                None => {
-                    eprintln!("strata: STRATA_ISA={s:?} is not scalar|avx2|avx512; using auto");
-                    best_isa()
-                }
-            },
-            _ => best_isa(),
-        };
-        if want.available() {
-            want
-        } else {
-            let got = best_isa();
-            eprintln!(
-                "strata: STRATA_ISA={} is not supported by this CPU; using {}",
-                want.name(),
-                got.name()
-            );
-            got
-        }
-    })
+    *ACTIVE.get_or_init(best_isa)
 }
 
 const N_TYPES: usize = 43;

@@ -155,30 +155,19 @@ fn simd_equals_scalar(isa: Isa) -> usize {
     checked
 }
 
-/// Report a skipped check on stderr directly, past libtest's output capture, so that it is
-/// seen in every run (Rust tests cannot mark themselves skipped at run time).
-fn report_skip(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {msg}");
-}
-
 #[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
 fn avx2_equals_scalar() {
-    if !Isa::Avx2.available() {
-        report_skip("avx2_equals_scalar: this CPU lacks AVX2/FMA/F16C (not a pass)");
-        return;
-    }
+    super::require_isa(Isa::Avx2, "avx2_equals_scalar");
     let n = simd_equals_scalar(Isa::Avx2);
     println!("avx2: {n} native kernels equal scalar");
     assert!(n >= 5);
 }
 
 #[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
 fn avx512_equals_scalar() {
-    if !Isa::Avx512.available() {
-        report_skip("avx512_equals_scalar: this CPU lacks AVX-512 F/BW/VL (not a pass)");
-        return;
-    }
+    super::require_isa(Isa::Avx512, "avx512_equals_scalar");
     let n = simd_equals_scalar(Isa::Avx512);
     println!("avx512: {n} native kernels equal scalar");
     assert!(n >= 5);
@@ -291,12 +280,10 @@ fn q8_0_rounds_half_to_even() {
 }
 
 #[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
 fn simd_kernels_check_their_slices() {
+    super::require_isa(Isa::Avx2, "simd_kernels_check_their_slices");
     let isa = best_isa();
-    if isa == Isa::Scalar {
-        report_skip("simd_kernels_check_their_slices: no SIMD ISA on this CPU (not a pass)");
-        return;
-    }
     for w in [GgmlType::Q4K, GgmlType::Q8_0, GgmlType::F32] {
         let k = kernel_for(isa, w).unwrap();
         let n = 512;

@@ -1,4 +1,6 @@
-"""Type stubs for the Rust extension `strata._core` (checked by mypy.stubtest)."""
+"""Type stubs for the Rust extension `strata._core` (checked by mypy.stubtest): the product's
+surface. The kernel test and benchmark hooks are the private submodule `strata._core._testing`
+(`_testing.pyi`), for tests/ and bench/ only."""
 
 from collections.abc import Sequence
 from os import PathLike
@@ -6,6 +8,7 @@ from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
+from strata._core import _testing as _testing  # the private test hooks (_testing.pyi)
 
 __all__ = [
     "ConfigError",
@@ -28,39 +31,15 @@ __all__ = [
     "ShapeError",
     "StrataError",
     "__version__",
+    "_testing",
     "cpu_features",
     "default_pcie_frac",
     "dequantize_bytes",
     "dot_isa",
     "dot_isas",
     "evict_page_cache",
-    "gpu_add_copy",
-    "gpu_argmax",
-    "gpu_attention",
-    "gpu_bad_launch",
-    "gpu_bench_attention",
-    "gpu_bench_matmul",
-    "gpu_bench_matmul_graph",
-    "gpu_bench_moe",
-    "gpu_bench_norm",
-    "gpu_bench_router",
-    "gpu_copy_gbps",
-    "gpu_get_rows",
     "gpu_info",
-    "gpu_kernel_params",
-    "gpu_matmul",
-    "gpu_moe",
-    "gpu_norm_add_rms",
-    "gpu_norm_rms",
-    "gpu_quant_supports",
-    "gpu_rope_neox",
-    "gpu_rope_qkv",
-    "gpu_roundtrip",
-    "gpu_router_topk",
-    "gpu_smoke",
-    "gpu_smoke_graph",
     "gpu_status",
-    "gpu_time_smoke",
     "matmul_reference",
     "model_fingerprint",
     "moe_reference",
@@ -112,27 +91,29 @@ class Model:
     @staticmethod
     def open(
         path: str | PathLike[str],
-        n_ctx: int = 4096,
+        # keywords named like a strata.config.Config field: None takes its default
+        n_ctx: int | None = None,
         n_slots: int = 1,
-        kv_type: str = "f16",
-        prefill_chunk: int = 512,
-        threads: int = 0,
-        host_participates: bool = True,
-        pool_pipeline: bool = False,
-        device: str = "cpu",
+        kv_type: str | None = None,
+        prefill_chunk: int | None = None,
+        threads: int | None = None,
+        host_participates: bool | None = None,
+        pool_pipeline: bool | None = None,
+        device: str | None = None,
         cuda_graph: bool = True,
-        vram_budget_mib: int = ...,
-        vram_reserve_mib: int = 700,
+        vram_budget_mib: int | None = None,
+        vram_reserve_mib: int | None = None,
         vram_slots: int = ...,
-        adapt_every: int = 16,
-        adapt_swaps: int = 4,
-        tier_async: bool = False,
+        adapt_every: int | None = None,
+        adapt_swaps: int | None = None,
+        tier_async: bool | None = None,
         profile: Profile | None = None,
-        stream_min_tokens: int = 64,
-        stream_chunk: int = 4096,
-        stream_threads: int = 0,
-        cpu_repack: bool = True,
-        pcie_frac: float = 0.0,
+        stream_min_tokens: int | None = None,
+        stream_chunk: int | None = None,
+        stream_threads: int | None = None,
+        cpu_repack: bool | None = None,
+        pcie_frac: float | None = None,
+        isa: str | None = None,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...
@@ -155,6 +136,8 @@ class Model:
     def truncate(self, slot: int, n: int) -> None: ...
     def routing_counts(self) -> npt.NDArray[np.float32]: ...
     def routing_counters(self, decayed: bool = True) -> RoutingCounters: ...
+    @property
+    def counts_routing(self) -> bool: ...
     def set_tier(self, tier: ExpertTier) -> None: ...
     def set_readahead(self, threads: int, extra: int = 0) -> None: ...
     def readahead_stats(self) -> dict[str, int] | None: ...
@@ -163,53 +146,6 @@ class Model:
     def hybrid_info(self) -> dict[str, Any] | None: ...
 
 def runnable_types() -> list[str]: ...
-def gpu_norm_rms(
-    x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
-) -> npt.NDArray[np.float32]: ...
-def gpu_norm_add_rms(
-    x: npt.NDArray[np.float32], y: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
-def gpu_rope_neox(
-    x: npt.NDArray[np.float32],
-    cos: npt.NDArray[np.float32],
-    sin: npt.NDArray[np.float32],
-    pos0: int,
-    n_rot: int,
-) -> npt.NDArray[np.float32]: ...
-def gpu_rope_qkv(
-    kv: str,
-    q: npt.NDArray[np.float32],
-    k: npt.NDArray[np.float32],
-    v: npt.NDArray[np.float32],
-    qn: npt.NDArray[np.float32],
-    kn: npt.NDArray[np.float32],
-    cos: npt.NDArray[np.float32],
-    sin: npt.NDArray[np.float32],
-    pos0: int,
-    slot: int,
-    kc: npt.NDArray[np.uint8],
-    vc: npt.NDArray[np.uint8],
-    n_rot: int,
-    eps: float,
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8], npt.NDArray[np.uint8]]: ...
-def gpu_attention(
-    kv: str,
-    q: npt.NDArray[np.float32],
-    kc: npt.NDArray[np.uint8],
-    vc: npt.NDArray[np.uint8],
-    pos0: int,
-    slot: int,
-    n_split: int,
-    scale: float,
-) -> npt.NDArray[np.float32]: ...
-def gpu_router_topk(
-    logits: npt.NDArray[np.float32], k: int, norm: bool
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]: ...
-def gpu_argmax(x: npt.NDArray[np.float32]) -> npt.NDArray[np.int32]: ...
-def gpu_copy_gbps(mib: int, reps: int) -> float: ...
-def gpu_add_copy(
-    x: npt.NDArray[np.float32], y: npt.NDArray[np.float32]
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 def set_dot_isa(isa: str) -> None: ...
 
 @final
@@ -406,61 +342,3 @@ def pcie_probe_gbps(mib: int = 64) -> float: ...
 def default_pcie_frac(link_gbps: float, cpu_gbps: float) -> float: ...
 def gpu_status() -> tuple[bool, str]: ...
 def gpu_info() -> dict[str, Any]: ...
-def gpu_roundtrip(data: bytes, offset: int = 0, length: int | None = None) -> bytes: ...
-def gpu_smoke(x: npt.NDArray[np.float32], a: float, b: float) -> npt.NDArray[np.float32]: ...
-def gpu_smoke_graph(
-    x: npt.NDArray[np.float32], a: float, b: float, replays: int
-) -> npt.NDArray[np.float32]: ...
-def gpu_time_smoke(n: int, reps: int) -> float: ...
-def gpu_kernel_params(name: str) -> list[int] | None: ...
-def gpu_bad_launch() -> None: ...
-def gpu_matmul(
-    type_name: str, w: bytes, rows: int, k: int, x: npt.NDArray[np.float32]
-) -> npt.NDArray[np.float32]: ...
-def gpu_get_rows(
-    type_name: str, w: bytes, rows: int, k: int, ids: npt.NDArray[np.int32]
-) -> npt.NDArray[np.float32]: ...
-def gpu_moe(
-    ty_gate: str,
-    ty_up: str,
-    ty_down: str,
-    gate: Sequence[bytes | None],
-    up: Sequence[bytes | None],
-    down: Sequence[bytes | None],
-    ff: int,
-    h: int,
-    ids: npt.NDArray[np.int32],
-    weights: npt.NDArray[np.float32],
-    x: npt.NDArray[np.float32],
-    y: npt.NDArray[np.float32],
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
-def gpu_quant_supports(type_name: str) -> bool: ...
-def gpu_bench_matmul(
-    type_name: str, rows: int, k: int, n_tok: int, reps: int
-) -> tuple[float, int]: ...
-def gpu_bench_moe(
-    ty_gate_up: str,
-    ty_down: str,
-    n_expert: int,
-    ff: int,
-    h: int,
-    top_k: int,
-    n_tok: int,
-    reps: int,
-    variant: str = "current",
-    graph: bool = False,
-) -> tuple[float, float, int, int]: ...
-def gpu_bench_norm(n: int, rows: int, fused: bool, reps: int) -> float: ...
-def gpu_bench_attention(
-    kv: str, n_head: int, n_kv: int, d: int, n_ctx: int, pos: int, n_tok: int, reps: int
-) -> float: ...
-def gpu_bench_router(n_expert: int, k: int, n_tok: int, reps: int) -> float: ...
-def gpu_bench_matmul_graph(
-    type_name: str,
-    rows: int,
-    k: int,
-    n_tok: int,
-    reps: int,
-    row_per_block: bool | None = None,
-    staged: bool | None = None,
-) -> float: ...

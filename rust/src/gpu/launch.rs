@@ -1,0 +1,129 @@
+//! `Launcher`: what one chunk's kernel launches use — the GPU, the compute stream, the quant
+//! kernels, the weights in VRAM, the KV layout and the buffers (`Bufs`). The kernel sequence
+//! itself is `step.rs`; where the routed experts run is the MoE placement's (`placement.rs`).
+//!
+//! Legend: T = tokens in a chunk (≤ chunk = min(max_chunk, n_ctx), or the hybrid placement's
+//! streamed chunk when longer: the buffers hold the longer), H = hidden, Nh / Nkv =
+//! query / KV heads, D = head dim, E = experts, K = experts used, F = expert FFN width,
+//! V = vocab, C = n_ctx.
+//! Every per-call value the kernels need (pos0, slot, token ids) sits in one device buffer
+//! (`params` i32 [2 + chunk]) written before the launches, so the one-token decode step is
+//! captured once as a CUDA graph and replayed for any slot and position.
+
+use super::weights::GpuWeights;
+use crate::cuda::ops::attention::{self, KvLayout};
+use crate::cuda::ops::quant::{self, QuantOps};
+use crate::cuda::ops::view::{bytes, prod};
+use crate::cuda::{DevBuf, Gpu, Stream};
+use crate::error::Result;
+use crate::model::ops::Rope;
+use crate::model::HParams;
+use std::sync::Arc;
+
+/// Chunks of at most this many tokens use the decode attention kernel (split over the
+/// positions); longer ones the prefill kernel.
+pub const DECODE_MAX_TOKENS: usize = 8;
+/// Logit rows computed per output-head launch (bounds the logits buffer).
+pub(super) const LOGIT_ROWS: usize = 64;
+
+pub(super) struct Bufs {
+    pub params: DevBuf,  // i32 [2 + chunk]: pos0, slot, token ids
+    pub x: DevBuf,       // f32 [T, H] residual stream
+    pub h: DevBuf,       // f32 [T, H] normed block input
+    pub o: DevBuf,       // f32 [T, H] attention output projection
+    pub q: DevBuf,       // f32 [T, Nh·D]
+    pub att: DevBuf,     // f32 [T, Nh·D]
+    pub k: DevBuf,       // f32 [T, Nkv·D]
+    pub v: DevBuf,       // f32 [T, Nkv·D]
+    pub router: DevBuf,  // f32 [T, E]
+    pub ids: DevBuf,     // i32 [T, K]
+    pub wts: DevBuf,     // f32 [T, K]
+    pub act: DevBuf,     // f32 [T, K, F]
+    pub scratch: DevBuf, // the quant kernels' scratch
+    pub part_o: DevBuf,  // decode attention partials
+    pub part_ml: DevBuf,
+    pub logits: DevBuf, // f32 [LOGIT_ROWS, V]
+    pub kc: DevBuf,     // K cache (KvLayout)
+    pub vc: DevBuf,     // V cache
+    pub cos: DevBuf,    // f32 [C, n_rot/2]
+    pub sin: DevBuf,    // f32 [C, n_rot/2]
+}
+
+fn alloc_f32(gpu: &Gpu, dims: &[usize]) -> Result<DevBuf> {
+    gpu.alloc(bytes(prod(dims)?, 4)?)
+}
+
+impl Bufs {
+    /// The buffers for chunks of `t` tokens and the KV cache of layout `lay` (zeroed: a
+    /// never-written position holds zeros, not garbage), on `stream`, which is idle after.
+    pub(super) fn new(
+        gpu: &Gpu,
+        stream: &Stream,
+        hp: &HParams,
+        lay: &KvLayout,
+        t: usize,
+        n_ctx: usize,
+        n_split: usize,
+    ) -> Result<Bufs> {
+        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
+        let td = t.min(DECODE_MAX_TOKENS);
+        let (po, pml) = attention::part_bytes(td, hp.n_head, n_split, hp.head_dim)?;
+        let scratch = [hd, qd]
+            .iter()
+            .map(|&kk| quant::scratch_bytes(kk, t))
+            .chain([quant::moe_scratch_bytes(hd, f, k, t)])
+            .max()
+            .unwrap_or(0);
+        // cos/sin of every position, from the CPU path's table (exact parity of the angles)
+        let rope = Rope::new(hp);
+        let half = hp.n_rot / 2;
+        let mut cos = vec![0f32; n_ctx * half];
+        let mut sin = vec![0f32; n_ctx * half];
+        for p in 0..n_ctx {
+            let r = p * half..(p + 1) * half;
+            rope.table(p, &mut cos[r.clone()], &mut sin[r]);
+        }
+        let b = Bufs {
+            params: gpu.alloc(bytes(2 + t, 4)?)?,
+            x: alloc_f32(gpu, &[t, hd])?,
+            h: alloc_f32(gpu, &[t, hd])?,
+            o: alloc_f32(gpu, &[t, hd])?,
+            q: alloc_f32(gpu, &[t, qd])?,
+            att: alloc_f32(gpu, &[t, qd])?,
+            k: alloc_f32(gpu, &[t, kvd])?,
+            v: alloc_f32(gpu, &[t, kvd])?,
+            router: alloc_f32(gpu, &[t, e])?,
+            ids: alloc_f32(gpu, &[t, k])?,
+            wts: alloc_f32(gpu, &[t, k])?,
+            act: alloc_f32(gpu, &[t, k, f])?,
+            scratch: gpu.alloc(scratch)?,
+            part_o: gpu.alloc(po)?,
+            part_ml: gpu.alloc(pml)?,
+            logits: alloc_f32(gpu, &[LOGIT_ROWS.min(t), hp.n_vocab])?,
+            kc: gpu.alloc(lay.total())?,
+            vc: gpu.alloc(lay.total())?,
+            cos: gpu.upload_pod(&cos)?,
+            sin: gpu.upload_pod(&sin)?,
+        };
+        b.kc.zero(stream)?;
+        b.vc.zero(stream)?;
+        b.part_ml.zero(stream)?; // the decode kernel's finish counters start at zero
+        stream.sync()?;
+        Ok(b)
+    }
+}
+
+/// What the launches of one chunk use (read-only during a step: the MoE placement borrows it
+/// beside its own state).
+pub(super) struct Launcher {
+    pub gpu: Arc<Gpu>,
+    pub stream: Stream,
+    pub q: QuantOps,
+    pub w: GpuWeights,
+    pub hp: HParams,
+    pub lay: KvLayout,
+    pub b: Bufs,
+    /// Position splits of the decode attention kernel.
+    pub n_split: usize,
+}

@@ -1,0 +1,110 @@
+"""`strata.config.Config` is the one table of settings and defaults (issue #24): the keyword
+defaults of `_core.Model.open` come from it, the engine's field lists derive from it, unknown
+`STRATA_*` variables warn with the closest setting, the TEST-ONLY switches stay out of
+`--help` and `/v1/status`, and `threads` counts every compute thread as llama.cpp's `-t`."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import warnings
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from models import TestModels
+from strata import _core
+from strata.config import Config, UnknownSettingWarning
+from strata.engine.backend import MODEL_FIELDS, SERVER_FIELDS
+
+
+def test_model_open_takes_its_defaults_from_config() -> None:
+    params = inspect.signature(_core.Model.open).parameters
+    names = {f.name for f in fields(Config)}
+    core = set(Config.names("core"))
+    for name in core:
+        assert name in params, f"Config.{name} is marked core but Model.open lacks it"
+        assert params[name].default is None, f"Model.open({name}=...) names its own default"
+    # a Model.open keyword named like a setting is a core setting ("profile" there is the
+    # loaded Profile object, Config.profile its path)
+    assert (set(params) & names) - core == {"profile"}
+
+
+def test_model_open_left_out_keywords_are_configs_defaults(test_models: TestModels) -> None:
+    micro: Path = TestModels(test_models.root, test_models.spec.micro()).f32()
+    hp = _core.Model.open(micro).hparams
+    d = Config()
+    assert (hp["n_ctx"], hp["kv_type"], hp["prefill_chunk"], hp["device"]) == (
+        d.n_ctx,
+        d.kv_type,
+        d.prefill_chunk,
+        d.device,
+    )
+
+
+def test_field_groups_cover_every_field_once() -> None:
+    names = [f.name for f in fields(Config)]
+    groups = [Config.names(g) for g in ("model", "server", "test")]
+    assert sorted(n for g in groups for n in g) == sorted(names)
+    assert Config.names("model") == MODEL_FIELDS
+    assert set(SERVER_FIELDS) == set(Config.names("server", "test"))
+    assert set(Config.names("core")) <= set(MODEL_FIELDS)
+    with pytest.raises(ValueError):
+        Config.names("nope")
+
+
+def test_unknown_strata_variable_warns_with_the_closest_setting() -> None:
+    with pytest.warns(UnknownSettingWarning, match="STRATA_THREAD .*did you mean STRATA_THREADS"):
+        c = Config.load(env={"STRATA_THREAD": "2", "STRATA_N_CTX": "64"})
+    assert c.n_ctx == 64 and c.threads == Config().threads
+    with pytest.warns(UnknownSettingWarning, match="STRATA_ZZZ names no Strata setting$"):
+        Config.load(env={"STRATA_ZZZ": "1"})
+    # settings and the build's / harness's own variables do not warn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Config.load(env={"STRATA_THREADS": "2", "STRATA_REQUIRE_KERNELS": "1", "PATH": "/x"})
+        Config.load(env={"STRATA_ISA": "scalar", "STRATA_CONFIG": ""})
+
+
+def test_isa_is_a_setting() -> None:
+    assert Config.load(env={"STRATA_ISA": "avx2"}).isa == "avx2"
+    with pytest.raises(Exception, match="isa"):
+        Config.load(env={"STRATA_ISA": "sse9"})
+
+
+def test_test_only_fields_are_not_advertised() -> None:
+    test_only = Config.names("test")
+    assert test_only == ("fake_step_ms", "fake_load_s", "test_faults")
+    p = argparse.ArgumentParser()
+    Config.add_arguments(p)
+    text = p.format_help()
+    assert "TEST-ONLY" not in text
+    for name in test_only:
+        assert "--" + name.replace("_", "-") not in text
+    # still settable (the tests' fake engine reads them)
+    ns = p.parse_args(["--fake-step-ms", "5", "--test-faults"])
+    c = Config.from_args(ns)
+    assert c.fake_step_ms == 5.0 and c.test_faults
+    shown = c.public_dict()
+    assert not set(test_only) & set(shown)
+    assert shown["n_ctx"] == c.n_ctx
+
+
+def _threads_now() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_threads_counts_the_caller_as_llama_cpp_t(test_models: TestModels) -> None:
+    """`threads=N` starts N − 1 pool workers: the calling thread is the N-th (it takes work);
+    without host participation the pool has N workers."""
+    micro: Path = TestModels(test_models.root, test_models.spec.micro()).f32()
+    for threads, host, workers in ((2, True, 1), (3, True, 2), (1, True, 0), (2, False, 2)):
+        before = _threads_now()
+        m = _core.Model.open(micro, n_ctx=32, threads=threads, host_participates=host)
+        started = _threads_now() - before
+        assert started == workers, (threads, host, started)
+        out = m.forward(0, [1, 2, 3])
+        assert out.shape == (m.n_vocab,)
+        del m

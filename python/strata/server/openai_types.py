@@ -39,6 +39,21 @@ _STATUS_TYPE = {
     504: "timeout_error",
 }
 
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors); 503 (loading,
+# draining) is its "overloaded_error", the type of a temporary refusal.
+_ANTHROPIC_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # routes whose errors take Anthropic's shape
+
 
 class APIError(Exception):
     def __init__(
@@ -57,6 +72,16 @@ class APIError(Exception):
         self.code = code
         self.type = type or _STATUS_TYPE.get(status, "invalid_request_error")
         self.headers = headers or {}
+
+    def body_for(self, path: str) -> dict[str, Any]:
+        """The error body in the shape of the API that `path` belongs to."""
+        if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS):
+            return self.anthropic_body()
+        return self.body()
+
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPE.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def body(self) -> dict[str, Any]:
         return {

@@ -1,5 +1,5 @@
-"""HTTP endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /tokenize,
-/detokenize, /v1/status, /metrics.
+"""HTTP endpoints: / (the web page), /v1/chat/completions, /v1/completions, /v1/models,
+/health, /tokenize, /detokenize, /v1/status, /metrics (the Anthropic ones: `anthropic_api`).
 
 Every check that can fail runs before a stream starts (so it is a plain HTTP error); once the
 200 head of a stream is out, an engine failure is a `data: {"error": …}` event.
@@ -12,6 +12,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -45,6 +46,7 @@ from strata.server.openai_types import (
 )
 from strata.server.state import ServerState
 from strata.server.tokenizing import ServerTokenizer
+from strata.server.webui import index
 
 FINGERPRINT = f"strata-{__version__}"
 ENCODE_INLINE_CHARS = 8192
@@ -181,11 +183,20 @@ async def chat_completions(request: Request) -> Response | sse.SSEResponse:
     req: ChatRequest = convert(await read_json(request), ChatRequest)
     st.check_model(req.model)
     client, tok = st.ready()
+    ids, plan = await prepare_chat(st, tok, req)
+    return await _generate(request, st, client, tok, "chat", [ids], plan, t0)
+
+
+async def prepare_chat(
+    st: ServerState, tok: ServerTokenizer, req: ChatRequest
+) -> tuple[list[int], Plan]:
+    """A chat request's prompt ids and plan (shared with the Anthropic route, which
+    translates its requests into `ChatRequest`s)."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
     ids = await encode(tok, render_chat(tok, chat_messages(req)), True)
-    return await _generate(request, st, client, tok, "chat", [ids], plan, t0)
+    return ids, plan
 
 
 async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
@@ -227,8 +238,21 @@ def _seed(base: int | None, j: int) -> int | None:
     return None if base is None else (base + j) & MAX_SEED
 
 
-async def _generate(
-    request: Request,
+@dataclass(slots=True)
+class Submitted:
+    """A request's sequences in the engine: one `SeqRun` per choice (prompt × n)."""
+
+    rid: str
+    runs: list[SeqRun]
+    streams: list[SeqStream]
+    client: EngineClient
+
+    def cancel_all(self) -> None:
+        for s in self.streams:
+            self.client.cancel(s)
+
+
+def submit(
     st: ServerState,
     client: EngineClient,
     tok: ServerTokenizer,
@@ -236,9 +260,12 @@ async def _generate(
     prompts: list[list[int]],
     plan: Plan,
     t0: float,
-) -> Response | sse.SSEResponse:
+    rid: str,
+    param: str = "prompt",
+) -> Submitted:
+    """Checks the prompts against the context and queues them (n choices each); the 4xx/5xx
+    that says why not. Shared by every generating route (OpenAI and Anthropic)."""
     n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
-    param = "messages" if endpoint == "chat" else "prompt"
     for p in prompts:
         if not p:
             raise APIError(400, f"{param}: the prompt is empty", param=param)
@@ -264,17 +291,28 @@ async def _generate(
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
     except Unavailable as e:
         raise APIError(503, str(e), code="unavailable") from None
-    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
     runs = [
         SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint)
         for i, s in enumerate(streams)
     ]
+    return Submitted(rid, runs, streams, client)
+
+
+async def _generate(
+    request: Request,
+    st: ServerState,
+    client: EngineClient,
+    tok: ServerTokenizer,
+    endpoint: str,
+    prompts: list[list[int]],
+    plan: Plan,
+    t0: float,
+) -> Response | sse.SSEResponse:
+    param = "messages" if endpoint == "chat" else "prompt"
+    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
+    sub = submit(st, client, tok, endpoint, prompts, plan, t0, rid, param)
+    runs, streams, cancel_all = sub.runs, sub.streams, sub.cancel_all
     shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0)
-
-    def cancel_all() -> None:
-        for s in streams:
-            client.cancel(s)
-
     if plan.stream:
         return sse.SSEResponse(_stream(shape, runs, st, streams), cancel_all)
     return await _complete(request, shape, runs, st, streams, cancel_all)
@@ -286,7 +324,7 @@ def _with_seed(p: SamplingParams, seed: int | None) -> SamplingParams:
     return msgspec.structs.replace(p, seed=seed)
 
 
-def _engine_error(e: BaseException) -> APIError:
+def engine_error(e: BaseException) -> APIError:
     if isinstance(e, DeadlineExceeded):
         return APIError(504, "request deadline exceeded", code="timeout")
     if isinstance(e, Unavailable):
@@ -408,9 +446,30 @@ async def _stream(
         outcome = "ok"
     except (EngineError, DeadlineExceeded, Unavailable) as e:
         outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
-        yield sse.event(_engine_error(e).body())
+        yield sse.event(engine_error(e).body())
     finally:
         st.metrics.request_done(endpoint, outcome, shape.t0)
+
+
+async def until_done_or_gone(request: Request, work: asyncio.Task[None], cancel: Any) -> bool:
+    """Waits for `work` unless the client disconnects first (then cancels it and the
+    engine sequences); True when the work ran to its end (result or exception)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+    return not work.cancelled()
 
 
 async def _complete(
@@ -438,22 +497,8 @@ async def _complete(
                 if d.tier is not None:
                     shape.tier.append(d.tier)
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     work = asyncio.create_task(collect())
-    watch = asyncio.create_task(disconnected())
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            cancel_all()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
-    if work.cancelled():
+    if not await until_done_or_gone(request, work, cancel_all):
         st.metrics.request_done(endpoint, "cancelled", shape.t0)
         return Response(status_code=499)
     err = work.exception()
@@ -461,7 +506,7 @@ async def _complete(
         cancel_all()
         st.metrics.request_done(endpoint, "error", shape.t0)
         if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
-            raise _engine_error(err)
+            raise engine_error(err)
         raise err
     st.metrics.request_done(endpoint, "ok", shape.t0)
     choices = []
@@ -489,6 +534,7 @@ async def _complete(
 
 
 routes = [
+    Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),

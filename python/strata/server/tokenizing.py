@@ -147,17 +147,19 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def push(self, text: str) -> str:
         """Text safe to release; sets `stopped` (and drops the stop and all after it)."""
         if self.stopped:
             return ""
         buf = self.held + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda h: h[0])
             self.stopped = True
             self.held = ""
-            return buf[: min(hits)]
+            return buf[:at]
         keep = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), 0, -1):

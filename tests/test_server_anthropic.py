@@ -39,9 +39,12 @@ def user(text: str) -> list[Any]:
     return [{"role": "user", "content": text}]
 
 
+GREEDY = {"temperature": 0}  # Anthropic's default is 1.0; the echo is the greedy answer
+
+
 def test_create_echo_usage_and_stop_reason(client: anthropic.Anthropic) -> None:
     r = client.messages.create(
-        model=MODEL, max_tokens=64, messages=user("hello world"), extra_body={"temperature": 0}
+        model=MODEL, max_tokens=64, messages=user("hello world"), extra_body=GREEDY
     )
     assert r.type == "message" and r.role == "assistant" and r.model == MODEL
     assert r.id.startswith("msg_")
@@ -52,11 +55,17 @@ def test_create_echo_usage_and_stop_reason(client: anthropic.Anthropic) -> None:
 
 
 def test_max_tokens_and_stop_sequences(client: anthropic.Anthropic) -> None:
-    r = client.messages.create(model=MODEL, max_tokens=3, messages=user("hello world"))
+    r = client.messages.create(
+        model=MODEL, max_tokens=3, messages=user("hello world"), extra_body=GREEDY
+    )
     assert r.content[0].text == "hel" and r.stop_reason == "max_tokens"  # type: ignore[union-attr]
     assert r.usage.output_tokens == 3
     r = client.messages.create(
-        model=MODEL, max_tokens=64, messages=user("hello world"), stop_sequences=["xyz", "wor"]
+        model=MODEL,
+        max_tokens=64,
+        messages=user("hello world"),
+        stop_sequences=["xyz", "wor"],
+        extra_body=GREEDY,
     )
     assert r.content[0].text == "hello " and r.stop_reason == "stop_sequence"  # type: ignore[union-attr]
     assert r.stop_sequence == "wor"
@@ -76,13 +85,19 @@ def test_system_and_conversation_reach_the_template(client: anthropic.Anthropic)
     # three toy markers + content per message (system included), then <|assistant|>
     assert n == (2 + len(sys_text)) + (2 + 5) + (2 + 2) + (2 + 6) + 1
     r = client.messages.create(
-        model=MODEL, max_tokens=32, messages=msgs, system=[{"type": "text", "text": sys_text}]
+        model=MODEL,
+        max_tokens=32,
+        messages=msgs,
+        system=[{"type": "text", "text": sys_text}],
+        extra_body=GREEDY,
     )  # type: ignore[arg-type]
     assert r.content[0].text == "second" and r.usage.input_tokens == n  # type: ignore[union-attr]
 
 
 def test_stream_with_the_client(client: anthropic.Anthropic) -> None:
-    with client.messages.stream(model=MODEL, max_tokens=64, messages=user("streamed text")) as s:
+    with client.messages.stream(
+        model=MODEL, max_tokens=64, messages=user("streamed text"), extra_body=GREEDY
+    ) as s:
         pieces = list(s.text_stream)
         final = s.get_final_message()
     assert "".join(pieces) == "streamed text" and len(pieces) > 1
@@ -107,7 +122,9 @@ def raw_events(server: Server, body: dict[str, Any]) -> list[tuple[str, dict[str
 
 
 def test_stream_event_sequence(server: Server) -> None:
-    ev = raw_events(server, {"max_tokens": 5, "messages": user("hello world"), "stream": True})
+    ev = raw_events(
+        server, {"max_tokens": 5, "messages": user("hello world"), "stream": True, **GREEDY}
+    )
     names = [n for n, _ in ev]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
@@ -217,7 +234,9 @@ def test_client_raises_typed_errors(client: anthropic.Anthropic) -> None:
         )
     assert "nope" in bad.value.message
     with pytest.raises(anthropic.NotFoundError):
-        client.messages.create(model="elsewhere", max_tokens=8, messages=user("x"))
+        client.messages.create(
+            model="elsewhere", max_tokens=8, messages=user("x"), extra_body=GREEDY
+        )
 
 
 def test_other_errors_keep_openai_shape(server: Server) -> None:
@@ -240,8 +259,10 @@ def test_metrics_count_messages(server: Server, client: anthropic.Anthropic) -> 
         return 0.0
 
     before = ok()
-    client.messages.create(model=MODEL, max_tokens=4, messages=user("abc"))
-    with client.messages.stream(model=MODEL, max_tokens=4, messages=user("abc")) as s:
+    client.messages.create(model=MODEL, max_tokens=4, messages=user("abc"), extra_body=GREEDY)
+    with client.messages.stream(
+        model=MODEL, max_tokens=4, messages=user("abc"), extra_body=GREEDY
+    ) as s:
         s.until_done()
     assert ok() == before + 2
 
@@ -249,7 +270,7 @@ def test_metrics_count_messages(server: Server, client: anthropic.Anthropic) -> 
 def test_api_key_bearer_and_x_api_key() -> None:
     s = Server(api_key="sekrit")
     try:
-        body = {"max_tokens": 4, "messages": user("hi")}
+        body = {"max_tokens": 4, "messages": user("hi"), **GREEDY}
         r = s.http.post("/v1/messages", json=body)
         assert r.status_code == 401 and error_of(r)["type"] == "authentication_error"
         r = s.http.post("/v1/messages", json=body, headers={"x-api-key": "wrong"})

@@ -123,6 +123,7 @@ def test_chat_streams_and_monitor_updates(browser: Browser, server: Server) -> N
     r = httpx.post(
         server.url + "/v1/chat/completions",
         json={
+            "model": "strata-default",
             "messages": [{"role": "user", "content": MESSAGE}],
             "max_tokens": MAX_TOKENS,
             "temperature": 0,
@@ -132,6 +133,6 @@ def test_chat_streams_and_monitor_updates(browser: Browser, server: Server) -> N
     want = r.json()["choices"][0]
     assert shown == want["message"]["content"]
     n = r.json()["usage"]["completion_tokens"]
-    assert f"{n} tokens" in meta
+    assert f"{n} tokens" in meta and f"finish: {want['finish_reason']}" in meta
     # streamed: the text came in pieces (about one per token), not in one
     assert n > 1 and pieces > 1

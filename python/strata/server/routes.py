@@ -436,7 +436,7 @@ async def _stream(
                 shape.tier.append(d.tier)
             if shape.chat and (d.text or d.tokens):
                 yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
-                d = Delta(d.index, "")
+                d = Delta(d.index, "", finish=d.finish)
             yield sse.event(shape.chunk([shape.delta_choice(d, d.finish)]))
         if shape.plan.include_usage:
             last = shape.chunk([])

@@ -234,6 +234,8 @@ SERVER_FIELDS = (
     "max_tokens_limit",
     "max_top_logprobs",
     "served_model_name",
+    "reasoning_format",
+    "tool_call_format",
     "cache_dir",
     "drain_timeout_s",
     "engine",

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 from strata.reasoning import ReasoningParser
 from strata.server.tools import ToolCall, ToolCallParser, ToolFormat, ToolSpec
 
-Part = (
-    tuple[Literal["reasoning"], str]
-    | tuple[Literal["content"], str]
-    | tuple[Literal["call"], ToolCall]
-)
+# (kind, value): ("reasoning", text), ("content", text) or ("call", ToolCall)
+Part = tuple[str, Any]
 
 
 class AssistantParser:
@@ -46,9 +43,9 @@ class AssistantParser:
         out: list[Part] = []
         for kind, v in parts:
             if kind == "content" and self.tools is not None:
-                out += self.tools.push(v)  # type: ignore[arg-type]
+                out += self.tools.push(v)
             else:
-                out.append((kind, v))  # type: ignore[arg-type]
+                out.append((kind, v))
         if final and self.tools is not None:
             out += self.tools.finish()
         self.n_calls += sum(1 for p in out if p[0] == "call")
@@ -78,9 +75,9 @@ def split(parser: AssistantParser, text: str) -> Message:
     m = Message()
     for kind, v in parser.push(text) + parser.finish():
         if kind == "reasoning":
-            m.reasoning += v  # type: ignore[operator]
+            m.reasoning += v
         elif kind == "content":
-            m.content += v  # type: ignore[operator]
+            m.content += v
         else:
-            m.calls.append(v)  # type: ignore[arg-type]
+            m.calls.append(v)
     return m

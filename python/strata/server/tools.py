@@ -148,7 +148,7 @@ class HermesFormat:
     """`<tool_call>\\n{"name": …, "arguments": {…}}\\n</tool_call>` (Qwen2.5, Qwen3, Hermes)."""
 
     name = "hermes"
-    blocks = (("<tool_call>", "</tool_call>"),)
+    blocks: tuple[tuple[str, str], ...] = (("<tool_call>", "</tool_call>"),)
 
     def parse(self, block: str, tools: Mapping[str, ToolSpec]) -> list[ToolCall] | None:
         body = block[len("<tool_call>") : -len("</tool_call>")].strip()
@@ -199,7 +199,10 @@ class Qwen3CoderFormat:
     otherwise (text that does not parse as JSON stays a string, as vLLM's parser does)."""
 
     name = "qwen3_coder"
-    blocks = (("<tool_call>", "</tool_call>"), ("<function=", "</function>"))
+    blocks: tuple[tuple[str, str], ...] = (
+        ("<tool_call>", "</tool_call>"),
+        ("<function=", "</function>"),
+    )
 
     def parse(self, block: str, tools: Mapping[str, ToolSpec]) -> list[ToolCall] | None:
         calls = []
@@ -344,6 +347,8 @@ def template_messages(
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         d: dict[str, Any] = {"role": m["role"], "content": m.get("content") or ""}
+        if m.get("reasoning_content"):
+            d["reasoning_content"] = m["reasoning_content"]
         calls = []
         for j, c in enumerate(m.get("tool_calls") or []):
             try:
@@ -390,7 +395,8 @@ def template_messages(
 
 # -- parsing the model's text ------------------------------------------------------------------
 
-Event = tuple[Literal["content"], str] | tuple[Literal["call"], ToolCall]
+# (kind, value): ("content", text) or ("call", ToolCall)
+Event = tuple[str, Any]
 
 
 class ToolCallParser:

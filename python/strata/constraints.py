@@ -29,8 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-# Compact JSON: with free whitespace a weak model can pad until max_tokens.
-JSON_OPTIONS = {"whitespace_flexible": False}
+# JSON as Python's json.dumps writes it (what chat templates show models): fixed separators,
+# no other whitespace; with free whitespace a weak model can pad until max_tokens.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class ConstraintError(ValueError):
@@ -126,6 +127,11 @@ def llg_tokenizer(
 
 F32 = npt.NDArray[np.float32]
 
+# [256, 8] the additive bias of each bit of a mask byte (bit j of byte b: token 8*i + j)
+_BYTE_BIAS = np.where(
+    (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1 == 1, 0.0, -np.inf
+).astype(np.float32)
+
 
 class Vocabulary(Protocol):
     """What a constraint needs of a tokenizer (`strata.tokenizer.Tokenizer` is one)."""
@@ -210,9 +216,11 @@ class GrammarProcessor:
             keep[self.eos] = logits[self.eos]
             logits[...] = keep
             return
-        ok = self.allowed()
         n = min(self.n_vocab, logits.shape[-1])
-        logits[:n][~ok[:n]] = -np.inf
+        # byte b of the mask → its 8 additive biases (0 or -inf): a gather of V/8 rows, about
+        # 10x faster than unpacking the bits and indexing with them on a 151,936-entry row
+        bias = np.take(_BYTE_BIAS, self._mask.view(np.uint8), axis=0).reshape(-1)  # [32*words]
+        np.add(logits[:n], bias[:n], out=logits[:n])
         logits[n:] = -np.inf
 
     def accept(self, token: int) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from strata.constraints import JSON_OPTIONS
+
 # -- tool definitions ---------------------------------------------------------------------------
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -121,13 +123,9 @@ def _json_args(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False)
 
 
-# Compact JSON inside forced calls: a free choice of whitespace lets a weak model pad forever.
-_JSON_OPTS = {"whitespace_flexible": False}
-
-
 def _schema_json(schema: Mapping[str, Any]) -> str:
     s = dict(schema)
-    s.setdefault("x-guidance", _JSON_OPTS)
+    s.setdefault("x-guidance", JSON_OPTIONS)
     return json.dumps(s, ensure_ascii=False)
 
 

@@ -9,6 +9,7 @@ Oracles: the texts below are written in each family's documented format (Qwen's 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -19,6 +20,7 @@ from strata.reasoning import ReasoningParser, prompt_opens_reasoning
 from strata.sampling import Sampler, SamplingParams
 from strata.server import tools as T
 from strata.server.assistant import AssistantParser, split
+from strata.tokenizer import Tokenizer
 
 WEATHER = {
     "type": "function",
@@ -216,3 +218,49 @@ def test_json_schema_and_reasoning_prefix(seed: int) -> None:
 def test_bad_grammar_is_a_constraint_error() -> None:
     with pytest.raises(constraints.ConstraintError):
         constraints.check_grammar(constraints.json_schema_grammar({"type": "no-such-type"}))
+
+
+GOLDENS = Path(__file__).parent / "data" / "chat_templates.json"  # HF transformers renders
+
+
+def _as_api(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Golden messages in the shape the routes hand over (`chat_messages`): calls with their
+    arguments as JSON text, as the OpenAI API sends them."""
+    out = []
+    for i, m in enumerate(messages):
+        d = dict(m)
+        if "tool_calls" in m:
+            d["tool_calls"] = [
+                {
+                    "id": f"call_{i}_{j}",
+                    "name": c["function"]["name"],
+                    "arguments": c["function"]["arguments"]
+                    if isinstance(c["function"]["arguments"], str)
+                    else json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                }
+                for j, c in enumerate(m["tool_calls"])
+            ]
+        out.append(d)
+    return out
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c for c in json.loads(GOLDENS.read_text())["cases"] if c["template"] == "qwen3"],
+    ids=lambda c: "+".join(m["role"] for m in c["messages"]),
+)
+def test_native_template_matches_transformers(case: dict[str, Any]) -> None:
+    """Qwen3's own template (it reads `tools`): what the server renders from API-shaped
+    messages equals HF transformers' rendering of the same conversation."""
+    from strata.vocabgen import qwen3_tokenizer_dir
+
+    cfg = json.loads((qwen3_tokenizer_dir() / "tokenizer_config.json").read_text())
+    template = cfg["chat_template"]
+    tok = Tokenizer(["a"], [1], [], bos_id=None, eos_id=None, chat_template=template)
+    specs = [T.ToolSpec.from_openai(t) for t in case.get("tools") or []]
+    msgs = T.template_messages(_as_api(case["messages"]), specs, template, T.HERMES)
+    kw = dict(case.get("kwargs") or {})
+    if specs:
+        kw["tools"] = [s.openai() for s in specs]
+    got = tok.apply_chat_template(msgs, add_generation_prompt=case["add_generation_prompt"], **kw)
+    assert got == case["expected"]

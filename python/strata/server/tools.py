@@ -18,6 +18,7 @@ Interfaces (shared by the OpenAI and Anthropic routes):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import secrets
@@ -37,6 +38,7 @@ class ToolSpec:
     name: str
     description: str
     parameters: dict[str, Any]  # a JSON schema of an object
+    raw: dict[str, Any] | None = None  # the request's own entry, shown to the template as is
 
     @staticmethod
     def from_openai(obj: Any, where: str = "tools") -> ToolSpec:
@@ -55,7 +57,8 @@ class ToolSpec:
         extra = set(fn) - {"name", "description", "parameters", "strict"}
         if extra:
             raise ValueError(f"{where}.function.{sorted(extra)[0]}: unknown field")
-        return ToolSpec.make(fn.get("name"), fn.get("description"), fn.get("parameters"), where)
+        spec = ToolSpec.make(fn.get("name"), fn.get("description"), fn.get("parameters"), where)
+        return dataclasses.replace(spec, raw=dict(obj))
 
     @staticmethod
     def make(name: Any, description: Any, parameters: Any, where: str) -> ToolSpec:
@@ -73,10 +76,14 @@ class ToolSpec:
         return ToolSpec(name, description or "", dict(parameters))
 
     def openai(self) -> dict[str, Any]:
-        """The form chat templates read (HF's convention: the OpenAI tool object)."""
-        fn: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        """The form chat templates read (HF's convention: the OpenAI tool object; the
+        request's own when the tool came from one, as vLLM passes it)."""
+        if self.raw is not None:
+            return self.raw
+        fn: dict[str, Any] = {"name": self.name}
         if self.description:
             fn["description"] = self.description
+        fn["parameters"] = self.parameters
         return {"type": "function", "function": fn}
 
 

@@ -20,6 +20,7 @@ Two sides:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -265,6 +266,17 @@ class Constraints:
             if self._tok is None:
                 self._tok = vocabulary_tokenizer(self._vocabulary())
             return self._tok
+
+    def warm(self) -> None:
+        """Build the llguidance tokenizer on a background thread (seconds for a 150k-entry
+        vocabulary), so that the first constrained request does not stall the engine."""
+
+        def build() -> None:
+            # a failure is reported by the first constrained request, which builds again
+            with contextlib.suppress(Exception):
+                self.tokenizer()
+
+        threading.Thread(target=build, name="strata-llg-vocab", daemon=True).start()
 
     def processor(self, grammar: str) -> GrammarProcessor:
         return GrammarProcessor(self.tokenizer(), grammar, self.n_vocab, self.worker)

@@ -340,6 +340,15 @@ def test_fake_auto_tool_calls_stream_and_not(fake: openai.OpenAI) -> None:
     fm = final.choices[0].message
     assert final.choices[0].finish_reason == "tool_calls" and fm.content == "Checking."
     assert [(t.function.name, t.function.parsed_arguments) for t in fm.tool_calls or []] == want
+    # the arguments stream in pieces (the fake model writes a byte per token)
+    pieces = [
+        tc.function.arguments
+        for ch in say(fake, CALL_TEXT, tools=TOOLS, stream=True)
+        for c in ch.choices
+        for tc in c.delta.tool_calls or []
+        if tc.index == 0 and tc.function and tc.function.arguments
+    ]
+    assert len(pieces) > 10 and json.loads("".join(pieces)) == want[0][1]
     # parallel_tool_calls false keeps the first; tool_choice none parses nothing
     r = say(fake, CALL_TEXT, tools=TOOLS, parallel_tool_calls=False)
     assert [t.function.name for t in r.choices[0].message.tool_calls] == ["get_weather"]

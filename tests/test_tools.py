@@ -100,6 +100,45 @@ def test_qwen3_coder_xml(step: int) -> None:
     )
 
 
+def incremental(fmt: T.ToolFormat, text: str, step: int, **kw: Any) -> list[Any]:
+    p = AssistantParser.make(False, False, fmt, SPECS, incremental=True, **kw)
+    return stream(p, text, step)
+
+
+ARGS_FIRST = '<tool_call>\n{"arguments": {"ok": false}, "name": "note"}\n</tool_call>'
+
+
+@pytest.mark.parametrize("step", [1, 4, 10_000])
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [(T.HERMES, HERMES_TEXT), (T.QWEN3_CODER, CODER_TEXT), (T.HERMES, ARGS_FIRST)],
+    ids=["hermes", "qwen3_coder", "hermes-args-first"],
+)
+def test_incremental_calls(fmt: T.ToolFormat, text: str, step: int) -> None:
+    """Streamed calls: start (id, name), argument pieces that join into the final arguments
+    (those of the whole-text parse), then the end; for one-character steps the arguments
+    begin before the block closes."""
+    parts = incremental(fmt, text, step)
+    whole = split(AssistantParser.make(False, False, fmt, SPECS), text)
+    calls, pieces, current = [], [], None
+    for kind, v in parts:
+        if kind == "call_start":
+            assert current is None and v.arguments == ""
+            current, pieces = v, []
+        elif kind == "call_args":
+            pieces.append(v)
+        elif kind == "call":
+            assert current is not None and v.id == current.id
+            assert "".join(pieces) == v.arguments
+            calls.append((v.name, json.loads(v.arguments)))
+            current = None
+    assert calls == [(c.name, json.loads(c.arguments)) for c in whole.calls]
+    if step == 1 and text is not ARGS_FIRST:
+        first_args = next(i for i, p in enumerate(parts) if p[0] == "call_args")
+        first_end = next(i for i, p in enumerate(parts) if p[0] == "call")
+        assert first_end - first_args > 3  # several pieces, not one at the close
+
+
 def test_malformed_block_is_content_and_parallel_off() -> None:
     bad = '<tool_call>\n{"name": broken}\n</tool_call>'
     assert split(AssistantParser.make(False, False, T.HERMES, SPECS), bad).content == bad

@@ -11,7 +11,8 @@ from typing import Any
 from strata.reasoning import ReasoningParser
 from strata.server.tools import ToolCall, ToolCallParser, ToolFormat, ToolSpec
 
-# (kind, value): ("reasoning", text), ("content", text) or ("call", ToolCall)
+# (kind, value): ("reasoning", text), ("content", text), ("call", ToolCall); incremental
+# parsers also give ("call_start", ToolCall) and ("call_args", text)
 Part = tuple[str, Any]
 
 
@@ -32,11 +33,14 @@ class AssistantParser:
         fmt: ToolFormat | None,
         tools: Sequence[ToolSpec],
         parallel: bool = True,
+        incremental: bool = False,
     ) -> AssistantParser:
-        """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none")."""
+        """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none").
+        `incremental`: calls also stream as "call_start" / "call_args" parts
+        (`ToolCallParser`)."""
         return AssistantParser(
             ReasoningParser(reasoning_opened) if parse_reasoning else None,
-            ToolCallParser(fmt, tools, parallel) if fmt is not None else None,
+            ToolCallParser(fmt, tools, parallel, incremental) if fmt is not None else None,
         )
 
     def _content(self, parts: list[Part], final: bool) -> list[Part]:
@@ -78,6 +82,6 @@ def split(parser: AssistantParser, text: str) -> Message:
             m.reasoning += v
         elif kind == "content":
             m.content += v
-        else:
+        elif kind == "call":
             m.calls.append(v)
     return m

@@ -47,10 +47,15 @@ class ChatSetup:
     parse_reasoning: bool = True
     reasoning_opened: bool = False
 
-    def parser(self) -> AssistantParser:
-        """A fresh parser for one choice's answer."""
+    def parser(self, incremental: bool = False) -> AssistantParser:
+        """A fresh parser for one choice's answer (`incremental`: for a stream)."""
         return AssistantParser.make(
-            self.parse_reasoning, self.reasoning_opened, self.fmt, self.tools, self.parallel
+            self.parse_reasoning,
+            self.reasoning_opened,
+            self.fmt,
+            self.tools,
+            self.parallel,
+            incremental,
         )
 
 

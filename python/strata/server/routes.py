@@ -374,7 +374,7 @@ class _Shape:
     def parser(self, index: int) -> AssistantParser:
         p = self.parsers.get(index)
         if p is None:
-            p = self.setup.parser() if self.setup else AssistantParser()
+            p = self.setup.parser(self.plan.stream) if self.setup else AssistantParser()
             self.parsers[index] = p
         return p
 
@@ -384,22 +384,24 @@ class _Shape:
         return "tool_calls" if finish == "stop" and p is not None and p.n_calls else finish
 
     def deltas(self, index: int, parts: list[Part]) -> list[dict[str, Any]]:
-        """Chat `delta` objects for parsed parts; a call is two deltas (its id and name, then
-        its arguments), as a streaming OpenAI server sends them."""
+        """Chat `delta` objects for parsed parts: a call's first delta has its index, id and
+        name, the following ones pieces of its arguments, as OpenAI streams them."""
         out: list[dict[str, Any]] = []
         for kind, v in parts:
             if kind == "content":
                 out.append({"content": v})
             elif kind == "reasoning":
                 out.append({"reasoning_content": v})
-            else:
+            elif kind == "call_start":
                 k = self.calls_sent.get(index, 0)
                 self.calls_sent[index] = k + 1
                 fn = {"name": v.name, "arguments": ""}
-                head = {"index": k, "id": v.id, "type": "function", "function": fn}
-                out.append({"tool_calls": [head]})
-                args = {"index": k, "function": {"arguments": v.arguments}}
-                out.append({"tool_calls": [args]})
+                out.append(
+                    {"tool_calls": [{"index": k, "id": v.id, "type": "function", "function": fn}]}
+                )
+            elif kind == "call_args":
+                k = self.calls_sent[index] - 1
+                out.append({"tool_calls": [{"index": k, "function": {"arguments": v}}]})
         return out
 
     def delta_choices(self, d: Delta, finish: str | None) -> list[dict[str, Any]]:
@@ -440,7 +442,7 @@ class _Shape:
                 content += v
             elif kind == "reasoning":
                 reasoning += v
-            else:
+            elif kind == "call":
                 calls.append(v.openai())
         msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if reasoning:

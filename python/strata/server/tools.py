@@ -116,6 +116,12 @@ class ToolFormat(Protocol):
         """The calls in one whole block (markers included); None when it does not parse."""
         ...
 
+    def scan(self, block: str, tools: Mapping[str, ToolSpec]) -> tuple[str, str] | None:
+        """For streaming: (name, arguments text so far) of the one call an unfinished block
+        (opening marker included) has begun, once its name is known; the text is a prefix of
+        the `arguments` that `parse` gives for the finished block. None before that."""
+        ...
+
     def render(self, name: str, arguments: Mapping[str, Any]) -> str:
         """A call as the model writes it (for earlier turns when the template cannot)."""
         ...
@@ -128,6 +134,22 @@ class ToolFormat(Protocol):
 
 def _json_args(v: Any) -> str:
     return json.dumps(v, ensure_ascii=False)
+
+
+# `{"name": "…", "arguments": ` at the start of a Hermes call body
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+def _raw_arguments(body: str) -> str | None:
+    """The arguments object's own text in a Hermes body that starts with the name, else None."""
+    m = _HERMES_HEAD.match(body)
+    if m is None or body[m.end() : m.end() + 1] != "{":
+        return None
+    try:
+        args, end = json.JSONDecoder().raw_decode(body, m.end())
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    return body[m.end() : end] if isinstance(args, dict) else None
 
 
 def _schema_json(schema: Mapping[str, Any]) -> str:
@@ -161,6 +183,9 @@ class HermesFormat:
             obj = json.loads(body)
         except (json.JSONDecodeError, RecursionError):
             return None
+        raw = _raw_arguments(body)
+        if raw is not None and isinstance(obj, dict):
+            return [ToolCall(obj["name"], raw)]  # the model's own text (what was streamed)
         items = obj if isinstance(obj, list) else [obj]
         calls = []
         for it in items:
@@ -176,6 +201,23 @@ class HermesFormat:
                 return None
             calls.append(ToolCall(it["name"], _json_args(args)))
         return calls
+
+    def scan(self, block: str, tools: Mapping[str, ToolSpec]) -> tuple[str, str] | None:
+        body = block[len("<tool_call>") :]
+        m = _HERMES_HEAD.match(body)
+        if m is None:
+            return None
+        try:
+            name = json.loads(f'"{m.group(1)}"')
+        except json.JSONDecodeError:
+            return None
+        args = body[m.end() :]
+        # hold back a last "}" followed only by what may close the call: it may be the
+        # object's own close rather than the arguments'
+        cut = args.rfind("}")
+        if cut >= 0 and "</tool_call>".startswith(args[cut + 1 :].lstrip()):
+            args = args[:cut]
+        return name, args.rstrip()
 
     def render(self, name: str, arguments: Mapping[str, Any]) -> str:
         body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
@@ -215,12 +257,17 @@ class Qwen3CoderFormat:
             name = m.group(1).strip()
             spec = tools.get(name)
             props = (spec.parameters.get("properties") or {}) if spec else {}
-            args: dict[str, Any] = {}
-            for p in _PARAM.finditer(m.group(2)):
-                key, raw = p.group(1).strip(), p.group(2)
-                args[key] = _xml_value(raw, props.get(key) if isinstance(props, dict) else None)
-            calls.append(ToolCall(name, _json_args(args)))
+            calls.append(ToolCall(name, _xml_args(m.group(2), props) + "}"))
         return calls or None
+
+    def scan(self, block: str, tools: Mapping[str, ToolSpec]) -> tuple[str, str] | None:
+        m = _FUNC_HEAD.search(block)
+        if m is None:
+            return None
+        name = m.group(1).strip()
+        spec = tools.get(name)
+        props = (spec.parameters.get("properties") or {}) if spec else {}
+        return name, _xml_args(block[m.end() :], props)
 
     def render(self, name: str, arguments: Mapping[str, Any]) -> str:
         parts = [f"<tool_call>\n<function={name}>\n"]
@@ -266,6 +313,19 @@ def _xml_value_rule(schema: Any, terminal: str) -> tuple[str, str]:
         # lazy: the value ends at the first close tag
         return rule, f"{rule}[lazy]: /(?s:.{span})\\n<\\/parameter>\\n/"
     return f"%json {_schema_json(schema)} {_CLOSE_PARAM}", ""
+
+
+_FUNC_HEAD = re.compile(r"<function=([^>\n]+)>")
+
+
+def _xml_args(body: str, props: Any) -> str:
+    """`{"k": v, …` (without the closing brace) for the complete parameters in `body`."""
+    parts = []
+    for p in _PARAM.finditer(body):
+        key, raw = p.group(1).strip(), p.group(2)
+        value = _xml_value(raw, props.get(key) if isinstance(props, dict) else None)
+        parts.append(f"{_json_args(key)}: {_json_args(value)}")
+    return "{" + ", ".join(parts)
 
 
 def _xml_value(raw: str, schema: Any) -> Any:
@@ -412,16 +472,31 @@ class ToolCallParser:
     and then released as its calls (or, when it does not parse, as content). `finish()` ends
     the text: an unclosed block is parsed as if closed (a cut-off call that still parses, as
     llama-server does), else given back as content. With `parallel` false only the first call
-    is kept."""
+    is kept.
 
-    def __init__(self, fmt: ToolFormat, tools: Sequence[ToolSpec], parallel: bool = True) -> None:
+    `incremental` (for streams): a call is also announced as soon as its name is known,
+    `("call_start", ToolCall with empty arguments)`, and its arguments follow as
+    `("call_args", text)` pieces while the model writes them; the final `("call", ToolCall)`
+    then only marks its end (its arguments are the pieces joined). A block that turns out
+    malformed after its start ends the call with the text sent so far."""
+
+    def __init__(
+        self,
+        fmt: ToolFormat,
+        tools: Sequence[ToolSpec],
+        parallel: bool = True,
+        incremental: bool = False,
+    ) -> None:
         self.fmt = fmt
         self.tools = {t.name: t for t in tools}
         self.parallel = parallel
+        self.incremental = incremental
         self.buf = ""
         self.open: tuple[str, str] | None = None  # the block being read
         self.ws = ""  # whitespace held back (it may sit between two calls)
         self.calls = 0
+        self.started: ToolCall | None = None  # incremental: the call being streamed
+        self.sent = ""  # its arguments text sent so far
 
     def push(self, text: str) -> list[Event]:
         self.buf += text
@@ -440,6 +515,7 @@ class ToolCallParser:
                 self.open = pair
             end = self.buf.find(self.open[1], len(self.open[0]))
             if end < 0:
+                self._stream_block(out)
                 return out
             end += len(self.open[1])
             self._block(self.buf[:end], out)
@@ -487,16 +563,55 @@ class ToolCallParser:
         self.ws = text[len(stripped) :]
         out.append(("content", stripped))
 
+    def _stream_block(self, out: list[Event]) -> None:
+        """Incremental: announce the open block's call and send its new arguments text."""
+        if not self.incremental or not (self.parallel or self.calls == 0):
+            return
+        scanned = self.fmt.scan(self.buf, self.tools)
+        if scanned is None:
+            return
+        name, args = scanned
+        if self.started is None:
+            self.ws = ""
+            self.started = ToolCall(name, "")
+            out.append(("call_start", ToolCall(name, "", self.started.id)))
+        if len(args) > len(self.sent) and args.startswith(self.sent):
+            out.append(("call_args", args[len(self.sent) :]))
+            self.sent = args
+
+    def _emit(self, c: ToolCall, out: list[Event]) -> None:
+        if not (self.parallel or self.calls == 0):
+            return
+        if self.incremental:
+            out.append(("call_start", ToolCall(c.name, "", c.id)))
+            if c.arguments:
+                out.append(("call_args", c.arguments))
+        out.append(("call", c))
+        self.calls += 1
+
     def _block(self, block: str, out: list[Event], raw: str | None = None) -> None:
         calls = self.fmt.parse(block, self.tools)
+        started, sent = self.started, self.sent
+        self.started, self.sent = None, ""
+        if started is not None:  # its start and part of its arguments are out already
+            final = calls[0].arguments if calls else sent
+            if final.startswith(sent):
+                if len(final) > len(sent):
+                    out.append(("call_args", final[len(sent) :]))
+                started.arguments = final
+            else:
+                started.arguments = sent
+            out.append(("call", started))
+            self.calls += 1
+            for c in (calls or [])[1:]:
+                self._emit(c, out)
+            return
         if calls is None:
             self._content(block if raw is None else raw, out)
             return
         self.ws = ""
         for c in calls:
-            if self.parallel or self.calls == 0:
-                out.append(("call", c))
-                self.calls += 1
+            self._emit(c, out)
 
 
 def parse_all(

@@ -202,6 +202,28 @@ def test_json_schema_response(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
+def test_parse_with_pydantic_model(client: openai.OpenAI) -> None:
+    """The client's own structured-output helper: a pydantic model as `response_format`."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Forecast(BaseModel):
+        city: str = Field(max_length=12)
+        unit: Literal["celsius", "fahrenheit"]
+        days: int = Field(ge=1, le=7)
+
+    r = client.chat.completions.parse(
+        model=model_id(client),
+        messages=ASK,  # type: ignore[arg-type]
+        response_format=Forecast,
+        max_tokens=MAX,
+        seed=4,
+    )
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Forecast) and 1 <= parsed.days <= 7
+
+
 def test_json_object_response(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model=model_id(client),

@@ -78,6 +78,7 @@ def serve(sock: socket.socket) -> int:
     config, backend = loaded
     piece = int(getattr(backend, "prefill_piece", config.prefill_chunk))
     sched = Scheduler(backend, piece, config.parallel)
+    sched.constraints.warm()
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame
     was_settling = False

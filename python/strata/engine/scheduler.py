@@ -16,6 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from strata.constraints import Constraints
 from strata.engine.backend import Backend
 from strata.engine.protocol import Finish, Progress, Submit, Tokens
 from strata.sampling import Sampler, SampleResult
@@ -46,6 +47,8 @@ class Scheduler:
         self.waiting: deque[Seq] = deque()
         self.running: dict[int, Seq] = {}  # slot → sequence
         self.free_slots = list(range(min(max_slots, backend.max_slots)))[::-1]
+        # token masks of constrained requests (the llguidance vocabulary is built on first use)
+        self.constraints = Constraints(backend.vocabulary, backend.n_vocab)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -71,7 +74,9 @@ class Scheduler:
                 )
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
-            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab)
+            grammar = req.params.grammar
+            proc = self.constraints.processor(grammar) if grammar is not None else None
+            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         self.waiting.append(Seq(req, sampler, frozenset(req.stop_ids)))

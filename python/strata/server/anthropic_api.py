@@ -1,10 +1,11 @@
 """Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
 
 A request is translated into an OpenAI chat request (`anthropic_types.to_chat_body`) and run
-through the chat route's own preparation (`routes.prepare_chat`: template, tools, constraint,
+through the chat route's own preparation (`routes.chat_prompt`: template, tools, constraint,
 plan) and submission (`routes.submit`: same slots, queue, metrics), so the two APIs cannot
-drift apart. Only the output is shaped here: the choice's text, split by
-`chat_events.ChatEvents` into thinking / text / tool calls, becomes content blocks; streamed,
+drift apart. Only the output is shaped here: the choice's text, split by the chat path's
+`AssistantParser` into reasoning / content / tool calls, becomes thinking / text / tool_use
+content blocks; streamed,
 the events are Anthropic's sequence
 
     message_start, ping, (content_block_start, content_block_delta*, content_block_stop)*,
@@ -36,13 +37,14 @@ from strata.server.anthropic_types import (
     MessagesRequest,
     to_chat_body,
 )
-from strata.server.chat_events import ChatEvents, Event
+from strata.server.assistant import AssistantParser, Part
+from strata.server.chat import ChatSetup
 from strata.server.generate import Delta, merge
-from strata.server.openai_types import ChatRequest, convert
+from strata.server.openai_types import ChatRequest, Plan, convert
 from strata.server.routes import (
     Submitted,
+    chat_prompt,
     engine_error,
-    prepare_chat,
     read_json,
     submit,
     until_done_or_gone,
@@ -98,7 +100,7 @@ class Blocks:
         i = len(self.content) - 1
         return [sse.named_event("content_block_stop", {"type": "content_block_stop", "index": i})]
 
-    def feed(self, ev: Event) -> list[bytes]:
+    def feed(self, ev: Part) -> list[bytes]:
         kind, value = ev
         out: list[bytes] = []
         if kind == "call":
@@ -148,29 +150,29 @@ def _message(
     }
 
 
-async def _prepare(request: Request, cls: type[Any]) -> tuple[Any, ChatRequest, list[int], Any]:
+async def _prepare(request: Request, cls: type[Any]) -> tuple[Any, list[int], Plan, ChatSetup]:
     st = _state(request)
     areq = convert(await read_json(request), cls)
     st.check_model(areq.model)
     _, tok = st.ready()
     creq: ChatRequest = convert({"model": st.model_id, **to_chat_body(areq)}, ChatRequest)
-    ids, plan = await prepare_chat(st, tok, creq)
-    return areq, creq, ids, plan
+    ids, plan, setup = await chat_prompt(st, tok, creq)
+    return areq, ids, plan, setup
 
 
 async def count_tokens(request: Request) -> Response:
-    _, _, ids, _ = await _prepare(request, CountTokensRequest)
+    _, ids, _, _ = await _prepare(request, CountTokensRequest)
     return JSONResponse({"input_tokens": len(ids)})
 
 
 async def messages(request: Request) -> Response | sse.SSEResponse:
     t0 = time.monotonic()
     st = _state(request)
-    areq, creq, ids, plan = await _prepare(request, MessagesRequest)
+    areq, ids, plan, setup = await _prepare(request, MessagesRequest)
     client, tok = st.ready()
     rid = "msg_" + secrets.token_hex(12)
     sub = submit(st, client, tok, ENDPOINT, [ids], plan, t0, rid, "messages")
-    events = ChatEvents.for_request(creq, tok)
+    events = setup.parser()
     head = _message(rid, st.model_id, [], len(ids))
     if areq.stream:
         return sse.SSEResponse(_stream(st, sub, events, head, t0), sub.cancel_all)
@@ -178,7 +180,7 @@ async def messages(request: Request) -> Response | sse.SSEResponse:
 
 
 async def _stream(
-    st: ServerState, sub: Submitted, events: ChatEvents, head: dict[str, Any], t0: float
+    st: ServerState, sub: Submitted, events: AssistantParser, head: dict[str, Any], t0: float
 ) -> AsyncIterator[bytes]:
     outcome = "cancelled"
     blocks = Blocks()
@@ -218,7 +220,7 @@ async def _complete(
     request: Request,
     st: ServerState,
     sub: Submitted,
-    events: ChatEvents,
+    events: AssistantParser,
     head: dict[str, Any],
     t0: float,
 ) -> Response:

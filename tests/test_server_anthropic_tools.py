@@ -12,11 +12,13 @@ Two engines, as in test_server_tools.py:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import pytest
 from server_harness import Server
@@ -235,3 +237,42 @@ def test_tool_choice_errors(fake_client: anthropic.Anthropic) -> None:
         fake_client.messages.create(
             model="strata-fake", max_tokens=8, messages=ASK, tool_choice={"type": "any"}
         )
+
+
+def test_tool_use_stream_events(fake_client: anthropic.Anthropic) -> None:
+    body = {
+        "model": "strata-fake",
+        "max_tokens": 400,
+        "messages": [{"role": "user", "content": "Sure. " + CALL}],
+        "tools": TOOLS,
+        "stream": True,
+        **GREEDY,
+    }
+    events = []
+    with httpx.stream("POST", str(fake_client.base_url) + "/v1/messages", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[len("data: ") :]))
+    kinds = [e["type"] for e in events]
+    assert kinds[:2] == ["message_start", "ping"] and kinds[-2:] == [
+        "message_delta",
+        "message_stop",
+    ]
+    starts = [e for e in events if e["type"] == "content_block_start"]
+    assert [s["content_block"]["type"] for s in starts] == ["text", "tool_use"]
+    use = starts[1]["content_block"]
+    assert use["name"] == "get_weather" and use["input"] == {} and use["id"].startswith("toolu_")
+    pieces = [
+        e["delta"]["partial_json"]
+        for e in events
+        if e["type"] == "content_block_delta" and e["index"] == 1
+    ]
+    assert all(
+        e["delta"]["type"] == "input_json_delta"
+        for e in events
+        if e["type"] == "content_block_delta" and e["index"] == 1
+    )
+    assert json.loads("".join(pieces)) == ARGS
+    stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
+    assert stops == [0, 1]
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"

@@ -67,6 +67,17 @@ def _stop_reason(d: Delta, called: bool) -> str:
     return "max_tokens" if d.finish == "length" else "end_turn"
 
 
+def _arguments(text: str) -> Any:
+    """A call's arguments as the `input` object. The parser releases only calls that parse,
+    except a streamed call whose block broke after it started: its text so far is kept as
+    `{"_raw": text}` rather than dropped."""
+    try:
+        obj = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {"_raw": text}
+    return obj if isinstance(obj, dict) else {"_raw": text}
+
+
 class Blocks:
     """Events (thinking / text / tool call) → Anthropic content blocks, and the stream events
     that build them. A block of the same kind as the open one continues it."""
@@ -75,16 +86,18 @@ class Blocks:
         self.content: list[dict[str, Any]] = []
         self.open: str | None = None  # kind of the last block while it is open
         self.called = False
+        self.args = ""  # the open tool_use block's arguments text so far
 
     def _start(self, block: dict[str, Any]) -> bytes:
         self.content.append(block)
         self.open = block["type"]
-        start = dict(block)
-        if block["type"] == "tool_use":
-            start["input"] = {}
         return sse.named_event(
             "content_block_start",
-            {"type": "content_block_start", "index": len(self.content) - 1, "content_block": start},
+            {
+                "type": "content_block_start",
+                "index": len(self.content) - 1,
+                "content_block": dict(block),
+            },
         )
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
@@ -101,22 +114,29 @@ class Blocks:
         return [sse.named_event("content_block_stop", {"type": "content_block_stop", "index": i})]
 
     def feed(self, ev: Part) -> list[bytes]:
+        """One parser part → the stream events it makes. Tool calls come whole ("call"), or,
+        from an incremental parser, as "call_start", "call_args" pieces (each an
+        `input_json_delta`) and a closing "call"."""
         kind, value = ev
         out: list[bytes] = []
-        if kind == "call":
-            call: Any = value  # a tool call (name, arguments as JSON text, id)
-            out += self.close()
-            self.called = True
-            block = {
-                "type": "tool_use",
-                "id": "toolu_" + call.id.split("_")[-1],
-                "name": call.name,
-                "input": json.loads(call.arguments),
-            }
-            out.append(self._start(block))
-            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
-            out += self.close()
-            return out
+        if kind in ("call_start", "call"):
+            call: Any = value  # a ToolCall: name, arguments (JSON text), id
+            started = self.open == "tool_use"
+            if not started:
+                out += self.close()
+                self.called = True
+                self.args = ""
+                block = {"type": "tool_use", "id": "toolu_" + call.id.split("_")[-1]}
+                out.append(self._start({**block, "name": call.name, "input": {}}))
+            if kind == "call_start":
+                return out
+            if not started and call.arguments:
+                out += self.feed(("call_args", call.arguments))
+            self.content[-1]["input"] = _arguments(self.args)
+            return out + self.close()
+        if kind == "call_args":
+            self.args += value
+            return [self._delta({"type": "input_json_delta", "partial_json": value})]
         if not value:
             return out
         btype, field, dtype = (
@@ -172,11 +192,11 @@ async def messages(request: Request) -> Response | sse.SSEResponse:
     client, tok = st.ready()
     rid = "msg_" + secrets.token_hex(12)
     sub = submit(st, client, tok, ENDPOINT, [ids], plan, t0, rid, "messages")
-    events = setup.parser()
     head = _message(rid, st.model_id, [], len(ids))
     if areq.stream:
-        return sse.SSEResponse(_stream(st, sub, events, head, t0), sub.cancel_all)
-    return await _complete(request, st, sub, events, head, t0)
+        parser = setup.parser(incremental=True)  # tool_use input streams as it is written
+        return sse.SSEResponse(_stream(st, sub, parser, head, t0), sub.cancel_all)
+    return await _complete(request, st, sub, setup.parser(), head, t0)
 
 
 async def _stream(

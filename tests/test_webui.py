@@ -107,12 +107,14 @@ def test_chat_streams_and_monitor_updates(browser: Browser, server: Server) -> N
     status = server.status()
     routed = [v for row in status["tiers"]["heat"]["routing"] for v in row]
     assert max(routed) == 255  # every layer's hottest expert
+    # the page draws a layer's hottest expert (255) with red 255; nothing else is that red here
+    # (RAM-resident dots are white, but the default ram_mode mmap keeps no expert resident)
     browser.wait(
         "(() => { const c = document.getElementById('c_heat');"
         " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-        " const seen = new Set(); for (let i = 0; i < d.length; i += 4)"
-        " seen.add(d[i] << 16 | d[i + 1] << 8 | d[i + 2]); return seen.size > 8; })()",
-        timeout=10,
+        " let hot = 0; for (let i = 0; i < d.length; i += 4) if (d[i] === 255) hot++;"
+        " return hot > 0; })()",
+        timeout=15,
     )
     shot = browser.screenshot(out / "02-answered.png")
     if os.environ.get("STRATA_README_SHOT") == "1":

@@ -23,26 +23,10 @@ import jsonschema
 import pytest
 from server_harness import Server
 from strata import modelgen
+from test_server_tools import PARAMS
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 16},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14},
-    },
-    "required": ["city", "unit", "days"],
-    "additionalProperties": False,
-}
-ALARM = {
-    "type": "object",
-    "properties": {
-        "hour": {"type": "integer", "minimum": 0, "maximum": 23},
-        "loud": {"type": "boolean"},
-    },
-    "required": ["hour", "loud"],
-    "additionalProperties": False,
-}
+# the same bounded schemas as the OpenAI tool tests
+WEATHER, ALARM = PARAMS["get_weather"], PARAMS["set_alarm"]
 TOOLS: list[Any] = [
     {"name": "get_weather", "description": "Weather forecast for a city", "input_schema": WEATHER},
     {"name": "set_alarm", "input_schema": ALARM},

@@ -289,3 +289,27 @@ def test_api_key_bearer_and_x_api_key() -> None:
         assert s.http.get("/v1/status").status_code == 401
     finally:
         s.stop()
+
+
+def test_engine_crash_mid_stream_is_an_error_event() -> None:
+    s = Server(test_faults=1, fake_step_ms=10)
+    try:
+        body = {"max_tokens": 64, "messages": user("boom #crash# boom"), "stream": True, **GREEDY}
+        names, last = [], None
+        with s.http.stream("POST", "/v1/messages", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    names.append(line[len("event: ") :])
+                elif line.startswith("data: "):
+                    last = json.loads(line[len("data: ") :])
+        assert names[0] == "message_start" and names[-1] == "error"
+        assert "message_stop" not in names
+        assert last is not None and last["type"] == "error"
+        assert last["error"]["type"] == "api_error" and last["error"]["message"]
+        # the server keeps serving (the engine restarts)
+        s.wait(lambda r: r.status_code == 200)
+        r2 = s.http.post("/v1/messages", json={"max_tokens": 8, "messages": user("ok"), **GREEDY})
+        assert r2.status_code == 200 and r2.json()["content"][0]["text"] == "ok"
+    finally:
+        s.stop()

@@ -12,6 +12,7 @@ answer to the same conversation over the API; the monitor's numbers equal /metri
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -138,3 +139,56 @@ def test_chat_streams_and_monitor_updates(browser: Browser, server: Server) -> N
     assert f"{n} tokens" in meta and f"finish: {want['finish_reason']}" in meta
     # streamed: the text came in pieces (about one per token), not in one
     assert n > 1 and pieces > 1
+
+
+@pytest.fixture(scope="module")
+def fake_server() -> Iterator[Server]:
+    s = Server(parallel=1, n_ctx=4096)  # the fake engine echoes the last message
+    yield s
+    s.stop()
+
+
+def test_reasoning_folded_and_tool_calls_shown(browser: Browser, fake_server: Server) -> None:
+    """The fake model's greedy answer is the message itself (its documented rule), so a
+    message in the model's thinking and tool-call formats comes back as those parts."""
+    args = {"city": "Paris", "days": 3}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                },
+            },
+        }
+    ]
+    call = json.dumps({"name": "get_weather", "arguments": args})
+    message = f"<think>weigh it</think>Checking. <tool_call>\n{call}\n</tool_call>"
+    browser.goto(fake_server.url + "/")
+    browser.wait("document.getElementById('state').textContent === 'ready'")
+    browser.eval(
+        "document.getElementById('max_tokens').value = '400';"
+        "document.getElementById('temperature').value = '0';"
+        "document.getElementById('usetools').click();"
+        f"document.getElementById('tools').value = {json.dumps(json.dumps(tools))};"
+        f"document.getElementById('input').value = {json.dumps(message)};"
+        "document.getElementById('send').click()"
+    )
+    done = "document.querySelector('.msg.assistant[data-state=done]')"
+    browser.wait(done + " !== null", timeout=30)
+    folded = browser.eval(done + ".querySelector('details.reasoning')")
+    assert folded is not None
+    assert browser.eval(done + ".querySelector('details.reasoning').open") is False
+    assert browser.eval(done + ".querySelector('details.reasoning .text').textContent") == (
+        "weigh it"
+    )
+    assert browser.eval(done + ".querySelector('.content').textContent") == "Checking."
+    tool = browser.eval(done + ".querySelector('.tool').textContent")
+    head, _, shown_args = tool.partition("\n")
+    assert head == "tool call get_weather" and json.loads(shown_args) == args
+    assert "finish: tool_calls" in browser.eval(done + ".querySelector('.meta').textContent")
+    browser.eval(done + ".querySelector('details.reasoning').open = true")
+    browser.screenshot(ARTIFACTS / "webui" / "03-reasoning-and-tool-call.png")
+    assert browser.console_errors() == []

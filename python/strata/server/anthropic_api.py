@@ -5,8 +5,7 @@ through the chat route's own preparation (`routes.chat_prompt`: template, tools,
 plan) and submission (`routes.submit`: same slots, queue, metrics), so the two APIs cannot
 drift apart. Only the output is shaped here: the choice's text, split by the chat path's
 `AssistantParser` into reasoning / content / tool calls, becomes thinking / text / tool_use
-content blocks; streamed,
-the events are Anthropic's sequence
+content blocks; streamed, the events are Anthropic's sequence
 
     message_start, ping, (content_block_start, content_block_delta*, content_block_stop)*,
     message_delta (stop_reason, usage.output_tokens), message_stop
@@ -59,12 +58,15 @@ def _state(request: Request) -> ServerState:
     return st
 
 
-def _stop_reason(d: Delta, called: bool) -> str:
+def _stop(d: Delta, called: bool) -> dict[str, Any]:
+    """`stop_reason` and `stop_sequence` of a finished choice."""
     if called:
-        return "tool_use"
-    if d.stop is not None:
-        return "stop_sequence"
-    return "max_tokens" if d.finish == "length" else "end_turn"
+        reason = "tool_use"
+    elif d.stop is not None:
+        reason = "stop_sequence"
+    else:
+        reason = "max_tokens" if d.finish == "length" else "end_turn"
+    return {"stop_reason": reason, "stop_sequence": d.stop if reason == "stop_sequence" else None}
 
 
 def _arguments(text: str) -> Any:
@@ -218,7 +220,7 @@ async def _stream(
                     yield chunk
             for chunk in blocks.close():
                 yield chunk
-            delta = {"stop_reason": _stop_reason(d, blocks.called), "stop_sequence": d.stop}
+            delta = _stop(d, blocks.called)
             yield sse.named_event(
                 "message_delta",
                 {
@@ -270,8 +272,7 @@ async def _complete(
     st.metrics.request_done(ENDPOINT, "ok", t0)
     d = last[-1]
     body = dict(head, content=blocks.content)
-    body["stop_reason"] = _stop_reason(d, blocks.called)
-    body["stop_sequence"] = d.stop
+    body.update(_stop(d, blocks.called))
     body["usage"] = {
         "input_tokens": head["usage"]["input_tokens"],
         "output_tokens": d.output_tokens,

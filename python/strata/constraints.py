@@ -218,11 +218,25 @@ class GrammarProcessor:
             logits[...] = keep
             return
         n = min(self.n_vocab, logits.shape[-1])
+        only = self._single()
+        if only is not None and only < n:  # a forced token (common: JSON keys, call names)
+            v = logits[only]
+            logits.fill(-np.inf)
+            logits[only] = v
+            return
         # byte b of the mask → its 8 additive biases (0 or -inf): a gather of V/8 rows, about
         # 10x faster than unpacking the bits and indexing with them on a 151,936-entry row
         bias = np.take(_BYTE_BIAS, self._mask.view(np.uint8), axis=0).reshape(-1)  # [32*words]
         np.add(logits[:n], bias[:n], out=logits[:n])
         logits[n:] = -np.inf
+
+    def _single(self) -> int | None:
+        """The one allowed token when the mask allows exactly one, else None."""
+        nz = np.flatnonzero(self._mask)
+        if nz.size != 1:
+            return None
+        w = int(self._mask[nz[0]]) & 0xFFFFFFFF
+        return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
 
     def accept(self, token: int) -> None:
         """Advance the grammar by the sampled token and start on the next mask."""

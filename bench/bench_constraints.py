@@ -83,9 +83,9 @@ class Timed:
         self.inner = inner
         self.times: list[float] = []
 
-    def __call__(self, generated: Any, logits: Any) -> None:
+    def __call__(self, logits: Any) -> None:
         t0 = time.perf_counter()
-        self.inner(generated, logits)
+        self.inner(logits)
         self.times.append(time.perf_counter() - t0)
 
     def accept(self, token: int) -> None:
@@ -174,7 +174,7 @@ def run_vocab(tok: Any, label: str, n_tokens: int, reps: int) -> None:
                 x.copy()  # the scale: one pass over the row (the sampler makes several)
                 copy.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                proc([], x)
+                proc(x)
                 app.append(time.perf_counter() - t0)
                 t = _pick(x, rng)
                 t0 = time.perf_counter()

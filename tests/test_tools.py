@@ -303,3 +303,25 @@ def test_native_template_matches_transformers(case: dict[str, Any]) -> None:
         kw["tools"] = [s.openai() for s in specs]
     got = tok.apply_chat_template(msgs, add_generation_prompt=case["add_generation_prompt"], **kw)
     assert got == case["expected"]
+
+
+def test_mask_application_matches_the_allowed_set() -> None:
+    """The processor's in-place masking (a bias gather, or a fill for a single forced token)
+    equals masking by `allowed()`, the bits unpacked one by one, at every step."""
+    vocab = toytok.Vocabulary()
+    c = constraints.Constraints(lambda: vocab, toytok.N_VOCAB, overlap=False)
+    proc = c.processor(T.call_grammar(T.HERMES, SPECS, "note", parallel=False))
+    rng = np.random.default_rng(0)
+    singles = 0
+    for _ in range(200):
+        x = rng.standard_normal(toytok.N_VOCAB).astype(np.float32)
+        ok = proc.allowed()
+        singles += int(ok.sum() == 1)
+        want = np.where(ok, x, -np.inf)
+        proc(x)
+        assert np.array_equal(x, want)
+        t = int(np.argmax(x))
+        if t in toytok.EOG_IDS:
+            break
+        proc.accept(t)
+    assert singles > 5  # the forced-token path ran

@@ -7,8 +7,8 @@ Order of operations on one row of logits (V = vocabulary size):
   3. top-k, then top-p (smallest set whose mass reaches p), then min-p (drop tokens whose
      probability is below min_p × the largest);
   4. draw from the remaining distribution with the request's own generator (seeded).
-A logits processor (`LogitsProcessor`, e.g. a grammar's token mask) runs after the penalties:
-it sees the tokens generated so far and masks the row in place; `accept` advances it.
+A per-request logits processor (`LogitsProcessor`, e.g. a grammar's token mask) masks the row
+in place after the penalties; `accept` advances it past each sampled token.
 Reported log-probabilities are those of the model's raw distribution (log-softmax of the logits
 before penalties and temperature), as the OpenAI API reports them.
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
@@ -101,8 +100,10 @@ def log_softmax(x: F32) -> F32:
 
 
 class LogitsProcessor(Protocol):
-    def __call__(self, generated: Sequence[int], logits: F32) -> None:
-        """Mask one row of logits [V] in place, given the tokens generated so far."""
+    """A per-request constraint on the next token (e.g. a grammar's token mask)."""
+
+    def __call__(self, logits: F32) -> None:
+        """Mask one row of logits [V] in place (forbidden tokens to -inf)."""
         ...
 
     def accept(self, token: int) -> None:
@@ -122,7 +123,6 @@ class Sampler:
     ) -> None:
         self.params = params.validate()
         self.processor = processor
-        self.generated: list[int] = []
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.rng = np.random.default_rng(seed & MAX_SEED)
         self.n_vocab = n_vocab
@@ -136,7 +136,6 @@ class Sampler:
         if 0 <= token < self.n_vocab:
             self._seen[token] = True
             self._counts[token] += 1
-        self.generated.append(token)
         if self.processor is not None:
             self.processor.accept(token)
 
@@ -152,7 +151,7 @@ class Sampler:
             c = self._counts.astype(np.float32)
             x -= p.frequency_penalty * c + p.presence_penalty * (c > 0)
         if self.processor is not None:
-            self.processor(self.generated, x)
+            self.processor(x)
         if p.temperature == 0.0:
             token = int(np.argmax(x))
         else:

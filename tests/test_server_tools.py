@@ -297,6 +297,9 @@ def test_unknown_and_unsupported_fields_are_400(client: openai.OpenAI) -> None:
     assert (
         bad_request(client, extra_body={"reasoning_format": "raw"})["param"] == "reasoning_format"
     )
+    assert (
+        bad_request(client, extra_body={"reasoning_effort": "max"})["param"] == "reasoning_effort"
+    )
     b = bad_request(client, extra_body={"chat_template_kwargs": {"messages": []}})
     assert b["param"] == "chat_template_kwargs.messages"
 
@@ -310,6 +313,7 @@ def test_model_optional_and_ignored_fields(model_server: Server) -> None:
             "metadata": {"k": "v"},
             "store": False,
             "user": "u",
+            "reasoning_effort": "low",  # passed to the template, which may ignore it
         },
         timeout=30,
     )

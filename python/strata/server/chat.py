@@ -171,6 +171,9 @@ def prepare_chat(
     )
 
 
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+
+
 def openai_chat(
     req: ChatRequest, tok: ServerTokenizer, default_reasoning: str, tool_call_format: str
 ) -> ChatSetup:
@@ -184,6 +187,11 @@ def openai_chat(
     if len({t.name for t in tools}) != len(tools):
         raise _bad("tools", "tool names must be unique")
     choice = tool_choice_of(req.tool_choice, tools)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        if req.reasoning_effort not in REASONING_EFFORTS:
+            raise _bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     return prepare_chat(
         tok,
         chat_messages(req),
@@ -191,7 +199,7 @@ def openai_chat(
         choice,
         req.parallel_tool_calls is not False,
         response_grammar(req.response_format),
-        req.chat_template_kwargs,
+        kwargs,
         req.reasoning_format or default_reasoning,
         tool_call_format,
     )

@@ -181,6 +181,7 @@ class ChatRequest(_Common, kw_only=True):
     response_format: dict[str, Any] | None = None  # checked in strata.server.chat
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's / llama-server's
     reasoning_format: str | None = None  # llama-server's: "none" | "parsed"
+    reasoning_effort: str | None = None  # OpenAI's; passed to the template (gpt-oss reads it)
 
 
 class CompletionRequest(_Common, kw_only=True):

@@ -260,3 +260,21 @@ def test_tool_use_stream_events(fake_client: anthropic.Anthropic) -> None:
     stops = [e["index"] for e in events if e["type"] == "content_block_stop"]
     assert stops == [0, 1]
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_output_format_json_schema(model_client: anthropic.Anthropic) -> None:
+    msg = model_client.messages.create(
+        model="strata-default",
+        max_tokens=MAX,
+        messages=ASK,
+        output_config={"format": {"type": "json_schema", "schema": WEATHER}},
+    )
+    assert [b.type for b in msg.content] == ["text"] and msg.stop_reason == "end_turn"
+    jsonschema.validate(json.loads(msg.content[0].text), WEATHER)
+    with pytest.raises(anthropic.BadRequestError, match="effort"):
+        model_client.messages.create(
+            model="strata-default",
+            max_tokens=8,
+            messages=ASK,
+            output_config={"effort": "extreme"},  # type: ignore[typeddict-item]
+        )

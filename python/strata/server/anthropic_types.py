@@ -19,6 +19,8 @@ Translation (Anthropic → OpenAI):
   true / false (absent: the template's default). `budget_tokens` is checked (>= 1, below
   `max_tokens`) but not enforced: the reasoning ends when the model ends it, within
   `max_tokens` (llama-server does the same).
+- `output_config.format` (a JSON schema) → `response_format` `json_schema` (the answer is
+  constrained to it); `output_config.effort` → `reasoning_effort` (xhigh and max → high);
 - `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` carry over.
 Image and document blocks, server tools (`type` other than "custom") and a final assistant
 message (prefill: the template cannot continue a turn) are 400s. `temperature` takes the OpenAI
@@ -122,6 +124,20 @@ class Thinking(_Strict):
     display: Literal["summarized", "omitted"] | None = None
 
 
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(_Strict):
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+# Anthropic's effort levels → OpenAI's `reasoning_effort` (the template reads it)
+EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
+
 class Metadata(_Strict):
     user_id: str | None = None
 
@@ -133,6 +149,7 @@ class CountTokensRequest(_Strict, kw_only=True):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -271,6 +288,13 @@ def to_chat_body(req: CountTokensRequest) -> dict[str, Any]:
         if th.type != "enabled" and th.budget_tokens is not None:
             raise _bad("thinking.budget_tokens", "only with type 'enabled'")
         body["chat_template_kwargs"] = {"enable_thinking": th.type != "disabled"}
+    oc = req.output_config
+    if oc is not None:
+        if oc.format is not None:
+            js = {"name": "output", "schema": oc.format.schema, "strict": True}
+            body["response_format"] = {"type": "json_schema", "json_schema": js}
+        if oc.effort is not None:
+            body["reasoning_effort"] = EFFORT[oc.effort]
     if isinstance(req, MessagesRequest):
         if req.max_tokens < 1:
             raise _bad("max_tokens", f"must be at least 1 (got {req.max_tokens})")

@@ -124,6 +124,14 @@ def test_queue_full_429_with_retry_after(server: Server) -> None:
             assert r.status_code == 429
             assert r.json()["error"]["type"] == "rate_limit_error"
             assert int(r.headers["retry-after"]) >= 1
+            # the Anthropic route shares the queue; its 429 has Anthropic's shape
+            m = h.post(
+                "/v1/messages",
+                json={"max_tokens": 8, "messages": [{"role": "user", "content": "x"}]},
+            )
+            assert m.status_code == 429 and int(m.headers["retry-after"]) >= 1
+            assert m.json()["type"] == "error"
+            assert m.json()["error"]["type"] == "rate_limit_error"
         finally:
             for cm in opened:
                 cm.__exit__(None, None, None)

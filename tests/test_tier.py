@@ -377,6 +377,13 @@ def test_open_tier_applies_the_settings(tiny: Path, other: Path, tmp_path: Path)
     info = tiering.tier_info(tier, c, fill, top=2)
     assert info["ram_mode"] == "budget" and info["resident_experts"] == 6
     assert info["top_experts"][2] == [[7, 2.0], [3, 1.0]]
+    # heat map: layer 2 scaled to its hottest expert (7: 2 picks → 255, 3: 1 pick → 127.5,
+    # rounded half to even), the unrouted layers all 0; residency is the tier's table
+    routing = [[0] * 16 for _ in range(4)]
+    routing[2][7], routing[2][3] = 255, 128
+    assert info["heat"]["routing"] == routing
+    resident = [[1 if layer * 16 + e in want else 0 for e in range(16)] for layer in range(4)]
+    assert info["heat"]["resident"] == resident
     assert info["fill"]["finished"] is True
     # mmap without a profile starts no fill; a profile for another model is refused.
     tier, fill = tiering.open_tier(Config(model=str(tiny)), tiny)

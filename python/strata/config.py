@@ -190,6 +190,18 @@ class Config:
     max_tokens_limit: int = _s(32768, "largest max_tokens accepted")
     max_top_logprobs: int = _s(20, "largest top_logprobs accepted")
     served_model_name: str = _s("", "model id reported by /v1/models (empty: the file's stem)")
+    reasoning_format: str = _s(
+        "parsed",
+        "a leading <think> block of a chat answer: parsed (into reasoning_content) or none "
+        "(left in content); a request's reasoning_format overrides it",
+        choices=("parsed", "none"),
+    )
+    tool_call_format: str = _s(
+        "auto",
+        "how the model writes tool calls: auto (from the chat template), hermes "
+        "(<tool_call>{json}</tool_call>) or qwen3_coder (<function=…><parameter=…>)",
+        choices=("auto", "hermes", "qwen3_coder"),
+    )
     cache_dir: str = _s("", "where the embedded default model is built (empty: user cache)")
     drain_timeout_s: float = _s(30.0, "on shutdown, seconds running requests get to finish")
     engine: str = _s(

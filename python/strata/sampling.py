@@ -7,6 +7,8 @@ Order of operations on one row of logits (V = vocabulary size):
   3. top-k, then top-p (smallest set whose mass reaches p), then min-p (drop tokens whose
      probability is below min_p × the largest);
   4. draw from the remaining distribution with the request's own generator (seeded).
+A per-request logits processor (`LogitsProcessor`, e.g. a grammar's token mask) masks the row
+in place after the penalties; `accept` advances it past each sampled token.
 Reported log-probabilities are those of the model's raw distribution (log-softmax of the logits
 before penalties and temperature), as the OpenAI API reports them.
 """
@@ -15,12 +17,13 @@ from __future__ import annotations
 
 import math
 import secrets
+from typing import Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SampleResult", "Sampler", "SamplingParams", "log_softmax"]
+__all__ = ["LogitsProcessor", "SampleResult", "Sampler", "SamplingParams", "log_softmax"]
 
 F32 = npt.NDArray[np.float32]
 
@@ -39,6 +42,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: float = 0.0  # [-2, 2]
     seed: int | None = None  # None: a fresh random seed
     top_logprobs: int = -1  # -1: no log-probabilities; k >= 0: chosen token's plus top k
+    # A constraint on the output (strata.constraints: a Lark grammar for llguidance); the
+    # engine turns it into a LogitsProcessor. None: free text.
+    grammar: str | None = None
 
     def validate(self) -> SamplingParams:
         def bad(name: str, why: str) -> ValueError:
@@ -93,11 +99,30 @@ def log_softmax(x: F32) -> F32:
     return out
 
 
+class LogitsProcessor(Protocol):
+    """A per-request constraint on the next token (e.g. a grammar's token mask)."""
+
+    def __call__(self, logits: F32) -> None:
+        """Mask one row of logits [V] in place (forbidden tokens to -inf)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Advance past the sampled token."""
+        ...
+
+
 class Sampler:
     """The per-sequence sampler: owns its generator and the counts the penalties need."""
 
-    def __init__(self, params: SamplingParams, prompt: list[int], n_vocab: int) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        prompt: list[int],
+        n_vocab: int,
+        processor: LogitsProcessor | None = None,
+    ) -> None:
         self.params = params.validate()
+        self.processor = processor
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.rng = np.random.default_rng(seed & MAX_SEED)
         self.n_vocab = n_vocab
@@ -111,6 +136,8 @@ class Sampler:
         if 0 <= token < self.n_vocab:
             self._seen[token] = True
             self._counts[token] += 1
+        if self.processor is not None:
+            self.processor.accept(token)
 
     def sample(self, logits: npt.NDArray[np.floating]) -> SampleResult:
         """Pick the next token from one row of logits [V]; also records it."""
@@ -123,6 +150,8 @@ class Sampler:
         if p.presence_penalty or p.frequency_penalty:
             c = self._counts.astype(np.float32)
             x -= p.frequency_penalty * c + p.presence_penalty * (c > 0)
+        if self.processor is not None:
+            self.processor(x)
         if p.temperature == 0.0:
             token = int(np.argmax(x))
         else:

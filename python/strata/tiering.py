@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from strata._core import ExpertTier, FillHandle, HybridCounters, Profile, RoutingCounters
 from strata.config import DEFAULT_FILL_THREADS, Config
 
@@ -77,8 +79,8 @@ def tier_info(
     readahead: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """The tier state for `/v1/status`: mode, arena, locking, warnings, fill progress, the
-    read-ahead's counts (`readahead`, None when off) and the `top` most-routed experts of
-    each layer (decayed counts)."""
+    read-ahead's counts (`readahead`, None when off), the `top` most-routed experts of
+    each layer (decayed counts) and the heat map (`tier_heat`)."""
     n, b = tier.resident()
     d: dict[str, Any] = {
         "ram_mode": tier.mode,
@@ -106,7 +108,22 @@ def tier_info(
             [[e, round(c, 2)] for e, c in counters.top_k(layer, top)]
             for layer in range(counters.n_layer)
         ]
+        d["heat"] = tier_heat(tier, counters)
     return d
+
+
+def tier_heat(tier: ExpertTier, counters: RoutingCounters) -> dict[str, list[list[int]]]:
+    """The per-layer heat map the web page draws, small enough to send every second:
+    `routing` [n_layer][n_expert], each layer's decayed routing counts scaled to 0..255 of its
+    most-routed expert (a layer never routed is all 0); `resident` [n_layer][n_expert] is
+    `tier.table()`: 1 resident in the RAM arena, 0 mapped, 255 a layer without experts."""
+    snap = np.asarray(counters.snapshot(), dtype=np.float64)  # [n_layer, n_expert]
+    peak = snap.max(axis=1, keepdims=True)  # [n_layer, 1]
+    scaled = np.rint(255.0 * snap / np.where(peak > 0, peak, 1.0))  # [n_layer, n_expert]
+    return {
+        "routing": scaled.astype(np.int64).tolist(),
+        "resident": np.asarray(tier.table()).astype(np.int64).tolist(),
+    }
 
 
 LabeledStat = tuple[str, dict[str, str], float]

@@ -30,3 +30,20 @@ def token_bytes(token: int) -> bytes:
     if is_byte(token):
         return bytes([token])
     return SPECIALS.get(token, "").encode()
+
+
+class Vocabulary:
+    """The toy vocabulary as `strata.constraints.Vocabulary` (grammar constraints on the fake
+    engine): specials are matched by name only; text encodes byte by byte."""
+
+    n_vocab = N_VOCAB
+    eog_ids = EOG_IDS
+
+    def token_bytes(self, token: int) -> bytes:
+        return token_bytes(token)
+
+    def is_special(self, token: int) -> bool:
+        return token in SPECIALS
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())

@@ -45,6 +45,10 @@ class Backend(Protocol):
 
     def free(self, slot: int) -> None: ...
 
+    def vocabulary(self) -> Any:
+        """The model's tokenizer, for grammar constraints (`strata.constraints.Vocabulary`)."""
+        ...
+
     def stats(self) -> list[Stat]:
         """Counters and gauges for /metrics (names without the strata_ prefix)."""
         ...
@@ -162,6 +166,9 @@ class FakeBackend:
         if self.step_s > 0:
             time.sleep(self.step_s)
 
+    def vocabulary(self) -> Any:
+        return toytok.Vocabulary()
+
     def free(self, slot: int) -> None:
         self._tokens.pop(slot, None)
         self._n_prompt.pop(slot, None)
@@ -254,6 +261,9 @@ class LLMBackend:
             seq.append(int(tok))
             rows.append(self._last(seq))
         return np.stack(rows)  # [B, V]
+
+    def vocabulary(self) -> Any:
+        return self.llm.tokenizer
 
     def free(self, slot: int) -> None:
         self._seqs.pop(slot, None)

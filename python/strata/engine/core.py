@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from strata.config import Config
+from strata.constraints import Constraints
 from strata.engine.backend import Backend, make_backend
 from strata.engine.protocol import (
     PROTOCOL_VERSION,
@@ -77,7 +78,10 @@ def serve(sock: socket.socket) -> int:
         return 1
     config, backend = loaded
     piece = int(getattr(backend, "prefill_piece", config.prefill_chunk))
-    sched = Scheduler(backend, piece, config.parallel)
+    # token masks of constrained requests; the llguidance vocabulary is built in the background
+    constraints = Constraints(backend.vocabulary, backend.n_vocab)
+    constraints.warm()
+    sched = Scheduler(backend, piece, config.parallel, processors=constraints.for_request)
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame
     was_settling = False

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from strata.engine.backend import Backend
 from strata.engine.protocol import Finish, Progress, Submit, Tokens
-from strata.sampling import Sampler, SampleResult
+from strata.sampling import LogitsProcessor, Sampler, SampleResult
 
 Event = Progress | Tokens
+
+# Makes the per-request logits processor (a structured-output constraint) of a request; None
+# when the request has none.
+ProcessorFactory = Callable[[Submit], LogitsProcessor | None]
 
 
 @dataclass(slots=True)
@@ -40,12 +45,19 @@ class Seq:
 
 
 class Scheduler:
-    def __init__(self, backend: Backend, prefill_chunk: int, max_slots: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        prefill_chunk: int,
+        max_slots: int,
+        processors: ProcessorFactory | None = None,
+    ) -> None:
         self.backend = backend
         self.chunk = prefill_chunk
         self.waiting: deque[Seq] = deque()
         self.running: dict[int, Seq] = {}  # slot → sequence
         self.free_slots = list(range(min(max_slots, backend.max_slots)))[::-1]
+        self.processors = processors
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -71,7 +83,8 @@ class Scheduler:
                 )
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
-            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab)
+            proc = self.processors(req) if self.processors is not None else None
+            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         self.waiting.append(Seq(req, sampler, frozenset(req.stop_ids)))

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from strata.config import Config
+from strata.server.anthropic_api import routes as anthropic_routes
 from strata.server.openai_types import APIError
 from strata.server.routes import routes
 from strata.server.security import SecurityMiddleware
@@ -31,20 +32,22 @@ log = logging.getLogger("strata.server")
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+    return JSONResponse(exc.body_for(request.url.path), status_code=exc.status, headers=exc.headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     msg = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed"}
     e = APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)))
-    return JSONResponse(e.body(), status_code=e.status, headers=dict(exc.headers or {}))
+    return JSONResponse(
+        e.body_for(request.url.path), status_code=e.status, headers=dict(exc.headers or {})
+    )
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
     e = APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
-    return JSONResponse(e.body(), status_code=500)
+    return JSONResponse(e.body_for(request.url.path), status_code=500)
 
 
 def _install_drain(st: ServerState) -> None:
@@ -84,7 +87,7 @@ def create_app(config: Config | None = None) -> Starlette:
             await st.shutdown()
 
     app = Starlette(
-        routes=routes,
+        routes=[*routes, *anthropic_routes],
         middleware=[Middleware(SecurityMiddleware, api_key=config.api_key)],
         exception_handlers={
             APIError: _api_error,

@@ -34,6 +34,7 @@ class Delta:
     output_tokens: int = 0  # set on the finishing delta
     # On the finishing delta, with a VRAM expert tier: (hits, CPU misses, PCIe misses).
     tier: tuple[int, int, int] | None = None
+    stop: str | None = None  # on the finishing delta: the stop string that ended the choice
 
 
 @dataclass(slots=True)
@@ -117,7 +118,9 @@ class SeqRun:
                     pcie_share=pcie_share(ev),
                 )
             )
-            yield Delta(self.index, text, self._info(ev), finish, n_out, tier_counts(ev))
+            yield Delta(
+                self.index, text, self._info(ev), finish, n_out, tier_counts(ev), stopm.matched
+            )
             return
 
 

@@ -7,6 +7,9 @@ the API leaves room (documented in the README):
   choice then ends with `finish_reason: "length"`.
 - a prompt that leaves no room for one output token is 400 `context_length_exceeded`.
 - `n` is 1..16; `stop` at most 4 non-empty strings; `top_logprobs` 0..`max_top_logprobs`.
+- No field is dropped silently: a field the server does not know, or knows but does not
+  support (`UNSUPPORTED`), is a 400 naming it; only `IGNORED_FIELDS` (no effect on the answer)
+  are accepted and ignored. `model` may be omitted (the served model).
 """
 
 from __future__ import annotations
@@ -39,6 +42,21 @@ _STATUS_TYPE = {
     504: "timeout_error",
 }
 
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors); 503 (loading,
+# draining) is its "overloaded_error", the type of a temporary refusal.
+_ANTHROPIC_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # routes whose errors take Anthropic's shape
+
 
 class APIError(Exception):
     def __init__(
@@ -58,6 +76,16 @@ class APIError(Exception):
         self.type = type or _STATUS_TYPE.get(status, "invalid_request_error")
         self.headers = headers or {}
 
+    def body_for(self, path: str) -> dict[str, Any]:
+        """The error body in the shape of the API that `path` belongs to."""
+        if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS):
+            return self.anthropic_body()
+        return self.body()
+
+    def anthropic_body(self) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPE.get(self.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
     def body(self) -> dict[str, Any]:
         return {
             "error": {
@@ -71,24 +99,61 @@ class APIError(Exception):
 
 # -- request shapes ---------------------------------------------------------------------------
 
+# Top-level fields accepted and ignored: they change nothing in the answer.
+IGNORED_FIELDS = frozenset(
+    {"metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
+)
+# Fields of the OpenAI API this server knows and refuses (why, in the 400's message).
+UNSUPPORTED = {
+    "logit_bias": "not supported",
+    "functions": "deprecated by OpenAI and not supported; use tools",
+    "function_call": "deprecated by OpenAI and not supported; use tool_choice",
+    "audio": "not supported (text only)",
+    "modalities": "not supported (text only)",
+    "prediction": "not supported",
+    "web_search_options": "not supported",
+}
 
-class ContentPart(msgspec.Struct):
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class ContentPart(_Strict):
     type: str
     text: str | None = None
+    # other part kinds, named so that they get "only text parts" rather than "unknown field"
+    image_url: Any = None
+    input_audio: Any = None
+    file: Any = None
 
 
-class ChatMessage(msgspec.Struct):
+class ToolCallFunction(_Strict):
+    name: str
+    arguments: str  # JSON text of an object
+
+
+class MessageToolCall(_Strict):
+    function: ToolCallFunction
+    id: str | None = None
+    type: str = "function"
+
+
+class ChatMessage(_Strict):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
+    reasoning_content: str | None = None  # assistant: earlier reasoning (templates may show it)
 
 
-class StreamOptions(msgspec.Struct):
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _Common(msgspec.Struct, kw_only=True):
-    model: str
+class _Common(_Strict, kw_only=True):
+    model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
@@ -110,6 +175,13 @@ class ChatRequest(_Common, kw_only=True):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[Any] | None = None  # checked by strata.server.tools.ToolSpec.from_openai
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # checked in strata.server.chat
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's / llama-server's
+    reasoning_format: str | None = None  # llama-server's: "none" | "parsed"
+    reasoning_effort: str | None = None  # OpenAI's; passed to the template (gpt-oss reads it)
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -120,14 +192,14 @@ class CompletionRequest(_Common, kw_only=True):
     suffix: str | None = None
 
 
-class TokenizeRequest(msgspec.Struct, kw_only=True):
+class TokenizeRequest(_Strict, kw_only=True):
     model: str | None = None
     prompt: str | None = None
     content: str | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
 
 
-class DetokenizeRequest(msgspec.Struct, kw_only=True):
+class DetokenizeRequest(_Strict, kw_only=True):
     model: str | None = None
     tokens: list[int]
 
@@ -155,12 +227,35 @@ def parse_json_object(body: bytes, content_type: str) -> dict[str, Any]:
     return obj
 
 
+_UNKNOWN = re.compile(r"unknown field `([^`]*)`")
+
+
 def convert(obj: dict[str, Any], cls: type[Any]) -> Any:
+    """The body as `cls`, or a 400 naming the bad field. Unknown fields are errors except
+    `IGNORED_FIELDS` (dropped here)."""
+    known = set(cls.__struct_fields__)
+    for k in list(obj):
+        if k in known:
+            continue
+        if k in IGNORED_FIELDS:
+            del obj[k]
+        elif k in UNSUPPORTED:
+            raise APIError(400, f"{k}: {UNSUPPORTED[k]}", param=k, code="unsupported_field")
+        else:
+            raise APIError(
+                400, f"{k}: unknown field (not part of this API)", param=k, code="unknown_field"
+            )
     try:
         return msgspec.convert(obj, cls)
     except msgspec.ValidationError as e:
         m = _PATH.search(str(e))
         param = m.group(1) if m else None
+        u = _UNKNOWN.search(str(e))
+        if u is not None:
+            param = f"{param}.{u.group(1)}" if param else u.group(1)
+            raise APIError(
+                400, f"{param}: unknown field", param=param, code="unknown_field"
+            ) from None
         raise APIError(400, f"invalid request: {e}", param=param) from None
 
 
@@ -248,8 +343,10 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
     )
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """The conversation as role/content strings, or a 400 naming the bad message."""
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """The conversation as dicts (role, content text; an assistant's `tool_calls` as
+    {id, name, arguments} and `reasoning_content`; a tool result's `tool_call_id`), or a 400
+    naming the bad message."""
     if not req.messages:
         raise APIError(400, "messages: must be a non-empty array", param="messages")
     out = []
@@ -279,7 +376,28 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
             )
         if m.role in ("user", "system", "developer") and not content:
             raise APIError(400, f"{where}.content: must not be empty", param=f"{where}.content")
-        out.append({"role": m.role, "content": content or ""})
+        d: dict[str, Any] = {"role": m.role, "content": content or ""}
+        for name, only in (
+            ("tool_calls", "assistant"),
+            ("reasoning_content", "assistant"),
+            ("tool_call_id", "tool"),
+        ):
+            if getattr(m, name) is not None and m.role != only:
+                raise APIError(
+                    400, f"{where}.{name}: only for role {only}", param=f"{where}.{name}"
+                )
+        if m.tool_calls:
+            d["tool_calls"] = [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                for c in m.tool_calls
+            ]
+        if m.reasoning_content:
+            d["reasoning_content"] = m.reasoning_content
+        if m.tool_call_id is not None:
+            d["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
     return out
 
 

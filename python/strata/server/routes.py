@@ -1,5 +1,5 @@
-"""HTTP endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /tokenize,
-/detokenize, /v1/status, /metrics.
+"""HTTP endpoints: / (the web page), /v1/chat/completions, /v1/completions, /v1/models,
+/health, /tokenize, /detokenize, /v1/status, /metrics (the Anthropic ones: `anthropic_api`).
 
 Every check that can fail runs before a stream starts (so it is a plain HTTP error); once the
 200 head of a stream is out, an engine failure is a `data: {"error": …}` event.
@@ -12,8 +12,10 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -29,6 +31,8 @@ from strata.engine.client import (
 )
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
+from strata.server.assistant import AssistantParser, Part
+from strata.server.chat import ChatSetup, openai_chat, prepare_chat
 from strata.server.generate import Delta, SeqRun, TokenInfo, merge, usage_extras
 from strata.server.openai_types import (
     APIError,
@@ -45,6 +49,7 @@ from strata.server.openai_types import (
 )
 from strata.server.state import ServerState
 from strata.server.tokenizing import ServerTokenizer
+from strata.server.webui import index
 
 FINGERPRINT = f"strata-{__version__}"
 ENCODE_INLINE_CHARS = 8192
@@ -148,7 +153,10 @@ async def tokenize(request: Request) -> Response:
     if req.messages is not None:
         if text is not None:
             raise APIError(400, "give either prompt or messages, not both", param="messages")
-        ids = await encode(tok, render_chat(tok, chat_messages(_as_chat(req))), True)
+        setup = prepare_chat(
+            tok, chat_messages(_as_chat(req)), [], "none", True, None, None, "none"
+        )
+        ids = await encode(tok, setup.prompt, True)
     elif text is not None:
         ids = await encode(tok, text, False)
     else:
@@ -181,11 +189,23 @@ async def chat_completions(request: Request) -> Response | sse.SSEResponse:
     req: ChatRequest = convert(await read_json(request), ChatRequest)
     st.check_model(req.model)
     client, tok = st.ready()
+    ids, plan, setup = await chat_prompt(st, tok, req)
+    return await _generate(request, st, client, tok, "chat", [ids], plan, t0, setup)
+
+
+async def chat_prompt(
+    st: ServerState, tok: ServerTokenizer, req: ChatRequest
+) -> tuple[list[int], Plan, ChatSetup]:
+    """A chat request's prompt ids, plan (with its constraint) and answer parsing; shared with
+    the Anthropic route, which translates its requests into `ChatRequest`s."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
-    ids = await encode(tok, render_chat(tok, chat_messages(req)), True)
-    return await _generate(request, st, client, tok, "chat", [ids], plan, t0)
+    setup = openai_chat(req, tok, st.config.reasoning_format, st.config.tool_call_format)
+    if setup.grammar is not None:
+        plan.params = msgspec.structs.replace(plan.params, grammar=setup.grammar)
+    ids = await encode(tok, setup.prompt, True)
+    return ids, plan, setup
 
 
 async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
@@ -193,13 +213,6 @@ async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
     if len(text) < ENCODE_INLINE_CHARS:
         return tok.encode(text, special)
     return await asyncio.to_thread(tok.encode, text, special)
-
-
-def render_chat(tok: ServerTokenizer, messages: list[dict[str, str]]) -> str:
-    try:
-        return tok.apply_chat_template(messages)
-    except ValueError as e:  # the model's template refused the conversation
-        raise APIError(400, f"messages: {e}", param="messages") from None
 
 
 async def completions(request: Request) -> Response | sse.SSEResponse:
@@ -227,8 +240,21 @@ def _seed(base: int | None, j: int) -> int | None:
     return None if base is None else (base + j) & MAX_SEED
 
 
-async def _generate(
-    request: Request,
+@dataclass(slots=True)
+class Submitted:
+    """A request's sequences in the engine: one `SeqRun` per choice (prompt × n)."""
+
+    rid: str
+    runs: list[SeqRun]
+    streams: list[SeqStream]
+    client: EngineClient
+
+    def cancel_all(self) -> None:
+        for s in self.streams:
+            self.client.cancel(s)
+
+
+def submit(
     st: ServerState,
     client: EngineClient,
     tok: ServerTokenizer,
@@ -236,9 +262,12 @@ async def _generate(
     prompts: list[list[int]],
     plan: Plan,
     t0: float,
-) -> Response | sse.SSEResponse:
+    rid: str,
+    param: str = "prompt",
+) -> Submitted:
+    """Checks the prompts against the context and queues them (n choices each); the 4xx/5xx
+    that says why not. Shared by every generating route (OpenAI and Anthropic)."""
     n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
-    param = "messages" if endpoint == "chat" else "prompt"
     for p in prompts:
         if not p:
             raise APIError(400, f"{param}: the prompt is empty", param=param)
@@ -264,29 +293,39 @@ async def _generate(
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
     except Unavailable as e:
         raise APIError(503, str(e), code="unavailable") from None
-    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
     runs = [
         SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint)
         for i, s in enumerate(streams)
     ]
-    shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0)
+    return Submitted(rid, runs, streams, client)
 
-    def cancel_all() -> None:
-        for s in streams:
-            client.cancel(s)
 
+async def _generate(
+    request: Request,
+    st: ServerState,
+    client: EngineClient,
+    tok: ServerTokenizer,
+    endpoint: str,
+    prompts: list[list[int]],
+    plan: Plan,
+    t0: float,
+    setup: ChatSetup | None = None,
+) -> Response | sse.SSEResponse:
+    param = "messages" if endpoint == "chat" else "prompt"
+    rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
+    sub = submit(st, client, tok, endpoint, prompts, plan, t0, rid, param)
+    runs, streams, cancel_all = sub.runs, sub.streams, sub.cancel_all
+    shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0, setup)
     if plan.stream:
         return sse.SSEResponse(_stream(shape, runs, st, streams), cancel_all)
     return await _complete(request, shape, runs, st, streams, cancel_all)
 
 
 def _with_seed(p: SamplingParams, seed: int | None) -> SamplingParams:
-    import msgspec
-
     return msgspec.structs.replace(p, seed=seed)
 
 
-def _engine_error(e: BaseException) -> APIError:
+def engine_error(e: BaseException) -> APIError:
     if isinstance(e, DeadlineExceeded):
         return APIError(504, "request deadline exceeded", code="timeout")
     if isinstance(e, Unavailable):
@@ -298,15 +337,25 @@ class _Shape:
     """Builds the OpenAI JSON objects of one request."""
 
     def __init__(
-        self, endpoint: str, rid: str, model: str, plan: Plan, prompt_tokens: int, t0: float
+        self,
+        endpoint: str,
+        rid: str,
+        model: str,
+        plan: Plan,
+        prompt_tokens: int,
+        t0: float,
+        setup: ChatSetup | None = None,
     ) -> None:
         self.chat = endpoint == "chat"
+        self.setup = setup
+        self.parsers: dict[int, AssistantParser] = {}  # choice index → its answer's parser
         self.rid, self.model, self.plan = rid, model, plan
         self.prompt_tokens = prompt_tokens
         self.created = int(time.time())
         self.offsets: dict[int, int] = {}
         self.t0 = t0
         self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
+        self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -360,12 +409,85 @@ class _Shape:
             d["usage"] = None
         return d
 
-    def delta_choice(self, d: Delta, finish: str | None) -> dict[str, Any]:
+    def parser(self, index: int) -> AssistantParser:
+        p = self.parsers.get(index)
+        if p is None:
+            p = self.setup.parser(self.plan.stream) if self.setup else AssistantParser()
+            self.parsers[index] = p
+        return p
+
+    def finish_reason(self, index: int, finish: str) -> str:
+        """ "tool_calls" when the answer made calls and ended by itself."""
+        p = self.parsers.get(index)
+        return "tool_calls" if finish == "stop" and p is not None and p.n_calls else finish
+
+    def deltas(self, index: int, parts: list[Part]) -> list[dict[str, Any]]:
+        """Chat `delta` objects for parsed parts: a call's first delta has its index, id and
+        name, the following ones pieces of its arguments, as OpenAI streams them."""
+        out: list[dict[str, Any]] = []
+        for kind, v in parts:
+            if kind == "content":
+                out.append({"content": v})
+            elif kind == "reasoning":
+                out.append({"reasoning_content": v})
+            elif kind == "call_start":
+                k = self.calls_sent.get(index, 0)
+                self.calls_sent[index] = k + 1
+                fn = {"name": v.name, "arguments": ""}
+                out.append(
+                    {"tool_calls": [{"index": k, "id": v.id, "type": "function", "function": fn}]}
+                )
+            elif kind == "call_args":
+                k = self.calls_sent[index] - 1
+                out.append({"tool_calls": [{"index": k, "function": {"arguments": v}}]})
+        return out
+
+    def delta_choices(self, d: Delta, finish: str | None) -> list[dict[str, Any]]:
+        """The choice objects of one engine delta (chat: one per parsed part, the last one
+        carrying `finish_reason`)."""
         lp = self.logprobs(d.index, d.tokens) if d.tokens else None
-        if self.chat:
-            delta = {"content": d.text} if d.text or not finish else {}
-            return {"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return {"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": finish}
+        if not self.chat:
+            return [{"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": finish}]
+        p = self.parser(d.index)
+        parts = p.push(d.text) if d.text else []
+        if finish is not None:
+            parts += p.finish()
+        deltas = self.deltas(d.index, parts)
+        if finish is not None:
+            deltas.append({})
+            finish = self.finish_reason(d.index, finish)
+        elif not deltas and lp is not None:
+            deltas.append({"content": ""})  # the logprobs of text held back
+        out = []
+        for j, delta in enumerate(deltas):
+            last = j == len(deltas) - 1
+            out.append(
+                {
+                    "index": d.index,
+                    "delta": delta,
+                    "logprobs": lp if j == 0 else None,
+                    "finish_reason": finish if last else None,
+                }
+            )
+        return out
+
+    def message(self, index: int, text: str) -> dict[str, Any]:
+        """The whole answer of a non-streamed chat choice."""
+        p = self.parser(index)
+        content, reasoning, calls = "", "", []
+        for kind, v in p.push(text) + p.finish():
+            if kind == "content":
+                content += v
+            elif kind == "reasoning":
+                reasoning += v
+            elif kind == "call":
+                calls.append(v.openai())
+        msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
 
 
 async def _stream(
@@ -390,16 +512,12 @@ async def _stream(
                 )
             )
         async for d in merge(runs):
-            if d.finish is None:
-                yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
-                continue
-            total += d.output_tokens
-            if d.tier is not None:
-                shape.tier.append(d.tier)
-            if shape.chat and (d.text or d.tokens):
-                yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
-                d = Delta(d.index, "")
-            yield sse.event(shape.chunk([shape.delta_choice(d, d.finish)]))
+            if d.finish is not None:
+                total += d.output_tokens
+                if d.tier is not None:
+                    shape.tier.append(d.tier)
+            for choice in shape.delta_choices(d, d.finish):
+                yield sse.event(shape.chunk([choice]))
         if shape.plan.include_usage:
             last = shape.chunk([])
             last["usage"] = shape.usage(total)
@@ -408,9 +526,30 @@ async def _stream(
         outcome = "ok"
     except (EngineError, DeadlineExceeded, Unavailable) as e:
         outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
-        yield sse.event(_engine_error(e).body())
+        yield sse.event(engine_error(e).body())
     finally:
         st.metrics.request_done(endpoint, outcome, shape.t0)
+
+
+async def until_done_or_gone(request: Request, work: asyncio.Task[None], cancel: Any) -> bool:
+    """Waits for `work` unless the client disconnects first (then cancels it and the
+    engine sequences); True when the work ran to its end (result or exception)."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.create_task(disconnected())
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+            cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+    return not work.cancelled()
 
 
 async def _complete(
@@ -438,22 +577,8 @@ async def _complete(
                 if d.tier is not None:
                     shape.tier.append(d.tier)
 
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     work = asyncio.create_task(collect())
-    watch = asyncio.create_task(disconnected())
-    try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-            cancel_all()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
-    if work.cancelled():
+    if not await until_done_or_gone(request, work, cancel_all):
         st.metrics.request_done(endpoint, "cancelled", shape.t0)
         return Response(status_code=499)
     err = work.exception()
@@ -461,7 +586,7 @@ async def _complete(
         cancel_all()
         st.metrics.request_done(endpoint, "error", shape.t0)
         if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
-            raise _engine_error(err)
+            raise engine_error(err)
         raise err
     st.metrics.request_done(endpoint, "ok", shape.t0)
     choices = []
@@ -469,8 +594,9 @@ async def _complete(
         i = r.index
         lp = shape.logprobs(i, toks[i])
         if shape.chat:
-            msg = {"role": "assistant", "content": texts[i]}
-            choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": finish[i]})
+            msg = shape.message(i, texts[i])
+            fr = shape.finish_reason(i, finish[i])
+            choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": fr})
         else:
             choices.append(
                 {"index": i, "text": texts[i], "logprobs": lp, "finish_reason": finish[i]}
@@ -489,6 +615,7 @@ async def _complete(
 
 
 routes = [
+    Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
     Route("/v1/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),

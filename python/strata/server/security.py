@@ -1,7 +1,8 @@
 """Access control as ASGI middleware.
 
-- With `api_key` set: every path but `/health` needs `Authorization: Bearer <key>`, compared
-  in constant time (`hmac.compare_digest`).
+- With `api_key` set: every path but `/health` and the web page `/` needs
+  `Authorization: Bearer <key>` (or Anthropic's `x-api-key: <key>`), compared in constant time
+  (`hmac.compare_digest`).
 - Without a key: only loopback clients are served, and a request whose `Host` (or `Origin`,
   when present) names anything but localhost / 127.0.0.1 / ::1 is refused (DNS rebinding).
 The body size limit is enforced where the body is read (`routes.read_json`, 413).
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 from strata.server.openai_types import APIError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-OPEN_PATHS = {"/health"}
+OPEN_PATHS = {"/health", "/"}  # the web page carries no data (strata.server.webui)
 
 
 def _is_loopback_ip(host: str) -> bool:
@@ -48,7 +49,7 @@ class SecurityMiddleware:
         try:
             self._check(scope)
         except APIError as e:
-            await _send_error(send, e)
+            await _send_error(send, e, e.body_for(scope["path"]))
             return
         await self.app(scope, receive, send)
 
@@ -57,15 +58,17 @@ class SecurityMiddleware:
         if self.key:
             if scope["path"] in OPEN_PATHS:
                 return
-            auth = headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            ok = scheme.lower() == "bearer" and hmac.compare_digest(
-                token.strip().encode(), self.key
-            )
+            auth = headers.get("authorization")
+            if auth is not None:
+                scheme, _, token = auth.partition(" ")
+                token = token if scheme.lower() == "bearer" else ""
+            else:  # Anthropic's clients send the key in x-api-key
+                token = headers.get("x-api-key", "")
+            ok = bool(token.strip()) and hmac.compare_digest(token.strip().encode(), self.key)
             if not ok:
                 raise APIError(
                     401,
-                    "missing or wrong API key (Authorization: Bearer …)",
+                    "missing or wrong API key (Authorization: Bearer …, or x-api-key)",
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
@@ -83,10 +86,10 @@ class SecurityMiddleware:
                 raise APIError(403, f"Origin {origin!r} not allowed")
 
 
-async def _send_error(send: Any, e: APIError) -> None:
+async def _send_error(send: Any, e: APIError, obj: dict[str, Any]) -> None:
     import msgspec
 
-    body = msgspec.json.encode(e.body())
+    body = msgspec.json.encode(obj)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
     await send({"type": "http.response.start", "status": e.status, "headers": headers})

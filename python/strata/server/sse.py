@@ -22,6 +22,11 @@ def event(obj: Any) -> bytes:
     return b"data: " + _json.encode(obj) + b"\n\n"
 
 
+def named_event(name: str, obj: Any) -> bytes:
+    """An event with an `event:` line (Anthropic's stream names every event)."""
+    return b"event: " + name.encode() + b"\ndata: " + _json.encode(obj) + b"\n\n"
+
+
 class SSEResponse:
     def __init__(
         self,

@@ -20,6 +20,7 @@ class ServerTokenizer(Protocol):
     n_vocab: int
     eos_id: int
     eog_ids: frozenset[int]  # ids that end generation (finish "stop", never shown)
+    chat_template: str | None  # the Jinja source (None: a built-in rendering)
 
     def encode(self, text: str, special: bool) -> list[int]:
         """Text to ids; `special`: text like `<|user|>` becomes the special token (templates)."""
@@ -33,8 +34,9 @@ class ServerTokenizer(Protocol):
         """The raw bytes of one token (for logprobs' `bytes`)."""
         ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for a conversation, ending with the assistant's turn opening."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
+        """The prompt text for a conversation, ending with the assistant's turn opening;
+        `kwargs` are template variables (tools, enable_thinking, …)."""
         ...
 
 
@@ -43,6 +45,7 @@ class ToyTokenizer:
         self.n_vocab = toytok.N_VOCAB
         self.eos_id = toytok.EOS
         self.eog_ids = toytok.EOG_IDS
+        self.chat_template: str | None = None
         self._by_text = {text: tid for tid, text in toytok.SPECIALS.items()}
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -68,7 +71,7 @@ class ToyTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return toytok.token_bytes(token)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         parts = []
         for m in messages:
             marker = toytok.SPECIALS[toytok.ROLE_TOKEN.get(m["role"], toytok.USER)]
@@ -87,6 +90,7 @@ class RealTokenizer:
         self.eog_ids = frozenset(int(t) for t in self.tok.eog_ids)
         eos = self.tok.eos_id
         self.eos_id = int(eos) if eos is not None else min(self.eog_ids, default=-1)
+        self.chat_template: str | None = self.tok.chat_template
 
     def encode(self, text: str, special: bool) -> list[int]:
         return list(self.tok.encode(text, parse_special=special))
@@ -97,9 +101,9 @@ class RealTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return bytes(self.tok.token_bytes(token))
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """Raises ValueError (the tokenizer's ChatTemplateError) when the template fails."""
-        return str(self.tok.apply_chat_template(messages, add_generation_prompt=True))
+        return str(self.tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
 
 
 def load_tokenizer(config: Config) -> ServerTokenizer:
@@ -147,17 +151,19 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found (the earliest in the text)
 
     def push(self, text: str) -> str:
         """Text safe to release; sets `stopped` (and drops the stop and all after it)."""
         if self.stopped:
             return ""
         buf = self.held + text
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda h: h[0])
             self.stopped = True
             self.held = ""
-            return buf[: min(hits)]
+            return buf[:at]
         keep = 0
         for s in self.stops:
             for k in range(min(len(s) - 1, len(buf)), 0, -1):

@@ -1,0 +1,286 @@
+"""Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+A request is translated into an OpenAI chat request (`anthropic_types.to_chat_body`) and run
+through the chat route's own preparation (`routes.chat_prompt`: template, tools, constraint,
+plan) and submission (`routes.submit`: same slots, queue, metrics), so the two APIs cannot
+drift apart. Only the output is shaped here: the choice's text, split by the chat path's
+`AssistantParser` into reasoning / content / tool calls, becomes thinking / text / tool_use
+content blocks; streamed, the events are Anthropic's sequence
+
+    message_start, ping, (content_block_start, content_block_delta*, content_block_stop)*,
+    message_delta (stop_reason, usage.output_tokens), message_stop
+
+with `text_delta`, `thinking_delta` and `input_json_delta` deltas. Errors take Anthropic's
+shape (`APIError.anthropic_body`), before the stream as an HTTP error, after its head as an
+`error` event. Blocks open when their first piece arrives, so an answer with no text has no
+text block (as Anthropic's own API does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from strata.engine.client import DeadlineExceeded, EngineError, Unavailable
+from strata.server import sse
+from strata.server.anthropic_types import (
+    CountTokensRequest,
+    MessagesRequest,
+    to_chat_body,
+)
+from strata.server.assistant import AssistantParser, Part
+from strata.server.chat import ChatSetup
+from strata.server.generate import Delta, merge
+from strata.server.openai_types import ChatRequest, Plan, convert
+from strata.server.routes import (
+    Submitted,
+    chat_prompt,
+    engine_error,
+    read_json,
+    submit,
+    until_done_or_gone,
+)
+from strata.server.state import ServerState
+
+ENDPOINT = "messages"  # the metrics label
+
+
+def _state(request: Request) -> ServerState:
+    st: ServerState = request.app.state.strata
+    return st
+
+
+def _stop(d: Delta, called: bool) -> dict[str, Any]:
+    """`stop_reason` and `stop_sequence` of a finished choice."""
+    if called:
+        reason = "tool_use"
+    elif d.stop is not None:
+        reason = "stop_sequence"
+    else:
+        reason = "max_tokens" if d.finish == "length" else "end_turn"
+    return {"stop_reason": reason, "stop_sequence": d.stop if reason == "stop_sequence" else None}
+
+
+def _arguments(text: str) -> Any:
+    """A call's arguments as the `input` object. The parser releases only calls that parse,
+    except a streamed call whose block broke after it started: its text so far is kept as
+    `{"_raw": text}` rather than dropped."""
+    try:
+        obj = json.loads(text) if text else {}
+    except json.JSONDecodeError:
+        return {"_raw": text}
+    return obj if isinstance(obj, dict) else {"_raw": text}
+
+
+class Blocks:
+    """Events (thinking / text / tool call) → Anthropic content blocks, and the stream events
+    that build them. A block of the same kind as the open one continues it."""
+
+    def __init__(self) -> None:
+        self.content: list[dict[str, Any]] = []
+        self.open: str | None = None  # kind of the last block while it is open
+        self.called = False
+        self.args = ""  # the open tool_use block's arguments text so far
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        self.content.append(block)
+        self.open = block["type"]
+        return sse.named_event(
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": len(self.content) - 1,
+                "content_block": dict(block),
+            },
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        i = len(self.content) - 1
+        return sse.named_event(
+            "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
+        )
+
+    def close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        i = len(self.content) - 1
+        return [sse.named_event("content_block_stop", {"type": "content_block_stop", "index": i})]
+
+    def feed(self, ev: Part) -> list[bytes]:
+        """One parser part → the stream events it makes. Tool calls come whole ("call"), or,
+        from an incremental parser, as "call_start", "call_args" pieces (each an
+        `input_json_delta`) and a closing "call"."""
+        kind, value = ev
+        out: list[bytes] = []
+        if kind in ("call_start", "call"):
+            call: Any = value  # a ToolCall: name, arguments (JSON text), id
+            started = self.open == "tool_use"
+            if not started:
+                out += self.close()
+                self.called = True
+                self.args = ""
+                block = {"type": "tool_use", "id": "toolu_" + call.id.split("_")[-1]}
+                out.append(self._start({**block, "name": call.name, "input": {}}))
+            if kind == "call_start":
+                return out
+            if not started and call.arguments:
+                out += self.feed(("call_args", call.arguments))
+            self.content[-1]["input"] = _arguments(self.args)
+            return out + self.close()
+        if kind == "call_args":
+            self.args += value
+            return [self._delta({"type": "input_json_delta", "partial_json": value})]
+        if not value:
+            return out
+        btype, field, dtype = (
+            ("thinking", "thinking", "thinking_delta")
+            if kind == "reasoning"
+            else ("text", "text", "text_delta")
+        )
+        if self.open != btype:
+            out += self.close()
+            init = {"type": btype, field: ""}
+            if btype == "thinking":
+                init["signature"] = ""  # no signature: nothing here signs its reasoning
+            out.append(self._start(init))
+        self.content[-1][field] += value
+        out.append(self._delta({"type": dtype, field: value}))
+        return out
+
+
+def _message(
+    rid: str, model: str, content: list[dict[str, Any]], input_tokens: int
+) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": input_tokens, "output_tokens": 0},
+    }
+
+
+async def _prepare(request: Request, cls: type[Any]) -> tuple[Any, list[int], Plan, ChatSetup]:
+    st = _state(request)
+    areq = convert(await read_json(request), cls)
+    st.check_model(areq.model)
+    _, tok = st.ready()
+    creq: ChatRequest = convert({"model": st.model_id, **to_chat_body(areq)}, ChatRequest)
+    ids, plan, setup = await chat_prompt(st, tok, creq)
+    return areq, ids, plan, setup
+
+
+async def count_tokens(request: Request) -> Response:
+    _, ids, _, _ = await _prepare(request, CountTokensRequest)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
+async def messages(request: Request) -> Response | sse.SSEResponse:
+    t0 = time.monotonic()
+    st = _state(request)
+    areq, ids, plan, setup = await _prepare(request, MessagesRequest)
+    client, tok = st.ready()
+    rid = "msg_" + secrets.token_hex(12)
+    sub = submit(st, client, tok, ENDPOINT, [ids], plan, t0, rid, "messages")
+    head = _message(rid, st.model_id, [], len(ids))
+    if areq.stream:
+        parser = setup.parser(incremental=True)  # tool_use input streams as it is written
+        return sse.SSEResponse(_stream(st, sub, parser, head, t0), sub.cancel_all)
+    return await _complete(request, st, sub, setup.parser(), head, t0)
+
+
+async def _stream(
+    st: ServerState, sub: Submitted, events: AssistantParser, head: dict[str, Any], t0: float
+) -> AsyncIterator[bytes]:
+    outcome = "cancelled"
+    blocks = Blocks()
+    try:
+        yield sse.named_event("message_start", {"type": "message_start", "message": head})
+        yield sse.named_event("ping", {"type": "ping"})
+        async for d in merge(sub.runs):
+            for ev in events.push(d.text):
+                for chunk in blocks.feed(ev):
+                    yield chunk
+            if d.finish is None:
+                continue
+            for ev in events.finish():
+                for chunk in blocks.feed(ev):
+                    yield chunk
+            for chunk in blocks.close():
+                yield chunk
+            delta = _stop(d, blocks.called)
+            yield sse.named_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": delta,
+                    "usage": {"output_tokens": d.output_tokens},
+                },
+            )
+        yield sse.named_event("message_stop", {"type": "message_stop"})
+        outcome = "ok"
+    except (EngineError, DeadlineExceeded, Unavailable) as e:
+        outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
+        yield sse.named_event("error", engine_error(e).anthropic_body())
+    finally:
+        st.metrics.request_done(ENDPOINT, outcome, t0)
+
+
+async def _complete(
+    request: Request,
+    st: ServerState,
+    sub: Submitted,
+    events: AssistantParser,
+    head: dict[str, Any],
+    t0: float,
+) -> Response:
+    blocks = Blocks()
+    last: list[Delta] = []
+
+    async def collect() -> None:
+        async for d in merge(sub.runs):
+            for ev in events.push(d.text):
+                blocks.feed(ev)
+            if d.finish is not None:
+                for ev in events.finish():
+                    blocks.feed(ev)
+                last.append(d)
+
+    work = asyncio.create_task(collect())
+    if not await until_done_or_gone(request, work, sub.cancel_all):
+        st.metrics.request_done(ENDPOINT, "cancelled", t0)
+        return Response(status_code=499)
+    err = work.exception()
+    if err is not None:
+        sub.cancel_all()
+        st.metrics.request_done(ENDPOINT, "error", t0)
+        if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
+            raise engine_error(err)
+        raise err
+    st.metrics.request_done(ENDPOINT, "ok", t0)
+    d = last[-1]
+    body = dict(head, content=blocks.content)
+    body.update(_stop(d, blocks.called))
+    body["usage"] = {
+        "input_tokens": head["usage"]["input_tokens"],
+        "output_tokens": d.output_tokens,
+    }
+    return JSONResponse(body)
+
+
+routes = [
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+]

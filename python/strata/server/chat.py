@@ -1,0 +1,205 @@
+"""A chat request's prompt, constraint and answer parsing: tools and `tool_choice`,
+`response_format`, `chat_template_kwargs`, `reasoning_format`.
+
+`prepare_chat(...)` takes the API-neutral pieces (messages as dicts, `ToolSpec`s, a tool
+choice, a response grammar) so the OpenAI and Anthropic routes share it; `openai_chat(req)`
+maps an OpenAI request onto it. Every problem is an `APIError(400)` naming the field.
+
+Choices (vLLM's and llama-server's where they differ from nothing):
+- `tool_choice` defaults to "auto" with tools, "none" without; "none" still shows the tools
+  to the template (as vLLM does) but nothing is parsed as a call.
+- "required" and a named function constrain the whole answer (llguidance) to calls valid for
+  the tools' parameter schemas (objects without `additionalProperties` get none); with
+  `parallel_tool_calls: false` "required" makes exactly one call.
+- `response_format` `json_object` / `json_schema` constrain the answer to JSON (the schema);
+  not together with a forced tool call.
+- A thinking block may precede a constrained answer when the prompt opened it, or when
+  `chat_template_kwargs.enable_thinking` is true; it is not constrained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata import constraints
+from strata.reasoning import FORMATS as REASONING_FORMATS
+from strata.reasoning import prompt_opens_reasoning
+from strata.server.assistant import AssistantParser
+from strata.server.openai_types import APIError, ChatRequest, chat_messages
+from strata.server.tokenizing import ServerTokenizer
+from strata.server.tools import ToolFormat, ToolSpec, call_grammar, format_for, template_messages
+
+# Template variables a request's chat_template_kwargs may not replace.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+)
+
+
+@dataclass(slots=True)
+class ChatSetup:
+    prompt: str  # the rendered conversation, ending with the assistant's turn opening
+    grammar: str | None  # a Lark grammar for llguidance, or None
+    tools: list[ToolSpec] = field(default_factory=list)
+    fmt: ToolFormat | None = None  # None: no tool calls are parsed
+    parallel: bool = True
+    parse_reasoning: bool = True
+    reasoning_opened: bool = False
+
+    def parser(self, incremental: bool = False) -> AssistantParser:
+        """A fresh parser for one choice's answer (`incremental`: for a stream)."""
+        return AssistantParser.make(
+            self.parse_reasoning,
+            self.reasoning_opened,
+            self.fmt,
+            self.tools,
+            self.parallel,
+            incremental,
+        )
+
+
+def _bad(param: str, why: str) -> APIError:
+    return APIError(400, f"{param}: {why}", param=param)
+
+
+def response_grammar(rf: Mapping[str, Any] | None) -> str | None:
+    """OpenAI's `response_format` → a grammar (None for text)."""
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    extra = set(rf) - {"type", "json_schema"}
+    if extra:
+        raise _bad(f"response_format.{sorted(extra)[0]}", "unknown field")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return constraints.json_object_grammar()
+    if kind != "json_schema":
+        raise _bad("response_format.type", "must be text, json_object or json_schema")
+    js = rf.get("json_schema")
+    if not isinstance(js, Mapping):
+        raise _bad("response_format.json_schema", "must be an object")
+    extra = set(js) - {"name", "description", "schema", "strict"}
+    if extra:
+        raise _bad(f"response_format.json_schema.{sorted(extra)[0]}", "unknown field")
+    if not isinstance(js.get("name"), str):
+        raise _bad("response_format.json_schema.name", "required (a string)")
+    schema = js.get("schema", {})
+    if not isinstance(schema, Mapping):
+        raise _bad("response_format.json_schema.schema", "must be a JSON schema object")
+    return constraints.json_schema_grammar(schema)
+
+
+def tool_choice_of(choice: Any, tools: Sequence[ToolSpec]) -> str:
+    """OpenAI's `tool_choice` → "auto" | "none" | "required" | a tool's name."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise _bad("tool_choice", "must be auto, none, required or a named function")
+        name = choice
+    else:
+        fn = choice.get("function") if choice.get("type") == "function" else None
+        named = fn.get("name") if isinstance(fn, Mapping) else None
+        if not isinstance(named, str):
+            raise _bad(
+                "tool_choice",
+                'a named choice is {"type": "function", "function": {"name": …}}',
+            )
+        if named not in {t.name for t in tools}:
+            raise _bad("tool_choice", f"no tool named {named!r} in tools")
+        name = named
+    if name in ("auto", "required") and not tools:
+        raise _bad("tool_choice", f"{name!r} needs tools")
+    return name
+
+
+def prepare_chat(
+    tok: ServerTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[ToolSpec],
+    tool_choice: str,
+    parallel: bool,
+    answer_grammar: str | None,
+    template_kwargs: Mapping[str, Any] | None,
+    reasoning_format: str,
+    tool_call_format: str = "auto",
+) -> ChatSetup:
+    """Render the prompt and decide the constraint and the answer parsing."""
+    kwargs = dict(template_kwargs or {})
+    bad = RESERVED_TEMPLATE_KWARGS & set(kwargs)
+    if bad:
+        raise _bad(f"chat_template_kwargs.{sorted(bad)[0]}", "set by the server")
+    if reasoning_format not in REASONING_FORMATS:
+        raise _bad("reasoning_format", f"must be one of {', '.join(REASONING_FORMATS)}")
+    template = tok.chat_template
+    fmt = format_for(template, tool_call_format)
+    try:
+        msgs = template_messages(messages, tools, template, fmt)
+    except ValueError as e:
+        param = str(e).split(":")[0]
+        raise APIError(400, str(e), param=param) from None
+    if tools and "tools" in (template or ""):
+        kwargs["tools"] = [t.openai() for t in tools]
+    try:
+        prompt = tok.apply_chat_template(msgs, **kwargs)
+    except ValueError as e:  # the model's template refused the conversation
+        raise APIError(400, f"messages: {e}", param="messages") from None
+    grammar = answer_grammar
+    if tool_choice not in ("auto", "none"):
+        if grammar is not None:
+            raise _bad("response_format", "not together with a required or named tool_choice")
+        grammar = call_grammar(fmt, tools, tool_choice, parallel)
+    opened = prompt_opens_reasoning(prompt)
+    if grammar is not None:
+        mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
+        grammar = constraints.with_reasoning(grammar, mode)
+        try:
+            constraints.check_grammar(grammar)
+        except constraints.ConstraintError as e:
+            param = "response_format" if answer_grammar is not None else "tools"
+            raise _bad(param, f"the schema cannot be used as a constraint: {e}") from None
+    return ChatSetup(
+        prompt=prompt,
+        grammar=grammar,
+        tools=tools,
+        fmt=fmt if tools and tool_choice != "none" else None,
+        parallel=parallel,
+        parse_reasoning=reasoning_format == "parsed",
+        reasoning_opened=opened,
+    )
+
+
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+
+
+def openai_chat(
+    req: ChatRequest, tok: ServerTokenizer, default_reasoning: str, tool_call_format: str
+) -> ChatSetup:
+    """An OpenAI chat request → `ChatSetup`."""
+    tools = []
+    for i, t in enumerate(req.tools or []):
+        try:
+            tools.append(ToolSpec.from_openai(t, f"tools[{i}]"))
+        except ValueError as e:
+            raise APIError(400, str(e), param=str(e).split(":")[0]) from None
+    if len({t.name for t in tools}) != len(tools):
+        raise _bad("tools", "tool names must be unique")
+    choice = tool_choice_of(req.tool_choice, tools)
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        if req.reasoning_effort not in REASONING_EFFORTS:
+            raise _bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    return prepare_chat(
+        tok,
+        chat_messages(req),
+        tools,
+        choice,
+        req.parallel_tool_calls is not False,
+        response_grammar(req.response_format),
+        kwargs,
+        req.reasoning_format or default_reasoning,
+        tool_call_format,
+    )

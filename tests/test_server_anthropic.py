@@ -1,0 +1,315 @@
+"""The Anthropic Messages API against a real uvicorn serving the fake engine, through the
+official `anthropic` client (and raw HTTP for the exact event sequence and error bodies).
+
+Oracle: the fake model's documented rule (strata.engine.backend.FakeBackend): greedy decoding
+echoes the last run of plain text of the prompt (for a chat, the last message's content), one
+toy token per byte, then ends with EOS. The toy chat template is `<|role|>content<|end|>` per
+message, then `<|assistant|>` (strata.server.tokenizing.ToyTokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_harness import Server
+
+MODEL = "strata-fake"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    s = Server(parallel=2, n_ctx=512)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0) as c:
+        yield c
+
+
+def user(text: str) -> list[Any]:
+    return [{"role": "user", "content": text}]
+
+
+GREEDY = {"temperature": 0}  # Anthropic's default is 1.0; the echo is the greedy answer
+
+
+def test_create_echo_usage_and_stop_reason(client: anthropic.Anthropic) -> None:
+    r = client.messages.create(
+        model=MODEL, max_tokens=64, messages=user("hello world"), extra_body=GREEDY
+    )
+    assert r.type == "message" and r.role == "assistant" and r.model == MODEL
+    assert r.id.startswith("msg_")
+    assert [(b.type, b.text) for b in r.content] == [("text", "hello world")]  # type: ignore[union-attr]
+    assert r.stop_reason == "end_turn" and r.stop_sequence is None
+    # <|user|> + 11 bytes + <|end|> + <|assistant|>; 11 bytes out (EOS is not counted)
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (14, 11)
+
+
+def test_max_tokens_and_stop_sequences(client: anthropic.Anthropic) -> None:
+    r = client.messages.create(
+        model=MODEL, max_tokens=3, messages=user("hello world"), extra_body=GREEDY
+    )
+    assert r.content[0].text == "hel" and r.stop_reason == "max_tokens"  # type: ignore[union-attr]
+    assert r.usage.output_tokens == 3
+    r = client.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        messages=user("hello world"),
+        stop_sequences=["xyz", "wor"],
+        extra_body=GREEDY,
+    )
+    assert r.content[0].text == "hello " and r.stop_reason == "stop_sequence"  # type: ignore[union-attr]
+    assert r.stop_sequence == "wor"
+
+
+def test_system_and_conversation_reach_the_template(client: anthropic.Anthropic) -> None:
+    sys_text = "be brief"
+    msgs = [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "sec"}, {"type": "text", "text": "ond"}],
+        },
+    ]
+    n = client.messages.count_tokens(model=MODEL, messages=msgs, system=sys_text).input_tokens  # type: ignore[arg-type]
+    # three toy markers + content per message (system included), then <|assistant|>
+    assert n == (2 + len(sys_text)) + (2 + 5) + (2 + 2) + (2 + 6) + 1
+    r = client.messages.create(
+        model=MODEL,
+        max_tokens=32,
+        messages=msgs,
+        system=[{"type": "text", "text": sys_text}],
+        extra_body=GREEDY,
+    )  # type: ignore[arg-type]
+    assert r.content[0].text == "second" and r.usage.input_tokens == n  # type: ignore[union-attr]
+
+
+def test_stream_with_the_client(client: anthropic.Anthropic) -> None:
+    with client.messages.stream(
+        model=MODEL, max_tokens=64, messages=user("streamed text"), extra_body=GREEDY
+    ) as s:
+        pieces = list(s.text_stream)
+        final = s.get_final_message()
+    assert "".join(pieces) == "streamed text" and len(pieces) > 1
+    assert final.content[0].text == "streamed text"  # type: ignore[union-attr]
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens == 13
+
+
+def raw_events(server: Server, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    with server.http.stream("POST", "/v1/messages", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        name = None
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data = json.loads(line[len("data: ") :])
+                assert data["type"] == name
+                out.append((name, data))
+    return out
+
+
+def test_stream_event_sequence(server: Server) -> None:
+    ev = raw_events(
+        server, {"max_tokens": 5, "messages": user("hello world"), "stream": True, **GREEDY}
+    )
+    names = [n for n, _ in ev]
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert set(names[3:-3]) == {"content_block_delta"}
+    start = ev[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert start["usage"] == {"input_tokens": 14, "output_tokens": 0}
+    assert ev[2][1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    text = "".join(d["delta"]["text"] for n, d in ev if n == "content_block_delta")
+    assert text == "hello"
+    assert all(d["delta"]["type"] == "text_delta" for n, d in ev if n == "content_block_delta")
+    assert ev[-2][1]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert ev[-2][1]["usage"] == {"output_tokens": 5}
+
+
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    body = r.json()
+    assert body["type"] == "error" and set(body["error"]) == {"type", "message"}
+    out: dict[str, Any] = body["error"]
+    return out
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "names"),
+    [
+        (
+            {"max_tokens": 8, "messages": user("x"), "frobnicate": 1},
+            400,
+            "invalid_request_error",
+            "frobnicate",
+        ),
+        ({"messages": user("x")}, 400, "invalid_request_error", "max_tokens"),
+        ({"max_tokens": 0, "messages": user("x")}, 400, "invalid_request_error", "max_tokens"),
+        ({"max_tokens": 8, "messages": []}, 400, "invalid_request_error", "messages"),
+        (
+            {
+                "max_tokens": 8,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "image",
+                                "source": {"type": "base64", "media_type": "image/png", "data": ""},
+                            }
+                        ],
+                    }
+                ],
+            },
+            400,
+            "invalid_request_error",
+            "image",
+        ),
+        (
+            {"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]},
+            400,
+            "invalid_request_error",
+            "role",
+        ),
+        (
+            {"max_tokens": 8, "messages": user("x"), "model": "other"},
+            404,
+            "not_found_error",
+            "other",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "messages": user("x"),
+                "tools": [{"type": "bash_20250124", "name": "bash"}],
+            },
+            400,
+            "invalid_request_error",
+            "server tools",
+        ),
+        (
+            {"max_tokens": 8, "messages": user("x"), "thinking": {"type": "enabled"}},
+            400,
+            "invalid_request_error",
+            "budget_tokens",
+        ),
+        (
+            {"max_tokens": 8, "messages": [*user("x"), {"role": "assistant", "content": "pre"}]},
+            400,
+            "invalid_request_error",
+            "prefill",
+        ),
+    ],
+)
+def test_errors_in_anthropic_shape(
+    server: Server, body: dict[str, Any], status: int, kind: str, names: str
+) -> None:
+    r = server.http.post("/v1/messages", json=body)
+    assert r.status_code == status
+    e = error_of(r)
+    assert e["type"] == kind and names in e["message"]
+
+
+def test_client_raises_typed_errors(client: anthropic.Anthropic) -> None:
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        client.messages.create(
+            model=MODEL, max_tokens=8, messages=user("x"), extra_body={"nope": 1}
+        )
+    assert "nope" in bad.value.message
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(
+            model="elsewhere", max_tokens=8, messages=user("x"), extra_body=GREEDY
+        )
+
+
+def test_other_errors_keep_openai_shape(server: Server) -> None:
+    r = server.http.post("/v1/messages/nothing", json={})
+    assert r.status_code == 404 and error_of(r)["type"] == "not_found_error"
+    r = server.http.post("/v1/chat/completions", json={"messages": 3})
+    assert r.status_code == 400 and "type" not in r.json()  # OpenAI's {"error": {...}}
+
+
+def test_metrics_count_messages(server: Server, client: anthropic.Anthropic) -> None:
+    def ok() -> float:
+        text = server.http.get("/metrics").text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == "strata_requests_total" and s.labels == {
+                    "endpoint": "messages",
+                    "outcome": "ok",
+                }:
+                    return s.value
+        return 0.0
+
+    before = ok()
+    client.messages.create(model=MODEL, max_tokens=4, messages=user("abc"), extra_body=GREEDY)
+    with client.messages.stream(
+        model=MODEL, max_tokens=4, messages=user("abc"), extra_body=GREEDY
+    ) as s:
+        s.until_done()
+    assert ok() == before + 2
+
+
+def test_api_key_bearer_and_x_api_key() -> None:
+    s = Server(api_key="sekrit")
+    try:
+        body = {"max_tokens": 4, "messages": user("hi"), **GREEDY}
+        r = s.http.post("/v1/messages", json=body)
+        assert r.status_code == 401 and error_of(r)["type"] == "authentication_error"
+        r = s.http.post("/v1/messages", json=body, headers={"x-api-key": "wrong"})
+        assert r.status_code == 401
+        r = s.http.post("/v1/messages", json=body, headers={"x-api-key": "sekrit"})
+        assert r.status_code == 200 and r.json()["content"][0]["text"] == "hi"
+        with anthropic.Anthropic(base_url=s.url, api_key="sekrit", max_retries=0) as c:
+            assert c.messages.create(model=MODEL, max_tokens=4, messages=user("hi")).content
+        with (
+            anthropic.Anthropic(base_url=s.url, api_key="bad", max_retries=0) as c,
+            pytest.raises(anthropic.AuthenticationError),
+        ):
+            c.messages.create(model=MODEL, max_tokens=4, messages=user("hi"))
+        # the web page is served without the key (it holds no data); its API calls need it
+        assert s.http.get("/").status_code == 200
+        assert s.http.get("/v1/status").status_code == 401
+    finally:
+        s.stop()
+
+
+def test_engine_crash_mid_stream_is_an_error_event() -> None:
+    s = Server(test_faults=1, fake_step_ms=10)
+    try:
+        body = {"max_tokens": 64, "messages": user("boom #crash# boom"), "stream": True, **GREEDY}
+        names, last = [], None
+        with s.http.stream("POST", "/v1/messages", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    names.append(line[len("event: ") :])
+                elif line.startswith("data: "):
+                    last = json.loads(line[len("data: ") :])
+        assert names[0] == "message_start" and names[-1] == "error"
+        assert "message_stop" not in names
+        assert last is not None and last["type"] == "error"
+        assert last["error"]["type"] == "api_error" and last["error"]["message"]
+        # the server keeps serving (the engine restarts)
+        s.wait(lambda r: r.status_code == 200)
+        r2 = s.http.post("/v1/messages", json={"max_tokens": 8, "messages": user("ok"), **GREEDY})
+        assert r2.status_code == 200 and r2.json()["content"][0]["text"] == "ok"
+    finally:
+        s.stop()

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.vocabgen import CHATML_SPECIALS, CHATML_TEMPLATE, GGUFVocab, TokenType, train_bpe
+from strata.vocabgen import CHATML_SPECIALS, GGUFVocab, chatml_vocab, train_bpe
 
 MAX_FILE_BYTES = 256 * 1024
 # Folders left out whole: vendored data, not the library's own code.
@@ -141,28 +141,12 @@ def train_tokenizer(texts: Iterable[str], n_vocab: int) -> tuple[Any, GGUFVocab]
 
     n_special = len(CHATML_SPECIALS)
     tok, tokens, merges = train_bpe(texts, n_vocab - n_special)
-    types = [int(TokenType.NORMAL)] * len(tokens)
-    first = len(tokens)
-    for text, ty in CHATML_SPECIALS:
-        tokens.append(text)
-        types.append(int(ty))
-    while len(tokens) < n_vocab:
-        tokens.append(f"[PAD{len(tokens)}]")
-        types.append(int(TokenType.UNUSED))
+    vocab = chatml_vocab(tokens, merges, n_vocab)
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, _ in CHATML_SPECIALS]
     )
-    if tok.token_to_id("<|im_start|>") != first + 1:
+    if tok.token_to_id("<|im_start|>") != vocab.bos_id + 1:
         raise RuntimeError("special token ids do not follow the trained vocabulary")
-    vocab = GGUFVocab(
-        tokens=tokens,
-        token_types=types,
-        merges=merges,
-        bos_id=first,
-        eos_id=first + 2,
-        pad_id=first,
-        chat_template=CHATML_TEMPLATE,
-    )
     return tok, vocab
 
 

@@ -156,6 +156,13 @@ def small_vocab(n_vocab: int) -> GGUFVocab:
     if n_vocab < 256 + n_special + 1:
         raise ValueError(f"n_vocab: must be at least {256 + n_special + 1} (got {n_vocab})")
     tokens, merges = _train_bpe(n_vocab - n_special - 1)
+    return chatml_vocab(tokens, merges, n_vocab)
+
+
+def chatml_vocab(tokens: list[str], merges: list[str], n_vocab: int) -> GGUFVocab:
+    """Trained BPE `tokens` (ids 0..), then the ChatML specials, then `[PAD{id}]` UNUSED
+    entries up to `n_vocab`; `<|endoftext|>` is bos and pad, `<|im_end|>` eos."""
+    tokens = list(tokens)
     types = [int(TokenType.NORMAL)] * len(tokens)
     first_special = len(tokens)
     for text, ty in CHATML_SPECIALS:

@@ -112,9 +112,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=2048, help="held-out tokens for perplexity")
     ap.add_argument("--route-tokens", type=int, default=1024)
     ap.add_argument("--win", type=int, default=256)
+    ap.add_argument("--default", type=Path, help="default: the shipped file")
+    ap.add_argument("--draft", type=Path, help="default: the shipped file")
     args = ap.parse_args()
-    default = modelgen.shipped_model_path("default")
-    draft = modelgen.shipped_model_path("draft")
+    default = args.default or modelgen.shipped_model_path("default")
+    draft = args.draft or modelgen.shipped_model_path("draft")
     tok = Tokenizer.from_gguf(default)
     ids = heldout_ids(tok, args.tokens)
     with tempfile.TemporaryDirectory() as d:

@@ -401,9 +401,18 @@ def convert(args: argparse.Namespace) -> None:
         f32 = out / f"{name}-f32.gguf"
         modelgen.write_qwen3moe(f32, spec, vocab=vocab, weights=weights, description=desc)
         print(f"{which}: ours vs transformers on the F32 file: {float_oracle(f32, ckpt, which)}")
+        if args.f32_only:
+            continue
         q8 = out / f"{name}-q8_0.gguf"
-        modelgen.quantize(f32, q8, "Q8_0")
-        print(f"{which}: step {state['step']}, val loss {state['val_loss']:.4f} -> {q8}")
+        try:
+            modelgen.quantize(f32, q8, "Q8_0")  # llama.cpp's quantizer
+            how = "llama.cpp"
+        except ModuleNotFoundError:  # no llama-cpp-python: gguf-py's bit-exact Q8_0
+            modelgen.write_qwen3moe(
+                q8, spec, dtype="q8_0", vocab=vocab, weights=weights, description=desc
+            )
+            how = "gguf-py"
+        print(f"{which}: step {state['step']}, val loss {state['val_loss']:.4f} -> {q8} ({how})")
         print(f"  {f32.stat().st_size / 1e6:.1f} MB F32, {q8.stat().st_size / 1e6:.1f} MB Q8_0")
 
 
@@ -453,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--data", required=True)
     c.add_argument("--ckpt", required=True)
     c.add_argument("--out", required=True)
+    c.add_argument("--f32-only", action="store_true", help="no Q8_0 (needs llama-cpp-python)")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         prepare(args.out)

@@ -138,7 +138,7 @@ def test_dense_qwen3_random_agrees_with_llamacpp(tmp_path: Path) -> None:
     path = modelgen.write_qwen3moe(tmp_path / "dense.gguf", spec, seed=5)
     ll = llama(path, "f16")
     m = Model.open(path, n_ctx=256, n_slots=1, kv_type="f16", prefill_chunk=64)
-    assert m.hparams["arch"] == "qwen3"
+    assert m.hparams["architecture"] == "qwen3"
     rng = np.random.default_rng(6)
     top1, kls = [], []
     for _ in range(4):

@@ -35,8 +35,9 @@ ARCHS = ("qwen3moe", "qwen3")
 # Bump when the bytes written for a given (spec, seed, dtype) change, so caches rebuild.
 GENERATOR_VERSION = 1
 
-_DTYPES = ("f32", "f16", "bf16")
-_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+_DTYPES = ("f32", "f16", "bf16", "q8_0")
+# llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0
+_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
 
 
 @dataclass(frozen=True)
@@ -287,6 +288,12 @@ def _encode(x: np.ndarray[Any, Any], store: str) -> np.ndarray[Any, Any]:
         return x
     if store == "f16":
         return x.astype(np.float16)
+    if store == "q8_0":
+        # gguf-py's Q8_0, bit-exact with ggml's reference quantizer (what llama-quantize runs)
+        import gguf
+
+        q8: np.ndarray[Any, Any] = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+        return q8
     # bf16, round to nearest even as gguf-py / ggml do
     u = x.view(np.uint32).astype(np.uint64)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -331,7 +338,7 @@ def write_qwen3moe(
     description: str | None = None,
 ) -> Path:
     """Write a random-weight qwen3moe GGUF (or dense qwen3, by `spec.arch`). `dtype` (f32,
-    f16, bf16) is the matrices' type; norms and the router are always f32. Deterministic in
+    f16, bf16, q8_0) is the matrices' type; norms and the router are always f32. Deterministic in
     (spec, seed, dtype). Returns the path. `description` replaces general.description.
     `weights` (GGUF tensor name → array of the tensor's numpy shape, e.g. from
     `strata.hfconvert.hf_to_gguf`) replaces the random values."""
@@ -370,12 +377,15 @@ def write_qwen3moe(
     w.add_layer_norm_rms_eps(spec.rms_eps)
     vocab.add_to_writer(w)
 
-    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8}
+    raws = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
     for t in plan:
-        itemsize = np.dtype(np_dtype[t.store]).itemsize
-        raw = gguf.GGMLQuantizationType.BF16 if t.store == "bf16" else None
-        nbytes = int(np.prod(t.shape)) * itemsize
-        w.add_tensor_info(t.name, t.shape, np.dtype(np_dtype[t.store]), nbytes, raw_dtype=raw)
+        shape = t.shape
+        if t.store == "q8_0":  # byte shape: rows of 34-byte blocks of 32 weights
+            shape = (*t.shape[:-1], t.shape[-1] // 32 * 34)
+        nbytes = int(np.prod(shape)) * np.dtype(np_dtype[t.store]).itemsize
+        dt = np.dtype(np_dtype[t.store])
+        w.add_tensor_info(t.name, shape, dt, nbytes, raw_dtype=raws.get(t.store))
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -102,8 +103,9 @@ def test_heldout_perplexity_far_below_random(tmp_path: Path) -> None:
     modelgen.write_qwen3moe(rnd_path, spec)  # same vocabulary size, random weights
     rnd = perplexity(rnd_path, toks)
     print(f"held-out perplexity: default {trained:.2f}, draft {draft:.2f}, random {rnd:.0f}")
-    assert trained < 20 and draft < 40
-    assert trained * 50 < rnd
+    # measured: default 14.8, draft 37.7, random ~12800 (docs/MODELS.md)
+    assert trained < 30 and draft < 80
+    assert trained < draft and trained * 50 < rnd
 
 
 def _parses(src: str) -> bool:
@@ -118,7 +120,7 @@ def test_greedy_completion_reads_as_python() -> None:
     from strata.llm import LLM
 
     llm = LLM(modelgen.shipped_model_path("default"), n_ctx=256)
-    prompt = "def read_lines(path):\n"
+    prompt = "import os\n\n\ndef walk_files(root):\n"
     ids = llm.tokenizer.encode(prompt)
     out = [t for t, _ in llm.generate_ids(ids, max_tokens=64, temperature=0.0)]
     text = prompt + llm.tokenizer.decode(out)
@@ -151,3 +153,26 @@ def test_dense_qwen3_random_agrees_with_llamacpp(tmp_path: Path) -> None:
         kls.extend((np.exp(lp) * (lp - lq)).sum(1))
     assert np.mean(top1) >= 0.99
     assert float(np.mean(kls)) <= 1e-3
+
+
+def test_shipped_files_carry_tokenizer_and_chat_template() -> None:
+    import gguf
+
+    for kind, arch in (("default", "qwen3moe"), ("draft", "qwen3")):
+        path = modelgen.shipped_model_path(kind)
+        assert path.stat().st_size <= 24 * 1024 * 1024
+        r = gguf.GGUFReader(path)
+
+        def field(k: str, r: gguf.GGUFReader = r) -> Any:
+            return r.fields[k].contents()
+
+        assert field("general.architecture") == arch
+        assert "Python standard library" in field("general.description")
+        assert field("tokenizer.ggml.model") == "gpt2"
+        toks = field("tokenizer.ggml.tokens")
+        assert len(toks) == 8192
+        assert toks[field("tokenizer.ggml.eos_token_id")] == "<|im_end|>"
+        assert "<|im_start|>" in toks and "<|endoftext|>" in toks
+        assert "<|im_start|>" in field("tokenizer.chat_template")
+        types = {t.tensor_type.name for t in r.tensors}
+        assert types == {"Q8_0", "F32"}, types

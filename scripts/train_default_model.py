@@ -17,7 +17,7 @@ Three steps, because the GPU machine has no network and another Python (its stdl
      restart). The checkpoint is the weights in float16, split into pieces of < 16 MiB
      (moe.ckpt.0.npz, ...), plus moe.meta.npz: the state (config, step, losses, as json) and
      HF's float32 logits of the float16-rounded weights on held-out prompts (the float
-     oracle of tests/test_trained_models.py).
+     oracle that `convert` checks our forward pass against).
   3. here:    python scripts/train_default_model.py convert --data DIR --ckpt DIR --out DIR
      GGUF with strata.modelgen (tokenizer and chat template in the metadata), F32, then Q8_0
      through llama.cpp's quantizer: python/strata/models/strata-default-qwen3moe-q8_0.gguf
@@ -172,6 +172,7 @@ def train(args: argparse.Namespace) -> None:
     state: dict[str, Any] = {"step": 0, "steps": args.steps, "log": []}
     if args.resume:
         state = read_state(Path(args.resume), which)
+        state["steps"] = max(state["steps"], args.steps)  # --steps N extends a finished run
         model.load_state_dict(load_ckpt(Path(args.resume), which), strict=True)
         print(f"[{which}] resumed at step {state['step']}", flush=True)
     impl = "eager"

@@ -1,6 +1,7 @@
-"""The server on the real engine (the embedded default model, random weights): the official
-client's greedy completions equal `strata.LLM`'s single-slot greedy loop on the same file,
-token for token, over repeated requests, with one slot and with two."""
+"""The server on the real engine with no model given (it serves the embedded default model, the
+trained one shipped in the package): the official client's greedy completions equal
+`strata.LLM`'s single-slot greedy loop on that file, token for token, over repeated requests,
+with one slot and with two; /v1/status says what the model is."""
 
 from __future__ import annotations
 
@@ -17,9 +18,7 @@ PROMPTS = ["The cat sat on", "def main():\n    print("]
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("strata-cache")
-    modelgen.ensure_default_model(d)
-    return d
+    return tmp_path_factory.mktemp("strata-cache")  # nothing is built there any more
 
 
 def reference(llm: LLM, prompt: str, n: int) -> tuple[str, str]:
@@ -37,11 +36,13 @@ def reference(llm: LLM, prompt: str, n: int) -> tuple[str, str]:
 
 @pytest.mark.parametrize("parallel", [1, 2])
 def test_greedy_matches_llm(cache_dir: Path, parallel: int) -> None:
-    llm = LLM(modelgen.default_model_path(cache_dir))
+    llm = LLM(modelgen.shipped_model_path("default"))
     n = 12
     srv = Server(engine="llm", cache_dir=cache_dir, parallel=parallel, n_ctx=512)
     try:
         model_id = srv.http.get("/v1/models").json()["data"][0]["id"]
+        status = srv.http.get("/v1/status").json()["model"]
+        assert status["weights"] == modelgen.TRAINED_DEFAULT_WEIGHTS
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         for prompt in PROMPTS * 2:
             r = client.completions.create(

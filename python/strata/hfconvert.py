@@ -36,6 +36,8 @@ _LAYER = {
     "ffn_gate_inp.weight": "mlp.gate.weight",
 }
 _EXPERTS = (("gate_exps", "gate_proj"), ("up_exps", "up_proj"), ("down_exps", "down_proj"))
+# the dense qwen3 FFN: GGUF ffn_{gate,up,down}.weight ↔ HF mlp.{gate,up,down}_proj.weight
+_DENSE = (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj"))
 _GLOBAL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -45,21 +47,14 @@ _GLOBAL = {
 
 def hf_config(spec: ModelSpec, vocab_size: int | None = None) -> dict[str, Any]:
     """Keyword arguments for transformers' `Qwen3MoeConfig` describing the same model (every
-    layer MoE, top-k renormalized as llama.cpp does)."""
-    return {
+    layer MoE, top-k renormalized as llama.cpp does); for arch "qwen3", `Qwen3Config`'s."""
+    common = {
         "vocab_size": vocab_size if vocab_size is not None else spec.n_vocab,
         "hidden_size": spec.n_embd,
-        "intermediate_size": spec.n_ff_exp * spec.n_expert_used,
-        "moe_intermediate_size": spec.n_ff_exp,
         "num_hidden_layers": spec.n_layer,
         "num_attention_heads": spec.n_head,
         "num_key_value_heads": spec.n_head_kv,
         "head_dim": spec.head_dim,
-        "num_experts": spec.n_expert,
-        "num_experts_per_tok": spec.n_expert_used,
-        "norm_topk_prob": True,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_freq_base,
         "max_position_embeddings": spec.n_ctx_train,
@@ -67,11 +62,25 @@ def hf_config(spec: ModelSpec, vocab_size: int | None = None) -> dict[str, Any]:
         "attention_bias": False,
         "hidden_act": "silu",
     }
+    if spec.arch == "qwen3":
+        return {**common, "intermediate_size": spec.n_ff_exp}
+    return {
+        **common,
+        "intermediate_size": spec.n_ff_exp * spec.n_expert_used,
+        "moe_intermediate_size": spec.n_ff_exp,
+        "num_experts": spec.n_expert,
+        "num_experts_per_tok": spec.n_expert_used,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
 
 
 def spec_from_hf_config(cfg: Mapping[str, Any], vocab: str = "small") -> ModelSpec:
-    """The ModelSpec of an HF Qwen3-MoE config (a config.json dict)."""
-    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+    """The ModelSpec of an HF Qwen3-MoE config (a config.json dict), or of a dense Qwen3 one
+    (no `num_experts`: arch "qwen3", the FFN width in n_ff_exp)."""
+    dense = "num_experts" not in cfg
+    if not dense and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
         raise ValueError("config has dense layers; qwen3moe in llama.cpp is MoE in every layer")
     rope = cfg.get("rope_theta")
     if rope is None:  # transformers v5 keeps it under rope_parameters
@@ -79,9 +88,9 @@ def spec_from_hf_config(cfg: Mapping[str, Any], vocab: str = "small") -> ModelSp
     return ModelSpec(
         n_embd=int(cfg["hidden_size"]),
         n_layer=int(cfg["num_hidden_layers"]),
-        n_expert=int(cfg["num_experts"]),
-        n_expert_used=int(cfg["num_experts_per_tok"]),
-        n_ff_exp=int(cfg["moe_intermediate_size"]),
+        n_expert=1 if dense else int(cfg["num_experts"]),
+        n_expert_used=1 if dense else int(cfg["num_experts_per_tok"]),
+        n_ff_exp=int(cfg["intermediate_size" if dense else "moe_intermediate_size"]),
         n_head=int(cfg["num_attention_heads"]),
         n_head_kv=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
         head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
@@ -90,6 +99,7 @@ def spec_from_hf_config(cfg: Mapping[str, Any], vocab: str = "small") -> ModelSp
         rope_freq_base=float(rope),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         vocab=vocab,
+        arch="qwen3" if dense else "qwen3moe",
     )
 
 
@@ -106,7 +116,13 @@ def hf_to_gguf(state: Mapping[str, Array], spec: ModelSpec) -> dict[str, Array]:
     for i in range(spec.n_layer):
         p, hp = f"blk.{i}.", f"model.layers.{i}."
         for g, h in _LAYER.items():
+            if spec.arch == "qwen3" and g == "ffn_gate_inp.weight":
+                continue
             out[p + g] = np.asarray(state[hp + h])
+        if spec.arch == "qwen3":
+            for g, h in _DENSE:
+                out[p + f"ffn_{g}.weight"] = np.asarray(state[f"{hp}mlp.{h}.weight"])
+            continue
         fused = hp + "mlp.experts.gate_up_proj"
         if fused in state:
             gu = np.asarray(state[fused])  # (E, 2I, H): gate rows first, then up
@@ -129,7 +145,13 @@ def gguf_to_hf(
     for i in range(spec.n_layer):
         p, hp = f"blk.{i}.", f"model.layers.{i}."
         for g, h in _LAYER.items():
+            if spec.arch == "qwen3" and g == "ffn_gate_inp.weight":
+                continue
             out[hp + h] = np.asarray(weights[p + g])
+        if spec.arch == "qwen3":
+            for g, h in _DENSE:
+                out[f"{hp}mlp.{h}.weight"] = np.asarray(weights[p + f"ffn_{g}.weight"])
+            continue
         gate = np.asarray(weights[p + "ffn_gate_exps.weight"])  # (E, I, H)
         up = np.asarray(weights[p + "ffn_up_exps.weight"])  # (E, I, H)
         down = np.asarray(weights[p + "ffn_down_exps.weight"])  # (E, H, I)

@@ -31,11 +31,13 @@ import numpy as np
 from strata.vocabgen import GGUFVocab, qwen3_vocab, small_vocab
 
 ARCH = "qwen3moe"
+ARCHS = ("qwen3moe", "qwen3")
 # Bump when the bytes written for a given (spec, seed, dtype) change, so caches rebuild.
 GENERATOR_VERSION = 1
 
-_DTYPES = ("f32", "f16", "bf16")
-_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
+_DTYPES = ("f32", "f16", "bf16", "q8_0")
+# llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0
+_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class ModelSpec:
     # direction shared by all token embeddings); 0: random routers, which route almost
     # uniformly.
     router_zipf: float = 0.0
+    # "qwen3moe" (routed experts in every layer) or "qwen3" (the dense variant: one FFN of
+    # width n_ff_exp per layer; n_expert and n_expert_used must be 1).
+    arch: str = "qwen3moe"
 
     def __post_init__(self) -> None:
         def bad(field: str, why: str) -> ValueError:
@@ -88,6 +93,10 @@ class ModelSpec:
             raise bad("n_head_kv", f"must divide n_head ({self.n_head})")
         if self.head_dim % 2:
             raise bad("head_dim", "must be even (RoPE pairs)")
+        if self.arch not in ARCHS:
+            raise bad("arch", f"must be one of {', '.join(ARCHS)}")
+        if self.arch == "qwen3" and (self.n_expert, self.n_expert_used) != (1, 1):
+            raise bad("n_expert", "must be 1 (with n_expert_used 1) for the dense qwen3")
         if self.vocab not in ("small", "qwen3"):
             raise bad("vocab", "must be 'small' or 'qwen3'")
         if not (self.rope_freq_base > 0 and 0 < self.rms_eps < 1):
@@ -144,6 +153,8 @@ class ModelSpec:
         spec = dataclasses.asdict(self)
         if not self.router_zipf:
             del spec["router_zipf"]  # keys of unbiased models stay what they were
+        if self.arch == ARCH:
+            del spec["arch"]
         what = {"spec": spec, "seed": seed, "dtype": dtype}
         blob = json.dumps({**what, "v": GENERATOR_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -173,6 +184,21 @@ def tensor_plan(spec: ModelSpec, n_vocab: int, dtype: str = "f32") -> list[_Tens
     ]
     for i in range(spec.n_layer):
         p = f"blk.{i}."
+        if spec.arch == "qwen3":
+            ffn = [
+                _Tensor(p + "ffn_gate.weight", (ff, e), "linear", e, dtype),
+                _Tensor(p + "ffn_up.weight", (ff, e), "linear", e, dtype),
+                _Tensor(p + "ffn_down.weight", (e, ff), "linear", ff, dtype),
+            ]
+        else:
+            ffn = [
+                # The router stays f32, as llama-quantize leaves it.
+                _Tensor(p + "ffn_gate_inp.weight", (ne, e), "linear", e, "f32"),
+                # (E, rows, cols): expert x is the contiguous slab [x]; output = W[x] @ input.
+                _Tensor(p + "ffn_gate_exps.weight", (ne, ff, e), "linear", e, dtype),
+                _Tensor(p + "ffn_up_exps.weight", (ne, ff, e), "linear", e, dtype),
+                _Tensor(p + "ffn_down_exps.weight", (ne, e, ff), "linear", ff, dtype),
+            ]
         plan += [
             _Tensor(p + "attn_norm.weight", (e,), "norm", e, "f32"),
             _Tensor(p + "attn_q.weight", (q_out, e), "linear", e, dtype),
@@ -182,12 +208,7 @@ def tensor_plan(spec: ModelSpec, n_vocab: int, dtype: str = "f32") -> list[_Tens
             _Tensor(p + "attn_q_norm.weight", (hd,), "norm", hd, "f32"),
             _Tensor(p + "attn_k_norm.weight", (hd,), "norm", hd, "f32"),
             _Tensor(p + "ffn_norm.weight", (e,), "norm", e, "f32"),
-            # The router stays f32, as llama-quantize leaves it.
-            _Tensor(p + "ffn_gate_inp.weight", (ne, e), "linear", e, "f32"),
-            # (E, rows, cols): expert x is the contiguous slab [x]; output = W[x] @ input.
-            _Tensor(p + "ffn_gate_exps.weight", (ne, ff, e), "linear", e, dtype),
-            _Tensor(p + "ffn_up_exps.weight", (ne, ff, e), "linear", e, dtype),
-            _Tensor(p + "ffn_down_exps.weight", (ne, e, ff), "linear", ff, dtype),
+            *ffn,
         ]
     return plan
 
@@ -267,6 +288,12 @@ def _encode(x: np.ndarray[Any, Any], store: str) -> np.ndarray[Any, Any]:
         return x
     if store == "f16":
         return x.astype(np.float16)
+    if store == "q8_0":
+        # gguf-py's Q8_0, bit-exact with ggml's reference quantizer (what llama-quantize runs)
+        import gguf
+
+        q8: np.ndarray[Any, Any] = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+        return q8
     # bf16, round to nearest even as gguf-py / ggml do
     u = x.view(np.uint32).astype(np.uint64)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
@@ -308,9 +335,11 @@ def write_qwen3moe(
     dtype: str = "f32",
     vocab: GGUFVocab | None = None,
     weights: Mapping[str, np.ndarray[Any, Any]] | None = None,
+    description: str | None = None,
 ) -> Path:
-    """Write a random-weight qwen3moe GGUF. `dtype` (f32, f16, bf16) is the matrices' type;
-    norms and the router are always f32. Deterministic in (spec, seed, dtype). Returns the path.
+    """Write a random-weight qwen3moe GGUF (or dense qwen3, by `spec.arch`). `dtype` (f32,
+    f16, bf16, q8_0) is the matrices' type; norms and the router are always f32. Deterministic in
+    (spec, seed, dtype). Returns the path. `description` replaces general.description.
     `weights` (GGUF tensor name → array of the tensor's numpy shape, e.g. from
     `strata.hfconvert.hf_to_gguf`) replaces the random values."""
     import gguf
@@ -324,20 +353,21 @@ def write_qwen3moe(
     if weights is not None:
         _check_weights(plan, weights)
 
-    w = gguf.GGUFWriter(path, ARCH)
+    w = gguf.GGUFWriter(path, spec.arch)
     w.add_type("model")
     w.add_name(spec.name)
     what = "random weights" if weights is None else "given weights"
-    w.add_description(f"{what} (not a trained model), made by strata.modelgen")
+    w.add_description(description or f"{what} (not a trained model), made by strata.modelgen")
     w.add_file_type(_FILE_TYPE[dtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_block_count(spec.n_layer)
     w.add_context_length(spec.n_ctx_train)
     w.add_embedding_length(spec.n_embd)
     w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
-    w.add_expert_feed_forward_length(spec.n_ff_exp)
-    w.add_expert_count(spec.n_expert)
-    w.add_expert_used_count(spec.n_expert_used)
+    if spec.arch == ARCH:
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
     w.add_head_count(spec.n_head)
     w.add_head_count_kv(spec.n_head_kv)
     w.add_key_length(spec.head_dim)
@@ -347,12 +377,15 @@ def write_qwen3moe(
     w.add_layer_norm_rms_eps(spec.rms_eps)
     vocab.add_to_writer(w)
 
-    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}
+    np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8}
+    raws = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
     for t in plan:
-        itemsize = np.dtype(np_dtype[t.store]).itemsize
-        raw = gguf.GGMLQuantizationType.BF16 if t.store == "bf16" else None
-        nbytes = int(np.prod(t.shape)) * itemsize
-        w.add_tensor_info(t.name, t.shape, np.dtype(np_dtype[t.store]), nbytes, raw_dtype=raw)
+        shape = t.shape
+        if t.store == "q8_0":  # byte shape: rows of 34-byte blocks of 32 weights
+            shape = (*t.shape[:-1], t.shape[-1] // 32 * 34)
+        nbytes = int(np.prod(shape)) * np.dtype(np_dtype[t.store]).itemsize
+        dt = np.dtype(np_dtype[t.store])
+        w.add_tensor_info(t.name, shape, dt, nbytes, raw_dtype=raws.get(t.store))
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -545,6 +578,30 @@ _log_callback: Any = None
 
 # ---- the embedded default model ----------------------------------------------------------
 
+# The trained models shipped inside the package (docs/MODELS.md; made by
+# scripts/train_default_model.py): the server's default, and its speculative-decoding draft.
+SHIPPED = {
+    "default": "strata-default-qwen3moe-q8_0.gguf",
+    "draft": "strata-draft-qwen3-q8_0.gguf",
+}
+TRAINED_DEFAULT_WEIGHTS = (
+    "trained: Strata's default model, a small qwen3moe (5 layers, 32 experts top-4, 21 M "
+    "weights, Q8_0) trained on the Python standard library's sources; it completes Python "
+    "code, nothing more; held-out perplexity 20 on stdlib modules it never saw (docs/MODELS.md)"
+)
+
+
+def shipped_model_path(kind: str = "default") -> Path:
+    """A trained model shipped in the package (`SHIPPED`): no build, no download."""
+    if kind not in SHIPPED:
+        raise ValueError(f"kind: must be one of {', '.join(SHIPPED)} (got {kind!r})")
+    path = Path(__file__).resolve().parent / "models" / SHIPPED[kind]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the package was installed without its models")
+    return path
+
+
+# The random-weight model (tests, benchmarks): built on demand into the cache.
 DEFAULT_SEED = 0
 DEFAULT_DTYPE = "f32"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -109,12 +110,11 @@ class GGUFVocab:
         w.add_chat_template(self.chat_template)
 
 
-def _train_bpe(n_merged_vocab: int) -> tuple[list[str], list[str]]:
-    """Train a byte-level BPE of at most `n_merged_vocab` tokens on the built-in corpus.
-    Returns (tokens in id order, merges "a b" in rank order). Deterministic."""
+def train_bpe(texts: Iterable[str], n_merged_vocab: int) -> tuple[Any, list[str], list[str]]:
+    """Train a byte-level BPE of at most `n_merged_vocab` tokens on `texts` (qwen2
+    pre-tokenizer, ByteLevel, NFC). Returns (the HF Tokenizer, tokens in id order, merges "a b"
+    in rank order). Deterministic."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
-
-    from strata._corpus import corpus_lines
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
@@ -131,13 +131,21 @@ def _train_bpe(n_merged_vocab: int) -> tuple[list[str], list[str]]:
         special_tokens=[],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
     if [vocab[t] for t in tokens] != list(range(len(tokens))):
         raise RuntimeError("trained BPE vocabulary ids are not contiguous")
     merges = [m if isinstance(m, str) else f"{m[0]} {m[1]}" for m in model["merges"]]
+    return tok, tokens, merges
+
+
+def _train_bpe(n_merged_vocab: int) -> tuple[list[str], list[str]]:
+    """`train_bpe` on the built-in corpus (strata._corpus)."""
+    from strata._corpus import corpus_lines
+
+    _, tokens, merges = train_bpe(corpus_lines(), n_merged_vocab)
     return tokens, merges
 
 
@@ -148,6 +156,13 @@ def small_vocab(n_vocab: int) -> GGUFVocab:
     if n_vocab < 256 + n_special + 1:
         raise ValueError(f"n_vocab: must be at least {256 + n_special + 1} (got {n_vocab})")
     tokens, merges = _train_bpe(n_vocab - n_special - 1)
+    return chatml_vocab(tokens, merges, n_vocab)
+
+
+def chatml_vocab(tokens: list[str], merges: list[str], n_vocab: int) -> GGUFVocab:
+    """Trained BPE `tokens` (ids 0..), then the ChatML specials, then `[PAD{id}]` UNUSED
+    entries up to `n_vocab`; `<|endoftext|>` is bos and pad, `<|im_end|>` eos."""
+    tokens = list(tokens)
     types = [int(TokenType.NORMAL)] * len(tokens)
     first_special = len(tokens)
     for text, ty in CHATML_SPECIALS:

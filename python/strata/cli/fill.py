@@ -105,7 +105,7 @@ def _model_path(cfg: Config) -> Path:
         return p
     from strata import modelgen
 
-    return modelgen.ensure_default_model(Path(cfg.cache_dir) if cfg.cache_dir else None)
+    return modelgen.shipped_model_path("default")
 
 
 class _Progress:

@@ -216,12 +216,9 @@ class LLMBackend:
         path = config.model
         self.default_model = not path
         if not path:
-            from pathlib import Path
-
             from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 
-            cache = Path(config.cache_dir) if config.cache_dir else None
-            path = str(modelgen.ensure_default_model(cache))
+            path = str(modelgen.shipped_model_path("default"))
         self.path = path
         self.llm: Any = factory(path, **{k: getattr(config, k) for k in MODEL_FIELDS})
         n_vocab = getattr(self.llm, "n_vocab", None)
@@ -301,7 +298,9 @@ class LLMBackend:
         d.setdefault("path", self.path)
         d.setdefault("step_api", "per-slot" if self.stepwise else "full-sequence logits")
         if self.default_model:
-            d["weights"] = "random: the embedded default model (for trying the API, not answers)"
+            from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
+
+            d["weights"] = modelgen.TRAINED_DEFAULT_WEIGHTS
         return d
 
 

@@ -29,6 +29,7 @@ from strata.engine.client import (
     SeqStream,
     Unavailable,
 )
+from strata.modelgen import TRAINED_DEFAULT_WEIGHTS
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
 from strata.server.assistant import AssistantParser, Part
@@ -119,7 +120,7 @@ async def status(request: Request) -> Response:
             "n_vocab": c.loaded.n_vocab if c and c.loaded else None,
             "n_ctx": c.loaded.n_ctx if c and c.loaded else st.config.n_ctx,
             "weights": (
-                "random: the embedded default model (for trying the API, not for answers)"
+                TRAINED_DEFAULT_WEIGHTS
                 if st.default_model
                 else info.get("weights", "from the file")
             ),

@@ -28,7 +28,7 @@ def _resolve_model(config: Config) -> Config:
         return config
     from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 
-    path = modelgen.ensure_default_model(Path(config.cache_dir) if config.cache_dir else None)
+    path = modelgen.shipped_model_path("default")
     return dataclasses.replace(config, model=str(path))
 
 

@@ -6,8 +6,12 @@
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
 
-/// Architectures the forward pass runs.
-pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe"];
+/// Architectures the forward pass runs. `qwen3` is qwen3moe with one dense FFN per layer,
+/// run as a single expert that every token uses with weight 1 (see `Weights::load`).
+pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe", "qwen3"];
+
+/// The dense variant of qwen3moe.
+pub const DENSE_ARCH: &str = "qwen3";
 
 /// RoPE frequency scaling asked for by `rope.scaling.*`.
 #[derive(Clone, Debug, PartialEq)]
@@ -141,9 +145,14 @@ impl HParams {
         let head_dim = m.u("attention.key_length")?.unwrap_or(default_hd);
         let v_dim = m.u("attention.value_length")?.unwrap_or(head_dim);
         let n_ff = m.u("feed_forward_length")?;
-        let n_expert = m.req_u("expert_count")?;
-        let n_expert_used = m.req_u("expert_used_count")?;
+        let dense = arch == DENSE_ARCH;
+        let (n_expert, n_expert_used) = if dense {
+            (1, 1) // the dense FFN as one expert every token uses
+        } else {
+            (m.req_u("expert_count")?, m.req_u("expert_used_count")?)
+        };
         let n_ff_exp = match m.u("expert_feed_forward_length")? {
+            _ if dense => m.req_u("feed_forward_length")?,
             Some(v) => v,
             None => match n_ff {
                 Some(f) if n_expert_used > 0 => f / n_expert_used,

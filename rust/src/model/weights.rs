@@ -3,11 +3,16 @@
 //! Matrices are referenced by their tensor info and resolved to byte slices of the mmap on
 //! use; nothing is copied except the small norm vectors, converted once to f32. Every tensor
 //! is checked at load: present, of the expected shape, and of a type Strata can run.
+//!
+//! The dense `qwen3` runs as qwen3moe with one expert: `ffn_gate`/`ffn_up` (F, H) and
+//! `ffn_down` (H, F) are the same bytes as stacked experts (1, F, H) / (1, H, F), and the
+//! router is any finite F32 (1, H) row (softmax over one logit is exactly 1, so every token
+//! takes expert 0 with weight 1): `ffn_norm` itself, read in place.
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
 //! F = expert FFN width.
 
 use super::compute::{ExpertLayer, QExperts, QMatrix};
-use super::hparams::HParams;
+use super::hparams::{HParams, DENSE_ARCH};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::quant::{self, dot, GgmlType};
@@ -98,6 +103,27 @@ fn experts(g: &Gguf, name: &str, e: usize, rows: usize, cols: usize) -> Result<T
     Ok(t.clone())
 }
 
+/// A dense FFN matrix (rows, cols) as a stack of one expert (1, rows, cols): same bytes.
+fn one_expert(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<TensorInfo> {
+    let mut t = matrix(g, name, rows, cols)?;
+    t.dims.push(1);
+    Ok(t)
+}
+
+/// The router of a one-expert layer: the F32 vector `name` [H] viewed as a (1, H) matrix.
+fn one_expert_router(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
+    let mut t = tensor(g, name)?.clone();
+    check(&t, &[h], false)?;
+    if t.ty != GgmlType::F32 {
+        return Err(Error::Model(format!(
+            "tensor {name} has type {}; the dense FFN's router reads it as F32",
+            t.ty.name()
+        )));
+    }
+    t.dims.push(1);
+    Ok(t)
+}
+
 fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = tensor(g, name)?;
     check(t, &[n], false)?;
@@ -135,6 +161,7 @@ impl Weights {
                 te.ty.name()
             ))
         })?;
+        let dense = hp.arch == DENSE_ARCH;
         if hp.n_ff_exp == 0 {
             let t = tensor(g, "blk.0.ffn_gate_exps.weight")?;
             hp.n_ff_exp = t.dims.get(1).copied().unwrap_or(0) as usize;
@@ -162,10 +189,26 @@ impl Weights {
                 q_norm: vector(g, &n("attn_q_norm"), d)?,
                 k_norm: vector(g, &n("attn_k_norm"), d)?,
                 ffn_norm: vector(g, &n("ffn_norm"), h)?,
-                router: matrix(g, &n("ffn_gate_inp"), e, h)?,
-                gate: experts(g, &n("ffn_gate_exps"), e, f, h)?,
-                up: experts(g, &n("ffn_up_exps"), e, f, h)?,
-                down: experts(g, &n("ffn_down_exps"), e, h, f)?,
+                router: if dense {
+                    one_expert_router(g, &n("ffn_norm"), h)?
+                } else {
+                    matrix(g, &n("ffn_gate_inp"), e, h)?
+                },
+                gate: if dense {
+                    one_expert(g, &n("ffn_gate"), f, h)?
+                } else {
+                    experts(g, &n("ffn_gate_exps"), e, f, h)?
+                },
+                up: if dense {
+                    one_expert(g, &n("ffn_up"), f, h)?
+                } else {
+                    experts(g, &n("ffn_up_exps"), e, f, h)?
+                },
+                down: if dense {
+                    one_expert(g, &n("ffn_down"), h, f)?
+                } else {
+                    experts(g, &n("ffn_down_exps"), e, h, f)?
+                },
             });
         }
         Ok(Weights {

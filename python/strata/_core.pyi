@@ -28,6 +28,7 @@ __all__ = [
     "ShapeError",
     "StrataError",
     "__version__",
+    "apply_token_bitmask",
     "cpu_features",
     "default_pcie_frac",
     "dequantize_bytes",
@@ -163,6 +164,7 @@ class Model:
     def hybrid_info(self) -> dict[str, Any] | None: ...
 
 def runnable_types() -> list[str]: ...
+def apply_token_bitmask(logits: npt.NDArray[np.float32], mask: npt.NDArray[np.int32]) -> None: ...
 def gpu_norm_rms(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float
 ) -> npt.NDArray[np.float32]: ...

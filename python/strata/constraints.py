@@ -3,7 +3,7 @@
 Why llguidance (the PyPI package): it is the engine behind OpenAI's, llama.cpp's and vLLM's
 structured outputs, takes JSON schemas and Lark grammars (tool calls mix both), needs no
 per-grammar precompilation (a schema arrives with each request), and computes a mask in
-25–110 µs on the default model's vocabulary, 0.15–0.6 ms on Qwen3's (a contended 2-core
+25–130 µs on the default model's vocabulary, 0.14–0.48 ms on Qwen3's (a contended 2-core
 machine: `bench/bench_constraints.py`, docs/BENCHMARKS.md §Constraint overhead). xgrammar and
 outlines-core were not measured.
 
@@ -218,7 +218,7 @@ class GrammarProcessor:
             return
         n = min(self.n_vocab, logits.shape[-1])
         # compiled: one pass over the mask words, writing only where a word forbids something
-        # (numpy needs several passes over the row: 3–5x a copy of a 151,936-entry row)
+        # (numpy's gather and add took 3–4x a copy of a 151,936-entry row)
         apply_token_bitmask(logits[:n], self._mask)
         logits[n:] = -np.inf
 

@@ -3,7 +3,7 @@
 Why llguidance (the PyPI package): it is the engine behind OpenAI's, llama.cpp's and vLLM's
 structured outputs, takes JSON schemas and Lark grammars (tool calls mix both), needs no
 per-grammar precompilation (a schema arrives with each request), and computes a mask in
-25–110 µs on the default model's vocabulary, 0.15–0.6 ms on Qwen3's (a contended 2-core
+25–130 µs on the default model's vocabulary, 0.14–0.48 ms on Qwen3's (a contended 2-core
 machine: `bench/bench_constraints.py`, docs/BENCHMARKS.md §Constraint overhead). xgrammar and
 outlines-core were not measured.
 
@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from strata._core import apply_token_bitmask
 
 # JSON as Python's json.dumps writes it (what chat templates show models): fixed separators,
 # no other whitespace; with free whitespace a weak model can pad until max_tokens.
@@ -130,11 +132,6 @@ def llg_tokenizer(
 
 F32 = npt.NDArray[np.float32]
 
-# [256, 8] the additive bias of each bit of a mask byte (bit j of byte b: token 8*i + j)
-_BYTE_BIAS = np.where(
-    (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1 == 1, 0.0, -np.inf
-).astype(np.float32)
-
 
 class Vocabulary(Protocol):
     """What a constraint needs of a tokenizer (`strata.tokenizer.Tokenizer` is one)."""
@@ -220,25 +217,10 @@ class GrammarProcessor:
             logits[...] = keep
             return
         n = min(self.n_vocab, logits.shape[-1])
-        only = self._single()
-        if only is not None and only < n:  # a forced token (common: JSON keys, call names)
-            v = logits[only]
-            logits.fill(-np.inf)
-            logits[only] = v
-            return
-        # byte b of the mask → its 8 additive biases (0 or -inf): a gather of V/8 rows, about
-        # 10x faster than unpacking the bits and indexing with them on a 151,936-entry row
-        bias = np.take(_BYTE_BIAS, self._mask.view(np.uint8), axis=0).reshape(-1)  # [32*words]
-        np.add(logits[:n], bias[:n], out=logits[:n])
+        # compiled: one pass over the mask words, writing only where a word forbids something
+        # (numpy's gather and add took 3–4x a copy of a 151,936-entry row)
+        apply_token_bitmask(logits[:n], self._mask)
         logits[n:] = -np.inf
-
-    def _single(self) -> int | None:
-        """The one allowed token when the mask allows exactly one, else None."""
-        nz = np.flatnonzero(self._mask)
-        if nz.size != 1:
-            return None
-        w = int(self._mask[nz[0]]) & 0xFFFFFFFF
-        return int(nz[0]) * 32 + w.bit_length() - 1 if w & (w - 1) == 0 else None
 
     def accept(self, token: int) -> None:
         """Advance the grammar by the sampled token and start on the next mask."""

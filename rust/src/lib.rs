@@ -6,6 +6,7 @@ pub mod cuda;
 pub mod error;
 pub mod gguf;
 pub mod gpu;
+pub mod mask;
 pub mod model;
 pub mod pool;
 pub mod quant;

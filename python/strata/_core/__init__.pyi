@@ -32,6 +32,7 @@ __all__ = [
     "StrataError",
     "__version__",
     "_testing",
+    "apply_token_bitmask",
     "cpu_features",
     "default_pcie_frac",
     "dequantize_bytes",
@@ -146,6 +147,7 @@ class Model:
     def hybrid_info(self) -> dict[str, Any] | None: ...
 
 def runnable_types() -> list[str]: ...
+def apply_token_bitmask(logits: npt.NDArray[np.float32], mask: npt.NDArray[np.int32]) -> None: ...
 def set_dot_isa(isa: str) -> None: ...
 
 @final

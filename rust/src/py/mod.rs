@@ -12,6 +12,7 @@ mod cuda_quant;
 mod cuda_quant_bench;
 mod errors;
 mod gguf;
+mod mask;
 mod model;
 mod pool;
 mod quant;
@@ -27,6 +28,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     cuda::register(m)?;
     gguf::register(m)?;
+    mask::register(m)?;
     quant::register(m)?;
     model::register(m)?;
     pool::register(m)?;

@@ -108,3 +108,11 @@ def test_threads_counts_the_caller_as_llama_cpp_t(test_models: TestModels) -> No
         out = m.forward(0, [1, 2, 3])
         assert out.shape == (m.n_vocab,)
         del m
+
+
+def test_parity_console_script_says_it_is_a_check(capsys: pytest.CaptureFixture[str]) -> None:
+    from strata.tools import parity
+
+    with pytest.raises(SystemExit):
+        parity.main(["--help"])
+    assert "A parity check" in capsys.readouterr().out

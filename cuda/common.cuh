@@ -1,4 +1,4 @@
-// Shared definitions of the quantized kernels (GPU_SPEC.md §3): ggml block layouts, the int8
+// Shared definitions of the quantized kernels (docs/GPU.md): ggml block layouts, the int8
 // activation block, exact f16 widening, byte-wise (SWAR) helpers, dp4a, warp reductions.
 //
 // Everything marked STRATA_HD compiles for the device (nvcc) and for the host (nvcc or a plain
@@ -22,7 +22,7 @@
 #define STRATA_FI inline
 #endif
 
-// ---- ggml block layouts (FORMATS.md §2; all fields little-endian, f16 kept as raw bits) ----
+// ---- ggml block layouts (docs/FORMATS.md §2; all fields little-endian, f16 kept as raw bits) ----
 // GGUF blocks are not 4-byte aligned in general (Q8_0 is 34 bytes): kernels read them through
 // the ld_* helpers below, never through these structs' multi-byte fields directly, except
 // where a type's block size and the launcher's pointer check prove the alignment.

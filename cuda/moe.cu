@@ -1,4 +1,4 @@
-// Routed experts, one launch per projection for all (token, slot) pairs (GPU_SPEC.md §4).
+// Routed experts, one launch per projection for all (token, slot) pairs (docs/GPU.md).
 // Expert e's matrix is at ptrs[e] (device u64 table); 0 means not resident: that slot's outputs
 // are zeros (gate/up) or contribute nothing (down), and the caller computes it elsewhere.
 // A pointer not aligned for its type, or a negative id, is treated like 0 (never dereferenced).

@@ -137,7 +137,7 @@ def generate_cuda() -> str:
         f"// Source: gguf-py {version('gguf')} gguf/quants.py, the same data as"
         " rust/src/quant/tables.rs.",
         "// Grid entries: byte k of the little-endian integer is element k of the group (as ggml).",
-        "// Lookup tables of the IQ formats the GPU kernels decode (FORMATS.md §2).",
+        "// Lookup tables of the IQ formats the GPU kernels decode (docs/FORMATS.md §2).",
         "#pragma once",
         "#include <stdint.h>",
         "#ifndef STRATA_HD",

@@ -108,3 +108,43 @@ def test_threads_counts_the_caller_as_llama_cpp_t(test_models: TestModels) -> No
         out = m.forward(0, [1, 2, 3])
         assert out.shape == (m.n_vocab,)
         del m
+
+
+def test_parity_console_script_says_it_is_a_check(capsys: pytest.CaptureFixture[str]) -> None:
+    from strata.tools import parity
+
+    with pytest.raises(SystemExit):
+        parity.main(["--help"])
+    assert "A parity check" in capsys.readouterr().out
+
+
+def test_profile_refuses_where_routing_is_not_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`strata-fill profile` on a model that does not count its routing (the GPU path with
+    every expert in VRAM: `counts_routing` false) refuses with the reason before any prompt
+    runs, instead of writing a profile of zeros."""
+    import types
+
+    from strata.cli import fill
+    from strata.engine import backend
+    from strata.errors import ConfigError
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    ran: list[str] = []
+
+    class NotCounting:
+        def __init__(self, cfg: Config) -> None:
+            self.llm = types.SimpleNamespace(counts_routing=False)
+            self.n_ctx = 64
+
+        def prefill(self, *a: object) -> None:
+            ran.append("prefill")
+
+    monkeypatch.setattr(backend, "LLMBackend", NotCounting)
+    out = tmp_path / "p.json"
+    ns = argparse.Namespace(prompts=None, output=str(out))
+    with pytest.raises(ConfigError, match="does not count the routing"):
+        fill.cmd_profile(Config(model=str(model)), ns)
+    assert not ran and not out.exists()

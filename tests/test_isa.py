@@ -17,7 +17,8 @@ from strata import _core
 
 ROOT = Path(__file__).resolve().parent.parent
 MARK = re.compile(r'#\[ignore = "ISA test: [^"]*lacks (\w+)"\]\s*(?:#\[[^\]]*\]\s*)*fn (\w+)', re.S)
-CARGO = ["cargo", "test", "--release", "--no-default-features", "-p", "strata-core", "--lib"]
+# scripts/test's own flags (plus --lib), so the test binary it built is reused, not rebuilt
+CARGO = ["cargo", "test", "--workspace", "--no-default-features", "--release", "--lib"]
 
 
 def isa_tests() -> list[tuple[str, str]]:

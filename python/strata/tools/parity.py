@@ -179,8 +179,9 @@ def run(path: str, seed: int = 0, quiet: bool = False) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="pool_pipeline_parity",
-        description="Bitwise parity of the pool's pipelined and barrier schedules and the "
-        "serial reference over 3 MoE layers of a GGUF model (810 comparisons).",
+        description="A parity check (a test of the CPU expert pool, not a serving command): "
+        "bitwise parity of the pool's pipelined and barrier schedules and the serial "
+        "reference over 3 MoE layers of a GGUF model (810 comparisons).",
     )
     ap.add_argument("model", nargs="?", help="GGUF file (any shard) with >= 97 experts a layer")
     ap.add_argument("shard", nargs="?", help="ignored (kept for the original's PACK SHARD form)")

@@ -127,8 +127,8 @@ fn heads<const M: usize>(
 mod tests {
     use super::*;
     use crate::model::kv::KvCache;
-    use crate::quant::vexp::{expf_lane, softmax};
     use crate::quant::dot::Isa;
+    use crate::quant::vexp::{expf_lane, softmax};
 
     fn cache(nkv: usize, d: usize, n: usize) -> KvCache {
         let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;

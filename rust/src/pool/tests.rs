@@ -418,7 +418,10 @@ fn parked_workers_wake_for_calls_and_exit_on_drop() {
 fn for_threads_counts_the_caller_as_llama_cpp_counts_t() {
     // threads = compute threads in all (llama.cpp's -t): a participating caller is one of them
     let c = PoolConfig::for_threads(2, true, true);
-    assert_eq!((c.workers, c.host_participates, c.pipelined), (1, true, true));
+    assert_eq!(
+        (c.workers, c.host_participates, c.pipelined),
+        (1, true, true)
+    );
     let c = PoolConfig::for_threads(1, true, false);
     assert_eq!(c.workers, 0, "the caller alone");
     // a caller that only waits is not a compute thread

@@ -240,7 +240,9 @@ impl PyModel {
         );
         if !isa.eq_ignore_ascii_case("auto") {
             let want = dot::Isa::from_name(&isa).ok_or_else(|| {
-                Error::Config(format!("isa {isa:?} is not one of auto, scalar, avx2, avx512"))
+                Error::Config(format!(
+                    "isa {isa:?} is not one of auto, scalar, avx2, avx512"
+                ))
             })?;
             dot::set_active_isa(want)?;
         }
@@ -428,7 +430,11 @@ impl PyModel {
     /// ConfigError where the routing is not counted (`counts_routing` false).
     fn routing_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (v, l, e) = self.with(py, |m| -> Result<_> {
-            Ok((m.routing(false)?.snapshot(), m.hp().n_layer, m.hp().n_expert))
+            Ok((
+                m.routing(false)?.snapshot(),
+                m.hp().n_layer,
+                m.hp().n_expert,
+            ))
         })?;
         Ok(PyArray1::from_vec(py, v).reshape([l, e])?.into_any())
     }

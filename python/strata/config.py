@@ -52,6 +52,8 @@ OTHER_ENV = (
     "STRATA_GPU_MODELS",
     "STRATA_SUITE_SITE",
     "STRATA_DEVICE_DEPS",
+    "STRATA_TEST_ARTIFACTS",
+    "STRATA_README_SHOT",
 )
 GROUPS = ("model", "server", "test")
 

@@ -120,17 +120,17 @@ class _HybridFake(FakeBackend):
         self.prefilled = 0
         self.decoded = 0
 
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> Any:
-        self.hybrid.record_layer(0, 2 * len(ids), len(ids), len(ids))
-        self.prefilled += len(ids)
-        return super().prefill(slot, ids, pos)
+    def forward_batch(self, entries: Sequence[Any]) -> Any:
+        for slot, ids, _ in entries:
+            if slot in self._n_prompt:  # generating: a decoded token
+                self.hybrid.record_layer(0, 3 * len(ids), len(ids), 0)
+                self.decoded += len(ids)
+            else:
+                self.hybrid.record_layer(0, 2 * len(ids), len(ids), len(ids))
+                self.prefilled += len(ids)
+        return super().forward_batch(entries)
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> Any:
-        self.hybrid.record_layer(0, 3 * len(slots), len(slots), 0)
-        self.decoded += len(slots)
-        return super().decode(slots, tokens)
-
-    def tier_counts(self) -> tuple[int, int, int]:
+    def tier_counts(self, slot: int) -> tuple[int, int, int]:
         return self.hybrid.totals()
 
 

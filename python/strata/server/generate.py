@@ -34,6 +34,7 @@ class Delta:
     output_tokens: int = 0  # set on the finishing delta
     # On the finishing delta, with a VRAM expert tier: (hits, CPU misses, PCIe misses).
     tier: tuple[int, int, int] | None = None
+    cached_tokens: int = 0  # on the finishing delta: prompt tokens reused from a KV cache
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ class SeqRun:
                     endpoint=self.endpoint,
                     finish_reason=finish,
                     prompt_tokens=len(self.stream.submit.prompt),
+                    cached_tokens=ev.cached_tokens,
                     output_tokens=n_out,
                     ttft_ms=round((first - self.t_arrival) * 1000, 3) if first else None,
                     prompt_ms=round(ev.prompt_s * 1000, 3),
@@ -117,7 +119,9 @@ class SeqRun:
                     pcie_share=pcie_share(ev),
                 )
             )
-            yield Delta(self.index, text, self._info(ev), finish, n_out, tier_counts(ev))
+            yield Delta(
+                self.index, text, self._info(ev), finish, n_out, tier_counts(ev), ev.cached_tokens
+            )
             return
 
 

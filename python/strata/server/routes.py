@@ -307,6 +307,7 @@ class _Shape:
         self.offsets: dict[int, int] = {}
         self.t0 = t0
         self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
+        self.cached: list[int] = []  # choices' prompt tokens reused from a KV cache
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -314,6 +315,8 @@ class _Shape:
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
+            # every choice reads the same prompt: the tokens all of them found cached
+            "prompt_tokens_details": {"cached_tokens": min(self.cached, default=0)},
             **usage_extras(self.tier),
         }
 
@@ -396,6 +399,7 @@ async def _stream(
             total += d.output_tokens
             if d.tier is not None:
                 shape.tier.append(d.tier)
+            shape.cached.append(d.cached_tokens)
             if shape.chat and (d.text or d.tokens):
                 yield sse.event(shape.chunk([shape.delta_choice(d, None)]))
                 d = Delta(d.index, "")
@@ -437,6 +441,7 @@ async def _complete(
                 total += d.output_tokens
                 if d.tier is not None:
                     shape.tier.append(d.tier)
+                shape.cached.append(d.cached_tokens)
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":

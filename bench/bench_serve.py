@@ -103,6 +103,14 @@ def llama(binary: str, model: Path, parallel: int, n_ctx: int) -> Server:
     return Server("llama", argv, port, dict(os.environ))
 
 
+def model_id(port: int) -> str:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/v1/models")
+    out = str(json.loads(c.getresponse().read())["data"][0]["id"])
+    c.close()
+    return out
+
+
 def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
     """One streamed completion: (t_sent, t_first_token, t_last_token, tokens)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -110,7 +118,7 @@ def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
     c.request(
         "POST",
         "/v1/completions",
-        json.dumps({**body, "stream": True}),
+        json.dumps({**body, "model": model_id(port), "stream": True}),
         {"Content-Type": "application/json"},
     )
     r = c.getresponse()
@@ -163,6 +171,7 @@ def chat_round(port: int, turns: int, turn_words: int, seed: int, cache: bool) -
             body["cache_prompt"] = False
         t0 = time.monotonic()
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        body["model"] = model_id(port)
         c.request("POST", "/v1/completions", json.dumps({**body, "stream": True}))
         r = c.getresponse()
         got, first = "", 0.0

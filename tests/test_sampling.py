@@ -22,7 +22,7 @@ def draws(params: SamplingParams, n: int = 1500, logits: np.ndarray = LOGITS) ->
     for _ in range(n):
         tok = s.sample(logits).token
         counts[tok] += 1
-        s._counts[:] = 0  # keep every draw independent (no penalties are set anyway)
+        s._window.clear()  # keep every draw independent (no penalties are set anyway)
     return counts / n
 
 

@@ -35,7 +35,8 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def complete(srv: Server, prompt: str, n: int, **kw: Any) -> dict[str, Any]:
-    body = {"model": "m", "prompt": prompt, "max_tokens": n, **kw}
+    model = srv.http.get("/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": prompt, "max_tokens": n, **kw}
     r = srv.http.post("/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()

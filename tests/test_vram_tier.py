@@ -103,9 +103,9 @@ def test_backend_forwards_labeled_stats_and_counts() -> None:
     names = {(s.name, tuple(sorted(s.labels.items())), s.kind) for s in b.stats()}
     assert ("tier_mapped_hits_total", (), "counter") in names
     assert ("expert_misses_total", (("by", "pcie"),), "counter") in names
-    assert b.tier_counts() == (2, 1, 1)
+    assert b.tier_counts(0) == (2, 1, 1)
     cpu = LLMBackend(Config(), factory=lambda path, **kw: _LLMStub(None))
-    assert cpu.tier_counts() is None
+    assert cpu.tier_counts(0) is None
     assert not any(s.name.startswith(("vram_", "expert_")) for s in cpu.stats())
 
 

@@ -49,7 +49,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     top_k: int = 40  # -1 or 0: off
     top_p: float = 0.95  # (0, 1]; 1: off
     min_p: float = 0.05  # [0, 1]; 0: off
-    repetition_penalty: float = 1.0  # (0, 10]; 1: off (llama.cpp's repeat_penalty)
+    repetition_penalty: float = 1.0  # (0, 100]; 1: off (llama.cpp's repeat_penalty)
     repeat_last_n: int = 64  # tokens the penalties look back over; -1: all, 0: off
     presence_penalty: float = 0.0  # [-2, 2]
     frequency_penalty: float = 0.0  # [-2, 2]
@@ -80,8 +80,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise bad("top_p", "must be in (0, 1]")
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
-        if not (0.0 < finite("repetition_penalty") <= 10.0):
-            raise bad("repetition_penalty", "must be in (0, 10]")
+        if not (0.0 < finite("repetition_penalty") <= 100.0):
+            raise bad("repetition_penalty", "must be in (0, 100]")
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")

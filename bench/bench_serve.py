@@ -1,7 +1,7 @@
 """Served speed, Strata's server vs llama.cpp's `llama-server`, driven by one client over HTTP.
 
     python bench/bench_serve.py --model FILE.gguf --llama-server BIN [--streams 1,2,4,8]
-        [--gen 128] [--reps 5] [--turns 8] [--turn-tokens 480] [--skip decode|chat|bare]
+        [--gen 128] [--reps 5] [--turns 8] [--turn-words 260] [--skip decode,chat,bare]
 
 Three measurements, each interleaved (A B A B ...) on the same file, the same thread count:
 - decode: N concurrent greedy streams (/v1/completions, stream, temperature 0, `--gen` tokens
@@ -10,7 +10,7 @@ Three measurements, each interleaved (A B A B ...) on the same file, the same th
   `--parallel N`, llama-server with `-np N -t THREADS` (its continuous batching and prompt
   cache on, as by default).
 - chat: an 8-turn conversation whose prompt grows to ~4K tokens, each turn resending the whole
-  history plus `--turn-tokens` of new text and generating 32 tokens; the sum of the turns' time
+  history plus `--turn-words` new words (~500 tokens) and generating 32 tokens; the sum of the turns' time
   to first token. Strata with prefix reuse (default), Strata without (`--no-cache-prompt`),
   llama-server (its cache_prompt on).
 - bare: Strata's forward pass alone (no server), one greedy stream of `--gen` tokens after the
@@ -64,7 +64,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, name: str, argv: list[str], port: int, env: dict[str, str]) -> None:
         self.name, self.port = name, port
-        self.log = open(f"/tmp/bench_serve_{name}.log", "w")  # noqa: SIM115
+        self.log = open(f"/tmp/bench_serve_{name}_{port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -118,7 +118,7 @@ def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
     c.request(
         "POST",
         "/v1/completions",
-        json.dumps({**body, "model": model_id(port), "stream": True}),
+        json.dumps({**body, "stream": True}),
         {"Content-Type": "application/json"},
     )
     r = c.getresponse()
@@ -143,10 +143,11 @@ def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
 
 def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
     """N concurrent greedy streams: (aggregate decode tok/s, tokens)."""
+    model = model_id(port)
     res: list[tuple[float, float, float, int]] = [(0.0, 0.0, 0.0, 0)] * n
 
     def one(i: int) -> None:
-        body = {"model": "m", "prompt": text(100 + i, 16), "max_tokens": gen, "temperature": 0}
+        body = {"model": model, "prompt": text(100 + i, 16), "max_tokens": gen, "temperature": 0}
         res[i] = stream(port, body)
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
@@ -164,16 +165,23 @@ def chat_round(port: int, turns: int, turn_words: int, seed: int, cache: bool) -
     """Total time to first token over a growing conversation (seconds)."""
     history = ""
     total = 0.0
+    model = model_id(port)
     for k in range(turns):
         history += f"\nUser: {text(seed * 100 + k, turn_words)}\nAssistant:"
-        body = {"model": "m", "prompt": history, "max_tokens": 32, "temperature": 0}
+        body = {"model": model, "prompt": history, "max_tokens": 32, "temperature": 0}
         if not cache:
             body["cache_prompt"] = False
         t0 = time.monotonic()
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        body["model"] = model_id(port)
-        c.request("POST", "/v1/completions", json.dumps({**body, "stream": True}))
+        c.request(
+            "POST",
+            "/v1/completions",
+            json.dumps({**body, "stream": True}),
+            {"Content-Type": "application/json"},
+        )
         r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"turn {k}: HTTP {r.status}: {r.read()[:300]!r}")
         got, first = "", 0.0
         for raw in r:
             line = raw.strip()
@@ -217,7 +225,7 @@ def main() -> int:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--turns", type=int, default=8)
-    ap.add_argument("--turn-words", type=int, default=360, help="~480 tokens")
+    ap.add_argument("--turn-words", type=int, default=260, help="new words per turn (~500 tokens)")
     ap.add_argument("--skip", default="", help="comma list of decode, chat, bare")
     ap.add_argument("--strata-args", default="", help="extra strata.server flags")
     a = ap.parse_args()

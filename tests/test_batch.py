@@ -39,7 +39,9 @@ def random_calls(rng: random.Random, vocab: int) -> list[Call]:
     calls: list[Call] = []
     for _ in range(rng.randint(1, 3)):
         n = rng.choice([1, 2, 3, 5, 8, 9, 13, 24, 40])
-        calls.append(([rng.randrange(vocab) for _ in range(n)], rng.choice(["none", "last", "all"])))
+        calls.append(
+            ([rng.randrange(vocab) for _ in range(n)], rng.choice(["none", "last", "all"]))
+        )
     for _ in range(rng.randint(1, 4)):
         n = rng.choice([1, 1, 1, 2, 4])
         calls.append(([rng.randrange(vocab) for _ in range(n)], rng.choice(["last", "all"])))
@@ -62,7 +64,9 @@ def same(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-def run_batched(m: Model, seqs: list[list[Call]], rng: random.Random) -> list[list[np.ndarray | None]]:
+def run_batched(
+    m: Model, seqs: list[list[Call]], rng: random.Random
+) -> list[list[np.ndarray | None]]:
     """Every sequence's calls in order, in steps of random composition (each step takes the next
     call of a random subset of the unfinished sequences, in random order, on random slots)."""
     slots = rng.sample(range(N_SLOTS), len(seqs))
@@ -70,13 +74,13 @@ def run_batched(m: Model, seqs: list[list[Call]], rng: random.Random) -> list[li
         m.free(s)
     nxt = [0] * len(seqs)
     got: list[list[np.ndarray | None]] = [[] for _ in seqs]
-    while any(n < len(c) for n, c in zip(nxt, seqs)):
+    while any(n < len(c) for n, c in zip(nxt, seqs, strict=True)):
         live = [i for i, c in enumerate(seqs) if nxt[i] < len(c)]
         step = rng.sample(live, rng.randint(1, len(live)))
         entries = [(slots[i], seqs[i][nxt[i]][0], seqs[i][nxt[i]][1]) for i in step]
         res = m.forward_batch(entries)
         assert len(res) == len(step)
-        for i, r in zip(step, res):
+        for i, r in zip(step, res, strict=True):
             got[i].append(r)
             nxt[i] += 1
     return got
@@ -92,8 +96,8 @@ def test_batch_rows_equal_alone(test_models: TestModels, kind: str) -> None:
         seqs = [random_calls(rng, vocab) for _ in range(rng.randint(2, N_SLOTS))]
         want = [alone(m, c) for c in seqs]
         got = run_batched(m, seqs, rng)
-        for i, (w, g) in enumerate(zip(want, got)):
-            for j, (a, b) in enumerate(zip(w, g)):
+        for i, (w, g) in enumerate(zip(want, got, strict=True)):
+            for j, (a, b) in enumerate(zip(w, g, strict=True)):
                 assert same(a, b), (kind, seed, i, j, seqs[i][j][1], len(seqs[i][j][0]))
 
 
@@ -107,7 +111,7 @@ def test_batch_longer_than_a_chunk(test_models: TestModels) -> None:
     ref_b = alone(m, [(t, "last") for t in b])
     for s in (1, 3):
         m.free(s)
-    for ta, tb, ra, rb in zip(a, b, ref_a, ref_b):
+    for ta, tb, ra, rb in zip(a, b, ref_a, ref_b, strict=True):
         ga, gb = m.forward_batch([(3, tb, "last"), (1, ta, "all")])[::-1]
         assert same(ga, ra) and same(gb, rb)
 
@@ -160,7 +164,7 @@ def test_kv_import_equals_prefill(test_models: TestModels, kv: str) -> None:
     blob = m.kv_export(0, 30)
     assert isinstance(blob, bytes)
     assert m.kv_import(2, blob) == 30 and m.slot_len(2) == 30
-    tail = prompt[30:] + [5, 6]
+    tail = [*prompt[30:], 5, 6]
     m.truncate(0, 30)
     want = m.forward(0, tail, "all")
     got = m.forward(2, tail, "all")

@@ -98,7 +98,13 @@ impl SlotForward for GpuModel {
     fn slot_len(&self, slot: usize) -> Result<usize> {
         GpuModel::slot_len(self, slot)
     }
-    fn forward(&mut self, slot: usize, tokens: &[u32], want: Logits, out: &mut [f32]) -> Result<()> {
+    fn forward(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut [f32],
+    ) -> Result<()> {
         GpuModel::forward(self, slot, tokens, want, out)
     }
     fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {

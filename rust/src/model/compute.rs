@@ -60,7 +60,10 @@ pub trait Compute: Send + Sync {
         validate_matmul(w, x, t, y)?;
         let mut t0 = 0;
         for &n in segs {
-            let (xs, ys) = (t0 * w.cols..(t0 + n) * w.cols, t0 * w.rows..(t0 + n) * w.rows);
+            let (xs, ys) = (
+                t0 * w.cols..(t0 + n) * w.cols,
+                t0 * w.rows..(t0 + n) * w.rows,
+            );
             self.matmul(w, &x[xs], n, &mut y[ys])?;
             t0 += n;
         }
@@ -83,7 +86,14 @@ pub trait Compute: Send + Sync {
     ) -> Result<()> {
         validate_moe(layer, x, ids, weights, k, y)?;
         each_seg(layer.gate.cols, k, segs, x.len(), |xs, ps| {
-            self.moe(layer, &x[xs.clone()], &ids[ps.clone()], &weights[ps], k, &mut y[xs])
+            self.moe(
+                layer,
+                &x[xs.clone()],
+                &ids[ps.clone()],
+                &weights[ps],
+                k,
+                &mut y[xs],
+            )
         })
     }
 

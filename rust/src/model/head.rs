@@ -142,7 +142,13 @@ impl RepackedHead {
                 for &len in segs {
                     for j in 0..len {
                         let a = &perm[i * arb..(i + 1) * arb];
-                        let v = q6k_repack::dot(cols, row, a, dot::order_t(GgmlType::Q6K, len, j), simd);
+                        let v = q6k_repack::dot(
+                            cols,
+                            row,
+                            a,
+                            dot::order_t(GgmlType::Q6K, len, j),
+                            simd,
+                        );
                         // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
                         unsafe { *out.at(i * rows + r) = v };
                         i += 1;

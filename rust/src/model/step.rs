@@ -81,7 +81,12 @@ impl Model {
         res
     }
 
-    fn run_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32], ss: &mut StepScratch) -> Result<()> {
+    fn run_batch(
+        &mut self,
+        entries: &[Entry<'_>],
+        out: &mut [f32],
+        ss: &mut StepScratch,
+    ) -> Result<()> {
         let vocab = self.hp.n_vocab;
         let cap = self.scratch.x.len() / self.hp.n_embd; // R
         ss.done.clear();
@@ -166,7 +171,7 @@ impl Model {
         ss.segs.extend(ss.pieces.iter().map(|p| p.t));
         let segs = &ss.segs[..];
         let t: usize = segs.iter().sum(); // R'
-        // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
+                                          // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
         for p in &ss.pieces {
             let toks = &entries[p.entry].tokens[p.tok0..p.tok0 + p.t];
             for (i, &id) in toks.iter().enumerate() {
@@ -294,7 +299,14 @@ impl Model {
         for p in ss.pieces.iter().filter(|p| p.logit_rows > 0) {
             if run.2 > 0 && p.dst != run.1 + run.2 {
                 let dst = &mut out[run.1..run.1 + run.2];
-                head_call(head, w, &**compute, &s.h[run.0 * hd..hr * hd], &ss.head_segs, dst)?;
+                head_call(
+                    head,
+                    w,
+                    &**compute,
+                    &s.h[run.0 * hd..hr * hd],
+                    &ss.head_segs,
+                    dst,
+                )?;
                 ss.head_segs.clear();
                 run = (hr, p.dst, 0);
             } else if run.2 == 0 {
@@ -302,7 +314,12 @@ impl Model {
             }
             for i in p.t - p.logit_rows..p.t {
                 let r = (p.r0 + i) * hd;
-                rms_norm(&s.x[r..r + hd], &w.output_norm, eps, &mut s.h[hr * hd..(hr + 1) * hd]);
+                rms_norm(
+                    &s.x[r..r + hd],
+                    &w.output_norm,
+                    eps,
+                    &mut s.h[hr * hd..(hr + 1) * hd],
+                );
                 hr += 1;
             }
             ss.head_segs.push(p.logit_rows);
@@ -310,7 +327,14 @@ impl Model {
         }
         if run.2 > 0 {
             let dst = &mut out[run.1..run.1 + run.2];
-            head_call(head, w, &**compute, &s.h[run.0 * hd..hr * hd], &ss.head_segs, dst)?;
+            head_call(
+                head,
+                w,
+                &**compute,
+                &s.h[run.0 * hd..hr * hd],
+                &ss.head_segs,
+                dst,
+            )?;
         }
         Ok(())
     }

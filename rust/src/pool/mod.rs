@@ -335,7 +335,15 @@ impl Pool {
         k: usize,
         y: &mut [f32],
     ) -> Result<()> {
-        self.moe_segs(layer, x, ids, weights, k, &[x.len() / layer.gate.cols.max(1)], y)
+        self.moe_segs(
+            layer,
+            x,
+            ids,
+            weights,
+            k,
+            &[x.len() / layer.gate.cols.max(1)],
+            y,
+        )
     }
 
     /// `moe` over a subset of the pairs: ids equal to `SKIP` are computed elsewhere and add
@@ -372,7 +380,9 @@ impl Pool {
     ) -> Result<()> {
         let pipelined = self.cfg.pipelined;
         self.run(|s, threads| {
-            s.plan_moe(layer, x, ids, weights, k, y, segs, threads, pipelined, false)
+            s.plan_moe(
+                layer, x, ids, weights, k, y, segs, threads, pipelined, false,
+            )
         })
     }
 

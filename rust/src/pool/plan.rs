@@ -496,9 +496,10 @@ impl Scratch {
                     continue;
                 }
                 let c = seg_counts[e as usize] as usize;
-                self.orders[self.slot_pair[r.start + n] as usize] = many_bit(order_id(g.ty, c), ORDER_G)
-                    | many_bit(order_id(u.ty, c), ORDER_U)
-                    | many_bit(order_id(d.ty, c), ORDER_D);
+                self.orders[self.slot_pair[r.start + n] as usize] =
+                    many_bit(order_id(g.ty, c), ORDER_G)
+                        | many_bit(order_id(u.ty, c), ORDER_U)
+                        | many_bit(order_id(d.ty, c), ORDER_D);
             }
             kept().for_each(|&e| seg_counts[e as usize] = 0);
             t0 += len;

@@ -23,7 +23,12 @@ fn random_segs(rng: &mut Rng, t: usize, max: usize) -> Vec<usize> {
 /// expert mix orders within a job: every segment equals its own serial call.
 #[test]
 fn segments_equal_their_calls_alone() {
-    let pools = [cfg(0, true, false), cfg(2, true, true), cfg(1, false, false)].map(Pool::new);
+    let pools = [
+        cfg(0, true, false),
+        cfg(2, true, true),
+        cfg(1, false, false),
+    ]
+    .map(Pool::new);
     let mut rng = Rng(77);
     let mixes = [
         [GgmlType::Q4K, GgmlType::Q4K, GgmlType::Q6K],

@@ -9,9 +9,7 @@ use super::vram::HybridCounters;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuModel, HybridConfig};
 use crate::model::batch::{batch_logits_len, logits_len};
-use crate::model::{
-    Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute,
-};
+use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
 use crate::tier::vram::AdaptConfig;
@@ -441,7 +439,12 @@ impl PyModel {
 
     /// The slot's first `n` positions (every layer's keys and values, in the KV type) as
     /// bytes that `kv_import` of this model and KV type takes back.
-    fn kv_export<'py>(&self, py: Python<'py>, slot: usize, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+    fn kv_export<'py>(
+        &self,
+        py: Python<'py>,
+        slot: usize,
+        n: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let v = self.with(py, |m| m.kv_export(slot, n))?;
         Ok(PyBytes::new(py, &v))
     }

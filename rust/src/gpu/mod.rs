@@ -5,6 +5,7 @@
 
 mod bounce;
 pub mod hybrid;
+mod kv_io;
 mod model;
 mod pcie;
 mod step;

@@ -66,7 +66,9 @@ pub struct GpuModel {
     /// the buffers hold max(chunk, stream_chunk) tokens).
     stream_chunk: usize,
     pub(super) n_split: usize,
-    lens: Vec<usize>,
+    pub(super) lens: Vec<usize>,
+    /// Names this model in KV exports (`kv_blob::fingerprint`).
+    pub(super) fingerprint: u64,
     /// Page-locked staging of `params` and of one row of logits: the per-token copies go
     /// straight to and from them (no driver staging through pageable memory).
     pin_params: PinnedBuf,
@@ -210,6 +212,8 @@ impl GpuModel {
         b.part_ml.zero(&stream)?; // the decode kernel's finish counters start at zero
         stream.sync()?;
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
+        let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
+        let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w.output_norm, attn_norm0);
         let hybrid = match hybrid {
             Some(h) => Some(Box::new(Hybrid::new(
                 &gpu,
@@ -228,6 +232,7 @@ impl GpuModel {
             expert_bytes,
             non_expert_bytes,
             lens: vec![0; cfg.n_slots],
+            fingerprint,
             pin_params,
             pin_logits,
             hp,

@@ -10,11 +10,13 @@ Three measurements, each interleaved (A B A B ...) on the same file, the same th
   `--parallel N`, llama-server with `-np N -t THREADS` (its continuous batching and prompt
   cache on, as by default).
 - chat: an 8-turn conversation whose prompt grows to ~4K tokens, each turn resending the whole
-  history plus `--turn-words` new words (~500 tokens) and generating 32 tokens; the sum of the turns' time
-  to first token. Strata with prefix reuse (default), Strata without (`--no-cache-prompt`),
-  llama-server (its cache_prompt on).
+  history plus `--turn-words` new words (~500 tokens) and generating 32 tokens; the sum of
+  the turns' time to first token. Strata with prefix reuse (default), Strata without
+  (`--no-cache-prompt`), llama-server (its cache_prompt on).
 - bare: Strata's forward pass alone (no server), one greedy stream of `--gen` tokens after the
   same prompt: the speed a served stream is held against.
+- chunk: one forward_batch step of a prompt chunk of n tokens plus one decoding sequence:
+  prompt tok/s and the step time by n (what `max_batch_tokens` trades).
 The client is the standard library (one thread per stream, SSE parsed by hand), the same code
 for both servers. Medians of `--reps`.
 """
@@ -213,6 +215,29 @@ def bare_decode(model: Path, gen: int) -> float:
     return (gen - 1) / (time.perf_counter() - t0)
 
 
+def chunk_sizes(model: Path, sizes: list[int], reps: int) -> None:
+    """Prompt tokens/s of one forward_batch step by prompt-chunk size, with one decoding
+    sequence sharing the step: what `max_batch_tokens` trades (prompt speed against the
+    decoding sequences' step time)."""
+    from strata.llm import LLM
+
+    llm = LLM(model, n_ctx=4096, parallel=2)
+    print("| chunk tokens | prompt tok/s | step ms (a decode waits this long) |")
+    print("|---|---|---|")
+    for n in sizes:
+        times = []
+        for r in range(reps):
+            llm.truncate(0, 0)
+            llm.truncate(1, 0)
+            llm.forward_batch([(1, [5, 6, 7, 8], "last")])
+            ids = [(7 * i + r) % 1000 + 10 for i in range(n)]
+            t0 = time.perf_counter()
+            llm.forward_batch([(0, ids, "last"), (1, [9], "last")])
+            times.append(time.perf_counter() - t0)
+        t = med(times)
+        print(f"| {n} | {n / t:.0f} | {t * 1000:.1f} |", flush=True)
+
+
 def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -226,12 +251,15 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--turn-words", type=int, default=260, help="new words per turn (~500 tokens)")
-    ap.add_argument("--skip", default="", help="comma list of decode, chat, bare")
+    ap.add_argument("--skip", default="", help="comma list of decode, chat, bare, chunk")
+    ap.add_argument("--chunks", default="64,128,256,512,1024,2048")
     ap.add_argument("--strata-args", default="", help="extra strata.server flags")
     a = ap.parse_args()
     skip = set(a.skip.split(",")) - {""}
     extra = a.strata_args.split()
     print(f"model {a.model}, {THREADS} threads, load average {os.getloadavg()}", flush=True)
+    if "chunk" not in skip:
+        chunk_sizes(a.model, [int(x) for x in a.chunks.split(",")], a.reps)
     if "bare" not in skip:
         bare = [bare_decode(a.model, a.gen) for _ in range(min(a.reps, 3))]
         print(f"bare forward decode: {med(bare):.1f} tok/s {[round(x, 1) for x in bare]}")

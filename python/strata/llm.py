@@ -129,6 +129,7 @@ class LLM:
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
         self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
+        self._settled = False  # the tier's fill has finished
         # The RAM tier: residency of every expert, the fill threads (hot experts first when
         # `profile` is set; a profile for another model raises ProfileMismatchError).
         # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
@@ -220,12 +221,7 @@ class LLM:
             checked.append((s, toks, want))
         if len({s for s, _, _ in checked}) != len(checked):
             raise ValueError("entries: a slot appears more than once")
-        fb = getattr(self.model, "forward_batch", None)  # TEMPORARY until the batch merge
-        if fb is not None:
-            out: list[npt.NDArray[np.float32] | None] = fb(checked)
-        else:
-            out = [self.model.forward(s, t, logits=w) for s, t, w in checked]
-            out = [None if w == "none" else o for o, (_, _, w) in zip(out, checked, strict=True)]
+        out = self.model.forward_batch(checked)
         for _, toks, want in checked:
             one = len(toks) == 1 and want != "none"  # a decoded token (or a 1-token chunk)
             self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
@@ -265,8 +261,12 @@ class LLM:
         return d
 
     def settling(self) -> bool:
-        """True while the tier's fill threads run (its progress moves without any step)."""
-        return self.fill is not None and not self.fill.progress()["finished"]
+        """True while the tier's fill threads run (its progress moves without any step). The
+        engine asks every step: once the fill has finished it is not asked again."""
+        if self.fill is None or self._settled:
+            return False
+        self._settled = bool(self.fill.progress()["finished"])
+        return not self._settled
 
     def labeled_stats(self) -> list[LabeledStat]:
         """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""

@@ -297,8 +297,7 @@ class LLMBackend:
         # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
         self.prefill_piece = int(getattr(self.llm, "prefill_piece", config.prefill_chunk))
         self._seqs: dict[int, list[int]] = {}  # slot → tokens (full-sequence fallback only)
-        model = getattr(self.llm, "model", None)  # TEMPORARY: kv_export lands with the batch merge
-        if self.stepwise and callable(getattr(model, "kv_export", None)):
+        if self.stepwise and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
 

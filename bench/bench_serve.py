@@ -113,8 +113,9 @@ def model_id(port: int) -> str:
     return out
 
 
-def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
-    """One streamed completion: (t_sent, t_first_token, t_last_token, tokens)."""
+def stream(port: int, body: dict[str, Any]) -> tuple[float, list[tuple[float, str]]]:
+    """One streamed completion: (t_sent, [(t_arrived, text)] per content chunk; both servers
+    send one chunk per token)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.monotonic()
     c.request(
@@ -126,44 +127,39 @@ def stream(port: int, body: dict[str, Any]) -> tuple[float, float, float, int]:
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    first = last = 0.0
-    n = 0
+    chunks: list[tuple[float, str]] = []
     for raw in r:
         line = raw.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
-        d = json.loads(line[6:])
-        for ch in d.get("choices") or []:
+        for ch in json.loads(line[6:]).get("choices") or []:
             if ch.get("text"):
-                now = time.monotonic()
-                first = first or now
-                last = now
-                n += 1  # one content chunk per token on both servers
+                chunks.append((time.monotonic(), ch["text"]))
     c.close()
-    return t0, first, last, n
+    return t0, chunks
 
 
 def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
     """N concurrent greedy streams: (aggregate decode tok/s, tokens)."""
     model = model_id(port)
-    res: list[tuple[float, float, float, int]] = [(0.0, 0.0, 0.0, 0)] * n
+    res: list[list[tuple[float, str]]] = [[] for _ in range(n)]
 
     def one(i: int) -> None:
         body = {"model": model, "prompt": text(100 + i, 16), "max_tokens": gen, "temperature": 0}
-        res[i] = stream(port, body)
+        res[i] = stream(port, body)[1]
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    first = min(r[1] for r in res)
-    last = max(r[2] for r in res)
-    toks = sum(r[3] - 1 for r in res)
-    return toks / (last - first), sum(r[3] for r in res)
+    first = min(r[0][0] for r in res)
+    last = max(r[-1][0] for r in res)
+    toks = sum(len(r) - 1 for r in res)
+    return toks / (last - first), sum(len(r) for r in res)
 
 
-def chat_round(port: int, turns: int, turn_words: int, seed: int, cache: bool) -> float:
+def chat_round(port: int, turns: int, turn_words: int, seed: int) -> float:
     """Total time to first token over a growing conversation (seconds)."""
     history = ""
     total = 0.0
@@ -171,30 +167,9 @@ def chat_round(port: int, turns: int, turn_words: int, seed: int, cache: bool) -
     for k in range(turns):
         history += f"\nUser: {text(seed * 100 + k, turn_words)}\nAssistant:"
         body = {"model": model, "prompt": history, "max_tokens": 32, "temperature": 0}
-        if not cache:
-            body["cache_prompt"] = False
-        t0 = time.monotonic()
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        c.request(
-            "POST",
-            "/v1/completions",
-            json.dumps({**body, "stream": True}),
-            {"Content-Type": "application/json"},
-        )
-        r = c.getresponse()
-        if r.status != 200:
-            raise RuntimeError(f"turn {k}: HTTP {r.status}: {r.read()[:300]!r}")
-        got, first = "", 0.0
-        for raw in r:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            for ch in json.loads(line[6:]).get("choices") or []:
-                if ch.get("text"):
-                    first = first or time.monotonic()
-                    got += ch["text"]
-        c.close()
-        total += (first or time.monotonic()) - t0
+        t0, chunks = stream(port, body)
+        total += (chunks[0][0] if chunks else time.monotonic()) - t0
+        got = "".join(t for _, t in chunks)
         history += got
     return total
 
@@ -299,7 +274,7 @@ def main() -> int:
         try:
             for rep in range(a.reps):
                 for k, s in servers.items():
-                    runs[k].append(chat_round(s.port, a.turns, a.turn_words, rep, True))
+                    runs[k].append(chat_round(s.port, a.turns, a.turn_words, rep))
         finally:
             for s in servers.values():
                 s.stop()

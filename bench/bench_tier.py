@@ -60,7 +60,7 @@ from strata.llm import LLM
 t1, c1 = time.perf_counter(), time.process_time()
 llm = LLM(sys.argv[1], n_ctx=64, parallel=1, threads=int(sys.argv[2]))
 t2 = time.perf_counter()
-logits = llm.prefill(0, json.loads(sys.argv[3]), 0)
+logits = llm.forward_batch([(0, json.loads(sys.argv[3]), "last")])[0]
 t3, c3 = time.perf_counter(), time.process_time()
 out = {"import_s": t1 - t0, "load_s": t2 - t1, "first_token_s": t3 - t1, "cpu_s": c3 - c1}
 print(json.dumps({**out, "token": int(logits.argmax())}))
@@ -155,7 +155,7 @@ def decode(llm: LLM, n: int, evict_each: bool) -> tuple[float, list[int], float]
     """Greedy decode of `n` tokens after PROMPT: seconds spent in decode calls only, the
     tokens, and the largest fraction of expert bytes cached right after an eviction."""
     llm.free(0)
-    logits = llm.prefill(0, PROMPT, 0)
+    logits = llm.forward_batch([(0, PROMPT, "last")])[0]
     cached = 0.0
 
     def evict() -> None:
@@ -173,7 +173,7 @@ def decode(llm: LLM, n: int, evict_each: bool) -> tuple[float, list[int], float]
         if evict_each:
             evict()
         t = time.perf_counter()
-        logits = llm.decode([0], [tok])[0]
+        logits = llm.forward_batch([(0, [tok], "last")])[0]
         secs += time.perf_counter() - t
     return secs, toks, cached
 
@@ -252,13 +252,13 @@ def part_c(path: Path, threads: int, ra_threads: int, extras: list[int], n: int,
 
 def _warm_decode(llm: LLM, n: int) -> tuple[float, list[int]]:
     llm.free(0)
-    logits = llm.prefill(0, PROMPT, 0)
+    logits = llm.forward_batch([(0, PROMPT, "last")])[0]
     toks: list[int] = []
     t = time.perf_counter()
     for _ in range(n):
         tok = int(logits.argmax())
         toks.append(tok)
-        logits = llm.decode([0], [tok])[0]
+        logits = llm.forward_batch([(0, [tok], "last")])[0]
     return time.perf_counter() - t, toks
 
 

@@ -29,10 +29,10 @@ def decode_rate(llm: LLM, n: int) -> float:
     best = 0.0
     for _ in range(2):
         llm.free(0)
-        logits = llm.prefill(0, PROMPT, 0)
+        logits = llm.forward_batch([(0, PROMPT, "last")])[0]
         t0 = time.perf_counter()
         for _ in range(n):
-            logits = llm.decode([0], [int(logits.argmax())])[0]
+            logits = llm.forward_batch([(0, [int(logits.argmax())], "last")])[0]
         best = max(best, n / (time.perf_counter() - t0))
     return best
 
@@ -40,7 +40,7 @@ def decode_rate(llm: LLM, n: int) -> float:
 def first_token(path: Path, threads: int) -> float:
     t0 = time.perf_counter()
     llm = LLM(path, n_ctx=64, parallel=1, threads=threads)
-    llm.prefill(0, PROMPT, 0)
+    llm.forward_batch([(0, PROMPT, "last")])[0]
     return time.perf_counter() - t0
 
 

@@ -37,7 +37,7 @@ class StandIn:
 
 
 class StepStandIn(StandIn):
-    """The same model with the per-slot step API."""
+    """The same model with the batched step API."""
 
     def __init__(self, path: str, **config: Any) -> None:
         super().__init__(path, **config)
@@ -45,17 +45,17 @@ class StepStandIn(StandIn):
         self.batches: list[int] = []
         self.max_slots = 2
 
-    def prefill(self, slot: int, ids: list[int], pos: int) -> np.ndarray:
-        seq = self.seqs.setdefault(slot, [])
-        del seq[pos:]
-        seq += ids
-        return self.logits(seq)[-1]
+    def forward_batch(self, entries: list[tuple[int, list[int], str]]) -> list[Any]:
+        self.batches.append(len(entries))
+        out: list[Any] = []
+        for slot, ids, want in entries:
+            seq = self.seqs.setdefault(slot, [])
+            seq += ids
+            out.append(None if want == "none" else self.logits(seq)[-1])
+        return out
 
-    def decode(self, slots: list[int], tokens: list[int]) -> np.ndarray:
-        self.batches.append(len(slots))
-        for s, t in zip(slots, tokens, strict=True):
-            self.seqs[s].append(t)
-        return np.stack([self.logits(self.seqs[s])[-1] for s in slots])
+    def truncate(self, slot: int, n: int) -> None:
+        del self.seqs.setdefault(slot, [])[n:]
 
     def free(self, slot: int) -> None:
         self.seqs.pop(slot)
@@ -117,10 +117,12 @@ def test_every_model_setting_reaches_the_engines_llm() -> None:
     assert b.llm.config["stream_chunk"] == cfg.stream_chunk and "port" not in b.llm.config
 
 
-def test_per_slot_step_api() -> None:
+def test_batched_step_api() -> None:
     b = LLMBackend(CFG, factory=StepStandIn)
     assert b.stepwise
     ref = StandIn("", n_ctx=64)
     assert run(b, PROMPTS, 12) == {i: greedy(ref, p, 12) for i, p in enumerate(PROMPTS)}
-    assert max(b.llm.batches) == 2  # two slots decoded in one call
-    assert b.llm.seqs == {}  # every slot freed
+    assert max(b.llm.batches) == 2  # two slots ran in one call
+    # the slots keep their sequences for prefix reuse
+    assert len(b.llm.seqs) == 2 and all(b.llm.seqs.values())
+    assert b.info()["step_api"] == "batched"

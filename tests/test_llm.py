@@ -102,7 +102,9 @@ def test_logits_and_validation(path: Path) -> None:
     for kw, field in [
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
+        ({"repeat_last_n": -2}, "repeat_last_n"),
+        ({"temprature": 0.5}, "temprature"),
         ({"min_p": 2.0}, "min_p"),
         ({"repeat_penalty": 0.0}, "repeat_penalty"),
         ({"presence_penalty": 3.0}, "presence_penalty"),
@@ -188,34 +190,42 @@ def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "[finish: " in capsys.readouterr().err
 
 
-def test_step_api_matches_forward(path: Path) -> None:
+def test_batched_step_api_matches_forward(path: Path) -> None:
     llm = LLM(path, n_ctx=48, parallel=2)
     assert llm.max_slots == 2
     a, b = toks(10, seed=8), toks(6, seed=9)
     ref_a = Model.open(path, n_ctx=48).forward(0, [*a, 5, 6], logits="all")
     ref_b = Model.open(path, n_ctx=48).forward(0, [*b, 7], logits="all")
-    np.testing.assert_allclose(llm.prefill(0, a, 0), ref_a[9], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(llm.prefill(1, b, 0), ref_b[5], atol=1e-5, rtol=0)
-    out = llm.decode([0, 1], [5, 7])
-    assert out.shape == (2, SHAPE.n_vocab)
-    np.testing.assert_allclose(out, np.stack([ref_a[10], ref_b[6]]), atol=1e-5, rtol=0)
-    # prefix reuse: keep 10 positions of slot 0 and run token 5, 6 again
-    np.testing.assert_allclose(llm.prefill(0, [5, 6], 10), ref_a[11], atol=1e-5, rtol=0)
+    la, lb = llm.forward_batch([(0, a, "last"), (1, b, "last")])
+    np.testing.assert_allclose(la, ref_a[9], atol=1e-5, rtol=0)  # type: ignore[arg-type]
+    np.testing.assert_allclose(lb, ref_b[5], atol=1e-5, rtol=0)  # type: ignore[arg-type]
+    out = llm.forward_batch([(0, [5], "last"), (1, [7], "last")])
+    np.testing.assert_allclose(np.stack(out), np.stack([ref_a[10], ref_b[6]]), atol=1e-5, rtol=0)  # type: ignore[arg-type]
+    # prefix reuse: keep 10 positions of slot 0 and run tokens 5, 6 again
+    llm.truncate(0, 10)
+    assert llm.slot_len(0) == 10
+    again = llm.forward_batch([(0, [5, 6], "all")])[0]
+    np.testing.assert_allclose(again, ref_a[10:12], atol=1e-5, rtol=0)  # type: ignore[arg-type]
+    assert llm.forward_batch([(0, [1], "none")]) == [None]
     # the private slot of logits()/generate() is separate
     llm.logits(b)
     np.testing.assert_allclose(
-        llm.decode([1], [3])[0],
+        llm.forward_batch([(1, [3], "last")])[0],  # type: ignore[arg-type]
         Model.open(path, n_ctx=48).forward(0, [*b, 7, 3], logits="all")[-1],
         atol=1e-5,
         rtol=0,
     )
     with pytest.raises(ValueError, match="slot"):
-        llm.prefill(2, a, 0)
-    with pytest.raises(ValueError, match="pos"):
-        llm.prefill(0, a, 40)
+        llm.forward_batch([(2, a, "last")])
+    with pytest.raises(ValueError, match="more than once"):
+        llm.forward_batch([(0, [1], "last"), (0, [2], "last")])
+    with pytest.raises(ValueError, match="logits"):
+        llm.forward_batch([(0, [1], "first")])
     with pytest.raises(ValueError, match="context of 48"):
-        llm.prefill(0, toks(49), 0)
+        llm.forward_batch([(1, toks(45), "last")])
+    with pytest.raises(ValueError, match="outside"):
+        llm.forward_batch([(1, [10**6], "last")])
     llm.free(1)
     assert llm.model.slot_len(1) == 0
-    assert llm.stats()["decode_tokens_total"] == 3
+    assert llm.stats()["decode_tokens_total"] == 3  # the one-token entries that want logits
     assert llm.info()["max_slots"] == 2

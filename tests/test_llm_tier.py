@@ -68,8 +68,8 @@ def test_forward_feeds_the_routing_counters(tiny: Path) -> None:
 
 def test_llm_reports_the_tier(tiny: Path, tmp_path: Path) -> None:
     llm = LLM(tiny, n_ctx=64, parallel=1, threads=1)
-    llm.prefill(0, [1, 2, 3], 0)
-    llm.decode([0], [4])
+    llm.forward_batch([(0, [1, 2, 3], "last")])
+    llm.forward_batch([(0, [4], "last")])
     np.testing.assert_array_equal(llm.routing_counts().sum(1), [16] * 4)
     s = llm.stats()
     assert s["tier_resident_experts"] == 0.0 and s["tier_arena_bytes"] == 0.0

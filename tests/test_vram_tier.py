@@ -103,9 +103,9 @@ def test_backend_forwards_labeled_stats_and_counts() -> None:
     names = {(s.name, tuple(sorted(s.labels.items())), s.kind) for s in b.stats()}
     assert ("tier_mapped_hits_total", (), "counter") in names
     assert ("expert_misses_total", (("by", "pcie"),), "counter") in names
-    assert b.tier_counts() == (2, 1, 1)
+    assert b.tier_counts(0) == (2, 1, 1)
     cpu = LLMBackend(Config(), factory=lambda path, **kw: _LLMStub(None))
-    assert cpu.tier_counts() is None
+    assert cpu.tier_counts(0) is None
     assert not any(s.name.startswith(("vram_", "expert_")) for s in cpu.stats())
 
 
@@ -120,17 +120,17 @@ class _HybridFake(FakeBackend):
         self.prefilled = 0
         self.decoded = 0
 
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> Any:
-        self.hybrid.record_layer(0, 2 * len(ids), len(ids), len(ids))
-        self.prefilled += len(ids)
-        return super().prefill(slot, ids, pos)
+    def forward_batch(self, entries: Sequence[Any]) -> Any:
+        for slot, ids, _ in entries:
+            if slot in self._n_prompt:  # generating: a decoded token
+                self.hybrid.record_layer(0, 3 * len(ids), len(ids), 0)
+                self.decoded += len(ids)
+            else:
+                self.hybrid.record_layer(0, 2 * len(ids), len(ids), len(ids))
+                self.prefilled += len(ids)
+        return super().forward_batch(entries)
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> Any:
-        self.hybrid.record_layer(0, 3 * len(slots), len(slots), 0)
-        self.decoded += len(slots)
-        return super().decode(slots, tokens)
-
-    def tier_counts(self) -> tuple[int, int, int]:
+    def tier_counts(self, slot: int) -> tuple[int, int, int]:
         return self.hybrid.totals()
 
 

@@ -186,6 +186,24 @@ class Config:
     api_key: str = _s("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
     parallel: int = _f(1, "concurrent sequences (engine slots)")
     max_queue: int = _s(64, "requests waiting beyond the slots before 429")
+    max_batch_tokens: int = _s(
+        512,
+        "engine: most tokens one forward step runs (every running sequence's next token, then "
+        "prompt chunks of admitted ones; the hybrid mode's streamed chunk is never cut below "
+        "stream_chunk)",
+    )
+    cache_prompt: bool = _s(
+        True,
+        "engine: a new prompt reuses the KV of the longest prefix it shares with a slot's or "
+        "the prompt cache's sequence (as llama-server's cache_prompt); off: every prompt runs "
+        "from position 0",
+    )
+    prompt_cache_mib: int = _s(
+        -1,
+        "engine: host RAM in MiB that keeps finished sequences' KV (in the KV type) for reuse "
+        "by a later prompt that shares their prefix, LRU-evicted (-1: a tenth of the available "
+        "RAM at start, at most 8192; 0: off)",
+    )
     engine_silence_s: float = _s(300.0, "seconds an engine may stay silent on a request (0: off)")
     request_timeout_s: float = _s(600.0, "per-request deadline in seconds (0: none)")
     max_body_bytes: int = _s(4 << 20, "largest request body accepted")
@@ -263,6 +281,10 @@ class Config:
             raise bad("parallel", "must be at least 1")
         if self.max_queue < 0:
             raise bad("max_queue", "must be >= 0")
+        if self.max_batch_tokens < 1:
+            raise bad("max_batch_tokens", "must be at least 1")
+        if self.prompt_cache_mib < -1:
+            raise bad("prompt_cache_mib", "must be -1 (automatic), 0 (off) or > 0")
         for name in (
             "engine_silence_s",
             "request_timeout_s",

@@ -7,12 +7,12 @@
 The forward pass runs in Rust (`strata._core.Model`) with the GIL released; this module only
 validates arguments, samples and detokenizes. `logits` and `generate` use a private KV slot
 (a new prompt reuses the cached prefix it shares with the previous one); the engine drives
-`config.parallel` further slots through the per-slot step API (`prefill`, `decode`, `free`).
+`config.parallel` further slots through the batched step API (`forward_batch`, `truncate`,
+`kv_export`/`kv_import`, `free`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -25,6 +25,7 @@ import numpy.typing as npt
 from strata._core import HybridCounters, Model, Profile, RoutingCounters
 from strata.config import Config
 from strata.gguf import GGUFFile
+from strata.sampling import LogitsProcessor, Sampler, SamplingParams
 from strata.tiering import (
     LabeledStat,
     open_tier,
@@ -35,7 +36,7 @@ from strata.tiering import (
     vram_stats,
 )
 
-__all__ = ["LLM", "SamplingArgs", "TokenEvent"]
+__all__ = ["LLM", "TokenEvent"]
 
 Prompt = str | Sequence[int] | Sequence[dict[str, Any]]
 
@@ -52,80 +53,24 @@ class TokenEvent:
     finish_reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingArgs:
-    """Sampling parameters, validated at construction (ValueError naming the field)."""
-
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int | None = None
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_last_n: int = 64
-
-    def __post_init__(self) -> None:
-        def num(name: str, lo: float, hi: float, lo_open: bool = False) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ValueError(f"{name}: must be a finite number, got {v!r}")
-            if v < lo or v > hi or (lo_open and v == lo):
-                left = "(" if lo_open else "["
-                raise ValueError(f"{name}: must be in {left}{lo}, {hi}], got {v!r}")
-
-        def integer(name: str, lo: int) -> None:
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
-
-        num("temperature", 0.0, 100.0)
-        integer("top_k", 0)
-        num("top_p", 0.0, 1.0, lo_open=True)
-        num("min_p", 0.0, 1.0)
-        num("repeat_penalty", 0.0, 100.0, lo_open=True)
-        num("presence_penalty", -2.0, 2.0)
-        num("frequency_penalty", -2.0, 2.0)
-        integer("repeat_last_n", 0)
-        seed = self.seed
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed: must be an integer or None, got {self.seed!r}")
+_DEFAULT = SamplingParams()
+# llama.cpp's keyword names for SamplingParams fields
+_ALIASES = {"repeat_penalty": "repetition_penalty"}
 
 
-class _Sampler:
-    """Penalties, then greedy (temperature 0) or top-k → top-p → min-p → temperature."""
-
-    def __init__(self, args: SamplingArgs) -> None:
-        self.a = args
-        self.rng = np.random.default_rng(args.seed)
-
-    def __call__(self, logits: npt.NDArray[np.float32], history: Sequence[int]) -> int:
-        a = self.a
-        x = logits.astype(np.float64)
-        recent = history[-a.repeat_last_n :] if a.repeat_last_n else ()
-        if recent and (a.repeat_penalty != 1.0 or a.presence_penalty or a.frequency_penalty):
-            ids, counts = np.unique(np.asarray(recent, dtype=np.int64), return_counts=True)
-            v = x[ids]
-            v = np.where(v > 0, v / a.repeat_penalty, v * a.repeat_penalty)
-            x[ids] = v - counts * a.frequency_penalty - a.presence_penalty
-        if a.temperature == 0.0:
-            return int(np.argmax(x))
-        order = np.argsort(-x, kind="stable")
-        if a.top_k > 0:
-            order = order[: a.top_k]
-        v = x[order]
-        p = np.exp(v - v[0])
-        p /= p.sum()
-        if a.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(p), a.top_p) + 1)
-            order, v, p = order[:keep], v[:keep], p[:keep]
-        if a.min_p > 0.0:
-            keep_mask = p >= a.min_p * p[0]
-            order, v = order[keep_mask], v[keep_mask]
-        p = np.exp((v - v[0]) / a.temperature)
-        p /= p.sum()
-        return int(order[self.rng.choice(len(order), p=p)])
+def _params(sampling: dict[str, Any]) -> SamplingParams:
+    """SamplingParams from keywords, errors naming the caller's keyword."""
+    fields = {_ALIASES.get(k, k): v for k, v in sampling.items()}
+    try:
+        return SamplingParams(**fields).validate()
+    except TypeError as e:
+        raise ValueError(f"sampling: {e}") from None
+    except ValueError as e:
+        name = getattr(e, "param", "")
+        back = {v: k for k, v in _ALIASES.items() if k in sampling}
+        if name in back:
+            raise ValueError(str(e).replace(name, back[name], 1)) from None
+        raise
 
 
 def _as_ids(tokens: Iterable[int], what: str) -> list[int]:
@@ -164,6 +109,7 @@ class LLM:
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
         self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
+        self._settled = False  # the tier's fill has finished
         # The RAM tier: residency of every expert, the fill threads (hot experts first when
         # `profile` is set; a profile for another model raises ProfileMismatchError).
         # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
@@ -240,29 +186,45 @@ class LLM:
             raise ValueError(f"slot: must be in 0..{self.max_slots - 1}, got {slot!r}")
         return slot
 
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> npt.NDArray[np.float32]:
-        """Runs prompt tokens `ids` at positions pos.. of `slot`, keeping the slot's first
-        `pos` cached positions (0 starts afresh); returns the last position's logits [V]."""
-        s = self._slot(slot)
-        toks = _as_ids(ids, "ids")
-        held = self.model.slot_len(s)
-        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos <= held:
-            raise ValueError(f"pos: slot {s} holds {held} positions, got {pos!r}")
-        self._check_len(pos + len(toks), "prefill")
-        self.model.truncate(s, pos)
-        out = self.model.forward(s, toks, logits="last")
-        self._counts["prefill_tokens_total"] += len(toks)
+    def forward_batch(
+        self, entries: Sequence[tuple[int, Sequence[int], str]]
+    ) -> list[npt.NDArray[np.float32] | None]:
+        """One forward pass over several slots. Each entry `(slot, ids, logits)` continues
+        `slot` at its current length with `ids` (a decoded token, a window or a prompt chunk);
+        `logits` is "none", "last" ([V]) or "all" ([len(ids), V]). Slots must be distinct."""
+        checked: list[tuple[int, list[int], str]] = []
+        for slot, ids, want in entries:
+            s = self._slot(slot)
+            toks = _as_ids(ids, "ids")
+            if want not in ("none", "last", "all"):
+                raise ValueError(f"logits: must be none, last or all, got {want!r}")
+            self._check_len(self.model.slot_len(s) + len(toks), f"slot {s}")
+            if any(not 0 <= t < self.n_vocab for t in toks):
+                raise ValueError(f"ids: a token id is outside 0..{self.n_vocab - 1}")
+            checked.append((s, toks, want))
+        if len({s for s, _, _ in checked}) != len(checked):
+            raise ValueError("entries: a slot appears more than once")
+        out = self.model.forward_batch(checked)
+        for _, toks, want in checked:
+            one = len(toks) == 1 and want != "none"  # a decoded token (or a 1-token chunk)
+            self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
         return out
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> npt.NDArray[np.float32]:
-        """One token for each slot, at its next position: logits [B, V]."""
-        if len(slots) != len(tokens):
-            raise ValueError(f"decode: {len(slots)} slots but {len(tokens)} tokens")
-        out = np.empty((len(slots), self.n_vocab), dtype=np.float32)
-        for b, (slot, tok) in enumerate(zip(slots, _as_ids(tokens, "tokens"), strict=True)):
-            out[b] = self.model.forward(self._slot(slot), [tok], logits="last")
-        self._counts["decode_tokens_total"] += len(slots)
-        return out
+    def truncate(self, slot: int, n: int) -> None:
+        """Keeps the first `n` cached positions of a step-API slot."""
+        self.model.truncate(self._slot(slot), n)
+
+    def slot_len(self, slot: int) -> int:
+        """Positions a step-API slot holds."""
+        return self.model.slot_len(self._slot(slot))
+
+    def kv_export(self, slot: int, n: int) -> bytes:
+        """The first `n` positions of a slot's KV, in the KV type (for the prompt cache)."""
+        return self.model.kv_export(self._slot(slot), n)
+
+    def kv_import(self, slot: int, data: bytes) -> int:
+        """Replaces a slot's KV with `kv_export` bytes; returns the positions it now holds."""
+        return self.model.kv_import(self._slot(slot), data)
 
     def free(self, slot: int) -> None:
         """Empties a step-API slot."""
@@ -289,8 +251,12 @@ class LLM:
         return d
 
     def settling(self) -> bool:
-        """True while the tier's fill threads run (its progress moves without any step)."""
-        return self.fill is not None and not self.fill.progress()["finished"]
+        """True while the tier's fill threads run (its progress moves without any step). The
+        engine asks every step: once the fill has finished it is not asked again."""
+        if self.fill is None or self._settled:
+            return False
+        self._settled = bool(self.fill.progress()["finished"])
+        return not self._settled
 
     def labeled_stats(self) -> list[LabeledStat]:
         """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
@@ -336,10 +302,13 @@ class LLM:
         prompt_ids: Sequence[int],
         max_tokens: int = 256,
         stop_ids: Iterable[int] | None = None,
+        processor: LogitsProcessor | None = None,
         **sampling: Any,
     ) -> Iterator[tuple[int, str | None]]:
         """Token ids without text: yields `(id, finish_reason)`. `stop_ids` defaults to the
-        tokenizer's end-of-generation ids; the stop token itself is yielded with "stop"."""
+        tokenizer's end-of-generation ids; the stop token itself is yielded with "stop".
+        Sampling keywords are `strata.sampling.SamplingParams` fields (`repeat_penalty` is
+        llama.cpp's name for `repetition_penalty`); `processor` masks each row first."""
         ids = _as_ids(prompt_ids, "prompt")
         self._check_len(len(ids), "prompt")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -347,22 +316,22 @@ class LLM:
         for t in ids:
             if not 0 <= t < self.n_vocab:
                 raise ValueError(f"prompt: token id {t} is outside the vocabulary")
-        sampler = _Sampler(SamplingArgs(**sampling))
+        sampler = Sampler(_params(sampling), ids, self.n_vocab, processor)
         stops = set(self.tokenizer.eog_ids if stop_ids is None else stop_ids)
         return self._loop(ids, max_tokens, stops, sampler)
 
     def _loop(
-        self, ids: list[int], max_tokens: int, stops: set[int], sampler: _Sampler
+        self, ids: list[int], max_tokens: int, stops: set[int], sampler: Sampler
     ) -> Iterator[tuple[int, str | None]]:
-        history = list(ids)
+        n = len(ids)
         logits = self._prefill(ids)
         for i in range(max_tokens):
-            tok = sampler(logits, history)
-            history.append(tok)
+            tok = sampler.sample(logits).token
+            n += 1
             if tok in stops:
                 yield tok, "stop"
                 return
-            if i + 1 == max_tokens or len(history) >= self.n_ctx:
+            if i + 1 == max_tokens or n >= self.n_ctx:
                 yield tok, "length"
                 return
             yield tok, None
@@ -373,18 +342,21 @@ class LLM:
         self,
         prompt: Prompt,
         max_tokens: int = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
+        temperature: float = _DEFAULT.temperature,
+        top_k: int = _DEFAULT.top_k,
+        top_p: float = _DEFAULT.top_p,
+        min_p: float = _DEFAULT.min_p,
         seed: int | None = None,
-        repeat_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
+        repeat_penalty: float = _DEFAULT.repetition_penalty,
+        presence_penalty: float = _DEFAULT.presence_penalty,
+        frequency_penalty: float = _DEFAULT.frequency_penalty,
         stop: str | Sequence[str] | None = None,
+        repeat_last_n: int = _DEFAULT.repeat_last_n,
+        processor: LogitsProcessor | None = None,
     ) -> Iterator[TokenEvent]:
-        """Streams token events. temperature 0 is greedy. Text held back by a possible stop
-        string or an incomplete UTF-8 sequence arrives with a later event."""
+        """Streams token events. temperature 0 is greedy; sampling as `strata.sampling` says
+        (the server's sampler: equal settings and seed give equal tokens). Text held back by
+        a possible stop string or an incomplete UTF-8 sequence arrives with a later event."""
         from strata.tokenizer import (  # type: ignore[import-not-found,unused-ignore]
             IncrementalDetokenizer,
             StopMatcher,
@@ -406,6 +378,8 @@ class LLM:
             repeat_penalty=repeat_penalty,
             presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty,
+            repeat_last_n=repeat_last_n,
+            processor=processor,
         )
         detok = IncrementalDetokenizer(self.tokenizer)
         matcher = StopMatcher(stops)

@@ -44,6 +44,7 @@ class RequestRecord:
     drafts_accepted: int | None
     hit_rate: float | None
     pcie_share: float | None
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not run
 
 
 class Metrics:
@@ -57,6 +58,11 @@ class Metrics:
             "strata_requests", "Finished requests", ["endpoint", "outcome"], registry=r
         )
         self.prompt_tokens = Counter("strata_prompt_tokens", "Prompt tokens read", registry=r)
+        self.prompt_tokens_cached = Counter(
+            "strata_prompt_tokens_cached",
+            "Prompt tokens whose KV was reused from a slot or the prompt cache, not run",
+            registry=r,
+        )
         self.generation_tokens = Counter("strata_generation_tokens", "Tokens generated", registry=r)
         self.ttft = Histogram(
             "strata_time_to_first_token_seconds",
@@ -82,6 +88,7 @@ class Metrics:
             "requests": 0,
             "errors": 0,
             "prompt_tokens": 0,
+            "prompt_tokens_cached": 0,
             "output_tokens": 0,
             "prompt_ms": 0.0,
             "decode_ms": 0.0,
@@ -101,9 +108,11 @@ class Metrics:
 
     def record(self, rec: RequestRecord) -> None:
         self.prompt_tokens.inc(rec.prompt_tokens)
+        self.prompt_tokens_cached.inc(rec.cached_tokens)
         self.generation_tokens.inc(rec.output_tokens)
         t = self.totals
         t["prompt_tokens"] += rec.prompt_tokens
+        t["prompt_tokens_cached"] += rec.cached_tokens
         t["output_tokens"] += rec.output_tokens
         t["prompt_ms"] += rec.prompt_ms
         t["decode_ms"] += rec.decode_ms
@@ -146,6 +155,7 @@ class Metrics:
             "requests",
             "errors",
             "prompt_tokens",
+            "prompt_tokens_cached",
             "output_tokens",
             "drafts_offered",
             "drafts_accepted",

@@ -1,29 +1,41 @@
-"""Sampling parameters, their validation, and the sampler (numpy only).
+"""The one sampler of the project: parameters, their validation, and the per-sequence sampler
+(numpy only). The server's engine and `LLM.generate` both use it, so equal settings and seed
+give equal tokens.
 
-Order of operations on one row of logits (V = vocabulary size):
-  1. penalties: repetition (prompt + output tokens, divide positive logits / multiply negative
-     ones), presence and frequency (output tokens only, subtracted), as vLLM and OpenAI do;
-  2. temperature 0 → greedy (argmax, lowest id on ties); otherwise divide by temperature;
-  3. top-k, then top-p (smallest set whose mass reaches p), then min-p (drop tokens whose
-     probability is below min_p × the largest);
-  4. draw from the remaining distribution with the request's own generator (seeded).
-A per-request logits processor (`LogitsProcessor`, e.g. a grammar's token mask) masks the row
-in place after the penalties; `accept` advances it past each sampled token.
-Reported log-probabilities are those of the model's raw distribution (log-softmax of the logits
-before penalties and temperature), as the OpenAI API reports them.
+Order and defaults are llama.cpp's (`common_sampler`'s default chain, llama-server's defaults):
+  0. an optional per-request logits processor masks the row (structured output: a grammar sets
+     the logits of forbidden tokens to -inf);
+  1. penalties over the last `repeat_last_n` tokens of the sequence (prompt and output; -1: all
+     of it, 0: none): repetition (positive logits divided by `repetition_penalty`, negative ones
+     multiplied), then frequency (× count) and presence (once) subtracted;
+  2. temperature 0 → greedy (argmax of the penalized row, lowest id on ties);
+  3. otherwise top-k, then top-p (the smallest set of the best tokens whose probability at
+     temperature 1 reaches p), then min-p (drop tokens below min_p × the best one's
+     probability), then temperature, then a draw with the sequence's own generator.
+Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1.0,
+repeat_last_n 64 (llama.cpp's). Reported log-probabilities are those of the model's raw
+distribution (log-softmax of the logits before the processor, penalties and temperature), as
+the OpenAI API reports them.
 """
 
 from __future__ import annotations
 
 import math
 import secrets
+from collections import deque
 from typing import Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LogitsProcessor", "SampleResult", "Sampler", "SamplingParams", "log_softmax"]
+__all__ = [
+    "LogitsProcessor",
+    "SampleResult",
+    "Sampler",
+    "SamplingParams",
+    "log_softmax",
+]
 
 F32 = npt.NDArray[np.float32]
 
@@ -33,11 +45,12 @@ MAX_SEED = (1 << 64) - 1
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How to pick each next token. `validate()` raises ValueError naming the field."""
 
-    temperature: float = 1.0  # 0: greedy
-    top_k: int = -1  # -1 or 0: off
-    top_p: float = 1.0  # (0, 1]
-    min_p: float = 0.0  # [0, 1]
-    repetition_penalty: float = 1.0  # (0, 10]; 1: off
+    temperature: float = 0.8  # 0: greedy
+    top_k: int = 40  # -1 or 0: off
+    top_p: float = 0.95  # (0, 1]; 1: off
+    min_p: float = 0.05  # [0, 1]; 0: off
+    repetition_penalty: float = 1.0  # (0, 100]; 1: off (llama.cpp's repeat_penalty)
+    repeat_last_n: int = 64  # tokens the penalties look back over; -1: all, 0: off
     presence_penalty: float = 0.0  # [-2, 2]
     frequency_penalty: float = 0.0  # [-2, 2]
     seed: int | None = None  # None: a fresh random seed
@@ -58,32 +71,56 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 raise bad(name, "must be a finite number")
             return float(v)
 
-        if finite("temperature") < 0:
-            raise bad("temperature", "must be >= 0")
+        def integer(name: str, lo: int) -> int:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise bad(name, f"must be an integer >= {lo}")
+            return v
+
+        if not (0.0 <= finite("temperature") <= 100.0):
+            raise bad("temperature", "must be in [0, 100]")
         if not (0.0 < finite("top_p") <= 1.0):
             raise bad("top_p", "must be in (0, 1]")
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
-        if not (0.0 < finite("repetition_penalty") <= 10.0):
-            raise bad("repetition_penalty", "must be in (0, 10]")
+        if not (0.0 < finite("repetition_penalty") <= 100.0):
+            raise bad("repetition_penalty", "must be in (0, 100]")
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", "must be an integer >= -1 (-1 or 0: off)")
+        integer("top_k", -1)
+        integer("repeat_last_n", -1)
+        integer("top_logprobs", -1)
         if self.seed is not None and (
             isinstance(self.seed, bool)
             or not isinstance(self.seed, int)
             or not (-(1 << 63) <= self.seed <= MAX_SEED)
         ):
             raise bad("seed", "must be a 64-bit integer")
-        if (
-            isinstance(self.top_logprobs, bool)
-            or not isinstance(self.top_logprobs, int)
-            or self.top_logprobs < -1
-        ):
-            raise bad("top_logprobs", "must be an integer >= -1")
         return self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.repeat_last_n != 0 and (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+class LogitsProcessor(Protocol):
+    """A per-request constraint on the next token (e.g. a grammar's token mask).
+
+    `__call__` edits one row of logits [V] in place before the penalties (forbidden tokens
+    to -inf); `accept` is told every token the sequence samples, so the constraint advances."""
+
+    def __call__(self, logits: F32) -> None: ...
+
+    def accept(self, token: int) -> None: ...
 
 
 class SampleResult(msgspec.Struct, frozen=True):
@@ -99,20 +136,8 @@ def log_softmax(x: F32) -> F32:
     return out
 
 
-class LogitsProcessor(Protocol):
-    """A per-request constraint on the next token (e.g. a grammar's token mask)."""
-
-    def __call__(self, logits: F32) -> None:
-        """Mask one row of logits [V] in place (forbidden tokens to -inf)."""
-        ...
-
-    def accept(self, token: int) -> None:
-        """Advance past the sampled token."""
-        ...
-
-
 class Sampler:
-    """The per-sequence sampler: owns its generator and the counts the penalties need."""
+    """The per-sequence sampler: owns its generator, the penalty window and the processor."""
 
     def __init__(
         self,
@@ -126,36 +151,49 @@ class Sampler:
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.rng = np.random.default_rng(seed & MAX_SEED)
         self.n_vocab = n_vocab
-        self._seen = np.zeros(n_vocab, dtype=bool)  # [V] in prompt or output
-        self._counts = np.zeros(n_vocab, dtype=np.int32)  # [V] times in output
-        ids = np.asarray([t for t in prompt if 0 <= t < n_vocab], dtype=np.int64)
-        self._seen[ids] = True
+        self.processor = processor
+        n = params.repeat_last_n
+        # the last `repeat_last_n` tokens of prompt + output (all of them for -1)
+        self._window: deque[int] = deque(
+            (t for t in prompt if 0 <= t < n_vocab), maxlen=None if n < 0 else n
+        )
+
+    @property
+    def fast_greedy(self) -> bool:
+        """True when the token is the plain argmax of the row (no penalties, processor or
+        log-probabilities): a caller may then pick it without handing the row over."""
+        p = self.params
+        return p.greedy and not p.penalized and self.processor is None and p.top_logprobs < 0
 
     def accept(self, token: int) -> None:
-        """Record an output token (for the penalties)."""
-        if 0 <= token < self.n_vocab:
-            self._seen[token] = True
-            self._counts[token] += 1
+        """Record a token of the sequence (the penalty window, the processor's state)."""
+        if 0 <= token < self.n_vocab and self._window.maxlen != 0:
+            self._window.append(token)
         if self.processor is not None:
             self.processor.accept(token)
+
+    def _penalize(self, x: F32) -> None:
+        p = self.params
+        if not p.penalized or not self._window:
+            return
+        ids, counts = np.unique(np.fromiter(self._window, dtype=np.int64), return_counts=True)
+        v = x[ids]
+        if p.repetition_penalty != 1.0:
+            v = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        x[ids] = v - counts * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
 
     def sample(self, logits: npt.NDArray[np.floating]) -> SampleResult:
         """Pick the next token from one row of logits [V]; also records it."""
         p = self.params
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.n_vocab]  # [V]
-        x = raw.copy()
-        if p.repetition_penalty != 1.0:
-            s = self._seen
-            x[s] = np.where(x[s] > 0, x[s] / p.repetition_penalty, x[s] * p.repetition_penalty)
-        if p.presence_penalty or p.frequency_penalty:
-            c = self._counts.astype(np.float32)
-            x -= p.frequency_penalty * c + p.presence_penalty * (c > 0)
-        if self.processor is not None:
-            self.processor(x)
-        if p.temperature == 0.0:
-            token = int(np.argmax(x))
+        if self.processor is None and not p.penalized:
+            x = raw
         else:
-            token = self._draw(x / np.float32(p.temperature))
+            x = raw.copy()
+            if self.processor is not None:
+                self.processor(x)
+            self._penalize(x)
+        token = int(np.argmax(x)) if p.greedy else self._draw(x)
         self.accept(token)
         if p.top_logprobs < 0:
             return SampleResult(token, None, None)
@@ -169,26 +207,26 @@ class Sampler:
         return SampleResult(token, float(lp[token]), top)
 
     def _draw(self, x: F32) -> int:
+        """top-k → top-p → min-p → temperature → draw, over the row [V]."""
         p = self.params
-        keep = np.isfinite(x)
-        if p.top_k > 0 and p.top_k < x.shape[0]:
-            kth = np.partition(x, -p.top_k)[-p.top_k]
-            keep &= x >= kth
-        z = np.where(keep, x, -np.inf)
-        probs = np.exp(z - np.max(z))
-        probs /= probs.sum()
-        if p.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            cum = np.cumsum(probs[order])
-            cut = int(np.searchsorted(cum, p.top_p)) + 1  # tokens needed to reach top_p
-            mask = np.zeros_like(keep)
-            mask[order[:cut]] = True
-            probs = np.where(mask, probs, 0.0)
-        if p.min_p > 0.0:
-            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
-        total = probs.sum()
-        if not total > 0:
+        n = x.shape[0]
+        # [k] candidates, unordered
+        cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
+        cand = cand[np.isfinite(x[cand])]
+        if cand.size == 0:  # everything masked: the argmax stands
             return int(np.argmax(x))
-        cdf = np.cumsum(probs / total)
+        v = x[cand].astype(np.float64)
+        order = np.lexsort((cand, -v))  # best first, lowest id on ties
+        cand, v = cand[order], v[order]
+        prob = np.exp(v - v[0])
+        prob /= prob.sum()
+        if p.top_p < 1.0:
+            keep = int(np.searchsorted(np.cumsum(prob), p.top_p)) + 1  # tokens to reach p
+            cand, v, prob = cand[:keep], v[:keep], prob[:keep]
+        if p.min_p > 0.0:
+            keep_mask = prob >= p.min_p * prob[0]
+            cand, v = cand[keep_mask], v[keep_mask]
+        w = np.exp((v - v[0]) / p.temperature)
+        cdf = np.cumsum(w / w.sum())
         r = self.rng.random()
-        return int(min(np.searchsorted(cdf, r, side="right"), x.shape[0] - 1))
+        return int(cand[min(int(np.searchsorted(cdf, r, side="right")), cand.size - 1)])

@@ -203,13 +203,14 @@ def cmd_profile(cfg: Config, ns: argparse.Namespace) -> int:
         if tok.chat_template:
             text = tok.apply_chat_template([{"role": "user", "content": prompt}])
         ids = tok.encode(text)[: max(1, n_ctx - cfg.profile_tokens - 1)]
-        logits = backend.prefill(0, ids, 0)
+        backend.truncate(0, 0)
+        (logits,) = backend.forward_batch([(0, ids, "last")])
         tokens += len(ids)
         for _ in range(cfg.profile_tokens):
-            nxt = int(np.argmax(logits))
+            nxt = int(np.argmax(np.asarray(logits)))
             if nxt in eog:
                 break
-            logits = backend.decode([0], [nxt])[0]
+            (logits,) = backend.forward_batch([(0, [nxt], "last")])
             tokens += 1
         backend.free(0)
         bar.update(i + 1)

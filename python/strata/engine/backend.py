@@ -8,7 +8,7 @@
   the process exit, both after two generated tokens.
 - `LLMBackend`: wraps `strata.llm.LLM` (imported lazily; the Rust forward pass).
 
-Shapes: V = vocabulary size, B = sequences in a decode step.
+Shapes: V = vocabulary size, T = tokens of one entry.
 """
 
 from __future__ import annotations
@@ -29,18 +29,23 @@ from strata.engine.protocol import Stat
 F32 = npt.NDArray[np.float32]
 
 
+# One entry of a forward batch: (slot, token ids, logits wanted: "none" | "last" | "all"); the
+# tokens continue the slot at its current length.
+Entry = tuple[int, Sequence[int], str]
+
+
 class Backend(Protocol):
     n_vocab: int
     n_ctx: int  # positions per slot
     max_slots: int
 
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
-        """Run prompt tokens `ids` at positions pos.. of `slot` (pos 0 starts the slot afresh);
-        returns the logits [V] after the last one."""
+    def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
+        """Run every entry in one forward pass; per entry None, logits [V] ("last") or
+        [T, V] ("all")."""
         ...
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
-        """One token for each slot (at its next position); returns logits [B, V]."""
+    def truncate(self, slot: int, n: int) -> None:
+        """Keep the first `n` positions of `slot`'s KV."""
         ...
 
     def free(self, slot: int) -> None: ...
@@ -120,39 +125,57 @@ class FakeBackend:
         if n > self.n_ctx:
             raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx}")
 
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
-        self._check(slot, pos + len(ids))
-        if pos == 0:
-            self._tokens[slot] = []
-            self._fault.pop(slot, None)
-        toks = self._tokens[slot]
-        if len(toks) != pos:
-            raise ValueError(f"slot {slot}: prefill at {pos} but it holds {len(toks)} tokens")
-        toks.extend(int(t) for t in ids)
-        self._n_prompt[slot] = len(toks)
-        self._prefill_tokens += len(ids)
+    def truncate(self, slot: int, n: int) -> None:
+        """Keeps n positions; what follows is a new prompt until an entry asks for logits."""
+        self._check(slot, n)
+        toks = self._tokens.setdefault(slot, [])
+        if n > len(toks):
+            raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
+        del toks[n:]
+        self._n_prompt.pop(slot, None)  # reading a prompt
+        self._fault.pop(slot, None)
+
+    def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
+        slots = [slot for slot, _, _ in entries]
+        if len(set(slots)) != len(slots):
+            raise ValueError("forward_batch: a slot appears twice")
+        for slot, ids, _ in entries:
+            self._check(slot, len(self._tokens.get(slot, ())) + len(ids))
+        out: list[F32 | None] = []
+        for slot, ids, want in entries:
+            toks = self._tokens.setdefault(slot, [])
+            toks.extend(int(t) for t in ids)
+            if slot in self._n_prompt:  # generating: ids are output tokens
+                self._decode_tokens += len(ids)
+                fault = self._fault.get(slot)
+                if fault and len(toks) - self._n_prompt[slot] >= 2:
+                    self._inject(fault)
+            else:
+                self._prefill_tokens += len(ids)
+                if want != "none":  # the prompt's last chunk
+                    self._n_prompt[slot] = len(toks)
+                    self._scan_faults(slot)
+            out.append(None if want == "none" else self._logits(slot))
+        self._steps += 1
+        self._sleep()
+        return out
+
+    def _scan_faults(self, slot: int) -> None:
         if self.faults:
-            text = bytes(t for t in toks if toytok.is_byte(t))
+            text = bytes(t for t in self._tokens[slot] if toytok.is_byte(t))
             for fault in ("stall", "crash"):
                 if f"#{fault}#".encode() in text:
                     self._fault[slot] = fault
-        self._sleep()
-        return self._logits(slot)
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
-        out = np.empty((len(slots), self.n_vocab), dtype=np.float32)  # [B, V]
-        for b, (slot, tok) in enumerate(zip(slots, tokens, strict=False)):
-            toks = self._tokens[slot]
-            self._check(slot, len(toks) + 1)
-            toks.append(int(tok))
-            fault = self._fault.get(slot)
-            if fault and len(toks) - self._n_prompt[slot] >= 2:
-                self._inject(fault)
-            out[b] = self._logits(slot)
-        self._steps += 1
-        self._decode_tokens += len(slots)
-        self._sleep()
-        return out
+    def kv_export(self, slot: int, n: int) -> bytes:
+        """The toy's "KV": its first n token ids."""
+        return np.asarray(self._tokens[slot][:n], dtype=np.int32).tobytes()
+
+    def kv_import(self, slot: int, data: bytes) -> int:
+        self._check(slot, len(data) // 4)
+        self._tokens[slot] = [int(t) for t in np.frombuffer(data, dtype=np.int32)]
+        self._n_prompt.pop(slot, None)
+        return len(self._tokens[slot])
 
     def _inject(self, fault: str) -> None:  # TEST-ONLY (Config.test_faults)
         if fault == "crash":
@@ -202,10 +225,10 @@ SERVER_FIELDS = Config.names("server", "test")
 class LLMBackend:
     """Adapter over `strata.llm.LLM` (`LLM(path, **config)`).
 
-    With the per-slot step API (`prefill(slot, ids, pos) -> [V]`, `decode(slots, tokens) ->
-    [B, V]`, `free(slot)`, optional `max_slots`, `stats()`, `info()`) it forwards to it. Until
-    that API exists it falls back on `logits(ids) -> [T, V]` over each slot's whole sequence
-    (correct, O(T) per token: enough for the small default model, not for real ones).
+    With the batched step API (`forward_batch(entries)`, `truncate(slot, n)`, `free(slot)`,
+    optional `kv_export`/`kv_import`, `max_slots`, `stats()`, `info()`) it forwards to it.
+    An `LLM`-shaped object with only `logits(ids) -> [T, V]` is run over each slot's whole
+    sequence instead (correct, O(T) per token: for stand-ins in tests).
     """
 
     def __init__(self, config: Config, factory: Any = None) -> None:
@@ -226,47 +249,43 @@ class LLMBackend:
             n_vocab = self.llm.tokenizer.n_vocab
         self.n_vocab = int(n_vocab)
         self.n_ctx = int(getattr(self.llm, "n_ctx", config.n_ctx))
-        self.stepwise = all(callable(getattr(self.llm, m, None)) for m in ("prefill", "decode"))
+        self.stepwise = callable(getattr(self.llm, "forward_batch", None))
         self.max_slots = int(getattr(self.llm, "max_slots", config.parallel))
         # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
         self.prefill_piece = int(getattr(self.llm, "prefill_piece", config.prefill_chunk))
-        self._seqs: dict[int, list[int]] = {}  # slot → tokens (fallback only)
+        self._seqs: dict[int, list[int]] = {}  # slot → tokens (full-sequence fallback only)
+        if self.stepwise and callable(getattr(self.llm, "kv_export", None)):
+            self.kv_export = self.llm.kv_export
+            self.kv_import = self.llm.kv_import
 
-    def _last(self, ids: list[int]) -> F32:
-        out: F32 = np.asarray(self.llm.logits(ids), dtype=np.float32)  # [T, V]
-        last: F32 = out[-1]
-        return last
-
-    def prefill(self, slot: int, ids: Sequence[int], pos: int) -> F32:
+    def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         if self.stepwise:
-            return np.asarray(self.llm.prefill(slot, list(ids), pos), dtype=np.float32)
-        seq = self._seqs.setdefault(slot, [])
-        if pos == 0:
-            seq.clear()
-        if len(seq) != pos:
-            raise ValueError(f"slot {slot}: prefill at {pos} but it holds {len(seq)} tokens")
-        seq.extend(int(t) for t in ids)
-        return self._last(seq)
+            out: list[F32 | None] = self.llm.forward_batch(entries)
+            return out
+        rows: list[F32 | None] = []
+        for slot, ids, want in entries:
+            seq = self._seqs.setdefault(slot, [])
+            seq.extend(int(t) for t in ids)
+            if want == "none":
+                rows.append(None)
+                continue
+            full = np.asarray(self.llm.logits(seq), dtype=np.float32)  # [T, V]
+            rows.append(full[-1] if want == "last" else full[-len(ids) :])
+        return rows
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> F32:
+    def truncate(self, slot: int, n: int) -> None:
         if self.stepwise:
-            out = np.asarray(self.llm.decode(list(slots), list(tokens)), dtype=np.float32)
-            return out.reshape(len(slots), -1)
-        rows = []
-        for slot, tok in zip(slots, tokens, strict=True):
-            seq = self._seqs[slot]
-            seq.append(int(tok))
-            rows.append(self._last(seq))
-        return np.stack(rows)  # [B, V]
+            self.llm.truncate(slot, n)
+        else:
+            del self._seqs.setdefault(slot, [])[n:]
 
     def vocabulary(self) -> Any:
         return self.llm.tokenizer
 
     def free(self, slot: int) -> None:
         self._seqs.pop(slot, None)
-        fn = getattr(self.llm, "free", None)
-        if self.stepwise and fn is not None:
-            fn(slot)
+        if self.stepwise:
+            self.llm.free(slot)
 
     def stats(self) -> list[Stat]:
         raw = getattr(self.llm, "stats", None)
@@ -286,8 +305,9 @@ class LLMBackend:
         fn = getattr(self.llm, "settling", None)
         return bool(fn()) if fn is not None else False
 
-    def tier_counts(self) -> tuple[int, int, int] | None:
-        """The model's VRAM tier counters (hits, CPU misses, PCIe misses); None without one."""
+    def tier_counts(self, slot: int) -> tuple[int, int, int] | None:
+        """The VRAM tier counters (hits, CPU misses, PCIe misses) so far; None without a VRAM
+        tier."""
         fn = getattr(self.llm, "tier_counts", None)
         return fn() if fn is not None else None
 
@@ -296,7 +316,7 @@ class LLMBackend:
         d: dict[str, Any] = dict(extra()) if extra is not None else {}
         d.setdefault("kind", "llm")
         d.setdefault("path", self.path)
-        d.setdefault("step_api", "per-slot" if self.stepwise else "full-sequence logits")
+        d.setdefault("step_api", "batched" if self.stepwise else "full-sequence logits")
         if self.default_model:
             from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 

@@ -9,6 +9,7 @@ server's end closes.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 from strata.config import Config
 from strata.constraints import Constraints
 from strata.engine.backend import Backend, make_backend
+from strata.engine.prefix import auto_cache_bytes
 from strata.engine.protocol import (
     PROTOCOL_VERSION,
     Abort,
@@ -81,7 +83,19 @@ def serve(sock: socket.socket) -> int:
     # token masks of constrained requests; the llguidance vocabulary is built in the background
     constraints = Constraints(backend.vocabulary, backend.n_vocab)
     constraints.warm()
-    sched = Scheduler(backend, piece, config.parallel, processors=constraints.for_request)
+    sched = Scheduler(
+        backend,
+        piece,
+        config.parallel,
+        max_batch_tokens=config.max_batch_tokens,
+        prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
+        reuse=config.cache_prompt,
+        processors=constraints.for_request,
+    )
+
+    def stats() -> Stats:
+        return Stats(backend.stats() + sched.stats(), backend.info())
+
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame
     was_settling = False
@@ -108,7 +122,7 @@ def serve(sock: socket.socket) -> int:
         now = time.monotonic()
         finished = any(isinstance(e, Tokens) and e.finish for e in out)
         if dirty and (finished or now - last_stats >= STATS_INTERVAL_S):
-            out.append(Stats(backend.stats(), backend.info()))
+            out.append(stats())
             last_stats, dirty = now, False
         if out:
             try:
@@ -139,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ctrl-C / SIGTERM reach the whole process group; the server decides when the engine
     # stops (after draining). If the server dies, its socket closes and the engine exits;
     # on Linux the kernel also kills the engine when the server process goes away.
+    logging.basicConfig(level=logging.INFO, format="strata.engine: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()

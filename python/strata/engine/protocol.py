@@ -74,6 +74,7 @@ class Tokens(msgspec.Struct, tag="tokens", tag_field="t"):
     finish: Finish | None = None
     message: str = ""  # why, when finish is "error"
     prompt_s: float = 0.0  # on finish: seconds spent on the prompt
+    cached_tokens: int = 0  # on finish: prompt tokens whose KV was reused, not run
     drafts_offered: int | None = None  # on finish, when the engine speculates
     drafts_accepted: int | None = None
     # On finish, with a VRAM expert tier (hybrid GPU): routed (token, expert) pairs of the

@@ -1,27 +1,39 @@
-"""The engine's scheduler: slots, FIFO admission, chunked prefill, batched decode, sampling.
+"""The engine's scheduler: slots, FIFO admission, continuous batching, sampling.
 
 One `step()`:
-  1. admit waiting sequences (FIFO) into free slots;
-  2. each sequence still reading its prompt runs one chunk (`prefill_chunk` tokens, or the
-     backend's `prefill_piece`: the hybrid mode's `stream_chunk`); a sequence whose prompt
-     is done samples its first token from the last chunk's logits;
-  3. every sequence that has a token to feed runs in one batched decode and samples its next.
-Sequences end with finish "stop" (an end-of-generation id, not reported as output), "length"
-(max_tokens or the context end), "abort" (asked by the server) or "error" (the backend refused).
+  1. admit waiting sequences (FIFO) into free slots, each into the slot that holds the longest
+     prefix of its prompt (or restored from the prompt cache; `strata.engine.prefix`);
+  2. pack one forward batch: every running sequence's next token, then prompt chunks of the
+     admitted ones in admission order (each up to the backend's `prefill_piece`) while the
+     batch has fewer than `max_batch_tokens` tokens;
+  3. run it (`Backend.forward_batch`: one pass over all of them) and sample: a sequence whose
+     prompt is done samples its first token from its last chunk's logits, a decoding one its
+     next token.
+A request that arrives joins at the next step; one that finishes or is cancelled leaves at once
+(its slot keeps its KV for a later prompt that shares its prefix). Sequences end with finish
+"stop" (an end-of-generation id, not reported as output), "length" (max_tokens or the context
+end), "abort" (asked by the server) or "error" (the backend refused).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from strata.engine.backend import Backend
-from strata.engine.protocol import Finish, Progress, Submit, Tokens
+from strata.engine.backend import Backend, Entry
+from strata.engine.prefix import PromptCache, SlotCache
+from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
 
 Event = Progress | Tokens
+log = logging.getLogger("strata.engine")
+
+# Makes the per-request logits processor (a structured-output constraint) of a request; None
+# when the request has none.
+ProcessorFactory = Callable[[Submit], LogitsProcessor | None]
 
 # Makes the per-request logits processor (a structured-output constraint) of a request; None
 # when the request has none.
@@ -34,13 +46,13 @@ class Seq:
     sampler: Sampler
     stop_ids: frozenset[int]
     slot: int = -1
-    done: int = 0  # prompt tokens prefilled
+    done: int = 0  # prompt tokens in the slot's KV (reused or run)
+    reused: int = 0  # of them, taken from a slot's or the prompt cache's KV
     generated: int = 0  # output tokens sampled (stop ids included)
     pending: int | None = None  # sampled, reported, not yet fed to the model
     t_admit: float = field(default_factory=time.monotonic)
     prompt_s: float = 0.0
-    # The backend's VRAM tier counters (hits, CPU misses, PCIe misses) when the sequence got
-    # its slot; None without a VRAM tier.
+    # The backend's VRAM tier counters when the sequence got its slot; None without a tier.
     tier_at_start: tuple[int, int, int] | None = None
 
 
@@ -50,14 +62,24 @@ class Scheduler:
         backend: Backend,
         prefill_chunk: int,
         max_slots: int,
+        max_batch_tokens: int = 512,
+        prompt_cache_bytes: int = 0,
         processors: ProcessorFactory | None = None,
+        reuse: bool = True,
     ) -> None:
         self.backend = backend
         self.chunk = prefill_chunk
-        self.waiting: deque[Seq] = deque()
-        self.running: dict[int, Seq] = {}  # slot → sequence
-        self.free_slots = list(range(min(max_slots, backend.max_slots)))[::-1]
+        # the hybrid mode's streamed chunk is never cut (see Config.max_batch_tokens)
+        self.max_batch_tokens = max(max_batch_tokens, prefill_chunk)
         self.processors = processors
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}  # slot → sequence, in admission order
+        n_slots = min(max_slots, backend.max_slots)
+        self.free_slots = list(range(n_slots))
+        can_move = all(hasattr(backend, m) for m in ("kv_export", "kv_import"))
+        cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 and can_move else None
+        self.slots = SlotCache(backend, n_slots, cache, reuse)
+        self.steps = 0
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -100,6 +122,25 @@ class Scheduler:
                 return [self._end(slot, "abort")]
         return []  # already finished: its finish message is on its way
 
+    def stats(self) -> list[Stat]:
+        """The scheduler's counters for /metrics."""
+        out = [
+            Stat("engine_steps_total", "counter", {}, float(self.steps)),
+        ]
+        c = self.slots.cache
+        if c is not None:
+            out += [
+                Stat("prompt_cache_bytes", "gauge", {}, float(c.used)),
+                Stat("prompt_cache_capacity_bytes", "gauge", {}, float(c.capacity)),
+                Stat("prompt_cache_entries", "gauge", {}, float(len(c))),
+                Stat("prompt_cache_saves_total", "counter", {}, float(c.saves)),
+                Stat("prompt_cache_restores_total", "counter", {}, float(c.restores)),
+                Stat("prompt_cache_evictions_total", "counter", {}, float(c.evictions)),
+            ]
+        return out
+
+    # -- ending and reporting ------------------------------------------------------------------
+
     def _end(
         self,
         slot: int,
@@ -109,15 +150,16 @@ class Scheduler:
         res: SampleResult | None = None,
     ) -> Tokens:
         s = self.running.pop(slot)
-        self.backend.free(slot)
-        self.free_slots.append(slot)
+        if finish == "error":
+            self.slots.lost(slot)
+        self.free_slots.append(slot)  # its KV stays for the next prompt that shares it
         return self._tokens(s, ids or [], res, finish, message)
 
-    def _tier_counts(self) -> tuple[int, int, int] | None:
+    def _tier_counts(self, slot: int) -> tuple[int, int, int] | None:
         """(hits, CPU misses, PCIe misses) of the backend's VRAM tier so far; None without one
         (the CPU-only path, the fake engine)."""
         fn = getattr(self.backend, "tier_counts", None)
-        return fn() if fn is not None else None
+        return fn(slot) if fn is not None else None
 
     def _tokens(
         self,
@@ -129,19 +171,14 @@ class Scheduler:
     ) -> Tokens:
         lp = [res.logprob] if res is not None and res.logprob is not None and ids else None
         top = [res.top] if res is not None and res.top is not None and ids else None
-        t = Tokens(
-            s.req.rid,
-            ids,
-            lp,
-            top,
-            finish,
-            message,
-            prompt_s=s.prompt_s if finish else 0.0,
-        )
-        now = self._tier_counts() if finish and s.tier_at_start is not None else None
+        t = Tokens(s.req.rid, ids, lp, top, finish, message)
+        if not finish:
+            return t
+        t.prompt_s = s.prompt_s
+        t.cached_tokens = s.reused
+        now = self._tier_counts(s.slot) if s.tier_at_start is not None else None
         if now is not None and s.tier_at_start is not None:
-            # The steps this sequence ran in (shared with the other slots' sequences when
-            # parallel > 1: a step's experts serve the whole batch).
+            # the steps this sequence ran in (shared with the batch's other sequences)
             t.expert_hits, t.expert_miss_cpu, t.expert_miss_pcie = (
                 max(0, a - b) for a, b in zip(now, s.tier_at_start, strict=True)
             )
@@ -158,46 +195,79 @@ class Scheduler:
         s.pending = tok
         return self._tokens(s, [tok], res, None)
 
-    def step(self) -> list[Event]:
+    # -- the step ----------------------------------------------------------------------------
+
+    def _admit(self) -> list[Event]:
         events: list[Event] = []
         while self.waiting and self.free_slots:
             s = self.waiting.popleft()
-            s.slot = self.free_slots.pop()
-            s.tier_at_start = self._tier_counts()
-            self.running[s.slot] = s
-        # prompt chunks (FIFO order of admission)
-        for slot, s in list(self.running.items()):
-            if s.done >= len(s.req.prompt):
-                continue
-            chunk = s.req.prompt[s.done : s.done + self.chunk]
             try:
-                logits = self.backend.prefill(slot, chunk, s.done)
-            except Exception as e:  # the backend refused: this request fails, the engine goes on
-                events.append(self._end(slot, "error", f"prefill failed: {e}"))
+                slot, reused = self.slots.place(s.req.prompt, self.free_slots)
+            except Exception as e:  # the backend refused the KV move: this request fails
+                events.append(Tokens(s.req.rid, [], finish="error", message=f"slot: {e}"))
                 continue
-            s.done += len(chunk)
+            self.free_slots.remove(slot)
+            s.slot, s.done, s.reused = slot, reused, reused
+            s.tier_at_start = self._tier_counts(slot)
+            self.running[slot] = s
+        return events
+
+    def _pack(self) -> tuple[list[Entry], list[Seq]]:
+        """The step's batch: decodes first, then prompt chunks under max_batch_tokens."""
+        entries: list[Entry] = []
+        seqs: list[Seq] = []
+        for s in self.running.values():
+            if s.pending is not None:
+                entries.append((s.slot, [s.pending], "last"))
+                seqs.append(s)
+        room = self.max_batch_tokens - len(entries)
+        head = True  # the oldest prompt always moves, however many sequences decode
+        for s in self.running.values():
+            left = len(s.req.prompt) - s.done
+            if left <= 0:
+                continue
+            n = min(left, self.chunk, max(room, 1) if head else room)
+            if n <= 0:
+                break
+            head = False
+            want = "last" if n == left else "none"
+            entries.append((s.slot, s.req.prompt[s.done : s.done + n], want))
+            seqs.append(s)
+            room -= n
+        return entries, seqs
+
+    def step(self) -> list[Event]:
+        events = self._admit()
+        entries, seqs = self._pack()
+        if not entries:
+            return events
+        try:
+            out = self.backend.forward_batch(entries)
+        except Exception as e:  # the backend refused: these requests fail, the engine goes on
+            for s in seqs:
+                events.append(self._end(s.slot, "error", f"forward failed: {e}"))
+            return events
+        self.steps += 1
+        for (slot, ids, _), s, logits in zip(entries, seqs, out, strict=True):
+            self.slots.fed(slot, ids)
+            if s.pending is not None:  # a decode
+                s.pending = None
+                assert logits is not None
+                events.append(self._emit(s, s.sampler.sample(logits)))
+                continue
+            s.done += len(ids)
             if s.done < len(s.req.prompt):
                 events.append(Progress(s.req.rid, s.done, len(s.req.prompt)))
                 continue
             s.prompt_s = time.monotonic() - s.t_admit
+            log.info(
+                "request %d: prompt %d tokens: %d reused + %d read in %.3f s",
+                s.req.rid,
+                len(s.req.prompt),
+                s.reused,
+                len(s.req.prompt) - s.reused,
+                s.prompt_s,
+            )
+            assert logits is not None
             events.append(self._emit(s, s.sampler.sample(logits)))
-        # one batched decode for every sequence with a token to feed
-        batch = [
-            (slot, s)
-            for slot, s in self.running.items()
-            if s.pending is not None and s.done >= len(s.req.prompt)
-        ]
-        if batch:
-            slots = [slot for slot, _ in batch]
-            feed = [s.pending for _, s in batch]
-            for _, s in batch:
-                s.pending = None
-            try:
-                logits = self.backend.decode(slots, feed)  # type: ignore[arg-type]  # [B, V]
-            except Exception as e:  # the backend refused: this request fails, the engine goes on
-                for slot in slots:
-                    events.append(self._end(slot, "error", f"decode failed: {e}"))
-                return events
-            for b, (_, s) in enumerate(batch):
-                events.append(self._emit(s, s.sampler.sample(logits[b])))
         return events

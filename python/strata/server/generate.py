@@ -35,6 +35,7 @@ class Delta:
     # On the finishing delta, with a VRAM expert tier: (hits, CPU misses, PCIe misses).
     tier: tuple[int, int, int] | None = None
     stop: str | None = None  # on the finishing delta: the stop string that ended the choice
+    cached_tokens: int = 0  # on the finishing delta: prompt tokens reused from a KV cache
 
 
 @dataclass(slots=True)
@@ -107,6 +108,7 @@ class SeqRun:
                     endpoint=self.endpoint,
                     finish_reason=finish,
                     prompt_tokens=len(self.stream.submit.prompt),
+                    cached_tokens=ev.cached_tokens,
                     output_tokens=n_out,
                     ttft_ms=round((first - self.t_arrival) * 1000, 3) if first else None,
                     prompt_ms=round(ev.prompt_s * 1000, 3),
@@ -119,7 +121,7 @@ class SeqRun:
                 )
             )
             yield Delta(
-                self.index, text, self._info(ev), finish, n_out, tier_counts(ev), stopm.matched
+                self.index, text, self._info(ev), finish, n_out, tier_counts(ev), stopm.matched, ev.cached_tokens
             )
             return
 

@@ -162,6 +162,7 @@ class _Common(_Strict, kw_only=True):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    repeat_last_n: int | None = None  # llama-server's: tokens the penalties look back over
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
@@ -320,6 +321,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
             "top_k",
             "min_p",
             "repetition_penalty",
+            "repeat_last_n",
             "presence_penalty",
             "frequency_penalty",
             "seed",

@@ -357,6 +357,7 @@ class _Shape:
         self.t0 = t0
         self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
         self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
+        self.cached: list[int] = []  # choices' prompt tokens reused from a KV cache
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -364,6 +365,8 @@ class _Shape:
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
+            # every choice reads the same prompt: the tokens all of them found cached
+            "prompt_tokens_details": {"cached_tokens": min(self.cached, default=0)},
             **usage_extras(self.tier),
         }
 
@@ -517,6 +520,7 @@ async def _stream(
                 total += d.output_tokens
                 if d.tier is not None:
                     shape.tier.append(d.tier)
+                shape.cached.append(d.cached_tokens)
             for choice in shape.delta_choices(d, d.finish):
                 yield sse.event(shape.chunk([choice]))
         if shape.plan.include_usage:
@@ -577,6 +581,7 @@ async def _complete(
                 total += d.output_tokens
                 if d.tier is not None:
                     shape.tier.append(d.tier)
+                shape.cached.append(d.cached_tokens)
 
     work = asyncio.create_task(collect())
     if not await until_done_or_gone(request, work, cancel_all):

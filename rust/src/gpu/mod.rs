@@ -9,6 +9,7 @@ mod bounce;
 mod experts;
 mod hybrid;
 mod hybrid_cfg;
+mod kv_io;
 mod launch;
 mod model;
 mod pcie;

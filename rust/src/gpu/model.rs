@@ -29,14 +29,16 @@ enum StepGraph {
 pub struct GpuModel {
     pub hp: HParams,
     pub cfg: ModelConfig,
-    x: Launcher,
+    pub(super) x: Launcher,
     /// Where the routed experts run.
     moe: Box<dyn MoePlacement>,
     chunk: usize,
     /// Tokens per chunk of a hybrid prefill whose chunks stream (`HybridConfig::stream_chunk`;
     /// the buffers hold max(chunk, stream_chunk) tokens).
     stream_chunk: usize,
-    lens: Vec<usize>,
+    pub(super) lens: Vec<usize>,
+    /// Names this model in KV exports (`kv_blob::fingerprint`).
+    pub(super) fingerprint: u64,
     /// Page-locked staging of `params` and of one row of logits: the per-token copies go
     /// straight to and from them (no driver staging through pageable memory).
     pin_params: PinnedBuf,
@@ -126,6 +128,8 @@ impl GpuModel {
         let pin_params = gpu.host_alloc(bytes(2 + t, 4)?)?;
         let pin_logits = gpu.host_alloc(bytes(hp.n_vocab, 4)?)?;
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
+        let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
+        let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w.output_norm, attn_norm0);
         let moe: Box<dyn MoePlacement> = match hybrid {
             Some(h) => {
                 let (dense, kv) = (weights.bytes, 2 * lay.total());
@@ -138,6 +142,7 @@ impl GpuModel {
             expert_bytes,
             non_expert_bytes,
             lens: vec![0; cfg.n_slots],
+            fingerprint,
             pin_params,
             pin_logits,
             x: Launcher {

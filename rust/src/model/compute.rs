@@ -9,7 +9,9 @@
 //! CPU backend does, and every output element is `vec_dot(weight row, quantized row)`.
 
 use crate::error::Result;
-use crate::pool::{reference, validate_matmul, validate_moe, validate_moe_masked, Pool};
+use crate::pool::{
+    reference, validate_matmul, validate_moe, validate_moe_masked, validate_segs, Pool,
+};
 
 // The matrix types are the pool's: one definition for both implementations of `Compute`.
 pub use crate::pool::{ExpertLayer, QExperts, QMatrix};
@@ -48,6 +50,90 @@ pub trait Compute: Send + Sync {
     /// have finished. Tasks write disjoint outputs, so the result does not depend on the
     /// schedule. `f` must not call back into this `Compute`.
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()>;
+
+    /// `matmul` over a batch: x is [T, cols] with T = Σ segs, rows grouped in consecutive
+    /// segments (one per sequence of a batched step). Each segment's rows of y are bitwise
+    /// what `matmul` on that segment alone writes. This default is that definition, one call
+    /// per segment; the pool reads W once for all segments.
+    fn matmul_segs(&self, w: &QMatrix<'_>, x: &[f32], segs: &[usize], y: &mut [f32]) -> Result<()> {
+        let t: usize = segs.iter().sum();
+        validate_matmul(w, x, t, y)?;
+        let mut t0 = 0;
+        for &n in segs {
+            let (xs, ys) = (
+                t0 * w.cols..(t0 + n) * w.cols,
+                t0 * w.rows..(t0 + n) * w.rows,
+            );
+            self.matmul(w, &x[xs], n, &mut y[ys])?;
+            t0 += n;
+        }
+        Ok(())
+    }
+
+    /// `moe` over a batch of segments (as `matmul_segs`): each segment's rows bitwise
+    /// `moe` on that segment alone. Default: one call per segment; the pool groups the
+    /// pairs of all segments by expert and reads each expert once.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        validate_moe(layer, x, ids, weights, k, y)?;
+        each_seg(layer.gate.cols, k, segs, x.len(), |xs, ps| {
+            self.moe(
+                layer,
+                &x[xs.clone()],
+                &ids[ps.clone()],
+                &weights[ps],
+                k,
+                &mut y[xs],
+            )
+        })
+    }
+
+    /// `moe_masked` over a batch of segments (as `moe_segs`).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_masked_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        validate_moe_masked(layer, x, ids, weights, k, y)?;
+        each_seg(layer.gate.cols, k, segs, x.len(), |xs, ps| {
+            let (i, w) = (&ids[ps.clone()], &weights[ps]);
+            self.moe_masked(layer, &x[xs.clone()], i, w, k, &mut y[xs])
+        })
+    }
+}
+
+type Span = std::ops::Range<usize>;
+
+/// Calls `f(rows of x/y, pairs of ids/weights)` per segment of a MoE batch (H = `h`).
+fn each_seg(
+    h: usize,
+    k: usize,
+    segs: &[usize],
+    x_len: usize,
+    mut f: impl FnMut(Span, Span) -> Result<()>,
+) -> Result<()> {
+    validate_segs(segs, x_len / h.max(1))?;
+    let mut t0 = 0;
+    for &n in segs {
+        f(t0 * h..(t0 + n) * h, t0 * k..(t0 + n) * k)?;
+        t0 += n;
+    }
+    Ok(())
 }
 
 /// Single-threaded reference implementation of `Compute`: the pool's serial reference
@@ -133,5 +219,35 @@ impl Compute for Pool {
 
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         Pool::for_each(self, n, f)
+    }
+
+    fn matmul_segs(&self, w: &QMatrix<'_>, x: &[f32], segs: &[usize], y: &mut [f32]) -> Result<()> {
+        Pool::matmul_segs(self, w, x, segs, y)
+    }
+
+    fn moe_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        Pool::moe_segs(self, layer, x, ids, weights, k, segs, y)
+    }
+
+    fn moe_masked_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        Pool::moe_masked_segs(self, layer, x, ids, weights, k, segs, y)
     }
 }

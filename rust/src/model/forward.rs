@@ -8,15 +8,17 @@
 //! [3][E] per-expert slab tables the pool reads (a few small vectors per call). In `mmap`
 //! mode the tier only counts uses and the pool reads the model's own map directly.
 
-use super::attention::AttnShape;
-use super::attn_par::{attend_chunk, AttnPar};
+use super::attn_par::AttnPar;
+use super::batch::Entry;
 use super::compute::Compute;
-use super::compute::{ExpertLayer, QExperts};
+use super::compute::ExpertLayer;
 use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
-use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
+use super::kv_blob;
+use super::ops::Rope;
 use super::readahead::Readahead;
+use super::step::StepScratch;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
@@ -48,21 +50,21 @@ pub struct ModelConfig {
     pub cpu_repack: bool,
 }
 
-struct Scratch {
-    x: Vec<f32>,      // [T, H] residual stream
-    h: Vec<f32>,      // [T, H] normed block input
-    q: Vec<f32>,      // [T, Nh·D]
-    k: Vec<f32>,      // [T, Nkv·D]
-    v: Vec<f32>,      // [T, Nkv·D]
-    att: Vec<f32>,    // [T, Nh·D] attention output, heads concatenated
-    o: Vec<f32>,      // [T, H] block output added to x
-    router: Vec<f32>, // [T, E] router logits, then probabilities
-    ids: Vec<u32>,    // [T, K] chosen experts, by descending probability
-    wts: Vec<f32>,    // [T, K] their renormalized weights
-    cos: Vec<f32>,    // [T, n_rot/2]
-    sin: Vec<f32>,    // [T, n_rot/2]
-    attn: AttnPar,    // per-task attention scratch
-    seen: Vec<bool>,  // [E] experts already counted in this layer (tier use counting)
+pub(super) struct Scratch {
+    pub(super) x: Vec<f32>,      // [T, H] residual stream
+    pub(super) h: Vec<f32>,      // [T, H] normed block input
+    pub(super) q: Vec<f32>,      // [T, Nh·D]
+    pub(super) k: Vec<f32>,      // [T, Nkv·D]
+    pub(super) v: Vec<f32>,      // [T, Nkv·D]
+    pub(super) att: Vec<f32>,    // [T, Nh·D] attention output, heads concatenated
+    pub(super) o: Vec<f32>,      // [T, H] block output added to x
+    pub(super) router: Vec<f32>, // [T, E] router logits, then probabilities
+    pub(super) ids: Vec<u32>,    // [T, K] chosen experts, by descending probability
+    pub(super) wts: Vec<f32>,    // [T, K] their renormalized weights
+    pub(super) cos: Vec<f32>,    // [T, n_rot/2]
+    pub(super) sin: Vec<f32>,    // [T, n_rot/2]
+    pub(super) attn: AttnPar,    // per-task attention scratch
+    pub(super) seen: Vec<bool>,  // [E] experts already counted in this layer (tier use counting)
 }
 
 pub struct Model {
@@ -70,9 +72,9 @@ pub struct Model {
     pub weights: Weights,
     pub kv: KvCache,
     pub cfg: ModelConfig,
-    rope: Rope,
-    scratch: Scratch,
-    compute: Arc<dyn Compute>,
+    pub(super) rope: Rope,
+    pub(super) scratch: Scratch,
+    pub(super) compute: Arc<dyn Compute>,
     /// Router picks per (layer, expert) since load, undecayed (profiles read these).
     pub routing: Arc<RoutingCounters>,
     /// The same picks with exponential decay (half-life `ROUTING_HALF_LIFE` steps): what the
@@ -80,11 +82,15 @@ pub struct Model {
     pub routing_hot: Arc<RoutingCounters>,
     /// The RAM tier: when set, routed experts are read from wherever its residency table says
     /// (arena or map) and every use is counted per tier.
-    tier: Option<Arc<Residency>>,
+    pub(super) tier: Option<Arc<Residency>>,
     /// Read-ahead of the next layer's likely experts (`set_readahead`).
-    readahead: Option<Readahead>,
+    pub(super) readahead: Option<Readahead>,
     /// The repacked output head (`cpu_repack` with a Q6_K head).
-    head: Option<RepackedHead>,
+    pub(super) head: Option<RepackedHead>,
+    /// Names this model in KV exports (`kv_blob::fingerprint`).
+    fingerprint: u64,
+    /// The batched step's per-call bookkeeping.
+    pub(super) steps: StepScratch,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -143,7 +149,11 @@ impl Model {
             true => RepackedHead::new(&weights.mat(&weights.output), t, compute.as_ref())?,
             false => None,
         };
+        let attn_norm0 = weights.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
+        let fingerprint = kv_blob::fingerprint(&hp, &weights.output_norm, attn_norm0);
         Ok(Model {
+            steps: StepScratch::new(cfg.n_slots),
+            fingerprint,
             head,
             routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
             routing_hot: Arc::new(RoutingCounters::new(
@@ -164,7 +174,8 @@ impl Model {
     }
 
     /// Runs `tokens` after the slot's cached positions, appends their keys and values to the
-    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All).
+    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All): the
+    /// one-entry case of `forward_batch` (`step`).
     pub fn forward(
         &mut self,
         slot: usize,
@@ -172,189 +183,7 @@ impl Model {
         want: Logits,
         out: &mut [f32],
     ) -> Result<()> {
-        let vocab = self.hp.n_vocab;
-        let start = self.kv.len(slot)?;
-        let n = tokens.len();
-        if !check_forward_args(slot, start, tokens, want, out.len(), vocab, self.cfg.n_ctx)? {
-            return Ok(());
-        }
-        let chunk = self.scratch.x.len() / self.hp.n_embd;
-        let mut p0 = start;
-        for (ci, toks) in tokens.chunks(chunk).enumerate() {
-            let (rows, dst) = chunk_logits(want, out, ci, chunk, toks.len(), n, vocab);
-            let done = self.chunk(slot, p0, toks, rows, dst);
-            if let Some(ra) = &self.readahead {
-                // Whatever is still queued was for this chunk's layers.
-                ra.end_step();
-            }
-            if let Err(e) = done {
-                // A failed call leaves the slot as it was.
-                self.kv.set_len(slot, start);
-                return Err(e);
-            }
-            p0 += toks.len();
-            self.kv.set_len(slot, p0);
-        }
-        self.routing.end_step();
-        self.routing_hot.end_step();
-        Ok(())
-    }
-
-    /// One chunk of T tokens at positions p0.. ; the last `rows` rows' logits go to `dst`.
-    fn chunk(
-        &mut self,
-        slot: usize,
-        p0: usize,
-        toks: &[u32],
-        rows: usize,
-        dst: Option<&mut [f32]>,
-    ) -> Result<()> {
-        let Model {
-            hp,
-            weights: w,
-            kv,
-            rope,
-            scratch: s,
-            compute,
-            routing,
-            routing_hot,
-            tier,
-            readahead,
-            head,
-            ..
-        } = self;
-        let tier = tier.as_deref();
-        // [3][E] per-expert slabs (gate, up, down) when a tier is attached.
-        let mut tables: [Vec<&[u8]>; 3] = Default::default();
-        let t = toks.len();
-        let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
-        let (e, k) = (hp.n_expert, hp.n_expert_used);
-        let half = hp.n_rot / 2;
-        let eps = hp.rms_eps;
-        let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
-        // x = token_embd[ids]  [T, H]
-        for (i, &id) in toks.iter().enumerate() {
-            w.embed(id as usize, &mut s.x[i * hd..(i + 1) * hd])?;
-        }
-        for i in 0..t {
-            let r = i * half..(i + 1) * half;
-            rope.table(p0 + i, &mut s.cos[r.clone()], &mut s.sin[r]);
-        }
-        for (l, lw) in w.layers.iter().enumerate() {
-            // ---- attention ----
-            for i in 0..t {
-                let r = i * hd..(i + 1) * hd;
-                rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
-            }
-            let h = &s.h[..t * hd];
-            compute.matmul(&w.mat(&lw.wq), h, t, &mut s.q[..t * qd])?; // [T, Nh·D]
-            compute.matmul(&w.mat(&lw.wk), h, t, &mut s.k[..t * kvd])?; // [T, Nkv·D]
-            compute.matmul(&w.mat(&lw.wv), h, t, &mut s.v[..t * kvd])?; // [T, Nkv·D]
-            rms_norm_rows_inplace(&mut s.q[..t * qd], &lw.q_norm, eps); // per head [D]
-            rms_norm_rows_inplace(&mut s.k[..t * kvd], &lw.k_norm, eps);
-            for i in 0..t {
-                let (c, sn) = (
-                    &s.cos[i * half..(i + 1) * half],
-                    &s.sin[i * half..(i + 1) * half],
-                );
-                rope.apply(&mut s.q[i * qd..(i + 1) * qd], d, c, sn);
-                rope.apply(&mut s.k[i * kvd..(i + 1) * kvd], d, c, sn);
-                let r = i * kvd..(i + 1) * kvd;
-                kv.write(slot, l, p0 + i, &s.k[r.clone()], &s.v[r])?;
-            }
-            let (kc, vc) = kv.layer(slot, l, p0 + t);
-            // [T, Nh·D], (position, head) units on the compute's threads
-            attend_chunk(
-                &shape,
-                kc,
-                vc,
-                p0,
-                t,
-                &s.q[..t * qd],
-                &mut s.att[..t * qd],
-                &s.attn,
-                compute.as_ref(),
-            )?;
-            compute.matmul(&w.mat(&lw.wo), &s.att[..t * qd], t, &mut s.o[..t * hd])?; // [T, H]
-            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
-                *x += o;
-            }
-            // ---- routed experts ----
-            for i in 0..t {
-                let r = i * hd..(i + 1) * hd;
-                rms_norm(&s.x[r.clone()], &lw.ffn_norm, eps, &mut s.h[r]);
-            }
-            let h = &s.h[..t * hd];
-            compute.matmul(&w.mat(&lw.router), h, t, &mut s.router[..t * e])?; // [T, E]
-            for i in 0..t {
-                route(
-                    &mut s.router[i * e..(i + 1) * e],
-                    &mut s.ids[i * k..(i + 1) * k],
-                    &mut s.wts[i * k..(i + 1) * k],
-                );
-            }
-            routing.observe(l, &s.ids[..t * k]);
-            routing_hot.observe(l, &s.ids[..t * k]);
-            let base = w.expert_layer(l);
-            let slabbed;
-            let slabs = match tier {
-                Some(res) => {
-                    let ra = readahead.as_ref();
-                    tier_tables(res, ra, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?
-                }
-                None => false,
-            };
-            // While this layer's experts run, the prefetch threads read the next layer's
-            // likely ones (guessed from x before this layer's experts).
-            if let Some(ra) = readahead.as_mut() {
-                ra.guess(&**compute, w, l + 1, &s.x[..t * hd], t, k, eps)?;
-            }
-            let layer = if slabs {
-                let [g, u, dn] = &tables;
-                slabbed = ExpertLayer {
-                    gate: QExperts {
-                        slabs: Some(g),
-                        ..base.gate
-                    },
-                    up: QExperts {
-                        slabs: Some(u),
-                        ..base.up
-                    },
-                    down: QExperts {
-                        slabs: Some(dn),
-                        ..base.down
-                    },
-                };
-                &slabbed
-            } else {
-                &base
-            };
-            compute.moe(
-                layer,
-                h,
-                &s.ids[..t * k],
-                &s.wts[..t * k],
-                k,
-                &mut s.o[..t * hd],
-            )?;
-            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
-                *x += o;
-            }
-        }
-        // ---- head: the last `rows` tokens ----
-        if let Some(dst) = dst {
-            let first = t - rows;
-            for i in first..t {
-                let r = i * hd..(i + 1) * hd;
-                rms_norm(&s.x[r.clone()], &w.output_norm, eps, &mut s.h[r]);
-            }
-            let x = &s.h[first * hd..t * hd];
-            match head {
-                Some(rh) => rh.matmul(&**compute, x, rows, dst)?,
-                None => compute.matmul(&w.mat(&w.output), x, rows, dst)?,
-            } // [rows, V]
-        }
-        Ok(())
+        self.forward_batch(&[Entry { slot, tokens, want }], out)
     }
 
     /// Reads experts through `tier` from now on (its layout must match this model's).
@@ -426,6 +255,16 @@ impl Model {
         self.kv.len(slot)
     }
 
+    /// The slot's first `n` positions (every layer's K and V, in the KV type) as bytes.
+    pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        self.kv.export(slot, n, self.fingerprint)
+    }
+
+    /// Replaces the slot's KV with an export of this model and KV type; returns its length.
+    pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        self.kv.import(slot, data, self.fingerprint)
+    }
+
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
         self.kv.truncate(slot, n)
     }
@@ -439,7 +278,7 @@ impl Model {
 /// arena (something can be resident), fills `tables` with per-expert slabs for the pool: each
 /// routed expert where `res` keeps it, the others from the model's own map (not read).
 /// Returns whether the tables were filled (false: the pool reads the model's map as is).
-fn tier_tables<'a>(
+pub(super) fn tier_tables<'a>(
     res: &'a Residency,
     ra: Option<&Readahead>,
     l: usize,

@@ -95,7 +95,21 @@ impl RepackedHead {
         t: usize,
         y: &mut [f32],
     ) -> Result<()> {
+        self.matmul_segs(compute, x, &[t], y)
+    }
+
+    /// `matmul` over consecutive segments of rows (`Compute::matmul_segs`): each row's float
+    /// order is the one its segment alone gets, so each segment's logits are bitwise those
+    /// of `matmul` on it alone; the head is read once for all rows.
+    pub fn matmul_segs(
+        &mut self,
+        compute: &dyn Compute,
+        x: &[f32],
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
         let (rows, cols, arb) = (self.rows, self.cols, self.act_rb);
+        let t: usize = segs.iter().sum();
         if x.len() != t * cols || y.len() != t * rows {
             return Err(Error::Shape(format!(
                 "head: x has {} and y {} values, expected T·H = {t}·{cols} and T·V = {t}·{rows}",
@@ -124,14 +138,21 @@ impl RepackedHead {
             let (r0, r1) = (k * ROWS_PER_TASK, ((k + 1) * ROWS_PER_TASK).min(rows));
             for r in r0..r1 {
                 let row = &data[r * rb..(r + 1) * rb];
-                for i in 0..t {
-                    let (a, o) = (
-                        &perm[i * arb..(i + 1) * arb],
-                        dot::order_t(GgmlType::Q6K, t, i),
-                    );
-                    let v = q6k_repack::dot(cols, row, a, o, simd);
-                    // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
-                    unsafe { *out.at(i * rows + r) = v };
+                let mut i = 0; // activation row
+                for &len in segs {
+                    for j in 0..len {
+                        let a = &perm[i * arb..(i + 1) * arb];
+                        let v = q6k_repack::dot(
+                            cols,
+                            row,
+                            a,
+                            dot::order_t(GgmlType::Q6K, len, j),
+                            simd,
+                        );
+                        // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
+                        unsafe { *out.at(i * rows + r) = v };
+                        i += 1;
+                    }
                 }
             }
         })

@@ -5,6 +5,7 @@
 //! ggml blocks: F32, F16 (the default, as llama.cpp stores its cache) or Q8_0.
 //! Memory is allocated zeroed at creation, so the OS commits pages only as positions fill.
 
+use super::kv_blob::{self, KvLayoutId, HEADER_BYTES};
 use crate::error::{Error, Result};
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::quantize_act;
@@ -222,5 +223,54 @@ impl KvCache {
         let end = o + n * self.row_bytes;
         let s = &self.slots[slot];
         (&s.k[o..end], &s.v[o..end])
+    }
+
+    /// The first `n` positions of the slot (every layer's K and V) as a `kv_blob`.
+    pub fn export(&self, slot: usize, n: usize, fingerprint: u64) -> Result<Vec<u8>> {
+        let len = self.len(slot)?;
+        if n > len {
+            return Err(Error::Input(format!(
+                "cannot export {n} positions of slot {slot}: it holds {len}"
+            )));
+        }
+        let id = self.layout_id(fingerprint);
+        let mut out = vec![0u8; kv_blob::blob_bytes(&id, n)];
+        kv_blob::write_header(&id, n, &mut out);
+        let sec = self.n_layer * n * self.row_bytes;
+        let (kd, vd) = out[HEADER_BYTES..].split_at_mut(sec);
+        let s = &self.slots[slot];
+        for l in 0..self.n_layer {
+            let (o, b) = (self.at(l, 0), n * self.row_bytes);
+            kd[l * b..(l + 1) * b].copy_from_slice(&s.k[o..o + b]);
+            vd[l * b..(l + 1) * b].copy_from_slice(&s.v[o..o + b]);
+        }
+        Ok(out)
+    }
+
+    /// Replaces the slot's contents with a `kv_blob` (checked first: nothing changes when it
+    /// is refused); returns its position count.
+    pub fn import(&mut self, slot: usize, data: &[u8], fingerprint: u64) -> Result<usize> {
+        self.check_slot(slot)?;
+        let id = self.layout_id(fingerprint);
+        let n = kv_blob::parse(&id, self.n_ctx, data)?;
+        let sec = self.n_layer * n * self.row_bytes;
+        let (kd, vd) = data[HEADER_BYTES..].split_at(sec);
+        for l in 0..self.n_layer {
+            let (o, b) = (self.at(l, 0), n * self.row_bytes);
+            let s = &mut self.slots[slot];
+            s.k[o..o + b].copy_from_slice(&kd[l * b..(l + 1) * b]);
+            s.v[o..o + b].copy_from_slice(&vd[l * b..(l + 1) * b]);
+        }
+        self.slots[slot].len = n;
+        Ok(n)
+    }
+
+    pub fn layout_id(&self, fingerprint: u64) -> KvLayoutId {
+        KvLayoutId {
+            ty: self.ty,
+            n_layer: self.n_layer,
+            row_bytes: self.row_bytes,
+            fingerprint,
+        }
     }
 }

@@ -10,15 +10,19 @@ pub mod attn_gqa;
 #[cfg_attr(not(target_arch = "x86_64"), path = "attn_gqa_stub.rs")]
 mod attn_gqa_avx2;
 pub mod attn_par;
+pub mod batch;
 pub mod compute;
 pub mod forward;
 pub mod head;
 pub mod hparams;
 pub mod kv;
+pub mod kv_blob;
 pub mod ops;
 pub mod readahead;
+mod step;
 pub mod weights;
 
+pub use batch::Entry;
 pub use compute::{Compute, ExpertLayer, QExperts, QMatrix, SerialCompute};
 pub use forward::{Logits, Model, ModelConfig};
 pub use hparams::HParams;

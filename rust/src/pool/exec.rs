@@ -7,10 +7,12 @@
 //! touches; reads of other tiles' output happen after an Acquire wait on the counter those
 //! tiles released (phase counter or job counter).
 
-use super::plan::{Kind, Plan, WPtr, E_CHUNK, N_PHASES, PH_A, PH_B, PH_C, PH_D, PH_E};
+use super::plan::{
+    Kind, Plan, WPtr, E_CHUNK, N_PHASES, ORDER_D, ORDER_G, ORDER_U, PH_A, PH_B, PH_C, PH_D, PH_E,
+};
 use super::protocol::{wait_at_least, wait_zero};
 use super::SKIP;
-use crate::quant::dot::{many_rows, order_id, quantize_act, vec_dot_rows, MultiDot, Order, MAX_T};
+use crate::quant::dot::{quantize_act, vec_dot_rows, MultiDot, Order, MAX_T};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// ggml's SwiGLU for one element (`vexp::silu_mul`).
@@ -51,13 +53,13 @@ fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {
 
 /// Runs `f(row, g0, acts)` over rows `[r0,r1)` × tokens `0..count` in groups of at most
 /// `group` (≤ `MAX_T`) tokens (`acts` = the activations of tokens `g0..g0 + acts.len()`),
-/// row blocks outermost; no group straddles token `cut` (where ggml's float order changes).
+/// row blocks outermost; no group straddles a change of `key(token)` (the float order,
+/// which is ggml's per row and may change between tokens).
 #[inline]
-#[allow(clippy::too_many_arguments)]
 fn blocked<'a>(
     (r0, r1): (usize, usize),
     count: usize,
-    cut: usize,
+    key: impl Fn(usize) -> u8,
     group: usize,
     rows_per_block: usize,
     act: impl Fn(usize) -> &'a [u8],
@@ -68,8 +70,8 @@ fn blocked<'a>(
         let b1 = (b0 + rows_per_block).min(r1);
         let mut g0 = 0;
         while g0 < count {
-            let end = if g0 < cut { cut } else { count };
-            let n = (end - g0).min(group.min(MAX_T));
+            let (k0, max) = (key(g0), group.min(MAX_T).min(count - g0));
+            let n = (1..max).find(|&j| key(g0 + j) != k0).unwrap_or(max);
             let mut acts: [&[u8]; MAX_T] = [&[]; MAX_T];
             for (j, a) in acts[..n].iter_mut().enumerate() {
                 *a = act(g0 + j);
@@ -81,6 +83,20 @@ fn blocked<'a>(
         }
         b0 = b1;
     }
+}
+
+/// The two orders' multi-token dots of `ty` over `n` columns: [Single, Many].
+fn dots(ty: crate::quant::GgmlType, n: usize) -> [MultiDot; 2] {
+    [
+        MultiDot::new(ty, n, Order::Single),
+        MultiDot::new(ty, n, Order::Many),
+    ]
+}
+
+/// Index into `dots` for the `bit` of an orders byte.
+#[inline]
+fn pick(key: u8, bit: u8) -> usize {
+    usize::from(key & bit != 0)
 }
 
 impl Plan {
@@ -104,6 +120,13 @@ impl Plan {
     #[inline]
     fn finish(&self, phase: usize) {
         self.done(phase).fetch_add(1, Ordering::Release);
+    }
+
+    /// The orders byte of pair (MoE) or token (dense) `i`.
+    #[inline]
+    fn order(&self, i: usize) -> u8 {
+        // SAFETY: `orders` holds one byte per pair / token of the call, alive for the call.
+        unsafe { *self.orders.add(i) }
     }
 
     /// Row `r` of expert `e` of `w`.
@@ -193,7 +216,8 @@ unsafe fn tile_quantize_x(p: &Plan, n: usize) {
 }
 
 /// B: Gate and Up rows `[i0,i1)` of job `n / nb` for all its pairs, then SwiGLU into h.
-/// ggml's order depends on the rows routed to the expert (`order_id`).
+/// ggml's order depends on the rows routed to the expert (`order_id`), counted per segment
+/// of the call (`Plan::orders`).
 unsafe fn tile_gate_up(p: &Plan, n: usize) {
     let j = n / p.nb;
     let job = *p.jobs.add(j);
@@ -233,23 +257,24 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
         std::slice::from_raw_parts(base.add(t * rb), rb)
     };
     let same = p.xq_u == p.xq_g;
-    let gd = MultiDot::new(p.gate.ty, p.h, order_id(p.gate.ty, np));
-    let ud = MultiDot::new(p.up.ty, p.h, order_id(p.up.ty, np));
+    let (gd, ud) = (dots(p.gate.ty, p.h), dots(p.up.ty, p.h));
     let (mut g, mut u) = ([0f32; MAX_T], [0f32; MAX_T]);
     let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
     let xg = |j| act(p.xq_g, p.xq_g_rb, j);
-    let group = gd.group().min(ud.group());
-    blocked(rows, np, np, group, rpb, xg, |i, g0, xg| {
+    let group = gd.iter().chain(&ud).map(MultiDot::group).min().unwrap_or(1);
+    let key = |j: usize| p.order(q0 + j) & (ORDER_G | ORDER_U);
+    blocked(rows, np, key, group, rpb, xg, |i, g0, xg| {
         let m = xg.len();
-        gd.call(p.row(&p.gate, e, i), xg, &mut g[..m]);
+        let kk = key(g0);
+        gd[pick(kk, ORDER_G)].call(p.row(&p.gate, e, i), xg, &mut g[..m]);
         if same {
-            ud.call(p.row(&p.up, e, i), xg, &mut u[..m]);
+            ud[pick(kk, ORDER_U)].call(p.row(&p.up, e, i), xg, &mut u[..m]);
         } else {
             let mut xu: [&[u8]; MAX_T] = [&[]; MAX_T];
             for (j, a) in xu[..m].iter_mut().enumerate() {
                 *a = act(p.xq_u, p.xq_u_rb, g0 + j);
             }
-            ud.call(p.row(&p.up, e, i), &xu[..m], &mut u[..m]);
+            ud[pick(kk, ORDER_U)].call(p.row(&p.up, e, i), &xu[..m], &mut u[..m]);
         }
         for jj in 0..m {
             *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
@@ -289,18 +314,19 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         });
         return;
     }
-    let dd = MultiDot::new(p.down.ty, p.i, order_id(p.down.ty, np));
+    let dd = dots(p.down.ty, p.i);
     let mut out = [0f32; MAX_T];
+    let key = |j: usize| p.order(q0 + j) & ORDER_D;
     blocked(
         rows,
         np,
-        np,
-        dd.group(),
+        key,
+        dd[0].group().min(dd[1].group()),
         row_block(p.down.row_bytes),
         act,
         |r, g0, a| {
             let m = a.len();
-            dd.call(p.row(&p.down, e, r), a, &mut out[..m]);
+            dd[pick(key(g0), ORDER_D)].call(p.row(&p.down, e, r), a, &mut out[..m]);
             for (jj, &o) in out[..m].iter().enumerate() {
                 *p.dout.add((q0 + g0 + jj) * p.h + r) = o;
             }
@@ -348,7 +374,7 @@ unsafe fn tile_reduce(p: &Plan, n: usize) {
 
 /// Dense D: rows `[r0,r1)` of W for every token, straight into y[T, rows]. ggml's order
 /// depends on the number of activation rows (`many_rows`: the first ones may take the
-/// multi-row order).
+/// multi-row order), counted per segment of the call (`Plan::orders`).
 unsafe fn tile_dense(p: &Plan, n: usize) {
     let rows = split(p.h, p.nd, n);
     let act = |t: usize| std::slice::from_raw_parts(p.xq_g.add(t * p.xq_g_rb), p.xq_g_rb);
@@ -366,21 +392,19 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         });
         return;
     }
-    let cut = many_rows(p.down.ty, p.t);
-    let many = MultiDot::new(p.down.ty, p.i, Order::Many);
-    let single = MultiDot::new(p.down.ty, p.i, Order::Single);
+    let dd = dots(p.down.ty, p.i);
     let mut out = [0f32; MAX_T];
+    let key = |t: usize| p.order(t) & ORDER_D;
     blocked(
         rows,
         p.t,
-        cut,
-        many.group(),
+        key,
+        dd[1].group(),
         row_block(p.down.row_bytes),
         act,
         |r, g0, a| {
             let m = a.len();
-            let dd = if g0 < cut { &many } else { &single };
-            dd.call(p.row(&p.down, 0, r), a, &mut out[..m]);
+            dd[pick(key(g0), ORDER_D)].call(p.row(&p.down, 0, r), a, &mut out[..m]);
             for (jj, &o) in out[..m].iter().enumerate() {
                 *p.y.add((g0 + jj) * p.h + r) = o;
             }

@@ -24,11 +24,13 @@ pub(crate) mod tests;
 mod tests_masked;
 #[cfg(test)]
 mod tests_multi;
+#[cfg(test)]
+mod tests_segs;
 
 use crate::error::{Error, Result};
 use crate::quant::GgmlType;
 use atomics::SpinClock;
-pub use plan::{validate_matmul, validate_moe, validate_moe_masked};
+pub use plan::{validate_matmul, validate_moe, validate_moe_masked, validate_segs};
 use plan::{Plan, Scratch};
 use protocol::Protocol;
 use std::cell::UnsafeCell;
@@ -311,8 +313,15 @@ impl Pool {
         k: usize,
         y: &mut [f32],
     ) -> Result<()> {
-        let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined, false))
+        self.moe_segs(
+            layer,
+            x,
+            ids,
+            weights,
+            k,
+            &[x.len() / layer.gate.cols.max(1)],
+            y,
+        )
     }
 
     /// `moe` over a subset of the pairs: ids equal to `SKIP` are computed elsewhere and add
@@ -328,8 +337,49 @@ impl Pool {
         k: usize,
         y: &mut [f32],
     ) -> Result<()> {
+        let t = x.len() / layer.gate.cols.max(1);
+        self.moe_masked_segs(layer, x, ids, weights, k, &[t], y)
+    }
+
+    /// `moe` over a batch of segments (consecutive token runs of `segs` lengths, one per
+    /// sequence of a batched step): every pair's float order is the one its segment alone
+    /// would get, so each segment's rows are bitwise those of a `moe` call on it alone, while
+    /// each expert's weights are read once for the pairs of all segments.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
         let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| s.plan_moe(layer, x, ids, weights, k, y, threads, pipelined, true))
+        self.run(|s, threads| {
+            s.plan_moe(
+                layer, x, ids, weights, k, y, segs, threads, pipelined, false,
+            )
+        })
+    }
+
+    /// `moe_masked` over a batch of segments (`moe_segs`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_masked_segs(
+        &self,
+        layer: &ExpertLayer<'_>,
+        x: &[f32],
+        ids: &[u32],
+        weights: &[f32],
+        k: usize,
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        let pipelined = self.cfg.pipelined;
+        self.run(|s, threads| {
+            s.plan_moe(layer, x, ids, weights, k, y, segs, threads, pipelined, true)
+        })
     }
 
     /// Runs `f(i)` for every `i < n` on the pool's threads (each index exactly once, in any
@@ -344,7 +394,19 @@ impl Pool {
 
     /// Dense: `y[T,rows] = x[T,cols]·Wᵀ`.
     pub fn matmul(&self, w: &QMatrix<'_>, x: &[f32], t: usize, y: &mut [f32]) -> Result<()> {
-        self.run(|s, threads| s.plan_dense(w, x, t, y, threads))
+        self.matmul_segs(w, x, &[t], y)
+    }
+
+    /// `matmul` over a batch of segments (`moe_segs`): each row's float order is the one its
+    /// segment alone would get; W is read once for all rows.
+    pub fn matmul_segs(
+        &self,
+        w: &QMatrix<'_>,
+        x: &[f32],
+        segs: &[usize],
+        y: &mut [f32],
+    ) -> Result<()> {
+        self.run(|s, threads| s.plan_dense(w, x, segs, y, threads))
     }
 }
 

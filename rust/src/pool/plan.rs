@@ -18,7 +18,7 @@
 use super::protocol::{Padded, MAX_TILES};
 use super::{ExpertLayer, QExperts, QMatrix, SKIP};
 use crate::error::{Error, Result};
-use crate::quant::dot::supports;
+use crate::quant::dot::{order_id, order_t, supports, Order};
 use crate::quant::GgmlType;
 use std::sync::atomic::AtomicU32;
 
@@ -28,6 +28,31 @@ pub const PH_C: usize = 2;
 pub const PH_D: usize = 3;
 pub const PH_E: usize = 4;
 pub const N_PHASES: usize = 5;
+
+/// `Plan::orders` bits: gate, up, down take `Order::Many`.
+pub const ORDER_G: u8 = 1;
+pub const ORDER_U: u8 = 2;
+pub const ORDER_D: u8 = 4;
+
+/// The `Plan::orders` bit of `bit` when `o` is `Order::Many`.
+fn many_bit(o: Order, bit: u8) -> u8 {
+    if o == Order::Many {
+        bit
+    } else {
+        0
+    }
+}
+
+/// Checks that the segment lengths of a call add up to its `t` rows.
+pub fn validate_segs(segs: &[usize], t: usize) -> Result<()> {
+    let sum: usize = segs.iter().sum();
+    if sum != t {
+        return Err(shape(format!(
+            "segments cover {sum} rows, the call has {t}"
+        )));
+    }
+    Ok(())
+}
 
 /// Rows per tile never go below this (a tile's fixed cost stays small against its work).
 const MIN_TILE_ROWS: usize = 16;
@@ -103,6 +128,10 @@ pub struct Plan {
     pub jobs: *const Job,
     pub pair_token: *const u32,
     pub slot_pair: *const u32,
+    /// Per pair (MoE) or per token (dense): which matrices take ggml's multi-row order
+    /// (`ORDER_G | ORDER_U | ORDER_D` bits; dense reads `ORDER_D`), set from the call's
+    /// segments so that a row's order never depends on the other segments.
+    pub orders: *const u8,
     pub job_ctr: *const Padded<AtomicU32>,
     pub phase_done: *const Padded<AtomicU32>,
     /// `Kind::Func` only: the task body.
@@ -131,6 +160,8 @@ pub struct Scratch {
     jobs: Vec<Job>,
     pair_token: Vec<u32>,
     slot_pair: Vec<u32>,
+    orders: Vec<u8>,
+    seg_counts: Vec<u32>,
     job_ctr: Vec<Padded<AtomicU32>>,
     pub phase_done: Vec<Padded<AtomicU32>>,
 }
@@ -371,6 +402,8 @@ impl Scratch {
         grow(&mut self.jobs, p.min(n_expert));
         grow(&mut self.pair_token, p);
         grow(&mut self.slot_pair, p);
+        grow(&mut self.orders, p.max(tokens));
+        grow(&mut self.seg_counts, n_expert);
         grow_ctr(&mut self.job_ctr, p.min(n_expert));
         grow_ctr(&mut self.phase_done, N_PHASES);
     }
@@ -395,6 +428,7 @@ impl Scratch {
         weights: &[f32],
         k: usize,
         y: &mut [f32],
+        segs: &[usize],
         threads: usize,
         pipelined: bool,
         masked: bool,
@@ -403,6 +437,7 @@ impl Scratch {
         let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
         let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
         let t = x.len() / hdim;
+        validate_segs(segs, t)?;
         // Pairs computed here (all T·k unless masked).
         let p = ids.iter().filter(|&&e| e != SKIP).count();
         if p == 0 {
@@ -446,6 +481,28 @@ impl Scratch {
             self.pair_token[*cur as usize] = (n / k) as u32;
             self.slot_pair[n] = *cur;
             *cur += 1;
+        }
+        // Each pair's order: ggml's for the pairs its segment alone routes to its expert.
+        grow(&mut self.orders, p);
+        grow(&mut self.seg_counts, ne);
+        let seg_counts = &mut self.seg_counts[..ne];
+        let mut t0 = 0;
+        for &len in segs {
+            let r = t0 * k..(t0 + len) * k;
+            let kept = || ids[r.clone()].iter().filter(|&&e| e != SKIP);
+            kept().for_each(|&e| seg_counts[e as usize] += 1);
+            for (n, &e) in ids[r.clone()].iter().enumerate() {
+                if e == SKIP {
+                    continue;
+                }
+                let c = seg_counts[e as usize] as usize;
+                self.orders[self.slot_pair[r.start + n] as usize] =
+                    many_bit(order_id(g.ty, c), ORDER_G)
+                        | many_bit(order_id(u.ty, c), ORDER_U)
+                        | many_bit(order_id(d.ty, c), ORDER_D);
+            }
+            kept().for_each(|&e| seg_counts[e as usize] = 0);
+            t0 += len;
         }
 
         // Activation buffers.
@@ -514,6 +571,7 @@ impl Scratch {
             jobs: self.jobs.as_ptr(),
             pair_token: self.pair_token.as_ptr(),
             slot_pair: self.slot_pair.as_ptr(),
+            orders: self.orders.as_ptr(),
             job_ctr: self.job_ctr.as_ptr(),
             phase_done,
             func: None,
@@ -525,10 +583,11 @@ impl Scratch {
         &mut self,
         w: &QMatrix<'_>,
         x: &[f32],
-        t: usize,
+        segs: &[usize],
         y: &mut [f32],
         threads: usize,
     ) -> Result<Option<Plan>> {
+        let t = segs.iter().sum();
         let rb = validate_matmul(w, x, t, y)?;
         let need = w.rows * rb;
         if t == 0 || w.rows == 0 {
@@ -542,6 +601,15 @@ impl Scratch {
         let xq_rb = row_bytes("matmul activation", act, w.cols)?;
         grow(&mut self.xq_g, t * xq_rb);
         let xq = self.xq_g.as_mut_ptr();
+        // Each row's order: ggml's for its place in its segment alone.
+        grow(&mut self.orders, t);
+        let mut t0 = 0;
+        for &len in segs {
+            for (i, o) in self.orders[t0..t0 + len].iter_mut().enumerate() {
+                *o = many_bit(order_t(w.ty, len, i), ORDER_D);
+            }
+            t0 += len;
+        }
         let n_a = t.min(2 * threads).max(1);
         let nd = tiles_for(w.rows, TILES_PER_THREAD * threads);
         let starts = prefix([n_a, 0, 0, nd, 0])?;
@@ -582,6 +650,7 @@ impl Scratch {
             jobs: std::ptr::null(),
             pair_token: std::ptr::null(),
             slot_pair: std::ptr::null(),
+            orders: self.orders.as_ptr(),
             job_ctr: std::ptr::null(),
             phase_done,
             func: None,
@@ -633,6 +702,7 @@ impl Scratch {
             jobs: std::ptr::null(),
             pair_token: std::ptr::null(),
             slot_pair: std::ptr::null(),
+            orders: std::ptr::null(),
             job_ctr: std::ptr::null(),
             phase_done,
             func: Some(f),

@@ -8,7 +8,8 @@ use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
 use super::vram::HybridCounters;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuModel, HybridConfig};
-use crate::model::{Compute, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
+use crate::model::batch::{batch_logits_len, logits_len};
+use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
 use crate::quant::{dot, GgmlType};
 use crate::tier::vram::AdaptConfig;
@@ -16,7 +17,7 @@ use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -57,6 +58,27 @@ impl Backend {
         match self {
             Backend::Cpu(m) => m.forward(slot, toks, want, out),
             Backend::Gpu { m, .. } => m.forward(slot, toks, want, out),
+        }
+    }
+
+    fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.forward_batch(entries, out),
+            Backend::Gpu { m, .. } => m.forward_batch(entries, out),
+        }
+    }
+
+    fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        match self {
+            Backend::Cpu(m) => m.kv_export(slot, n),
+            Backend::Gpu { m, .. } => m.kv_export(slot, n),
+        }
+    }
+
+    fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        match self {
+            Backend::Cpu(m) => m.kv_import(slot, data),
+            Backend::Gpu { m, .. } => m.kv_import(slot, data),
         }
     }
 
@@ -126,6 +148,18 @@ macro_rules! or_default {
             None => config_default($py, stringify!($v))?,
         }; )+
     };
+}
+
+/// "last" | "all" | "none" → `Logits`.
+fn parse_logits(logits: &str) -> PyResult<Logits> {
+    match logits {
+        "last" => Ok(Logits::Last),
+        "all" => Ok(Logits::All),
+        "none" => Ok(Logits::None),
+        other => Err(PyValueError::new_err(format!(
+            "logits must be \"last\", \"all\" or \"none\", not {other:?}"
+        ))),
+    }
 }
 
 #[pyclass(frozen, name = "Model")]
@@ -383,16 +417,7 @@ impl PyModel {
         token_ids: Vec<u32>,
         logits: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let want = match logits {
-            "last" => Logits::Last,
-            "all" => Logits::All,
-            "none" => Logits::None,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "logits must be \"last\", \"all\" or \"none\", not {other:?}"
-                )))
-            }
-        };
+        let want = parse_logits(logits)?;
         let (out, vocab) = py.detach(|| -> crate::Result<(Vec<f32>, usize)> {
             let mut m = self.lock();
             let vocab = m.hp().n_vocab;
@@ -414,6 +439,73 @@ impl PyModel {
                     .into_any()
             }
         })
+    }
+
+    /// One forward pass over several slots: `entries` are `(slot, token_ids, logits)`, each
+    /// continuing its slot at the slot's length (slots distinct within a call; `logits` as in
+    /// `forward`). Returns per entry None ("none"), (n_vocab,) ("last") or
+    /// (len, n_vocab) ("all"). A refused call (bad slot, duplicate slot, token id, context
+    /// overflow) raises and changes no slot.
+    fn forward_batch<'py>(
+        &self,
+        py: Python<'py>,
+        entries: Vec<(usize, Vec<u32>, String)>,
+    ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        let wants = entries
+            .iter()
+            .map(|(_, _, l)| parse_logits(l))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (out, vocab) = py.detach(|| -> crate::Result<(Vec<f32>, usize)> {
+            let batch: Vec<Entry<'_>> = entries
+                .iter()
+                .zip(&wants)
+                .map(|((slot, toks, _), &want)| Entry {
+                    slot: *slot,
+                    tokens: toks,
+                    want,
+                })
+                .collect();
+            let mut m = self.lock();
+            let vocab = m.hp().n_vocab;
+            let mut out = vec![0f32; batch_logits_len(&batch, vocab)];
+            m.forward_batch(&batch, &mut out)?;
+            Ok((out, vocab))
+        })?;
+        let mut res = Vec::with_capacity(entries.len());
+        let mut off = 0;
+        for ((_, toks, _), &want) in entries.iter().zip(&wants) {
+            let n = logits_len(want, toks.len(), vocab);
+            let part = &out[off..off + n];
+            off += n;
+            res.push(match want {
+                Logits::None => None,
+                Logits::Last => Some(PyArray1::from_slice(py, part).into_any()),
+                Logits::All => Some(
+                    PyArray1::from_slice(py, part)
+                        .reshape([toks.len(), vocab])?
+                        .into_any(),
+                ),
+            });
+        }
+        Ok(res)
+    }
+
+    /// The slot's first `n` positions (every layer's keys and values, in the KV type) as
+    /// bytes that `kv_import` of this model and KV type takes back.
+    fn kv_export<'py>(
+        &self,
+        py: Python<'py>,
+        slot: usize,
+        n: usize,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let v = self.with(py, |m| m.kv_export(slot, n))?;
+        Ok(PyBytes::new(py, &v))
+    }
+
+    /// Replaces the slot's KV with `data` from `kv_export`; returns its length in positions.
+    /// Data of another model or KV type raises ValueError and leaves the slot as it was.
+    fn kv_import(&self, py: Python<'_>, slot: usize, data: &[u8]) -> PyResult<usize> {
+        Ok(self.with(py, |m| m.kv_import(slot, data))?)
     }
 
     /// Positions the slot holds.

@@ -1,0 +1,288 @@
+"""Served speed, Strata's server vs llama.cpp's `llama-server`, driven by one client over HTTP.
+
+    python bench/bench_serve.py --model FILE.gguf --llama-server BIN [--streams 1,2,4,8]
+        [--gen 128] [--reps 5] [--turns 8] [--turn-words 260] [--skip decode,chat,bare]
+
+Three measurements, each interleaved (A B A B ...) on the same file, the same thread count:
+- decode: N concurrent greedy streams (/v1/completions, stream, temperature 0, `--gen` tokens
+  each, a 16-word prompt); aggregate decode tok/s = tokens after each stream's first ÷ the time
+  from the first stream's first token to the last stream's last token. Strata runs with
+  `--parallel N`, llama-server with `-np N -t THREADS` (its continuous batching and prompt
+  cache on, as by default).
+- chat: an 8-turn conversation whose prompt grows to ~4K tokens, each turn resending the whole
+  history plus `--turn-words` new words (~500 tokens) and generating 32 tokens; the sum of
+  the turns' time to first token. Strata with prefix reuse (default), Strata without
+  (`--no-cache-prompt`), llama-server (its cache_prompt on).
+- bare: Strata's forward pass alone (no server), one greedy stream of `--gen` tokens after the
+  same prompt: the speed a served stream is held against.
+- chunk: one forward_batch step of a prompt chunk of n tokens plus one decoding sequence:
+  prompt tok/s and the step time by n (what `max_batch_tokens` trades).
+The client is the standard library (one thread per stream, SSE parsed by hand), the same code
+for both servers. Medians of `--reps`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_WORDS = (
+    "the of and to in is was he for it with as his on be at by had are but from or have an they "
+    "which one you were all her she there would their we him been has when who will no more if "
+    "out so up said what its about than into them can only other time new some could these two "
+    "may first then do any like my now over such our man me even most made after also did many "
+    "before must through back years where much your way well down should because each just"
+)
+WORDS = _WORDS.split(" ")
+THREADS = 2
+
+
+def text(seed: int, n_words: int) -> str:
+    """Deterministic pseudo-English of `n_words` words."""
+    x = seed * 2654435761 + 1
+    out = []
+    for _ in range(n_words):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        out.append(WORDS[(x >> 33) % len(WORDS)])
+    return " ".join(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], port: int, env: dict[str, str]) -> None:
+        self.name, self.port = name, port
+        self.log = open(f"/tmp/bench_serve_{name}_{port}.log", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited; see {self.log.name}")
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"{name} did not get ready")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def strata(model: Path, parallel: int, n_ctx: int, extra: list[str]) -> Server:
+    port = free_port()
+    argv = [sys.executable, "-m", "strata.server", "--model", str(model), "--port", str(port)]
+    argv += ["--parallel", str(parallel), "--n-ctx", str(n_ctx), *extra]
+    return Server("strata", argv, port, dict(os.environ))
+
+
+def llama(binary: str, model: Path, parallel: int, n_ctx: int) -> Server:
+    port = free_port()
+    argv = [binary, "-m", str(model), "--port", str(port), "-np", str(parallel)]
+    argv += ["-t", str(THREADS), "-tb", str(THREADS), "-c", str(n_ctx * parallel)]
+    return Server("llama", argv, port, dict(os.environ))
+
+
+def model_id(port: int) -> str:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/v1/models")
+    out = str(json.loads(c.getresponse().read())["data"][0]["id"])
+    c.close()
+    return out
+
+
+def stream(port: int, body: dict[str, Any]) -> tuple[float, list[tuple[float, str]]]:
+    """One streamed completion: (t_sent, [(t_arrived, text)] per content chunk; both servers
+    send one chunk per token)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.monotonic()
+    c.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({**body, "stream": True}),
+        {"Content-Type": "application/json"},
+    )
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    chunks: list[tuple[float, str]] = []
+    for raw in r:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        for ch in json.loads(line[6:]).get("choices") or []:
+            if ch.get("text"):
+                chunks.append((time.monotonic(), ch["text"]))
+    c.close()
+    return t0, chunks
+
+
+def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
+    """N concurrent greedy streams: (aggregate decode tok/s, tokens)."""
+    model = model_id(port)
+    res: list[list[tuple[float, str]]] = [[] for _ in range(n)]
+
+    def one(i: int) -> None:
+        body = {"model": model, "prompt": text(100 + i, 16), "max_tokens": gen, "temperature": 0}
+        res[i] = stream(port, body)[1]
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    first = min(r[0][0] for r in res)
+    last = max(r[-1][0] for r in res)
+    toks = sum(len(r) - 1 for r in res)
+    return toks / (last - first), sum(len(r) for r in res)
+
+
+def chat_round(port: int, turns: int, turn_words: int, seed: int) -> float:
+    """Total time to first token over a growing conversation (seconds)."""
+    history = ""
+    total = 0.0
+    model = model_id(port)
+    for k in range(turns):
+        history += f"\nUser: {text(seed * 100 + k, turn_words)}\nAssistant:"
+        body = {"model": model, "prompt": history, "max_tokens": 32, "temperature": 0}
+        t0, chunks = stream(port, body)
+        total += (chunks[0][0] if chunks else time.monotonic()) - t0
+        got = "".join(t for _, t in chunks)
+        history += got
+    return total
+
+
+def bare_decode(model: Path, gen: int) -> float:
+    """Strata's forward pass alone: greedy decode tok/s after the same 16-word prompt."""
+    import numpy as np
+    from strata.llm import LLM
+
+    llm = LLM(model, n_ctx=1024)
+    ids = llm.encode_prompt(text(100, 16))
+    m = llm.model
+    logits = m.forward(llm._own, ids, logits="last")
+    tok = int(np.argmax(logits))
+    t0 = time.perf_counter()
+    for _ in range(gen - 1):
+        tok = int(np.argmax(m.forward(llm._own, [tok], logits="last")))
+    return (gen - 1) / (time.perf_counter() - t0)
+
+
+def chunk_sizes(model: Path, sizes: list[int], reps: int) -> None:
+    """Prompt tokens/s of one forward_batch step by prompt-chunk size, with one decoding
+    sequence sharing the step: what `max_batch_tokens` trades (prompt speed against the
+    decoding sequences' step time)."""
+    from strata.llm import LLM
+
+    llm = LLM(model, n_ctx=4096, parallel=2)
+    print("| chunk tokens | prompt tok/s | step ms (a decode waits this long) |")
+    print("|---|---|---|")
+    for n in sizes:
+        times = []
+        for r in range(reps):
+            llm.truncate(0, 0)
+            llm.truncate(1, 0)
+            llm.forward_batch([(1, [5, 6, 7, 8], "last")])
+            ids = [(7 * i + r) % 1000 + 10 for i in range(n)]
+            t0 = time.perf_counter()
+            llm.forward_batch([(0, ids, "last"), (1, [9], "last")])
+            times.append(time.perf_counter() - t0)
+        t = med(times)
+        print(f"| {n} | {n / t:.0f} | {t * 1000:.1f} |", flush=True)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--llama-server", default="")
+    ap.add_argument("--streams", default="1,2,4,8")
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument("--turn-words", type=int, default=260, help="new words per turn (~500 tokens)")
+    ap.add_argument("--skip", default="", help="comma list of decode, chat, bare, chunk")
+    ap.add_argument("--chunks", default="64,128,256,512,1024,2048")
+    ap.add_argument("--strata-args", default="", help="extra strata.server flags")
+    a = ap.parse_args()
+    skip = set(a.skip.split(",")) - {""}
+    extra = a.strata_args.split()
+    print(f"model {a.model}, {THREADS} threads, load average {os.getloadavg()}", flush=True)
+    if "chunk" not in skip:
+        chunk_sizes(a.model, [int(x) for x in a.chunks.split(",")], a.reps)
+    if "bare" not in skip:
+        bare = [bare_decode(a.model, a.gen) for _ in range(min(a.reps, 3))]
+        print(f"bare forward decode: {med(bare):.1f} tok/s {[round(x, 1) for x in bare]}")
+    if "decode" not in skip:
+        print("| streams | strata tok/s | llama-server tok/s | strata ÷ llama |")
+        print("|---|---|---|---|")
+        single = 0.0
+        for n in [int(x) for x in a.streams.split(",")]:
+            servers = [("strata", strata(a.model, n, 1024, extra))]
+            if a.llama_server:
+                servers.append(("llama", llama(a.llama_server, a.model, n, 1024)))
+            got: dict[str, list[float]] = {k: [] for k, _ in servers}
+            try:
+                for _ in range(a.reps):
+                    for k, s in servers:
+                        got[k].append(decode_round(s.port, n, a.gen)[0])
+            finally:
+                for _, s in servers:
+                    s.stop()
+            st = med(got["strata"])
+            single = single or st
+            ll = med(got["llama"]) if "llama" in got else float("nan")
+            print(
+                f"| {n} | {st:.1f} | {ll:.1f} | {st / ll:.2f} |  "
+                f"(strata ÷ its 1 stream {st / single:.2f}; runs {got})",
+                flush=True,
+            )
+    if "chat" not in skip:
+        ctx = 8192
+        runs: dict[str, list[float]] = {"strata reuse": [], "strata no reuse": [], "llama": []}
+        servers = {
+            "strata reuse": strata(a.model, 1, ctx, extra),
+            "strata no reuse": strata(a.model, 1, ctx, [*extra, "--no-cache-prompt"]),
+        }
+        if a.llama_server:
+            servers["llama"] = llama(a.llama_server, a.model, 1, ctx)
+        try:
+            for rep in range(a.reps):
+                for k, s in servers.items():
+                    runs[k].append(chat_round(s.port, a.turns, a.turn_words, rep))
+        finally:
+            for s in servers.values():
+                s.stop()
+        for k, v in runs.items():
+            if v:
+                print(f"chat TTFT total, {k}: {med(v):.2f} s {[round(x, 2) for x in v]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

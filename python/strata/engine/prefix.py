@@ -1,0 +1,205 @@
+"""Prefix reuse: what each slot's KV holds, where a new prompt goes, and the host-RAM prompt cache.
+
+A new prompt is placed in the free slot whose cached tokens share the longest prefix with it
+(ties: the least recently used slot); only the rest is prefilled. With a prompt cache, the KV of
+a slot's sequence is kept in RAM (in the KV type, as `kv_export` gives it) when a new prompt is
+about to overwrite it, and restored by longest prefix into the chosen slot when that beats what
+the free slots hold; entries are evicted least recently used first. At least the prompt's last
+token is always run (its logits pick the first output token), as llama-server does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+I32 = npt.NDArray[np.int32]
+
+# A slot's sequence is saved to the prompt cache when a new prompt would drop at least this
+# many of its tokens (shorter tails are cheaper to prefill again than to keep).
+MIN_SAVE_TOKENS = 16
+AUTO_CACHE_MAX_MIB = 8192
+
+
+class KvBackend(Protocol):
+    def truncate(self, slot: int, n: int) -> None: ...
+
+    def free(self, slot: int) -> None: ...
+
+
+class KvTransfer(Protocol):
+    def kv_export(self, slot: int, n: int) -> bytes: ...
+
+    def kv_import(self, slot: int, data: bytes) -> int: ...
+
+
+def common_prefix(a: Sequence[int] | I32, b: Sequence[int] | I32) -> int:
+    """Length of the longest common prefix of two token sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    x = np.asarray(a[:n], dtype=np.int64)
+    y = np.asarray(b[:n], dtype=np.int64)
+    diff = np.flatnonzero(x != y)
+    return int(diff[0]) if diff.size else n
+
+
+def auto_cache_bytes(mib: int) -> int:
+    """`prompt_cache_mib` in bytes: -1 is a tenth of the available RAM (at most 8 GiB)."""
+    if mib >= 0:
+        return mib << 20
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        avail = 0
+    return min(avail // 10, AUTO_CACHE_MAX_MIB << 20)
+
+
+@dataclass(slots=True)
+class Entry:
+    tokens: I32  # [n] the sequence whose KV `data` holds
+    data: bytes  # kv_export of its n positions
+
+
+class PromptCache:
+    """Host-RAM KV of past sequences, LRU-evicted to stay under `capacity` bytes."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # oldest first
+        self._next = 0
+        self.saves = 0
+        self.restores = 0
+        self.restored_tokens = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def best(self, prompt: Sequence[int]) -> tuple[int, int]:
+        """(entry key, common prefix length) of the entry sharing the longest prefix with
+        `prompt`; (-1, 0) when none shares any."""
+        key, best = -1, 0
+        for k, e in self._entries.items():
+            n = common_prefix(e.tokens, prompt)
+            if n > best:
+                key, best = k, n
+        return key, best
+
+    def covers(self, tokens: Sequence[int]) -> bool:
+        """True when an entry already holds `tokens` as a prefix of its own."""
+        n = len(tokens)
+        return any(
+            len(e.tokens) >= n and common_prefix(e.tokens, tokens) == n
+            for e in self._entries.values()
+        )
+
+    def put(self, tokens: Sequence[int], data: bytes) -> None:
+        """Keep a sequence's KV; entries it extends are dropped, the oldest go when full."""
+        if len(data) > self.capacity:
+            return
+        arr = np.asarray(tokens, dtype=np.int32)
+        for k in [
+            k
+            for k, e in self._entries.items()
+            if len(e.tokens) <= len(arr) and common_prefix(e.tokens, arr) == len(e.tokens)
+        ]:
+            self._drop(k)
+        while self.used + len(data) > self.capacity and self._entries:
+            self._drop(next(iter(self._entries)))
+            self.evictions += 1
+        self._entries[self._next] = Entry(arr, data)
+        self._next += 1
+        self.used += len(data)
+        self.saves += 1
+
+    def take(self, key: int) -> Entry:
+        """The entry, marked most recently used."""
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def _drop(self, key: int) -> None:
+        self.used -= len(self._entries.pop(key).data)
+
+
+class SlotCache:
+    """The tokens each slot's KV holds, and the placement of new prompts (see the module doc)."""
+
+    def __init__(
+        self, backend: KvBackend, n_slots: int, cache: PromptCache | None, reuse: bool = True
+    ) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.reuse = reuse  # False: every prompt starts at position 0
+        self.tokens: list[list[int]] = [[] for _ in range(n_slots)]  # per slot, in KV order
+        self._used = [0] * n_slots  # last placement per slot (LRU on ties)
+        self._clock = 0
+
+    def place(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
+        """Choose a free slot for `prompt` and set its KV to the longest reusable prefix;
+        returns (slot, positions reused)."""
+        # the last prompt token always runs
+        limit = list(prompt[: len(prompt) - 1]) if self.reuse else []
+        slot, reused = max(
+            ((s, common_prefix(self.tokens[s], limit)) for s in free),
+            key=lambda sr: (sr[1], -self._used[sr[0]]),
+        )
+        try:
+            reused = self._set(slot, limit, reused)
+        except Exception:
+            self.lost(slot)  # what the slot holds is unknown now
+            raise
+        self._clock += 1
+        self._used[slot] = self._clock
+        return slot, reused
+
+    def _set(self, slot: int, limit: list[int], reused: int) -> int:
+        """Sets the slot's KV to the longest prefix of `limit` it or the cache holds."""
+        key, hit = self.cache.best(limit) if self.cache is not None else (-1, 0)
+        if hit > reused:
+            self._save(slot, 0)
+            assert self.cache is not None
+            entry = self.cache.take(key)
+            n = self._import(slot, entry.data)
+            self.tokens[slot] = [int(t) for t in entry.tokens[:n]]
+            self.cache.restores += 1
+            self.cache.restored_tokens += hit
+            reused = min(hit, n)
+        else:
+            self._save(slot, reused)
+        self.backend.truncate(slot, reused)
+        del self.tokens[slot][reused:]
+        return reused
+
+    def _import(self, slot: int, data: bytes) -> int:
+        fn = getattr(self.backend, "kv_import", None)
+        if fn is None:
+            raise RuntimeError("the backend cannot import KV")
+        return int(fn(slot, data))
+
+    def _save(self, slot: int, keep: int) -> None:
+        """Keep the slot's sequence in the prompt cache when `keep` positions of it stay and
+        enough of the rest would be lost."""
+        toks = self.tokens[slot]
+        export = getattr(self.backend, "kv_export", None)
+        if self.cache is None or export is None or len(toks) - keep < MIN_SAVE_TOKENS:
+            return
+        if self.cache.covers(toks):
+            return
+        self.cache.put(toks, export(slot, len(toks)))
+
+    def fed(self, slot: int, ids: Sequence[int]) -> None:
+        """The model ran `ids` at the slot's next positions."""
+        self.tokens[slot].extend(int(t) for t in ids)
+
+    def lost(self, slot: int) -> None:
+        """The slot's KV is unknown (a failed step): empty it."""
+        self.tokens[slot] = []
+        self.backend.free(slot)

@@ -1,0 +1,113 @@
+//! The GPU model's batched-step entry point and its KV export/import (`model::kv_blob`).
+//!
+//! The VRAM cache is [slot][layer][Nkv][C] head rows (`KvLayout`); a blob holds
+//! [L, n, Nkv·D] position rows as the CPU cache does, so the two paths exchange blobs of
+//! one model and KV type. Each (layer, head) run of n head rows is one copy.
+
+use super::model::GpuModel;
+use crate::error::{Error, Result};
+use crate::model::batch::{check_batch, run_each, Entry, SlotForward};
+use crate::model::kv_blob::{self, KvLayoutId, HEADER_BYTES};
+use crate::model::Logits;
+
+impl GpuModel {
+    fn blob_id(&self) -> KvLayoutId {
+        KvLayoutId {
+            ty: self.x.lay.ty,
+            n_layer: self.x.lay.n_layer,
+            row_bytes: self.x.lay.n_kv * self.x.lay.head_bytes(),
+            fingerprint: self.fingerprint,
+        }
+    }
+
+    /// Byte offset of (slot, layer, head) in the K or V cache.
+    fn head_off(&self, slot: usize, layer: usize, head: usize) -> usize {
+        let lay = &self.x.lay;
+        slot * lay.slot_stride() + lay.layer_offset(layer) + head * lay.n_ctx * lay.head_bytes()
+    }
+
+    /// The slot's first `n` positions as a blob.
+    pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        let len = self.slot_len(slot)?;
+        if n > len {
+            return Err(Error::Input(format!(
+                "cannot export {n} positions of slot {slot}: it holds {len}"
+            )));
+        }
+        let id = self.blob_id();
+        let (hb, rb) = (self.x.lay.head_bytes(), id.row_bytes);
+        let mut out = vec![0u8; kv_blob::blob_bytes(&id, n)];
+        kv_blob::write_header(&id, n, &mut out);
+        self.x.stream.sync()?; // the cache as the last step left it
+        let mut run = vec![0u8; n * hb]; // [n, D] one head's rows
+        let sec = id.n_layer * n * rb;
+        for (c, buf) in [&self.x.b.kc, &self.x.b.vc].into_iter().enumerate() {
+            let dst = &mut out[HEADER_BYTES + c * sec..][..sec];
+            for l in 0..id.n_layer {
+                for h in 0..self.x.lay.n_kv {
+                    buf.copy_to_host(self.head_off(slot, l, h), &mut run)?;
+                    for (p, row) in run.chunks_exact(hb).enumerate() {
+                        let o = (l * n + p) * rb + h * hb;
+                        dst[o..o + hb].copy_from_slice(row);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Replaces the slot's KV with a blob of this model and KV type; returns its length.
+    pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        self.slot_len(slot)?;
+        let id = self.blob_id();
+        let n = kv_blob::parse(&id, self.cfg.n_ctx, data)?;
+        let (hb, rb) = (self.x.lay.head_bytes(), id.row_bytes);
+        self.x.stream.sync()?;
+        let mut run = vec![0u8; n * hb];
+        let sec = id.n_layer * n * rb;
+        for (c, buf) in [&self.x.b.kc, &self.x.b.vc].into_iter().enumerate() {
+            let src = &data[HEADER_BYTES + c * sec..][..sec];
+            for l in 0..id.n_layer {
+                for h in 0..self.x.lay.n_kv {
+                    for (p, row) in run.chunks_exact_mut(hb).enumerate() {
+                        let o = (l * n + p) * rb + h * hb;
+                        row.copy_from_slice(&src[o..o + hb]);
+                    }
+                    if let Err(e) = buf.copy_from_host(self.head_off(slot, l, h), &run) {
+                        // part of the slot was overwritten: it holds nothing valid now
+                        self.lens[slot] = 0;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        self.lens[slot] = n;
+        Ok(n)
+    }
+
+    /// A batched step: each entry runs as its own forward call, in entry order (the grouped
+    /// GPU step is not written yet); the logits go to `out` back to back in entry order.
+    pub fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
+        let (vocab, n_ctx) = (self.hp.n_vocab, self.cfg.n_ctx);
+        check_batch(entries, |s| self.slot_len(s), out.len(), vocab, n_ctx)?;
+        run_each(self, entries, out, vocab)
+    }
+}
+
+impl SlotForward for GpuModel {
+    fn slot_len(&self, slot: usize) -> Result<usize> {
+        GpuModel::slot_len(self, slot)
+    }
+    fn forward(
+        &mut self,
+        slot: usize,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut [f32],
+    ) -> Result<()> {
+        GpuModel::forward(self, slot, tokens, want, out)
+    }
+    fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        GpuModel::truncate(self, slot, n)
+    }
+}

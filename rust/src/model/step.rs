@@ -1,0 +1,356 @@
+//! The CPU batched step (`Model::forward_batch`; `Model::forward` is its one-entry case).
+//!
+//! A call's entries are cut into pieces of at most `max_chunk` tokens (where `forward` would
+//! cut a long call into chunks). Each step runs the next piece of as many entries as fit in
+//! the R rows of scratch (R = max_chunk), as one forward: the dense projections over all R'
+//! rows of the step at once, attention per piece over its own slot's cache, and per MoE layer
+//! the (token, expert) pairs of the whole step grouped by expert, so the pool reads each
+//! expert once per step. The matmuls get the pieces as segments (`Compute::matmul_segs`):
+//! every row's float order is the one its piece alone would get, so each entry's logits are
+//! bitwise those of its calls run alone, whatever shares the step.
+//!
+//! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
+//! heads, D = head dim, E = experts, K = experts used, V = vocab.
+
+use super::attn_par::attend_chunk;
+use super::batch::{check_batch, logits_len, Entry};
+use super::compute::{ExpertLayer, QExperts};
+use super::forward::{route, tier_tables, Logits, Model};
+use super::ops::{rms_norm, rms_norm_rows_inplace};
+use crate::error::Result;
+
+/// One entry's piece in a step: `t` tokens of entry `entry` from its token `tok0`, at slot
+/// positions `p0..p0 + t` and step rows `r0..r0 + t`; its last `logit_rows` rows' logits go
+/// to the call's buffer at float `dst`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Piece {
+    entry: usize,
+    slot: usize,
+    tok0: usize,
+    p0: usize,
+    r0: usize,
+    t: usize,
+    logit_rows: usize,
+    dst: usize,
+}
+
+/// Per-call bookkeeping, sized for `n_slots` entries at load (a call allocates nothing).
+#[derive(Default)]
+pub(super) struct StepScratch {
+    pieces: Vec<Piece>,
+    segs: Vec<usize>,      // [pieces] rows per piece (the matmuls' segments)
+    head_segs: Vec<usize>, // [pieces] logit rows per piece of one head call
+    done: Vec<usize>,      // [entries] tokens run so far
+    starts: Vec<usize>,    // [entries] slot length before the call
+    offs: Vec<usize>,      // [entries] first float of the entry's logits
+}
+
+impl StepScratch {
+    pub(super) fn new(n_slots: usize) -> StepScratch {
+        let v = || Vec::with_capacity(n_slots);
+        StepScratch {
+            pieces: Vec::with_capacity(n_slots),
+            segs: v(),
+            head_segs: v(),
+            done: v(),
+            starts: v(),
+            offs: v(),
+        }
+    }
+}
+
+impl Model {
+    /// Runs a batched step (`batch`): every entry continues its slot; the requested logits
+    /// go to `out` back to back in entry order. A refused or failed call changes no slot.
+    pub fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
+        let (vocab, n_ctx) = (self.hp.n_vocab, self.cfg.n_ctx);
+        check_batch(entries, |s| self.kv.len(s), out.len(), vocab, n_ctx)?;
+        let mut ss = std::mem::take(&mut self.steps);
+        let res = self.run_batch(entries, out, &mut ss);
+        if res.is_err() {
+            // A failed call leaves every slot as it was.
+            for (e, &start) in entries.iter().zip(&ss.starts) {
+                self.kv.set_len(e.slot, start);
+            }
+        }
+        self.steps = ss;
+        if entries.iter().any(|e| !e.tokens.is_empty()) {
+            self.routing.end_step();
+            self.routing_hot.end_step();
+        }
+        res
+    }
+
+    fn run_batch(
+        &mut self,
+        entries: &[Entry<'_>],
+        out: &mut [f32],
+        ss: &mut StepScratch,
+    ) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let cap = self.scratch.x.len() / self.hp.n_embd; // R
+        ss.done.clear();
+        ss.starts.clear();
+        ss.offs.clear();
+        let mut off = 0;
+        for e in entries {
+            ss.done.push(0);
+            ss.starts.push(self.kv.len(e.slot)?);
+            ss.offs.push(off);
+            off += logits_len(e.want, e.tokens.len(), vocab);
+        }
+        loop {
+            // The next piece of every entry that still has tokens and fits, in entry order.
+            ss.pieces.clear();
+            let mut rows = 0;
+            for (i, e) in entries.iter().enumerate() {
+                let (n, done) = (e.tokens.len(), ss.done[i]);
+                let t = (n - done).min(cap);
+                if t == 0 || rows + t > cap {
+                    continue;
+                }
+                let last = done + t == n;
+                let (logit_rows, dst) = match e.want {
+                    Logits::Last if last => (1, ss.offs[i]),
+                    Logits::All => (t, ss.offs[i] + done * vocab),
+                    _ => (0, 0),
+                };
+                ss.pieces.push(Piece {
+                    entry: i,
+                    slot: e.slot,
+                    tok0: done,
+                    p0: ss.starts[i] + done,
+                    r0: rows,
+                    t,
+                    logit_rows,
+                    dst,
+                });
+                rows += t;
+            }
+            if ss.pieces.is_empty() {
+                return Ok(());
+            }
+            let res = self.step(entries, ss, out);
+            if let Some(ra) = &self.readahead {
+                // Whatever is still queued was for this step's layers.
+                ra.end_step();
+            }
+            res?;
+            for p in &ss.pieces {
+                ss.done[p.entry] += p.t;
+                self.kv.set_len(p.slot, p.p0 + p.t);
+            }
+        }
+    }
+
+    /// One step over `ss.pieces` (R' rows); each piece's logit rows go to its `dst` in `out`.
+    fn step(&mut self, entries: &[Entry<'_>], ss: &mut StepScratch, out: &mut [f32]) -> Result<()> {
+        let Model {
+            hp,
+            weights: w,
+            kv,
+            rope,
+            scratch: s,
+            compute,
+            routing,
+            routing_hot,
+            tier,
+            readahead,
+            head,
+            ..
+        } = self;
+        let tier = tier.as_deref();
+        // [3][E] per-expert slabs (gate, up, down) when a tier is attached.
+        let mut tables: [Vec<&[u8]>; 3] = Default::default();
+        let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
+        let (e, k) = (hp.n_expert, hp.n_expert_used);
+        let half = hp.n_rot / 2;
+        let eps = hp.rms_eps;
+        let shape = super::attention::AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
+        ss.segs.clear();
+        ss.segs.extend(ss.pieces.iter().map(|p| p.t));
+        let segs = &ss.segs[..];
+        let t: usize = segs.iter().sum(); // R'
+                                          // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
+        for p in &ss.pieces {
+            let toks = &entries[p.entry].tokens[p.tok0..p.tok0 + p.t];
+            for (i, &id) in toks.iter().enumerate() {
+                let r = p.r0 + i;
+                w.embed(id as usize, &mut s.x[r * hd..(r + 1) * hd])?;
+                let c = r * half..(r + 1) * half;
+                rope.table(p.p0 + i, &mut s.cos[c.clone()], &mut s.sin[c]);
+            }
+        }
+        for (l, lw) in w.layers.iter().enumerate() {
+            // ---- attention ----
+            for i in 0..t {
+                let r = i * hd..(i + 1) * hd;
+                rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
+            }
+            let h = &s.h[..t * hd];
+            compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut s.q[..t * qd])?; // [R', Nh·D]
+            compute.matmul_segs(&w.mat(&lw.wk), h, segs, &mut s.k[..t * kvd])?; // [R', Nkv·D]
+            compute.matmul_segs(&w.mat(&lw.wv), h, segs, &mut s.v[..t * kvd])?; // [R', Nkv·D]
+            rms_norm_rows_inplace(&mut s.q[..t * qd], &lw.q_norm, eps); // per head [D]
+            rms_norm_rows_inplace(&mut s.k[..t * kvd], &lw.k_norm, eps);
+            for p in &ss.pieces {
+                for i in 0..p.t {
+                    let r = p.r0 + i;
+                    let (c, sn) = (
+                        &s.cos[r * half..(r + 1) * half],
+                        &s.sin[r * half..(r + 1) * half],
+                    );
+                    rope.apply(&mut s.q[r * qd..(r + 1) * qd], d, c, sn);
+                    rope.apply(&mut s.k[r * kvd..(r + 1) * kvd], d, c, sn);
+                    let kr = r * kvd..(r + 1) * kvd;
+                    kv.write(p.slot, l, p.p0 + i, &s.k[kr.clone()], &s.v[kr])?;
+                }
+            }
+            // per piece over its own slot: [T_p, Nh·D] on the compute's threads
+            for p in &ss.pieces {
+                let (kc, vc) = kv.layer(p.slot, l, p.p0 + p.t);
+                let rq = p.r0 * qd..(p.r0 + p.t) * qd;
+                attend_chunk(
+                    &shape,
+                    kc,
+                    vc,
+                    p.p0,
+                    p.t,
+                    &s.q[rq.clone()],
+                    &mut s.att[rq],
+                    &s.attn,
+                    compute.as_ref(),
+                )?;
+            }
+            compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]
+            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
+                *x += o;
+            }
+            // ---- routed experts ----
+            for i in 0..t {
+                let r = i * hd..(i + 1) * hd;
+                rms_norm(&s.x[r.clone()], &lw.ffn_norm, eps, &mut s.h[r]);
+            }
+            let h = &s.h[..t * hd];
+            compute.matmul_segs(&w.mat(&lw.router), h, segs, &mut s.router[..t * e])?; // [R', E]
+            for i in 0..t {
+                route(
+                    &mut s.router[i * e..(i + 1) * e],
+                    &mut s.ids[i * k..(i + 1) * k],
+                    &mut s.wts[i * k..(i + 1) * k],
+                );
+            }
+            routing.observe(l, &s.ids[..t * k]);
+            routing_hot.observe(l, &s.ids[..t * k]);
+            let base = w.expert_layer(l);
+            let slabbed;
+            let slabs = match tier {
+                Some(res) => {
+                    let ra = readahead.as_ref();
+                    tier_tables(res, ra, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?
+                }
+                None => false,
+            };
+            // While this layer's experts run, the prefetch threads read the next layer's
+            // likely ones (guessed from x before this layer's experts).
+            if let Some(ra) = readahead.as_mut() {
+                ra.guess(&**compute, w, l + 1, &s.x[..t * hd], t, k, eps)?;
+            }
+            let layer = if slabs {
+                let [g, u, dn] = &tables;
+                slabbed = ExpertLayer {
+                    gate: QExperts {
+                        slabs: Some(g),
+                        ..base.gate
+                    },
+                    up: QExperts {
+                        slabs: Some(u),
+                        ..base.up
+                    },
+                    down: QExperts {
+                        slabs: Some(dn),
+                        ..base.down
+                    },
+                };
+                &slabbed
+            } else {
+                &base
+            };
+            // [R', H]: every pair of the step grouped by expert
+            compute.moe_segs(
+                layer,
+                h,
+                &s.ids[..t * k],
+                &s.wts[..t * k],
+                k,
+                segs,
+                &mut s.o[..t * hd],
+            )?;
+            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
+                *x += o;
+            }
+        }
+        // ---- head: each piece's logit rows, normed into h back to back [Σ logit rows, H];
+        // one head call per run of pieces whose logits are contiguous in `out` ----
+        let mut hr = 0; // rows of h filled
+        let mut run = (0usize, 0usize, 0usize); // (first h row, first float in out, floats)
+        ss.head_segs.clear();
+        let vocab = hp.n_vocab;
+        for p in ss.pieces.iter().filter(|p| p.logit_rows > 0) {
+            if run.2 > 0 && p.dst != run.1 + run.2 {
+                let dst = &mut out[run.1..run.1 + run.2];
+                head_call(
+                    head,
+                    w,
+                    &**compute,
+                    &s.h[run.0 * hd..hr * hd],
+                    &ss.head_segs,
+                    dst,
+                )?;
+                ss.head_segs.clear();
+                run = (hr, p.dst, 0);
+            } else if run.2 == 0 {
+                run = (hr, p.dst, 0);
+            }
+            for i in p.t - p.logit_rows..p.t {
+                let r = (p.r0 + i) * hd;
+                rms_norm(
+                    &s.x[r..r + hd],
+                    &w.output_norm,
+                    eps,
+                    &mut s.h[hr * hd..(hr + 1) * hd],
+                );
+                hr += 1;
+            }
+            ss.head_segs.push(p.logit_rows);
+            run.2 += p.logit_rows * vocab;
+        }
+        if run.2 > 0 {
+            let dst = &mut out[run.1..run.1 + run.2];
+            head_call(
+                head,
+                w,
+                &**compute,
+                &s.h[run.0 * hd..hr * hd],
+                &ss.head_segs,
+                dst,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// The output head over rows `x` [Σ segs, H] → `dst` [Σ segs, V], per-segment orders.
+fn head_call(
+    head: &mut Option<super::head::RepackedHead>,
+    w: &super::weights::Weights,
+    compute: &dyn super::compute::Compute,
+    x: &[f32],
+    segs: &[usize],
+    dst: &mut [f32],
+) -> Result<()> {
+    match head {
+        Some(rh) => rh.matmul_segs(compute, x, segs, dst),
+        None => compute.matmul_segs(&w.mat(&w.output), x, segs, dst),
+    }
+}

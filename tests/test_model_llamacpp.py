@@ -8,15 +8,20 @@ attention with its default f16 KV cache; we use an f16 cache too.
 Our arithmetic follows ggml's CPU backend on an AVX2+FMA machine (activations quantized like
 ggml's x86 path; ggml's float order in the dot kernels, the batch-dependent tinyBLAS, tiled
 and repacked-gemm orders, softmax, SwiGLU, RoPE and f16 attention; docs/MODEL_ORACLES.md
-lists them), so the logits are llama.cpp's bit for bit and the unfiltered thresholds are
-asserted on every file in EXACT (all of them). The filtered figures of BENCH.md "Testing
-against oracles" (top-1 where the reference is sure, margin ≥ MARGIN; greedy continuations
-up to the reference's first near-tie) are still printed and asserted: they are what a file
-that is not matched bit for bit would be held to.
+lists them), so the logits are llama.cpp's bit for bit where llama.cpp runs those AVX2 paths
+too, and the unfiltered thresholds are asserted on every file in EXACT. On a CPU where
+llama.cpp's build reports AVX-512 (its system info), ggml takes other float orders (512-bit
+tinyBLAS, the AVX-512 repacked gemms, vec.cpp's reductions), so EXACT is empty there and each
+unfiltered check is reported as skipped with that reason (`*_unfiltered_where_bitwise`). The
+filtered figures of BENCH.md "Testing against oracles" (top-1 where the reference is sure,
+margin >= MARGIN; greedy continuations up to the reference's first near-tie) are asserted on
+every CPU: they are what a file that is not matched bit for bit is held to.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +39,27 @@ ROUTER_SCALE = 1.0
 FTYPES = {"F32": "F32", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "IQ3_S": "IQ3_S"}
 CASES = [pytest.param(ty, kv, id=f"{ty}-{kv}kv") for ty in FTYPES for kv in ("f16",)]
 GGML_KV = {"f16": 1, "f32": 0}
-# Files on which our forward pass repeats llama.cpp's arithmetic (bit for bit on this CPU
-# kind): the unfiltered thresholds are asserted.
-EXACT = set(FTYPES)
+
+
+def ggml_isa_paths() -> tuple[str, str]:
+    """(the x86 path llama.cpp's CPU backend runs here, its system info line)."""
+    info = llama_cpp.llama_print_system_info().decode()
+    feats = dict(re.findall(r"([A-Z0-9_]+) = (\d)", info))
+    if any(k.startswith("AVX512") and v == "1" for k, v in feats.items()):
+        return "avx512", info
+    if feats.get("AVX2") == "1" and feats.get("FMA") == "1":
+        return "avx2", info
+    return "other", info
+
+
+GGML_PATH, GGML_INFO = ggml_isa_paths()
+# Files on which our forward pass repeats llama.cpp's arithmetic bit for bit: every file when
+# ggml runs the AVX2+FMA paths our kernels follow, none otherwise.
+EXACT = set(FTYPES) if GGML_PATH == "avx2" else set()
+NOT_EXACT_WHY = (
+    f"llama.cpp runs its {GGML_PATH} paths on this CPU ({GGML_INFO.strip()}); our kernels "
+    "follow ggml's AVX2 float orders, so only the filtered thresholds hold here"
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +117,27 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(0, 509, length)] for _ in range(n)]
 
 
-@pytest.mark.parametrize("ty, kv", CASES)
-def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
-    path = model_file(f32_path, ty)
+@dataclass(frozen=True)
+class LogitsRun:
+    agree: float  # top-1 agreement where llama.cpp is sure (margin >= MARGIN)
+    top1_all: float  # top-1 agreement over every position
+    kl: float  # mean KL(llama.cpp || ours)
+
+
+@dataclass(frozen=True)
+class GreedyRun:
+    same: int  # prompts identical up to llama.cpp's first near-tie
+    full: int  # prompts identical over all 64 tokens
+    agree: float  # along llama.cpp's path: our top-1 == its choice on sure steps
+
+
+_RUNS: dict[tuple[str, Path, str], Any] = {}  # each comparison runs once per file
+
+
+def logits_run(path: Path, ty: str, kv: str) -> LogitsRun:
+    key = ("logits", path, kv)
+    if key in _RUNS:
+        return _RUNS[key]  # type: ignore[no-any-return]
     ll = llama(path, kv)
     # One chunk per prompt, as llama.cpp runs the 32 tokens as one batch: ggml's float order
     # depends on the batch (rows per matmul, rows routed to each expert).
@@ -104,29 +145,27 @@ def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     top1, sure, kls = [], [], []
     for toks in prompts(10, 32, seed=1):
         m.free(0)
-        ours = m.forward(0, toks, logits="all")
-        ref = ref_logits(ll, toks)
+        ours = m.forward(0, toks, logits="all")  # [32, n_vocab]
+        ref = ref_logits(ll, toks)  # [32, n_vocab]
         assert ours.shape == ref.shape == (32, m.n_vocab)
         top1.extend(ours.argmax(1) == ref.argmax(1))
         sure.extend(margin(ref) >= MARGIN)
         lp, lq = log_softmax(ref), log_softmax(ours)
         kls.extend((np.exp(lp) * (lp - lq)).sum(1))
     top1_a, sure_a = np.array(top1), np.array(sure)
-    agree = float(top1_a[sure_a].mean())
-    kl = float(np.mean(kls))
+    run = LogitsRun(float(top1_a[sure_a].mean()), float(top1_a.mean()), float(np.mean(kls)))
     print(
-        f"{ty} {kv} KV: top-1 agreement {agree:.4f} over {sure_a.sum()} sure positions "
-        f"({top1_a.mean():.4f} over all {len(top1)}), mean KL {kl:.2e}"
+        f"{ty} {kv} KV: top-1 agreement {run.agree:.4f} over {sure_a.sum()} sure positions "
+        f"({run.top1_all:.4f} over all {len(top1)}), mean KL {run.kl:.2e}"
     )
-    assert agree >= 0.99
-    if ty in EXACT:
-        assert top1_a.mean() >= 0.99
-    assert kl <= 1e-3
+    _RUNS[key] = run
+    return run
 
 
-@pytest.mark.parametrize("ty, kv", CASES)
-def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
-    path = model_file(f32_path, ty)
+def greedy_run(path: Path, ty: str, kv: str) -> GreedyRun:
+    key = ("greedy", path, kv)
+    if key in _RUNS:
+        return _RUNS[key]  # type: ignore[no-any-return]
     ll = llama(path, kv)
     m = Model.open(path, n_ctx=N_CTX, n_slots=1, kv_type=kv, prefill_chunk=64)
     same = full = 0
@@ -160,15 +199,48 @@ def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -
         same += ours[:cut] == ref[:cut]
         full += ours == ref
         cuts.append(cut)
-    agree = float(np.mean(forced))
+    run = GreedyRun(same, full, float(np.mean(forced)))
     print(
         f"{ty} {kv} KV: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full;"
-        f" along llama.cpp's path top-1 {agree:.4f} over {len(forced)} sure decode steps"
+        f" along llama.cpp's path top-1 {run.agree:.4f} over {len(forced)} sure decode steps"
     )
-    assert same >= 9
-    assert agree >= 0.99
-    if ty in EXACT:
-        assert full >= 9
+    _RUNS[key] = run
+    return run
+
+
+def require_exact(ty: str) -> None:
+    if ty not in EXACT:
+        pytest.skip(f"bit-for-bit check not asserted for {ty}: {NOT_EXACT_WHY}")
+
+
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
+    """The filtered thresholds, asserted on every CPU."""
+    run = logits_run(model_file(f32_path, ty), ty, kv)
+    assert run.agree >= 0.99
+    assert run.kl <= 1e-3
+
+
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_logits_unfiltered_where_bitwise(f32_path: Path, ty: str, kv: str) -> None:
+    """Top-1 over every position, near-ties included: holds only where the float orders match."""
+    require_exact(ty)
+    assert logits_run(model_file(f32_path, ty), ty, kv).top1_all >= 0.99
+
+
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
+    """The filtered thresholds, asserted on every CPU."""
+    run = greedy_run(model_file(f32_path, ty), ty, kv)
+    assert run.same >= 9
+    assert run.agree >= 0.99
+
+
+@pytest.mark.parametrize("ty, kv", CASES)
+def test_greedy_unfiltered_where_bitwise(f32_path: Path, ty: str, kv: str) -> None:
+    """Whole 64-token continuations, past near-ties: holds only where the float orders match."""
+    require_exact(ty)
+    assert greedy_run(model_file(f32_path, ty), ty, kv).full >= 9
 
 
 @pytest.mark.parametrize(

@@ -214,6 +214,23 @@ mod tests {
                 let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(b(&got), b(&want), "t={t}");
             }
+            // segments (a batched step): each one bitwise the matmul of its rows alone
+            let segs = [1usize, 9, 1, 3];
+            let t: usize = segs.iter().sum();
+            let x: Vec<f32> = (0..t * cols)
+                .map(|_| (next() % 20001) as f32 / 5000.0 - 2.0)
+                .collect();
+            let mut want = vec![0f32; t * rows];
+            let mut t0 = 0;
+            for &n in &segs {
+                let (xs, ys) = (t0 * cols..(t0 + n) * cols, t0 * rows..(t0 + n) * rows);
+                serial.matmul(&w, &x[xs], n, &mut want[ys]).unwrap();
+                t0 += n;
+            }
+            let mut got = vec![f32::NAN; t * rows];
+            head.matmul_segs(c, &x, &segs, &mut got).unwrap();
+            let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(b(&got), b(&want), "segs {segs:?}");
             let mut short = vec![0f32; 5];
             assert!(head.matmul(c, &[0.0; 512], 1, &mut short).is_err());
         }

@@ -293,48 +293,29 @@ impl Model {
         // ---- head: each piece's logit rows, normed into h back to back [Σ logit rows, H];
         // one head call per run of pieces whose logits are contiguous in `out` ----
         let mut hr = 0; // rows of h filled
-        let mut run = (0usize, 0usize, 0usize); // (first h row, first float in out, floats)
+        let mut run = (0usize, 0usize); // the run's first h row and first float in `out`
         ss.head_segs.clear();
         let vocab = hp.n_vocab;
-        for p in ss.pieces.iter().filter(|p| p.logit_rows > 0) {
-            if run.2 > 0 && p.dst != run.1 + run.2 {
-                let dst = &mut out[run.1..run.1 + run.2];
-                head_call(
-                    head,
-                    w,
-                    &**compute,
-                    &s.h[run.0 * hd..hr * hd],
-                    &ss.head_segs,
-                    dst,
-                )?;
-                ss.head_segs.clear();
-                run = (hr, p.dst, 0);
-            } else if run.2 == 0 {
-                run = (hr, p.dst, 0);
+        for (j, p) in ss.pieces.iter().enumerate() {
+            if p.logit_rows == 0 {
+                continue;
+            }
+            if ss.head_segs.is_empty() {
+                run = (hr, p.dst);
             }
             for i in p.t - p.logit_rows..p.t {
-                let r = (p.r0 + i) * hd;
-                rms_norm(
-                    &s.x[r..r + hd],
-                    &w.output_norm,
-                    eps,
-                    &mut s.h[hr * hd..(hr + 1) * hd],
-                );
+                let (r, o) = ((p.r0 + i) * hd, hr * hd);
+                rms_norm(&s.x[r..r + hd], &w.output_norm, eps, &mut s.h[o..o + hd]);
                 hr += 1;
             }
             ss.head_segs.push(p.logit_rows);
-            run.2 += p.logit_rows * vocab;
-        }
-        if run.2 > 0 {
-            let dst = &mut out[run.1..run.1 + run.2];
-            head_call(
-                head,
-                w,
-                &**compute,
-                &s.h[run.0 * hd..hr * hd],
-                &ss.head_segs,
-                dst,
-            )?;
+            let end = p.dst + p.logit_rows * vocab;
+            let next = ss.pieces[j + 1..].iter().find(|q| q.logit_rows > 0);
+            if !matches!(next, Some(q) if q.dst == end) {
+                let x = &s.h[run.0 * hd..hr * hd];
+                head_call(head, w, &**compute, x, &ss.head_segs, &mut out[run.1..end])?;
+                ss.head_segs.clear();
+            }
         }
         Ok(())
     }

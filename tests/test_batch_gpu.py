@@ -1,0 +1,106 @@
+"""`Model.forward_batch` and `kv_export`/`kv_import` on the device (pure GPU and hybrid), on the
+F32 test model of test_gpu_model.py's shape (3 layers of 8 experts, top-2):
+
+- Each entry of random batch compositions against the same calls run alone: greedy identical
+  up to the first near-tie (top-1/top-2 margin < MARGIN) and logits within the GPU parity
+  tests' tolerance (1e-5 of the largest logit); whether they are bitwise is printed.
+- A slot restored from a GPU export continues as the slot that prefilled it (bitwise on the
+  GPU); export(import(x)) == x; CPU and GPU exports of one model and KV type are interchangeable
+  (the continuation within the CPU/GPU parity protocol: top-1 equal at the sure positions).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models import TestModels
+from strata._core import Model
+from strata.modelgen import ModelSpec
+from test_batch import N_SLOTS, alone, random_calls, run_batched
+
+pytestmark = pytest.mark.gpu
+
+MARGIN = 0.1
+N_CTX = 160
+SPEC = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
+CARRIED = Path(__file__).resolve().parent / ".gpu-models" / f"{SPEC.key()}-F32.gguf"
+
+
+@pytest.fixture(scope="module")
+def f32_file() -> Path:
+    """The F32 file (carried to the device, where gguf-py may be missing)."""
+    if CARRIED.is_file():
+        return CARRIED
+    return TestModels.default_cache(SPEC).f32()
+
+
+def open_model(path: Path, device: str = "cuda", **kw: object) -> Model:
+    return Model.open(
+        path, n_ctx=N_CTX, n_slots=N_SLOTS, prefill_chunk=24, device=device, threads=2, **kw
+    )  # type: ignore[arg-type]
+
+
+def agree_greedy(ref: np.ndarray, got: np.ndarray) -> bool:
+    """Rows [T, V] (or [V]): argmax equal up to the reference's first near-tie."""
+    ref2, got2 = np.atleast_2d(ref), np.atleast_2d(got)
+    for r, g in zip(ref2, got2, strict=True):
+        top2 = np.sort(r)[-2:]
+        if top2[1] - top2[0] < MARGIN:
+            return True
+        if r.argmax() != g.argmax():
+            return False
+    return True
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["gpu", "hybrid"])
+def test_gpu_batch_rows_match_alone(f32_file: Path, hybrid: bool) -> None:
+    kw = {"vram_slots": 6, "adapt_every": 0} if hybrid else {}
+    m = open_model(f32_file, **kw)
+    assert (m.hybrid_info() is not None) == hybrid
+    bitwise = True
+    for seed in range(3):
+        rng = random.Random(50 + seed)
+        seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
+        want = [alone(m, c) for c in seqs]
+        got = run_batched(m, seqs, rng)
+        for w, g in zip(want, got, strict=True):
+            for a, b in zip(w, g, strict=True):
+                if a is None or b is None:
+                    assert a is None and b is None
+                    continue
+                assert a.shape == b.shape
+                assert np.allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+                assert agree_greedy(a, b)
+                bitwise &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
+    print(f"{'hybrid' if hybrid else 'gpu'}: batched rows bitwise equal to alone: {bitwise}")
+
+
+def test_gpu_kv_export_import(f32_file: Path) -> None:
+    gpu = open_model(f32_file)
+    rng = random.Random(5)
+    prompt = [rng.randrange(gpu.n_vocab) for _ in range(37)]
+    tail = [*prompt[30:], 3, 4]
+    gpu.forward(0, prompt, "none")
+    blob = gpu.kv_export(0, 30)
+    assert gpu.kv_import(2, blob) == 30 and gpu.kv_export(2, 30) == blob
+    gpu.truncate(0, 30)
+    want = gpu.forward(0, tail, "all")
+    got = gpu.forward(2, tail, "all")
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # CPU ↔ GPU: one model and KV type, one blob layout
+    cpu = open_model(f32_file, device="cpu")
+    cpu.forward(0, prompt[:30], "none")
+    ref = cpu.forward(0, tail, "all")
+    assert cpu.kv_import(1, blob) == 30
+    from_gpu = cpu.forward(1, tail, "all")
+    assert gpu.kv_import(3, cpu.kv_export(0, 30)) == 30
+    from_cpu = gpu.forward(3, tail, "all")
+    for ours, base in [(from_gpu, ref), (from_cpu, want)]:
+        sure = (np.sort(base, axis=1)[:, -1] - np.sort(base, axis=1)[:, -2]) >= MARGIN
+        assert (ours.argmax(1) == base.argmax(1))[sure].all()
+        assert np.abs(ours - base).max() <= 1e-2 * np.abs(base).max()
+    with pytest.raises(ValueError, match="KV type"):
+        open_model(f32_file, kv_type="q8_0").kv_import(0, blob)

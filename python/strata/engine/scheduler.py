@@ -35,10 +35,6 @@ log = logging.getLogger("strata.engine")
 # when the request has none.
 ProcessorFactory = Callable[[Submit], LogitsProcessor | None]
 
-# Makes the per-request logits processor (a structured-output constraint) of a request; None
-# when the request has none.
-ProcessorFactory = Callable[[Submit], LogitsProcessor | None]
-
 
 @dataclass(slots=True)
 class Seq:

@@ -121,7 +121,14 @@ class SeqRun:
                 )
             )
             yield Delta(
-                self.index, text, self._info(ev), finish, n_out, tier_counts(ev), stopm.matched, ev.cached_tokens
+                self.index,
+                text,
+                self._info(ev),
+                finish,
+                n_out,
+                tier_counts(ev),
+                stopm.matched,
+                ev.cached_tokens,
             )
             return
 

@@ -1,5 +1,5 @@
-"""The server on the real engine (the embedded default model, random weights) with continuous
-batching and prefix reuse. Oracles: each request run alone (through the same server, and
+"""The server on the real engine (the embedded default model: the trained one shipped in the
+package) with continuous batching and prefix reuse. Oracles: each request run alone (through the same server, and
 through `strata.LLM`'s single-slot loop); the token ids of the prompts (from /tokenize) for
 the reused prefix."""
 
@@ -61,7 +61,7 @@ def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone(
             together = list(ex.map(lambda p: complete(srv, p, 16, temperature=0), PROMPTS))
         assert [r["choices"][0]["text"] for r in together] == alone
         # and the single-slot loop of strata.LLM agrees
-        llm = LLM(modelgen.default_model_path(cache_dir))
+        llm = LLM(modelgen.shipped_model_path())  # the model the server serves
         ids = [llm.generate_ids(llm.tokenizer.encode(p), 16, temperature=0) for p in PROMPTS]
         texts = [llm.tokenizer.decode([t for t, why in g if why != "stop"]) for g in ids]
         assert texts == alone
@@ -80,7 +80,7 @@ def test_sampled_server_output_equals_llm_generate(cache_dir: Path) -> None:
         got = [complete(srv, p, 12, **settings)["choices"][0]["text"] for p in PROMPTS[:3]]
     finally:
         srv.stop()
-    llm = LLM(modelgen.default_model_path(cache_dir))
+    llm = LLM(modelgen.shipped_model_path())  # the model the server serves
     want = ["".join(ev.text for ev in llm.generate(p, 12, **settings)) for p in PROMPTS[:3]]
     assert got == want
 

@@ -1,7 +1,7 @@
 """The server on the real engine (the embedded default model: the trained one shipped in the
-package) with continuous batching and prefix reuse. Oracles: each request run alone (through the same server, and
-through `strata.LLM`'s single-slot loop); the token ids of the prompts (from /tokenize) for
-the reused prefix."""
+package) with continuous batching and prefix reuse. Oracles: each request run alone (through
+the same server, and through `strata.LLM`'s single-slot loop); the token ids of the prompts
+(from /tokenize) for the reused prefix."""
 
 from __future__ import annotations
 

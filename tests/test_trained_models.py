@@ -21,7 +21,15 @@ import pytest
 from strata import modelgen
 from strata._core import Model
 from strata.tokenizer import Tokenizer
-from test_model_llamacpp import MARGIN, llama, log_softmax, margin, ref_logits
+from test_model_llamacpp import (
+    EXACT,
+    MARGIN,
+    NOT_EXACT_WHY,
+    llama,
+    log_softmax,
+    margin,
+    ref_logits,
+)
 
 KINDS = ("default", "draft")
 
@@ -142,17 +150,23 @@ def test_dense_qwen3_random_agrees_with_llamacpp(tmp_path: Path) -> None:
     m = Model.open(path, n_ctx=256, n_slots=1, kv_type="f16", prefill_chunk=64)
     assert m.hparams["architecture"] == "qwen3"
     rng = np.random.default_rng(6)
-    top1, kls = [], []
+    top1, sure, kls = [], [], []
     for _ in range(4):
         toks = [int(t) for t in rng.integers(0, 500, 32)]
         m.free(0)
         ours = m.forward(0, toks, logits="all")
         ref = ref_logits(ll, toks)
         top1.extend(ours.argmax(1) == ref.argmax(1))
+        sure.extend(margin(ref) >= MARGIN)
         lp, lq = log_softmax(ref), log_softmax(ours)
         kls.extend((np.exp(lp) * (lp - lq)).sum(1))
-    assert np.mean(top1) >= 0.99
+    t, s = np.array(top1), np.array(sure)
+    assert t[s].mean() >= 0.99
     assert float(np.mean(kls)) <= 1e-3
+    # over every position, near-ties included: only where llama.cpp runs our float orders
+    if "F32" not in EXACT:
+        pytest.skip(f"unfiltered top-1 not asserted: {NOT_EXACT_WHY}")
+    assert t.mean() >= 0.99
 
 
 def test_shipped_files_carry_tokenizer_and_chat_template() -> None:

@@ -16,7 +16,7 @@ src="$1"
 OUT="${OUT:-/tmp/serve_out}"
 mkdir -p "$OUT"
 SITE=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${WHL:-.whl}"/*.whl
 export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
 lc=/tmp/llama-cpu
 mkdir -p "$lc"

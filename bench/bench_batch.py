@@ -59,8 +59,10 @@ def main() -> None:
     else:
         kw = {"threads": max(a.threads - 1, 0)}
 
+    n_ctx = max(PROMPT + a.steps + 8, a.profile_tokens)
+
     def open_model(**more: object) -> Model:
-        return Model.open(a.model, n_ctx=PROMPT + a.steps + 8, n_slots=max(streams), **kw, **more)
+        return Model.open(a.model, n_ctx=n_ctx, n_slots=max(streams), **kw, **more)
 
     if a.device == "cuda" and a.vram_share > 0:
         probe = open_model()

@@ -293,7 +293,8 @@ def main() -> None:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core._testing import gpu_copy_gbps, gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core._testing import gpu_copy_gbps
 
     if a.model:
         paths = {a.model.stem: a.model}

@@ -9,8 +9,11 @@
 #   3. pytest: TESTS (the batched step's device tests first)
 #   4. bench/bench_batch.py on each model: forward_batch vs one forward per sequence, hybrid at
 #      25% of the experts in VRAM (run after the build has finished or stopped)
-# Run from the repository root with the wheels in $B/.whl (scripts/build_device_wheel) and the
-# test/bench files in $B (B: the carried folder, default .dev/gpubatch). Results under $OUT.
+# Run from the repository root with, in $B (the carried folder, default .dev/gpubatch): site.tar.xz
+# (the strata package from scripts/build_device_wheel's wheel, unpacked, its .so stripped of
+# debug info and the shipped models left out, to fit the 64 MiB a call carries), whl/ (the
+# dependency wheels), gpu-models/ (the quantized test models; the F32 one is written here),
+# tests/, bench/ and llama-src.tar.xz. Results under $OUT.
 set -u
 R=$PWD
 B=${B:-$R/.dev/gpubatch}
@@ -20,8 +23,9 @@ D=/tmp/bm-batch
 LL=/tmp/llb
 mkdir -p "$OUT" "$D"
 t0=$(date +%s)
+mkdir -p /tmp/site && tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/.whl/*.whl || exit 2
+    --target /tmp/site "$B"/whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 LLAMA_SRC=${LLAMA_SRC:-$B/llama-src.tar.xz}
 llpid=
@@ -58,7 +62,15 @@ PY
     ) >"$OUT/write-$kind.log" 2>&1 &
     writers+=($!)
 done
-export STRATA_GPU_MODELS=$B/.whl/gpu-models
+export STRATA_GPU_MODELS=$B/gpu-models
+# the F32 test model, written by our writer (the quantized ones came from llama.cpp, here)
+(cd "$B/tests" && python3 -c "
+import os, shutil
+from models import TestModels
+from test_gpu_model import SPEC
+shutil.copyfile(TestModels.default_cache(SPEC).f32(),
+                os.path.join(os.environ['STRATA_GPU_MODELS'], f'{SPEC.key()}-F32.gguf'))
+")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 TESTS=${TESTS:-"$B/tests/test_batch_gpu.py $B/tests/test_gpu_model.py $B/tests/test_gpu_hybrid.py"}
 # shellcheck disable=SC2086
@@ -88,19 +100,19 @@ for kind in uniform zipf; do
 done
 # 5. served, when llama-server built: Strata's server vs llama-server --n-cpu-moe at equal VRAM
 if [ -x "$LL/build/bin/llama-server" ] && [ $(($(date +%s) - t0)) -lt "${SERVE_BY:-420}" ]; then
-    python3 "$B/bench/bench_serve_hybrid.py" --model "$D/q3moe-${LAYERS}l-uniform-Q8_0.gguf" \
+    timeout "${SERVE_TIMEOUT:-170}" python3 "$B/bench/bench_serve_hybrid.py" --model "$D/q3moe-${LAYERS}l-uniform-Q8_0.gguf" \
         --llama-server "$LL/build/bin/llama-server" --layers "$LAYERS" --streams 1,4,8 \
         --gen "${GEN:-64}" --reps 2 2>&1 | tee "$OUT/serve-uniform.log"
 fi
 # 6. issue 16 item 5: the trained default at 25% of its experts in VRAM, tokens from a
 # held-out stdlib module; the adaptive tier on (16) and off (0); llama-bench at equal VRAM
-DEF=$(python3 -c "import strata, pathlib; print(pathlib.Path(strata.__file__).parent / 'models/strata-default-qwen3moe-q8_0.gguf')")
+DEF=$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf
 TXT=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['stdlib'])")/statistics.py
 if [ -f "$DEF" ] && [ $(($(date +%s) - t0)) -lt "${DEFAULT_BY:-500}" ]; then
     LLB=()
     [ -x "$LL/build/bin/llama-bench" ] && LLB=(--llama-bench "$LL/build/bin/llama-bench")
     for every in 16 0; do
-        python3 "$B/bench/bench_hybrid.py" --model "$DEF" --text "$TXT" --pp 512 --gen 128 \
+        timeout "${DEFAULT_TIMEOUT:-80}" python3 "$B/bench/bench_hybrid.py" --model "$DEF" --text "$TXT" --pp 512 --gen 128 \
             --reps 3 --llama-reps 3 --threads "$(nproc)" --stream-chunk 0 --llama-ubatch 512 \
             --pcie-frac 0 --adapt-every "$every" "${LLB[@]}" >"$OUT/default-adapt$every.log" 2>&1
         LLB=()

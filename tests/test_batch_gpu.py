@@ -20,11 +20,15 @@ import pytest
 from models import TestModels
 from strata._core import Model
 from strata.modelgen import ModelSpec
-from test_batch import N_SLOTS, alone, random_calls, run_batched
+from test_batch import N_SLOTS, Call, alone, random_calls
 
 pytestmark = pytest.mark.gpu
 
 MARGIN = 0.1
+# Steps of at most this many rows take the decode kernels (`DECODE_MAX_TOKENS`, the int8 path)
+DECODE_ROWS = 8
+# Rows whose step took another kernel path than the call alone: the CPU/GPU parity tolerance
+CROSS_TOL = 1e-2
 N_CTX = 160
 SPEC = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
 # where test_gpu_model.py's carried copies are ($STRATA_GPU_MODELS on the device)
@@ -58,27 +62,58 @@ def agree_greedy(ref: np.ndarray, got: np.ndarray) -> bool:
     return True
 
 
+def run_steps(
+    m: Model, seqs: list[list[Call]], rng: random.Random
+) -> list[list[tuple[np.ndarray | None, int]]]:
+    """test_batch.run_batched, each result with the token count of the step it ran in."""
+    slots = rng.sample(range(N_SLOTS), len(seqs))
+    for s in slots:
+        m.free(s)
+    nxt = [0] * len(seqs)
+    got: list[list[tuple[np.ndarray | None, int]]] = [[] for _ in seqs]
+    while any(n < len(c) for n, c in zip(nxt, seqs, strict=True)):
+        live = [i for i, c in enumerate(seqs) if nxt[i] < len(c)]
+        step = rng.sample(live, rng.randint(1, len(live)))
+        entries = [(slots[i], seqs[i][nxt[i]][0], seqs[i][nxt[i]][1]) for i in step]
+        rows = sum(len(e[1]) for e in entries)
+        for i, r in zip(step, m.forward_batch(entries), strict=True):
+            got[i].append((r, rows))
+            nxt[i] += 1
+    return got
+
+
 @pytest.mark.parametrize("hybrid", [False, True], ids=["gpu", "hybrid"])
 def test_gpu_batch_rows_match_alone(f32_file: Path, hybrid: bool) -> None:
+    """A row takes the kernel path of its step (≤ DECODE_ROWS rows: int8 activations; more:
+    the tensor cores), as ggml-cuda's do: a call of ≤ DECODE_ROWS tokens alone took the int8
+    path, so in a larger step its rows are compared at the cross-path tolerance (CROSS_TOL,
+    the CPU/GPU parity tests'), every other row at the GPU's same-path one (1e-5)."""
     kw = {"vram_slots": 6, "adapt_every": 0} if hybrid else {}
     m = open_model(f32_file, **kw)
     assert (m.hybrid_info() is not None) == hybrid
     bitwise = True
+    worst = {"same": 0.0, "cross": 0.0}
     for seed in range(3):
         rng = random.Random(50 + seed)
         seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
         want = [alone(m, c) for c in seqs]
-        got = run_batched(m, seqs, rng)
-        for w, g in zip(want, got, strict=True):
-            for a, b in zip(w, g, strict=True):
+        got = run_steps(m, seqs, rng)
+        for calls, w, g in zip(seqs, want, got, strict=True):
+            for (toks, _), a, (b, rows) in zip(calls, w, g, strict=True):
                 if a is None or b is None:
                     assert a is None and b is None
                     continue
                 assert a.shape == b.shape
-                assert np.allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
+                path = "cross" if len(toks) <= DECODE_ROWS < rows else "same"
+                rel = float(np.abs(b - a).max() / np.abs(a).max())
+                worst[path] = max(worst[path], rel)
+                assert rel <= (CROSS_TOL if path == "cross" else 1e-5), (path, rel)
                 assert agree_greedy(a, b)
                 bitwise &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
-    print(f"{'hybrid' if hybrid else 'gpu'}: batched rows bitwise equal to alone: {bitwise}")
+    print(
+        f"{'hybrid' if hybrid else 'gpu'}: batched rows bitwise equal to alone: {bitwise}; "
+        f"max |Δ| / max |logit|: same path {worst['same']:.2e}, cross path {worst['cross']:.2e}"
+    )
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["gpu", "hybrid"])
@@ -114,7 +149,10 @@ def test_gpu_batch_decode_graphs(f32_file: Path, hybrid: bool) -> None:
     for ref, ours in zip(alone_rows, got, strict=True):
         for i, (a, b) in enumerate(zip(ref, ours, strict=True)):
             assert agree_greedy(a, b), i
-            assert np.allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max()), i
+            # row 0: the prompts shared steps of more than DECODE_ROWS rows (another path
+            # than a prompt of ≤ 8 tokens alone); the decode steps: 3 rows, the int8 path
+            tol = CROSS_TOL if i == 0 else 1e-5
+            assert np.abs(b - a).max() <= tol * np.abs(a).max(), i
             if np.sort(a)[-1] - np.sort(a)[-2] < MARGIN:
                 break  # past a near-tie the two paths may feed different tokens
 

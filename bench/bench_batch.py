@@ -65,9 +65,13 @@ def main() -> None:
         return Model.open(a.model, n_ctx=n_ctx, n_slots=max(streams), **kw, **more)
 
     if a.device == "cuda" and a.vram_share > 0:
-        probe = open_model()
-        hp = probe.hparams
-        kw["vram_slots"] = round(a.vram_share * hp["n_layer"] * hp["n_expert"])
+        from strata.gguf import GGUFFile
+
+        with GGUFFile(a.model) as g:
+            md = g.metadata
+            n_exp = int(md["qwen3moe.block_count"]) * int(md["qwen3moe.expert_count"])
+        kw["vram_slots"] = round(a.vram_share * n_exp)
+        probe = open_model()  # hybrid: it sees the routed ids
         # the fill order: the experts these tokens route to, hottest first
         toks = [(977 * i) % 1000 + 1 for i in range(a.profile_tokens)]
         probe.forward(0, toks, "none")

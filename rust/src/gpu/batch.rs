@@ -224,7 +224,10 @@ impl GpuModel {
                         let nb = 4 * dst.len();
                         as_bytes_mut(dst).copy_from_slice(&src[..nb]);
                     } else {
-                        self.x.b.logits.read_into(&self.x.stream, (i0 - a) * vocab, dst)?;
+                        self.x
+                            .b
+                            .logits
+                            .read_into(&self.x.stream, (i0 - a) * vocab, dst)?;
                     }
                 }
                 h0 += p.logit_rows;

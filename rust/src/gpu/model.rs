@@ -295,14 +295,17 @@ impl GpuModel {
     pub(super) fn launch_layers(&mut self, decode: Option<usize>, segs: &[Seg]) -> Result<bool> {
         let graph_ok = self.use_graph && self.graph_error.is_none();
         let key = decode.filter(|&n| graph_ok && n >= 1 && n <= self.graphs.len());
-        let graphed = key.is_some_and(|n| self.graphs[n - 1].is_some() || self.eager_steps[n - 1] > 0);
+        let graphed =
+            key.is_some_and(|n| self.graphs[n - 1].is_some() || self.eager_steps[n - 1] > 0);
         if let Some(n) = key.filter(|_| graphed) {
             if self.graphs[n - 1].is_none() {
                 self.capture(segs)?;
             }
         }
         let (x, moe) = (&self.x, &mut self.moe);
-        let g = key.filter(|_| graphed).and_then(|n| self.graphs[n - 1].as_ref());
+        let g = key
+            .filter(|_| graphed)
+            .and_then(|n| self.graphs[n - 1].as_ref());
         match g {
             Some(StepGraph::Whole(g)) => {
                 g.launch(&x.stream)?;

@@ -80,8 +80,14 @@ impl Launcher {
             // per piece over its own slot: q [T_p, Nh·D] rows r0.., k/v [T_p, Nkv·D]
             for (i, sg) in segs.iter().enumerate() {
                 let sp = Dv::of(&b.params).sub(8 * i, 8)?; // (pos0, slot)
-                let (qs, ats) = (q.f32s(sg.r0 * qd, sg.t * qd)?, att.f32s(sg.r0 * qd, sg.t * qd)?);
-                let (ks, vs) = (kk.f32s(sg.r0 * kvd, sg.t * kvd)?, v.f32s(sg.r0 * kvd, sg.t * kvd)?);
+                let (qs, ats) = (
+                    q.f32s(sg.r0 * qd, sg.t * qd)?,
+                    att.f32s(sg.r0 * qd, sg.t * qd)?,
+                );
+                let (ks, vs) = (
+                    kk.f32s(sg.r0 * kvd, sg.t * kvd)?,
+                    v.f32s(sg.r0 * kvd, sg.t * kvd)?,
+                );
                 self.attend(l, sg.t, [qs, ks, vs, ats], sp, [kc, vc], [cos, sin], scale)?;
             }
             let wo = &lw.wo;
@@ -145,8 +151,7 @@ impl Launcher {
         let [cos, sin] = tab;
         let eps = hp.rms_eps;
         rope::qkv(
-            g, s, &self.lay, l, q, kk, v, qn, kn, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot,
-            eps,
+            g, s, &self.lay, l, q, kk, v, qn, kn, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
         )?;
         if t <= DECODE_MAX_TOKENS {
             let (po, pml) = (Dv::of(&b.part_o), Dv::of(&b.part_ml));

@@ -2,6 +2,7 @@
 
     python bench/bench_hybrid.py --dir DIR --llama-quantize Q --llama-bench B [--threads 16]
     python bench/bench_hybrid.py --dir DIR --write-f16 uniform|zipf    # one F16 file, then exit
+    python bench/bench_hybrid.py --model FILE.gguf --text FILE.txt --llama-bench B  # one file
 
 Two Qwen3-30B-A3B-shaped GGUFs at full width (hidden 2048, 128 experts, top-8, expert FF 768;
 `--layers` layers, vocabulary padded to 151936 as in bench/bench_gpu.py), random f16 weights
@@ -19,7 +20,9 @@ a 16-token prompt; prompt processing = a fresh slot fed `--pp` tokens in chunks 
 `--stream-chunk` (each chunk copies every expert missing from VRAM once over PCIe, through
 page-locked bounce buffers, and runs every pair on the GPU; docs/TIERS_VRAM.md; 0: chunks of
 `--chunk`); medians of `--reps`. Hit rate = routed pairs served from VRAM during the decode
-runs.
+runs. `--model FILE` benches that file instead (e.g. the trained default, issue 16), and
+`--text FILE` takes the prompt and the decoded tokens from that text (tokenized by the model's
+tokenizer, so a trained model routes as on real input) instead of random ids.
 
 llama.cpp: llama-bench `-ngl 99 -ncmoe N` (the experts of the first N layers on the CPU) for
 each N of `--ncmoe` (default: the N that leaves the same share of expert layers on the GPU,
@@ -100,6 +103,14 @@ def strata_run(
     slots = round(a.share * n_layer * n_expert)
     n_ctx = max(a.pp + 64, DECODE_PROMPT + a.gen + 64)
     rng = np.random.default_rng(0)
+    text_ids: list[int] = []
+    if a.text:
+        from strata.llm import LLM
+
+        raw = Path(a.text).read_text(errors="replace")
+        text_ids = LLM(path, n_ctx=64).encode_prompt(raw)
+        need = a.pp + DECODE_PROMPT + a.gen
+        text_ids = (text_ids * (need // max(1, len(text_ids)) + 1))[:need]
 
     def open_model(profile: Profile | None) -> Model:
         return Model.open(
@@ -133,6 +144,10 @@ def strata_run(
     prompt = rng.integers(0, v, a.pp).tolist()
     dprompt = rng.integers(0, v, DECODE_PROMPT).tolist()
     gen = rng.integers(0, v, a.gen).tolist()
+    if text_ids:
+        dprompt = text_ids[:DECODE_PROMPT]
+        gen = text_ids[DECODE_PROMPT : DECODE_PROMPT + a.gen]
+        prompt = text_ids[DECODE_PROMPT + a.gen :]
 
     def decode() -> float:
         m.free(0)
@@ -260,6 +275,8 @@ def main() -> None:
     ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")
     ap.add_argument("--llama-reps", type=int, default=2)
     ap.add_argument("--models", default="uniform,zipf")
+    ap.add_argument("--model", type=Path, help="bench this file instead of the written models")
+    ap.add_argument("--text", help="prompt and decoded tokens from this text file")
     ap.add_argument(
         "--eager-ab",
         action="store_true",
@@ -276,10 +293,15 @@ def main() -> None:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core._testing import gpu_copy_gbps, gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core._testing import gpu_copy_gbps
 
-    kinds = a.models.split(",")
-    paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
+    if a.model:
+        paths = {a.model.stem: a.model}
+        a.layers = layers_experts(a.model)[0]
+    else:
+        kinds = a.models.split(",")
+        paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
     if a.make_only:
         print("\n".join(map(str, paths.values())))
         return

@@ -102,10 +102,12 @@ def strata(model: Path, parallel: int, n_ctx: int, extra: list[str]) -> Server:
     return Server("strata", argv, port, dict(os.environ))
 
 
-def llama(binary: str, model: Path, parallel: int, n_ctx: int) -> Server:
+def llama(
+    binary: str, model: Path, parallel: int, n_ctx: int, extra: list[str] | None = None
+) -> Server:
     port = free_port()
     argv = [binary, "-m", str(model), "--port", str(port), "-np", str(parallel)]
-    argv += ["-t", str(THREADS), "-tb", str(THREADS), "-c", str(n_ctx * parallel)]
+    argv += ["-t", str(THREADS), "-tb", str(THREADS), "-c", str(n_ctx * parallel), *(extra or [])]
     return Server("llama", argv, port, dict(os.environ))
 
 

@@ -153,8 +153,47 @@ def run_vram(path: str) -> None:
     print("vram: ok")
 
 
+def run_batch(path: str, hybrid: bool) -> None:
+    """The batched step's host side: entries cut into pieces of at most `prefill_chunk` rows
+    and packed into steps (a 30-token prompt beside one-token decodes), each slot's length
+    advanced by its tokens, logits of the rows asked for in entry order, the hybrid routed
+    pairs counted once per row of the step (K per row and layer), and a decode step of S
+    one-token entries replayed from the graph(s) captured for S after one eager step."""
+    kw: dict = {"vram_slots": 6, "adapt_every": 0, "pcie_frac": 0.0} if hybrid else {}
+    m = Model.open(path, n_ctx=128, n_slots=4, prefill_chunk=24, device="cuda", threads=2, **kw)
+    c = m.hybrid_counters()
+    v = m.n_vocab
+    out = m.forward_batch([(2, list(range(1, 31)), "all"), (0, [3], "last"), (1, [4, 5], "none")])
+    assert [None if o is None else o.shape for o in out] == [(30, v), (v,), None], out
+    assert [m.slot_len(s) for s in range(4)] == [1, 2, 30, 0]
+    if c is not None:
+        assert sum(c.totals()) == 33 * N_LAYER * K, c.totals()
+    for i in range(4):
+        out = m.forward_batch([(0, [7], "last"), (2, [8], "none"), (1, [9], "all")])
+        assert [None if o is None else o.shape for o in out] == [(v,), None, (1, v)], out
+        assert [m.slot_len(s) for s in range(3)] == [2 + i, 3 + i, 31 + i]
+    if c is not None:
+        assert sum(c.totals()) == (33 + 12) * N_LAYER * K, c.totals()
+    want = "captured (per layer)" if hybrid else "captured"
+    # the one-sequence graph is captured too once a one-entry decode step ran twice
+    m.forward(3, [1])
+    m.forward(3, [2])
+    assert m.cuda_graph_state == want, m.cuda_graph_state
+    # a refused batch (slot 0 twice) changes nothing
+    try:
+        m.forward_batch([(0, [1], "last"), (0, [2], "last")])
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("a slot twice in one batch was not refused")
+    assert [m.slot_len(s) for s in range(4)] == [5, 6, 34, 2]
+    print(f"batch hybrid={hybrid}: ok")
+
+
 def main() -> None:
     path = sys.argv[1]
+    run_batch(path, False)
+    run_batch(path, True)
     run_vram(path)
     run_pcie(path)
     for tier_async in (False, True):

@@ -2,8 +2,11 @@
 F32 test model of test_gpu_model.py's shape (3 layers of 8 experts, top-2):
 
 - Each entry of random batch compositions against the same calls run alone: greedy identical
-  up to the first near-tie (top-1/top-2 margin < MARGIN) and logits within the GPU parity
-  tests' tolerance (1e-5 of the largest logit); whether they are bitwise is printed.
+  up to the first near-tie (top-1/top-2 margin < MARGIN) and logits within the CPU/GPU parity
+  tests' tolerance (CROSS_TOL of the largest logit: a step's size picks its kernel path);
+  whether they are bitwise, and the worst differences, are printed.
+- Greedy decode in steps of three one-token entries (the graphs captured for three pieces)
+  against each sequence alone: the decode rows within 1e-5 of the largest logit.
 - A slot restored from a GPU export continues as the slot that prefilled it (bitwise on the
   GPU); export(import(x)) == x; CPU and GPU exports of one model and KV type are interchangeable
   (the continuation within the CPU/GPU parity protocol: top-1 equal at the sure positions).
@@ -11,6 +14,7 @@ F32 test model of test_gpu_model.py's shape (3 layers of 8 experts, top-2):
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -19,14 +23,23 @@ import pytest
 from models import TestModels
 from strata._core import Model
 from strata.modelgen import ModelSpec
-from test_batch import N_SLOTS, alone, random_calls, run_batched
+from test_batch import N_SLOTS, Call, alone, random_calls
 
 pytestmark = pytest.mark.gpu
 
 MARGIN = 0.1
+# Steps of at most this many rows take the decode kernels (`DECODE_MAX_TOKENS`, the int8 path)
+DECODE_ROWS = 8
+# A row's logits against its call alone: the CPU/GPU parity tests' tolerance (× max |logit|).
+# A step's rows take the kernel path of the step's size, so a call of ≤ DECODE_ROWS tokens that
+# shares a larger step runs another float order than alone, and every later row of that
+# sequence reads KV written by it (measured on the H200: up to 4.2e-4).
+CROSS_TOL = 1e-2
 N_CTX = 160
 SPEC = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
-CARRIED = Path(__file__).resolve().parent / ".gpu-models" / f"{SPEC.key()}-F32.gguf"
+# where test_gpu_model.py's carried copies are ($STRATA_GPU_MODELS on the device)
+CARRY = Path(os.environ.get("STRATA_GPU_MODELS") or Path(__file__).resolve().parent / ".gpu-models")
+CARRIED = CARRY / f"{SPEC.key()}-F32.gguf"
 
 
 @pytest.fixture(scope="module")
@@ -55,27 +68,102 @@ def agree_greedy(ref: np.ndarray, got: np.ndarray) -> bool:
     return True
 
 
+def run_steps(
+    m: Model, seqs: list[list[Call]], rng: random.Random
+) -> list[list[tuple[np.ndarray | None, int]]]:
+    """test_batch.run_batched, each result with the token count of the step it ran in."""
+    slots = rng.sample(range(N_SLOTS), len(seqs))
+    for s in slots:
+        m.free(s)
+    nxt = [0] * len(seqs)
+    got: list[list[tuple[np.ndarray | None, int]]] = [[] for _ in seqs]
+    while any(n < len(c) for n, c in zip(nxt, seqs, strict=True)):
+        live = [i for i, c in enumerate(seqs) if nxt[i] < len(c)]
+        step = rng.sample(live, rng.randint(1, len(live)))
+        entries = [(slots[i], seqs[i][nxt[i]][0], seqs[i][nxt[i]][1]) for i in step]
+        rows = sum(len(e[1]) for e in entries)
+        for i, r in zip(step, m.forward_batch(entries), strict=True):
+            got[i].append((r, rows))
+            nxt[i] += 1
+    return got
+
+
 @pytest.mark.parametrize("hybrid", [False, True], ids=["gpu", "hybrid"])
 def test_gpu_batch_rows_match_alone(f32_file: Path, hybrid: bool) -> None:
+    """Random batch compositions against the same calls alone: greedy identical up to the first
+    near-tie and logits within CROSS_TOL on every row; the worst difference is printed for rows
+    of sequences whose steps so far all took the kernel path of their calls alone ("clean")
+    and for the others ("mixed")."""
     kw = {"vram_slots": 6, "adapt_every": 0} if hybrid else {}
     m = open_model(f32_file, **kw)
     assert (m.hybrid_info() is not None) == hybrid
     bitwise = True
+    worst = {"clean": 0.0, "mixed": 0.0}
     for seed in range(3):
         rng = random.Random(50 + seed)
         seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
         want = [alone(m, c) for c in seqs]
-        got = run_batched(m, seqs, rng)
-        for w, g in zip(want, got, strict=True):
-            for a, b in zip(w, g, strict=True):
+        got = run_steps(m, seqs, rng)
+        for calls, w, g in zip(seqs, want, got, strict=True):
+            mixed = False
+            for (toks, _), a, (b, rows) in zip(calls, w, g, strict=True):
+                mixed |= len(toks) <= DECODE_ROWS < rows
                 if a is None or b is None:
                     assert a is None and b is None
                     continue
                 assert a.shape == b.shape
-                assert np.allclose(b, a, rtol=0, atol=1e-5 * np.abs(a).max())
-                assert agree_greedy(a, b)
+                rel = float(np.abs(b - a).max() / np.abs(a).max())
+                kind = "mixed" if mixed else "clean"
+                worst[kind] = max(worst[kind], rel)
+                assert agree_greedy(a, b), (kind, rel)
+                assert rel <= CROSS_TOL, (kind, rel)
                 bitwise &= bool(np.array_equal(a.view(np.uint32), b.view(np.uint32)))
-    print(f"{'hybrid' if hybrid else 'gpu'}: batched rows bitwise equal to alone: {bitwise}")
+    print(
+        f"{'hybrid' if hybrid else 'gpu'}: batched rows bitwise equal to alone: {bitwise}; "
+        f"max |Δ| / max |logit|: clean {worst['clean']:.2e}, mixed {worst['mixed']:.2e}"
+    )
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["gpu", "hybrid"])
+def test_gpu_batch_decode_graphs(f32_file: Path, hybrid: bool) -> None:
+    """Greedy decode of three sequences in steps of three one-token entries (the first step
+    eager, then the graph(s) captured for three pieces, replayed) against each sequence
+    decoded alone (the one-sequence graph): greedy identical up to the first near-tie, logits
+    within the parity tolerance."""
+    kw = {"vram_slots": 6, "adapt_every": 0} if hybrid else {}
+    m = open_model(f32_file, **kw)
+    rng = random.Random(9)
+    prompts = [[rng.randrange(m.n_vocab) for _ in range(n)] for n in (5, 17, 30)]
+    steps = 8
+    alone_rows = []
+    for p in prompts:
+        m.free(0)
+        row = [m.forward(0, p, logits="last")]
+        for _ in range(steps):
+            row.append(m.forward(0, [int(row[-1].argmax())], logits="last"))
+        alone_rows.append(row)
+    slots = [3, 1, 2]
+    for s in slots:
+        m.free(s)
+    got = [
+        [r] for r in m.forward_batch([(s, p, "last") for s, p in zip(slots, prompts, strict=True)])
+    ]
+    for _ in range(steps):
+        toks = [int(g[-1].argmax()) for g in got]
+        out = m.forward_batch([(s, [t], "last") for s, t in zip(slots, toks, strict=True)])
+        for g, o in zip(got, out, strict=True):
+            g.append(o)
+    assert m.cuda_graph_state.startswith("captured"), m.cuda_graph_state
+    for ref, ours in zip(alone_rows, got, strict=True):
+        for i, (a, b) in enumerate(zip(ref, ours, strict=True)):
+            assert agree_greedy(a, b), i
+            # row 0: the prompts shared steps of more than DECODE_ROWS rows (another path
+            # than a prompt of ≤ 8 tokens alone); the decode steps: 3 rows, the int8 path as
+            # alone (measured within 1e-5 on the H200)
+            tol = CROSS_TOL if i == 0 else 1e-5
+            assert np.abs(b - a).max() <= tol * np.abs(a).max(), i
+            if np.sort(a)[-1] - np.sort(a)[-2] < MARGIN:
+                break  # past a near-tie the two paths may feed different tokens
 
 
 def test_gpu_kv_export_import(f32_file: Path) -> None:

@@ -55,3 +55,4 @@ def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "vram: ok" in out and "hybrid mock: all passed" in out, out
+    assert "batch hybrid=False: ok" in out and "batch hybrid=True: ok" in out, out

@@ -1,4 +1,4 @@
-//! The GPU model's batched-step entry point and its KV export/import (`model::kv_blob`).
+//! The GPU model's KV export/import (`model::kv_blob`).
 //!
 //! The VRAM cache is [slot][layer][Nkv][C] head rows (`KvLayout`); a blob holds
 //! [L, n, Nkv·D] position rows as the CPU cache does, so the two paths exchange blobs of
@@ -6,9 +6,7 @@
 
 use super::model::GpuModel;
 use crate::error::{Error, Result};
-use crate::model::batch::{check_batch, run_each, Entry, SlotForward};
 use crate::model::kv_blob::{self, KvLayoutId, HEADER_BYTES};
-use crate::model::Logits;
 
 impl GpuModel {
     fn blob_id(&self) -> KvLayoutId {
@@ -83,31 +81,5 @@ impl GpuModel {
         }
         self.lens[slot] = n;
         Ok(n)
-    }
-
-    /// A batched step: each entry runs as its own forward call, in entry order (the grouped
-    /// GPU step is not written yet); the logits go to `out` back to back in entry order.
-    pub fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
-        let (vocab, n_ctx) = (self.hp.n_vocab, self.cfg.n_ctx);
-        check_batch(entries, |s| self.slot_len(s), out.len(), vocab, n_ctx)?;
-        run_each(self, entries, out, vocab)
-    }
-}
-
-impl SlotForward for GpuModel {
-    fn slot_len(&self, slot: usize) -> Result<usize> {
-        GpuModel::slot_len(self, slot)
-    }
-    fn forward(
-        &mut self,
-        slot: usize,
-        tokens: &[u32],
-        want: Logits,
-        out: &mut [f32],
-    ) -> Result<()> {
-        GpuModel::forward(self, slot, tokens, want, out)
-    }
-    fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
-        GpuModel::truncate(self, slot, n)
     }
 }

@@ -6,9 +6,11 @@
 //! streamed chunk when longer: the buffers hold the longer), H = hidden, Nh / Nkv =
 //! query / KV heads, D = head dim, E = experts, K = experts used, F = expert FFN width,
 //! V = vocab, C = n_ctx.
-//! Every per-call value the kernels need (pos0, slot, token ids) sits in one device buffer
-//! (`params` i32 [2 + chunk]) written before the launches, so the one-token decode step is
-//! captured once as a CUDA graph and replayed for any slot and position.
+//! S = sequences (pieces) in a step (≤ n_slots); a piece is T_p consecutive rows of the step.
+//! Every per-call value the kernels need (each piece's pos0 and slot, the token ids) sits in
+//! one device buffer (`params` i32 [2·S + T]: S (pos0, slot) pairs, then the T token ids)
+//! written before the launches, so a decode step of S one-token pieces is captured once as a
+//! CUDA graph and replayed for any slots and positions.
 
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
@@ -26,8 +28,16 @@ pub const DECODE_MAX_TOKENS: usize = 8;
 /// Logit rows computed per output-head launch (bounds the logits buffer).
 pub(super) const LOGIT_ROWS: usize = 64;
 
+/// One piece of a step: rows `r0 .. r0 + t` of the step's buffers, one sequence's tokens;
+/// its (pos0, slot) pair is the piece's index in `params`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Seg {
+    pub r0: usize,
+    pub t: usize,
+}
+
 pub(super) struct Bufs {
-    pub params: DevBuf,  // i32 [2 + chunk]: pos0, slot, token ids
+    pub params: DevBuf,  // i32 [2·S + T]: S (pos0, slot) pairs, token ids
     pub x: DevBuf,       // f32 [T, H] residual stream
     pub h: DevBuf,       // f32 [T, H] normed block input
     pub o: DevBuf,       // f32 [T, H] attention output projection
@@ -49,13 +59,19 @@ pub(super) struct Bufs {
     pub sin: DevBuf,    // f32 [C, n_rot/2]
 }
 
+/// i32 words of `params` for steps of `t` rows over at most `n_seq` pieces.
+pub(super) fn params_len(n_seq: usize, t: usize) -> usize {
+    2 * n_seq.max(1) + t
+}
+
 fn alloc_f32(gpu: &Gpu, dims: &[usize]) -> Result<DevBuf> {
     gpu.alloc(bytes(prod(dims)?, 4)?)
 }
 
 impl Bufs {
-    /// The buffers for chunks of `t` tokens and the KV cache of layout `lay` (zeroed: a
-    /// never-written position holds zeros, not garbage), on `stream`, which is idle after.
+    /// The buffers for steps of `t` rows over at most `lay.n_slots` pieces and the KV cache
+    /// of layout `lay` (zeroed: a never-written position holds zeros, not garbage), on
+    /// `stream`, which is idle after.
     pub(super) fn new(
         gpu: &Gpu,
         stream: &Stream,
@@ -85,7 +101,7 @@ impl Bufs {
             rope.table(p, &mut cos[r.clone()], &mut sin[r]);
         }
         let b = Bufs {
-            params: gpu.alloc(bytes(2 + t, 4)?)?,
+            params: gpu.alloc(bytes(params_len(lay.n_slots, t), 4)?)?,
             x: alloc_f32(gpu, &[t, hd])?,
             h: alloc_f32(gpu, &[t, hd])?,
             o: alloc_f32(gpu, &[t, hd])?,

@@ -5,6 +5,7 @@
 //! the hybrid tier (`hybrid`: VRAM slots, the CPU pool, PCIe). Semantics of
 //! `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
 
+mod batch;
 mod bounce;
 mod experts;
 mod hybrid;

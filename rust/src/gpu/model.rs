@@ -1,26 +1,29 @@
 //! `GpuModel`: the public face of the GPU forward pass — the KV slots, the chunking, the
 //! decode graphs — over a `Launcher` (the kernels, weights and buffers; `launch.rs`) and one
-//! MoE placement (`placement.rs`: every expert in VRAM, or the hybrid tier).
+//! MoE placement (`placement.rs`: every expert in VRAM, or the hybrid tier). The batched
+//! step (and `forward`, its one-entry case) is `batch.rs`.
 
+use super::batch::BatchScratch;
 use super::hybrid::Hybrid;
 use super::hybrid_cfg::{HybridConfig, HybridInfo};
-use super::launch::{Bufs, Launcher, LOGIT_ROWS};
+use super::launch::{params_len, Bufs, Launcher, Seg, LOGIT_ROWS};
 use super::placement::{MoePlacement, VramExperts};
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::QuantOps;
 use crate::cuda::ops::view::bytes;
-use crate::cuda::{as_bytes_mut, Gpu, Graph, PinnedBuf};
+use crate::cuda::{Gpu, Graph, PinnedBuf};
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::model::forward::{check_forward_args, chunk_logits};
+use crate::model::batch::Entry;
 use crate::model::weights::Weights;
 use crate::model::{HParams, Logits, ModelConfig};
 use std::path::Path;
 use std::sync::Arc;
 
-/// The captured one-token step: one graph, or per layer [attention, router and the
-/// placement's `pre`; its `resident` experts] for a placement with host work between layers.
+/// A captured decode step of S one-token pieces: one graph (for S = 1 with the final norm
+/// and the head of its row), or per layer [attention, router and the placement's `pre`; its
+/// `resident` experts] for a placement with host work between layers.
 enum StepGraph {
     Whole(Graph),
     PerLayer(Vec<[Graph; 2]>),
@@ -31,7 +34,7 @@ pub struct GpuModel {
     pub cfg: ModelConfig,
     pub(super) x: Launcher,
     /// Where the routed experts run.
-    moe: Box<dyn MoePlacement>,
+    pub(super) moe: Box<dyn MoePlacement>,
     chunk: usize,
     /// Tokens per chunk of a hybrid prefill whose chunks stream (`HybridConfig::stream_chunk`;
     /// the buffers hold max(chunk, stream_chunk) tokens).
@@ -39,15 +42,18 @@ pub struct GpuModel {
     pub(super) lens: Vec<usize>,
     /// Names this model in KV exports (`kv_blob::fingerprint`).
     pub(super) fingerprint: u64,
-    /// Page-locked staging of `params` and of one row of logits: the per-token copies go
-    /// straight to and from them (no driver staging through pageable memory).
-    pin_params: PinnedBuf,
-    pin_logits: PinnedBuf,
-    graph: Option<StepGraph>,
+    /// Page-locked staging of `params` and of min(n_slots, LOGIT_ROWS) rows of logits: the
+    /// per-step copies go straight to and from them (no staging through pageable memory).
+    pub(super) pin_params: PinnedBuf,
+    pub(super) pin_logits: PinnedBuf,
+    /// The batched step's bookkeeping (`batch.rs`).
+    pub(super) steps: BatchScratch,
+    /// [n_slots] the decode graph of S one-token pieces at S - 1.
+    graphs: Vec<Option<StepGraph>>,
     use_graph: bool,
-    /// One-token steps run so far without the graph (the first one runs eagerly: it
-    /// resolves every kernel and checks the step before it is captured).
-    eager_steps: usize,
+    /// [n_slots] decode steps of S pieces run so far without the graph (the first one runs
+    /// eagerly: it resolves every kernel and checks the step before it is captured).
+    eager_steps: Vec<usize>,
     /// Why capturing the decode graph failed (the step then runs kernel by kernel).
     graph_error: Option<String>,
     /// Bytes of the routed-expert tensors and of everything else (for `hparams`).
@@ -125,8 +131,9 @@ impl GpuModel {
         let t = chunk.max(stream_chunk);
         let n_split = attention::n_split(&gpu, hp.n_head_kv, cfg.n_ctx);
         let b = Bufs::new(&gpu, &stream, &hp, &lay, t, cfg.n_ctx, n_split)?;
-        let pin_params = gpu.host_alloc(bytes(2 + t, 4)?)?;
-        let pin_logits = gpu.host_alloc(bytes(hp.n_vocab, 4)?)?;
+        let pin_params = gpu.host_alloc(bytes(params_len(cfg.n_slots, t), 4)?)?;
+        let pin_rows = cfg.n_slots.clamp(1, LOGIT_ROWS);
+        let pin_logits = gpu.host_alloc(bytes(pin_rows * hp.n_vocab, 4)?)?;
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
         let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
         let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w.output_norm, attn_norm0);
@@ -145,6 +152,9 @@ impl GpuModel {
             fingerprint,
             pin_params,
             pin_logits,
+            steps: BatchScratch::new(cfg.n_slots),
+            graphs: (0..cfg.n_slots).map(|_| None).collect(),
+            eager_steps: vec![0; cfg.n_slots],
             x: Launcher {
                 gpu,
                 stream,
@@ -159,9 +169,7 @@ impl GpuModel {
             cfg,
             chunk,
             stream_chunk,
-            graph: None,
             use_graph: true,
-            eager_steps: 0,
             graph_error: None,
         })
     }
@@ -206,16 +214,18 @@ impl GpuModel {
         self.use_graph = on;
     }
 
-    /// Whether the decode graph (the hybrid placement's per-layer graphs) has been captured.
+    /// Whether the one-sequence decode graph (the hybrid placement's per-layer graphs) has
+    /// been captured.
     pub fn graph_captured(&self) -> bool {
-        self.graph.is_some()
+        self.graphs.first().is_some_and(Option::is_some)
     }
 
     /// "captured", "not yet", "off", or "failed: why" (then the step runs kernel by kernel).
     /// A placement with host work between layers says "captured (per layer)".
     pub fn graph_state(&self) -> String {
-        let per_layer = matches!(self.graph, Some(StepGraph::PerLayer(_)));
-        match (self.graph.is_some(), &self.graph_error, self.use_graph) {
+        let g = self.graphs.first().and_then(Option::as_ref);
+        let per_layer = matches!(g, Some(StepGraph::PerLayer(_)));
+        match (g.is_some(), &self.graph_error, self.use_graph) {
             (true, _, true) if per_layer => "captured (per layer)".into(),
             (true, _, true) => "captured".into(),
             (_, Some(e), _) => format!("failed: {e}"),
@@ -256,7 +266,8 @@ impl GpuModel {
     }
 
     /// Runs `tokens` after the slot's cached positions, appends their keys and values to the
-    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All).
+    /// slot, and writes the requested logits to `out` ([V] for Last, [T, V] for All): the
+    /// one-entry batched step.
     pub fn forward(
         &mut self,
         slot: usize,
@@ -264,165 +275,100 @@ impl GpuModel {
         want: Logits,
         out: &mut [f32],
     ) -> Result<()> {
-        let vocab = self.hp.n_vocab;
-        let start = self.slot_ref(slot)?;
-        let n = tokens.len();
-        if !check_forward_args(slot, start, tokens, want, out.len(), vocab, self.cfg.n_ctx)? {
-            return Ok(());
-        }
-        let chunk = self.chunk_for(n);
-        let mut p0 = start;
-        for (ci, toks) in tokens.chunks(chunk).enumerate() {
-            let (rows, dst) = chunk_logits(want, out, ci, chunk, toks.len(), n, vocab);
-            if let Err(e) = self.run_chunk(slot, p0, toks, rows, dst) {
-                // A failed call leaves the slot as it was (and no copy from the staging
-                // buffers in flight).
-                let _ = self.x.stream.sync();
-                self.lens[slot] = start;
-                return Err(e);
-            }
-            p0 += toks.len();
-            self.lens[slot] = p0;
-        }
-        Ok(())
+        self.forward_batch(&[Entry { slot, tokens, want }], out)
     }
 
-    /// Tokens per chunk for a call of `n` tokens: `stream_chunk` when the placement streams
+    /// Rows per step for a call of `n` tokens: `stream_chunk` when the placement streams
     /// chunks of that length, else `chunk`.
-    fn chunk_for(&self, n: usize) -> usize {
+    pub(super) fn chunk_for(&self, n: usize) -> usize {
         match self.moe.stream_min() {
             Some(min) if n >= min && self.stream_chunk >= min => self.stream_chunk,
             _ => self.chunk,
         }
     }
 
-    /// One chunk of T tokens at positions p0..; the last `rows` rows' logits go to `dst`. A
-    /// one-token step replays the captured graph(s) (captured after the first step ran
-    /// eagerly); a placement with host work between layers waits on the host per layer.
-    fn run_chunk(
-        &mut self,
-        slot: usize,
-        p0: usize,
-        toks: &[u32],
-        rows: usize,
-        dst: Option<&mut [f32]>,
-    ) -> Result<()> {
-        let t = toks.len();
-        // pos0, slot, token ids → pinned staging → `params` (ordered before the kernels; the
-        // staging is rewritten only after the sync that ends this call)
-        let nb = 4 * (2 + t);
-        {
-            let pin = &mut self.pin_params.as_mut_slice()[..nb];
-            let words = [p0 as i32, slot as i32];
-            let ids = toks.iter().map(|&x| x as i32);
-            for (c, v) in pin.chunks_exact_mut(4).zip(words.into_iter().chain(ids)) {
-                c.copy_from_slice(&v.to_ne_bytes());
-            }
-        }
-        let x = &self.x;
-        x.b.params
-            .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
-        self.moe.before_step(&x.stream)?;
+    /// Launches a step's layers over the pieces `segs` (`params` written): a decode step of
+    /// S = `decode` one-token pieces replays its captured graph(s) (captured after its first
+    /// step ran eagerly); a placement with host work between layers waits on the host per
+    /// layer. True when the launches include the final norm and head of row 0 (S = 1, one
+    /// graph).
+    pub(super) fn launch_layers(&mut self, decode: Option<usize>, segs: &[Seg]) -> Result<bool> {
         let graph_ok = self.use_graph && self.graph_error.is_none();
-        let graphed = t == 1 && graph_ok && (self.graph.is_some() || self.eager_steps > 0);
-        if graphed && self.graph.is_none() {
-            self.capture()?;
+        let key = decode.filter(|&n| graph_ok && n >= 1 && n <= self.graphs.len());
+        let graphed =
+            key.is_some_and(|n| self.graphs[n - 1].is_some() || self.eager_steps[n - 1] > 0);
+        if let Some(n) = key.filter(|_| graphed) {
+            if self.graphs[n - 1].is_none() {
+                self.capture(segs)?;
+            }
         }
         let (x, moe) = (&self.x, &mut self.moe);
-        match self.graph.as_ref().filter(|_| graphed) {
+        let g = key
+            .filter(|_| graphed)
+            .and_then(|n| self.graphs[n - 1].as_ref());
+        match g {
             Some(StepGraph::Whole(g)) => {
                 g.launch(&x.stream)?;
-                moe.step_launched(x)?;
-                self.logits_pinned(dst)?;
-                return self.moe.after_step(&self.x);
+                return Ok(segs.len() == 1);
             }
             Some(StepGraph::PerLayer(gs)) => {
-                x.embed(1)?;
+                let n = segs.len();
+                x.embed(n, n)?;
                 for (l, g) in gs.iter().enumerate() {
                     g[0].launch(&x.stream)?;
-                    moe.moe(x, l, 1, Some(&g[1]))?;
+                    moe.moe(x, l, n, Some(&g[1]))?;
                 }
             }
             None => {
-                x.layers(t, &mut **moe)?;
-                self.eager_steps += usize::from(t == 1);
+                x.layers(segs, &mut **moe)?;
+                if let Some(n) = key {
+                    self.eager_steps[n - 1] += 1;
+                }
             }
         }
-        self.moe.step_launched(&self.x)?;
-        self.logits_out(t, rows, dst)?;
-        self.moe.after_step(&self.x)
+        Ok(false)
     }
 
-    /// The one-token step's logits row to `dst` through the pinned staging (then the stream
-    /// is idle); without `dst`, only the sync.
-    fn logits_pinned(&mut self, dst: Option<&mut [f32]>) -> Result<()> {
-        let (x, vocab) = (&self.x, self.hp.n_vocab);
-        if let Some(dst) = dst {
-            let n = 4 * vocab;
-            x.b.logits
-                .read_async(&x.stream, 0, &mut self.pin_logits, 0, n)?;
-            x.stream.sync()?;
-            as_bytes_mut(&mut dst[..vocab]).copy_from_slice(&self.pin_logits.as_slice()[..n]);
-            Ok(())
-        } else {
-            x.stream.sync()
-        }
-    }
-
-    /// The last `rows` rows' logits of a chunk of `t` tokens to `dst` (then the stream is
-    /// idle); without `dst`, only the sync.
-    fn logits_out(&mut self, t: usize, rows: usize, dst: Option<&mut [f32]>) -> Result<()> {
-        let (x, vocab) = (&self.x, self.hp.n_vocab);
-        if let Some(dst) = dst {
-            let first = t - rows;
-            x.final_norm(first, rows)?;
-            for (i, out) in dst.chunks_mut(LOGIT_ROWS * vocab).enumerate() {
-                let nr = out.len() / vocab;
-                x.head(first + i * LOGIT_ROWS, nr)?;
-                x.b.logits.read_into(&x.stream, 0, out)?;
-            }
-        } else {
-            x.stream.sync()?;
-        }
-        Ok(())
-    }
-
-    /// Captures the one-token step: as one graph (layers, final norm, head), or per layer
-    /// when the placement works on the host between layers. A capture the driver refuses is
-    /// recorded in `graph_error` and the step runs kernel by kernel from then on
-    /// (`graph_state` says why); an error of the step itself is returned.
-    fn capture(&mut self) -> Result<()> {
+    /// Captures the decode step of the S = `segs.len()` one-token pieces `segs`: as one graph
+    /// (layers; for S = 1 also the final norm and head), or per layer when the placement
+    /// works on the host between layers. A capture the driver refuses is recorded in
+    /// `graph_error` and steps run kernel by kernel from then on (`graph_state` says why);
+    /// an error of the step itself is returned.
+    fn capture(&mut self, segs: &[Seg]) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
         if moe.host_per_layer() {
-            return self.capture_per_layer();
+            return self.capture_per_layer(segs);
         }
         x.stream.begin_capture()?;
-        let body = x
-            .layers(1, &mut **moe)
-            .and_then(|()| x.final_norm(0, 1))
-            .and_then(|()| x.head(0, 1));
+        let mut body = x.layers(segs, &mut **moe);
+        if segs.len() == 1 {
+            body = body
+                .and_then(|()| x.final_norm(0, 0, 1))
+                .and_then(|()| x.head(0, 1));
+        }
         let g = x.stream.end_capture();
         body?;
         match g {
-            Ok(g) => self.graph = Some(StepGraph::Whole(g)),
+            Ok(g) => self.graphs[segs.len() - 1] = Some(StepGraph::Whole(g)),
             Err(e) => self.graph_error = Some(e.to_string()),
         }
         Ok(())
     }
 
-    /// The per-layer graphs of the one-token step: [attention, router, the placement's
-    /// `pre`; its `resident` experts] (its host work runs between them).
-    fn capture_per_layer(&mut self) -> Result<()> {
+    /// The per-layer graphs of a decode step of S one-token pieces: [attention, router, the
+    /// placement's `pre`; its `resident` experts] (its host work runs between them).
+    fn capture_per_layer(&mut self, segs: &[Seg]) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
+        let n = segs.len();
         let mut gs = Vec::with_capacity(x.w.layers.len());
         for l in 0..x.w.layers.len() {
             let mut pair = Vec::with_capacity(2);
             for part in 0..2 {
                 x.stream.begin_capture()?;
                 let body = if part == 0 {
-                    x.attn_router(l, 1).and_then(|()| moe.pre(x, l, 1))
+                    x.attn_router(l, segs).and_then(|()| moe.pre(x, l, n))
                 } else {
-                    moe.resident(x, l, 1)
+                    moe.resident(x, l, n)
                 };
                 let g = x.stream.end_capture();
                 body?;
@@ -439,7 +385,7 @@ impl GpuModel {
                 .map_err(|_| Error::Config("a layer's graphs were not both captured".into()))?;
             gs.push([a, b]);
         }
-        self.graph = Some(StepGraph::PerLayer(gs));
+        self.graphs[n - 1] = Some(StepGraph::PerLayer(gs));
         Ok(())
     }
 }

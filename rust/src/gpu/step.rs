@@ -1,5 +1,8 @@
-//! The kernel sequence of one chunk (launches only: no host copies or syncs, so the
-//! one-token step can be captured as a graph). Per layer (docs/FORMATS.md §4 "Forward pass"):
+//! The kernel sequence of one step (launches only: no host copies or syncs, so a decode step
+//! can be captured as a graph). A step is T rows from S pieces (`Seg`: consecutive rows of
+//! one sequence); the dense projections and the routed experts run over all T rows at once,
+//! RoPE, the KV writes and attention per piece over its own slot's cache. Per layer
+//! (docs/FORMATS.md §4 "Forward pass"):
 //!
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
@@ -9,29 +12,30 @@
 //!   ids, w = top-k(softmax(h·Wrᵀ)), renormalized          quant::matmul, router::topk
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
 
-use super::launch::{Launcher, DECODE_MAX_TOKENS};
+use super::launch::{Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::MoePlacement;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
 
 impl Launcher {
-    /// x [T, H] = the residual stream after every layer for the T tokens in `params`, the
-    /// routed experts placed by `moe` (`placement.rs`).
-    pub(super) fn layers(&self, t: usize, moe: &mut dyn MoePlacement) -> Result<()> {
-        self.embed(t)?;
+    /// x [T, H] = the residual stream after every layer for the T tokens in `params` (the
+    /// pieces `segs`, T = Σ t), the routed experts placed by `moe` (`placement.rs`).
+    pub(super) fn layers(&self, segs: &[Seg], moe: &mut dyn MoePlacement) -> Result<()> {
+        let t = rows(segs);
+        self.embed(t, segs.len())?;
         for l in 0..self.w.layers.len() {
-            self.attn_router(l, t)?;
+            self.attn_router(l, segs)?;
             moe.pre(self, l, t)?;
             moe.moe(self, l, t, None)?;
         }
         Ok(())
     }
 
-    /// x [T, H] = the embeddings of the T tokens in `params`.
-    pub(super) fn embed(&self, t: usize) -> Result<()> {
+    /// x [T, H] = the embeddings of the T tokens in `params` (after its `n_seg` pairs).
+    pub(super) fn embed(&self, t: usize, n_seg: usize) -> Result<()> {
         let b = &self.b;
-        let tok = Dv::of(&b.params).sub(8, 4 * t)?;
+        let tok = Dv::of(&b.params).sub(8 * n_seg, 4 * t)?;
         let te = &self.w.token_embd;
         quant::get_rows(
             &self.q,
@@ -46,15 +50,15 @@ impl Launcher {
         )
     }
 
-    /// Layer `l`'s attention block and router for T tokens: x += attention; h = the normed
-    /// FFN input [T, H]; ids i32 / wts f32 [T, k] the routing.
-    pub(super) fn attn_router(&self, l: usize, t: usize) -> Result<()> {
+    /// Layer `l`'s attention block and router for the T rows of the pieces `segs`: x +=
+    /// attention; h = the normed FFN input [T, H]; ids i32 / wts f32 [T, k] the routing.
+    pub(super) fn attn_router(&self, l: usize, segs: &[Seg]) -> Result<()> {
+        let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let (e, k) = (hp.n_expert, hp.n_expert_used);
         let eps = hp.rms_eps;
         let scale = 1.0 / (hp.head_dim as f32).sqrt();
-        let sp = Dv::of(&b.params).sub(0, 8)?;
         let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
         let (q, kk, v, att) = (Dv::of(&b.q), Dv::of(&b.k), Dv::of(&b.v), Dv::of(&b.att));
         let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
@@ -73,46 +77,18 @@ impl Launcher {
             let qkv = [(&lw.wq, q), (&lw.wk, kk), (&lw.wv, v)]
                 .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
             quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
-            rope::qkv(
-                g,
-                s,
-                &self.lay,
-                l,
-                q,
-                kk,
-                v,
-                Dv::of(&lw.q_norm),
-                Dv::of(&lw.k_norm),
-                cos,
-                sin,
-                sp,
-                kc,
-                vc,
-                t,
-                hp.n_head,
-                hp.n_rot,
-                eps,
-            )?;
-            if t <= DECODE_MAX_TOKENS {
-                attention::decode(
-                    g,
-                    s,
-                    &self.lay,
-                    l,
-                    q,
-                    kc,
-                    vc,
-                    sp,
-                    Dv::of(&b.part_o),
-                    Dv::of(&b.part_ml),
-                    att,
-                    t,
-                    hp.n_head,
-                    self.n_split,
-                    scale,
-                )?;
-            } else {
-                attention::prefill(g, s, &self.lay, l, q, kc, vc, sp, att, t, hp.n_head, scale)?;
+            // per piece over its own slot: q [T_p, Nh·D] rows r0.., k/v [T_p, Nkv·D]
+            for (i, sg) in segs.iter().enumerate() {
+                let sp = Dv::of(&b.params).sub(8 * i, 8)?; // (pos0, slot)
+                let (qs, ats) = (
+                    q.f32s(sg.r0 * qd, sg.t * qd)?,
+                    att.f32s(sg.r0 * qd, sg.t * qd)?,
+                );
+                let (ks, vs) = (
+                    kk.f32s(sg.r0 * kvd, sg.t * kvd)?,
+                    v.f32s(sg.r0 * kvd, sg.t * kvd)?,
+                );
+                self.attend(l, sg.t, [qs, ks, vs, ats], sp, [kc, vc], [cos, sin], scale)?;
             }
             let wo = &lw.wo;
             quant::matmul(
@@ -153,13 +129,62 @@ impl Launcher {
         Ok(())
     }
 
-    /// h[first .. first + rows] = RMSNorm(x[..])·output_norm.
-    pub(super) fn final_norm(&self, first: usize, rows: usize) -> Result<()> {
+    /// One piece's RoPE, KV writes and attention in layer `l`: `qkva` = [q f32 [T_p, Nh·D]
+    /// (rotated in place), k, v f32 [T_p, Nkv·D], att f32 [T_p, Nh·D] (out)]; `sp` its
+    /// (pos0, slot) pair; `cache` = [K, V], `tab` = [cos, sin].
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        l: usize,
+        t: usize,
+        qkva: [Dv; 4],
+        sp: Dv,
+        cache: [Dv; 2],
+        tab: [Dv; 2],
+        scale: f32,
+    ) -> Result<()> {
+        let (g, s, b, hp) = (&*self.gpu, &self.stream, &self.b, &self.hp);
+        let lw = &self.w.layers[l];
+        let [q, kk, v, att] = qkva;
+        let [kc, vc] = cache;
+        let (qn, kn) = (Dv::of(&lw.q_norm), Dv::of(&lw.k_norm));
+        let [cos, sin] = tab;
+        let eps = hp.rms_eps;
+        rope::qkv(
+            g, s, &self.lay, l, q, kk, v, qn, kn, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
+        )?;
+        if t <= DECODE_MAX_TOKENS {
+            let (po, pml) = (Dv::of(&b.part_o), Dv::of(&b.part_ml));
+            attention::decode(
+                g,
+                s,
+                &self.lay,
+                l,
+                q,
+                kc,
+                vc,
+                sp,
+                po,
+                pml,
+                att,
+                t,
+                hp.n_head,
+                self.n_split,
+                scale,
+            )
+        } else {
+            attention::prefill(g, s, &self.lay, l, q, kc, vc, sp, att, t, hp.n_head, scale)
+        }
+    }
+
+    /// h[dst .. dst + n] = RMSNorm(x[src .. src + n])·output_norm (dst ≤ src: the logit
+    /// rows of the pieces are packed back to back in h).
+    pub(super) fn final_norm(&self, src: usize, dst: usize, n: usize) -> Result<()> {
         let hd = self.hp.n_embd;
-        let x = Dv::of(&self.b.x).f32s(first * hd, rows * hd)?;
-        let h = Dv::of(&self.b.h).f32s(first * hd, rows * hd)?;
+        let x = Dv::of(&self.b.x).f32s(src * hd, n * hd)?;
+        let h = Dv::of(&self.b.h).f32s(dst * hd, n * hd)?;
         let w = Dv::of(&self.w.output_norm);
-        norm::rms(&self.gpu, &self.stream, x, w, h, rows, hd, self.hp.rms_eps)
+        norm::rms(&self.gpu, &self.stream, x, w, h, n, hd, self.hp.rms_eps)
     }
 
     /// logits[0 .. n] = output · h[first .. first + n] (f32 [n, V]).
@@ -181,4 +206,9 @@ impl Launcher {
             self.b.scratch.ptr(),
         )
     }
+}
+
+/// Rows of a step of pieces `segs`.
+pub(super) fn rows(segs: &[Seg]) -> usize {
+    segs.iter().map(|s| s.t).sum()
 }

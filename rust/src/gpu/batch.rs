@@ -1,0 +1,242 @@
+//! The GPU batched step (`GpuModel::forward_batch`; `forward` is its one-entry case).
+//!
+//! A call's entries are cut into pieces of at most `cap` tokens (where `forward` would cut a
+//! long call into chunks: `cap` = the chunk, or the streamed chunk of a hybrid prefill). Each
+//! step runs the next piece of as many entries as fit in the R rows of the buffers, as one
+//! forward (`step.rs`): the dense projections over all R' rows at once, RoPE, the KV writes
+//! and attention per piece over its own slot's cache, and per MoE layer the (token, expert)
+//! pairs of the whole step grouped by expert (the grouped kernels, and the hybrid tier's CPU
+//! misses through the pool, read each expert once per step). Logits only for the rows asked
+//! for: those rows are normed back to back into h and go through the head in blocks.
+//! A decode step of S one-token pieces replays a graph captured for S (`model.rs`).
+//!
+//! Legend: R' = rows of the step (Σ piece lengths ≤ R), S = pieces, V = vocab.
+
+use super::launch::{Seg, LOGIT_ROWS};
+use super::model::GpuModel;
+use crate::cuda::as_bytes_mut;
+use crate::error::Result;
+use crate::model::batch::{check_batch, logits_len, Entry};
+use crate::model::Logits;
+
+/// One entry's piece in a step: `t` tokens of entry `entry` from its token `tok0`, at slot
+/// positions `p0..p0 + t` and step rows `r0..r0 + t`; its last `logit_rows` rows' logits go
+/// to the call's buffer at float `dst`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Piece {
+    entry: usize,
+    slot: usize,
+    tok0: usize,
+    p0: usize,
+    r0: usize,
+    t: usize,
+    logit_rows: usize,
+    dst: usize,
+}
+
+/// Per-call bookkeeping, sized for `n_slots` entries at load (a step allocates nothing).
+#[derive(Default)]
+pub(super) struct BatchScratch {
+    pieces: Vec<Piece>,
+    pub(super) segs: Vec<Seg>, // [S] the pieces' rows
+    done: Vec<usize>,          // [entries] tokens run so far
+    starts: Vec<usize>,        // [entries] slot length before the call
+    offs: Vec<usize>,          // [entries] first float of the entry's logits
+}
+
+impl BatchScratch {
+    pub(super) fn new(n_slots: usize) -> BatchScratch {
+        BatchScratch {
+            pieces: Vec::with_capacity(n_slots),
+            segs: Vec::with_capacity(n_slots),
+            done: Vec::with_capacity(n_slots),
+            starts: Vec::with_capacity(n_slots),
+            offs: Vec::with_capacity(n_slots),
+        }
+    }
+}
+
+impl GpuModel {
+    /// A batched step (`model::batch`): every entry continues its slot; the requested logits
+    /// go to `out` back to back in entry order. A refused or failed call changes no slot.
+    pub fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
+        let (vocab, n_ctx) = (self.hp.n_vocab, self.cfg.n_ctx);
+        check_batch(entries, |s| self.slot_len(s), out.len(), vocab, n_ctx)?;
+        let mut ss = std::mem::take(&mut self.steps);
+        let res = self.run_batch(entries, out, &mut ss);
+        if res.is_err() {
+            // no copy from the staging buffers stays in flight; every slot as it was
+            let _ = self.x.stream.sync();
+            for (e, &start) in entries.iter().zip(&ss.starts) {
+                self.lens[e.slot] = start;
+            }
+        }
+        self.steps = ss;
+        res
+    }
+
+    fn run_batch(
+        &mut self,
+        entries: &[Entry<'_>],
+        out: &mut [f32],
+        ss: &mut BatchScratch,
+    ) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
+        let cap = self.chunk_for(total); // R
+        ss.done.clear();
+        ss.starts.clear();
+        ss.offs.clear();
+        let mut off = 0;
+        for e in entries {
+            ss.done.push(0);
+            ss.starts.push(self.lens[e.slot]);
+            ss.offs.push(off);
+            off += logits_len(e.want, e.tokens.len(), vocab);
+        }
+        loop {
+            // The next piece of every entry that still has tokens and fits, in entry order.
+            ss.pieces.clear();
+            ss.segs.clear();
+            let mut rows = 0;
+            for (i, e) in entries.iter().enumerate() {
+                let (n, done) = (e.tokens.len(), ss.done[i]);
+                let t = (n - done).min(cap);
+                if t == 0 || rows + t > cap {
+                    continue;
+                }
+                let last = done + t == n;
+                let (logit_rows, dst) = match e.want {
+                    Logits::Last if last => (1, ss.offs[i]),
+                    Logits::All => (t, ss.offs[i] + done * vocab),
+                    _ => (0, 0),
+                };
+                ss.pieces.push(Piece {
+                    entry: i,
+                    slot: e.slot,
+                    tok0: done,
+                    p0: ss.starts[i] + done,
+                    r0: rows,
+                    t,
+                    logit_rows,
+                    dst,
+                });
+                ss.segs.push(Seg { r0: rows, t });
+                rows += t;
+            }
+            if ss.pieces.is_empty() {
+                return Ok(());
+            }
+            self.step(entries, ss, out)?;
+            for p in &ss.pieces {
+                ss.done[p.entry] += p.t;
+                self.lens[p.slot] = p.p0 + p.t;
+            }
+        }
+    }
+
+    /// One step over `ss.pieces` (R' rows): `params` written, the layers launched (or a
+    /// decode graph replayed), each piece's logit rows to its `dst` in `out`; the stream is
+    /// idle after.
+    fn step(&mut self, entries: &[Entry<'_>], ss: &BatchScratch, out: &mut [f32]) -> Result<()> {
+        let (n_seg, t) = (ss.pieces.len(), super::step::rows(&ss.segs));
+        // (pos0, slot) per piece, then the token ids of the rows → pinned staging → `params`
+        // (ordered before the kernels; the staging is rewritten only after this step's sync)
+        let nb = 4 * (2 * n_seg + t);
+        {
+            let pin = &mut self.pin_params.as_mut_slice()[..nb];
+            let pairs = ss.pieces.iter().flat_map(|p| [p.p0 as i32, p.slot as i32]);
+            let ids = ss.pieces.iter().flat_map(|p| {
+                let e = &entries[p.entry];
+                e.tokens[p.tok0..p.tok0 + p.t].iter().map(|&x| x as i32)
+            });
+            for (c, v) in pin.chunks_exact_mut(4).zip(pairs.chain(ids)) {
+                c.copy_from_slice(&v.to_ne_bytes());
+            }
+        }
+        let x = &self.x;
+        x.b.params
+            .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
+        self.moe.before_step(&x.stream)?;
+        // a decode step of S one-token pieces: its graph (captured after one eager step)
+        let decode = (t == n_seg).then_some(n_seg);
+        let head_done = self.launch_layers(decode, &ss.segs)?;
+        self.moe.step_launched(&self.x)?;
+        if head_done {
+            let p = &ss.pieces[0];
+            let dst = (p.logit_rows > 0).then(|| &mut out[p.dst..p.dst + self.hp.n_vocab]);
+            self.logits_pinned(dst)?;
+        } else {
+            self.logits_out(&ss.pieces, out)?;
+        }
+        self.moe.after_step(&self.x)
+    }
+
+    /// The one-token step's logits row (the whole graph's head) to `dst` through the pinned
+    /// staging (then the stream is idle); without `dst`, only the sync.
+    fn logits_pinned(&mut self, dst: Option<&mut [f32]>) -> Result<()> {
+        let (x, vocab) = (&self.x, self.hp.n_vocab);
+        if let Some(dst) = dst {
+            let n = 4 * vocab;
+            x.b.logits
+                .read_async(&x.stream, 0, &mut self.pin_logits, 0, n)?;
+            x.stream.sync()?;
+            as_bytes_mut(&mut dst[..vocab]).copy_from_slice(&self.pin_logits.as_slice()[..n]);
+            Ok(())
+        } else {
+            x.stream.sync()
+        }
+    }
+
+    /// The pieces' logit rows: normed back to back into h [Σ logit rows, H], the head over
+    /// them in blocks of LOGIT_ROWS, each block's rows copied to their pieces' `dst` in `out`
+    /// (through the pinned staging when the block fits it); then the stream is idle.
+    fn logits_out(&mut self, pieces: &[Piece], out: &mut [f32]) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let mut hr = 0; // rows of h filled
+        for p in pieces.iter().filter(|p| p.logit_rows > 0) {
+            let lr = p.logit_rows;
+            self.x.final_norm(p.r0 + p.t - lr, hr, lr)?;
+            hr += lr;
+        }
+        let pin_rows = self.pin_logits.len() / (4 * vocab);
+        let mut a = 0;
+        while a < hr {
+            let nr = (hr - a).min(LOGIT_ROWS);
+            let x = &self.x;
+            x.head(a, nr)?; // logits [nr, V] = h rows a .. a + nr
+            let pinned = nr <= pin_rows;
+            if pinned {
+                let n = 4 * nr * vocab;
+                x.b.logits
+                    .read_async(&x.stream, 0, &mut self.pin_logits, 0, n)?;
+                x.stream.sync()?;
+            }
+            // each piece's rows [h0, h0 + lr) of h that fall in this block
+            let mut h0 = 0;
+            for p in pieces.iter().filter(|p| p.logit_rows > 0) {
+                let (i0, i1) = (h0.max(a), (h0 + p.logit_rows).min(a + nr));
+                if i0 < i1 {
+                    let d = p.dst + (i0 - h0) * vocab;
+                    let dst = &mut out[d..d + (i1 - i0) * vocab];
+                    if pinned {
+                        let src = &self.pin_logits.as_slice()[4 * (i0 - a) * vocab..];
+                        let nb = 4 * dst.len();
+                        as_bytes_mut(dst).copy_from_slice(&src[..nb]);
+                    } else {
+                        self.x
+                            .b
+                            .logits
+                            .read_into(&self.x.stream, (i0 - a) * vocab, dst)?;
+                    }
+                }
+                h0 += p.logit_rows;
+            }
+            a += nr;
+        }
+        if hr == 0 {
+            self.x.stream.sync()?;
+        }
+        Ok(())
+    }
+}

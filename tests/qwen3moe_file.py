@@ -2,6 +2,12 @@
 and metadata llama.cpp uses (docs/FORMATS.md §4) and a minimal byte-level BPE tokenizer that
 llama.cpp accepts. Shared by the model tests and scripts/make_hf_golden.py.
 
+`Shape.arch` also writes the other MoE families the engine runs, in the layout llama.cpp's
+converter writes them (tests/test_model_families.py checks it against the converter's own
+files in tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
+ffn_{gate,up,down}_shexp (Fs, H)/(H, Fs) with its gate ffn_gate_inp_shexp (1, H)) and the
+Mixtral-style `llama` (no q/k norms, expert width in feed_forward_length).
+
 Tensors are given in numpy order (ggml ne reversed): token_embd (V, H), attn_q (Nh·D, H),
 attn_k/attn_v (Nkv·D, H), attn_output (H, Nh·D), ffn_gate_inp (E, H), ffn_gate_exps /
 ffn_up_exps (E, F, H), ffn_down_exps (E, H, F), norms (H,) or (D,).
@@ -39,6 +45,8 @@ class Shape:
     rope_scaling: str = "none"  # "none", "linear" or "yarn"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
+    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe" or "llama"
+    n_ff_shexp: int = 0  # qwen2moe's shared expert width
 
 
 def byte_tokens() -> list[str]:
@@ -103,13 +111,21 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         t[p + "attn_k.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_v.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_output.weight"] = lin(h, s.n_head * d)
-        t[p + "attn_q_norm.weight"] = norm(d)
-        t[p + "attn_k_norm.weight"] = norm(d)
+        if s.arch == "qwen3moe":
+            t[p + "attn_q_norm.weight"] = norm(d)
+            t[p + "attn_k_norm.weight"] = norm(d)
         t[p + "ffn_norm.weight"] = norm(h)
         t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
         t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
         t[p + "ffn_up_exps.weight"] = lin(e, f, h)
         t[p + "ffn_down_exps.weight"] = lin(e, h, f)
+        if s.arch == "qwen2moe":
+            for n, w in (("q", s.n_head * d), ("k", s.n_head_kv * d), ("v", s.n_head_kv * d)):
+                t[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(w)).astype(np.float32)
+            t[p + "ffn_gate_inp_shexp.weight"] = lin(1, h)
+            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
     return t
 
 
@@ -117,17 +133,26 @@ def write(
     path: Path,
     s: Shape,
     tensors: dict[str, np.ndarray],
-    arch: str = "qwen3moe",
+    arch: str | None = None,
     drop: tuple[str, ...] = (),
 ) -> Path:
-    """Writes the file; `drop` names metadata keys to leave out (for refusal tests)."""
+    """Writes the file (of `arch`, else `s.arch`); `drop` names metadata keys to leave out
+    (for refusal tests)."""
+    arch = arch or s.arch
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("strata-test-qwen3moe")
+    w.add_name(f"strata-test-{arch}")
     w.add_block_count(s.n_layer)
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
-    w.add_expert_feed_forward_length(s.n_ff_exp)
+    if arch == "llama":  # the converter's Mixtral: the expert width is feed_forward_length
+        w.add_feed_forward_length(s.n_ff_exp)
+        w.add_vocab_size(s.n_vocab)
+        w.add_rope_dimension_count(s.head_dim)
+    else:
+        w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_exp)
+    if s.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_expert_used)
     w.add_head_count(s.n_head)

@@ -1,0 +1,134 @@
+"""The MoE families beside qwen3moe, on the CPU path: qwen2moe (Q/K/V biases, softmax routing
+without renormalization, a shared expert with a sigmoid gate) and the Mixtral-style `llama`
+(NORM RoPE, top-2 of 8 with renormalized softmax).
+
+Oracles:
+- HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`): random tiny models written to
+  GGUF by llama.cpp's own converter, with their float32 logits, both made by
+  scripts/make_family_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
+- llama.cpp (llama-cpp-python) on larger files of the same layout written by gguf-py
+  (`qwen3moe_file`, whose layout is checked here against the converter's files) and quantized
+  by llama.cpp's quantizer: the filtered thresholds of tests/test_model_llamacpp.py (greedy
+  equal up to llama.cpp's first near-tie on ≥ 9/10 prompts; top-1 where llama.cpp is sure).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import qwen3moe_file as qf
+from strata._core import Model
+from strata.errors import ModelError
+from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
+
+GOLDEN = Path(__file__).parent / "golden"
+ARCH = {"qwen2moe": "qwen2moe", "mixtral": "llama"}
+# The shapes scripts/make_family_goldens.py gives transformers, as the test writer's Shape.
+GOLDEN_SHAPES = {
+    "qwen2moe": qf.Shape(
+        n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
+        n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="qwen2moe", n_ff_shexp=96,
+    ),
+    "mixtral": qf.Shape(
+        n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
+        n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="llama",
+    ),
+}  # fmt: skip
+FAMILIES = list(GOLDEN_SHAPES)
+
+
+def metadata(path: Path) -> tuple[dict[str, Any], dict[str, tuple[tuple[int, ...], str]]]:
+    """The architecture's hyper-parameters and every tensor's (ggml ne, type)."""
+    r = gguf.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    kv = {k: f.contents() for k, f in r.fields.items() if k.startswith(f"{arch}.")}
+    tensors = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type.name) for t in r.tensors}
+    return kv, tensors
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_logits_match_transformers(fam: str) -> None:
+    g = np.load(GOLDEN / f"hf_{fam}_logits.npz")
+    prompts, refs = g["prompts"], g["logits"]
+    assert prompts.shape[1] >= 64 and len(prompts) >= 3
+    m = Model.open(GOLDEN / f"{fam}_f32.gguf", n_ctx=128, kv_type="f32", prefill_chunk=32)
+    assert m.hparams["architecture"] == ARCH[fam]
+    worst = 0.0
+    for p, ref in zip(prompts, refs, strict=True):
+        m.free(0)
+        ours = m.forward(0, [int(x) for x in p], logits="all")
+        worst = max(worst, float(np.abs(ours - ref).max() / np.abs(ref).max()))
+        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.99
+    print(f"{fam}: max |Δ| / max |ref| = {worst:.2e} (transformers {g['transformers_version']})")
+    assert worst <= 1e-4
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_test_writer_has_the_converters_layout(fam: str, tmp_path: Path) -> None:
+    """The gguf-py files the llama.cpp comparisons below run have the tensors, shapes, types
+    and hyper-parameters llama.cpp's converter writes for the family."""
+    s = GOLDEN_SHAPES[fam]
+    ours = qf.write(tmp_path / "w.gguf", s, qf.random_tensors(s, 0))
+    kv_conv, t_conv = metadata(GOLDEN / f"{fam}_f32.gguf")
+    kv_ours, t_ours = metadata(ours)
+    assert t_ours == t_conv
+    assert {k: kv_ours.get(k) for k in kv_conv} == pytest.approx(kv_conv)
+
+
+def family_file(fam: str, root: Path, ty: str) -> Path:
+    s = qf.Shape(
+        n_layer=2, n_expert=8, n_expert_used=2, arch=ARCH[fam],
+        n_ff_shexp=256 if fam == "qwen2moe" else 0,
+    )  # fmt: skip
+    f32 = root / f"{fam}-F32.gguf"
+    if not f32.exists():
+        qf.write(f32, s, qf.random_tensors(s, 5))
+    if ty == "F32":
+        return f32
+    out = root / f"{fam}-{ty}.gguf"
+    if not out.exists():
+        qf.quantize(f32, out, ty)
+    return out
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("families")
+
+
+@pytest.mark.parametrize("ty", ["F32", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_greedy_matches_llamacpp(fam: str, ty: str, root: Path) -> None:
+    run = greedy_run(family_file(fam, root, ty), f"{fam} {ty}", "f16")
+    assert run.same >= 9
+    assert run.agree >= 0.99
+
+
+@pytest.mark.parametrize("ty", ["F32", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_greedy_unfiltered_where_bitwise(fam: str, ty: str, root: Path) -> None:
+    """Whole 64-token continuations, past near-ties: where ggml runs the AVX2 float orders."""
+    if GGML_PATH != "avx2":
+        pytest.skip(f"bit-for-bit check not asserted: {NOT_EXACT_WHY}")
+    assert greedy_run(family_file(fam, root, ty), f"{fam} {ty}", "f16").full >= 9
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_logits_agree_with_llamacpp(fam: str, root: Path) -> None:
+    run = logits_run(family_file(fam, root, "Q8_0"), f"{fam} Q8_0", "f16")
+    assert run.agree >= 0.99
+    assert run.kl <= 1e-3
+
+
+def test_unsupported_family_is_refused_with_the_list(tmp_path: Path) -> None:
+    s = GOLDEN_SHAPES["mixtral"]
+    p = qf.write(tmp_path / "g.gguf", s, qf.random_tensors(s, 0), arch="grok")
+    with pytest.raises(ModelError, match=r'"grok" is not supported; Strata runs: qwen3moe, qwen3'):
+        Model.open(p)
+    dense = qf.write(tmp_path / "d.gguf", s, qf.random_tensors(s, 0), drop=("llama.expert_count",))
+    with pytest.raises(ModelError, match=r"expert_count = 0.*Mixtral-style llama"):
+        Model.open(dense)

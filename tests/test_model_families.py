@@ -132,3 +132,36 @@ def test_unsupported_family_is_refused_with_the_list(tmp_path: Path) -> None:
     dense = qf.write(tmp_path / "d.gguf", s, qf.random_tensors(s, 0), drop=("llama.expert_count",))
     with pytest.raises(ModelError, match=r"expert_count = 0.*Mixtral-style llama"):
         Model.open(dense)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_server_serves_the_family(fam: str, tmp_path: Path) -> None:
+    """End to end on the converter's file: greedy completions equal `strata.LLM`'s loop, a
+    streamed chat completion (the file's chat template) finishes, /v1/status names the file."""
+    import openai
+    from server_harness import Server
+    from strata.llm import LLM
+    from test_server_model import reference
+
+    path = GOLDEN / f"{fam}_f32.gguf"
+    llm = LLM(str(path))
+    srv = Server(engine="llm", model=path, cache_dir=tmp_path, n_ctx=256)
+    try:
+        assert srv.http.get("/v1/status").json()["model"]["path"] == str(path)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        model_id = client.models.list().data[0].id
+        for prompt in ["The cat sat on", "def main():"]:
+            r = client.completions.create(model=model_id, prompt=prompt, max_tokens=8, temperature=0)
+            assert (r.choices[0].text, r.choices[0].finish_reason) == reference(llm, prompt, 8)
+        chunks = list(
+            client.chat.completions.create(
+                model=model_id,
+                messages=[{"role": "user", "content": "hello"}],
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+            )
+        )
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    finally:
+        srv.stop()

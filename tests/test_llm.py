@@ -67,7 +67,8 @@ def test_refusals_name_what_is_wrong(tmp_path: Path) -> None:
     t = qf.random_tensors(SHAPE, 1)
     p = qf.write(tmp_path / "gpt2.gguf", SHAPE, t, arch="gpt2")
     with pytest.raises(
-        ModelError, match=r"architecture \"gpt2\" is not supported.*qwen3moe, qwen3, qwen2moe, llama"
+        ModelError,
+        match=r"architecture \"gpt2\" is not supported.*qwen3moe, qwen3, qwen2moe, llama",
     ):
         Model.open(p)
     p = qf.write(tmp_path / "nokey.gguf", SHAPE, t, drop=("qwen3moe.expert_count",))

@@ -151,7 +151,9 @@ def test_server_serves_the_family(fam: str, tmp_path: Path) -> None:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         model_id = client.models.list().data[0].id
         for prompt in ["The cat sat on", "def main():"]:
-            r = client.completions.create(model=model_id, prompt=prompt, max_tokens=8, temperature=0)
+            r = client.completions.create(
+                model=model_id, prompt=prompt, max_tokens=8, temperature=0
+            )
             assert (r.choices[0].text, r.choices[0].finish_reason) == reference(llm, prompt, 8)
         chunks = list(
             client.chat.completions.create(

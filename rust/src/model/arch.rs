@@ -59,7 +59,10 @@ impl Family {
     }
 
     pub fn name(self) -> &'static str {
-        SUPPORTED.iter().find(|(_, f)| *f == self).map_or("?", |(n, _)| n)
+        SUPPORTED
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |(n, _)| n)
     }
 
     /// The family's graph; `meta` answers the per-file options (see `MetaRead`).
@@ -69,10 +72,7 @@ impl Family {
             qk_norm: true,
             qkv_bias: false,
             ffn: Ffn::Routed,
-            routing: Routing::Softmax {
-                norm: true,
-                scale: 1.0,
-            },
+            routing: Routing::Softmax { norm: true },
             shared_expert: false,
         };
         Ok(match self {
@@ -84,9 +84,10 @@ impl Family {
             Family::Qwen2Moe => Graph {
                 qk_norm: false,
                 qkv_bias: true,
+                // llama.cpp's qwen2moe hard-codes no renormalization; a file that sets
+                // expert_weights_norm (HF's norm_topk_prob) gets it.
                 routing: Routing::Softmax {
                     norm: meta.flag("expert_weights_norm")?.unwrap_or(false),
-                    scale: meta.weights_scale()?,
                 },
                 shared_expert: true,
                 ..qwen3
@@ -108,10 +109,6 @@ impl Family {
                 Graph {
                     rope: RopeMode::Norm,
                     qk_norm: false,
-                    routing: Routing::Softmax {
-                        norm: true,
-                        scale: meta.weights_scale()?,
-                    },
                     ..qwen3
                 }
             }
@@ -135,16 +132,7 @@ impl Family {
 pub trait MetaRead {
     fn flag(&self, key: &str) -> Result<Option<bool>>;
     fn count(&self, key: &str) -> Result<Option<usize>>;
-    fn number(&self, key: &str) -> Result<Option<f32>>;
     fn present(&self, key: &str) -> bool;
-
-    /// `expert_weights_scale`: 0 or absent means no scaling (llama.cpp's convention).
-    fn weights_scale(&self) -> Result<f32> {
-        Ok(match self.number("expert_weights_scale")? {
-            Some(s) if s != 0.0 => s,
-            _ => 1.0,
-        })
-    }
 }
 
 /// Where RoPE's rotated pairs lie in a head (llama.cpp's `LLAMA_ROPE_TYPE_*`).
@@ -169,27 +157,22 @@ pub enum Ffn {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Routing {
     /// Softmax over all E logits (f32), the top K by probability (ties: lower id first);
-    /// renormalized to sum 1 when `norm` (ggml's f64 sum clamped at 2^-14), then × `scale`
-    /// (skipped when 1).
-    Softmax { norm: bool, scale: f32 },
+    /// renormalized to sum 1 when `norm` (ggml's f64 sum clamped at 2^-14). Over the selected
+    /// K this is the softmax of their logits (Mixtral's "softmax over the top-K").
+    Softmax { norm: bool },
 }
 
 impl Routing {
     /// Routes one token: `p` is [E] logits (destroyed), `ids` and `w` are [K].
     pub fn route(&self, p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
         match *self {
-            Routing::Softmax { norm, scale } => {
+            Routing::Softmax { norm } => {
                 crate::quant::vexp::softmax(p, false);
                 top_k_taken(p, ids, w);
                 if norm {
                     let sum = (w.iter().map(|&v| v as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
                     for v in w.iter_mut() {
                         *v /= sum;
-                    }
-                }
-                if scale != 1.0 {
-                    for v in w.iter_mut() {
-                        *v *= scale;
                     }
                 }
             }
@@ -235,10 +218,7 @@ mod tests {
     fn softmax_norm_picks_top_k_and_renormalizes() {
         let mut p = [0.0f32, 3.0, 1.0, 3.0, -2.0];
         let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
-        let r = Routing::Softmax {
-            norm: true,
-            scale: 1.0,
-        };
+        let r = Routing::Softmax { norm: true };
         r.route(&mut p, &mut ids, &mut w);
         assert_eq!(ids, [1, 3]);
         assert!((w[0] - 0.5).abs() < 1e-6 && (w[1] - 0.5).abs() < 1e-6);
@@ -248,13 +228,17 @@ mod tests {
     fn softmax_without_norm_keeps_probabilities() {
         let mut p = [0.0f32, 1.0f32.ln(), 2.0f32.ln(), 5.0f32.ln()]; // probs 1,1,2,5 / 9
         let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
-        let r = Routing::Softmax {
-            norm: false,
-            scale: 2.0,
-        };
+        let r = Routing::Softmax { norm: false };
         r.route(&mut p, &mut ids, &mut w);
         assert_eq!(ids, [3, 2]);
-        assert!((w[0] - 10.0 / 9.0).abs() < 1e-6 && (w[1] - 4.0 / 9.0).abs() < 1e-6);
+        assert!((w[0] - 5.0 / 9.0).abs() < 1e-6 && (w[1] - 2.0 / 9.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gpu_refuses_cpu_only_families() {
+        assert!(Family::Qwen3Moe.require_gpu().is_ok());
+        let e = Family::Qwen2Moe.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"qwen2moe\" runs on the CPU path only") && e.contains("qwen3moe"));
     }
 
     #[test]

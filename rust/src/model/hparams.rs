@@ -142,10 +142,6 @@ impl MetaRead for Meta<'_> {
         self.u(k)
     }
 
-    fn number(&self, k: &str) -> Result<Option<f32>> {
-        self.f(k)
-    }
-
     fn present(&self, k: &str) -> bool {
         self.get(k).is_some()
     }

@@ -201,4 +201,23 @@ mod tests {
         assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[2] - 3f32.sin()).abs() < 1e-6);
         assert_eq!(x[4], 7.0);
     }
+
+    #[test]
+    fn rope_norm_rotates_adjacent_pairs() {
+        let r = Rope {
+            mode: RopeMode::Norm,
+            n_rot: 4,
+            theta_scale: 0.01,
+            freq_scale: 1.0,
+            mix: Vec::new(),
+            mscale: 1.0,
+        };
+        let (mut c, mut s) = ([0f32; 2], [0f32; 2]);
+        r.table(3, &mut c, &mut s);
+        let mut x = [1.0f32, 0.0, 0.0, 1.0];
+        r.apply(&mut x, 4, &c, &s);
+        // pair (0, 1) rotated by 3 rad, pair (2, 3) by 0.03 rad
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[2] + 0.03f32.sin()).abs() < 1e-6 && (x[3] - 0.03f32.cos()).abs() < 1e-6);
+    }
 }

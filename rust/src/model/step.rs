@@ -19,7 +19,7 @@
 use super::attn_par::attend_chunk;
 use super::batch::{check_batch, logits_len, Entry};
 use super::blocks::{add_bias_rows, shared_expert, SharedScratch};
-use super::compute::{ExpertLayer, QExperts};
+use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::forward::{tier_tables, Logits, Model};
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
@@ -291,10 +291,7 @@ impl Model {
             // [R', H]: every pair of the step grouped by expert
             compute.moe_segs(
                 layer,
-                h,
-                &s.ids[..t * k],
-                &s.wts[..t * k],
-                k,
+                &MoeInput::new(h, &s.ids[..t * k], &s.wts[..t * k], k),
                 segs,
                 &mut s.o[..t * hd],
             )?;

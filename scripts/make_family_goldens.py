@@ -102,18 +102,7 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
 
     def toy_vocab() -> None:
-        toks, types, merges = qf.vocab(hparams["vocab_size"])
-        w = m.gguf_writer
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(toks)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        w.add_bos_token_id(toks.index("<|endoftext|>"))
-        w.add_eos_token_id(toks.index("<|im_end|>"))
-        w.add_pad_token_id(toks.index("<|endoftext|>"))
-        w.add_add_bos_token(False)
-        w.add_chat_template(qf.CHAT_TEMPLATE)
+        qf.add_vocab(m.gguf_writer, hparams["vocab_size"])
 
     with torch.inference_mode():
         m = cls(src, gguf.LlamaFileType.ALL_F32, dst, eager=True, model_name=name)

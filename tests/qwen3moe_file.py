@@ -85,6 +85,21 @@ def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return toks, types, merges
 
 
+def add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """The tokenizer metadata: `vocab(n_vocab)` as a GPT-2-style BPE, and the chat template."""
+    toks, types, merges = vocab(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(toks.index("<|endoftext|>"))
+    w.add_eos_token_id(toks.index("<|im_end|>"))
+    w.add_pad_token_id(toks.index("<|endoftext|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
 def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
     """Random weights with the spread docs/test-models.md "Weight scales" gives: linear and
     router std 1/sqrt(fan_in), embeddings std 1, norm weights near 1. `router_scale`
@@ -167,17 +182,7 @@ def write(
         if s.rope_orig_ctx:
             w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    toks, types, merges = vocab(s.n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
-    w.add_pad_token_id(toks.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    add_vocab(w, s.n_vocab)
     for name, arr in tensors.items():
         w.add_tensor(name, np.ascontiguousarray(arr))
     for key in drop:

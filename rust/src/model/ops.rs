@@ -183,16 +183,20 @@ mod tests {
         assert!((o[1] / o[0] - (-4.0 / 3.0)).abs() < 1e-6);
     }
 
-    #[test]
-    fn rope_preserves_norm_and_matches_rotation() {
-        let r = Rope {
-            mode: RopeMode::Neox,
+    fn rope4(mode: RopeMode) -> Rope {
+        Rope {
+            mode,
             n_rot: 4,
             theta_scale: 0.01,
             freq_scale: 1.0,
             mix: Vec::new(),
             mscale: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_matches_rotation() {
+        let r = rope4(RopeMode::Neox);
         let (mut c, mut s) = ([0f32; 2], [0f32; 2]);
         r.table(3, &mut c, &mut s);
         let mut x = [1.0f32, 0.0, 0.0, 0.0, 7.0];
@@ -204,14 +208,7 @@ mod tests {
 
     #[test]
     fn rope_norm_rotates_adjacent_pairs() {
-        let r = Rope {
-            mode: RopeMode::Norm,
-            n_rot: 4,
-            theta_scale: 0.01,
-            freq_scale: 1.0,
-            mix: Vec::new(),
-            mscale: 1.0,
-        };
+        let r = rope4(RopeMode::Norm);
         let (mut c, mut s) = ([0f32; 2], [0f32; 2]);
         r.table(3, &mut c, &mut s);
         let mut x = [1.0f32, 0.0, 0.0, 1.0];

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Float oracles for the qwen2moe and Mixtral-style llama families: HF transformers' models
-written to GGUF by llama.cpp's own converter.
+"""Float oracles for the qwen2moe, Mixtral-style llama and glm4moe families: HF transformers'
+models written to GGUF by llama.cpp's own converter.
 
     python scripts/make_family_goldens.py --llama-cpp DIR [--out tests/golden]
 
-For each family, builds a random tiny `Qwen2MoeForCausalLM` / `MixtralForCausalLM` (float32,
+For each family, builds a random tiny `Qwen2MoeForCausalLM` / `MixtralForCausalLM` /
+`Glm4MoeForCausalLM` (float32,
 eager attention; every weight drawn with numpy from a fixed seed in state-dict order:
 linear std 1/sqrt(fan_in), embeddings std 1, norms near 1, biases std 0.1), saves it with
 `save_pretrained`, converts it with llama.cpp's converter (`conversion.get_model_class` from
@@ -66,6 +67,32 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "MixtralForCausalLM",
         dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6),
     ),
+    # One leading dense layer, one shared expert, sigmoid routing with the selection bias
+    # (e_score_correction_bias, drawn like the other biases), partial RoPE.
+    "glm4moe": (
+        "Glm4MoeForCausalLM",
+        dict(
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            attention_bias=True,
+            use_qk_norm=False,
+            num_nextn_predict_layers=0,
+            rope_parameters={
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5,
+                "rope_type": "default",
+            },
+        ),
+    ),
 }
 
 
@@ -121,7 +148,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     for i, (fam, (cls_name, kw)) in enumerate(FAMILIES.items()):
         cfg_cls = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))
-        cfg = cfg_cls(**COMMON, **kw)
+        cfg = cfg_cls(**{**COMMON, **kw})
         cfg._attn_implementation = "eager"
         model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
         randomize(model, SEED + i)

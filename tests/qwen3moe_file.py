@@ -45,8 +45,13 @@ class Shape:
     rope_scaling: str = "none"  # "none", "linear" or "yarn"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
-    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe" or "llama"
-    n_ff_shexp: int = 0  # qwen2moe's shared expert width
+    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe", "llama" or "glm4moe"
+    n_ff_shexp: int = 0  # the shared expert's width (qwen2moe, glm4moe)
+    # glm4moe: leading dense layers and their FFN width, rotated dims, expert weight scale
+    n_dense_lead: int = 0
+    n_ff_dense: int = 0
+    n_rot: int = 0  # 0: head_dim
+    weights_scale: float = 1.0
 
 
 def byte_tokens() -> list[str]:
@@ -129,7 +134,21 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         if s.arch == "qwen3moe":
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
-        t[p + "ffn_norm.weight"] = norm(h)
+        if s.arch == "glm4moe":
+            for n, w in (("q", s.n_head * d), ("k", s.n_head_kv * d), ("v", s.n_head_kv * d)):
+                t[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(w)).astype(np.float32)
+            t[p + "post_attention_norm.weight"] = norm(h)
+            if i < s.n_dense_lead:
+                t[p + "ffn_gate.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
+                continue
+            t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
+            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+        else:
+            t[p + "ffn_norm.weight"] = norm(h)
         t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
         t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
         t[p + "ffn_up_exps.weight"] = lin(e, f, h)
@@ -163,10 +182,22 @@ def write(
         w.add_feed_forward_length(s.n_ff_exp)
         w.add_vocab_size(s.n_vocab)
         w.add_rope_dimension_count(s.head_dim)
+    elif arch == "glm4moe":  # as the converter writes Glm4MoeForCausalLM
+        w.add_feed_forward_length(s.n_ff_dense)
+        w.add_expert_feed_forward_length(s.n_ff_exp)
+        w.add_expert_shared_count(s.n_ff_shexp // s.n_ff_exp)
+        w.add_leading_dense_block_count(s.n_dense_lead)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(s.weights_scale)
+        w.add_expert_weights_norm(True)
+        w.add_expert_group_count(1)
+        w.add_expert_group_used_count(1)
+        w.add_rope_dimension_count(s.n_rot or s.head_dim)
+        w.add_nextn_predict_layers(0)
     else:
         w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
         w.add_expert_feed_forward_length(s.n_ff_exp)
-    if s.n_ff_shexp:
+    if s.n_ff_shexp and arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_expert_used)

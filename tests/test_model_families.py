@@ -1,11 +1,13 @@
 """The MoE families beside qwen3moe, on the CPU path: qwen2moe (Q/K/V biases, softmax routing
-without renormalization, a shared expert with a sigmoid gate) and the Mixtral-style `llama`
-(NORM RoPE, top-2 of 8 with renormalized softmax).
+without renormalization, a shared expert with a sigmoid gate), the Mixtral-style `llama`
+(NORM RoPE, top-2 of 8 with renormalized softmax) and glm4moe (a leading dense layer, sigmoid
+routing with the selection bias, renormalized and scaled, an ungated shared expert, Q/K/V
+biases, partial RoPE).
 
 Oracles:
-- HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`): random tiny models written to
-  GGUF by llama.cpp's own converter, with their float32 logits, both made by
-  scripts/make_family_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
+- HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`, `Glm4MoeForCausalLM`): random
+  tiny models written to GGUF by llama.cpp's own converter, with their float32 logits, both
+  made by scripts/make_family_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
 - llama.cpp (llama-cpp-python) on larger files of the same layout written by gguf-py
   (`qwen3moe_file`, whose layout is checked here against the converter's files) and quantized
   by llama.cpp's quantizer: the filtered thresholds of tests/test_model_llamacpp.py (greedy
@@ -14,6 +16,7 @@ Oracles:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from strata.errors import ModelError
 from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
 
 GOLDEN = Path(__file__).parent / "golden"
-ARCH = {"qwen2moe": "qwen2moe", "mixtral": "llama"}
+ARCH = {"qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe"}
 # The shapes scripts/make_family_goldens.py gives transformers, as the test writer's Shape.
 GOLDEN_SHAPES = {
     "qwen2moe": qf.Shape(
@@ -36,6 +39,11 @@ GOLDEN_SHAPES = {
     "mixtral": qf.Shape(
         n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
         n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="llama",
+    ),
+    "glm4moe": qf.Shape(
+        n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
+        n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="glm4moe", n_ff_shexp=32,
+        n_dense_lead=1, n_ff_dense=96, n_rot=8, weights_scale=2.5,
     ),
 }  # fmt: skip
 FAMILIES = list(GOLDEN_SHAPES)
@@ -80,10 +88,14 @@ def test_test_writer_has_the_converters_layout(fam: str, tmp_path: Path) -> None
 
 
 def family_file(fam: str, root: Path, ty: str) -> Path:
-    s = qf.Shape(
-        n_layer=2, n_expert=8, n_expert_used=2, arch=ARCH[fam],
-        n_ff_shexp=256 if fam == "qwen2moe" else 0,
-    )  # fmt: skip
+    s = qf.Shape(n_layer=2, n_expert=8, n_expert_used=2, arch=ARCH[fam])
+    if fam == "qwen2moe":
+        s = dataclasses.replace(s, n_ff_shexp=256)
+    if fam == "glm4moe":
+        s = dataclasses.replace(
+            s, n_layer=3, n_ff_shexp=256, n_dense_lead=1, n_ff_dense=512, n_rot=32,
+            weights_scale=2.5,
+        )  # fmt: skip
     f32 = root / f"{fam}-F32.gguf"
     if not f32.exists():
         qf.write(f32, s, qf.random_tensors(s, 5))

@@ -62,9 +62,9 @@ pub(super) struct Scratch {
     pub(super) router: Vec<f32>, // [T, E] router logits, then probabilities
     pub(super) ids: Vec<u32>,    // [T, K] chosen experts, by descending probability
     pub(super) wts: Vec<f32>,    // [T, K] their weights (`arch::Routing`)
-    pub(super) sh_g: Vec<f32>,   // [T, Fs] shared expert gate
-    pub(super) sh_u: Vec<f32>,   // [T, Fs] shared expert up
-    pub(super) sh_a: Vec<f32>,   // [T, Fs] silu(gate)·up
+    pub(super) sh_g: Vec<f32>,   // [T, Fs or Fd] shared expert / dense FFN gate
+    pub(super) sh_u: Vec<f32>,   // [T, Fs or Fd] up
+    pub(super) sh_a: Vec<f32>,   // [T, Fs or Fd] silu(gate)·up
     pub(super) sh_o: Vec<f32>,   // [T, H] shared expert output
     pub(super) sh_w: Vec<f32>,   // [T] shared expert gate logit
     pub(super) cos: Vec<f32>,    // [T, n_rot/2]
@@ -135,6 +135,7 @@ impl Model {
         )?;
         let t = cfg.max_chunk.min(cfg.n_ctx);
         let z = |n: usize| vec![0f32; t * n];
+        let ffn = hp.n_ff_shexp.max(hp.n_ff_dense); // the dense FFNs' widest
         let scratch = Scratch {
             x: z(hp.n_embd),
             h: z(hp.n_embd),
@@ -146,9 +147,9 @@ impl Model {
             router: z(hp.n_expert),
             ids: vec![0u32; t * hp.n_expert_used],
             wts: z(hp.n_expert_used),
-            sh_g: z(hp.n_ff_shexp),
-            sh_u: z(hp.n_ff_shexp),
-            sh_a: z(hp.n_ff_shexp),
+            sh_g: z(ffn),
+            sh_u: z(ffn),
+            sh_a: z(ffn),
             sh_o: z(if hp.n_ff_shexp > 0 { hp.n_embd } else { 0 }),
             sh_w: z(usize::from(hp.n_ff_shexp > 0)),
             cos: z(hp.n_rot / 2),

@@ -4,7 +4,7 @@
 //! Required keys are refused with a `Model` error naming the key; optional keys take the
 //! defaults llama.cpp uses. Shapes are cross-checked against the tensors in `weights`.
 
-use super::arch::{Family, Ffn, Graph, MetaRead};
+use super::arch::{Family, Ffn, Graph, MetaRead, Shared};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
 
@@ -52,6 +52,8 @@ pub struct HParams {
     /// Fs: the shared expert's feed-forward size (0 without a shared expert; filled from the
     /// tensors when the key is absent).
     pub n_ff_shexp: usize,
+    /// The leading dense layers' FFN width (`feed_forward_length`; 0 without such layers).
+    pub n_ff_dense: usize,
     /// V: vocabulary (rows of token_embd).
     pub n_vocab: usize,
     pub rms_eps: f32,
@@ -142,8 +144,16 @@ impl MetaRead for Meta<'_> {
         self.u(k)
     }
 
+    fn number(&self, k: &str) -> Result<Option<f32>> {
+        self.f(k)
+    }
+
     fn present(&self, k: &str) -> bool {
         self.get(k).is_some()
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.g.tensor(name).is_some()
     }
 }
 
@@ -191,7 +201,10 @@ impl HParams {
             arch: arch.to_string(),
             family,
             graph,
-            n_layer: m.req_u("block_count")?,
+            // The NextN (MTP) layers stored after the trunk are not run.
+            n_layer: m
+                .req_u("block_count")?
+                .saturating_sub(m.u("nextn_predict_layers")?.unwrap_or(0)),
             n_ctx_train: m.u("context_length")?.unwrap_or(0),
             n_embd,
             n_head,
@@ -201,9 +214,14 @@ impl HParams {
             n_expert,
             n_expert_used,
             n_ff_exp,
-            n_ff_shexp: match graph.shared_expert {
-                true => m.u("expert_shared_feed_forward_length")?.unwrap_or(0),
-                false => 0,
+            n_ff_shexp: match graph.shared {
+                Shared::None => 0,
+                Shared::Gated => m.u("expert_shared_feed_forward_length")?.unwrap_or(0),
+                Shared::Plain => n_ff_exp * m.u("expert_shared_count")?.unwrap_or(0),
+            },
+            n_ff_dense: match graph.dense_lead {
+                0 => 0,
+                _ => m.req_u("feed_forward_length")?,
             },
             n_vocab: 0,
             rms_eps,
@@ -259,6 +277,12 @@ impl HParams {
             return bad(format!(
                 "block_count, embedding_length, head_count and key_length must be > 0 ({} {} {} {})",
                 self.n_layer, self.n_embd, self.n_head, self.head_dim
+            ));
+        }
+        if self.graph.dense_lead >= self.n_layer {
+            return bad(format!(
+                "leading_dense_block_count {} leaves no MoE layer of {}",
+                self.graph.dense_lead, self.n_layer
             ));
         }
         if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {

@@ -13,7 +13,7 @@
 //! Which tensors a layer has follows the family's graph (`arch::Graph`): Q/K/V biases, q/k
 //! norms and the shared expert are loaded where the graph names them and must then be present.
 
-use super::arch::Ffn;
+use super::arch::{Ffn, Routing, Shared};
 use super::compute::{ExpertLayer, QExperts, QMatrix};
 use super::hparams::HParams;
 use crate::error::{Error, Result};
@@ -37,15 +37,20 @@ pub struct LayerWeights {
     pub gate: TensorInfo,   // (E, F, H)
     pub up: TensorInfo,     // (E, F, H)
     pub down: TensorInfo,   // (E, H, F)
+    /// A leading dense layer (`Graph::dense_lead`): gate/up/down hold its one FFN
+    /// (1, Fd, H) / (1, H, Fd), run as plain matrices; `router` is unused.
+    pub dense_ffn: bool,
+    /// The selection bias [E] of `Routing::SigmoidBias` (`exp_probs_b.bias`).
+    pub exp_probs_b: Option<Vec<f32>>,
     pub shared: Option<SharedExpert>,
 }
 
-/// A dense SwiGLU expert every token takes, scaled by sigmoid(gate_inp·x).
+/// A dense SwiGLU expert every token takes, scaled by sigmoid(gate_inp·x) where it has a gate.
 pub struct SharedExpert {
-    pub gate_inp: TensorInfo, // (1, H): ffn_gate_inp_shexp, [H] in the file
-    pub gate: TensorInfo,     // (Fs, H)
-    pub up: TensorInfo,       // (Fs, H)
-    pub down: TensorInfo,     // (H, Fs)
+    pub gate_inp: Option<TensorInfo>, // (1, H): ffn_gate_inp_shexp, [H] in the file
+    pub gate: TensorInfo,             // (Fs, H)
+    pub up: TensorInfo,               // (Fs, H)
+    pub down: TensorInfo,             // (H, Fs)
 }
 
 pub struct Weights {
@@ -188,12 +193,13 @@ impl Weights {
         })?;
         let gr = hp.graph;
         let dense = gr.ffn == Ffn::DenseAsOneExpert;
+        let moe0 = gr.dense_lead; // the first layer with experts
         if hp.n_ff_exp == 0 {
-            let t = tensor(g, "blk.0.ffn_gate_exps.weight")?;
+            let t = tensor(g, &format!("blk.{moe0}.ffn_gate_exps.weight"))?;
             hp.n_ff_exp = t.dims.get(1).copied().unwrap_or(0) as usize;
         }
-        if gr.shared_expert && hp.n_ff_shexp == 0 {
-            let t = tensor(g, "blk.0.ffn_gate_shexp.weight")?;
+        if gr.shared != Shared::None && hp.n_ff_shexp == 0 {
+            let t = tensor(g, &format!("blk.{moe0}.ffn_gate_shexp.weight"))?;
             hp.n_ff_shexp = t.dims.get(1).copied().unwrap_or(0) as usize;
         }
         let fs = hp.n_ff_shexp;
@@ -220,15 +226,29 @@ impl Weights {
                 ]),
                 false => None,
             };
-            let shared = match gr.shared_expert {
-                true => Some(SharedExpert {
-                    gate_inp: one_row(g, &n("ffn_gate_inp_shexp"), h)?,
+            let lead = l < gr.dense_lead;
+            let shared = match gr.shared {
+                Shared::None => None,
+                _ if lead => None,
+                sh => Some(SharedExpert {
+                    gate_inp: match sh {
+                        Shared::Gated => Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?),
+                        _ => None,
+                    },
                     gate: matrix(g, &n("ffn_gate_shexp"), fs, h)?,
                     up: matrix(g, &n("ffn_up_shexp"), fs, h)?,
                     down: matrix(g, &n("ffn_down_shexp"), h, fs)?,
                 }),
-                false => None,
             };
+            let exp_probs_b = match gr.routing {
+                Routing::SigmoidBias { .. } if !lead => Some(vector(g, &b("exp_probs_b"), e)?),
+                _ => None,
+            };
+            let (one, fl, fnorm) = (
+                dense || lead,
+                if lead { hp.n_ff_dense } else { f },
+                gr.ffn_norm,
+            );
             let qk = |s: &str| match gr.qk_norm {
                 true => vector(g, &n(s), d).map(Some),
                 false => Ok(None),
@@ -242,27 +262,29 @@ impl Weights {
                 q_norm: qk("attn_q_norm")?,
                 k_norm: qk("attn_k_norm")?,
                 qkv_bias,
-                ffn_norm: vector(g, &n("ffn_norm"), h)?,
-                router: if dense {
-                    one_expert_router(g, &n("ffn_norm"), h)?
+                ffn_norm: vector(g, &n(fnorm), h)?,
+                router: if one {
+                    one_expert_router(g, &n(fnorm), h)?
                 } else {
                     matrix(g, &n("ffn_gate_inp"), e, h)?
                 },
-                gate: if dense {
-                    one_expert(g, &n("ffn_gate"), f, h)?
+                gate: if one {
+                    one_expert(g, &n("ffn_gate"), fl, h)?
                 } else {
                     experts(g, &n("ffn_gate_exps"), e, f, h)?
                 },
-                up: if dense {
-                    one_expert(g, &n("ffn_up"), f, h)?
+                up: if one {
+                    one_expert(g, &n("ffn_up"), fl, h)?
                 } else {
                     experts(g, &n("ffn_up_exps"), e, f, h)?
                 },
-                down: if dense {
-                    one_expert(g, &n("ffn_down"), h, f)?
+                down: if one {
+                    one_expert(g, &n("ffn_down"), h, fl)?
                 } else {
                     experts(g, &n("ffn_down_exps"), e, h, f)?
                 },
+                dense_ffn: lead,
+                exp_probs_b,
                 shared,
             });
         }
@@ -309,6 +331,7 @@ impl Weights {
     pub fn expert_bytes(&self) -> usize {
         self.layers
             .iter()
+            .filter(|l| !l.dense_ffn)
             .map(|l| l.gate.nbytes + l.up.nbytes + l.down.nbytes)
             .sum()
     }

@@ -129,7 +129,7 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
 
     def toy_vocab() -> None:
-        qf.add_vocab(m.gguf_writer, hparams["vocab_size"])
+        qf.vocab_of(hparams["vocab_size"]).add_to_writer(m.gguf_writer)
 
     with torch.inference_mode():
         m = cls(src, gguf.LlamaFileType.ALL_F32, dst, eager=True, model_name=name)

@@ -1,6 +1,7 @@
-"""Writes small qwen3moe GGUF files with gguf-py (an independent writer), with the tensor names
-and metadata llama.cpp uses (docs/FORMATS.md §4) and a minimal byte-level BPE tokenizer that
-llama.cpp accepts. Shared by the model tests and scripts/make_hf_golden.py.
+"""Small qwen3moe GGUF files for the model tests: the test shapes, their random weights (numpy,
+seeded) and a minimal byte-level BPE tokenizer that llama.cpp accepts, written by
+`strata.modelgen.write_arrays` (gguf-py's writer with the metadata llama.cpp uses, docs/FORMATS.md
+§4). Shared by the model tests and scripts/make_hf_goldens.py.
 
 `Shape.arch` also writes the other MoE families the engine runs, in the layout llama.cpp's
 converter writes them (tests/test_model_families.py checks it against the converter's own
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import gguf
 import numpy as np
+from strata import modelgen
+from strata.vocabgen import GGUFVocab
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -52,6 +55,24 @@ class Shape:
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim
     weights_scale: float = 1.0
+
+    def spec(self) -> modelgen.ModelSpec:
+        """The same shapes as the product's model spec (the writer's and the HF oracle's)."""
+        return modelgen.ModelSpec(
+            n_embd=self.n_embd,
+            n_layer=self.n_layer,
+            n_expert=self.n_expert,
+            n_expert_used=self.n_expert_used,
+            n_ff_exp=self.n_ff_exp,
+            n_head=self.n_head,
+            n_head_kv=self.n_head_kv,
+            head_dim=self.head_dim,
+            n_vocab=self.n_vocab,
+            n_ctx_train=self.n_ctx_train,
+            rope_freq_base=self.rope_base,
+            rms_eps=self.rms_eps,
+            name="strata-test-qwen3moe",
+        )
 
 
 def byte_tokens() -> list[str]:
@@ -90,19 +111,10 @@ def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return toks, types, merges
 
 
-def add_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
-    """The tokenizer metadata: `vocab(n_vocab)` as a GPT-2-style BPE, and the chat template."""
+def vocab_of(n_vocab: int) -> GGUFVocab:
     toks, types, merges = vocab(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
-    w.add_pad_token_id(toks.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    bos = toks.index("<|endoftext|>")
+    return GGUFVocab(toks, types, merges, bos, toks.index("<|im_end|>"), bos, CHAT_TEMPLATE)
 
 
 def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
@@ -170,71 +182,51 @@ def write(
     arch: str | None = None,
     drop: tuple[str, ...] = (),
 ) -> Path:
-    """Writes the file (of `arch`, else `s.arch`); `drop` names metadata keys to leave out
-    (for refusal tests)."""
+    """Writes the file (of `arch`, else `s.arch`: the other families' own keys as llama.cpp's
+    converter writes them, `family_keys`); `drop` names metadata keys to leave out (for
+    refusal tests)."""
     arch = arch or s.arch
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"strata-test-{arch}")
-    w.add_block_count(s.n_layer)
-    w.add_context_length(s.n_ctx_train)
-    w.add_embedding_length(s.n_embd)
-    if arch == "llama":  # the converter's Mixtral: the expert width is feed_forward_length
-        w.add_feed_forward_length(s.n_ff_exp)
-        w.add_vocab_size(s.n_vocab)
-        w.add_rope_dimension_count(s.head_dim)
-    elif arch == "glm4moe":  # as the converter writes Glm4MoeForCausalLM
-        w.add_feed_forward_length(s.n_ff_dense)
-        w.add_expert_feed_forward_length(s.n_ff_exp)
-        w.add_expert_shared_count(s.n_ff_shexp // s.n_ff_exp)
-        w.add_leading_dense_block_count(s.n_dense_lead)
-        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-        w.add_expert_weights_scale(s.weights_scale)
-        w.add_expert_weights_norm(True)
-        w.add_expert_group_count(1)
-        w.add_expert_group_used_count(1)
-        w.add_rope_dimension_count(s.n_rot or s.head_dim)
-        w.add_nextn_predict_layers(0)
-    else:
-        w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
-        w.add_expert_feed_forward_length(s.n_ff_exp)
-    if s.n_ff_shexp and arch == "qwen2moe":
-        w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
-    w.add_expert_count(s.n_expert)
-    w.add_expert_used_count(s.n_expert_used)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(s.rms_eps)
+    scaling = None
     if s.rope_scaling != "none":
-        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
-        w.add_rope_scaling_factor(s.rope_factor)
-        if s.rope_orig_ctx:
-            w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    add_vocab(w, s.n_vocab)
-    for name, arr in tensors.items():
-        w.add_tensor(name, np.ascontiguousarray(arr))
-    for key in drop:
-        del w.kv_data[0][key]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        scaling = modelgen.RopeScaling(s.rope_scaling, s.rope_factor, s.rope_orig_ctx)
+    return modelgen.write_arrays(
+        path,
+        s.spec(),
+        tensors,
+        vocab=vocab_of(s.n_vocab),
+        arch=arch,
+        rope_scaling=scaling,
+        drop=drop,
+        extra=lambda w: family_keys(w, s, arch),
+    )
+
+
+def family_keys(w: Any, s: Shape, arch: str) -> None:
+    """Sets the keys in which a family's file differs from qwen3moe's header (replacing it)."""
+    kv = w.kv_data[0]
+
+    def u32(key: str, v: int) -> None:
+        kv.pop(f"{arch}.{key}", None)
+        w.add_uint32(f"{arch}.{key}", v)
+
+    if arch == "llama":  # the converter's Mixtral: the expert width is feed_forward_length
+        u32("feed_forward_length", s.n_ff_exp)
+        u32("vocab_size", s.n_vocab)
+    elif arch == "qwen2moe":
+        u32("expert_shared_feed_forward_length", s.n_ff_shexp)
+    elif arch == "glm4moe":  # as the converter writes Glm4MoeForCausalLM
+        u32("feed_forward_length", s.n_ff_dense)
+        u32("expert_shared_count", s.n_ff_shexp // s.n_ff_exp)
+        u32("leading_dense_block_count", s.n_dense_lead)
+        u32("expert_gating_func", 2)  # sigmoid
+        w.add_float32(f"{arch}.expert_weights_scale", s.weights_scale)
+        w.add_bool(f"{arch}.expert_weights_norm", True)
+        u32("expert_group_count", 1)
+        u32("expert_group_used_count", 1)
+        u32("rope.dimension_count", s.n_rot or s.head_dim)
+        u32("nextn_predict_layers", 0)
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:
     """Quantizes with llama.cpp's own quantizer (`LLAMA_FTYPE_MOSTLY_<ftype_name>`)."""
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
-    params.nthread = 2
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({ftype_name}) failed with {rc}")
-    return dst
+    return modelgen.quantize(src, dst, ftype_name, nthread=2)

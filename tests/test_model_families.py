@@ -197,3 +197,26 @@ def test_server_serves_the_family(fam: str, tmp_path: Path) -> None:
         assert chunks[-1].choices[0].finish_reason in ("stop", "length")
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_batched_step_equals_alone(fam: str, threads: int, root: Path) -> None:
+    """`forward_batch` on these graphs (biases, shared expert, dense lead, sigmoid routing):
+    every entry's logits bitwise those of its calls run alone, on the serial path and the pool."""
+    import random
+
+    from test_batch import N_CTX, N_SLOTS, random_calls, run_batched, same
+    from test_batch import alone as run_alone
+
+    path = family_file(fam, root, "Q8_0")
+    m = Model.open(
+        path, n_ctx=N_CTX, n_slots=N_SLOTS, kv_type="f16", prefill_chunk=64, threads=threads
+    )
+    for seed in range(2):
+        rng = random.Random(seed)
+        seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
+        want = [run_alone(m, c) for c in seqs]
+        got = run_batched(m, seqs, rng)
+        for w, g in zip(want, got, strict=True):
+            assert all(same(a, b) for a, b in zip(w, g, strict=True))

@@ -220,3 +220,21 @@ def test_batched_step_equals_alone(fam: str, threads: int, root: Path) -> None:
         got = run_batched(m, seqs, rng)
         for w, g in zip(want, got, strict=True):
             assert all(same(a, b) for a, b in zip(w, g, strict=True))
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_ram_tier_modes_give_the_same_tokens(fam: str) -> None:
+    """The RAM tier (resident, and budget with read-ahead) reads these files' experts, layers
+    without experts included, and changes no token."""
+    from strata.llm import LLM
+
+    path = str(GOLDEN / f"{fam}_f32.gguf")
+
+    def greedy(**kw: Any) -> list[int]:
+        llm = LLM(path, **kw)
+        ids = llm.tokenizer.encode("hello world")
+        return [t for t, _ in llm.generate_ids(ids, max_tokens=8, temperature=0.0)]
+
+    want = greedy()
+    assert greedy(ram_mode="resident") == want
+    assert greedy(ram_mode="budget", ram_budget_gib=0.0001, readahead="on") == want

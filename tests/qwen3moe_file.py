@@ -55,6 +55,7 @@ class Shape:
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim
     weights_scale: float = 1.0
+    n_nextn: int = 0  # glm4moe: NextN (MTP) layers stored after the trunk
 
     def spec(self) -> modelgen.ModelSpec:
         """The same shapes as the product's model spec (the writer's and the HF oracle's)."""
@@ -136,7 +137,7 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         "output_norm.weight": norm(h),
         "output.weight": lin(s.n_vocab, h),
     }
-    for i in range(s.n_layer):
+    for i in range(s.n_layer + s.n_nextn):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(h)
         t[p + "attn_q.weight"] = lin(s.n_head * d, h)
@@ -155,6 +156,10 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
                 t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
                 t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
                 continue
+            if i >= s.n_layer:  # a NextN layer: its own input projection and norms
+                t[p + "nextn.eh_proj.weight"] = lin(h, 2 * h)
+                t[p + "nextn.enorm.weight"] = norm(h)
+                t[p + "nextn.hnorm.weight"] = norm(h)
             t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
             t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
             t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
@@ -224,7 +229,8 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("expert_group_count", 1)
         u32("expert_group_used_count", 1)
         u32("rope.dimension_count", s.n_rot or s.head_dim)
-        u32("nextn_predict_layers", 0)
+        u32("block_count", s.n_layer + s.n_nextn)
+        u32("nextn_predict_layers", s.n_nextn)
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:

@@ -241,3 +241,25 @@ def test_ram_tier_modes_give_the_same_tokens(fam: str) -> None:
     want = greedy()
     assert greedy(ram_mode="resident") == want
     assert greedy(ram_mode="budget", ram_budget_gib=0.0001, readahead="on") == want
+
+
+def test_glm4moe_nextn_layers_are_not_run(root: Path) -> None:
+    """A glm4moe file with a NextN (MTP) layer after the trunk (block_count counts it,
+    nextn_predict_layers names it) runs the trunk alone: logits bitwise those of the same file
+    without it, with the RAM tier attached too."""
+    from strata.llm import LLM
+
+    s = GOLDEN_SHAPES["glm4moe"]
+    mtp = dataclasses.replace(s, n_nextn=1)
+    trunk = qf.write(root / "trunk.gguf", s, qf.random_tensors(s, 7))
+    both = qf.write(root / "mtp.gguf", mtp, qf.random_tensors(mtp, 7))
+    assert "blk.3.nextn.eh_proj.weight" in metadata(both)[1]
+    toks = list(range(1, 41))
+    want = Model.open(trunk, n_ctx=64).forward(0, toks, logits="all")
+    m = Model.open(both, n_ctx=64)
+    assert m.hparams["n_layer"] == s.n_layer
+    assert np.array_equal(m.forward(0, toks, logits="all"), want)
+    llm = LLM(str(both), ram_mode="resident")  # the tier's layout skips the NextN layer too
+    got = [t for t, _ in llm.generate_ids(toks, max_tokens=4, temperature=0.0)]
+    ref = LLM(str(trunk), ram_mode="resident")
+    assert got == [t for t, _ in ref.generate_ids(toks, max_tokens=4, temperature=0.0)]

@@ -3,6 +3,12 @@ seeded) and a minimal byte-level BPE tokenizer that llama.cpp accepts, written b
 `strata.modelgen.write_arrays` (gguf-py's writer with the metadata llama.cpp uses, docs/FORMATS.md
 §4). Shared by the model tests and scripts/make_hf_goldens.py.
 
+`Shape.arch` also writes the other MoE families the engine runs, in the layout llama.cpp's
+converter writes them (tests/test_model_families.py checks it against the converter's own
+files in tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
+ffn_{gate,up,down}_shexp (Fs, H)/(H, Fs) with its gate ffn_gate_inp_shexp (1, H)) and the
+Mixtral-style `llama` (no q/k norms, expert width in feed_forward_length).
+
 Tensors are given in numpy order (ggml ne reversed): token_embd (V, H), attn_q (Nh·D, H),
 attn_k/attn_v (Nkv·D, H), attn_output (H, Nh·D), ffn_gate_inp (E, H), ffn_gate_exps /
 ffn_up_exps (E, F, H), ffn_down_exps (E, H, F), norms (H,) or (D,).
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from strata import modelgen
@@ -41,6 +48,14 @@ class Shape:
     rope_scaling: str = "none"  # "none", "linear" or "yarn"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
+    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe", "llama" or "glm4moe"
+    n_ff_shexp: int = 0  # the shared expert's width (qwen2moe, glm4moe)
+    # glm4moe: leading dense layers and their FFN width, rotated dims, expert weight scale
+    n_dense_lead: int = 0
+    n_ff_dense: int = 0
+    n_rot: int = 0  # 0: head_dim
+    weights_scale: float = 1.0
+    n_nextn: int = 0  # glm4moe: NextN (MTP) layers stored after the trunk
 
     def spec(self) -> modelgen.ModelSpec:
         """The same shapes as the product's model spec (the writer's and the HF oracle's)."""
@@ -122,20 +137,46 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         "output_norm.weight": norm(h),
         "output.weight": lin(s.n_vocab, h),
     }
-    for i in range(s.n_layer):
+    for i in range(s.n_layer + s.n_nextn):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(h)
         t[p + "attn_q.weight"] = lin(s.n_head * d, h)
         t[p + "attn_k.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_v.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_output.weight"] = lin(h, s.n_head * d)
-        t[p + "attn_q_norm.weight"] = norm(d)
-        t[p + "attn_k_norm.weight"] = norm(d)
-        t[p + "ffn_norm.weight"] = norm(h)
+        if s.arch == "qwen3moe":
+            t[p + "attn_q_norm.weight"] = norm(d)
+            t[p + "attn_k_norm.weight"] = norm(d)
+        if s.arch == "glm4moe":
+            for n, w in (("q", s.n_head * d), ("k", s.n_head_kv * d), ("v", s.n_head_kv * d)):
+                t[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(w)).astype(np.float32)
+            t[p + "post_attention_norm.weight"] = norm(h)
+            if i < s.n_dense_lead:
+                t[p + "ffn_gate.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
+                continue
+            if i >= s.n_layer:  # a NextN layer: its own input projection and norms
+                t[p + "nextn.eh_proj.weight"] = lin(h, 2 * h)
+                t[p + "nextn.enorm.weight"] = norm(h)
+                t[p + "nextn.hnorm.weight"] = norm(h)
+            t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
+            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+        else:
+            t[p + "ffn_norm.weight"] = norm(h)
         t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
         t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
         t[p + "ffn_up_exps.weight"] = lin(e, f, h)
         t[p + "ffn_down_exps.weight"] = lin(e, h, f)
+        if s.arch == "qwen2moe":
+            for n, w in (("q", s.n_head * d), ("k", s.n_head_kv * d), ("v", s.n_head_kv * d)):
+                t[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(w)).astype(np.float32)
+            t[p + "ffn_gate_inp_shexp.weight"] = lin(1, h)
+            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
     return t
 
 
@@ -143,10 +184,13 @@ def write(
     path: Path,
     s: Shape,
     tensors: dict[str, np.ndarray],
-    arch: str = "qwen3moe",
+    arch: str | None = None,
     drop: tuple[str, ...] = (),
 ) -> Path:
-    """Writes the file; `drop` names metadata keys to leave out (for refusal tests)."""
+    """Writes the file (of `arch`, else `s.arch`: the other families' own keys as llama.cpp's
+    converter writes them, `family_keys`); `drop` names metadata keys to leave out (for
+    refusal tests)."""
+    arch = arch or s.arch
     scaling = None
     if s.rope_scaling != "none":
         scaling = modelgen.RopeScaling(s.rope_scaling, s.rope_factor, s.rope_orig_ctx)
@@ -158,7 +202,35 @@ def write(
         arch=arch,
         rope_scaling=scaling,
         drop=drop,
+        extra=lambda w: family_keys(w, s, arch),
     )
+
+
+def family_keys(w: Any, s: Shape, arch: str) -> None:
+    """Sets the keys in which a family's file differs from qwen3moe's header (replacing it)."""
+    kv = w.kv_data[0]
+
+    def u32(key: str, v: int) -> None:
+        kv.pop(f"{arch}.{key}", None)
+        w.add_uint32(f"{arch}.{key}", v)
+
+    if arch == "llama":  # the converter's Mixtral: the expert width is feed_forward_length
+        u32("feed_forward_length", s.n_ff_exp)
+        u32("vocab_size", s.n_vocab)
+    elif arch == "qwen2moe":
+        u32("expert_shared_feed_forward_length", s.n_ff_shexp)
+    elif arch == "glm4moe":  # as the converter writes Glm4MoeForCausalLM
+        u32("feed_forward_length", s.n_ff_dense)
+        u32("expert_shared_count", s.n_ff_shexp // s.n_ff_exp)
+        u32("leading_dense_block_count", s.n_dense_lead)
+        u32("expert_gating_func", 2)  # sigmoid
+        w.add_float32(f"{arch}.expert_weights_scale", s.weights_scale)
+        w.add_bool(f"{arch}.expert_weights_norm", True)
+        u32("expert_group_count", 1)
+        u32("expert_group_used_count", 1)
+        u32("rope.dimension_count", s.n_rot or s.head_dim)
+        u32("block_count", s.n_layer + s.n_nextn)
+        u32("nextn_predict_layers", s.n_nextn)
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:

@@ -21,7 +21,7 @@ import os
 import re
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -438,10 +438,12 @@ def write_arrays(
     arch: str | None = None,
     rope_scaling: RopeScaling | None = None,
     drop: tuple[str, ...] = (),
+    extra: Callable[[Any], None] | None = None,
 ) -> Path:
     """Write `arrays` (GGUF tensor name → array in numpy order, stored in its own dtype) as
     they are, with `write_qwen3moe`'s metadata. Nothing is checked, so tests can write the
-    files the loader must refuse: `arch` renames the architecture (the keys follow it), `drop`
+    files the loader must refuse: `arch` renames the architecture (the keys follow it),
+    `extra(writer)` sets more keys after the header (another family's own keys), `drop`
     removes metadata keys after they are set, and any name, shape or dtype goes in."""
     import gguf
 
@@ -450,6 +452,8 @@ def write_arrays(
     vocab = vocab if vocab is not None else build_vocab(spec)
     desc = "given weights (not a trained model), made by strata.modelgen"
     _add_header(w, spec, vocab, desc, _FILE_TYPE["f32"], rope_scaling)
+    if extra is not None:
+        extra(w)
     for name, arr in arrays.items():
         w.add_tensor(name, np.ascontiguousarray(arr))
     for key in drop:

@@ -3,7 +3,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use strata_core::pool::{ExpertLayer, Pool, PoolConfig, QExperts, QMatrix};
+use strata_core::pool::{ExpertLayer, MoeInput, Pool, PoolConfig, QExperts, QMatrix};
 use strata_core::quant::GgmlType;
 
 struct Counting;
@@ -86,10 +86,7 @@ fn calls_after_the_first_allocate_nothing() {
             let t = 1 + round % 4;
             pool.moe(
                 &layer,
-                &x[..t * h],
-                &ids[..t * 4],
-                &w[..t * 4],
-                4,
+                &MoeInput::new(&x[..t * h], &ids[..t * 4], &w[..t * 4], 4),
                 &mut y[..t * h],
             )
             .unwrap();

@@ -90,6 +90,7 @@ impl GpuModel {
         gpu: Arc<Gpu>,
         hybrid: Option<HybridConfig>,
     ) -> Result<GpuModel> {
+        hp.family.require_gpu()?;
         let free0 = gpu.mem_info()?.0;
         if cfg.max_chunk == 0 {
             return Err(Error::Config(

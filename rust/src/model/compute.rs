@@ -13,8 +13,9 @@ use crate::pool::{
     reference, validate_matmul, validate_moe, validate_moe_masked, validate_segs, Pool,
 };
 
-// The matrix types are the pool's: one definition for both implementations of `Compute`.
-pub use crate::pool::{ExpertLayer, QExperts, QMatrix};
+// The matrix types and the MoE argument list are the pool's: one definition for both
+// implementations of `Compute`.
+pub use crate::pool::{ExpertLayer, MoeInput, QExperts, QMatrix};
 
 pub trait Compute: Send + Sync {
     /// `y[t] = W·x[t]` for t < `t`: x is [T, cols], y is [T, rows] (overwritten).
@@ -22,29 +23,13 @@ pub trait Compute: Send + Sync {
 
     /// The routed SwiGLU experts: for each token t,
     /// `y[t] = Σ_j weights[t,j] · down_e(silu(gate_e·x[t]) ⊙ up_e·x[t])` with `e = ids[t,j]`,
-    /// summed in slot order j = 0..k. x is [T, H], ids and weights are [T, K], y is [T, H]
-    /// (overwritten).
-    fn moe(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()>;
+    /// summed in slot order j = 0..k (`a` holds x [T, H], ids and weights [T, K]); y is
+    /// [T, H] (overwritten).
+    fn moe(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()>;
 
     /// `moe` over the pairs whose id is not `pool::SKIP` (the others are computed elsewhere,
     /// e.g. from VRAM); a token with no such pair gets zeros.
-    fn moe_masked(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()>;
+    fn moe_masked(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()>;
 
     /// Runs `f(i)` for every `i < n`, each exactly once, on any threads; returns when all
     /// have finished. Tasks write disjoint outputs, so the result does not depend on the
@@ -76,64 +61,45 @@ pub trait Compute: Send + Sync {
     /// `moe` over a batch of segments (as `matmul_segs`): each segment's rows bitwise
     /// `moe` on that segment alone. Default: one call per segment; the pool groups the
     /// pairs of all segments by expert and reads each expert once.
-    #[allow(clippy::too_many_arguments)]
     fn moe_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
-        validate_moe(layer, x, ids, weights, k, y)?;
-        each_seg(layer.gate.cols, k, segs, x.len(), |xs, ps| {
-            self.moe(
-                layer,
-                &x[xs.clone()],
-                &ids[ps.clone()],
-                &weights[ps],
-                k,
-                &mut y[xs],
-            )
-        })
+        validate_moe(layer, a, y)?;
+        each_seg(layer, a, segs, y, |s, ys| self.moe(layer, s, ys))
     }
 
     /// `moe_masked` over a batch of segments (as `moe_segs`).
-    #[allow(clippy::too_many_arguments)]
     fn moe_masked_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
-        validate_moe_masked(layer, x, ids, weights, k, y)?;
-        each_seg(layer.gate.cols, k, segs, x.len(), |xs, ps| {
-            let (i, w) = (&ids[ps.clone()], &weights[ps]);
-            self.moe_masked(layer, &x[xs.clone()], i, w, k, &mut y[xs])
-        })
+        validate_moe_masked(layer, a, y)?;
+        each_seg(layer, a, segs, y, |s, ys| self.moe_masked(layer, s, ys))
     }
 }
 
-type Span = std::ops::Range<usize>;
-
-/// Calls `f(rows of x/y, pairs of ids/weights)` per segment of a MoE batch (H = `h`).
+/// Calls `f(segment's input, segment's rows of y)` per segment of a MoE batch.
 fn each_seg(
-    h: usize,
-    k: usize,
+    layer: &ExpertLayer<'_>,
+    a: &MoeInput<'_>,
     segs: &[usize],
-    x_len: usize,
-    mut f: impl FnMut(Span, Span) -> Result<()>,
+    y: &mut [f32],
+    mut f: impl FnMut(&MoeInput<'_>, &mut [f32]) -> Result<()>,
 ) -> Result<()> {
-    validate_segs(segs, x_len / h.max(1))?;
+    let (h, k) = (layer.gate.cols, a.k);
+    validate_segs(segs, a.x.len() / h.max(1))?;
     let mut t0 = 0;
     for &n in segs {
-        f(t0 * h..(t0 + n) * h, t0 * k..(t0 + n) * k)?;
+        let (xs, ps) = (t0 * h..(t0 + n) * h, t0 * k..(t0 + n) * k);
+        let seg = MoeInput::new(&a.x[xs.clone()], &a.ids[ps.clone()], &a.weights[ps], k);
+        f(&seg, &mut y[xs])?;
         t0 += n;
     }
     Ok(())
@@ -157,30 +123,14 @@ impl Compute for SerialCompute {
         reference::matmul_serial(w, x, t, y)
     }
 
-    fn moe(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        validate_moe(layer, x, ids, weights, k, y)?;
-        reference::moe_serial(layer, x, ids, weights, k, y)
+    fn moe(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+        validate_moe(layer, a, y)?;
+        reference::moe_serial(layer, a, y)
     }
 
-    fn moe_masked(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        validate_moe_masked(layer, x, ids, weights, k, y)?;
-        reference::moe_serial(layer, x, ids, weights, k, y)
+    fn moe_masked(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+        validate_moe_masked(layer, a, y)?;
+        reference::moe_serial(layer, a, y)
     }
 
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
@@ -196,28 +146,12 @@ impl Compute for Pool {
         Pool::matmul(self, w, x, t, y)
     }
 
-    fn moe(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        Pool::moe(self, layer, x, ids, weights, k, y)
+    fn moe(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+        Pool::moe(self, layer, a, y)
     }
 
-    fn moe_masked(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        Pool::moe_masked(self, layer, x, ids, weights, k, y)
+    fn moe_masked(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+        Pool::moe_masked(self, layer, a, y)
     }
 
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
@@ -235,26 +169,20 @@ impl Compute for Pool {
     fn moe_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
-        Pool::moe_segs(self, layer, x, ids, weights, k, segs, y)
+        Pool::moe_segs(self, layer, a, segs, y)
     }
 
     fn moe_masked_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
-        Pool::moe_masked_segs(self, layer, x, ids, weights, k, segs, y)
+        Pool::moe_masked_segs(self, layer, a, segs, y)
     }
 }

@@ -1,7 +1,9 @@
-//! The qwen3moe forward pass (docs/FORMATS.md §4, "Forward pass") over a multi-slot KV cache.
+//! The forward pass (docs/FORMATS.md §4, "Forward pass") of every family `arch` names, over a
+//! multi-slot KV cache.
 //!
 //! Legend: T = tokens in the chunk (≤ max_chunk), H = hidden, Nh / Nkv = query / KV heads,
-//! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx.
+//! D = head dim, E = experts, K = experts used, V = vocab, C = n_ctx, Fs = shared expert
+//! width.
 //! Prefill runs T tokens at once through every matmul; decode is the T = 1 case. All scratch
 //! is allocated at load for the largest chunk: the per-token path allocates nothing, except
 //! with a RAM tier that has an arena (`resident`/`budget` modes): then each call builds the
@@ -22,7 +24,6 @@ use super::step::StepScratch;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gguf::Gguf;
-use crate::quant::vexp::softmax;
 use crate::tier::{PrefetchStats, Residency, RoutingCounters};
 use std::path::Path;
 use std::sync::Arc;
@@ -60,7 +61,12 @@ pub(super) struct Scratch {
     pub(super) o: Vec<f32>,      // [T, H] block output added to x
     pub(super) router: Vec<f32>, // [T, E] router logits, then probabilities
     pub(super) ids: Vec<u32>,    // [T, K] chosen experts, by descending probability
-    pub(super) wts: Vec<f32>,    // [T, K] their renormalized weights
+    pub(super) wts: Vec<f32>,    // [T, K] their weights (`arch::Routing`)
+    pub(super) sh_g: Vec<f32>,   // [T, Fs or Fd] shared expert / dense FFN gate
+    pub(super) sh_u: Vec<f32>,   // [T, Fs or Fd] up
+    pub(super) sh_a: Vec<f32>,   // [T, Fs or Fd] silu(gate)·up
+    pub(super) sh_o: Vec<f32>,   // [T, H] shared expert output
+    pub(super) sh_w: Vec<f32>,   // [T] shared expert gate logit
     pub(super) cos: Vec<f32>,    // [T, n_rot/2]
     pub(super) sin: Vec<f32>,    // [T, n_rot/2]
     pub(super) attn: AttnPar,    // per-task attention scratch
@@ -129,6 +135,7 @@ impl Model {
         )?;
         let t = cfg.max_chunk.min(cfg.n_ctx);
         let z = |n: usize| vec![0f32; t * n];
+        let ffn = hp.n_ff_shexp.max(hp.n_ff_dense); // the dense FFNs' widest
         let scratch = Scratch {
             x: z(hp.n_embd),
             h: z(hp.n_embd),
@@ -140,6 +147,11 @@ impl Model {
             router: z(hp.n_expert),
             ids: vec![0u32; t * hp.n_expert_used],
             wts: z(hp.n_expert_used),
+            sh_g: z(ffn),
+            sh_u: z(ffn),
+            sh_a: z(ffn),
+            sh_o: z(if hp.n_ff_shexp > 0 { hp.n_embd } else { 0 }),
+            sh_w: z(usize::from(hp.n_ff_shexp > 0)),
             cos: z(hp.n_rot / 2),
             sin: z(hp.n_rot / 2),
             attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
@@ -325,29 +337,6 @@ pub(super) fn tier_tables<'a>(
     Ok(slabs)
 }
 
-/// Router for one token: softmax over all E logits (f32), the top K by probability
-/// (ties: lower expert id first), weights renormalized to sum to 1.
-/// `p` is [E] (destroyed), `ids` and `w` are [K].
-pub fn route(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
-    softmax(p, false);
-    for (id, wt) in ids.iter_mut().zip(w.iter_mut()) {
-        let mut best = 0;
-        for (j, &v) in p.iter().enumerate() {
-            if v > p[best] {
-                best = j;
-            }
-        }
-        *id = best as u32;
-        *wt = p[best];
-        p[best] = f32::NEG_INFINITY;
-    }
-    // As ggml: the sum in f64 (`ggml_vec_sum_f32`), rounded, clamped below at 2^-14.
-    let sum = (w.iter().map(|&v| v as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
-    for v in w.iter_mut() {
-        *v /= sum;
-    }
-}
-
 /// The checks every forward pass (CPU or GPU) makes before running `tokens` after the slot's
 /// `start` cached positions: the logits buffer's length, the token ids, the context.
 /// Ok(false): nothing to run (no tokens and no last logits wanted).
@@ -414,19 +403,5 @@ pub fn chunk_logits(
             (len, Some(&mut out[a..a + len * vocab]))
         }
         _ => (0, None),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::route;
-
-    #[test]
-    fn route_picks_top_k_and_renormalizes() {
-        let mut p = [0.0f32, 3.0, 1.0, 3.0, -2.0];
-        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
-        route(&mut p, &mut ids, &mut w);
-        assert_eq!(ids, [1, 3]);
-        assert!((w[0] - 0.5).abs() < 1e-6 && (w[1] - 0.5).abs() < 1e-6);
     }
 }

@@ -1,17 +1,12 @@
-//! qwen3moe hyper-parameters from GGUF metadata (docs/FORMATS.md §4, "Metadata").
+//! Hyper-parameters from GGUF metadata (docs/FORMATS.md §4, "Metadata") for every family of
+//! `arch` (the keys are `{general.architecture}.<key>`, as llama.cpp reads them).
 //!
 //! Required keys are refused with a `Model` error naming the key; optional keys take the
 //! defaults llama.cpp uses. Shapes are cross-checked against the tensors in `weights`.
 
+use super::arch::{Family, Ffn, Graph, MetaRead, Shared};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
-
-/// Architectures the forward pass runs. `qwen3` is qwen3moe with one dense FFN per layer,
-/// run as a single expert that every token uses with weight 1 (see `Weights::load`).
-pub const SUPPORTED_ARCHS: &[&str] = &["qwen3moe", "qwen3"];
-
-/// The dense variant of qwen3moe.
-pub const DENSE_ARCH: &str = "qwen3";
 
 /// RoPE frequency scaling asked for by `rope.scaling.*`.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,6 +30,9 @@ pub enum RopeScaling {
 #[derive(Clone, Debug)]
 pub struct HParams {
     pub arch: String,
+    /// The family `arch` names and its graph (`arch`).
+    pub family: Family,
+    pub graph: Graph,
     pub n_layer: usize,
     pub n_ctx_train: usize,
     /// H: hidden size.
@@ -51,6 +49,11 @@ pub struct HParams {
     pub n_expert_used: usize,
     /// F: expert feed-forward size (filled from the tensors when the key is absent).
     pub n_ff_exp: usize,
+    /// Fs: the shared expert's feed-forward size (0 without a shared expert; filled from the
+    /// tensors when the key is absent).
+    pub n_ff_shexp: usize,
+    /// The leading dense layers' FFN width (`feed_forward_length`; 0 without such layers).
+    pub n_ff_dense: usize,
     /// V: vocabulary (rows of token_embd).
     pub n_vocab: usize,
     pub rms_eps: f32,
@@ -124,6 +127,36 @@ impl Meta<'_> {
     }
 }
 
+impl MetaRead for Meta<'_> {
+    fn flag(&self, k: &str) -> Result<Option<bool>> {
+        match self.get(k) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(Error::Model(format!(
+                "metadata {} must be a bool, found {}",
+                self.key(k),
+                v.type_name()
+            ))),
+        }
+    }
+
+    fn count(&self, k: &str) -> Result<Option<usize>> {
+        self.u(k)
+    }
+
+    fn number(&self, k: &str) -> Result<Option<f32>> {
+        self.f(k)
+    }
+
+    fn present(&self, k: &str) -> bool {
+        self.get(k).is_some()
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        self.g.tensor(name).is_some()
+    }
+}
+
 impl HParams {
     /// Reads the hyper-parameters; `n_vocab` and `n_ff_exp` (when absent) are completed by
     /// the weight loader from tensor shapes.
@@ -131,13 +164,9 @@ impl HParams {
         let arch = g
             .architecture()
             .ok_or_else(|| Error::Model("metadata general.architecture is missing".to_string()))?;
-        if !SUPPORTED_ARCHS.contains(&arch) {
-            return Err(Error::Model(format!(
-                "architecture {arch:?} is not supported; Strata runs: {}",
-                SUPPORTED_ARCHS.join(", ")
-            )));
-        }
+        let family = Family::from_arch(arch)?;
         let m = Meta { g, arch };
+        let graph = family.graph(&m)?;
         let n_embd = m.req_u("embedding_length")?;
         let n_head = m.req_u("attention.head_count")?;
         let n_head_kv = m.u("attention.head_count_kv")?.unwrap_or(n_head);
@@ -145,7 +174,7 @@ impl HParams {
         let head_dim = m.u("attention.key_length")?.unwrap_or(default_hd);
         let v_dim = m.u("attention.value_length")?.unwrap_or(head_dim);
         let n_ff = m.u("feed_forward_length")?;
-        let dense = arch == DENSE_ARCH;
+        let dense = graph.ffn == Ffn::DenseAsOneExpert;
         let (n_expert, n_expert_used) = if dense {
             (1, 1) // the dense FFN as one expert every token uses
         } else {
@@ -154,7 +183,10 @@ impl HParams {
         let n_ff_exp = match m.u("expert_feed_forward_length")? {
             _ if dense => m.req_u("feed_forward_length")?,
             Some(v) => v,
+            // llama.cpp's llama graph sizes its experts by feed_forward_length itself; the
+            // qwen families by feed_forward_length / expert_used_count.
             None => match n_ff {
+                Some(f) if family == Family::Llama => f,
                 Some(f) if n_expert_used > 0 => f / n_expert_used,
                 _ => 0, // taken from the expert tensors
             },
@@ -167,7 +199,12 @@ impl HParams {
         })?;
         let hp = HParams {
             arch: arch.to_string(),
-            n_layer: m.req_u("block_count")?,
+            family,
+            graph,
+            // The NextN (MTP) layers stored after the trunk are not run.
+            n_layer: m
+                .req_u("block_count")?
+                .saturating_sub(m.u("nextn_predict_layers")?.unwrap_or(0)),
             n_ctx_train: m.u("context_length")?.unwrap_or(0),
             n_embd,
             n_head,
@@ -177,6 +214,15 @@ impl HParams {
             n_expert,
             n_expert_used,
             n_ff_exp,
+            n_ff_shexp: match graph.shared {
+                Shared::None => 0,
+                Shared::Gated => m.u("expert_shared_feed_forward_length")?.unwrap_or(0),
+                Shared::Plain => n_ff_exp * m.u("expert_shared_count")?.unwrap_or(0),
+            },
+            n_ff_dense: match graph.dense_lead {
+                0 => 0,
+                _ => m.req_u("feed_forward_length")?,
+            },
             n_vocab: 0,
             rms_eps,
             rope_freq_base: m.f("rope.freq_base")?.unwrap_or(10000.0),
@@ -231,6 +277,12 @@ impl HParams {
             return bad(format!(
                 "block_count, embedding_length, head_count and key_length must be > 0 ({} {} {} {})",
                 self.n_layer, self.n_embd, self.n_head, self.head_dim
+            ));
+        }
+        if self.graph.dense_lead >= self.n_layer {
+            return bad(format!(
+                "leading_dense_block_count {} leaves no MoE layer of {}",
+                self.graph.dense_lead, self.n_layer
             ));
         }
         if self.n_head_kv == 0 || !self.n_head.is_multiple_of(self.n_head_kv) {

@@ -1,6 +1,8 @@
-//! The model forward pass: qwen3moe hyper-parameters and weights from a GGUF, the KV cache,
-//! attention and the layer loop. Heavy matmuls go through the `Compute` seam.
+//! The model forward pass: hyper-parameters and weights from a GGUF for each family the
+//! architecture layer (`arch`) names, the KV cache, attention and the layer loop. Heavy
+//! matmuls go through the `Compute` seam.
 
+pub mod arch;
 pub mod attention;
 #[cfg_attr(target_arch = "x86_64", path = "attn_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "attn_stub.rs")]
@@ -11,6 +13,7 @@ pub mod attn_gqa;
 mod attn_gqa_avx2;
 pub mod attn_par;
 pub mod batch;
+pub mod blocks;
 pub mod compute;
 pub mod forward;
 pub mod head;
@@ -22,6 +25,7 @@ pub mod readahead;
 mod step;
 pub mod weights;
 
+pub use arch::Family;
 pub use batch::Entry;
 pub use compute::{Compute, ExpertLayer, QExperts, QMatrix, SerialCompute};
 pub use forward::{Logits, Model, ModelConfig};

@@ -1,7 +1,8 @@
-//! Small f32 kernels of the forward pass: RMSNorm, RoPE NEOX (with linear and YaRN
+//! Small f32 kernels of the forward pass: RMSNorm, RoPE NEOX or NORM (with linear and YaRN
 //! scaling). Reductions accumulate in f64 where ggml's CPU backend does, so that results
 //! track llama.cpp.
 
+use super::arch::RopeMode;
 use super::hparams::{HParams, RopeScaling};
 
 /// `out = x / sqrt(mean(x²) + eps) · w` over one row.
@@ -28,13 +29,14 @@ pub fn rms_norm_rows_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// RoPE NEOX in ggml's arithmetic (`ggml_rope_cache_init`, `rope_yarn`): for position p,
+/// RoPE in ggml's arithmetic (`ggml_rope_cache_init`, `rope_yarn`): for position p,
 /// θ_extrap(i) = p·s^i accumulated in f32 by repeated multiplication with
 /// s = powf(base, −2/n_rot); θ = freq_scale·θ_extrap, with YaRN's ramp mix where asked; the
-/// pairs (i, i + n_rot/2) rotate as `fma(x0, cos, −x1·sin)` and `fma(x0, sin, x1·cos)`
+/// pairs (i, i + n_rot/2) (NEOX) or (2i, 2i + 1) (NORM) rotate as `fma(x0, cos, −x1·sin)` and `fma(x0, sin, x1·cos)`
 /// (ggml's compiled C contracts them into FMAs).
 #[derive(Clone, Debug)]
 pub struct Rope {
+    pub mode: RopeMode,
     pub n_rot: usize,
     /// powf(base, −2/n_rot).
     pub theta_scale: f32,
@@ -57,8 +59,10 @@ impl Rope {
         let n = hp.n_rot;
         let base = hp.rope_freq_base;
         let theta_scale = base.powf(-2.0 / n as f32);
+        let mode = hp.graph.rope;
         match hp.rope_scaling {
             RopeScaling::None => Rope {
+                mode,
                 n_rot: n,
                 theta_scale,
                 freq_scale: 1.0,
@@ -66,6 +70,7 @@ impl Rope {
                 mscale: 1.0,
             },
             RopeScaling::Linear { factor } => Rope {
+                mode,
                 n_rot: n,
                 theta_scale,
                 freq_scale: 1.0 / factor,
@@ -96,6 +101,7 @@ impl Rope {
                     mscale *= 1.0 + 0.1 * factor.ln();
                 }
                 Rope {
+                    mode,
                     n_rot: n,
                     theta_scale,
                     freq_scale: 1.0 / factor,
@@ -142,11 +148,22 @@ impl Rope {
     fn apply_body(&self, x: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
         let half = self.n_rot / 2;
         for head in x.chunks_exact_mut(head_dim) {
-            let (a, b) = head[..self.n_rot].split_at_mut(half);
-            for i in 0..half {
-                let (x0, x1) = (a[i], b[i]);
-                a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
-                b[i] = x0.mul_add(sin[i], x1 * cos[i]);
+            match self.mode {
+                RopeMode::Neox => {
+                    let (a, b) = head[..self.n_rot].split_at_mut(half);
+                    for i in 0..half {
+                        let (x0, x1) = (a[i], b[i]);
+                        a[i] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                        b[i] = x0.mul_add(sin[i], x1 * cos[i]);
+                    }
+                }
+                RopeMode::Norm => {
+                    for (i, p) in head[..self.n_rot].chunks_exact_mut(2).enumerate() {
+                        let (x0, x1) = (p[0], p[1]);
+                        p[0] = x0.mul_add(cos[i], -(x1 * sin[i]));
+                        p[1] = x0.mul_add(sin[i], x1 * cos[i]);
+                    }
+                }
             }
         }
     }
@@ -166,15 +183,20 @@ mod tests {
         assert!((o[1] / o[0] - (-4.0 / 3.0)).abs() < 1e-6);
     }
 
-    #[test]
-    fn rope_preserves_norm_and_matches_rotation() {
-        let r = Rope {
+    fn rope4(mode: RopeMode) -> Rope {
+        Rope {
+            mode,
             n_rot: 4,
             theta_scale: 0.01,
             freq_scale: 1.0,
             mix: Vec::new(),
             mscale: 1.0,
-        };
+        }
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_matches_rotation() {
+        let r = rope4(RopeMode::Neox);
         let (mut c, mut s) = ([0f32; 2], [0f32; 2]);
         r.table(3, &mut c, &mut s);
         let mut x = [1.0f32, 0.0, 0.0, 0.0, 7.0];
@@ -182,5 +204,17 @@ mod tests {
         // pair (0, 2) rotated by 3 rad
         assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[2] - 3f32.sin()).abs() < 1e-6);
         assert_eq!(x[4], 7.0);
+    }
+
+    #[test]
+    fn rope_norm_rotates_adjacent_pairs() {
+        let r = rope4(RopeMode::Norm);
+        let (mut c, mut s) = ([0f32; 2], [0f32; 2]);
+        r.table(3, &mut c, &mut s);
+        let mut x = [1.0f32, 0.0, 0.0, 1.0];
+        r.apply(&mut x, 4, &c, &s);
+        // pair (0, 1) rotated by 3 rad, pair (2, 3) by 0.03 rad
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[1] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[2] + 0.03f32.sin()).abs() < 1e-6 && (x[3] - 0.03f32.cos()).abs() < 1e-6);
     }
 }

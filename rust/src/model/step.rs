@@ -9,13 +9,18 @@
 //! every row's float order is the one its piece alone would get, so each entry's logits are
 //! bitwise those of its calls run alone, whatever shares the step.
 //!
+//! Every family runs this one layer loop; the blocks a layer has (biases, q/k norms, the
+//! routing strategy, a shared expert) are those its graph names (`arch::Graph`), chosen at
+//! load into the layer's weights and `hp.graph`.
+//!
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
-//! heads, D = head dim, E = experts, K = experts used, V = vocab.
+//! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.
 
 use super::attn_par::attend_chunk;
 use super::batch::{check_batch, logits_len, Entry};
-use super::compute::{ExpertLayer, QExperts};
-use super::forward::{route, tier_tables, Logits, Model};
+use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
+use super::compute::{ExpertLayer, MoeInput, QExperts};
+use super::forward::{tier_tables, Logits, Model};
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
 
@@ -165,7 +170,7 @@ impl Model {
         let (hd, d, qd, kvd) = (hp.n_embd, hp.head_dim, hp.q_dim(), hp.kv_dim());
         let (e, k) = (hp.n_expert, hp.n_expert_used);
         let half = hp.n_rot / 2;
-        let eps = hp.rms_eps;
+        let (eps, strategy, fs) = (hp.rms_eps, hp.graph.routing, hp.n_ff_shexp);
         let shape = super::attention::AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
         ss.segs.clear();
         ss.segs.extend(ss.pieces.iter().map(|p| p.t));
@@ -191,8 +196,15 @@ impl Model {
             compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut s.q[..t * qd])?; // [R', Nh·D]
             compute.matmul_segs(&w.mat(&lw.wk), h, segs, &mut s.k[..t * kvd])?; // [R', Nkv·D]
             compute.matmul_segs(&w.mat(&lw.wv), h, segs, &mut s.v[..t * kvd])?; // [R', Nkv·D]
-            rms_norm_rows_inplace(&mut s.q[..t * qd], &lw.q_norm, eps); // per head [D]
-            rms_norm_rows_inplace(&mut s.k[..t * kvd], &lw.k_norm, eps);
+            if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                add_bias_rows(&mut s.q[..t * qd], bq);
+                add_bias_rows(&mut s.k[..t * kvd], bk);
+                add_bias_rows(&mut s.v[..t * kvd], bv);
+            }
+            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                rms_norm_rows_inplace(&mut s.q[..t * qd], qn, eps); // per head [D]
+                rms_norm_rows_inplace(&mut s.k[..t * kvd], kn, eps);
+            }
             for p in &ss.pieces {
                 for i in 0..p.t {
                     let r = p.r0 + i;
@@ -226,66 +238,86 @@ impl Model {
             for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
                 *x += o;
             }
-            // ---- routed experts ----
+            // ---- FFN: routed experts (+ shared expert), or a leading dense layer ----
             for i in 0..t {
                 let r = i * hd..(i + 1) * hd;
                 rms_norm(&s.x[r.clone()], &lw.ffn_norm, eps, &mut s.h[r]);
             }
             let h = &s.h[..t * hd];
-            compute.matmul_segs(&w.mat(&lw.router), h, segs, &mut s.router[..t * e])?; // [R', E]
-            for i in 0..t {
-                route(
-                    &mut s.router[i * e..(i + 1) * e],
-                    &mut s.ids[i * k..(i + 1) * k],
-                    &mut s.wts[i * k..(i + 1) * k],
+            if lw.dense_ffn {
+                let fd = hp.n_ff_dense;
+                let (g, u, a) = (
+                    &mut s.sh_g[..t * fd],
+                    &mut s.sh_u[..t * fd],
+                    &mut s.sh_a[..t * fd],
                 );
-            }
-            routing.observe(l, &s.ids[..t * k]);
-            routing_hot.observe(l, &s.ids[..t * k]);
-            let base = w.expert_layer(l);
-            let slabbed;
-            let slabs = match tier {
-                Some(res) => {
-                    let ra = readahead.as_ref();
-                    tier_tables(res, ra, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?
-                }
-                None => false,
-            };
-            // While this layer's experts run, the prefetch threads read the next layer's
-            // likely ones (guessed from x before this layer's experts).
-            if let Some(ra) = readahead.as_mut() {
-                ra.guess(&**compute, w, l + 1, &s.x[..t * hd], t, k, eps)?;
-            }
-            let layer = if slabs {
-                let [g, u, dn] = &tables;
-                slabbed = ExpertLayer {
-                    gate: QExperts {
-                        slabs: Some(g),
-                        ..base.gate
-                    },
-                    up: QExperts {
-                        slabs: Some(u),
-                        ..base.up
-                    },
-                    down: QExperts {
-                        slabs: Some(dn),
-                        ..base.down
-                    },
-                };
-                &slabbed
+                let mats = (&lw.gate, &lw.up, &lw.down);
+                swiglu(&**compute, w, mats, h, segs, g, u, a, &mut s.o[..t * hd])?;
+            // [R', H]
             } else {
-                &base
-            };
-            // [R', H]: every pair of the step grouped by expert
-            compute.moe_segs(
-                layer,
-                h,
-                &s.ids[..t * k],
-                &s.wts[..t * k],
-                k,
-                segs,
-                &mut s.o[..t * hd],
-            )?;
+                compute.matmul_segs(&w.mat(&lw.router), h, segs, &mut s.router[..t * e])?; // [R', E]
+                for i in 0..t {
+                    strategy.route(
+                        &mut s.router[i * e..(i + 1) * e],
+                        lw.exp_probs_b.as_deref(),
+                        &mut s.ids[i * k..(i + 1) * k],
+                        &mut s.wts[i * k..(i + 1) * k],
+                    );
+                }
+                routing.observe(l, &s.ids[..t * k]);
+                routing_hot.observe(l, &s.ids[..t * k]);
+                let base = w.expert_layer(l);
+                let slabbed;
+                let slabs = match tier {
+                    Some(res) => {
+                        let ra = readahead.as_ref();
+                        tier_tables(res, ra, l, &s.ids[..t * k], &base, &mut tables, &mut s.seen)?
+                    }
+                    None => false,
+                };
+                // While this layer's experts run, the prefetch threads read the next layer's
+                // likely ones (guessed from x before this layer's experts).
+                if let Some(ra) = readahead.as_mut() {
+                    ra.guess(&**compute, w, l + 1, &s.x[..t * hd], t, k, eps)?;
+                }
+                let layer = if slabs {
+                    let [g, u, dn] = &tables;
+                    slabbed = ExpertLayer {
+                        gate: QExperts {
+                            slabs: Some(g),
+                            ..base.gate
+                        },
+                        up: QExperts {
+                            slabs: Some(u),
+                            ..base.up
+                        },
+                        down: QExperts {
+                            slabs: Some(dn),
+                            ..base.down
+                        },
+                    };
+                    &slabbed
+                } else {
+                    &base
+                };
+                // [R', H]: every pair of the step grouped by expert
+                compute.moe_segs(
+                    layer,
+                    &MoeInput::new(h, &s.ids[..t * k], &s.wts[..t * k], k),
+                    segs,
+                    &mut s.o[..t * hd],
+                )?;
+                if let Some(sh) = &lw.shared {
+                    let sc = FfnScratch {
+                        g: &mut s.sh_g[..t * fs],
+                        u: &mut s.sh_u[..t * fs],
+                        a: &mut s.sh_a[..t * fs],
+                        o: &mut s.sh_o[..t * hd],
+                        w: &mut s.sh_w[..t],
+                    };
+                    shared_expert(&**compute, w, sh, h, segs, sc, &mut s.o[..t * hd])?;
+                }
+            }
             for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
                 *x += o;
             }

@@ -1,4 +1,4 @@
-//! qwen3moe weights as zero-copy views into the GGUF map (docs/FORMATS.md §4, "Tensors").
+//! Weights of every family (`arch`) as zero-copy views into the GGUF map (docs/FORMATS.md §4, "Tensors").
 //!
 //! Matrices are referenced by their tensor info and resolved to byte slices of the mmap on
 //! use; nothing is copied except the small norm vectors, converted once to f32. Every tensor
@@ -9,10 +9,13 @@
 //! router is any finite F32 (1, H) row (softmax over one logit is exactly 1, so every token
 //! takes expert 0 with weight 1): `ffn_norm` itself, read in place.
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
-//! F = expert FFN width.
+//! F = expert FFN width, Fs = shared expert FFN width.
+//! Which tensors a layer has follows the family's graph (`arch::Graph`): Q/K/V biases, q/k
+//! norms and the shared expert are loaded where the graph names them and must then be present.
 
+use super::arch::{Ffn, Routing, Shared};
 use super::compute::{ExpertLayer, QExperts, QMatrix};
-use super::hparams::{HParams, DENSE_ARCH};
+use super::hparams::HParams;
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::quant::{self, dot, GgmlType};
@@ -24,13 +27,30 @@ pub struct LayerWeights {
     pub wk: TensorInfo,      // (Nkv·D, H)
     pub wv: TensorInfo,      // (Nkv·D, H)
     pub wo: TensorInfo,      // (H, Nh·D)
-    pub q_norm: Vec<f32>,    // [D]
-    pub k_norm: Vec<f32>,    // [D]
-    pub ffn_norm: Vec<f32>,  // [H]
-    pub router: TensorInfo,  // (E, H)
-    pub gate: TensorInfo,    // (E, F, H)
-    pub up: TensorInfo,      // (E, F, H)
-    pub down: TensorInfo,    // (E, H, F)
+    /// [D] each, where the graph has q/k norms.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Q, K, V biases [Nh·D], [Nkv·D], [Nkv·D], where the graph has them.
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    pub ffn_norm: Vec<f32>, // [H]
+    pub router: TensorInfo, // (E, H)
+    pub gate: TensorInfo,   // (E, F, H)
+    pub up: TensorInfo,     // (E, F, H)
+    pub down: TensorInfo,   // (E, H, F)
+    /// A leading dense layer (`Graph::dense_lead`): gate/up/down hold its one FFN
+    /// (1, Fd, H) / (1, H, Fd), run as plain matrices; `router` is unused.
+    pub dense_ffn: bool,
+    /// The selection bias [E] of `Routing::SigmoidBias` (`exp_probs_b.bias`).
+    pub exp_probs_b: Option<Vec<f32>>,
+    pub shared: Option<SharedExpert>,
+}
+
+/// A dense SwiGLU expert every token takes, scaled by sigmoid(gate_inp·x) where it has a gate.
+pub struct SharedExpert {
+    pub gate_inp: Option<TensorInfo>, // (1, H): ffn_gate_inp_shexp, [H] in the file
+    pub gate: TensorInfo,             // (Fs, H)
+    pub up: TensorInfo,               // (Fs, H)
+    pub down: TensorInfo,             // (H, Fs)
 }
 
 pub struct Weights {
@@ -54,8 +74,8 @@ pub fn runnable_types() -> String {
 fn tensor<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
     g.tensor(name).ok_or_else(|| {
         Error::Model(format!(
-            "tensor {name} is missing (a qwen3moe file needs it; fused ffn_gate_up_exps/attn_qkv \
-             layouts are not supported)"
+            "tensor {name} is missing (the file's architecture needs it; fused \
+             ffn_gate_up_exps/attn_qkv layouts are not supported)"
         ))
     })
 }
@@ -124,6 +144,16 @@ fn one_expert_router(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
     Ok(t)
 }
 
+/// A one-row matrix (1, H) from a tensor stored as [H] or (1, H).
+fn one_row(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
+    let mut t = tensor(g, name)?.clone();
+    if t.dims.len() == 1 {
+        t.dims.push(1);
+    }
+    check(&t, &[h, 1], true)?;
+    Ok(t)
+}
+
 fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
     let t = tensor(g, name)?;
     check(t, &[n], false)?;
@@ -161,11 +191,18 @@ impl Weights {
                 te.ty.name()
             ))
         })?;
-        let dense = hp.arch == DENSE_ARCH;
+        let gr = hp.graph;
+        let dense = gr.ffn == Ffn::DenseAsOneExpert;
+        let moe0 = gr.dense_lead; // the first layer with experts
         if hp.n_ff_exp == 0 {
-            let t = tensor(g, "blk.0.ffn_gate_exps.weight")?;
+            let t = tensor(g, &format!("blk.{moe0}.ffn_gate_exps.weight"))?;
             hp.n_ff_exp = t.dims.get(1).copied().unwrap_or(0) as usize;
         }
+        if gr.shared != Shared::None && hp.n_ff_shexp == 0 {
+            let t = tensor(g, &format!("blk.{moe0}.ffn_gate_shexp.weight"))?;
+            hp.n_ff_shexp = t.dims.get(1).copied().unwrap_or(0) as usize;
+        }
+        let fs = hp.n_ff_shexp;
         let (qd, kvd, d, e, f) = (
             hp.q_dim(),
             hp.kv_dim(),
@@ -180,35 +217,75 @@ impl Weights {
         let mut layers = Vec::with_capacity(hp.n_layer);
         for l in 0..hp.n_layer {
             let n = |s: &str| format!("blk.{l}.{s}.weight");
+            let b = |s: &str| format!("blk.{l}.{s}.bias");
+            let qkv_bias = match gr.qkv_bias {
+                true => Some([
+                    vector(g, &b("attn_q"), qd)?,
+                    vector(g, &b("attn_k"), kvd)?,
+                    vector(g, &b("attn_v"), kvd)?,
+                ]),
+                false => None,
+            };
+            let lead = l < gr.dense_lead;
+            let shared = match gr.shared {
+                Shared::None => None,
+                _ if lead => None,
+                sh => Some(SharedExpert {
+                    gate_inp: match sh {
+                        Shared::Gated => Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?),
+                        _ => None,
+                    },
+                    gate: matrix(g, &n("ffn_gate_shexp"), fs, h)?,
+                    up: matrix(g, &n("ffn_up_shexp"), fs, h)?,
+                    down: matrix(g, &n("ffn_down_shexp"), h, fs)?,
+                }),
+            };
+            let exp_probs_b = match gr.routing {
+                Routing::SigmoidBias { .. } if !lead => Some(vector(g, &b("exp_probs_b"), e)?),
+                _ => None,
+            };
+            let (one, fl, fnorm) = (
+                dense || lead,
+                if lead { hp.n_ff_dense } else { f },
+                gr.ffn_norm,
+            );
+            let qk = |s: &str| match gr.qk_norm {
+                true => vector(g, &n(s), d).map(Some),
+                false => Ok(None),
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(g, &n("attn_norm"), h)?,
                 wq: matrix(g, &n("attn_q"), qd, h)?,
                 wk: matrix(g, &n("attn_k"), kvd, h)?,
                 wv: matrix(g, &n("attn_v"), kvd, h)?,
                 wo: matrix(g, &n("attn_output"), h, qd)?,
-                q_norm: vector(g, &n("attn_q_norm"), d)?,
-                k_norm: vector(g, &n("attn_k_norm"), d)?,
-                ffn_norm: vector(g, &n("ffn_norm"), h)?,
-                router: if dense {
-                    one_expert_router(g, &n("ffn_norm"), h)?
+                q_norm: qk("attn_q_norm")?,
+                k_norm: qk("attn_k_norm")?,
+                qkv_bias,
+                ffn_norm: vector(g, &n(fnorm), h)?,
+                router: if one {
+                    one_expert_router(g, &n(fnorm), h)?
                 } else {
                     matrix(g, &n("ffn_gate_inp"), e, h)?
                 },
-                gate: if dense {
-                    one_expert(g, &n("ffn_gate"), f, h)?
+                gate: if one {
+                    one_expert(g, &n("ffn_gate"), fl, h)?
                 } else {
                     experts(g, &n("ffn_gate_exps"), e, f, h)?
                 },
-                up: if dense {
-                    one_expert(g, &n("ffn_up"), f, h)?
+                up: if one {
+                    one_expert(g, &n("ffn_up"), fl, h)?
                 } else {
                     experts(g, &n("ffn_up_exps"), e, f, h)?
                 },
-                down: if dense {
-                    one_expert(g, &n("ffn_down"), h, f)?
+                down: if one {
+                    one_expert(g, &n("ffn_down"), h, fl)?
                 } else {
                     experts(g, &n("ffn_down_exps"), e, h, f)?
                 },
+                dense_ffn: lead,
+                exp_probs_b,
+                shared,
             });
         }
         Ok(Weights {
@@ -254,6 +331,7 @@ impl Weights {
     pub fn expert_bytes(&self) -> usize {
         self.layers
             .iter()
+            .filter(|l| !l.dense_ffn)
             .map(|l| l.gate.nbytes + l.up.nbytes + l.down.nbytes)
             .sum()
     }

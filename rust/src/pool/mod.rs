@@ -79,6 +79,23 @@ pub struct ExpertLayer<'a> {
     pub down: QExperts<'a>,
 }
 
+/// The routed pairs of a MoE call: tokens `x` [T, H] and, per token, `k` (expert id, weight)
+/// pairs `ids`, `weights` [T, k], row-major. Every MoE entry point (the pool, the serial
+/// reference, `model::Compute`, their validation) takes this one argument list.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeInput<'a> {
+    pub x: &'a [f32],
+    pub ids: &'a [u32],
+    pub weights: &'a [f32],
+    pub k: usize,
+}
+
+impl<'a> MoeInput<'a> {
+    pub fn new(x: &'a [f32], ids: &'a [u32], weights: &'a [f32], k: usize) -> MoeInput<'a> {
+        MoeInput { x, ids, weights, k }
+    }
+}
+
 /// An expert id of a masked call (`Pool::moe_masked`, `reference::moe_serial`) meaning "this
 /// (token, slot) pair is computed elsewhere" (a VRAM-resident expert of the hybrid step): it
 /// gets no job and adds nothing to y.
@@ -307,26 +324,10 @@ impl Pool {
     }
 
     /// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)` with `e = ids[t,j]`;
-    /// `x`, `y` are `[T,H]` and `ids`, `weights` are `[T,k]`, row-major. Bad shapes, types or
-    /// ids give a typed error and leave `y` untouched.
-    pub fn moe(
-        &self,
-        layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
-        y: &mut [f32],
-    ) -> Result<()> {
-        self.moe_segs(
-            layer,
-            x,
-            ids,
-            weights,
-            k,
-            &[x.len() / layer.gate.cols.max(1)],
-            y,
-        )
+    /// `y` is `[T,H]` (`MoeInput` for the rest). Bad shapes, types or ids give a typed error
+    /// and leave `y` untouched.
+    pub fn moe(&self, layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+        self.moe_segs(layer, a, &[a.x.len() / layer.gate.cols.max(1)], y)
     }
 
     /// `moe` over a subset of the pairs: ids equal to `SKIP` are computed elsewhere and add
@@ -336,55 +337,47 @@ impl Pool {
     pub fn moe_masked(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         y: &mut [f32],
     ) -> Result<()> {
-        let t = x.len() / layer.gate.cols.max(1);
-        self.moe_masked_segs(layer, x, ids, weights, k, &[t], y)
+        self.moe_masked_segs(layer, a, &[a.x.len() / layer.gate.cols.max(1)], y)
     }
 
     /// `moe` over a batch of segments (consecutive token runs of `segs` lengths, one per
     /// sequence of a batched step): every pair's float order is the one its segment alone
     /// would get, so each segment's rows are bitwise those of a `moe` call on it alone, while
     /// each expert's weights are read once for the pairs of all segments.
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
-        let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| {
-            s.plan_moe(
-                layer, x, ids, weights, k, y, segs, threads, pipelined, false,
-            )
-        })
+        self.moe_run(layer, a, segs, y, false)
     }
 
     /// `moe_masked` over a batch of segments (`moe_segs`).
-    #[allow(clippy::too_many_arguments)]
     pub fn moe_masked_segs(
         &self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         segs: &[usize],
         y: &mut [f32],
     ) -> Result<()> {
+        self.moe_run(layer, a, segs, y, true)
+    }
+
+    fn moe_run(
+        &self,
+        layer: &ExpertLayer<'_>,
+        a: &MoeInput<'_>,
+        segs: &[usize],
+        y: &mut [f32],
+        masked: bool,
+    ) -> Result<()> {
         let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| {
-            s.plan_moe(layer, x, ids, weights, k, y, segs, threads, pipelined, true)
-        })
+        self.run(|s, threads| s.plan_moe(layer, a, y, segs, threads, pipelined, masked))
     }
 
     /// Runs `f(i)` for every `i < n` on the pool's threads (each index exactly once, in any

@@ -16,7 +16,7 @@
 //! Dense matmul uses A (quantize x) and D (rows of W for all tokens, written straight to y).
 
 use super::protocol::{Padded, MAX_TILES};
-use super::{ExpertLayer, QExperts, QMatrix, SKIP};
+use super::{ExpertLayer, MoeInput, QExperts, QMatrix, SKIP};
 use crate::error::{Error, Result};
 use crate::quant::dot::{order_id, order_t, supports, Order};
 use crate::quant::GgmlType;
@@ -259,38 +259,26 @@ fn wptr(m: &QExperts<'_>, rb: usize) -> WPtr {
 }
 
 /// Check a MoE call's tensors, shapes and ids; returns the gate/up/down row bytes.
-pub fn validate_moe(
-    layer: &ExpertLayer<'_>,
-    x: &[f32],
-    ids: &[u32],
-    weights: &[f32],
-    k: usize,
-    y: &[f32],
-) -> Result<[usize; 3]> {
-    validate_moe_ids(layer, x, ids, weights, k, y, false)
+pub fn validate_moe(layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &[f32]) -> Result<[usize; 3]> {
+    validate_moe_ids(layer, a, y, false)
 }
 
 /// `validate_moe` for a masked call: ids may also be `SKIP` (a pair computed elsewhere).
 pub fn validate_moe_masked(
     layer: &ExpertLayer<'_>,
-    x: &[f32],
-    ids: &[u32],
-    weights: &[f32],
-    k: usize,
+    a: &MoeInput<'_>,
     y: &[f32],
 ) -> Result<[usize; 3]> {
-    validate_moe_ids(layer, x, ids, weights, k, y, true)
+    validate_moe_ids(layer, a, y, true)
 }
 
 fn validate_moe_ids(
     layer: &ExpertLayer<'_>,
-    x: &[f32],
-    ids: &[u32],
-    weights: &[f32],
-    k: usize,
+    a: &MoeInput<'_>,
     y: &[f32],
     allow_skip: bool,
 ) -> Result<[usize; 3]> {
+    let MoeInput { x, ids, weights, k } = *a;
     let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
     let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
     let grb = check_experts("gate", g)?;
@@ -423,17 +411,15 @@ impl Scratch {
     pub fn plan_moe(
         &mut self,
         layer: &ExpertLayer<'_>,
-        x: &[f32],
-        ids: &[u32],
-        weights: &[f32],
-        k: usize,
+        a: &MoeInput<'_>,
         y: &mut [f32],
         segs: &[usize],
         threads: usize,
         pipelined: bool,
         masked: bool,
     ) -> Result<Option<Plan>> {
-        let [grb, urb, drb] = validate_moe_ids(layer, x, ids, weights, k, y, masked)?;
+        let [grb, urb, drb] = validate_moe_ids(layer, a, y, masked)?;
+        let MoeInput { x, ids, weights, k } = *a;
         let (g, u, d) = (&layer.gate, &layer.up, &layer.down);
         let (hdim, idim, ne) = (g.cols, g.rows, g.n_expert);
         let t = x.len() / hdim;

@@ -8,7 +8,7 @@
 //! - `h` is quantized to `down.ty.vec_dot_type()`; `d[r]` is the full-row dot of down row `r`;
 //! - `y[t][r] = w[t,0]·d_0[r] + w[t,1]·d_1[r] + …` summed left to right in slot order.
 
-use super::{ExpertLayer, QExperts, QMatrix, SKIP};
+use super::{ExpertLayer, MoeInput, QExperts, QMatrix, SKIP};
 use crate::error::Result;
 use crate::quant::dot::{quantize_act, vec_dot_id, vec_dot_t};
 
@@ -30,14 +30,8 @@ fn expert_row<'a>(m: &QExperts<'a>, e: usize, r: usize) -> &'a [u8] {
 
 /// `y[T,H] = Σ_j w[t,j]·down_e(silu(gate_e·x_t) ⊙ up_e·x_t)`, one token and one slot at a time.
 /// Slots whose id is `SKIP` (masked calls) are passed over. The caller validates shapes (`Pool::moe` does; the parity tool calls through it).
-pub fn moe_serial(
-    layer: &ExpertLayer<'_>,
-    x: &[f32],
-    ids: &[u32],
-    weights: &[f32],
-    k: usize,
-    y: &mut [f32],
-) -> Result<()> {
+pub fn moe_serial(layer: &ExpertLayer<'_>, a: &MoeInput<'_>, y: &mut [f32]) -> Result<()> {
+    let MoeInput { x, ids, weights, k } = *a;
     let hidden = layer.gate.cols;
     let inter = layer.gate.rows;
     let tokens = y.len() / hidden.max(1);

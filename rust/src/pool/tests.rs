@@ -157,10 +157,11 @@ fn moe_is_bitwise_identical_to_the_serial_reference() {
             let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
             let (ids, w) = routing(&mut rng, t, k, layer.e);
             let mut want = vec![0f32; t * layer.h];
-            moe_serial(&view, &x, &ids, &w, k, &mut want).unwrap();
+            moe_serial(&view, &MoeInput::new(&x, &ids, &w, k), &mut want).unwrap();
             for pool in &pools {
                 let mut y = vec![f32::NAN; t * layer.h];
-                pool.moe(&view, &x, &ids, &w, k, &mut y).unwrap();
+                pool.moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut y)
+                    .unwrap();
                 assert_eq!(
                     bits(&y),
                     bits(&want),
@@ -204,12 +205,14 @@ fn per_expert_slabs_match_the_contiguous_stack() {
         let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
         let (ids, w) = routing(&mut rng, t, k, layer.e);
         let mut want = vec![0f32; t * layer.h];
-        pool.moe(&view, &x, &ids, &w, k, &mut want).unwrap();
+        pool.moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut want)
+            .unwrap();
         let mut y = vec![f32::NAN; t * layer.h];
-        pool.moe(&slabbed, &x, &ids, &w, k, &mut y).unwrap();
+        pool.moe(&slabbed, &MoeInput::new(&x, &ids, &w, k), &mut y)
+            .unwrap();
         assert_eq!(bits(&y), bits(&want), "T={t} k={k}");
         let mut r = vec![f32::NAN; t * layer.h];
-        moe_serial(&slabbed, &x, &ids, &w, k, &mut r).unwrap();
+        moe_serial(&slabbed, &MoeInput::new(&x, &ids, &w, k), &mut r).unwrap();
         assert_eq!(bits(&r), bits(&want), "serial T={t} k={k}");
     }
     let short = &tables[0][..layer.e - 1];
@@ -218,7 +221,9 @@ fn per_expert_slabs_match_the_contiguous_stack() {
     let (ids, w) = routing(&mut rng, 1, 2, layer.e);
     let x = vec![0.5f32; layer.h];
     let mut y = vec![0f32; layer.h];
-    assert!(pool.moe(&bad, &x, &ids, &w, 2, &mut y).is_err());
+    assert!(pool
+        .moe(&bad, &MoeInput::new(&x, &ids, &w, 2), &mut y)
+        .is_err());
 }
 
 /// The reference (and so the pool) against float64 math on dequantized F32 weights, where the
@@ -233,7 +238,7 @@ fn reference_matches_float64_math() {
     let (ids, w) = routing(&mut rng, t, k, layer.e);
     let mut y = vec![0f32; t * layer.h];
     Pool::new(cfg(2, true, true))
-        .moe(&view, &x, &ids, &w, k, &mut y)
+        .moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut y)
         .unwrap();
     let deq = |n: usize| {
         let mut out = vec![0f32; layer.bytes[n].len() / 4];
@@ -326,10 +331,11 @@ fn many_jobs_and_growing_calls_reuse_the_pool() {
         let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
         let (ids, w) = routing(&mut rng, t, k, layer.e);
         let mut want = vec![0f32; t * layer.h];
-        moe_serial(&view, &x, &ids, &w, k, &mut want).unwrap();
+        moe_serial(&view, &MoeInput::new(&x, &ids, &w, k), &mut want).unwrap();
         for p in [&pool, &barrier] {
             let mut y = vec![0f32; t * layer.h];
-            p.moe(&view, &x, &ids, &w, k, &mut y).unwrap();
+            p.moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut y)
+                .unwrap();
             assert_eq!(bits(&y), bits(&want), "T={t} k={k}");
         }
     }
@@ -343,42 +349,49 @@ fn bad_inputs_are_typed_errors_and_leave_y_alone() {
     let x = vec![0.5f32; 64];
     let mut y = vec![7f32; 64];
     let shape_err = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
-    assert!(shape_err(pool.moe(&view, &x, &[4], &[1.0], 1, &mut y)));
     assert!(shape_err(pool.moe(
         &view,
-        &x,
-        &[u32::MAX],
-        &[1.0],
-        1,
-        &mut y
-    )));
-    assert!(shape_err(pool.moe(&view, &x, &[0, 1], &[1.0], 2, &mut y)));
-    assert!(shape_err(pool.moe(
-        &view,
-        &x[..10],
-        &[0],
-        &[1.0],
-        1,
+        &MoeInput::new(&x, &[4], &[1.0], 1),
         &mut y
     )));
     assert!(shape_err(pool.moe(
         &view,
-        &x,
-        &[0],
-        &[1.0],
-        1,
+        &MoeInput::new(&x, &[u32::MAX], &[1.0], 1),
+        &mut y
+    )));
+    assert!(shape_err(pool.moe(
+        &view,
+        &MoeInput::new(&x, &[0, 1], &[1.0], 2),
+        &mut y
+    )));
+    assert!(shape_err(pool.moe(
+        &view,
+        &MoeInput::new(&x[..10], &[0], &[1.0], 1),
+        &mut y
+    )));
+    assert!(shape_err(pool.moe(
+        &view,
+        &MoeInput::new(&x, &[0], &[1.0], 1),
         &mut y[..32]
     )));
     let mut short = view;
     short.down.data = &layer.bytes[2][..100];
-    assert!(shape_err(pool.moe(&short, &x, &[0], &[1.0], 1, &mut y)));
+    assert!(shape_err(pool.moe(
+        &short,
+        &MoeInput::new(&x, &[0], &[1.0], 1),
+        &mut y
+    )));
     let mut swapped = view;
     swapped.down = view.gate;
-    assert!(shape_err(pool.moe(&swapped, &x, &[0], &[1.0], 1, &mut y)));
+    assert!(shape_err(pool.moe(
+        &swapped,
+        &MoeInput::new(&x, &[0], &[1.0], 1),
+        &mut y
+    )));
     let mut odd = view;
     odd.gate.cols = 48; // not whole Q8_0 blocks
     assert!(matches!(
-        pool.moe(&odd, &x, &[0], &[1.0], 1, &mut y),
+        pool.moe(&odd, &MoeInput::new(&x, &[0], &[1.0], 1), &mut y),
         Err(Error::Quant(_))
     ));
     assert!(y.iter().all(|&v| v == 7.0));
@@ -390,7 +403,8 @@ fn bad_inputs_are_typed_errors_and_leave_y_alone() {
     };
     assert!(shape_err(pool.matmul(&w, &x, 2, &mut y)));
     // k = 0: no expert, y = 0.
-    pool.moe(&view, &x, &[], &[], 0, &mut y).unwrap();
+    pool.moe(&view, &MoeInput::new(&x, &[], &[], 0), &mut y)
+        .unwrap();
     assert!(y.iter().all(|&v| v == 0.0));
 }
 
@@ -403,11 +417,16 @@ fn parked_workers_wake_for_calls_and_exit_on_drop() {
     let pool = Pool::new(c);
     let x = vec![0.25f32; 32];
     let mut want = vec![0f32; 32];
-    moe_serial(&view, &x, &[1, 3], &[0.5, 0.5], 2, &mut want).unwrap();
+    moe_serial(
+        &view,
+        &MoeInput::new(&x, &[1, 3], &[0.5, 0.5], 2),
+        &mut want,
+    )
+    .unwrap();
     for _ in 0..20 {
         std::thread::sleep(std::time::Duration::from_millis(2));
         let mut y = vec![0f32; 32];
-        pool.moe(&view, &x, &[1, 3], &[0.5, 0.5], 2, &mut y)
+        pool.moe(&view, &MoeInput::new(&x, &[1, 3], &[0.5, 0.5], 2), &mut y)
             .unwrap();
         assert_eq!(bits(&y), bits(&want));
     }

@@ -49,15 +49,16 @@ fn masked_moe_equals_the_call_on_the_kept_pairs() {
                     continue;
                 }
                 let xt = &x[tok * layer.h..(tok + 1) * layer.h];
-                moe_serial(&view, xt, &ci, &cw, ci.len(), yt).unwrap();
+                moe_serial(&view, &MoeInput::new(xt, &ci, &cw, ci.len()), yt).unwrap();
             }
             let mut r = vec![f32::NAN; t * layer.h];
-            validate_moe_masked(&view, &x, &masked, &w, k, &r).unwrap();
-            moe_serial(&view, &x, &masked, &w, k, &mut r).unwrap();
+            validate_moe_masked(&view, &MoeInput::new(&x, &masked, &w, k), &r).unwrap();
+            moe_serial(&view, &MoeInput::new(&x, &masked, &w, k), &mut r).unwrap();
             assert_eq!(bits(&r), bits(&want), "serial mix {m} T={t} k={k}");
             for pool in &pools {
                 let mut y = vec![f32::NAN; t * layer.h];
-                pool.moe_masked(&view, &x, &masked, &w, k, &mut y).unwrap();
+                pool.moe_masked(&view, &MoeInput::new(&x, &masked, &w, k), &mut y)
+                    .unwrap();
                 assert_eq!(
                     bits(&y),
                     bits(&want),
@@ -93,11 +94,11 @@ fn resident_plus_missed_equals_the_full_moe() {
                 .collect()
         };
         let mut full = vec![0f32; t * layer.h];
-        moe_serial(&view, &x, &ids, &w, k, &mut full).unwrap();
+        moe_serial(&view, &MoeInput::new(&x, &ids, &w, k), &mut full).unwrap();
         let mut y_res = vec![0f32; t * layer.h];
-        moe_serial(&view, &x, &split(true), &w, k, &mut y_res).unwrap();
+        moe_serial(&view, &MoeInput::new(&x, &split(true), &w, k), &mut y_res).unwrap();
         let mut y_miss = vec![f32::NAN; t * layer.h];
-        pool.moe_masked(&view, &x, &split(false), &w, k, &mut y_miss)
+        pool.moe_masked(&view, &MoeInput::new(&x, &split(false), &w, k), &mut y_miss)
             .unwrap();
         let scale = full.iter().fold(0f32, |a, v| a.max(v.abs()));
         for (n, (f, (a, b))) in full.iter().zip(y_res.iter().zip(&y_miss)).enumerate() {
@@ -118,12 +119,24 @@ fn skip_is_rejected_by_the_unmasked_call() {
     let view = layer.view();
     let x = vec![0.5f32; 32];
     let mut y = vec![7f32; 32];
-    let e = pool.moe(&view, &x, &[SKIP, 1], &[0.5, 0.5], 2, &mut y);
+    let e = pool.moe(
+        &view,
+        &MoeInput::new(&x, &[SKIP, 1], &[0.5, 0.5], 2),
+        &mut y,
+    );
     assert!(matches!(e, Err(crate::error::Error::Shape(_))), "{e:?}");
-    let e = pool.moe_masked(&view, &x, &[SKIP, 4], &[0.5, 0.5], 2, &mut y);
+    let e = pool.moe_masked(
+        &view,
+        &MoeInput::new(&x, &[SKIP, 4], &[0.5, 0.5], 2),
+        &mut y,
+    );
     assert!(matches!(e, Err(crate::error::Error::Shape(_))), "{e:?}");
     assert!(y.iter().all(|&v| v == 7.0));
-    pool.moe_masked(&view, &x, &[SKIP, SKIP], &[0.5, 0.5], 2, &mut y)
-        .unwrap();
+    pool.moe_masked(
+        &view,
+        &MoeInput::new(&x, &[SKIP, SKIP], &[0.5, 0.5], 2),
+        &mut y,
+    )
+    .unwrap();
     assert!(y.iter().all(|&v| v == 0.0));
 }

@@ -33,10 +33,11 @@ fn multi_token_tiles_match_the_serial_reference() {
             let x: Vec<f32> = (0..t * layer.h).map(|_| rng.f()).collect();
             let (ids, w) = routing(&mut rng, t, k, layer.e);
             let mut want = vec![0f32; t * layer.h];
-            moe_serial(&view, &x, &ids, &w, k, &mut want).unwrap();
+            moe_serial(&view, &MoeInput::new(&x, &ids, &w, k), &mut want).unwrap();
             for pool in &pools {
                 let mut y = vec![f32::NAN; t * layer.h];
-                pool.moe(&view, &x, &ids, &w, k, &mut y).unwrap();
+                pool.moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut y)
+                    .unwrap();
                 assert_eq!(bits(&y), bits(&want), "mix {m} T={t} k={k}");
             }
         }

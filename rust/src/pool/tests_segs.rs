@@ -59,14 +59,19 @@ fn segments_equal_their_calls_alone() {
                 for &n in &segs {
                     let (xs, ps) = (t0 * layer.h..(t0 + n) * layer.h, t0 * k..(t0 + n) * k);
                     let (x, i, ww) = (&x[xs.clone()], &ids[ps.clone()], &w[ps]);
-                    moe_serial(&view, x, i, ww, k, &mut want[xs]).unwrap();
+                    moe_serial(&view, &MoeInput::new(x, i, ww, k), &mut want[xs]).unwrap();
                     t0 += n;
                 }
                 for pool in &pools {
                     let mut y = vec![f32::NAN; t * layer.h];
                     match mi {
-                        0 => pool.moe_segs(&view, &x, ids, &w, k, &segs, &mut y),
-                        _ => pool.moe_masked_segs(&view, &x, ids, &w, k, &segs, &mut y),
+                        0 => pool.moe_segs(&view, &MoeInput::new(&x, ids, &w, k), &segs, &mut y),
+                        _ => pool.moe_masked_segs(
+                            &view,
+                            &MoeInput::new(&x, ids, &w, k),
+                            &segs,
+                            &mut y,
+                        ),
                     }
                     .unwrap();
                     assert_eq!(bits(&y), bits(&want), "mix {m} segs {segs:?} masked {mi}");
@@ -111,6 +116,11 @@ fn segments_must_cover_the_rows() {
     let x: Vec<f32> = (0..4 * layer.h).map(|_| rng.f()).collect();
     let (ids, w) = routing(&mut rng, 4, 2, layer.e);
     let mut y = vec![0f32; 4 * layer.h];
-    let err = pool.moe_segs(&layer.view(), &x, &ids, &w, 2, &[1, 2], &mut y);
+    let err = pool.moe_segs(
+        &layer.view(),
+        &MoeInput::new(&x, &ids, &w, 2),
+        &[1, 2],
+        &mut y,
+    );
     assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
 }

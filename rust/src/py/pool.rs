@@ -2,7 +2,7 @@
 //! benchmark use it). Calls release the GIL while the pool computes.
 
 use crate::pool::reference::{matmul_serial, moe_serial};
-use crate::pool::{ExpertLayer, Pool, PoolConfig, QExperts, QMatrix};
+use crate::pool::{ExpertLayer, MoeInput, Pool, PoolConfig, QExperts, QMatrix};
 use crate::quant::GgmlType;
 use numpy::{
     PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyUntypedArrayMethods,
@@ -102,8 +102,7 @@ fn moe_call<'py>(
     py: Python<'py>,
     layer: &MoELayer,
     (x, ids, weights): MoeArgs<'py>,
-    run: impl FnOnce(&ExpertLayer<'_>, &[f32], &[u32], &[f32], usize, &mut [f32]) -> crate::Result<()>
-        + Send,
+    run: impl FnOnce(&ExpertLayer<'_>, &MoeInput<'_>, &mut [f32]) -> crate::Result<()> + Send,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
     let (t, k) = (ids.shape()[0], ids.shape()[1]);
     let h = layer.hidden;
@@ -124,7 +123,7 @@ fn moe_call<'py>(
     let y = with_layer(py, layer, |l| {
         py.detach(|| -> crate::Result<Vec<f32>> {
             let mut y = vec![0f32; t * h];
-            run(&l, xs, is, ws, k, &mut y)?;
+            run(&l, &MoeInput::new(xs, is, ws, k), &mut y)?;
             Ok(y)
         })
         .map_err(PyErr::from)
@@ -196,9 +195,7 @@ impl ExpertPool {
         weights: PyReadonlyArray2<'py, f32>,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let pool = &self.pool;
-        moe_call(py, layer, (x, ids, weights), |l, x, i, w, k, y| {
-            pool.moe(l, x, i, w, k, y)
-        })
+        moe_call(py, layer, (x, ids, weights), |l, a, y| pool.moe(l, a, y))
     }
 
     /// y[T,rows] = x[T,cols]·Wᵀ with W the raw bytes of a (rows, cols) matrix of `type_name`.
@@ -238,10 +235,10 @@ fn moe_reference<'py>(
     ids: PyReadonlyArray2<'py, u32>,
     weights: PyReadonlyArray2<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    moe_call(py, layer, (x, ids, weights), |l, x, i, w, k, y| {
+    moe_call(py, layer, (x, ids, weights), |l, a, y| {
         // The reference trusts its inputs: validate them through a zero-worker pool's checks.
-        crate::pool::validate_moe(l, x, i, w, k, y)?;
-        moe_serial(l, x, i, w, k, y)
+        crate::pool::validate_moe(l, a, y)?;
+        moe_serial(l, a, y)
     })
 }
 

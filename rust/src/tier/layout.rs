@@ -80,7 +80,12 @@ impl ExpertLayout {
             .architecture()
             .ok_or_else(|| Error::Model("general.architecture is missing".into()))?
             .to_string();
-        let n_layer = meta_u(g, &format!("{arch}.block_count"))?;
+        // The NextN (MTP) layers stored after the trunk are not run (`model::HParams`).
+        let nextn = g
+            .get(&format!("{arch}.nextn_predict_layers"))
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let n_layer = meta_u(g, &format!("{arch}.block_count"))?.saturating_sub(nextn);
         let n_expert = meta_u(g, &format!("{arch}.expert_count"))?;
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {

@@ -6,7 +6,7 @@
 
 use super::table::VramTable;
 use crate::error::Result;
-use crate::model::compute::{Compute, ExpertLayer};
+use crate::model::compute::{Compute, ExpertLayer, MoeInput};
 use crate::pool::SKIP;
 
 /// How many misses go over PCIe: `pcie_frac` of the missed experts over time. The fractional
@@ -130,5 +130,5 @@ pub fn cpu_misses<C: Compute + ?Sized>(
     k: usize,
     y_miss: &mut [f32],
 ) -> Result<()> {
-    compute.moe_masked(layer, x, &split.cpu_ids, weights, k, y_miss)
+    compute.moe_masked(layer, &MoeInput::new(x, &split.cpu_ids, weights, k), y_miss)
 }

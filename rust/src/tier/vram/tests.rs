@@ -396,7 +396,7 @@ fn counters_give_rates_and_request_deltas() {
 fn gpu_part_plus_cpu_misses_equals_the_full_layer() {
     use crate::model::compute::{Compute, SerialCompute};
     use crate::pool::tests::{cfg as pool_cfg, routing, Layer, Rng, MIXES};
-    use crate::pool::Pool;
+    use crate::pool::{MoeInput, Pool};
     let pool = Pool::new(pool_cfg(2, true, false));
     let serial = SerialCompute::new();
     let mut rng = Rng(23);
@@ -414,10 +414,12 @@ fn gpu_part_plus_cpu_misses_equals_the_full_layer() {
         sp.split(&table, 1, &ids, &mut share);
         assert_eq!(sp.hits + sp.miss_cpu + sp.miss_pcie, (t * k) as u64);
         let mut full = vec![0f32; t * layer.h];
-        serial.moe(&view, &x, &ids, &w, k, &mut full).unwrap();
+        serial
+            .moe(&view, &MoeInput::new(&x, &ids, &w, k), &mut full)
+            .unwrap();
         let mut y_gpu = vec![0f32; t * layer.h];
         serial
-            .moe_masked(&view, &x, &sp.gpu_ids, &w, k, &mut y_gpu)
+            .moe_masked(&view, &MoeInput::new(&x, &sp.gpu_ids, &w, k), &mut y_gpu)
             .unwrap();
         let mut y_miss = vec![f32::NAN; t * layer.h];
         cpu_misses(&pool, &view, &x, &sp, &w, k, &mut y_miss).unwrap();

@@ -1,0 +1,364 @@
+//! The architecture layer: which families the forward pass runs, and the graph of each as a
+//! choice among shared building blocks, fixed at load from `general.architecture`.
+//!
+//! Every family is a pre-norm decoder: per layer `x += attn(rms_norm(x))`, then
+//! `x += ffn(rms_norm(x))`. The blocks differ only in the options a `Graph` names:
+//! - attention: RoPE layout (NEOX halves or NORM adjacent pairs), Q/K/V bias, per-head q/k
+//!   RMSNorm;
+//! - FFN: routed SwiGLU experts with a `Routing` strategy, an optional shared expert with a
+//!   sigmoid gate (`ffn_*_shexp`, `ffn_gate_inp_shexp`), or the dense FFN run as one expert.
+//!
+//! The families and their llama.cpp graphs (src/models/<family>.cpp):
+//! - `qwen3moe`: NEOX RoPE, q/k norm, softmax → top-K → renormalize;
+//! - `qwen3`: qwen3moe with one dense FFN (one expert, weight 1);
+//! - `qwen2moe`: NEOX RoPE, Q/K/V bias, softmax → top-K (renormalized only when
+//!   `expert_weights_norm` says so), shared expert;
+//! - `llama` with `expert_count > 0` (Mixtral): NORM RoPE, softmax → top-K → renormalize;
+//! - `glm4moe`: NEOX RoPE (partial, as `rope.dimension_count` says), Q/K/V bias, q/k norm
+//!   where the file has it, FFN norm named `post_attention_norm`, leading dense layers
+//!   (`leading_dense_block_count`), sigmoid routing with the selection bias `exp_probs_b`,
+//!   `expert_weights_norm` and `expert_weights_scale`, an ungated shared expert; the NextN
+//!   layers after the trunk (`nextn_predict_layers`) are not run.
+
+use crate::error::{Error, Result};
+
+/// The families the forward pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    Qwen3Moe,
+    Qwen3,
+    Qwen2Moe,
+    Llama,
+    Glm4Moe,
+}
+
+/// `general.architecture` names, as llama.cpp spells them, and their families.
+pub const SUPPORTED: [(&str, Family); 5] = [
+    ("qwen3moe", Family::Qwen3Moe),
+    ("qwen3", Family::Qwen3),
+    ("qwen2moe", Family::Qwen2Moe),
+    ("llama", Family::Llama),
+    ("glm4moe", Family::Glm4Moe),
+];
+
+/// The families the GPU forward pass runs (the others are refused there with a typed error).
+pub const GPU_FAMILIES: [Family; 2] = [Family::Qwen3Moe, Family::Qwen3];
+
+/// The supported names, comma separated (for error messages).
+pub fn supported_list() -> String {
+    SUPPORTED.map(|(n, _)| n).join(", ")
+}
+
+impl Family {
+    /// The family of an architecture name; a `Model` error naming it and the supported list
+    /// otherwise.
+    pub fn from_arch(arch: &str) -> Result<Family> {
+        SUPPORTED
+            .iter()
+            .find(|(n, _)| *n == arch)
+            .map(|&(_, f)| f)
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "architecture {arch:?} is not supported; Strata runs: {}",
+                    supported_list()
+                ))
+            })
+    }
+
+    pub fn name(self) -> &'static str {
+        SUPPORTED
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |(n, _)| n)
+    }
+
+    /// The family's graph; `meta` answers the per-file options (see `MetaRead`).
+    pub fn graph(self, meta: &dyn MetaRead) -> Result<Graph> {
+        let qwen3 = Graph {
+            rope: RopeMode::Neox,
+            qk_norm: true,
+            qkv_bias: false,
+            ffn: Ffn::Routed,
+            ffn_norm: "ffn_norm",
+            routing: Routing::Softmax { norm: true },
+            shared: Shared::None,
+            dense_lead: 0,
+        };
+        Ok(match self {
+            Family::Qwen3Moe => qwen3,
+            Family::Qwen3 => Graph {
+                ffn: Ffn::DenseAsOneExpert,
+                ..qwen3
+            },
+            Family::Qwen2Moe => Graph {
+                qk_norm: false,
+                qkv_bias: true,
+                // llama.cpp's qwen2moe hard-codes no renormalization; a file that sets
+                // expert_weights_norm (HF's norm_topk_prob) gets it.
+                routing: Routing::Softmax {
+                    norm: meta.flag("expert_weights_norm")?.unwrap_or(false),
+                },
+                shared: Shared::Gated,
+                ..qwen3
+            },
+            Family::Llama => {
+                if meta.count("expert_count")?.unwrap_or(0) == 0 {
+                    return Err(Error::Model(
+                        "llama files without experts (expert_count = 0) are dense models; \
+                         Strata runs the Mixtral-style llama (expert_count > 0)"
+                            .into(),
+                    ));
+                }
+                if meta.present("attention.scale") {
+                    return Err(Error::Model(
+                        "llama.attention.scale is set; Strata runs the 1/sqrt(head_dim) scale"
+                            .into(),
+                    ));
+                }
+                Graph {
+                    rope: RopeMode::Norm,
+                    qk_norm: false,
+                    ..qwen3
+                }
+            }
+            Family::Glm4Moe => {
+                // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 0 (unset) reads as sigmoid.
+                let gating = meta.count("expert_gating_func")?.unwrap_or(0);
+                if gating != 0 && gating != 2 {
+                    return Err(Error::Model(format!(
+                        "glm4moe.expert_gating_func {gating}: Strata runs sigmoid gating (2)"
+                    )));
+                }
+                let groups = meta.count("expert_group_count")?.unwrap_or(1);
+                if groups > 1 {
+                    return Err(Error::Model(format!(
+                        "glm4moe.expert_group_count {groups}: Strata runs ungrouped routing (1)"
+                    )));
+                }
+                Graph {
+                    qk_norm: meta.has_tensor("blk.0.attn_q_norm.weight"),
+                    qkv_bias: true,
+                    ffn_norm: "post_attention_norm",
+                    routing: Routing::SigmoidBias {
+                        norm: meta.flag("expert_weights_norm")?.unwrap_or(false),
+                        scale: match meta.number("expert_weights_scale")? {
+                            Some(s) if s != 0.0 => s,
+                            _ => 1.0, // 0 or absent: no scaling (llama.cpp)
+                        },
+                    },
+                    shared: match meta.count("expert_shared_count")?.unwrap_or(0) {
+                        0 => Shared::None,
+                        _ => Shared::Plain,
+                    },
+                    dense_lead: meta.count("leading_dense_block_count")?.unwrap_or(0),
+                    ..qwen3
+                }
+            }
+        })
+    }
+
+    /// Refuses families the GPU path does not run yet.
+    pub fn require_gpu(self) -> Result<()> {
+        if GPU_FAMILIES.contains(&self) {
+            return Ok(());
+        }
+        Err(Error::Model(format!(
+            "architecture {:?} runs on the CPU path only; the GPU and hybrid paths run: {}",
+            self.name(),
+            GPU_FAMILIES.map(Family::name).join(", ")
+        )))
+    }
+}
+
+/// The per-file options a family's graph reads from the metadata (`{arch}.<key>`).
+pub trait MetaRead {
+    fn flag(&self, key: &str) -> Result<Option<bool>>;
+    fn count(&self, key: &str) -> Result<Option<usize>>;
+    fn number(&self, key: &str) -> Result<Option<f32>>;
+    fn present(&self, key: &str) -> bool;
+    /// Whether the file has the tensor `name`.
+    fn has_tensor(&self, name: &str) -> bool;
+}
+
+/// Where RoPE's rotated pairs lie in a head (llama.cpp's `LLAMA_ROPE_TYPE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeMode {
+    /// (i, i + n_rot/2): qwen families.
+    Neox,
+    /// (2i, 2i + 1): llama.
+    Norm,
+}
+
+/// How a layer's FFN tensors are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ffn {
+    /// Stacked experts `ffn_{gate,up,down}_exps` with the router `ffn_gate_inp`.
+    Routed,
+    /// One dense `ffn_{gate,up,down}` run as a single expert every token takes with weight 1.
+    DenseAsOneExpert,
+}
+
+/// How router logits become each token's K experts and weights.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Routing {
+    /// Softmax over all E logits (f32), the top K by probability (ties: lower id first);
+    /// renormalized to sum 1 when `norm` (ggml's f64 sum clamped at 2^-14). Over the selected
+    /// K this is the softmax of their logits (Mixtral's "softmax over the top-K").
+    Softmax { norm: bool },
+    /// σ(logit) per expert; the top K by σ + the layer's selection bias `exp_probs_b` [E],
+    /// weighted by their unbiased σ, renormalized when `norm`, then × `scale` (skipped when 1).
+    SigmoidBias { norm: bool, scale: f32 },
+}
+
+impl Routing {
+    /// Routes one token: `p` is [E] logits (destroyed), `bias` the layer's selection bias
+    /// [E] where the strategy has one, `ids` and `w` are [K].
+    pub fn route(&self, p: &mut [f32], bias: Option<&[f32]>, ids: &mut [u32], w: &mut [f32]) {
+        match *self {
+            Routing::Softmax { norm } => {
+                crate::quant::vexp::softmax(p, false);
+                top_k_taken(p, ids, w);
+                if norm {
+                    renormalize(w);
+                }
+            }
+            Routing::SigmoidBias { norm, scale } => {
+                for v in p.iter_mut() {
+                    *v = 1.0 / (1.0 + (-*v).exp());
+                }
+                // Selection by σ + bias (ties: lower id first); the weights are the unbiased σ.
+                let score = |j: usize| p[j] + bias.map_or(0.0, |b| b[j]);
+                for slot in 0..ids.len() {
+                    let mut best: Option<(usize, f32)> = None;
+                    for j in 0..p.len() {
+                        if ids[..slot].contains(&(j as u32)) {
+                            continue;
+                        }
+                        let v = score(j);
+                        if best.is_none_or(|(_, bv)| v > bv) {
+                            best = Some((j, v));
+                        }
+                    }
+                    let j = best.map_or(0, |(j, _)| j);
+                    ids[slot] = j as u32;
+                    w[slot] = p[j];
+                }
+                if norm {
+                    renormalize(w);
+                }
+                if scale != 1.0 {
+                    for v in w.iter_mut() {
+                        *v *= scale;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `w /= Σw` as ggml: the sum in f64 (`ggml_vec_sum_f32`), rounded, clamped below at 2^-14.
+fn renormalize(w: &mut [f32]) {
+    let sum = (w.iter().map(|&v| v as f64).sum::<f64>() as f32).max(6.103_515_6e-5);
+    for v in w.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// The K largest entries of `p` by value (ties: lower index first) with their values; each
+/// taken entry is set to -inf.
+fn top_k_taken(p: &mut [f32], ids: &mut [u32], w: &mut [f32]) {
+    for (id, wt) in ids.iter_mut().zip(w.iter_mut()) {
+        let mut best = 0;
+        for (j, &v) in p.iter().enumerate() {
+            if v > p[best] {
+                best = j;
+            }
+        }
+        *id = best as u32;
+        *wt = p[best];
+        p[best] = f32::NEG_INFINITY;
+    }
+}
+
+/// A family's graph: the blocks each layer is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Graph {
+    pub rope: RopeMode,
+    /// `attn_q_norm` / `attn_k_norm` [D]: RMSNorm of each head of q and k before RoPE.
+    pub qk_norm: bool,
+    /// `attn_{q,k,v}.bias` [Nh·D] / [Nkv·D] added after the projections.
+    pub qkv_bias: bool,
+    pub ffn: Ffn,
+    /// The name of the FFN's input RMSNorm (`blk.N.<name>.weight`).
+    pub ffn_norm: &'static str,
+    pub routing: Routing,
+    pub shared: Shared,
+    /// Layers 0..dense_lead run one dense SwiGLU FFN `ffn_{gate,up,down}` (width
+    /// `feed_forward_length`) instead of experts.
+    pub dense_lead: usize,
+}
+
+/// A dense SwiGLU expert beside the routed ones (`ffn_{gate,up,down}_shexp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shared {
+    None,
+    /// Scaled by sigmoid(`ffn_gate_inp_shexp`·x) (qwen2moe).
+    Gated,
+    /// Added as is (glm4moe).
+    Plain,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_norm_picks_top_k_and_renormalizes() {
+        let mut p = [0.0f32, 3.0, 1.0, 3.0, -2.0];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        let r = Routing::Softmax { norm: true };
+        r.route(&mut p, None, &mut ids, &mut w);
+        assert_eq!(ids, [1, 3]);
+        assert!((w[0] - 0.5).abs() < 1e-6 && (w[1] - 0.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_without_norm_keeps_probabilities() {
+        let mut p = [0.0f32, 1.0f32.ln(), 2.0f32.ln(), 5.0f32.ln()]; // probs 1,1,2,5 / 9
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        let r = Routing::Softmax { norm: false };
+        r.route(&mut p, None, &mut ids, &mut w);
+        assert_eq!(ids, [3, 2]);
+        assert!((w[0] - 5.0 / 9.0).abs() < 1e-6 && (w[1] - 2.0 / 9.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn sigmoid_bias_selects_by_biased_score_and_weighs_unbiased() {
+        let mut p = [0.0f32, 2.0, 1.0, -1.0]; // σ: 0.5, 0.881, 0.731, 0.269
+        let bias = [0.0f32, -1.0, 0.0, 1.0]; // selection: 0.5, -0.119, 0.731, 1.269
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        let r = Routing::SigmoidBias {
+            norm: false,
+            scale: 2.0,
+        };
+        r.route(&mut p, Some(&bias), &mut ids, &mut w);
+        assert_eq!(ids, [3, 2]);
+        let s = |x: f32| 1.0 / (1.0 + (-x).exp());
+        assert!((w[0] - 2.0 * s(-1.0)).abs() < 1e-6 && (w[1] - 2.0 * s(1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn gpu_refuses_cpu_only_families() {
+        assert!(Family::Qwen3Moe.require_gpu().is_ok());
+        let e = Family::Qwen2Moe.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"qwen2moe\" runs on the CPU path only") && e.contains("qwen3moe"));
+    }
+
+    #[test]
+    fn unknown_architecture_names_the_supported_list() {
+        let e = Family::from_arch("gpt-oss").unwrap_err().to_string();
+        assert!(
+            e.contains("\"gpt-oss\"") && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe")
+        );
+    }
+}

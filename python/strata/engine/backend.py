@@ -98,8 +98,9 @@ class FakeBackend:
 
     # -- the toy model ----------------------------------------------------------------------
 
-    def _logits(self, slot: int) -> F32:
-        toks = self._tokens[slot]
+    def _logits(self, slot: int, end: int | None = None) -> F32:
+        """The next-token logits after the slot's first `end` tokens (all of them: None)."""
+        toks = self._tokens[slot][:end]
         n_prompt = self._n_prompt[slot]
         run: list[int] = []  # the last run of byte tokens of the prompt
         for t in reversed(toks[:n_prompt]):
@@ -126,14 +127,16 @@ class FakeBackend:
             raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx}")
 
     def truncate(self, slot: int, n: int) -> None:
-        """Keeps n positions; what follows is a new prompt until an entry asks for logits."""
+        """Keeps n positions; what follows is a new prompt until an entry asks for logits
+        (unless the whole prompt stays: a speculative window cut back)."""
         self._check(slot, n)
         toks = self._tokens.setdefault(slot, [])
         if n > len(toks):
             raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
         del toks[n:]
-        self._n_prompt.pop(slot, None)  # reading a prompt
-        self._fault.pop(slot, None)
+        if n < self._n_prompt.get(slot, n + 1):
+            self._n_prompt.pop(slot, None)  # reading a prompt
+            self._fault.pop(slot, None)
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         slots = [slot for slot, _, _ in entries]
@@ -155,6 +158,11 @@ class FakeBackend:
                 if want != "none":  # the prompt's last chunk
                     self._n_prompt[slot] = len(toks)
                     self._scan_faults(slot)
+            if want == "all" and slot in self._n_prompt:  # [T, V] (a window's rows)
+                n = len(toks)
+                rows = [self._logits(slot, n - len(ids) + 1 + i) for i in range(len(ids))]
+                out.append(np.stack(rows))
+                continue
             out.append(None if want == "none" else self._logits(slot))
         self._steps += 1
         self._sleep()

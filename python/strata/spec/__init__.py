@@ -1,0 +1,40 @@
+"""Speculative decoding: drafters (`drafters`), window verification (`verify`), the adaptive
+window (`control`) and the scheduler's side of it (`speculator`). `make_speculator` builds
+what the `spec` settings ask for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata.config import Config
+from strata.spec.drafters import Draft, Drafter, DraftRequest, open_drafter, propose
+from strata.spec.speculator import Speculator
+
+__all__ = ["Draft", "DraftRequest", "Drafter", "Speculator", "make_speculator", "propose"]
+
+
+def make_speculator(config: Config, backend: Any) -> Speculator | None:
+    """The speculator of `config.spec` over `backend` (None when off); ConfigError when the
+    drafter cannot run (no MTP layer, a draft of another vocabulary, …)."""
+    if config.spec == "off":
+        return None
+    kind = config.spec
+    if kind == "auto":
+        kind = "draft" if config.spec_draft_model else "ngram"
+    llm = getattr(backend, "llm", None)
+    draft = config.spec_draft_model
+    if kind == "draft" and not draft and getattr(backend, "default_model", False):
+        from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
+
+        draft = str(modelgen.shipped_model_path("draft"))
+    drafter = open_drafter(
+        kind,
+        target_path=getattr(backend, "path", None) if llm is not None else None,
+        target_metadata=getattr(llm, "metadata", None),
+        draft_path=draft,
+        n_slots=backend.max_slots,
+        n_ctx=backend.n_ctx,
+        p_min=config.spec_p_min,
+        threads=config.threads,
+    )
+    return Speculator(drafter, config.spec_min, config.spec_max)

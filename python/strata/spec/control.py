@@ -1,0 +1,128 @@
+"""The adaptive window: how many tokens each sequence drafts, from what was measured.
+
+Per sequence, the acceptance rate α (the chance that the target keeps a drafted token given it
+kept the ones before) is estimated from its own windows (decayed counts with a weak prior). A
+window of k drafts then yields E(k) = 1 + α + … + α^k = (1 − α^(k+1)) / (1 − α) tokens
+(Leviathan et al. 2023) and costs c(k) = T(b + k) / T(b) target steps plus the drafter's time,
+where T(n) is the measured wall time of an engine step that runs n tokens (decodes and windows,
+no prompt chunks; `CostModel`) and b the tokens the step runs without this sequence's drafts.
+On the hybrid path T grows faster with n (the window's experts are the union of its tokens'),
+so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max] maximizes
+E(k) / c(k); the sequence does not draft when that gain is below 1 (then every `PROBE_EVERY`
+steps it drafts `spec_min` tokens once to refresh α).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# T(n) of steps with no measurement yet: T(1) × (1 + PRIOR_SLOPE × (n − 1)); measured values
+# replace it as they come (an exponential average per step size).
+PRIOR_SLOPE = 0.1
+EMA = 0.2  # weight of a new step time in its average
+ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
+ALPHA_DECAY = 0.9  # per window: older windows weigh less
+PROBE_EVERY = 16
+
+
+class CostModel:
+    """Measured step time T(n) in seconds by the step's token count n."""
+
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+        self.counts: dict[int, int] = {}
+
+    def observe(self, n: int, seconds: float) -> None:
+        old = self.times.get(n)
+        self.times[n] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self.counts[n] = self.counts.get(n, 0) + 1
+
+    def time(self, n: int) -> float | None:
+        """T(n): measured, else interpolated linearly between the nearest measured sizes, else
+        extrapolated (the last measured slope, or the prior one); None before any step."""
+        if n in self.times:
+            return self.times[n]
+        if not self.times:
+            return None
+        ns = sorted(self.times)
+        i = bisect.bisect_left(ns, n)
+        if 0 < i < len(ns):
+            a, b = ns[i - 1], ns[i]
+            ta, tb = self.times[a], self.times[b]
+            return ta + (tb - ta) * (n - a) / (b - a)
+        if len(ns) >= 2:
+            a, b = (ns[-2], ns[-1]) if i == len(ns) else (ns[0], ns[1])
+            slope = max((self.times[b] - self.times[a]) / (b - a), 0.0)
+        else:
+            slope = self.times[ns[0]] * PRIOR_SLOPE / max(ns[0], 1)
+        edge = ns[-1] if i == len(ns) else ns[0]
+        return max(self.times[edge] + slope * (n - edge), 1e-9)
+
+    def ratio(self, base: int, k: int) -> float:
+        """c(k) = T(base + k) / T(base) (the prior's when nothing is measured)."""
+        tb, tk = self.time(base), self.time(base + k)
+        if tb is None or tk is None or tb <= 0:
+            return 1.0 + PRIOR_SLOPE * k
+        return tk / tb
+
+    def curve(self, base: int = 1, k_max: int = 8) -> list[float]:
+        return [round(self.ratio(base, k), 4) for k in range(k_max + 1)]
+
+
+@dataclass(slots=True)
+class SeqSpec:
+    """One sequence's speculation state and counters."""
+
+    accepted_w: float = ALPHA_PRIOR[0]  # decayed accepted drafts (+ prior)
+    rejected_w: float = ALPHA_PRIOR[1]  # decayed rejections (+ prior)
+    k: int = 0  # the window chosen last
+    idle: int = 0  # steps since it last drafted
+    offered: int = 0  # drafted tokens the target verified
+    accepted: int = 0  # of them, kept
+    windows: list[int] = field(default_factory=list)  # accepted count per window
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted_w / (self.accepted_w + self.rejected_w)
+
+    def record(self, offered: int, accepted: int) -> None:
+        self.offered += offered
+        self.accepted += accepted
+        self.accepted_w = self.accepted_w * ALPHA_DECAY + accepted
+        self.rejected_w = self.rejected_w * ALPHA_DECAY + (1.0 if accepted < offered else 0.0)
+        self.windows.append(accepted)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E(k) = 1 + α + … + α^k."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def choose_k(
+    st: SeqSpec,
+    cost: CostModel,
+    base: int,
+    k_min: int,
+    k_max: int,
+    draft_cost: float = 0.0,
+) -> int:
+    """The window for the next step (0: no drafting); `draft_cost` is the drafter's time per
+    drafted token in target steps T(base)."""
+    if k_max < 1:
+        return 0
+    best_k, best = 0, 1.0
+    for k in range(max(k_min, 1), k_max + 1):
+        g = expected_tokens(st.alpha, k) / (cost.ratio(base, k) + draft_cost * k)
+        if g > best:
+            best_k, best = k, g
+    if best_k == 0:
+        st.idle += 1
+        if st.idle >= PROBE_EVERY:
+            best_k = max(k_min, 1)
+    if best_k:
+        st.idle = 0
+    st.k = best_k
+    return best_k

@@ -157,9 +157,7 @@ class FixedCost(Speculator):
 @pytest.mark.parametrize("drafter", ["toy", "ngram"])
 def test_speculative_sampling_keeps_the_distribution(drafter: str) -> None:
     spec = FixedCost(ToyDrafter() if drafter == "toy" else NgramDrafter(), 1, 3)
-    sched = Scheduler(
-        Toy(), 16, max_slots=64, max_batch_tokens=4096, speculator=spec, reuse=False
-    )
+    sched = Scheduler(Toy(), 16, max_slots=64, max_batch_tokens=4096, speculator=spec, reuse=False)
     for seed in range(N):
         params = SamplingParams(**PARAMS, seed=seed)  # type: ignore[arg-type]
         sched.add(Submit(seed, PROMPT, params, MAX_TOKENS, []))

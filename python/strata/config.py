@@ -223,6 +223,12 @@ class Config:
     spec_min: int = _s(
         1, "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min)"
     )
+    spec_adaptive: bool = _s(
+        True,
+        "engine: choose each sequence's window from its measured acceptance and the measured "
+        "verify cost, drafting only when it pays; off: every window drafts spec_max tokens "
+        "(as llama.cpp does)",
+    )
     spec_p_min: float = _s(
         0.0,
         "engine: the draft model stops drafting at a token it gives less than this probability "

@@ -127,16 +127,19 @@ class FakeBackend:
             raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx}")
 
     def truncate(self, slot: int, n: int) -> None:
-        """Keeps n positions; what follows is a new prompt until an entry asks for logits
-        (unless the whole prompt stays: a speculative window cut back)."""
+        """Keeps n positions; what follows is a new prompt until an entry asks for logits."""
+        self.rollback(slot, n)
+        self._n_prompt.pop(slot, None)  # reading a prompt
+        self._fault.pop(slot, None)
+
+    def rollback(self, slot: int, n: int) -> None:
+        """Keeps n positions of a generating sequence (a speculative window cut back to its
+        accepted prefix): it goes on generating."""
         self._check(slot, n)
         toks = self._tokens.setdefault(slot, [])
         if n > len(toks):
             raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
         del toks[n:]
-        if n < self._n_prompt.get(slot, n + 1):
-            self._n_prompt.pop(slot, None)  # reading a prompt
-            self._fault.pop(slot, None)
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         slots = [slot for slot, _, _ in entries]

@@ -314,8 +314,9 @@ class Scheduler:
                 cand = Candidate(slot, [*s.req.prompt, *s.out], 0, s.sampler, s.spec, s.draft_rng)
                 results = self.spec.settle(cand, drafts[i], logits)
                 keep = len(results) - 1  # the accepted drafts
-                if keep < len(drafts[i].tokens):
-                    self.backend.truncate(slot, len(s.req.prompt) + s.generated + keep)
+                if keep < len(drafts[i].tokens):  # cut the KV back to the accepted prefix
+                    cut = getattr(self.backend, "rollback", self.backend.truncate)
+                    cut(slot, len(s.req.prompt) + s.generated + keep)
                 self.slots.fed(slot, ids[: 1 + keep])
                 s.pending = None
                 events.append(self._emit(s, results))

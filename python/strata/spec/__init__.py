@@ -4,6 +4,7 @@ what the `spec` settings ask for."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from strata.config import Config
@@ -22,14 +23,16 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
     if kind == "auto":
         kind = "draft" if config.spec_draft_model else "ngram"
     llm = getattr(backend, "llm", None)
+    target = str(getattr(backend, "path", "")) if llm is not None else None
     draft = config.spec_draft_model
-    if kind == "draft" and not draft and getattr(backend, "default_model", False):
+    if kind == "draft" and not draft and target:
         from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
 
-        draft = str(modelgen.shipped_model_path("draft"))
+        if Path(target).resolve() == modelgen.shipped_model_path("default").resolve():
+            draft = str(modelgen.shipped_model_path("draft"))  # the shipped default's own
     drafter = open_drafter(
         kind,
-        target_path=getattr(backend, "path", None) if llm is not None else None,
+        target_path=target,
         target_metadata=getattr(llm, "metadata", None),
         draft_path=draft,
         n_slots=backend.max_slots,
@@ -37,4 +40,4 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
         p_min=config.spec_p_min,
         threads=config.threads,
     )
-    return Speculator(drafter, config.spec_min, config.spec_max)
+    return Speculator(drafter, config.spec_min, config.spec_max, config.spec_adaptive)

@@ -37,8 +37,9 @@ class Candidate:
 
 
 class Speculator:
-    def __init__(self, drafter: Drafter, k_min: int, k_max: int) -> None:
+    def __init__(self, drafter: Drafter, k_min: int, k_max: int, adaptive: bool = True) -> None:
         self.drafter = drafter
+        self.adaptive = adaptive  # False: every window drafts k_max (what room allows)
         self.k_min, self.k_max = k_min, k_max
         self.cost = CostModel()
         self.offered = 0
@@ -46,7 +47,7 @@ class Speculator:
         self.hist = [0] * (k_max + 1)  # windows by accepted drafts
         self.draft_s = 0.0  # time spent drafting
         self.draft_tokens = 0
-        self.k_by_slot: dict[int, int] = {}
+        self.k_by_slot: dict[int, int] = {}  # the window each slot chose last
 
     def _draft_cost(self, base: int) -> float:
         """The drafter's time per drafted token, in target steps of `base` tokens."""
@@ -62,7 +63,11 @@ class Speculator:
         reqs: list[DraftRequest] = []
         where: list[int] = []
         for i, c in enumerate(cands):
-            k = choose_k(c.state, self.cost, base, self.k_min, min(self.k_max, c.room), dc)
+            k_max = min(self.k_max, c.room)
+            if self.adaptive:
+                k = choose_k(c.state, self.cost, base, self.k_min, k_max, dc)
+            else:
+                k = max(k_max, 0)
             self.k_by_slot[c.slot] = k
             if k > 0:
                 reqs.append(DraftRequest(c.slot, c.history, k, c.sampler.params, c.rng))
@@ -96,7 +101,6 @@ class Speculator:
 
     def release(self, slot: int) -> None:
         self.drafter.release(slot)
-        self.k_by_slot.pop(slot, None)
 
     def stats(self) -> list[Stat]:
         out = [
@@ -114,9 +118,11 @@ class Speculator:
         return out
 
     def info(self) -> dict[str, Any]:
-        """For /v1/status: the drafter, the current k per slot, the measured cost curve."""
+        """For /v1/status: the drafter, the window k each slot chose last (for a running
+        sequence: its current one), the counters, the measured cost curve."""
         return {
             "drafter": self.drafter.name,
+            "adaptive": self.adaptive,
             "k_min": self.k_min,
             "k_max": self.k_max,
             "k": {str(s): k for s, k in sorted(self.k_by_slot.items())},

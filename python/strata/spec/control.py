@@ -15,12 +15,15 @@ steps it drafts `spec_min` tokens once to refresh α).
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 # T(n) of steps with no measurement yet: T(1) × (1 + PRIOR_SLOPE × (n − 1)); measured values
-# replace it as they come (an exponential average per step size).
+# replace it as they come: per step size, the median of its last WINDOW step times (robust to
+# the other processes of a shared machine).
 PRIOR_SLOPE = 0.1
-EMA = 0.2  # weight of a new step time in its average
+WINDOW = 31
 ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
 ALPHA_DECAY = 0.9  # per window: older windows weigh less
 PROBE_EVERY = 16
@@ -30,13 +33,13 @@ class CostModel:
     """Measured step time T(n) in seconds by the step's token count n."""
 
     def __init__(self) -> None:
-        self.times: dict[int, float] = {}
-        self.counts: dict[int, int] = {}
+        self.times: dict[int, float] = {}  # n → median of the recent step times
+        self._recent: dict[int, deque[float]] = {}
 
     def observe(self, n: int, seconds: float) -> None:
-        old = self.times.get(n)
-        self.times[n] = seconds if old is None else (1 - EMA) * old + EMA * seconds
-        self.counts[n] = self.counts.get(n, 0) + 1
+        q = self._recent.setdefault(n, deque(maxlen=WINDOW))
+        q.append(seconds)
+        self.times[n] = statistics.median(q)
 
     def time(self, n: int) -> float | None:
         """T(n): measured, else interpolated linearly between the nearest measured sizes, else

@@ -209,6 +209,7 @@ class ModelDrafter:
             for (i, feed), row in zip(live, rows, strict=True):
                 r, d = reqs[i], drafts[i]
                 self.cached[r.slot].extend(feed)
+                assert row is not None  # logits "last"
                 tok, q, prob = self._pick(row, r)
                 if prob < self.p_min and d.tokens:  # not sure enough to go on
                     continue

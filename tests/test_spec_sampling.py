@@ -59,7 +59,7 @@ class Toy:
             s = self.seqs.setdefault(slot, [])
             s.extend(ids)
             rows = np.stack([TARGET[i + 1, s[i]] for i in range(len(s) - len(ids), len(s))])
-            out.append(None if want == "none" else rows[-1] if want == "last" else rows)
+            out.append(None if want == "none" else rows[-1] if want == "last" else rows)  # window
         return out
 
     def truncate(self, slot: int, n: int) -> None:

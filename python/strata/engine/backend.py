@@ -29,7 +29,8 @@ from strata.engine.protocol import Stat
 F32 = npt.NDArray[np.float32]
 
 
-# One entry of a forward batch: (slot, token ids, logits wanted: "none" | "last" | "all"); the
+# One entry of a forward batch: (slot, token ids, logits wanted: "none" | "last" | "all" |
+# "window" (as "all", each row bitwise a one-token step's: a speculative window)); the
 # tokens continue the slot at its current length.
 Entry = tuple[int, Sequence[int], str]
 
@@ -161,7 +162,7 @@ class FakeBackend:
                 if want != "none":  # the prompt's last chunk
                     self._n_prompt[slot] = len(toks)
                     self._scan_faults(slot)
-            if want == "all" and slot in self._n_prompt:  # [T, V] (a window's rows)
+            if want in ("all", "window") and slot in self._n_prompt:  # [T, V]: a window's rows
                 n = len(toks)
                 rows = [self._logits(slot, n - len(ids) + 1 + i) for i in range(len(ids))]
                 out.append(np.stack(rows))
@@ -281,7 +282,7 @@ class LLMBackend:
                 rows.append(None)
                 continue
             full = np.asarray(self.llm.logits(seq), dtype=np.float32)  # [T, V]
-            rows.append(full[-1] if want == "last" else full[-len(ids) :])
+            rows.append(full[-1] if want == "last" else full[-len(ids) :])  # all, window
         return rows
 
     def truncate(self, slot: int, n: int) -> None:

@@ -274,7 +274,7 @@ class Scheduler:
         drafts = self._drafts(decoding)
         for s, d in zip(decoding, drafts, strict=True):
             assert s.pending is not None
-            entries.append((s.slot, [s.pending, *d.tokens], "all" if d.tokens else "last"))
+            entries.append((s.slot, [s.pending, *d.tokens], "window" if d.tokens else "last"))
         seqs: list[Seq] = list(decoding)
         room = self.max_batch_tokens - sum(len(ids) for _, ids, _ in entries)
         head = True  # the oldest prompt always moves, however many sequences decode

@@ -6,8 +6,9 @@
     python bench/bench_spec.py serve --llama-server BIN [--model FILE] [--gen 256] [--reps 3]
 
 - cost: one slot at 300 positions; the step time of a window of k+1 tokens with every row's
-  logits (`forward_batch`, logits "all") against a one-token decode, k = 0..k_max: the
-  cost(k)/cost(1) curve the adaptive window reads (min and median of `--reps`).
+  logits (`forward_batch`, logits "window", as the scheduler verifies) against a one-token
+  decode, k = 0..k_max: the cost(k)/cost(1) curve the adaptive window reads (min and median
+  of `--reps`, the k interleaved).
 - edit: the edit task. The prompt holds a ~1K-token source file (the held-out stdlib file
   `graphlib.py`, its first ~1000 tokens, in the training corpus's `# <path>` format) and asks
   for it again with one rename (a base model: the request is the second header's comment);
@@ -65,7 +66,7 @@ def cost(a: argparse.Namespace) -> None:
             m.truncate(0, base)
             ids = [int(t) for t in rng.integers(0, n_vocab, k + 1)]
             t0 = time.perf_counter()
-            m.forward_batch([(0, ids, "all" if k else "last")])
+            m.forward_batch([(0, ids, "window" if k else "last")])
             times[k].append(time.perf_counter() - t0)
     print(f"model {a.model}, threads {a.threads}, reps {a.reps}")
     print("| k (drafts) | window tokens | min ms | median ms | cost(k)/cost(1) min | median |")

@@ -156,9 +156,10 @@ def test_window_follows_acceptance_and_cost() -> None:
     for _ in range(30):
         mid.record(4, 2)
     assert choose_k(mid, dear, 1, 1, 8) == 0
-    # not drafting, the sequence probes once every PROBE_EVERY steps
-    ks = [choose_k(bad, cost, 1, 2, 8) for _ in range(40)]
-    assert 0 < sum(k > 0 for k in ks) <= 3 and all(k in (0, 2) for k in ks)
+    # not drafting, the sequence probes after 16 steps, then 32, 64, …
+    ks = [choose_k(bad, cost, 1, 2, 8) for _ in range(120)]
+    # (one idle step before: the call above)
+    assert [i for i, k in enumerate(ks) if k] == [14, 46, 110] and set(ks) == {0, 2}
 
 
 # -- greedy identity ----------------------------------------------------------------------

@@ -33,9 +33,8 @@ from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
-from strata.spec.control import SeqSpec
 from strata.spec.drafters import Draft
-from strata.spec.speculator import Candidate, Speculator
+from strata.spec.speculator import Candidate, SeqSpec, Speculator
 
 Event = Progress | Tokens
 log = logging.getLogger("strata.engine")
@@ -121,7 +120,7 @@ class Scheduler:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         s = Seq(req, sampler, frozenset(req.stop_ids))
         if self.spec is not None and req.params.speculative:
-            s.spec = SeqSpec()
+            s.spec = self.spec.new_sequence()
             s.draft_rng = np.random.default_rng([sampler.seed, 0x5EC])
         self.waiting.append(s)
         return []

@@ -8,8 +8,9 @@ where T(n) is the measured wall time of an engine step that runs n tokens (decod
 no prompt chunks; `CostModel`) and b the tokens the step runs without this sequence's drafts.
 On the hybrid path T grows faster with n (the window's experts are the union of its tokens'),
 so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max] maximizes
-E(k) / c(k); the sequence does not draft when that gain is below 1 (then every `PROBE_EVERY`
-steps it drafts `spec_min` tokens once to refresh α).
+E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `PROBE_EVERY`
+steps it drafts `spec_min` tokens once to refresh α, the gap doubling after each probe that
+did not bring drafting back, up to `PROBE_MAX`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ WINDOW = 31
 ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
 ALPHA_DECAY = 0.9  # per window: older windows weigh less
 PROBE_EVERY = 16
+PROBE_MAX = 256
 
 
 class CostModel:
@@ -81,6 +83,7 @@ class SeqSpec:
     rejected_w: float = ALPHA_PRIOR[1]  # decayed rejections (+ prior)
     k: int = 0  # the window chosen last
     idle: int = 0  # steps since it last drafted
+    probe_gap: int = PROBE_EVERY  # idle steps before the next probe
     offered: int = 0  # drafted tokens the target verified
     accepted: int = 0  # of them, kept
     windows: list[int] = field(default_factory=list)  # accepted count per window
@@ -123,8 +126,11 @@ def choose_k(
             best_k, best = k, g
     if best_k == 0:
         st.idle += 1
-        if st.idle >= PROBE_EVERY:
+        if st.idle >= st.probe_gap:  # a probe; the next one waits longer
             best_k = max(k_min, 1)
+            st.probe_gap = min(2 * st.probe_gap, PROBE_MAX)
+    else:
+        st.probe_gap = PROBE_EVERY  # drafting pays again
     if best_k:
         st.idle = 0
     st.k = best_k

@@ -19,7 +19,7 @@ import numpy as np
 
 from strata.engine.protocol import Stat
 from strata.sampling import Sampler, SampleResult
-from strata.spec.control import CostModel, SeqSpec, choose_k
+from strata.spec.control import ALPHA_PRIOR, CostModel, SeqSpec, choose_k
 from strata.spec.drafters import Draft, Drafter, DraftRequest
 from strata.spec.verify import verify
 
@@ -48,6 +48,15 @@ class Speculator:
         self.draft_s = 0.0  # time spent drafting
         self.draft_tokens = 0
         self.k_by_slot: dict[int, int] = {}  # the window each slot chose last
+        self.rejections = 0  # windows that ended on a rejected draft
+
+    def new_sequence(self) -> SeqSpec:
+        """A new sequence's state: its acceptance prior is what the windows so far measured
+        (with the weight of ALPHA_PRIOR's pseudo-counts), 0.5 before any."""
+        w = sum(ALPHA_PRIOR)
+        seen = self.accepted + self.rejections
+        alpha = self.accepted / seen if seen else ALPHA_PRIOR[0] / w
+        return SeqSpec(accepted_w=alpha * w, rejected_w=(1.0 - alpha) * w)
 
     def _draft_cost(self, base: int) -> float:
         """The drafter's time per drafted token, in target steps of `base` tokens."""
@@ -94,6 +103,7 @@ class Speculator:
             c.state.record(k, acc)
             self.offered += k
             self.accepted += acc
+            self.rejections += acc < k
             self.hist[min(acc, self.k_max)] += 1
             # the sequence keeps history + the accepted drafts; the last emitted token is new
             self.drafter.rollback(c.slot, len(c.history) + acc)

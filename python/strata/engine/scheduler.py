@@ -33,8 +33,9 @@ from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
+from strata.spec.control import SeqSpec
 from strata.spec.drafters import Draft
-from strata.spec.speculator import Candidate, SeqSpec, Speculator
+from strata.spec.speculator import Candidate, Speculator
 
 Event = Progress | Tokens
 log = logging.getLogger("strata.engine")

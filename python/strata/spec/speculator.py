@@ -71,8 +71,10 @@ class Speculator:
         dc = self._draft_cost(base)
         reqs: list[DraftRequest] = []
         where: list[int] = []
+        # the adaptive window needs T(base), the step without drafts, measured first
+        measured = base in self.cost.times
         for i, c in enumerate(cands):
-            k_max = min(self.k_max, c.room)
+            k_max = min(self.k_max, c.room) if measured or not self.adaptive else 0
             if self.adaptive:
                 k = choose_k(c.state, self.cost, base, self.k_min, k_max, dc)
             else:

@@ -9,8 +9,9 @@ no prompt chunks; `CostModel`) and b the tokens the step runs without this seque
 On the hybrid path T grows faster with n (the window's experts are the union of its tokens'),
 so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max] maximizes
 E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `PROBE_EVERY`
-steps it drafts `spec_min` tokens once to refresh α, the gap doubling after each probe that
-did not bring drafting back, up to `PROBE_MAX`).
+steps (`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and
+measure the window's cost, the gap doubling after each probe that did not bring drafting
+back, up to `PROBE_MAX`).
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-# T(n) of steps with no measurement yet: T(1) × (1 + PRIOR_SLOPE × (n − 1)); measured values
-# replace it as they come: per step size, the median of its last WINDOW step times (robust to
-# the other processes of a shared machine).
-PRIOR_SLOPE = 0.1
+# T(n) of steps with no measurement yet: T(1) × (1 + PRIOR_SLOPE × (n − 1)), i.e. a window
+# costs its tokens until a probe measures otherwise; measured values replace it as they come:
+# per step size, the median of its last WINDOW step times (robust to the other processes of a
+# shared machine).
+PRIOR_SLOPE = 1.0
 WINDOW = 31
 ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
 ALPHA_DECAY = 0.9  # per window: older windows weigh less
+PROBE_FIRST = 4  # a new sequence's first probe
 PROBE_EVERY = 16
 PROBE_MAX = 256
 
@@ -83,7 +86,7 @@ class SeqSpec:
     rejected_w: float = ALPHA_PRIOR[1]  # decayed rejections (+ prior)
     k: int = 0  # the window chosen last
     idle: int = 0  # steps since it last drafted
-    probe_gap: int = PROBE_EVERY  # idle steps before the next probe
+    probe_gap: int = PROBE_FIRST  # idle steps before the next probe
     offered: int = 0  # drafted tokens the target verified
     accepted: int = 0  # of them, kept
     windows: list[int] = field(default_factory=list)  # accepted count per window
@@ -128,7 +131,7 @@ def choose_k(
         st.idle += 1
         if st.idle >= st.probe_gap:  # a probe; the next one waits longer
             best_k = max(k_min, 1)
-            st.probe_gap = min(2 * st.probe_gap, PROBE_MAX)
+            st.probe_gap = min(max(2 * st.probe_gap, PROBE_EVERY), PROBE_MAX)
     else:
         st.probe_gap = PROBE_EVERY  # drafting pays again
     if best_k:

@@ -156,6 +156,9 @@ def test_window_follows_acceptance_and_cost() -> None:
     for _ in range(30):
         mid.record(4, 2)
     assert choose_k(mid, dear, 1, 1, 8) == 0
+    # …nor would it with every draft kept: the next probe waits PROBE_MAX steps
+    ks = [choose_k(mid, dear, 1, 1, 8) for _ in range(300)]
+    assert [i for i, k in enumerate(ks) if k] == [254]
     # not drafting, the sequence probes after 4 steps, then 16, 32, 64, …
     ks = [choose_k(bad, cost, 1, 2, 8) for _ in range(120)]
     # (one idle step before: the call above)

@@ -257,7 +257,7 @@ class Scheduler:
             n = len(s.req.prompt) + s.generated  # positions after the window's first token
             room = min(s.req.max_tokens - s.generated, n_ctx - n) - 1
             cands.append(
-                Candidate(s.slot, [*s.req.prompt, *s.out], room, s.sampler, s.spec, s.draft_rng)
+                Candidate(s.slot, s.req.prompt, s.out, room, s.sampler, s.spec, s.draft_rng)
             )
             where.append(i)
         out = [Draft() for _ in decoding]
@@ -311,7 +311,7 @@ class Scheduler:
             assert logits is not None or s.pending is None
             if s.pending is not None and self.spec is not None and drafts[i].tokens:  # a window
                 assert logits is not None and s.spec is not None and s.draft_rng is not None
-                cand = Candidate(slot, [*s.req.prompt, *s.out], 0, s.sampler, s.spec, s.draft_rng)
+                cand = Candidate(slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng)
                 results = self.spec.settle(cand, drafts[i], logits)
                 keep = len(results) - 1  # the accepted drafts
                 if keep < len(drafts[i].tokens):  # cut the KV back to the accepted prefix

@@ -11,7 +11,8 @@ so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max
 E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `PROBE_EVERY`
 steps (`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and
 measure the window's cost, the gap doubling after each probe that did not bring drafting
-back, up to `PROBE_MAX`).
+back, up to `PROBE_MAX`; `PROBE_MAX` at once while the measured costs leave no gain even if
+every draft were kept).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 # shared machine).
 PRIOR_SLOPE = 1.0
 WINDOW = 31
+REFRESH = 8  # steps between re-reads of the cost curve
 ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
 ALPHA_DECAY = 0.9  # per window: older windows weigh less
 PROBE_FIRST = 4  # a new sequence's first probe
@@ -38,34 +40,61 @@ class CostModel:
     """Measured step time T(n) in seconds by the step's token count n."""
 
     def __init__(self) -> None:
-        self.times: dict[int, float] = {}  # n → median of the recent step times
+        self._times: dict[int, float] = {}  # n → median of the recent step times
         self._recent: dict[int, deque[float]] = {}
+        self._dirty: set[int] = set()  # n whose median is out of date
+        self._sizes: list[int] = []  # the measured n, sorted
+        self._ratios: dict[tuple[int, int], list[float]] = {}  # (base, k_max) → c(0..k_max)
+        self._steps = 0
 
     def observe(self, n: int, seconds: float) -> None:
         q = self._recent.setdefault(n, deque(maxlen=WINDOW))
         q.append(seconds)
-        self.times[n] = statistics.median(q)
+        self._dirty.add(n)
+        if len(q) == 1:
+            bisect.insort(self._sizes, n)
+            self._ratios.clear()
+        self._steps += 1
+        if self._steps % REFRESH == 0:  # the medians move slowly: re-read them now and then
+            self._ratios.clear()
+
+    @property
+    def times(self) -> dict[int, float]:
+        """n → T(n) measured (the median of its recent steps)."""
+        for n in self._dirty:
+            self._times[n] = statistics.median(self._recent[n])
+        self._dirty.clear()
+        return self._times
+
+    def ratios(self, base: int, k_max: int) -> list[float]:
+        """[c(0), …, c(k_max)] (computed once per measurement)."""
+        key = (base, k_max)
+        r = self._ratios.get(key)
+        if r is None:
+            r = self._ratios[key] = [self.ratio(base, k) for k in range(k_max + 1)]
+        return r
 
     def time(self, n: int) -> float | None:
         """T(n): measured, else interpolated linearly between the nearest measured sizes, else
         extrapolated (the last measured slope, or the prior one); None before any step."""
-        if n in self.times:
-            return self.times[n]
-        if not self.times:
+        times = self.times
+        if n in times:
+            return times[n]
+        if not times:
             return None
-        ns = sorted(self.times)
+        ns = self._sizes
         i = bisect.bisect_left(ns, n)
         if 0 < i < len(ns):
             a, b = ns[i - 1], ns[i]
-            ta, tb = self.times[a], self.times[b]
+            ta, tb = times[a], times[b]
             return ta + (tb - ta) * (n - a) / (b - a)
         if len(ns) >= 2:
             a, b = (ns[-2], ns[-1]) if i == len(ns) else (ns[0], ns[1])
-            slope = max((self.times[b] - self.times[a]) / (b - a), 0.0)
+            slope = max((times[b] - times[a]) / (b - a), 0.0)
         else:
-            slope = self.times[ns[0]] * PRIOR_SLOPE / max(ns[0], 1)
+            slope = times[ns[0]] * PRIOR_SLOPE / max(ns[0], 1)
         edge = ns[-1] if i == len(ns) else ns[0]
-        return max(self.times[edge] + slope * (n - edge), 1e-9)
+        return max(times[edge] + slope * (n - edge), 1e-9)
 
     def ratio(self, base: int, k: int) -> float:
         """c(k) = T(base + k) / T(base) (the prior's when nothing is measured)."""
@@ -123,13 +152,19 @@ def choose_k(
     if k_max < 1:
         return 0
     best_k, best = 0, 1.0
+    c = cost.ratios(base, k_max)
+    measured = len(cost.times) > 1  # a window's cost, not only the prior's
+    alpha = st.alpha
+    hopeless = True  # not even every draft kept would pay
     for k in range(max(k_min, 1), k_max + 1):
-        g = expected_tokens(st.alpha, k) / (cost.ratio(base, k) + draft_cost * k)
+        dear = c[k] + draft_cost * k
+        g = expected_tokens(alpha, k) / dear
+        hopeless = hopeless and k + 1 <= dear and measured
         if g > best:
             best_k, best = k, g
     if best_k == 0:
         st.idle += 1
-        if st.idle >= st.probe_gap:  # a probe; the next one waits longer
+        if st.idle >= (PROBE_MAX if hopeless else st.probe_gap):  # a probe; the next waits longer
             best_k = max(k_min, 1)
             st.probe_gap = min(max(2 * st.probe_gap, PROBE_EVERY), PROBE_MAX)
     else:

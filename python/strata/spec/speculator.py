@@ -29,11 +29,17 @@ class Candidate:
     """A decoding sequence as the speculator sees it."""
 
     slot: int
-    history: list[int]  # prompt + output; the last token (t0) not yet run
+    prompt: list[int]
+    out: list[int]  # the output so far; its last token (t0) not yet run
     room: int  # most drafts its window may hold (max_tokens and context left)
     sampler: Sampler
     state: SeqSpec
     rng: np.random.Generator  # the drafter's draws for this sequence
+
+    @property
+    def history(self) -> list[int]:
+        """Prompt + output (built only for a sequence that drafts)."""
+        return [*self.prompt, *self.out]
 
 
 class Speculator:
@@ -108,7 +114,7 @@ class Speculator:
             self.rejections += acc < k
             self.hist[min(acc, self.k_max)] += 1
             # the sequence keeps history + the accepted drafts; the last emitted token is new
-            self.drafter.rollback(c.slot, len(c.history) + acc)
+            self.drafter.rollback(c.slot, len(c.prompt) + len(c.out) + acc)
         return res
 
     def release(self, slot: int) -> None:

@@ -18,8 +18,9 @@
 - draft: the trained default with its shipped dense draft (spec=draft), on code prompts;
   off vs adaptive vs fixed windows.
 - serve: the edit task over HTTP, one client for both servers, interleaved: Strata `--spec
-  ngram` and off vs llama-server with its n-gram speculation (`--spec-type ngram-simple`,
-  llama.cpp's prompt lookup) and without. Decode tok/s = (completion tokens − 1) ÷ (last
+  ngram` (adaptive, and every window `spec_max`) and off vs llama-server with its n-gram
+  speculation (`--spec-type ngram-simple --spec-draft-n-max 8`, llama.cpp's prompt lookup)
+  and without. Decode tok/s = (completion tokens − 1) ÷ (last
   chunk − first chunk), completion tokens from the final usage.
 Medians of `--reps` where it says so. The machine and its load are the caller's to report.
 """
@@ -221,10 +222,10 @@ def serve(a: argparse.Namespace) -> None:
     prompt, _ = edit_prompt(tok)
     th = str(a.threads)
 
-    def strata_srv(spec: str) -> Server:
+    def strata_srv(spec: str, *extra: str) -> Server:
         port = free_port()
         argv = [sys.executable, "-m", "strata.server", "--model", a.model, "--port", str(port)]
-        argv += ["--n-ctx", "4096", "--threads", th, "--spec", spec, "--no-cache-prompt"]
+        argv += ["--n-ctx", "4096", "--threads", th, "--spec", spec, "--no-cache-prompt", *extra]
         return Server(f"strata-{spec}", argv, port, dict(os.environ))
 
     def llama_srv(spec: bool) -> Server:
@@ -238,10 +239,12 @@ def serve(a: argparse.Namespace) -> None:
     servers = {
         "strata off": strata_srv("off"),
         "strata ngram": strata_srv("ngram"),
+        "strata ngram, spec_max windows": strata_srv("ngram", "--no-spec-adaptive"),
         "llama-server off": llama_srv(False),
         "llama-server ngram": llama_srv(True),
     }
     res: dict[str, list[float]] = {k: [] for k in servers}
+    own: dict[str, list[float]] = {k: [] for k in servers}  # llama-server's own timings
     info: dict[str, Any] = {}
     try:
         for _ in range(a.reps):
@@ -257,16 +260,23 @@ def serve(a: argparse.Namespace) -> None:
                     body.pop("cache_prompt")
                 tps, _, extra = http_stream(srv.port, body)
                 res[name].append(tps)
-                info[name] = {k: v for k, v in extra.items() if "draft" in k or k == "timings"}
+                t = extra.get("timings") or {}
+                if "predicted_per_second" in t:
+                    own[name].append(float(t["predicted_per_second"]))
+                keep = ("drafts_offered", "drafts_accepted")
+                info[name] = {k: v for k, v in extra.items() if k in keep} or {
+                    k: t[k] for k in ("draft_n", "draft_n_accepted") if k in t
+                }
     finally:
         for srv in servers.values():
             srv.stop()
     print(f"serve edit task: {a.model}, threads {a.threads}, {a.gen} tokens, reps {a.reps}")
     print(f"llama-server speculation flags: {a.llama_spec}")
-    print("| server | decode tok/s (median) | last run's draft counters |")
-    print("|---|---|---|")
+    print("| server | decode tok/s (median) | its own timing (median) | last run's drafts |")
+    print("|---|---|---|---|")
     for name, v in res.items():
-        print(f"| {name} | {statistics.median(v):.1f} | {info.get(name)} |")
+        o = f"{statistics.median(own[name]):.1f}" if own[name] else "—"
+        print(f"| {name} | {statistics.median(v):.1f} | {o} | {info.get(name)} |")
 
 
 def main() -> int:
@@ -278,7 +288,7 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--llama-server", default="")
-    ap.add_argument("--llama-spec", default="--spec-type ngram-simple --draft-max 8")
+    ap.add_argument("--llama-spec", default="--spec-type ngram-simple --spec-draft-n-max 8")
     a = ap.parse_args()
     a.model = a.model or default_model()
     {"cost": cost, "edit": edit, "draft": draft, "serve": serve}[a.what](a)

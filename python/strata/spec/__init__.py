@@ -38,6 +38,6 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
         n_slots=backend.max_slots,
         n_ctx=backend.n_ctx,
         p_min=config.spec_p_min,
-        threads=config.threads,
+        threads=1,  # see ModelDrafter: no pool threads of its own beside the model's
     )
     return Speculator(drafter, config.spec_min, config.spec_max, config.spec_adaptive)

@@ -12,9 +12,9 @@ sequences at once (the draft model runs them as one batched step per drafted pos
   occurred before in it proposes the tokens that followed that earlier occurrence. q is one-hot.
 - `ModelDrafter`: a smaller GGUF with the same vocabulary (the shipped dense qwen3 draft of the
   trained default, any qwen3/qwen3moe file) on the CPU (one thread, the caller's: measured
-  faster for the shipped draft than two, whose pool thread competes with the target's), its own
-  KV slots kept in step with the target's (same slot ids; what they hold is tracked and re-synced by common prefix). Greedy
-  requests draft its argmax (q one-hot), sampled ones draw from its distribution under the
+  faster for the shipped draft than two, whose pool thread competes with the target's), its
+  own KV slots kept in step with the target's (same slot ids; what they hold is tracked and
+  re-synced by common prefix). Greedy requests draft its argmax (q one-hot), sampled ones draw from its distribution under the
   request's top-k/top-p/min-p/temperature (q that distribution). Drafting stops at a token whose
   draft probability is below `spec_p_min` (llama.cpp's `--draft-p-min`).
 - MTP heads: `open_drafter("mtp")` raises `ConfigError` (no GGUF Strata runs carries MTP layers

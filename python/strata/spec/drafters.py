@@ -14,9 +14,10 @@ sequences at once (the draft model runs them as one batched step per drafted pos
   trained default, any qwen3/qwen3moe file) on the CPU (one thread, the caller's: measured
   faster for the shipped draft than two, whose pool thread competes with the target's), its
   own KV slots kept in step with the target's (same slot ids; what they hold is tracked and
-  re-synced by common prefix). Greedy requests draft its argmax (q one-hot), sampled ones draw from its distribution under the
-  request's top-k/top-p/min-p/temperature (q that distribution). Drafting stops at a token whose
-  draft probability is below `spec_p_min` (llama.cpp's `--draft-p-min`).
+  re-synced by common prefix). Greedy requests draft its argmax (q one-hot), sampled ones
+  draw from its distribution under the request's top-k/top-p/min-p/temperature (q that
+  distribution). Drafting stops at a token whose draft probability is below `spec_p_min`
+  (llama.cpp's `--draft-p-min`).
 - MTP heads: `open_drafter("mtp")` raises `ConfigError` (no GGUF Strata runs carries MTP layers
   yet); a drafter over them implements the same interface.
 """

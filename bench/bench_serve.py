@@ -45,6 +45,8 @@ _WORDS = (
 )
 WORDS = _WORDS.split(" ")
 THREADS = 2
+# --cpus: the cores the servers (and the bare pass) are pinned to, e.g. "0,1" on a larger host
+CPUS: list[str] = []
 
 
 def text(seed: int, n_words: int) -> str:
@@ -67,7 +69,9 @@ class Server:
     def __init__(self, name: str, argv: list[str], port: int, env: dict[str, str]) -> None:
         self.name, self.port = name, port
         self.log = open(f"/tmp/bench_serve_{name}_{port}.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [*CPUS, *argv], stdout=self.log, stderr=subprocess.STDOUT, env=env
+        )
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -94,7 +98,7 @@ class Server:
 def strata(model: Path, parallel: int, n_ctx: int, extra: list[str]) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "strata.server", "--model", str(model), "--port", str(port)]
-    argv += ["--parallel", str(parallel), "--n-ctx", str(n_ctx), *extra]
+    argv += ["--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(THREADS), *extra]
     return Server("strata", argv, port, dict(os.environ))
 
 
@@ -179,7 +183,9 @@ def bare_decode(model: Path, gen: int) -> float:
     import numpy as np
     from strata.llm import LLM
 
-    llm = LLM(model, n_ctx=1024)
+    if CPUS:
+        os.sched_setaffinity(0, {int(c) for c in CPUS[-1].split(",")})
+    llm = LLM(model, n_ctx=1024, threads=THREADS)
     ids = llm.encode_prompt(text(100, 16))
     m = llm.model
     logits = m.forward(llm._own, ids, logits="last")
@@ -229,7 +235,10 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of decode, chat, bare, chunk")
     ap.add_argument("--chunks", default="64,128,256,512,1024,2048")
     ap.add_argument("--strata-args", default="", help="extra strata.server flags")
+    ap.add_argument("--cpus", default="", help="pin the servers and the bare pass (taskset -c)")
     a = ap.parse_args()
+    if a.cpus:
+        CPUS[:] = ["taskset", "-c", a.cpus]
     skip = set(a.skip.split(",")) - {""}
     extra = a.strata_args.split()
     print(f"model {a.model}, {THREADS} threads, load average {os.getloadavg()}", flush=True)

@@ -1,6 +1,7 @@
-"""Writes small qwen3moe GGUF files with gguf-py (an independent writer), with the tensor names
-and metadata llama.cpp uses (docs/FORMATS.md §4) and a minimal byte-level BPE tokenizer that
-llama.cpp accepts. Shared by the model tests and scripts/make_hf_golden.py.
+"""Small qwen3moe GGUF files for the model tests: the test shapes, their random weights (numpy,
+seeded) and a minimal byte-level BPE tokenizer that llama.cpp accepts, written by
+`strata.modelgen.write_arrays` (gguf-py's writer with the metadata llama.cpp uses, docs/FORMATS.md
+§4). Shared by the model tests and scripts/make_hf_goldens.py.
 
 Tensors are given in numpy order (ggml ne reversed): token_embd (V, H), attn_q (Nh·D, H),
 attn_k/attn_v (Nkv·D, H), attn_output (H, Nh·D), ffn_gate_inp (E, H), ffn_gate_exps /
@@ -12,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf
 import numpy as np
+from strata import modelgen
+from strata.vocabgen import GGUFVocab
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -39,6 +41,24 @@ class Shape:
     rope_scaling: str = "none"  # "none", "linear" or "yarn"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
+
+    def spec(self) -> modelgen.ModelSpec:
+        """The same shapes as the product's model spec (the writer's and the HF oracle's)."""
+        return modelgen.ModelSpec(
+            n_embd=self.n_embd,
+            n_layer=self.n_layer,
+            n_expert=self.n_expert,
+            n_expert_used=self.n_expert_used,
+            n_ff_exp=self.n_ff_exp,
+            n_head=self.n_head,
+            n_head_kv=self.n_head_kv,
+            head_dim=self.head_dim,
+            n_vocab=self.n_vocab,
+            n_ctx_train=self.n_ctx_train,
+            rope_freq_base=self.rope_base,
+            rms_eps=self.rms_eps,
+            name="strata-test-qwen3moe",
+        )
 
 
 def byte_tokens() -> list[str]:
@@ -75,6 +95,12 @@ def vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
         toks.append(s)
         types.append(3)
     return toks, types, merges
+
+
+def vocab_of(n_vocab: int) -> GGUFVocab:
+    toks, types, merges = vocab(n_vocab)
+    bos = toks.index("<|endoftext|>")
+    return GGUFVocab(toks, types, merges, bos, toks.index("<|im_end|>"), bos, CHAT_TEMPLATE)
 
 
 def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, np.ndarray]:
@@ -121,59 +147,20 @@ def write(
     drop: tuple[str, ...] = (),
 ) -> Path:
     """Writes the file; `drop` names metadata keys to leave out (for refusal tests)."""
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("strata-test-qwen3moe")
-    w.add_block_count(s.n_layer)
-    w.add_context_length(s.n_ctx_train)
-    w.add_embedding_length(s.n_embd)
-    w.add_feed_forward_length(s.n_ff_exp * s.n_expert_used)
-    w.add_expert_feed_forward_length(s.n_ff_exp)
-    w.add_expert_count(s.n_expert)
-    w.add_expert_used_count(s.n_expert_used)
-    w.add_head_count(s.n_head)
-    w.add_head_count_kv(s.n_head_kv)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_rope_freq_base(s.rope_base)
-    w.add_layer_norm_rms_eps(s.rms_eps)
+    scaling = None
     if s.rope_scaling != "none":
-        w.add_rope_scaling_type(gguf.RopeScalingType(s.rope_scaling))
-        w.add_rope_scaling_factor(s.rope_factor)
-        if s.rope_orig_ctx:
-            w.add_rope_scaling_orig_ctx_len(s.rope_orig_ctx)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    toks, types, merges = vocab(s.n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(toks.index("<|endoftext|>"))
-    w.add_eos_token_id(toks.index("<|im_end|>"))
-    w.add_pad_token_id(toks.index("<|endoftext|>"))
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
-    for name, arr in tensors.items():
-        w.add_tensor(name, np.ascontiguousarray(arr))
-    for key in drop:
-        del w.kv_data[0][key]
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        scaling = modelgen.RopeScaling(s.rope_scaling, s.rope_factor, s.rope_orig_ctx)
+    return modelgen.write_arrays(
+        path,
+        s.spec(),
+        tensors,
+        vocab=vocab_of(s.n_vocab),
+        arch=arch,
+        rope_scaling=scaling,
+        drop=drop,
+    )
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:
     """Quantizes with llama.cpp's own quantizer (`LLAMA_FTYPE_MOSTLY_<ftype_name>`)."""
-    import ctypes
-
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype_name}")
-    params.nthread = 2
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({ftype_name}) failed with {rc}")
-    return dst
+    return modelgen.quantize(src, dst, ftype_name, nthread=2)

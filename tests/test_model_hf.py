@@ -1,5 +1,5 @@
 """The float forward pass against HF transformers' Qwen3MoeForCausalLM (random weights,
-norm_topk_prob=True). scripts/make_hf_golden.py made the golden logits; the F32 GGUF is
+norm_topk_prob=True). scripts/make_hf_goldens.py made the golden logits; the F32 GGUF is
 rebuilt here with gguf-py from the same numpy seed. KV cache in f32, so the only differences
 are f32 rounding: max |Δ| / max |ref| ≤ 1e-4."""
 
@@ -18,8 +18,8 @@ GOLDEN = Path(__file__).parent / "golden" / "hf_qwen3moe_logits.npz"
 
 def test_logits_match_transformers(tmp_path: Path) -> None:
     assert GOLDEN.exists(), (
-        f"{GOLDEN.name} is absent: run `python scripts/make_hf_golden.py --out "
-        "tests/golden` where torch and transformers are installed"
+        f"{GOLDEN.name} is absent: run `python scripts/make_hf_goldens.py --which test` "
+        "where torch and transformers are installed"
     )
     g = np.load(GOLDEN)
     fields = {f.name for f in dataclasses.fields(qf.Shape)}

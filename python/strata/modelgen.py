@@ -354,28 +354,9 @@ def write_qwen3moe(
         _check_weights(plan, weights)
 
     w = gguf.GGUFWriter(path, spec.arch)
-    w.add_type("model")
-    w.add_name(spec.name)
     what = "random weights" if weights is None else "given weights"
-    w.add_description(description or f"{what} (not a trained model), made by strata.modelgen")
-    w.add_file_type(_FILE_TYPE[dtype])
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
-    if spec.arch == ARCH:
-        w.add_expert_feed_forward_length(spec.n_ff_exp)
-        w.add_expert_count(spec.n_expert)
-        w.add_expert_used_count(spec.n_expert_used)
-    w.add_head_count(spec.n_head)
-    w.add_head_count_kv(spec.n_head_kv)
-    w.add_key_length(spec.head_dim)
-    w.add_value_length(spec.head_dim)
-    w.add_rope_dimension_count(spec.head_dim)
-    w.add_rope_freq_base(spec.rope_freq_base)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    vocab.add_to_writer(w)
+    desc = description or f"{what} (not a trained model), made by strata.modelgen"
+    _add_header(w, spec, vocab, desc, _FILE_TYPE[dtype])
 
     np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "q8_0": np.uint8}
     raws = {"bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
@@ -398,20 +379,98 @@ def write_qwen3moe(
     return path
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """`rope.scaling.*` metadata (llama.cpp's names): kind "linear" or "yarn", the factor, and
+    the original context (0: not written)."""
+
+    kind: str
+    factor: float
+    orig_ctx: int = 0
+
+
+def _add_header(
+    w: Any,
+    spec: ModelSpec,
+    vocab: GGUFVocab,
+    description: str,
+    file_type: int,
+    rope_scaling: RopeScaling | None = None,
+) -> None:
+    """Every metadata key of a model file: the hyper-parameters under the writer's
+    architecture name, the file type and the tokenizer."""
+    import gguf
+
+    w.add_type("model")
+    w.add_name(spec.name)
+    w.add_description(description)
+    w.add_file_type(file_type)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_block_count(spec.n_layer)
+    w.add_context_length(spec.n_ctx_train)
+    w.add_embedding_length(spec.n_embd)
+    w.add_feed_forward_length(spec.n_ff_exp * spec.n_expert_used)
+    if spec.arch == ARCH:
+        w.add_expert_feed_forward_length(spec.n_ff_exp)
+        w.add_expert_count(spec.n_expert)
+        w.add_expert_used_count(spec.n_expert_used)
+    w.add_head_count(spec.n_head)
+    w.add_head_count_kv(spec.n_head_kv)
+    w.add_key_length(spec.head_dim)
+    w.add_value_length(spec.head_dim)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_freq_base(spec.rope_freq_base)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
+    if rope_scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope_scaling.kind))
+        w.add_rope_scaling_factor(rope_scaling.factor)
+        if rope_scaling.orig_ctx:
+            w.add_rope_scaling_orig_ctx_len(rope_scaling.orig_ctx)
+    vocab.add_to_writer(w)
+
+
+def write_arrays(
+    path: str | os.PathLike[str],
+    spec: ModelSpec,
+    arrays: Mapping[str, np.ndarray[Any, Any]],
+    *,
+    vocab: GGUFVocab | None = None,
+    arch: str | None = None,
+    rope_scaling: RopeScaling | None = None,
+    drop: tuple[str, ...] = (),
+) -> Path:
+    """Write `arrays` (GGUF tensor name → array in numpy order, stored in its own dtype) as
+    they are, with `write_qwen3moe`'s metadata. Nothing is checked, so tests can write the
+    files the loader must refuse: `arch` renames the architecture (the keys follow it), `drop`
+    removes metadata keys after they are set, and any name, shape or dtype goes in."""
+    import gguf
+
+    path = Path(path)
+    w = gguf.GGUFWriter(path, arch or spec.arch)
+    vocab = vocab if vocab is not None else build_vocab(spec)
+    desc = "given weights (not a trained model), made by strata.modelgen"
+    _add_header(w, spec, vocab, desc, _FILE_TYPE["f32"], rope_scaling)
+    for name, arr in arrays.items():
+        w.add_tensor(name, np.ascontiguousarray(arr))
+    for key in drop:
+        del w.kv_data[0][key]
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
+    return path
+
+
 def write_vocab_only(path: str | os.PathLike[str], vocab: GGUFVocab, spec: ModelSpec) -> Path:
     """A GGUF with the model metadata and the tokenizer but no tensors, for tokenizer tests
     (llama.cpp opens it with vocab_only=True)."""
     import gguf
 
     path = Path(path)
-    w = gguf.GGUFWriter(path, ARCH)
-    w.add_name(spec.name)
-    w.add_block_count(spec.n_layer)
-    w.add_context_length(spec.n_ctx_train)
-    w.add_embedding_length(spec.n_embd)
-    w.add_head_count(spec.n_head)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    vocab.add_to_writer(w)
+    w = gguf.GGUFWriter(path, spec.arch)
+    _add_header(w, spec, vocab, "tokenizer only, made by strata.modelgen", _FILE_TYPE["f32"])
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

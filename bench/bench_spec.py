@@ -15,6 +15,8 @@
   greedy, `--gen` tokens, through the engine's scheduler in this process (no HTTP). Decode
   tok/s (tokens after the first ÷ the time after the first) with spec off, ngram (adaptive)
   and ngram with every window drafting `spec_max`; the output is the same in all (greedy).
+  Each mode keeps one speculator over all its requests (as the engine does), so the adaptive
+  window's measured costs and acceptance carry over.
 - draft: the trained default with its shipped dense draft (spec=draft), on code prompts;
   off vs adaptive vs fixed windows.
 - serve: the edit task over HTTP, one client for both servers, interleaved: Strata `--spec
@@ -93,15 +95,16 @@ def edit_prompt(tok: Any) -> tuple[str, str]:
     return f"{head}\n{body}<|endoftext|>{ask}", body
 
 
-def engine_run(be: Any, cfg: Any, ids: list[int], gen: int) -> tuple[float, list[int], Any]:
-    """(decode tok/s, output ids, speculator) of one greedy request through the scheduler."""
+def engine_run(be: Any, sp: Any, ids: list[int], gen: int) -> tuple[float, list[int]]:
+    """(decode tok/s, output ids) of one greedy request through the scheduler, with the
+    speculator `sp` (None: off; kept across requests, as the engine keeps its one)."""
     from strata.engine.protocol import Submit, Tokens
     from strata.engine.scheduler import Scheduler
     from strata.sampling import SamplingParams
-    from strata.spec import make_speculator
 
-    sp = make_speculator(cfg, be)
     be.free(0)
+    if sp is not None:
+        sp.drafter.rollback(0, 0)  # no draft KV carried over from the previous request
     sched = Scheduler(be, 512, 1, speculator=sp, reuse=False)
     sched.add(Submit(0, ids, SamplingParams(temperature=0), gen, []))
     out: list[int] = []
@@ -113,35 +116,44 @@ def engine_run(be: Any, cfg: Any, ids: list[int], gen: int) -> tuple[float, list
                     t1, n1 = time.perf_counter(), len(e.ids)
                 out += e.ids
     dt = time.perf_counter() - t1
-    return (len(out) - n1) / dt, out, sp
+    return (len(out) - n1) / dt, out
 
 
 def compare(a: argparse.Namespace, prompts: list[list[int]], kinds: list[str]) -> None:
     from strata.config import Config
     from strata.engine.backend import LLMBackend
+    from strata.spec import make_speculator
 
     be = LLMBackend(Config(model=a.model, parallel=1, n_ctx=4096, threads=a.threads))
     modes = [("off", True)] + [(k, ad) for k in kinds for ad in (True, False)]
+    specs = {
+        m: make_speculator(
+            Config(
+                model=a.model,
+                spec=m[0],
+                spec_adaptive=m[1],
+                parallel=1,
+                n_ctx=4096,
+                threads=a.threads,
+            ),
+            be,
+        )
+        for m in modes
+    }
     res: dict[tuple[str, bool], list[float]] = {m: [] for m in modes}
     acc: dict[tuple[str, bool], list[int]] = {m: [0, 0] for m in modes}
     outs: dict[tuple[str, bool], list[list[int]]] = {m: [] for m in modes}
     for _ in range(a.reps):
         for ids in prompts:
-            for spec, ad in modes:  # interleaved
-                cfg = Config(
-                    model=a.model,
-                    spec=spec,
-                    spec_adaptive=ad,
-                    parallel=1,
-                    n_ctx=4096,
-                    threads=a.threads,
-                )
-                tps, out, sp = engine_run(be, cfg, ids, a.gen)
-                res[(spec, ad)].append(tps)
-                outs[(spec, ad)].append(out)
+            for m in modes:  # interleaved
+                sp = specs[m]
+                before = (sp.offered, sp.accepted) if sp is not None else (0, 0)
+                tps, out = engine_run(be, sp, ids, a.gen)
+                res[m].append(tps)
+                outs[m].append(out)
                 if sp is not None:
-                    acc[(spec, ad)][0] += sp.offered
-                    acc[(spec, ad)][1] += sp.accepted
+                    acc[m][0] += sp.offered - before[0]
+                    acc[m][1] += sp.accepted - before[1]
     same = all(outs[m] == outs[("off", True)] for m in modes)
     print(
         f"model {a.model}, threads {a.threads}, {a.gen} tokens, reps {a.reps}; same output: {same}"

@@ -48,6 +48,14 @@ EDIT_FILE = "graphlib.py"
 EDIT_TOKENS = 1000
 
 
+def device_kw(a: argparse.Namespace) -> dict[str, Any]:
+    """The device settings (`--device cuda --vram-budget-mib N`: the hybrid mode)."""
+    kw: dict[str, Any] = {"device": a.device}
+    if a.vram_budget_mib:
+        kw["vram_budget_mib"] = a.vram_budget_mib
+    return kw
+
+
 def default_model() -> str:
     from strata import modelgen
 
@@ -57,7 +65,8 @@ def default_model() -> str:
 def cost(a: argparse.Namespace) -> None:
     from strata._core import Model
 
-    m = Model.open(a.model, n_ctx=1024, n_slots=1, threads=a.threads)
+    m = Model.open(a.model, n_ctx=1024, n_slots=1, threads=a.threads, **device_kw(a))
+    print(f"device {a.device}, hybrid {m.hybrid_info()}")
     rng = np.random.default_rng(0)
     n_vocab = int(m.n_vocab)
     m.forward(0, [int(t) for t in rng.integers(0, n_vocab, 300)], logits="last")
@@ -124,7 +133,9 @@ def compare(a: argparse.Namespace, prompts: list[list[int]], kinds: list[str]) -
     from strata.engine.backend import LLMBackend
     from strata.spec import make_speculator
 
-    be = LLMBackend(Config(model=a.model, parallel=1, n_ctx=4096, threads=a.threads))
+    be = LLMBackend(
+        Config(model=a.model, parallel=1, n_ctx=4096, threads=a.threads, **device_kw(a))
+    )
     modes = [("off", True)] + [(k, ad) for k in kinds for ad in (True, False)]
     specs = {
         m: make_speculator(
@@ -300,6 +311,8 @@ def main() -> int:
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--llama-server", default="")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--vram-budget-mib", type=int, default=0, help="cuda: the hybrid mode")
     ap.add_argument("--llama-spec", default="--spec-type ngram-simple --spec-draft-n-max 8")
     a = ap.parse_args()
     a.model = a.model or default_model()

@@ -56,6 +56,21 @@ def device_kw(a: argparse.Namespace) -> dict[str, Any]:
     return kw
 
 
+def hybrid_slots(a: argparse.Namespace) -> None:
+    """`--vram-slots S`: the hybrid mode with S expert slots in VRAM (as bench_hybrid.py's
+    share), for `strata.LLM` too (which takes no such setting: its `Model.open` is wrapped
+    here, in this benchmark process only)."""
+    if a.vram_slots < 0:
+        return
+    import strata.llm
+    from strata._core import Model
+
+    class Slotted:
+        open = staticmethod(lambda *p, **kw: Model.open(*p, **kw, vram_slots=a.vram_slots))
+
+    strata.llm.Model = Slotted  # type: ignore[misc, assignment]
+
+
 def default_model() -> str:
     from strata import modelgen
 
@@ -65,7 +80,8 @@ def default_model() -> str:
 def cost(a: argparse.Namespace) -> None:
     from strata._core import Model
 
-    m = Model.open(a.model, n_ctx=1024, n_slots=1, threads=a.threads, **device_kw(a))
+    slots = {"vram_slots": a.vram_slots} if a.vram_slots >= 0 else {}
+    m = Model.open(a.model, n_ctx=1024, n_slots=1, threads=a.threads, **device_kw(a), **slots)
     print(f"device {a.device}, hybrid {m.hybrid_info()}")
     rng = np.random.default_rng(0)
     n_vocab = int(m.n_vocab)
@@ -313,9 +329,11 @@ def main() -> int:
     ap.add_argument("--llama-server", default="")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--vram-budget-mib", type=int, default=0, help="cuda: the hybrid mode")
+    ap.add_argument("--vram-slots", type=int, default=-1, help="cuda: hybrid, S expert slots")
     ap.add_argument("--llama-spec", default="--spec-type ngram-simple --spec-draft-n-max 8")
     a = ap.parse_args()
     a.model = a.model or default_model()
+    hybrid_slots(a)
     {"cost": cost, "edit": edit, "draft": draft, "serve": serve}[a.what](a)
     return 0
 

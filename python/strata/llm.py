@@ -208,7 +208,8 @@ class LLM:
             raise ValueError("entries: a slot appears more than once")
         out = self.model.forward_batch(checked)
         for _, toks, want in checked:
-            one = len(toks) == 1 and want != "none"  # a decoded token (or a 1-token chunk)
+            # a decoded token (or a 1-token chunk), or a speculative window's tokens
+            one = (len(toks) == 1 and want != "none") or want == "window"
             self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
         return out
 

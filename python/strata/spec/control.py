@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 PRIOR_SLOPE = 1.0
 WINDOW = 31
 REFRESH = 8  # steps between re-reads of the cost curve
+# step sizes measured at least this often count as measured when deciding that no window can
+# pay (a first window can be slow once: kernels' first use, the pool's threads asleep)
+MIN_SAMPLES = 3
 ALPHA_PRIOR = (1.0, 1.0)  # pseudo-counts (accepted, rejected): α starts at 0.5
 ALPHA_DECAY = 0.9  # per window: older windows weigh less
 PROBE_FIRST = 4  # a new sequence's first probe
@@ -57,6 +60,11 @@ class CostModel:
         self._steps += 1
         if self._steps % REFRESH == 0:  # the medians move slowly: re-read them now and then
             self._ratios.clear()
+
+    def samples(self, n: int) -> int:
+        """Steps of n tokens measured (the last WINDOW of them are kept)."""
+        q = self._recent.get(n)
+        return len(q) if q is not None else 0
 
     @property
     def times(self) -> dict[int, float]:
@@ -153,7 +161,8 @@ def choose_k(
         return 0
     best_k, best = 0, 1.0
     c = cost.ratios(base, k_max)
-    measured = len(cost.times) > 1  # a window's cost, not only the prior's
+    # a window's cost measured, not only the prior's
+    measured = cost.samples(base + max(k_min, 1)) >= MIN_SAMPLES
     alpha = st.alpha
     hopeless = True  # not even every draft kept would pay
     for k in range(max(k_min, 1), k_max + 1):

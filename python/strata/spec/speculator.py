@@ -10,7 +10,9 @@ accepted prefix.
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ import numpy as np
 
 from strata.engine.protocol import Stat
 from strata.sampling import Sampler, SampleResult
-from strata.spec.control import ALPHA_PRIOR, CostModel, SeqSpec, choose_k
+from strata.spec.control import ALPHA_PRIOR, MIN_SAMPLES, WINDOW, CostModel, SeqSpec, choose_k
 from strata.spec.drafters import Draft, Drafter, DraftRequest
 from strata.spec.verify import verify
 
@@ -53,6 +55,9 @@ class Speculator:
         self.hist = [0] * (k_max + 1)  # windows by accepted drafts
         self.draft_s = 0.0  # time spent drafting
         self.draft_tokens = 0
+        # recent drafting calls' seconds per drafted token (a first call also indexes or
+        # prefills the whole history: the median leaves such outliers out)
+        self._per_token: deque[float] = deque(maxlen=WINDOW)
         self.k_by_slot: dict[int, int] = {}  # the window each slot chose last
         self.rejections = 0  # windows that ended on a rejected draft
 
@@ -65,11 +70,12 @@ class Speculator:
         return SeqSpec(accepted_w=alpha * w, rejected_w=(1.0 - alpha) * w)
 
     def _draft_cost(self, base: int) -> float:
-        """The drafter's time per drafted token, in target steps of `base` tokens."""
+        """The drafter's time per drafted token, in target steps of `base` tokens (0 until
+        MIN_SAMPLES drafting calls are measured)."""
         t = self.cost.time(base)
-        if not self.draft_tokens or t is None or t <= 0:
+        if len(self._per_token) < MIN_SAMPLES or t is None or t <= 0:
             return 0.0
-        return self.draft_s / self.draft_tokens / t
+        return statistics.median(self._per_token) / t
 
     def plan(self, cands: Sequence[Candidate], base: int) -> list[Draft]:
         """The draft of each candidate (empty: a plain one-token decode); `base` is the number
@@ -93,8 +99,11 @@ class Speculator:
         if reqs:
             t0 = time.perf_counter()
             drafts = self.drafter.propose_many(reqs)
-            self.draft_s += time.perf_counter() - t0
-            self.draft_tokens += sum(r.k for r in reqs)
+            dt = time.perf_counter() - t0
+            n = sum(r.k for r in reqs)
+            self.draft_s += dt
+            self.draft_tokens += n
+            self._per_token.append(dt / n)
             for i, d in zip(where, drafts, strict=True):
                 out[i] = d
         return out

@@ -204,6 +204,36 @@ class Config:
         "by a later prompt that shares their prefix, LRU-evicted (-1: a tenth of the available "
         "RAM at start, at most 8192; 0: off)",
     )
+    spec: str = _s(
+        "off",
+        "engine: speculative decoding: off, ngram (prompt lookup over the prompt and the text so "
+        "far), draft (a smaller GGUF of the same vocabulary: spec_draft_model), mtp (the model's "
+        "own MTP layers) or auto (draft when spec_draft_model is set, else ngram); each "
+        "sequence drafts only while its measured gain is >= 1",
+        choices=("off", "ngram", "draft", "mtp", "auto"),
+    )
+    spec_draft_model: str = _s(
+        "",
+        "engine: the draft model's GGUF for spec=draft (the same vocabulary as the model; empty "
+        "with the embedded default model: its shipped draft)",
+    )
+    spec_max: int = _s(
+        8, "engine: most tokens one speculative window drafts (llama.cpp's --draft-max)"
+    )
+    spec_min: int = _s(
+        1, "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min)"
+    )
+    spec_adaptive: bool = _s(
+        True,
+        "engine: choose each sequence's window from its measured acceptance and the measured "
+        "verify cost, drafting only when it pays; off: every window drafts spec_max tokens "
+        "(as llama.cpp does)",
+    )
+    spec_p_min: float = _s(
+        0.0,
+        "engine: the draft model stops drafting at a token it gives less than this probability "
+        "(llama.cpp's --draft-p-min)",
+    )
     engine_silence_s: float = _s(300.0, "seconds an engine may stay silent on a request (0: off)")
     request_timeout_s: float = _s(600.0, "per-request deadline in seconds (0: none)")
     max_body_bytes: int = _s(4 << 20, "largest request body accepted")
@@ -283,6 +313,12 @@ class Config:
             raise bad("max_queue", "must be >= 0")
         if self.max_batch_tokens < 1:
             raise bad("max_batch_tokens", "must be at least 1")
+        if not 1 <= self.spec_max <= 64:
+            raise bad("spec_max", "must be in 1..64")
+        if not 1 <= self.spec_min <= self.spec_max:
+            raise bad("spec_min", "must be in 1..spec_max")
+        if not (math.isfinite(self.spec_p_min) and 0.0 <= self.spec_p_min <= 1.0):
+            raise bad("spec_p_min", "must be in [0, 1]")
         if self.prompt_cache_mib < -1:
             raise bad("prompt_cache_mib", "must be -1 (automatic), 0 (off) or > 0")
         for name in (

@@ -192,13 +192,15 @@ class LLM:
     ) -> list[npt.NDArray[np.float32] | None]:
         """One forward pass over several slots. Each entry `(slot, ids, logits)` continues
         `slot` at its current length with `ids` (a decoded token, a window or a prompt chunk);
-        `logits` is "none", "last" ([V]) or "all" ([len(ids), V]). Slots must be distinct."""
+        `logits` is "none", "last" ([V]), "all" ([len(ids), V]) or "window" (as "all", each
+        row bitwise a one-token step's on the CPU: a speculative window's verification).
+        Slots must be distinct."""
         checked: list[tuple[int, list[int], str]] = []
         for slot, ids, want in entries:
             s = self._slot(slot)
             toks = _as_ids(ids, "ids")
-            if want not in ("none", "last", "all"):
-                raise ValueError(f"logits: must be none, last or all, got {want!r}")
+            if want not in ("none", "last", "all", "window"):
+                raise ValueError(f"logits: must be none, last, all or window, got {want!r}")
             self._check_len(self.model.slot_len(s) + len(toks), f"slot {s}")
             if any(not 0 <= t < self.n_vocab for t in toks):
                 raise ValueError(f"ids: a token id is outside 0..{self.n_vocab - 1}")
@@ -207,7 +209,8 @@ class LLM:
             raise ValueError("entries: a slot appears more than once")
         out = self.model.forward_batch(checked)
         for _, toks, want in checked:
-            one = len(toks) == 1 and want != "none"  # a decoded token (or a 1-token chunk)
+            # a decoded token (or a 1-token chunk), or a speculative window's tokens
+            one = (len(toks) == 1 and want != "none") or want == "window"
             self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
         return out
 

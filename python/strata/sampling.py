@@ -34,6 +34,8 @@ __all__ = [
     "SampleResult",
     "Sampler",
     "SamplingParams",
+    "distribution",
+    "draw",
     "log_softmax",
 ]
 
@@ -58,6 +60,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # A constraint on the output (strata.constraints: a Lark grammar for llguidance); the
     # engine turns it into a LogitsProcessor. None: free text.
     grammar: str | None = None
+    # False: the engine never drafts for this sequence (when its `spec` setting is on)
+    speculative: bool = True
 
     def validate(self) -> SamplingParams:
         def bad(name: str, why: str) -> ValueError:
@@ -88,6 +92,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")
+        if not isinstance(self.speculative, bool):
+            raise bad("speculative", "must be true or false")
         integer("top_k", -1)
         integer("repeat_last_n", -1)
         integer("top_logprobs", -1)
@@ -149,6 +155,7 @@ class Sampler:
         self.params = params.validate()
         self.processor = processor
         seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self.seed = seed & MAX_SEED  # a drafter's own generator derives from it
         self.rng = np.random.default_rng(seed & MAX_SEED)
         self.n_vocab = n_vocab
         self.processor = processor
@@ -182,19 +189,30 @@ class Sampler:
             v = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
         x[ids] = v - counts * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
 
-    def sample(self, logits: npt.NDArray[np.floating]) -> SampleResult:
-        """Pick the next token from one row of logits [V]; also records it."""
+    def processed(self, logits: npt.NDArray[np.floating]) -> tuple[F32, F32]:
+        """(raw, x): one row of logits [V] as given, and after the processor and the
+        penalties (the row the next token is picked from)."""
         p = self.params
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.n_vocab]  # [V]
         if self.processor is None and not p.penalized:
-            x = raw
-        else:
-            x = raw.copy()
-            if self.processor is not None:
-                self.processor(x)
-            self._penalize(x)
-        token = int(np.argmax(x)) if p.greedy else self._draw(x)
+            return raw, raw
+        x = raw.copy()
+        if self.processor is not None:
+            self.processor(x)
+        self._penalize(x)
+        return raw, x
+
+    def sample(self, logits: npt.NDArray[np.floating]) -> SampleResult:
+        """Pick the next token from one row of logits [V]; also records it."""
+        raw, x = self.processed(logits)
+        token = int(np.argmax(x)) if self.params.greedy else self._draw(x)
         self.accept(token)
+        return self.result(raw, token)
+
+    def result(self, raw: F32, token: int) -> SampleResult:
+        """What is reported for `token` picked from the raw row [V] (its log-probability and
+        the top ones when asked for)."""
+        p = self.params
         if p.top_logprobs < 0:
             return SampleResult(token, None, None)
         lp = log_softmax(raw)
@@ -208,25 +226,43 @@ class Sampler:
 
     def _draw(self, x: F32) -> int:
         """top-k → top-p → min-p → temperature → draw, over the row [V]."""
-        p = self.params
-        n = x.shape[0]
-        # [k] candidates, unordered
-        cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
-        cand = cand[np.isfinite(x[cand])]
-        if cand.size == 0:  # everything masked: the argmax stands
-            return int(np.argmax(x))
-        v = x[cand].astype(np.float64)
-        order = np.lexsort((cand, -v))  # best first, lowest id on ties
-        cand, v = cand[order], v[order]
-        prob = np.exp(v - v[0])
-        prob /= prob.sum()
-        if p.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(prob), p.top_p)) + 1  # tokens to reach p
-            cand, v, prob = cand[:keep], v[:keep], prob[:keep]
-        if p.min_p > 0.0:
-            keep_mask = prob >= p.min_p * prob[0]
-            cand, v = cand[keep_mask], v[keep_mask]
-        w = np.exp((v - v[0]) / p.temperature)
-        cdf = np.cumsum(w / w.sum())
-        r = self.rng.random()
-        return int(cand[min(int(np.searchsorted(cdf, r, side="right")), cand.size - 1)])
+        cand, prob = distribution(x, self.params)
+        if cand.size == 1 and not np.isfinite(x[cand[0]]):  # everything masked: no draw
+            return int(cand[0])
+        return draw(cand, prob, self.rng)
+
+
+def distribution(
+    x: F32, p: SamplingParams
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The distribution a non-greedy draw picks from over the row [V]: top-k → top-p → min-p →
+    temperature. Returns (ids [n], probabilities [n]), best first (lowest id on ties); a row
+    with every logit masked gives its argmax with probability 1."""
+    n = x.shape[0]
+    # [k] candidates, unordered
+    cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
+    cand = cand[np.isfinite(x[cand])]
+    if cand.size == 0:  # everything masked: the argmax stands
+        return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
+    v = x[cand].astype(np.float64)
+    order = np.lexsort((cand, -v))  # best first, lowest id on ties
+    cand, v = cand[order], v[order]
+    prob = np.exp(v - v[0])
+    prob /= prob.sum()
+    if p.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(prob), p.top_p)) + 1  # tokens to reach p
+        cand, v, prob = cand[:keep], v[:keep], prob[:keep]
+    if p.min_p > 0.0:
+        keep_mask = prob >= p.min_p * prob[0]
+        cand, v = cand[keep_mask], v[keep_mask]
+    w = np.exp((v - v[0]) / p.temperature)
+    return cand.astype(np.int64), w / w.sum()
+
+
+def draw(
+    cand: npt.NDArray[np.int64], prob: npt.NDArray[np.float64], rng: np.random.Generator
+) -> int:
+    """One id of `cand` drawn with probabilities `prob` (one uniform from `rng`)."""
+    cdf = np.cumsum(prob)
+    r = rng.random()
+    return int(cand[min(int(np.searchsorted(cdf, r, side="right")), cand.size - 1)])

@@ -73,7 +73,7 @@ fn main() {
             for (g, o) in outs.iter_mut().enumerate() {
                 let (t0, c0) = (Instant::now(), cpu_s());
                 let c = &pool as &dyn Compute;
-                attend_chunk_units(&shape, kc, vc, p0, t, &q, o, &par, c, g == 1).unwrap();
+                attend_chunk_units(&shape, kc, vc, p0, t, &q, o, &par, c, g == 1, t).unwrap();
                 best[g] = best[g].min(t0.elapsed().as_secs_f64());
                 cpu[g] = cpu[g].min(cpu_s() - c0);
             }

@@ -29,7 +29,8 @@ from strata.engine.protocol import Stat
 F32 = npt.NDArray[np.float32]
 
 
-# One entry of a forward batch: (slot, token ids, logits wanted: "none" | "last" | "all"); the
+# One entry of a forward batch: (slot, token ids, logits wanted: "none" | "last" | "all" |
+# "window" (as "all", each row bitwise a one-token step's: a speculative window)); the
 # tokens continue the slot at its current length.
 Entry = tuple[int, Sequence[int], str]
 
@@ -98,8 +99,9 @@ class FakeBackend:
 
     # -- the toy model ----------------------------------------------------------------------
 
-    def _logits(self, slot: int) -> F32:
-        toks = self._tokens[slot]
+    def _logits(self, slot: int, end: int | None = None) -> F32:
+        """The next-token logits after the slot's first `end` tokens (all of them: None)."""
+        toks = self._tokens[slot][:end]
         n_prompt = self._n_prompt[slot]
         run: list[int] = []  # the last run of byte tokens of the prompt
         for t in reversed(toks[:n_prompt]):
@@ -127,13 +129,18 @@ class FakeBackend:
 
     def truncate(self, slot: int, n: int) -> None:
         """Keeps n positions; what follows is a new prompt until an entry asks for logits."""
+        self.rollback(slot, n)
+        self._n_prompt.pop(slot, None)  # reading a prompt
+        self._fault.pop(slot, None)
+
+    def rollback(self, slot: int, n: int) -> None:
+        """Keeps n positions of a generating sequence (a speculative window cut back to its
+        accepted prefix): it goes on generating."""
         self._check(slot, n)
         toks = self._tokens.setdefault(slot, [])
         if n > len(toks):
             raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
         del toks[n:]
-        self._n_prompt.pop(slot, None)  # reading a prompt
-        self._fault.pop(slot, None)
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         slots = [slot for slot, _, _ in entries]
@@ -155,6 +162,11 @@ class FakeBackend:
                 if want != "none":  # the prompt's last chunk
                     self._n_prompt[slot] = len(toks)
                     self._scan_faults(slot)
+            if want in ("all", "window") and slot in self._n_prompt:  # [T, V]: a window's rows
+                n = len(toks)
+                rows = [self._logits(slot, n - len(ids) + 1 + i) for i in range(len(ids))]
+                out.append(np.stack(rows))
+                continue
             out.append(None if want == "none" else self._logits(slot))
         self._steps += 1
         self._sleep()
@@ -274,7 +286,7 @@ class LLMBackend:
                 rows.append(None)
                 continue
             full = np.asarray(self.llm.logits(seq), dtype=np.float32)  # [T, V]
-            rows.append(full[-1] if want == "last" else full[-len(ids) :])
+            rows.append(full[-1] if want == "last" else full[-len(ids) :])  # all, window
         return rows
 
     def truncate(self, slot: int, n: int) -> None:

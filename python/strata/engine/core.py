@@ -37,11 +37,12 @@ from strata.engine.protocol import (
     decode_to_engine,
 )
 from strata.engine.scheduler import Scheduler
+from strata.spec import Speculator, make_speculator
 
 STATS_INTERVAL_S = 1.0
 
 
-def _load(conn: FrameSocket) -> tuple[Config, Backend] | None:
+def _load(conn: FrameSocket) -> tuple[Config, Backend, Speculator | None] | None:
     frames = conn.recv_ready(None)
     first = decode_to_engine(frames[0])
     if not isinstance(first, Start):
@@ -53,6 +54,7 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend] | None:
     try:
         config = Config(**first.config)
         backend = make_backend(config)
+        spec = make_speculator(config, backend)
     except Exception as e:  # report any load failure to the server, which shows it on /health
         conn.send(Failed(f"engine failed to load: {type(e).__name__}: {e}"))
         return None
@@ -67,7 +69,7 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend] | None:
             backend.stats(),
         )
     )
-    return config, backend
+    return config, backend, spec
 
 
 def serve(sock: socket.socket) -> int:
@@ -78,7 +80,7 @@ def serve(sock: socket.socket) -> int:
         return 2
     if loaded is None:
         return 1
-    config, backend = loaded
+    config, backend, spec = loaded
     piece = int(getattr(backend, "prefill_piece", config.prefill_chunk))
     # token masks of constrained requests; the llguidance vocabulary is built in the background
     constraints = Constraints(backend.vocabulary, backend.n_vocab)
@@ -91,10 +93,11 @@ def serve(sock: socket.socket) -> int:
         prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
         reuse=config.cache_prompt,
         processors=constraints.for_request,
+        speculator=spec,
     )
 
     def stats() -> Stats:
-        return Stats(backend.stats() + sched.stats(), backend.info())
+        return Stats(backend.stats() + sched.stats(), {**backend.info(), **sched.info()})
 
     last_stats = 0.0
     dirty = True  # counters moved since the last Stats frame

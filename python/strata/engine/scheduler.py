@@ -9,6 +9,9 @@ One `step()`:
   3. run it (`Backend.forward_batch`: one pass over all of them) and sample: a sequence whose
      prompt is done samples its first token from its last chunk's logits, a decoding one its
      next token.
+With a `Speculator` (the `spec` setting), a decoding sequence may run a window instead of its
+one token: its last token and k drafted ones in one entry, the verified prefix committed and
+the slot's KV cut back to it (`strata.spec`).
 A request that arrives joins at the next step; one that finishes or is cancelled leaves at once
 (its slot keeps its KV for a later prompt that shares its prefix). Sequences end with finish
 "stop" (an end-of-generation id, not reported as output), "length" (max_tokens or the context
@@ -22,11 +25,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
+from strata.spec.control import SeqSpec
+from strata.spec.drafters import Draft
+from strata.spec.speculator import Candidate, Speculator
 
 Event = Progress | Tokens
 log = logging.getLogger("strata.engine")
@@ -46,6 +55,9 @@ class Seq:
     reused: int = 0  # of them, taken from a slot's or the prompt cache's KV
     generated: int = 0  # output tokens sampled (stop ids included)
     pending: int | None = None  # sampled, reported, not yet fed to the model
+    out: list[int] = field(default_factory=list)  # output tokens sampled
+    spec: SeqSpec | None = None  # speculation state; None: this sequence never drafts
+    draft_rng: np.random.Generator | None = None  # the drafter's draws (sampled requests)
     t_admit: float = field(default_factory=time.monotonic)
     prompt_s: float = 0.0
     # The backend's VRAM tier counters when the sequence got its slot; None without a tier.
@@ -62,8 +74,10 @@ class Scheduler:
         prompt_cache_bytes: int = 0,
         processors: ProcessorFactory | None = None,
         reuse: bool = True,
+        speculator: Speculator | None = None,
     ) -> None:
         self.backend = backend
+        self.spec = speculator
         self.chunk = prefill_chunk
         # the hybrid mode's streamed chunk is never cut (see Config.max_batch_tokens)
         self.max_batch_tokens = max(max_batch_tokens, prefill_chunk)
@@ -105,7 +119,11 @@ class Scheduler:
             sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
-        self.waiting.append(Seq(req, sampler, frozenset(req.stop_ids)))
+        s = Seq(req, sampler, frozenset(req.stop_ids))
+        if self.spec is not None and req.params.speculative:
+            s.spec = self.spec.new_sequence()
+            s.draft_rng = np.random.default_rng([sampler.seed, 0x5EC])
+        self.waiting.append(s)
         return []
 
     def abort(self, rid: int) -> list[Event]:
@@ -123,6 +141,8 @@ class Scheduler:
         out = [
             Stat("engine_steps_total", "counter", {}, float(self.steps)),
         ]
+        if self.spec is not None:
+            out += self.spec.stats()
         c = self.slots.cache
         if c is not None:
             out += [
@@ -135,6 +155,10 @@ class Scheduler:
             ]
         return out
 
+    def info(self) -> dict[str, Any]:
+        """For /v1/status: the speculation state (None when off)."""
+        return {"spec": self.spec.info() if self.spec is not None else None}
+
     # -- ending and reporting ------------------------------------------------------------------
 
     def _end(
@@ -143,11 +167,13 @@ class Scheduler:
         finish: Finish,
         message: str = "",
         ids: list[int] | None = None,
-        res: SampleResult | None = None,
+        res: list[SampleResult] | None = None,
     ) -> Tokens:
         s = self.running.pop(slot)
         if finish == "error":
             self.slots.lost(slot)
+        if self.spec is not None:
+            self.spec.release(slot)
         self.free_slots.append(slot)  # its KV stays for the next prompt that shares it
         return self._tokens(s, ids or [], res, finish, message)
 
@@ -161,17 +187,20 @@ class Scheduler:
         self,
         s: Seq,
         ids: list[int],
-        res: SampleResult | None,
+        res: list[SampleResult] | None,
         finish: Finish | None,
         message: str = "",
     ) -> Tokens:
-        lp = [res.logprob] if res is not None and res.logprob is not None and ids else None
-        top = [res.top] if res is not None and res.top is not None and ids else None
-        t = Tokens(s.req.rid, ids, lp, top, finish, message)
+        res = (res or [])[: len(ids)]
+        lp = [r.logprob for r in res if r.logprob is not None] if ids else None
+        top = [r.top for r in res if r.top is not None] if ids else None
+        t = Tokens(s.req.rid, ids, lp or None, top or None, finish, message)
         if not finish:
             return t
         t.prompt_s = s.prompt_s
         t.cached_tokens = s.reused
+        if s.spec is not None:
+            t.drafts_offered, t.drafts_accepted = s.spec.offered, s.spec.accepted
         now = self._tier_counts(s.slot) if s.tier_at_start is not None else None
         if now is not None and s.tier_at_start is not None:
             # the steps this sequence ran in (shared with the batch's other sequences)
@@ -180,16 +209,24 @@ class Scheduler:
             )
         return t
 
-    def _emit(self, s: Seq, res: SampleResult) -> Tokens:
-        """Report a sampled token; end the sequence when it is a stop id or the last one."""
-        s.generated += 1
-        tok = res.token
-        if tok in s.stop_ids:
-            return self._end(s.slot, "stop")
-        if s.generated >= s.req.max_tokens or len(s.req.prompt) + s.generated >= self.backend.n_ctx:
-            return self._end(s.slot, "length", ids=[tok], res=res)
-        s.pending = tok
-        return self._tokens(s, [tok], res, None)
+    def _emit(self, s: Seq, results: list[SampleResult]) -> Tokens:
+        """Report sampled tokens (one, or a verified window's); end the sequence at a stop id
+        or the last token it may have."""
+        ids: list[int] = []
+        for res in results:
+            s.generated += 1
+            tok = res.token
+            if tok in s.stop_ids:
+                return self._end(s.slot, "stop", ids=ids, res=results)
+            ids.append(tok)
+            s.out.append(tok)
+            if (
+                s.generated >= s.req.max_tokens
+                or len(s.req.prompt) + s.generated >= self.backend.n_ctx
+            ):
+                return self._end(s.slot, "length", ids=ids, res=results)
+        s.pending = ids[-1]
+        return self._tokens(s, ids, results, None)
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -208,15 +245,38 @@ class Scheduler:
             self.running[slot] = s
         return events
 
-    def _pack(self) -> tuple[list[Entry], list[Seq]]:
-        """The step's batch: decodes first, then prompt chunks under max_batch_tokens."""
+    def _drafts(self, decoding: list[Seq]) -> list[Draft]:
+        """Each decoding sequence's draft (empty without speculation)."""
+        cands: list[Candidate] = []
+        where: list[int] = []
+        n_ctx = self.backend.n_ctx
+        for i, s in enumerate(decoding):
+            if self.spec is None or s.spec is None or s.draft_rng is None:
+                continue
+            assert s.pending is not None
+            n = len(s.req.prompt) + s.generated  # positions after the window's first token
+            room = min(s.req.max_tokens - s.generated, n_ctx - n) - 1
+            cands.append(
+                Candidate(s.slot, s.req.prompt, s.out, room, s.sampler, s.spec, s.draft_rng)
+            )
+            where.append(i)
+        out = [Draft() for _ in decoding]
+        if self.spec is not None and cands:
+            for i, d in zip(where, self.spec.plan(cands, len(decoding)), strict=True):
+                out[i] = d
+        return out
+
+    def _pack(self) -> tuple[list[Entry], list[Seq], list[Draft]]:
+        """The step's batch: decodes (or windows) first, then prompt chunks under
+        max_batch_tokens."""
         entries: list[Entry] = []
-        seqs: list[Seq] = []
-        for s in self.running.values():
-            if s.pending is not None:
-                entries.append((s.slot, [s.pending], "last"))
-                seqs.append(s)
-        room = self.max_batch_tokens - len(entries)
+        decoding = [s for s in self.running.values() if s.pending is not None]
+        drafts = self._drafts(decoding)
+        for s, d in zip(decoding, drafts, strict=True):
+            assert s.pending is not None
+            entries.append((s.slot, [s.pending, *d.tokens], "window" if d.tokens else "last"))
+        seqs: list[Seq] = list(decoding)
+        room = self.max_batch_tokens - sum(len(ids) for _, ids, _ in entries)
         head = True  # the oldest prompt always moves, however many sequences decode
         for s in self.running.values():
             left = len(s.req.prompt) - s.done
@@ -230,13 +290,14 @@ class Scheduler:
             entries.append((s.slot, s.req.prompt[s.done : s.done + n], want))
             seqs.append(s)
             room -= n
-        return entries, seqs
+        return entries, seqs, drafts
 
     def step(self) -> list[Event]:
         events = self._admit()
-        entries, seqs = self._pack()
+        entries, seqs, drafts = self._pack()
         if not entries:
             return events
+        t0 = time.perf_counter()
         try:
             out = self.backend.forward_batch(entries)
         except Exception as e:  # the backend refused: these requests fail, the engine goes on
@@ -244,12 +305,27 @@ class Scheduler:
                 events.append(self._end(s.slot, "error", f"forward failed: {e}"))
             return events
         self.steps += 1
-        for (slot, ids, _), s, logits in zip(entries, seqs, out, strict=True):
+        if self.spec is not None and len(entries) == len(drafts):  # no prompt chunk in it
+            self.spec.observe_step(sum(len(ids) for _, ids, _ in entries), time.perf_counter() - t0)
+        for i, ((slot, ids, _), s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
+            assert logits is not None or s.pending is None
+            if s.pending is not None and self.spec is not None and drafts[i].tokens:  # a window
+                assert logits is not None and s.spec is not None and s.draft_rng is not None
+                cand = Candidate(slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng)
+                results = self.spec.settle(cand, drafts[i], logits)
+                keep = len(results) - 1  # the accepted drafts
+                if keep < len(drafts[i].tokens):  # cut the KV back to the accepted prefix
+                    cut = getattr(self.backend, "rollback", self.backend.truncate)
+                    cut(slot, len(s.req.prompt) + s.generated + keep)
+                self.slots.fed(slot, ids[: 1 + keep])
+                s.pending = None
+                events.append(self._emit(s, results))
+                continue
             self.slots.fed(slot, ids)
             if s.pending is not None:  # a decode
                 s.pending = None
                 assert logits is not None
-                events.append(self._emit(s, s.sampler.sample(logits)))
+                events.append(self._emit(s, [s.sampler.sample(logits)]))
                 continue
             s.done += len(ids)
             if s.done < len(s.req.prompt):
@@ -265,5 +341,5 @@ class Scheduler:
                 s.prompt_s,
             )
             assert logits is not None
-            events.append(self._emit(s, s.sampler.sample(logits)))
+            events.append(self._emit(s, [s.sampler.sample(logits)]))
         return events

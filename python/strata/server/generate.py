@@ -36,6 +36,8 @@ class Delta:
     tier: tuple[int, int, int] | None = None
     stop: str | None = None  # on the finishing delta: the stop string that ended the choice
     cached_tokens: int = 0  # on the finishing delta: prompt tokens reused from a KV cache
+    # on the finishing delta when the engine speculates: (drafts offered, drafts accepted)
+    drafts: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -129,6 +131,7 @@ class SeqRun:
                 tier_counts(ev),
                 stopm.matched,
                 ev.cached_tokens,
+                drafts(ev),
             )
             return
 
@@ -136,6 +139,22 @@ class SeqRun:
 def tier_counts(ev: Tokens) -> tuple[int, int, int] | None:
     h, c, p = ev.expert_hits, ev.expert_miss_cpu, ev.expert_miss_pcie
     return None if h is None or c is None or p is None else (h, c, p)
+
+
+def drafts(ev: Tokens) -> tuple[int, int] | None:
+    o, a = ev.drafts_offered, ev.drafts_accepted
+    return None if o is None or a is None else (o, a)
+
+
+def draft_usage(counts: list[tuple[int, int]]) -> dict[str, int]:
+    """`usage` keys beyond OpenAI's when the engine speculates: the choices' drafted tokens
+    the model verified (`drafts_offered`) and kept (`drafts_accepted`)."""
+    if not counts:
+        return {}
+    return {
+        "drafts_offered": sum(o for o, _ in counts),
+        "drafts_accepted": sum(a for _, a in counts),
+    }
 
 
 def usage_extras(counts: list[tuple[int, int, int]]) -> dict[str, float | None]:

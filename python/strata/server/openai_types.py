@@ -169,6 +169,7 @@ class _Common(_Strict, kw_only=True):
     stop: str | list[str] | None = None
     n: int | None = None
     user: str | None = None
+    speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -325,6 +326,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
             "presence_penalty",
             "frequency_penalty",
             "seed",
+            "speculative",
         )
         if getattr(req, k) is not None
     }

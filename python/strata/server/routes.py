@@ -34,7 +34,7 @@ from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
 from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup, openai_chat, prepare_chat
-from strata.server.generate import Delta, SeqRun, TokenInfo, merge, usage_extras
+from strata.server.generate import Delta, SeqRun, TokenInfo, draft_usage, merge, usage_extras
 from strata.server.openai_types import (
     APIError,
     ChatRequest,
@@ -132,6 +132,8 @@ async def status(request: Request) -> Response:
             "waiting": len(c.waiting) if c else 0,
         },
         "tiers": info.get("tiers", {}),
+        # drafter, current window k per slot, drafts, acceptance histogram, cost curve
+        "speculation": info.get("spec"),
         "backend": info,
         "settings": st.config.public_dict(),
     }
@@ -358,6 +360,7 @@ class _Shape:
         self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
         self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
         self.cached: list[int] = []  # choices' prompt tokens reused from a KV cache
+        self.drafts: list[tuple[int, int]] = []  # choices' (drafts offered, accepted)
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -368,6 +371,7 @@ class _Shape:
             # every choice reads the same prompt: the tokens all of them found cached
             "prompt_tokens_details": {"cached_tokens": min(self.cached, default=0)},
             **usage_extras(self.tier),
+            **draft_usage(self.drafts),
         }
 
     def logprobs(self, index: int, toks: list[TokenInfo]) -> dict[str, Any] | None:
@@ -521,6 +525,8 @@ async def _stream(
                 if d.tier is not None:
                     shape.tier.append(d.tier)
                 shape.cached.append(d.cached_tokens)
+                if d.drafts is not None:
+                    shape.drafts.append(d.drafts)
             for choice in shape.delta_choices(d, d.finish):
                 yield sse.event(shape.chunk([choice]))
         if shape.plan.include_usage:
@@ -582,6 +588,8 @@ async def _complete(
                 if d.tier is not None:
                     shape.tier.append(d.tier)
                 shape.cached.append(d.cached_tokens)
+                if d.drafts is not None:
+                    shape.drafts.append(d.drafts)
 
     work = asyncio.create_task(collect())
     if not await until_done_or_gone(request, work, cancel_all):

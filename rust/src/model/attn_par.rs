@@ -72,11 +72,13 @@ pub fn attend_chunk(
     compute: &dyn Compute,
 ) -> Result<()> {
     let grouped = serves(s, t);
-    attend_chunk_units(s, k_cache, v_cache, p0, t, q, out, par, compute, grouped)
+    attend_chunk_units(s, k_cache, v_cache, p0, t, q, out, par, compute, grouped, t)
 }
 
 /// `attend_chunk` with the unit kind chosen: grouped units (only where `serves` holds) or
-/// per-head units. Both give the same bits; benchmarks compare their speed.
+/// per-head units. Both give the same bits; benchmarks compare their speed. `order` is the
+/// row count whose kernel order the rows follow (`t`; 1: each row in the one-row order of a
+/// decode step, bitwise what a one-token call gives at its position).
 #[allow(clippy::too_many_arguments)]
 pub fn attend_chunk_units(
     s: &AttnShape,
@@ -89,6 +91,7 @@ pub fn attend_chunk_units(
     par: &AttnPar,
     compute: &dyn Compute,
     grouped: bool,
+    order: usize,
 ) -> Result<()> {
     let (nh, d) = (s.n_head, s.head_dim);
     let qd = nh * d;
@@ -100,7 +103,7 @@ pub fn attend_chunk_units(
         )));
     }
     // units per position: KV groups of G heads, or single heads
-    let grouped = grouped && serves(s, t);
+    let grouped = grouped && serves(s, order);
     let (per, width) = if grouped {
         (s.n_head_kv, nh / s.n_head_kv)
     } else {
@@ -123,9 +126,9 @@ pub fn attend_chunk_units(
             let n = p0 + i + 1;
             let qh = &q[r..r + len];
             let res = if grouped {
-                attend_group(s, k_cache, v_cache, n, h, qh, oh, group, head, t)
+                attend_group(s, k_cache, v_cache, n, h, qh, oh, group, head, order)
             } else {
-                attend_head(s, k_cache, v_cache, n, h, qh, oh, head, t)
+                attend_head(s, k_cache, v_cache, n, h, qh, oh, head, order)
             };
             if let Err(e) = res {
                 if let Ok(mut f) = failed.lock() {

@@ -19,7 +19,7 @@ pub fn logits_len(want: Logits, n: usize, vocab: usize) -> usize {
     match want {
         Logits::None => 0,
         Logits::Last => vocab,
-        Logits::All => n * vocab,
+        Logits::All | Logits::Window => n * vocab,
     }
 }
 

@@ -37,6 +37,10 @@ pub enum Logits {
     Last,
     /// Every token's: `out` is [T, V].
     All,
+    /// Every token's, each row computed in the one-row (decode) order of attention, so that
+    /// row i is bitwise the logits of a one-token step at its position (a speculative
+    /// window's verification on the CPU path); `out` is [T, V]. Elsewhere as `All`.
+    Window,
 }
 
 #[derive(Clone, Debug)]
@@ -354,7 +358,7 @@ pub fn check_forward_args(
     let need = match want {
         Logits::None => 0,
         Logits::Last => vocab,
-        Logits::All => n * vocab,
+        Logits::All | Logits::Window => n * vocab,
     };
     if out_len != need {
         return Err(Error::Input(format!(
@@ -398,7 +402,7 @@ pub fn chunk_logits(
 ) -> (usize, Option<&mut [f32]>) {
     match want {
         Logits::Last if (ci + 1) * chunk >= n => (1, Some(out)),
-        Logits::All => {
+        Logits::All | Logits::Window => {
             let a = ci * chunk * vocab;
             (len, Some(&mut out[a..a + len * vocab]))
         }

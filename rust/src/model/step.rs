@@ -16,7 +16,7 @@
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
 //! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.
 
-use super::attn_par::attend_chunk;
+use super::attn_par::attend_chunk_units;
 use super::batch::{check_batch, logits_len, Entry};
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
 use super::compute::{ExpertLayer, MoeInput, QExperts};
@@ -117,7 +117,7 @@ impl Model {
                 let last = done + t == n;
                 let (logit_rows, dst) = match e.want {
                     Logits::Last if last => (1, ss.offs[i]),
-                    Logits::All => (t, ss.offs[i] + done * vocab),
+                    Logits::All | Logits::Window => (t, ss.offs[i] + done * vocab),
                     _ => (0, 0),
                 };
                 ss.pieces.push(Piece {
@@ -219,10 +219,12 @@ impl Model {
                 }
             }
             // per piece over its own slot: [T_p, Nh·D] on the compute's threads
+            // (a window's rows in the one-row order: each bitwise a one-token step's)
             for p in &ss.pieces {
                 let (kc, vc) = kv.layer(p.slot, l, p.p0 + p.t);
                 let rq = p.r0 * qd..(p.r0 + p.t) * qd;
-                attend_chunk(
+                let one_row = entries[p.entry].want == Logits::Window;
+                attend_chunk_units(
                     &shape,
                     kc,
                     vc,
@@ -232,6 +234,8 @@ impl Model {
                     &mut s.att[rq],
                     &s.attn,
                     compute.as_ref(),
+                    !one_row,
+                    if one_row { 1 } else { p.t },
                 )?;
             }
             compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]

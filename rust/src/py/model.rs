@@ -150,14 +150,15 @@ macro_rules! or_default {
     };
 }
 
-/// "last" | "all" | "none" → `Logits`.
+/// "last" | "all" | "window" | "none" → `Logits`.
 fn parse_logits(logits: &str) -> PyResult<Logits> {
     match logits {
         "last" => Ok(Logits::Last),
         "all" => Ok(Logits::All),
+        "window" => Ok(Logits::Window),
         "none" => Ok(Logits::None),
         other => Err(PyValueError::new_err(format!(
-            "logits must be \"last\", \"all\" or \"none\", not {other:?}"
+            "logits must be \"last\", \"all\", \"window\" or \"none\", not {other:?}"
         ))),
     }
 }
@@ -441,7 +442,7 @@ impl PyModel {
             let n = match want {
                 Logits::None => 0,
                 Logits::Last => vocab,
-                Logits::All => token_ids.len() * vocab,
+                Logits::All | Logits::Window => token_ids.len() * vocab,
             };
             let mut out = vec![0f32; n];
             m.forward(slot, &token_ids, want, &mut out)?;
@@ -461,7 +462,8 @@ impl PyModel {
     /// One forward pass over several slots: `entries` are `(slot, token_ids, logits)`, each
     /// continuing its slot at the slot's length (slots distinct within a call; `logits` as in
     /// `forward`). Returns per entry None ("none"), (n_vocab,) ("last") or
-    /// (len, n_vocab) ("all"). A refused call (bad slot, duplicate slot, token id, context
+    /// (len, n_vocab) ("all"; "window": the same, each row bitwise a one-token step's on the
+    /// CPU path, for verifying a speculative window). A refused call (bad slot, duplicate slot, token id, context
     /// overflow) raises and changes no slot.
     fn forward_batch<'py>(
         &self,
@@ -497,7 +499,7 @@ impl PyModel {
             res.push(match want {
                 Logits::None => None,
                 Logits::Last => Some(PyArray1::from_slice(py, part).into_any()),
-                Logits::All => Some(
+                Logits::All | Logits::Window => Some(
                     PyArray1::from_slice(py, part)
                         .reshape([toks.len(), vocab])?
                         .into_any(),

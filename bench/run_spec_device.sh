@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Speculative decoding on the GPU machine in one call (about 10 s after the install): the verify
+# cost curve on the GPU (every weight in VRAM) and in the hybrid mode (SLOTS expert slots in
+# VRAM: 40 = 25% of the trained default's 160 experts), the edit task in the hybrid mode, and the
+# edit task on the host's CPU, all on the trained default shipped in the wheel.
+# Run from the repository root with the wheel (scripts/build_device_wheel → .whl/, or WHL=DIR
+# holding the strata wheel and the msgspec wheel for the device's Python) carried:
+#   device tool: command "bash bench/run_spec_device.sh > $OUT/spec_device.log 2>&1",
+#                carry [".whl"], timeout_s 150
+set -u
+R=$PWD
+WHL=${WHL:-$R/.whl}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+M=/tmp/site/strata/models/strata-default-qwen3moe-q8_0.gguf
+B=${BENCH:-$R/bench}
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+T=${THREADS:-4}
+S=${SLOTS:-40}
+echo "== cost, GPU (everything in VRAM)"
+timeout 60 python3 "$B/bench_spec.py" cost --model "$M" --device cuda --threads "$T" --reps 20
+echo "== cost, hybrid, vram_slots $S"
+timeout 60 python3 "$B/bench_spec.py" cost --model "$M" --device cuda --vram-slots "$S" --threads "$T" --reps 20
+echo "== edit, hybrid, vram_slots $S"
+timeout 100 python3 "$B/bench_spec.py" edit --model "$M" --device cuda --vram-slots "$S" --threads "$T" --reps 2
+echo "== edit, CPU on this host ($T threads)"
+timeout 60 python3 "$B/bench_spec.py" edit --model "$M" --threads "$T" --reps 2

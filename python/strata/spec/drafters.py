@@ -1,0 +1,274 @@
+"""Drafters: what proposes the tokens a speculative window verifies.
+
+One interface (`Drafter`): `propose(slot, history, k, params, rng) -> Draft` gives up to `k`
+tokens that may follow `history` (the sequence's prompt and output so far, the last token not yet
+run by the target), with the draft distribution q of each one; `rollback(slot, n)` tells the
+drafter that the sequence of `slot` now holds only its first `n` tokens (the target rejected the
+rest), `release(slot)` that the slot's sequence ended. `propose_many` drafts for several
+sequences at once (the draft model runs them as one batched step per drafted position).
+
+- `NgramDrafter` (prompt lookup, as vLLM's ngram drafter and llama.cpp's ngram speculation):
+  the longest recent n-gram (`NGRAM_MAX` down to `NGRAM_MIN` tokens) that ends the history and
+  occurred before in it proposes the tokens that followed that earlier occurrence. q is one-hot.
+- `ModelDrafter`: a smaller GGUF with the same vocabulary (the shipped dense qwen3 draft of the
+  trained default, any qwen3/qwen3moe file) on the CPU (one thread, the caller's: measured
+  faster for the shipped draft than two, whose pool thread competes with the target's), its
+  own KV slots kept in step with the target's (same slot ids; what they hold is tracked and
+  re-synced by common prefix). Greedy requests draft its argmax (q one-hot), sampled ones
+  draw from its distribution under the request's top-k/top-p/min-p/temperature (q that
+  distribution). Drafting stops at a token whose draft probability is below `spec_p_min`
+  (llama.cpp's `--draft-p-min`).
+- MTP heads: `open_drafter("mtp")` raises `ConfigError` (no GGUF Strata runs carries MTP layers
+  yet); a drafter over them implements the same interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from strata.errors import ConfigError
+from strata.sampling import SamplingParams, distribution, draw
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+NGRAM_MIN = 2  # shortest n-gram the lookup matches (1-grams draft mostly noise on code)
+NGRAM_MAX = 4
+
+
+@dataclass(slots=True)
+class Draft:
+    """Proposed tokens and, per token, its draft distribution q as (ids [n], probs [n]);
+    `q` is None when every token's q is one-hot (a deterministic drafter)."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[tuple[I64, F64]] | None = None
+
+    def q_of(self, i: int, token: int) -> float:
+        """q of `token` at draft position i."""
+        if self.q is None:
+            return 1.0 if token == self.tokens[i] else 0.0
+        ids, prob = self.q[i]
+        return float(prob[ids == token].sum())
+
+
+@dataclass(slots=True)
+class DraftRequest:
+    slot: int
+    history: Sequence[int]  # prompt + output; the last token not yet run by the target
+    k: int  # most tokens to propose
+    params: SamplingParams
+    rng: np.random.Generator  # the drafter's own draws (never the target sampler's)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]: ...
+
+    def rollback(self, slot: int, n: int) -> None:
+        """The sequence of `slot` keeps only its first `n` tokens."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence ended (its state may go)."""
+        ...
+
+
+def propose(
+    drafter: Drafter,
+    slot: int,
+    history: Sequence[int],
+    k: int,
+    params: SamplingParams | None = None,
+    rng: np.random.Generator | None = None,
+) -> list[int]:
+    """`propose(history, k) -> tokens` for one sequence (greedy unless `params` says)."""
+    req = DraftRequest(
+        slot,
+        history,
+        k,
+        params or SamplingParams(temperature=0),
+        rng or np.random.default_rng(0),
+    )
+    return drafter.propose_many([req])[0].tokens
+
+
+class _NgramIndex:
+    """For each n in NGRAM_MIN..NGRAM_MAX: n-gram → position right after its latest occurrence
+    that has at least one token after it."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # the history indexed
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {
+            n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)
+        }
+
+    def sync(self, history: Sequence[int]) -> None:
+        n_old = len(self.tokens)
+        if n_old > len(history) or list(history[:n_old]) != self.tokens:
+            for m in self.maps.values():  # another sequence took the slot: index it afresh
+                m.clear()
+            self.tokens, n_old = [], 0
+        h = self.tokens
+        h.extend(int(t) for t in history[n_old:])
+        # the n-grams ending at e (exclusive) for each new e < len(h): each has h[e] after it
+        for e in range(max(n_old, 1), len(h)):
+            for n, m in self.maps.items():
+                if e >= n:
+                    m[tuple(h[e - n : e])] = e
+
+    def lookup(self, k: int) -> list[int]:
+        h = self.tokens
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(h) <= n:
+                continue
+            e = self.maps[n].get(tuple(h[len(h) - n :]))
+            if e is not None:
+                return h[e : e + k]
+        return []
+
+
+class NgramDrafter:
+    """Prompt lookup over the history (see the module doc); q one-hot, no model state."""
+
+    name = "ngram"
+
+    def __init__(self) -> None:
+        self._index: dict[int, _NgramIndex] = {}
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r in reqs:
+            idx = self._index.setdefault(r.slot, _NgramIndex())
+            idx.sync(r.history)
+            out.append(Draft(idx.lookup(r.k) if r.k > 0 else []))
+        return out
+
+    def rollback(self, slot: int, n: int) -> None:
+        pass  # the index holds only committed tokens; `sync` re-indexes a changed history
+
+    def release(self, slot: int) -> None:
+        self._index.pop(slot, None)
+
+
+class ModelDrafter:
+    """A draft model on the CPU (see the module doc). Shapes: V = vocabulary size."""
+
+    name = "draft"
+
+    def __init__(self, path: str, n_slots: int, n_ctx: int, p_min: float, threads: int = 0) -> None:
+        from strata._core import Model
+
+        self.path = path
+        self.model = Model.open(path, n_ctx=n_ctx, n_slots=n_slots, threads=threads)
+        self.n_vocab = int(self.model.n_vocab)
+        self.n_ctx = n_ctx
+        self.p_min = p_min
+        self.cached: list[list[int]] = [[] for _ in range(n_slots)]  # per slot, in KV order
+        self.steps = 0  # forward steps the draft model ran
+
+    def _sync(self, slot: int, history: Sequence[int]) -> list[int]:
+        """Truncate the slot's KV to the prefix it shares with `history` (always leaving the
+        last token to run: its logits draft the first token); returns the tokens to feed."""
+        have = self.cached[slot]
+        n = 0
+        for a, b in zip(have, history[:-1], strict=False):
+            if a != b:
+                break
+            n += 1
+        self.model.truncate(slot, n)
+        del have[n:]
+        return [int(t) for t in history[n:]]
+
+    def _pick(self, row: F32, r: DraftRequest) -> tuple[int, tuple[I64, F64] | None, float]:
+        """(token, its q or None when one-hot, draft probability of it)."""
+        x = np.asarray(row, dtype=np.float32)[: self.n_vocab]
+        if r.params.greedy:
+            tok = int(np.argmax(x))
+            z = np.exp(x.astype(np.float64) - float(x[tok]))
+            return tok, None, float(1.0 / z.sum())
+        ids, prob = distribution(x, r.params)
+        tok = draw(ids, prob, r.rng)
+        return tok, (ids, prob), float(prob[ids == tok].sum())
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = [Draft(q=None if r.params.greedy else []) for r in reqs]
+        # each live request: (index, tokens to feed next)
+        live = [(i, self._sync(r.slot, r.history)) for i, r in enumerate(reqs) if r.k > 0]
+        live = [(i, feed) for i, feed in live if len(reqs[i].history) + reqs[i].k < self.n_ctx]
+        while live:
+            entries = [(reqs[i].slot, feed, "last") for i, feed in live]
+            rows = self.model.forward_batch(entries)
+            self.steps += 1
+            nxt = []
+            for (i, feed), row in zip(live, rows, strict=True):
+                r, d = reqs[i], drafts[i]
+                self.cached[r.slot].extend(feed)
+                assert row is not None  # logits "last"
+                tok, q, prob = self._pick(row, r)
+                if prob < self.p_min and d.tokens:  # not sure enough to go on
+                    continue
+                d.tokens.append(tok)
+                if d.q is not None and q is not None:
+                    d.q.append(q)
+                if len(d.tokens) < r.k:
+                    nxt.append((i, [tok]))
+            live = nxt
+        return drafts
+
+    def rollback(self, slot: int, n: int) -> None:
+        if len(self.cached[slot]) > n:
+            self.model.truncate(slot, n)
+            del self.cached[slot][n:]
+
+    def release(self, slot: int) -> None:
+        pass  # the KV stays: a later prompt sharing its prefix reuses it through `_sync`
+
+
+def _vocab_tokens(path: str) -> Any:
+    from strata.gguf import GGUFFile
+
+    with GGUFFile(path) as g:
+        return g.metadata.get("tokenizer.ggml.tokens")
+
+
+def _has_mtp(metadata: dict[str, Any]) -> bool:
+    return any(k.endswith(".nextn_predict_layers") and v for k, v in metadata.items())
+
+
+def open_drafter(
+    kind: str,
+    *,
+    target_path: str | None,
+    target_metadata: dict[str, Any] | None,
+    draft_path: str,
+    n_slots: int,
+    n_ctx: int,
+    p_min: float,
+    threads: int = 0,
+) -> Drafter:
+    """The drafter of `kind` ("ngram" | "draft" | "mtp"); ConfigError when it cannot run."""
+    if kind == "ngram":
+        return NgramDrafter()
+    if kind == "mtp":
+        if target_metadata is None or not _has_mtp(target_metadata):
+            raise ConfigError("spec=mtp: this model carries no MTP layer")
+        raise ConfigError("spec=mtp: this model's MTP layers are not run by Strata yet")
+    if kind != "draft":
+        raise ConfigError(f"spec: no drafter {kind!r} (ngram, draft or mtp)")
+    if not draft_path:
+        raise ConfigError("spec=draft needs spec_draft_model (a GGUF with the same vocabulary)")
+    if target_path is None:
+        raise ConfigError("spec=draft needs a GGUF target model (not the fake engine)")
+    if _vocab_tokens(draft_path) != _vocab_tokens(target_path):
+        raise ConfigError(
+            f"spec_draft_model {draft_path}: its vocabulary differs from the target's"
+        )
+    return ModelDrafter(draft_path, n_slots, n_ctx, p_min, threads)

@@ -108,7 +108,8 @@ impl GpuModel {
                 let last = done + t == n;
                 let (logit_rows, dst) = match e.want {
                     Logits::Last if last => (1, ss.offs[i]),
-                    Logits::All => (t, ss.offs[i] + done * vocab),
+                    // a window's rows as "all" (the GPU has no one-row order to keep: not bitwise)
+                    Logits::All | Logits::Window => (t, ss.offs[i] + done * vocab),
                     _ => (0, 0),
                 };
                 ss.pieces.push(Piece {

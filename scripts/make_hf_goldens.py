@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""Float-oracle goldens: HF transformers' Qwen3MoeForCausalLM (float32, eager attention) with the
-weights of the test models, converted by `strata.hfconvert.gguf_to_hf`.
+"""Float-oracle goldens: HF transformers' models (float32, eager attention) with random weights,
+for every family the engine runs.
 
-    python scripts/make_hf_goldens.py [--which tiny,test] [--seqs 3] [--len 64]
+    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe]
+        [--llama-cpp DIR] [--root DIR]
 
-Two goldens, one model builder:
-- `tiny` → tests/data/hf_tiny_logits.npz: `ModelSpec.tiny()` with `modelgen.random_weights(spec,
-  0)` (the exact values `write_qwen3moe` puts in the tiny F32 GGUF); logits of seeded random token
-  sequences with the ids and the spec key (a changed generator makes the goldens stale, and the
-  test says so).
-- `test` → tests/golden/hf_qwen3moe_logits.npz: the model tests' shape (tests/qwen3moe_file.py,
-  vocabulary 512) with `random_tensors(shape, SEED)`; 4 prompts of 80 positions, saved with the
-  shape and seed the test rebuilds the GGUF from (keys: shape_json, seed, prompts [P, L], logits
-  [P, L, V] float32, transformers_version).
-Needs torch and transformers (the GPU machine has them); strata's compiled core is not needed:
-only its pure-Python modules are loaded.
+- `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding
+  `modelgen.random_weights(spec, 0)` (the exact values `write_qwen3moe` puts in the tiny F32
+  GGUF), converted by `strata.hfconvert.gguf_to_hf`; logits of seeded random token sequences
+  with the ids and the spec key (a changed generator makes the goldens stale, and the test
+  says so).
+- `test` → tests/golden/hf_qwen3moe_logits.npz: the qwen3moe model tests' shape
+  (tests/qwen3moe_file.py, vocabulary 512) with `random_tensors(shape, TEST_SEED)`; 4 prompts
+  of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
+- `qwen2moe`, `mixtral`, `glm4moe` → tests/golden/<family>_f32.gguf and
+  tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
+  `MixtralForCausalLM` / `Glm4MoeForCausalLM` (every weight drawn with numpy from a fixed seed in
+  state-dict order: linear std 1/sqrt(fan_in), embeddings std 1, norms near 1, biases std 0.1),
+  saved with `save_pretrained` and converted to an F32 GGUF by llama.cpp's own converter
+  (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
+  vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in place of
+  the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]
+  float32, transformers_version, config_json.
+Needs torch and transformers; strata's compiled core is not needed: only its pure-Python
+modules are loaded. `--root` writes under another folder (to compare with the committed ones).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,106 @@ from strata.hfconvert import gguf_to_hf, hf_config  # noqa: E402
 from strata.modelgen import ModelSpec, random_weights  # noqa: E402
 
 TEST_SEED = 20261129
+FAMILY_SEED = 20261202
+N_PROMPTS = 3
+PROMPT_LEN = 64
+COMMON: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+)
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    # norm_topk_prob=False: llama.cpp's qwen2moe graph does not renormalize.
+    "qwen2moe": (
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            rope_theta=1e6,
+        ),
+    ),
+    "mixtral": (
+        "MixtralForCausalLM",
+        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6),
+    ),
+    # One leading dense layer, one shared expert, sigmoid routing with the selection bias
+    # (e_score_correction_bias, drawn like the other biases), partial RoPE.
+    "glm4moe": (
+        "Glm4MoeForCausalLM",
+        dict(
+            num_hidden_layers=3,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            attention_bias=True,
+            use_qk_norm=False,
+            num_nextn_predict_layers=0,
+            rope_parameters={
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.5,
+                "rope_type": "default",
+            },
+        ),
+    ),
+}
+
+
+def randomize(model: Any, seed: int) -> None:
+    import torch
+
+    rng = np.random.default_rng(seed)
+    sd = model.state_dict()
+    new = {}
+    for name in sorted(sd):
+        shape = tuple(sd[name].shape)
+        if name.endswith("norm.weight") or "layernorm" in name:
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in name:
+            a = rng.standard_normal(shape)
+        elif name.endswith(".bias"):
+            a = 0.1 * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        new[name] = torch.from_numpy(a.astype(np.float32))
+    model.load_state_dict(new)
+
+
+def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
+    """llama.cpp's converter on `src`, with the toy vocabulary in place of a HF tokenizer."""
+    sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
+    import gguf
+    import torch
+    from conversion import ModelBase, get_model_architecture, get_model_class
+    from conversion.base import ModelType
+
+    hparams = ModelBase.load_hparams(src, False)
+    cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
+
+    def toy_vocab() -> None:
+        qf.vocab_of(hparams["vocab_size"]).add_to_writer(m.gguf_writer)
+
+    with torch.inference_mode():
+        m = cls(src, gguf.LlamaFileType.ALL_F32, dst, eager=True, model_name=name)
+        m.set_vocab = toy_vocab  # the converter's own writer, our vocabulary
+        m.write()
 
 
 def hf_model(spec: ModelSpec, weights: dict[str, np.ndarray]) -> Any:
@@ -73,7 +183,7 @@ def logits_of(model: Any, ids: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(ids[None].astype(np.int64))).logits[0].float().numpy()
 
 
-def tiny(seqs: int, length: int) -> Path:
+def tiny(seqs: int, length: int, root: Path) -> Path:
     import transformers
 
     spec = ModelSpec.tiny()
@@ -84,13 +194,13 @@ def tiny(seqs: int, length: int) -> Path:
         ids = rng.integers(0, spec.n_vocab - 8, length)  # ordinary tokens, no pads
         out[f"ids{i}"] = ids
         out[f"logits{i}"] = logits_of(model, ids)
-    path = ROOT / "tests/data/hf_tiny_logits.npz"
+    path = root / "tests/data/hf_tiny_logits.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, transformers=np.array(transformers.__version__), **out)
     return path
 
 
-def test_shape() -> Path:
+def test_shape(root: Path) -> Path:
     import transformers
 
     s = qf.Shape()  # hidden 256, 4 layers, 16 experts top-4, head_dim 64, vocab 512
@@ -98,7 +208,7 @@ def test_shape() -> Path:
     rng = np.random.default_rng(TEST_SEED + 1)
     prompts = rng.integers(0, s.n_vocab - 3, (4, 80)).astype(np.int64)
     logits = np.stack([logits_of(model, p) for p in prompts]).astype(np.float32)
-    path = ROOT / "tests/golden/hf_qwen3moe_logits.npz"
+    path = root / "tests/golden/hf_qwen3moe_logits.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
         path,
@@ -111,17 +221,55 @@ def test_shape() -> Path:
     return path
 
 
+def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
+    import torch
+    import transformers
+
+    if llama_cpp is None:
+        raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
+    i = list(FAMILIES).index(name)
+    cls_name, kw = FAMILIES[name]
+    cfg = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**{**COMMON, **kw})
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
+    randomize(model, FAMILY_SEED + i)
+    out = root / "tests" / "golden"
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}")
+    rng = np.random.default_rng(FAMILY_SEED + 100 + i)
+    prompts = rng.integers(0, COMMON["vocab_size"] - 8, (N_PROMPTS, PROMPT_LEN))
+    logits = np.stack([logits_of(model, p) for p in prompts])
+    path = out / f"hf_{name}_logits.npz"
+    np.savez_compressed(
+        path,
+        prompts=prompts,
+        logits=logits.astype(np.float32),
+        transformers_version=np.array(transformers.__version__),
+        config_json=np.array(json.dumps({**COMMON, **kw})),
+    )
+    return path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--which", default="tiny,test")
+    ap.add_argument("--which", default="tiny,test," + ",".join(FAMILIES))
     ap.add_argument("--seqs", type=int, default=3, help="tiny: sequences")
     ap.add_argument("--len", type=int, default=64, help="tiny: tokens per sequence")
+    ap.add_argument("--llama-cpp", type=Path, default=None, help="the families' converter tree")
+    ap.add_argument("--root", type=Path, default=ROOT, help="write under ROOT/tests/...")
     a = ap.parse_args()
     for w in a.which.split(","):
-        path = tiny(a.seqs, a.len) if w == "tiny" else test_shape() if w == "test" else None
-        if path is None:
-            raise SystemExit(f"--which: unknown golden {w!r} (tiny, test)")
-        print(f"wrote {path.relative_to(ROOT)}")
+        if w == "tiny":
+            path = tiny(a.seqs, a.len, a.root)
+        elif w == "test":
+            path = test_shape(a.root)
+        elif w in FAMILIES:
+            path = family(w, a.llama_cpp, a.root)
+        else:
+            raise SystemExit(f"--which: unknown golden {w!r} (tiny, test, {', '.join(FAMILIES)})")
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ biases, partial RoPE).
 Oracles:
 - HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`, `Glm4MoeForCausalLM`): random
   tiny models written to GGUF by llama.cpp's own converter, with their float32 logits, both
-  made by scripts/make_family_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
+  made by scripts/make_hf_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
 - llama.cpp (llama-cpp-python) on larger files of the same layout written by gguf-py
   (`qwen3moe_file`, whose layout is checked here against the converter's files) and quantized
   by llama.cpp's quantizer: the filtered thresholds of tests/test_model_llamacpp.py (greedy
@@ -30,7 +30,7 @@ from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
 
 GOLDEN = Path(__file__).parent / "golden"
 ARCH = {"qwen2moe": "qwen2moe", "mixtral": "llama", "glm4moe": "glm4moe"}
-# The shapes scripts/make_family_goldens.py gives transformers, as the test writer's Shape.
+# The shapes scripts/make_hf_goldens.py gives transformers, as the test writer's Shape.
 GOLDEN_SHAPES = {
     "qwen2moe": qf.Shape(
         n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,

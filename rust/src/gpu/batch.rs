@@ -16,42 +16,20 @@ use super::launch::{Seg, LOGIT_ROWS};
 use super::model::GpuModel;
 use crate::cuda::as_bytes_mut;
 use crate::error::Result;
-use crate::model::batch::{check_batch, logits_len, Entry};
-use crate::model::Logits;
-
-/// One entry's piece in a step: `t` tokens of entry `entry` from its token `tok0`, at slot
-/// positions `p0..p0 + t` and step rows `r0..r0 + t`; its last `logit_rows` rows' logits go
-/// to the call's buffer at float `dst`.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Piece {
-    entry: usize,
-    slot: usize,
-    tok0: usize,
-    p0: usize,
-    r0: usize,
-    t: usize,
-    logit_rows: usize,
-    dst: usize,
-}
+use crate::model::batch::{check_batch, Entry, Piece, Plan};
 
 /// Per-call bookkeeping, sized for `n_slots` entries at load (a step allocates nothing).
 #[derive(Default)]
 pub(super) struct BatchScratch {
-    pieces: Vec<Piece>,
+    plan: Plan,                // the call cut into steps (`model::batch::Plan`)
     pub(super) segs: Vec<Seg>, // [S] the pieces' rows
-    done: Vec<usize>,          // [entries] tokens run so far
-    starts: Vec<usize>,        // [entries] slot length before the call
-    offs: Vec<usize>,          // [entries] first float of the entry's logits
 }
 
 impl BatchScratch {
     pub(super) fn new(n_slots: usize) -> BatchScratch {
         BatchScratch {
-            pieces: Vec::with_capacity(n_slots),
+            plan: Plan::new(n_slots),
             segs: Vec::with_capacity(n_slots),
-            done: Vec::with_capacity(n_slots),
-            starts: Vec::with_capacity(n_slots),
-            offs: Vec::with_capacity(n_slots),
         }
     }
 }
@@ -67,7 +45,7 @@ impl GpuModel {
         if res.is_err() {
             // no copy from the staging buffers stays in flight; every slot as it was
             let _ = self.x.stream.sync();
-            for (e, &start) in entries.iter().zip(&ss.starts) {
+            for (e, &start) in entries.iter().zip(&ss.plan.starts) {
                 self.lens[e.slot] = start;
             }
         }
@@ -84,70 +62,37 @@ impl GpuModel {
         let vocab = self.hp.n_vocab;
         let total: usize = entries.iter().map(|e| e.tokens.len()).sum();
         let cap = self.chunk_for(total); // R
-        ss.done.clear();
-        ss.starts.clear();
-        ss.offs.clear();
-        let mut off = 0;
-        for e in entries {
-            ss.done.push(0);
-            ss.starts.push(self.lens[e.slot]);
-            ss.offs.push(off);
-            off += logits_len(e.want, e.tokens.len(), vocab);
-        }
-        loop {
-            // The next piece of every entry that still has tokens and fits, in entry order.
-            ss.pieces.clear();
+        let lens = &self.lens;
+        ss.plan.begin(entries, |slot| Ok(lens[slot]), vocab)?;
+        while ss.plan.next_step(entries, cap, vocab) {
             ss.segs.clear();
-            let mut rows = 0;
-            for (i, e) in entries.iter().enumerate() {
-                let (n, done) = (e.tokens.len(), ss.done[i]);
-                let t = (n - done).min(cap);
-                if t == 0 || rows + t > cap {
-                    continue;
-                }
-                let last = done + t == n;
-                let (logit_rows, dst) = match e.want {
-                    Logits::Last if last => (1, ss.offs[i]),
-                    // a window's rows as "all" (the GPU has no one-row order to keep: not bitwise)
-                    Logits::All | Logits::Window => (t, ss.offs[i] + done * vocab),
-                    _ => (0, 0),
-                };
-                ss.pieces.push(Piece {
-                    entry: i,
-                    slot: e.slot,
-                    tok0: done,
-                    p0: ss.starts[i] + done,
-                    r0: rows,
-                    t,
-                    logit_rows,
-                    dst,
-                });
-                ss.segs.push(Seg { r0: rows, t });
-                rows += t;
-            }
-            if ss.pieces.is_empty() {
-                return Ok(());
-            }
+            ss.segs
+                .extend(ss.plan.pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
             self.step(entries, ss, out)?;
-            for p in &ss.pieces {
-                ss.done[p.entry] += p.t;
+            for p in &ss.plan.pieces {
+                ss.plan.done[p.entry] += p.t;
                 self.lens[p.slot] = p.p0 + p.t;
             }
         }
+        Ok(())
     }
 
-    /// One step over `ss.pieces` (R' rows): `params` written, the layers launched (or a
+    /// One step over `ss.plan.pieces` (R' rows): `params` written, the layers launched (or a
     /// decode graph replayed), each piece's logit rows to its `dst` in `out`; the stream is
     /// idle after.
     fn step(&mut self, entries: &[Entry<'_>], ss: &BatchScratch, out: &mut [f32]) -> Result<()> {
-        let (n_seg, t) = (ss.pieces.len(), super::step::rows(&ss.segs));
+        let (n_seg, t) = (ss.plan.pieces.len(), super::step::rows(&ss.segs));
         // (pos0, slot) per piece, then the token ids of the rows → pinned staging → `params`
         // (ordered before the kernels; the staging is rewritten only after this step's sync)
         let nb = 4 * (2 * n_seg + t);
         {
             let pin = &mut self.pin_params.as_mut_slice()[..nb];
-            let pairs = ss.pieces.iter().flat_map(|p| [p.p0 as i32, p.slot as i32]);
-            let ids = ss.pieces.iter().flat_map(|p| {
+            let pairs = ss
+                .plan
+                .pieces
+                .iter()
+                .flat_map(|p| [p.p0 as i32, p.slot as i32]);
+            let ids = ss.plan.pieces.iter().flat_map(|p| {
                 let e = &entries[p.entry];
                 e.tokens[p.tok0..p.tok0 + p.t].iter().map(|&x| x as i32)
             });
@@ -164,11 +109,11 @@ impl GpuModel {
         let head_done = self.launch_layers(decode, &ss.segs)?;
         self.moe.step_launched(&self.x)?;
         if head_done {
-            let p = &ss.pieces[0];
+            let p = &ss.plan.pieces[0];
             let dst = (p.logit_rows > 0).then(|| &mut out[p.dst..p.dst + self.hp.n_vocab]);
             self.logits_pinned(dst)?;
         } else {
-            self.logits_out(&ss.pieces, out)?;
+            self.logits_out(&ss.plan.pieces, out)?;
         }
         self.moe.after_step(&self.x)
     }

@@ -67,6 +67,96 @@ pub fn check_batch(
     Ok(())
 }
 
+/// One entry's piece in a step: `t` tokens of entry `entry` from its token `tok0`, at slot
+/// positions `p0..p0 + t` and step rows `r0..r0 + t`; its last `logit_rows` rows' logits go
+/// to the call's buffer at float `dst`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Piece {
+    pub entry: usize,
+    pub slot: usize,
+    pub tok0: usize,
+    pub p0: usize,
+    pub r0: usize,
+    pub t: usize,
+    pub logit_rows: usize,
+    pub dst: usize,
+}
+
+/// How a batched call is cut into steps of at most `cap` rows, the same on every path: each
+/// step takes the next piece of every entry that still has tokens and fits, in entry order.
+/// Sized for `n_slots` entries at load (a call allocates nothing).
+#[derive(Default)]
+pub struct Plan {
+    pub pieces: Vec<Piece>, // [pieces] of the current step
+    pub done: Vec<usize>,   // [entries] tokens run so far
+    pub starts: Vec<usize>, // [entries] slot length before the call
+    pub offs: Vec<usize>,   // [entries] first float of the entry's logits
+}
+
+impl Plan {
+    pub fn new(n_slots: usize) -> Plan {
+        let v = || Vec::with_capacity(n_slots);
+        Plan {
+            pieces: Vec::with_capacity(n_slots),
+            done: v(),
+            starts: v(),
+            offs: v(),
+        }
+    }
+
+    /// Starts a call: every entry's slot length (`len`) and the first float of its logits.
+    pub fn begin(
+        &mut self,
+        entries: &[Entry<'_>],
+        len: impl Fn(usize) -> Result<usize>,
+        vocab: usize,
+    ) -> Result<()> {
+        self.done.clear();
+        self.starts.clear();
+        self.offs.clear();
+        let mut off = 0;
+        for e in entries {
+            self.done.push(0);
+            self.starts.push(len(e.slot)?);
+            self.offs.push(off);
+            off += logits_len(e.want, e.tokens.len(), vocab);
+        }
+        Ok(())
+    }
+
+    /// Plans the next step of at most `cap` rows into `pieces`; false when every token has run.
+    /// The step's runner adds each piece's `t` to `done[entry]`.
+    pub fn next_step(&mut self, entries: &[Entry<'_>], cap: usize, vocab: usize) -> bool {
+        self.pieces.clear();
+        let mut rows = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let (n, done) = (e.tokens.len(), self.done[i]);
+            let t = (n - done).min(cap);
+            if t == 0 || rows + t > cap {
+                continue;
+            }
+            let last = done + t == n;
+            let (logit_rows, dst) = match e.want {
+                Logits::Last if last => (1, self.offs[i]),
+                Logits::All | Logits::Window => (t, self.offs[i] + done * vocab),
+                _ => (0, 0),
+            };
+            self.pieces.push(Piece {
+                entry: i,
+                slot: e.slot,
+                tok0: done,
+                p0: self.starts[i] + done,
+                r0: rows,
+                t,
+                logit_rows,
+                dst,
+            });
+            rows += t;
+        }
+        !self.pieces.is_empty()
+    }
+}
+
 /// A model with the one-sequence calls (`run_each` drives them).
 pub trait SlotForward {
     fn slot_len(&self, slot: usize) -> Result<usize>;

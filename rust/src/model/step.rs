@@ -17,49 +17,27 @@
 //! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.
 
 use super::attn_par::attend_chunk_units;
-use super::batch::{check_batch, logits_len, Entry};
+use super::batch::{check_batch, Entry, Plan};
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
 use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::forward::{tier_tables, Logits, Model};
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
 
-/// One entry's piece in a step: `t` tokens of entry `entry` from its token `tok0`, at slot
-/// positions `p0..p0 + t` and step rows `r0..r0 + t`; its last `logit_rows` rows' logits go
-/// to the call's buffer at float `dst`.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Piece {
-    entry: usize,
-    slot: usize,
-    tok0: usize,
-    p0: usize,
-    r0: usize,
-    t: usize,
-    logit_rows: usize,
-    dst: usize,
-}
-
 /// Per-call bookkeeping, sized for `n_slots` entries at load (a call allocates nothing).
 #[derive(Default)]
 pub(super) struct StepScratch {
-    pieces: Vec<Piece>,
+    plan: Plan,            // the call cut into steps (`batch::Plan`)
     segs: Vec<usize>,      // [pieces] rows per piece (the matmuls' segments)
     head_segs: Vec<usize>, // [pieces] logit rows per piece of one head call
-    done: Vec<usize>,      // [entries] tokens run so far
-    starts: Vec<usize>,    // [entries] slot length before the call
-    offs: Vec<usize>,      // [entries] first float of the entry's logits
 }
 
 impl StepScratch {
     pub(super) fn new(n_slots: usize) -> StepScratch {
-        let v = || Vec::with_capacity(n_slots);
         StepScratch {
-            pieces: Vec::with_capacity(n_slots),
-            segs: v(),
-            head_segs: v(),
-            done: v(),
-            starts: v(),
-            offs: v(),
+            plan: Plan::new(n_slots),
+            segs: Vec::with_capacity(n_slots),
+            head_segs: Vec::with_capacity(n_slots),
         }
     }
 }
@@ -74,7 +52,7 @@ impl Model {
         let res = self.run_batch(entries, out, &mut ss);
         if res.is_err() {
             // A failed call leaves every slot as it was.
-            for (e, &start) in entries.iter().zip(&ss.starts) {
+            for (e, &start) in entries.iter().zip(&ss.plan.starts) {
                 self.kv.set_len(e.slot, start);
             }
         }
@@ -94,61 +72,23 @@ impl Model {
     ) -> Result<()> {
         let vocab = self.hp.n_vocab;
         let cap = self.scratch.x.len() / self.hp.n_embd; // R
-        ss.done.clear();
-        ss.starts.clear();
-        ss.offs.clear();
-        let mut off = 0;
-        for e in entries {
-            ss.done.push(0);
-            ss.starts.push(self.kv.len(e.slot)?);
-            ss.offs.push(off);
-            off += logits_len(e.want, e.tokens.len(), vocab);
-        }
-        loop {
-            // The next piece of every entry that still has tokens and fits, in entry order.
-            ss.pieces.clear();
-            let mut rows = 0;
-            for (i, e) in entries.iter().enumerate() {
-                let (n, done) = (e.tokens.len(), ss.done[i]);
-                let t = (n - done).min(cap);
-                if t == 0 || rows + t > cap {
-                    continue;
-                }
-                let last = done + t == n;
-                let (logit_rows, dst) = match e.want {
-                    Logits::Last if last => (1, ss.offs[i]),
-                    Logits::All | Logits::Window => (t, ss.offs[i] + done * vocab),
-                    _ => (0, 0),
-                };
-                ss.pieces.push(Piece {
-                    entry: i,
-                    slot: e.slot,
-                    tok0: done,
-                    p0: ss.starts[i] + done,
-                    r0: rows,
-                    t,
-                    logit_rows,
-                    dst,
-                });
-                rows += t;
-            }
-            if ss.pieces.is_empty() {
-                return Ok(());
-            }
+        ss.plan.begin(entries, |slot| self.kv.len(slot), vocab)?;
+        while ss.plan.next_step(entries, cap, vocab) {
             let res = self.step(entries, ss, out);
             if let Some(ra) = &self.readahead {
                 // Whatever is still queued was for this step's layers.
                 ra.end_step();
             }
             res?;
-            for p in &ss.pieces {
-                ss.done[p.entry] += p.t;
+            for p in &ss.plan.pieces {
+                ss.plan.done[p.entry] += p.t;
                 self.kv.set_len(p.slot, p.p0 + p.t);
             }
         }
+        Ok(())
     }
 
-    /// One step over `ss.pieces` (R' rows); each piece's logit rows go to its `dst` in `out`.
+    /// One step over `ss.plan.pieces` (R' rows); each piece's logit rows go to its `dst` in `out`.
     fn step(&mut self, entries: &[Entry<'_>], ss: &mut StepScratch, out: &mut [f32]) -> Result<()> {
         let Model {
             hp,
@@ -173,11 +113,11 @@ impl Model {
         let (eps, strategy, fs) = (hp.rms_eps, hp.graph.routing, hp.n_ff_shexp);
         let shape = super::attention::AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
         ss.segs.clear();
-        ss.segs.extend(ss.pieces.iter().map(|p| p.t));
+        ss.segs.extend(ss.plan.pieces.iter().map(|p| p.t));
         let segs = &ss.segs[..];
         let t: usize = segs.iter().sum(); // R'
                                           // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
-        for p in &ss.pieces {
+        for p in &ss.plan.pieces {
             let toks = &entries[p.entry].tokens[p.tok0..p.tok0 + p.t];
             for (i, &id) in toks.iter().enumerate() {
                 let r = p.r0 + i;
@@ -205,7 +145,7 @@ impl Model {
                 rms_norm_rows_inplace(&mut s.q[..t * qd], qn, eps); // per head [D]
                 rms_norm_rows_inplace(&mut s.k[..t * kvd], kn, eps);
             }
-            for p in &ss.pieces {
+            for p in &ss.plan.pieces {
                 for i in 0..p.t {
                     let r = p.r0 + i;
                     let (c, sn) = (
@@ -220,7 +160,7 @@ impl Model {
             }
             // per piece over its own slot: [T_p, Nh·D] on the compute's threads
             // (a window's rows in the one-row order: each bitwise a one-token step's)
-            for p in &ss.pieces {
+            for p in &ss.plan.pieces {
                 let (kc, vc) = kv.layer(p.slot, l, p.p0 + p.t);
                 let rq = p.r0 * qd..(p.r0 + p.t) * qd;
                 let one_row = entries[p.entry].want == Logits::Window;
@@ -332,7 +272,7 @@ impl Model {
         let mut run = (0usize, 0usize); // the run's first h row and first float in `out`
         ss.head_segs.clear();
         let vocab = hp.n_vocab;
-        for (j, p) in ss.pieces.iter().enumerate() {
+        for (j, p) in ss.plan.pieces.iter().enumerate() {
             if p.logit_rows == 0 {
                 continue;
             }
@@ -346,7 +286,7 @@ impl Model {
             }
             ss.head_segs.push(p.logit_rows);
             let end = p.dst + p.logit_rows * vocab;
-            let next = ss.pieces[j + 1..].iter().find(|q| q.logit_rows > 0);
+            let next = ss.plan.pieces[j + 1..].iter().find(|q| q.logit_rows > 0);
             if !matches!(next, Some(q) if q.dst == end) {
                 let x = &s.h[run.0 * hd..hr * hd];
                 head_call(head, w, &**compute, x, &ss.head_segs, &mut out[run.1..end])?;

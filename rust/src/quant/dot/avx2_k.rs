@@ -273,29 +273,37 @@ k_kernel!(q5_k, q5_k_ints, 176, |wb, ab, da, acc, si, sm| k_add_min(
     sm
 ));
 
+/// The 128 weights of Q6_K half block `h` (`qlp`: the block's 128 low-nibble bytes, `qhp`: its
+/// 64 high-pair bytes) as unsigned 6-bit bytes, in four groups of 32 (ggml's AVX2 unpacking;
+/// the one-token dot and the GEMM tile share it).
+#[inline(always)]
+pub(in super::super) unsafe fn q6_k_half(qlp: *const u8, qhp: *const u8, h: usize) -> [__m256i; 4] {
+    let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    let ql0 = load(qlp.add(64 * h));
+    let ql1 = load(qlp.add(64 * h + 32));
+    let qh = load(qhp.add(32 * h));
+    let hb = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
+    [
+        _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(qh)),
+        _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(_mm256_srli_epi16(qh, 2))),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+            hb(_mm256_srli_epi16(qh, 4)),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+            hb(_mm256_srli_epi16(qh, 6)),
+        ),
+    ]
+}
+
 #[inline(always)]
 unsafe fn q6_k_ints(wb: &[u8], ab: &[u8]) -> __m256i {
     let masks = pair_masks();
     let (qlp, qhp, ap) = (wb.as_ptr(), wb.as_ptr().add(128), ab.as_ptr().add(4));
-    let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
     let mut sumv = _mm256_setzero_si256();
     for h in 0..2 {
-        let ql0 = load(qlp.add(64 * h));
-        let ql1 = load(qlp.add(64 * h + 32));
-        let qh = load(qhp.add(32 * h));
-        let hb = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
-        let q = [
-            _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(qh)),
-            _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(_mm256_srli_epi16(qh, 2))),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                hb(_mm256_srli_epi16(qh, 4)),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                hb(_mm256_srli_epi16(qh, 6)),
-            ),
-        ];
+        let q = q6_k_half(qlp, qhp, h);
         let sc8 = scales8(wb.as_ptr().add(192 + 8 * h), true);
         for (j, &qj) in q.iter().enumerate() {
             let scv = _mm256_shuffle_epi8(sc8, masks[j]);

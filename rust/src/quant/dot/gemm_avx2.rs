@@ -16,6 +16,7 @@
 //! Safety: callers (`gemm.rs`) have checked the CPU features and that `w` holds `n / 256`
 //! blocks and every activation `n / 256` Q8_K blocks.
 
+use super::super::avx2::k::q6_k_half;
 use super::super::avx2::{h2f, hsum8, hsum_i32, load};
 use super::super::common::{k_add_min, u32_at};
 use super::super::Order;
@@ -235,29 +236,13 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(
     a: [*const u8; N],
 ) -> [f32; N] {
     let masks = pair_masks();
-    let (m4, m3) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
     let (mut accv, mut acc) = ([_mm256_setzero_ps(); N], [0f32; N]);
     for b in 0..n / 256 {
         let wb = &w[210 * b..210 * b + 210];
         let (qlp, qhp) = (wb.as_ptr(), wb.as_ptr().add(128));
         let mut sumv = [_mm256_setzero_si256(); N];
         for h in 0..2 {
-            let ql0 = load(qlp.add(64 * h));
-            let ql1 = load(qlp.add(64 * h + 32));
-            let qh = load(qhp.add(32 * h));
-            let hb = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
-            let q = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), hb(qh)),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), hb(_mm256_srli_epi16(qh, 2))),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    hb(_mm256_srli_epi16(qh, 4)),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    hb(_mm256_srli_epi16(qh, 6)),
-                ),
-            ];
+            let q = q6_k_half(qlp, qhp, h);
             let sc8 = scales8(wb.as_ptr().add(192 + 8 * h), true);
             let scv: [__m256i; 4] = std::array::from_fn(|j| _mm256_shuffle_epi8(sc8, masks[j]));
             for t in 0..N {

@@ -12,27 +12,12 @@
 //!
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), S = pieces, V = vocab.
 
+use super::batch_scratch::BatchScratch;
 use super::launch::{Seg, LOGIT_ROWS};
 use super::model::GpuModel;
 use crate::cuda::as_bytes_mut;
 use crate::error::Result;
-use crate::model::batch::{check_batch, Entry, Piece, Plan};
-
-/// Per-call bookkeeping, sized for `n_slots` entries at load (a step allocates nothing).
-#[derive(Default)]
-pub(super) struct BatchScratch {
-    plan: Plan,                // the call cut into steps (`model::batch::Plan`)
-    pub(super) segs: Vec<Seg>, // [S] the pieces' rows
-}
-
-impl BatchScratch {
-    pub(super) fn new(n_slots: usize) -> BatchScratch {
-        BatchScratch {
-            plan: Plan::new(n_slots),
-            segs: Vec::with_capacity(n_slots),
-        }
-    }
-}
+use crate::model::batch::{check_batch, Entry, Piece};
 
 impl GpuModel {
     /// A batched step (`model::batch`): every entry continues its slot; the requested logits

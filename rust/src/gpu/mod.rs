@@ -6,6 +6,7 @@
 //! `forward`/`slot_len`/`truncate`/`free` are the CPU `Model`'s.
 
 mod batch;
+mod batch_scratch;
 mod bounce;
 mod experts;
 mod hybrid;

@@ -3,7 +3,7 @@
 //! MoE placement (`placement.rs`: every expert in VRAM, or the hybrid tier). The batched
 //! step (and `forward`, its one-entry case) is `batch.rs`.
 
-use super::batch::BatchScratch;
+use super::batch_scratch::BatchScratch;
 use super::hybrid::Hybrid;
 use super::hybrid_cfg::{HybridConfig, HybridInfo};
 use super::launch::{params_len, Bufs, Launcher, Seg, LOGIT_ROWS};

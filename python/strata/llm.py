@@ -214,11 +214,6 @@ class LLM:
             self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
         return out
 
-    def rest(self) -> None:
-        """The caller does other work before its next forward call (a server between steps):
-        the compute threads sleep now instead of spinning on the cores that work needs."""
-        self.model.rest()
-
     def truncate(self, slot: int, n: int) -> None:
         """Keeps the first `n` cached positions of a step-API slot."""
         self.model.truncate(self._slot(slot), n)

@@ -273,10 +273,6 @@ class LLMBackend:
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         if self.stepwise:
             out: list[F32 | None] = self.llm.forward_batch(entries)
-            # sampling, detokenizing and the server's IPC come next, on these same cores
-            rest = getattr(self.llm, "rest", None)
-            if rest is not None:
-                rest()
             return out
         rows: list[F32 | None] = []
         for slot, ids, want in entries:

@@ -41,7 +41,10 @@ class Browser:
     """One headless browser with one page; `call` sends a command and waits for its answer."""
 
     def __init__(self, exe: str, width: int = 1440, height: int = 900) -> None:
-        self.profile = tempfile.TemporaryDirectory(prefix="strata-chromium-")
+        # chromium's helper processes may still write the profile as it closes: scratch only
+        self.profile = tempfile.TemporaryDirectory(
+            prefix="strata-chromium-", ignore_cleanup_errors=True
+        )
         self.proc = subprocess.Popen(
             [
                 exe,

@@ -127,11 +127,12 @@ def stream(port: int, body: dict[str, Any]) -> tuple[float, list[tuple[float, st
 
 
 def stream_usage(
-    port: int, body: dict[str, Any]
+    port: int, body: dict[str, Any], with_empty: bool = False
 ) -> tuple[float, list[tuple[float, str]], int | None]:
     """`stream` plus the usage's completion tokens (None where the server sent no usage): the
     token count whatever a chunk holds (a token that ends inside a UTF-8 character has no
-    text of its own)."""
+    text of its own). `with_empty`: chunks without text are timed too (a random model's
+    tokens may decode to nothing; the finishing chunk then marks the last token)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.monotonic()
     c.request(
@@ -153,8 +154,8 @@ def stream_usage(
         if obj.get("usage"):
             used = int(obj["usage"]["completion_tokens"])
         for ch in obj.get("choices") or []:
-            if ch.get("text"):
-                chunks.append((time.monotonic(), ch["text"]))
+            if ch.get("text") or (with_empty and used is None):
+                chunks.append((time.monotonic(), ch.get("text") or ""))
     c.close()
     return t0, chunks, used
 
@@ -173,7 +174,7 @@ def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
             "temperature": 0,
             "ignore_eos": True,  # both servers: every stream decodes `gen` tokens
         }
-        _, res[i], used[i] = stream_usage(port, body)
+        _, res[i], used[i] = stream_usage(port, body, with_empty=True)
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:

@@ -205,21 +205,28 @@ def chat_round(port: int, turns: int, turn_words: int, seed: int) -> float:
 
 
 def bare_decode(model: Path, gen: int) -> float:
-    """Strata's forward pass alone: greedy decode tok/s after the same 16-word prompt."""
+    """Strata's forward pass alone: greedy decode tok/s after the same 16-word prompt. Pinned
+    to the servers' cores for its run only (the client's threads must not share them after)."""
     import numpy as np
     from strata.llm import LLM
 
+    mask = os.sched_getaffinity(0)
     if CPUS:
         os.sched_setaffinity(0, {int(c) for c in CPUS[-1].split(",")})
-    llm = LLM(model, n_ctx=1024, threads=THREADS)
-    ids = llm.encode_prompt(text(100, 16))
-    m = llm.model
-    logits = m.forward(llm._own, ids, logits="last")
-    tok = int(np.argmax(logits))
-    t0 = time.perf_counter()
-    for _ in range(gen - 1):
-        tok = int(np.argmax(m.forward(llm._own, [tok], logits="last")))
-    return (gen - 1) / (time.perf_counter() - t0)
+    try:
+        llm = LLM(model, n_ctx=1024, threads=THREADS)
+        ids = llm.encode_prompt(text(100, 16))
+        m = llm.model
+        logits = m.forward(llm._own, ids, logits="last")
+        tok = int(np.argmax(logits))
+        t0 = time.perf_counter()
+        for _ in range(gen - 1):
+            tok = int(np.argmax(m.forward(llm._own, [tok], logits="last")))
+        rate = (gen - 1) / (time.perf_counter() - t0)
+        del llm, m  # its compute threads end before the affinity is restored
+        return rate
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 def chunk_sizes(model: Path, sizes: list[int], reps: int) -> None:

@@ -51,6 +51,7 @@ if [ "$PHASE" = prep ]; then
     wait
     tail -n 1 "$OUT"/llbuild.log "$OUT"/write-*.log
     lscpu | grep -E 'Model name|^CPU\(s\)' | tee "$OUT/cpu.txt"
+    [ "${SKIP_TRAINED:-0}" = 1 ] && { echo "phase prep: $(($(date +%s) - t0)) s"; exit 0; }
     H=(python3 "$R/bench/bench_hybrid.py" --model "$DEFAULT" --text "$STDLIB/statistics.py"
         --pp 512 --gen 128 --reps 3 --threads "$(nproc)" --stream-chunk 0 --pcie-frac 0)
     "${H[@]}" --adapt-every 16 --llama-bench "$LL/build/bin/llama-bench" --llama-ubatch 512 \

@@ -146,6 +146,20 @@ def test_detokenizer_never_splits_characters() -> None:
     assert "".join(d.push([t]) for t in broken) + d.flush() == tok.decode(broken)
 
 
+def test_detokenizer_textless_tokens_leave_the_window() -> None:
+    # a long run of tokens without text (skipped specials, a random model's pads) keeps the
+    # window at the text's tokens: O(1) per token, and the text is what a full decode gives
+    tok = ToyTokenizer()
+    eog = min(toytok.EOG_IDS)
+    ids = [*b"ab", *([eog] * 500), *"é c".encode(), eog, *b"d"]
+    d = IncrementalDetokenizer(tok)
+    parts = []
+    for t in ids:
+        parts.append(d.push([t]))
+        assert len(d.ids) - d.prefix <= 4, (t, len(d.ids), d.prefix)
+    assert "".join(parts) + d.flush() == tok.decode(ids) == "abé cd"
+
+
 @pytest.mark.parametrize("stops", [["needle"], ["ne", "xx"], ["dle h"], ["zzz"]])
 def test_stop_matcher_any_split(stops: list[str]) -> None:
     text = "hay hay needle hay"

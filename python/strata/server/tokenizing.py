@@ -131,9 +131,15 @@ class IncrementalDetokenizer:
         self.ids.extend(ids)
         before = self.tok.decode(self.ids[self.prefix : self.read])
         now = self.tok.decode(self.ids[self.prefix :])
-        if len(now) > len(before) and not now.endswith("\ufffd"):
+        if now.endswith("\ufffd"):
+            return ""  # a partial character: its next bytes are still to come
+        if len(now) > len(before):
             self.prefix, self.read = self.read, len(self.ids)
             return now[len(before) :]
+        if now == before:
+            # tokens without text here (skipped specials, pads): out of the window, so a run
+            # of them costs O(1) per token rather than O(run); the context stays the text's
+            del self.ids[self.read :]
         return ""
 
     def flush(self) -> str:

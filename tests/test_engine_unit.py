@@ -30,7 +30,8 @@ from strata.engine.protocol import (
 )
 from strata.engine.scheduler import Scheduler
 from strata.sampling import SamplingParams
-from strata.server.tokenizing import IncrementalDetokenizer, StopMatcher, ToyTokenizer
+from strata.server.tokenizing import ToyTokenizer
+from strata.tokenizer import IncrementalDetokenizer, StopMatcher
 
 GREEDY = SamplingParams(temperature=0)
 EOG = sorted(toytok.EOG_IDS)
@@ -132,32 +133,28 @@ def test_detokenizer_never_splits_characters() -> None:
     text = "aé東🎉 ok ñ → 𝄞 " * 5
     ids = list(text.encode())
     for _ in range(20):
-        d = IncrementalDetokenizer(tok)
+        d = IncrementalDetokenizer(tok, skip_special=True)
         parts, i = [], 0
         while i < len(ids):
             n = rng.randint(1, 5)
-            parts.append(d.push(ids[i : i + n]))
+            parts.append(d.feed_all(ids[i : i + n]))
             i += n
         parts.append(d.flush())
         assert "".join(parts) == text
         assert all("\ufffd" not in p for p in parts)
     broken = [*b"ab", 0xE6, 0x9D]  # a cut 3-byte character at the end
-    d = IncrementalDetokenizer(tok)
-    assert "".join(d.push([t]) for t in broken) + d.flush() == tok.decode(broken)
+    d = IncrementalDetokenizer(tok, skip_special=True)
+    assert "".join(d.feed(t) for t in broken) + d.flush() == tok.decode(broken)
 
 
-def test_detokenizer_textless_tokens_leave_the_window() -> None:
-    # a long run of tokens without text (skipped specials, a random model's pads) keeps the
-    # window at the text's tokens: O(1) per token, and the text is what a full decode gives
+def test_detokenizer_skips_the_servers_textless_tokens() -> None:
+    # the server's tokenizer seam drives the project's one detokenizer: specials (here a long
+    # run of them, as a random model's pads would be) add no text, the rest is `decode`'s
     tok = ToyTokenizer()
     eog = min(toytok.EOG_IDS)
     ids = [*b"ab", *([eog] * 500), *"é c".encode(), eog, *b"d"]
-    d = IncrementalDetokenizer(tok)
-    parts = []
-    for t in ids:
-        parts.append(d.push([t]))
-        assert len(d.ids) - d.prefix <= 4, (t, len(d.ids), d.prefix)
-    assert "".join(parts) + d.flush() == tok.decode(ids) == "abé cd"
+    d = IncrementalDetokenizer(tok, skip_special=True)
+    assert "".join(d.feed(t) for t in ids) + d.flush() == tok.decode(ids) == "abé cd"
 
 
 @pytest.mark.parametrize("stops", [["needle"], ["ne", "xx"], ["dle h"], ["zzz"]])
@@ -171,7 +168,7 @@ def test_stop_matcher_any_split(stops: list[str]) -> None:
         out, i = [], 0
         while i < len(text) and not m.stopped:
             n = rng.randint(1, 4)
-            out.append(m.push(text[i : i + n]))
+            out.append(m.feed(text[i : i + n])[0])
             i += n
         out.append(m.flush())
         assert "".join(out) == expect

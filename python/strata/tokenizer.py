@@ -11,7 +11,7 @@ import codecs
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from strata.errors import ModelError
 
@@ -424,12 +424,23 @@ def _generation_tag() -> Any:
 _GenerationTag = _generation_tag()
 
 
+class Pieces(Protocol):
+    """What detokenizing needs of a tokenizer (`Tokenizer`, the server's `ServerTokenizer`)."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def is_special(self, token_id: int) -> bool: ...
+
+
 class IncrementalDetokenizer:
     """Feed token ids one at a time; get text pieces that never split a UTF-8 sequence.
     Incomplete trailing bytes are held back until the next token completes them; bytes that
-    can never become valid UTF-8 come out as U+FFFD. Call `flush()` at the end."""
+    can never become valid UTF-8 come out as U+FFFD. Call `flush()` at the end. O(1) per
+    token: the text is the tokens' bytes in order (what `Tokenizer.decode` gives), decoded by
+    an incremental UTF-8 decoder. The one detokenizer of the project (`LLM.generate` and the
+    server)."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False) -> None:
+    def __init__(self, tokenizer: Pieces, skip_special: bool = False) -> None:
         self._tok = tokenizer
         self._skip = skip_special
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -439,6 +450,10 @@ class IncrementalDetokenizer:
         if self._skip and tok.is_special(token_id):
             return ""
         return self._dec.decode(tok.token_bytes(token_id), final=False)
+
+    def feed_all(self, ids: Iterable[int]) -> str:
+        """`feed` over several ids, the pieces joined."""
+        return "".join(self.feed(t) for t in ids)
 
     def pending(self) -> bytes:
         """Bytes held back (the start of an unfinished character)."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from strata.engine.client import EngineClient, EngineError, SeqStream
 from strata.engine.protocol import Progress, Tokens
 from strata.metrics import Metrics, RequestRecord
-from strata.server.tokenizing import IncrementalDetokenizer, ServerTokenizer, StopMatcher
+from strata.server.tokenizing import ServerTokenizer
+from strata.tokenizer import IncrementalDetokenizer, StopMatcher
 
 
 @dataclass(slots=True)
@@ -67,7 +68,7 @@ class SeqRun:
         return out
 
     async def run(self) -> AsyncIterator[Delta]:
-        detok = IncrementalDetokenizer(self.tok)
+        detok = IncrementalDetokenizer(self.tok, skip_special=True)
         stopm = StopMatcher(self.stops)
         n_out = 0
         first: float | None = None
@@ -88,7 +89,7 @@ class SeqRun:
                     self.metrics.itl.observe(gap)
                 last = now
                 n_out += len(ev.ids)
-            text = stopm.push(detok.push(ev.ids))
+            text = stopm.feed(detok.feed_all(ev.ids))[0]
             finish = ev.finish
             if stopm.stopped and finish is None:
                 self.client.cancel(self.stream)  # its abort acknowledgement is dropped
@@ -102,7 +103,7 @@ class SeqRun:
             if finish == "abort":
                 finish = "stop"
             if not stopm.stopped:
-                text += stopm.push(detok.flush()) + stopm.flush()
+                text += stopm.feed(detok.flush())[0] + stopm.flush()
             decode_s = (now - first) if first is not None else 0.0
             self.metrics.record(
                 RequestRecord(

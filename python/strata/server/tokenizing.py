@@ -1,10 +1,11 @@
-"""The tokenizer seam of the server, plus UTF-8-safe incremental detokenization and stop strings.
+"""The tokenizer seam of the server.
 
 The server needs only `ServerTokenizer` (below). Two implementations:
 - `ToyTokenizer`: bytes + a few specials (`strata.toytok`), paired with the fake engine;
 - `RealTokenizer`: an adapter over `strata.tokenizer.Tokenizer.from_metadata(gguf metadata)`
   (imported lazily; it lands with the tokenizer work). Only this adapter knows its API.
-`IncrementalDetokenizer` and `StopMatcher` work on any `ServerTokenizer`.
+Streamed text comes from `strata.tokenizer`'s `IncrementalDetokenizer` and `StopMatcher` (the
+project's one implementation of each), which work on any `ServerTokenizer`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,11 @@ class ServerTokenizer(Protocol):
         ...
 
     def token_bytes(self, token: int) -> bytes:
-        """The raw bytes of one token (for logprobs' `bytes`)."""
+        """The raw bytes of one token (for logprobs' `bytes`, and the streamed text)."""
+        ...
+
+    def is_special(self, token: int) -> bool:
+        """Whether the token is one `decode` skips (its bytes are not text)."""
         ...
 
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
@@ -71,6 +76,9 @@ class ToyTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return toytok.token_bytes(token)
 
+    def is_special(self, token: int) -> bool:
+        return not toytok.is_byte(token)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         parts = []
         for m in messages:
@@ -101,6 +109,9 @@ class RealTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return bytes(self.tok.token_bytes(token))
 
+    def is_special(self, token: int) -> bool:
+        return bool(self.tok.is_special(token))
+
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """Raises ValueError (the tokenizer's ChatTemplateError) when the template fails."""
         return str(self.tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
@@ -115,70 +126,3 @@ def load_tokenizer(config: Config) -> ServerTokenizer:
     with GGUFFile(config.model) as f:
         metadata = dict(f.metadata)
     return RealTokenizer(metadata)
-
-
-class IncrementalDetokenizer:
-    """Text for a growing list of ids, never splitting a UTF-8 character: text is released only
-    once the window decodes without a trailing U+FFFD (a partial character)."""
-
-    def __init__(self, tok: ServerTokenizer) -> None:
-        self.tok = tok
-        self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] is the context whose text was already released
-        self.read = 0
-
-    def push(self, ids: Sequence[int]) -> str:
-        self.ids.extend(ids)
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        now = self.tok.decode(self.ids[self.prefix :])
-        if now.endswith("\ufffd"):
-            return ""  # a partial character: its next bytes are still to come
-        if len(now) > len(before):
-            self.prefix, self.read = self.read, len(self.ids)
-            return now[len(before) :]
-        if now == before:
-            # tokens without text here (skipped specials, pads): out of the window, so a run
-            # of them costs O(1) per token rather than O(run); the context stays the text's
-            del self.ids[self.read :]
-        return ""
-
-    def flush(self) -> str:
-        """What is left at the end (a broken trailing character shows as U+FFFD)."""
-        before = self.tok.decode(self.ids[self.prefix : self.read])
-        now = self.tok.decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return now[len(before) :]
-
-
-class StopMatcher:
-    """Stop strings on streamed text: holds back any tail that may still become a stop."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.held = ""
-        self.stopped = False
-        self.matched: str | None = None  # the stop string found (the earliest in the text)
-
-    def push(self, text: str) -> str:
-        """Text safe to release; sets `stopped` (and drops the stop and all after it)."""
-        if self.stopped:
-            return ""
-        buf = self.held + text
-        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self.stops) if i >= 0]
-        if hits:
-            at, self.matched = min(hits, key=lambda h: h[0])
-            self.stopped = True
-            self.held = ""
-            return buf[:at]
-        keep = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), 0, -1):
-                if buf.endswith(s[:k]):
-                    keep = max(keep, k)
-                    break
-        self.held = buf[len(buf) - keep :] if keep else ""
-        return buf[: len(buf) - keep]
-
-    def flush(self) -> str:
-        out, self.held = ("" if self.stopped else self.held), ""
-        return out

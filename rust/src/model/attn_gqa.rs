@@ -45,6 +45,7 @@ pub fn serves(s: &AttnShape, t: usize) -> bool {
         && s.head_dim.is_multiple_of(32)
         && s.n_head_kv > 0
         && s.n_head.is_multiple_of(s.n_head_kv)
+        && s.sinks.is_none() // the per-head softmax adds them
         && k::available()
 }
 

@@ -426,7 +426,10 @@ mod tests {
             window: 4,
             pattern: 2,
         };
-        assert_eq!((0..4).map(|l| s.covers(l)).collect::<Vec<_>>(), [true, false, true, false]);
+        assert_eq!(
+            (0..4).map(|l| s.covers(l)).collect::<Vec<_>>(),
+            [true, false, true, false]
+        );
         let all = Swa { pattern: 0, ..s };
         assert!((0..3).all(|l| all.covers(l)));
     }
@@ -436,6 +439,8 @@ mod tests {
         assert!(Family::Qwen3Moe.require_gpu().is_ok());
         let e = Family::Qwen2Moe.require_gpu().unwrap_err().to_string();
         assert!(e.contains("\"qwen2moe\" runs on the CPU path only") && e.contains("qwen3moe"));
+        let e = Family::GptOss.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"gpt-oss\" runs on the CPU path only"));
     }
 
     #[test]

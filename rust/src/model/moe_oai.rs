@@ -89,7 +89,12 @@ pub fn moe_oai(
         && a.weights.len() == t * k
         && out.len() == t * h
         && segs.iter().sum::<usize>() == t
-        && (layer.up.rows, layer.up.cols, layer.down.rows, layer.down.cols) == (f, h, h, f)
+        && (
+            layer.up.rows,
+            layer.up.cols,
+            layer.down.rows,
+            layer.down.cols,
+        ) == (f, h, h, f)
         && sc.x.len() >= t * h
         && sc.pairs.len() >= t * k * h
         && bias.gate.len() == ne * f
@@ -134,7 +139,9 @@ pub fn moe_oai(
         compute.matmul_segs(&expert(&layer.gate, e), x, &sc.segs, &mut sc.g[..m * f])?; // [m, F]
         compute.matmul_segs(&expert(&layer.up, e), x, &sc.segs, &mut sc.u[..m * f])?; // [m, F]
         let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
-        let rows = sc.g[..m * f].chunks_exact_mut(f).zip(sc.u[..m * f].chunks_exact_mut(f));
+        let rows = sc.g[..m * f]
+            .chunks_exact_mut(f)
+            .zip(sc.u[..m * f].chunks_exact_mut(f));
         for (g, u) in rows {
             for ((gv, uv), (&b0, &b1)) in g.iter_mut().zip(u.iter_mut()).zip(bg.iter().zip(bu)) {
                 *gv += b0;
@@ -218,16 +225,24 @@ mod tests {
         let mut out = vec![0f32; t * h];
         let mut sc = OaiScratch::new(t, h, f, k);
         let a = MoeInput::new(&x, &ids, &w, k);
-        moe_oai(&SerialCompute, &layer, &bias, (1.702, 7.0), &a, &[2, 3], &mut sc, &mut out)
-            .unwrap();
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a,
+            &[2, 3],
+            &mut sc,
+            &mut out,
+        )
+        .unwrap();
         for r in 0..t {
             let mut want = vec![0f64; h];
             for j in 0..k {
                 let e = ids[r * k + j] as usize;
                 let xr = &x[r * h..(r + 1) * h];
-                let dot = |m: &[f32], o: usize| -> f32 {
-                    (0..h).map(|c| m[o + c] * xr[c]).sum::<f32>()
-                };
+                let dot =
+                    |m: &[f32], o: usize| -> f32 { (0..h).map(|c| m[o + c] * xr[c]).sum::<f32>() };
                 let act: Vec<f32> = (0..f)
                     .map(|i| {
                         let mut g = [dot(&gw, (e * f + i) * h) + bias.gate[e * f + i]];
@@ -243,10 +258,22 @@ mod tests {
             }
             for c in 0..h {
                 let got = out[r * h + c] as f64;
-                assert!((got - want[c]).abs() < 1e-4 * (1.0 + want[c].abs()), "row {r} col {c}");
+                assert!(
+                    (got - want[c]).abs() < 1e-4 * (1.0 + want[c].abs()),
+                    "row {r} col {c}"
+                );
             }
         }
-        assert!(moe_oai(&SerialCompute, &layer, &bias, (1.702, 7.0), &a, &[2, 2], &mut sc, &mut out)
-            .is_err());
+        assert!(moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a,
+            &[2, 2],
+            &mut sc,
+            &mut out
+        )
+        .is_err());
     }
 }

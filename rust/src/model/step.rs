@@ -16,14 +16,14 @@
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
 //! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.
 
+use super::arch::Experts;
 use super::attention::AttnShape;
 use super::attn_par::attend_chunk_units;
 use super::batch::{check_batch, Entry, Plan};
-use super::arch::Experts;
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
-use super::moe_oai::moe_oai;
 use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::forward::{tier_tables, Logits, Model};
+use super::moe_oai::moe_oai;
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
 
@@ -259,7 +259,16 @@ impl Model {
                 match (hp.graph.experts, &lw.exp_bias) {
                     (Experts::OaiBiased { alpha, limit }, Some(b)) => {
                         let o = &mut s.o[..t * hd];
-                        moe_oai(&**compute, layer, b, (alpha, limit), &pairs, segs, &mut s.oai, o)?
+                        moe_oai(
+                            &**compute,
+                            layer,
+                            b,
+                            (alpha, limit),
+                            &pairs,
+                            segs,
+                            &mut s.oai,
+                            o,
+                        )?
                     }
                     _ => compute.moe_segs(layer, &pairs, segs, &mut s.o[..t * hd])?,
                 }

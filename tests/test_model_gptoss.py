@@ -1,0 +1,129 @@
+"""gpt-oss (`gpt-oss` in llama.cpp) on the CPU path: Q/K/V/O biases, attention sinks,
+sliding-window attention on alternating layers, the router bias and the softmax over the
+selected top-K, experts with biases and the clamped SwiGLU, YaRN; MXFP4 experts.
+
+Oracles:
+- HF transformers: a random tiny `GptOssForCausalLM` (layer 0 windowed to 8 positions, the
+  prompts 64 long; expert weights scaled so that the clamp at ±7 is reached) written to GGUF by
+  llama.cpp's own converter, with its float32 logits, both made by
+  `scripts/make_hf_goldens.py --which gptoss` (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
+- llama.cpp (llama-cpp-python) on that file and on its quantizations by llama.cpp's quantizer
+  (MXFP4_MOE: MXFP4 experts, Q8_0 elsewhere): the thresholds of tests/test_model_families.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import qwen3moe_file as qf
+import test_model_families as fam
+from strata._core import Model
+from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
+
+GOLDEN = fam.GOLDEN
+F32 = GOLDEN / "gptoss_f32.gguf"
+TYPES = ["F32", "Q8_0", "MXFP4_MOE"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gptoss")
+
+
+def gptoss_file(root: Path, ty: str) -> Path:
+    """The converter's file, or llama.cpp's quantization of it."""
+    if ty == "F32":
+        return F32
+    out = root / f"gptoss-{ty}.gguf"
+    if not out.exists():
+        qf.quantize(F32, out, ty)
+    return out
+
+
+@pytest.mark.parametrize("chunk", [32, 5])
+def test_logits_match_transformers(chunk: int) -> None:
+    g = np.load(GOLDEN / "hf_gptoss_logits.npz")
+    prompts, refs = g["prompts"], g["logits"]
+    assert prompts.shape[1] >= 64 and len(prompts) >= 3
+    m = Model.open(F32, n_ctx=128, kv_type="f32", prefill_chunk=chunk)
+    assert m.hparams["architecture"] == "gpt-oss"
+    worst = 0.0
+    for p, ref in zip(prompts, refs, strict=True):
+        m.free(0)
+        ours = m.forward(0, [int(x) for x in p], logits="all")
+        worst = max(worst, float(np.abs(ours - ref).max() / np.abs(ref).max()))
+        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.99
+    print(f"gptoss chunk {chunk}: max |Δ| / max |ref| = {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def test_converter_file_has_the_gptoss_blocks(root: Path) -> None:
+    """What the oracles above exercise: a windowed and a full layer, sinks, every bias, and
+    (after llama.cpp's MXFP4_MOE quantization) MXFP4 expert tensors."""
+    r = gguf.GGUFReader(F32)
+    assert r.fields["gpt-oss.attention.sliding_window"].contents() == 8
+    assert r.fields["gpt-oss.block_count"].contents() == 2
+    names = {t.name for t in r.tensors}
+    for n in ("attn_sinks.weight", "attn_output.bias", "ffn_gate_inp.bias", "ffn_gate_exps.bias",
+              "ffn_up_exps.bias", "ffn_down_exps.bias", "attn_q.bias"):  # fmt: skip
+        assert f"blk.1.{n}" in names
+    q = gguf.GGUFReader(gptoss_file(root, "MXFP4_MOE"))
+    types = {t.name: t.tensor_type.name for t in q.tensors}
+    assert {types[f"blk.{i}.ffn_{p}_exps.weight"] for i in (0, 1) for p in ("gate", "up", "down")} == {
+        "MXFP4"
+    }
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_greedy_matches_llamacpp(ty: str, root: Path) -> None:
+    run = greedy_run(gptoss_file(root, ty), f"gptoss {ty}", "f16")
+    assert run.same >= 9
+    assert run.agree >= 0.99
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_greedy_unfiltered_where_bitwise(ty: str, root: Path) -> None:
+    """Whole 64-token continuations, past near-ties: where ggml runs the AVX2 float orders."""
+    if GGML_PATH != "avx2":
+        pytest.skip(f"bit-for-bit check not asserted: {NOT_EXACT_WHY}")
+    assert greedy_run(gptoss_file(root, ty), f"gptoss {ty}", "f16").full >= 9
+
+
+@pytest.mark.parametrize("ty", ["Q8_0", "MXFP4_MOE"])
+def test_logits_agree_with_llamacpp(ty: str, root: Path) -> None:
+    run = logits_run(gptoss_file(root, ty), f"gptoss {ty}", "f16")
+    assert run.agree >= 0.99
+    assert run.kl <= 1e-3
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_step_equals_alone(threads: int, root: Path) -> None:
+    """`forward_batch` with the biased experts and windows: every entry's logits bitwise
+    those of its calls run alone."""
+    import random
+
+    from test_batch import N_CTX, N_SLOTS, random_calls, run_batched, same
+    from test_batch import alone as run_alone
+
+    path = gptoss_file(root, "MXFP4_MOE")
+    m = Model.open(
+        path, n_ctx=N_CTX, n_slots=N_SLOTS, kv_type="f16", prefill_chunk=64, threads=threads
+    )
+    for seed in range(2):
+        rng = random.Random(seed)
+        seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
+        want = [run_alone(m, c) for c in seqs]
+        got = run_batched(m, seqs, rng)
+        for w, g in zip(want, got, strict=True):
+            assert all(same(a, b) for a, b in zip(w, g, strict=True))
+
+
+def test_ram_tier_modes_give_the_same_tokens() -> None:
+    fam.test_ram_tier_modes_give_the_same_tokens("gptoss")
+
+
+def test_server_serves_gptoss(tmp_path: Path) -> None:
+    fam.test_server_serves_the_family("gptoss", tmp_path)

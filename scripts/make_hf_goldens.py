@@ -15,9 +15,10 @@ for every family the engine runs.
   of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
 - `qwen2moe`, `mixtral`, `glm4moe`, `gptoss` → tests/golden/<family>_f32.gguf and
   tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
-  `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` (every weight drawn with numpy from a fixed seed in
-  state-dict order: linear std 1/sqrt(fan_in), embeddings std 1, norms near 1, biases std 0.1),
-  saved with `save_pretrained` and converted to an F32 GGUF by llama.cpp's own converter
+  `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` (every weight drawn with
+  numpy from a fixed seed in state-dict order: linear std 1/sqrt(fan_in) times the family's
+  `SCALES`, embeddings std 1, norms near 1, biases std 0.1), saved with `save_pretrained`
+  and converted to an F32 GGUF by llama.cpp's own converter
   (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
   vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in place of
   the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]

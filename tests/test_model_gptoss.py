@@ -72,9 +72,9 @@ def test_converter_file_has_the_gptoss_blocks(root: Path) -> None:
         assert f"blk.1.{n}" in names
     q = gguf.GGUFReader(gptoss_file(root, "MXFP4_MOE"))
     types = {t.name: t.tensor_type.name for t in q.tensors}
-    assert {types[f"blk.{i}.ffn_{p}_exps.weight"] for i in (0, 1) for p in ("gate", "up", "down")} == {
-        "MXFP4"
-    }
+    assert {
+        types[f"blk.{i}.ffn_{p}_exps.weight"] for i in (0, 1) for p in ("gate", "up", "down")
+    } == {"MXFP4"}
 
 
 @pytest.mark.parametrize("ty", TYPES)

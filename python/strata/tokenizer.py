@@ -50,10 +50,17 @@ _EOG_TEXTS = (
     "<|eot_id|>",
     "<|eom_id|>",
     "<|end|>",
+    "<|return|>",  # o200k_harmony (gpt-oss)
+    "<|call|>",  # o200k_harmony
     "<|fim_pad|>",
     "<|repo_name|>",
     "<|file_sep|>",
 )
+
+
+# The harmony format's (gpt-oss) structure tokens, which llama.cpp always renders as text (it
+# makes them USER_DEFINED) so that channels can be parsed from the output.
+_RENDERED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -182,7 +189,10 @@ class Tokenizer:
                 self._piece.append(t.encode("utf-8"))
             else:
                 self._piece.append(b"")
-        self._special = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
+        rendered = {vocab[t] for t in _RENDERED_TEXTS if t in vocab}
+        self._special = frozenset(
+            i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN) and i not in rendered
+        )
 
         eog = set(extra_eog)
         if eos_id is not None:
@@ -191,6 +201,12 @@ class Tokenizer:
             j = vocab.get(text)
             if j is not None and self._types[j] in (CONTROL, USER_DEFINED):
                 eog.add(j)
+        # llama.cpp's o200k_harmony rule: with <|return|> and <|call|> among the EOG tokens,
+        # <|end|> ends a message, not the generation (and is rendered as text).
+        texts = {self._tokens[i]: i for i in eog if 0 <= i < n}
+        if {"<|return|>", "<|call|>", "<|end|>"} <= texts.keys():
+            eog.discard(texts["<|end|>"])
+            self._special = self._special - {texts["<|end|>"]}
         self._eog = frozenset(i for i in eog if 0 <= i < n)
 
     # ---- construction --------------------------------------------------------------------

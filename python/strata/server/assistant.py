@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from strata.harmony import HarmonyParser
 from strata.reasoning import ReasoningParser
 from strata.server.tools import ToolCall, ToolCallParser, ToolFormat, ToolSpec
 
@@ -19,7 +20,7 @@ Part = tuple[str, Any]
 class AssistantParser:
     def __init__(
         self,
-        reasoning: ReasoningParser | None = None,
+        reasoning: ReasoningParser | HarmonyParser | None = None,
         tools: ToolCallParser | None = None,
     ) -> None:
         self.reasoning = reasoning
@@ -34,12 +35,18 @@ class AssistantParser:
         tools: Sequence[ToolSpec],
         parallel: bool = True,
         incremental: bool = False,
+        harmony: tuple[bool, str | None] = (False, None),
     ) -> AssistantParser:
         """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none").
         `incremental`: calls also stream as "call_start" / "call_args" parts
-        (`ToolCallParser`)."""
+        (`ToolCallParser`). `harmony`: (the template writes harmony messages, the channel
+        the prompt left open): channels are parsed instead of a `<think>` block."""
+        reasoning: ReasoningParser | HarmonyParser | None = None
+        if parse_reasoning:
+            on, opened = harmony
+            reasoning = HarmonyParser(opened) if on else ReasoningParser(reasoning_opened)
         return AssistantParser(
-            ReasoningParser(reasoning_opened) if parse_reasoning else None,
+            reasoning,
             ToolCallParser(fmt, tools, parallel, incremental) if fmt is not None else None,
         )
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata import constraints
+from strata import constraints, harmony
 from strata.reasoning import FORMATS as REASONING_FORMATS
 from strata.reasoning import prompt_opens_reasoning
 from strata.server.assistant import AssistantParser
@@ -46,6 +46,8 @@ class ChatSetup:
     parallel: bool = True
     parse_reasoning: bool = True
     reasoning_opened: bool = False
+    # the template writes harmony messages (gpt-oss), and the channel the prompt left open
+    harmony: tuple[bool, str | None] = (False, None)
 
     def parser(self, incremental: bool = False) -> AssistantParser:
         """A fresh parser for one choice's answer (`incremental`: for a stream)."""
@@ -56,6 +58,7 @@ class ChatSetup:
             self.tools,
             self.parallel,
             incremental,
+            self.harmony,
         )
 
 
@@ -168,6 +171,7 @@ def prepare_chat(
         parallel=parallel,
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
+        harmony=(harmony.is_harmony(template), harmony.open_channel(prompt)),
     )
 
 

@@ -127,3 +127,16 @@ def test_ram_tier_modes_give_the_same_tokens() -> None:
 
 def test_server_serves_gptoss(tmp_path: Path) -> None:
     fam.test_server_serves_the_family("gptoss", tmp_path)
+
+
+@pytest.mark.parametrize("kv", ["f16", "f32"])
+def test_window_rows_equal_one_token_steps(kv: str, root: Path) -> None:
+    """A speculative window's rows (`logits="window"`) bitwise the one-token steps at their
+    positions, with sinks, windows and the biased experts."""
+    m = Model.open(gptoss_file(root, "MXFP4_MOE"), n_ctx=128, kv_type=kv, threads=2)
+    toks = list(range(3, 40))
+    m.forward(0, toks[:20], logits="none")
+    window = m.forward(0, toks[20:], logits="window")
+    m.truncate(0, 20)
+    one = np.stack([m.forward(0, [t], logits="last") for t in toks[20:]])
+    assert np.array_equal(window, one)

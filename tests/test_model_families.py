@@ -207,12 +207,16 @@ def test_server_serves_the_family(fam: str, tmp_path: Path) -> None:
 def test_batched_step_equals_alone(fam: str, threads: int, root: Path) -> None:
     """`forward_batch` on these graphs (biases, shared expert, dense lead, sigmoid routing):
     every entry's logits bitwise those of its calls run alone, on the serial path and the pool."""
+    batched_equals_alone(family_file(fam, root, "Q8_0"), threads)
+
+
+def batched_equals_alone(path: Path, threads: int) -> None:
+    """Random batched calls on `path`: every entry's logits bitwise its calls run alone."""
     import random
 
     from test_batch import N_CTX, N_SLOTS, random_calls, run_batched, same
     from test_batch import alone as run_alone
 
-    path = family_file(fam, root, "Q8_0")
     m = Model.open(
         path, n_ctx=N_CTX, n_slots=N_SLOTS, kv_type="f16", prefill_chunk=64, threads=threads
     )

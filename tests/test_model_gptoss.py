@@ -103,22 +103,7 @@ def test_logits_agree_with_llamacpp(ty: str, root: Path) -> None:
 def test_batched_step_equals_alone(threads: int, root: Path) -> None:
     """`forward_batch` with the biased experts and windows: every entry's logits bitwise
     those of its calls run alone."""
-    import random
-
-    from test_batch import N_CTX, N_SLOTS, random_calls, run_batched, same
-    from test_batch import alone as run_alone
-
-    path = gptoss_file(root, "MXFP4_MOE")
-    m = Model.open(
-        path, n_ctx=N_CTX, n_slots=N_SLOTS, kv_type="f16", prefill_chunk=64, threads=threads
-    )
-    for seed in range(2):
-        rng = random.Random(seed)
-        seqs = [random_calls(rng, m.n_vocab) for _ in range(rng.randint(2, N_SLOTS))]
-        want = [run_alone(m, c) for c in seqs]
-        got = run_batched(m, seqs, rng)
-        for w, g in zip(want, got, strict=True):
-            assert all(same(a, b) for a, b in zip(w, g, strict=True))
+    fam.batched_equals_alone(gptoss_file(root, "MXFP4_MOE"), threads)
 
 
 def test_ram_tier_modes_give_the_same_tokens() -> None:

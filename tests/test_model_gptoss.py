@@ -125,3 +125,43 @@ def test_window_rows_equal_one_token_steps(kv: str, root: Path) -> None:
     m.truncate(0, 20)
     one = np.stack([m.forward(0, [t], logits="last") for t in toks[20:]])
     assert np.array_equal(window, one)
+
+
+def rewrite(src: Path, dst: Path, drop: str = "", skip_tensor: str = "") -> Path:
+    """A copy of a GGUF without the metadata key `drop` and the tensor `skip_tensor`."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k == drop or k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        v, ty = f.contents(), f.types[0]
+        if ty == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, v, ty, sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, v, ty)
+    for t in r.tensors:
+        if t.name != skip_tensor:
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_bad_files_are_refused_by_name(tmp_path: Path) -> None:
+    from strata.errors import ModelError
+
+    same = rewrite(F32, tmp_path / "same.gguf")  # the copy itself runs
+    toks = list(range(1, 20))
+    want = Model.open(F32, n_ctx=64).forward(0, toks, logits="all")
+    assert np.array_equal(Model.open(same, n_ctx=64).forward(0, toks, logits="all"), want)
+    no_window = rewrite(F32, tmp_path / "w.gguf", drop="gpt-oss.attention.sliding_window")
+    with pytest.raises(ModelError, match=r"gpt-oss\.attention\.sliding_window is missing"):
+        Model.open(no_window)
+    no_sinks = rewrite(F32, tmp_path / "s.gguf", skip_tensor="blk.1.attn_sinks.weight")
+    with pytest.raises(ModelError, match=r"tensor blk\.1\.attn_sinks\.weight is missing"):
+        Model.open(no_sinks)
+    no_bias = rewrite(F32, tmp_path / "b.gguf", skip_tensor="blk.0.ffn_down_exps.bias")
+    with pytest.raises(ModelError, match=r"tensor blk\.0\.ffn_down_exps\.bias is missing"):
+        Model.open(no_bias)

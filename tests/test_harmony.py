@@ -6,17 +6,19 @@ vocabulary holding the o200k_harmony specials; the chat setup choosing the harmo
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import qwen3moe_file as qf
 from strata import modelgen
-from strata.harmony import HarmonyParser, is_harmony, open_channel
 from strata.modelgen import ModelSpec
 from strata.server.assistant import split
 from strata.server.chat import prepare_chat
+from strata.server.harmony import HarmonyParser, is_harmony, open_channel
 from strata.server.tokenizing import RealTokenizer
+from strata.server.tools import ToolSpec
 from strata.vocabgen import GGUFVocab
 
 ANSWER = (
@@ -117,3 +119,50 @@ def test_chat_setup_parses_harmony_channels() -> None:
     )
     raw = prepare_chat(tok, msgs, [], "none", True, None, None, "none")
     assert split(raw.parser(), ANSWER).content == ANSWER  # reasoning_format "none": as is
+
+
+CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json"
+    '<|message|>{"city": "Oslo"}'
+)
+TOOLS = {"weather": ToolSpec("weather", "", {"type": "object"})}
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_calls_to_offered_tools(step: int) -> None:
+    def run(text: str, tools: Any, incremental: bool = False) -> list[tuple[str, Any]]:
+        p = HarmonyParser(None, tools, incremental)
+        parts = [x for i in range(0, len(text), step) for x in p.push(text[i : i + step])]
+        return parts + p.finish()
+
+    parts = run(CALL, TOOLS)
+    assert "".join(v for k, v in parts if k == "reasoning") == "Need the weather."
+    calls = [v for k, v in parts if k == "call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"city": "Oslo"})]
+    streamed = [k for k, _ in run(CALL, TOOLS, incremental=True) if k.startswith("call")]
+    assert streamed == ["call_start", "call_args", "call"]
+    body = '{"city": "Oslo"}'
+    assert "".join(v for k, v in run(CALL, None) if k == "content") == body  # no tools offered
+    other = CALL.replace("functions.weather", "functions.other")
+    assert [k for k, _ in run(other, TOOLS)].count("call") == 0
+    assert run(CALL.replace(body, "not json"), TOOLS)[-1] == ("content", "not json")
+    # the recipient right after the prompt's `<|start|>assistant` (the template's own form)
+    after_role = ' to=functions.weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+    assert [k for k, _ in run(after_role, TOOLS)] == ["call"]
+
+
+def test_chat_setup_with_tools_and_refused_constraints() -> None:
+    from strata.server.openai_types import APIError
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
+    tools = list(TOOLS.values())
+    setup = prepare_chat(tok, msgs, tools, "auto", True, None, None, "parsed")
+    m = split(setup.parser(), CALL)
+    assert [(c.name, c.arguments) for c in m.calls] == [("weather", '{"city": "Oslo"}')]
+    assert m.content == ""
+    with pytest.raises(APIError, match="tool_choice"):
+        prepare_chat(tok, msgs, tools, "required", True, None, None, "parsed")
+    with pytest.raises(APIError, match="response_format"):
+        prepare_chat(tok, msgs, [], "none", True, "start: /x/", None, "parsed")

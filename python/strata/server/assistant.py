@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.harmony import HarmonyParser
 from strata.reasoning import ReasoningParser
+from strata.server.harmony import HarmonyParser
 from strata.server.tools import ToolCall, ToolCallParser, ToolFormat, ToolSpec
 
 # (kind, value): ("reasoning", text), ("content", text), ("call", ToolCall); incremental
@@ -40,11 +40,13 @@ class AssistantParser:
         """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none").
         `incremental`: calls also stream as "call_start" / "call_args" parts
         (`ToolCallParser`). `harmony`: (the template writes harmony messages, the channel
-        the prompt left open): channels are parsed instead of a `<think>` block."""
-        reasoning: ReasoningParser | HarmonyParser | None = None
-        if parse_reasoning:
-            on, opened = harmony
-            reasoning = HarmonyParser(opened) if on else ReasoningParser(reasoning_opened)
+        the prompt left open): channels and calls are parsed by `HarmonyParser` instead (with
+        `parse_reasoning`)."""
+        on, opened = harmony
+        if on and parse_reasoning:
+            offered = {t.name: t for t in tools} if fmt is not None else None
+            return AssistantParser(HarmonyParser(opened, offered, incremental))
+        reasoning = ReasoningParser(reasoning_opened) if parse_reasoning else None
         return AssistantParser(
             reasoning,
             ToolCallParser(fmt, tools, parallel, incremental) if fmt is not None else None,

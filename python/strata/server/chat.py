@@ -23,9 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata import constraints, harmony
+from strata import constraints
 from strata.reasoning import FORMATS as REASONING_FORMATS
 from strata.reasoning import prompt_opens_reasoning
+from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
 from strata.server.tokenizing import ServerTokenizer
@@ -150,6 +151,11 @@ def prepare_chat(
     except ValueError as e:  # the model's template refused the conversation
         raise APIError(400, f"messages: {e}", param="messages") from None
     grammar = answer_grammar
+    if harmony.is_harmony(template) and (
+        grammar is not None or tool_choice not in ("auto", "none")
+    ):
+        param = "response_format" if grammar is not None else "tool_choice"
+        raise _bad(param, "constrained answers are not supported with the harmony format yet")
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
             raise _bad("response_format", "not together with a required or named tool_choice")

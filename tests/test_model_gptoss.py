@@ -14,6 +14,7 @@ Oracles:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -127,12 +128,17 @@ def test_window_rows_equal_one_token_steps(kv: str, root: Path) -> None:
     assert np.array_equal(window, one)
 
 
-def rewrite(src: Path, dst: Path, drop: str = "", skip_tensor: str = "") -> Path:
-    """A copy of a GGUF without the metadata key `drop` and the tensor `skip_tensor`."""
+def rewrite(src: Path, dst: Path, drop: str = "", skip_tensor: str = "", vocab: Any = None) -> Path:
+    """A copy of a GGUF without the metadata key `drop` and the tensor `skip_tensor`, with the
+    tokenizer of `vocab` (a `vocabgen.GGUFVocab`) when given."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    if vocab is not None:
+        vocab.add_to_writer(w)
     for k, f in r.fields.items():
         if k == drop or k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        if vocab is not None and k.startswith("tokenizer."):
             continue
         v, ty = f.contents(), f.types[0]
         if ty == gguf.GGUFValueType.ARRAY:
@@ -165,3 +171,39 @@ def test_bad_files_are_refused_by_name(tmp_path: Path) -> None:
     no_bias = rewrite(F32, tmp_path / "b.gguf", skip_tensor="blk.0.ffn_down_exps.bias")
     with pytest.raises(ModelError, match=r"tensor blk\.0\.ffn_down_exps\.bias is missing"):
         Model.open(no_bias)
+
+
+def test_server_serves_harmony(tmp_path: Path) -> None:
+    """The converter's file with a harmony vocabulary and template (tests/test_harmony.py):
+    the server renders the harmony prompt and answers; a streamed answer's reasoning and
+    content equal the whole answer's (one parser, two ways)."""
+    import openai
+    from server_harness import Server
+    from strata.server.tokenizing import RealTokenizer
+    from test_harmony import harmony_vocab
+
+    path = rewrite(F32, tmp_path / "harmony.gguf", vocab=harmony_vocab())
+    srv = Server(engine="llm", model=path, cache_dir=tmp_path, n_ctx=256)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        model_id = client.models.list().data[0].id
+        kw: dict[str, Any] = dict(
+            model=model_id, messages=[{"role": "user", "content": "hello"}], max_tokens=24,
+            temperature=0,
+        )  # fmt: skip
+        resp = client.chat.completions.create(**kw)
+        prompt = "<|start|>user<|message|>hello<|end|><|start|>assistant"  # TEMPLATE's
+        tok = RealTokenizer(harmony_vocab().metadata())
+        assert resp.usage is not None
+        assert resp.usage.prompt_tokens == len(tok.encode(prompt, special=True))
+        whole = resp.choices[0]
+        assert whole.finish_reason in ("stop", "length")
+        reasoning = getattr(whole.message, "reasoning_content", None) or ""
+        content, r2 = "", ""
+        for c in client.chat.completions.create(**kw, stream=True):
+            if c.choices and c.choices[0].delta:
+                content += c.choices[0].delta.content or ""
+                r2 += getattr(c.choices[0].delta, "reasoning_content", None) or ""
+        assert (r2, content) == (reasoning, whole.message.content or "")
+    finally:
+        srv.stop()

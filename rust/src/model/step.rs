@@ -10,8 +10,8 @@
 //! bitwise those of its calls run alone, whatever shares the step.
 //!
 //! Every family runs this one layer loop; the blocks a layer has (biases, q/k norms, sinks
-//! and windows, the routing strategy, biased experts, a shared expert) are those its graph names (`arch::Graph`), chosen at
-//! load into the layer's weights and `hp.graph`.
+//! and windows, the routing strategy, biased experts, a shared expert) are those its graph
+//! names (`arch::Graph`), chosen at load into the layer's weights and `hp.graph`.
 //!
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
 //! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.

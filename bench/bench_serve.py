@@ -122,47 +122,71 @@ def model_id(port: int) -> str:
 def stream(port: int, body: dict[str, Any]) -> tuple[float, list[tuple[float, str]]]:
     """One streamed completion: (t_sent, [(t_arrived, text)] per content chunk; both servers
     send one chunk per token)."""
+    t0, chunks, _ = stream_usage(port, body)
+    return t0, chunks
+
+
+def stream_usage(
+    port: int, body: dict[str, Any], with_empty: bool = False
+) -> tuple[float, list[tuple[float, str]], int | None]:
+    """`stream` plus the usage's completion tokens (None where the server sent no usage): the
+    token count whatever a chunk holds (a token that ends inside a UTF-8 character has no
+    text of its own). `with_empty`: chunks without text are timed too (a random model's
+    tokens may decode to nothing; the finishing chunk then marks the last token)."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.monotonic()
     c.request(
         "POST",
         "/v1/completions",
-        json.dumps({**body, "stream": True}),
+        json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}),
         {"Content-Type": "application/json"},
     )
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
     chunks: list[tuple[float, str]] = []
+    used: int | None = None
     for raw in r:
         line = raw.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
             continue
-        for ch in json.loads(line[6:]).get("choices") or []:
-            if ch.get("text"):
-                chunks.append((time.monotonic(), ch["text"]))
+        obj = json.loads(line[6:])
+        if obj.get("usage"):
+            used = int(obj["usage"]["completion_tokens"])
+        for ch in obj.get("choices") or []:
+            if ch.get("text") or (with_empty and used is None):
+                chunks.append((time.monotonic(), ch.get("text") or ""))
     c.close()
-    return t0, chunks
+    return t0, chunks, used
 
 
 def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
     """N concurrent greedy streams: (aggregate decode tok/s, tokens)."""
     model = model_id(port)
     res: list[list[tuple[float, str]]] = [[] for _ in range(n)]
+    used: list[int | None] = [None] * n
 
     def one(i: int) -> None:
-        body = {"model": model, "prompt": text(100 + i, 16), "max_tokens": gen, "temperature": 0}
-        res[i] = stream(port, body)[1]
+        body = {
+            "model": model,
+            "prompt": text(100 + i, 16),
+            "max_tokens": gen,
+            "temperature": 0,
+            "ignore_eos": True,  # both servers: every stream decodes `gen` tokens
+        }
+        _, res[i], used[i] = stream_usage(port, body, with_empty=True)
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    if any(not r for r in res):
+        raise RuntimeError(f"a stream sent no text: {[len(r) for r in res]} chunks")
     first = min(r[0][0] for r in res)
     last = max(r[-1][0] for r in res)
-    toks = sum(len(r) - 1 for r in res)
-    return toks / (last - first), sum(len(r) for r in res)
+    counts = [u if u is not None else len(r) for u, r in zip(used, res, strict=True)]
+    return (sum(counts) - n) / (last - first), sum(counts)
 
 
 def chat_round(port: int, turns: int, turn_words: int, seed: int) -> float:
@@ -181,21 +205,28 @@ def chat_round(port: int, turns: int, turn_words: int, seed: int) -> float:
 
 
 def bare_decode(model: Path, gen: int) -> float:
-    """Strata's forward pass alone: greedy decode tok/s after the same 16-word prompt."""
+    """Strata's forward pass alone: greedy decode tok/s after the same 16-word prompt. Pinned
+    to the servers' cores for its run only (the client's threads must not share them after)."""
     import numpy as np
     from strata.llm import LLM
 
+    mask = os.sched_getaffinity(0)
     if CPUS:
         os.sched_setaffinity(0, {int(c) for c in CPUS[-1].split(",")})
-    llm = LLM(model, n_ctx=1024, threads=THREADS)
-    ids = llm.encode_prompt(text(100, 16))
-    m = llm.model
-    logits = m.forward(llm._own, ids, logits="last")
-    tok = int(np.argmax(logits))
-    t0 = time.perf_counter()
-    for _ in range(gen - 1):
-        tok = int(np.argmax(m.forward(llm._own, [tok], logits="last")))
-    return (gen - 1) / (time.perf_counter() - t0)
+    try:
+        llm = LLM(model, n_ctx=1024, threads=THREADS)
+        ids = llm.encode_prompt(text(100, 16))
+        m = llm.model
+        logits = m.forward(llm._own, ids, logits="last")
+        tok = int(np.argmax(logits))
+        t0 = time.perf_counter()
+        for _ in range(gen - 1):
+            tok = int(np.argmax(m.forward(llm._own, [tok], logits="last")))
+        rate = (gen - 1) / (time.perf_counter() - t0)
+        del llm, m  # its compute threads end before the affinity is restored
+        return rate
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 def chunk_sizes(model: Path, sizes: list[int], reps: int) -> None:

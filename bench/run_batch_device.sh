@@ -45,19 +45,7 @@ fi
 writers=()
 for kind in uniform zipf; do
     (
-        python3 - "$D" "$LAYERS" "$kind" <<'PY'
-import sys
-from pathlib import Path
-from strata.modelgen import ModelSpec, write_qwen3moe
-d, layers, kind = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-out = d / f"q3moe-{layers}l-{kind}-Q8_0.gguf"
-if not out.exists():
-    spec = ModelSpec.qwen3_30b_a3b(layers=layers, vocab="small", n_vocab=151936,
-                                   router_zipf=1.1 if kind == "zipf" else 0.0)
-    write_qwen3moe(out.with_suffix(".part"), spec, dtype="q8_0")
-    out.with_suffix(".part").rename(out)
-print(out)
-PY
+        python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" "$kind"
         echo "write $kind rc=$? after $(($(date +%s) - t0)) s"
     ) >"$OUT/write-$kind.log" 2>&1 &
     writers+=($!)

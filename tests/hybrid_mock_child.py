@@ -75,6 +75,8 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     label = f"async={tier_async} stream={stream} chunks={n_chunks}"
     print(f"{label}: totals {(h, mc, mp)}, swaps {s['swaps']}, pcie bytes {s['pcie_bytes']}")
     assert h + mc + mp == (48 + 60) * N_LAYER * K, label
+    # every pair was slot 0's (the per-request counts), split as the totals are
+    assert c.slot_totals(0) == (h, mc, mp), (label, c.slot_totals(0))
     assert s["swaps"] == 3, label  # expert 0 of each layer, once
     assert s["fill_bytes"] == 9 * eb, label
     assert steps[-10:] == [(N_LAYER * K, 0, 0)] * 10, (label, steps[-10:])
@@ -168,12 +170,19 @@ def run_batch(path: str, hybrid: bool) -> None:
     assert [m.slot_len(s) for s in range(4)] == [1, 2, 30, 0]
     if c is not None:
         assert sum(c.totals()) == 33 * N_LAYER * K, c.totals()
+        # each slot counts the pairs of its own rows (a request's share, issue 15 item 6)
+        got = [sum(c.slot_totals(s)) for s in range(4)]
+        assert got == [n * N_LAYER * K for n in (1, 2, 30, 0)], got
     for i in range(4):
         out = m.forward_batch([(0, [7], "last"), (2, [8], "none"), (1, [9], "all")])
         assert [None if o is None else o.shape for o in out] == [(v,), None, (1, v)], out
         assert [m.slot_len(s) for s in range(3)] == [2 + i, 3 + i, 31 + i]
     if c is not None:
         assert sum(c.totals()) == (33 + 12) * N_LAYER * K, c.totals()
+        got = [sum(c.slot_totals(s)) for s in range(4)]
+        assert got == [n * N_LAYER * K for n in (5, 6, 34, 0)], got
+        per_slot = [c.slot_totals(s) for s in range(4)]
+        assert tuple(map(sum, zip(*per_slot, strict=True))) == c.totals()
     want = "captured (per layer)" if hybrid else "captured"
     # the one-sequence graph is captured too once a one-entry decode step ran twice
     m.forward(3, [1])

@@ -61,6 +61,16 @@ def test_chat_non_stream_echo_and_usage(client: openai.OpenAI) -> None:
     assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (14, 11, 25)
 
 
+def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
+    # vLLM's / llama-server's extension: the fake model's EOS after the echo does not stop it
+    r = chat(client, "hello world", max_tokens=20, extra_body={"ignore_eos": True})
+    c = r.choices[0]  # type: ignore[attr-defined]
+    assert (c.finish_reason, r.usage.completion_tokens) == ("length", 20)  # type: ignore[attr-defined]
+    assert c.message.content.startswith("hello world")
+    r = chat(client, "hello world", max_tokens=20)  # without it: stops at the EOS
+    assert r.choices[0].finish_reason == "stop"  # type: ignore[attr-defined]
+
+
 def test_chat_stream_shapes_utf8_and_include_usage(client: openai.OpenAI) -> None:
     text = "naïve café → 東京 🎉"  # 1- to 4-byte characters: no chunk may split one
     chunks = list(

@@ -92,13 +92,16 @@ class _LLMStub:
     def labeled_stats(self) -> list[tuple[str, dict[str, str], float]]:
         return vram_stats(self.hybrid)
 
-    def tier_counts(self) -> tuple[int, int, int] | None:
-        return self.hybrid.totals() if self.hybrid is not None else None
+    def tier_counts(self, slot: int | None = None) -> tuple[int, int, int] | None:
+        if self.hybrid is None:
+            return None
+        return self.hybrid.totals() if slot is None else self.hybrid.slot_totals(slot)
 
 
 def test_backend_forwards_labeled_stats_and_counts() -> None:
-    c = HybridCounters(1)
+    c = HybridCounters(1, n_slots=1)
     c.record_layer(0, 2, 1, 1)
+    c.record_slot(0, 2, 1, 1)
     b = LLMBackend(Config(), factory=lambda path, **kw: _LLMStub(c))
     names = {(s.name, tuple(sorted(s.labels.items())), s.kind) for s in b.stats()}
     assert ("tier_mapped_hits_total", (), "counter") in names
@@ -111,27 +114,30 @@ def test_backend_forwards_labeled_stats_and_counts() -> None:
 
 class _HybridFake(FakeBackend):
     """The fake engine with a VRAM tier: every prefill token routes 2 hits, 1 CPU miss and
-    1 PCIe miss; every decoded token 3 hits and 1 CPU miss. Counts its own calls as the
-    oracle."""
+    1 PCIe miss; every decoded token 3 hits and 1 CPU miss, counted per layer and per slot as
+    the hybrid step does. Counts its own calls per slot as the oracle."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self.hybrid = HybridCounters(1)
-        self.prefilled = 0
-        self.decoded = 0
+        self.hybrid = HybridCounters(1, n_slots=kw["max_slots"])
+        self.prefilled = [0] * kw["max_slots"]
+        self.decoded = [0] * kw["max_slots"]
 
     def forward_batch(self, entries: Sequence[Any]) -> Any:
         for slot, ids, _ in entries:
+            n = len(ids)
             if slot in self._n_prompt:  # generating: a decoded token
-                self.hybrid.record_layer(0, 3 * len(ids), len(ids), 0)
-                self.decoded += len(ids)
+                self.hybrid.record_layer(0, 3 * n, n, 0)
+                self.hybrid.record_slot(slot, 3 * n, n, 0)
+                self.decoded[slot] += n
             else:
-                self.hybrid.record_layer(0, 2 * len(ids), len(ids), len(ids))
-                self.prefilled += len(ids)
+                self.hybrid.record_layer(0, 2 * n, n, n)
+                self.hybrid.record_slot(slot, 2 * n, n, n)
+                self.prefilled[slot] += n
         return super().forward_batch(entries)
 
     def tier_counts(self, slot: int) -> tuple[int, int, int]:
-        return self.hybrid.totals()
+        return self.hybrid.slot_totals(slot)
 
 
 def _finish(sched: Scheduler, rid: int) -> Tokens:
@@ -148,7 +154,7 @@ def test_per_request_hit_rate_and_pcie_share() -> None:
     eog = sorted(toytok.EOG_IDS)
     sched.add(Submit(1, list(b"hello"), SamplingParams(temperature=0), 6, eog))
     first = _finish(sched, 1)
-    p, d = fb.prefilled, fb.decoded
+    p, d = fb.prefilled[0], fb.decoded[0]
     assert (first.expert_hits, first.expert_miss_cpu, first.expert_miss_pcie) == (
         2 * p + 3 * d,
         p + d,
@@ -157,7 +163,7 @@ def test_per_request_hit_rate_and_pcie_share() -> None:
     # The second request counts only its own steps.
     sched.add(Submit(2, list(b"abc"), SamplingParams(temperature=0), 3, eog))
     second = _finish(sched, 2)
-    p2, d2 = fb.prefilled - p, fb.decoded - d
+    p2, d2 = fb.prefilled[0] - p, fb.decoded[0] - d
     assert second.expert_hits == 2 * p2 + 3 * d2 and second.expert_miss_pcie == p2
     h, c, q = 2 * p2 + 3 * d2, p2 + d2, p2
     assert hit_rate(second) == round(h / (h + c + q), 6)
@@ -166,6 +172,36 @@ def test_per_request_hit_rate_and_pcie_share() -> None:
     assert counts == (h, c, q)
     extras = usage_extras([counts])
     assert extras == {"expert_hit_rate": hit_rate(second), "pcie_share": pcie_share(second)}
+
+
+def test_concurrent_requests_count_their_own_pairs() -> None:
+    # Two requests in the same steps (issue 15 item 6): each reports the pairs of the rows it
+    # fed, not the engine-wide change over its life.
+    fb = _HybridFake(n_ctx=64, max_slots=2)
+    sched = Scheduler(fb, prefill_chunk=4, max_slots=2)
+    eog = sorted(toytok.EOG_IDS)
+    sched.add(Submit(1, list(b"hello there"), SamplingParams(temperature=0), 9, eog))
+    sched.add(Submit(2, list(b"abc"), SamplingParams(temperature=0), 2, eog))
+    done: dict[int, Tokens] = {}
+    slot_of: dict[int, int] = {}
+    for _ in range(1000):
+        slot_of.update({s.req.rid: slot for slot, s in sched.running.items()})
+        for e in sched.step():
+            if isinstance(e, Tokens) and e.finish:
+                done[e.rid] = e
+        if len(done) == 2:
+            break
+    assert sorted(done) == [1, 2]
+    assert fb.decoded[0] > 0 and fb.decoded[1] > 0 and fb.prefilled[0] != fb.prefilled[1]
+    assert sorted(slot_of.values()) == [0, 1]
+    for rid, slot in slot_of.items():
+        p, d = fb.prefilled[slot], fb.decoded[slot]
+        t = done[rid]
+        assert (t.expert_hits, t.expert_miss_cpu, t.expert_miss_pcie) == (2 * p + 3 * d, p + d, p)
+    total = fb.hybrid.totals()
+    assert total == tuple(
+        sum(x) for x in zip(*(tier_counts(done[r]) or (0, 0, 0) for r in (1, 2)), strict=True)
+    )
 
 
 def test_cpu_only_path_reports_nothing() -> None:

@@ -267,10 +267,13 @@ class LLM:
         """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
         return vram_stats(self.hybrid)
 
-    def tier_counts(self) -> tuple[int, int, int] | None:
-        """(hits, CPU misses, PCIe misses) of the VRAM tier so far; None on the CPU-only path
-        (the scheduler's per-request hit rate and PCIe share come from these)."""
-        return self.hybrid.totals() if self.hybrid is not None else None
+    def tier_counts(self, slot: int | None = None) -> tuple[int, int, int] | None:
+        """(hits, CPU misses, PCIe misses) of the VRAM tier so far — of the pairs of the rows
+        step-API slot `slot` fed, or of all (None) — None on the CPU-only path (the
+        scheduler's per-request hit rate and PCIe share come from a slot's)."""
+        if self.hybrid is None:
+            return None
+        return self.hybrid.totals() if slot is None else self.hybrid.slot_totals(self._slot(slot))
 
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")

@@ -318,10 +318,10 @@ class LLMBackend:
         return bool(fn()) if fn is not None else False
 
     def tier_counts(self, slot: int) -> tuple[int, int, int] | None:
-        """The VRAM tier counters (hits, CPU misses, PCIe misses) so far; None without a VRAM
-        tier."""
+        """The VRAM tier counters (hits, CPU misses, PCIe misses) of the pairs `slot`'s
+        sequences fed so far; None without a VRAM tier."""
         fn = getattr(self.llm, "tier_counts", None)
-        return fn() if fn is not None else None
+        return fn(slot) if fn is not None else None
 
     def info(self) -> dict[str, Any]:
         extra = getattr(self.llm, "info", None)

@@ -203,7 +203,7 @@ class Scheduler:
             t.drafts_offered, t.drafts_accepted = s.spec.offered, s.spec.accepted
         now = self._tier_counts(s.slot) if s.tier_at_start is not None else None
         if now is not None and s.tier_at_start is not None:
-            # the steps this sequence ran in (shared with the batch's other sequences)
+            # this sequence's own routed pairs (its slot's counters over its life)
             t.expert_hits, t.expert_miss_cpu, t.expert_miss_pcie = (
                 max(0, a - b) for a, b in zip(now, s.tier_at_start, strict=True)
             )

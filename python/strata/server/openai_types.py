@@ -170,6 +170,7 @@ class _Common(_Strict, kw_only=True):
     n: int | None = None
     user: str | None = None
     speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
+    ignore_eos: bool = False  # vLLM's / llama-server's: end-of-generation tokens do not stop it
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -273,6 +274,7 @@ class Plan:
     params: SamplingParams  # seed is the base; choice i uses seed + i
     logprobs: bool
     top_logprobs: int
+    ignore_eos: bool = False  # generate max_tokens whatever end-of-generation tokens come
 
 
 def _finite(name: str, v: float | None) -> None:
@@ -344,6 +346,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
         params=params,
         logprobs=logprobs,
         top_logprobs=top,
+        ignore_eos=req.ignore_eos,
     )
 
 

@@ -290,7 +290,8 @@ def submit(
             seq_params.append(_with_seed(plan.params, _seed(plan.params.seed, j)))
             seq_max.append(min(plan.max_tokens or room, room))
     try:
-        streams = client.submit(seq_prompts, seq_params, seq_max, sorted(tok.eog_ids))
+        stop_ids = [] if plan.ignore_eos else sorted(tok.eog_ids)
+        streams = client.submit(seq_prompts, seq_params, seq_max, stop_ids)
     except QueueFull as e:
         st.metrics.request_done(endpoint, "rejected")
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None

@@ -53,6 +53,9 @@ impl GpuModel {
             ss.segs.clear();
             ss.segs
                 .extend(ss.plan.pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
+            ss.slots.clear();
+            ss.slots
+                .extend(ss.plan.pieces.iter().map(|p| (p.slot, p.t)));
             self.step(entries, ss, out)?;
             for p in &ss.plan.pieces {
                 ss.plan.done[p.entry] += p.t;
@@ -88,7 +91,7 @@ impl GpuModel {
         let x = &self.x;
         x.b.params
             .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
-        self.moe.before_step(&x.stream)?;
+        self.moe.before_step(&x.stream, &ss.slots)?;
         // a decode step of S one-token pieces: its graph (captured after one eager step)
         let decode = (t == n_seg).then_some(n_seg);
         let head_done = self.launch_layers(decode, &ss.segs)?;

@@ -9,6 +9,7 @@ use crate::model::batch::Plan;
 pub(super) struct BatchScratch {
     pub(super) plan: Plan,     // the call cut into steps (`model::batch::Plan`)
     pub(super) segs: Vec<Seg>, // [S] the pieces' rows
+    pub(super) slots: Vec<(usize, usize)>, // [S] (slot, rows) per piece, in row order
 }
 
 impl BatchScratch {
@@ -16,6 +17,7 @@ impl BatchScratch {
         BatchScratch {
             plan: Plan::new(n_slots),
             segs: Vec::with_capacity(n_slots),
+            slots: Vec::with_capacity(n_slots),
         }
     }
 }

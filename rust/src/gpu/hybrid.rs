@@ -32,6 +32,7 @@ use crate::cuda::{as_bytes, DevBuf, Event, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 use crate::model::weights::Weights;
 use crate::model::{Compute, HParams};
+use crate::pool::SKIP;
 use crate::tier::vram::{
     self, cpu_misses, fill_order, initial_assignment, start_fill, BudgetInputs, CudaSlots,
     HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, SlotFences, TierDriver, VramPlan,
@@ -75,6 +76,8 @@ pub struct Hybrid {
     y: Vec<f32>,
     ev: Event,
     steps: u64,
+    /// This step's (KV slot, rows) per piece in row order: whose pairs the counts are.
+    rows: Vec<(usize, usize)>,
     /// Prefill chunks with every expert on the GPU (None: off).
     stream: Option<StreamIn>,
     /// When the last CPU-path layer of this step returned (the phase timing).
@@ -108,6 +111,7 @@ impl Hybrid {
         free0: usize,
         dense_bytes: usize,
         kv_bytes: usize,
+        n_slots: usize,
     ) -> Result<Hybrid> {
         let (nl, ne, k, hd) = (hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd);
         let shapes = shapes(&weights)?;
@@ -157,7 +161,7 @@ impl Hybrid {
             }
         }
         let slots = CudaSlots::new(gpu, &plan)?;
-        let counters = Arc::new(HybridCounters::new(nl));
+        let counters = Arc::new(HybridCounters::with_slots(nl, n_slots));
         let mut table = VramTable::new(nl, ne, plan.n_slots);
         let mut fences: SlotFences<Event, PinnedBuf> = SlotFences::new(plan.n_slots);
         let mut stager = GgufStager::new(weights.gguf.clone(), layers);
@@ -222,6 +226,7 @@ impl Hybrid {
             y: vec![0f32; t * hd],
             ev: gpu.event_no_timing()?,
             steps: 0,
+            rows: Vec::with_capacity(n_slots),
             stream,
             t_last: None,
             pcie,
@@ -284,8 +289,10 @@ impl MoePlacement for Hybrid {
 
     /// Before a step is launched: the pointer-table changes of the last gap reach the device
     /// (on the compute stream, ahead of the step's kernels).
-    fn before_step(&mut self, s: &Stream) -> Result<()> {
+    fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
+        self.rows.clear();
+        self.rows.extend_from_slice(rows);
         if let Some(st) = self.stream.as_mut() {
             st.begin_step();
         }
@@ -368,6 +375,11 @@ impl MoePlacement for Hybrid {
         let sp = &self.split;
         self.counters
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);
+        tally_slots(&self.counters, &self.rows, k, |i| {
+            let e = sp.gpu_ids[i];
+            let hit = e != SKIP && self.table.slot(l, e).is_some();
+            (hit, e == SKIP)
+        });
         if let Some(pc) = self.pcie.as_mut().filter(|_| sp.miss_pcie > 0) {
             // the PCIe misses on the GPU, while the pool computes the CPU's
             let (tabs, bytes) = pc.stage(s, l, &sp.pcie_experts)?;
@@ -421,8 +433,11 @@ impl MoePlacement for Hybrid {
         if let Some(st) = self.stream.as_mut() {
             let (c, r) = (&self.counters, [&self.routing, &self.routing_hot]);
             let ra = &self.routing_adapt;
-            st.count(&self.table, k, |l, ids, n| {
+            let (table, rows) = (&self.table, &self.rows);
+            st.count(table, k, |l, ids, n| {
                 c.record_layer(l, n.hits, 0, n.misses);
+                // every pair on the GPU: resident ones hit, the others came over PCIe
+                tally_slots(c, rows, k, |i| (table.slot(l, ids[i]).is_some(), false));
                 r[0].observe(l, ids);
                 r[1].observe(l, ids);
                 ra.observe(l, ids);
@@ -494,5 +509,28 @@ fn open_pcie(
             (Some(p), format!("registered {n} bytes ({how})"), frac)
         }
         Err(e) => (None, format!("unavailable: {e}"), 0.0),
+    }
+}
+
+/// Adds each piece's pairs to its KV slot's counters: `rows` (slot, rows) per piece in row
+/// order, `k` pairs per row; `class(i)` of pair i is (hit, CPU miss) — neither: a PCIe miss.
+fn tally_slots(
+    c: &HybridCounters,
+    rows: &[(usize, usize)],
+    k: usize,
+    class: impl Fn(usize) -> (bool, bool),
+) {
+    let mut i = 0;
+    for &(slot, t) in rows {
+        let (mut hits, mut cpu, mut pcie) = (0, 0, 0);
+        for j in i..i + t * k {
+            match class(j) {
+                (true, _) => hits += 1,
+                (false, true) => cpu += 1,
+                (false, false) => pcie += 1,
+            }
+        }
+        c.record_slot(slot, hits, cpu, pcie);
+        i += t * k;
     }
 }

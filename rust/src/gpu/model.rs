@@ -141,7 +141,8 @@ impl GpuModel {
         let moe: Box<dyn MoePlacement> = match hybrid {
             Some(h) => {
                 let (dense, kv) = (weights.bytes, 2 * lay.total());
-                Box::new(Hybrid::new(&gpu, &hp, w, t, h, free0, dense, kv)?)
+                let n = cfg.n_slots;
+                Box::new(Hybrid::new(&gpu, &hp, w, t, h, free0, dense, kv, n)?)
             }
             None => Box::new(VramExperts),
         };

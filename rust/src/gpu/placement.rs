@@ -34,8 +34,9 @@ pub(super) trait MoePlacement: Send {
         None
     }
 
-    /// Before a chunk's kernels are queued on `s` (its `params` already are).
-    fn before_step(&mut self, _s: &Stream) -> Result<()> {
+    /// Before a chunk's kernels are queued on `s` (its `params` already are); `rows` is the
+    /// step's (KV slot, rows) per piece in row order (whose sequence each row's pairs are).
+    fn before_step(&mut self, _s: &Stream, _rows: &[(usize, usize)]) -> Result<()> {
         Ok(())
     }
 

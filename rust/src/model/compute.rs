@@ -36,9 +36,6 @@ pub trait Compute: Send + Sync {
     /// schedule. `f` must not call back into this `Compute`.
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()>;
 
-    /// The caller will not call for a while: threads waiting for work may sleep now.
-    fn rest(&self) {}
-
     /// `matmul` over a batch: x is [T, cols] with T = Σ segs, rows grouped in consecutive
     /// segments (one per sequence of a batched step). Each segment's rows of y are bitwise
     /// what `matmul` on that segment alone writes. This default is that definition, one call
@@ -156,10 +153,6 @@ impl Compute for Pool {
 
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         Pool::for_each(self, n, f)
-    }
-
-    fn rest(&self) {
-        Pool::rest(self)
     }
 
     fn matmul_segs(&self, w: &QMatrix<'_>, x: &[f32], segs: &[usize], y: &mut [f32]) -> Result<()> {

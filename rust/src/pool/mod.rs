@@ -265,11 +265,6 @@ impl Pool {
         self.cfg
     }
 
-    /// Idle workers park now instead of spinning (`Protocol::rest`); the next call wakes them.
-    pub fn rest(&self) {
-        self.shared.proto.rest();
-    }
-
     fn threads_total(&self) -> usize {
         self.cfg.workers + usize::from(self.cfg.host_participates)
     }

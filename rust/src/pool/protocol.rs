@@ -50,9 +50,6 @@ pub struct Protocol {
     retired: Padded<AtomicU32>,
     sleepers: Padded<AtomicU32>,
     shutdown: Padded<AtomicBool>,
-    // Set by `rest()` (the caller is going to do other work for a while): idle workers park
-    // at once instead of spinning; the next `publish` clears it.
-    rest: Padded<AtomicBool>,
 }
 
 impl Default for Protocol {
@@ -68,7 +65,6 @@ impl Protocol {
             retired: Padded(AtomicU32::new(0)),
             sleepers: Padded(AtomicU32::new(0)),
             shutdown: Padded(AtomicBool::new(false)),
-            rest: Padded(AtomicBool::new(false)),
         }
     }
 
@@ -78,7 +74,6 @@ impl Protocol {
     pub fn publish(&self, epoch: u32, total: u32) -> bool {
         debug_assert!(total <= MAX_TILES);
         self.retired.store(0, Ordering::Relaxed);
-        self.rest.store(false, Ordering::Relaxed);
         self.claim.store(pack(epoch, total, 0), Ordering::Release);
         fence(Ordering::SeqCst);
         self.sleepers.load(Ordering::Relaxed) > 0
@@ -128,7 +123,7 @@ impl Protocol {
             if e != seen {
                 return Some(e);
             }
-            if clock.expired() || self.rest.load(Ordering::Relaxed) {
+            if clock.expired() {
                 self.sleepers.fetch_add(1, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
                 let e = epoch_of(self.claim.load(Ordering::Acquire));
@@ -141,13 +136,6 @@ impl Protocol {
                 spin_hint();
             }
         }
-    }
-
-    /// Host, between calls: idle workers park now rather than spin out their budget (the
-    /// caller has other work to do, e.g. a server's between steps, and the spinning would take
-    /// its core). The next `publish` wakes them as usual.
-    pub fn rest(&self) {
-        self.rest.store(true, Ordering::Relaxed);
     }
 
     /// Host (on drop): ask the workers to exit. Returns whether some may be parked.

@@ -19,7 +19,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The forward pass on one device; both backends have the CPU `Model`'s slot semantics.
 enum Backend {
@@ -166,8 +166,6 @@ fn parse_logits(logits: &str) -> PyResult<Logits> {
 #[pyclass(frozen, name = "Model")]
 pub struct PyModel {
     inner: Mutex<Backend>,
-    // The CPU compute once made (the CPU path's pool, the hybrid mode's miss pool): `rest`.
-    compute: Arc<OnceLock<Arc<dyn Compute>>>,
 }
 
 impl PyModel {
@@ -290,12 +288,7 @@ impl PyModel {
             max_chunk: prefill_chunk,
             cpu_repack,
         };
-        let cell: Arc<OnceLock<Arc<dyn Compute>>> = Arc::default();
-        let made = cell.clone();
-        let make = move || {
-            made.get_or_init(|| make_compute(threads, host_participates, pool_pipeline))
-                .clone()
-        };
+        let make = move || make_compute(threads, host_participates, pool_pipeline);
         match device.as_str() {
             "cpu" => {}
             "cuda" => {
@@ -315,7 +308,7 @@ impl PyModel {
                     stream_chunk,
                     stream_threads,
                     pcie_frac,
-                    compute: Box::new(make.clone()),
+                    compute: Box::new(make),
                 };
                 let b = py.detach(|| -> Result<Backend> {
                     let gpu = shared_gpu()?;
@@ -325,7 +318,6 @@ impl PyModel {
                 })?;
                 return Ok(PyModel {
                     inner: Mutex::new(b),
-                    compute: cell,
                 });
             }
             other => {
@@ -339,17 +331,7 @@ impl PyModel {
         let m = py.detach(|| Model::open(&path, cfg, compute))?;
         Ok(PyModel {
             inner: Mutex::new(Backend::Cpu(Box::new(m))),
-            compute: cell,
         })
-    }
-
-    /// The caller is about to do other work for a while (a server between steps): the
-    /// compute threads waiting for the next call sleep now instead of spinning on cores that
-    /// work needs. The next forward call wakes them.
-    fn rest(&self) {
-        if let Some(c) = self.compute.get() {
-            c.rest();
-        }
     }
 
     /// Hyper-parameters and sizes as a dict.

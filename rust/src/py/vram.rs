@@ -17,14 +17,15 @@ pub struct HybridCounters {
 #[pymethods]
 impl HybridCounters {
     #[new]
-    fn new(n_layer: usize) -> PyResult<Self> {
+    #[pyo3(signature = (n_layer, n_slots = 0))]
+    fn new(n_layer: usize, n_slots: usize) -> PyResult<Self> {
         if n_layer == 0 || n_layer > 4096 {
             return Err(PyValueError::new_err(format!(
                 "n_layer must be in 1..=4096 (got {n_layer})"
             )));
         }
         Ok(HybridCounters {
-            inner: Arc::new(vram::HybridCounters::new(n_layer)),
+            inner: Arc::new(vram::HybridCounters::with_slots(n_layer, n_slots)),
         })
     }
 
@@ -36,6 +37,11 @@ impl HybridCounters {
     /// One layer of one step: routed pairs served from VRAM, by the CPU, over PCIe.
     fn record_layer(&self, layer: usize, hits: u64, miss_cpu: u64, miss_pcie: u64) {
         self.inner.record_layer(layer, hits, miss_cpu, miss_pcie);
+    }
+
+    /// Pairs of rows that KV slot `slot`'s sequence fed (slots out of range are ignored).
+    fn record_slot(&self, slot: usize, hits: u64, miss_cpu: u64, miss_pcie: u64) {
+        self.inner.record_slot(slot, hits, miss_cpu, miss_pcie);
     }
 
     fn record_swaps(&self, n: u64, bytes: u64) {
@@ -58,6 +64,14 @@ impl HybridCounters {
     fn totals(&self) -> (u64, u64, u64) {
         let s = self.inner.snapshot();
         (s.total_hits(), s.total_miss_cpu(), s.total_miss_pcie())
+    }
+
+    /// `(hits, miss_cpu, miss_pcie)` of the pairs of the rows KV slot `slot`'s sequences
+    /// fed, since load (a request's own share: the difference over its life in its slot).
+    fn slot_totals(&self, slot: usize) -> PyResult<(u64, u64, u64)> {
+        self.inner.slot_totals(slot).ok_or_else(|| {
+            PyValueError::new_err(format!("slot {slot} is not one of the model's KV slots"))
+        })
     }
 
     /// Host time of the layers whose misses ran on the CPU: `layers` (how many) and the ns

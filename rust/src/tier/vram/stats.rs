@@ -5,14 +5,32 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 #[derive(Default)]
-struct LayerCtr {
+struct PairCtr {
     hits: AtomicU64,
     miss_cpu: AtomicU64,
     miss_pcie: AtomicU64,
 }
 
+impl PairCtr {
+    /// One writer (the step thread): a relaxed load and store, no read-modify-write.
+    #[inline]
+    fn add(&self, hits: u64, miss_cpu: u64, miss_pcie: u64) {
+        let add = |a: &AtomicU64, v: u64| {
+            if v > 0 {
+                a.store(a.load(Relaxed) + v, Relaxed);
+            }
+        };
+        add(&self.hits, hits);
+        add(&self.miss_cpu, miss_cpu);
+        add(&self.miss_pcie, miss_pcie);
+    }
+}
+
 pub struct HybridCounters {
-    layers: Box<[LayerCtr]>,
+    layers: Box<[PairCtr]>,
+    /// Per KV slot: the pairs of the rows that slot's sequences fed (a request's own share,
+    /// whatever else shared its steps). Written by the step thread only, like `layers`.
+    slots: Box<[PairCtr]>,
     swaps: AtomicU64,
     /// Host→device bytes of slot fills (start fill and swaps).
     fill_bytes: AtomicU64,
@@ -93,8 +111,14 @@ impl HybridSnapshot {
 
 impl HybridCounters {
     pub fn new(n_layer: usize) -> Self {
+        Self::with_slots(n_layer, 0)
+    }
+
+    /// Counters for `n_layer` layers and `n_slots` KV slots.
+    pub fn with_slots(n_layer: usize, n_slots: usize) -> Self {
         HybridCounters {
-            layers: (0..n_layer).map(|_| LayerCtr::default()).collect(),
+            layers: (0..n_layer).map(|_| PairCtr::default()).collect(),
+            slots: (0..n_slots).map(|_| PairCtr::default()).collect(),
             swaps: AtomicU64::new(0),
             fill_bytes: AtomicU64::new(0),
             pcie_bytes: AtomicU64::new(0),
@@ -124,19 +148,31 @@ impl HybridCounters {
         self.layers.len()
     }
 
+    /// Pairs of rows that KV slot `slot`'s sequence fed (any layer); slots out of range are
+    /// ignored.
+    #[inline]
+    pub fn record_slot(&self, slot: usize, hits: u64, miss_cpu: u64, miss_pcie: u64) {
+        if let Some(c) = self.slots.get(slot) {
+            c.add(hits, miss_cpu, miss_pcie);
+        }
+    }
+
+    /// `(hits, miss_cpu, miss_pcie)` of KV slot `slot` since load (None: no such slot).
+    pub fn slot_totals(&self, slot: usize) -> Option<(u64, u64, u64)> {
+        let c = self.slots.get(slot)?;
+        Some((
+            c.hits.load(Relaxed),
+            c.miss_cpu.load(Relaxed),
+            c.miss_pcie.load(Relaxed),
+        ))
+    }
+
     /// One layer of one step: `hits` pairs ran from VRAM slots, `miss_cpu` on the CPU pool,
     /// `miss_pcie` on the GPU after a copy over PCIe. Layers out of range are ignored.
     #[inline]
     pub fn record_layer(&self, layer: usize, hits: u64, miss_cpu: u64, miss_pcie: u64) {
         if let Some(c) = self.layers.get(layer) {
-            let add = |a: &AtomicU64, v: u64| {
-                if v > 0 {
-                    a.store(a.load(Relaxed) + v, Relaxed);
-                }
-            };
-            add(&c.hits, hits);
-            add(&c.miss_cpu, miss_cpu);
-            add(&c.miss_pcie, miss_pcie);
+            c.add(hits, miss_cpu, miss_pcie);
         }
     }
 
@@ -159,7 +195,7 @@ impl HybridCounters {
     }
 
     pub fn snapshot(&self) -> HybridSnapshot {
-        let g = |f: fn(&LayerCtr) -> &AtomicU64| -> Vec<u64> {
+        let g = |f: fn(&PairCtr) -> &AtomicU64| -> Vec<u64> {
             self.layers.iter().map(|c| f(c).load(Relaxed)).collect()
         };
         HybridSnapshot {

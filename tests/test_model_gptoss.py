@@ -46,19 +46,7 @@ def gptoss_file(root: Path, ty: str) -> Path:
 
 @pytest.mark.parametrize("chunk", [32, 5])
 def test_logits_match_transformers(chunk: int) -> None:
-    g = np.load(GOLDEN / "hf_gptoss_logits.npz")
-    prompts, refs = g["prompts"], g["logits"]
-    assert prompts.shape[1] >= 64 and len(prompts) >= 3
-    m = Model.open(F32, n_ctx=128, kv_type="f32", prefill_chunk=chunk)
-    assert m.hparams["architecture"] == "gpt-oss"
-    worst = 0.0
-    for p, ref in zip(prompts, refs, strict=True):
-        m.free(0)
-        ours = m.forward(0, [int(x) for x in p], logits="all")
-        worst = max(worst, float(np.abs(ours - ref).max() / np.abs(ref).max()))
-        assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.99
-    print(f"gptoss chunk {chunk}: max |Δ| / max |ref| = {worst:.2e}")
-    assert worst <= 1e-4
+    assert fam.hf_worst("gptoss", "gpt-oss", chunk) <= 1e-4
 
 
 def test_converter_file_has_the_gptoss_blocks(root: Path) -> None:

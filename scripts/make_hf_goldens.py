@@ -2,7 +2,7 @@
 """Float-oracle goldens: HF transformers' models (float32, eager attention) with random weights,
 for every family the engine runs.
 
-    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe]
+    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe,gptoss]
         [--llama-cpp DIR] [--root DIR]
 
 - `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding
@@ -13,11 +13,12 @@ for every family the engine runs.
 - `test` → tests/golden/hf_qwen3moe_logits.npz: the qwen3moe model tests' shape
   (tests/qwen3moe_file.py, vocabulary 512) with `random_tensors(shape, TEST_SEED)`; 4 prompts
   of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
-- `qwen2moe`, `mixtral`, `glm4moe` → tests/golden/<family>_f32.gguf and
+- `qwen2moe`, `mixtral`, `glm4moe`, `gptoss` → tests/golden/<family>_f32.gguf and
   tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
-  `MixtralForCausalLM` / `Glm4MoeForCausalLM` (every weight drawn with numpy from a fixed seed in
-  state-dict order: linear std 1/sqrt(fan_in), embeddings std 1, norms near 1, biases std 0.1),
-  saved with `save_pretrained` and converted to an F32 GGUF by llama.cpp's own converter
+  `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` (every weight drawn with
+  numpy from a fixed seed in state-dict order: linear std 1/sqrt(fan_in) times the family's
+  `SCALES`, embeddings std 1, norms near 1, biases std 0.1), saved with `save_pretrained`
+  and converted to an F32 GGUF by llama.cpp's own converter
   (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
   vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in place of
   the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]
@@ -113,10 +114,37 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),
+    # Sliding-window attention on layer 0 (window 8 < the prompts' 64 positions), full on
+    # layer 1; attention sinks; Q/K/V/O, router and expert biases; YaRN as gpt-oss's config
+    # writes it but with the correction range truncated (`truncate`: llama.cpp's
+    # ggml_rope_yarn_corr_dims always floors/ceils it and the GGUF does not carry the flag).
+    "gptoss": (
+        "GptOssForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            attention_bias=True,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": True,
+                "original_max_position_embeddings": 4096,
+            },
+        ),
+    ),
 }
+# Per family, std multipliers of weights by name (gpt-oss: expert pre-activations of a few
+# units, so that the clamp at ±7 of its SwiGLU is reached).
+SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
 
 
-def randomize(model: Any, seed: int) -> None:
+def randomize(model: Any, seed: int, scales: dict[str, float] | None = None) -> None:
     import torch
 
     rng = np.random.default_rng(seed)
@@ -132,6 +160,7 @@ def randomize(model: Any, seed: int) -> None:
             a = 0.1 * rng.standard_normal(shape)
         else:
             a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        a = a * next((v for k, v in (scales or {}).items() if name.endswith(k)), 1.0)
         new[name] = torch.from_numpy(a.astype(np.float32))
     model.load_state_dict(new)
 
@@ -232,7 +261,7 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     cfg = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**{**COMMON, **kw})
     cfg._attn_implementation = "eager"
     model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
-    randomize(model, FAMILY_SEED + i)
+    randomize(model, FAMILY_SEED + i, SCALES.get(name))
     out = root / "tests" / "golden"
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:

@@ -22,6 +22,21 @@ QWEN2_PRETOKENIZER_RE = (
 )
 # tokenizer.ggml.pre values whose split pattern is the qwen2 one.
 _QWEN2_PRES = frozenset({"qwen2", "qwen35", "deepseek-r1-qwen", "megrez"})
+# The o200k split pattern (gpt-oss, `gpt-4o`) as llama.cpp runs it (LLAMA_VOCAB_PRE_TYPE_GPT4O):
+# tokenizer.json's letter classes written as "a letter that is not a-z" / "not A-Z", so a
+# non-ASCII letter counts on both sides, as in llama.cpp.
+GPT4O_PRETOKENIZER_RE = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# tokenizer.ggml.pre values and their split patterns (the names llama.cpp maps to each).
+PRETOKENIZERS: dict[str, str] = {
+    **dict.fromkeys(_QWEN2_PRES, QWEN2_PRETOKENIZER_RE),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), GPT4O_PRETOKENIZER_RE),
+}
 
 # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -35,10 +50,17 @@ _EOG_TEXTS = (
     "<|eot_id|>",
     "<|eom_id|>",
     "<|end|>",
+    "<|return|>",  # o200k_harmony (gpt-oss)
+    "<|call|>",  # o200k_harmony
     "<|fim_pad|>",
     "<|repo_name|>",
     "<|file_sep|>",
 )
+
+
+# The harmony format's (gpt-oss) structure tokens, which llama.cpp always renders as text (it
+# makes them USER_DEFINED) so that channels can be parsed from the output.
+_RENDERED_TEXTS = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -103,10 +125,10 @@ class Tokenizer:
             raise ModelError(
                 f"tokenizer: {len(token_types)} token types for {n} tokens (they must match)"
             )
-        if pre not in _QWEN2_PRES:
+        if pre not in PRETOKENIZERS:
             raise ModelError(
-                f"tokenizer.ggml.pre {pre!r} is not supported (Strata runs the qwen2 "
-                f"pre-tokenizer: {', '.join(sorted(_QWEN2_PRES))})"
+                f"tokenizer.ggml.pre {pre!r} is not supported (Strata runs the qwen2 and "
+                f"gpt-4o pre-tokenizers: {', '.join(sorted(PRETOKENIZERS))})"
             )
         for name, v in (("bos", bos_id), ("eos", eos_id)):
             if v is not None and not (0 <= v < n):
@@ -138,9 +160,7 @@ class Tokenizer:
         hf.normalizer = normalizers.NFC()
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(
-                    Regex(QWEN2_PRETOKENIZER_RE), behavior="isolated", invert=False
-                ),
+                pre_tokenizers.Split(Regex(PRETOKENIZERS[pre]), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
@@ -169,7 +189,10 @@ class Tokenizer:
                 self._piece.append(t.encode("utf-8"))
             else:
                 self._piece.append(b"")
-        self._special = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
+        rendered = {vocab[t] for t in _RENDERED_TEXTS if t in vocab}
+        self._special = frozenset(
+            i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN) and i not in rendered
+        )
 
         eog = set(extra_eog)
         if eos_id is not None:
@@ -178,6 +201,12 @@ class Tokenizer:
             j = vocab.get(text)
             if j is not None and self._types[j] in (CONTROL, USER_DEFINED):
                 eog.add(j)
+        # llama.cpp's o200k_harmony rule: with <|return|> and <|call|> among the EOG tokens,
+        # <|end|> ends a message, not the generation (and is rendered as text).
+        texts = {self._tokens[i]: i for i in eog if 0 <= i < n}
+        if {"<|return|>", "<|call|>", "<|end|>"} <= texts.keys():
+            eog.discard(texts["<|end|>"])
+            self._special = self._special - {texts["<|end|>"]}
         self._eog = frozenset(i for i in eog if 0 <= i < n)
 
     # ---- construction --------------------------------------------------------------------

@@ -110,17 +110,19 @@ class GGUFVocab:
         w.add_chat_template(self.chat_template)
 
 
-def train_bpe(texts: Iterable[str], n_merged_vocab: int) -> tuple[Any, list[str], list[str]]:
-    """Train a byte-level BPE of at most `n_merged_vocab` tokens on `texts` (qwen2
-    pre-tokenizer, ByteLevel, NFC). Returns (the HF Tokenizer, tokens in id order, merges "a b"
-    in rank order). Deterministic."""
+def train_bpe(
+    texts: Iterable[str], n_merged_vocab: int, split_re: str = QWEN2_PRETOKENIZER_RE
+) -> tuple[Any, list[str], list[str]]:
+    """Train a byte-level BPE of at most `n_merged_vocab` tokens on `texts` (the pre-tokenizer
+    split `split_re`, qwen2's by default; ByteLevel, NFC). Returns (the HF Tokenizer, tokens in
+    id order, merges "a b" in rank order). Deterministic."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_RE), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(split_re), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.reasoning import ReasoningParser
+from strata.server.harmony import HarmonyParser
 from strata.server.tools import ToolCall, ToolCallParser, ToolFormat, ToolSpec
 
 # (kind, value): ("reasoning", text), ("content", text), ("call", ToolCall); incremental
@@ -19,7 +20,7 @@ Part = tuple[str, Any]
 class AssistantParser:
     def __init__(
         self,
-        reasoning: ReasoningParser | None = None,
+        reasoning: ReasoningParser | HarmonyParser | None = None,
         tools: ToolCallParser | None = None,
     ) -> None:
         self.reasoning = reasoning
@@ -34,12 +35,20 @@ class AssistantParser:
         tools: Sequence[ToolSpec],
         parallel: bool = True,
         incremental: bool = False,
+        harmony: tuple[bool, str | None] = (False, None),
     ) -> AssistantParser:
         """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none").
         `incremental`: calls also stream as "call_start" / "call_args" parts
-        (`ToolCallParser`)."""
+        (`ToolCallParser`). `harmony`: (the template writes harmony messages, the channel
+        the prompt left open): channels and calls are parsed by `HarmonyParser` instead (with
+        `parse_reasoning`)."""
+        on, opened = harmony
+        if on and parse_reasoning:
+            offered = {t.name: t for t in tools} if fmt is not None else None
+            return AssistantParser(HarmonyParser(opened, offered, incremental))
+        reasoning = ReasoningParser(reasoning_opened) if parse_reasoning else None
         return AssistantParser(
-            ReasoningParser(reasoning_opened) if parse_reasoning else None,
+            reasoning,
             ToolCallParser(fmt, tools, parallel, incremental) if fmt is not None else None,
         )
 

@@ -26,6 +26,7 @@ from typing import Any
 from strata import constraints
 from strata.reasoning import FORMATS as REASONING_FORMATS
 from strata.reasoning import prompt_opens_reasoning
+from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
 from strata.server.tokenizing import ServerTokenizer
@@ -46,6 +47,8 @@ class ChatSetup:
     parallel: bool = True
     parse_reasoning: bool = True
     reasoning_opened: bool = False
+    # the template writes harmony messages (gpt-oss), and the channel the prompt left open
+    harmony: tuple[bool, str | None] = (False, None)
 
     def parser(self, incremental: bool = False) -> AssistantParser:
         """A fresh parser for one choice's answer (`incremental`: for a stream)."""
@@ -56,6 +59,7 @@ class ChatSetup:
             self.tools,
             self.parallel,
             incremental,
+            self.harmony,
         )
 
 
@@ -147,6 +151,11 @@ def prepare_chat(
     except ValueError as e:  # the model's template refused the conversation
         raise APIError(400, f"messages: {e}", param="messages") from None
     grammar = answer_grammar
+    if harmony.is_harmony(template) and (
+        grammar is not None or tool_choice not in ("auto", "none")
+    ):
+        param = "response_format" if grammar is not None else "tool_choice"
+        raise _bad(param, "constrained answers are not supported with the harmony format yet")
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
             raise _bad("response_format", "not together with a required or named tool_choice")
@@ -168,6 +177,7 @@ def prepare_chat(
         parallel=parallel,
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
+        harmony=(harmony.is_harmony(template), harmony.open_channel(prompt)),
     )
 
 

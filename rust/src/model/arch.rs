@@ -18,7 +18,12 @@
 //!   where the file has it, FFN norm named `post_attention_norm`, leading dense layers
 //!   (`leading_dense_block_count`), sigmoid routing with the selection bias `exp_probs_b`,
 //!   `expert_weights_norm` and `expert_weights_scale`, an ungated shared expert; the NextN
-//!   layers after the trunk (`nextn_predict_layers`) are not run.
+//!   layers after the trunk (`nextn_predict_layers`) are not run;
+//! - `gpt-oss`: NEOX RoPE (YaRN as the file says), Q/K/V/O biases, attention sinks,
+//!   sliding-window attention on the layers `attention.sliding_window_pattern` names (default
+//!   2: even layers), FFN norm named `post_attention_norm`, router bias, top-K of the logits
+//!   with a softmax over the K (`Routing::SoftmaxWeight`), experts with biases and the
+//!   clamped SwiGLU (`Experts::OaiBiased`).
 
 use crate::error::{Error, Result};
 
@@ -30,15 +35,17 @@ pub enum Family {
     Qwen2Moe,
     Llama,
     Glm4Moe,
+    GptOss,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 5] = [
+pub const SUPPORTED: [(&str, Family); 6] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
     ("llama", Family::Llama),
     ("glm4moe", Family::Glm4Moe),
+    ("gpt-oss", Family::GptOss),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
@@ -83,6 +90,11 @@ impl Family {
             routing: Routing::Softmax { norm: true },
             shared: Shared::None,
             dense_lead: 0,
+            o_bias: false,
+            sinks: false,
+            swa: None,
+            router_bias: false,
+            experts: Experts::Swiglu,
         };
         Ok(match self {
             Family::Qwen3Moe => qwen3,
@@ -154,6 +166,7 @@ impl Family {
                     ..qwen3
                 }
             }
+            Family::GptOss => super::arch_oai::graph(meta, qwen3)?,
         })
     }
 
@@ -201,6 +214,9 @@ pub enum Ffn {
 /// How router logits become each token's K experts and weights.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Routing {
+    /// The top K logits (ties: lower id first), weighted by the softmax over those K
+    /// (llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT`, gpt-oss).
+    SoftmaxWeight,
     /// Softmax over all E logits (f32), the top K by probability (ties: lower id first);
     /// renormalized to sum 1 when `norm` (ggml's f64 sum clamped at 2^-14). Over the selected
     /// K this is the softmax of their logits (Mixtral's "softmax over the top-K").
@@ -221,6 +237,10 @@ impl Routing {
                 if norm {
                     renormalize(w);
                 }
+            }
+            Routing::SoftmaxWeight => {
+                top_k_taken(p, ids, w);
+                crate::quant::vexp::softmax(w, false);
             }
             Routing::SigmoidBias { norm, scale } => {
                 for v in p.iter_mut() {
@@ -296,6 +316,49 @@ pub struct Graph {
     /// Layers 0..dense_lead run one dense SwiGLU FFN `ffn_{gate,up,down}` (width
     /// `feed_forward_length`) instead of experts.
     pub dense_lead: usize,
+    /// `attn_output.bias` [H] added after the output projection.
+    pub o_bias: bool,
+    /// `attn_sinks` [Nh]: per head, one more logit in the attention softmax, with no value.
+    pub sinks: bool,
+    /// Sliding-window attention on some layers.
+    pub swa: Option<Swa>,
+    /// `ffn_gate_inp.bias` [E] added to the router logits.
+    pub router_bias: bool,
+    pub experts: Experts,
+}
+
+impl Graph {
+    /// The attention window of layer `l`: Some(W) when its query at position p sees only
+    /// the keys at p - W < position ≤ p (llama.cpp's LLAMA_SWA_TYPE_STANDARD).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        self.swa.filter(|s| s.covers(l)).map(|s| s.window)
+    }
+}
+
+/// Sliding-window attention: `window` positions on the layers the pattern names
+/// (llama.cpp's `set_swa_pattern` without a dense first layer: layer l is windowed when
+/// `l % pattern < pattern - 1`, every layer when `pattern` is 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Swa {
+    pub window: usize,
+    pub pattern: usize,
+}
+
+impl Swa {
+    pub fn covers(&self, l: usize) -> bool {
+        self.pattern == 0 || l % self.pattern < self.pattern - 1
+    }
+}
+
+/// The routed experts' FFN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Experts {
+    /// `down(silu(gate·x) ⊙ up·x)`, the pool's fused kernel.
+    Swiglu,
+    /// gpt-oss: biases on gate, up and down (`ffn_{gate,up,down}_exps.bias`) and
+    /// `ggml_swiglu_oai`: g' = min(g, limit), u' = clamp(u, ±limit),
+    /// `g'·σ(alpha·g') · (u' + 1)` (`model::moe_oai`).
+    OaiBiased { alpha: f32, limit: f32 },
 }
 
 /// A dense SwiGLU expert beside the routed ones (`ffn_{gate,up,down}_shexp`).
@@ -348,17 +411,42 @@ mod tests {
     }
 
     #[test]
+    fn softmax_weight_picks_top_logits_and_softmaxes_them() {
+        let mut p = [0.5f32, 2.0, -1.0, 1.0];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        Routing::SoftmaxWeight.route(&mut p, None, &mut ids, &mut w);
+        assert_eq!(ids, [1, 3]);
+        let e = 1.0f32.exp(); // weights e^2 / (e^2 + e^1), e^1 / (e^2 + e^1)
+        assert!((w[0] - e / (e + 1.0)).abs() < 1e-6 && (w[1] - 1.0 / (e + 1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn swa_pattern_follows_llama_cpp() {
+        let s = Swa {
+            window: 4,
+            pattern: 2,
+        };
+        assert_eq!(
+            (0..4).map(|l| s.covers(l)).collect::<Vec<_>>(),
+            [true, false, true, false]
+        );
+        let all = Swa { pattern: 0, ..s };
+        assert!((0..3).all(|l| all.covers(l)));
+    }
+
+    #[test]
     fn gpu_refuses_cpu_only_families() {
         assert!(Family::Qwen3Moe.require_gpu().is_ok());
         let e = Family::Qwen2Moe.require_gpu().unwrap_err().to_string();
         assert!(e.contains("\"qwen2moe\" runs on the CPU path only") && e.contains("qwen3moe"));
+        let e = Family::GptOss.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"gpt-oss\" runs on the CPU path only"));
     }
 
     #[test]
     fn unknown_architecture_names_the_supported_list() {
-        let e = Family::from_arch("gpt-oss").unwrap_err().to_string();
-        assert!(
-            e.contains("\"gpt-oss\"") && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe")
-        );
+        let e = Family::from_arch("grok").unwrap_err().to_string();
+        assert!(e.contains("\"grok\"") && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe"));
+        assert!(e.contains("gpt-oss"));
     }
 }

@@ -13,7 +13,7 @@ use super::attn_avx2;
 use super::kv::{axpy_row, KvCache, KvType};
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::{common_reduce8, quantize_act, reduce_4x8, vec_dot, vec_dot_t};
-use crate::quant::vexp::softmax;
+use crate::quant::vexp::{softmax, softmax_sink};
 use crate::quant::GgmlType;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -43,7 +43,7 @@ impl AttnScratch {
     }
 }
 
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -51,11 +51,15 @@ pub struct AttnShape {
     /// Bytes of one position's row (Nkv heads) and of one head in the cache type.
     pub row_bytes: usize,
     pub head_bytes: usize,
+    /// Per query head [Nh], one more logit in the softmax with no value (attention sinks).
+    pub sinks: Option<&'a [f32]>,
+    /// Some(W): position p sees only keys p - W < j ≤ p (sliding-window attention).
+    pub window: Option<usize>,
 }
 
-impl AttnShape {
+impl<'a> AttnShape<'a> {
     /// The shape of `n_head` query heads over `kv`'s `n_head_kv` heads of `head_dim`.
-    pub fn of(kv: &KvCache, n_head: usize, n_head_kv: usize, head_dim: usize) -> AttnShape {
+    pub fn of(kv: &KvCache, n_head: usize, n_head_kv: usize, head_dim: usize) -> AttnShape<'a> {
         AttnShape {
             n_head,
             n_head_kv,
@@ -63,7 +67,23 @@ impl AttnShape {
             ty: kv.ty,
             row_bytes: kv.row_bytes,
             head_bytes: kv.head_bytes,
+            sinks: None,
+            window: None,
         }
+    }
+
+    /// The same shape with a layer's sinks and window.
+    pub fn with(self, sinks: Option<&'a [f32]>, window: Option<usize>) -> AttnShape<'a> {
+        AttnShape {
+            sinks,
+            window,
+            ..self
+        }
+    }
+
+    /// The first key position that position `p` (of n = p + 1 visible) sees.
+    pub fn first_key(&self, n: usize) -> usize {
+        self.window.map_or(0, |w| n.saturating_sub(w))
     }
 }
 
@@ -279,7 +299,10 @@ pub fn attend_head(
             *sc = dot_qk(s.ty, d, k, qa, qf, &mut scratch.rowf, t) * scale;
         }
     }
-    softmax(scores, true);
+    match s.sinks {
+        Some(sk) => softmax_sink(scores, sk[h]),
+        None => softmax(scores, true),
+    }
     if s.ty == KvType::F16 {
         let (pv, rowf) = (&mut scratch.pv, &mut scratch.rowf);
         pv_f16(scores, v_cache, s, kvo, t > 1, pv, rowf, oh);

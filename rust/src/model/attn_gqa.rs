@@ -1,7 +1,8 @@
 //! Grouped-query attention of one query position: all the query heads that read one KV
 //! head, in one pass over that head's K and V rows (`attn_gqa_avx2.rs`). Bitwise equal to
-//! `attention::attend_head` for each head in the multi-row order (t > 1) over an f16 cache,
-//! the case these kernels serve (`serves`); the other cases run `attend_head` per head.
+//! `attention::attend_head` for each head (sinks included) in the multi-row order (t > 1)
+//! over an f16 cache, the case these kernels serve (`serves`); the other cases run
+//! `attend_head` per head.
 //!
 //! Shapes: Nh query heads in Nkv groups of G = Nh / Nkv consecutive heads, D = head dim,
 //! n = visible positions; q and out are the group's [G, D].
@@ -81,18 +82,21 @@ pub fn attend_group(
             _ => 1,
         };
         let (qs, os) = (&q[h * d..(h + m) * d], &mut out[h * d..(h + m) * d]);
+        let h0 = g * group + h; // the first query head of this pass
+        let sk = s.sinks.map(|sk| &sk[h0..h0 + m]);
         match m {
-            8 => heads::<8>(s, k_cache, v_cache, n, kvo, qs, os, gs),
-            4 => heads::<4>(s, k_cache, v_cache, n, kvo, qs, os, gs),
-            2 => heads::<2>(s, k_cache, v_cache, n, kvo, qs, os, gs),
-            _ => heads::<1>(s, k_cache, v_cache, n, kvo, qs, os, gs),
+            8 => heads::<8>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
+            4 => heads::<4>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
+            2 => heads::<2>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
+            _ => heads::<1>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
         }
         h += m;
     }
     Ok(())
 }
 
-/// M heads of one KV head: q·k, softmax and P·V, each over the rows once.
+/// M heads of one KV head: q·k, softmax (with the heads' [M] sinks where given) and P·V,
+/// each over the rows once.
 #[allow(clippy::too_many_arguments)]
 fn heads<const M: usize>(
     s: &AttnShape,
@@ -103,6 +107,7 @@ fn heads<const M: usize>(
     q: &[f32],
     out: &mut [f32],
     gs: &mut GroupScratch,
+    sinks: Option<&[f32]>,
 ) {
     let d = s.head_dim;
     let stride = gs.n_ctx;
@@ -115,8 +120,8 @@ fn heads<const M: usize>(
     // SAFETY: `serves` checked the CPU features; the kernels bound-check their rows.
     unsafe {
         k::group_scores::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
-        for row in scores.chunks_exact_mut(stride) {
-            k::softmax_f16p(&mut row[..n]);
+        for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
+            k::softmax_f16p(&mut row[..n], sinks.map(|sk| sk[j]));
         }
         let (acc, pack) = (&mut gs.acc, &mut gs.pack);
         k::group_pv::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
@@ -152,10 +157,17 @@ mod tests {
         crate::quant::dot::require_isa(Isa::Avx2, "group_equals_attend_head_bitwise");
         assert!(k::available());
         let d = 64;
-        for (nh, nkv) in [(16usize, 2usize), (12, 2), (3, 1)] {
+        let sinks: Vec<f32> = (0..16).map(|i| i as f32 * 0.7 - 4.0).collect();
+        for (nh, nkv, sink) in [
+            (16usize, 2usize, false),
+            (12, 2, false),
+            (3, 1, false),
+            (16, 2, true),
+            (3, 1, true),
+        ] {
             let group = nh / nkv;
             let kv = cache(nkv, d, 530);
-            let shape = AttnShape::of(&kv, nh, nkv, d);
+            let shape = AttnShape::of(&kv, nh, nkv, d).with(sink.then_some(&sinks[..nh]), None);
             assert!(serves(&shape, 2));
             let q: Vec<f32> = (0..nh * d)
                 .map(|i| ((i * 104_729) % 2003) as f32 / 700.0 - 1.4)
@@ -238,9 +250,22 @@ mod tests {
                 .collect();
             let mut got = x.clone();
             // SAFETY: the CPU runs the kernels (checked above).
-            unsafe { k::softmax_f16p(&mut got) };
+            unsafe { k::softmax_f16p(&mut got, None) };
             let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "n={n}");
+            for sink in [-20.0f32, 0.3, 25.0] {
+                let mut want = x.clone();
+                crate::quant::vexp::softmax_sink(&mut want, sink);
+                let want: Vec<u32> = want
+                    .iter()
+                    .map(|v| f16::from_f32(*v).to_f32().to_bits())
+                    .collect();
+                let mut got = x.clone();
+                // SAFETY: the CPU runs the kernels (checked above).
+                unsafe { k::softmax_f16p(&mut got, Some(sink)) };
+                let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want, "n={n} sink={sink}");
+            }
         }
     }
 }

@@ -166,13 +166,13 @@ pub unsafe fn expf_lanes(x: &[f32; 8]) -> [f32; 8] {
     r
 }
 
-/// `vexp::softmax(x, true)` (bitwise), then each probability rounded to f16 (to nearest even)
-/// as the P·V product of an f16 V reads it.
+/// `vexp::softmax(x, true)` (bitwise; `vexp::softmax_sink(x, s)` with a sink), then each
+/// probability rounded to f16 (to nearest even) as the P·V product of an f16 V reads it.
 ///
 /// # Safety
 /// `available()` holds.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn softmax_f16p(x: &mut [f32]) {
+pub unsafe fn softmax_f16p(x: &mut [f32], sink: Option<f32>) {
     let n = x.len();
     if n == 0 {
         return;
@@ -186,7 +186,10 @@ pub unsafe fn softmax_f16p(x: &mut [f32]) {
     }
     let mut mr = [0f32; 8];
     _mm256_storeu_ps(mr.as_mut_ptr(), m);
-    let max = mr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut max = mr.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(sk) = sink {
+        max = max.max(sk);
+    }
     let mv = _mm256_set1_ps(max);
     let mut sum = 0f64;
     let group = |e: __m256| -> f32 {
@@ -211,6 +214,9 @@ pub unsafe fn softmax_f16p(x: &mut [f32]) {
         _mm256_storeu_ps(tail.as_mut_ptr(), e);
         x[full..].copy_from_slice(&tail[..n - full]);
         sum += group(e) as f64;
+    }
+    if let Some(sk) = sink {
+        sum += (sk - max).exp() as f64;
     }
     let inv = _mm256_set1_ps((1.0 / sum) as f32);
     let round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<0>(_mm256_mul_ps(v, inv)));

@@ -24,7 +24,7 @@ pub unsafe fn group_scores<const M: usize>(
 
 /// # Safety
 /// Never called: `available()` is false.
-pub unsafe fn softmax_f16p(_: &mut [f32]) {
+pub unsafe fn softmax_f16p(_: &mut [f32], _: Option<f32>) {
     unreachable!("no attention kernels on this architecture")
 }
 

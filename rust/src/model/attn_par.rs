@@ -6,7 +6,8 @@
 //! its own outputs, so the result is bit for bit the serial loop's whatever the schedule.
 //!
 //! Shapes: T query positions at p0.., Nh query heads of D; q and out are [T, Nh·D]; the
-//! cache layer holds positions [0, p0 + T); position p0 + i sees keys [0, p0 + i + 1).
+//! cache layer holds positions [0, p0 + T); position p0 + i sees keys [0, p0 + i + 1), or
+//! only the last W of them with a window (`AttnShape::window`).
 
 use super::attention::{attend_head, AttnScratch, AttnShape};
 use super::attn_gqa::{attend_group, serves, GroupScratch};
@@ -123,12 +124,14 @@ pub fn attend_chunk_units(
             let (r, len) = (i * qd + h * width * d, width * d);
             // SAFETY: unit (i, h) alone writes out[r..r + len], inside out (checked above).
             let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), len) };
-            let n = p0 + i + 1;
+            let end = p0 + i + 1;
+            let lo = s.first_key(end) * s.row_bytes;
+            let (kc, vc, n) = (&k_cache[lo..], &v_cache[lo..], end - s.first_key(end));
             let qh = &q[r..r + len];
             let res = if grouped {
-                attend_group(s, k_cache, v_cache, n, h, qh, oh, group, head, order)
+                attend_group(s, kc, vc, n, h, qh, oh, group, head, order)
             } else {
-                attend_head(s, k_cache, v_cache, n, h, qh, oh, head, order)
+                attend_head(s, kc, vc, n, h, qh, oh, head, order)
             };
             if let Err(e) = res {
                 if let Ok(mut f) = failed.lock() {

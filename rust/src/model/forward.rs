@@ -10,6 +10,7 @@
 //! [3][E] per-expert slab tables the pool reads (a few small vectors per call). In `mmap`
 //! mode the tier only counts uses and the pool reads the model's own map directly.
 
+use super::arch::Experts;
 use super::attn_par::AttnPar;
 use super::batch::Entry;
 use super::compute::Compute;
@@ -18,6 +19,7 @@ use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
 use super::kv_blob;
+use super::moe_oai::OaiScratch;
 use super::ops::Rope;
 use super::readahead::Readahead;
 use super::step::StepScratch;
@@ -75,6 +77,7 @@ pub(super) struct Scratch {
     pub(super) sin: Vec<f32>,    // [T, n_rot/2]
     pub(super) attn: AttnPar,    // per-task attention scratch
     pub(super) seen: Vec<bool>,  // [E] experts already counted in this layer (tier use counting)
+    pub(super) oai: OaiScratch,  // the biased experts' (`arch::Experts::OaiBiased`)
 }
 
 pub struct Model {
@@ -160,6 +163,12 @@ impl Model {
             sin: z(hp.n_rot / 2),
             attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
             seen: vec![false; hp.n_expert],
+            oai: match hp.graph.experts {
+                Experts::OaiBiased { .. } => {
+                    OaiScratch::new(t, hp.n_embd, hp.n_ff_exp, hp.n_expert_used)
+                }
+                Experts::Swiglu => OaiScratch::default(),
+            },
         };
         let head = match cfg.cpu_repack {
             true => RepackedHead::new(&weights.mat(&weights.output), t, compute.as_ref())?,

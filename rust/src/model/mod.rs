@@ -3,6 +3,7 @@
 //! matmuls go through the `Compute` seam.
 
 pub mod arch;
+mod arch_oai;
 pub mod attention;
 #[cfg_attr(target_arch = "x86_64", path = "attn_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "attn_stub.rs")]
@@ -20,6 +21,7 @@ pub mod head;
 pub mod hparams;
 pub mod kv;
 pub mod kv_blob;
+pub mod moe_oai;
 pub mod ops;
 pub mod readahead;
 mod step;

@@ -84,6 +84,9 @@ impl Readahead {
             t,
             &mut self.logits[..t * e],
         )?;
+        if let Some(b) = &lw.router_bias {
+            super::blocks::add_bias_rows(&mut self.logits[..t * e], b); // gpt-oss
+        }
         self.pick.clear();
         for i in 0..t {
             top_k(

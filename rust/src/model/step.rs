@@ -9,18 +9,21 @@
 //! every row's float order is the one its piece alone would get, so each entry's logits are
 //! bitwise those of its calls run alone, whatever shares the step.
 //!
-//! Every family runs this one layer loop; the blocks a layer has (biases, q/k norms, the
-//! routing strategy, a shared expert) are those its graph names (`arch::Graph`), chosen at
-//! load into the layer's weights and `hp.graph`.
+//! Every family runs this one layer loop; the blocks a layer has (biases, q/k norms, sinks
+//! and windows, the routing strategy, biased experts, a shared expert) are those its graph
+//! names (`arch::Graph`), chosen at load into the layer's weights and `hp.graph`.
 //!
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), H = hidden, Nh / Nkv = query / KV
 //! heads, D = head dim, E = experts, K = experts used, V = vocab, Fs = shared expert width.
 
+use super::arch::Experts;
+use super::attention::AttnShape;
 use super::attn_par::attend_chunk_units;
 use super::batch::{check_batch, Entry, Plan};
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
 use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::forward::{tier_tables, Logits, Model};
+use super::moe_oai::moe_oai;
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
 
@@ -111,7 +114,6 @@ impl Model {
         let (e, k) = (hp.n_expert, hp.n_expert_used);
         let half = hp.n_rot / 2;
         let (eps, strategy, fs) = (hp.rms_eps, hp.graph.routing, hp.n_ff_shexp);
-        let shape = super::attention::AttnShape::of(kv, hp.n_head, hp.n_head_kv, d);
         ss.segs.clear();
         ss.segs.extend(ss.plan.pieces.iter().map(|p| p.t));
         let segs = &ss.segs[..];
@@ -127,7 +129,9 @@ impl Model {
             }
         }
         for (l, lw) in w.layers.iter().enumerate() {
-            // ---- attention ----
+            // ---- attention (the layer's sinks and window, where the graph has them) ----
+            let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d)
+                .with(lw.sinks.as_deref(), hp.graph.window(l));
             for i in 0..t {
                 let r = i * hd..(i + 1) * hd;
                 rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
@@ -179,6 +183,9 @@ impl Model {
                 )?;
             }
             compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]
+            if let Some(bo) = &lw.o_bias {
+                add_bias_rows(&mut s.o[..t * hd], bo);
+            }
             for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
                 *x += o;
             }
@@ -200,6 +207,9 @@ impl Model {
             // [R', H]
             } else {
                 compute.matmul_segs(&w.mat(&lw.router), h, segs, &mut s.router[..t * e])?; // [R', E]
+                if let Some(br) = &lw.router_bias {
+                    add_bias_rows(&mut s.router[..t * e], br);
+                }
                 for i in 0..t {
                     strategy.route(
                         &mut s.router[i * e..(i + 1) * e],
@@ -245,12 +255,23 @@ impl Model {
                     &base
                 };
                 // [R', H]: every pair of the step grouped by expert
-                compute.moe_segs(
-                    layer,
-                    &MoeInput::new(h, &s.ids[..t * k], &s.wts[..t * k], k),
-                    segs,
-                    &mut s.o[..t * hd],
-                )?;
+                let pairs = MoeInput::new(h, &s.ids[..t * k], &s.wts[..t * k], k);
+                match (hp.graph.experts, &lw.exp_bias) {
+                    (Experts::OaiBiased { alpha, limit }, Some(b)) => {
+                        let o = &mut s.o[..t * hd];
+                        moe_oai(
+                            &**compute,
+                            layer,
+                            b,
+                            (alpha, limit),
+                            &pairs,
+                            segs,
+                            &mut s.oai,
+                            o,
+                        )?
+                    }
+                    _ => compute.moe_segs(layer, &pairs, segs, &mut s.o[..t * hd])?,
+                }
                 if let Some(sh) = &lw.shared {
                     let sc = FfnScratch {
                         g: &mut s.sh_g[..t * fs],

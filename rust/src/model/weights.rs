@@ -10,12 +10,14 @@
 //! takes expert 0 with weight 1): `ffn_norm` itself, read in place.
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
 //! F = expert FFN width, Fs = shared expert FFN width.
-//! Which tensors a layer has follows the family's graph (`arch::Graph`): Q/K/V biases, q/k
-//! norms and the shared expert are loaded where the graph names them and must then be present.
+//! Which tensors a layer has follows the family's graph (`arch::Graph`): Q/K/V/O biases, q/k
+//! norms, attention sinks, the router and expert biases and the shared expert are loaded
+//! where the graph names them and must then be present.
 
-use super::arch::{Ffn, Routing, Shared};
+use super::arch::{Experts, Ffn, Routing, Shared};
 use super::compute::{ExpertLayer, QExperts, QMatrix};
 use super::hparams::HParams;
+use super::moe_oai::ExpertBias;
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::quant::{self, dot, GgmlType};
@@ -43,6 +45,14 @@ pub struct LayerWeights {
     /// The selection bias [E] of `Routing::SigmoidBias` (`exp_probs_b.bias`).
     pub exp_probs_b: Option<Vec<f32>>,
     pub shared: Option<SharedExpert>,
+    /// `attn_output.bias` [H], where the graph has it (`Graph::o_bias`).
+    pub o_bias: Option<Vec<f32>>,
+    /// `attn_sinks` [Nh], where the graph has them (`Graph::sinks`).
+    pub sinks: Option<Vec<f32>>,
+    /// `ffn_gate_inp.bias` [E], where the graph has it (`Graph::router_bias`).
+    pub router_bias: Option<Vec<f32>>,
+    /// The experts' biases (`Experts::OaiBiased`).
+    pub exp_bias: Option<ExpertBias>,
 }
 
 /// A dense SwiGLU expert every token takes, scaled by sigmoid(gate_inp·x) where it has a gate.
@@ -155,8 +165,14 @@ fn one_row(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
 }
 
 fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
+    rows_f32(g, name, &[n])
+}
+
+/// A small tensor of ggml shape `ne` converted to f32 (row-major, ne[0] fastest).
+fn rows_f32(g: &Gguf, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
     let t = tensor(g, name)?;
-    check(t, &[n], false)?;
+    check(t, ne, false)?;
+    let n = ne.iter().product();
     let mut v = vec![0f32; n];
     quant::dequantize(t.ty, g.data(t), &mut v).map_err(|e| {
         Error::Model(format!(
@@ -253,7 +269,23 @@ impl Weights {
                 true => vector(g, &n(s), d).map(Some),
                 false => Ok(None),
             };
+            let opt = |on: bool, name: String, n: usize| match on {
+                true => vector(g, &name, n).map(Some),
+                false => Ok(None),
+            };
+            let exp_bias = match gr.experts {
+                Experts::OaiBiased { .. } if !lead && !dense => Some(ExpertBias {
+                    gate: rows_f32(g, &b("ffn_gate_exps"), &[f, e])?,
+                    up: rows_f32(g, &b("ffn_up_exps"), &[f, e])?,
+                    down: rows_f32(g, &b("ffn_down_exps"), &[h, e])?,
+                }),
+                _ => None,
+            };
             layers.push(LayerWeights {
+                o_bias: opt(gr.o_bias, b("attn_output"), h)?,
+                sinks: opt(gr.sinks, n("attn_sinks"), hp.n_head)?,
+                router_bias: opt(gr.router_bias && !lead && !dense, b("ffn_gate_inp"), e)?,
+                exp_bias,
                 attn_norm: vector(g, &n("attn_norm"), h)?,
                 wq: matrix(g, &n("attn_q"), qd, h)?,
                 wk: matrix(g, &n("attn_k"), kvd, h)?,

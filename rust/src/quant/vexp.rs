@@ -104,18 +104,40 @@ pub fn softmax(x: &mut [f32], pad: bool) {
         unsafe { softmax_fma(x, pad) };
         return;
     }
-    softmax_body(x, pad)
+    softmax_body(x, pad, None)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
 unsafe fn softmax_fma(x: &mut [f32], pad: bool) {
-    softmax_body(x, pad)
+    softmax_body(x, pad, None)
+}
+
+/// `softmax(x, true)` with one more logit `sink` that takes part in the max and the sum but
+/// has no output (ggml's `soft_max_ext` with sinks: the max is raised to the sink, the sum
+/// gains `expf(sink − max)`).
+pub fn softmax_sink(x: &mut [f32], sink: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { softmax_sink_fma(x, sink) };
+        return;
+    }
+    softmax_body(x, true, Some(sink))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn softmax_sink_fma(x: &mut [f32], sink: f32) {
+    softmax_body(x, true, Some(sink))
 }
 
 #[inline(always)]
-fn softmax_body(x: &mut [f32], pad: bool) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+fn softmax_body(x: &mut [f32], pad: bool, sink: Option<f32>) {
+    let mut max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(sk) = sink {
+        max = max.max(sk);
+    }
     let mut sum = 0f64;
     let mut groups = x.chunks_exact_mut(8);
     for grp in &mut groups {
@@ -140,6 +162,9 @@ fn softmax_body(x: &mut [f32], pad: bool) {
             sum += *v as f64;
         }
     }
+    if let Some(sk) = sink {
+        sum += (sk - max).exp() as f64;
+    }
     let inv = (1.0 / sum) as f32;
     for v in x.iter_mut() {
         *v *= inv;
@@ -163,6 +188,19 @@ mod tests {
         assert!(expf_lane(100.0).is_infinite());
         let sub = expf_lane(-100.0); // subnormal range
         assert!(sub > 0.0 && ((sub - (-100f32).exp()) / (-100f32).exp()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn softmax_sink_is_the_softmax_with_one_more_logit_dropped() {
+        for sink in [-3.0f32, 0.5, 9.0] {
+            let mut x = [1.0f32, 2.0, 3.0, 0.5, -1.0, 0.25, 7.0, 1.0, 2.0];
+            let mut full: Vec<f32> = x.iter().copied().chain([sink]).collect();
+            softmax_sink(&mut x, sink);
+            softmax(&mut full, false);
+            for (a, b) in x.iter().zip(&full) {
+                assert!((a - b).abs() < 1e-6, "sink {sink}: {a} vs {b}");
+            }
+        }
     }
 
     #[test]

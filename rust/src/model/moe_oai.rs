@@ -1,0 +1,279 @@
+//! The routed experts of gpt-oss (llama.cpp's `build_moe_ffn` with `LLM_FFN_SWIGLU_OAI_MOE`
+//! and expert biases): for a token x and its K experts e_j with weights w_j,
+//! `y = Σ_j w_j · (down_e(swiglu_oai(gate_e·x + bg_e, up_e·x + bu_e)) + bd_e)`, the terms
+//! added in slot order j = 0..K as ggml adds the expert views.
+//!
+//! The pool's fused kernel has no biases and plain SwiGLU, so these experts run as dense
+//! matmuls (`Compute::matmul_segs`) over the rows that chose each expert, grouped over the
+//! whole step with each segment's rows in the order its segment alone gives (a batched
+//! step's entries stay bitwise their calls alone). The expert bytes are the same the pool
+//! reads: the RAM tier's slabs where the `ExpertLayer` has them.
+//!
+//! Legend: R' = rows of the step, H = hidden, F = expert width, E = experts, K = experts
+//! per row.
+
+use super::compute::{Compute, ExpertLayer, MoeInput, QExperts, QMatrix};
+use crate::error::{Error, Result};
+
+/// The experts' biases (ggml ne {F, E} and {H, E}).
+pub struct ExpertBias {
+    pub gate: Vec<f32>, // [E, F]
+    pub up: Vec<f32>,   // [E, F]
+    pub down: Vec<f32>, // [E, H]
+}
+
+/// Scratch of one MoE layer call, sized at load for R' rows.
+#[derive(Default)]
+pub struct OaiScratch {
+    rows: Vec<usize>, // [≤ R'] the pairs (row·K + slot) that chose one expert, in row order
+    segs: Vec<usize>, // [≤ pieces] those pairs per segment (empty segments left out)
+    x: Vec<f32>,      // [R', H] their inputs
+    g: Vec<f32>,      // [R', F] gate projection, then the activation
+    u: Vec<f32>,      // [R', F] up projection
+    y: Vec<f32>,      // [R', H] down projection
+    pairs: Vec<f32>,  // [R', K, H] every pair's biased expert output
+}
+
+impl OaiScratch {
+    pub fn new(r: usize, h: usize, f: usize, k: usize) -> OaiScratch {
+        OaiScratch {
+            rows: Vec::with_capacity(r),
+            segs: Vec::with_capacity(r),
+            x: vec![0.0; r * h],
+            g: vec![0.0; r * f],
+            u: vec![0.0; r * f],
+            y: vec![0.0; r * h],
+            pairs: vec![0.0; r * k * h],
+        }
+    }
+}
+
+/// `g ← swiglu_oai(g, u)` element-wise, in ggml's arithmetic (`ggml_compute_forward_swiglu_oai`):
+/// x = min(g, limit), y = clamp(u, −limit, limit), `x / (1 + expf(alpha·(−x))) · (y + 1)`.
+pub fn swiglu_oai(g: &mut [f32], u: &[f32], alpha: f32, limit: f32) {
+    for (a, &b) in g.iter_mut().zip(u) {
+        let x = a.min(limit);
+        let y = b.clamp(-limit, limit);
+        *a = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
+}
+
+/// Expert `e` of a stack as a matrix (rows, cols).
+fn expert<'a>(q: &QExperts<'a>, e: usize) -> QMatrix<'a> {
+    let eb = q.rows * q.ty.row_bytes(q.cols).unwrap_or(0);
+    QMatrix {
+        ty: q.ty,
+        data: q.expert_data(e, eb),
+        rows: q.rows,
+        cols: q.cols,
+    }
+}
+
+/// The biased, clamped-SwiGLU experts of `a` (x [R', H], ids and weights [R', K]) into
+/// `out` [R', H] (overwritten); `segs` are the step's segments (Σ = R').
+#[allow(clippy::too_many_arguments)]
+pub fn moe_oai(
+    compute: &dyn Compute,
+    layer: &ExpertLayer<'_>,
+    bias: &ExpertBias,
+    (alpha, limit): (f32, f32),
+    a: &MoeInput<'_>,
+    segs: &[usize],
+    sc: &mut OaiScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    let (h, f, k, ne) = (layer.gate.cols, layer.gate.rows, a.k, layer.gate.n_expert);
+    let t = a.x.len() / h.max(1);
+    let ok = a.x.len() == t * h
+        && a.ids.len() == t * k
+        && a.weights.len() == t * k
+        && out.len() == t * h
+        && segs.iter().sum::<usize>() == t
+        && (
+            layer.up.rows,
+            layer.up.cols,
+            layer.down.rows,
+            layer.down.cols,
+        ) == (f, h, h, f)
+        && sc.x.len() >= t * h
+        && sc.pairs.len() >= t * k * h
+        && bias.gate.len() == ne * f
+        && bias.up.len() == ne * f
+        && bias.down.len() == ne * h;
+    if !ok {
+        return Err(Error::Shape(format!(
+            "biased experts: x {} ids {} out {} for H {h}, F {f}, K {k}, E {ne}",
+            a.x.len(),
+            a.ids.len(),
+            out.len()
+        )));
+    }
+    if let Some(&bad) = a.ids.iter().find(|&&id| id as usize >= ne) {
+        return Err(Error::Input(format!("expert id {bad} ≥ {ne} experts")));
+    }
+    for e in 0..ne {
+        sc.rows.clear();
+        sc.segs.clear();
+        let mut r0 = 0;
+        for &n in segs {
+            let before = sc.rows.len();
+            for p in r0 * k..(r0 + n) * k {
+                if a.ids[p] as usize == e {
+                    sc.rows.push(p);
+                }
+            }
+            if sc.rows.len() > before {
+                sc.segs.push(sc.rows.len() - before);
+            }
+            r0 += n;
+        }
+        let m = sc.rows.len();
+        if m == 0 {
+            continue;
+        }
+        for (i, &p) in sc.rows.iter().enumerate() {
+            let r = p / k;
+            sc.x[i * h..(i + 1) * h].copy_from_slice(&a.x[r * h..(r + 1) * h]);
+        }
+        let x = &sc.x[..m * h];
+        compute.matmul_segs(&expert(&layer.gate, e), x, &sc.segs, &mut sc.g[..m * f])?; // [m, F]
+        compute.matmul_segs(&expert(&layer.up, e), x, &sc.segs, &mut sc.u[..m * f])?; // [m, F]
+        let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
+        let rows = sc.g[..m * f]
+            .chunks_exact_mut(f)
+            .zip(sc.u[..m * f].chunks_exact_mut(f));
+        for (g, u) in rows {
+            for ((gv, uv), (&b0, &b1)) in g.iter_mut().zip(u.iter_mut()).zip(bg.iter().zip(bu)) {
+                *gv += b0;
+                *uv += b1;
+            }
+            swiglu_oai(g, u, alpha, limit);
+        }
+        let down = expert(&layer.down, e);
+        compute.matmul_segs(&down, &sc.g[..m * f], &sc.segs, &mut sc.y[..m * h])?; // [m, H]
+        let bd = &bias.down[e * h..(e + 1) * h];
+        for (i, &p) in sc.rows.iter().enumerate() {
+            let y = &sc.y[i * h..(i + 1) * h];
+            for ((d, &v), &b) in sc.pairs[p * h..(p + 1) * h].iter_mut().zip(y).zip(bd) {
+                *d = v + b;
+            }
+        }
+    }
+    for (r, o) in out.chunks_exact_mut(h).enumerate() {
+        for j in 0..k {
+            let (p, w) = (r * k + j, a.weights[r * k + j]);
+            let y = &sc.pairs[p * h..(p + 1) * h];
+            if j == 0 {
+                o.iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
+            } else {
+                o.iter_mut().zip(y).for_each(|(o, &v)| *o += v * w);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::compute::SerialCompute;
+    use crate::quant::GgmlType;
+
+    #[test]
+    fn swiglu_oai_clamps_as_ggml() {
+        let (mut g, u) = ([10.0f32, -3.0, 0.5], [-20.0f32, 2.0, 9.0]);
+        swiglu_oai(&mut g, &u, 1.702, 7.0);
+        let s = |x: f32| x / (1.0 + (-1.702 * x).exp());
+        assert_eq!(g, [s(7.0) * -6.0, s(-3.0) * 3.0, s(0.5) * 8.0]);
+    }
+
+    /// Against the formula per token, with F32 experts, over two segments.
+    #[test]
+    fn moe_oai_matches_the_per_token_formula() {
+        let (h, f, ne, k, t) = (4usize, 3usize, 3usize, 2usize, 5usize);
+        let val = |i: usize| ((i * 7919 + 13) % 101) as f32 / 50.0 - 1.0;
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (gw, uw, dw): (Vec<f32>, Vec<f32>, Vec<f32>) = (
+            (0..ne * f * h).map(|i| val(i) * 3.0).collect(),
+            (0..ne * f * h).map(|i| val(i + 500) * 3.0).collect(),
+            (0..ne * h * f).map(|i| val(i + 900)).collect(),
+        );
+        let (gb, ub, db) = (bytes(&gw), bytes(&uw), bytes(&dw));
+        fn q(data: &[u8], n_expert: usize, rows: usize, cols: usize) -> QExperts<'_> {
+            QExperts {
+                ty: GgmlType::F32,
+                data,
+                n_expert,
+                rows,
+                cols,
+                slabs: None,
+            }
+        }
+        let layer = ExpertLayer {
+            gate: q(&gb, ne, f, h),
+            up: q(&ub, ne, f, h),
+            down: q(&db, ne, h, f),
+        };
+        let bias = ExpertBias {
+            gate: (0..ne * f).map(|i| val(i + 40)).collect(),
+            up: (0..ne * f).map(|i| val(i + 80)).collect(),
+            down: (0..ne * h).map(|i| val(i + 120)).collect(),
+        };
+        let x: Vec<f32> = (0..t * h).map(|i| val(i + 7) * 2.0).collect();
+        let ids: Vec<u32> = vec![0, 2, 1, 0, 2, 1, 0, 1, 2, 0];
+        let w: Vec<f32> = (0..t * k).map(|i| 0.3 + 0.1 * i as f32).collect();
+        let mut out = vec![0f32; t * h];
+        let mut sc = OaiScratch::new(t, h, f, k);
+        let a = MoeInput::new(&x, &ids, &w, k);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a,
+            &[2, 3],
+            &mut sc,
+            &mut out,
+        )
+        .unwrap();
+        for r in 0..t {
+            let mut want = vec![0f64; h];
+            for j in 0..k {
+                let e = ids[r * k + j] as usize;
+                let xr = &x[r * h..(r + 1) * h];
+                let dot =
+                    |m: &[f32], o: usize| -> f32 { (0..h).map(|c| m[o + c] * xr[c]).sum::<f32>() };
+                let act: Vec<f32> = (0..f)
+                    .map(|i| {
+                        let mut g = [dot(&gw, (e * f + i) * h) + bias.gate[e * f + i]];
+                        let u = dot(&uw, (e * f + i) * h) + bias.up[e * f + i];
+                        swiglu_oai(&mut g, &[u], 1.702, 7.0);
+                        g[0]
+                    })
+                    .collect();
+                for c in 0..h {
+                    let d: f32 = (0..f).map(|i| dw[(e * h + c) * f + i] * act[i]).sum();
+                    want[c] += ((d + bias.down[e * h + c]) * w[r * k + j]) as f64;
+                }
+            }
+            for c in 0..h {
+                let got = out[r * h + c] as f64;
+                assert!(
+                    (got - want[c]).abs() < 1e-4 * (1.0 + want[c].abs()),
+                    "row {r} col {c}"
+                );
+            }
+        }
+        assert!(moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a,
+            &[2, 2],
+            &mut sc,
+            &mut out
+        )
+        .is_err());
+    }
+}

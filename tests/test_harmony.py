@@ -1,0 +1,168 @@
+"""The harmony format of gpt-oss: channels parsed from the answer (`analysis` → reasoning,
+the others → content), whole and streamed; the tokenizer's end-of-generation tokens and the
+structure tokens it renders as text, against llama.cpp (llama-cpp-python, vocab_only) on a
+vocabulary holding the o200k_harmony specials; the chat setup choosing the harmony parser."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import qwen3moe_file as qf
+from strata import modelgen
+from strata.modelgen import ModelSpec
+from strata.server.assistant import split
+from strata.server.chat import prepare_chat
+from strata.server.harmony import HarmonyParser, is_harmony, open_channel
+from strata.server.tokenizing import RealTokenizer
+from strata.server.tools import ToolSpec
+from strata.vocabgen import GGUFVocab
+
+ANSWER = (
+    "<|channel|>analysis<|message|>The user greets; answer briefly.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?"
+)
+HARMONY = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
+           "<|call|>")  # fmt: skip
+# A harmony template written for these tests (system/user turns, an assistant turn's final
+# channel, the generation prompt `<|start|>assistant`).
+TEMPLATE = (
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' }}"
+    "{%- else %}{{- '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
+
+
+def parse(text: str, step: int, opened: str | None = None) -> tuple[str, str]:
+    p = HarmonyParser(opened)
+    parts = []
+    for i in range(0, len(text), step):
+        parts += p.push(text[i : i + step])
+    parts += p.finish()
+    reasoning = "".join(v for k, v in parts if k == "reasoning")
+    return reasoning, "".join(v for k, v in parts if k == "content")
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_channels_split_whole_and_streamed(step: int) -> None:
+    assert parse(ANSWER, step) == ("The user greets; answer briefly.", "Hello! How can I help?")
+    tool = '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": 1}'
+    assert parse(tool, step) == ("", '{"a": 1}')
+    assert parse("plain text, no channels", step) == ("", "plain text, no channels")
+    assert parse("<|channel|>analysis<|message|>unfinished", step) == ("unfinished", "")
+    assert parse("<|channel|>final<|mess", step) == ("", "")  # an unfinished header
+    # text after a message that is not one is content
+    assert parse("more <|end|> after", step, opened="final") == ("", "more  after")
+
+
+def test_open_channel_and_template_detection() -> None:
+    assert open_channel("<|start|>assistant<|channel|>final<|message|>") == "final"
+    assert open_channel("<|start|>assistant<|channel|>analysis<|message|>") == "analysis"
+    assert open_channel("<|start|>assistant") is None
+    assert is_harmony(TEMPLATE) and not is_harmony(qf.CHAT_TEMPLATE) and not is_harmony(None)
+
+
+def harmony_vocab() -> GGUFVocab:
+    """The tests' toy vocabulary with the o200k_harmony specials (CONTROL, as the converter
+    writes them) in place of padding entries, and `TEMPLATE`."""
+    v = qf.vocab_of(512)
+    toks, types = list(v.tokens), list(v.token_types)
+    pads = [i for i, t in enumerate(toks) if t.startswith("[PAD")]
+    for i, s in zip(pads, HARMONY, strict=False):
+        toks[i], types[i] = s, 3
+    return dataclasses.replace(v, tokens=toks, token_types=types, chat_template=TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def vocab_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    v = harmony_vocab()
+    spec = dataclasses.replace(ModelSpec.tiny(), n_vocab=len(v))
+    return modelgen.write_vocab_only(tmp_path_factory.mktemp("harmony") / "v.gguf", v, spec)
+
+
+def test_eog_and_rendered_tokens_as_llama_cpp(vocab_path: Path) -> None:
+    """<|return|> and <|call|> end the generation and <|end|> does not (llama.cpp's
+    o200k_harmony rule); the structure tokens are rendered as text where llama.cpp renders
+    them without `special`."""
+    import llama_cpp
+    from test_tokenizer import llama_eog
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    ids = {s: tok.tok.token_id(s) for s in HARMONY}
+    assert tok.eog_ids == llama_eog(vocab_path)
+    assert {ids["<|return|>"], ids["<|call|>"]} <= tok.eog_ids
+    assert ids["<|end|>"] not in tok.eog_ids
+    m = llama_cpp.Llama(model_path=str(vocab_path), vocab_only=True, verbose=False)
+    v = llama_cpp.llama_model_get_vocab(m._model.model)
+    buf = (llama_cpp.ctypes.c_char * 64)()
+    for s, i in ids.items():
+        n = llama_cpp.llama_token_to_piece(v, i, buf, len(buf), 0, False)
+        assert tok.decode([i]) == buf.raw[: max(n, 0)].decode(), s
+
+
+def test_chat_setup_parses_harmony_channels() -> None:
+    tok = RealTokenizer(harmony_vocab().metadata())
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
+    setup = prepare_chat(tok, msgs, [], "none", True, None, None, "parsed")
+    assert setup.prompt == "<|start|>user<|message|>hi<|end|><|start|>assistant"
+    assert setup.harmony == (True, None)
+    m = split(setup.parser(), ANSWER)
+    assert (m.reasoning, m.content) == (
+        "The user greets; answer briefly.",
+        "Hello! How can I help?",
+    )
+    raw = prepare_chat(tok, msgs, [], "none", True, None, None, "none")
+    assert split(raw.parser(), ANSWER).content == ANSWER  # reasoning_format "none": as is
+
+
+CALL = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json"
+    '<|message|>{"city": "Oslo"}'
+)
+TOOLS = {"weather": ToolSpec("weather", "", {"type": "object"})}
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_calls_to_offered_tools(step: int) -> None:
+    def run(text: str, tools: Any, incremental: bool = False) -> list[tuple[str, Any]]:
+        p = HarmonyParser(None, tools, incremental)
+        parts = [x for i in range(0, len(text), step) for x in p.push(text[i : i + step])]
+        return parts + p.finish()
+
+    parts = run(CALL, TOOLS)
+    assert "".join(v for k, v in parts if k == "reasoning") == "Need the weather."
+    calls = [v for k, v in parts if k == "call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("weather", {"city": "Oslo"})]
+    streamed = [k for k, _ in run(CALL, TOOLS, incremental=True) if k.startswith("call")]
+    assert streamed == ["call_start", "call_args", "call"]
+    body = '{"city": "Oslo"}'
+    assert "".join(v for k, v in run(CALL, None) if k == "content") == body  # no tools offered
+    other = CALL.replace("functions.weather", "functions.other")
+    assert [k for k, _ in run(other, TOOLS)].count("call") == 0
+    assert run(CALL.replace(body, "not json"), TOOLS)[-1] == ("content", "not json")
+    # the recipient right after the prompt's `<|start|>assistant` (the template's own form)
+    after_role = ' to=functions.weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+    assert [k for k, _ in run(after_role, TOOLS)] == ["call"]
+
+
+def test_chat_setup_with_tools_and_refused_constraints() -> None:
+    from strata.server.openai_types import APIError
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
+    tools = list(TOOLS.values())
+    setup = prepare_chat(tok, msgs, tools, "auto", True, None, None, "parsed")
+    m = split(setup.parser(), CALL)
+    assert [(c.name, c.arguments) for c in m.calls] == [("weather", '{"city": "Oslo"}')]
+    assert m.content == ""
+    with pytest.raises(APIError, match="tool_choice"):
+        prepare_chat(tok, msgs, tools, "required", True, None, None, "parsed")
+    with pytest.raises(APIError, match="response_format"):
+        prepare_chat(tok, msgs, [], "none", True, "start: /x/", None, "parsed")

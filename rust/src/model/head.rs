@@ -7,7 +7,7 @@
 
 use super::compute::{Compute, QMatrix};
 use crate::error::{Error, Result};
-use crate::quant::dot::{self, q6k_repack, Isa};
+use crate::quant::dot::{self, q6k_repack, Isa, Order};
 use crate::quant::GgmlType;
 
 /// Vocabulary rows per task (≈ 430 KB of weights at H = 2048).
@@ -136,23 +136,39 @@ impl RepackedHead {
         let out = OutPtr(y.as_mut_ptr());
         compute.for_each(rows.div_ceil(ROWS_PER_TASK), &|k| {
             let (r0, r1) = (k * ROWS_PER_TASK, ((k + 1) * ROWS_PER_TASK).min(rows));
+            let act = |i: usize| &perm[i * arb..(i + 1) * arb];
+            // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
+            let put = |i: usize, r: usize, v: f32| unsafe { *out.at(i * rows + r) = v };
             for r in r0..r1 {
                 let row = &data[r * rb..(r + 1) * rb];
+                // activation rows of the single-token order, four at a time through one
+                // decode of the row (bitwise each one's own dot); the others one by one
+                let mut four = [0usize; 4];
+                let mut n4 = 0;
                 let mut i = 0; // activation row
                 for &len in segs {
                     for j in 0..len {
-                        let a = &perm[i * arb..(i + 1) * arb];
-                        let v = q6k_repack::dot(
-                            cols,
-                            row,
-                            a,
-                            dot::order_t(GgmlType::Q6K, len, j),
-                            simd,
-                        );
-                        // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
-                        unsafe { *out.at(i * rows + r) = v };
+                        match dot::order_t(GgmlType::Q6K, len, j) {
+                            Order::Single => {
+                                four[n4] = i;
+                                n4 += 1;
+                                if n4 == 4 {
+                                    let v = q6k_repack::dot_single4(cols, row, four.map(act), simd);
+                                    four.iter().zip(v).for_each(|(&i, v)| put(i, r, v));
+                                    n4 = 0;
+                                }
+                            }
+                            order => put(i, r, q6k_repack::dot(cols, row, act(i), order, simd)),
+                        }
                         i += 1;
                     }
+                }
+                for &i in &four[..n4] {
+                    put(
+                        i,
+                        r,
+                        q6k_repack::dot(cols, row, act(i), Order::Single, simd),
+                    );
                 }
             }
         })

@@ -21,24 +21,26 @@ fn pair_masks() -> [__m256i; 4] {
     })
 }
 
-/// The block's eight lane integers (ggml's), from repacked block `wb` and permuted
-/// activation block `ab`.
+/// One repacked block decoded for any number of activations: the quant vectors of each
+/// half, the scales arranged for each `madd`, the natural-order scales of the bsum term.
+struct Decoded {
+    v: [[__m256i; 4]; 2],
+    s: [__m256i; 4],
+    scn: __m256i,
+}
+
+/// Decodes repacked block `wb` (its quants and scales; not d).
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
-    let ap = ab.add(4);
+unsafe fn decode(wb: *const u8, masks: &[__m256i; 4]) -> Decoded {
     let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
     let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
     let scr = load128(wb.add(192));
     let w = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]
-    let mut sum = _mm256_setzero_si256();
-    for g in 0..2 {
+    let v = std::array::from_fn(|g| {
         let qa = load(wb.add(96 * g));
         let qb = load(wb.add(96 * g + 32));
         let qc = load(wb.add(96 * g + 64));
-        let v0 = _mm256_and_si256(qa, m6);
-        let v1 = _mm256_and_si256(qb, m6);
-        let v2 = _mm256_and_si256(qc, m6);
         let v3 = _mm256_or_si256(
             _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
@@ -46,6 +48,31 @@ unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
             ),
             _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
         );
+        [
+            _mm256_and_si256(qa, m6),
+            _mm256_and_si256(qb, m6),
+            _mm256_and_si256(qc, m6),
+            v3,
+        ]
+    });
+    // Natural scale order for the bsum term: byte i = sc[i].
+    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    Decoded {
+        v,
+        s: std::array::from_fn(|m| _mm256_shuffle_epi8(w, masks[m])),
+        scn: _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat)),
+    }
+}
+
+/// The block's eight lane integers (ggml's) of decoded block `d` against permuted
+/// activation block `ab`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lanes_of(d: &Decoded, ab: *const u8) -> __m256i {
+    let ap = ab.add(4);
+    let mut sum = _mm256_setzero_si256();
+    for g in 0..2 {
+        let [v0, v1, v2, v3] = d.v[g];
         let a = |v: usize| load(ap.add(32 * (4 * g + v)));
         let p0 = _mm256_add_epi16(
             _mm256_maddubs_epi16(v0, a(0)),
@@ -55,15 +82,20 @@ unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
             _mm256_maddubs_epi16(v2, a(2)),
             _mm256_maddubs_epi16(v3, a(3)),
         );
-        let s0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(w, masks[2 * g]));
-        let s1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(w, masks[2 * g + 1]));
+        let s0 = _mm256_madd_epi16(p0, d.s[2 * g]);
+        let s1 = _mm256_madd_epi16(p1, d.s[2 * g + 1]);
         sum = _mm256_add_epi32(sum, _mm256_add_epi32(s0, s1));
     }
-    // Natural scale order for the bsum term: byte i = sc[i].
-    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-    let scn = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat));
-    let msum = _mm256_madd_epi16(scn, load(ab.add(260)));
+    let msum = _mm256_madd_epi16(d.scn, load(ab.add(260)));
     _mm256_sub_epi32(sum, _mm256_slli_epi32(msum, 5))
+}
+
+/// The block's eight lane integers (ggml's), from repacked block `wb` and permuted
+/// activation block `ab`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
+    lanes_of(&decode(wb, masks), ab)
 }
 
 /// Bytes ahead of the block being decoded that the kernels prefetch: the hardware prefetcher
@@ -108,4 +140,24 @@ pub(super) unsafe fn dot_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
         acc += (s * h2f(w, wo + 208)) * f32_at(a, ao);
     }
     acc
+}
+
+/// `dot_single` of one row against `N` activations: each block decoded once for all of
+/// them, each result bitwise `dot_single`'s (the same lanes and float steps per activation).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_single_n<const N: usize>(n: usize, w: &[u8], a: [&[u8]; N]) -> [f32; N] {
+    let masks = pair_masks();
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..n / 256 {
+        let (wo, ao) = (210 * b, 292 * b);
+        prefetch(w, wo);
+        let dec = decode(w.as_ptr().add(wo), &masks);
+        let dw = h2f(w, wo + 208);
+        for (acc, a) in acc.iter_mut().zip(a) {
+            let l = lanes_of(&dec, a.as_ptr().add(ao));
+            let d = f32_at(a, ao) * dw;
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), *acc);
+        }
+    }
+    acc.map(|x| hsum8(x))
 }

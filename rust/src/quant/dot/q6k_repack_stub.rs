@@ -8,3 +8,11 @@ pub(super) unsafe fn dot_single(_n: usize, _w: &[u8], _a: &[u8]) -> f32 {
 pub(super) unsafe fn dot_tiled(_n: usize, _w: &[u8], _a: &[u8]) -> f32 {
     unreachable!("no AVX2 on this architecture")
 }
+
+pub(super) unsafe fn dot_single_n<const N: usize>(
+    _n: usize,
+    _w: &[u8],
+    _a: [&[u8]; N],
+) -> [f32; N] {
+    unreachable!("no AVX2 on this architecture")
+}

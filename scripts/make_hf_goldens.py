@@ -2,7 +2,7 @@
 """Float-oracle goldens: HF transformers' models (float32, eager attention) with random weights,
 for every family the engine runs.
 
-    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe]
+    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe,qwen3next,qwen35moe]
         [--llama-cpp DIR] [--root DIR]
 
 - `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding
@@ -13,9 +13,10 @@ for every family the engine runs.
 - `test` → tests/golden/hf_qwen3moe_logits.npz: the qwen3moe model tests' shape
   (tests/qwen3moe_file.py, vocabulary 512) with `random_tensors(shape, TEST_SEED)`; 4 prompts
   of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
-- `qwen2moe`, `mixtral`, `glm4moe` → tests/golden/<family>_f32.gguf and
-  tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
-  `MixtralForCausalLM` / `Glm4MoeForCausalLM` (every weight drawn with numpy from a fixed seed in
+- `qwen2moe`, `mixtral`, `glm4moe`, `qwen3next`, `qwen35moe` → tests/golden/<family>_f32.gguf
+  and tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
+  `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `Qwen3NextForCausalLM` /
+  `Qwen3_5MoeForCausalLM` (every weight drawn with numpy from a fixed seed in
   state-dict order: linear std 1/sqrt(fan_in), embeddings std 1, norms near 1, biases std 0.1),
   saved with `save_pretrained` and converted to an F32 GGUF by llama.cpp's own converter
   (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
@@ -113,7 +114,65 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),
+    # Hybrids: Gated DeltaNet layers with full attention every second layer (4 layers: 2 of
+    # each), 2 key heads shared by 4 value heads (the grouped / tiled V-head orders differ),
+    # gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a sigmoid-gated
+    # shared expert beside softmax top-2 of 8.
+    "qwen3next": (
+        "Qwen3NextForCausalLM",
+        dict(
+            num_hidden_layers=4,
+            head_dim=32,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            full_attention_interval=2,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            rope_parameters={
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.25,
+                "rope_type": "default",
+            },
+        ),
+    ),
+    # The same shape as qwen35moe (separate q/k/v and z projections, its interleaved M-RoPE
+    # with sections fitting the 4 rotated pairs; text positions are equal in every section).
+    "qwen35moe": (
+        "Qwen3_5MoeForCausalLM",
+        dict(
+            num_hidden_layers=4,
+            head_dim=32,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+            full_attention_interval=2,
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            rope_parameters={
+                "rope_theta": 1e6,
+                "partial_rotary_factor": 0.25,
+                "rope_type": "default",
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        ),
+    ),
 }
+# Config classes not named after the model class.
+CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
 
 
 def randomize(model: Any, seed: int) -> None:
@@ -146,6 +205,9 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
 
     hparams = ModelBase.load_hparams(src, False)
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
+    if getattr(cls, "supports_mtp_export", False):
+        # These random models have no MTP weights: the converter's `--no-mtp`.
+        cls = type(cls.__name__, (cls,), {"no_mtp": True, "model_arch": cls.model_arch})
 
     def toy_vocab() -> None:
         qf.vocab_of(hparams["vocab_size"]).add_to_writer(m.gguf_writer)
@@ -229,7 +291,8 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = list(FAMILIES).index(name)
     cls_name, kw = FAMILIES[name]
-    cfg = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**{**COMMON, **kw})
+    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
+    cfg = getattr(transformers, cfg_name)(**{**COMMON, **kw})
     cfg._attn_implementation = "eager"
     model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
     randomize(model, FAMILY_SEED + i)

@@ -19,7 +19,15 @@
 //!   (`leading_dense_block_count`), sigmoid routing with the selection bias `exp_probs_b`,
 //!   `expert_weights_norm` and `expert_weights_scale`, an ungated shared expert; the NextN
 //!   layers after the trunk (`nextn_predict_layers`) are not run.
+//! - `qwen3next`, `qwen35moe` (hybrids, `deltanet`): Gated DeltaNet layers where
+//!   `attention.recurrent_layers` says (else every layer but each `full_attention_interval`-th),
+//!   gated full attention with q/k norm and partial NEOX RoPE in the others, the FFN norm named
+//!   `post_attention_norm`, softmax → top-K → renormalize, a shared expert scaled by
+//!   σ(`ffn_gate_inp_shexp`·x). qwen35moe's M-RoPE sections (`rope.dimension_sections`) all get
+//!   a text token's one position, which makes them NEOX RoPE. The MTP layers after the trunk
+//!   (`nextn_predict_layers`) are not run.
 
+use super::deltanet::{BetaAlpha, HeadOrder, Hybrid};
 use crate::error::{Error, Result};
 
 /// The families the forward pass runs.
@@ -30,15 +38,19 @@ pub enum Family {
     Qwen2Moe,
     Llama,
     Glm4Moe,
+    Qwen3Next,
+    Qwen35Moe,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 5] = [
+pub const SUPPORTED: [(&str, Family); 7] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
     ("llama", Family::Llama),
     ("glm4moe", Family::Glm4Moe),
+    ("qwen3next", Family::Qwen3Next),
+    ("qwen35moe", Family::Qwen35Moe),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
@@ -83,6 +95,13 @@ impl Family {
             routing: Routing::Softmax { norm: true },
             shared: Shared::None,
             dense_lead: 0,
+            hybrid: None,
+        };
+        let hybrid = |heads, ba| Graph {
+            ffn_norm: "post_attention_norm",
+            shared: Shared::Sigmoid,
+            hybrid: Some(Hybrid { heads, ba }),
+            ..qwen3
         };
         Ok(match self {
             Family::Qwen3Moe => qwen3,
@@ -154,6 +173,8 @@ impl Family {
                     ..qwen3
                 }
             }
+            Family::Qwen3Next => hybrid(HeadOrder::Grouped, BetaAlpha::Fused),
+            Family::Qwen35Moe => hybrid(HeadOrder::Tiled, BetaAlpha::Split),
         })
     }
 
@@ -296,6 +317,9 @@ pub struct Graph {
     /// Layers 0..dense_lead run one dense SwiGLU FFN `ffn_{gate,up,down}` (width
     /// `feed_forward_length`) instead of experts.
     pub dense_lead: usize,
+    /// A hybrid family (`deltanet`): DeltaNet layers where `HParams::ssm` says, gated
+    /// attention in the others.
+    pub hybrid: Option<Hybrid>,
 }
 
 /// A dense SwiGLU expert beside the routed ones (`ffn_{gate,up,down}_shexp`).
@@ -306,6 +330,8 @@ pub enum Shared {
     Gated,
     /// Added as is (glm4moe).
     Plain,
+    /// Scaled by σ(`ffn_gate_inp_shexp`·x) (qwen3next, qwen35moe: ggml_sigmoid).
+    Sigmoid,
 }
 
 #[cfg(test)]
@@ -358,7 +384,8 @@ mod tests {
     fn unknown_architecture_names_the_supported_list() {
         let e = Family::from_arch("gpt-oss").unwrap_err().to_string();
         assert!(
-            e.contains("\"gpt-oss\"") && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe")
+            e.contains("\"gpt-oss\"")
+                && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe, qwen3next, qwen35moe")
         );
     }
 }

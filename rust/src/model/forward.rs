@@ -14,6 +14,7 @@ use super::attn_par::AttnPar;
 use super::batch::Entry;
 use super::compute::Compute;
 use super::compute::ExpertLayer;
+use super::deltanet::Recurrent;
 use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
@@ -101,6 +102,8 @@ pub struct Model {
     fingerprint: u64,
     /// The batched step's per-call bookkeeping.
     pub(super) steps: StepScratch,
+    /// A hybrid family's per-slot recurrent state and DeltaNet scratch (`deltanet`).
+    pub(super) rec: Option<Recurrent>,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -131,7 +134,7 @@ impl Model {
         }
         let kv = KvCache::new(
             cfg.kv_type,
-            hp.n_layer,
+            hp.n_attn_layer(), // a hybrid's recurrent layers keep no KV
             cfg.n_ctx,
             hp.n_head_kv,
             hp.head_dim,
@@ -167,7 +170,14 @@ impl Model {
         };
         let attn_norm0 = weights.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
         let fingerprint = kv_blob::fingerprint(&hp, &weights.output_norm, attn_norm0);
+        let rec = match (hp.graph.hybrid, &hp.ssm) {
+            (Some(hy), Some(sp)) => {
+                Some(Recurrent::new(sp.clone(), hy, cfg.n_slots, t, hp.q_dim()))
+            }
+            _ => None,
+        };
         Ok(Model {
+            rec,
             steps: StepScratch::new(cfg.n_slots),
             fingerprint,
             head,
@@ -272,21 +282,59 @@ impl Model {
     }
 
     /// The slot's first `n` positions (every layer's K and V, in the KV type) as bytes.
+    /// Refused for a hybrid family (its recurrent state is not in the export yet).
     pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        self.refuse_recurrent("KV export")?;
         self.kv.export(slot, n, self.fingerprint)
     }
 
     /// Replaces the slot's KV with an export of this model and KV type; returns its length.
     pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        self.refuse_recurrent("KV import")?;
         self.kv.import(slot, data, self.fingerprint)
     }
 
+    /// Keeps the slot's first `n` positions. A hybrid family's recurrent state cannot be cut
+    /// back: there `n` must be 0 (start over) or the slot's length (nothing to do).
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        let len = self.kv.len(slot)?;
+        if let Some(rec) = &mut self.rec {
+            if n == 0 {
+                rec.reset(slot);
+            } else if n < len {
+                return Err(Error::Input(format!(
+                    "cannot truncate slot {slot} to {n} of its {len} positions: {} keeps a \
+                     recurrent state, which only starts over (truncate to 0)",
+                    self.hp.arch
+                )));
+            }
+        }
         self.kv.truncate(slot, n)
     }
 
     pub fn free(&mut self, slot: usize) -> Result<()> {
-        self.kv.free(slot)
+        self.truncate(slot, 0)
+    }
+
+    /// Whether slots keep a recurrent state (a hybrid family): truncation only to 0, no KV
+    /// export.
+    pub fn is_recurrent(&self) -> bool {
+        self.rec.is_some()
+    }
+
+    /// Bytes of one slot's recurrent state (0 without one).
+    pub fn recurrent_slot_bytes(&self) -> usize {
+        self.rec.as_ref().map_or(0, Recurrent::slot_bytes)
+    }
+
+    fn refuse_recurrent(&self, what: &str) -> Result<()> {
+        match self.rec {
+            Some(_) => Err(Error::Model(format!(
+                "{what} is not supported for {}: its slots keep a recurrent state",
+                self.hp.arch
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

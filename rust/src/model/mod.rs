@@ -15,6 +15,7 @@ pub mod attn_par;
 pub mod batch;
 pub mod blocks;
 pub mod compute;
+pub mod deltanet;
 pub mod forward;
 pub mod head;
 pub mod hparams;

@@ -395,6 +395,8 @@ impl PyModel {
         d.set_item("n_expert_used", hp.n_expert_used)?;
         d.set_item("n_ff_exp", hp.n_ff_exp)?;
         d.set_item("n_vocab", hp.n_vocab)?;
+        // A hybrid family: slots keep a recurrent state (truncate only to 0, no KV export).
+        d.set_item("recurrent", hp.ssm.is_some())?;
         d.set_item("rms_eps", hp.rms_eps)?;
         d.set_item("rope_freq_base", hp.rope_freq_base)?;
         d.set_item("rope_scaling", format!("{:?}", hp.rope_scaling))?;

@@ -23,11 +23,15 @@
 //! (`ssm.state_size`, keys and values alike), C = conv channels, Kc = `ssm.conv_kernel`,
 //! Lr = recurrent layers.
 
+use super::attention::f32_bytes;
 use super::batch::Piece;
 use super::compute::Compute;
 use super::weights::{floats, matrix, Weights};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
+use crate::quant::dot::vec_dot;
+use crate::quant::vexp::silu_mul_one;
+use crate::quant::GgmlType;
 
 /// Which key head a value head reads when Nv > Nk (the V-head order the converter writes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -314,17 +318,18 @@ impl GateRow<'_> {
 
 /// The causal conv of one token: `x` [C] (this token's projections) becomes
 /// silu(Σ_k window[k]·w[c, k]) over the window [state (Kc − 1 rows), x]; the state
-/// [Kc − 1, C] shifts by one row and takes x (`ggml_ssm_conv`: f32 sums in kernel order).
+/// [Kc − 1, C] shifts by one row and takes x (`ggml_ssm_conv`: f32 FMAs in kernel order, as
+/// its compiled C contracts them).
 fn conv_step(state: &mut [f32], w: &[f32], kc: usize, x: &mut [f32]) {
     let c = x.len();
     for ch in 0..c {
         let wc = &w[ch * kc..(ch + 1) * kc];
         let mut sum = 0.0f32;
         for (k, &wk) in wc[..kc - 1].iter().enumerate() {
-            sum += state[k * c + ch] * wk;
+            sum = state[k * c + ch].mul_add(wk, sum);
         }
         let xv = x[ch];
-        sum += xv * wc[kc - 1];
+        sum = xv.mul_add(wc[kc - 1], sum);
         // shift this channel's window and append x
         for k in 0..kc - 2 {
             state[k * c + ch] = state[(k + 1) * c + ch];
@@ -334,9 +339,10 @@ fn conv_step(state: &mut [f32], w: &[f32], kc: usize, x: &mut [f32]) {
     }
 }
 
+/// ggml's vectorised silu (`ggml_v_silu`, rows of a multiple of 8 here).
 #[inline]
 fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    silu_mul_one(x, 1.0)
 }
 
 #[inline]
@@ -367,8 +373,9 @@ fn l2_norm(x: &mut [f32], eps: f32) {
     }
 }
 
+/// `ggml_vec_dot_f32`'s order (four 8-lane FMA accumulators, the tail in f64).
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    vec_dot(GgmlType::F32, a.len(), f32_bytes(a), f32_bytes(b))
 }
 
 /// The delta rule for one token over every value head: `x` [C] the conv'd q, k, v; `st`
@@ -409,7 +416,7 @@ fn token(
         }
         for (row, &dj) in m.chunks_exact_mut(s).zip(delta.iter()) {
             for (e, &ki) in row.iter_mut().zip(kk) {
-                *e += dj * ki;
+                *e = ki.mul_add(dj, *e); // ggml_vec_mad_f32: FMAs
             }
         }
         for (j, row) in m.chunks_exact(s).enumerate() {

@@ -105,6 +105,9 @@ class LLM:
             **{k: getattr(c, k) for k in Config.names("core")},
         )
         self.hparams: dict[str, Any] = self.model.hparams
+        # A hybrid family (qwen3next, qwen35moe): each slot keeps a recurrent state, which
+        # cannot be cut back (truncate only to 0 or the slot's length, no KV export).
+        self.recurrent: bool = bool(self.hparams.get("recurrent", False))
         self.n_ctx: int = self.config.n_ctx
         self.n_vocab: int = self.model.n_vocab
         self._tokenizer: Any = None
@@ -174,6 +177,8 @@ class LLM:
             if a != b:
                 break
             common += 1
+        if self.recurrent and common < len(self._cached):
+            common = 0  # a recurrent state only starts over
         self.model.truncate(self._own, common)
         self._cached = self._cached[:common]
         out = self.model.forward(self._own, ids[common:], logits="last")

@@ -266,7 +266,9 @@ class LLMBackend:
         # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
         self.prefill_piece = int(getattr(self.llm, "prefill_piece", config.prefill_chunk))
         self._seqs: dict[int, list[int]] = {}  # slot → tokens (full-sequence fallback only)
-        if self.stepwise and callable(getattr(self.llm, "kv_export", None)):
+        # A model whose slots keep a recurrent state: no KV moves, prefixes reused whole only.
+        self.recurrent = bool(getattr(self.llm, "recurrent", False))
+        if self.stepwise and not self.recurrent and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
 

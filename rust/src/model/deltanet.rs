@@ -30,7 +30,7 @@ use super::weights::{floats, matrix, Weights};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::quant::dot::vec_dot;
-use crate::quant::vexp::silu_mul_one;
+use crate::quant::vexp::silu_mul;
 use crate::quant::GgmlType;
 
 /// Which key head a value head reads when Nv > Nk (the V-head order the converter writes).
@@ -252,49 +252,95 @@ impl Recurrent {
             }
             _ => unreachable!("one fused or two split β/α projections"),
         }
-        let (cs, ss) = sp.state_floats();
-        let i = dw.index;
-        for p in pieces {
-            let conv = &mut self.conv[p.slot][i * cs..(i + 1) * cs];
-            let st = &mut self.ssm[p.slot][i * ss..(i + 1) * ss];
-            for r in p.r0..p.r0 + p.t {
-                let (b, a) = match self.opts.ba {
-                    BetaAlpha::Fused => {
-                        let row = &ba[r * 2 * nv..(r + 1) * 2 * nv];
-                        let rr = nv / sp.n_k;
-                        (
-                            GateRow::Fused(row, rr, 0),
-                            GateRow::Fused(row, rr, rr), // α after the group's β
-                        )
-                    }
-                    BetaAlpha::Split => (
-                        GateRow::Plain(&ba[r * nv..(r + 1) * nv]),
-                        GateRow::Plain(&ba[t * nv + r * nv..t * nv + (r + 1) * nv]),
-                    ),
-                };
-                let x = &mut qkv[r * c..(r + 1) * c];
-                conv_step(conv, &dw.conv, sp.d_conv, x);
-                token(
-                    sp,
-                    self.opts.heads,
-                    dw,
-                    eps,
-                    x,
-                    &b,
-                    &a,
-                    st,
-                    &mut self.delta,
-                    &mut core[r * vd..(r + 1) * vd],
-                );
-                gated_norm(
-                    &mut core[r * vd..(r + 1) * vd],
-                    &z[r * vd..(r + 1) * vd],
-                    &dw.norm,
-                    eps,
-                );
-            }
+        let st = States {
+            conv: &mut self.conv,
+            ssm: &mut self.ssm,
+            delta: &mut self.delta,
+        };
+        let io = Rows { qkv, z, ba, core };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has FMA (checked above).
+            unsafe { recur_fma(sp, self.opts, dw, eps, io, st, pieces, t) };
+            return compute.matmul_segs(&w.mat(&dw.out), &self.core[..t * vd], segs, out);
         }
+        recur(sp, self.opts, dw, eps, io, st, pieces, t);
+        let core = &self.core[..t * vd];
         compute.matmul_segs(&w.mat(&dw.out), core, segs, out) // [R', H]
+    }
+}
+
+/// The step's projected rows (`Recurrent`'s scratch, R' rows each).
+struct Rows<'a> {
+    qkv: &'a mut [f32],
+    z: &'a [f32],
+    ba: &'a [f32],
+    core: &'a mut [f32],
+}
+
+/// Every slot's states and the delta scratch.
+struct States<'a> {
+    conv: &'a mut [Vec<f32>],
+    ssm: &'a mut [Vec<f32>],
+    delta: &'a mut [f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn recur_fma(
+    sp: &SsmParams,
+    opts: Hybrid,
+    dw: &DeltaNetWeights,
+    eps: f32,
+    io: Rows<'_>,
+    st: States<'_>,
+    pieces: &[Piece],
+    t: usize,
+) {
+    recur(sp, opts, dw, eps, io, st, pieces, t)
+}
+
+/// Conv, delta rule and gated norm of every row, each piece on its slot's state, token by
+/// token (`io.qkv` [R', C] is conv'd in place; the output goes to `io.core` [R', Nv·S]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn recur(
+    sp: &SsmParams,
+    opts: Hybrid,
+    dw: &DeltaNetWeights,
+    eps: f32,
+    io: Rows<'_>,
+    st: States<'_>,
+    pieces: &[Piece],
+    t: usize,
+) {
+    let (c, vd, nv) = (sp.conv_dim(), sp.v_dim(), sp.n_v);
+    let (cs, ss) = sp.state_floats();
+    let i = dw.index;
+    let Rows { qkv, z, ba, core } = io;
+    for p in pieces {
+        let conv = &mut st.conv[p.slot][i * cs..(i + 1) * cs];
+        let m = &mut st.ssm[p.slot][i * ss..(i + 1) * ss];
+        for r in p.r0..p.r0 + p.t {
+            let (b, a) = match opts.ba {
+                BetaAlpha::Fused => {
+                    let row = &ba[r * 2 * nv..(r + 1) * 2 * nv];
+                    let rr = nv / sp.n_k;
+                    // α after the group's β
+                    (GateRow::Fused(row, rr, 0), GateRow::Fused(row, rr, rr))
+                }
+                BetaAlpha::Split => (
+                    GateRow::Plain(&ba[r * nv..(r + 1) * nv]),
+                    GateRow::Plain(&ba[(t + r) * nv..(t + r + 1) * nv]),
+                ),
+            };
+            let x = &mut qkv[r * c..(r + 1) * c];
+            conv_step(conv, &dw.conv, sp.d_conv, x);
+            let o = &mut core[r * vd..(r + 1) * vd];
+            token(sp, opts.heads, dw, eps, x, &b, &a, m, st.delta, o);
+            gated_norm(o, &z[r * vd..(r + 1) * vd], &dw.norm, eps);
+        }
     }
 }
 
@@ -320,6 +366,7 @@ impl GateRow<'_> {
 /// silu(Σ_k window[k]·w[c, k]) over the window [state (Kc − 1 rows), x]; the state
 /// [Kc − 1, C] shifts by one row and takes x (`ggml_ssm_conv`: f32 FMAs in kernel order, as
 /// its compiled C contracts them).
+#[inline(always)]
 fn conv_step(state: &mut [f32], w: &[f32], kc: usize, x: &mut [f32]) {
     let c = x.len();
     for ch in 0..c {
@@ -340,18 +387,18 @@ fn conv_step(state: &mut [f32], w: &[f32], kc: usize, x: &mut [f32]) {
 }
 
 /// ggml's vectorised silu (`ggml_v_silu`, rows of a multiple of 8 here).
-#[inline]
+#[inline(always)]
 fn silu(x: f32) -> f32 {
-    silu_mul_one(x, 1.0)
+    silu_mul(x, 1.0)
 }
 
-#[inline]
+#[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
 /// ggml's softplus: x above 20, else ln(1 + eˣ).
-#[inline]
+#[inline(always)]
 fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
@@ -362,6 +409,7 @@ fn softplus(x: f32) -> f32 {
 
 /// x / √(Σx² + eps) in place, as llama.cpp's `build_gdn_l2_norm`: RMSNorm with eps/n (sum in
 /// f64), scaled by 1/√n.
+#[inline(always)]
 fn l2_norm(x: &mut [f32], eps: f32) {
     let n = x.len() as f32;
     let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
@@ -374,12 +422,14 @@ fn l2_norm(x: &mut [f32], eps: f32) {
 }
 
 /// `ggml_vec_dot_f32`'s order (four 8-lane FMA accumulators, the tail in f64).
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     vec_dot(GgmlType::F32, a.len(), f32_bytes(a), f32_bytes(b))
 }
 
 /// The delta rule for one token over every value head: `x` [C] the conv'd q, k, v; `st`
 /// [Nv, S(v), S(k)] this layer's state; `o` [Nv·S] the output before the gated norm.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn token(
     sp: &SsmParams,
@@ -426,6 +476,7 @@ fn token(
 }
 
 /// RMSNorm of each head of `o` [Nv·S] with `w` [S], times silu(z) (`build_norm_gated`).
+#[inline(always)]
 fn gated_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     let s = w.len();
     for (head, zh) in o.chunks_exact_mut(s).zip(z.chunks_exact(s)) {

@@ -549,6 +549,31 @@ mod tests {
     }
 
     #[test]
+    fn gated_q_splits_per_head() {
+        // Nh = 2, D = 2: per head [q q g g]
+        let qg = [1.0f32, 2.0, 10.0, 20.0, 3.0, 4.0, 30.0, 40.0];
+        let (mut q, mut g) = ([0f32; 4], [0f32; 4]);
+        split_q_gate(&qg, 2, &mut q, &mut g);
+        assert_eq!((q, g), ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]));
+    }
+
+    #[test]
+    fn gpu_refuses_the_hybrids() {
+        use super::super::arch::Family;
+        for (name, f) in [
+            ("qwen3next", Family::Qwen3Next),
+            ("qwen35moe", Family::Qwen35Moe),
+        ] {
+            assert_eq!(Family::from_arch(name).unwrap(), f);
+            let e = f.require_gpu().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("\"{name}\" runs on the CPU path only")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn l2_norm_gives_unit_length() {
         let mut x = [3.0f32, 4.0];
         l2_norm(&mut x, 0.0);

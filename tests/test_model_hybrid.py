@@ -1,0 +1,137 @@
+"""The hybrid families (qwen3next, qwen35moe: Gated DeltaNet layers beside gated attention) on
+the CPU path: what their per-slot recurrent state changes beyond the oracle tests of
+tests/test_model_families.py.
+
+- The state carries across calls and steps: a prompt run in chunks of any size (rows in the
+  one-row attention order, logits "window"), in batched steps beside another slot, and the
+  same tokens run one at a time give bitwise the same logits (Q8_0 files, whose matmuls keep
+  one float order per row whatever the rows beside it).
+- A recurrent state cannot be cut back: `truncate` to anything but 0 or the slot's length is
+  refused (ValueError) and changes nothing; `free` starts over (bitwise the first run again);
+  KV export / import are refused (ModelError); speculation is refused (ConfigError).
+- The engine's placement keeps a slot's whole sequence when a prompt extends it, else starts
+  the slot over.
+A batched call that fails while running (after its checks) empties a hybrid slot instead of
+leaving a state that ran ahead of its KV (`Model::forward_batch`); no test reaches that path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import qwen3moe_file as qf
+from strata._core import Model
+from strata.errors import ConfigError, ModelError
+from test_model_families import GOLDEN_SHAPES
+
+HYBRIDS = list(qf.HYBRIDS)
+
+
+@pytest.fixture(scope="module")
+def q8(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for fam in HYBRIDS:
+        s = GOLDEN_SHAPES[fam]
+        f32 = qf.write(root / f"{fam}-F32.gguf", s, qf.random_tensors(s, 3))
+        out[fam] = qf.quantize(f32, root / f"{fam}-Q8_0.gguf", "Q8_0")
+    return out
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_state_carries_across_chunks_windows_and_steps(fam: str, q8: dict[str, Path]) -> None:
+    m = Model.open(q8[fam], n_ctx=128, n_slots=3, kv_type="f16", prefill_chunk=16)
+    assert m.hparams["recurrent"] is True
+    toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 3, 60)]
+    one = np.stack([m.forward(0, [t]) for t in toks])  # token by token
+    # "window": each row in the one-row attention order (the attention's, not the state's)
+    whole = m.forward(1, toks[:50], logits="window")  # chunks of 16 inside one call
+    window = m.forward(1, toks[50:], logits="window")
+    assert np.array_equal(bits(whole), bits(one[:50]))
+    assert np.array_equal(bits(window), bits(one[50:]))
+    # calls of uneven sizes, in a batched step beside another slot's decode
+    m.free(2)
+    got = [m.forward(2, toks[:7], logits="window")]
+    for a, b in ((7, 20), (20, 21), (21, 60)):
+        got += [m.forward_batch([(2, toks[a:b], "window"), (0, toks[:1], "none")])[0]]
+    assert np.array_equal(bits(np.concatenate(got)), bits(one))
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_truncation_only_starts_over(fam: str, q8: dict[str, Path]) -> None:
+    m = Model.open(q8[fam], n_ctx=64, n_slots=2, kv_type="f16")
+    toks = list(range(5, 25))
+    first = m.forward(0, toks, logits="all")
+    with pytest.raises(ValueError, match=r"recurrent state.*truncate to 0"):
+        m.truncate(0, 10)
+    assert m.slot_len(0) == 20
+    m.truncate(0, 20)  # its length: nothing to do
+    nxt = m.forward(0, [7])
+    m.truncate(0, 0)
+    assert np.array_equal(bits(m.forward(0, toks, logits="all")), bits(first))
+    assert np.array_equal(bits(m.forward(0, [7])), bits(nxt))
+    m.free(0)
+    assert np.array_equal(bits(m.forward(0, toks, logits="all")), bits(first))
+    with pytest.raises(ModelError, match="recurrent state"):
+        m.kv_export(0, 5)
+    with pytest.raises(ModelError, match="recurrent state"):
+        m.kv_import(1, b"\0" * 64)
+
+
+def test_speculation_is_refused() -> None:
+    from strata.config import Config
+    from strata.spec import make_speculator
+
+    class Backend:
+        recurrent = True
+        max_slots = 1
+        n_ctx = 64
+
+    with pytest.raises(ConfigError, match="recurrent state"):
+        make_speculator(Config(spec="ngram"), Backend())
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_placement_reuses_whole_sequences_only(fam: str, q8: dict[str, Path]) -> None:
+    """The engine's slot placement on a hybrid file: a prompt that extends what a slot holds
+    keeps it all; one that diverges inside it starts the slot over; the logits equal a fresh
+    slot's bitwise either way."""
+    from strata.config import Config
+    from strata.engine.backend import LLMBackend
+    from strata.engine.prefix import SlotCache
+
+    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=128, parallel=2, kv_type="f16"))
+    assert be.recurrent and not hasattr(be, "kv_export")
+    sc = SlotCache(be, 1, None)
+    a = list(range(10, 30))
+
+    def run(prompt: list[int]) -> np.ndarray:
+        slot, reused = sc.place(prompt, [0])
+        out = be.forward_batch([(slot, prompt[reused:], "last")])[0]
+        sc.fed(slot, prompt[reused:])
+        assert out is not None
+        return out
+
+    def fresh(prompt: list[int]) -> np.ndarray:
+        be.free(1)
+        out = be.forward_batch([(1, prompt, "last")])[0]
+        assert out is not None
+        return out
+
+    run(a)
+    longer = a + [3, 4, 5]
+    assert sc.place(longer, [0])[1] == len(a)  # placement alone: the whole sequence kept
+    sc.fed(0, longer[len(a) :])  # (as the engine would after running them)
+    be.forward_batch([(0, longer[len(a) :], "none")])
+    more = longer + [6, 7]
+    assert np.array_equal(bits(run(more)), bits(fresh(more)))
+    diverged = a[:5] + [9, 9, 9]
+    assert sc.place(diverged, [0])[1] == 0
+    be.forward_batch([(0, diverged, "none")])
+    sc.fed(0, diverged)

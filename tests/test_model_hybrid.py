@@ -6,9 +6,12 @@ tests/test_model_families.py.
   one-row attention order, logits "window"), in batched steps beside another slot, and the
   same tokens run one at a time give bitwise the same logits (Q8_0 files, whose matmuls keep
   one float order per row whatever the rows beside it).
-- A recurrent state cannot be cut back: `truncate` to anything but 0 or the slot's length is
-  refused (ValueError) and changes nothing; `free` starts over (bitwise the first run again);
-  KV export / import are refused (ModelError); speculation is refused (ConfigError).
+- A recurrent state cannot be cut back, only restored: `truncate` to a position a window
+  checkpointed restores it (bitwise as if the window had stopped there, so speculation's
+  rollback works: greedy output with speculation equals the output without); to any
+  other position but 0 or the slot's length it is refused (ValueError) and changes nothing;
+  `free` starts over (bitwise the first run again); KV export / import are refused
+  (ModelError).
 - The engine's placement keeps a slot's whole sequence when a prompt extends it, else starts
   the slot over.
 A batched call that fails while running (after its checks) empties a hybrid slot instead of
@@ -18,12 +21,13 @@ leaving a state that ran ahead of its KV (`Model::forward_batch`); no test reach
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import qwen3moe_file as qf
 from strata._core import Model
-from strata.errors import ConfigError, ModelError
+from strata.errors import ModelError
 from test_model_families import GOLDEN_SHAPES
 
 HYBRIDS = list(qf.HYBRIDS)
@@ -84,17 +88,74 @@ def test_truncation_only_starts_over(fam: str, q8: dict[str, Path]) -> None:
         m.kv_import(1, b"\0" * 64)
 
 
-def test_speculation_is_refused() -> None:
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_truncation_restores_a_window_checkpoint(fam: str, q8: dict[str, Path]) -> None:
+    """A window checkpoints the state after each of its tokens: cutting back to any of them
+    (a rejected draft's rollback) continues bitwise as if the window had stopped there."""
+    m = Model.open(q8[fam], n_ctx=64, n_slots=2, kv_type="f16")
+    toks = list(range(5, 25))
+    m.forward(0, toks[:12], logits="none")
+    m.forward(0, toks[12:18], logits="window")  # checkpoints at 13..18
+    m.truncate(0, 14)
+    with pytest.raises(ValueError, match=r"checkpoint"):
+        m.truncate(0, 13 - 1)  # before the window: no checkpoint
+    got = m.forward(0, [99, 100], logits="window")
+    m.free(1)
+    m.forward(1, toks[:14], logits="none")
+    want = m.forward(1, [99, 100], logits="window")
+    assert np.array_equal(bits(got), bits(want))
+
+
+class HalfRightDrafter:
+    """Proposes the true greedy continuation (known from a run without speculation) with its
+    last token wrong, so every window of 2+ drafts is cut back inside itself."""
+
+    name = "test"
+
+    def __init__(self, runs: list[tuple[list[int], list[int]]]) -> None:
+        self.runs = runs  # (prompt, greedy output)
+
+    def propose_many(self, reqs: list[Any]) -> list[Any]:
+        from strata.spec import Draft
+
+        out = []
+        for r in reqs:
+            h = list(r.history)
+            prompt, cont = next((p, c) for p, c in self.runs if h[: len(p)] == p)
+            n = len(h) - len(prompt)  # tokens of the output so far (the last not yet run)
+            toks = cont[n : n + r.k]
+            if len(toks) >= 2:
+                toks[-1] = (toks[-1] + 1) % 500
+            out.append(Draft(toks))
+        return out
+
+    def rollback(self, slot: int, n: int) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_greedy_with_speculation_equals_without(fam: str, q8: dict[str, Path]) -> None:
+    """Speculation on a hybrid: every window is cut back inside itself (a drafter whose last
+    proposed token is wrong), each time to a checkpoint; the greedy output equals the run
+    without speculation."""
     from strata.config import Config
-    from strata.spec import make_speculator
+    from strata.engine.backend import LLMBackend
+    from strata.spec import Speculator
+    from test_spec import GREEDY, llm_run
 
-    class Backend:
-        recurrent = True
-        max_slots = 1
-        n_ctx = 64
-
-    with pytest.raises(ConfigError, match="recurrent state"):
-        make_speculator(Config(spec="ngram"), Backend())
+    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=256, parallel=3, kv_type="f16"))
+    rng = np.random.default_rng(1)
+    prompts = [[int(t) for t in rng.integers(0, 500, n)] for n in (5, 17, 40)]
+    params = [GREEDY] * 3
+    want, _ = llm_run(be, None, prompts, params, max_tokens=40)
+    runs = [(p, list(o)) for p, (o, _) in zip(prompts, want, strict=True)]
+    spec = Speculator(HalfRightDrafter(runs), 1, 5, adaptive=False)
+    got, _ = llm_run(be, spec, prompts, params, max_tokens=40)
+    assert got == want
+    assert spec.accepted > 0 and spec.offered > spec.accepted, (spec.offered, spec.accepted)
 
 
 @pytest.mark.parametrize("fam", HYBRIDS)

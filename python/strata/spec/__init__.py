@@ -19,14 +19,6 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
     drafter cannot run (no MTP layer, a draft of another vocabulary, …)."""
     if config.spec == "off":
         return None
-    if getattr(backend, "recurrent", False):
-        from strata.errors import ConfigError
-
-        raise ConfigError(
-            f"spec={config.spec}: speculative decoding rolls a rejected window back, and this "
-            "model's slots keep a recurrent state that cannot be cut back yet (qwen3next, "
-            "qwen35moe); run it with spec=off"
-        )
     kind = config.spec
     if kind == "auto":
         kind = "draft" if config.spec_draft_model else "ngram"

@@ -25,6 +25,7 @@
 
 use super::attention::f32_bytes;
 use super::batch::Piece;
+use super::checkpoints::Checkpoints;
 use super::compute::Compute;
 use super::weights::{floats, matrix, Weights};
 use crate::error::{Error, Result};
@@ -179,6 +180,10 @@ pub struct Recurrent {
     /// The gated attention layers' q projection [R, Nh·2D] and output gate [R, Nh·D].
     pub qg: Vec<f32>,
     pub gate: Vec<f32>,
+    /// Checkpoints of the slots' states (speculative windows' positions).
+    pub ck: Checkpoints,
+    /// [pieces] whether the step's piece is a window (checkpointed), set by the step.
+    pub windows: Vec<bool>,
 }
 
 impl Recurrent {
@@ -193,6 +198,8 @@ impl Recurrent {
         let (cs, ss) = sp.state_floats();
         let z = |n: usize| vec![0f32; n];
         Recurrent {
+            ck: Checkpoints::new(n_slots, lr * cs, lr * ss),
+            windows: Vec::with_capacity(n_slots),
             conv: (0..n_slots).map(|_| z(lr * cs)).collect(),
             ssm: (0..n_slots).map(|_| z(lr * ss)).collect(),
             qkv: z(rows * sp.conv_dim()),
@@ -211,6 +218,13 @@ impl Recurrent {
     pub fn reset(&mut self, slot: usize) {
         self.conv[slot].fill(0.0);
         self.ssm[slot].fill(0.0);
+        self.ck.drop_after(slot, 0);
+    }
+
+    /// Restores the slot's state at `pos` from a checkpoint; false without one.
+    pub fn restore(&mut self, slot: usize, pos: usize) -> bool {
+        self.ck
+            .restore(slot, pos, &mut self.conv[slot], &mut self.ssm[slot])
     }
 
     /// Bytes of one slot's state (every recurrent layer's conv and delta-rule state, f32).
@@ -256,6 +270,8 @@ impl Recurrent {
             conv: &mut self.conv,
             ssm: &mut self.ssm,
             delta: &mut self.delta,
+            ck: &mut self.ck,
+            windows: &self.windows,
         };
         let io = Rows { qkv, z, ba, core };
         #[cfg(target_arch = "x86_64")]
@@ -278,11 +294,14 @@ struct Rows<'a> {
     core: &'a mut [f32],
 }
 
-/// Every slot's states and the delta scratch.
+/// Every slot's states, their checkpoints (`windows`: which pieces save theirs) and the
+/// delta scratch.
 struct States<'a> {
     conv: &'a mut [Vec<f32>],
     ssm: &'a mut [Vec<f32>],
     delta: &'a mut [f32],
+    ck: &'a mut Checkpoints,
+    windows: &'a [bool],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -319,7 +338,8 @@ fn recur(
     let (cs, ss) = sp.state_floats();
     let i = dw.index;
     let Rows { qkv, z, ba, core } = io;
-    for p in pieces {
+    for (j, p) in pieces.iter().enumerate() {
+        let window = st.windows.get(j).copied().unwrap_or(false);
         let conv = &mut st.conv[p.slot][i * cs..(i + 1) * cs];
         let m = &mut st.ssm[p.slot][i * ss..(i + 1) * ss];
         for r in p.r0..p.r0 + p.t {
@@ -340,6 +360,10 @@ fn recur(
             let o = &mut core[r * vd..(r + 1) * vd];
             token(sp, opts.heads, dw, eps, x, &b, &a, m, st.delta, o);
             gated_norm(o, &z[r * vd..(r + 1) * vd], &dw.norm, eps);
+            if window {
+                let pos = p.p0 + (r - p.r0) + 1;
+                st.ck.save(p.slot, pos, (i * cs, conv), (i * ss, m));
+            }
         }
     }
 }

@@ -295,17 +295,20 @@ impl Model {
     }
 
     /// Keeps the slot's first `n` positions. A hybrid family's recurrent state cannot be cut
-    /// back: there `n` must be 0 (start over) or the slot's length (nothing to do).
+    /// back, only restored (`checkpoints`): there `n` must be 0 (start over), the slot's
+    /// length (nothing to do) or a checkpointed position (a speculative window's).
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
         let len = self.kv.len(slot)?;
         if let Some(rec) = &mut self.rec {
             if n == 0 {
                 rec.reset(slot);
-            } else if n < len {
+            } else if n < len && !rec.restore(slot, n) {
                 return Err(Error::Input(format!(
                     "cannot truncate slot {slot} to {n} of its {len} positions: {} keeps a \
-                     recurrent state, which only starts over (truncate to 0)",
-                    self.hp.arch
+                     recurrent state, restorable only to 0 (truncate to 0) or a checkpoint \
+                     (the positions of a speculative window: {:?})",
+                    self.hp.arch,
+                    rec.ck.positions(slot)
                 )));
             }
         }

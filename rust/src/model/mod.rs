@@ -14,6 +14,7 @@ mod attn_gqa_avx2;
 pub mod attn_par;
 pub mod batch;
 pub mod blocks;
+pub mod checkpoints;
 pub mod compute;
 pub mod deltanet;
 pub mod forward;

@@ -135,6 +135,17 @@ impl Model {
                 rope.table(p.p0 + i, &mut s.cos[c.clone()], &mut s.sin[c]);
             }
         }
+        if let Some(rec) = rec.as_mut() {
+            // A window checkpoints its slot's state after each of its tokens.
+            rec.windows.clear();
+            for p in &ss.plan.pieces {
+                let window = entries[p.entry].want == Logits::Window;
+                rec.windows.push(window);
+                if window {
+                    rec.ck.begin(p.slot, p.p0, p.t);
+                }
+            }
+        }
         let mut kv_l = 0; // the attention layer's place in the KV cache
         for (l, lw) in w.layers.iter().enumerate() {
             // ---- attention, or a hybrid's DeltaNet mixer ----

@@ -2,7 +2,8 @@
 """Float-oracle goldens: HF transformers' models (float32, eager attention) with random weights,
 for every family the engine runs.
 
-    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe,qwen3next,qwen35moe]
+    python scripts/make_hf_goldens.py
+        [--which tiny,test,qwen2moe,mixtral,glm4moe,qwen3next,qwen35moe]
         [--llama-cpp DIR] [--root DIR]
 
 - `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding

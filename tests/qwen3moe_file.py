@@ -4,8 +4,9 @@ seeded) and a minimal byte-level BPE tokenizer that llama.cpp accepts, written b
 §4). Shared by the model tests and scripts/make_hf_goldens.py.
 
 `Shape.arch` also writes the other MoE families the engine runs (hybrids included:
-`qwen3next`, `qwen35moe`, see `hybrid_tensors`), in the layout llama.cpp's converter writes them (tests/test_model_families.py checks it against the converter's own
-files in tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
+`qwen3next`, `qwen35moe`, see `hybrid_tensors`), in the layout llama.cpp's converter writes
+them (tests/test_model_families.py checks it against the converter's own files in
+tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
 ffn_{gate,up,down}_shexp (Fs, H)/(H, Fs) with its gate ffn_gate_inp_shexp (1, H)) and the
 Mixtral-style `llama` (no q/k norms, expert width in feed_forward_length).
 

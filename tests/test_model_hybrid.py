@@ -186,13 +186,13 @@ def test_placement_reuses_whole_sequences_only(fam: str, q8: dict[str, Path]) ->
         return out
 
     run(a)
-    longer = a + [3, 4, 5]
+    longer = [*a, 3, 4, 5]
     assert sc.place(longer, [0])[1] == len(a)  # placement alone: the whole sequence kept
     sc.fed(0, longer[len(a) :])  # (as the engine would after running them)
     be.forward_batch([(0, longer[len(a) :], "none")])
-    more = longer + [6, 7]
+    more = [*longer, 6, 7]
     assert np.array_equal(bits(run(more)), bits(fresh(more)))
-    diverged = a[:5] + [9, 9, 9]
+    diverged = [*a[:5], 9, 9, 9]
     assert sc.place(diverged, [0])[1] == 0
     be.forward_batch([(0, diverged, "none")])
     sc.fed(0, diverged)

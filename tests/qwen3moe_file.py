@@ -56,7 +56,7 @@ class Shape:
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim
     weights_scale: float = 1.0
-    n_nextn: int = 0  # glm4moe: NextN (MTP) layers stored after the trunk
+    n_nextn: int = 0  # glm4moe, hybrids: NextN (MTP) layers stored after the trunk
     # qwen3next / qwen35moe (hybrids): full attention in every `attn_every`-th layer, Gated
     # DeltaNet in the others with conv width Kc, head size S, Nk key and Nv value heads
     attn_every: int = 4
@@ -218,8 +218,14 @@ def hybrid_tensors(
     h, d, e, f = s.n_embd, s.head_dim, s.n_expert, s.n_ff_exp
     ss, nk, nv = s.ssm_state, s.ssm_groups, s.ssm_v_heads
     c, vd = 2 * nk * ss + nv * ss, nv * ss
-    for i, rec in enumerate(recurrent_layers(s)):
+    # the MTP layers after the trunk: full attention, MoE and their own input projection
+    for i, rec in enumerate(recurrent_layers(s) + [False] * s.n_nextn):
         p = f"blk.{i}."
+        if i >= s.n_layer:
+            t[p + "nextn.eh_proj.weight"] = lin(h, 2 * h)
+            t[p + "nextn.enorm.weight"] = norm(h)
+            t[p + "nextn.hnorm.weight"] = norm(h)
+            t[p + "nextn.shared_head_norm.weight"] = norm(h)
         t[p + "attn_norm.weight"] = norm(h)
         t[p + "post_attention_norm.weight"] = norm(h)
         if rec:
@@ -315,7 +321,10 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("ssm.group_count", s.ssm_groups)
         u32("ssm.time_step_rank", s.ssm_v_heads)
         u32("ssm.inner_size", s.ssm_v_heads * s.ssm_state)
-        w.add_array(f"{arch}.attention.recurrent_layers", recurrent_layers(s))
+        w.add_array(f"{arch}.attention.recurrent_layers", recurrent_layers(s) + [False] * s.n_nextn)
+        if s.n_nextn:
+            u32("block_count", s.n_layer + s.n_nextn)
+            u32("nextn_predict_layers", s.n_nextn)
         # The converter writes its default 4 when HF's config carries layer_types only.
         u32("full_attention_interval", 4)
         if arch == "qwen35moe":  # its M-RoPE sections, over the rotated pairs

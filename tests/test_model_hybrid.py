@@ -196,3 +196,27 @@ def test_placement_reuses_whole_sequences_only(fam: str, q8: dict[str, Path]) ->
     assert sc.place(diverged, [0])[1] == 0
     be.forward_batch([(0, diverged, "none")])
     sc.fed(0, diverged)
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_mtp_layers_are_not_run(fam: str, tmp_path: Path) -> None:
+    """A file with an MTP layer after the trunk (block_count counts it, nextn_predict_layers
+    names it, recurrent_layers marks it attention) runs the trunk alone: logits bitwise those
+    of the same file without it, with the RAM tier attached too."""
+    import dataclasses
+
+    from strata.llm import LLM
+
+    s = GOLDEN_SHAPES[fam]
+    mtp = dataclasses.replace(s, n_nextn=1)
+    trunk = qf.write(tmp_path / "trunk.gguf", s, qf.random_tensors(s, 7))
+    both = qf.write(tmp_path / "mtp.gguf", mtp, qf.random_tensors(mtp, 7))
+    toks = list(range(1, 41))
+    want = Model.open(trunk, n_ctx=64).forward(0, toks, logits="all")
+    m = Model.open(both, n_ctx=64)
+    assert m.hparams["n_layer"] == s.n_layer
+    assert np.array_equal(m.forward(0, toks, logits="all"), want)
+    llm = LLM(str(both), ram_mode="resident")
+    got = [t for t, _ in llm.generate_ids(toks, max_tokens=4, temperature=0.0)]
+    ref = LLM(str(trunk), ram_mode="resident")
+    assert got == [t for t, _ in ref.generate_ids(toks, max_tokens=4, temperature=0.0)]

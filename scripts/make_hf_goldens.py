@@ -115,65 +115,49 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),
-    # Hybrids: Gated DeltaNet layers with full attention every second layer (4 layers: 2 of
-    # each), 2 key heads shared by 4 value heads (the grouped / tiled V-head orders differ),
-    # gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a sigmoid-gated
-    # shared expert beside softmax top-2 of 8.
+    # Hybrids (HYBRID below): Gated DeltaNet layers with full attention every second layer
+    # (4 layers: 2 of each), 2 key heads shared by 4 value heads (the grouped / tiled V-head
+    # orders differ), gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a
+    # sigmoid-gated shared expert beside softmax top-2 of 8.
     "qwen3next": (
         "Qwen3NextForCausalLM",
-        dict(
-            num_hidden_layers=4,
-            head_dim=32,
-            intermediate_size=64,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            num_experts=8,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            full_attention_interval=2,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            rope_parameters={
-                "rope_theta": 1e6,
-                "partial_rotary_factor": 0.25,
-                "rope_type": "default",
-            },
-        ),
+        dict(intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
     ),
-    # The same shape as qwen35moe (separate q/k/v and z projections, its interleaved M-RoPE
-    # with sections fitting the 4 rotated pairs; text positions are equal in every section).
+    # qwen35moe: separate q/k/v and z projections, its interleaved M-RoPE with sections
+    # covering the 4 rotated pairs (text positions are equal in every section).
     "qwen35moe": (
         "Qwen3_5MoeForCausalLM",
-        dict(
-            num_hidden_layers=4,
-            head_dim=32,
-            moe_intermediate_size=32,
-            shared_expert_intermediate_size=48,
-            num_experts=8,
-            num_experts_per_tok=2,
-            full_attention_interval=2,
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            rope_parameters={
-                "rope_theta": 1e6,
-                "partial_rotary_factor": 0.25,
-                "rope_type": "default",
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-        ),
+        dict(rope_parameters={"mrope_section": [2, 1, 1], "mrope_interleaved": True}),
     ),
 }
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
+HYBRIDS = ("qwen3next", "qwen35moe")
+# What the hybrids share (their own keys go over it, rope_parameters merged).
+HYBRID: dict[str, Any] = dict(
+    num_hidden_layers=4,
+    head_dim=32,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=8,
+    num_experts_per_tok=2,
+    full_attention_interval=2,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    rope_parameters={"rope_theta": 1e6, "partial_rotary_factor": 0.25, "rope_type": "default"},
+)
+
+
+def family_kwargs(name: str) -> dict[str, Any]:
+    """The family's config: COMMON, HYBRID for the hybrids, then its own keys."""
+    kw = FAMILIES[name][1]
+    if name not in HYBRIDS:
+        return {**COMMON, **kw}
+    rope = {**HYBRID["rope_parameters"], **kw.get("rope_parameters", {})}
+    return {**COMMON, **HYBRID, **kw, "rope_parameters": rope}
 
 
 def randomize(model: Any, seed: int) -> None:
@@ -196,8 +180,10 @@ def randomize(model: Any, seed: int) -> None:
     model.load_state_dict(new)
 
 
-def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
-    """llama.cpp's converter on `src`, with the toy vocabulary in place of a HF tokenizer."""
+def convert(llama_cpp: Path, src: Path, dst: Path, name: str, no_mtp: bool = False) -> None:
+    """llama.cpp's converter on `src`, with the toy vocabulary in place of a HF tokenizer
+    (`no_mtp`: as `--no-mtp`, for the hybrids, whose converter otherwise expects MTP
+    weights)."""
     sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
     import gguf
     import torch
@@ -206,8 +192,8 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
 
     hparams = ModelBase.load_hparams(src, False)
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
-    if getattr(cls, "supports_mtp_export", False):
-        # These random models have no MTP weights: the converter's `--no-mtp`.
+    if no_mtp:
+        # A random model without MTP weights: the converter's `--no-mtp`.
         cls = type(cls.__name__, (cls,), {"no_mtp": True, "model_arch": cls.model_arch})
 
     def toy_vocab() -> None:
@@ -291,9 +277,10 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     if llama_cpp is None:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = list(FAMILIES).index(name)
-    cls_name, kw = FAMILIES[name]
+    cls_name = FAMILIES[name][0]
+    kw = family_kwargs(name)
     cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
-    cfg = getattr(transformers, cfg_name)(**{**COMMON, **kw})
+    cfg = getattr(transformers, cfg_name)(**kw)
     cfg._attn_implementation = "eager"
     model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
     randomize(model, FAMILY_SEED + i)
@@ -301,7 +288,8 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
-        convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}")
+        hybrid = name in HYBRIDS
+        convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}", hybrid)
     rng = np.random.default_rng(FAMILY_SEED + 100 + i)
     prompts = rng.integers(0, COMMON["vocab_size"] - 8, (N_PROMPTS, PROMPT_LEN))
     logits = np.stack([logits_of(model, p) for p in prompts])
@@ -311,7 +299,7 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         prompts=prompts,
         logits=logits.astype(np.float32),
         transformers_version=np.array(transformers.__version__),
-        config_json=np.array(json.dumps({**COMMON, **kw})),
+        config_json=np.array(json.dumps(kw)),
     )
     return path
 

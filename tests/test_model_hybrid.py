@@ -52,6 +52,8 @@ def bits(a: np.ndarray) -> np.ndarray:
 def test_state_carries_across_chunks_windows_and_steps(fam: str, q8: dict[str, Path]) -> None:
     m = Model.open(q8[fam], n_ctx=128, n_slots=3, kv_type="f16", prefill_chunk=16)
     assert m.hparams["recurrent"] is True
+    # conv [Kc − 1, C] + delta rule [Nv, S, S] per recurrent layer, f32 (C = 2·2·16 + 4·16)
+    assert m.hparams["recurrent_state_bytes"] == 2 * 4 * (3 * 128 + 4 * 16 * 16)
     toks = [int(t) for t in np.random.default_rng(0).integers(0, m.n_vocab - 3, 60)]
     one = np.stack([m.forward(0, [t]) for t in toks])  # token by token
     # "window": each row in the one-row attention order (the attention's, not the state's)

@@ -319,12 +319,6 @@ impl Model {
         self.truncate(slot, 0)
     }
 
-    /// Whether slots keep a recurrent state (a hybrid family): truncation only to 0, no KV
-    /// export.
-    pub fn is_recurrent(&self) -> bool {
-        self.rec.is_some()
-    }
-
     /// Bytes of one slot's recurrent state (0 without one).
     pub fn recurrent_slot_bytes(&self) -> usize {
         self.rec.as_ref().map_or(0, Recurrent::slot_bytes)

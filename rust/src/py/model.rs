@@ -192,6 +192,7 @@ struct Snapshot {
     non_expert_bytes: usize,
     kv_bytes: usize,
     repack_bytes: usize,
+    recurrent_bytes: usize,
     device: &'static str,
 }
 
@@ -366,6 +367,7 @@ impl PyModel {
                 non_expert_bytes: m.weights.non_expert_bytes(),
                 kv_bytes: m.kv.bytes(),
                 repack_bytes: m.repack_bytes(),
+                recurrent_bytes: m.recurrent_slot_bytes(),
                 device: "cpu",
             },
             Backend::Gpu { m, .. } => Snapshot {
@@ -378,6 +380,7 @@ impl PyModel {
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
                 repack_bytes: 0,
+                recurrent_bytes: 0,
                 device: "cuda",
             },
         });
@@ -408,6 +411,9 @@ impl PyModel {
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
         d.set_item("repack_bytes", s.repack_bytes)?;
+        // Per slot: a hybrid's recurrent state (f32), beside its KV; checkpoints add up to
+        // `model::checkpoints::CAP` copies of it per slot that runs windows.
+        d.set_item("recurrent_state_bytes", s.recurrent_bytes)?;
         d.set_item("device", s.device)?;
         Ok(d)
     }

@@ -176,7 +176,6 @@ pub struct Recurrent {
     z: Vec<f32>,         // [R, Nv·S]
     ba: Vec<f32>,        // [R, 2·Nv] (fused) or [R, Nv] β then [R, Nv] α
     core: Vec<f32>,      // [R, Nv·S] the recurrence's output, then normed and gated
-    delta: Vec<f32>,     // [S]
     /// The gated attention layers' q projection [R, Nh·2D] and output gate [R, Nh·D].
     pub qg: Vec<f32>,
     pub gate: Vec<f32>,
@@ -206,7 +205,6 @@ impl Recurrent {
             z: z(rows * sp.v_dim()),
             ba: z(rows * 2 * sp.n_v),
             core: z(rows * sp.v_dim()),
-            delta: z(sp.d_state),
             qg: z(rows * 2 * q_dim),
             gate: z(rows * q_dim),
             sp,
@@ -269,7 +267,6 @@ impl Recurrent {
         let st = States {
             conv: &mut self.conv,
             ssm: &mut self.ssm,
-            delta: &mut self.delta,
             ck: &mut self.ck,
             windows: &self.windows,
         };
@@ -294,12 +291,10 @@ struct Rows<'a> {
     core: &'a mut [f32],
 }
 
-/// Every slot's states, their checkpoints (`windows`: which pieces save theirs) and the
-/// delta scratch.
+/// Every slot's states and their checkpoints (`windows`: which pieces save theirs).
 struct States<'a> {
     conv: &'a mut [Vec<f32>],
     ssm: &'a mut [Vec<f32>],
-    delta: &'a mut [f32],
     ck: &'a mut Checkpoints,
     windows: &'a [bool],
 }
@@ -358,7 +353,7 @@ fn recur(
             let x = &mut qkv[r * c..(r + 1) * c];
             conv_step(conv, &dw.conv, sp.d_conv, x);
             let o = &mut core[r * vd..(r + 1) * vd];
-            token(sp, opts.heads, dw, eps, x, &b, &a, m, st.delta, o);
+            token(sp, opts.heads, dw, eps, x, &b, &a, m, o);
             gated_norm(o, &z[r * vd..(r + 1) * vd], &dw.norm, eps);
             if window {
                 let pos = p.p0 + (r - p.r0) + 1;
@@ -464,7 +459,6 @@ fn token(
     b: &GateRow<'_>,
     a: &GateRow<'_>,
     st: &mut [f32],
-    delta: &mut [f32],
     o: &mut [f32],
 ) {
     let (s, nk, nv) = (sp.d_state, sp.n_k, sp.n_v);
@@ -481,19 +475,17 @@ fn token(
         let beta = sigmoid(b.at(hv));
         let g = softplus(a.at(hv) + dw.dt_bias[hv]) * dw.a[hv];
         let decay = g.exp();
+        // Row by row in one pass over the state (each row's arithmetic is ggml's, whose
+        // passes over the whole state touch every row independently).
         let m = &mut st[hv * s * s..(hv + 1) * s * s];
-        for e in m.iter_mut() {
-            *e *= decay;
-        }
-        for (j, row) in m.chunks_exact(s).enumerate() {
-            delta[j] = (vh[j] - dot(row, kk)) * beta;
-        }
-        for (row, &dj) in m.chunks_exact_mut(s).zip(delta.iter()) {
+        for (j, row) in m.chunks_exact_mut(s).enumerate() {
+            for e in row.iter_mut() {
+                *e *= decay; // ggml_vec_scale_f32
+            }
+            let dj = (vh[j] - dot(row, kk)) * beta;
             for (e, &ki) in row.iter_mut().zip(kk) {
                 *e = ki.mul_add(dj, *e); // ggml_vec_mad_f32: FMAs
             }
-        }
-        for (j, row) in m.chunks_exact(s).enumerate() {
             o[hv * s + j] = dot(row, qh) * scale;
         }
     }

@@ -12,8 +12,9 @@ tests/test_model_families.py.
   other position but 0 or the slot's length it is refused (ValueError) and changes nothing;
   `free` starts over (bitwise the first run again); KV export / import are refused
   (ModelError).
-- The engine's placement keeps a slot's whole sequence when a prompt extends it, else starts
-  the slot over.
+- The engine's placement keeps a slot's whole sequence when a prompt extends it, else its
+  marked prompt end (`checkpoint`, set by the scheduler) when the prompt shares it, else
+  starts the slot over.
 A batched call that fails while running (after its checks) empties a hybrid slot instead of
 leaving a state that ran ahead of its KV (`Model::forward_batch`); no test reaches that path.
 """
@@ -161,10 +162,11 @@ def test_greedy_with_speculation_equals_without(fam: str, q8: dict[str, Path]) -
 
 
 @pytest.mark.parametrize("fam", HYBRIDS)
-def test_placement_reuses_whole_sequences_only(fam: str, q8: dict[str, Path]) -> None:
+def test_placement_reuses_whole_sequences_or_checkpoints(fam: str, q8: dict[str, Path]) -> None:
     """The engine's slot placement on a hybrid file: a prompt that extends what a slot holds
-    keeps it all; one that diverges inside it starts the slot over; the logits equal a fresh
-    slot's bitwise either way."""
+    keeps it all; one that shares the slot's marked prompt (`checkpoint`, as the scheduler
+    marks each prompt's end) but not what followed keeps that prompt; one that diverges
+    before it starts the slot over. The logits equal a fresh slot's bitwise each time."""
     from strata.config import Config
     from strata.engine.backend import LLMBackend
     from strata.engine.prefix import SlotCache
@@ -172,32 +174,52 @@ def test_placement_reuses_whole_sequences_only(fam: str, q8: dict[str, Path]) ->
     be = LLMBackend(Config(model=str(q8[fam]), n_ctx=128, parallel=2, kv_type="f16"))
     assert be.recurrent and not hasattr(be, "kv_export")
     sc = SlotCache(be, 1, None)
-    a = list(range(10, 30))
 
-    def run(prompt: list[int]) -> np.ndarray:
+    def run(prompt: list[int], reused_want: int) -> None:
         slot, reused = sc.place(prompt, [0])
-        out = be.forward_batch([(slot, prompt[reused:], "last")])[0]
+        assert reused == reused_want
+        got = be.forward_batch([(slot, prompt[reused:], "last")])[0]
         sc.fed(slot, prompt[reused:])
-        assert out is not None
-        return out
-
-    def fresh(prompt: list[int]) -> np.ndarray:
         be.free(1)
-        out = be.forward_batch([(1, prompt, "last")])[0]
-        assert out is not None
-        return out
+        want = be.forward_batch([(1, prompt, "last")])[0]
+        assert got is not None and want is not None
+        assert np.array_equal(bits(got), bits(want))
 
-    run(a)
-    longer = [*a, 3, 4, 5]
-    assert sc.place(longer, [0])[1] == len(a)  # placement alone: the whole sequence kept
-    sc.fed(0, longer[len(a) :])  # (as the engine would after running them)
-    be.forward_batch([(0, longer[len(a) :], "none")])
-    more = [*longer, 6, 7]
-    assert np.array_equal(bits(run(more)), bits(fresh(more)))
-    diverged = [*a[:5], 9, 9, 9]
-    assert sc.place(diverged, [0])[1] == 0
-    be.forward_batch([(0, diverged, "none")])
-    sc.fed(0, diverged)
+    a = list(range(10, 30))
+    run(a, 0)
+    be.checkpoint(0)  # the prompt's end
+    be.forward_batch([(0, [3, 4, 5], "none")])  # "generated"
+    sc.fed(0, [3, 4, 5])
+    assert be.checkpoints(0) == [len(a)]
+    run([*a, 3, 4, 5, 6, 7], len(a) + 3)  # extends the slot: all of it kept
+    run([*a, 7, 8, 9], len(a))  # back to the marked prompt
+    run([*a[:5], 9, 9, 9], 0)  # diverges before it
+    # the scheduler marks each prompt's end
+    from test_spec import GREEDY, llm_run
+
+    llm_run(be, None, [a], [GREEDY], max_tokens=4)
+    assert any(be.checkpoints(s) == [len(a)] for s in range(be.max_slots))
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
+def test_checkpoint_marks_a_prompt_end(fam: str, q8: dict[str, Path]) -> None:
+    m = Model.open(q8[fam], n_ctx=64, n_slots=2, kv_type="f16")
+    toks = list(range(5, 30))
+    m.forward(0, toks[:12], logits="none")
+    m.checkpoint(0)
+    m.forward(0, [1, 2, 3], logits="none")
+    m.forward(0, toks[12:15], logits="window")  # window checkpoints 16..18 beside the mark
+    assert m.checkpoints(0) == [12, 16, 17, 18]
+    m.truncate(0, 12)
+    assert m.checkpoints(0) == [12]
+    got = m.forward(0, toks[12:], logits="window")
+    m.free(1)
+    m.forward(1, toks[:12], logits="none")
+    assert np.array_equal(bits(got), bits(m.forward(1, toks[12:], logits="window")))
+    plain = Model.open(Path(__file__).parent / "golden" / "qwen2moe_f32.gguf", n_ctx=16)
+    with pytest.raises(ModelError, match="no recurrent state"):
+        plain.checkpoint(0)
+    assert plain.checkpoints(0) == []
 
 
 @pytest.mark.parametrize("fam", HYBRIDS)

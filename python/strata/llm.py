@@ -240,6 +240,15 @@ class LLM:
         """Empties a step-API slot."""
         self.model.free(self._slot(slot))
 
+    def checkpoint(self, slot: int) -> None:
+        """Marks a hybrid slot's recurrent state at its length, so that `truncate` can come
+        back to it (ModelError for a family without a recurrent state)."""
+        self.model.checkpoint(self._slot(slot))
+
+    def checkpoints(self, slot: int) -> list[int]:
+        """The positions `truncate` can restore a hybrid slot to (besides 0 and its length)."""
+        return list(self.model.checkpoints(self._slot(slot)))
+
     def routing_counts(self) -> npt.NDArray[np.float32]:
         """Router picks per (layer, expert) since load, undecayed: [n_layer, n_expert].
         ConfigError where the routing is not counted (`counts_routing` false)."""

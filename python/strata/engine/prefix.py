@@ -163,11 +163,13 @@ class SlotCache:
 
     def _reusable(self, slot: int, limit: list[int], recurrent: bool) -> int:
         """Positions of the slot a prompt limited to `limit` can keep: the common prefix, or,
-        where the slot keeps a recurrent state (which cannot be cut back), its whole sequence
-        when that is a prefix of the prompt, else none."""
+        where the slot keeps a recurrent state (which cannot be cut back, only restored), its
+        whole sequence when that is a prefix of the prompt, else its last checkpoint within
+        the common prefix (`checkpoints`), else none."""
         n = common_prefix(self.tokens[slot], limit)
         if recurrent and n < len(self.tokens[slot]):
-            return 0
+            marks = getattr(self.backend, "checkpoints", None)
+            return max((p for p in (marks(slot) if marks else []) if p <= n), default=0)
         return n
 
     def _set(self, slot: int, limit: list[int], reused: int) -> int:

@@ -2,13 +2,15 @@
 //! to a position after all: a recurrent state cannot be truncated, only restored.
 //!
 //! A speculative window (an entry with `Logits::Window`) checkpoints the state after each of
-//! its tokens; `Model::truncate` to a checkpointed position restores it and drops the
-//! checkpoints past it (a rejected draft's rollback). Checkpoints at positions the slot still
-//! holds stay valid, so a later truncation to one of them works too.
+//! its tokens; `Model::checkpoint` marks the slot's current position (the engine marks each
+//! prompt's end: a prefix-cache point, kept apart from the windows' checkpoints).
+//! `Model::truncate` to a checkpointed position restores it and drops the checkpoints past
+//! it (a rejected draft's rollback, a prompt sharing a cached prompt). Checkpoints at
+//! positions the slot still holds stay valid, so a later truncation to one of them works too.
 //!
 //! Memory: a checkpoint is one slot's whole state, every recurrent layer's conv state
 //! [Kc − 1, C] and delta-rule state [Nv, S, S] in f32 (`SsmParams::state_floats` × Lr × 4
-//! bytes); a slot keeps at most `CAP` of them, allocated on its first window. For
+//! bytes); a slot keeps at most `CAP` of them plus one mark, allocated on first use. For
 //! Qwen3.5-35B-A3B (30 recurrent layers, Nv = 32, S = 128, C = 8192, Kc = 4): 63 MiB per
 //! checkpoint, at most 1 GiB per slot that speculates.
 
@@ -28,7 +30,8 @@ pub struct Checkpoints {
     conv_len: usize,
     ssm_len: usize,
     slots: Vec<Vec<Snap>>,
-    spare: Vec<Snap>, // buffers of dropped checkpoints, reused
+    marks: Vec<Option<Snap>>, // [slots] the marked position (`mark`)
+    spare: Vec<Snap>,         // buffers of dropped checkpoints, reused
 }
 
 impl Checkpoints {
@@ -38,6 +41,7 @@ impl Checkpoints {
             conv_len,
             ssm_len,
             slots: (0..n_slots).map(|_| Vec::new()).collect(),
+            marks: (0..n_slots).map(|_| None).collect(),
             spare: Vec::new(),
         }
     }
@@ -76,10 +80,28 @@ impl Checkpoints {
         }
     }
 
-    /// Restores the slot's state ([Lr, …] each) to its checkpoint at `pos` and drops the
-    /// ones past it; false (nothing changed) without one.
+    /// Marks the slot's whole state (`conv`, `ssm`: [Lr, …] each) at `pos`, replacing its
+    /// previous mark.
+    pub fn mark(&mut self, slot: usize, pos: usize, conv: &[f32], ssm: &[f32]) {
+        let mut s = self.marks[slot]
+            .take()
+            .or_else(|| self.spare.pop())
+            .unwrap_or(Snap {
+                pos,
+                conv: vec![0f32; self.conv_len],
+                ssm: vec![0f32; self.ssm_len],
+            });
+        s.pos = pos;
+        s.conv.copy_from_slice(conv);
+        s.ssm.copy_from_slice(ssm);
+        self.marks[slot] = Some(s);
+    }
+
+    /// Restores the slot's state ([Lr, …] each) to its checkpoint or mark at `pos` and drops
+    /// the ones past it; false (nothing changed) without one.
     pub fn restore(&mut self, slot: usize, pos: usize, conv: &mut [f32], ssm: &mut [f32]) -> bool {
-        let Some(s) = self.slots[slot].iter().find(|s| s.pos == pos) else {
+        let mark = self.marks[slot].as_ref().filter(|s| s.pos == pos);
+        let Some(s) = self.slots[slot].iter().find(|s| s.pos == pos).or(mark) else {
             return false;
         };
         conv.copy_from_slice(&s.conv);
@@ -88,17 +110,24 @@ impl Checkpoints {
         true
     }
 
-    /// Drops the slot's checkpoints past `pos` (their tokens are gone).
+    /// Drops the slot's checkpoints and mark past `pos` (their tokens are gone).
     pub fn drop_after(&mut self, slot: usize, pos: usize) {
         let snaps = &mut self.slots[slot];
         while snaps.last().is_some_and(|s| s.pos > pos) {
             self.spare.extend(snaps.pop());
         }
+        if self.marks[slot].as_ref().is_some_and(|s| s.pos > pos) {
+            self.spare.extend(self.marks[slot].take());
+        }
     }
 
-    /// The positions the slot can be restored to.
+    /// The positions the slot can be restored to, ascending.
     pub fn positions(&self, slot: usize) -> Vec<usize> {
-        self.slots[slot].iter().map(|s| s.pos).collect()
+        let mut p: Vec<usize> = self.slots[slot].iter().map(|s| s.pos).collect();
+        p.extend(self.marks[slot].as_ref().map(|s| s.pos));
+        p.sort_unstable();
+        p.dedup();
+        p
     }
 }
 
@@ -119,8 +148,14 @@ mod tests {
         assert!(c.restore(0, 12, &mut conv, &mut ssm));
         assert_eq!((conv, ssm), ([1.0, 1.0], [11.0]));
         assert_eq!(c.positions(0), [11, 12]);
-        c.begin(0, 12, CAP + 2); // recycles the oldest
-        assert_eq!(c.positions(0).len(), CAP);
+        c.mark(0, 5, &[7.0, 7.0], &[8.0]);
+        c.begin(0, 12, CAP + 2); // recycles the oldest window checkpoints, not the mark
+        assert_eq!(c.positions(0).len(), CAP + 1);
+        assert_eq!(c.positions(0)[0], 5);
         assert_eq!(c.positions(0).last(), Some(&(12 + CAP + 2)));
+        assert!(c.restore(0, 5, &mut conv, &mut ssm));
+        assert_eq!((conv, ssm, c.positions(0)), ([7.0, 7.0], [8.0], vec![5]));
+        c.drop_after(0, 4);
+        assert!(c.positions(0).is_empty());
     }
 }

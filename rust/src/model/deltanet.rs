@@ -219,6 +219,11 @@ impl Recurrent {
         self.ck.drop_after(slot, 0);
     }
 
+    /// Marks the slot's current state as its state at `pos` (`Checkpoints::mark`).
+    pub fn mark(&mut self, slot: usize, pos: usize) {
+        self.ck.mark(slot, pos, &self.conv[slot], &self.ssm[slot]);
+    }
+
     /// Restores the slot's state at `pos` from a checkpoint; false without one.
     pub fn restore(&mut self, slot: usize, pos: usize) -> bool {
         self.ck

@@ -319,6 +319,38 @@ impl Model {
         self.truncate(slot, 0)
     }
 
+    /// Marks the slot's recurrent state at its current length, so that `truncate` can come
+    /// back to it (a prefix-cache point: the engine marks each prompt's end). A `Model` error
+    /// for a family without a recurrent state.
+    pub fn checkpoint(&mut self, slot: usize) -> Result<()> {
+        let len = self.kv.len(slot)?;
+        self.refuse_recurrent_absent()?;
+        if let Some(rec) = &mut self.rec {
+            rec.mark(slot, len);
+        }
+        Ok(())
+    }
+
+    /// The positions `truncate` can restore the slot's recurrent state to, ascending (besides
+    /// 0 and its length); empty without a recurrent state.
+    pub fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
+        self.kv.check_slot(slot)?;
+        Ok(self
+            .rec
+            .as_ref()
+            .map_or(Vec::new(), |r| r.ck.positions(slot)))
+    }
+
+    fn refuse_recurrent_absent(&self) -> Result<()> {
+        match self.rec {
+            Some(_) => Ok(()),
+            None => Err(Error::Model(format!(
+                "{} keeps no recurrent state to checkpoint",
+                self.hp.arch
+            ))),
+        }
+    }
+
     /// Bytes of one slot's recurrent state (0 without one).
     pub fn recurrent_slot_bytes(&self) -> usize {
         self.rec.as_ref().map_or(0, Recurrent::slot_bytes)

@@ -103,6 +103,24 @@ impl Backend {
         }
     }
 
+    /// A hybrid's recurrent-state checkpoint at the slot's length (CPU only: the GPU path
+    /// runs no recurrent family).
+    fn checkpoint(&mut self, slot: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.checkpoint(slot),
+            Backend::Gpu { .. } => Err(Error::Model(
+                "the GPU path keeps no recurrent state to checkpoint".into(),
+            )),
+        }
+    }
+
+    fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
+        match self {
+            Backend::Cpu(m) => m.checkpoints(slot),
+            Backend::Gpu { .. } => Ok(Vec::new()),
+        }
+    }
+
     /// The routing counters; an error where this path does not count (`NOT_COUNTED`).
     fn routing(&self, decayed: bool) -> Result<Arc<Counters>> {
         match self {
@@ -614,6 +632,17 @@ impl PyModel {
     /// Empties the slot.
     fn free(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
         Ok(self.with(py, |m| m.free(slot))?)
+    }
+
+    /// Marks a hybrid slot's recurrent state at its length, so that `truncate` can come back
+    /// to it (ModelError for a family without a recurrent state).
+    fn checkpoint(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| m.checkpoint(slot))?)
+    }
+
+    /// The positions `truncate` can restore a hybrid slot to (besides 0 and its length).
+    fn checkpoints(&self, py: Python<'_>, slot: usize) -> PyResult<Vec<usize>> {
+        Ok(self.with(py, |m| m.checkpoints(slot))?)
     }
 
     /// "cpu" or "cuda".

@@ -2,7 +2,8 @@
 """Float-oracle goldens: HF transformers' models (float32, eager attention) with random weights,
 for every family the engine runs.
 
-    python scripts/make_hf_goldens.py [--which tiny,test,qwen2moe,mixtral,glm4moe,gptoss]
+    python scripts/make_hf_goldens.py
+        [--which tiny,test,qwen2moe,mixtral,glm4moe,gptoss,qwen3next,qwen35moe]
         [--llama-cpp DIR] [--root DIR]
 
 - `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding
@@ -13,12 +14,13 @@ for every family the engine runs.
 - `test` → tests/golden/hf_qwen3moe_logits.npz: the qwen3moe model tests' shape
   (tests/qwen3moe_file.py, vocabulary 512) with `random_tensors(shape, TEST_SEED)`; 4 prompts
   of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
-- `qwen2moe`, `mixtral`, `glm4moe`, `gptoss` → tests/golden/<family>_f32.gguf and
-  tests/golden/hf_<family>_logits.npz: a random tiny `Qwen2MoeForCausalLM` /
-  `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` (every weight drawn with
-  numpy from a fixed seed in state-dict order: linear std 1/sqrt(fan_in) times the family's
-  `SCALES`, embeddings std 1, norms near 1, biases std 0.1), saved with `save_pretrained`
-  and converted to an F32 GGUF by llama.cpp's own converter
+- `qwen2moe`, `mixtral`, `glm4moe`, `gptoss`, `qwen3next`, `qwen35moe` →
+  tests/golden/<family>_f32.gguf and tests/golden/hf_<family>_logits.npz: a random tiny
+  `Qwen2MoeForCausalLM` / `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` /
+  `Qwen3NextForCausalLM` / `Qwen3_5MoeForCausalLM` (every weight drawn with numpy from a fixed
+  seed in state-dict order: linear std 1/sqrt(fan_in) times the family's `SCALES`, embeddings
+  std 1, norms near 1, biases std 0.1), saved with `save_pretrained` and converted to an F32
+  GGUF by llama.cpp's own converter
   (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
   vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in place of
   the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]
@@ -138,10 +140,56 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),
+    # Hybrids (HYBRID below): Gated DeltaNet layers with full attention every second layer
+    # (4 layers: 2 of each), 2 key heads shared by 4 value heads (the grouped / tiled V-head
+    # orders differ), gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a
+    # sigmoid-gated shared expert beside softmax top-2 of 8.
+    "qwen3next": (
+        "Qwen3NextForCausalLM",
+        dict(intermediate_size=64, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    ),
+    # qwen35moe: separate q/k/v and z projections, its interleaved M-RoPE with sections
+    # covering the 4 rotated pairs (text positions are equal in every section).
+    "qwen35moe": (
+        "Qwen3_5MoeForCausalLM",
+        dict(rope_parameters={"mrope_section": [2, 1, 1], "mrope_interleaved": True}),
+    ),
 }
 # Per family, std multipliers of weights by name (gpt-oss: expert pre-activations of a few
 # units, so that the clamp at ±7 of its SwiGLU is reached).
 SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
+# Each family's seed offset (FAMILY_SEED + i): the one its committed goldens were made with
+# (gpt-oss and qwen3next were added side by side and both took 3; different models, so the
+# shared seed is harmless, and both files stay reproducible byte for byte).
+SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4)
+# Config classes not named after the model class.
+CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
+HYBRIDS = ("qwen3next", "qwen35moe")
+# What the hybrids share (their own keys go over it, rope_parameters merged).
+HYBRID: dict[str, Any] = dict(
+    num_hidden_layers=4,
+    head_dim=32,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=8,
+    num_experts_per_tok=2,
+    full_attention_interval=2,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    rope_parameters={"rope_theta": 1e6, "partial_rotary_factor": 0.25, "rope_type": "default"},
+)
+
+
+def family_kwargs(name: str) -> dict[str, Any]:
+    """The family's config: COMMON, HYBRID for the hybrids, then its own keys."""
+    kw = FAMILIES[name][1]
+    if name not in HYBRIDS:
+        return {**COMMON, **kw}
+    rope = {**HYBRID["rope_parameters"], **kw.get("rope_parameters", {})}
+    return {**COMMON, **HYBRID, **kw, "rope_parameters": rope}
 
 
 def randomize(model: Any, seed: int, scales: dict[str, float] | None = None) -> None:
@@ -165,8 +213,10 @@ def randomize(model: Any, seed: int, scales: dict[str, float] | None = None) -> 
     model.load_state_dict(new)
 
 
-def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
-    """llama.cpp's converter on `src`, with the toy vocabulary in place of a HF tokenizer."""
+def convert(llama_cpp: Path, src: Path, dst: Path, name: str, no_mtp: bool = False) -> None:
+    """llama.cpp's converter on `src`, with the toy vocabulary in place of a HF tokenizer
+    (`no_mtp`: as `--no-mtp`, for the hybrids, whose converter otherwise expects MTP
+    weights)."""
     sys.path[:0] = [str(llama_cpp), str(llama_cpp / "gguf-py")]
     import gguf
     import torch
@@ -175,6 +225,9 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str) -> None:
 
     hparams = ModelBase.load_hparams(src, False)
     cls = get_model_class(get_model_architecture(hparams, ModelType.TEXT), mmproj=False)
+    if no_mtp:
+        # A random model without MTP weights: the converter's `--no-mtp`.
+        cls = type(cls.__name__, (cls,), {"no_mtp": True, "model_arch": cls.model_arch})
 
     def toy_vocab() -> None:
         qf.vocab_of(hparams["vocab_size"]).add_to_writer(m.gguf_writer)
@@ -256,9 +309,11 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
 
     if llama_cpp is None:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
-    i = list(FAMILIES).index(name)
-    cls_name, kw = FAMILIES[name]
-    cfg = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**{**COMMON, **kw})
+    i = SEED_INDEX[name]
+    cls_name = FAMILIES[name][0]
+    kw = family_kwargs(name)
+    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
+    cfg = getattr(transformers, cfg_name)(**kw)
     cfg._attn_implementation = "eager"
     model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
     randomize(model, FAMILY_SEED + i, SCALES.get(name))
@@ -266,7 +321,8 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
-        convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}")
+        hybrid = name in HYBRIDS
+        convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}", hybrid)
     rng = np.random.default_rng(FAMILY_SEED + 100 + i)
     prompts = rng.integers(0, COMMON["vocab_size"] - 8, (N_PROMPTS, PROMPT_LEN))
     logits = np.stack([logits_of(model, p) for p in prompts])
@@ -276,7 +332,7 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         prompts=prompts,
         logits=logits.astype(np.float32),
         transformers_version=np.array(transformers.__version__),
-        config_json=np.array(json.dumps({**COMMON, **kw})),
+        config_json=np.array(json.dumps(kw)),
     )
     return path
 

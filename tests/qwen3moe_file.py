@@ -3,9 +3,10 @@ seeded) and a minimal byte-level BPE tokenizer that llama.cpp accepts, written b
 `strata.modelgen.write_arrays` (gguf-py's writer with the metadata llama.cpp uses, docs/FORMATS.md
 §4). Shared by the model tests and scripts/make_hf_goldens.py.
 
-`Shape.arch` also writes the other MoE families the engine runs, in the layout llama.cpp's
-converter writes them (tests/test_model_families.py checks it against the converter's own
-files in tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
+`Shape.arch` also writes the other MoE families the engine runs (hybrids included:
+`qwen3next`, `qwen35moe`, see `hybrid_tensors`), in the layout llama.cpp's converter writes
+them (tests/test_model_families.py checks it against the converter's own files in
+tests/golden): `qwen2moe` (Q/K/V biases, no q/k norms, a shared expert
 ffn_{gate,up,down}_shexp (Fs, H)/(H, Fs) with its gate ffn_gate_inp_shexp (1, H)) and the
 Mixtral-style `llama` (no q/k norms, expert width in feed_forward_length).
 
@@ -55,7 +56,18 @@ class Shape:
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim
     weights_scale: float = 1.0
-    n_nextn: int = 0  # glm4moe: NextN (MTP) layers stored after the trunk
+    n_nextn: int = 0  # glm4moe, hybrids: NextN (MTP) layers stored after the trunk
+    # qwen3next / qwen35moe (hybrids): full attention in every `attn_every`-th layer, Gated
+    # DeltaNet in the others with conv width Kc, head size S, Nk key and Nv value heads
+    attn_every: int = 4
+    ssm_conv: int = 4
+    ssm_state: int = 16
+    ssm_groups: int = 2
+    ssm_v_heads: int = 4
+    n_ff: int = 0  # qwen3next: feed_forward_length as its converter writes it (unused)
+    # qwen35moe: M-RoPE sections (t, h, w) of the rotated pairs, as Qwen3.5's [11, 11, 10]
+    # covering every pair (a text token has one position in every section)
+    mrope: tuple[int, int, int] = (2, 1, 1)
 
     def spec(self) -> modelgen.ModelSpec:
         """The same shapes as the product's model spec (the writer's and the HF oracle's)."""
@@ -137,6 +149,8 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         "output_norm.weight": norm(h),
         "output.weight": lin(s.n_vocab, h),
     }
+    if s.arch in HYBRIDS:
+        return hybrid_tensors(s, t, rng, lin, norm, router_scale)
     for i in range(s.n_layer + s.n_nextn):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(h)
@@ -177,6 +191,71 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
             t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
             t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
             t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+    return t
+
+
+HYBRIDS = ("qwen3next", "qwen35moe")
+
+
+def recurrent_layers(s: Shape) -> list[bool]:
+    return [(i + 1) % s.attn_every != 0 for i in range(s.n_layer)]
+
+
+def hybrid_tensors(
+    s: Shape,
+    t: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    lin: Any,
+    norm: Any,
+    router_scale: float,
+) -> dict[str, np.ndarray]:
+    """A hybrid's layers as llama.cpp's converter writes them: DeltaNet layers attn_qkv (C, H)
+    (C = 2·Nk·S + Nv·S), attn_gate (Nv·S, H), ssm_ba (2·Nv, H) (qwen3next) or ssm_beta /
+    ssm_alpha (Nv, H) (qwen35moe), ssm_conv1d (C, Kc), ssm_dt.bias and ssm_a (Nv,) (A < 0),
+    ssm_norm (S,), ssm_out (H, Nv·S); attention layers attn_q (Nh·2D, H) (q and its output
+    gate), attn_k / attn_v, attn_output, q/k norms; every layer post_attention_norm, routed
+    experts and a shared expert with its gate ffn_gate_inp_shexp (1, H)."""
+    h, d, e, f = s.n_embd, s.head_dim, s.n_expert, s.n_ff_exp
+    ss, nk, nv = s.ssm_state, s.ssm_groups, s.ssm_v_heads
+    c, vd = 2 * nk * ss + nv * ss, nv * ss
+    # the MTP layers after the trunk: full attention, MoE and their own input projection
+    for i, rec in enumerate(recurrent_layers(s) + [False] * s.n_nextn):
+        p = f"blk.{i}."
+        if i >= s.n_layer:
+            t[p + "nextn.eh_proj.weight"] = lin(h, 2 * h)
+            t[p + "nextn.enorm.weight"] = norm(h)
+            t[p + "nextn.hnorm.weight"] = norm(h)
+            t[p + "nextn.shared_head_norm.weight"] = norm(h)
+        t[p + "attn_norm.weight"] = norm(h)
+        t[p + "post_attention_norm.weight"] = norm(h)
+        if rec:
+            t[p + "attn_qkv.weight"] = lin(c, h)
+            t[p + "attn_gate.weight"] = lin(vd, h)
+            if s.arch == "qwen3next":
+                t[p + "ssm_ba.weight"] = lin(2 * nv, h)
+            else:
+                t[p + "ssm_beta.weight"] = lin(nv, h)
+                t[p + "ssm_alpha.weight"] = lin(nv, h)
+            t[p + "ssm_conv1d.weight"] = lin(c, s.ssm_conv)
+            t[p + "ssm_dt.bias"] = (0.1 * rng.standard_normal(nv)).astype(np.float32)
+            t[p + "ssm_a"] = -np.exp(0.5 * rng.standard_normal(nv)).astype(np.float32)
+            t[p + "ssm_norm.weight"] = norm(ss)
+            t[p + "ssm_out.weight"] = lin(h, vd)
+        else:
+            t[p + "attn_q.weight"] = lin(2 * s.n_head * d, h)
+            t[p + "attn_k.weight"] = lin(s.n_head_kv * d, h)
+            t[p + "attn_v.weight"] = lin(s.n_head_kv * d, h)
+            t[p + "attn_output.weight"] = lin(h, s.n_head * d)
+            t[p + "attn_q_norm.weight"] = norm(d)
+            t[p + "attn_k_norm.weight"] = norm(d)
+        t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
+        t[p + "ffn_gate_exps.weight"] = lin(e, f, h)
+        t[p + "ffn_up_exps.weight"] = lin(e, f, h)
+        t[p + "ffn_down_exps.weight"] = lin(e, h, f)
+        t[p + "ffn_gate_inp_shexp.weight"] = lin(1, h)
+        t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+        t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+        t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
     return t
 
 
@@ -231,6 +310,25 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("rope.dimension_count", s.n_rot or s.head_dim)
         u32("block_count", s.n_layer + s.n_nextn)
         u32("nextn_predict_layers", s.n_nextn)
+    elif arch in HYBRIDS:  # as the converter writes Qwen3NextForCausalLM / Qwen3_5Moe…
+        kv.pop(f"{arch}.feed_forward_length", None)
+        if arch == "qwen3next":
+            u32("feed_forward_length", s.n_ff)
+        u32("expert_shared_feed_forward_length", s.n_ff_shexp)
+        u32("rope.dimension_count", s.n_rot or s.head_dim)
+        u32("ssm.conv_kernel", s.ssm_conv)
+        u32("ssm.state_size", s.ssm_state)
+        u32("ssm.group_count", s.ssm_groups)
+        u32("ssm.time_step_rank", s.ssm_v_heads)
+        u32("ssm.inner_size", s.ssm_v_heads * s.ssm_state)
+        w.add_array(f"{arch}.attention.recurrent_layers", recurrent_layers(s) + [False] * s.n_nextn)
+        if s.n_nextn:
+            u32("block_count", s.n_layer + s.n_nextn)
+            u32("nextn_predict_layers", s.n_nextn)
+        # The converter writes its default 4 when HF's config carries layer_types only.
+        u32("full_attention_interval", 4)
+        if arch == "qwen35moe":  # its M-RoPE sections, over the rotated pairs
+            w.add_array(f"{arch}.rope.dimension_sections", [*s.mrope, 0])
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:

@@ -83,7 +83,7 @@ def _as_ids(tokens: Iterable[int], what: str) -> list[int]:
 
 class LLM:
     """A GGUF of a family the engine runs (qwen3moe, qwen3, qwen2moe, Mixtral-style llama,
-    glm4moe, gpt-oss: rust/src/model/arch.rs) ready to run. Keyword arguments are
+    glm4moe, gpt-oss, qwen3next, qwen35moe: rust/src/model/arch.rs) ready to run. Keyword arguments are
     `strata.config.Config` fields (n_ctx, kv_type, prefill_chunk, ...), applied over the
     environment and config file."""
 
@@ -106,6 +106,9 @@ class LLM:
             **{k: getattr(c, k) for k in Config.names("core")},
         )
         self.hparams: dict[str, Any] = self.model.hparams
+        # A hybrid family (qwen3next, qwen35moe): each slot keeps a recurrent state, which
+        # cannot be cut back (truncate only to 0 or the slot's length, no KV export).
+        self.recurrent: bool = bool(self.hparams.get("recurrent", False))
         self.n_ctx: int = self.config.n_ctx
         self.n_vocab: int = self.model.n_vocab
         self._tokenizer: Any = None
@@ -175,6 +178,8 @@ class LLM:
             if a != b:
                 break
             common += 1
+        if self.recurrent and common < len(self._cached):
+            common = 0  # a recurrent state only starts over
         self.model.truncate(self._own, common)
         self._cached = self._cached[:common]
         out = self.model.forward(self._own, ids[common:], logits="last")
@@ -234,6 +239,15 @@ class LLM:
     def free(self, slot: int) -> None:
         """Empties a step-API slot."""
         self.model.free(self._slot(slot))
+
+    def checkpoint(self, slot: int) -> None:
+        """Marks a hybrid slot's recurrent state at its length, so that `truncate` can come
+        back to it (ModelError for a family without a recurrent state)."""
+        self.model.checkpoint(self._slot(slot))
+
+    def checkpoints(self, slot: int) -> list[int]:
+        """The positions `truncate` can restore a hybrid slot to (besides 0 and its length)."""
+        return list(self.model.checkpoints(self._slot(slot)))
 
     def routing_counts(self) -> npt.NDArray[np.float32]:
         """Router picks per (layer, expert) since load, undecayed: [n_layer, n_expert].

@@ -266,7 +266,13 @@ class LLMBackend:
         # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
         self.prefill_piece = int(getattr(self.llm, "prefill_piece", config.prefill_chunk))
         self._seqs: dict[int, list[int]] = {}  # slot → tokens (full-sequence fallback only)
-        if self.stepwise and callable(getattr(self.llm, "kv_export", None)):
+        # A model whose slots keep a recurrent state: no KV moves; a prefix is reused whole or
+        # up to a checkpoint (each prompt's end is marked: `checkpoint`, `checkpoints`).
+        self.recurrent = bool(getattr(self.llm, "recurrent", False))
+        if self.stepwise and self.recurrent:
+            self.checkpoint = self.llm.checkpoint
+            self.checkpoints = self.llm.checkpoints
+        if self.stepwise and not self.recurrent and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
 

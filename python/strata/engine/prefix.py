@@ -147,8 +147,9 @@ class SlotCache:
         returns (slot, positions reused)."""
         # the last prompt token always runs
         limit = list(prompt[: len(prompt) - 1]) if self.reuse else []
+        recurrent = bool(getattr(self.backend, "recurrent", False))
         slot, reused = max(
-            ((s, common_prefix(self.tokens[s], limit)) for s in free),
+            ((s, self._reusable(s, limit, recurrent)) for s in free),
             key=lambda sr: (sr[1], -self._used[sr[0]]),
         )
         try:
@@ -159,6 +160,17 @@ class SlotCache:
         self._clock += 1
         self._used[slot] = self._clock
         return slot, reused
+
+    def _reusable(self, slot: int, limit: list[int], recurrent: bool) -> int:
+        """Positions of the slot a prompt limited to `limit` can keep: the common prefix, or,
+        where the slot keeps a recurrent state (which cannot be cut back, only restored), its
+        whole sequence when that is a prefix of the prompt, else its last checkpoint within
+        the common prefix (`checkpoints`), else none."""
+        n = common_prefix(self.tokens[slot], limit)
+        if recurrent and n < len(self.tokens[slot]):
+            marks = getattr(self.backend, "checkpoints", None)
+            return max((p for p in (marks(slot) if marks else []) if p <= n), default=0)
+        return n
 
     def _set(self, slot: int, limit: list[int], reused: int) -> int:
         """Sets the slot's KV to the longest prefix of `limit` it or the cache holds."""

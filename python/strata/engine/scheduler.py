@@ -332,6 +332,9 @@ class Scheduler:
                 events.append(Progress(s.req.rid, s.done, len(s.req.prompt)))
                 continue
             s.prompt_s = time.monotonic() - s.t_admit
+            mark = getattr(self.backend, "checkpoint", None)
+            if mark is not None:  # a recurrent slot: the prompt's end, to come back to
+                mark(slot)
             log.info(
                 "request %d: prompt %d tokens: %d reused + %d read in %.3f s",
                 s.req.rid,

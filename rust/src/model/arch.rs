@@ -24,7 +24,15 @@
 //!   2: even layers), FFN norm named `post_attention_norm`, router bias, top-K of the logits
 //!   with a softmax over the K (`Routing::SoftmaxWeight`), experts with biases and the
 //!   clamped SwiGLU (`Experts::OaiBiased`).
+//! - `qwen3next`, `qwen35moe` (hybrids, `deltanet`): Gated DeltaNet layers where
+//!   `attention.recurrent_layers` says (else every layer but each `full_attention_interval`-th),
+//!   gated full attention with q/k norm and partial NEOX RoPE in the others, the FFN norm named
+//!   `post_attention_norm`, softmax → top-K → renormalize, a shared expert scaled by
+//!   σ(`ffn_gate_inp_shexp`·x). qwen35moe's M-RoPE sections (`rope.dimension_sections`) all get
+//!   a text token's one position, which makes them NEOX RoPE. The MTP layers after the trunk
+//!   (`nextn_predict_layers`) are not run.
 
+use super::deltanet::{BetaAlpha, HeadOrder, Hybrid};
 use crate::error::{Error, Result};
 
 /// The families the forward pass runs.
@@ -36,16 +44,20 @@ pub enum Family {
     Llama,
     Glm4Moe,
     GptOss,
+    Qwen3Next,
+    Qwen35Moe,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 6] = [
+pub const SUPPORTED: [(&str, Family); 8] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
     ("llama", Family::Llama),
     ("glm4moe", Family::Glm4Moe),
     ("gpt-oss", Family::GptOss),
+    ("qwen3next", Family::Qwen3Next),
+    ("qwen35moe", Family::Qwen35Moe),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
@@ -95,6 +107,13 @@ impl Family {
             swa: None,
             router_bias: false,
             experts: Experts::Swiglu,
+            hybrid: None,
+        };
+        let hybrid = |heads, ba| Graph {
+            ffn_norm: "post_attention_norm",
+            shared: Shared::Sigmoid,
+            hybrid: Some(Hybrid { heads, ba }),
+            ..qwen3
         };
         Ok(match self {
             Family::Qwen3Moe => qwen3,
@@ -167,6 +186,8 @@ impl Family {
                 }
             }
             Family::GptOss => super::arch_oai::graph(meta, qwen3)?,
+            Family::Qwen3Next => hybrid(HeadOrder::Grouped, BetaAlpha::Fused),
+            Family::Qwen35Moe => hybrid(HeadOrder::Tiled, BetaAlpha::Split),
         })
     }
 
@@ -325,6 +346,9 @@ pub struct Graph {
     /// `ffn_gate_inp.bias` [E] added to the router logits.
     pub router_bias: bool,
     pub experts: Experts,
+    /// A hybrid family (`deltanet`): DeltaNet layers where `HParams::ssm` says, gated
+    /// attention in the others.
+    pub hybrid: Option<Hybrid>,
 }
 
 impl Graph {
@@ -369,6 +393,8 @@ pub enum Shared {
     Gated,
     /// Added as is (glm4moe).
     Plain,
+    /// Scaled by σ(`ffn_gate_inp_shexp`·x) (qwen3next, qwen35moe: ggml_sigmoid).
+    Sigmoid,
 }
 
 #[cfg(test)]
@@ -446,7 +472,11 @@ mod tests {
     #[test]
     fn unknown_architecture_names_the_supported_list() {
         let e = Family::from_arch("grok").unwrap_err().to_string();
-        assert!(e.contains("\"grok\"") && e.contains("qwen3moe, qwen3, qwen2moe, llama, glm4moe"));
-        assert!(e.contains("gpt-oss"));
+        assert!(
+            e.contains("\"grok\"")
+                && e.contains(
+                    "qwen3moe, qwen3, qwen2moe, llama, glm4moe, gpt-oss, qwen3next, qwen35moe"
+                )
+        );
     }
 }

@@ -125,7 +125,7 @@ fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32]
 }
 
 /// The bytes of an f32 slice (little-endian, as the F32 dot kernels read them).
-fn f32_bytes(x: &[f32]) -> &[u8] {
+pub(super) fn f32_bytes(x: &[f32]) -> &[u8] {
     // SAFETY: any f32 is 4 plain bytes; u8 has no alignment requirement.
     unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u8, std::mem::size_of_val(x)) }
 }

@@ -50,7 +50,7 @@ pub fn swiglu(
 /// `out[r] += s(h[r]) · down(silu(gate·h[r]) ⊙ up·h[r])` for every row of `h` [R', H], added to
 /// the routed experts' output `out` [R', H] in llama.cpp's order: s = 1 without a gate
 /// (glm4moe.cpp), else `silu(x)/x` of x = gate_inp·h[r] with the gated output rounded first
-/// (qwen2moe.cpp).
+/// (qwen2moe.cpp), or σ(x) where the graph says (`Shared::Sigmoid`: qwen3next.cpp).
 pub fn shared_expert(
     compute: &dyn Compute,
     w: &Weights,
@@ -71,8 +71,9 @@ pub fn shared_expert(
     compute.matmul_segs(&w.mat(gate_inp), h, segs, s.w)?; // [R', 1]
     let hd = out.len() / s.w.len().max(1);
     for (r, &x) in s.w.iter().enumerate() {
-        // ggml_silu on one element (its scalar tail, libm expf), divided by x.
         let gate = match x {
+            _ if sh.sigmoid => 1.0 / (1.0 + (-x).exp()), // ggml_sigmoid
+            // ggml_silu on one element (its scalar tail, libm expf), divided by x.
             0.0 => 0.5,
             _ => (x / (1.0 + (-x).exp())) / x,
         };

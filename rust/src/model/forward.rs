@@ -15,6 +15,7 @@ use super::attn_par::AttnPar;
 use super::batch::Entry;
 use super::compute::Compute;
 use super::compute::ExpertLayer;
+use super::deltanet::Recurrent;
 use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
@@ -104,6 +105,8 @@ pub struct Model {
     fingerprint: u64,
     /// The batched step's per-call bookkeeping.
     pub(super) steps: StepScratch,
+    /// A hybrid family's per-slot recurrent state and DeltaNet scratch (`deltanet`).
+    pub(super) rec: Option<Recurrent>,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -134,7 +137,7 @@ impl Model {
         }
         let kv = KvCache::new(
             cfg.kv_type,
-            hp.n_layer,
+            hp.n_attn_layer(), // a hybrid's recurrent layers keep no KV
             cfg.n_ctx,
             hp.n_head_kv,
             hp.head_dim,
@@ -176,7 +179,14 @@ impl Model {
         };
         let attn_norm0 = weights.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
         let fingerprint = kv_blob::fingerprint(&hp, &weights.output_norm, attn_norm0);
+        let rec = match (hp.graph.hybrid, &hp.ssm) {
+            (Some(hy), Some(sp)) => {
+                Some(Recurrent::new(sp.clone(), hy, cfg.n_slots, t, hp.q_dim()))
+            }
+            _ => None,
+        };
         Ok(Model {
+            rec,
             steps: StepScratch::new(cfg.n_slots),
             fingerprint,
             head,
@@ -281,21 +291,88 @@ impl Model {
     }
 
     /// The slot's first `n` positions (every layer's K and V, in the KV type) as bytes.
+    /// Refused for a hybrid family (its recurrent state is not in the export yet).
     pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        self.refuse_recurrent("KV export")?;
         self.kv.export(slot, n, self.fingerprint)
     }
 
     /// Replaces the slot's KV with an export of this model and KV type; returns its length.
     pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        self.refuse_recurrent("KV import")?;
         self.kv.import(slot, data, self.fingerprint)
     }
 
+    /// Keeps the slot's first `n` positions. A hybrid family's recurrent state cannot be cut
+    /// back, only restored (`checkpoints`): there `n` must be 0 (start over), the slot's
+    /// length (nothing to do) or a checkpointed position (a speculative window's).
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        let len = self.kv.len(slot)?;
+        if let Some(rec) = &mut self.rec {
+            if n == 0 {
+                rec.reset(slot);
+            } else if n < len && !rec.restore(slot, n) {
+                return Err(Error::Input(format!(
+                    "cannot truncate slot {slot} to {n} of its {len} positions: {} keeps a \
+                     recurrent state, restorable only to 0 (truncate to 0) or a checkpoint \
+                     (the positions of a speculative window: {:?})",
+                    self.hp.arch,
+                    rec.ck.positions(slot)
+                )));
+            }
+        }
         self.kv.truncate(slot, n)
     }
 
     pub fn free(&mut self, slot: usize) -> Result<()> {
-        self.kv.free(slot)
+        self.truncate(slot, 0)
+    }
+
+    /// Marks the slot's recurrent state at its current length, so that `truncate` can come
+    /// back to it (a prefix-cache point: the engine marks each prompt's end). A `Model` error
+    /// for a family without a recurrent state.
+    pub fn checkpoint(&mut self, slot: usize) -> Result<()> {
+        let len = self.kv.len(slot)?;
+        self.refuse_recurrent_absent()?;
+        if let Some(rec) = &mut self.rec {
+            rec.mark(slot, len);
+        }
+        Ok(())
+    }
+
+    /// The positions `truncate` can restore the slot's recurrent state to, ascending (besides
+    /// 0 and its length); empty without a recurrent state.
+    pub fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
+        self.kv.check_slot(slot)?;
+        Ok(self
+            .rec
+            .as_ref()
+            .map_or(Vec::new(), |r| r.ck.positions(slot)))
+    }
+
+    fn refuse_recurrent_absent(&self) -> Result<()> {
+        match self.rec {
+            Some(_) => Ok(()),
+            None => Err(Error::Model(format!(
+                "{} keeps no recurrent state to checkpoint",
+                self.hp.arch
+            ))),
+        }
+    }
+
+    /// Bytes of one slot's recurrent state (0 without one).
+    pub fn recurrent_slot_bytes(&self) -> usize {
+        self.rec.as_ref().map_or(0, Recurrent::slot_bytes)
+    }
+
+    fn refuse_recurrent(&self, what: &str) -> Result<()> {
+        match self.rec {
+            Some(_) => Err(Error::Model(format!(
+                "{what} is not supported for {}: its slots keep a recurrent state",
+                self.hp.arch
+            ))),
+            None => Ok(()),
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! defaults llama.cpp uses. Shapes are cross-checked against the tensors in `weights`.
 
 use super::arch::{Family, Ffn, Graph, MetaRead, Shared};
+use super::deltanet::SsmParams;
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, Value};
 
@@ -59,6 +60,8 @@ pub struct HParams {
     pub rms_eps: f32,
     pub rope_freq_base: f32,
     pub rope_scaling: RopeScaling,
+    /// The recurrent layers of a hybrid family (`Graph::hybrid`); None elsewhere.
+    pub ssm: Option<SsmParams>,
 }
 
 struct Meta<'a> {
@@ -197,7 +200,7 @@ impl HParams {
                 m.key("attention.layer_norm_rms_epsilon")
             ))
         })?;
-        let hp = HParams {
+        let mut hp = HParams {
             arch: arch.to_string(),
             family,
             graph,
@@ -216,7 +219,9 @@ impl HParams {
             n_ff_exp,
             n_ff_shexp: match graph.shared {
                 Shared::None => 0,
-                Shared::Gated => m.u("expert_shared_feed_forward_length")?.unwrap_or(0),
+                Shared::Gated | Shared::Sigmoid => {
+                    m.u("expert_shared_feed_forward_length")?.unwrap_or(0)
+                }
                 Shared::Plain => n_ff_exp * m.u("expert_shared_count")?.unwrap_or(0),
             },
             n_ff_dense: match graph.dense_lead {
@@ -227,7 +232,11 @@ impl HParams {
             rms_eps,
             rope_freq_base: m.f("rope.freq_base")?.unwrap_or(10000.0),
             rope_scaling: Self::scaling(&m)?,
+            ssm: None,
         };
+        if graph.hybrid.is_some() {
+            hp.ssm = Some(Self::ssm(&m, hp.n_layer)?);
+        }
         if v_dim != head_dim {
             return Err(Error::Model(format!(
                 "key_length {head_dim} differs from value_length {v_dim}; Strata runs equal sizes"
@@ -235,6 +244,67 @@ impl HParams {
         }
         hp.check()?;
         Ok(hp)
+    }
+
+    /// The DeltaNet hyper-parameters and the recurrent layers: `attention.recurrent_layers`
+    /// (one bool per block, MTP layers included) or, without it, every layer l with
+    /// (l + 1) mod `full_attention_interval` (default 4) ≠ 0 (llama.cpp's loader).
+    fn ssm(m: &Meta<'_>, n_layer: usize) -> Result<SsmParams> {
+        let recurrent = match m.get("attention.recurrent_layers") {
+            Some(Value::Array(items)) => {
+                let flags: Option<Vec<bool>> = items
+                    .iter()
+                    .map(|v| match v {
+                        Value::Bool(b) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                match flags {
+                    Some(f) if f.len() >= n_layer => f[..n_layer].to_vec(),
+                    _ => {
+                        return Err(Error::Model(format!(
+                            "metadata {} must be {n_layer} or more bools",
+                            m.key("attention.recurrent_layers")
+                        )))
+                    }
+                }
+            }
+            Some(v) => {
+                return Err(Error::Model(format!(
+                    "metadata {} must be an array of bools, found {}",
+                    m.key("attention.recurrent_layers"),
+                    v.type_name()
+                )))
+            }
+            None => {
+                let every = m.u("full_attention_interval")?.unwrap_or(4).max(1);
+                (0..n_layer).map(|l| (l + 1) % every != 0).collect()
+            }
+        };
+        let sp = SsmParams {
+            d_conv: m.req_u("ssm.conv_kernel")?,
+            d_state: m.req_u("ssm.state_size")?,
+            n_k: m.req_u("ssm.group_count")?,
+            n_v: m.req_u("ssm.time_step_rank")?,
+            recurrent,
+        };
+        sp.check()?;
+        let inner = m.req_u("ssm.inner_size")?;
+        if inner != sp.v_dim() {
+            return Err(Error::Model(format!(
+                "ssm.inner_size {inner} differs from ssm.time_step_rank × ssm.state_size {}",
+                sp.v_dim()
+            )));
+        }
+        Ok(sp)
+    }
+
+    /// Layers with a KV cache: all but the recurrent ones.
+    pub fn n_attn_layer(&self) -> usize {
+        match &self.ssm {
+            Some(sp) => sp.recurrent.iter().filter(|&&r| !r).count(),
+            None => self.n_layer,
+        }
     }
 
     fn scaling(m: &Meta<'_>) -> Result<RopeScaling> {

@@ -22,6 +22,7 @@ use super::attn_par::attend_chunk_units;
 use super::batch::{check_batch, Entry, Plan};
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
 use super::compute::{ExpertLayer, MoeInput, QExperts};
+use super::deltanet::{apply_gate, split_q_gate};
 use super::forward::{tier_tables, Logits, Model};
 use super::moe_oai::moe_oai;
 use super::ops::{rms_norm, rms_norm_rows_inplace};
@@ -54,9 +55,16 @@ impl Model {
         let mut ss = std::mem::take(&mut self.steps);
         let res = self.run_batch(entries, out, &mut ss);
         if res.is_err() {
-            // A failed call leaves every slot as it was.
+            // A failed call leaves every slot as it was; a slot with a recurrent state (a
+            // hybrid family) starts over instead, as its state may have advanced.
             for (e, &start) in entries.iter().zip(&ss.plan.starts) {
-                self.kv.set_len(e.slot, start);
+                match &mut self.rec {
+                    Some(rec) => {
+                        rec.reset(e.slot);
+                        self.kv.set_len(e.slot, 0);
+                    }
+                    None => self.kv.set_len(e.slot, start),
+                }
             }
         }
         self.steps = ss;
@@ -105,6 +113,7 @@ impl Model {
             tier,
             readahead,
             head,
+            rec,
             ..
         } = self;
         let tier = tier.as_deref();
@@ -128,63 +137,97 @@ impl Model {
                 rope.table(p.p0 + i, &mut s.cos[c.clone()], &mut s.sin[c]);
             }
         }
+        if let Some(rec) = rec.as_mut() {
+            // A window checkpoints its slot's state after each of its tokens.
+            rec.windows.clear();
+            for p in &ss.plan.pieces {
+                let window = entries[p.entry].want == Logits::Window;
+                rec.windows.push(window);
+                if window {
+                    rec.ck.begin(p.slot, p.p0, p.t);
+                }
+            }
+        }
+        let mut kv_l = 0; // the attention layer's place in the KV cache
         for (l, lw) in w.layers.iter().enumerate() {
-            // ---- attention (the layer's sinks and window, where the graph has them) ----
-            let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d)
-                .with(lw.sinks.as_deref(), hp.graph.window(l));
+            // ---- attention, or a hybrid's DeltaNet mixer ----
             for i in 0..t {
                 let r = i * hd..(i + 1) * hd;
                 rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
             }
             let h = &s.h[..t * hd];
-            compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut s.q[..t * qd])?; // [R', Nh·D]
-            compute.matmul_segs(&w.mat(&lw.wk), h, segs, &mut s.k[..t * kvd])?; // [R', Nkv·D]
-            compute.matmul_segs(&w.mat(&lw.wv), h, segs, &mut s.v[..t * kvd])?; // [R', Nkv·D]
-            if let Some([bq, bk, bv]) = &lw.qkv_bias {
-                add_bias_rows(&mut s.q[..t * qd], bq);
-                add_bias_rows(&mut s.k[..t * kvd], bk);
-                add_bias_rows(&mut s.v[..t * kvd], bv);
-            }
-            if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                rms_norm_rows_inplace(&mut s.q[..t * qd], qn, eps); // per head [D]
-                rms_norm_rows_inplace(&mut s.k[..t * kvd], kn, eps);
-            }
-            for p in &ss.plan.pieces {
-                for i in 0..p.t {
-                    let r = p.r0 + i;
-                    let (c, sn) = (
-                        &s.cos[r * half..(r + 1) * half],
-                        &s.sin[r * half..(r + 1) * half],
+            if let (Some(dw), Some(rec)) = (&lw.deltanet, rec.as_mut()) {
+                let (pieces, o) = (&ss.plan.pieces[..], &mut s.o[..t * hd]);
+                rec.mix(&**compute, w, dw, eps, h, segs, pieces, o)?; // [R', H]
+            } else {
+                // the layer's sinks and window, where the graph has them
+                let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d)
+                    .with(lw.sinks.as_deref(), hp.graph.window(l));
+                if let Some(rec) = rec.as_mut() {
+                    // gated attention: [R', Nh·2D] → q [R', Nh·D] and the output gate
+                    compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut rec.qg[..t * 2 * qd])?;
+                    split_q_gate(
+                        &rec.qg[..t * 2 * qd],
+                        d,
+                        &mut s.q[..t * qd],
+                        &mut rec.gate[..t * qd],
                     );
-                    rope.apply(&mut s.q[r * qd..(r + 1) * qd], d, c, sn);
-                    rope.apply(&mut s.k[r * kvd..(r + 1) * kvd], d, c, sn);
-                    let kr = r * kvd..(r + 1) * kvd;
-                    kv.write(p.slot, l, p.p0 + i, &s.k[kr.clone()], &s.v[kr])?;
+                } else {
+                    compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut s.q[..t * qd])?;
+                    // [R', Nh·D]
                 }
-            }
-            // per piece over its own slot: [T_p, Nh·D] on the compute's threads
-            // (a window's rows in the one-row order: each bitwise a one-token step's)
-            for p in &ss.plan.pieces {
-                let (kc, vc) = kv.layer(p.slot, l, p.p0 + p.t);
-                let rq = p.r0 * qd..(p.r0 + p.t) * qd;
-                let one_row = entries[p.entry].want == Logits::Window;
-                attend_chunk_units(
-                    &shape,
-                    kc,
-                    vc,
-                    p.p0,
-                    p.t,
-                    &s.q[rq.clone()],
-                    &mut s.att[rq],
-                    &s.attn,
-                    compute.as_ref(),
-                    !one_row,
-                    if one_row { 1 } else { p.t },
-                )?;
-            }
-            compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]
-            if let Some(bo) = &lw.o_bias {
-                add_bias_rows(&mut s.o[..t * hd], bo);
+                compute.matmul_segs(&w.mat(&lw.wk), h, segs, &mut s.k[..t * kvd])?; // [R', Nkv·D]
+                compute.matmul_segs(&w.mat(&lw.wv), h, segs, &mut s.v[..t * kvd])?; // [R', Nkv·D]
+                if let Some([bq, bk, bv]) = &lw.qkv_bias {
+                    add_bias_rows(&mut s.q[..t * qd], bq);
+                    add_bias_rows(&mut s.k[..t * kvd], bk);
+                    add_bias_rows(&mut s.v[..t * kvd], bv);
+                }
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    rms_norm_rows_inplace(&mut s.q[..t * qd], qn, eps); // per head [D]
+                    rms_norm_rows_inplace(&mut s.k[..t * kvd], kn, eps);
+                }
+                for p in &ss.plan.pieces {
+                    for i in 0..p.t {
+                        let r = p.r0 + i;
+                        let (c, sn) = (
+                            &s.cos[r * half..(r + 1) * half],
+                            &s.sin[r * half..(r + 1) * half],
+                        );
+                        rope.apply(&mut s.q[r * qd..(r + 1) * qd], d, c, sn);
+                        rope.apply(&mut s.k[r * kvd..(r + 1) * kvd], d, c, sn);
+                        let kr = r * kvd..(r + 1) * kvd;
+                        kv.write(p.slot, kv_l, p.p0 + i, &s.k[kr.clone()], &s.v[kr])?;
+                    }
+                }
+                // per piece over its own slot: [T_p, Nh·D] on the compute's threads
+                // (a window's rows in the one-row order: each bitwise a one-token step's)
+                for p in &ss.plan.pieces {
+                    let (kc, vc) = kv.layer(p.slot, kv_l, p.p0 + p.t);
+                    let rq = p.r0 * qd..(p.r0 + p.t) * qd;
+                    let one_row = entries[p.entry].want == Logits::Window;
+                    attend_chunk_units(
+                        &shape,
+                        kc,
+                        vc,
+                        p.p0,
+                        p.t,
+                        &s.q[rq.clone()],
+                        &mut s.att[rq],
+                        &s.attn,
+                        compute.as_ref(),
+                        !one_row,
+                        if one_row { 1 } else { p.t },
+                    )?;
+                }
+                if let Some(rec) = rec.as_ref() {
+                    apply_gate(&mut s.att[..t * qd], &rec.gate[..t * qd]);
+                }
+                compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]
+                if let Some(bo) = &lw.o_bias {
+                    add_bias_rows(&mut s.o[..t * hd], bo);
+                }
+                kv_l += 1;
             }
             for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
                 *x += o;

@@ -16,6 +16,7 @@
 
 use super::arch::{Experts, Ffn, Routing, Shared};
 use super::compute::{ExpertLayer, QExperts, QMatrix};
+use super::deltanet::DeltaNetWeights;
 use super::hparams::HParams;
 use super::moe_oai::ExpertBias;
 use crate::error::{Error, Result};
@@ -53,14 +54,19 @@ pub struct LayerWeights {
     pub router_bias: Option<Vec<f32>>,
     /// The experts' biases (`Experts::OaiBiased`).
     pub exp_bias: Option<ExpertBias>,
+    /// A recurrent layer of a hybrid family: its Gated DeltaNet mixer stands in for
+    /// attention, and `wq`/`wk`/`wv`/`wo` are empty (0 × 0) and unused.
+    pub deltanet: Option<Box<DeltaNetWeights>>,
 }
 
 /// A dense SwiGLU expert every token takes, scaled by sigmoid(gate_inp·x) where it has a gate.
 pub struct SharedExpert {
     pub gate_inp: Option<TensorInfo>, // (1, H): ffn_gate_inp_shexp, [H] in the file
-    pub gate: TensorInfo,             // (Fs, H)
-    pub up: TensorInfo,               // (Fs, H)
-    pub down: TensorInfo,             // (H, Fs)
+    /// The gate is σ(x) (`Shared::Sigmoid`), else silu(x)/x.
+    pub sigmoid: bool,
+    pub gate: TensorInfo, // (Fs, H)
+    pub up: TensorInfo,   // (Fs, H)
+    pub down: TensorInfo, // (H, Fs)
 }
 
 pub struct Weights {
@@ -121,7 +127,7 @@ fn check(t: &TensorInfo, want: &[usize], needs_dot: bool) -> Result<()> {
     Ok(())
 }
 
-fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<TensorInfo> {
+pub(super) fn matrix(g: &Gguf, name: &str, rows: usize, cols: usize) -> Result<TensorInfo> {
     let t = tensor(g, name)?;
     check(t, &[cols, rows], true)?;
     Ok(t.clone())
@@ -154,6 +160,18 @@ fn one_expert_router(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
     Ok(t)
 }
 
+/// The empty (0 × 0) matrix standing for a recurrent layer's absent attention projections.
+fn absent(name: String) -> TensorInfo {
+    TensorInfo {
+        name,
+        ty: GgmlType::F32,
+        dims: vec![0, 0],
+        shard: 0,
+        offset: 0,
+        nbytes: 0,
+    }
+}
+
 /// A one-row matrix (1, H) from a tensor stored as [H] or (1, H).
 fn one_row(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
     let mut t = tensor(g, name)?.clone();
@@ -165,15 +183,14 @@ fn one_row(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
 }
 
 fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
-    rows_f32(g, name, &[n])
+    floats(g, name, &[n])
 }
 
-/// A small tensor of ggml shape `ne` converted to f32 (row-major, ne[0] fastest).
-fn rows_f32(g: &Gguf, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
+/// A small tensor of ggml shape `ne` (fastest first) converted to f32.
+pub(super) fn floats(g: &Gguf, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
     let t = tensor(g, name)?;
     check(t, ne, false)?;
-    let n = ne.iter().product();
-    let mut v = vec![0f32; n];
+    let mut v = vec![0f32; ne.iter().product()];
     quant::dequantize(t.ty, g.data(t), &mut v).map_err(|e| {
         Error::Model(format!(
             "tensor {} has type {}, which Strata cannot convert: {e}",
@@ -248,9 +265,12 @@ impl Weights {
                 _ if lead => None,
                 sh => Some(SharedExpert {
                     gate_inp: match sh {
-                        Shared::Gated => Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?),
+                        Shared::Gated | Shared::Sigmoid => {
+                            Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?)
+                        }
                         _ => None,
                     },
+                    sigmoid: sh == Shared::Sigmoid,
                     gate: matrix(g, &n("ffn_gate_shexp"), fs, h)?,
                     up: matrix(g, &n("ffn_up_shexp"), fs, h)?,
                     down: matrix(g, &n("ffn_down_shexp"), h, fs)?,
@@ -265,7 +285,16 @@ impl Weights {
                 if lead { hp.n_ff_dense } else { f },
                 gr.ffn_norm,
             );
-            let qk = |s: &str| match gr.qk_norm {
+            // A hybrid's recurrent layer: its DeltaNet weights, no attention.
+            let deltanet = match (gr.hybrid, &hp.ssm) {
+                (Some(hy), Some(sp)) if sp.recurrent[l] => {
+                    let index = sp.recurrent[..l].iter().filter(|&&r| r).count();
+                    Some(Box::new(DeltaNetWeights::load(g, l, index, h, sp, hy.ba)?))
+                }
+                _ => None,
+            };
+            let attn = deltanet.is_none();
+            let qk = |s: &str| match gr.qk_norm && attn {
                 true => vector(g, &n(s), d).map(Some),
                 false => Ok(None),
             };
@@ -275,11 +304,17 @@ impl Weights {
             };
             let exp_bias = match gr.experts {
                 Experts::OaiBiased { .. } if !lead && !dense => Some(ExpertBias {
-                    gate: rows_f32(g, &b("ffn_gate_exps"), &[f, e])?,
-                    up: rows_f32(g, &b("ffn_up_exps"), &[f, e])?,
-                    down: rows_f32(g, &b("ffn_down_exps"), &[h, e])?,
+                    gate: floats(g, &b("ffn_gate_exps"), &[f, e])?,
+                    up: floats(g, &b("ffn_up_exps"), &[f, e])?,
+                    down: floats(g, &b("ffn_down_exps"), &[h, e])?,
                 }),
                 _ => None,
+            };
+            // A hybrid's attention projects q and its output gate: (Nh·2D, H).
+            let q_rows = if gr.hybrid.is_some() { 2 * qd } else { qd };
+            let proj = |s: &str, rows, cols| match attn {
+                true => matrix(g, &n(s), rows, cols),
+                false => Ok(absent(n(s))),
             };
             layers.push(LayerWeights {
                 o_bias: opt(gr.o_bias, b("attn_output"), h)?,
@@ -287,10 +322,10 @@ impl Weights {
                 router_bias: opt(gr.router_bias && !lead && !dense, b("ffn_gate_inp"), e)?,
                 exp_bias,
                 attn_norm: vector(g, &n("attn_norm"), h)?,
-                wq: matrix(g, &n("attn_q"), qd, h)?,
-                wk: matrix(g, &n("attn_k"), kvd, h)?,
-                wv: matrix(g, &n("attn_v"), kvd, h)?,
-                wo: matrix(g, &n("attn_output"), h, qd)?,
+                wq: proj("attn_q", q_rows, h)?,
+                wk: proj("attn_k", kvd, h)?,
+                wv: proj("attn_v", kvd, h)?,
+                wo: proj("attn_output", h, qd)?,
                 q_norm: qk("attn_q_norm")?,
                 k_norm: qk("attn_k_norm")?,
                 qkv_bias,
@@ -318,6 +353,7 @@ impl Weights {
                 dense_ffn: lead,
                 exp_probs_b,
                 shared,
+                deltanet,
             });
         }
         Ok(Weights {

@@ -103,6 +103,24 @@ impl Backend {
         }
     }
 
+    /// A hybrid's recurrent-state checkpoint at the slot's length (CPU only: the GPU path
+    /// runs no recurrent family).
+    fn checkpoint(&mut self, slot: usize) -> Result<()> {
+        match self {
+            Backend::Cpu(m) => m.checkpoint(slot),
+            Backend::Gpu { .. } => Err(Error::Model(
+                "the GPU path keeps no recurrent state to checkpoint".into(),
+            )),
+        }
+    }
+
+    fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
+        match self {
+            Backend::Cpu(m) => m.checkpoints(slot),
+            Backend::Gpu { .. } => Ok(Vec::new()),
+        }
+    }
+
     /// The routing counters; an error where this path does not count (`NOT_COUNTED`).
     fn routing(&self, decayed: bool) -> Result<Arc<Counters>> {
         match self {
@@ -190,6 +208,7 @@ struct Snapshot {
     non_expert_bytes: usize,
     kv_bytes: usize,
     repack_bytes: usize,
+    recurrent_bytes: usize,
     device: &'static str,
 }
 
@@ -348,6 +367,7 @@ impl PyModel {
                 non_expert_bytes: m.weights.non_expert_bytes(),
                 kv_bytes: m.kv.bytes(),
                 repack_bytes: m.repack_bytes(),
+                recurrent_bytes: m.recurrent_slot_bytes(),
                 device: "cpu",
             },
             Backend::Gpu { m, .. } => Snapshot {
@@ -360,6 +380,7 @@ impl PyModel {
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
                 repack_bytes: 0,
+                recurrent_bytes: 0,
                 device: "cuda",
             },
         });
@@ -377,6 +398,8 @@ impl PyModel {
         d.set_item("n_expert_used", hp.n_expert_used)?;
         d.set_item("n_ff_exp", hp.n_ff_exp)?;
         d.set_item("n_vocab", hp.n_vocab)?;
+        // A hybrid family: slots keep a recurrent state (truncate only to 0, no KV export).
+        d.set_item("recurrent", hp.ssm.is_some())?;
         d.set_item("rms_eps", hp.rms_eps)?;
         d.set_item("rope_freq_base", hp.rope_freq_base)?;
         d.set_item("rope_scaling", format!("{:?}", hp.rope_scaling))?;
@@ -388,6 +411,9 @@ impl PyModel {
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
         d.set_item("repack_bytes", s.repack_bytes)?;
+        // Per slot: a hybrid's recurrent state (f32), beside its KV; checkpoints add up to
+        // `model::checkpoints::CAP` copies of it per slot that runs windows.
+        d.set_item("recurrent_state_bytes", s.recurrent_bytes)?;
         d.set_item("device", s.device)?;
         Ok(d)
     }
@@ -588,6 +614,17 @@ impl PyModel {
     /// Empties the slot.
     fn free(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
         Ok(self.with(py, |m| m.free(slot))?)
+    }
+
+    /// Marks a hybrid slot's recurrent state at its length, so that `truncate` can come back
+    /// to it (ModelError for a family without a recurrent state).
+    fn checkpoint(&self, py: Python<'_>, slot: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| m.checkpoint(slot))?)
+    }
+
+    /// The positions `truncate` can restore a hybrid slot to (besides 0 and its length).
+    fn checkpoints(&self, py: Python<'_>, slot: usize) -> PyResult<Vec<usize>> {
+        Ok(self.with(py, |m| m.checkpoints(slot))?)
     }
 
     /// "cpu" or "cuda".

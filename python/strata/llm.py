@@ -83,9 +83,9 @@ def _as_ids(tokens: Iterable[int], what: str) -> list[int]:
 
 class LLM:
     """A GGUF of a family the engine runs (qwen3moe, qwen3, qwen2moe, Mixtral-style llama,
-    glm4moe, gpt-oss, qwen3next, qwen35moe: rust/src/model/arch.rs) ready to run. Keyword arguments are
-    `strata.config.Config` fields (n_ctx, kv_type, prefill_chunk, ...), applied over the
-    environment and config file."""
+    glm4moe, gpt-oss, qwen3next, qwen35moe: rust/src/model/arch.rs) ready to run. Keyword
+    arguments are `strata.config.Config` fields (n_ctx, kv_type, prefill_chunk, ...), applied
+    over the environment and config file."""
 
     def __init__(self, model_path: str | PathLike[str], **config: Any) -> None:
         self.config = Config.load({**config, "model": str(model_path)})

@@ -57,7 +57,7 @@ def main() -> None:
     if a.device == "cuda":
         kw = {"device": "cuda", "threads": a.threads}
     else:
-        kw = {"threads": max(a.threads - 1, 0)}
+        kw = {"threads": a.threads}  # in all, the caller among them (llama.cpp's -t)
 
     n_ctx = max(PROMPT + a.steps + 8, a.profile_tokens)
 

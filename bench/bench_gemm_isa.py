@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from dot_util import ACT, random_act_f32, random_row  # noqa: E402
-from strata import _core  # noqa: E402
-from strata._core import _testing  # noqa: E402
+from dot_util import ACT, random_act_f32, random_row
+from strata import _core
+from strata._core import _testing
 
 # (type, n = row length, rows): Qwen3-30B-A3B expert gate/up (2048 → 768) and down (768 → 2048)
 SHAPES = [("Q4_K", 2048, 768), ("Q6_K", 768, 2048), ("Q8_0", 2048, 768)]
@@ -50,7 +50,8 @@ def main() -> None:
         if vnni:
             variants.append(("avx512vnni", "avx512", True))
     print(f"cpu: {cpu_name()}; threads {args.threads}; tokens {args.tokens}; isas {sorted(have)}")
-    print(f"{'type':6} {'n×rows':>10} {'order':6} {'variant':11} {'ms':>8} {'GOP/s':>8} {'×avx2':>6}")
+    head = ("type", "n×rows", "order", "variant", "ms", "GOP/s", "×avx2")
+    print("{:6} {:>10} {:6} {:11} {:>8} {:>8} {:>6}".format(*head))
     rng = np.random.default_rng(0)
     for t, n, rows in SHAPES:
         if t not in args.types.split(","):

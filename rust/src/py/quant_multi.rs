@@ -16,7 +16,9 @@ fn order(name: &str) -> Result<Order, Error> {
     match name {
         "single" => Ok(Order::Single),
         "many" => Ok(Order::Many),
-        _ => Err(Error::Quant(format!("unknown order {name:?} (single|many)"))),
+        _ => Err(Error::Quant(format!(
+            "unknown order {name:?} (single|many)"
+        ))),
     }
 }
 
@@ -38,13 +40,15 @@ fn handle(ty: &str, n: usize, ord: &str, isa: &str, vnni: Option<bool>) -> Resul
     }
     match vnni {
         None => Ok(MultiDot::with_isa(isa, w, n, order)),
-        Some(v) if isa == Isa::Avx512 => MultiDot::avx512_variant(w, n, order, v).ok_or_else(|| {
-            Error::Quant(format!(
-                "no AVX-512{} multi-token kernel for {} on this CPU",
-                if v { " VNNI" } else { "BW" },
-                w.name()
-            ))
-        }),
+        Some(v) if isa == Isa::Avx512 => {
+            MultiDot::avx512_variant(w, n, order, v).ok_or_else(|| {
+                Error::Quant(format!(
+                    "no AVX-512{} multi-token kernel for {} on this CPU",
+                    if v { " VNNI" } else { "BW" },
+                    w.name()
+                ))
+            })
+        }
         Some(_) => Err(Error::Quant("vnni applies to isa='avx512' only".into())),
     }
 }
@@ -109,8 +113,10 @@ fn multi_dot_bench(
     let md = handle(type_name, n, order, isa, vnni)?;
     let rb = ggml_type(type_name)?.row_bytes(n).unwrap_or(1);
     let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
-    if rows.is_empty() || rows.len() % rb != 0 || acts.is_empty() || threads == 0 {
-        return Err(Error::Quant("rows must be whole rows; acts and threads non-empty".into()).into());
+    if rows.is_empty() || !rows.len().is_multiple_of(rb) || acts.is_empty() || threads == 0 {
+        return Err(
+            Error::Quant("rows must be whole rows; acts and threads non-empty".into()).into(),
+        );
     }
     check_lengths(type_name, n, rb, &refs)?;
     let nrows = rows.len() / rb;

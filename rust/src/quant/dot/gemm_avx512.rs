@@ -52,14 +52,16 @@ unsafe fn fold4(b: [__m512i; 4]) -> __m512i {
 /// Lane i of the result: the sum of the 16 i32 lanes of `v[i]` (exact integers).
 #[inline(always)]
 unsafe fn tree16(v: &[__m512i; 16]) -> __m512i {
-    let a: [__m512i; 8] = std::array::from_fn(|i| {
+    let mut a = [_mm512_setzero_si512(); 8];
+    for i in 0..8 {
         let (x, y) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y))
-    });
-    let b: [__m512i; 4] = std::array::from_fn(|i| {
+        a[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+    }
+    let mut b = [_mm512_setzero_si512(); 4];
+    for i in 0..4 {
         let (x, y) = (a[2 * i], a[2 * i + 1]);
-        _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
-    });
+        b[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y));
+    }
     fold4(b)
 }
 
@@ -73,18 +75,61 @@ unsafe fn hi256(v: __m512i) -> __m256i {
     _mm512_extracti64x4_epi64::<1>(v)
 }
 
-/// i16 permutation indices from a lane → index function.
-#[inline(always)]
-unsafe fn perm16(f: impl Fn(usize) -> usize) -> __m512i {
-    let v: [i16; 32] = std::array::from_fn(|i| f(i) as i16);
-    _mm512_loadu_si512(v.as_ptr() as *const __m512i)
+/// Permutation index tables (lane i of table j), built at compile time.
+const fn q4k_idx(vnni: bool) -> [[i16; 32]; 4] {
+    let mut o = [[0i16; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 32 {
+            let (k, r) = (i / 8, i % 8);
+            o[j][i] = if vnni {
+                (4 * j + 2 * (r >= 4) as usize + (k >= 2) as usize) as i16
+            } else {
+                (2 * j + i / 16) as i16
+            };
+            i += 1;
+        }
+        j += 1;
+    }
+    o
 }
 
-/// i32 permutation indices from a lane → index function.
+/// `q4_k_scales`' tables: VNNI (pairs p = 0, 1; 2, 3 unused) and AVX-512BW (chunks c).
+static Q4K_IDX: [[[i16; 32]; 4]; 2] = [q4k_idx(false), q4k_idx(true)];
+
+/// i32 tables: `[t][c]` → `[c][t]` (`q4_k_many`: table h puts c = 2h in lanes 0..8 and
+/// 2h+1 in 8..16, slot t of each from lane 4t of the two sources) and Q8_0's slot pairs
+/// (table 2 + p: slot 2p in lanes 0..8, 2p+1 in 8..16).
+const fn idx32() -> [[i32; 16]; 6] {
+    let mut o = [[0i32; 16]; 6];
+    let mut i = 0;
+    while i < 16 {
+        let mut h = 0;
+        while h < 2 {
+            o[h][i] = (4 * (i % 8) + 2 * h + i / 8) as i32;
+            h += 1;
+        }
+        let mut p = 0;
+        while p < 4 {
+            o[2 + p][i] = (2 * p + i / 8) as i32;
+            p += 1;
+        }
+        i += 1;
+    }
+    o
+}
+
+static IDX32: [[i32; 16]; 6] = idx32();
+
 #[inline(always)]
-unsafe fn perm32(f: impl Fn(usize) -> usize) -> __m512i {
-    let v: [i32; 16] = std::array::from_fn(|i| f(i) as i32);
-    _mm512_loadu_si512(v.as_ptr() as *const __m512i)
+unsafe fn ld16(t: &[i16; 32]) -> __m512i {
+    _mm512_loadu_si512(t.as_ptr() as *const __m512i)
+}
+
+#[inline(always)]
+unsafe fn ld32(t: &[i32; 16]) -> __m512i {
+    _mm512_loadu_si512(t.as_ptr() as *const __m512i)
 }
 
 /// The Q8_K scales d of token slots `t < N` at block b (0 in the unused slots).
@@ -102,7 +147,11 @@ unsafe fn das<const N: usize>(a: &[*const u8; N], b: usize) -> __m256 {
 #[inline(always)]
 unsafe fn q4_k_quads(wb: *const u8) -> [__m512i; 4] {
     let m4 = _mm512_set1_epi8(15);
-    std::array::from_fn(|c| _mm512_and_si512(bcast_shift(load(wb.add(16 + 32 * c)), 0, 4), m4))
+    let mut q = [m4; 4];
+    for (c, qc) in q.iter_mut().enumerate() {
+        *qc = _mm512_and_si512(bcast_shift(load(wb.add(16 + 32 * c)), 0, 4), m4);
+    }
+    q
 }
 
 /// Q4_K integer lanes of chunk pair (c, c+1) = (2p, 2p+1) for one token. VNNI: `vpdpbusd`
@@ -140,27 +189,17 @@ unsafe fn q4_k_pair<const VNNI: bool>(
 unsafe fn q4_k_scales<const VNNI: bool>(sc8: &[u8; 8], idx: &[__m512i; 4]) -> [__m512i; 4] {
     let s = _mm_cvtepu8_epi16(_mm_loadl_epi64(sc8.as_ptr() as *const __m128i));
     let s = _mm512_castsi128_si512(s);
-    std::array::from_fn(|j| {
-        if VNNI && j >= 2 {
-            _mm512_setzero_si512()
-        } else {
-            _mm512_permutexvar_epi16(idx[j], s)
-        }
-    })
+    let mut o = [_mm512_setzero_si512(); 4];
+    for j in 0..if VNNI { 2 } else { 4 } {
+        o[j] = _mm512_permutexvar_epi16(idx[j], s);
+    }
+    o
 }
 
 #[inline(always)]
 unsafe fn q4_k_idx<const VNNI: bool>() -> [__m512i; 4] {
-    std::array::from_fn(|j| {
-        if VNNI {
-            perm16(|i| {
-                let (k, r) = (i / 8, i % 8);
-                4 * j + 2 * usize::from(r >= 4) + usize::from(k >= 2)
-            })
-        } else {
-            perm16(|i| 2 * j + i / 16)
-        }
-    })
+    let t = &Q4K_IDX[usize::from(VNNI)];
+    [ld16(&t[0]), ld16(&t[1]), ld16(&t[2]), ld16(&t[3])]
 }
 
 /// Q4_K, `Order::Single`: `out[t] = vec_dot(w, a[t])` for the N ≤ 8 token slots.
@@ -219,7 +258,7 @@ unsafe fn q4_k_many<const N: usize, const VNNI: bool>(
 ) -> [f32; N] {
     let idx = q4_k_idx::<VNNI>();
     // [t][c] (lane 4t + c of slots 0..4, then 4..8) → [c][t]: c in lanes 0..8, c+1 in 8..16
-    let tr: [__m512i; 2] = std::array::from_fn(|h| perm32(|i| 4 * (i % 8) + 2 * h + i / 8));
+    let tr = [ld32(&IDX32[0]), ld32(&IDX32[1])];
     let (mut acc, mut accm) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for b in 0..n / 256 {
         let wb = &w[144 * b..144 * b + 144];
@@ -241,15 +280,9 @@ unsafe fn q4_k_many<const N: usize, const VNNI: bool>(
             );
             sm[t] = k4_summ4(mv, ab);
         }
-        let lanes = |h: usize| fold4(std::array::from_fn(|k| si[4 * h + k]));
-        let mins4 = |h: usize| {
-            let v = _mm512_castsi128_si512(sm[4 * h]);
-            let v = _mm512_inserti32x4::<1>(v, sm[4 * h + 1]);
-            let v = _mm512_inserti32x4::<2>(v, sm[4 * h + 2]);
-            _mm512_inserti32x4::<3>(v, sm[4 * h + 3])
-        };
-        let (s0, s1) = (lanes(0), lanes(1));
-        let (m0, m1) = (mins4(0), mins4(1));
+        let s0 = fold4([si[0], si[1], si[2], si[3]]);
+        let s1 = fold4([si[4], si[5], si[6], si[7]]);
+        let (m0, m1) = (join4(&sm, 0), join4(&sm, 4));
         let da = das(&a, b);
         let dd = _mm256_mul_ps(_mm256_set1_ps(h2f(wb, 0)), da);
         let dm = _mm256_mul_ps(_mm256_set1_ps(h2f(wb, 2)), da);
@@ -269,6 +302,15 @@ unsafe fn q4_k_many<const N: usize, const VNNI: bool>(
     std::array::from_fn(|t| o[t])
 }
 
+/// `sm[k0..k0+4]` as the four 128-bit lanes of one register.
+#[inline(always)]
+unsafe fn join4(sm: &[__m128i; 8], k0: usize) -> __m512i {
+    let v = _mm512_castsi128_si512(sm[k0]);
+    let v = _mm512_inserti32x4::<1>(v, sm[k0 + 1]);
+    let v = _mm512_inserti32x4::<2>(v, sm[k0 + 2]);
+    _mm512_inserti32x4::<3>(v, sm[k0 + 3])
+}
+
 #[inline(always)]
 unsafe fn lo256ps(v: __m512) -> __m256 {
     _mm512_castps512_ps256(v)
@@ -281,7 +323,11 @@ unsafe fn hi256ps(v: __m512) -> __m256 {
 
 /// Q6_K (210-byte blocks), either order.
 #[inline(always)]
-unsafe fn q6_k<const N: usize, const MANY: bool>(n: usize, w: &[u8], a: [*const u8; N]) -> [f32; N] {
+unsafe fn q6_k<const N: usize, const MANY: bool>(
+    n: usize,
+    w: &[u8],
+    a: [*const u8; N],
+) -> [f32; N] {
     let idx = scale_perms();
     let (m4, m3) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
     let mut accv = [_mm256_setzero_ps(); N];
@@ -296,12 +342,18 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(n: usize, w: &[u8], a: [*const 
         for h in 0..2 {
             let ql = load512(wp.add(64 * h));
             let qh = load(wp.add(128 + 32 * h));
-            let hb = |s0, s1| _mm512_slli_epi16(_mm512_and_si512(bcast_shift(qh, s0, s1), m3), 4);
-            q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), hb(0, 2));
-            q[2 * h + 1] =
-                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4), hb(4, 6));
+            let hb01 = _mm512_and_si512(bcast_shift(qh, 0, 2), m3);
+            let hb23 = _mm512_and_si512(bcast_shift(qh, 4, 6), m3);
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(hb01, 4));
+            q[2 * h + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                _mm512_slli_epi16(hb23, 4),
+            );
         }
-        let s: [__m512i; 4] = std::array::from_fn(|m| _mm512_permutexvar_epi16(idx[m], sc512));
+        let mut s = [_mm512_setzero_si512(); 4];
+        for m in 0..4 {
+            s[m] = _mm512_permutexvar_epi16(idx[m], sc512);
+        }
         let d = h2f(wb, 208);
         let mut v = [_mm512_setzero_si512(); 16];
         for t in 0..N {
@@ -336,7 +388,11 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(n: usize, w: &[u8], a: [*const 
         _mm256_storeu_ps(o.as_mut_ptr(), acc);
         std::array::from_fn(|t| o[t])
     } else {
-        std::array::from_fn(|t| hsum8(accv[t]))
+        let mut o = [0f32; N];
+        for t in 0..N {
+            o[t] = hsum8(accv[t]);
+        }
+        o
     }
 }
 
@@ -344,9 +400,18 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(n: usize, w: &[u8], a: [*const 
 /// lanes 0..8, 2p+1 in 8..16); the weight block is broadcast to both halves, its absolute
 /// values and sign mask shared by all slots.
 #[inline(always)]
-unsafe fn q8_0<const N: usize, const VNNI: bool>(n: usize, w: &[u8], a: [*const u8; N]) -> [f32; N] {
+unsafe fn q8_0<const N: usize, const VNNI: bool>(
+    n: usize,
+    w: &[u8],
+    a: [*const u8; N],
+) -> [f32; N] {
     let pairs = N.div_ceil(2);
-    let sel: [__m512i; 4] = std::array::from_fn(|p| perm32(|i| 2 * p + i / 8));
+    let sel = [
+        ld32(&IDX32[2]),
+        ld32(&IDX32[3]),
+        ld32(&IDX32[4]),
+        ld32(&IDX32[5]),
+    ];
     let mut acc = [_mm512_setzero_ps(); 4];
     let wp = w.as_ptr();
     for b in 0..n / 32 {
@@ -376,10 +441,12 @@ unsafe fn q8_0<const N: usize, const VNNI: bool>(n: usize, w: &[u8], a: [*const 
             acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lanes), acc[p]);
         }
     }
-    std::array::from_fn(|t| {
+    let mut o = [0f32; N];
+    for t in 0..N {
         let v = acc[t / 2];
-        hsum8(if t % 2 == 0 { lo256ps(v) } else { hi256ps(v) })
-    })
+        o[t] = hsum8(if t % 2 == 0 { lo256ps(v) } else { hi256ps(v) });
+    }
+    o
 }
 
 /// Runs `$k::<N, $flag>` over `acts` in passes of 8 token slots (4 for the last ≤ 4), the
@@ -427,7 +494,11 @@ pub fn kernel_with(w: crate::quant::GgmlType, order: Order, vnni: bool) -> Optio
             "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
         ),
         (Q4K, Order::Single, false) => {
-            passes!(q4_k_single, false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+            passes!(
+                q4_k_single,
+                false,
+                "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+            )
         }
         (Q4K, Order::Many, true) => passes!(
             q4_k_many,

@@ -222,11 +222,20 @@ unsafe fn q4_k_single<const N: usize, const VNNI: bool>(
         let mut v = [_mm512_setzero_si512(); 16];
         for t in 0..N {
             let ab = a[t].add(AB * b);
-            let s = _mm512_add_epi32(
-                q4_k_pair::<VNNI>(&q, &sc, ab.add(4), 0),
-                q4_k_pair::<VNNI>(&q, &sc, ab.add(4), 1),
-            );
-            v[t] = s;
+            v[t] = if VNNI {
+                _mm512_add_epi32(
+                    q4_k_pair::<true>(&q, &sc, ab.add(4), 0),
+                    q4_k_pair::<true>(&q, &sc, ab.add(4), 1),
+                )
+            } else {
+                // one sum over the block, so no lane layout is needed
+                let mut s = _mm512_setzero_si512();
+                for c in 0..4 {
+                    let p = _mm512_maddubs_epi16(q[c], load512(ab.add(4 + 64 * c)));
+                    s = _mm512_add_epi32(s, _mm512_madd_epi16(p, sc[c]));
+                }
+                s
+            };
             v[8 + t] = _mm512_zextsi256_si512(_mm256_madd_epi16(mv, load(ab.add(260))));
         }
         // lanes 0..8: si of each slot, 8..16: sm (exact integers)

@@ -2,15 +2,11 @@
 //! against several tokens' activations with a chosen ISA / AVX-512 variant, and a timing loop
 //! over a weight matrix (tests/test_gemm_isa.py, bench/bench_gemm_isa.py).
 
+use super::quant::ggml_type;
 use crate::error::Error;
 use crate::quant::dot::{self, Isa, MultiDot, Order, MAX_T};
-use crate::quant::GgmlType;
 use pyo3::prelude::*;
 use std::time::Instant;
-
-fn ggml_type(name: &str) -> Result<GgmlType, Error> {
-    GgmlType::from_name(name).ok_or_else(|| Error::Quant(format!("unknown ggml type {name:?}")))
-}
 
 fn order(name: &str) -> Result<Order, Error> {
     match name {

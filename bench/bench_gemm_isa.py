@@ -44,7 +44,12 @@ def main() -> None:
     args = ap.parse_args()
     have = set(_core.dot_isas())
     vnni = "avx512vnni" in _core.cpu_features()
-    variants: list[tuple[str, str, bool | None]] = [("avx2", "avx2", None)]
+    # "avx2-1tok": the AVX2 single-token kernel once per token (what types without a
+    # multi-token kernel ran)
+    variants: list[tuple[str, str, bool | None]] = [
+        ("avx2", "avx2", None),
+        ("avx2-1tok", "avx2", None),
+    ]
     if "avx512" in have:
         variants.append(("avx512bw", "avx512", False))
         if vnni:
@@ -62,7 +67,10 @@ def main() -> None:
         for order in ("single", "many"):
             base = None
             for name, isa, v in variants:
-                s = _testing.multi_dot_bench(t, n, w, acts, order, isa, v, args.reps, args.threads)
+                g = 1 if name.endswith("1tok") else None
+                s = _testing.multi_dot_bench(
+                    t, n, w, acts, order, isa, v, args.reps, args.threads, g
+                )
                 base = base or s
                 print(
                     f"{t:6} {f'{n}×{rows}':>10} {order:6} {name:11} {1e3 * s:8.3f} "

@@ -172,4 +172,5 @@ def multi_dot_bench(
     vnni: bool | None = None,
     reps: int = 5,
     threads: int = 1,
+    group: int | None = None,
 ) -> float: ...

@@ -90,9 +90,9 @@ fn multi_dot(
 /// Seconds (best of `reps`) to compute `rows` (`len / row_bytes` rows back to back) against
 /// every activation in `acts` with the multi-token path as the pool's tiles run it: token
 /// groups of `MultiDot::group()`, every row of a thread's share per group, the rows split
-/// evenly over `threads` threads.
+/// evenly over `threads` threads. `group` = 1 times the single-token kernel per token instead.
 #[pyfunction]
-#[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1))]
+#[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1, group = None))]
 #[allow(clippy::too_many_arguments)]
 fn multi_dot_bench(
     py: Python<'_>,
@@ -105,6 +105,7 @@ fn multi_dot_bench(
     vnni: Option<bool>,
     reps: usize,
     threads: usize,
+    group: Option<usize>,
 ) -> PyResult<f64> {
     let md = handle(type_name, n, order, isa, vnni)?;
     let rb = ggml_type(type_name)?.row_bytes(n).unwrap_or(1);
@@ -117,7 +118,7 @@ fn multi_dot_bench(
     check_lengths(type_name, n, rb, &refs)?;
     let nrows = rows.len() / rb;
     let per = nrows.div_ceil(threads);
-    let g = md.group();
+    let g = group.unwrap_or(md.group()).clamp(1, MAX_T);
     let best = py.detach(|| {
         let mut best = f64::INFINITY;
         for _ in 0..reps.max(1) {

@@ -265,6 +265,29 @@ unsafe fn q6_k<const N: usize, const MANY: bool>(
     finish8::<N, MANY>(&accv, &acc)
 }
 
+/// Q8_0 (34-byte blocks, one order: ggml's `Fma8`, as `avx2::q8_0`): the weight block's
+/// absolute values and its scale are shared by the tokens; per token
+/// `fma(d·d_a, f32(lanes), acc)` per block, then `hsum8`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0<const N: usize>(n: usize, w: &[u8], a: [*const u8; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..n / 32 {
+        let q = load(w.as_ptr().add(34 * b + 2));
+        let absq = _mm256_abs_epi8(q);
+        let d = h2f(w, 34 * b);
+        for t in 0..N {
+            let ab = a[t].add(34 * b);
+            // as avx2::dot_ss: |q| · (a with q's sign)
+            let s = _mm256_sign_epi8(load(ab.add(2)), q);
+            let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(absq, s), ones);
+            let da = h2f(std::slice::from_raw_parts(ab, 2), 0);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(lanes), acc[t]);
+        }
+    }
+    std::array::from_fn(|t| hsum8(acc[t]))
+}
+
 /// A multi-token kernel: `out[t] = dot(w, acts[t])` for `t < acts.len()` (any count).
 pub type MultiFn = unsafe fn(usize, &[u8], &[&[u8]], &mut [f32]);
 
@@ -301,6 +324,7 @@ pub fn kernel(w: crate::quant::GgmlType, order: Order) -> Option<MultiFn> {
         (Q5K, Order::Single) => grouped!(q45_k, true),
         (Q6K, Order::Single) => grouped!(q6_k, false),
         (Q6K, Order::Many) => grouped!(q6_k, true),
+        (Q8_0, _) => grouped!(q8_0),
         (IQ3S, Order::Single) => iq3s::iq3_s_multi::<false> as MultiFn,
         (IQ3S, Order::Many) => iq3s::iq3_s_multi::<true> as MultiFn,
         _ => return None,

@@ -11,6 +11,7 @@
 //! - `Order::Many` (`kernel_many`): Q4_K the repacked gemm order (per pair of sub-blocks
 //!   `fma(f32(si), d·d_a, acc)` and `fma(f32(sm), dmin·d_a, accm)`, then `acc − accm`);
 //!   Q6_K/IQ3_S the tiled order (`acc + (f32(Σ lanes)·d_w)·d_a`).
+//! - Q8_0 (one order): `Fma8` per 32-element block, as `avx2::q8_0`.
 //!
 //! `gemm::tests` checks every (row, token) result against `vec_dot` / `kernel_many` bitwise.
 //! Safety: callers (`gemm.rs`) have checked the CPU features and that `w` holds `n / 256`

@@ -486,6 +486,11 @@ macro_rules! passes {
 /// The AVX-512 multi-token kernel for `w` in `order`, with the VNNI variants where this CPU
 /// has VNNI.
 pub fn kernel(w: crate::quant::GgmlType, order: Order) -> Option<MultiFn> {
+    // Q8_0 keeps the AVX2 kernel: its AVX-512 variants ran at 0.6-0.7x of it on the device
+    // host's Xeon (bench/bench_gemm_isa.py, docs/BENCHMARKS.md); tests still reach them.
+    if w == crate::quant::GgmlType::Q8_0 {
+        return None;
+    }
     kernel_with(w, order, cpu::has_vnni())
 }
 

@@ -71,8 +71,9 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
     from strata.gguf import GGUFFile
 
     with GGUFFile(path) as g:
-        n_exp = int(g.metadata["qwen3moe.expert_count"])
-        k = int(g.metadata["qwen3moe.expert_used_count"])
+        arch = g.metadata["general.architecture"]
+        n_exp = int(g.metadata[f"{arch}.expert_count"])
+        k = int(g.metadata[f"{arch}.expert_used_count"])
         total = 0.0
         exp_types: list[str] = []
         for t in g.tensors.values():
@@ -245,7 +246,7 @@ def run_file(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, help="a qwen3moe GGUF to use instead of making one")
+    ap.add_argument("--model", type=Path, help="a GGUF (any family) to use instead of making one")
     ap.add_argument("--types", default="Q4_K_M,IQ3_S")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dir", type=Path, default=Path("/work/bench-models"))

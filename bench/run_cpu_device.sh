@@ -5,6 +5,8 @@
 # tree, on a Qwen3-30B-A3B-width × LAYERS model written by strata.modelgen (F16) and quantized
 # by that build's llama-quantize to each of TYPES. Once with every core (threads = nproc), once
 # pinned to two cores (taskset -c 0,1, 2 threads: the development VM's setting).
+# SHAPE=qwen35moe-35b-a3b (a bench/write_family_model.py shape): that family's model instead,
+# written F32 and quantized to Q4_K_M.
 # Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
 # llama-src.tar.xz (the sdist's vendor/llama.cpp). Results under $OUT.
 set -u
@@ -31,22 +33,34 @@ if [ ! -x "$LC/build/bin/llama-bench" ]; then
         echo "llama build rc=$? after $(($(date +%s) - t0)) s"
     ) >"$OUT/llbuild.log" 2>&1 &
 fi
-python3 - "$D/q3moe-${LAYERS}l-f16.gguf" "$LAYERS" <<'PY'
+if [ -n "${SHAPE:-}" ]; then
+    python3 "$R/bench/write_family_model.py" "$SHAPE" "$D/$SHAPE-f32.gguf" --layers "$LAYERS"
+else
+    python3 - "$D/q3moe-${LAYERS}l-f16.gguf" "$LAYERS" <<'PY'
 import os, sys
 from strata.modelgen import ModelSpec, write_qwen3moe
 if not os.path.exists(sys.argv[1]):
     write_qwen3moe(sys.argv[1], ModelSpec.qwen3_30b_a3b(layers=int(sys.argv[2])), dtype="f16")
 PY
+fi
 wait
 tail -n 1 "$OUT/llbuild.log"
 grep -o -E 'AMX_INT8 = 1|AVX512_VNNI = 1|AVX512 = 1' "$OUT/llbuild.log" | sort -u
 { lscpu | grep -E 'Model name|^CPU\(s\)'; grep -o -w -E 'amx_[a-z0-9]+|avx512[a-z_0-9]*' \
     /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } | tee "$OUT/cpu.txt"
-BD=(python3 "$R/bench/bench_decode.py" --dir "$D" --layers "$LAYERS" --types "$TYPES"
-    --quantize "$LC/build/bin/llama-quantize" --llama-bench "$LC/build/bin/llama-bench"
+BD=(python3 "$R/bench/bench_decode.py" --llama-bench "$LC/build/bin/llama-bench"
     --reps "$REPS" --pp 512 --gen 128)
-"${BD[@]}" --threads "$(nproc)" 2>&1 | tee "$OUT/cpu-all.txt" | tail -n 8
+if [ -n "${SHAPE:-}" ]; then
+    q="$D/$SHAPE-Q4_K_M.gguf"
+    [ -f "$q" ] || "$LC/build/bin/llama-quantize" "$D/$SHAPE-f32.gguf" "$q" Q4_K_M \
+        >"$OUT/quantize.log" 2>&1 || { tail -5 "$OUT/quantize.log"; exit 1; }
+    rm -f "$D/$SHAPE-f32.gguf"
+    BD+=(--model "$q")
+else
+    BD+=(--dir "$D" --layers "$LAYERS" --types "$TYPES" --quantize "$LC/build/bin/llama-quantize")
+fi
 taskset -c 0,1 "${BD[@]}" --threads 2 2>&1 | tee "$OUT/cpu-2.txt" | tail -n 8
-"$LC/build/bin/llama-bench" -m "$D/q3moe-${LAYERS}l-Q4_K_M.gguf" -p 64 -n 0 -r 1 -o json \
+"${BD[@]}" --threads "$(nproc)" 2>&1 | tee "$OUT/cpu-all.txt" | tail -n 8
+[ -n "${SHAPE:-}" ] || "$LC/build/bin/llama-bench" -m "$D/q3moe-${LAYERS}l-Q4_K_M.gguf" -p 64 -n 0 -r 1 -o json \
     2>/dev/null | grep -E '"(cpu_info|backends|build_commit)"' | tee "$OUT/llama-info.txt"
 echo "done: $(($(date +%s) - t0)) s"

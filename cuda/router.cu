@@ -60,3 +60,75 @@ extern "C" __global__ void __launch_bounds__(32)
     for (int j = 0; j < k; j++) w[(size_t)t * k + j] = norm ? pick[j] / sum : pick[j];
   }
 }
+
+// A dense FFN's per-row scale from its gate logit g f32 [n] (`rust/src/gpu/ffn.rs`):
+// mode 0: silu(g)/g as qwen2moe's ggml_silu then ggml_div (g = 0 gives 0.5, the limit);
+// mode 1: σ(g) (ggml_sigmoid). w f32 [n]. Launch: grid (ceil(n / 256)), block 256.
+extern "C" __global__ void strata_ffn_gate(const float* g, float* w, int n, int mode) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float x = g[i];
+  float sig = 1.0f / (1.0f + expf(-x));
+  w[i] = mode == 1 ? sig : (x == 0.0f ? 0.5f : (x / (1.0f + expf(-x))) / x);
+}
+
+// The sigmoid router of one token per block (glm4moe, `Routing::SigmoidBias` in
+// rust/src/model/arch.rs): p = σ(logits) per expert (f32 exponentials), the top k by
+// p + bias (the selection bias exp_probs_b [E]; ties: the lower expert id first), weighted by
+// their unbiased p; when `norm`, divided by their sum (an f64 sum in pick order, rounded to
+// f32 and clamped below at 2^-14, as ggml); then × `scale` (skipped when 1).
+// logits f32 [T, E], bias f32 [E], ids i32 [T, k], w f32 [T, k]. E ≤ 1024, k ≤ 64.
+// Launch: grid (T), block 32.
+extern "C" __global__ void __launch_bounds__(32)
+    strata_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,
+                               int n_expert, int k, int norm, float scale) {
+  __shared__ float p[ROUTER_MAX_E];
+  __shared__ float sel[ROUTER_MAX_E];
+  __shared__ float pick[ROUTER_MAX_K];
+  const int lane = threadIdx.x, t = blockIdx.x;
+  const float* x = logits + (size_t)t * n_expert;
+  for (int i = lane; i < n_expert; i += 32) {
+    float s = 1.0f / (1.0f + expf(-x[i]));
+    p[i] = s;
+    sel[i] = s + bias[i];
+  }
+  __syncthreads();
+  for (int j = 0; j < k; j++) {
+    float bv = -__builtin_huge_valf();
+    int bi = n_expert;
+    for (int i = lane; i < n_expert; i += 32) {
+      if (sel[i] > bv) {  // ascending i: the first maximum of this lane
+        bv = sel[i];
+        bi = i;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      if (bi >= n_expert) bi = j;  // all remaining are -inf/NaN: never out of range
+      ids[(size_t)t * k + j] = bi;
+      pick[j] = p[bi];
+      sel[bi] = -__builtin_huge_valf();
+    }
+    __syncthreads();
+  }
+  if (lane == 0) {
+    float div = 1.0f;
+    if (norm) {
+      double sum = 0.0;
+      for (int j = 0; j < k; j++) sum += (double)pick[j];
+      div = fmaxf((float)sum, 6.103515625e-5f);
+    }
+    for (int j = 0; j < k; j++) {
+      float v = norm ? pick[j] / div : pick[j];
+      w[(size_t)t * k + j] = scale != 1.0f ? v * scale : v;
+    }
+  }
+}

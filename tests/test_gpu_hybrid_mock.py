@@ -20,7 +20,21 @@ from strata.modelgen import ModelSpec
 from test_gpu_mock import ROOT, cuda_include
 
 
-def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path) -> None:
+def family_model(fam: str, root: Path) -> Path:
+    """A test model of 3 layers of 8 experts, top-2: the qwen3moe test model, or another
+    family's F32 file in the converter's layout (qwen2moe: Q/K/V biases and a shared expert
+    with its gate, whose launches the hybrid step's host side then checks too)."""
+    if fam == "qwen3moe":
+        spec = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
+        return TestModels.default_cache(spec).quantized("Q8_0")
+    import qwen3moe_file as qf
+
+    s = qf.Shape(n_layer=3, n_expert=8, n_expert_used=2, arch=fam, n_ff_shexp=256)
+    return qf.write(root / f"{fam}.gguf", s, qf.random_tensors(s, 3))
+
+
+@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe"])
+def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
     inc = cuda_include()
     # where the kernels are required (CI: scripts/test), a missing tool is a failure
     required = os.environ.get("STRATA_REQUIRE_KERNELS") == "1"
@@ -32,8 +46,7 @@ def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path) -> None:
         if required:
             pytest.fail("STRATA_REQUIRE_KERNELS=1 but this build has no kernels")
         pytest.skip("this build has no kernels: " + str(_core.gpu_info()["kernels"]))
-    spec = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
-    model = TestModels.default_cache(spec).quantized("Q8_0")
+    model = family_model(fam, tmp_path)
     lib = tmp_path / "libcuda.so.1"
     src = ROOT / "tests" / "cuda_mock" / "libcuda_mock.c"
     cmd = ["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", f"-I{inc}"]

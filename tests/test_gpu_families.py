@@ -92,7 +92,7 @@ def test_hybrid_quarter_matches_cpu(fam: str) -> None:
 
 @pytest.mark.parametrize("fam", FAMILIES)
 def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
-    path = family_path(fam, "Q8_0")
+    path = family_path(fam, "Q4_K_M")
     kw: dict[str, Any] = dict(n_ctx=N_CTX, prefill_chunk=24, device="cuda", threads=2)
     pure = Model.open(path, **kw)
     hy = Model.open(path, **kw, **hybrid(vram_slots=N_ROUTED, adapt_every=0))

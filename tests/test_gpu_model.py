@@ -197,9 +197,7 @@ def test_greedy_continuations_match_cpu(files: dict[str, Path], ty: str, kv: str
     assert agree >= 0.99
 
 
-def greedy_vs_cpu(
-    path: Path, label: str, kv: str = "f16", **gpu: Any
-) -> tuple[int, float, Model]:
+def greedy_vs_cpu(path: Path, label: str, kv: str = "f16", **gpu: Any) -> tuple[int, float, Model]:
     """Greedy 64-token continuations of 10 prompts on the GPU against the CPU path's: how
     many are identical up to the CPU's first near-tie, the GPU's top-1 agreement along the
     CPU's path at its sure steps (the decode graph captured), and the GPU model."""

@@ -116,18 +116,7 @@ impl Launcher {
         let wts = match (f.scale.mode(), &f.gate_inp) {
             (Some(mode), Some(g)) => {
                 let logit = Dv::of(&b.ffn_logit); // f32 [T]
-                quant::matmul(
-                    q,
-                    s,
-                    g.ty,
-                    g.ptr(),
-                    1,
-                    g.cols,
-                    b.h.ptr(),
-                    logit.ptr,
-                    t,
-                    scr,
-                )?;
+                quant::matmul(q, s, g.ty, g.ptr(), 1, g.cols, b.h.ptr(), logit.ptr, t, scr)?;
                 router::ffn_gate(&self.gpu, s, logit, Dv::of(&b.ffn_wts), t, mode)?;
                 b.ffn_wts.ptr()
             }

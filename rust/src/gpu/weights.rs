@@ -61,7 +61,7 @@ pub struct GpuLayer {
     pub ffn_norm: DevBuf, // f32 [H]
     /// The shared expert, where the graph has one (`ffn::GpuFfn`).
     pub shared: Option<GpuFfn>,
-    pub router: GpuMat,    // (E, H)
+    pub router: GpuMat, // (E, H)
     /// f32 [E]: the selection bias of the sigmoid routing (`exp_probs_b`), where it has one.
     pub sel_bias: Option<DevBuf>,
     pub gate: GpuExperts, // (E, F, H)

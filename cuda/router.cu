@@ -8,6 +8,11 @@
 #include "model.cuh"
 
 #define ROUTER_MAX_E 1024
+
+// expf as the CPU path's libm computes it (glibc's expf: a double evaluation rounded once,
+// within 0.502 ulp), not CUDA's expf (within 2 ulp): σ of the router logits then ties and
+// orders the experts as the CPU path does.
+SM_HD float sm_expf(float x) { return (float)exp((double)x); }
 #define ROUTER_MAX_K 64
 
 extern "C" __global__ void __launch_bounds__(32)
@@ -68,12 +73,12 @@ extern "C" __global__ void strata_ffn_gate(const float* g, float* w, int n, int 
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float x = g[i];
-  float sig = 1.0f / (1.0f + expf(-x));
-  w[i] = mode == 1 ? sig : (x == 0.0f ? 0.5f : (x / (1.0f + expf(-x))) / x);
+  float e = sm_expf(-x);
+  w[i] = mode == 1 ? 1.0f / (1.0f + e) : (x == 0.0f ? 0.5f : (x / (1.0f + e)) / x);
 }
 
 // The sigmoid router of one token per block (glm4moe, `Routing::SigmoidBias` in
-// rust/src/model/arch.rs): p = σ(logits) per expert (f32 exponentials), the top k by
+// rust/src/model/arch.rs): p = σ(logits) per expert (`sm_expf`), the top k by
 // p + bias (the selection bias exp_probs_b [E]; ties: the lower expert id first), weighted by
 // their unbiased p; when `norm`, divided by their sum (an f64 sum in pick order, rounded to
 // f32 and clamped below at 2^-14, as ggml); then × `scale` (skipped when 1).
@@ -88,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(32)
   const int lane = threadIdx.x, t = blockIdx.x;
   const float* x = logits + (size_t)t * n_expert;
   for (int i = lane; i < n_expert; i += 32) {
-    float s = 1.0f / (1.0f + expf(-x[i]));
+    float s = 1.0f / (1.0f + sm_expf(-x[i]));
     p[i] = s;
     sel[i] = s + bias[i];
   }

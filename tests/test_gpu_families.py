@@ -13,6 +13,12 @@ greedy 64-token continuations identical up to the CPU's first near-tie on ≥ 9 
 and top-1 ≥ 99% along the CPU's path. The hybrid placement with 25% of the experts in VRAM
 slots (the misses on the CPU pool, a swap choice after every step) is held to the same
 protocol; with every expert in a slot it is bitwise the pure-GPU path.
+
+glm4moe's file (routed experts scaled by 2.5 on random weights) is chaotic: the CPU path
+against itself with a q8_0 instead of an f16 KV cache agrees on top-1 at only 95.0% of its
+sure positions (the other families: 100%). There the GPU's 97.9-98.7% misses the 99% bound
+(xfail, strict) and is held to the CPU's own spread instead; the same layout with the scale
+at 1 (`glm4moe_s1`: CPU against itself 99.6%) is held to the full protocol.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ from typing import Any
 import numpy as np
 import pytest
 from strata._core import Model
-from test_gpu_model import N_CTX, greedy_vs_cpu, logits_vs_cpu, prompts
+from test_gpu_model import MARGIN, N_CTX, greedy_vs_cpu, logits_vs_cpu, margin, prompts
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ["qwen2moe", "mixtral", "glm4moe"]
+FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "glm4moe_s1"]
+# measured on the H200: top-1 97.9% (Q4_K_M) / 98.7% (Q8_0) at sure positions, 98.7% along
+# the CPU's path; greedy 10/10 up to the first near-tie
+CHAOTIC = {"glm4moe"}
+CHAOTIC_WHY = "glm4moe at routed scale 2.5: the CPU path against itself agrees on 95.0%"
 TYPES = ["Q8_0", "Q4_K_M"]
 # family_file's shapes: 2 layers of 8 routed experts, top-2 (glm4moe: after its dense layer)
 N_MOE_LAYER, N_EXPERT = 2, 8
@@ -49,11 +59,36 @@ def family_path(fam: str, ty: str) -> Path:
 
         CARRY.mkdir(exist_ok=True)
         with tempfile.TemporaryDirectory() as root:
-            shutil.copyfile(family_file(fam, Path(root), ty), carried)
+            if fam == "glm4moe_s1":
+                made = glm4moe_scale_one(Path(root), ty)
+            else:
+                made = family_file(fam, Path(root), ty)
+            shutil.copyfile(made, carried)
     return carried
 
 
-CASES = [pytest.param(f, t, id=f"{f}-{t}") for f in FAMILIES for t in TYPES]
+def glm4moe_scale_one(root: Path, ty: str) -> Path:
+    """family_file's glm4moe layout and weights with the routed scale at 1."""
+    import qwen3moe_file as qf
+
+    s = qf.Shape(
+        n_layer=3, n_expert=8, n_expert_used=2, arch="glm4moe", n_ff_shexp=256,
+        n_dense_lead=1, n_ff_dense=512, n_rot=32, weights_scale=1.0,
+    )  # fmt: skip
+    f32 = qf.write(root / "glm4moe_s1-F32.gguf", s, qf.random_tensors(s, 5))
+    return f32 if ty == "F32" else qf.quantize(f32, root / f"glm4moe_s1-{ty}.gguf", ty)
+
+
+def marks(fam: str) -> list[Any]:
+    return [pytest.mark.xfail(strict=True, reason=CHAOTIC_WHY)] if fam in CHAOTIC else []
+
+
+CASES = [
+    pytest.param(f, t, id=f"{f}-{t}", marks=marks(f))
+    for f in FAMILIES
+    for t in TYPES
+    if not (f == "glm4moe_s1" and t == "Q8_0")
+]
 
 
 @pytest.mark.parametrize("fam, ty", CASES)
@@ -72,7 +107,7 @@ def hybrid(**kw: Any) -> dict[str, Any]:
     return dict(pcie_frac=0.0, threads=2, **kw)
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", [pytest.param(f, marks=marks(f)) for f in FAMILIES])
 def test_hybrid_quarter_matches_cpu(fam: str) -> None:
     """25% of the experts in VRAM slots, the misses on the CPU pool, swaps after every step:
     the greedy protocol against the CPU path, with misses and swaps counted."""
@@ -90,11 +125,11 @@ def test_hybrid_quarter_matches_cpu(fam: str) -> None:
     assert agree >= 0.99
 
 
-@pytest.mark.parametrize("fam", FAMILIES)
+@pytest.mark.parametrize("fam", FAMILIES[:3])
 def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
     path = family_path(fam, "Q4_K_M")
-    kw: dict[str, Any] = dict(n_ctx=N_CTX, prefill_chunk=24, device="cuda", threads=2)
-    pure = Model.open(path, **kw)
+    kw: dict[str, Any] = dict(n_ctx=N_CTX, prefill_chunk=24, device="cuda")
+    pure = Model.open(path, threads=2, **kw)
     hy = Model.open(path, **kw, **hybrid(vram_slots=N_ROUTED, adapt_every=0))
     for toks in prompts(2, 32, seed=11, vocab=pure.n_vocab):
         pure.free(0)
@@ -110,8 +145,30 @@ def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
     assert hy.cuda_graph_state == "captured (per layer)"
 
 
+def test_glm4moe_departs_no_more_than_the_cpu_from_itself() -> None:
+    """On the chaotic glm4moe file: the GPU's top-1 agreement with the CPU path at its sure
+    positions is at least the CPU path's own with a q8_0 KV cache instead of f16."""
+    path = family_path("glm4moe", "Q4_K_M")
+    a = Model.open(path, n_ctx=N_CTX, kv_type="f16", prefill_chunk=24)
+    b = Model.open(path, n_ctx=N_CTX, kv_type="q8_0", prefill_chunk=24)
+    top: list[bool] = []
+    sure: list[bool] = []
+    for toks in prompts(10, 32, seed=1, vocab=a.n_vocab):  # logits_vs_cpu's prompts
+        a.free(0)
+        b.free(0)
+        ra, rb = a.forward(0, toks, logits="all"), b.forward(0, toks, logits="all")
+        top.extend(ra.argmax(1) == rb.argmax(1))
+        sure.extend(margin(ra) >= MARGIN)
+    own = float(np.array(top)[np.array(sure)].mean())
+    gpu = logits_vs_cpu(path, "glm4moe Q4_K_M")
+    print(f"glm4moe: CPU f16 vs q8_0 KV top-1 {own:.4f}; GPU vs CPU {gpu:.4f}")
+    assert gpu >= own
+
+
 if __name__ == "__main__":
     for f in FAMILIES:
         for t in TYPES:
+            if f == "glm4moe_s1" and t == "Q8_0":
+                continue
             p = family_path(f, t)
             print(f, t, p, p.stat().st_size)

@@ -15,6 +15,40 @@
 SM_HD float sm_expf(float x) { return (float)exp((double)x); }
 #define ROUTER_MAX_K 64
 
+// The k largest entries of score [n] in turn by the block's one warp (ties: the lower id
+// first; each taken entry set to -inf): ids_row[j] = its id, pick[j] = val[id] (val may be
+// score itself: read before the entry is taken). score and pick in shared memory.
+SM_D void router_pick_k(float* score, const float* val, int n, int k, int* ids_row,
+                        float* pick) {
+  const int lane = threadIdx.x;
+  for (int j = 0; j < k; j++) {
+    float bv = -__builtin_huge_valf();
+    int bi = n;
+    for (int i = lane; i < n; i += 32) {
+      if (score[i] > bv) {  // ascending i: the first maximum of this lane
+        bv = score[i];
+        bi = i;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      if (bi >= n) bi = j;  // all remaining are -inf/NaN: never out of range
+      ids_row[j] = bi;
+      pick[j] = val[bi];
+      score[bi] = -__builtin_huge_valf();
+    }
+    __syncthreads();
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(32)
     strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
   __shared__ float p[ROUTER_MAX_E];
@@ -33,32 +67,7 @@ extern "C" __global__ void __launch_bounds__(32)
   float inv = (float)(1.0 / sm_warp_sum_d(s));
   for (int i = lane; i < n_expert; i += 32) p[i] *= inv;
   __syncthreads();
-  for (int j = 0; j < k; j++) {
-    float bv = -__builtin_huge_valf();
-    int bi = n_expert;
-    for (int i = lane; i < n_expert; i += 32) {
-      if (p[i] > bv) {  // ascending i: the first maximum of this lane
-        bv = p[i];
-        bi = i;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      if (bi >= n_expert) bi = j;  // all remaining are -inf/NaN: never out of range
-      ids[(size_t)t * k + j] = bi;
-      pick[j] = p[bi];
-      p[bi] = -__builtin_huge_valf();
-    }
-    __syncthreads();
-  }
+  router_pick_k(p, p, n_expert, k, ids + (size_t)t * k, pick);
   if (lane == 0) {
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += pick[j];
@@ -98,32 +107,7 @@ extern "C" __global__ void __launch_bounds__(32)
     sel[i] = s + bias[i];
   }
   __syncthreads();
-  for (int j = 0; j < k; j++) {
-    float bv = -__builtin_huge_valf();
-    int bi = n_expert;
-    for (int i = lane; i < n_expert; i += 32) {
-      if (sel[i] > bv) {  // ascending i: the first maximum of this lane
-        bv = sel[i];
-        bi = i;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      if (bi >= n_expert) bi = j;  // all remaining are -inf/NaN: never out of range
-      ids[(size_t)t * k + j] = bi;
-      pick[j] = p[bi];
-      sel[bi] = -__builtin_huge_valf();
-    }
-    __syncthreads();
-  }
+  router_pick_k(sel, p, n_expert, k, ids + (size_t)t * k, pick);
   if (lane == 0) {
     float div = 1.0f;
     if (norm) {

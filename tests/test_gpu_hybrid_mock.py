@@ -65,21 +65,21 @@ def mock_env(tmp_path: Path) -> dict[str, str]:
     )
 
 
-@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe"])
-def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
-    env = mock_env(tmp_path)
-    model = family_model(fam, tmp_path)
-    child = ROOT / "tests" / "hybrid_mock_child.py"
+def run_child(args: list[str], env: dict[str, str]) -> str:
+    """Runs Python with `args` in `env`; its output, asserting it exited 0."""
     res = subprocess.run(
-        [sys.executable, str(child), str(model)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe"])
+def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
+    env = mock_env(tmp_path)
+    child = ROOT / "tests" / "hybrid_mock_child.py"
+    out = run_child([str(child), str(family_model(fam, tmp_path))], env)
     assert "vram: ok" in out and "hybrid mock: all passed" in out, out
     assert "batch hybrid=False: ok" in out and "batch hybrid=True: ok" in out, out
 
@@ -104,17 +104,7 @@ for kw in ({}, dict(vram_slots=4, pcie_frac=0.0, adapt_every=1, threads=2)):
 @pytest.mark.parametrize("fam", ["qwen2moe", "llama", "glm4moe"])
 def test_families_run_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
     env = mock_env(tmp_path)
-    model = family_model(fam, tmp_path)
-    res = subprocess.run(
-        [sys.executable, "-c", FAMILY_CHILD, str(model)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out
+    out = run_child(["-c", FAMILY_CHILD, str(family_model(fam, tmp_path))], env)
     n_routed = 16 if fam == "glm4moe" else 24  # glm4moe's first layer is dense
     want = [f"{fam} captured None 43", f"{fam} captured (per layer) ({n_routed}, 4) 43"]
     assert out.split("\n")[:2] == want, out

@@ -24,10 +24,7 @@ pub fn topk(
     k: usize,
     norm: bool,
 ) -> Result<()> {
-    check_topk(n_expert, k)?;
-    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
-    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
-    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)?;
+    check_topk([logits, ids, w], n_tok, n_expert, k)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -66,11 +63,8 @@ pub fn sigmoid_topk(
     norm: bool,
     scale: f32,
 ) -> Result<()> {
-    check_topk(n_expert, k)?;
-    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
+    check_topk([logits, ids, w], n_tok, n_expert, k)?;
     bias.need("router selection bias", bytes(n_expert, 4)?)?;
-    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
-    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -93,14 +87,17 @@ pub fn sigmoid_topk(
     )
 }
 
-fn check_topk(n_expert: usize, k: usize) -> Result<()> {
+/// The routers' limits and buffers: logits f32 [n_tok, n_expert], ids / w [n_tok, k].
+fn check_topk([logits, ids, w]: [Dv; 3], n_tok: usize, n_expert: usize, k: usize) -> Result<()> {
     if n_expert == 0 || n_expert > MAX_EXPERTS || k == 0 || k > n_expert.min(MAX_TOP_K) {
         return Err(Error::Config(format!(
             "router: {k} of {n_expert} experts; the GPU router takes up to {MAX_EXPERTS} \
              experts and 1..={MAX_TOP_K} picks"
         )));
     }
-    Ok(())
+    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
+    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
+    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)
 }
 
 /// The scale `ffn_gate` computes from a gate logit.

@@ -68,8 +68,7 @@ def gpu_rope_qkv(
     v: npt.NDArray[np.float32],
     qn: npt.NDArray[np.float32] | None,
     kn: npt.NDArray[np.float32] | None,
-    bias: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]
-    | None,
+    bias: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]] | None,
     cos: npt.NDArray[np.float32],
     sin: npt.NDArray[np.float32],
     pos0: int,

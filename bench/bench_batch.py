@@ -53,10 +53,11 @@ def main() -> None:
     ap.add_argument("--profile-tokens", type=int, default=512, help="hybrid: profile fill")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
-    # threads in all, the caller among them (llama.cpp's -t)
-    kw: dict[str, object] = {"threads": a.threads}
+    kw: dict[str, object] = {}
     if a.device == "cuda":
-        kw["device"] = "cuda"
+        kw = {"device": "cuda", "threads": a.threads}
+    else:
+        kw = {"threads": a.threads}  # in all, the caller among them (llama.cpp's -t)
 
     n_ctx = max(PROMPT + a.steps + 8, a.profile_tokens)
 

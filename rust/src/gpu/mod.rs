@@ -16,6 +16,7 @@ mod launch;
 mod model;
 mod pcie;
 mod placement;
+pub mod split;
 mod step;
 mod stream_in;
 pub mod weights;

@@ -23,7 +23,7 @@
 //! launched, so a step reads the table exactly as the host split it.
 
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
-use super::hybrid_cfg::{HybridConfig, HybridInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
+use super::hybrid_cfg::{HybridConfig, HybridInfo, StageInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
 use super::launch::Launcher;
 use super::pcie::PcieMisses;
 use super::placement::{experts_through, MoePlacement};
@@ -262,6 +262,17 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
+            stages: (0..self.proto.n_stages())
+                .map(|s| {
+                    let c = self.proto.counts(s);
+                    StageInfo {
+                        device: self.proto.card(s),
+                        windows: c.windows,
+                        gaps: c.gaps,
+                        busy: !self.proto.at_gap(s),
+                    }
+                })
+                .collect(),
         }
     }
 

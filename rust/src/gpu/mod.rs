@@ -21,6 +21,6 @@ mod step;
 mod stream_in;
 pub mod weights;
 
-pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo};
+pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;

@@ -707,63 +707,44 @@ fn gap_tickets_hold_copies_back_even_when_polled_beside_a_window() {
     assert!(r.stuck.is_none() && r.no_finish == 0, "{r:?}");
 }
 
+/// The first violation found in the variant `rules` on `cards` (two windows), past those
+/// containing one of `ignore`: it must contain `needle`.
+fn caught(cards: &[usize], rules: Rules, ignore: &[&str], needle: &str) {
+    let (v, path) = explore(&cfg(cards, 2, rules), LIMIT, ignore)
+        .violation
+        .unwrap_or_else(|| panic!("{rules:?} on {cards:?}: no violation found"));
+    assert!(v.contains(needle), "{v} after {path:?}");
+}
+
 #[test]
 fn checker_catches_a_copy_without_the_gap_fence() {
-    let c = cfg(
-        &[0, 0],
-        2,
-        Rules {
-            poll_card: true,
-            no_step_fence: true,
-            ..Rules::default()
-        },
-    );
-    // rule 1 is what the gap tickets stood for: the first thing caught
-    let (v, _) = explore(&c, LIMIT, &[])
-        .violation
-        .expect("rule 1 must be caught");
-    assert!(v.contains(QUEUED_IN_FLIGHT), "{v}");
-    // and past it, the copy under a reader
-    let (v, _) = explore(&c, LIMIT, &[QUEUED_IN_FLIGHT])
-        .violation
-        .expect("an unfenced copy must be caught");
-    assert!(v.contains("copy into slot"), "{v}");
+    let rules = Rules {
+        poll_card: true,
+        no_step_fence: true,
+        ..Rules::default()
+    };
+    // rule 1 is what the gap tickets stood for: the first thing caught; past it, the copy
+    // under a reader
+    caught(&[0, 0], rules, &[], QUEUED_IN_FLIGHT);
+    caught(&[0, 0], rules, &[QUEUED_IN_FLIGHT], "copy into slot");
 }
 
 #[test]
 fn checker_catches_a_ram_move_without_the_fence() {
-    let r = explore(
-        &cfg(
-            &[0, 1],
-            2,
-            Rules {
-                no_ram_fence: true,
-                ..Rules::default()
-            },
-        ),
-        LIMIT,
-        &[],
-    );
-    let (v, _) = r.violation.expect("an unfenced RAM move must be caught");
-    assert!(v.contains("RAM move"), "{v}");
+    let rules = Rules {
+        no_ram_fence: true,
+        ..Rules::default()
+    };
+    caught(&[0, 1], rules, &[], "RAM move");
 }
 
 #[test]
 fn checker_catches_a_device_call_from_the_job_thread() {
-    let r = explore(
-        &cfg(
-            &[0, 1],
-            2,
-            Rules {
-                job_device_call: true,
-                ..Rules::default()
-            },
-        ),
-        LIMIT,
-        &[],
-    );
-    let (v, _) = r.violation.expect("the job's device call must be caught");
-    assert!(v.contains("job thread"), "{v}");
+    let rules = Rules {
+        job_device_call: true,
+        ..Rules::default()
+    };
+    caught(&[0, 1], rules, &[], "job thread");
 }
 
 #[test]

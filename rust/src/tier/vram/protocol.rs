@@ -337,3 +337,43 @@ impl Protocol {
         self.ram_waits.iter().any(|f| f.stages.contains(&s))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_refuses_what_its_states_forbid() {
+        assert!(Protocol::new(vec![], 1).is_err());
+        assert!(Protocol::new(vec![0], 2).is_err()); // two windows need two stages
+        assert!(Protocol::new(vec![0, 0], 3).is_err());
+        let mut p = Protocol::new(vec![0, 0], 2).unwrap();
+        let (a, ta) = p.launch().unwrap();
+        assert!(!p.can_launch() && p.launch().is_err()); // stage 0 busy
+        assert!(p.gap(0).is_err() && p.at_gap(1));
+        assert!(p.enter(a, 1).is_err()); // still on stage 0
+        assert!(p.finish(a, true).is_err()); // no verdict yet
+        p.leave(a, 0).unwrap();
+        assert!(!ta.done().unwrap()); // no gap yet
+        p.gap(0).unwrap();
+        assert!(ta.done().unwrap());
+        let tb = p.enter(a, 1).unwrap();
+        let (b, _) = p.launch().unwrap(); // K+1 on stage 0 while K is on stage 1
+        assert!(!p.can_launch()); // two windows in flight
+        let f = p.ram_fence(&[0, 1]).unwrap();
+        p.leave(a, 1).unwrap();
+        p.gap(1).unwrap();
+        assert!(tb.done().unwrap() && p.take_ram_ready().is_empty()); // stage 0 still busy
+                                                                      // a rejected verdict discards the speculative window: it leaves stage 0 and stops
+        p.finish(a, false).unwrap();
+        assert_eq!(p.window_state(b), Some((WindowState::On(0), true)));
+        assert_eq!(p.live_windows(), 0);
+        p.leave(b, 0).unwrap();
+        assert_eq!(p.windows_in_flight(), 0);
+        assert!(p.enter(b, 1).is_err());
+        p.gap(0).unwrap();
+        assert_eq!(p.take_ram_ready(), vec![f]);
+        assert_eq!((p.counts(0).windows, p.counts(0).gaps), (2, 2));
+        assert_eq!((p.counts(1).windows, p.counts(1).gaps), (1, 1));
+    }
+}

@@ -211,6 +211,11 @@ def test_greedy_matches_pure_gpu_with_swaps_every_step(
     assert snap["fill_bytes"] > 0 and info["tier_async"] == tier_async
     assert info["resident"] <= info["n_slots"] == QUARTER
     assert info["pcie_frac"] == 0.0 and info["pcie"] == "off"
+    # every step was a window of the one stage, and each ended at a gap (docs/PROTOCOL.md):
+    # greedy_vs_pure runs two passes per prompt (its own greedy path, then the reference's),
+    # each one prefill chunk (8 tokens) and 64 decode steps
+    steps = 2 * 10 * (1 + 64)
+    assert info["stages"] == [{"device": 0, "windows": steps, "gaps": steps, "busy": False}]
 
 
 @pytest.mark.parametrize("frac", [0.5, 1.0])

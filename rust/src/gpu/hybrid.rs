@@ -15,13 +15,15 @@
 //! `stream_min_tokens` tokens work this way; longer prefill chunks copy every missing expert
 //! of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
 //!
-//! Between steps (a gap, the step complete): the step's event goes to the fences, the tier
-//! driver chooses / stages / issues swaps (sync or async), and the table changes go to the
-//! host pointer tables; the device copy is rewritten on the compute stream before the next
-//! step is launched, so a step reads the table exactly as the host split it.
+//! Each step is a window of the stage protocol (docs/PROTOCOL.md, `Protocol`: one stage here):
+//! launched in `before_step`, its fence is the stage's next gap (a `GapTicket`, no event).
+//! Between steps (a gap, the step complete: its logits were read): the tier driver chooses /
+//! stages / issues swaps (sync or async), and the table changes go to the host pointer
+//! tables; the device copy is rewritten on the compute stream before the next step is
+//! launched, so a step reads the table exactly as the host split it.
 
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
-use super::hybrid_cfg::{HybridConfig, HybridInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
+use super::hybrid_cfg::{HybridConfig, HybridInfo, StageInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
 use super::launch::Launcher;
 use super::pcie::PcieMisses;
 use super::placement::{experts_through, MoePlacement};
@@ -35,8 +37,8 @@ use crate::model::{Compute, HParams};
 use crate::pool::SKIP;
 use crate::tier::vram::{
     self, cpu_misses, fill_order, initial_assignment, start_fill, BudgetInputs, CudaSlots,
-    HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, SlotFences, TierDriver, VramPlan,
-    VramTable,
+    GapTicket, HybridCounters, LayerSplit, PcieShare, Proj, Protocol, PtrTables, SlotFences,
+    TierDriver, TierFence, VramPlan, VramTable, WindowId,
 };
 use crate::tier::RoutingCounters;
 use std::sync::Arc;
@@ -53,7 +55,11 @@ pub struct Hybrid {
     ptrs_dev: DevBuf,
     ptrs_dirty: bool,
     slots: CudaSlots,
-    fences: SlotFences<Event, PinnedBuf>,
+    fences: SlotFences<TierFence, PinnedBuf>,
+    /// Windows, gaps and fences of the stages (one stage, one window in flight here).
+    proto: Protocol,
+    /// The step in flight: its window and the fence of its part on the stage.
+    window: Option<(WindowId, GapTicket)>,
     driver: TierDriver<GgufStager<PinnedBuf>>,
     compute: Arc<dyn Compute>,
     /// The model's tensors in RAM (the CPU misses read its experts).
@@ -163,7 +169,7 @@ impl Hybrid {
         let slots = CudaSlots::new(gpu, &plan)?;
         let counters = Arc::new(HybridCounters::with_slots(nl, n_slots));
         let mut table = VramTable::new(nl, ne, plan.n_slots);
-        let mut fences: SlotFences<Event, PinnedBuf> = SlotFences::new(plan.n_slots);
+        let mut fences: SlotFences<TierFence, PinnedBuf> = SlotFences::new(plan.n_slots);
         let mut stager = GgufStager::new(weights.gguf.clone(), layers);
         let mut bufs = (0..STAGING_BUFFERS)
             .map(|_| slots.staging_buffer())
@@ -206,6 +212,8 @@ impl Hybrid {
             ptrs_dirty: false,
             slots,
             fences,
+            proto: Protocol::new(vec![gpu.ordinal()], 1)?,
+            window: None,
             driver,
             compute: (cfg.compute)(),
             weights,
@@ -254,6 +262,17 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
+            stages: (0..self.proto.n_stages())
+                .map(|s| {
+                    let c = self.proto.counts(s);
+                    StageInfo {
+                        device: self.proto.card(s),
+                        windows: c.windows,
+                        gaps: c.gaps,
+                        busy: !self.proto.at_gap(s),
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -291,6 +310,11 @@ impl MoePlacement for Hybrid {
     /// (on the compute stream, ahead of the step's kernels).
     fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
+        if self.proto.windows_in_flight() > 0 {
+            // the last step failed half way: its fence is the next step's gap (same stream)
+            self.proto.abandon();
+        }
+        self.window = Some(self.proto.launch()?);
         self.rows.clear();
         self.rows.extend_from_slice(rows);
         if let Some(st) = self.stream.as_mut() {
@@ -415,12 +439,14 @@ impl MoePlacement for Hybrid {
         Ok(())
     }
 
-    /// Right after a step's kernels are queued: its completion event goes to the fences
-    /// (slots it may read are not overwritten before it).
-    fn step_launched(&mut self, cx: &Launcher) -> Result<()> {
-        let ev = cx.gpu.event_no_timing()?;
-        ev.record(&cx.stream)?;
-        self.fences.step_launched(ev);
+    /// Right after a step's kernels are queued: its fence (the stage's next gap) goes to the
+    /// slot fences (slots it may read are not overwritten before it).
+    fn step_launched(&mut self, _cx: &Launcher) -> Result<()> {
+        let (_, ticket) = self
+            .window
+            .as_ref()
+            .ok_or_else(|| Error::Config("a step launched outside a window".into()))?;
+        self.fences.step_launched(TierFence::Step(ticket.clone()));
         Ok(())
     }
 
@@ -446,6 +472,12 @@ impl MoePlacement for Hybrid {
         self.routing.end_step();
         self.routing_hot.end_step();
         self.routing_adapt.end_step();
+        // the step's logits were read: the window leaves the stage, and this is a gap
+        if let Some((w, _)) = self.window.take() {
+            self.proto.leave(w, 0)?;
+            self.proto.finish(w, true)?;
+        }
+        self.proto.gap(0)?;
         self.steps += 1;
         self.driver.at_gap(
             self.steps,

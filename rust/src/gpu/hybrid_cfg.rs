@@ -66,4 +66,15 @@ pub struct HybridInfo {
     /// "registered N bytes (read-only)", or why it is not.
     pub pcie_frac: f64,
     pub pcie: String,
+    /// Per stage of the protocol (docs/PROTOCOL.md): its device, windows entered, gaps, and
+    /// whether a window is on it now.
+    pub stages: Vec<StageInfo>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct StageInfo {
+    pub device: usize,
+    pub windows: u64,
+    pub gaps: u64,
+    pub busy: bool,
 }

@@ -17,10 +17,11 @@ mod launch;
 mod model;
 mod pcie;
 mod placement;
+pub mod split;
 mod step;
 mod stream_in;
 pub mod weights;
 
-pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo};
+pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;

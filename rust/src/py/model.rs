@@ -17,7 +17,7 @@ use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -662,8 +662,9 @@ impl PyModel {
     /// stream, or cannot), `stream_chunk` (tokens per streamed chunk; 0: none stream),
     /// `stream_areas` (staging areas: 2 = double-buffered, 0: none), `stream_threads`
     /// (bounce copy threads), `pcie_frac` (share of decode misses run over PCIe) and `pcie`
-    /// ("off", "registered N bytes (read-only)", or why not); None unless the model runs in
-    /// that mode.
+    /// ("off", "registered N bytes (read-only)", or why not), `stages` (per stage of the
+    /// protocol, docs/PROTOCOL.md: `device`, `windows` entered, `gaps`, `busy`); None unless
+    /// the model runs in that mode.
     fn hybrid_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(i) = self.with(py, |m| match m {
             Backend::Cpu(_) => None,
@@ -690,6 +691,16 @@ impl PyModel {
         d.set_item("stream_chunk", i.stream_chunk)?;
         d.set_item("pcie_frac", i.pcie_frac)?;
         d.set_item("pcie", i.pcie)?;
+        let stages = PyList::empty(py);
+        for s in &i.stages {
+            let sd = PyDict::new(py);
+            sd.set_item("device", s.device)?;
+            sd.set_item("windows", s.windows)?;
+            sd.set_item("gaps", s.gaps)?;
+            sd.set_item("busy", s.busy)?;
+            stages.append(sd)?;
+        }
+        d.set_item("stages", stages)?;
         Ok(Some(d))
     }
 

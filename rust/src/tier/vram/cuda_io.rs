@@ -5,6 +5,7 @@
 use super::budget::{ExpertShape, Proj, VramPlan};
 use super::driver::Stager;
 use super::fence::{Fence, SlotIo};
+use super::protocol::GapTicket;
 use super::table::Key;
 use crate::cuda::{DevBuf, Event, Gpu, PinnedBuf, Stream};
 use crate::error::{Error, Result};
@@ -14,6 +15,22 @@ use std::sync::Arc;
 impl Fence for Event {
     fn done(&self) -> Result<bool> {
         self.is_done()
+    }
+}
+
+/// A fence of the hybrid step's slots (docs/PROTOCOL.md): a step's is its stage's next gap
+/// (`GapTicket`, no event recorded), a slot copy's is its own event on the tier's stream.
+pub enum TierFence {
+    Step(GapTicket),
+    Copy(Event),
+}
+
+impl Fence for TierFence {
+    fn done(&self) -> Result<bool> {
+        match self {
+            TierFence::Step(t) => t.done(),
+            TierFence::Copy(e) => e.is_done(),
+        }
     }
 }
 
@@ -48,11 +65,11 @@ impl CudaSlots {
 }
 
 impl SlotIo<PinnedBuf> for CudaSlots {
-    type Event = Event;
+    type Event = TierFence;
 
     /// Async host→device copy of the staged record into `slot`, then an event: both queued
     /// on the tier's stream, which never waits on a host flag, so neither call blocks.
-    fn issue_fill(&mut self, slot: u32, _key: Key, staged: &PinnedBuf) -> Result<Event> {
+    fn issue_fill(&mut self, slot: u32, _key: Key, staged: &PinnedBuf) -> Result<TierFence> {
         if staged.len() < self.slot_bytes {
             return Err(Error::Config(format!(
                 "staging buffer of {} bytes for slots of {}",
@@ -65,7 +82,7 @@ impl SlotIo<PinnedBuf> for CudaSlots {
             .write_async(&self.stream, off, staged, 0, self.slot_bytes)?;
         let ev = self.gpu.event_no_timing()?;
         ev.record(&self.stream)?;
-        Ok(ev)
+        Ok(TierFence::Copy(ev))
     }
 }
 

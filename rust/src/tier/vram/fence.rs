@@ -67,6 +67,7 @@ pub struct PollOutcome {
     pub filled: usize,
 }
 
+#[derive(Debug)]
 pub struct SlotFences<E, P> {
     slots: Vec<SlotState<E, P>>,
     /// Steps in flight: (seq, completion event).

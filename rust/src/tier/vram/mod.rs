@@ -12,15 +12,17 @@ pub mod cuda_io;
 pub mod driver;
 pub mod fence;
 pub mod miss;
+pub mod protocol;
 pub mod stats;
 pub mod table;
 
 pub use adapt::{choose, AdaptConfig, Swap};
 pub use budget::{plan, shapes_of, BudgetInputs, ExpertShape, Proj, VramPlan};
-pub use cuda_io::{default_pcie_frac, probe_pcie_gbps, CudaSlots, RamStager, StageBuf};
+pub use cuda_io::{default_pcie_frac, probe_pcie_gbps, CudaSlots, RamStager, StageBuf, TierFence};
 pub use driver::{start_fill, GapOutcome, Prepared, Stager, TierDriver};
 pub use fence::{Fence, PollOutcome, SlotFences, SlotIo, SlotState};
 pub use miss::{cpu_misses, LayerSplit, PcieShare};
+pub use protocol::{GapTicket, Protocol, StageCounts, WindowId, WindowState};
 pub use stats::{HybridCounters, HybridSnapshot};
 pub use table::{fill_order, initial_assignment, Key, PtrTables, VramTable};
 
@@ -28,3 +30,5 @@ pub use table::{fill_order, initial_assignment, Key, PtrTables, VramTable};
 mod tests;
 #[cfg(test)]
 mod tests_fence;
+#[cfg(test)]
+mod tests_protocol;

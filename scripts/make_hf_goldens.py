@@ -51,7 +51,7 @@ except ImportError:  # no compiled core here: load the pure-Python modules only
     pkg.__path__ = [str(ROOT / "python" / "strata")]
     sys.modules["strata"] = pkg
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 import qwen3moe_file as qf  # noqa: E402
 from strata.hfconvert import gguf_to_hf, hf_config  # noqa: E402
 from strata.modelgen import ModelSpec, random_weights  # noqa: E402
@@ -161,7 +161,7 @@ SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
 # Each family's seed offset (FAMILY_SEED + i): the one its committed goldens were made with
 # (gpt-oss and qwen3next were added side by side and both took 3; different models, so the
 # shared seed is harmless, and both files stay reproducible byte for byte).
-SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4)
+SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4, qwen35moe_mtp=5)
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
 HYBRIDS = ("qwen3next", "qwen35moe")
@@ -337,6 +337,79 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     return path
 
 
+def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
+    """`qwen35moe_mtp` → tests/golden/qwen35moe_mtp_f32.gguf and tests/golden/mtp_qwen35moe.npz:
+    the qwen35moe golden's config with one MTP layer (`mtp_num_hidden_layers` 1). transformers
+    has no module for Qwen3.5's MTP weights (it drops `mtp.*` on load), so they are written
+    beside the saved model as the released checkpoints name them: `mtp.fc` (H, 2H),
+    `mtp.pre_fc_norm_{embedding,hidden}`, `mtp.norm` and `mtp.layers.0.*` (the names and shapes
+    of a full-attention layer's, here layer 1's), drawn as `randomize` draws; llama.cpp's
+    converter writes them as `blk.4.nextn.*` / `blk.4.*` with `nextn_predict_layers` 1. The
+    oracle is llama.cpp's own MTP graph (scripts/mtp_oracle.py) over that file: per prompt the
+    MTP logits of every position [L, V] and one chained draft step's [V] (at CHAIN_AT + 1)."""
+    import safetensors.torch
+    import torch
+    import transformers
+
+    from mtp_oracle import mtp_logits  # type: ignore[import-not-found]
+
+    if llama_cpp is None:
+        raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
+    i = SEED_INDEX[name]
+    base = name.removesuffix("_mtp")
+    kw = family_kwargs(base)
+    cfg = transformers.Qwen3_5MoeTextConfig(**kw)
+    cfg._attn_implementation = "eager"
+    model = transformers.Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
+    randomize(model, FAMILY_SEED + i)
+    full = next(j for j, t in enumerate(cfg.layer_types) if t == "full_attention")
+    rng = np.random.default_rng(FAMILY_SEED + 200 + i)
+    h = kw["hidden_size"]
+    pre = f"model.layers.{full}."
+    shapes = {f"mtp.layers.0.{k[len(pre):]}": tuple(v.shape)
+              for k, v in model.state_dict().items() if k.startswith(pre)}
+    shapes |= {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+               "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+    mtp = {}
+    for k in sorted(shapes):
+        shape = shapes[k]
+        if k.endswith("norm.weight") or "layernorm" in k:
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        mtp[k] = torch.from_numpy(a.astype(np.float32))
+    out = root / "tests" / "golden"
+    out.mkdir(parents=True, exist_ok=True)
+    gguf_path = out / f"{name}_f32.gguf"
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        st = Path(d) / "model.safetensors"
+        sd = safetensors.torch.load_file(st)
+        safetensors.torch.save_file({**sd, **mtp}, st, metadata={"format": "pt"})
+        cj = Path(d) / "config.json"
+        conf = json.loads(cj.read_text())
+        conf["mtp_num_hidden_layers"] = 1
+        cj.write_text(json.dumps(conf))
+        convert(llama_cpp, Path(d), gguf_path, f"strata-test-{name}")
+    rng = np.random.default_rng(FAMILY_SEED + 100 + i)
+    prompts = rng.integers(0, COMMON["vocab_size"] - 8, (N_PROMPTS, PROMPT_LEN))
+    pairs = [mtp_logits(str(gguf_path), p, CHAIN_AT) for p in prompts]
+    path = out / f"mtp_{base}.npz"
+    np.savez_compressed(
+        path,
+        prompts=prompts,
+        logits=np.stack([a for a, _ in pairs]),
+        chain_at=CHAIN_AT,
+        chained=np.stack([b for _, b in pairs]),
+        config_json=np.array(json.dumps({**kw, "mtp_num_hidden_layers": 1})),
+    )
+    return path
+
+
+CHAIN_AT = 40  # the MTP golden's chained draft step runs at position CHAIN_AT + 1
+MTP_GOLDENS = ("qwen35moe_mtp",)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--which", default="tiny,test," + ",".join(FAMILIES))
@@ -352,6 +425,8 @@ def main() -> None:
             path = test_shape(a.root)
         elif w in FAMILIES:
             path = family(w, a.llama_cpp, a.root)
+        elif w in MTP_GOLDENS:
+            path = mtp_family(w, a.llama_cpp, a.root)
         else:
             raise SystemExit(f"--which: unknown golden {w!r} (tiny, test, {', '.join(FAMILIES)})")
         print(f"wrote {path}")

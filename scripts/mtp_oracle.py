@@ -8,6 +8,7 @@ Through llama-cpp-python's bindings of llama.cpp's C API (the `llama_batch_ext` 
 `llama_get_embeddings_nextn_ith` of src/llama-ext.h, exported C++-mangled), the way
 common/speculative.cpp's `draft-mtp` driver runs it:
 
+- both contexts keep an F32 KV cache (llama.cpp's default F16 one rounds keys and values);
 - a target context on the file (`load_mtp`) gives, per position p, h_p: the trunk's hidden
   state after the output norm (`h_nextn`);
 - an MTP context (`LLAMA_CONTEXT_TYPE_MTP`, the `DECODER_MTP` graph of the family) runs the
@@ -60,6 +61,8 @@ def mtp_logits(path: str, prompt: np.ndarray, chain_at: int) -> tuple[np.ndarray
         cp.n_ctx = max(256, L + 8)
         cp.n_batch = cp.n_ubatch = max(256, L + 8)
         cp.n_threads = cp.n_threads_batch = 2
+        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32: an F32 KV cache (float logits)
+        cp.flash_attn_type = 0  # off: ggml's flash attention rounds to F16 on the CPU
         if mtp:
             cp.ctx_type = 1  # LLAMA_CONTEXT_TYPE_MTP
             cp.n_rs_seq = 0

@@ -13,11 +13,14 @@
 //!
 //! State per slot (`Mtp`): the layer's KV; `base`, the positions run on the target's own hidden
 //! states (the target's forward calls catch the layer up: `catch_up`), kept equal to the
-//! target's length through truncation; `pending` = h_{base-1}; the last target piece's hidden
-//! rows, from which a truncation (a rejected speculative window) takes the new `pending`.
+//! target's length through truncation; `pending` = h_{base-1}; the target's last `KEEP` hidden
+//! states, from which a truncation (a rejected speculative window) takes the new `pending`
+//! (one further back, e.g. to a prefix-cache point far behind, pairs with 0 instead, as a
+//! sequence's start does: only the drafts' quality changes).
 //! Draft steps write KV after `base` and are dropped at the next draft or catch-up. A slot
-//! whose `base` fell behind the target (a KV import, a truncation to a point the last piece
-//! does not cover) drafts nothing until it starts over (truncate to 0).
+//! whose `base` fell behind the target (a KV import, positions run while the layer was off)
+//! drafts nothing until it starts over (truncate to 0). Memory per slot: the layer's KV
+//! (one attention layer of n_ctx positions) and KEEP + 2 hidden states.
 //!
 //! Legend: T = rows (≤ max_chunk), H = hidden, Nh / Nkv = query / KV heads, D = head dim,
 //! E = experts, K = experts used, V = vocab, Fs = shared expert width.
@@ -112,12 +115,23 @@ struct MtpScratch {
     attn: AttnPar,
 }
 
+/// Hidden states of the target kept per slot for a truncation's new `pending`: positions
+/// from the last `KEEP` (a window's, a recent prompt chunk's).
+const KEEP: usize = 256;
+
+/// The target's normed hidden states h_p of positions p0.. ([rows, H]), contiguous.
+#[derive(Default)]
+struct Hist {
+    p0: usize,
+    rows: Vec<f32>,
+}
+
 /// The MTP layer's per-slot state (see the module doc).
 pub struct Mtp {
     kv: KvCache,
     base: Vec<usize>,             // [slots]
     pending: Vec<f32>,            // [slots, H] h_{base-1} (0 when unknown)
-    last: Vec<(usize, Vec<f32>)>, // [slots] (first position, normed hidden [t, H])
+    hist: Vec<Hist>,              // [slots] the target's recent hidden states
     draft_h: Vec<f32>,            // [slots, H] what the next draft step pairs with
     s: MtpScratch,
     rows: usize, // T
@@ -149,7 +163,7 @@ impl Mtp {
             kv,
             base: vec![0; n_slots],
             pending: vec![0.0; n_slots * hd],
-            last: vec![(0, Vec::new()); n_slots],
+            hist: (0..n_slots).map(|_| Hist::default()).collect(),
             draft_h: vec![0.0; n_slots * hd],
             s: MtpScratch {
                 hin: z(hd),
@@ -202,39 +216,55 @@ impl Mtp {
     ) -> Result<()> {
         let (hd, t) = (c.hp.n_embd, tokens.len());
         let norm = &c.w.output_norm;
-        let mut rows = std::mem::take(&mut self.last[slot].1);
-        rows.resize(t * hd, 0.0);
-        for (xr, hr) in x.chunks_exact(hd).zip(rows.chunks_exact_mut(hd)) {
+        let hist = &mut self.hist[slot];
+        if hist.p0 + hist.rows.len() / hd != p0 {
+            hist.p0 = p0; // not contiguous with what it holds: start over here
+            hist.rows.clear();
+        }
+        let old = hist.rows.len();
+        hist.rows.resize(old + t * hd, 0.0);
+        for (xr, hr) in x.chunks_exact(hd).zip(hist.rows[old..].chunks_exact_mut(hd)) {
             rms_norm(xr, norm, c.hp.rms_eps, hr); // h_p [H]
         }
-        self.last[slot] = (p0, rows);
-        if self.base[slot] != p0 {
+        let ps = slot * hd..(slot + 1) * hd;
+        let run = self.base[slot] == p0;
+        if run {
+            // [h_{p0-1}, h_p0 .. h_{p0+t-2}]
+            self.s.hin[..hd].copy_from_slice(&self.pending[ps.clone()]);
+            self.s.hin[hd..t * hd].copy_from_slice(&hist.rows[old..old + (t - 1) * hd]);
+            self.pending[ps].copy_from_slice(&hist.rows[old + (t - 1) * hd..]);
+        }
+        let extra = (hist.rows.len() / hd).saturating_sub(KEEP);
+        if extra > 0 {
+            hist.rows.drain(..extra * hd);
+            hist.p0 += extra;
+        }
+        if !run {
             return Ok(()); // behind the target: waits for the slot to start over
         }
-        let ps = slot * hd..(slot + 1) * hd;
-        let rows = &self.last[slot].1;
-        self.s.hin[..hd].copy_from_slice(&self.pending[ps.clone()]);
-        self.s.hin[hd..t * hd].copy_from_slice(&rows[..(t - 1) * hd]);
-        let pending: Vec<f32> = rows[(t - 1) * hd..].to_vec();
         self.block(c, slot, p0, tokens, None)?;
-        self.pending[ps].copy_from_slice(&pending);
         self.base[slot] = p0 + t;
         Ok(())
     }
 
     /// The target keeps its first `n` positions.
     pub fn truncate(&mut self, slot: usize, n: usize, hd: usize) {
+        let hist = &mut self.hist[slot];
         if n < self.base[slot] {
             self.base[slot] = n;
             let ps = &mut self.pending[slot * hd..(slot + 1) * hd];
-            let (p0, rows) = &self.last[slot];
+            let end = hist.p0 + hist.rows.len() / hd;
             match n.checked_sub(1) {
-                Some(p) if p >= *p0 && (p - p0 + 1) * hd <= rows.len() => {
-                    ps.copy_from_slice(&rows[(p - p0) * hd..(p - p0 + 1) * hd]);
+                Some(p) if p >= hist.p0 && p < end => {
+                    let i = p - hist.p0;
+                    ps.copy_from_slice(&hist.rows[i * hd..(i + 1) * hd]);
                 }
                 _ => ps.fill(0.0), // unknown (or n = 0): as a sequence's start
             }
         }
+        // rows after n are the target's no more
+        let keep = n.saturating_sub(hist.p0).min(hist.rows.len() / hd);
+        hist.rows.truncate(keep * hd);
         self.kv.set_len(slot, self.base[slot]);
     }
 

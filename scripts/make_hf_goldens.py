@@ -161,7 +161,8 @@ SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
 # Each family's seed offset (FAMILY_SEED + i): the one its committed goldens were made with
 # (gpt-oss and qwen3next were added side by side and both took 3; different models, so the
 # shared seed is harmless, and both files stay reproducible byte for byte).
-SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4, qwen35moe_mtp=5)
+SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4, qwen35moe_mtp=5,
+                  glm4moe_mtp=6, qwen3next_mtp=7)
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
 HYBRIDS = ("qwen3next", "qwen35moe")
@@ -338,15 +339,19 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
 
 
 def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
-    """`qwen35moe_mtp` → tests/golden/qwen35moe_mtp_f32.gguf and tests/golden/mtp_qwen35moe.npz:
-    the qwen35moe golden's config with one MTP layer (`mtp_num_hidden_layers` 1). transformers
-    has no module for Qwen3.5's MTP weights (it drops `mtp.*` on load), so they are written
-    beside the saved model as the released checkpoints name them: `mtp.fc` (H, 2H),
-    `mtp.pre_fc_norm_{embedding,hidden}`, `mtp.norm` and `mtp.layers.0.*` (the names and shapes
-    of a full-attention layer's, here layer 1's), drawn as `randomize` draws; llama.cpp's
-    converter writes them as `blk.4.nextn.*` / `blk.4.*` with `nextn_predict_layers` 1. The
-    oracle is llama.cpp's own MTP graph (scripts/mtp_oracle.py) over that file: per prompt the
-    MTP logits of every position [L, V] and one chained draft step's [V] (at CHAIN_AT + 1)."""
+    """`qwen35moe_mtp`, `glm4moe_mtp` → tests/golden/<name>_f32.gguf and
+    tests/golden/mtp_<family>.npz: the family golden's config with one MTP / NextN layer.
+    transformers has no module for these layers (it drops them on load), so their weights are
+    written beside the saved model as the released checkpoints name them, drawn as
+    `randomize` draws: Qwen3.5's `mtp.fc` (H, 2H), `mtp.pre_fc_norm_{embedding,hidden}`,
+    `mtp.norm`, `mtp.layers.0.*` (`mtp_num_hidden_layers` 1); GLM-4.5's
+    `model.layers.{N}.{eh_proj, enorm, hnorm, shared_head.norm, shared_head.head,
+    embed_tokens}` and the decoder layer's own (`num_nextn_predict_layers` 1). The decoder
+    layer's names and shapes are those of the trunk's last full-attention MoE layer.
+    llama.cpp's converter writes them as `blk.{N}.nextn.*` / `blk.{N}.*` with
+    `nextn_predict_layers` 1. The oracle is llama.cpp's own MTP graph (scripts/mtp_oracle.py)
+    over that file: per prompt the MTP logits of every position [L, V] and one chained draft
+    step's [V] (at CHAIN_AT + 1)."""
     import safetensors.torch
     import torch
     import transformers
@@ -357,27 +362,52 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = SEED_INDEX[name]
     base = name.removesuffix("_mtp")
+    cls_name = FAMILIES[base][0]
     kw = family_kwargs(base)
-    cfg = transformers.Qwen3_5MoeTextConfig(**kw)
+    cfg_name = CONFIG_CLASS.get(base, cls_name.replace("ForCausalLM", "Config"))
+    cfg = getattr(transformers, cfg_name)(**kw)
     cfg._attn_implementation = "eager"
-    model = transformers.Qwen3_5MoeForCausalLM(cfg).to(torch.float32).eval()
+    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
     randomize(model, FAMILY_SEED + i)
-    full = next(j for j, t in enumerate(cfg.layer_types) if t == "full_attention")
+    n = kw["num_hidden_layers"]
+    h, v = kw["hidden_size"], kw["vocab_size"]
     rng = np.random.default_rng(FAMILY_SEED + 200 + i)
-    h = kw["hidden_size"]
-    pre = f"model.layers.{full}."
-    shapes = {f"mtp.layers.0.{k[len(pre):]}": tuple(v.shape)
-              for k, v in model.state_dict().items() if k.startswith(pre)}
-    shapes |= {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
-               "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+    if base == "glm4moe":
+        src, dst = f"model.layers.{n - 1}.", f"model.layers.{n}."
+        extra = {f"{dst}eh_proj.weight": (h, 2 * h), f"{dst}enorm.weight": (h,),
+                 f"{dst}hnorm.weight": (h,), f"{dst}shared_head.norm.weight": (h,),
+                 f"{dst}shared_head.head.weight": (v, h), f"{dst}embed_tokens.weight": (v, h)}
+        count = {"num_nextn_predict_layers": 1}
+    else:
+        types = getattr(cfg, "layer_types", None) or []
+        full = max(j for j, t in enumerate(types) if t == "full_attention")
+        src, dst = f"model.layers.{full}.", "mtp.layers.0."
+        extra = {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+                 "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+        count = {"mtp_num_hidden_layers": 1}
+    shapes = {f"{dst}{k[len(src):]}": tuple(t.shape)
+              for k, t in model.state_dict().items() if k.startswith(src)}
+    shapes |= extra
     mtp = {}
     for k in sorted(shapes):
         shape = shapes[k]
         if k.endswith("norm.weight") or "layernorm" in k:
             a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in k:
+            a = rng.standard_normal(shape)
+        elif k.endswith(".bias") or k.endswith("e_score_correction_bias"):
+            a = 0.1 * rng.standard_normal(shape)
         else:
             a = rng.standard_normal(shape) / np.sqrt(shape[-1])
         mtp[k] = torch.from_numpy(a.astype(np.float32))
+    if base == "glm4moe":  # its converter takes a NextN layer's experts one by one
+        gu, dn = mtp.pop(f"{dst}mlp.experts.gate_up_proj"), mtp.pop(f"{dst}mlp.experts.down_proj")
+        f = gu.shape[1] // 2  # gate_up_proj [E, 2F, H], down_proj [E, H, F]
+        for x in range(gu.shape[0]):
+            e = f"{dst}mlp.experts.{x}."
+            mtp[e + "gate_proj.weight"] = gu[x, :f].contiguous()
+            mtp[e + "up_proj.weight"] = gu[x, f:].contiguous()
+            mtp[e + "down_proj.weight"] = dn[x].contiguous()
     out = root / "tests" / "golden"
     out.mkdir(parents=True, exist_ok=True)
     gguf_path = out / f"{name}_f32.gguf"
@@ -388,7 +418,7 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         safetensors.torch.save_file({**sd, **mtp}, st, metadata={"format": "pt"})
         cj = Path(d) / "config.json"
         conf = json.loads(cj.read_text())
-        conf["mtp_num_hidden_layers"] = 1
+        conf.update(count)
         cj.write_text(json.dumps(conf))
         convert(llama_cpp, Path(d), gguf_path, f"strata-test-{name}")
     rng = np.random.default_rng(FAMILY_SEED + 100 + i)
@@ -401,13 +431,13 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
         logits=np.stack([a for a, _ in pairs]),
         chain_at=CHAIN_AT,
         chained=np.stack([b for _, b in pairs]),
-        config_json=np.array(json.dumps({**kw, "mtp_num_hidden_layers": 1})),
+        config_json=np.array(json.dumps({**kw, **count})),
     )
     return path
 
 
 CHAIN_AT = 40  # the MTP golden's chained draft step runs at position CHAIN_AT + 1
-MTP_GOLDENS = ("qwen35moe_mtp",)
+MTP_GOLDENS = ("qwen35moe_mtp", "glm4moe_mtp", "qwen3next_mtp")
 
 
 def main() -> None:

@@ -2,9 +2,10 @@
 strata.spec.drafters.MtpDrafter), on the CPU path.
 
 - Oracle: llama.cpp's own MTP graph (scripts/mtp_oracle.py, through llama-cpp-python) over a
-  random qwen35moe with one MTP layer written by llama.cpp's converter
-  (scripts/make_hf_goldens.py --which qwen35moe_mtp → tests/golden/qwen35moe_mtp_f32.gguf,
-  mtp_qwen35moe.npz): the MTP logits after a prompt of n tokens (the layer caught up on the
+  random qwen35moe, qwen3next and glm4moe with one MTP / NextN layer written by llama.cpp's
+  converter (scripts/make_hf_goldens.py --which qwen35moe_mtp,qwen3next_mtp,glm4moe_mtp →
+  tests/golden/<family>_mtp_f32.gguf, mtp_<family>.npz; the glm4moe one with its own NextN
+  embedding and head): the MTP logits after a prompt of n tokens (the layer caught up on the
   target's hidden states, then the draft step of x_n) and a chained second draft step (on the
   layer's own hidden state), F32 KV: max |Δ| / max |ref| ≤ 1e-4.
 - Rollback: after a window the target rejected in part, the layer's next drafts are those of
@@ -40,10 +41,12 @@ def rel(a: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(a - ref).max() / np.abs(ref).max())
 
 
-def test_mtp_logits_match_llama_cpp() -> None:
-    z = np.load(GOLDEN / "mtp_qwen35moe.npz")
+@pytest.mark.parametrize("fam", ["qwen35moe", "qwen3next", "glm4moe"])
+def test_mtp_logits_match_llama_cpp(fam: str) -> None:
+    z = np.load(GOLDEN / f"mtp_{fam}.npz")
     prompts, logits, chain_at = z["prompts"], z["logits"], int(z["chain_at"])
-    m = Model.open(MTP_FILE, n_ctx=128, n_slots=1, threads=1, kv_type="f32", prefill_chunk=16)
+    path = GOLDEN / f"{fam}_mtp_f32.gguf"
+    m = Model.open(path, n_ctx=128, n_slots=1, threads=1, kv_type="f32", prefill_chunk=16)
     assert m.has_mtp
     m.set_mtp(True)
     worst = 0.0

@@ -161,8 +161,17 @@ SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
 # Each family's seed offset (FAMILY_SEED + i): the one its committed goldens were made with
 # (gpt-oss and qwen3next were added side by side and both took 3; different models, so the
 # shared seed is harmless, and both files stay reproducible byte for byte).
-SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4, qwen35moe_mtp=5,
-                  glm4moe_mtp=6, qwen3next_mtp=7)
+SEED_INDEX = dict(
+    qwen2moe=0,
+    mixtral=1,
+    glm4moe=2,
+    gptoss=3,
+    qwen3next=3,
+    qwen35moe=4,
+    qwen35moe_mtp=5,
+    glm4moe_mtp=6,
+    qwen3next_mtp=7,
+)
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
 HYBRIDS = ("qwen3next", "qwen35moe")
@@ -355,7 +364,6 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     import safetensors.torch
     import torch
     import transformers
-
     from mtp_oracle import mtp_logits  # type: ignore[import-not-found]
 
     if llama_cpp is None:
@@ -374,19 +382,31 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     rng = np.random.default_rng(FAMILY_SEED + 200 + i)
     if base == "glm4moe":
         src, dst = f"model.layers.{n - 1}.", f"model.layers.{n}."
-        extra = {f"{dst}eh_proj.weight": (h, 2 * h), f"{dst}enorm.weight": (h,),
-                 f"{dst}hnorm.weight": (h,), f"{dst}shared_head.norm.weight": (h,),
-                 f"{dst}shared_head.head.weight": (v, h), f"{dst}embed_tokens.weight": (v, h)}
+        extra = {
+            f"{dst}eh_proj.weight": (h, 2 * h),
+            f"{dst}enorm.weight": (h,),
+            f"{dst}hnorm.weight": (h,),
+            f"{dst}shared_head.norm.weight": (h,),
+            f"{dst}shared_head.head.weight": (v, h),
+            f"{dst}embed_tokens.weight": (v, h),
+        }
         count = {"num_nextn_predict_layers": 1}
     else:
         types = getattr(cfg, "layer_types", None) or []
         full = max(j for j, t in enumerate(types) if t == "full_attention")
         src, dst = f"model.layers.{full}.", "mtp.layers.0."
-        extra = {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
-                 "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}
+        extra = {
+            "mtp.fc.weight": (h, 2 * h),
+            "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,),
+            "mtp.norm.weight": (h,),
+        }
         count = {"mtp_num_hidden_layers": 1}
-    shapes = {f"{dst}{k[len(src):]}": tuple(t.shape)
-              for k, t in model.state_dict().items() if k.startswith(src)}
+    shapes = {
+        f"{dst}{k[len(src) :]}": tuple(t.shape)
+        for k, t in model.state_dict().items()
+        if k.startswith(src)
+    }
     shapes |= extra
     mtp = {}
     for k in sorted(shapes):

@@ -31,10 +31,10 @@ import numpy as np
 
 def _ext(lib: ctypes.CDLL) -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr]:
     # C++ names of llama-ext.h's staging API (not extern "C" in this llama.cpp)
-    set_nextn = getattr(lib, "_Z26llama_set_embeddings_nextnP13llama_contextbb")
+    set_nextn = lib._Z26llama_set_embeddings_nextnP13llama_contextbb
     set_nextn.argtypes = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool]
     set_nextn.restype = None
-    get_ith = getattr(lib, "_Z30llama_get_embeddings_nextn_ithP13llama_contexti")
+    get_ith = lib._Z30llama_get_embeddings_nextn_ithP13llama_contexti
     get_ith.argtypes = [ctypes.c_void_p, ctypes.c_int32]
     get_ith.restype = ctypes.POINTER(ctypes.c_float)
     return set_nextn, get_ith
@@ -99,8 +99,10 @@ def mtp_logits(path: str, prompt: np.ndarray, chain_at: int) -> tuple[np.ndarray
     hin = [np.zeros(n_embd, np.float32)] + [np.ascontiguousarray(h[p]) for p in range(L - 1)]
     run(dft, [(int(t), p, hin[p]) for p, t in enumerate(prompt[: chain_at + 1])])
     out = np.stack(
-        [np.ctypeslib.as_array(lc.llama_get_logits_ith(dft, p), (n_vocab,)).copy()
-         for p in range(chain_at + 1)]
+        [
+            np.ctypeslib.as_array(lc.llama_get_logits_ith(dft, p), (n_vocab,)).copy()
+            for p in range(chain_at + 1)
+        ]
     )
     h_mtp = np.ascontiguousarray(np.ctypeslib.as_array(get_ith(dft, chain_at), (n_embd,)).copy())
     # a chained draft step at chain_at + 1 on the MTP's own hidden state
@@ -112,8 +114,10 @@ def mtp_logits(path: str, prompt: np.ndarray, chain_at: int) -> tuple[np.ndarray
     rest = [(int(prompt[p]), p, hin[p]) for p in range(chain_at + 1, L)]
     run(dft, rest)
     tail = np.stack(
-        [np.ctypeslib.as_array(lc.llama_get_logits_ith(dft, i), (n_vocab,)).copy()
-         for i in range(len(rest))]
+        [
+            np.ctypeslib.as_array(lc.llama_get_logits_ith(dft, i), (n_vocab,)).copy()
+            for i in range(len(rest))
+        ]
     )
     lc.llama_free(dft)
     lc.llama_free(tgt)

@@ -129,10 +129,10 @@ struct Hist {
 /// The MTP layer's per-slot state (see the module doc).
 pub struct Mtp {
     kv: KvCache,
-    base: Vec<usize>,             // [slots]
-    pending: Vec<f32>,            // [slots, H] h_{base-1} (0 when unknown)
-    hist: Vec<Hist>,              // [slots] the target's recent hidden states
-    draft_h: Vec<f32>,            // [slots, H] what the next draft step pairs with
+    base: Vec<usize>,  // [slots]
+    pending: Vec<f32>, // [slots, H] h_{base-1} (0 when unknown)
+    hist: Vec<Hist>,   // [slots] the target's recent hidden states
+    draft_h: Vec<f32>, // [slots, H] what the next draft step pairs with
     s: MtpScratch,
     rows: usize, // T
     /// Draft steps run since load (each one token of one slot).
@@ -223,7 +223,10 @@ impl Mtp {
         }
         let old = hist.rows.len();
         hist.rows.resize(old + t * hd, 0.0);
-        for (xr, hr) in x.chunks_exact(hd).zip(hist.rows[old..].chunks_exact_mut(hd)) {
+        for (xr, hr) in x
+            .chunks_exact(hd)
+            .zip(hist.rows[old..].chunks_exact_mut(hd))
+        {
             rms_norm(xr, norm, c.hp.rms_eps, hr); // h_p [H]
         }
         let ps = slot * hd..(slot + 1) * hd;

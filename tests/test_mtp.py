@@ -121,18 +121,19 @@ def test_files_without_an_mtp_layer_are_refused() -> None:
     assert sp is not None and sp.drafter.name == "ngram"
 
 
-def bigram_copy(dst: Path) -> Path:
-    """MTP_FILE with every trunk layer's output projections (attention, DeltaNet, routed and
+def bigram_copy(dst: Path, src: Path = MTP_FILE) -> Path:
+    """`src` (a qwen35moe / qwen3next file with one MTP layer) with every trunk layer's output projections (attention, DeltaNet, routed and
     shared experts) zeroed: the residual stream stays x_p's embedding e_p and the logits are
     output·(rms(e_p)·w_out), a function of x_p alone (x_{p+1} = f(x_p)); and an MTP layer that
     predicts f(x_{p+1}) = x_{p+2}: eh_proj = [I 0] (enorm 1) passes rms(e_{p+1}), its block
     outputs 0, its head norm is output_norm."""
     import gguf
 
-    shutil.copyfile(MTP_FILE, dst)
+    shutil.copyfile(src, dst)
     r = gguf.GGUFReader(dst, "r+")
     t = {x.name: x.data for x in r.tensors}
-    n, h = 4, t["output_norm.weight"].shape[0]
+    n = next(int(k.split(".")[1]) for k in t if k.endswith("nextn.eh_proj.weight"))
+    h = t["output_norm.weight"].shape[0]
     for name, a in t.items():
         if name.split(".")[-2] in ("attn_output", "ssm_out", "ffn_down_exps", "ffn_down_shexp"):
             a[...] = 0

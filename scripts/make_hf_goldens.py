@@ -313,20 +313,29 @@ def test_shape(root: Path) -> Path:
     return path
 
 
-def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
+def hf_family_model(name: str, seed: int) -> tuple[Any, Any]:
+    """(config, model): the family's transformers model (float32, eager attention) with
+    `randomize`'s weights from `seed`."""
     import torch
+    import transformers
+
+    cls_name = FAMILIES[name][0]
+    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
+    cfg = getattr(transformers, cfg_name)(**family_kwargs(name))
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
+    randomize(model, seed, SCALES.get(name))
+    return cfg, model
+
+
+def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     import transformers
 
     if llama_cpp is None:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = SEED_INDEX[name]
-    cls_name = FAMILIES[name][0]
     kw = family_kwargs(name)
-    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
-    cfg = getattr(transformers, cfg_name)(**kw)
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
-    randomize(model, FAMILY_SEED + i, SCALES.get(name))
+    _, model = hf_family_model(name, FAMILY_SEED + i)
     out = root / "tests" / "golden"
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
@@ -363,20 +372,14 @@ def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     step's [V] (at CHAIN_AT + 1)."""
     import safetensors.torch
     import torch
-    import transformers
     from mtp_oracle import mtp_logits  # type: ignore[import-not-found]
 
     if llama_cpp is None:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = SEED_INDEX[name]
     base = name.removesuffix("_mtp")
-    cls_name = FAMILIES[base][0]
     kw = family_kwargs(base)
-    cfg_name = CONFIG_CLASS.get(base, cls_name.replace("ForCausalLM", "Config"))
-    cfg = getattr(transformers, cfg_name)(**kw)
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
-    randomize(model, FAMILY_SEED + i)
+    cfg, model = hf_family_model(base, FAMILY_SEED + i)
     n = kw["num_hidden_layers"]
     h, v = kw["hidden_size"], kw["vocab_size"]
     rng = np.random.default_rng(FAMILY_SEED + 200 + i)

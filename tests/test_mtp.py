@@ -123,9 +123,10 @@ def test_files_without_an_mtp_layer_are_refused() -> None:
 
 def bigram_copy(dst: Path, src: Path = MTP_FILE) -> Path:
     """`src` (a qwen35moe / qwen3next file with one MTP layer) with every trunk layer's output
-    projections (attention, DeltaNet, routed and shared experts) zeroed: the residual stream stays x_p's embedding e_p and the logits are
-    output·(rms(e_p)·w_out), a function of x_p alone (x_{p+1} = f(x_p)); and an MTP layer that
-    predicts f(x_{p+1}) = x_{p+2}: eh_proj = [I 0] (enorm 1) passes rms(e_{p+1}), its block
+    projections (attention, DeltaNet, routed and shared experts) zeroed: the residual stream
+    stays x_p's embedding e_p and the logits are output·(rms(e_p)·w_out), a function of x_p
+    alone (x_{p+1} = f(x_p)); and an MTP layer that predicts f(x_{p+1}) = x_{p+2}:
+    eh_proj = [I 0] (enorm 1) passes rms(e_{p+1}), its block
     outputs 0, its head norm is output_norm."""
     import gguf
 

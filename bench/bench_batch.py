@@ -53,11 +53,10 @@ def main() -> None:
     ap.add_argument("--profile-tokens", type=int, default=512, help="hybrid: profile fill")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
-    kw: dict[str, object] = {}
+    # threads in all, the caller among them (llama.cpp's -t), on either device
+    kw: dict[str, object] = {"threads": a.threads}
     if a.device == "cuda":
-        kw = {"device": "cuda", "threads": a.threads}
-    else:
-        kw = {"threads": a.threads}  # in all, the caller among them (llama.cpp's -t)
+        kw["device"] = "cuda"
 
     n_ctx = max(PROMPT + a.steps + 8, a.profile_tokens)
 

@@ -3,6 +3,7 @@
     python bench/bench_decode.py [--types Q4_K_M,IQ3_S] [--layers 6] [--threads 2] [--reps 5]
     python bench/bench_decode.py --model FILE.gguf        # use this file as is
     python bench/bench_decode.py --quick                  # 1 rep, short prompts (smoke run)
+    python bench/bench_decode.py --llama-bench BIN --quantize BIN   # without llama-cpp-python
 
 Without `--model` it makes a Qwen3-30B-A3B-shaped GGUF at full width (hidden 2048, 128
 experts, top-8, expert FF 768, 32 q / 4 kv heads, head dim 128, vocab 151936) with `--layers`
@@ -18,12 +19,19 @@ The table gives medians, the ratio Strata ÷ llama.cpp, the bytes of weights rea
 token (non-expert matrices + top-k/experts of each expert tensor + the output head; the token
 embedding reads one row) and the RAM read bandwidth measured in the same run at the same
 thread count, whose quotient is the decode bound.
+
+`--llama-bench BIN` (where llama-cpp-python is absent, as on the GPU machine): the peer is
+llama.cpp's own `llama-bench` run once per measurement (`-r 1`, its t/s; its decode starts
+from an empty context rather than after the 16-token prompt), and `--quantize BIN` makes the
+quantized files with that build's `llama-quantize`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,8 +43,8 @@ import numpy as np
 DECODE_PROMPT = 16
 
 
-def make_model(dir_: Path, layers: int, ty: str) -> Path:
-    from strata.modelgen import ModelSpec, quantize, write_qwen3moe
+def make_model(dir_: Path, layers: int, ty: str, quantizer: str | None = None) -> Path:
+    from strata.modelgen import ModelSpec, write_qwen3moe
 
     dir_.mkdir(parents=True, exist_ok=True)
     f16 = dir_ / f"q3moe-{layers}l-f16.gguf"
@@ -47,7 +55,14 @@ def make_model(dir_: Path, layers: int, ty: str) -> Path:
         print(f"writing {f16} ...", file=sys.stderr, flush=True)
         write_qwen3moe(f16, ModelSpec.qwen3_30b_a3b(layers=layers), dtype="f16")
     print(f"quantizing {out} ...", file=sys.stderr, flush=True)
-    quantize(f16, out, ty)
+    if quantizer:
+        tmp = out.with_suffix(".part")
+        subprocess.run([quantizer, str(f16), str(tmp), ty], check=True, capture_output=True)
+        tmp.rename(out)
+    else:
+        from strata.modelgen import quantize
+
+        quantize(f16, out, ty)
     return out
 
 
@@ -56,8 +71,9 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
     from strata.gguf import GGUFFile
 
     with GGUFFile(path) as g:
-        n_exp = int(g.metadata["qwen3moe.expert_count"])
-        k = int(g.metadata["qwen3moe.expert_used_count"])
+        arch = g.metadata["general.architecture"]
+        n_exp = int(g.metadata[f"{arch}.expert_count"])
+        k = int(g.metadata[f"{arch}.expert_used_count"])
         total = 0.0
         exp_types: list[str] = []
         for t in g.tensors.values():
@@ -117,6 +133,25 @@ class LlamaCpp:
         return len(toks) / (p.t_eval_ms / 1e3)
 
 
+class LlamaBench:
+    """llama.cpp through its `llama-bench` binary: one process per measurement, `-r 1`."""
+
+    def __init__(self, exe: str, path: Path, threads: int) -> None:
+        self.base = [exe, "-m", str(path), "-t", str(threads), "-r", "1", "-o", "json"]
+        self.base += ["-b", "512", "-ub", "512"]
+
+    def _ts(self, pp: int, tg: int) -> float:
+        cmd = [*self.base, "-p", str(pp), "-n", str(tg)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return float(json.loads(out)[0]["avg_ts"])
+
+    def prefill(self, ids: list[int]) -> float:
+        return self._ts(len(ids), 0)
+
+    def decode(self, prompt: list[int], toks: list[int]) -> float:
+        return self._ts(0, len(toks))
+
+
 class Strata:
     def __init__(self, path: Path, threads: int, n_ctx: int, cpu_repack: bool = True) -> None:
         from strata._core import Model
@@ -155,12 +190,17 @@ def run_file(
     n_gen: int,
     gbps: float,
     repack_ab: bool = False,
+    llama_bench: str | None = None,
 ) -> list[list[str]]:
     rng = np.random.default_rng(0)
     bpt, ety = bytes_per_token(path)
     n_ctx = max([*pps, DECODE_PROMPT + n_gen]) + 64
     engines: dict[str, Any] = {
-        "llama.cpp": LlamaCpp(path, threads, n_ctx),
+        "llama.cpp": (
+            LlamaBench(llama_bench, path, threads)
+            if llama_bench
+            else LlamaCpp(path, threads, n_ctx)
+        ),
         "strata": Strata(path, threads, n_ctx),
     }
     if repack_ab:  # the same engine without the load-time repack (`cpu_repack`)
@@ -206,7 +246,7 @@ def run_file(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, help="a qwen3moe GGUF to use instead of making one")
+    ap.add_argument("--model", type=Path, help="a GGUF (any family) to use instead of making one")
     ap.add_argument("--types", default="Q4_K_M,IQ3_S")
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--dir", type=Path, default=Path("/work/bench-models"))
@@ -220,11 +260,14 @@ def main() -> None:
         action="store_true",
         help="also run Strata with cpu_repack off (a third engine, interleaved)",
     )
+    ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary as the peer")
+    ap.add_argument("--quantize", help="llama.cpp's llama-quantize binary to make the files")
     a = ap.parse_args()
     if a.quick:
         a.reps, a.pp, a.gen = 1, "64", 16
     pps = [int(x) for x in a.pp.split(",") if x]  # --pp "": decode only
-    files = [a.model] if a.model else [make_model(a.dir, a.layers, t) for t in a.types.split(",")]
+    types = a.types.split(",")
+    files = [a.model] if a.model else [make_model(a.dir, a.layers, t, a.quantize) for t in types]
 
     from strata._core import ram_read_gbps
 
@@ -232,7 +275,7 @@ def main() -> None:
     print(f"RAM read bandwidth, {a.threads} threads: {gbps:.1f} GB/s", file=sys.stderr)
     rows = []
     for f in files:
-        rows += run_file(f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab)
+        rows += run_file(f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab, a.llama_bench)
     gbps2 = ram_read_gbps(a.threads)
     hdr = [
         "file",

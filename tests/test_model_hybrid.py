@@ -71,6 +71,25 @@ def test_state_carries_across_chunks_windows_and_steps(fam: str, q8: dict[str, P
 
 
 @pytest.mark.parametrize("fam", HYBRIDS)
+def test_recurrence_split_over_threads_equals_the_serial_loop(
+    fam: str, q8: dict[str, Path]
+) -> None:
+    # Prefill and decode pieces run the recurrence split by key head on the pool's threads
+    # (rust/src/model/deltanet_par.rs); the serial compute (threads=-1) runs one loop. Batched
+    # prefills of three slots, then decode steps: every row bitwise the same.
+    toks = [int(t) for t in np.random.default_rng(5).integers(0, 200, 90)]
+    outs = []
+    for threads in (-1, 2):
+        m = Model.open(q8[fam], n_ctx=64, n_slots=3, kv_type="f16", threads=threads)
+        got = m.forward_batch([(s, toks[30 * s : 30 * s + 23], "all") for s in range(3)])
+        for i in range(5):
+            got += m.forward_batch([(s, [toks[30 * s + 23 + i]], "last") for s in range(3)])
+        outs.append(np.concatenate([np.atleast_2d(g) for g in got]))
+    assert outs[0].shape == (3 * 23 + 15, outs[0].shape[1])
+    assert np.array_equal(bits(outs[0]), bits(outs[1]))
+
+
+@pytest.mark.parametrize("fam", HYBRIDS)
 def test_truncation_only_starts_over(fam: str, q8: dict[str, Path]) -> None:
     m = Model.open(q8[fam], n_ctx=64, n_slots=2, kv_type="f16")
     toks = list(range(5, 25))

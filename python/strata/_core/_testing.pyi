@@ -1,7 +1,8 @@
 """Type stubs for `strata._core._testing`: PRIVATE test and benchmark hooks, not the product's
 surface and not a stable API. Each runs one GPU kernel (or the runtime's smoke, timing and
 fault paths) on host arrays, for the kernel tests (tests/test_gpu_*.py) and the kernel benches
-(bench/gpu_*.py); the product reaches the kernels only through `strata._core.Model`."""
+(bench/gpu_*.py), and the CPU multi-token dot path per ISA (tests/test_gemm_isa.py,
+bench/bench_gemm_isa.py); the product reaches the kernels only through `strata._core.Model`."""
 
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ __all__ = [
     "gpu_smoke",
     "gpu_smoke_graph",
     "gpu_time_smoke",
+    "multi_dot",
+    "multi_dot_bench",
 ]
 
 # the runtime: round trips, a smoke kernel (eager, graph, timed), kernel metadata, a fault
@@ -147,4 +150,27 @@ def gpu_bench_matmul_graph(
     reps: int,
     row_per_block: bool | None = None,
     staged: bool | None = None,
+) -> float: ...
+
+# the CPU multi-token (prefill) dot path: one row against several tokens, per ISA / variant
+def multi_dot(
+    type_name: str,
+    n: int,
+    row: bytes,
+    acts: Sequence[bytes],
+    order: str = "single",
+    isa: str = "auto",
+    vnni: bool | None = None,
+) -> list[float]: ...
+def multi_dot_bench(
+    type_name: str,
+    n: int,
+    rows: bytes,
+    acts: Sequence[bytes],
+    order: str = "single",
+    isa: str = "auto",
+    vnni: bool | None = None,
+    reps: int = 5,
+    threads: int = 1,
+    group: int | None = None,
 ) -> float: ...

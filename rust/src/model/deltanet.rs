@@ -17,7 +17,9 @@
 //!
 //! Prefill runs the recurrence token by token, as decode does (ggml's fused CPU op runs it
 //! the same way; the chunked form is a faster order of the same sums, not done here): a
-//! prompt's state is bitwise the state of its tokens decoded one at a time.
+//! prompt's state is bitwise the state of its tokens decoded one at a time. The recurrence of
+//! the pieces that save no checkpoints runs split by key head on the compute's threads
+//! (`deltanet_par`); windows run it here, saving the state after each token.
 //!
 //! Legend: R' = rows of the step, H = hidden, Nk / Nv = key / value heads, S = head size
 //! (`ssm.state_size`, keys and values alike), C = conv channels, Kc = `ssm.conv_kernel`,
@@ -269,6 +271,22 @@ impl Recurrent {
             }
             _ => unreachable!("one fused or two split β/α projections"),
         }
+        // The pieces that save no checkpoints run split by key head on the compute's tasks
+        // (each piece its own slot); the windows' token-by-token checkpoints run here.
+        let par = super::deltanet_par::Heads {
+            sp,
+            opts: self.opts,
+            dw,
+            eps,
+            t,
+        };
+        let windows_only = par.run(
+            compute,
+            (qkv, z, ba, core),
+            (&mut self.conv, &mut self.ssm),
+            pieces,
+            &self.windows,
+        )?;
         let st = States {
             conv: &mut self.conv,
             ssm: &mut self.ssm,
@@ -279,10 +297,10 @@ impl Recurrent {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has FMA (checked above).
-            unsafe { recur_fma(sp, self.opts, dw, eps, io, st, pieces, t) };
+            unsafe { recur_fma(sp, self.opts, dw, eps, io, st, pieces, t, windows_only) };
             return compute.matmul_segs(&w.mat(&dw.out), &self.core[..t * vd], segs, out);
         }
-        recur(sp, self.opts, dw, eps, io, st, pieces, t);
+        recur(sp, self.opts, dw, eps, io, st, pieces, t, windows_only);
         let core = &self.core[..t * vd];
         compute.matmul_segs(&w.mat(&dw.out), core, segs, out) // [R', H]
     }
@@ -316,12 +334,14 @@ unsafe fn recur_fma(
     st: States<'_>,
     pieces: &[Piece],
     t: usize,
+    windows_only: bool,
 ) {
-    recur(sp, opts, dw, eps, io, st, pieces, t)
+    recur(sp, opts, dw, eps, io, st, pieces, t, windows_only)
 }
 
 /// Conv, delta rule and gated norm of every row, each piece on its slot's state, token by
-/// token (`io.qkv` [R', C] is conv'd in place; the output goes to `io.core` [R', Nv·S]).
+/// token (`io.qkv` [R', C] is conv'd in place; the output goes to `io.core` [R', Nv·S]);
+/// `windows_only`: only the window pieces (the others ran on the compute's tasks).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn recur(
@@ -333,8 +353,9 @@ fn recur(
     st: States<'_>,
     pieces: &[Piece],
     t: usize,
+    windows_only: bool,
 ) {
-    let (c, vd, nv) = (sp.conv_dim(), sp.v_dim(), sp.n_v);
+    let (c, vd) = (sp.conv_dim(), sp.v_dim());
     let (cs, ss) = sp.state_floats();
     let i = dw.index;
     let Rows { qkv, z, ba, core } = io;
@@ -342,19 +363,11 @@ fn recur(
         let window = st.windows.get(j).copied().unwrap_or(false);
         let conv = &mut st.conv[p.slot][i * cs..(i + 1) * cs];
         let m = &mut st.ssm[p.slot][i * ss..(i + 1) * ss];
+        if windows_only && !window {
+            continue; // run on the compute's tasks (`deltanet_par`)
+        }
         for r in p.r0..p.r0 + p.t {
-            let (b, a) = match opts.ba {
-                BetaAlpha::Fused => {
-                    let row = &ba[r * 2 * nv..(r + 1) * 2 * nv];
-                    let rr = nv / sp.n_k;
-                    // α after the group's β
-                    (GateRow::Fused(row, rr, 0), GateRow::Fused(row, rr, rr))
-                }
-                BetaAlpha::Split => (
-                    GateRow::Plain(&ba[r * nv..(r + 1) * nv]),
-                    GateRow::Plain(&ba[(t + r) * nv..(t + r + 1) * nv]),
-                ),
-            };
+            let (b, a) = gate_rows(sp, opts.ba, ba, r, t);
             let x = &mut qkv[r * c..(r + 1) * c];
             conv_step(conv, &dw.conv, sp.d_conv, x);
             let o = &mut core[r * vd..(r + 1) * vd];
@@ -368,8 +381,32 @@ fn recur(
     }
 }
 
+/// Row `r`'s β and α of the step's `ba` (`t` rows).
+#[inline(always)]
+pub(super) fn gate_rows<'a>(
+    sp: &SsmParams,
+    layout: BetaAlpha,
+    ba: &'a [f32],
+    r: usize,
+    t: usize,
+) -> (GateRow<'a>, GateRow<'a>) {
+    let nv = sp.n_v;
+    match layout {
+        BetaAlpha::Fused => {
+            let row = &ba[r * 2 * nv..(r + 1) * 2 * nv];
+            let rr = nv / sp.n_k;
+            // α after the group's β
+            (GateRow::Fused(row, rr, 0), GateRow::Fused(row, rr, rr))
+        }
+        BetaAlpha::Split => (
+            GateRow::Plain(&ba[r * nv..(r + 1) * nv]),
+            GateRow::Plain(&ba[(t + r) * nv..(t + r + 1) * nv]),
+        ),
+    }
+}
+
 /// One token's β or α row, as the projection laid it out.
-enum GateRow<'a> {
+pub(super) enum GateRow<'a> {
     /// [Nv] in value-head order.
     Plain(&'a [f32]),
     /// [Nk, 2r]: value head h = g·r + j at g·2r + `off` + j.
@@ -378,7 +415,7 @@ enum GateRow<'a> {
 
 impl GateRow<'_> {
     #[inline]
-    fn at(&self, h: usize) -> f32 {
+    pub(super) fn at(&self, h: usize) -> f32 {
         match *self {
             GateRow::Plain(v) => v[h],
             GateRow::Fused(v, r, off) => v[(h / r) * 2 * r + off + h % r],
@@ -393,21 +430,39 @@ impl GateRow<'_> {
 #[inline(always)]
 fn conv_step(state: &mut [f32], w: &[f32], kc: usize, x: &mut [f32]) {
     let c = x.len();
+    assert!(state.len() >= (kc - 1) * c && w.len() >= c * kc);
     for ch in 0..c {
-        let wc = &w[ch * kc..(ch + 1) * kc];
-        let mut sum = 0.0f32;
-        for (k, &wk) in wc[..kc - 1].iter().enumerate() {
-            sum = state[k * c + ch].mul_add(wk, sum);
-        }
-        let xv = x[ch];
-        sum = xv.mul_add(wc[kc - 1], sum);
-        // shift this channel's window and append x
-        for k in 0..kc - 2 {
-            state[k * c + ch] = state[(k + 1) * c + ch];
-        }
-        state[(kc - 2) * c + ch] = xv;
-        x[ch] = silu(sum);
+        // SAFETY: ch < C and the state holds (Kc − 1)·C floats (asserted).
+        x[ch] =
+            unsafe { conv_channel(state.as_mut_ptr(), c, ch, &w[ch * kc..(ch + 1) * kc], x[ch]) };
     }
+}
+
+/// One channel of `conv_step`: `xv` is this token's input on channel `ch`, `wc` [Kc] its
+/// kernel, `state` the [Kc − 1, C] window (this channel's column is read and shifted);
+/// returns silu of the window's sum. Channels touch disjoint state columns, so the pool's
+/// tasks run them side by side (`deltanet_par`).
+/// Safety: `state` points at (Kc − 1)·`c` floats and `ch` < `c`.
+#[inline(always)]
+pub(super) unsafe fn conv_channel(
+    state: *mut f32,
+    c: usize,
+    ch: usize,
+    wc: &[f32],
+    xv: f32,
+) -> f32 {
+    let kc = wc.len();
+    let mut sum = 0.0f32;
+    for (k, &wk) in wc[..kc - 1].iter().enumerate() {
+        sum = (*state.add(k * c + ch)).mul_add(wk, sum);
+    }
+    sum = xv.mul_add(wc[kc - 1], sum);
+    // shift this channel's window and append x
+    for k in 0..kc - 2 {
+        *state.add(k * c + ch) = *state.add((k + 1) * c + ch);
+    }
+    *state.add((kc - 2) * c + ch) = xv;
+    silu(sum)
 }
 
 /// ggml's vectorised silu (`ggml_v_silu`, rows of a multiple of 8 here).
@@ -434,7 +489,7 @@ fn softplus(x: f32) -> f32 {
 /// x / √(Σx² + eps) in place, as llama.cpp's `build_gdn_l2_norm`: RMSNorm with eps/n (sum in
 /// f64), scaled by 1/√n.
 #[inline(always)]
-fn l2_norm(x: &mut [f32], eps: f32) {
+pub(super) fn l2_norm(x: &mut [f32], eps: f32) {
     let n = x.len() as f32;
     let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean = (sum / x.len() as f64) as f32;
@@ -472,27 +527,57 @@ fn token(
         l2_norm(head, eps); // q [Nk, S] then k [Nk, S]
     }
     let (q, k) = qk.split_at(nk * s);
-    let scale = 1.0 / (s as f32).sqrt();
     for hv in 0..nv {
         let kh = heads.k_head(hv, nk, nv);
-        let (qh, kk) = (&q[kh * s..(kh + 1) * s], &k[kh * s..(kh + 1) * s]);
-        let vh = &v[hv * s..(hv + 1) * s];
-        let beta = sigmoid(b.at(hv));
-        let g = softplus(a.at(hv) + dw.dt_bias[hv]) * dw.a[hv];
-        let decay = g.exp();
-        // Row by row in one pass over the state (each row's arithmetic is ggml's, whose
-        // passes over the whole state touch every row independently).
         let m = &mut st[hv * s * s..(hv + 1) * s * s];
-        for (j, row) in m.chunks_exact_mut(s).enumerate() {
-            for e in row.iter_mut() {
-                *e *= decay; // ggml_vec_scale_f32
-            }
-            let dj = (vh[j] - dot(row, kk)) * beta;
-            for (e, &ki) in row.iter_mut().zip(kk) {
-                *e = ki.mul_add(dj, *e); // ggml_vec_mad_f32: FMAs
-            }
-            o[hv * s + j] = dot(row, qh) * scale;
+        let (qh, kk) = (&q[kh * s..(kh + 1) * s], &k[kh * s..(kh + 1) * s]);
+        let (gb, ga) = (b.at(hv), a.at(hv));
+        head_step(
+            dw,
+            hv,
+            qh,
+            kk,
+            &v[hv * s..(hv + 1) * s],
+            gb,
+            ga,
+            m,
+            &mut o[hv * s..(hv + 1) * s],
+        );
+    }
+}
+
+/// The delta rule of value head `hv` for one token: `qh`, `kk` [S] its key head's normed q
+/// and k, `vh` [S] its v, `b`/`a` its β and α pre-activations, `m` [S(v), S(k)] its state,
+/// `o` [S] its output before the gated norm.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn head_step(
+    dw: &DeltaNetWeights,
+    hv: usize,
+    qh: &[f32],
+    kk: &[f32],
+    vh: &[f32],
+    b: f32,
+    a: f32,
+    m: &mut [f32],
+    o: &mut [f32],
+) {
+    let s = qh.len();
+    let scale = 1.0 / (s as f32).sqrt();
+    let beta = sigmoid(b);
+    let g = softplus(a + dw.dt_bias[hv]) * dw.a[hv];
+    let decay = g.exp();
+    // Row by row in one pass over the state (each row's arithmetic is ggml's, whose
+    // passes over the whole state touch every row independently).
+    for (j, row) in m.chunks_exact_mut(s).enumerate() {
+        for e in row.iter_mut() {
+            *e *= decay; // ggml_vec_scale_f32
         }
+        let dj = (vh[j] - dot(row, kk)) * beta;
+        for (e, &ki) in row.iter_mut().zip(kk) {
+            *e = ki.mul_add(dj, *e); // ggml_vec_mad_f32: FMAs
+        }
+        o[j] = dot(row, qh) * scale;
     }
 }
 
@@ -501,11 +586,18 @@ fn token(
 fn gated_norm(o: &mut [f32], z: &[f32], w: &[f32], eps: f32) {
     let s = w.len();
     for (head, zh) in o.chunks_exact_mut(s).zip(z.chunks_exact(s)) {
-        let sum: f64 = head.iter().map(|&v| (v * v) as f64).sum();
-        let scale = 1.0 / ((sum / s as f64) as f32 + eps).sqrt();
-        for ((v, &g), &zv) in head.iter_mut().zip(w).zip(zh) {
-            *v = ((*v * scale) * g) * silu(zv);
-        }
+        gated_norm_head(head, zh, w, eps);
+    }
+}
+
+/// `gated_norm` of one head: `head`, `zh`, `w` [S].
+#[inline(always)]
+pub(super) fn gated_norm_head(head: &mut [f32], zh: &[f32], w: &[f32], eps: f32) {
+    let s = w.len();
+    let sum: f64 = head.iter().map(|&v| (v * v) as f64).sum();
+    let scale = 1.0 / ((sum / s as f64) as f32 + eps).sqrt();
+    for ((v, &g), &zv) in head.iter_mut().zip(w).zip(zh) {
+        *v = ((*v * scale) * g) * silu(zv);
     }
 }
 

@@ -16,6 +16,7 @@ mod mask;
 mod model;
 mod pool;
 mod quant;
+mod quant_multi;
 
 mod tier;
 mod vram;
@@ -47,6 +48,7 @@ fn testing(parent: &Bound<'_, PyModule>) -> PyResult<()> {
     cuda_model_bench::register(&t)?;
     cuda_quant::register(&t)?;
     cuda_quant_bench::register(&t)?;
+    quant_multi::register(&t)?;
     parent.add_submodule(&t)?;
     // `import strata._core._testing` finds it (an extension's submodule is not a file)
     py.import("sys")?

@@ -9,7 +9,7 @@ use numpy::PyReadonlyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-fn ggml_type(name: &str) -> Result<GgmlType, Error> {
+pub(super) fn ggml_type(name: &str) -> Result<GgmlType, Error> {
     GgmlType::from_name(name).ok_or_else(|| Error::Quant(format!("unknown ggml type {name:?}")))
 }
 

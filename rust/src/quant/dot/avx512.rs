@@ -42,7 +42,7 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
 /// Two 256-bit halves as one zmm (`lo` in lanes 0..8 of 32 bits).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn join(lo: __m256i, hi: __m256i) -> __m512i {
+pub(super) fn join(lo: __m256i, hi: __m256i) -> __m512i {
     _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
 }
 
@@ -56,7 +56,7 @@ fn hsum_i32(v: __m512i) -> i32 {
 /// `y` with the sign of `x` applied (negated where x < 0); `y` avoids −128.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-fn sign_of(y: __m512i, x: __m512i) -> __m512i {
+pub(super) fn sign_of(y: __m512i, x: __m512i) -> __m512i {
     _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), _mm512_setzero_si512(), y)
 }
 
@@ -234,7 +234,7 @@ float_kernel!(bf16_dot, 2, ld_bf16, super::common::bf16_at);
 /// 64 contiguous bytes.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn load512(p: *const u8) -> __m512i {
+pub(super) unsafe fn load512(p: *const u8) -> __m512i {
     _mm512_loadu_si512(p as *const __m512i)
 }
 
@@ -242,7 +242,7 @@ unsafe fn load512(p: *const u8) -> __m512i {
 /// and `s1` in the high half.
 #[target_feature(enable = "avx512f,avx512bw")]
 #[inline]
-fn bcast_shift(v: __m256i, s0: i16, s1: i16) -> __m512i {
+pub(super) fn bcast_shift(v: __m256i, s0: i16, s1: i16) -> __m512i {
     let cnt = _mm512_mask_blend_epi16(0xFFFF_0000, _mm512_set1_epi16(s0), _mm512_set1_epi16(s1));
     _mm512_srlv_epi16(_mm512_broadcast_i64x4(v), cnt)
 }
@@ -313,7 +313,7 @@ unsafe fn q5_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// zmm of 64 elements (four 16-element sub-blocks) gets its four scales.
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn scale_perms() -> [__m512i; 4] {
+pub(super) fn scale_perms() -> [__m512i; 4] {
     std::array::from_fn(|t| {
         let v: [i16; 32] = std::array::from_fn(|i| (4 * t + i / 8) as i16);
         unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) }

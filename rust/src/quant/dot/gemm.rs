@@ -1,9 +1,9 @@
 //! Multi-token dots: one weight row against several tokens' quantized activations, each weight
 //! block decoded once for all of them (prefill's weight reuse). Every result is bitwise the
 //! single-token dot of the same row, activation and float order (`Order`: `vec_dot`'s, or the
-//! multi-row order of `kernel_many`): the SIMD kernels (`gemm_avx2.rs`) repeat the single-token
-//! kernel's integer lanes and float combine per token, and types without a multi-token kernel
-//! loop over the single-token one.
+//! multi-row order of `kernel_many`): the SIMD kernels (`gemm_avx2.rs`, `gemm_avx512.rs`)
+//! repeat the single-token kernel's integer lanes and float combine per token, and types
+//! without a multi-token kernel loop over the single-token one.
 
 use super::{active_isa, kernel_for, kernel_many, DotFn, Isa, Order};
 use crate::quant::GgmlType;
@@ -11,6 +11,9 @@ use crate::quant::GgmlType;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx2;
+#[cfg_attr(target_arch = "x86_64", path = "gemm_avx512.rs")]
+#[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
+mod gemm_avx512;
 
 /// Most tokens a tile hands to one `MultiDot::call` (`MultiDot::group` says how many suit
 /// the kernel).
@@ -26,9 +29,19 @@ pub fn has_multi_kernel(isa: Isa, w: GgmlType, order: Order) -> bool {
     multi_for(isa, w, order).is_some()
 }
 
+/// Whether the AVX-512 ISA dispatches to its own multi-token kernels (`gemm_avx512.rs`, which
+/// declines Q8_0). On since `avx512_multi_equals_scalar_bitwise` / tests/test_gemm_isa.py
+/// passed on an AVX-512 CPU (the device host's Xeon, 26 passed, 2026-12-02).
+const AVX512_MULTI: bool = true;
+
 fn multi_for(isa: Isa, w: GgmlType, order: Order) -> Option<gemm_avx2::MultiFn> {
-    // The AVX2 kernels serve AVX-512 too: their results are the single-token ones bit for bit
-    // whatever the ISA, and the block decode is shared across tokens.
+    if AVX512_MULTI && isa == Isa::Avx512 && isa.available() {
+        if let Some(k) = gemm_avx512::kernel(w, order) {
+            return Some(k);
+        }
+    }
+    // The AVX2 kernels serve AVX-512 too where it has none of its own: their results are the
+    // single-token ones bit for bit whatever the ISA, and the block decode is shared.
     if isa != Isa::Scalar && isa.available() && Isa::Avx2.available() {
         gemm_avx2::kernel(w, order)
     } else {
@@ -68,6 +81,24 @@ impl MultiDot {
 
     /// With a given ISA (which the CPU must run).
     pub fn with_isa(isa: Isa, w: GgmlType, n: usize, order: Order) -> MultiDot {
+        MultiDot::with_kernel(isa, w, n, order, multi_for(isa, w, order))
+    }
+
+    /// With the AVX-512 multi-token kernel of `w`, its VNNI variant or (`vnni` false) the
+    /// AVX-512BW one; None when the CPU cannot run it or the type has none (tests and
+    /// benchmarks compare the variants).
+    pub fn avx512_variant(w: GgmlType, n: usize, order: Order, vnni: bool) -> Option<MultiDot> {
+        let k = gemm_avx512::kernel_with(w, order, vnni)?;
+        Some(MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k)))
+    }
+
+    fn with_kernel(
+        isa: Isa,
+        w: GgmlType,
+        n: usize,
+        order: Order,
+        multi: Option<gemm_avx2::MultiFn>,
+    ) -> MultiDot {
         assert!(isa.available(), "this CPU cannot run {}", isa.name());
         let row_len = w.row_bytes(n).expect("n is whole blocks");
         let act_len = super::act_bytes(w, n).expect("n is whole blocks");
@@ -77,7 +108,7 @@ impl MultiDot {
             row_len,
             act_len,
             single: single_for(isa, w, order),
-            multi: multi_for(isa, w, order),
+            multi,
         }
     }
 
@@ -108,7 +139,8 @@ impl MultiDot {
             acts.len()
         );
         match self.multi {
-            // SAFETY: `multi_for` gave an AVX2 kernel only on an AVX2 CPU; every slice holds
+            // SAFETY: `multi_for` / `avx512_variant` gave a kernel only on a CPU that runs its
+            // ISA (AVX2, AVX-512, VNNI as the kernel needs); every slice holds
             // exactly the row and activation of n elements (asserted).
             Some(k) if acts.len() > 1 => unsafe { k(self.n, w_row, acts, out) },
             _ => {
@@ -238,6 +270,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX-512 multi-token kernels (Q4_K, Q6_K both orders; Q8_0), both variants (VNNI
+    /// where the CPU has it, and AVX-512BW), against the scalar single-token kernel of the same
+    /// order and the AVX2 multi-token path, bitwise: token counts 1..=MAX_T and above, several
+    /// row lengths, activations at the extremes (±127) beside random ones.
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
+    fn avx512_multi_equals_scalar_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx512, "avx512_multi_equals_scalar_bitwise");
+        let mut checked = 0;
+        for w in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+            let mut rng = Rng::new(0x512 + w.id() as u64);
+            for nb in [1usize, 2, 3, 8] {
+                let n = nb * 256;
+                let row = random_row(w, n, &mut rng);
+                let mut acts: Vec<Vec<u8>> =
+                    (0..MAX_T + 5).map(|_| random_act(w, n, &mut rng)).collect();
+                let x: Vec<f32> = (0..n)
+                    .map(|i| if i % 5 == 0 { -1.0 } else { 1.0 })
+                    .collect();
+                let y: Vec<f32> = x.iter().map(|v| -v).collect();
+                let at = w.vec_dot_type();
+                super::super::quantize_act(at, &x, &mut acts[2]).unwrap();
+                super::super::quantize_act(at, &y, &mut acts[9]).unwrap();
+                for order in [Order::Single, Order::Many] {
+                    let scalar = single_for(Isa::Scalar, w, order);
+                    let avx2 = MultiDot::with_isa(Isa::Avx2, w, n, order);
+                    for vnni in [false, true] {
+                        if vnni && !super::super::cpu::has_vnni() {
+                            continue;
+                        }
+                        let md = MultiDot::avx512_variant(w, n, order, vnni)
+                            .expect("an AVX-512 multi-token kernel");
+                        checked += 1;
+                        for cnt in (1..=MAX_T).chain([MAX_T + 5]) {
+                            let refs: Vec<&[u8]> = acts[..cnt].iter().map(|a| &a[..]).collect();
+                            let (mut got, mut two) = (vec![f32::NAN; cnt], vec![f32::NAN; cnt]);
+                            for (o, a) in got.chunks_mut(MAX_T).zip(refs.chunks(MAX_T)) {
+                                md.call(&row, a, o);
+                            }
+                            for (o, a) in two.chunks_mut(MAX_T).zip(refs.chunks(MAX_T)) {
+                                avx2.call(&row, a, o);
+                            }
+                            for (t, a) in refs.iter().enumerate() {
+                                let want = scalar(n, &row, a);
+                                assert_eq!(
+                                    (got[t].to_bits(), two[t].to_bits()),
+                                    (want.to_bits(), want.to_bits()),
+                                    "{} {order:?} vnni={vnni} n={n} cnt={cnt} t={t}",
+                                    w.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        println!("avx512: {checked} multi-token kernel variants equal scalar");
+        assert!(checked >= 3 * 2 * 4);
     }
 
     #[test]

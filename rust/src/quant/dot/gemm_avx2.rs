@@ -64,13 +64,13 @@ fn bcast_masks() -> [__m256i; 8] {
 
 /// The activation scale d of a Q8_K block (f32 at byte 0).
 #[inline(always)]
-unsafe fn da_at(ab: *const u8) -> f32 {
+pub(super) unsafe fn da_at(ab: *const u8) -> f32 {
     f32::from_le_bytes(*(ab as *const [u8; 4]))
 }
 
 /// Q4_K/Q5_K 6-bit scales and mins (as `avx2_k::k4_scales`).
 #[inline(always)]
-fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub(super) fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
     let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
     let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
@@ -84,7 +84,7 @@ fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
 /// token's Q8_K block (pair_k = bsum_2k + bsum_2k+1), as four i32 lanes.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn k4_summ4(mv: __m128i, ab: *const u8) -> __m128i {
+pub(super) unsafe fn k4_summ4(mv: __m128i, ab: *const u8) -> __m128i {
     let bs = load(ab.add(260));
     let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
     _mm_madd_epi16(mv, pairs)

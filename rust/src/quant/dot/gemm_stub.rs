@@ -1,4 +1,4 @@
-//! Stand-in for `gemm_avx2.rs` on other architectures: no multi-token kernels (the tiles
+//! Stand-in for `gemm_avx2.rs` and `gemm_avx512.rs` on other architectures: no multi-token kernels (the tiles
 //! loop over the single-token ones).
 
 use super::super::Order;
@@ -6,5 +6,9 @@ use super::super::Order;
 pub type MultiFn = unsafe fn(usize, &[u8], &[&[u8]], &mut [f32]);
 
 pub fn kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<MultiFn> {
+    None
+}
+
+pub fn kernel_with(_w: crate::quant::GgmlType, _order: Order, _vnni: bool) -> Option<MultiFn> {
     None
 }

@@ -1,0 +1,161 @@
+//! The DeltaNet recurrence (`deltanet`) of a step's pieces split by key head over the
+//! compute's tasks (`Compute::for_each`): a task is (piece, key head Kh) and runs the piece's
+//! tokens in order on the conv channels of Kh's q and k and of the value heads that read Kh
+//! (their v), then those value heads' delta rule and gated norm. Channels, heads and slots are
+//! disjoint between tasks and each one's arithmetic is `deltanet::recur`'s, so the state and
+//! the output are bit for bit the serial loop's whatever the schedule.
+//!
+//! Pieces whose tokens save state checkpoints (speculative windows) stay on the serial loop:
+//! a checkpoint is the whole layer's state after each token.
+//!
+//! Shapes (as `deltanet`): qkv [R', C] with C = 2·Nk·S + Nv·S (q, k, v), z and core
+//! [R', Nv·S], ba [R', 2·Nv]; a slot's conv state [Lr, Kc − 1, C], its delta-rule state
+//! [Lr, Nv, S(v), S(k)].
+
+use super::batch::Piece;
+use super::compute::Compute;
+use super::deltanet::{
+    conv_channel, gate_rows, gated_norm_head, head_step, l2_norm, DeltaNetWeights, Hybrid,
+    SsmParams,
+};
+use crate::error::Result;
+
+/// One layer's recurrence over a step (`deltanet::Recurrent::mix`'s arguments).
+pub struct Heads<'a> {
+    pub sp: &'a SsmParams,
+    pub opts: Hybrid,
+    pub dw: &'a DeltaNetWeights,
+    pub eps: f32,
+    /// R': the step's rows.
+    pub t: usize,
+}
+
+/// A buffer the tasks share, each writing its own disjoint ranges.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: tasks touch disjoint channels, heads and slots (module doc), and `for_each` returns
+// only after every task has finished.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+impl Heads<'_> {
+    /// Runs the pieces that are not windows (`windows[j]` false or absent); returns whether
+    /// it did (false: nothing ran, e.g. two pieces on one slot, and the serial loop does all).
+    pub fn run(
+        &self,
+        compute: &dyn Compute,
+        io: (&mut [f32], &[f32], &[f32], &mut [f32]),
+        states: (&mut [Vec<f32>], &mut [Vec<f32>]),
+        pieces: &[Piece],
+        windows: &[bool],
+    ) -> Result<bool> {
+        let jobs: Vec<usize> = (0..pieces.len())
+            .filter(|&j| !windows.get(j).copied().unwrap_or(false))
+            .collect();
+        let mut slots: Vec<usize> = jobs.iter().map(|&j| pieces[j].slot).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        if jobs.is_empty() || slots.len() != jobs.len() {
+            return Ok(false);
+        }
+        let (sp, dw) = (self.sp, self.dw);
+        let (c, vd) = (sp.conv_dim(), sp.v_dim());
+        let (cs, ss) = sp.state_floats();
+        let (qkv, z, ba, core) = io;
+        assert!(qkv.len() >= self.t * c && core.len() >= self.t * vd && z.len() >= self.t * vd);
+        let (conv, ssm) = states;
+        let i = dw.index;
+        let (qkv_p, core_p) = (Shared(qkv.as_mut_ptr()), Shared(core.as_mut_ptr()));
+        // [slot] this layer's states (disjoint per slot; the checks above: one piece a slot)
+        let conv_p: Vec<Shared> = conv
+            .iter_mut()
+            .map(|v| {
+                assert!(v.len() >= (i + 1) * cs);
+                Shared(v[i * cs..].as_mut_ptr())
+            })
+            .collect();
+        let ssm_p: Vec<Shared> = ssm
+            .iter_mut()
+            .map(|v| {
+                assert!(v.len() >= (i + 1) * ss);
+                Shared(v[i * ss..].as_mut_ptr())
+            })
+            .collect();
+        let nk = sp.n_k;
+        let task = |u: usize| {
+            let (p, kh) = (&pieces[jobs[u / nk]], u % nk);
+            let dst = Dst {
+                qkv: qkv_p,
+                core: core_p,
+                conv: conv_p[p.slot],
+                ssm: ssm_p[p.slot],
+            };
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has FMA; the pointers' extents are checked above and the
+                // ranges are disjoint between tasks (module doc).
+                unsafe { self.piece_head_fma(p, kh, dst, z, ba) };
+                return;
+            }
+            // SAFETY: as above.
+            unsafe { self.piece_head(p, kh, dst, z, ba) };
+        };
+        compute.for_each(jobs.len() * nk, &task)?;
+        Ok(true)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn piece_head_fma(&self, p: &Piece, kh: usize, dst: Dst, z: &[f32], ba: &[f32]) {
+        self.piece_head(p, kh, dst, z, ba)
+    }
+
+    /// Piece `p`'s tokens on key head `kh` and its value heads.
+    /// Safety: `dst` points at the step's qkv and core rows and at the piece's slot's states
+    /// of this layer; no other task touches this (slot, key head)'s channels and heads.
+    #[inline(always)]
+    unsafe fn piece_head(&self, p: &Piece, kh: usize, dst: Dst, z: &[f32], ba: &[f32]) {
+        let (sp, dw) = (self.sp, self.dw);
+        let (s, nk, nv, kc) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv);
+        let (c, vd) = (sp.conv_dim(), sp.v_dim());
+        let heads = self.opts.heads;
+        let slice =
+            |ptr: *mut f32, at: usize, n: usize| std::slice::from_raw_parts_mut(ptr.add(at), n);
+        for r in p.r0..p.r0 + p.t {
+            let x = dst.qkv.0.add(r * c);
+            let conv = |ch0: usize| {
+                for ch in ch0..ch0 + s {
+                    let wc = &dw.conv[ch * kc..(ch + 1) * kc];
+                    *x.add(ch) = conv_channel(dst.conv.0, c, ch, wc, *x.add(ch));
+                }
+            };
+            let (q0, k0) = (kh * s, nk * s + kh * s);
+            conv(q0);
+            conv(k0);
+            for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
+                conv(2 * nk * s + hv * s);
+            }
+            l2_norm(slice(x, q0, s), self.eps);
+            l2_norm(slice(x, k0, s), self.eps);
+            let (qh, kk) = (&*slice(x, q0, s), &*slice(x, k0, s));
+            let (b, a) = gate_rows(sp, self.opts.ba, ba, r, self.t);
+            for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
+                let vh = &*slice(x, 2 * nk * s + hv * s, s);
+                let m = slice(dst.ssm.0, hv * s * s, s * s);
+                let o = slice(dst.core.0, r * vd + hv * s, s);
+                head_step(dw, hv, qh, kk, vh, b.at(hv), a.at(hv), m, o);
+                let zh = &z[r * vd + hv * s..r * vd + (hv + 1) * s];
+                gated_norm_head(o, zh, &dw.norm, self.eps);
+            }
+        }
+    }
+}
+
+/// Where one task writes.
+#[derive(Clone, Copy)]
+struct Dst {
+    qkv: Shared,
+    core: Shared,
+    conv: Shared,
+    ssm: Shared,
+}

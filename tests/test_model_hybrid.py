@@ -245,7 +245,8 @@ def test_checkpoint_marks_a_prompt_end(fam: str, q8: dict[str, Path]) -> None:
 def test_mtp_layers_are_not_run(fam: str, tmp_path: Path) -> None:
     """A file with an MTP layer after the trunk (block_count counts it, nextn_predict_layers
     names it, recurrent_layers marks it attention) runs the trunk alone: logits bitwise those
-    of the same file without it, with the RAM tier attached too."""
+    of the same file without it, with the RAM tier attached too (the MTP layer runs only as
+    a drafter, `spec=mtp`: tests/test_mtp.py)."""
     import dataclasses
 
     from strata.llm import LLM

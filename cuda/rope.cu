@@ -1,4 +1,4 @@
-// RoPE NEOX (pairs (i, i + n_rot/2) for i < n_rot/2), with the cos/sin table computed once
+// RoPE NEOX (pairs (i, i + n_rot/2) for i < n_rot/2; the fused step also NORM), with the cos/sin table computed once
 // on the host by the CPU path's `Rope::table` (linear and YaRN scaling and the YaRN
 // magnitude folded in), so the angles are those of the CPU bit for bit.
 //
@@ -51,18 +51,21 @@ __device__ void store_head(const float* v, uint8_t* dst, int d) {
   }
 }
 
-// The attention block's per-head step, fused: q and k heads get their RMSNorm (weights
-// qn / kn [D]) and the rotation, q in place; the rotated k row and the v row go to the KV
-// cache at position pos0 + t of the slot sp[1].
-// q f32 [T, Nh, D], k and v f32 [T, Nkv, D] (k is left unrotated).
+// The attention block's per-head step, fused: q, k and v heads get their biases (qb, kb,
+// vb [heads·D]; null: none), q and k heads their RMSNorm (weights qn / kn [D]; null: none)
+// and the rotation (`neox`: pairs (i, i + n_rot/2), else adjacent pairs (2i, 2i + 1), as
+// ggml's NORM mode), q in place; the rotated k row and the v row go to the KV cache at
+// position pos0 + t of the slot sp[1].
+// q f32 [T, Nh, D], k and v f32 [T, Nkv, D] (k and v are left as they are).
 // kc, vc: the layer's cache base of slot 0 ([Nkv][n_ctx] head rows); slot s adds
 // s·slot_stride bytes.
 // Launch: grid (Nh + 2·Nkv, T), block 32 (one warp per head).
 template <int KV>
 __device__ void rope_qkv(float* q, const float* k, const float* v, const float* qn,
-                         const float* kn, const float* cos_t, const float* sin_t,
-                         const int* sp, uint8_t* kc, uint8_t* vc, unsigned long long slot_stride,
-                         int n_head, int n_head_kv, int d, int n_rot, int n_ctx, float eps) {
+                         const float* kn, const float* qb, const float* kb, const float* vb,
+                         const float* cos_t, const float* sin_t, const int* sp, uint8_t* kc,
+                         uint8_t* vc, unsigned long long slot_stride, int n_head, int n_head_kv,
+                         int d, int n_rot, int neox, int n_ctx, float eps) {
   __shared__ float y[256];
   __shared__ float o[256];
   __shared__ double red[32];
@@ -73,9 +76,11 @@ __device__ void rope_qkv(float* q, const float* k, const float* v, const float* 
   int head = kind == 0 ? hi : (kind == 1 ? hi - n_head : hi - n_head - n_head_kv);
   const float* src = kind == 0 ? q + ((size_t)t * n_head + head) * d
                                : (kind == 1 ? k : v) + ((size_t)t * n_head_kv + head) * d;
+  const float* bias = kind == 0 ? qb : (kind == 1 ? kb : vb);
+  if (bias != nullptr) bias += (size_t)head * d;
   size_t row = (size_t)sp[1] * slot_stride + ((size_t)head * n_ctx + pos) * sm_head_bytes<KV>(d);
-  if (kind == 2) {  // v: stored as is
-    for (int i = lane; i < d; i += 32) y[i] = src[i];
+  if (kind == 2) {  // v: stored as is (plus its bias)
+    for (int i = lane; i < d; i += 32) y[i] = bias != nullptr ? src[i] + bias[i] : src[i];
     __syncthreads();
     store_head<KV>(y, vc + row, d);
     return;
@@ -83,25 +88,31 @@ __device__ void rope_qkv(float* q, const float* k, const float* v, const float* 
   const float* w = kind == 0 ? qn : kn;
   double s = 0.0;
   for (int i = lane; i < d; i += 32) {
-    float x = src[i];
+    float x = bias != nullptr ? src[i] + bias[i] : src[i];
     y[i] = x;
     s += (double)(x * x);
   }
-  float scale = sm_rms_scale(sm_block_sum_d(s, red), d, eps);
-  for (int i = lane; i < d; i += 32) y[i] = (y[i] * scale) * w[i];
+  if (w != nullptr) {
+    float scale = sm_rms_scale(sm_block_sum_d(s, red), d, eps);
+    for (int i = lane; i < d; i += 32) y[i] = (y[i] * scale) * w[i];
+  }
   __syncthreads();
   int half = n_rot / 2;
   const float* c = cos_t + (size_t)pos * half;
   const float* sn = sin_t + (size_t)pos * half;
   for (int i = lane; i < d; i += 32) {
     float r;
-    if (i < half) {
+    if (i >= n_rot) {
+      r = y[i];
+    } else if (!neox) {  // adjacent pairs, in the CPU path's fused order
+      int j = i >> 1;
+      float x0 = y[i & ~1], x1 = y[i | 1];
+      r = (i & 1) ? fmaf(x0, sn[j], x1 * c[j]) : fmaf(x0, c[j], -(x1 * sn[j]));
+    } else if (i < half) {
       r = y[i] * c[i] - y[i + half] * sn[i];
-    } else if (i < n_rot) {
+    } else {
       int j = i - half;
       r = y[j] * sn[j] + y[i] * c[j];
-    } else {
-      r = y[i];
     }
     o[i] = r;
   }
@@ -117,11 +128,12 @@ __device__ void rope_qkv(float* q, const float* k, const float* v, const float* 
 #define ROPE_QKV(NAME, KV)                                                                    \
   extern "C" __global__ void __launch_bounds__(32)                                           \
       NAME(float* q, const float* k, const float* v, const float* qn, const float* kn,       \
-           const float* cos_t, const float* sin_t, const int* sp, uint8_t* kc, uint8_t* vc,  \
+           const float* qb, const float* kb, const float* vb, const float* cos_t,            \
+           const float* sin_t, const int* sp, uint8_t* kc, uint8_t* vc,                      \
            unsigned long long slot_stride, int n_head, int n_head_kv, int d, int n_rot,      \
-           int n_ctx, float eps) {                                                           \
-    rope_qkv<KV>(q, k, v, qn, kn, cos_t, sin_t, sp, kc, vc, slot_stride, n_head, n_head_kv, \
-                 d, n_rot, n_ctx, eps);                                                      \
+           int neox, int n_ctx, float eps) {                                                 \
+    rope_qkv<KV>(q, k, v, qn, kn, qb, kb, vb, cos_t, sin_t, sp, kc, vc, slot_stride, n_head, \
+                 n_head_kv, d, n_rot, neox, n_ctx, eps);                                     \
   }
 
 ROPE_QKV(strata_rope_qkv_f16, SM_KV_F16)

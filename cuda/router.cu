@@ -8,7 +8,46 @@
 #include "model.cuh"
 
 #define ROUTER_MAX_E 1024
+
+// expf as the CPU path's libm computes it (glibc's expf: a double evaluation rounded once,
+// within 0.502 ulp), not CUDA's expf (within 2 ulp): σ of the router logits then ties and
+// orders the experts as the CPU path does.
+SM_HD float sm_expf(float x) { return (float)exp((double)x); }
 #define ROUTER_MAX_K 64
+
+// The k largest entries of score [n] in turn by the block's one warp (ties: the lower id
+// first; each taken entry set to -inf): ids_row[j] = its id, pick[j] = val[id] (val may be
+// score itself: read before the entry is taken). score and pick in shared memory.
+SM_D void router_pick_k(float* score, const float* val, int n, int k, int* ids_row,
+                        float* pick) {
+  const int lane = threadIdx.x;
+  for (int j = 0; j < k; j++) {
+    float bv = -__builtin_huge_valf();
+    int bi = n;
+    for (int i = lane; i < n; i += 32) {
+      if (score[i] > bv) {  // ascending i: the first maximum of this lane
+        bv = score[i];
+        bi = i;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      if (bi >= n) bi = j;  // all remaining are -inf/NaN: never out of range
+      ids_row[j] = bi;
+      pick[j] = val[bi];
+      score[bi] = -__builtin_huge_valf();
+    }
+    __syncthreads();
+  }
+}
 
 extern "C" __global__ void __launch_bounds__(32)
     strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
@@ -28,35 +67,57 @@ extern "C" __global__ void __launch_bounds__(32)
   float inv = (float)(1.0 / sm_warp_sum_d(s));
   for (int i = lane; i < n_expert; i += 32) p[i] *= inv;
   __syncthreads();
-  for (int j = 0; j < k; j++) {
-    float bv = -__builtin_huge_valf();
-    int bi = n_expert;
-    for (int i = lane; i < n_expert; i += 32) {
-      if (p[i] > bv) {  // ascending i: the first maximum of this lane
-        bv = p[i];
-        bi = i;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane == 0) {
-      if (bi >= n_expert) bi = j;  // all remaining are -inf/NaN: never out of range
-      ids[(size_t)t * k + j] = bi;
-      pick[j] = p[bi];
-      p[bi] = -__builtin_huge_valf();
-    }
-    __syncthreads();
-  }
+  router_pick_k(p, p, n_expert, k, ids + (size_t)t * k, pick);
   if (lane == 0) {
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += pick[j];
     for (int j = 0; j < k; j++) w[(size_t)t * k + j] = norm ? pick[j] / sum : pick[j];
+  }
+}
+
+// A dense FFN's per-row scale from its gate logit g f32 [n] (`rust/src/gpu/ffn.rs`):
+// mode 0: silu(g)/g as qwen2moe's ggml_silu then ggml_div (g = 0 gives 0.5, the limit);
+// mode 1: σ(g) (ggml_sigmoid). w f32 [n]. Launch: grid (ceil(n / 256)), block 256.
+extern "C" __global__ void strata_ffn_gate(const float* g, float* w, int n, int mode) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float x = g[i];
+  float e = sm_expf(-x);
+  w[i] = mode == 1 ? 1.0f / (1.0f + e) : (x == 0.0f ? 0.5f : (x / (1.0f + e)) / x);
+}
+
+// The sigmoid router of one token per block (glm4moe, `Routing::SigmoidBias` in
+// rust/src/model/arch.rs): p = σ(logits) per expert (`sm_expf`), the top k by
+// p + bias (the selection bias exp_probs_b [E]; ties: the lower expert id first), weighted by
+// their unbiased p; when `norm`, divided by their sum (an f64 sum in pick order, rounded to
+// f32 and clamped below at 2^-14, as ggml); then × `scale` (skipped when 1).
+// logits f32 [T, E], bias f32 [E], ids i32 [T, k], w f32 [T, k]. E ≤ 1024, k ≤ 64.
+// Launch: grid (T), block 32.
+extern "C" __global__ void __launch_bounds__(32)
+    strata_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,
+                               int n_expert, int k, int norm, float scale) {
+  __shared__ float p[ROUTER_MAX_E];
+  __shared__ float sel[ROUTER_MAX_E];
+  __shared__ float pick[ROUTER_MAX_K];
+  const int lane = threadIdx.x, t = blockIdx.x;
+  const float* x = logits + (size_t)t * n_expert;
+  for (int i = lane; i < n_expert; i += 32) {
+    float s = 1.0f / (1.0f + sm_expf(-x[i]));
+    p[i] = s;
+    sel[i] = s + bias[i];
+  }
+  __syncthreads();
+  router_pick_k(sel, p, n_expert, k, ids + (size_t)t * k, pick);
+  if (lane == 0) {
+    float div = 1.0f;
+    if (norm) {
+      double sum = 0.0;
+      for (int j = 0; j < k; j++) sum += (double)pick[j];
+      div = fmaxf((float)sum, 6.103515625e-5f);
+    }
+    for (int j = 0; j < k; j++) {
+      float v = norm ? pick[j] / div : pick[j];
+      w[(size_t)t * k + j] = scale != 1.0f ? v * scale : v;
+    }
   }
 }

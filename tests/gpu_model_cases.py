@@ -62,8 +62,13 @@ def test_rope_neox(kern: Any) -> None:
     assert np.abs(got - want).max() <= 1e-6
 
 
+# (q/k norm, Q/K/V biases, NEOX pairs): qwen3moe; qwen2moe; Mixtral-style llama
+QKV_BLOCKS = [(True, False, True), (False, True, True), (False, False, False)]
+
+
+@pytest.mark.parametrize("norm, bias, neox", QKV_BLOCKS, ids=["qwen3", "qwen2", "llama"])
 @pytest.mark.parametrize("kv", ["f16", "q8_0"])
-def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
+def test_rope_qkv_writes_cache(kern: Any, kv: str, norm: bool, bias: bool, neox: bool) -> None:
     rng = np.random.default_rng(3)
     t, nh, nkv, d, n_ctx, eps, pos0, slot = 3, 4, 2, 64, 16, 1e-6, 5, 1
     cos, sin = rope_tables(rng, n_ctx, d // 2)
@@ -71,17 +76,26 @@ def test_rope_qkv_writes_cache(kern: Any, kv: str) -> None:
     k = f32(rng.normal(0, 2, (t, nkv, d)))
     v = f32(rng.normal(0, 1, (t, nkv, d)))
     qn, kn = f32(rng.normal(1, 0.3, d)), f32(rng.normal(1, 0.3, d))
+    qb, kb, vb = (f32(rng.normal(0, 1, n * d)) for n in (nh, nkv, nkv))
     cache = ref.Cache(kv, 2, nkv, n_ctx, d)
     qg = q.copy()
     sp = np.array([pos0, slot], np.int32)
     kern.sim_rope_qkv(
-        ref.KV_TYPES[kv], qg, k, v, qn, kn, cos, sin, sp, cache.k, cache.v,
-        cache.slot_stride, t, nh, nkv, d, d, n_ctx, eps,
+        ref.KV_TYPES[kv], qg, k, v, qn, kn, qb, kb, vb, cos, sin, sp, cache.k, cache.v,
+        cache.slot_stride, t, nh, nkv, d, d, n_ctx, eps, int(norm), int(bias), int(neox),
     )  # fmt: skip
+    if bias:  # the biases are added in f32 before anything else
+        q, k, v = (f32(a + b.reshape(a.shape[1:])) for a, b in ((q, qb), (k, kb), (v, vb)))
+    if not norm:
+        qn = kn = None
     pos = pos0 + np.arange(t)
-    want_q = ref.rope(ref.rms_norm(q, qn, eps), cos, sin, pos, d)
+
+    def normed(x: np.ndarray, w: np.ndarray | None) -> np.ndarray:
+        return x if w is None else ref.rms_norm(x, w, eps)
+
+    want_q = ref.rope(normed(q, qn), cos, sin, pos, d, neox)
     assert np.abs(qg - want_q).max() <= 2e-6 * np.abs(want_q).max()
-    want_k = ref.rope(ref.rms_norm(k, kn, eps), cos, sin, pos, d)
+    want_k = ref.rope(normed(k, kn), cos, sin, pos, d, neox)
     got_k, got_v = cache.values(slot, n_ctx)
     got_k, got_v = got_k[:, pos].transpose(1, 0, 2), got_v[:, pos].transpose(1, 0, 2)
     if kv == "f16":  # one f16 rounding of a value within f32 error of the reference

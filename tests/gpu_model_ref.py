@@ -25,13 +25,24 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope(
-    x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos: np.ndarray, n_rot: int
+    x: np.ndarray,
+    cos: np.ndarray,
+    sin: np.ndarray,
+    pos: np.ndarray,
+    n_rot: int,
+    neox: bool = True,
 ) -> np.ndarray:
-    """NEOX rotation of x [T, H, D] (f64) with table rows cos/sin [P, n_rot/2] at pos [T]."""
+    """Rotation of x [T, H, D] (f64) with table rows cos/sin [P, n_rot/2] at pos [T]: NEOX
+    pairs (i, i + n_rot/2), or NORM pairs (2i, 2i + 1) when not `neox`."""
     x = x.astype(np.float64).copy()
     half = n_rot // 2
     c = cos[pos][:, None, :].astype(np.float64)
     s = sin[pos][:, None, :].astype(np.float64)
+    if not neox:
+        x0, x1 = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2] = x0 * c - x1 * s
+        x[..., 1:n_rot:2] = x0 * s + x1 * c
+        return x
     x0, x1 = x[..., :half].copy(), x[..., half:n_rot].copy()
     x[..., :half] = x0 * c - x1 * s
     x[..., half:n_rot] = x0 * s + x1 * c

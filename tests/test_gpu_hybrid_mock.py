@@ -20,7 +20,29 @@ from strata.modelgen import ModelSpec
 from test_gpu_mock import ROOT, cuda_include
 
 
-def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path) -> None:
+def family_model(fam: str, root: Path) -> Path:
+    """A test model of 3 layers of 8 experts, top-2: the qwen3moe test model, or another
+    family's F32 file in the converter's layout (test_model_families.py's `family_file`
+    shapes: qwen2moe with Q/K/V biases and a gated shared expert, the Mixtral-style llama,
+    glm4moe with a leading dense layer, sigmoid routing and an ungated shared expert)."""
+    if fam == "qwen3moe":
+        spec = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
+        return TestModels.default_cache(spec).quantized("Q8_0")
+    import dataclasses
+
+    import qwen3moe_file as qf
+
+    s = qf.Shape(n_layer=3, n_expert=8, n_expert_used=2, arch=fam, n_ff_shexp=256)
+    if fam == "llama":
+        s = dataclasses.replace(s, n_ff_shexp=0)
+    if fam == "glm4moe":
+        s = dataclasses.replace(s, n_dense_lead=1, n_ff_dense=512, n_rot=32, weights_scale=2.5)
+    return qf.write(root / f"{fam}.gguf", s, qf.random_tensors(s, 3))
+
+
+def mock_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a child whose libcuda.so.1 is the mock driver with no-op kernels
+    (skips, or fails where STRATA_REQUIRE_KERNELS=1, without the tools or the kernels)."""
     inc = cuda_include()
     # where the kernels are required (CI: scripts/test), a missing tool is a failure
     required = os.environ.get("STRATA_REQUIRE_KERNELS") == "1"
@@ -32,27 +54,57 @@ def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path) -> None:
         if required:
             pytest.fail("STRATA_REQUIRE_KERNELS=1 but this build has no kernels")
         pytest.skip("this build has no kernels: " + str(_core.gpu_info()["kernels"]))
-    spec = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
-    model = TestModels.default_cache(spec).quantized("Q8_0")
     lib = tmp_path / "libcuda.so.1"
     src = ROOT / "tests" / "cuda_mock" / "libcuda_mock.c"
     cmd = ["gcc", "-O1", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", f"-I{inc}"]
     subprocess.run([*cmd, "-o", str(lib), str(src)], check=True, capture_output=True, text=True)
-    env = dict(
+    return dict(
         os.environ,
         LD_LIBRARY_PATH=f"{tmp_path}:{os.environ.get('LD_LIBRARY_PATH', '')}",
         STRATA_MOCK_NOOP_KERNELS="1",
     )
-    child = ROOT / "tests" / "hybrid_mock_child.py"
+
+
+def run_child(args: list[str], env: dict[str, str]) -> str:
+    """Runs Python with `args` in `env`; its output, asserting it exited 0."""
     res = subprocess.run(
-        [sys.executable, str(child), str(model)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
+    return out
+
+
+@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe"])
+def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
+    env = mock_env(tmp_path)
+    child = ROOT / "tests" / "hybrid_mock_child.py"
+    out = run_child([str(child), str(family_model(fam, tmp_path))], env)
     assert "vram: ok" in out and "hybrid mock: all passed" in out, out
     assert "batch hybrid=False: ok" in out and "batch hybrid=True: ok" in out, out
+
+
+# A prefill of 39 tokens (a chunk of 24, then 15), four decode steps; all in VRAM, then 4 of
+# the 16 routed experts in slots (swaps after every step): the GPU families' host side (the
+# per-layer decode graphs skip a layer without routed experts).
+FAMILY_CHILD = """
+import sys
+from strata._core import Model
+for kw in ({}, dict(vram_slots=4, pcie_frac=0.0, adapt_every=1, threads=2)):
+    m = Model.open(sys.argv[1], n_ctx=128, prefill_chunk=24, device="cuda", **kw)
+    assert m.forward(0, list(range(1, 40)), logits="all").shape == (39, m.n_vocab)
+    for t in range(4):
+        m.forward(0, [t + 1])
+    info = m.hybrid_info()
+    n = None if info is None else (info["n_experts"], info["n_slots"])
+    print(m.hparams["architecture"], m.cuda_graph_state, n, m.slot_len(0))
+"""
+
+
+@pytest.mark.parametrize("fam", ["qwen2moe", "llama", "glm4moe"])
+def test_families_run_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
+    env = mock_env(tmp_path)
+    out = run_child(["-c", FAMILY_CHILD, str(family_model(fam, tmp_path))], env)
+    n_routed = 16 if fam == "glm4moe" else 24  # glm4moe's first layer is dense
+    want = [f"{fam} captured None 43", f"{fam} captured (per layer) ({n_routed}, 4) 43"]
+    assert out.split("\n")[:2] == want, out

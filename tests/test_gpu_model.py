@@ -66,12 +66,15 @@ class GpuKernels:
         n_rot, n_pos = dims[-2], dims[-1]
         x[...] = _testing.gpu_rope_neox(x, c[:n_pos], s[:n_pos], int(sp[0]), n_rot)
 
-    def sim_rope_qkv(self, kv: int, q: Any, k: Any, v: Any, qn: Any, kn: Any, c: Any, s: Any,
-                     sp: Any, kc: Any, vc: Any, stride: int, *rest: Any) -> None:  # fmt: skip
-        n_rot, eps = rest[-3], rest[-1]
+    def sim_rope_qkv(self, kv: int, q: Any, k: Any, v: Any, qn: Any, kn: Any, qb: Any,
+                     kb: Any, vb: Any, c: Any, s: Any, sp: Any, kc: Any, vc: Any, stride: int,
+                     *rest: Any) -> None:  # fmt: skip
+        n_rot, eps, norm, bias, neox = rest[-6], rest[-4], rest[-3], rest[-2], rest[-1]
         q2, k2, v2 = _testing.gpu_rope_qkv(
-            KV_NAME[kv], q, k, v, qn, kn, c, s, int(sp[0]), int(sp[1]), kc, vc, n_rot, eps
-        )
+            KV_NAME[kv], q, k, v, qn if norm else None, kn if norm else None,
+            (qb, kb, vb) if bias else None, c, s, int(sp[0]), int(sp[1]), kc, vc, n_rot, eps,
+            bool(neox),
+        )  # fmt: skip
         q[...], kc[...], vc[...] = q2, k2, v2
 
     def sim_attn_decode(self, kv: int, d: int, q: Any, kc: Any, vc: Any, stride: int, sp: Any,
@@ -157,9 +160,15 @@ def open_pair(path: Path, kv: str, chunk: int, **gpu: Any) -> tuple[Model, Model
 
 @pytest.mark.parametrize("ty, kv", CASES)
 def test_logits_agree_with_cpu(files: dict[str, Path], ty: str, kv: str) -> None:
+    assert logits_vs_cpu(files[ty], f"{ty} {kv} KV", kv) >= 0.99
+
+
+def logits_vs_cpu(path: Path, label: str, kv: str = "f16", **gpu: Any) -> float:
+    """Top-1 agreement of the GPU's logits with the CPU path's at the CPU's sure positions
+    over 10 prompts of 32 tokens (printed with the unfiltered figures)."""
     # chunk 24: a 32-token prompt runs a prefill chunk (24 > 8 tokens: the tensor-core
     # attention) and a short one (8: the split decode attention)
-    cpu, cuda = open_pair(files[ty], kv, chunk=24)
+    cpu, cuda = open_pair(path, kv, chunk=24, **gpu)
     top1, sure, errs = [], [], []
     for toks in prompts(10, 32, seed=1, vocab=cpu.n_vocab):
         cpu.free(0)
@@ -174,16 +183,25 @@ def test_logits_agree_with_cpu(files: dict[str, Path], ty: str, kv: str) -> None
     top1_a, sure_a = np.array(top1), np.array(sure)
     agree = float(top1_a[sure_a].mean())
     print(
-        f"{ty} {kv} KV: top-1 agreement {agree:.4f} over {sure_a.sum()} sure positions "
+        f"{label}: top-1 agreement {agree:.4f} over {sure_a.sum()} sure positions "
         f"({top1_a.mean():.4f} over all {len(top1)}); max |Δlogit|/max|logit| "
         f"{max(errs):.2e}"
     )
-    assert agree >= 0.99
+    return agree
 
 
 @pytest.mark.parametrize("ty, kv", CASES)
 def test_greedy_continuations_match_cpu(files: dict[str, Path], ty: str, kv: str) -> None:
-    cpu, cuda = open_pair(files[ty], kv, chunk=64)
+    same, agree, _ = greedy_vs_cpu(files[ty], f"{ty} {kv} KV", kv)
+    assert same >= 9
+    assert agree >= 0.99
+
+
+def greedy_vs_cpu(path: Path, label: str, kv: str = "f16", **gpu: Any) -> tuple[int, float, Model]:
+    """Greedy 64-token continuations of 10 prompts on the GPU against the CPU path's: how
+    many are identical up to the CPU's first near-tie, the GPU's top-1 agreement along the
+    CPU's path at its sure steps (the decode graph captured), and the GPU model."""
+    cpu, cuda = open_pair(path, kv, chunk=64, **gpu)
     same = full = 0
     cuts: list[int] = []
     forced: list[bool] = []  # along the reference's path: our top-1 == its choice
@@ -217,11 +235,10 @@ def test_greedy_continuations_match_cpu(files: dict[str, Path], ty: str, kv: str
     assert cuda.cuda_graph_captured, cuda.cuda_graph_state
     agree = float(np.mean(forced))
     print(
-        f"{ty} {kv} KV: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full;"
+        f"{label}: {same}/10 identical up to the first near-tie {cuts}; {full}/10 in full;"
         f" along the CPU's path top-1 {agree:.4f} over {len(forced)} sure decode steps"
     )
-    assert same >= 9
-    assert agree >= 0.99
+    return same, agree, cuda
 
 
 def decode_run(m: Model, slot: int, toks: list[int], steps: int) -> Iterator[np.ndarray]:

@@ -26,13 +26,17 @@ void sim_rope_neox(float* x, const float* c, const float* s, const int* sp, int 
              n_pos);
 }
 
+// `norm`, `bias`: whether qn/kn and qb/kb/vb are passed to the kernel (else null).
 void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float* qn,
-                  const float* kn, const float* c, const float* s, const int* sp, uint8_t* kc,
-                  uint8_t* vc, unsigned long long slot_stride, int n_tok, int n_head,
-                  int n_head_kv, int d, int n_rot, int n_ctx, float eps) {
+                  const float* kn, const float* qb, const float* kb, const float* vb,
+                  const float* c, const float* s, const int* sp, uint8_t* kc, uint8_t* vc,
+                  unsigned long long slot_stride, int n_tok, int n_head, int n_head_kv, int d,
+                  int n_rot, int n_ctx, float eps, int norm, int bias, int neox) {
   auto k_ = kv == 0 ? strata_rope_qkv_f16 : strata_rope_qkv_q8_0;
-  sim_launch(k_, dim3(n_head + 2 * n_head_kv, n_tok), dim3(32), q, k, v, qn, kn, c, s, sp, kc,
-             vc, slot_stride, n_head, n_head_kv, d, n_rot, n_ctx, eps);
+  const float* no = nullptr;
+  sim_launch(k_, dim3(n_head + 2 * n_head_kv, n_tok), dim3(32), q, k, v, norm ? qn : no,
+             norm ? kn : no, bias ? qb : no, bias ? kb : no, bias ? vb : no, c, s, sp, kc, vc,
+             slot_stride, n_head, n_head_kv, d, n_rot, neox, n_ctx, eps);
 }
 
 typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
@@ -72,6 +76,16 @@ void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const ui
 void sim_router_topk(const float* logits, int* ids, float* w, int n_tok, int n_expert, int k,
                      int norm) {
   sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, n_expert, k, norm);
+}
+
+void sim_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,
+                             int n_tok, int n_expert, int k, int norm, float scale) {
+  sim_launch(strata_router_sigmoid_topk, dim3(n_tok), dim3(32), logits, bias, ids, w, n_expert,
+             k, norm, scale);
+}
+
+void sim_ffn_gate(const float* g, float* w, int n, int mode) {
+  sim_launch(strata_ffn_gate, dim3((n + 255) / 256), dim3(256), g, w, n, mode);
 }
 
 void sim_argmax(const float* x, int* out, int rows, int n) {

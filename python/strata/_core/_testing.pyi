@@ -69,8 +69,9 @@ def gpu_rope_qkv(
     q: npt.NDArray[np.float32],
     k: npt.NDArray[np.float32],
     v: npt.NDArray[np.float32],
-    qn: npt.NDArray[np.float32],
-    kn: npt.NDArray[np.float32],
+    qn: npt.NDArray[np.float32] | None,
+    kn: npt.NDArray[np.float32] | None,
+    bias: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]] | None,
     cos: npt.NDArray[np.float32],
     sin: npt.NDArray[np.float32],
     pos0: int,
@@ -79,6 +80,7 @@ def gpu_rope_qkv(
     vc: npt.NDArray[np.uint8],
     n_rot: int,
     eps: float,
+    neox: bool,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.uint8], npt.NDArray[np.uint8]]: ...
 def gpu_attention(
     kv: str,

@@ -78,11 +78,14 @@ fn expert_shape(ts: &[&TensorInfo; 3]) -> Result<ExpertShape> {
     })
 }
 
-/// Per-layer expert shapes of `w` (every qwen3moe layer has routed experts).
+/// Per-layer expert shapes of `w` (None: a leading dense layer, without routed experts).
 pub fn shapes(w: &Weights) -> Result<Vec<Option<ExpertShape>>> {
     w.layers
         .iter()
-        .map(|l| expert_shape(&[&l.gate, &l.up, &l.down]).map(Some))
+        .map(|l| match l.dense_ffn {
+            true => Ok(None),
+            false => expert_shape(&[&l.gate, &l.up, &l.down]).map(Some),
+        })
         .collect()
 }
 

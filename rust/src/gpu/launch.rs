@@ -37,20 +37,25 @@ pub(super) struct Seg {
 }
 
 pub(super) struct Bufs {
-    pub params: DevBuf,  // i32 [2·S + T]: S (pos0, slot) pairs, token ids
-    pub x: DevBuf,       // f32 [T, H] residual stream
-    pub h: DevBuf,       // f32 [T, H] normed block input
-    pub o: DevBuf,       // f32 [T, H] attention output projection
-    pub q: DevBuf,       // f32 [T, Nh·D]
-    pub att: DevBuf,     // f32 [T, Nh·D]
-    pub k: DevBuf,       // f32 [T, Nkv·D]
-    pub v: DevBuf,       // f32 [T, Nkv·D]
-    pub router: DevBuf,  // f32 [T, E]
-    pub ids: DevBuf,     // i32 [T, K]
-    pub wts: DevBuf,     // f32 [T, K]
-    pub act: DevBuf,     // f32 [T, K, F]
-    pub scratch: DevBuf, // the quant kernels' scratch
-    pub part_o: DevBuf,  // decode attention partials
+    pub params: DevBuf,    // i32 [2·S + T]: S (pos0, slot) pairs, token ids
+    pub x: DevBuf,         // f32 [T, H] residual stream
+    pub h: DevBuf,         // f32 [T, H] normed block input
+    pub o: DevBuf,         // f32 [T, H] attention output projection
+    pub q: DevBuf,         // f32 [T, Nh·D]
+    pub att: DevBuf,       // f32 [T, Nh·D]
+    pub k: DevBuf,         // f32 [T, Nkv·D]
+    pub v: DevBuf,         // f32 [T, Nkv·D]
+    pub router: DevBuf,    // f32 [T, E]
+    pub ids: DevBuf,       // i32 [T, K]
+    pub wts: DevBuf,       // f32 [T, K]
+    pub act: DevBuf,       // f32 [T, K, F]
+    pub ffn_act: DevBuf,   // f32 [T, Fd]: a dense FFN's silu(gate)·up (`ffn.rs`)
+    pub ffn_logit: DevBuf, // f32 [T] its gate logit
+    pub ffn_wts: DevBuf,   // f32 [T] its per-row scale
+    pub ffn_ones: DevBuf,  // f32 [T] ones (an ungated FFN's scale)
+    pub ffn_ids: DevBuf,   // i32 [T] zeros (every row takes the one-expert table's entry 0)
+    pub scratch: DevBuf,   // the quant kernels' scratch
+    pub part_o: DevBuf,    // decode attention partials
     pub part_ml: DevBuf,
     pub logits: DevBuf, // f32 [LOGIT_ROWS, V]
     pub kc: DevBuf,     // K cache (KvLayout)
@@ -83,12 +88,16 @@ impl Bufs {
     ) -> Result<Bufs> {
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
         let (e, k, f) = (hp.n_expert, hp.n_expert_used, hp.n_ff_exp);
+        let fd = hp.n_ff_shexp.max(hp.n_ff_dense).max(1); // the dense FFNs' widest
         let td = t.min(DECODE_MAX_TOKENS);
         let (po, pml) = attention::part_bytes(td, hp.n_head, n_split, hp.head_dim)?;
         let scratch = [hd, qd]
             .iter()
             .map(|&kk| quant::scratch_bytes(kk, t))
-            .chain([quant::moe_scratch_bytes(hd, f, k, t)])
+            .chain([
+                quant::moe_scratch_bytes(hd, f, k, t),
+                quant::moe_scratch_bytes(hd, fd, 1, t),
+            ])
             .max()
             .unwrap_or(0);
         // cos/sin of every position, from the CPU path's table (exact parity of the angles)
@@ -113,6 +122,11 @@ impl Bufs {
             ids: alloc_f32(gpu, &[t, k])?,
             wts: alloc_f32(gpu, &[t, k])?,
             act: alloc_f32(gpu, &[t, k, f])?,
+            ffn_act: alloc_f32(gpu, &[t, fd])?,
+            ffn_logit: alloc_f32(gpu, &[t])?,
+            ffn_wts: alloc_f32(gpu, &[t])?,
+            ffn_ones: gpu.upload_pod(&vec![1f32; t])?,
+            ffn_ids: alloc_f32(gpu, &[t])?,
             scratch: gpu.alloc(scratch)?,
             part_o: gpu.alloc(po)?,
             part_ml: gpu.alloc(pml)?,
@@ -125,6 +139,7 @@ impl Bufs {
         b.kc.zero(stream)?;
         b.vc.zero(stream)?;
         b.part_ml.zero(stream)?; // the decode kernel's finish counters start at zero
+        b.ffn_ids.zero(stream)?;
         stream.sync()?;
         Ok(b)
     }

@@ -1,4 +1,4 @@
-//! The qwen3moe forward pass on one GPU (docs/GPU.md): weights uploaded once (`weights`),
+//! The forward pass of the GPU families (`model::arch::GPU_FAMILIES`) on one GPU (docs/GPU.md): weights uploaded once (`weights`),
 //! the KV cache for all slots in VRAM, the layer loop as kernel launches (`step`, over the
 //! `launch::Launcher`), decode replayed from captured CUDA graphs, prefill in chunks
 //! (`model`). Where the routed experts run is a MoE placement (`placement`): all in VRAM, or
@@ -9,6 +9,7 @@ mod batch;
 mod batch_scratch;
 mod bounce;
 mod experts;
+mod ffn;
 mod hybrid;
 mod hybrid_cfg;
 mod kv_io;

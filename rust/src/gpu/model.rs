@@ -22,11 +22,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A captured decode step of S one-token pieces: one graph (for S = 1 with the final norm
-/// and the head of its row), or per layer [attention, router and the placement's `pre`; its
-/// `resident` experts] for a placement with host work between layers.
+/// and the head of its row), or per layer (attention, router and the placement's `pre`; its
+/// `resident` experts, None for a layer without routed experts) for a placement with host
+/// work between layers.
 enum StepGraph {
     Whole(Graph),
-    PerLayer(Vec<[Graph; 2]>),
+    PerLayer(Vec<(Graph, Option<Graph>)>),
 }
 
 pub struct GpuModel {
@@ -316,9 +317,11 @@ impl GpuModel {
             Some(StepGraph::PerLayer(gs)) => {
                 let n = segs.len();
                 x.embed(n, n)?;
-                for (l, g) in gs.iter().enumerate() {
-                    g[0].launch(&x.stream)?;
-                    moe.moe(x, l, n, Some(&g[1]))?;
+                for (l, (a, r)) in gs.iter().enumerate() {
+                    a.launch(&x.stream)?;
+                    if let Some(r) = r {
+                        moe.moe(x, l, n, Some(r))?;
+                    }
                 }
             }
             None => {
@@ -357,20 +360,22 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The per-layer graphs of a decode step of S one-token pieces: [attention, router, the
-    /// placement's `pre`; its `resident` experts] (its host work runs between them).
+    /// The per-layer graphs of a decode step of S one-token pieces: (attention, router, the
+    /// placement's `pre`; its `resident` experts, for a layer with routed experts) (its host
+    /// work runs between them).
     fn capture_per_layer(&mut self, segs: &[Seg]) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
         let n = segs.len();
         let mut gs = Vec::with_capacity(x.w.layers.len());
         for l in 0..x.w.layers.len() {
+            let routed = x.w.layers[l].routed();
             let mut pair = Vec::with_capacity(2);
-            for part in 0..2 {
+            for part in 0..1 + routed as usize {
                 x.stream.begin_capture()?;
-                let body = if part == 0 {
-                    x.attn_router(l, segs).and_then(|()| moe.pre(x, l, n))
-                } else {
-                    moe.resident(x, l, n)
+                let body = match part {
+                    0 if routed => x.attn_router(l, segs).and_then(|()| moe.pre(x, l, n)),
+                    0 => x.attn_router(l, segs),
+                    _ => moe.resident(x, l, n),
                 };
                 let g = x.stream.end_capture();
                 body?;
@@ -382,10 +387,11 @@ impl GpuModel {
                     }
                 }
             }
-            let [a, b]: [Graph; 2] = pair
-                .try_into()
-                .map_err(|_| Error::Config("a layer's graphs were not both captured".into()))?;
-            gs.push([a, b]);
+            let mut it = pair.into_iter();
+            let a = it
+                .next()
+                .ok_or_else(|| Error::Config("a layer's graph was not captured".into()))?;
+            gs.push((a, it.next()));
         }
         self.graphs[n - 1] = Some(StepGraph::PerLayer(gs));
         Ok(())

@@ -6,17 +6,21 @@
 //!
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
-//!   q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache       rope::qkv
+//!   q, k, v += biases; q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache   rope::qkv
 //!   att = softmax(q·kᵀ/√D)·v (causal, GQA)                attention::decode | prefill
 //!   o = att·Woᵀ;  x += o;  h = RMSNorm(x)·ffn_norm          quant::matmul, norm::add_rms
-//!   ids, w = top-k(softmax(h·Wrᵀ)), renormalized          quant::matmul, router::topk
+//!   ids, w = the routing strategy over h·Wrᵀ              quant::matmul, router
+//!   x += s·shared(h)  (a shared expert, `ffn.rs`)         quant::moe_gate_up, moe_down
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
+//! The blocks a layer has (biases, q/k norms, NEOX or NORM pairs, the routing, a shared
+//! expert) are the family's graph (`model::arch::Graph`), as on the CPU path.
 
 use super::launch::{Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::MoePlacement;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
+use crate::model::arch::{RopeMode, Routing};
 
 impl Launcher {
     /// x [T, H] = the residual stream after every layer for the T tokens in `params` (the
@@ -26,8 +30,10 @@ impl Launcher {
         self.embed(t, segs.len())?;
         for l in 0..self.w.layers.len() {
             self.attn_router(l, segs)?;
-            moe.pre(self, l, t)?;
-            moe.moe(self, l, t, None)?;
+            if self.w.layers[l].routed() {
+                moe.pre(self, l, t)?;
+                moe.moe(self, l, t, None)?;
+            }
         }
         Ok(())
     }
@@ -51,7 +57,9 @@ impl Launcher {
     }
 
     /// Layer `l`'s attention block and router for the T rows of the pieces `segs`: x +=
-    /// attention; h = the normed FFN input [T, H]; ids i32 / wts f32 [T, k] the routing.
+    /// attention; h = the normed FFN input [T, H]; ids i32 / wts f32 [T, k] the routing;
+    /// x += the shared expert. A leading dense layer runs its FFN instead of the router
+    /// (x += FFN(h); nothing is left for the placement).
     pub(super) fn attn_router(&self, l: usize, segs: &[Seg]) -> Result<()> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
@@ -107,8 +115,11 @@ impl Launcher {
                 (wo.rows, wo.cols, lw.wq.rows, lw.wk.rows),
                 (hd, qd, qd, kvd)
             );
-            // ---- routed experts ----
+            // ---- routed experts, or a leading dense layer's FFN ----
             norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, t, hd, eps)?;
+            if let Some(ffn) = &lw.dense {
+                return self.dense_ffn(ffn, t); // x += down(silu(gate·h) ⊙ up·h)
+            }
             let r = &lw.router;
             let logits = Dv::of(&b.router);
             quant::matmul(
@@ -123,10 +134,30 @@ impl Launcher {
                 t,
                 scr,
             )?;
-            let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
-            router::topk(g, s, logits, ids, wts, t, e, k, true)?;
+            self.route(l, logits, t, e, k)?;
+            // ---- the shared expert, beside the routed ones (x += s·shared(h)) ----
+            if let Some(sh) = &lw.shared {
+                self.dense_ffn(sh, t)?;
+            }
         }
         Ok(())
+    }
+
+    /// ids i32 / wts f32 [T, K] from the router logits [T, E] of layer `l`, by the family's
+    /// routing strategy (`arch::Routing`).
+    fn route(&self, l: usize, logits: Dv, t: usize, e: usize, k: usize) -> Result<()> {
+        let (ids, wts) = (Dv::of(&self.b.ids), Dv::of(&self.b.wts));
+        let (g, s) = (&*self.gpu, &self.stream);
+        match (self.hp.graph.routing, &self.w.layers[l].sel_bias) {
+            (Routing::Softmax { norm }, _) => router::topk(g, s, logits, ids, wts, t, e, k, norm),
+            (Routing::SigmoidBias { norm, scale }, Some(bias)) => {
+                let b = Dv::of(bias);
+                router::sigmoid_topk(g, s, logits, b, ids, wts, t, e, k, norm, scale)
+            }
+            (r, _) => Err(Error::Model(format!(
+                "layer {l}: routing {r:?} is not on the GPU path"
+            ))),
+        }
     }
 
     /// One piece's RoPE, KV writes and attention in layer `l`: `qkva` = [q f32 [T_p, Nh·D]
@@ -147,11 +178,15 @@ impl Launcher {
         let lw = &self.w.layers[l];
         let [q, kk, v, att] = qkva;
         let [kc, vc] = cache;
-        let (qn, kn) = (Dv::of(&lw.q_norm), Dv::of(&lw.k_norm));
+        let blk = rope::QkvBlock {
+            norm: lw.qk_norm.as_ref().map(|n| n.each_ref().map(Dv::of)),
+            bias: lw.qkv_bias.as_ref().map(|b| b.each_ref().map(Dv::of)),
+            neox: hp.graph.rope == RopeMode::Neox,
+        };
         let [cos, sin] = tab;
         let eps = hp.rms_eps;
         rope::qkv(
-            g, s, &self.lay, l, q, kk, v, qn, kn, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
+            g, s, &self.lay, l, q, kk, v, blk, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
         )?;
         if t <= DECODE_MAX_TOKENS {
             let (po, pml) = (Dv::of(&b.part_o), Dv::of(&b.part_ml));

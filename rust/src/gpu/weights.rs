@@ -8,6 +8,7 @@
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
 //! F = expert FFN width.
 
+use super::ffn::{FfnScale, GpuFfn};
 use crate::cuda::ops::quant;
 use crate::cuda::{DevBuf, Gpu};
 use crate::error::{Error, Result};
@@ -53,13 +54,29 @@ pub struct GpuLayer {
     pub wk: GpuMat,        // (Nkv·D, H)
     pub wv: GpuMat,        // (Nkv·D, H)
     pub wo: GpuMat,        // (H, Nh·D)
-    pub q_norm: DevBuf,    // f32 [D]
-    pub k_norm: DevBuf,    // f32 [D]
-    pub ffn_norm: DevBuf,  // f32 [H]
-    pub router: GpuMat,    // (E, H)
-    pub gate: GpuExperts,  // (E, F, H)
-    pub up: GpuExperts,    // (E, F, H)
-    pub down: GpuExperts,  // (E, H, F)
+    /// f32 [D] each, where the graph has q/k norms.
+    pub qk_norm: Option<[DevBuf; 2]>,
+    /// f32 [Nh·D], [Nkv·D], [Nkv·D], where the graph has Q/K/V biases.
+    pub qkv_bias: Option<[DevBuf; 3]>,
+    pub ffn_norm: DevBuf, // f32 [H]
+    /// The shared expert, where the graph has one (`ffn::GpuFfn`).
+    pub shared: Option<GpuFfn>,
+    pub router: GpuMat, // (E, H)
+    /// f32 [E]: the selection bias of the sigmoid routing (`exp_probs_b`), where it has one.
+    pub sel_bias: Option<DevBuf>,
+    pub gate: GpuExperts, // (E, F, H)
+    pub up: GpuExperts,   // (E, F, H)
+    pub down: GpuExperts, // (E, H, F)
+    /// A leading dense layer's FFN (`Graph::dense_lead`): it stands for the router and the
+    /// routed experts, whose entries above then hold shapes only.
+    pub dense: Option<GpuFfn>,
+}
+
+impl GpuLayer {
+    /// Whether the layer has routed experts (not a leading dense layer).
+    pub fn routed(&self) -> bool {
+        self.dense.is_none()
+    }
 }
 
 pub struct GpuWeights {
@@ -95,6 +112,10 @@ pub fn check_types(w: &Weights) -> Result<()> {
         all.extend([
             &l.wq, &l.wk, &l.wv, &l.wo, &l.router, &l.gate, &l.up, &l.down,
         ]);
+        if let Some(sh) = &l.shared {
+            all.extend([&sh.gate, &sh.up, &sh.down]);
+            all.extend(&sh.gate_inp);
+        }
     }
     all.iter().try_for_each(|t| check_type(&t.name, t.ty))
 }
@@ -124,9 +145,10 @@ impl Uploader<'_> {
         })
     }
 
-    fn experts(&mut self, t: &TensorInfo) -> Result<GpuExperts> {
+    /// An expert tensor; its bytes only when `upload` and the uploader takes experts.
+    fn experts(&mut self, t: &TensorInfo, upload: bool) -> Result<GpuExperts> {
         let (cols, rows, n) = (t.dims[0] as usize, t.dims[1] as usize, t.dims[2] as usize);
-        if !self.experts {
+        if !self.experts || !upload {
             return Ok(GpuExperts {
                 ty: t.ty,
                 stacked: None,
@@ -202,13 +224,36 @@ impl GpuWeights {
                 wk: u.mat(&l.wk)?,
                 wv: u.mat(&l.wv)?,
                 wo: u.mat(&l.wo)?,
-                q_norm: u.vec(l.q_norm.as_deref().unwrap_or_default())?,
-                k_norm: u.vec(l.k_norm.as_deref().unwrap_or_default())?,
+                qk_norm: match (&l.q_norm, &l.k_norm) {
+                    (Some(qn), Some(kn)) => Some([u.vec(qn)?, u.vec(kn)?]),
+                    _ => None,
+                },
+                qkv_bias: match &l.qkv_bias {
+                    Some([bq, bk, bv]) => Some([u.vec(bq)?, u.vec(bk)?, u.vec(bv)?]),
+                    None => None,
+                },
                 ffn_norm: u.vec(&l.ffn_norm)?,
+                shared: match &l.shared {
+                    Some(sh) => {
+                        let mats = [u.mat(&sh.gate)?, u.mat(&sh.up)?, u.mat(&sh.down)?];
+                        let gi = sh.gate_inp.as_ref().map(|g| u.mat(g)).transpose()?;
+                        let scale = FfnScale::of(sh);
+                        Some(GpuFfn::new(gpu, mats, gi, scale)?)
+                    }
+                    None => None,
+                },
                 router: u.mat(&l.router)?,
-                gate: u.experts(&l.gate)?,
-                up: u.experts(&l.up)?,
-                down: u.experts(&l.down)?,
+                sel_bias: l.exp_probs_b.as_deref().map(|b| u.vec(b)).transpose()?,
+                gate: u.experts(&l.gate, !l.dense_ffn)?,
+                up: u.experts(&l.up, !l.dense_ffn)?,
+                down: u.experts(&l.down, !l.dense_ffn)?,
+                dense: match l.dense_ffn {
+                    true => {
+                        let mats = [u.mat(&l.gate)?, u.mat(&l.up)?, u.mat(&l.down)?];
+                        Some(GpuFfn::new(gpu, mats, None, FfnScale::One)?)
+                    }
+                    false => None,
+                },
             });
         }
         Ok(GpuWeights {

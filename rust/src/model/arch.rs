@@ -61,7 +61,13 @@ pub const SUPPORTED: [(&str, Family); 8] = [
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
-pub const GPU_FAMILIES: [Family; 2] = [Family::Qwen3Moe, Family::Qwen3];
+pub const GPU_FAMILIES: [Family; 5] = [
+    Family::Qwen3Moe,
+    Family::Qwen3,
+    Family::Qwen2Moe,
+    Family::Llama,
+    Family::Glm4Moe,
+];
 
 /// The supported names, comma separated (for error messages).
 pub fn supported_list() -> String {
@@ -462,9 +468,16 @@ mod tests {
 
     #[test]
     fn gpu_refuses_cpu_only_families() {
-        assert!(Family::Qwen3Moe.require_gpu().is_ok());
-        let e = Family::Qwen2Moe.require_gpu().unwrap_err().to_string();
-        assert!(e.contains("\"qwen2moe\" runs on the CPU path only") && e.contains("qwen3moe"));
+        for f in [
+            Family::Qwen3Moe,
+            Family::Qwen2Moe,
+            Family::Llama,
+            Family::Glm4Moe,
+        ] {
+            assert!(f.require_gpu().is_ok(), "{f:?}");
+        }
+        let e = Family::Qwen3Next.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"qwen3next\" runs on the CPU path only") && e.contains("qwen3moe"));
         let e = Family::GptOss.require_gpu().unwrap_err().to_string();
         assert!(e.contains("\"gpt-oss\" runs on the CPU path only"));
     }

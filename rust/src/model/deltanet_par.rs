@@ -67,20 +67,14 @@ impl Heads<'_> {
         let i = dw.index;
         let (qkv_p, core_p) = (Shared(qkv.as_mut_ptr()), Shared(core.as_mut_ptr()));
         // [slot] this layer's states (disjoint per slot; the checks above: one piece a slot)
-        let conv_p: Vec<Shared> = conv
-            .iter_mut()
-            .map(|v| {
-                assert!(v.len() >= (i + 1) * cs);
-                Shared(v[i * cs..].as_mut_ptr())
-            })
-            .collect();
-        let ssm_p: Vec<Shared> = ssm
-            .iter_mut()
-            .map(|v| {
-                assert!(v.len() >= (i + 1) * ss);
-                Shared(v[i * ss..].as_mut_ptr())
-            })
-            .collect();
+        let layer = |states: &mut [Vec<f32>], n: usize| -> Vec<Shared> {
+            let at = |v: &mut Vec<f32>| {
+                assert!(v.len() >= (i + 1) * n);
+                Shared(v[i * n..].as_mut_ptr())
+            };
+            states.iter_mut().map(at).collect()
+        };
+        let (conv_p, ssm_p) = (layer(conv, cs), layer(ssm, ss));
         let nk = sp.n_k;
         let task = |u: usize| {
             let (p, kh) = (&pieces[jobs[u / nk]], u % nk);

@@ -181,8 +181,13 @@ fn gpu_rope_qkv<'py>(
     q: PyReadonlyArray3<'py, f32>,
     k: PyReadonlyArray3<'py, f32>,
     v: PyReadonlyArray3<'py, f32>,
-    qn: PyReadonlyArray1<'py, f32>,
-    kn: PyReadonlyArray1<'py, f32>,
+    qn: Option<PyReadonlyArray1<'py, f32>>,
+    kn: Option<PyReadonlyArray1<'py, f32>>,
+    bias: Option<(
+        PyReadonlyArray1<'py, f32>,
+        PyReadonlyArray1<'py, f32>,
+        PyReadonlyArray1<'py, f32>,
+    )>,
     cos: PyReadonlyArray2<'py, f32>,
     sin: PyReadonlyArray2<'py, f32>,
     pos0: i32,
@@ -191,25 +196,38 @@ fn gpu_rope_qkv<'py>(
     vc: PyReadonlyArray4<'py, u8>,
     n_rot: usize,
     eps: f32,
+    neox: bool,
 ) -> PyResult<(P3<'py>, P4U8<'py>, P4U8<'py>)> {
     let qdim = q.as_array().dim();
     let cdim = kc.as_array().dim();
     let lay = layout(kv, &kc, qdim.2)?;
-    let vals = [
-        flat(&q),
-        flat(&k),
-        flat(&v),
-        flat(&qn),
-        flat(&kn),
-        flat(&cos),
-        flat(&sin),
-    ];
+    let vals = [flat(&q), flat(&k), flat(&v), flat(&cos), flat(&sin)];
+    let norm = match (&qn, &kn) {
+        (Some(a), Some(b)) => Some([flat(a), flat(b)]),
+        _ => None,
+    };
+    let bias = bias.map(|(a, b, c)| [flat(&a), flat(&b), flat(&c)]);
     let (kcv, vcv) = (flat(&kc), flat(&vc));
     let (qo, ko, vo) = py.detach(|| -> Result<(Vec<f32>, Vec<u8>, Vec<u8>)> {
         let d = Dev::new()?;
         let b: Vec<DevBuf> = vals.iter().map(|x| d.up(x)).collect::<Result<_>>()?;
+        let nb: Option<Vec<DevBuf>> = norm
+            .as_ref()
+            .map(|n| n.iter().map(|x| d.up(x)).collect::<Result<_>>())
+            .transpose()?;
+        let bb: Option<Vec<DevBuf>> = bias
+            .as_ref()
+            .map(|n| n.iter().map(|x| d.up(x)).collect::<Result<_>>())
+            .transpose()?;
         let (bk, bv) = (d.up(&kcv)?, d.up(&vcv)?);
         let sp = d.up(&[pos0, slot])?;
+        let blk = rope::QkvBlock {
+            norm: nb.as_ref().map(|n| [Dv::of(&n[0]), Dv::of(&n[1])]),
+            bias: bb
+                .as_ref()
+                .map(|n| [Dv::of(&n[0]), Dv::of(&n[1]), Dv::of(&n[2])]),
+            neox,
+        };
         rope::qkv(
             &d.gpu,
             &d.s,
@@ -218,10 +236,9 @@ fn gpu_rope_qkv<'py>(
             Dv::of(&b[0]),
             Dv::of(&b[1]),
             Dv::of(&b[2]),
+            blk,
             Dv::of(&b[3]),
             Dv::of(&b[4]),
-            Dv::of(&b[5]),
-            Dv::of(&b[6]),
             Dv::of(&sp),
             Dv::of(&bk),
             Dv::of(&bv),

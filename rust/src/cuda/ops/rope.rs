@@ -1,5 +1,6 @@
 //! Launchers of `cuda/rope.cu`: RoPE NEOX with a host-made cos/sin table, and the attention
-//! block's fused per-head step (q/k RMSNorm, rotation, K/V rows into the cache).
+//! block's fused per-head step (Q/K/V biases, q/k RMSNorm, NEOX or NORM rotation, K/V rows
+//! into the cache).
 
 use super::attention::KvLayout;
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X, GRID_YZ};
@@ -59,11 +60,22 @@ pub fn neox(
     )
 }
 
+/// A family's per-head options of the fused step: the q/k RMSNorm weights `[qn, kn]` f32 [d]
+/// (None: no norm), the Q/K/V biases `[qb, kb, vb]` f32 [n_head·d], [n_kv·d], [n_kv·d]
+/// (None: none), and the rotated pairs (`neox`: (i, i + n_rot/2), else (2i, 2i + 1)).
+#[derive(Clone, Copy, Debug)]
+pub struct QkvBlock {
+    pub norm: Option<[Dv; 2]>,
+    pub bias: Option<[Dv; 3]>,
+    pub neox: bool,
+}
+
 /// The per-head step of the attention block for n_tok tokens at positions sp[0] + t of slot
-/// sp[1]: q heads are RMS-normed with `qn` and rotated in place; k heads normed with `kn`,
-/// rotated and written to layer `layer` of the K cache; v rows written to the V cache.
-/// q: f32 [n_tok, n_head, d]; k, v: f32 [n_tok, n_kv, d]; qn, kn: f32 [d]; cos, sin: f32
-/// [n_ctx, n_rot/2]; kc, vc: the whole caches (`lay`).
+/// sp[1]: q, k, v heads get their biases (`blk.bias`); q heads are RMS-normed (`blk.norm`)
+/// and rotated in place; k heads normed, rotated and written to layer `layer` of the K cache;
+/// v rows written to the V cache.
+/// q: f32 [n_tok, n_head, d]; k, v: f32 [n_tok, n_kv, d]; cos, sin: f32 [n_ctx, n_rot/2];
+/// kc, vc: the whole caches (`lay`).
 #[allow(clippy::too_many_arguments)]
 pub fn qkv(
     gpu: &Gpu,
@@ -73,8 +85,7 @@ pub fn qkv(
     q: Dv,
     k: Dv,
     v: Dv,
-    qn: Dv,
-    kn: Dv,
+    blk: QkvBlock,
     cos: Dv,
     sin: Dv,
     sp: Dv,
@@ -96,8 +107,24 @@ pub fn qkv(
     let kvb = bytes(prod(&[n_tok, lay.n_kv, d])?, 4)?;
     k.need("rope k", kvb)?;
     v.need("rope v", kvb)?;
-    qn.need("q norm", bytes(d, 4)?)?;
-    kn.need("k norm", bytes(d, 4)?)?;
+    let null = Arg::Ptr(0);
+    let norm = match blk.norm {
+        Some([qn, kn]) => {
+            qn.need("q norm", bytes(d, 4)?)?;
+            kn.need("k norm", bytes(d, 4)?)?;
+            [qn.arg(), kn.arg()]
+        }
+        None => [null, null],
+    };
+    let bias = match blk.bias {
+        Some([qb, kb, vb]) => {
+            qb.need("q bias", bytes(prod(&[n_head, d])?, 4)?)?;
+            kb.need("k bias", bytes(prod(&[lay.n_kv, d])?, 4)?)?;
+            vb.need("v bias", bytes(prod(&[lay.n_kv, d])?, 4)?)?;
+            [qb.arg(), kb.arg(), vb.arg()]
+        }
+        None => [null, null, null],
+    };
     let tab = bytes(prod(&[lay.n_ctx, n_rot / 2])?, 4)?;
     cos.need("rope cos", tab)?;
     sin.need("rope sin", tab)?;
@@ -111,6 +138,8 @@ pub fn qkv(
         KvType::F32 => unreachable!("KvLayout refuses f32"),
     };
     let off = lay.layer_offset(layer) as u64;
+    let [qn, kn] = norm;
+    let [qb, kb, vb] = bias;
     launch(
         gpu,
         s,
@@ -125,8 +154,11 @@ pub fn qkv(
             q.arg(),
             k.arg(),
             v.arg(),
-            qn.arg(),
-            kn.arg(),
+            qn,
+            kn,
+            qb,
+            kb,
+            vb,
             cos.arg(),
             sin.arg(),
             sp.arg(),
@@ -137,6 +169,7 @@ pub fn qkv(
             Arg::I32(i32_of("n_kv", lay.n_kv)?),
             Arg::I32(d as i32),
             Arg::I32(n_rot as i32),
+            Arg::I32(blk.neox as i32),
             Arg::I32(i32_of("n_ctx", lay.n_ctx)?),
             Arg::F32(eps),
         ],

@@ -1,4 +1,5 @@
-//! Launcher of `cuda/router.cu`: softmax → top-k (ties: lower id) → renormalize.
+//! Launchers of `cuda/router.cu`: softmax → top-k (ties: lower id) → renormalize; the
+//! sigmoid router with a selection bias; a dense FFN's gate scale.
 
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
@@ -23,15 +24,7 @@ pub fn topk(
     k: usize,
     norm: bool,
 ) -> Result<()> {
-    if n_expert == 0 || n_expert > MAX_EXPERTS || k == 0 || k > n_expert.min(MAX_TOP_K) {
-        return Err(Error::Config(format!(
-            "router: {k} of {n_expert} experts; the GPU router takes up to {MAX_EXPERTS} \
-             experts and 1..={MAX_TOP_K} picks"
-        )));
-    }
-    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
-    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
-    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)?;
+    check_topk([logits, ids, w], n_tok, n_expert, k)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -48,6 +41,92 @@ pub fn topk(
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
             Arg::I32(norm as i32),
+        ],
+    )
+}
+
+/// Per token t < n_tok (glm4moe's sigmoid routing): p = σ(logits[t]), ids[t] = the k
+/// largest p + bias (descending, ties to the lower id), w[t] = their p, divided by their sum
+/// when `norm` (f64 sum, clamped at 2^-14), times `scale`.
+/// logits: f32 [n_tok, n_expert]; bias: f32 [n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k].
+#[allow(clippy::too_many_arguments)]
+pub fn sigmoid_topk(
+    gpu: &Gpu,
+    s: &Stream,
+    logits: Dv,
+    bias: Dv,
+    ids: Dv,
+    w: Dv,
+    n_tok: usize,
+    n_expert: usize,
+    k: usize,
+    norm: bool,
+    scale: f32,
+) -> Result<()> {
+    check_topk([logits, ids, w], n_tok, n_expert, k)?;
+    bias.need("router selection bias", bytes(n_expert, 4)?)?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_router_sigmoid_topk",
+        (grid_dim("tokens", n_tok, GRID_X)?, 1, 1),
+        32,
+        &[
+            logits.arg(),
+            bias.arg(),
+            ids.arg(),
+            w.arg(),
+            Arg::I32(i32_of("n_expert", n_expert)?),
+            Arg::I32(k as i32),
+            Arg::I32(norm as i32),
+            Arg::F32(scale),
+        ],
+    )
+}
+
+/// The routers' limits and buffers: logits f32 [n_tok, n_expert], ids / w [n_tok, k].
+fn check_topk([logits, ids, w]: [Dv; 3], n_tok: usize, n_expert: usize, k: usize) -> Result<()> {
+    if n_expert == 0 || n_expert > MAX_EXPERTS || k == 0 || k > n_expert.min(MAX_TOP_K) {
+        return Err(Error::Config(format!(
+            "router: {k} of {n_expert} experts; the GPU router takes up to {MAX_EXPERTS} \
+             experts and 1..={MAX_TOP_K} picks"
+        )));
+    }
+    logits.need("router logits", bytes(prod(&[n_tok, n_expert])?, 4)?)?;
+    ids.need("router ids", bytes(prod(&[n_tok, k])?, 4)?)?;
+    w.need("router weights", bytes(prod(&[n_tok, k])?, 4)?)
+}
+
+/// The scale `ffn_gate` computes from a gate logit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateMode {
+    /// silu(g)/g (g = 0: 0.5).
+    SiluOverX,
+    /// σ(g).
+    Sigmoid,
+}
+
+/// w[i] = the scale of gate logit g[i] for i < n (`GateMode`); g, w: f32 [n].
+pub fn ffn_gate(gpu: &Gpu, s: &Stream, g: Dv, w: Dv, n: usize, mode: GateMode) -> Result<()> {
+    g.need("ffn gate logits", bytes(n, 4)?)?;
+    w.need("ffn gate weights", bytes(n, 4)?)?;
+    if n == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_ffn_gate",
+        (grid_dim("rows", n.div_ceil(256), GRID_X)?, 1, 1),
+        256,
+        &[
+            g.arg(),
+            w.arg(),
+            Arg::I32(i32_of("n", n)?),
+            Arg::I32((mode == GateMode::Sigmoid) as i32),
         ],
     )
 }

@@ -4,6 +4,7 @@
     python bench/bench_spec.py edit [--model FILE] [--threads 2] [--gen 256] [--reps 3]
     python bench/bench_spec.py draft [--threads 2] [--gen 128] [--reps 3]
     python bench/bench_spec.py serve --llama-server BIN [--model FILE] [--gen 256] [--reps 3]
+    python bench/bench_spec.py mtp --model FILE [--threads 2] [--gen 128] [--reps 3]
 
 - cost: one slot at 300 positions; the step time of a window of k+1 tokens with every row's
   logits (`forward_batch`, logits "window", as the scheduler verifies) against a one-token
@@ -19,6 +20,9 @@
   window's measured costs and acceptance carry over.
 - draft: the trained default with its shipped dense draft (spec=draft), on code prompts;
   off vs adaptive vs fixed windows.
+- mtp: a file with an MTP layer (bench/mtp_model.py makes small random ones) and spec=mtp,
+  on three prompts of 32 random token ids: off vs adaptive vs fixed windows. The MTP layer
+  runs (caught up on every forward call) only in the spec=mtp runs.
 - serve: the edit task over HTTP, one client for both servers, interleaved: Strata `--spec
   ngram` (adaptive, and every window `spec_max`) and off vs llama-server with its n-gram
   speculation (`--spec-type ngram-simple --spec-draft-n-max 8`, llama.cpp's prompt lookup)
@@ -130,6 +134,9 @@ def engine_run(be: Any, sp: Any, ids: list[int], gen: int) -> tuple[float, list[
     be.free(0)
     if sp is not None:
         sp.drafter.rollback(0, 0)  # no draft KV carried over from the previous request
+    model = getattr(getattr(be, "llm", None), "model", None)
+    if model is not None and getattr(model, "has_mtp", False):
+        model.set_mtp(sp is not None and sp.drafter.name == "mtp")  # its cost only with it
     sched = Scheduler(be, 512, 1, speculator=sp, reuse=False)
     sched.add(Submit(0, ids, SamplingParams(temperature=0), gen, []))
     out: list[int] = []
@@ -220,6 +227,12 @@ def draft(a: argparse.Namespace) -> None:
         'def parse_args(argv):\n    """Parse the command line."""\n',
     ]
     compare(a, [tok.encode(p) for p in prompts], ["draft"])
+
+
+def mtp(a: argparse.Namespace) -> None:
+    rng = np.random.default_rng(0)
+    prompts = [[int(t) for t in rng.integers(0, 500, 32)] for _ in range(3)]
+    compare(a, prompts, ["mtp"])
 
 
 def http_stream(port: int, body: dict[str, Any]) -> tuple[float, int, dict[str, Any]]:
@@ -320,7 +333,7 @@ def serve(a: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("what", choices=("cost", "edit", "draft", "serve"))
+    ap.add_argument("what", choices=("cost", "edit", "draft", "serve", "mtp"))
     ap.add_argument("--model", default="")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
@@ -334,7 +347,7 @@ def main() -> int:
     a = ap.parse_args()
     a.model = a.model or default_model()
     hybrid_slots(a)
-    {"cost": cost, "edit": edit, "draft": draft, "serve": serve}[a.what](a)
+    {"cost": cost, "edit": edit, "draft": draft, "serve": serve, "mtp": mtp}[a.what](a)
     return 0
 
 

@@ -51,7 +51,7 @@ except ImportError:  # no compiled core here: load the pure-Python modules only
     pkg.__path__ = [str(ROOT / "python" / "strata")]
     sys.modules["strata"] = pkg
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]
 import qwen3moe_file as qf  # noqa: E402
 from strata.hfconvert import gguf_to_hf, hf_config  # noqa: E402
 from strata.modelgen import ModelSpec, random_weights  # noqa: E402
@@ -161,7 +161,17 @@ SCALES: dict[str, dict[str, float]] = {"gptoss": {"gate_up_proj": 5.0}}
 # Each family's seed offset (FAMILY_SEED + i): the one its committed goldens were made with
 # (gpt-oss and qwen3next were added side by side and both took 3; different models, so the
 # shared seed is harmless, and both files stay reproducible byte for byte).
-SEED_INDEX = dict(qwen2moe=0, mixtral=1, glm4moe=2, gptoss=3, qwen3next=3, qwen35moe=4)
+SEED_INDEX = dict(
+    qwen2moe=0,
+    mixtral=1,
+    glm4moe=2,
+    gptoss=3,
+    qwen3next=3,
+    qwen35moe=4,
+    qwen35moe_mtp=5,
+    glm4moe_mtp=6,
+    qwen3next_mtp=7,
+)
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
 HYBRIDS = ("qwen3next", "qwen35moe")
@@ -303,20 +313,29 @@ def test_shape(root: Path) -> Path:
     return path
 
 
-def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
+def hf_family_model(name: str, seed: int) -> tuple[Any, Any]:
+    """(config, model): the family's transformers model (float32, eager attention) with
+    `randomize`'s weights from `seed`."""
     import torch
+    import transformers
+
+    cls_name = FAMILIES[name][0]
+    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
+    cfg = getattr(transformers, cfg_name)(**family_kwargs(name))
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
+    randomize(model, seed, SCALES.get(name))
+    return cfg, model
+
+
+def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     import transformers
 
     if llama_cpp is None:
         raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
     i = SEED_INDEX[name]
-    cls_name = FAMILIES[name][0]
     kw = family_kwargs(name)
-    cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
-    cfg = getattr(transformers, cfg_name)(**kw)
-    cfg._attn_implementation = "eager"
-    model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
-    randomize(model, FAMILY_SEED + i, SCALES.get(name))
+    _, model = hf_family_model(name, FAMILY_SEED + i)
     out = root / "tests" / "golden"
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
@@ -337,6 +356,113 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     return path
 
 
+def mtp_family(name: str, llama_cpp: Path | None, root: Path) -> Path:
+    """`qwen35moe_mtp`, `glm4moe_mtp` → tests/golden/<name>_f32.gguf and
+    tests/golden/mtp_<family>.npz: the family golden's config with one MTP / NextN layer.
+    transformers has no module for these layers (it drops them on load), so their weights are
+    written beside the saved model as the released checkpoints name them, drawn as
+    `randomize` draws: Qwen3.5's `mtp.fc` (H, 2H), `mtp.pre_fc_norm_{embedding,hidden}`,
+    `mtp.norm`, `mtp.layers.0.*` (`mtp_num_hidden_layers` 1); GLM-4.5's
+    `model.layers.{N}.{eh_proj, enorm, hnorm, shared_head.norm, shared_head.head,
+    embed_tokens}` and the decoder layer's own (`num_nextn_predict_layers` 1). The decoder
+    layer's names and shapes are those of the trunk's last full-attention MoE layer.
+    llama.cpp's converter writes them as `blk.{N}.nextn.*` / `blk.{N}.*` with
+    `nextn_predict_layers` 1. The oracle is llama.cpp's own MTP graph (scripts/mtp_oracle.py)
+    over that file: per prompt the MTP logits of every position [L, V] and one chained draft
+    step's [V] (at CHAIN_AT + 1)."""
+    import safetensors.torch
+    import torch
+    from mtp_oracle import mtp_logits  # type: ignore[import-not-found]
+
+    if llama_cpp is None:
+        raise SystemExit(f"{name}: --llama-cpp DIR (a llama.cpp tree with its converter) is needed")
+    i = SEED_INDEX[name]
+    base = name.removesuffix("_mtp")
+    kw = family_kwargs(base)
+    cfg, model = hf_family_model(base, FAMILY_SEED + i)
+    n = kw["num_hidden_layers"]
+    h, v = kw["hidden_size"], kw["vocab_size"]
+    rng = np.random.default_rng(FAMILY_SEED + 200 + i)
+    if base == "glm4moe":
+        src, dst = f"model.layers.{n - 1}.", f"model.layers.{n}."
+        extra = {
+            f"{dst}eh_proj.weight": (h, 2 * h),
+            f"{dst}enorm.weight": (h,),
+            f"{dst}hnorm.weight": (h,),
+            f"{dst}shared_head.norm.weight": (h,),
+            f"{dst}shared_head.head.weight": (v, h),
+            f"{dst}embed_tokens.weight": (v, h),
+        }
+        count = {"num_nextn_predict_layers": 1}
+    else:
+        types = getattr(cfg, "layer_types", None) or []
+        full = max(j for j, t in enumerate(types) if t == "full_attention")
+        src, dst = f"model.layers.{full}.", "mtp.layers.0."
+        extra = {
+            "mtp.fc.weight": (h, 2 * h),
+            "mtp.pre_fc_norm_embedding.weight": (h,),
+            "mtp.pre_fc_norm_hidden.weight": (h,),
+            "mtp.norm.weight": (h,),
+        }
+        count = {"mtp_num_hidden_layers": 1}
+    shapes = {
+        f"{dst}{k[len(src) :]}": tuple(t.shape)
+        for k, t in model.state_dict().items()
+        if k.startswith(src)
+    }
+    shapes |= extra
+    mtp = {}
+    for k in sorted(shapes):
+        shape = shapes[k]
+        if k.endswith("norm.weight") or "layernorm" in k:
+            a = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif "embed_tokens" in k:
+            a = rng.standard_normal(shape)
+        elif k.endswith(".bias") or k.endswith("e_score_correction_bias"):
+            a = 0.1 * rng.standard_normal(shape)
+        else:
+            a = rng.standard_normal(shape) / np.sqrt(shape[-1])
+        mtp[k] = torch.from_numpy(a.astype(np.float32))
+    if base == "glm4moe":  # its converter takes a NextN layer's experts one by one
+        gu, dn = mtp.pop(f"{dst}mlp.experts.gate_up_proj"), mtp.pop(f"{dst}mlp.experts.down_proj")
+        f = gu.shape[1] // 2  # gate_up_proj [E, 2F, H], down_proj [E, H, F]
+        for x in range(gu.shape[0]):
+            e = f"{dst}mlp.experts.{x}."
+            mtp[e + "gate_proj.weight"] = gu[x, :f].contiguous()
+            mtp[e + "up_proj.weight"] = gu[x, f:].contiguous()
+            mtp[e + "down_proj.weight"] = dn[x].contiguous()
+    out = root / "tests" / "golden"
+    out.mkdir(parents=True, exist_ok=True)
+    gguf_path = out / f"{name}_f32.gguf"
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        st = Path(d) / "model.safetensors"
+        sd = safetensors.torch.load_file(st)
+        safetensors.torch.save_file({**sd, **mtp}, st, metadata={"format": "pt"})
+        cj = Path(d) / "config.json"
+        conf = json.loads(cj.read_text())
+        conf.update(count)
+        cj.write_text(json.dumps(conf))
+        convert(llama_cpp, Path(d), gguf_path, f"strata-test-{name}")
+    rng = np.random.default_rng(FAMILY_SEED + 100 + i)
+    prompts = rng.integers(0, COMMON["vocab_size"] - 8, (N_PROMPTS, PROMPT_LEN))
+    pairs = [mtp_logits(str(gguf_path), p, CHAIN_AT) for p in prompts]
+    path = out / f"mtp_{base}.npz"
+    np.savez_compressed(
+        path,
+        prompts=prompts,
+        logits=np.stack([a for a, _ in pairs]),
+        chain_at=CHAIN_AT,
+        chained=np.stack([b for _, b in pairs]),
+        config_json=np.array(json.dumps({**kw, **count})),
+    )
+    return path
+
+
+CHAIN_AT = 40  # the MTP golden's chained draft step runs at position CHAIN_AT + 1
+MTP_GOLDENS = ("qwen35moe_mtp", "glm4moe_mtp", "qwen3next_mtp")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--which", default="tiny,test," + ",".join(FAMILIES))
@@ -352,6 +478,8 @@ def main() -> None:
             path = test_shape(a.root)
         elif w in FAMILIES:
             path = family(w, a.llama_cpp, a.root)
+        elif w in MTP_GOLDENS:
+            path = mtp_family(w, a.llama_cpp, a.root)
         else:
             raise SystemExit(f"--which: unknown golden {w!r} (tiny, test, {', '.join(FAMILIES)})")
         print(f"wrote {path}")

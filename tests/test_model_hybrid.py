@@ -245,7 +245,8 @@ def test_checkpoint_marks_a_prompt_end(fam: str, q8: dict[str, Path]) -> None:
 def test_mtp_layers_are_not_run(fam: str, tmp_path: Path) -> None:
     """A file with an MTP layer after the trunk (block_count counts it, nextn_predict_layers
     names it, recurrent_layers marks it attention) runs the trunk alone: logits bitwise those
-    of the same file without it, with the RAM tier attached too."""
+    of the same file without it, with the RAM tier attached too (the MTP layer runs only as
+    a drafter, `spec=mtp`: tests/test_mtp.py)."""
     import dataclasses
 
     from strata.llm import LLM
@@ -263,3 +264,32 @@ def test_mtp_layers_are_not_run(fam: str, tmp_path: Path) -> None:
     got = [t for t, _ in llm.generate_ids(toks, max_tokens=4, temperature=0.0)]
     ref = LLM(str(trunk), ram_mode="resident")
     assert got == [t for t, _ in ref.generate_ids(toks, max_tokens=4, temperature=0.0)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: on this qwen35moe Q8_0 file (hidden 256, heads of 64), for one of eight "
+    "prompts a window row is not bitwise the one-token step (serial compute too; qwen3moe of the "
+    "same shape is bitwise), so a drafter's windows can change greedy output there",
+)
+def test_window_rows_are_one_token_steps_at_hidden_256(tmp_path: Path) -> None:
+    s = qf.Shape(
+        n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=8, n_expert_used=2,
+        n_ff_exp=64, n_vocab=512, rope_base=1e6, arch="qwen35moe", n_ff_shexp=64, n_rot=16,
+        ssm_state=16, attn_every=2, ssm_conv=4, ssm_groups=2, ssm_v_heads=4,
+    )  # fmt: skip
+    f32 = qf.write(tmp_path / "h256-F32.gguf", s, qf.random_tensors(s, 3))
+    m = Model.open(qf.quantize(f32, tmp_path / "h256-Q8_0.gguf", "Q8_0"), n_ctx=256, n_slots=2)
+    rng = np.random.default_rng(0)
+    differ = []
+    for _ in range(8):
+        p = [int(t) for t in rng.integers(0, 500, 32)]
+        w = [int(t) for t in rng.integers(0, 500, 9)]
+        for slot in (0, 1):
+            m.free(slot)
+            m.forward(slot, p, logits="none")
+        a = m.forward_batch([(0, w, "window")])[0]
+        b = np.stack([m.forward(1, [t]) for t in w])
+        assert a is not None
+        differ.append(np.nonzero((bits(a) != bits(b)).any(1))[0].tolist())
+    assert differ == [[]] * 8, differ

@@ -208,7 +208,8 @@ class Config:
         "off",
         "engine: speculative decoding: off, ngram (prompt lookup over the prompt and the text so "
         "far), draft (a smaller GGUF of the same vocabulary: spec_draft_model), mtp (the model's "
-        "own MTP layers) or auto (draft when spec_draft_model is set, else ngram); each "
+        "own MTP layer, CPU path) or auto (draft when spec_draft_model is set, else mtp when "
+        "the model carries an MTP layer Strata runs, else ngram); each "
         "sequence drafts only while its measured gain is >= 1",
         choices=("off", "ngram", "draft", "mtp", "auto"),
     )

@@ -20,9 +20,11 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
     if config.spec == "off":
         return None
     kind = config.spec
-    if kind == "auto":
-        kind = "draft" if config.spec_draft_model else "ngram"
     llm = getattr(backend, "llm", None)
+    model = getattr(llm, "model", None)
+    if kind == "auto":  # a draft model when named, else the model's own MTP layer, else n-grams
+        mtp = bool(getattr(model, "has_mtp", False))
+        kind = "draft" if config.spec_draft_model else "mtp" if mtp else "ngram"
     target = str(getattr(backend, "path", "")) if llm is not None else None
     draft = config.spec_draft_model
     if kind == "draft" and not draft and target:
@@ -35,6 +37,7 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
         target_path=target,
         target_metadata=getattr(llm, "metadata", None),
         draft_path=draft,
+        target_model=model,
         n_slots=backend.max_slots,
         n_ctx=backend.n_ctx,
         p_min=config.spec_p_min,

@@ -18,8 +18,15 @@ sequences at once (the draft model runs them as one batched step per drafted pos
   draw from its distribution under the request's top-k/top-p/min-p/temperature (q that
   distribution). Drafting stops at a token whose draft probability is below `spec_p_min`
   (llama.cpp's `--draft-p-min`).
-- MTP heads: `open_drafter("mtp")` raises `ConfigError` (no GGUF Strata runs carries MTP layers
-  yet); a drafter over them implements the same interface.
+- `MtpDrafter`: the target's own NextN / MTP layer (qwen35moe, qwen3next, glm4moe files that
+  carry it; `strata._core.Model.set_mtp`), on the CPU path. The target's forward calls keep
+  the layer's per-slot KV in step with the slot (it runs over every position the target adds,
+  paired with the target's hidden state), and the target's `truncate` cuts it back with the
+  target's KV and recurrent state, so `rollback` has nothing to do. A window's first draft
+  pairs the last token with the target's hidden state before it, each later one the previous
+  draft with the layer's own output (as llama.cpp's draft-mtp). Greedy drafts the argmax,
+  sampled requests draw as `ModelDrafter`; `spec_p_min` stops a chain as there. A file
+  without such a layer gets a `ConfigError` naming why.
 """
 
 from __future__ import annotations
@@ -188,15 +195,7 @@ class ModelDrafter:
         return [int(t) for t in history[n:]]
 
     def _pick(self, row: F32, r: DraftRequest) -> tuple[int, tuple[I64, F64] | None, float]:
-        """(token, its q or None when one-hot, draft probability of it)."""
-        x = np.asarray(row, dtype=np.float32)[: self.n_vocab]
-        if r.params.greedy:
-            tok = int(np.argmax(x))
-            z = np.exp(x.astype(np.float64) - float(x[tok]))
-            return tok, None, float(1.0 / z.sum())
-        ids, prob = distribution(x, r.params)
-        tok = draw(ids, prob, r.rng)
-        return tok, (ids, prob), float(prob[ids == tok].sum())
+        return _pick(row, r, self.n_vocab)
 
     def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
         drafts = [Draft(q=None if r.params.greedy else []) for r in reqs]
@@ -232,6 +231,60 @@ class ModelDrafter:
         pass  # the KV stays: a later prompt sharing its prefix reuses it through `_sync`
 
 
+def _pick(row: F32, r: DraftRequest, n_vocab: int) -> tuple[int, tuple[I64, F64] | None, float]:
+    """A drafted token from draft logits `row` [V]: (token, its q or None when one-hot, draft
+    probability of it)."""
+    x = np.asarray(row, dtype=np.float32)[:n_vocab]
+    if r.params.greedy:
+        tok = int(np.argmax(x))
+        z = np.exp(x.astype(np.float64) - float(x[tok]))
+        return tok, None, float(1.0 / z.sum())
+    ids, prob = distribution(x, r.params)
+    tok = draw(ids, prob, r.rng)
+    return tok, (ids, prob), float(prob[ids == tok].sum())
+
+
+class MtpDrafter:
+    """The target's NextN / MTP layer (see the module doc). Shapes: V = vocabulary size."""
+
+    name = "mtp"
+
+    def __init__(self, model: Any, p_min: float) -> None:
+        self.model = model
+        model.set_mtp(True)
+        self.n_vocab = int(model.n_vocab)
+        self.p_min = p_min
+        self.steps = 0  # MTP draft steps run
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+        drafts = []
+        for r in reqs:
+            d = Draft(q=None if r.params.greedy else [])
+            drafts.append(d)
+            # the slot must hold the history but its last token, with the layer in step
+            if r.k <= 0 or not r.history or self.model.slot_len(r.slot) != len(r.history) - 1:
+                continue
+            if not self.model.mtp_ready(r.slot):
+                continue
+            tok = int(r.history[-1])
+            for i in range(r.k):
+                row = self.model.mtp_draft(r.slot, tok, i == 0)  # [V]
+                self.steps += 1
+                tok, q, prob = _pick(row, r, self.n_vocab)
+                if prob < self.p_min and d.tokens:  # not sure enough to go on
+                    break
+                d.tokens.append(tok)
+                if d.q is not None and q is not None:
+                    d.q.append(q)
+        return drafts
+
+    def rollback(self, slot: int, n: int) -> None:
+        pass  # the target's truncate cuts the layer's state back with its own
+
+    def release(self, slot: int) -> None:
+        pass
+
+
 def _vocab_tokens(path: str) -> Any:
     from strata.gguf import GGUFFile
 
@@ -249,6 +302,7 @@ def open_drafter(
     target_path: str | None,
     target_metadata: dict[str, Any] | None,
     draft_path: str,
+    target_model: Any = None,
     n_slots: int,
     n_ctx: int,
     p_min: float,
@@ -259,8 +313,13 @@ def open_drafter(
         return NgramDrafter()
     if kind == "mtp":
         if target_metadata is None or not _has_mtp(target_metadata):
-            raise ConfigError("spec=mtp: this model carries no MTP layer")
-        raise ConfigError("spec=mtp: this model's MTP layers are not run by Strata yet")
+            raise ConfigError("spec=mtp: this model carries no MTP layer (nextn_predict_layers)")
+        if target_model is None or not getattr(target_model, "has_mtp", False):
+            raise ConfigError(
+                "spec=mtp: this model's MTP layer does not run here (Strata runs the MTP layer "
+                "of qwen35moe, qwen3next and glm4moe files on the CPU path)"
+            )
+        return MtpDrafter(target_model, p_min)
     if kind != "draft":
         raise ConfigError(f"spec: no drafter {kind!r} (ngram, draft or mtp)")
     if not draft_path:

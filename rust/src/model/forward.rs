@@ -21,6 +21,7 @@ use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
 use super::kv_blob;
 use super::moe_oai::OaiScratch;
+use super::mtp::Mtp;
 use super::ops::Rope;
 use super::readahead::Readahead;
 use super::step::StepScratch;
@@ -107,6 +108,8 @@ pub struct Model {
     pub(super) steps: StepScratch,
     /// A hybrid family's per-slot recurrent state and DeltaNet scratch (`deltanet`).
     pub(super) rec: Option<Recurrent>,
+    /// The NextN / MTP layer's per-slot state while it drafts (`set_mtp`).
+    pub(super) mtp: Option<Mtp>,
 }
 
 /// Half-life of the decayed routing counters, in forward calls.
@@ -186,6 +189,7 @@ impl Model {
             _ => None,
         };
         Ok(Model {
+            mtp: None,
             rec,
             steps: StepScratch::new(cfg.n_slots),
             fingerprint,
@@ -321,7 +325,11 @@ impl Model {
                 )));
             }
         }
-        self.kv.truncate(slot, n)
+        self.kv.truncate(slot, n)?;
+        if let Some(m) = &mut self.mtp {
+            m.truncate(slot, n, self.hp.n_embd);
+        }
+        Ok(())
     }
 
     pub fn free(&mut self, slot: usize) -> Result<()> {

@@ -34,7 +34,10 @@ pub struct HParams {
     /// The family `arch` names and its graph (`arch`).
     pub family: Family,
     pub graph: Graph,
+    /// Trunk layers (the NextN / MTP layers stored after them are not counted).
     pub n_layer: usize,
+    /// NextN / MTP layers after the trunk (`nextn_predict_layers`; `blk.{n_layer}` onwards).
+    pub n_layer_nextn: usize,
     pub n_ctx_train: usize,
     /// H: hidden size.
     pub n_embd: usize,
@@ -200,14 +203,14 @@ impl HParams {
                 m.key("attention.layer_norm_rms_epsilon")
             ))
         })?;
+        let n_nextn = m.u("nextn_predict_layers")?.unwrap_or(0);
         let mut hp = HParams {
             arch: arch.to_string(),
             family,
             graph,
-            // The NextN (MTP) layers stored after the trunk are not run.
-            n_layer: m
-                .req_u("block_count")?
-                .saturating_sub(m.u("nextn_predict_layers")?.unwrap_or(0)),
+            // The NextN (MTP) layers stored after the trunk run only as a drafter (`mtp`).
+            n_layer: m.req_u("block_count")?.saturating_sub(n_nextn),
+            n_layer_nextn: n_nextn,
             n_ctx_train: m.u("context_length")?.unwrap_or(0),
             n_embd,
             n_head,

@@ -25,6 +25,7 @@ pub mod hparams;
 pub mod kv;
 pub mod kv_blob;
 pub mod moe_oai;
+pub mod mtp;
 pub mod ops;
 pub mod readahead;
 mod step;

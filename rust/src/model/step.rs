@@ -65,6 +65,10 @@ impl Model {
                     }
                     None => self.kv.set_len(e.slot, start),
                 }
+                if let Some(m) = &mut self.mtp {
+                    let len = self.kv.len(e.slot).unwrap_or(0);
+                    m.truncate(e.slot, len, self.hp.n_embd);
+                }
             }
         }
         self.steps = ss;
@@ -91,6 +95,8 @@ impl Model {
                 ra.end_step();
             }
             res?;
+            // the MTP layer, while it drafts, on the step's final hidden states
+            self.mtp_catch_up(entries, &ss.plan.pieces)?;
             for p in &ss.plan.pieces {
                 ss.plan.done[p.entry] += p.t;
                 self.kv.set_len(p.slot, p.p0 + p.t);

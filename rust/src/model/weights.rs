@@ -75,6 +75,8 @@ pub struct Weights {
     pub output_norm: Vec<f32>,  // [H]
     pub output: TensorInfo,     // (V, H): output.weight, or token_embd when tied
     pub layers: Vec<LayerWeights>,
+    /// The NextN / MTP layer after the trunk, where the file has one (`mtp`).
+    pub mtp: Option<super::mtp::MtpWeights>,
 }
 
 /// Names of the types that have dot kernels (what Strata runs).
@@ -182,7 +184,7 @@ fn one_row(g: &Gguf, name: &str, h: usize) -> Result<TensorInfo> {
     Ok(t)
 }
 
-fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
+pub(super) fn vector(g: &Gguf, name: &str, n: usize) -> Result<Vec<f32>> {
     floats(g, name, &[n])
 }
 
@@ -199,6 +201,126 @@ pub(super) fn floats(g: &Gguf, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
         ))
     })?;
     Ok(v)
+}
+
+/// Layer `l`'s weights (`blk.{l}.*`), as the family's graph names them; `l` ≥ `hp.n_layer` is
+/// a NextN / MTP layer (an attention layer: no DeltaNet mixer, never a leading dense one).
+pub(super) fn load_layer(g: &Gguf, hp: &HParams, l: usize) -> Result<LayerWeights> {
+    let h = hp.n_embd;
+    let gr = hp.graph;
+    let dense = gr.ffn == Ffn::DenseAsOneExpert;
+    let fs = hp.n_ff_shexp;
+    let (qd, kvd, d, e, f) = (
+        hp.q_dim(),
+        hp.kv_dim(),
+        hp.head_dim,
+        hp.n_expert,
+        hp.n_ff_exp,
+    );
+    let n = |s: &str| format!("blk.{l}.{s}.weight");
+    let b = |s: &str| format!("blk.{l}.{s}.bias");
+    let qkv_bias = match gr.qkv_bias {
+        true => Some([
+            vector(g, &b("attn_q"), qd)?,
+            vector(g, &b("attn_k"), kvd)?,
+            vector(g, &b("attn_v"), kvd)?,
+        ]),
+        false => None,
+    };
+    let lead = l < gr.dense_lead;
+    let shared = match gr.shared {
+        Shared::None => None,
+        _ if lead => None,
+        sh => Some(SharedExpert {
+            gate_inp: match sh {
+                Shared::Gated | Shared::Sigmoid => Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?),
+                _ => None,
+            },
+            sigmoid: sh == Shared::Sigmoid,
+            gate: matrix(g, &n("ffn_gate_shexp"), fs, h)?,
+            up: matrix(g, &n("ffn_up_shexp"), fs, h)?,
+            down: matrix(g, &n("ffn_down_shexp"), h, fs)?,
+        }),
+    };
+    let exp_probs_b = match gr.routing {
+        Routing::SigmoidBias { .. } if !lead => Some(vector(g, &b("exp_probs_b"), e)?),
+        _ => None,
+    };
+    let (one, fl, fnorm) = (
+        dense || lead,
+        if lead { hp.n_ff_dense } else { f },
+        gr.ffn_norm,
+    );
+    // A hybrid's recurrent layer: its DeltaNet weights, no attention.
+    let deltanet = match (gr.hybrid, &hp.ssm) {
+        (Some(hy), Some(sp)) if sp.recurrent.get(l) == Some(&true) => {
+            let index = sp.recurrent[..l].iter().filter(|&&r| r).count();
+            Some(Box::new(DeltaNetWeights::load(g, l, index, h, sp, hy.ba)?))
+        }
+        _ => None,
+    };
+    let attn = deltanet.is_none();
+    let qk = |s: &str| match gr.qk_norm && attn {
+        true => vector(g, &n(s), d).map(Some),
+        false => Ok(None),
+    };
+    let opt = |on: bool, name: String, n: usize| match on {
+        true => vector(g, &name, n).map(Some),
+        false => Ok(None),
+    };
+    let exp_bias = match gr.experts {
+        Experts::OaiBiased { .. } if !lead && !dense => Some(ExpertBias {
+            gate: floats(g, &b("ffn_gate_exps"), &[f, e])?,
+            up: floats(g, &b("ffn_up_exps"), &[f, e])?,
+            down: floats(g, &b("ffn_down_exps"), &[h, e])?,
+        }),
+        _ => None,
+    };
+    // A hybrid's attention projects q and its output gate: (Nh·2D, H).
+    let q_rows = if gr.hybrid.is_some() { 2 * qd } else { qd };
+    let proj = |s: &str, rows, cols| match attn {
+        true => matrix(g, &n(s), rows, cols),
+        false => Ok(absent(n(s))),
+    };
+    Ok(LayerWeights {
+        o_bias: opt(gr.o_bias, b("attn_output"), h)?,
+        sinks: opt(gr.sinks, n("attn_sinks"), hp.n_head)?,
+        router_bias: opt(gr.router_bias && !lead && !dense, b("ffn_gate_inp"), e)?,
+        exp_bias,
+        attn_norm: vector(g, &n("attn_norm"), h)?,
+        wq: proj("attn_q", q_rows, h)?,
+        wk: proj("attn_k", kvd, h)?,
+        wv: proj("attn_v", kvd, h)?,
+        wo: proj("attn_output", h, qd)?,
+        q_norm: qk("attn_q_norm")?,
+        k_norm: qk("attn_k_norm")?,
+        qkv_bias,
+        ffn_norm: vector(g, &n(fnorm), h)?,
+        router: if one {
+            one_expert_router(g, &n(fnorm), h)?
+        } else {
+            matrix(g, &n("ffn_gate_inp"), e, h)?
+        },
+        gate: if one {
+            one_expert(g, &n("ffn_gate"), fl, h)?
+        } else {
+            experts(g, &n("ffn_gate_exps"), e, f, h)?
+        },
+        up: if one {
+            one_expert(g, &n("ffn_up"), fl, h)?
+        } else {
+            experts(g, &n("ffn_up_exps"), e, f, h)?
+        },
+        down: if one {
+            one_expert(g, &n("ffn_down"), h, fl)?
+        } else {
+            experts(g, &n("ffn_down_exps"), e, h, f)?
+        },
+        dense_ffn: lead,
+        exp_probs_b,
+        shared,
+        deltanet,
+    })
 }
 
 impl Weights {
@@ -225,7 +347,6 @@ impl Weights {
             ))
         })?;
         let gr = hp.graph;
-        let dense = gr.ffn == Ffn::DenseAsOneExpert;
         let moe0 = gr.dense_lead; // the first layer with experts
         if hp.n_ff_exp == 0 {
             let t = tensor(g, &format!("blk.{moe0}.ffn_gate_exps.weight"))?;
@@ -235,132 +356,20 @@ impl Weights {
             let t = tensor(g, &format!("blk.{moe0}.ffn_gate_shexp.weight"))?;
             hp.n_ff_shexp = t.dims.get(1).copied().unwrap_or(0) as usize;
         }
-        let fs = hp.n_ff_shexp;
-        let (qd, kvd, d, e, f) = (
-            hp.q_dim(),
-            hp.kv_dim(),
-            hp.head_dim,
-            hp.n_expert,
-            hp.n_ff_exp,
-        );
         let output = match g.tensor("output.weight") {
             Some(_) => matrix(g, "output.weight", hp.n_vocab, h)?,
             None => matrix(g, "token_embd.weight", hp.n_vocab, h)?,
         };
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for l in 0..hp.n_layer {
-            let n = |s: &str| format!("blk.{l}.{s}.weight");
-            let b = |s: &str| format!("blk.{l}.{s}.bias");
-            let qkv_bias = match gr.qkv_bias {
-                true => Some([
-                    vector(g, &b("attn_q"), qd)?,
-                    vector(g, &b("attn_k"), kvd)?,
-                    vector(g, &b("attn_v"), kvd)?,
-                ]),
-                false => None,
-            };
-            let lead = l < gr.dense_lead;
-            let shared = match gr.shared {
-                Shared::None => None,
-                _ if lead => None,
-                sh => Some(SharedExpert {
-                    gate_inp: match sh {
-                        Shared::Gated | Shared::Sigmoid => {
-                            Some(one_row(g, &n("ffn_gate_inp_shexp"), h)?)
-                        }
-                        _ => None,
-                    },
-                    sigmoid: sh == Shared::Sigmoid,
-                    gate: matrix(g, &n("ffn_gate_shexp"), fs, h)?,
-                    up: matrix(g, &n("ffn_up_shexp"), fs, h)?,
-                    down: matrix(g, &n("ffn_down_shexp"), h, fs)?,
-                }),
-            };
-            let exp_probs_b = match gr.routing {
-                Routing::SigmoidBias { .. } if !lead => Some(vector(g, &b("exp_probs_b"), e)?),
-                _ => None,
-            };
-            let (one, fl, fnorm) = (
-                dense || lead,
-                if lead { hp.n_ff_dense } else { f },
-                gr.ffn_norm,
-            );
-            // A hybrid's recurrent layer: its DeltaNet weights, no attention.
-            let deltanet = match (gr.hybrid, &hp.ssm) {
-                (Some(hy), Some(sp)) if sp.recurrent[l] => {
-                    let index = sp.recurrent[..l].iter().filter(|&&r| r).count();
-                    Some(Box::new(DeltaNetWeights::load(g, l, index, h, sp, hy.ba)?))
-                }
-                _ => None,
-            };
-            let attn = deltanet.is_none();
-            let qk = |s: &str| match gr.qk_norm && attn {
-                true => vector(g, &n(s), d).map(Some),
-                false => Ok(None),
-            };
-            let opt = |on: bool, name: String, n: usize| match on {
-                true => vector(g, &name, n).map(Some),
-                false => Ok(None),
-            };
-            let exp_bias = match gr.experts {
-                Experts::OaiBiased { .. } if !lead && !dense => Some(ExpertBias {
-                    gate: floats(g, &b("ffn_gate_exps"), &[f, e])?,
-                    up: floats(g, &b("ffn_up_exps"), &[f, e])?,
-                    down: floats(g, &b("ffn_down_exps"), &[h, e])?,
-                }),
-                _ => None,
-            };
-            // A hybrid's attention projects q and its output gate: (Nh·2D, H).
-            let q_rows = if gr.hybrid.is_some() { 2 * qd } else { qd };
-            let proj = |s: &str, rows, cols| match attn {
-                true => matrix(g, &n(s), rows, cols),
-                false => Ok(absent(n(s))),
-            };
-            layers.push(LayerWeights {
-                o_bias: opt(gr.o_bias, b("attn_output"), h)?,
-                sinks: opt(gr.sinks, n("attn_sinks"), hp.n_head)?,
-                router_bias: opt(gr.router_bias && !lead && !dense, b("ffn_gate_inp"), e)?,
-                exp_bias,
-                attn_norm: vector(g, &n("attn_norm"), h)?,
-                wq: proj("attn_q", q_rows, h)?,
-                wk: proj("attn_k", kvd, h)?,
-                wv: proj("attn_v", kvd, h)?,
-                wo: proj("attn_output", h, qd)?,
-                q_norm: qk("attn_q_norm")?,
-                k_norm: qk("attn_k_norm")?,
-                qkv_bias,
-                ffn_norm: vector(g, &n(fnorm), h)?,
-                router: if one {
-                    one_expert_router(g, &n(fnorm), h)?
-                } else {
-                    matrix(g, &n("ffn_gate_inp"), e, h)?
-                },
-                gate: if one {
-                    one_expert(g, &n("ffn_gate"), fl, h)?
-                } else {
-                    experts(g, &n("ffn_gate_exps"), e, f, h)?
-                },
-                up: if one {
-                    one_expert(g, &n("ffn_up"), fl, h)?
-                } else {
-                    experts(g, &n("ffn_up_exps"), e, f, h)?
-                },
-                down: if one {
-                    one_expert(g, &n("ffn_down"), h, fl)?
-                } else {
-                    experts(g, &n("ffn_down_exps"), e, h, f)?
-                },
-                dense_ffn: lead,
-                exp_probs_b,
-                shared,
-                deltanet,
-            });
-        }
+        let layers = (0..hp.n_layer)
+            .map(|l| load_layer(g, hp, l))
+            .collect::<Result<Vec<_>>>()?;
+        let mtp = super::mtp::MtpWeights::load(g, hp)?;
         Ok(Weights {
             token_embd: te.clone(),
             output_norm: vector(g, "output_norm.weight", h)?,
             output,
             layers,
+            mtp,
             gguf,
         })
     }
@@ -375,7 +384,7 @@ impl Weights {
         }
     }
 
-    fn exps(&self, t: &TensorInfo) -> QExperts<'_> {
+    pub(super) fn exps(&self, t: &TensorInfo) -> QExperts<'_> {
         QExperts {
             ty: t.ty,
             data: self.gguf.data(t),

@@ -27,6 +27,9 @@ enum Backend {
     Gpu { m: Box<GpuModel> },
 }
 
+/// Where the MTP layer runs.
+const MTP_CPU: &str = "the MTP layer runs on the CPU path (device=\"cpu\")";
+
 /// Why the routing counters of a GPU model with every expert in VRAM are refused.
 const NOT_COUNTED: &str = "the GPU path with every expert in VRAM does not count the routing \
     (the routed ids never leave the GPU): count on device=cpu (the same routing) or in the \
@@ -625,6 +628,49 @@ impl PyModel {
     /// The positions `truncate` can restore a hybrid slot to (besides 0 and its length).
     fn checkpoints(&self, py: Python<'_>, slot: usize) -> PyResult<Vec<usize>> {
         Ok(self.with(py, |m| m.checkpoints(slot))?)
+    }
+
+    /// Whether the file carries a NextN / MTP layer Strata runs (on the CPU path).
+    #[getter]
+    fn has_mtp(&self, py: Python<'_>) -> bool {
+        self.with(py, |m| matches!(m, Backend::Cpu(m) if m.has_mtp()))
+    }
+
+    /// Starts (or stops) the MTP layer as a drafter: while on, each forward call also runs
+    /// it over the positions it adds. ModelError without one; ConfigError on the GPU path.
+    fn set_mtp(&self, py: Python<'_>, on: bool) -> PyResult<()> {
+        Ok(self.with(py, |m| match m {
+            Backend::Cpu(m) => m.set_mtp(on),
+            Backend::Gpu { .. } => Err(Error::Config(MTP_CPU.into())),
+        })?)
+    }
+
+    /// Whether the slot's MTP layer is in step with the slot's positions (it can draft).
+    fn mtp_ready(&self, py: Python<'_>, slot: usize) -> PyResult<bool> {
+        Ok(self.with(py, |m| match m {
+            Backend::Cpu(m) => m.mtp_ready(slot),
+            Backend::Gpu { .. } => Ok(false),
+        })?)
+    }
+
+    /// One MTP draft step: `token` at the slot's next draft position (`first`: the slot's
+    /// length, paired with the target's last hidden state; else after the previous step,
+    /// paired with its output). Returns the logits (n_vocab,) of the token after `token`.
+    fn mtp_draft<'py>(
+        &self,
+        py: Python<'py>,
+        slot: usize,
+        token: u32,
+        first: bool,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let out = self.with(py, |m| match m {
+            Backend::Cpu(m) => {
+                let mut out = vec![0f32; m.hp.n_vocab];
+                m.mtp_draft(slot, token, first, &mut out).map(|_| out)
+            }
+            Backend::Gpu { .. } => Err(Error::Config(MTP_CPU.into())),
+        })?;
+        Ok(PyArray1::from_vec(py, out))
     }
 
     /// "cpu" or "cuda".

@@ -8,12 +8,11 @@
 //! Shapes in numpy order: H = hidden, V = vocab, Nh·D / Nkv·D = q / kv width, E = experts,
 //! F = expert FFN width.
 
-use super::ffn::{FfnScale, GpuFfn};
-use crate::cuda::ops::quant;
+use crate::cuda::ops::{quant, router};
 use crate::cuda::{DevBuf, Gpu};
 use crate::error::{Error, Result};
 use crate::gguf::TensorInfo;
-use crate::model::weights::Weights;
+use crate::model::weights::{SharedExpert, Weights};
 use crate::quant::GgmlType;
 use std::sync::Arc;
 
@@ -59,7 +58,7 @@ pub struct GpuLayer {
     /// f32 [Nh·D], [Nkv·D], [Nkv·D], where the graph has Q/K/V biases.
     pub qkv_bias: Option<[DevBuf; 3]>,
     pub ffn_norm: DevBuf, // f32 [H]
-    /// The shared expert, where the graph has one (`ffn::GpuFfn`).
+    /// The shared expert, where the graph has one (`GpuFfn`, launched by `ffn`).
     pub shared: Option<GpuFfn>,
     pub router: GpuMat, // (E, H)
     /// f32 [E]: the selection bias of the sigmoid routing (`exp_probs_b`), where it has one.
@@ -263,5 +262,97 @@ impl GpuWeights {
             output,
             layers,
         })
+    }
+}
+
+/// How a dense FFN's output is scaled per row (the `Shared` strategy of the family's graph).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnScale {
+    /// Added as is (glm4moe's shared expert, a leading dense layer).
+    One,
+    /// × silu(g)/g of g = gate_inp·h (qwen2moe's ggml_silu then ggml_div; g = 0 gives 0.5).
+    SiluOverX,
+    /// × σ(g) (qwen3next, qwen35moe).
+    Sigmoid,
+}
+
+impl FfnScale {
+    /// The scale of a shared expert as its graph loaded it (`arch::Shared`: no gate row is
+    /// `Plain`, a sigmoid one `Sigmoid`, else `Gated`).
+    pub fn of(sh: &SharedExpert) -> FfnScale {
+        match (&sh.gate_inp, sh.sigmoid) {
+            (None, _) => FfnScale::One,
+            (Some(_), true) => FfnScale::Sigmoid,
+            (Some(_), false) => FfnScale::SiluOverX,
+        }
+    }
+
+    /// The `router::ffn_gate` mode of a gated scale.
+    pub(super) fn mode(self) -> Option<router::GateMode> {
+        match self {
+            FfnScale::One => None,
+            FfnScale::SiluOverX => Some(router::GateMode::SiluOverX),
+            FfnScale::Sigmoid => Some(router::GateMode::Sigmoid),
+        }
+    }
+}
+
+/// One dense SwiGLU FFN in VRAM.
+pub struct GpuFfn {
+    pub gate: GpuMat, // (F, H)
+    pub up: GpuMat,   // (F, H)
+    pub down: GpuMat, // (H, F)
+    /// (1, H): the gate logit's row, where `scale` is gated.
+    pub gate_inp: Option<GpuMat>,
+    pub scale: FfnScale,
+    /// u64 [3]: the addresses of gate, up and down (each a table of one expert).
+    pub tab: DevBuf,
+}
+
+impl GpuFfn {
+    /// The FFN over uploaded matrices; refuses a misaligned matrix as the expert kernels
+    /// would skip it.
+    pub fn new(
+        gpu: &Gpu,
+        [gate, up, down]: [GpuMat; 3],
+        gate_inp: Option<GpuMat>,
+        scale: FfnScale,
+    ) -> Result<GpuFfn> {
+        for m in [&gate, &up, &down] {
+            let align = quant::weight_align(m.ty).unwrap_or(1).max(1);
+            if !m.ptr().is_multiple_of(align) {
+                return Err(Error::Model(format!(
+                    "tensor {}: not {align}-byte aligned in VRAM as the GPU kernels for {} need",
+                    m.name,
+                    m.ty.name()
+                )));
+            }
+        }
+        if scale != FfnScale::One && gate_inp.is_none() {
+            return Err(Error::Model(format!(
+                "{}: a gated FFN without its gate row",
+                gate.name
+            )));
+        }
+        let tab = gpu.upload_pod(&[gate.ptr(), up.ptr(), down.ptr()])?;
+        Ok(GpuFfn {
+            gate,
+            up,
+            down,
+            gate_inp,
+            scale,
+            tab,
+        })
+    }
+
+    /// F: the FFN's width.
+    pub fn width(&self) -> usize {
+        self.gate.rows
+    }
+
+    pub fn mats(&self) -> impl Iterator<Item = &GpuMat> {
+        [&self.gate, &self.up, &self.down]
+            .into_iter()
+            .chain(self.gate_inp.as_ref())
     }
 }

@@ -280,7 +280,7 @@ impl Recurrent {
             eps,
             t,
         };
-        let windows_only = par.run(
+        par.run(
             compute,
             (qkv, z, ba, core),
             (&mut self.conv, &mut self.ssm),
@@ -297,10 +297,10 @@ impl Recurrent {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has FMA (checked above).
-            unsafe { recur_fma(sp, self.opts, dw, eps, io, st, pieces, t, windows_only) };
+            unsafe { recur_fma(sp, self.opts, dw, eps, io, st, pieces, t) };
             return compute.matmul_segs(&w.mat(&dw.out), &self.core[..t * vd], segs, out);
         }
-        recur(sp, self.opts, dw, eps, io, st, pieces, t, windows_only);
+        recur(sp, self.opts, dw, eps, io, st, pieces, t);
         let core = &self.core[..t * vd];
         compute.matmul_segs(&w.mat(&dw.out), core, segs, out) // [R', H]
     }
@@ -334,14 +334,13 @@ unsafe fn recur_fma(
     st: States<'_>,
     pieces: &[Piece],
     t: usize,
-    windows_only: bool,
 ) {
-    recur(sp, opts, dw, eps, io, st, pieces, t, windows_only)
+    recur(sp, opts, dw, eps, io, st, pieces, t)
 }
 
 /// Conv, delta rule and gated norm of every row, each piece on its slot's state, token by
 /// token (`io.qkv` [R', C] is conv'd in place; the output goes to `io.core` [R', Nv·S]);
-/// `windows_only`: only the window pieces (the others ran on the compute's tasks).
+/// only the window pieces: the others ran on the compute's tasks (`deltanet_par`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn recur(
@@ -353,7 +352,6 @@ fn recur(
     st: States<'_>,
     pieces: &[Piece],
     t: usize,
-    windows_only: bool,
 ) {
     let (c, vd) = (sp.conv_dim(), sp.v_dim());
     let (cs, ss) = sp.state_floats();
@@ -363,7 +361,7 @@ fn recur(
         let window = st.windows.get(j).copied().unwrap_or(false);
         let conv = &mut st.conv[p.slot][i * cs..(i + 1) * cs];
         let m = &mut st.ssm[p.slot][i * ss..(i + 1) * ss];
-        if windows_only && !window {
+        if !window {
             continue; // run on the compute's tasks (`deltanet_par`)
         }
         for r in p.r0..p.r0 + p.t {

@@ -38,9 +38,25 @@ struct Shared(*mut f32);
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
+/// The slots' state vectors, each task touching only its own slot's (one piece a slot).
+#[derive(Clone, Copy)]
+struct SharedVecs(*mut Vec<f32>);
+// SAFETY: as `Shared`; the vectors are not resized while the tasks run.
+unsafe impl Sync for SharedVecs {}
+unsafe impl Send for SharedVecs {}
+
+impl SharedVecs {
+    /// Floats from `off` of slot `slot`'s vector.
+    /// Safety: `slot` indexes the list and its vector holds more than `off` floats.
+    unsafe fn at(self, slot: usize, off: usize) -> Shared {
+        Shared((*self.0.add(slot)).as_mut_ptr().add(off))
+    }
+}
+
 impl Heads<'_> {
-    /// Runs the pieces that are not windows (`windows[j]` false or absent); returns whether
-    /// it did (false: nothing ran, e.g. two pieces on one slot, and the serial loop does all).
+    /// Runs the pieces that are not windows (`windows[j]` false or absent; the serial loop
+    /// runs the windows). No allocation: a window's tasks return at once. A step's pieces
+    /// are on distinct slots (`batch::check_batch`), so their states are disjoint.
     pub fn run(
         &self,
         compute: &dyn Compute,
@@ -48,16 +64,7 @@ impl Heads<'_> {
         states: (&mut [Vec<f32>], &mut [Vec<f32>]),
         pieces: &[Piece],
         windows: &[bool],
-    ) -> Result<bool> {
-        let jobs: Vec<usize> = (0..pieces.len())
-            .filter(|&j| !windows.get(j).copied().unwrap_or(false))
-            .collect();
-        let mut slots: Vec<usize> = jobs.iter().map(|&j| pieces[j].slot).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        if jobs.is_empty() || slots.len() != jobs.len() {
-            return Ok(false);
-        }
+    ) -> Result<()> {
         let (sp, dw) = (self.sp, self.dw);
         let (c, vd) = (sp.conv_dim(), sp.v_dim());
         let (cs, ss) = sp.state_floats();
@@ -65,24 +72,30 @@ impl Heads<'_> {
         assert!(qkv.len() >= self.t * c && core.len() >= self.t * vd && z.len() >= self.t * vd);
         let (conv, ssm) = states;
         let i = dw.index;
+        assert!(pieces.iter().all(|p| {
+            p.slot < conv.len()
+                && p.slot < ssm.len()
+                && conv[p.slot].len() >= (i + 1) * cs
+                && ssm[p.slot].len() >= (i + 1) * ss
+        }));
         let (qkv_p, core_p) = (Shared(qkv.as_mut_ptr()), Shared(core.as_mut_ptr()));
-        // [slot] this layer's states (disjoint per slot; the checks above: one piece a slot)
-        let layer = |states: &mut [Vec<f32>], n: usize| -> Vec<Shared> {
-            let at = |v: &mut Vec<f32>| {
-                assert!(v.len() >= (i + 1) * n);
-                Shared(v[i * n..].as_mut_ptr())
-            };
-            states.iter_mut().map(at).collect()
-        };
-        let (conv_p, ssm_p) = (layer(conv, cs), layer(ssm, ss));
+        // [slot] every slot's state vectors; a task takes this layer's part of its slot's
+        let (conv_v, ssm_v) = (SharedVecs(conv.as_mut_ptr()), SharedVecs(ssm.as_mut_ptr()));
         let nk = sp.n_k;
         let task = |u: usize| {
-            let (p, kh) = (&pieces[jobs[u / nk]], u % nk);
-            let dst = Dst {
-                qkv: qkv_p,
-                core: core_p,
-                conv: conv_p[p.slot],
-                ssm: ssm_p[p.slot],
+            let (j, kh) = (u / nk, u % nk);
+            if windows.get(j).copied().unwrap_or(false) {
+                return;
+            }
+            let p = &pieces[j];
+            // SAFETY: p.slot indexes both state lists and its vectors hold layer i (asserted).
+            let dst = unsafe {
+                Dst {
+                    qkv: qkv_p,
+                    core: core_p,
+                    conv: conv_v.at(p.slot, i * cs),
+                    ssm: ssm_v.at(p.slot, i * ss),
+                }
             };
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("fma") {
@@ -94,8 +107,7 @@ impl Heads<'_> {
             // SAFETY: as above.
             unsafe { self.piece_head(p, kh, dst, z, ba) };
         };
-        compute.for_each(jobs.len() * nk, &task)?;
-        Ok(true)
+        compute.for_each(pieces.len() * nk, &task)
     }
 
     #[cfg(target_arch = "x86_64")]

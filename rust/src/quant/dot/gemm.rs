@@ -29,13 +29,11 @@ pub fn has_multi_kernel(isa: Isa, w: GgmlType, order: Order) -> bool {
     multi_for(isa, w, order).is_some()
 }
 
-/// Whether the AVX-512 ISA dispatches to its own multi-token kernels (`gemm_avx512.rs`, which
-/// declines Q8_0). On since `avx512_multi_equals_scalar_bitwise` / tests/test_gemm_isa.py
-/// passed on an AVX-512 CPU (the device host's Xeon, 26 passed, 2026-12-02).
-const AVX512_MULTI: bool = true;
-
+/// The multi-token kernel of `w` in `order` for `isa`: AVX-512's own (`gemm_avx512::kernel`:
+/// Q4_K and Q6_K; they passed `avx512_multi_equals_scalar_bitwise` / tests/test_gemm_isa.py on
+/// the GPU host's Xeon, 2026-12-02), else the AVX2 one.
 fn multi_for(isa: Isa, w: GgmlType, order: Order) -> Option<gemm_avx2::MultiFn> {
-    if AVX512_MULTI && isa == Isa::Avx512 && isa.available() {
+    if isa == Isa::Avx512 && isa.available() {
         if let Some(k) = gemm_avx512::kernel(w, order) {
             return Some(k);
         }

@@ -271,7 +271,11 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
     let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
     let xg = |j| act(p.xq_g, p.xq_g_rb, j);
     let key = |j: usize| p.order(q0 + j) & (ORDER_G | ORDER_U);
-    let group = |k: u8| gd[pick(k, ORDER_G)].group().min(ud[pick(k, ORDER_U)].group());
+    let group = |k: u8| {
+        gd[pick(k, ORDER_G)]
+            .group()
+            .min(ud[pick(k, ORDER_U)].group())
+    };
     let (mut gr, mut ur) = ([0f32; RUN_ROWS * MAX_T], [0f32; RUN_ROWS * MAX_T]);
     blocked(rows, np, key, group, rpb, xg, |ra, rb, g0, xg| {
         let (m, nr) = (xg.len(), rb - ra);

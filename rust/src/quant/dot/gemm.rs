@@ -8,17 +8,17 @@
 use super::{active_isa, kernel_for, kernel_many, DotFn, Isa, Order};
 use crate::quant::GgmlType;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "gemm_amx.rs"]
+mod gemm_amx;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx2;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx512.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx512;
-#[cfg(target_arch = "x86_64")]
-#[path = "gemm_amx.rs"]
-mod gemm_amx;
 
-/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, `Order::Single`).
+/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders).
 pub fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -87,8 +87,9 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
-    /// `rows_call` may take the AMX tiles (Q4_K, `Order::Single`, AVX-512 active, AMX here).
+    /// `rows_call` may take the AMX tiles (Q4_K, AVX-512 active, AMX here).
     amx: bool,
+    order: Order,
 }
 
 impl MultiDot {
@@ -128,10 +129,8 @@ impl MultiDot {
             act_len,
             single: single_for(isa, w, order),
             multi,
-            amx: isa == Isa::Avx512
-                && w == GgmlType::Q4K
-                && order == Order::Single
-                && amx_available(),
+            amx: isa == Isa::Avx512 && w == GgmlType::Q4K && amx_available(),
+            order,
         }
     }
 
@@ -170,7 +169,12 @@ impl MultiDot {
         #[cfg(target_arch = "x86_64")]
         if self.uses_amx(nt) {
             // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
-            unsafe { gemm_amx::q4_k_rows(self.n, rows, nr, acts, out) };
+            unsafe {
+                match self.order {
+                    Order::Single => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
+                    Order::Many => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
+                }
+            };
             return;
         }
         for (r, o) in out.chunks_exact_mut(nt.max(1)).take(nr).enumerate() {
@@ -389,8 +393,8 @@ mod tests {
         assert!(checked >= 4 * 2 * 4);
     }
 
-    /// The AMX tile path (`rows_call` on Q4_K, `Order::Single`) against the scalar
-    /// single-token kernel, bitwise: row counts around the 16-row tile, token counts around the
+    /// The AMX tile path (`rows_call` on Q4_K, both orders) against the scalar
+    /// single-token kernel of the order, bitwise: row counts around the 16-row tile, token counts around the
     /// 16-token tile (from `AMX_MIN_T`), several row lengths, activations at the extremes (±127)
     /// beside random ones, and weights whose scales and mins take every 6-bit extreme.
     #[test]
@@ -401,13 +405,18 @@ mod tests {
             "amx_rows_equal_scalar_bitwise needs AMX-INT8: tests/test_isa.py runs it only where it can"
         );
         let w = GgmlType::Q4K;
-        let scalar = single_for(Isa::Scalar, w, Order::Single);
         let mut checked = 0;
-        for nb in [1usize, 3, 8] {
+        for (order, nb) in [Order::Single, Order::Many]
+            .into_iter()
+            .flat_map(|o| [1usize, 3, 8].map(|nb| (o, nb)))
+        {
+            let scalar = single_for(Isa::Scalar, w, order);
             let n = nb * 256;
             let mut rng = Rng::new(0xA4 + nb as u64);
             let nr_max = 40;
-            let mut rows: Vec<u8> = (0..nr_max).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            let mut rows: Vec<u8> = (0..nr_max)
+                .flat_map(|_| random_row(w, n, &mut rng))
+                .collect();
             // row 1: every scale and min byte 0xFF (6-bit values 63), row 2: all zero bytes
             for b in 0..nb {
                 let rb = w.row_bytes(n).unwrap();
@@ -415,11 +424,13 @@ mod tests {
                 rows[2 * rb + 144 * b + 4..2 * rb + 144 * b + 144].fill(0);
             }
             let mut acts: Vec<Vec<u8>> = (0..40).map(|_| random_act(w, n, &mut rng)).collect();
-            let x: Vec<f32> = (0..n).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+            let x: Vec<f32> = (0..n)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
             let y: Vec<f32> = x.iter().map(|v| -v).collect();
             super::super::quantize_act(GgmlType::Q8K, &x, &mut acts[1]).unwrap();
             super::super::quantize_act(GgmlType::Q8K, &y, &mut acts[17]).unwrap();
-            let md = MultiDot::with_isa(Isa::Avx512, w, n, Order::Single);
+            let md = MultiDot::with_isa(Isa::Avx512, w, n, order);
             let rb = w.row_bytes(n).unwrap();
             for nr in [1usize, 5, 16, 17, 40] {
                 for nt in [AMX_MIN_T, 13, 15, 16, 17, 31, 32, 40] {
@@ -433,7 +444,7 @@ mod tests {
                             assert_eq!(
                                 out[r * nt + t].to_bits(),
                                 want.to_bits(),
-                                "n={n} nr={nr} nt={nt} r={r} t={t}: {} vs {want}",
+                                "{order:?} n={n} nr={nr} nt={nt} r={r} t={t}: {} vs {want}",
                                 out[r * nt + t]
                             );
                             checked += 1;

@@ -1,5 +1,6 @@
-//! Q4_K × Q8_K on Intel AMX-INT8 tiles (`tdpbusd`), `Order::Single` (ggml's `vec_dot`
-//! order): many weight rows against many tokens per call, 16 rows × 16 tokens per tile.
+//! Q4_K × Q8_K on Intel AMX-INT8 tiles (`tdpbusd`), in both orders (`Order::Single`, ggml's
+//! `vec_dot`; `Order::Many`, its repacked gemm): many weight rows against many tokens per
+//! call, 16 rows × 16 tokens per tile.
 //!
 //! Exactness: a tile product is an exact integer sum, so every (row, token, block) gets the
 //! very integers of the single-token kernel, then the same float operations:
@@ -8,7 +9,9 @@
 //!   `sumi = C_lo + 8·C_hi`;
 //! - `summ = Σ_s m_s·bsum_s = Σ_l m_{s(l)}·a_l` (a Q8_K bsum is the exact sum of its 16
 //!   quantized activations): a third tile product with the mins spread over their weights;
-//! - per block `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)` (`common::k_add_min`), no fusing.
+//! - per block `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)` (`common::k_add_min`), no fusing;
+//!   in `Order::Many` the same sums per pair of sub-blocks (one 64-weight chunk: the tiles
+//!   stored after each chunk) and the gemm's two fused accumulators.
 //!
 //! Tiles: A (weights, u8) row r = 64 weights of one chunk of row r, as decoded below; B
 //! (activations, s8) in the VNNI layout `B[k/4][4t + k%4] = a_t[k]`: the 16 tokens' 64-byte
@@ -117,7 +120,10 @@ thread_local! {
 
 macro_rules! tdp {
     ($c:literal, $a:literal, $b:literal) => {
-        asm!(concat!("tdpbusd tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack))
+        asm!(
+            concat!("tdpbusd tmm", $c, ", tmm", $a, ", tmm", $b),
+            options(nostack)
+        )
     };
 }
 
@@ -178,7 +184,9 @@ unsafe fn pack_b(acts: &[&[u8]], nb: usize, b: &mut [Line]) {
         for blk in 0..nb {
             for c in 0..4 {
                 let rows: [__m512i; 16] = std::array::from_fn(|t| match toks.get(t) {
-                    Some(a) => _mm512_loadu_si512(a.as_ptr().add(AB * blk + 4 + 64 * c) as *const _),
+                    Some(a) => {
+                        _mm512_loadu_si512(a.as_ptr().add(AB * blk + 4 + 64 * c) as *const _)
+                    }
                     None => _mm512_setzero_si512(),
                 });
                 let o = transpose16(&rows);
@@ -216,7 +224,10 @@ unsafe fn pack_a(
     for r in 0..TILE {
         if r >= nr {
             for k in 0..12 {
-                _mm512_store_si512(a[k * TILE + r].0.as_mut_ptr() as *mut _, _mm512_setzero_si512());
+                _mm512_store_si512(
+                    a[k * TILE + r].0.as_mut_ptr() as *mut _,
+                    _mm512_setzero_si512(),
+                );
             }
             continue;
         }
@@ -246,50 +257,90 @@ unsafe fn pack_a(
     (d, dm)
 }
 
-/// `out[r·nt + t] = vec_dot(row r, acts[t])` (Q4_K, `Order::Single`) for the `nr` rows of
-/// `rows` (each `row_len` bytes, n weights) and the `nt = acts.len()` tokens.
+/// The tiles' sums of one (row tile, token tile): (C_lo, C_hi, C_min) as `c[k·16 + r][t]`.
+type CTiles = [[i32; TILE]; 3 * TILE];
+
+/// Row r's (sumi, summ) of `c` for the 16 tokens, as floats: `C_lo + 8·C_hi` and `C_min`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn sums(c: &CTiles, r: usize) -> (__m512, __m512) {
+    let ld = |k: usize| _mm512_loadu_si512(c[k * TILE + r].as_ptr() as *const _);
+    let si = _mm512_add_epi32(ld(0), _mm512_slli_epi32::<3>(ld(1)));
+    (_mm512_cvtepi32_ps(si), _mm512_cvtepi32_ps(ld(2)))
+}
+
+/// Zero the C tiles, add chunks `chunks` of block `blk` (A in `a`, B of token tile `tt` in
+/// `bt`), store them to `c`.
+#[inline(always)]
+unsafe fn products(
+    a: &[Line],
+    bt: &[Line],
+    base: usize,
+    chunks: std::ops::Range<usize>,
+    c: &mut CTiles,
+) {
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        options(nostack)
+    );
+    for ch in chunks {
+        tile_load::<4>(bt[base + ch * 16].0.as_ptr());
+        tile_load::<3>(a[(ch * 3) * TILE].0.as_ptr());
+        tdp!("0", "3", "4");
+        tile_load::<3>(a[(ch * 3 + 1) * TILE].0.as_ptr());
+        tdp!("1", "3", "4");
+        tile_load::<3>(a[(ch * 3 + 2) * TILE].0.as_ptr());
+        tdp!("2", "3", "4");
+    }
+    for k in 0..3 {
+        tile_store_c(k, c[k * TILE].as_mut_ptr() as *mut u8);
+    }
+}
+
+/// `out[r·nt + t] = dot(row r, acts[t])` (Q4_K) for the `nr` rows of `rows` (each n weights)
+/// and the `nt = acts.len()` tokens, in `Order::Single` (`MANY` false: per block
+/// `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)`) or `Order::Many` (per pair of sub-blocks, i.e.
+/// per 64-weight chunk, `acc = fma(f32(si), d·d_a, acc)`, `accm = fma(f32(sm), dmin·d_a,
+/// accm)`, then `acc − accm`, as `scalar_k::q4_k_gemm`).
 ///
 /// # Safety
 /// `available()` is true; every row holds `n / 256` Q4_K blocks and every activation
 /// `n / 256` Q8_K blocks; `out.len() == nr · nt`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn q4_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+pub unsafe fn q4_k_rows<const MANY: bool>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
     let (nb, nt) = (n / 256, acts.len());
     let row_len = WB * nb;
     assert!(rows.len() >= nr * row_len && out.len() == nr * nt);
     let ntt = nt.div_ceil(TILE);
+    // acc[r][t] (and, for MANY, accm[r][t] after it)
+    let per = TILE * ntt * TILE;
     SCRATCH.with(|cell| {
         let Scratch { b: bt, acc } = &mut *cell.borrow_mut();
         let need = ntt * nb * 4 * TILE;
         if bt.len() < need {
             bt.resize(need, Line([0; 64]));
         }
-        if acc.len() < TILE * ntt * TILE {
-            acc.resize(TILE * ntt * TILE, 0.0);
+        if acc.len() < 2 * per {
+            acc.resize(2 * per, 0.0);
         }
         pack_b(acts, nb, bt);
         asm!("ldtilecfg [{0}]", in(reg) CFG.0.as_ptr(), options(nostack));
         let mut a = [Line([0; 64]); 4 * 3 * TILE];
-        let mut c = [[0i32; TILE]; 3 * TILE];
+        let mut c: CTiles = [[0i32; TILE]; 3 * TILE];
         for r0 in (0..nr).step_by(TILE) {
             let rn = (nr - r0).min(TILE);
-            acc.iter_mut().for_each(|v| *v = 0.0);
+            acc[..2 * per].iter_mut().for_each(|v| *v = 0.0);
             for blk in 0..nb {
                 let (d, dm) = pack_a(rows, row_len, r0, rn, blk, &mut a);
                 for tt in 0..ntt {
-                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", options(nostack));
-                    for ch in 0..4 {
-                        tile_load::<4>(bt[((tt * nb + blk) * 4 + ch) * 16].0.as_ptr());
-                        tile_load::<3>(a[(ch * 3) * TILE].0.as_ptr());
-                        tdp!("0", "3", "4");
-                        tile_load::<3>(a[(ch * 3 + 1) * TILE].0.as_ptr());
-                        tdp!("1", "3", "4");
-                        tile_load::<3>(a[(ch * 3 + 2) * TILE].0.as_ptr());
-                        tdp!("2", "3", "4");
-                    }
-                    for k in 0..3 {
-                        tile_store_c(k, c[k * TILE].as_mut_ptr() as *mut u8);
-                    }
                     // da of the tile's 16 tokens (0 for missing ones)
                     let mut da = [0f32; TILE];
                     for (t, v) in da.iter_mut().enumerate() {
@@ -298,25 +349,44 @@ pub unsafe fn q4_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &
                         }
                     }
                     let dav = _mm512_loadu_ps(da.as_ptr());
-                    for r in 0..rn {
-                        let ld = |k: usize| _mm512_loadu_si512(c[k * TILE + r].as_ptr() as *const _);
-                        let si = _mm512_add_epi32(ld(0), _mm512_slli_epi32::<3>(ld(1)));
-                        let si = _mm512_cvtepi32_ps(si);
-                        let sm = _mm512_cvtepi32_ps(ld(2));
-                        let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
-                        let dmv = _mm512_mul_ps(dav, _mm512_set1_ps(dm[r]));
-                        let p = acc.as_mut_ptr().add((r * ntt + tt) * TILE);
-                        let v = _mm512_add_ps(
-                            _mm512_loadu_ps(p),
-                            _mm512_sub_ps(_mm512_mul_ps(dd, si), _mm512_mul_ps(dmv, sm)),
-                        );
-                        _mm512_storeu_ps(p, v);
+                    let base = (tt * nb + blk) * 4 * 16;
+                    let accp = acc.as_mut_ptr();
+                    let pa = |r: usize| accp.add((r * ntt + tt) * TILE);
+                    if MANY {
+                        for ch in 0..4 {
+                            products(&a, bt, base, ch..ch + 1, &mut c);
+                            for r in 0..rn {
+                                let (si, sm) = sums(&c, r);
+                                // d·d_a and dmin·d_a (IEEE products commute)
+                                let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
+                                let dmv = _mm512_mul_ps(dav, _mm512_set1_ps(dm[r]));
+                                let (p, pm) = (pa(r), pa(r).add(per));
+                                _mm512_storeu_ps(p, _mm512_fmadd_ps(si, dd, _mm512_loadu_ps(p)));
+                                _mm512_storeu_ps(pm, _mm512_fmadd_ps(sm, dmv, _mm512_loadu_ps(pm)));
+                            }
+                        }
+                    } else {
+                        products(&a, bt, base, 0..4, &mut c);
+                        for r in 0..rn {
+                            let (si, sm) = sums(&c, r);
+                            let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
+                            let dmv = _mm512_mul_ps(dav, _mm512_set1_ps(dm[r]));
+                            let p = pa(r);
+                            let v = _mm512_add_ps(
+                                _mm512_loadu_ps(p),
+                                _mm512_sub_ps(_mm512_mul_ps(dd, si), _mm512_mul_ps(dmv, sm)),
+                            );
+                            _mm512_storeu_ps(p, v);
+                        }
                     }
                 }
             }
             for r in 0..rn {
-                let src = &acc[r * ntt * TILE..r * ntt * TILE + nt];
-                out[(r0 + r) * nt..(r0 + r + 1) * nt].copy_from_slice(src);
+                let o = &mut out[(r0 + r) * nt..(r0 + r + 1) * nt];
+                for (t, v) in o.iter_mut().enumerate() {
+                    let i = r * ntt * TILE + t;
+                    *v = if MANY { acc[i] - acc[per + i] } else { acc[i] };
+                }
             }
         }
         asm!("tilerelease", options(nostack));

@@ -74,10 +74,7 @@ unsafe fn lanes(dec: &Decoded, ap: *const u8) -> __m256i {
         let p = _mm512_madd_epi16(_mm512_maddubs_epi16(dec.grid[c], av), dec.scale[c]);
         s = _mm512_add_epi32(s, p);
     }
-    _mm256_add_epi32(
-        _mm512_castsi512_si256(s),
-        _mm512_extracti64x4_epi64::<1>(s),
-    )
+    _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s))
 }
 
 /// Tokens `acts[t0..t0 + N]` against block `b` (decoded in `dec`, scale `d`): their lanes
@@ -101,8 +98,11 @@ unsafe fn pass<const N: usize, const MANY: bool>(
         if MANY {
             acc[t0 + j] += (hsum_i32(l[j]) as f32 * d) * da;
         } else {
-            accv[t0 + j] =
-                _mm256_fmadd_ps(_mm256_set1_ps(d * da), _mm256_cvtepi32_ps(l[j]), accv[t0 + j]);
+            accv[t0 + j] = _mm256_fmadd_ps(
+                _mm256_set1_ps(d * da),
+                _mm256_cvtepi32_ps(l[j]),
+                accv[t0 + j],
+            );
         }
     }
 }

@@ -105,11 +105,13 @@ impl MultiDot {
     }
 
     /// With the AVX-512 multi-token kernel of `w`, its VNNI variant or (`vnni` false) the
-    /// AVX-512BW one; None when the CPU cannot run it or the type has none (tests and
+    /// AVX-512BW one (never the AMX tiles); None when the CPU cannot run it or the type has none (tests and
     /// benchmarks compare the variants).
     pub fn avx512_variant(w: GgmlType, n: usize, order: Order, vnni: bool) -> Option<MultiDot> {
         let k = gemm_avx512::kernel_with(w, order, vnni)?;
-        Some(MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k)))
+        let mut md = MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k));
+        md.amx = false; // the variant itself, not the tiles
+        Some(md)
     }
 
     fn with_kernel(

@@ -10,6 +10,7 @@ mod batch_scratch;
 mod bounce;
 mod experts;
 mod ffn;
+mod gdn;
 mod hybrid;
 mod hybrid_cfg;
 mod kv_io;

@@ -1,0 +1,143 @@
+"""The hybrid-attention families (qwen3next, qwen35moe: Gated DeltaNet layers beside gated
+full attention, a shared expert with a sigmoid gate) on the GPU and hybrid paths, with the
+CPU path as the reference (that path is checked against HF transformers and llama.cpp in
+test_model_families.py and test_model_hybrid.py).
+
+The files are test_model_families.py's `family_file` (gguf-py writes the F32 file in the
+layout llama.cpp's converter writes, llama.cpp's quantizer makes the others): 4 layers, the
+even ones recurrent (Nk = 2 key heads, Nv = 4 value heads, S = 64, Kc = 4), the odd ones
+gated attention with partial rotary (16 of 64 dims; qwen35moe's M-RoPE sections as NEOX), 8
+routed experts top-2 and a shared expert in every layer. The protocol is test_gpu_model.py's
+(and test_gpu_families.py's): top-1 ≥ 99% at the CPU's sure positions (prefill and decode
+chunks), greedy 64-token continuations identical up to the CPU's first near-tie on ≥ 9 of
+10 prompts and top-1 ≥ 99% along the CPU's path; the hybrid placement with 25% of the
+experts in VRAM slots is held to the same protocol, and with every expert in a slot it is
+bitwise the pure-GPU path. The recurrent state in VRAM follows the CPU path's semantics: a
+speculative window's checkpoints and a marked prompt end restore bitwise (the same kernels
+run the same rows again), other truncations are refused and change nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from strata._core import Model
+from test_gpu_families import family_path, hybrid
+from test_gpu_model import N_CTX, greedy_vs_cpu, logits_vs_cpu, prompts
+
+pytestmark = pytest.mark.gpu
+
+FAMILIES = ["qwen3next", "qwen35moe"]
+TYPES = ["Q8_0", "Q4_K_M"]
+# family_file's hybrid shape: 4 layers, each with 8 routed experts (top-2)
+N_ROUTED = 4 * 8
+QUARTER = N_ROUTED // 4
+CASES = [pytest.param(f, t, id=f"{f}-{t}") for f in FAMILIES for t in TYPES]
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("fam, ty", CASES)
+def test_logits_agree_with_cpu(fam: str, ty: str) -> None:
+    assert logits_vs_cpu(family_path(fam, ty), f"{fam} {ty}") >= 0.99
+
+
+@pytest.mark.parametrize("fam, ty", CASES)
+def test_greedy_continuations_match_cpu(fam: str, ty: str) -> None:
+    same, agree, cuda = greedy_vs_cpu(family_path(fam, ty), f"{fam} {ty}")
+    assert cuda.hparams["recurrent"] is True
+    assert cuda.hparams["recurrent_state_bytes"] > 0
+    assert same >= 9
+    assert agree >= 0.99
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_hybrid_quarter_matches_cpu(fam: str) -> None:
+    """25% of the experts in VRAM slots, the misses on the CPU pool, swaps after every step;
+    the shared experts and the DeltaNet layers on the GPU."""
+    path = family_path(fam, "Q4_K_M")
+    same, agree, cuda = greedy_vs_cpu(
+        path, f"{fam} Q4_K_M hybrid 25%", **hybrid(vram_slots=QUARTER, adapt_every=1)
+    )
+    info, c = cuda.hybrid_info(), cuda.hybrid_counters()
+    assert info is not None and c is not None
+    assert info["n_slots"] == QUARTER and info["n_experts"] == N_ROUTED
+    h, mc, mp = c.totals()
+    print(f"{fam} hybrid: hits {h}, CPU misses {mc}, swaps {c.snapshot()['swaps']}")
+    assert mc > 0 and h > 0 and mp == 0
+    assert same >= 9
+    assert agree >= 0.99
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
+    path = family_path(fam, "Q4_K_M")
+    kw: dict[str, Any] = dict(n_ctx=N_CTX, prefill_chunk=24, device="cuda")
+    pure = Model.open(path, threads=2, **kw)
+    hy = Model.open(path, **kw, **hybrid(vram_slots=N_ROUTED, adapt_every=0))
+    for toks in prompts(2, 32, seed=11, vocab=pure.n_vocab):
+        pure.free(0)
+        hy.free(0)
+        a = pure.forward(0, toks, logits="all")  # chunks of 24 and 8
+        b = hy.forward(0, toks, logits="all")
+        assert np.array_equal(a, b)
+        for _ in range(4):
+            nxt = [int(a[-1].argmax())]
+            a = pure.forward(0, nxt)[None]
+            b = hy.forward(0, nxt)[None]
+            assert np.array_equal(a, b)
+    assert hy.cuda_graph_state == "captured (per layer)"
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_state_checkpoints_restore_bitwise(fam: str, tmp_path: Path) -> None:
+    """A window's checkpoints and a marked prompt end: truncating to one and running the
+    same tokens again gives bitwise the logits of the first run; other positions are
+    refused (ValueError) and change nothing; free starts over. The restorable positions are
+    the CPU path's."""
+    path = family_path(fam, "Q8_0")
+    kw: dict[str, Any] = dict(n_ctx=N_CTX, n_slots=2, prefill_chunk=16)
+    cuda = Model.open(path, device="cuda", **kw)
+    cpu = Model.open(path, **kw)
+    toks = prompts(1, 40, seed=7, vocab=cuda.n_vocab)[0]
+    first = cuda.forward(1, toks[:20], logits="all")
+    cuda.checkpoint(1)  # the prompt's end: a prefix-cache point
+    win = cuda.forward(1, toks[20:26], logits="window")  # positions 21..26 checkpointed
+    after = cuda.forward(1, toks[26:30], logits="all")
+    cpu.forward(1, toks[:20], logits="none")
+    cpu.checkpoint(1)
+    cpu.forward(1, toks[20:26], logits="window")
+    cpu.forward(1, toks[26:30], logits="none")
+    assert cuda.checkpoints(1) == cpu.checkpoints(1) == [20, *range(21, 27)]
+    with pytest.raises(ValueError, match="recurrent state"):
+        cuda.truncate(1, 27)  # past the window: not checkpointed
+    assert cuda.slot_len(1) == 30
+    # rollback to inside the window (a rejected draft), then the same tokens again
+    cuda.truncate(1, 23)
+    assert cuda.slot_len(1) == 23 and cuda.checkpoints(1) == [20, 21, 22, 23]
+    again = cuda.forward(1, toks[23:26], logits="window")
+    assert np.array_equal(bits(again), bits(win[3:]))
+    assert np.array_equal(bits(cuda.forward(1, toks[26:30], logits="all")), bits(after))
+    # back to the marked prompt end
+    cuda.truncate(1, 20)
+    assert cuda.checkpoints(1) == [20]
+    again = cuda.forward(1, toks[20:26], logits="window")
+    assert np.array_equal(bits(again), bits(win))
+    # free starts over: the first run again; the other slot's state is its own
+    cuda.free(1)
+    cuda.forward(0, toks[:7], logits="none")
+    assert np.array_equal(bits(cuda.forward(1, toks[:20], logits="all")), bits(first))
+    with pytest.raises(Exception, match="recurrent state"):
+        cuda.kv_export(1, 4)
+
+
+if __name__ == "__main__":
+    for f in FAMILIES:
+        for t in TYPES:
+            p = family_path(f, t)
+            print(f, t, p, p.stat().st_size)

@@ -65,7 +65,7 @@ def reference(
 ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """The mixer's output before the out projection [t, Nv·S] and the (conv, delta-rule)
     state after each token, in float64. b / a: [t, Nv] β and α in value-head order."""
-    t, c = qkv.shape
+    t = qkv.shape[0]
     kc = w["conv"].shape[1]
     win = np.concatenate([conv0, qkv]).astype(np.float64)  # [Kc − 1 + t, C]
     m = m0.astype(np.float64).copy()  # [Nv, S(v), S(k)]
@@ -148,7 +148,8 @@ def test_window_matches_the_equations_and_checkpoints(kern: Any, layout: str, s:
     conv_end, m_end = snaps[-1]
     got = states[1]
     assert np.abs(got[conv_off : conv_off + cs] - conv_end.reshape(-1)).max() == 0.0
-    assert np.abs(got[ssm_off : ssm_off + ss] - m_end.reshape(-1)).max() <= 2e-5 * np.abs(m_end).max()
+    err = np.abs(got[ssm_off : ssm_off + ss] - m_end.reshape(-1)).max()
+    assert err <= 2e-5 * np.abs(m_end).max()
     # the layer's parts only; the other slot untouched
     assert np.array_equal(got[:conv_off], before[1][:conv_off])
     assert np.array_equal(got[2 * cs : ssm_off], before[1][2 * cs : ssm_off])
@@ -158,7 +159,8 @@ def test_window_matches_the_equations_and_checkpoints(kern: Any, layout: str, s:
     for i in range(t - cap, t):
         p = pos0 + i + 1
         cv, mv = snaps[i]
-        assert np.array_equal(snap[p % cap, conv_off : conv_off + cs], cv.reshape(-1).astype(np.float32))
+        want_conv = cv.reshape(-1).astype(np.float32)
+        assert np.array_equal(snap[p % cap, conv_off : conv_off + cs], want_conv)
         err = np.abs(snap[p % cap, ssm_off : ssm_off + ss] - mv.reshape(-1)).max()
         assert err <= 2e-5 * np.abs(mv).max(), (i, err)
         assert not snap[p % cap, :conv_off].any()

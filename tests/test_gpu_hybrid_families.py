@@ -19,7 +19,6 @@ run the same rows again), other truncations are refused and change nothing.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -95,12 +94,14 @@ def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_state_checkpoints_restore_bitwise(fam: str, tmp_path: Path) -> None:
+def test_state_checkpoints_restore(fam: str) -> None:
     """A window's checkpoints and a marked prompt end: truncating to one and running the
-    same tokens again gives bitwise the logits of the first run; other positions are
-    refused (ValueError) and change nothing; free starts over. The restorable positions are
-    the CPU path's."""
-    path = family_path(fam, "Q8_0")
+    same tokens again gives the logits of the first run (bitwise where the rows run in the
+    same pieces, as the same kernels then run the same arithmetic from the restored state;
+    within 1e-5 of the largest logit where a shorter piece runs them, whose matmuls may sum
+    in another order); other positions are refused (ValueError) and change nothing; free
+    starts over. The restorable positions are the CPU path's."""
+    path = family_path(fam, "Q4_K_M")
     kw: dict[str, Any] = dict(n_ctx=N_CTX, n_slots=2, prefill_chunk=16)
     cuda = Model.open(path, device="cuda", **kw)
     cpu = Model.open(path, **kw)
@@ -121,13 +122,16 @@ def test_state_checkpoints_restore_bitwise(fam: str, tmp_path: Path) -> None:
     cuda.truncate(1, 23)
     assert cuda.slot_len(1) == 23 and cuda.checkpoints(1) == [20, 21, 22, 23]
     again = cuda.forward(1, toks[23:26], logits="window")
-    assert np.array_equal(bits(again), bits(win[3:]))
-    assert np.array_equal(bits(cuda.forward(1, toks[26:30], logits="all")), bits(after))
-    # back to the marked prompt end
+    cont = cuda.forward(1, toks[26:30], logits="all")
+    tol = 1e-5 * np.abs(win).max()
+    d = max(np.abs(again - win[3:]).max(), np.abs(cont - after).max())
+    print(f"{fam}: rollback into the window, max |Δlogit| {d:.2e} (tolerance {tol:.2e})")
+    assert d <= tol
+    # back to the marked prompt end: the same pieces again
     cuda.truncate(1, 20)
     assert cuda.checkpoints(1) == [20]
-    again = cuda.forward(1, toks[20:26], logits="window")
-    assert np.array_equal(bits(again), bits(win))
+    assert np.array_equal(bits(cuda.forward(1, toks[20:26], logits="window")), bits(win))
+    assert np.array_equal(bits(cuda.forward(1, toks[26:30], logits="all")), bits(after))
     # free starts over: the first run again; the other slot's state is its own
     cuda.free(1)
     cuda.forward(0, toks[:7], logits="none")

@@ -124,7 +124,8 @@ import sys
 from strata._core import Model
 for kw in ({}, dict(vram_slots=8, pcie_frac=0.0, adapt_every=1, threads=2)):
     m = Model.open(sys.argv[1], n_ctx=128, n_slots=2, prefill_chunk=16, device="cuda", **kw)
-    assert m.hparams["recurrent"] and m.hparams["recurrent_state_bytes"] == 2 * 4 * (3 * 512 + 4 * 64 * 64)
+    # conv [Kc − 1, C] + delta rule [Nv, S, S] per recurrent layer, f32
+    assert m.hparams["recurrent_state_bytes"] == 2 * 4 * (3 * 512 + 4 * 64 * 64)
     m.forward(1, list(range(1, 21)), logits="none")
     m.checkpoint(1)
     assert m.forward(1, list(range(21, 27)), logits="window").shape == (6, m.n_vocab)

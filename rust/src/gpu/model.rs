@@ -115,8 +115,14 @@ impl GpuModel {
             )));
         }
         super::weights::check_types(&w)?;
+        // a hybrid family's recurrent state: every slot's, f32
+        let rec_bytes = hp.ssm.as_ref().map_or(0, |sp| {
+            let (cs, ss) = sp.state_floats();
+            let lr = sp.recurrent.iter().filter(|&&r| r).count();
+            4 * lr * (cs + ss) * cfg.n_slots
+        });
         let hybrid = hybrid.filter(|h| {
-            let need = w.expert_bytes() + w.non_expert_bytes() + 2 * lay.total();
+            let need = w.expert_bytes() + w.non_expert_bytes() + 2 * lay.total() + rec_bytes;
             let avail = free0.saturating_sub((h.reserve_mib as usize) << 20);
             !h.only_if_needed || need + BUFFER_ALLOWANCE > avail
         });

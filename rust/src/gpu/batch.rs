@@ -97,7 +97,7 @@ impl GpuModel {
         }
         let x = &mut self.x;
         if let Some(rec) = &mut x.rec {
-            // a window's slot checkpoints its state after each of its tokens (`gdn`)
+            // a window's slot checkpoints its state after each of its tokens (`gdn_state`)
             let pieces = ss.plan.pieces.iter().map(|p| {
                 let window = entries[p.entry].want == Logits::Window;
                 (p.slot, p.p0, p.t, window)

@@ -161,6 +161,6 @@ pub(super) struct Launcher {
     /// [n_layer] each attention layer's place in the KV cache (a hybrid family's recurrent
     /// layers keep none: their entries are unused).
     pub kv_of: Vec<usize>,
-    /// A hybrid family's recurrent state and DeltaNet scratch (`gdn`).
-    pub rec: Option<super::gdn::GdnState>,
+    /// A hybrid family's recurrent state and DeltaNet scratch (`gdn_state`).
+    pub rec: Option<super::gdn_state::GdnState>,
 }

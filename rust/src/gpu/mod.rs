@@ -11,6 +11,7 @@ mod bounce;
 mod experts;
 mod ffn;
 mod gdn;
+mod gdn_state;
 mod hybrid;
 mod hybrid_cfg;
 mod kv_io;

@@ -4,7 +4,7 @@
 //! step (and `forward`, its one-entry case) is `batch.rs`.
 
 use super::batch_scratch::BatchScratch;
-use super::gdn::GdnState;
+use super::gdn_state::GdnState;
 use super::hybrid::Hybrid;
 use super::hybrid_cfg::{HybridConfig, HybridInfo};
 use super::launch::{params_len, Bufs, Launcher, Seg, LOGIT_ROWS};
@@ -281,7 +281,7 @@ impl GpuModel {
     }
 
     /// Keeps the first `n` positions (a prefix to reuse); `n` above the length is an error.
-    /// A hybrid family's recurrent state cannot be cut back, only restored (`gdn`): there `n`
+    /// A hybrid family's recurrent state cannot be cut back, only restored (`gdn_state`): there `n`
     /// must be 0 (start over), the slot's length or a checkpointed position, as on the CPU.
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
         let len = self.slot_ref(slot)?;

@@ -60,6 +60,7 @@ impl StateAt {
 
 /// Causal conv + silu of one piece: x f32 [t, C] in place; w f32 [C, Kc]; the conv state
 /// [Kc − 1, C] at `at`.
+#[allow(clippy::too_many_arguments)]
 pub fn conv(
     gpu: &Gpu,
     s: &Stream,

@@ -18,7 +18,8 @@ mod gemm_avx2;
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx512;
 
-/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders).
+/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S,
+/// `Order::Many`).
 pub fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -87,7 +88,8 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
-    /// `rows_call` may take the AMX tiles (Q4_K, AVX-512 active, AMX here).
+    /// `rows_call` may take the AMX tiles (Q4_K, IQ3_S in `Order::Many`; AVX-512 active, AMX
+    /// here).
     amx: bool,
     order: Order,
 }
@@ -131,7 +133,9 @@ impl MultiDot {
             act_len,
             single: single_for(isa, w, order),
             multi,
-            amx: isa == Isa::Avx512 && w == GgmlType::Q4K && amx_available(),
+            amx: isa == Isa::Avx512
+                && (w == GgmlType::Q4K || (w == GgmlType::IQ3S && order == Order::Many))
+                && amx_available(),
             order,
         }
     }
@@ -172,9 +176,10 @@ impl MultiDot {
         if self.uses_amx(nt) {
             // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
             unsafe {
-                match self.order {
-                    Order::Single => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
-                    Order::Many => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
+                match (self.w, self.order) {
+                    (GgmlType::IQ3S, _) => gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out),
+                    (_, Order::Single) => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
+                    (_, Order::Many) => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
                 }
             };
             return;
@@ -395,7 +400,7 @@ mod tests {
         assert!(checked >= 4 * 2 * 4);
     }
 
-    /// The AMX tile path (`rows_call` on Q4_K, both orders) against the scalar
+    /// The AMX tile path (`rows_call` on Q4_K in both orders, IQ3_S in `Many`) against the scalar
     /// single-token kernel of the order, bitwise: row counts around the 16-row tile, token counts around the
     /// 16-token tile (from `AMX_MIN_T`), several row lengths, activations at the extremes (±127)
     /// beside random ones, and weights whose scales and mins take every 6-bit extreme.
@@ -406,11 +411,15 @@ mod tests {
             amx_available(),
             "amx_rows_equal_scalar_bitwise needs AMX-INT8: tests/test_isa.py runs it only where it can"
         );
-        let w = GgmlType::Q4K;
         let mut checked = 0;
-        for (order, nb) in [Order::Single, Order::Many]
+        let cases = [
+            (GgmlType::Q4K, Order::Single),
+            (GgmlType::Q4K, Order::Many),
+            (GgmlType::IQ3S, Order::Many),
+        ];
+        for ((w, order), nb) in cases
             .into_iter()
-            .flat_map(|o| [1usize, 3, 8].map(|nb| (o, nb)))
+            .flat_map(|c| [1usize, 3, 8].map(|nb| (c, nb)))
         {
             let scalar = single_for(Isa::Scalar, w, order);
             let n = nb * 256;
@@ -419,11 +428,16 @@ mod tests {
             let mut rows: Vec<u8> = (0..nr_max)
                 .flat_map(|_| random_row(w, n, &mut rng))
                 .collect();
-            // row 1: every scale and min byte 0xFF (6-bit values 63), row 2: all zero bytes
+            // row 1: every scale (and min) at its largest, row 2: all zero weights
+            let (bb, sc) = if w == GgmlType::Q4K {
+                (144, 4..16)
+            } else {
+                (110, 106..110)
+            };
+            let rbb = w.row_bytes(n).unwrap();
             for b in 0..nb {
-                let rb = w.row_bytes(n).unwrap();
-                rows[rb + 144 * b + 4..rb + 144 * b + 16].fill(0xFF);
-                rows[2 * rb + 144 * b + 4..2 * rb + 144 * b + 144].fill(0);
+                rows[rbb + bb * b + sc.start..rbb + bb * b + sc.end].fill(0xFF);
+                rows[2 * rbb + bb * b + 2..2 * rbb + bb * b + bb].fill(0);
             }
             let mut acts: Vec<Vec<u8>> = (0..40).map(|_| random_act(w, n, &mut rng)).collect();
             let x: Vec<f32> = (0..n)
@@ -436,7 +450,7 @@ mod tests {
             let rb = w.row_bytes(n).unwrap();
             for nr in [1usize, 5, 16, 17, 40] {
                 for nt in [AMX_MIN_T, 13, 15, 16, 17, 31, 32, 40] {
-                    assert!(md.uses_amx(nt));
+                    assert!(md.uses_amx(nt), "{} {order:?}", w.name());
                     let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
                     let mut out = vec![f32::NAN; nr * nt];
                     md.rows_call(&rows[..nr * rb], nr, &refs, &mut out);
@@ -446,7 +460,8 @@ mod tests {
                             assert_eq!(
                                 out[r * nt + t].to_bits(),
                                 want.to_bits(),
-                                "{order:?} n={n} nr={nr} nt={nt} r={r} t={t}: {} vs {want}",
+                                "{} {order:?} n={n} nr={nr} nt={nt} r={r} t={t}: {} vs {want}",
+                                w.name(),
                                 out[r * nt + t]
                             );
                             checked += 1;
@@ -458,7 +473,7 @@ mod tests {
         println!("amx: {checked} (row, token) dots equal scalar");
     }
 
-    /// Thread CPU time of a Q4_K `Order::Single` run of rows × tokens: the AMX tiles
+    /// Thread CPU time of a Q4_K (`Order::Single`) or IQ3_S (`Many`) run of rows × tokens: the AMX tiles
     /// (`rows_call`) against the multi-token kernel per row (`call`), best of 7 interleaved:
     /// `cargo test --no-default-features --release amx_rows_throughput -- --ignored --nocapture`.
     #[test]
@@ -468,13 +483,16 @@ mod tests {
             println!("no AMX here");
             return;
         }
-        let w = GgmlType::Q4K;
-        for (n, nr) in [(2048usize, 64usize), (768, 64)] {
+        for (w, order, n, nr) in [
+            (GgmlType::Q4K, Order::Single, 2048usize, 64usize),
+            (GgmlType::Q4K, Order::Single, 768, 64),
+            (GgmlType::IQ3S, Order::Many, 2048, 64),
+        ] {
             let mut rng = Rng::new(7 + n as u64);
             let rb = w.row_bytes(n).unwrap();
             let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
             let acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
-            let md = MultiDot::with_isa(Isa::Avx512, w, n, Order::Single);
+            let md = MultiDot::with_isa(Isa::Avx512, w, n, order);
             for nt in [4usize, 8, 16, 32] {
                 let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
                 let mut out = vec![0f32; nr * nt];
@@ -497,7 +515,8 @@ mod tests {
                 }
                 let per = |k: usize| best[k] as f64 / (reps * nr * nt * n / 256) as f64;
                 println!(
-                    "n={n} rows={nr} tokens={nt}: AMX {:.2} ns, multi-token {:.2} ns per (row, token, block): {:.2}x",
+                    "{} {order:?} n={n} rows={nr} tokens={nt}: AMX {:.2} ns, multi-token {:.2} ns per (row, token, block): {:.2}x",
+                    w.name(),
                     per(0),
                     per(1),
                     per(1) / per(0)

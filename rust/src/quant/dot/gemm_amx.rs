@@ -1,6 +1,9 @@
-//! Q4_K × Q8_K on Intel AMX-INT8 tiles (`tdpbusd`), in both orders (`Order::Single`, ggml's
-//! `vec_dot`; `Order::Many`, its repacked gemm): many weight rows against many tokens per
-//! call, 16 rows × 16 tokens per tile.
+//! Q4_K and IQ3_S × Q8_K on Intel AMX-INT8 tiles (`tdpbusd`, `tdpbssd`): Q4_K in both orders
+//! (`Order::Single`, ggml's `vec_dot`; `Order::Many`, its repacked gemm), IQ3_S in ggml's
+//! tiled order (`Order::Many`: one exact integer per block; its `vec_dot` order keeps eight
+//! lanes per block, which the tiles do not give): many weight rows against many tokens per
+//! call, 16 rows × 16 tokens per tile. IQ3_S: the signed grid value times the group scale
+//! `ls = 2·s + 1` split `lo + 8·hi` (two `tdpbssd` products, each |v·part| ≤ 105).
 //!
 //! Exactness: a tile product is an exact integer sum, so every (row, token, block) gets the
 //! very integers of the single-token kernel, then the same float operations:
@@ -23,6 +26,7 @@
 //! tile state) and asks Linux for the tile data permission once; the kernel runs only after.
 
 use super::super::common::{f16_at, scale_min_k4};
+use crate::quant::tables::IQ3S_GRID;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -32,6 +36,8 @@ use std::sync::OnceLock;
 const AB: usize = 292;
 /// Q4_K block bytes: d, dmin (f16) · scales[12] · qs[128].
 const WB: usize = 144;
+/// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].
+const IQ3S_WB: usize = 110;
 /// Rows and tokens per tile.
 const TILE: usize = 16;
 
@@ -118,13 +124,17 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new() }) };
 }
 
-macro_rules! tdp {
-    ($c:literal, $a:literal, $b:literal) => {
-        asm!(
-            concat!("tdpbusd tmm", $c, ", tmm", $a, ", tmm", $b),
-            options(nostack)
-        )
-    };
+/// `C_k += A · B` (tmm k, tmm3, tmm4): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
+#[inline(always)]
+unsafe fn tdp<const SIGNED: bool>(k: usize) {
+    match (SIGNED, k) {
+        (false, 0) => asm!("tdpbusd tmm0, tmm3, tmm4", options(nostack)),
+        (false, 1) => asm!("tdpbusd tmm1, tmm3, tmm4", options(nostack)),
+        (false, _) => asm!("tdpbusd tmm2, tmm3, tmm4", options(nostack)),
+        (true, 0) => asm!("tdpbssd tmm0, tmm3, tmm4", options(nostack)),
+        (true, 1) => asm!("tdpbssd tmm1, tmm3, tmm4", options(nostack)),
+        (true, _) => asm!("tdpbssd tmm2, tmm3, tmm4", options(nostack)),
+    }
 }
 
 #[inline(always)]
@@ -269,10 +279,10 @@ unsafe fn sums(c: &CTiles, r: usize) -> (__m512, __m512) {
     (_mm512_cvtepi32_ps(si), _mm512_cvtepi32_ps(ld(2)))
 }
 
-/// Zero the C tiles, add chunks `chunks` of block `blk` (A in `a`, B of token tile `tt` in
-/// `bt`), store them to `c`.
+/// Zero the first `OPS` C tiles, add chunks `chunks` of the block (A in `a`, B from
+/// `bt[base..]`), store them to `c`.
 #[inline(always)]
-unsafe fn products(
+unsafe fn products<const SIGNED: bool, const OPS: usize>(
     a: &[Line],
     bt: &[Line],
     base: usize,
@@ -287,16 +297,71 @@ unsafe fn products(
     );
     for ch in chunks {
         tile_load::<4>(bt[base + ch * 16].0.as_ptr());
-        tile_load::<3>(a[(ch * 3) * TILE].0.as_ptr());
-        tdp!("0", "3", "4");
-        tile_load::<3>(a[(ch * 3 + 1) * TILE].0.as_ptr());
-        tdp!("1", "3", "4");
-        tile_load::<3>(a[(ch * 3 + 2) * TILE].0.as_ptr());
-        tdp!("2", "3", "4");
+        for k in 0..OPS {
+            tile_load::<3>(a[(ch * 3 + k) * TILE].0.as_ptr());
+            tdp::<SIGNED>(k);
+        }
     }
-    for k in 0..3 {
+    for k in 0..OPS {
         tile_store_c(k, c[k * TILE].as_mut_ptr() as *mut u8);
     }
+}
+
+/// A tiles of IQ3_S block `blk` of rows `r0..r0 + nr` (rows past `nr` zero):
+/// `a[(c·3 + k)·16 + r]` = row r's 64 weights of chunk c (groups 2c, 2c+1), signed, times the
+/// group scale's low (k = 0: `ls & 7`) or high (k = 1: `ls >> 3`) part, `ls = 2·s + 1 ≤ 31`
+/// (|grid·part| ≤ 15·7 fits s8). Returns the rows' d.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+unsafe fn pack_a_iq3s(
+    rows: &[u8],
+    row_len: usize,
+    r0: usize,
+    nr: usize,
+    blk: usize,
+    a: &mut [Line; 4 * 3 * TILE],
+) -> [f32; TILE] {
+    let mut d = [0f32; TILE];
+    let halves = |x: i32, y: i32| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(x as i16)),
+            _mm256_set1_epi16(y as i16),
+        )
+    };
+    let zero = _mm512_setzero_si512();
+    for r in 0..TILE {
+        if r >= nr {
+            for c in 0..4 {
+                for k in 0..2 {
+                    _mm512_store_si512(a[(c * 3 + k) * TILE + r].0.as_mut_ptr() as *mut _, zero);
+                }
+            }
+            continue;
+        }
+        let wb = &rows[(r0 + r) * row_len + IQ3S_WB * blk..][..IQ3S_WB];
+        d[r] = f16_at(wb, 0);
+        for c in 0..4 {
+            // grid entry m of group g: IQ3S_GRID[qs[8g + m] | bit m of qh[g] << 8]
+            let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]) as usize;
+            let mut g = [0u32; 16];
+            for (j, gj) in g.iter_mut().enumerate() {
+                let idx = wb[2 + 16 * c + j] as usize | ((qh >> j) & 1) << 8;
+                // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
+                *gj = *IQ3S_GRID.get_unchecked(idx);
+            }
+            let mag = _mm512_loadu_si512(g.as_ptr() as *const _);
+            let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
+            let sb = wb[106 + c] as i32;
+            let (l0, l1) = (1 + 2 * (sb & 15), 1 + 2 * (sb >> 4));
+            // byte products mag·part ≤ 105: the 16-bit multiply keeps each in its byte
+            let lo = _mm512_mullo_epi16(mag, halves(l0 & 7, l1 & 7));
+            let hi = _mm512_mullo_epi16(mag, halves(l0 >> 3, l1 >> 3));
+            let lo = _mm512_mask_sub_epi8(lo, sign, zero, lo);
+            let hi = _mm512_mask_sub_epi8(hi, sign, zero, hi);
+            _mm512_store_si512(a[(c * 3) * TILE + r].0.as_mut_ptr() as *mut _, lo);
+            _mm512_store_si512(a[(c * 3 + 1) * TILE + r].0.as_mut_ptr() as *mut _, hi);
+        }
+    }
+    d
 }
 
 /// `out[r·nt + t] = dot(row r, acts[t])` (Q4_K) for the `nr` rows of `rows` (each n weights)
@@ -316,8 +381,40 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
+    if MANY {
+        rows_kernel::<K4_MANY>(n, rows, nr, acts, out)
+    } else {
+        rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out)
+    }
+}
+
+/// `out[r·nt + t] = dot(row r, acts[t])` (IQ3_S, `Order::Many`: ggml's tiled order, per block
+/// `acc + (f32(Σ)·d)·d_a` with Σ the block's exact integer sum) for the `nr` rows of `rows`.
+///
+/// # Safety
+/// As `q4_k_rows`, with IQ3_S rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub unsafe fn iq3_s_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+    rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out)
+}
+
+/// The weight type and float order a `rows_kernel` runs.
+const K4_SINGLE: u8 = 0;
+const K4_MANY: u8 = 1;
+const IQ3S_MANY: u8 = 2;
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn rows_kernel<const KIND: u8>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    const { assert!(KIND <= IQ3S_MANY) };
+    let many = KIND == K4_MANY;
     let (nb, nt) = (n / 256, acts.len());
-    let row_len = WB * nb;
+    let row_len = if KIND == IQ3S_MANY { IQ3S_WB } else { WB } * nb;
     assert!(rows.len() >= nr * row_len && out.len() == nr * nt);
     let ntt = nt.div_ceil(TILE);
     // acc[r][t] (and, for MANY, accm[r][t] after it)
@@ -339,7 +436,14 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
             let rn = (nr - r0).min(TILE);
             acc[..2 * per].iter_mut().for_each(|v| *v = 0.0);
             for blk in 0..nb {
-                let (d, dm) = pack_a(rows, row_len, r0, rn, blk, &mut a);
+                let (d, dm) = if KIND == IQ3S_MANY {
+                    (
+                        pack_a_iq3s(rows, row_len, r0, rn, blk, &mut a),
+                        [0f32; TILE],
+                    )
+                } else {
+                    pack_a(rows, row_len, r0, rn, blk, &mut a)
+                };
                 for tt in 0..ntt {
                     // da of the tile's 16 tokens (0 for missing ones)
                     let mut da = [0f32; TILE];
@@ -352,9 +456,17 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
                     let base = (tt * nb + blk) * 4 * 16;
                     let accp = acc.as_mut_ptr();
                     let pa = |r: usize| accp.add((r * ntt + tt) * TILE);
-                    if MANY {
+                    if KIND == IQ3S_MANY {
+                        products::<true, 2>(&a, bt, base, 0..4, &mut c);
+                        for r in 0..rn {
+                            let (si, _) = sums(&c, r);
+                            let p = pa(r);
+                            let v = _mm512_mul_ps(_mm512_mul_ps(si, _mm512_set1_ps(d[r])), dav);
+                            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), v));
+                        }
+                    } else if many {
                         for ch in 0..4 {
-                            products(&a, bt, base, ch..ch + 1, &mut c);
+                            products::<false, 3>(&a, bt, base, ch..ch + 1, &mut c);
                             for r in 0..rn {
                                 let (si, sm) = sums(&c, r);
                                 // d·d_a and dmin·d_a (IEEE products commute)
@@ -366,7 +478,7 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
                             }
                         }
                     } else {
-                        products(&a, bt, base, 0..4, &mut c);
+                        products::<false, 3>(&a, bt, base, 0..4, &mut c);
                         for r in 0..rn {
                             let (si, sm) = sums(&c, r);
                             let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
@@ -385,7 +497,7 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
                 let o = &mut out[(r0 + r) * nt..(r0 + r + 1) * nt];
                 for (t, v) in o.iter_mut().enumerate() {
                     let i = r * ntt * TILE + t;
-                    *v = if MANY { acc[i] - acc[per + i] } else { acc[i] };
+                    *v = if many { acc[i] - acc[per + i] } else { acc[i] };
                 }
             }
         }

@@ -26,7 +26,7 @@
 //! tile state) and asks Linux for the tile data permission once; the kernel runs only after.
 
 use super::super::common::{f16_at, scale_min_k4};
-use crate::quant::tables::IQ3S_GRID;
+use super::gemm_avx512::iq3s512::{chunk, halves};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -225,12 +225,6 @@ unsafe fn pack_a(
     let (mut d, mut dm) = ([0f32; TILE], [0f32; TILE]);
     let nib = _mm256_set1_epi8(15);
     // 16-bit lanes of the low 256 bits take `x`, of the high ones `y`
-    let halves = |x: i32, y: i32| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi16(x as i16)),
-            _mm256_set1_epi16(y as i16),
-        )
-    };
     for r in 0..TILE {
         if r >= nr {
             for k in 0..12 {
@@ -255,9 +249,10 @@ unsafe fn pack_a(
             );
             // byte products q·s ≤ 15·7 < 256: a 16-bit multiply of two bytes by the same
             // small s leaves each byte's product in its own byte
-            let lo = _mm512_mullo_epi16(v, halves(s0 & 7, s1 & 7));
-            let hi = _mm512_mullo_epi16(v, halves(s0 >> 3, s1 >> 3));
-            let mn = halves(m0 * 257, m1 * 257);
+            let h = |x: i32, y: i32| halves(x as i16, y as i16);
+            let lo = _mm512_mullo_epi16(v, h(s0 & 7, s1 & 7));
+            let hi = _mm512_mullo_epi16(v, h(s0 >> 3, s1 >> 3));
+            let mn = h(m0 * 257, m1 * 257);
             let base = c * 3 * TILE + r;
             _mm512_store_si512(a[base].0.as_mut_ptr() as *mut _, lo);
             _mm512_store_si512(a[base + TILE].0.as_mut_ptr() as *mut _, hi);
@@ -321,12 +316,6 @@ unsafe fn pack_a_iq3s(
     a: &mut [Line; 4 * 3 * TILE],
 ) -> [f32; TILE] {
     let mut d = [0f32; TILE];
-    let halves = |x: i32, y: i32| {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi16(x as i16)),
-            _mm256_set1_epi16(y as i16),
-        )
-    };
     let zero = _mm512_setzero_si512();
     for r in 0..TILE {
         if r >= nr {
@@ -340,18 +329,7 @@ unsafe fn pack_a_iq3s(
         let wb = &rows[(r0 + r) * row_len + IQ3S_WB * blk..][..IQ3S_WB];
         d[r] = f16_at(wb, 0);
         for c in 0..4 {
-            // grid entry m of group g: IQ3S_GRID[qs[8g + m] | bit m of qh[g] << 8]
-            let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]) as usize;
-            let mut g = [0u32; 16];
-            for (j, gj) in g.iter_mut().enumerate() {
-                let idx = wb[2 + 16 * c + j] as usize | ((qh >> j) & 1) << 8;
-                // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
-                *gj = *IQ3S_GRID.get_unchecked(idx);
-            }
-            let mag = _mm512_loadu_si512(g.as_ptr() as *const _);
-            let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
-            let sb = wb[106 + c] as i32;
-            let (l0, l1) = (1 + 2 * (sb & 15), 1 + 2 * (sb >> 4));
+            let (mag, sign, (l0, l1)) = chunk(wb, c);
             // byte products mag·part ≤ 105: the 16-bit multiply keeps each in its byte
             let lo = _mm512_mullo_epi16(mag, halves(l0 & 7, l1 & 7));
             let hi = _mm512_mullo_epi16(mag, halves(l0 >> 3, l1 >> 3));

@@ -29,7 +29,7 @@ use super::gemm_avx2::{da_at, k4_scales, k4_summ4};
 use std::arch::x86_64::*;
 
 #[path = "gemm_iq3s512.rs"]
-mod iq3s512;
+pub(super) mod iq3s512;
 
 /// Q8_K block bytes.
 const AB: usize = 292;

@@ -35,6 +35,36 @@ struct Decoded {
     scale: [__m512i; 4],
 }
 
+/// Chunk c (64 weights: groups 2c, 2c+1) of block `wb` (110 bytes): the grid magnitudes
+/// (u8, weight order), the sign bits (bit e: weight e negative) and the two groups' scales
+/// 2·s + 1.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+pub(in super::super) unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16, i16)) {
+    // grid entry m of group g: IQ3S_GRID[qs[8g + m] | bit m of qh[g] << 8], 4 magnitudes
+    let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]) as usize;
+    let mut g = [0u32; 16];
+    for (j, gj) in g.iter_mut().enumerate() {
+        let idx = wb[2 + 16 * c + j] as usize | ((qh >> j) & 1) << 8;
+        // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
+        *gj = *IQ3S_GRID.get_unchecked(idx);
+    }
+    let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
+    let sb = wb[106 + c];
+    let ls = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
+    (_mm512_loadu_si512(g.as_ptr() as *const _), sign, ls)
+}
+
+/// A 512-bit register whose low 256 bits hold `x` and high ones `y` in every i16 lane.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+pub(in super::super) fn halves(x: i16, y: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(x)),
+        _mm256_set1_epi16(y),
+    )
+}
+
 /// Decode block `wb` (110 bytes).
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 #[inline]
@@ -43,22 +73,8 @@ unsafe fn decode(wb: &[u8]) -> Decoded {
     let mut sign = [0u64; 4];
     let mut scale = [_mm512_setzero_si512(); 4];
     for c in 0..4 {
-        // grid entry m of group g: IQ3S_GRID[qs[8g + m] | bit m of qh[g] << 8], 4 magnitudes
-        let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]) as usize;
-        let mut g = [0u32; 16];
-        for (j, gj) in g.iter_mut().enumerate() {
-            let idx = wb[2 + 16 * c + j] as usize | ((qh >> j) & 1) << 8;
-            // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
-            *gj = *IQ3S_GRID.get_unchecked(idx);
-        }
-        grid[c] = _mm512_loadu_si512(g.as_ptr() as *const _);
-        sign[c] = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
-        let sb = wb[106 + c];
-        let (lo, hi) = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
-        scale[c] = _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi16(lo)),
-            _mm256_set1_epi16(hi),
-        );
+        let (g, s, (lo, hi)) = chunk(wb, c);
+        (grid[c], sign[c], scale[c]) = (g, s, halves(lo, hi));
     }
     Decoded { grid, sign, scale }
 }

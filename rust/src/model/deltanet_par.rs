@@ -180,7 +180,7 @@ impl Heads<'_> {
         sc: &mut ChunkScratch,
     ) {
         let (sp, dw) = (self.sp, self.dw);
-        let (s, nk, nv, kc) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv);
+        let (s, nk, nv) = (sp.d_state, sp.n_k, sp.n_v);
         let (c, vd) = (sp.conv_dim(), sp.v_dim());
         let heads = self.opts.heads;
         debug_assert_eq!(sc.head_size(), s);
@@ -189,20 +189,7 @@ impl Heads<'_> {
         let (q0, k0) = (kh * s, nk * s + kh * s);
         let mine = |hv: &usize| heads.k_head(*hv, nk, nv) == kh;
         for r in p.r0..p.r0 + p.t {
-            let x = dst.qkv.0.add(r * c);
-            let conv = |ch0: usize| {
-                for ch in ch0..ch0 + s {
-                    let wc = &dw.conv[ch * kc..(ch + 1) * kc];
-                    *x.add(ch) = conv_channel(dst.conv.0, c, ch, wc, *x.add(ch));
-                }
-            };
-            conv(q0);
-            conv(k0);
-            for hv in (0..nv).filter(mine) {
-                conv(2 * nk * s + hv * s);
-            }
-            l2_norm(slice(x, q0, s), self.eps);
-            l2_norm(slice(x, k0, s), self.eps);
+            self.conv_norm_row(dst.qkv.0.add(r * c), kh, dst.conv);
         }
         for c0 in (0..p.t).step_by(CHUNK) {
             let n = CHUNK.min(p.t - c0);
@@ -242,27 +229,15 @@ impl Heads<'_> {
     #[inline(always)]
     unsafe fn piece_head(&self, p: &Piece, kh: usize, dst: Dst, z: &[f32], ba: &[f32]) {
         let (sp, dw) = (self.sp, self.dw);
-        let (s, nk, nv, kc) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv);
+        let (s, nk, nv) = (sp.d_state, sp.n_k, sp.n_v);
         let (c, vd) = (sp.conv_dim(), sp.v_dim());
         let heads = self.opts.heads;
         let slice =
             |ptr: *mut f32, at: usize, n: usize| std::slice::from_raw_parts_mut(ptr.add(at), n);
         for r in p.r0..p.r0 + p.t {
             let x = dst.qkv.0.add(r * c);
-            let conv = |ch0: usize| {
-                for ch in ch0..ch0 + s {
-                    let wc = &dw.conv[ch * kc..(ch + 1) * kc];
-                    *x.add(ch) = conv_channel(dst.conv.0, c, ch, wc, *x.add(ch));
-                }
-            };
+            self.conv_norm_row(x, kh, dst.conv);
             let (q0, k0) = (kh * s, nk * s + kh * s);
-            conv(q0);
-            conv(k0);
-            for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
-                conv(2 * nk * s + hv * s);
-            }
-            l2_norm(slice(x, q0, s), self.eps);
-            l2_norm(slice(x, k0, s), self.eps);
             let (qh, kk) = (&*slice(x, q0, s), &*slice(x, k0, s));
             let (b, a) = gate_rows(sp, self.opts.ba, ba, r, self.t);
             for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
@@ -274,6 +249,31 @@ impl Heads<'_> {
                 gated_norm_head(o, zh, &dw.norm, self.eps);
             }
         }
+    }
+
+    /// One row's conv (`x` [C], this row's projections, in place) on the channels of key
+    /// head `kh`'s q and k and of the value heads that read it, advancing the conv state
+    /// `conv` [Kc − 1, C]; then q and k L2-normed.
+    /// Safety: `x` points at a row of C floats and `conv` at the slot's layer conv state; no
+    /// other task touches these channels.
+    #[inline(always)]
+    unsafe fn conv_norm_row(&self, x: *mut f32, kh: usize, conv: Shared) {
+        let (sp, dw) = (self.sp, self.dw);
+        let (s, nk, nv, kc, c) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv, sp.conv_dim());
+        let channels = |ch0: usize| {
+            for ch in ch0..ch0 + s {
+                let wc = &dw.conv[ch * kc..(ch + 1) * kc];
+                *x.add(ch) = conv_channel(conv.0, c, ch, wc, *x.add(ch));
+            }
+        };
+        let (q0, k0) = (kh * s, nk * s + kh * s);
+        channels(q0);
+        channels(k0);
+        for hv in (0..nv).filter(|&hv| self.opts.heads.k_head(hv, nk, nv) == kh) {
+            channels(2 * nk * s + hv * s);
+        }
+        l2_norm(std::slice::from_raw_parts_mut(x.add(q0), s), self.eps);
+        l2_norm(std::slice::from_raw_parts_mut(x.add(k0), s), self.eps);
     }
 }
 

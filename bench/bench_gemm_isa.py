@@ -21,7 +21,7 @@ from strata import _core
 from strata._core import _testing
 
 # (type, n = row length, rows): Qwen3-30B-A3B expert gate/up (2048 → 768) and down (768 → 2048)
-SHAPES = [("Q4_K", 2048, 768), ("Q6_K", 768, 2048), ("Q8_0", 2048, 768)]
+SHAPES = [("Q4_K", 2048, 768), ("Q6_K", 768, 2048), ("Q8_0", 2048, 768), ("IQ3_S", 2048, 768)]
 
 
 def cpu_name() -> str:
@@ -54,6 +54,9 @@ def main() -> None:
         variants.append(("avx512bw", "avx512", False))
         if vnni:
             variants.append(("avx512vnni", "avx512", True))
+        if "amx-int8" in _core.cpu_features():
+            # the AVX-512 ISA as the engine runs it: AMX tiles for Q4_K (rows_call, ≥ 12 tokens)
+            variants.append(("avx512+amx", "avx512", None))
     print(f"cpu: {cpu_name()}; threads {args.threads}; tokens {args.tokens}; isas {sorted(have)}")
     head = ("type", "n×rows", "order", "variant", "ms", "GOP/s", "×avx2")
     print("{:6} {:>10} {:6} {:11} {:>8} {:>8} {:>6}".format(*head))

@@ -37,6 +37,11 @@ def family_model(fam: str, root: Path) -> Path:
         s = dataclasses.replace(s, n_ff_shexp=0)
     if fam == "glm4moe":
         s = dataclasses.replace(s, n_dense_lead=1, n_ff_dense=512, n_rot=32, weights_scale=2.5)
+    if fam in qf.HYBRIDS:  # test_model_families.py's family_file shape: 4 layers, 2 recurrent
+        s = dataclasses.replace(
+            s, n_layer=4, n_rot=16, ssm_state=64, n_ff=512, attn_every=2, ssm_conv=4,
+            ssm_groups=2, ssm_v_heads=4,
+        )  # fmt: skip
     return qf.write(root / f"{fam}.gguf", s, qf.random_tensors(s, 3))
 
 
@@ -101,10 +106,57 @@ for kw in ({}, dict(vram_slots=4, pcie_frac=0.0, adapt_every=1, threads=2)):
 """
 
 
-@pytest.mark.parametrize("fam", ["qwen2moe", "llama", "glm4moe"])
+@pytest.mark.parametrize("fam", ["qwen2moe", "llama", "glm4moe", "qwen3next", "qwen35moe"])
 def test_families_run_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
     env = mock_env(tmp_path)
     out = run_child(["-c", FAMILY_CHILD, str(family_model(fam, tmp_path))], env)
-    n_routed = 16 if fam == "glm4moe" else 24  # glm4moe's first layer is dense
+    # glm4moe's first layer is dense; the hybrids have 4 layers
+    n_routed = {"glm4moe": 16, "qwen3next": 32, "qwen35moe": 32}.get(fam, 24)
     want = [f"{fam} captured None 43", f"{fam} captured (per layer) ({n_routed}, 4) 43"]
+    assert out.split("\n")[:2] == want, out
+
+
+# The hybrid families' recurrent state on the GPU path (host side): a speculative window's
+# checkpoints, a marked prompt end, rollback, refusals, a batched step of two slots with a
+# window beside a decode, the per-layer graphs of the hybrid placement.
+RECURRENT_CHILD = """
+import sys
+from strata._core import Model
+for kw in ({}, dict(vram_slots=8, pcie_frac=0.0, adapt_every=1, threads=2)):
+    m = Model.open(sys.argv[1], n_ctx=128, n_slots=2, prefill_chunk=16, device="cuda", **kw)
+    # conv [Kc − 1, C] + delta rule [Nv, S, S] per recurrent layer, f32
+    assert m.hparams["recurrent_state_bytes"] == 2 * 4 * (3 * 512 + 4 * 64 * 64)
+    m.forward(1, list(range(1, 21)), logits="none")
+    m.checkpoint(1)
+    assert m.forward(1, list(range(21, 27)), logits="window").shape == (6, m.n_vocab)
+    assert m.checkpoints(1) == [20, 21, 22, 23, 24, 25, 26], m.checkpoints(1)
+    try:
+        m.truncate(1, 10)
+        raise SystemExit("truncate to 10 was not refused")
+    except ValueError as e:
+        assert "recurrent state" in str(e), e
+    m.truncate(1, 23)
+    assert m.slot_len(1) == 23 and m.checkpoints(1) == [20, 21, 22, 23]
+    out = m.forward_batch([(1, list(range(23, 43)), "window"), (0, [5], "last")])
+    assert [o.shape for o in out] == [(20, m.n_vocab), (m.n_vocab,)], [o.shape for o in out]
+    assert m.checkpoints(1) == [20] + list(range(28, 44)), m.checkpoints(1)  # the last 16
+    m.truncate(1, 20)
+    for t in range(4):
+        m.forward(0, [t + 1])
+    m.free(1)
+    assert m.checkpoints(1) == [] and m.slot_len(1) == 0
+    try:
+        m.kv_export(0, 1)
+        raise SystemExit("kv_export was not refused")
+    except Exception as e:
+        assert "recurrent state" in str(e), e
+    print(m.hparams["architecture"], m.cuda_graph_state, m.slot_len(0))
+"""
+
+
+@pytest.mark.parametrize("fam", ["qwen3next", "qwen35moe"])
+def test_recurrent_state_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
+    env = mock_env(tmp_path)
+    out = run_child(["-c", RECURRENT_CHILD, str(family_model(fam, tmp_path))], env)
+    want = [f"{fam} captured 5", f"{fam} captured (per layer) 5"]
     assert out.split("\n")[:2] == want, out

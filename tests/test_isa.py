@@ -35,7 +35,13 @@ TESTS = isa_tests()
 def test_the_isa_tests_are_found() -> None:
     names = {n for n, _ in TESTS}
     assert {"avx2_equals_scalar", "avx512_equals_scalar"} <= names, TESTS
-    assert {isa for _, isa in TESTS} <= {"avx2", "avx512"}
+    assert {isa for _, isa in TESTS} <= {"avx2", "avx512", "amx"}
+    assert "amx_rows_equal_scalar_bitwise" in names, TESTS
+
+
+def have_isas() -> set[str]:
+    """The ISAs this CPU runs, as the ISA tests name them (`amx`: AMX-INT8 tiles usable)."""
+    return set(_core.dot_isas()) | ({"amx"} if "amx-int8" in _core.cpu_features() else set())
 
 
 _results: dict[str, str] = {}
@@ -45,7 +51,7 @@ def _run_available() -> dict[str, str]:
     """Runs every ISA test this CPU can run, once; test path → "ok" | "FAILED" | output."""
     if _results:
         return _results
-    have = set(_core.dot_isas())
+    have = have_isas()
     names = [n for n, isa in TESTS if isa in have]
     env = dict(os.environ)
     listing = subprocess.run(
@@ -72,7 +78,7 @@ def _run_available() -> dict[str, str]:
 
 @pytest.mark.parametrize(("name", "isa"), TESTS, ids=[n for n, _ in TESTS])
 def test_rust_isa_test(name: str, isa: str) -> None:
-    if isa not in _core.dot_isas():
+    if isa not in have_isas():
         pytest.skip(f"this CPU lacks {isa}: the Rust test {name} was not run (not a pass)")
     if shutil.which("cargo") is None:
         pytest.skip(f"cargo is not installed: the Rust test {name} was not run (not a pass)")

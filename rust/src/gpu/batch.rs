@@ -18,6 +18,7 @@ use super::model::GpuModel;
 use crate::cuda::as_bytes_mut;
 use crate::error::Result;
 use crate::model::batch::{check_batch, Entry, Piece};
+use crate::model::Logits;
 
 impl GpuModel {
     /// A batched step (`model::batch`): every entry continues its slot; the requested logits
@@ -28,10 +29,16 @@ impl GpuModel {
         let mut ss = std::mem::take(&mut self.steps);
         let res = self.run_batch(entries, out, &mut ss);
         if res.is_err() {
-            // no copy from the staging buffers stays in flight; every slot as it was
+            // no copy from the staging buffers stays in flight; every slot as it was, except
+            // that a slot with a recurrent state (a hybrid family) starts over, as its state
+            // may have advanced
             let _ = self.x.stream.sync();
             for (e, &start) in entries.iter().zip(&ss.plan.starts) {
                 self.lens[e.slot] = start;
+                if let Some(rec) = &mut self.x.rec {
+                    let _ = rec.reset(&self.x.stream, e.slot);
+                    self.lens[e.slot] = 0;
+                }
             }
         }
         self.steps = ss;
@@ -87,6 +94,15 @@ impl GpuModel {
             for (c, v) in pin.chunks_exact_mut(4).zip(pairs.chain(ids)) {
                 c.copy_from_slice(&v.to_ne_bytes());
             }
+        }
+        let x = &mut self.x;
+        if let Some(rec) = &mut x.rec {
+            // a window's slot checkpoints its state after each of its tokens (`gdn_state`)
+            let pieces = ss.plan.pieces.iter().map(|p| {
+                let window = entries[p.entry].want == Logits::Window;
+                (p.slot, p.p0, p.t, window)
+            });
+            rec.begin_step(&x.gpu, &x.stream, pieces)?;
         }
         let x = &self.x;
         x.b.params

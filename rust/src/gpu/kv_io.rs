@@ -26,6 +26,7 @@ impl GpuModel {
 
     /// The slot's first `n` positions as a blob.
     pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
+        self.refuse_recurrent("KV export")?;
         let len = self.slot_len(slot)?;
         if n > len {
             return Err(Error::Input(format!(
@@ -56,6 +57,7 @@ impl GpuModel {
 
     /// Replaces the slot's KV with a blob of this model and KV type; returns its length.
     pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
+        self.refuse_recurrent("KV import")?;
         self.slot_len(slot)?;
         let id = self.blob_id();
         let n = kv_blob::parse(&id, self.cfg.n_ctx, data)?;

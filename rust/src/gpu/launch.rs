@@ -91,7 +91,8 @@ impl Bufs {
         let fd = hp.n_ff_shexp.max(hp.n_ff_dense).max(1); // the dense FFNs' widest
         let td = t.min(DECODE_MAX_TOKENS);
         let (po, pml) = attention::part_bytes(td, hp.n_head, n_split, hp.head_dim)?;
-        let scratch = [hd, qd]
+        let vd = hp.ssm.as_ref().map_or(0, |sp| sp.v_dim()); // the DeltaNet output's width
+        let scratch = [hd, qd, vd]
             .iter()
             .map(|&kk| quant::scratch_bytes(kk, t))
             .chain([
@@ -157,4 +158,9 @@ pub(super) struct Launcher {
     pub b: Bufs,
     /// Position splits of the decode attention kernel.
     pub n_split: usize,
+    /// [n_layer] each attention layer's place in the KV cache (a hybrid family's recurrent
+    /// layers keep none: their entries are unused).
+    pub kv_of: Vec<usize>,
+    /// A hybrid family's recurrent state and DeltaNet scratch (`gdn_state`).
+    pub rec: Option<super::gdn_state::GdnState>,
 }

@@ -10,6 +10,8 @@ mod batch_scratch;
 mod bounce;
 mod experts;
 mod ffn;
+mod gdn;
+mod gdn_state;
 mod hybrid;
 mod hybrid_cfg;
 mod kv_io;

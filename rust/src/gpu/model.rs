@@ -4,6 +4,7 @@
 //! step (and `forward`, its one-entry case) is `batch.rs`.
 
 use super::batch_scratch::BatchScratch;
+use super::gdn_state::GdnState;
 use super::hybrid::Hybrid;
 use super::hybrid_cfg::{HybridConfig, HybridInfo};
 use super::launch::{params_len, Bufs, Launcher, Seg, LOGIT_ROWS};
@@ -101,7 +102,7 @@ impl GpuModel {
         let lay = KvLayout::new(
             cfg.kv_type,
             cfg.n_slots,
-            hp.n_layer,
+            hp.n_attn_layer(), // a hybrid's recurrent layers keep no KV
             hp.n_head_kv,
             cfg.n_ctx,
             hp.head_dim,
@@ -114,8 +115,14 @@ impl GpuModel {
             )));
         }
         super::weights::check_types(&w)?;
+        // a hybrid family's recurrent state: every slot's, f32
+        let rec_bytes = hp.ssm.as_ref().map_or(0, |sp| {
+            let (cs, ss) = sp.state_floats();
+            let lr = sp.recurrent.iter().filter(|&&r| r).count();
+            4 * lr * (cs + ss) * cfg.n_slots
+        });
         let hybrid = hybrid.filter(|h| {
-            let need = w.expert_bytes() + w.non_expert_bytes() + 2 * lay.total();
+            let need = w.expert_bytes() + w.non_expert_bytes() + 2 * lay.total() + rec_bytes;
             let avail = free0.saturating_sub((h.reserve_mib as usize) << 20);
             !h.only_if_needed || need + BUFFER_ALLOWANCE > avail
         });
@@ -137,6 +144,26 @@ impl GpuModel {
         let pin_rows = cfg.n_slots.clamp(1, LOGIT_ROWS);
         let pin_logits = gpu.host_alloc(bytes(pin_rows * hp.n_vocab, 4)?)?;
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
+        let rec = match (hp.graph.hybrid, &hp.ssm) {
+            (Some(hy), Some(sp)) => Some(GdnState::new(
+                &gpu,
+                &stream,
+                sp.clone(),
+                hy,
+                cfg.n_slots,
+                t,
+                hp.q_dim(),
+            )?),
+            _ => None,
+        };
+        let recurrent = |l: usize| hp.ssm.as_ref().is_some_and(|sp| sp.recurrent[l]);
+        let kv_of: Vec<usize> = (0..hp.n_layer)
+            .scan(0, |n, l| {
+                let i = *n;
+                *n += usize::from(!recurrent(l));
+                Some(i)
+            })
+            .collect();
         let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
         let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w.output_norm, attn_norm0);
         let moe: Box<dyn MoePlacement> = match hybrid {
@@ -167,6 +194,8 @@ impl GpuModel {
                 lay,
                 b,
                 n_split,
+                kv_of,
+                rec,
             },
             hp,
             cfg,
@@ -252,6 +281,8 @@ impl GpuModel {
     }
 
     /// Keeps the first `n` positions (a prefix to reuse); `n` above the length is an error.
+    /// A hybrid family's recurrent state cannot be cut back, only restored (`gdn_state`): there `n`
+    /// must be 0 (start over), the slot's length or a checkpointed position, as on the CPU.
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
         let len = self.slot_ref(slot)?;
         if n > len {
@@ -259,8 +290,63 @@ impl GpuModel {
                 "cannot truncate slot {slot} to {n} positions: it holds {len}"
             )));
         }
+        let x = &mut self.x;
+        if let Some(rec) = &mut x.rec {
+            if n == 0 {
+                rec.reset(&x.stream, slot)?;
+            } else if n < len && !rec.restore(&x.stream, slot, n)? {
+                return Err(Error::Input(format!(
+                    "cannot truncate slot {slot} to {n} of its {len} positions: {} keeps a \
+                     recurrent state, restorable only to 0 (truncate to 0) or a checkpoint \
+                     (the positions of a speculative window: {:?})",
+                    self.hp.arch,
+                    rec.positions(slot)
+                )));
+            }
+        }
         self.lens[slot] = n;
         Ok(())
+    }
+
+    /// Marks the slot's recurrent state at its current length, so that `truncate` can come
+    /// back to it (`Model::checkpoint`); a `Model` error for a family without one.
+    pub fn checkpoint(&mut self, slot: usize) -> Result<()> {
+        let len = self.slot_ref(slot)?;
+        let x = &mut self.x;
+        match &mut x.rec {
+            Some(rec) => rec.mark(&x.gpu, &x.stream, slot, len),
+            None => Err(Error::Model(format!(
+                "{} keeps no recurrent state to checkpoint",
+                self.hp.arch
+            ))),
+        }
+    }
+
+    /// The positions `truncate` can restore the slot's recurrent state to, ascending (besides
+    /// 0 and its length); empty without a recurrent state.
+    pub fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
+        self.slot_ref(slot)?;
+        Ok(self
+            .x
+            .rec
+            .as_ref()
+            .map_or(Vec::new(), |r| r.positions(slot)))
+    }
+
+    /// Bytes of one slot's recurrent state (0 without one).
+    pub fn recurrent_slot_bytes(&self) -> usize {
+        self.x.rec.as_ref().map_or(0, GdnState::slot_bytes)
+    }
+
+    /// A `Model` error for a family whose slots keep a recurrent state (`what` refused).
+    pub(super) fn refuse_recurrent(&self, what: &str) -> Result<()> {
+        match self.x.rec {
+            Some(_) => Err(Error::Model(format!(
+                "{what} is not supported for {}: its slots keep a recurrent state",
+                self.hp.arch
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Empties the slot.

@@ -18,7 +18,7 @@
 use super::launch::{Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::MoePlacement;
 use crate::cuda::ops::view::Dv;
-use crate::cuda::ops::{attention, norm, quant, quant_shared, rope, router};
+use crate::cuda::ops::{attention, deltanet, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
 use crate::model::arch::{RopeMode, Routing};
 
@@ -63,58 +63,19 @@ impl Launcher {
     pub(super) fn attn_router(&self, l: usize, segs: &[Seg]) -> Result<()> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
-        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let hd = hp.n_embd;
         let (e, k) = (hp.n_expert, hp.n_expert_used);
         let eps = hp.rms_eps;
-        let scale = 1.0 / (hp.head_dim as f32).sqrt();
         let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
-        let (q, kk, v, att) = (Dv::of(&b.q), Dv::of(&b.k), Dv::of(&b.v), Dv::of(&b.att));
-        let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
-        let (cos, sin) = (Dv::of(&b.cos), Dv::of(&b.sin));
         let scr = b.scratch.ptr();
         let lw = &w.layers[l];
         {
-            // ---- attention ----
+            // ---- attention, or a hybrid's DeltaNet mixer: o [T, H] ----
             norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
-            // decode: h [T, hd] is quantized once for the three (when they share an activation type)
-            if (lw.wq.cols, lw.wk.cols, lw.wv.cols) != (hd, hd, hd) {
-                return Err(Error::Model(format!(
-                    "layer {l}: Q/K/V widths differ from {hd}"
-                )));
+            match &lw.deltanet {
+                Some(dn) => self.gdn_mix(dn, segs)?,
+                None => self.attention(l, segs)?,
             }
-            let qkv = [(&lw.wq, q), (&lw.wk, kk), (&lw.wv, v)]
-                .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
-            quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
-            // per piece over its own slot: q [T_p, Nh·D] rows r0.., k/v [T_p, Nkv·D]
-            for (i, sg) in segs.iter().enumerate() {
-                let sp = Dv::of(&b.params).sub(8 * i, 8)?; // (pos0, slot)
-                let (qs, ats) = (
-                    q.f32s(sg.r0 * qd, sg.t * qd)?,
-                    att.f32s(sg.r0 * qd, sg.t * qd)?,
-                );
-                let (ks, vs) = (
-                    kk.f32s(sg.r0 * kvd, sg.t * kvd)?,
-                    v.f32s(sg.r0 * kvd, sg.t * kvd)?,
-                );
-                self.attend(l, sg.t, [qs, ks, vs, ats], sp, [kc, vc], [cos, sin], scale)?;
-            }
-            let wo = &lw.wo;
-            quant::matmul(
-                &self.q,
-                s,
-                wo.ty,
-                wo.ptr(),
-                wo.rows,
-                wo.cols,
-                att.ptr,
-                o.ptr,
-                t,
-                scr,
-            )?;
-            debug_assert_eq!(
-                (wo.rows, wo.cols, lw.wq.rows, lw.wk.rows),
-                (hd, qd, qd, kvd)
-            );
             // ---- routed experts, or a leading dense layer's FFN ----
             norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, t, hd, eps)?;
             if let Some(ffn) = &lw.dense {
@@ -141,6 +102,69 @@ impl Launcher {
             }
         }
         Ok(())
+    }
+
+    /// Layer `l`'s attention over the pieces `segs`: h [T, H] (normed) → o [T, H]. A hybrid
+    /// family's attention is gated: its q projection is [T, Nh·2D] (per head [q D, gate D])
+    /// and its output is multiplied by σ(gate) before the output projection.
+    fn attention(&self, l: usize, segs: &[Seg]) -> Result<()> {
+        let t = rows(segs);
+        let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
+        let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
+        let scale = 1.0 / (hp.head_dim as f32).sqrt();
+        let (h, o) = (Dv::of(&b.h), Dv::of(&b.o));
+        let (q, kk, v, att) = (Dv::of(&b.q), Dv::of(&b.k), Dv::of(&b.v), Dv::of(&b.att));
+        let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
+        let (cos, sin) = (Dv::of(&b.cos), Dv::of(&b.sin));
+        let scr = b.scratch.ptr();
+        let lw = &w.layers[l];
+        // decode: h [T, hd] is quantized once for the three (when they share an activation type)
+        if (lw.wq.cols, lw.wk.cols, lw.wv.cols) != (hd, hd, hd) {
+            return Err(Error::Model(format!(
+                "layer {l}: Q/K/V widths differ from {hd}"
+            )));
+        }
+        let gated = self.rec.as_ref().map(|r| (Dv::of(&r.qg), Dv::of(&r.gate)));
+        let q_out = gated.map_or(q, |(qg, _)| qg); // [T, Nh·D] or [T, Nh·2D]
+        let qkv = [(&lw.wq, q_out), (&lw.wk, kk), (&lw.wv, v)]
+            .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
+        quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
+        if let Some((qg, gate)) = gated {
+            deltanet::split_q(g, s, qg, q, gate, t * qd, hp.head_dim)?;
+        }
+        // per piece over its own slot: q [T_p, Nh·D] rows r0.., k/v [T_p, Nkv·D]
+        for (i, sg) in segs.iter().enumerate() {
+            let sp = Dv::of(&b.params).sub(8 * i, 8)?; // (pos0, slot)
+            let (qs, ats) = (
+                q.f32s(sg.r0 * qd, sg.t * qd)?,
+                att.f32s(sg.r0 * qd, sg.t * qd)?,
+            );
+            let (ks, vs) = (
+                kk.f32s(sg.r0 * kvd, sg.t * kvd)?,
+                v.f32s(sg.r0 * kvd, sg.t * kvd)?,
+            );
+            self.attend(l, sg.t, [qs, ks, vs, ats], sp, [kc, vc], [cos, sin], scale)?;
+        }
+        if let Some((_, gate)) = gated {
+            deltanet::sigmoid_mul(g, s, att, gate, t * qd)?;
+        }
+        let wo = &lw.wo;
+        debug_assert_eq!(
+            (wo.rows, wo.cols, lw.wq.rows, lw.wk.rows),
+            (hd, qd, qd * (1 + gated.is_some() as usize), kvd)
+        );
+        quant::matmul(
+            &self.q,
+            s,
+            wo.ty,
+            wo.ptr(),
+            wo.rows,
+            wo.cols,
+            att.ptr,
+            o.ptr,
+            t,
+            scr,
+        )
     }
 
     /// ids i32 / wts f32 [T, K] from the router logits [T, E] of layer `l`, by the family's
@@ -185,6 +209,7 @@ impl Launcher {
         };
         let [cos, sin] = tab;
         let eps = hp.rms_eps;
+        let l = self.kv_of[l]; // the layer's place in the KV cache (recurrent layers have none)
         rope::qkv(
             g, s, &self.lay, l, q, kk, v, blk, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
         )?;

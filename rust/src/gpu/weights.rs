@@ -69,6 +69,24 @@ pub struct GpuLayer {
     /// A leading dense layer's FFN (`Graph::dense_lead`): it stands for the router and the
     /// routed experts, whose entries above then hold shapes only.
     pub dense: Option<GpuFfn>,
+    /// A hybrid family's recurrent layer: its DeltaNet mixer stands for the attention
+    /// (whose matrices above are then empty).
+    pub deltanet: Option<GpuDeltaNet>,
+}
+
+/// A DeltaNet layer in VRAM (`model::deltanet::DeltaNetWeights`; shapes in numpy order).
+pub struct GpuDeltaNet {
+    /// Its index among the recurrent layers (its part of a slot's state).
+    pub index: usize,
+    pub qkv: GpuMat,  // (C, H)
+    pub gate: GpuMat, // (Nv·S, H): z
+    /// (2·Nv, H) `ssm_ba`, or [(Nv, H) `ssm_beta`, (Nv, H) `ssm_alpha`].
+    pub ba: Vec<GpuMat>,
+    pub out: GpuMat,     // (H, Nv·S)
+    pub conv: DevBuf,    // f32 [C, Kc]
+    pub dt_bias: DevBuf, // f32 [Nv]
+    pub a: DevBuf,       // f32 [Nv]
+    pub norm: DevBuf,    // f32 [S]
 }
 
 impl GpuLayer {
@@ -115,8 +133,15 @@ pub fn check_types(w: &Weights) -> Result<()> {
             all.extend([&sh.gate, &sh.up, &sh.down]);
             all.extend(&sh.gate_inp);
         }
+        if let Some(dw) = &l.deltanet {
+            all.extend([&dw.qkv, &dw.gate, &dw.out]);
+            all.extend(&dw.ba);
+        }
     }
-    all.iter().try_for_each(|t| check_type(&t.name, t.ty))
+    // a recurrent layer's absent attention projections are empty
+    all.iter()
+        .filter(|t| t.nbytes > 0)
+        .try_for_each(|t| check_type(&t.name, t.ty))
 }
 
 struct Uploader<'a> {
@@ -252,6 +277,20 @@ impl GpuWeights {
                         Some(GpuFfn::new(gpu, mats, None, FfnScale::One)?)
                     }
                     false => None,
+                },
+                deltanet: match &l.deltanet {
+                    Some(dw) => Some(GpuDeltaNet {
+                        index: dw.index,
+                        qkv: u.mat(&dw.qkv)?,
+                        gate: u.mat(&dw.gate)?,
+                        ba: dw.ba.iter().map(|m| u.mat(m)).collect::<Result<_>>()?,
+                        out: u.mat(&dw.out)?,
+                        conv: u.vec(&dw.conv)?,
+                        dt_bias: u.vec(&dw.dt_bias)?,
+                        a: u.vec(&dw.a)?,
+                        norm: u.vec(&dw.norm)?,
+                    }),
+                    None => None,
                 },
             });
         }

@@ -35,6 +35,10 @@ fn row_block(rb: usize) -> usize {
     (ROW_BLOCK_BYTES / rb.max(1)).max(1)
 }
 
+/// Rows per `blocked` run: the rows one `MultiDot::rows_call` takes together (its AMX tiles
+/// lay out the group's activations once per run), and the bound of the runs' output buffers.
+const RUN_ROWS: usize = 64;
+
 /// Rows per `vec_dot_rows` call of the one-token (decode) path.
 const DECODE_ROWS: usize = 64;
 
@@ -51,33 +55,38 @@ fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {
     }
 }
 
-/// Runs `f(row, g0, acts)` over rows `[r0,r1)` × tokens `0..count` in groups of at most
-/// `group` (≤ `MAX_T`) tokens (`acts` = the activations of tokens `g0..g0 + acts.len()`),
-/// row blocks outermost; no group straddles a change of `key(token)` (the float order,
-/// which is ggml's per row and may change between tokens).
+/// Runs `f(ra, rb, g0, acts)` over runs of rows `[ra,rb)` (at most `RUN_ROWS`) covering
+/// `[r0,r1)` × tokens `0..count` in groups of at most `group` (≤ `MAX_T`) tokens (`acts` =
+/// the activations of tokens `g0..g0 + acts.len()`), row blocks outermost; no group
+/// straddles a change of `key(token)` (the float order, which is ggml's per row and may
+/// change between tokens).
 #[inline]
 fn blocked<'a>(
     (r0, r1): (usize, usize),
     count: usize,
     key: impl Fn(usize) -> u8,
-    group: usize,
+    group: impl Fn(u8) -> usize,
     rows_per_block: usize,
     act: impl Fn(usize) -> &'a [u8],
-    mut f: impl FnMut(usize, usize, &[&'a [u8]]),
+    mut f: impl FnMut(usize, usize, usize, &[&'a [u8]]),
 ) {
     let mut b0 = r0;
     while b0 < r1 {
         let b1 = (b0 + rows_per_block).min(r1);
         let mut g0 = 0;
         while g0 < count {
-            let (k0, max) = (key(g0), group.min(MAX_T).min(count - g0));
+            let k0 = key(g0);
+            let max = group(k0).min(MAX_T).min(count - g0);
             let n = (1..max).find(|&j| key(g0 + j) != k0).unwrap_or(max);
             let mut acts: [&[u8]; MAX_T] = [&[]; MAX_T];
             for (j, a) in acts[..n].iter_mut().enumerate() {
                 *a = act(g0 + j);
             }
-            for r in b0..b1 {
-                f(r, g0, &acts[..n]);
+            let mut ra = b0;
+            while ra < b1 {
+                let rb = (ra + RUN_ROWS).min(b1);
+                f(ra, rb, g0, &acts[..n]);
+                ra = rb;
             }
             g0 += n;
         }
@@ -261,23 +270,44 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
     let (mut g, mut u) = ([0f32; MAX_T], [0f32; MAX_T]);
     let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
     let xg = |j| act(p.xq_g, p.xq_g_rb, j);
-    let group = gd.iter().chain(&ud).map(MultiDot::group).min().unwrap_or(1);
     let key = |j: usize| p.order(q0 + j) & (ORDER_G | ORDER_U);
-    blocked(rows, np, key, group, rpb, xg, |i, g0, xg| {
-        let m = xg.len();
+    let group = |k: u8| {
+        gd[pick(k, ORDER_G)]
+            .group()
+            .min(ud[pick(k, ORDER_U)].group())
+    };
+    let (mut gr, mut ur) = ([0f32; RUN_ROWS * MAX_T], [0f32; RUN_ROWS * MAX_T]);
+    blocked(rows, np, key, group, rpb, xg, |ra, rb, g0, xg| {
+        let (m, nr) = (xg.len(), rb - ra);
         let kk = key(g0);
-        gd[pick(kk, ORDER_G)].call(p.row(&p.gate, e, i), xg, &mut g[..m]);
-        if same {
-            ud[pick(kk, ORDER_U)].call(p.row(&p.up, e, i), xg, &mut u[..m]);
+        let (gdot, udot) = (&gd[pick(kk, ORDER_G)], &ud[pick(kk, ORDER_U)]);
+        let mut xu: [&[u8]; MAX_T] = [&[]; MAX_T];
+        let xu = if same {
+            xg
         } else {
-            let mut xu: [&[u8]; MAX_T] = [&[]; MAX_T];
             for (j, a) in xu[..m].iter_mut().enumerate() {
                 *a = act(p.xq_u, p.xq_u_rb, g0 + j);
             }
-            ud[pick(kk, ORDER_U)].call(p.row(&p.up, e, i), &xu[..m], &mut u[..m]);
+            &xu[..m]
+        };
+        if gdot.uses_amx(m) && udot.uses_amx(m) {
+            let (go, uo) = (&mut gr[..nr * m], &mut ur[..nr * m]);
+            gdot.rows_call(p.rows(&p.gate, e, ra, nr), nr, xg, go);
+            udot.rows_call(p.rows(&p.up, e, ra, nr), nr, xu, uo);
+            for k in 0..nr {
+                for jj in 0..m {
+                    let h = silu_mul(go[k * m + jj], uo[k * m + jj]);
+                    *p.h_buf.add((q0 + g0 + jj) * p.i + ra + k) = h;
+                }
+            }
+            return;
         }
-        for jj in 0..m {
-            *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
+        for i in ra..rb {
+            gdot.call(p.row(&p.gate, e, i), xg, &mut g[..m]);
+            udot.call(p.row(&p.up, e, i), xu, &mut u[..m]);
+            for jj in 0..m {
+                *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
+            }
         }
     });
 }
@@ -316,19 +346,33 @@ unsafe fn tile_down(p: &Plan, n: usize) {
     }
     let dd = dots(p.down.ty, p.i);
     let mut out = [0f32; MAX_T];
+    let mut run = [0f32; RUN_ROWS * MAX_T];
     let key = |j: usize| p.order(q0 + j) & ORDER_D;
     blocked(
         rows,
         np,
         key,
-        dd[0].group().min(dd[1].group()),
+        |k| dd[pick(k, ORDER_D)].group(),
         row_block(p.down.row_bytes),
         act,
-        |r, g0, a| {
+        |ra, rb, g0, a| {
             let m = a.len();
-            dd[pick(key(g0), ORDER_D)].call(p.row(&p.down, e, r), a, &mut out[..m]);
-            for (jj, &o) in out[..m].iter().enumerate() {
-                *p.dout.add((q0 + g0 + jj) * p.h + r) = o;
+            let dot = &dd[pick(key(g0), ORDER_D)];
+            if dot.uses_amx(m) {
+                let o = &mut run[..(rb - ra) * m];
+                dot.rows_call(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o);
+                for (k, ok) in o.chunks_exact(m).enumerate() {
+                    for (jj, &v) in ok.iter().enumerate() {
+                        *p.dout.add((q0 + g0 + jj) * p.h + ra + k) = v;
+                    }
+                }
+                return;
+            }
+            for r in ra..rb {
+                dot.call(p.row(&p.down, e, r), a, &mut out[..m]);
+                for (jj, &o) in out[..m].iter().enumerate() {
+                    *p.dout.add((q0 + g0 + jj) * p.h + r) = o;
+                }
             }
         },
     );
@@ -394,19 +438,33 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
     }
     let dd = dots(p.down.ty, p.i);
     let mut out = [0f32; MAX_T];
+    let mut run = [0f32; RUN_ROWS * MAX_T];
     let key = |t: usize| p.order(t) & ORDER_D;
     blocked(
         rows,
         p.t,
         key,
-        dd[1].group(),
+        |k| dd[pick(k, ORDER_D)].group(),
         row_block(p.down.row_bytes),
         act,
-        |r, g0, a| {
+        |ra, rb, g0, a| {
             let m = a.len();
-            dd[pick(key(g0), ORDER_D)].call(p.row(&p.down, 0, r), a, &mut out[..m]);
-            for (jj, &o) in out[..m].iter().enumerate() {
-                *p.y.add((g0 + jj) * p.h + r) = o;
+            let dot = &dd[pick(key(g0), ORDER_D)];
+            if dot.uses_amx(m) {
+                let o = &mut run[..(rb - ra) * m];
+                dot.rows_call(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o);
+                for (k, ok) in o.chunks_exact(m).enumerate() {
+                    for (jj, &v) in ok.iter().enumerate() {
+                        *p.y.add((g0 + jj) * p.h + ra + k) = v;
+                    }
+                }
+                return;
+            }
+            for r in ra..rb {
+                dot.call(p.row(&p.down, 0, r), a, &mut out[..m]);
+                for (jj, &o) in out[..m].iter().enumerate() {
+                    *p.y.add((g0 + jj) * p.h + r) = o;
+                }
             }
         },
     );

@@ -106,21 +106,18 @@ impl Backend {
         }
     }
 
-    /// A hybrid's recurrent-state checkpoint at the slot's length (CPU only: the GPU path
-    /// runs no recurrent family).
+    /// A hybrid's recurrent-state checkpoint at the slot's length.
     fn checkpoint(&mut self, slot: usize) -> Result<()> {
         match self {
             Backend::Cpu(m) => m.checkpoint(slot),
-            Backend::Gpu { .. } => Err(Error::Model(
-                "the GPU path keeps no recurrent state to checkpoint".into(),
-            )),
+            Backend::Gpu { m, .. } => m.checkpoint(slot),
         }
     }
 
     fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
         match self {
             Backend::Cpu(m) => m.checkpoints(slot),
-            Backend::Gpu { .. } => Ok(Vec::new()),
+            Backend::Gpu { m, .. } => m.checkpoints(slot),
         }
     }
 
@@ -383,7 +380,7 @@ impl PyModel {
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
                 repack_bytes: 0,
-                recurrent_bytes: 0,
+                recurrent_bytes: m.recurrent_slot_bytes(),
                 device: "cuda",
             },
         });

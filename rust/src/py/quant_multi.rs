@@ -89,8 +89,9 @@ fn multi_dot(
 
 /// Seconds (best of `reps`) to compute `rows` (`len / row_bytes` rows back to back) against
 /// every activation in `acts` with the multi-token path as the pool's tiles run it: token
-/// groups of `MultiDot::group()`, every row of a thread's share per group, the rows split
-/// evenly over `threads` threads. `group` = 1 times the single-token kernel per token instead.
+/// groups of `MultiDot::group()`, every run of 64 rows of a thread's share per group
+/// (`MultiDot::rows_call`: the AMX tiles where the handle has them), the rows split evenly
+/// over `threads` threads. `group` = 1 times the single-token kernel per token instead.
 #[pyfunction]
 #[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1, group = None))]
 #[allow(clippy::too_many_arguments)]
@@ -127,11 +128,13 @@ fn multi_dot_bench(
                 for share in rows.chunks(per * rb) {
                     let refs = &refs;
                     s.spawn(move || {
-                        let mut out = [0f32; MAX_T];
+                        // runs of 64 rows per group, as the pool's `blocked` hands them
+                        let mut out = vec![0f32; 64 * MAX_T];
                         let mut sink = 0f32;
                         for grp in refs.chunks(g) {
-                            for row in share.chunks_exact(rb) {
-                                md.call(row, grp, &mut out[..grp.len()]);
+                            for run in share.chunks(64 * rb) {
+                                let nr = run.len() / rb;
+                                md.rows_call(run, nr, grp, &mut out[..nr * grp.len()]);
                                 sink += out[0];
                             }
                         }

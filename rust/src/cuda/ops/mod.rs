@@ -2,6 +2,7 @@
 //! (`Error::Shape` / `Error::Config`) before it launches (docs/GPU.md).
 
 pub mod attention;
+pub mod deltanet;
 pub mod elementwise;
 pub mod moe_decode;
 pub mod norm;

@@ -44,5 +44,9 @@ pub fn cpu_features() -> Vec<&'static str> {
         "avx512bf16",
         "avxvnni"
     );
+    // (tiles usable: CPU, OS state and the process's permission, as the kernels need)
+    if super::gemm::amx_available() {
+        v.push("amx-int8");
+    }
     v
 }

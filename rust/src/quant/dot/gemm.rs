@@ -8,12 +8,32 @@
 use super::{active_isa, kernel_for, kernel_many, DotFn, Isa, Order};
 use crate::quant::GgmlType;
 
+#[cfg(target_arch = "x86_64")]
+#[path = "gemm_amx.rs"]
+mod gemm_amx;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx2.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx2;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx512.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx512;
+
+/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S,
+/// `Order::Many`).
+pub fn amx_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        gemm_amx::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Fewest tokens for which `rows_call` takes the AMX tiles (below it a tile's unused token
+/// columns cost more than the multi-token kernel).
+const AMX_MIN_T: usize = 12;
 
 /// Most tokens a tile hands to one `MultiDot::call` (`MultiDot::group` says how many suit
 /// the kernel).
@@ -30,7 +50,7 @@ pub fn has_multi_kernel(isa: Isa, w: GgmlType, order: Order) -> bool {
 }
 
 /// The multi-token kernel of `w` in `order` for `isa`: AVX-512's own (`gemm_avx512::kernel`:
-/// Q4_K and Q6_K; they passed `avx512_multi_equals_scalar_bitwise` / tests/test_gemm_isa.py on
+/// Q4_K, Q6_K and IQ3_S; Q4_K and Q6_K passed `avx512_multi_equals_scalar_bitwise` / tests/test_gemm_isa.py on
 /// the GPU host's Xeon, 2026-12-02), else the AVX2 one.
 fn multi_for(isa: Isa, w: GgmlType, order: Order) -> Option<gemm_avx2::MultiFn> {
     if isa == Isa::Avx512 && isa.available() {
@@ -68,6 +88,10 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
+    /// `rows_call` may take the AMX tiles (Q4_K, IQ3_S in `Order::Many`; AVX-512 active, AMX
+    /// here).
+    amx: bool,
+    order: Order,
 }
 
 impl MultiDot {
@@ -83,11 +107,13 @@ impl MultiDot {
     }
 
     /// With the AVX-512 multi-token kernel of `w`, its VNNI variant or (`vnni` false) the
-    /// AVX-512BW one; None when the CPU cannot run it or the type has none (tests and
+    /// AVX-512BW one (never the AMX tiles); None when the CPU cannot run it or the type has none (tests and
     /// benchmarks compare the variants).
     pub fn avx512_variant(w: GgmlType, n: usize, order: Order, vnni: bool) -> Option<MultiDot> {
         let k = gemm_avx512::kernel_with(w, order, vnni)?;
-        Some(MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k)))
+        let mut md = MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k));
+        md.amx = false; // the variant itself, not the tiles
+        Some(md)
     }
 
     fn with_kernel(
@@ -107,6 +133,10 @@ impl MultiDot {
             act_len,
             single: single_for(isa, w, order),
             multi,
+            amx: isa == Isa::Avx512
+                && (w == GgmlType::Q4K || (w == GgmlType::IQ3S && order == Order::Many))
+                && amx_available(),
+            order,
         }
     }
 
@@ -115,10 +145,50 @@ impl MultiDot {
     /// it takes `MAX_T`; the others `NARROW_T`.
     #[inline]
     pub fn group(&self) -> usize {
-        if self.multi.is_some() && self.w == GgmlType::IQ3S {
+        if self.amx || (self.multi.is_some() && self.w == GgmlType::IQ3S) {
             MAX_T
         } else {
             NARROW_T
+        }
+    }
+
+    /// Whether `rows_call` takes the AMX tiles for `nt` tokens.
+    #[inline]
+    pub fn uses_amx(&self, nt: usize) -> bool {
+        self.amx && nt >= AMX_MIN_T
+    }
+
+    /// `out[r·nt + t] = dot(row r, acts[t])` for the `nr` consecutive rows of `rows` and the
+    /// `nt = acts.len()` tokens, bitwise `call`'s (the AMX tiles where `uses_amx`, else `call`
+    /// per row). Panics on wrong slice lengths.
+    pub fn rows_call(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+        let nt = acts.len();
+        assert!(
+            rows.len() == nr * self.row_len
+                && out.len() == nr * nt
+                && acts.iter().all(|a| a.len() == self.act_len),
+            "rows dot {}: n = {}, {} bytes for {nr} rows, {nt} activations",
+            self.w.name(),
+            self.n,
+            rows.len()
+        );
+        #[cfg(target_arch = "x86_64")]
+        if self.uses_amx(nt) {
+            // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
+            unsafe {
+                match (self.w, self.order) {
+                    (GgmlType::IQ3S, _) => gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out),
+                    (_, Order::Single) => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
+                    (_, Order::Many) => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
+                }
+            };
+            return;
+        }
+        for (r, o) in out.chunks_exact_mut(nt.max(1)).take(nr).enumerate() {
+            let row = &rows[r * self.row_len..(r + 1) * self.row_len];
+            for (a, oo) in acts.chunks(MAX_T).zip(o.chunks_mut(MAX_T)) {
+                self.call(row, a, oo);
+            }
         }
     }
 
@@ -270,7 +340,7 @@ mod tests {
         }
     }
 
-    /// The AVX-512 multi-token kernels (Q4_K, Q6_K both orders; Q8_0), both variants (VNNI
+    /// The AVX-512 multi-token kernels (Q4_K, Q6_K, IQ3_S both orders; Q8_0), both variants (VNNI
     /// where the CPU has it, and AVX-512BW), against the scalar single-token kernel of the same
     /// order and the AVX2 multi-token path, bitwise: token counts 1..=MAX_T and above, several
     /// row lengths, activations at the extremes (±127) beside random ones.
@@ -279,7 +349,7 @@ mod tests {
     fn avx512_multi_equals_scalar_bitwise() {
         crate::quant::dot::require_isa(Isa::Avx512, "avx512_multi_equals_scalar_bitwise");
         let mut checked = 0;
-        for w in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0] {
+        for w in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::Q8_0, GgmlType::IQ3S] {
             let mut rng = Rng::new(0x512 + w.id() as u64);
             for nb in [1usize, 2, 3, 8] {
                 let n = nb * 256;
@@ -327,7 +397,132 @@ mod tests {
             }
         }
         println!("avx512: {checked} multi-token kernel variants equal scalar");
-        assert!(checked >= 3 * 2 * 4);
+        assert!(checked >= 4 * 2 * 4);
+    }
+
+    /// The AMX tile path (`rows_call` on Q4_K in both orders, IQ3_S in `Many`) against the scalar
+    /// single-token kernel of the order, bitwise: row counts around the 16-row tile, token counts around the
+    /// 16-token tile (from `AMX_MIN_T`), several row lengths, activations at the extremes (±127)
+    /// beside random ones, and weights whose scales and mins take every 6-bit extreme.
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks amx"]
+    fn amx_rows_equal_scalar_bitwise() {
+        assert!(
+            amx_available(),
+            "amx_rows_equal_scalar_bitwise needs AMX-INT8: tests/test_isa.py runs it only where it can"
+        );
+        let mut checked = 0;
+        let cases = [
+            (GgmlType::Q4K, Order::Single),
+            (GgmlType::Q4K, Order::Many),
+            (GgmlType::IQ3S, Order::Many),
+        ];
+        for ((w, order), nb) in cases
+            .into_iter()
+            .flat_map(|c| [1usize, 3, 8].map(|nb| (c, nb)))
+        {
+            let scalar = single_for(Isa::Scalar, w, order);
+            let n = nb * 256;
+            let mut rng = Rng::new(0xA4 + nb as u64);
+            let nr_max = 40;
+            let mut rows: Vec<u8> = (0..nr_max)
+                .flat_map(|_| random_row(w, n, &mut rng))
+                .collect();
+            // row 1: every scale (and min) at its largest, row 2: all zero weights
+            let (bb, sc) = if w == GgmlType::Q4K {
+                (144, 4..16)
+            } else {
+                (110, 106..110)
+            };
+            let rbb = w.row_bytes(n).unwrap();
+            for b in 0..nb {
+                rows[rbb + bb * b + sc.start..rbb + bb * b + sc.end].fill(0xFF);
+                rows[2 * rbb + bb * b + 2..2 * rbb + bb * b + bb].fill(0);
+            }
+            let mut acts: Vec<Vec<u8>> = (0..40).map(|_| random_act(w, n, &mut rng)).collect();
+            let x: Vec<f32> = (0..n)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            let y: Vec<f32> = x.iter().map(|v| -v).collect();
+            super::super::quantize_act(GgmlType::Q8K, &x, &mut acts[1]).unwrap();
+            super::super::quantize_act(GgmlType::Q8K, &y, &mut acts[17]).unwrap();
+            let md = MultiDot::with_isa(Isa::Avx512, w, n, order);
+            let rb = w.row_bytes(n).unwrap();
+            for nr in [1usize, 5, 16, 17, 40] {
+                for nt in [AMX_MIN_T, 13, 15, 16, 17, 31, 32, 40] {
+                    assert!(md.uses_amx(nt), "{} {order:?}", w.name());
+                    let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                    let mut out = vec![f32::NAN; nr * nt];
+                    md.rows_call(&rows[..nr * rb], nr, &refs, &mut out);
+                    for r in 0..nr {
+                        for (t, a) in refs.iter().enumerate() {
+                            let want = scalar(n, &rows[r * rb..(r + 1) * rb], a);
+                            assert_eq!(
+                                out[r * nt + t].to_bits(),
+                                want.to_bits(),
+                                "{} {order:?} n={n} nr={nr} nt={nt} r={r} t={t}: {} vs {want}",
+                                w.name(),
+                                out[r * nt + t]
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        println!("amx: {checked} (row, token) dots equal scalar");
+    }
+
+    /// Thread CPU time of a Q4_K (`Order::Single`) or IQ3_S (`Many`) run of rows × tokens: the AMX tiles
+    /// (`rows_call`) against the multi-token kernel per row (`call`), best of 7 interleaved:
+    /// `cargo test --no-default-features --release amx_rows_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "benchmark"]
+    fn amx_rows_throughput() {
+        if !amx_available() {
+            println!("no AMX here");
+            return;
+        }
+        for (w, order, n, nr) in [
+            (GgmlType::Q4K, Order::Single, 2048usize, 64usize),
+            (GgmlType::Q4K, Order::Single, 768, 64),
+            (GgmlType::IQ3S, Order::Many, 2048, 64),
+        ] {
+            let mut rng = Rng::new(7 + n as u64);
+            let rb = w.row_bytes(n).unwrap();
+            let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
+            let md = MultiDot::with_isa(Isa::Avx512, w, n, order);
+            for nt in [4usize, 8, 16, 32] {
+                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                let mut out = vec![0f32; nr * nt];
+                let reps = (20_000_000 / (nr * n * nt)).max(1);
+                let mut best = [u64::MAX; 2];
+                for _ in 0..7 {
+                    for (k, b) in best.iter_mut().enumerate() {
+                        let t0 = super::super::tests::thread_cpu_ns();
+                        for _ in 0..reps {
+                            if k == 0 {
+                                md.rows_call(&rows, nr, &refs, &mut out);
+                            } else {
+                                for (r, o) in out.chunks_exact_mut(nt).enumerate() {
+                                    md.call(&rows[r * rb..(r + 1) * rb], &refs, o);
+                                }
+                            }
+                        }
+                        *b = (*b).min(super::super::tests::thread_cpu_ns() - t0);
+                    }
+                }
+                let per = |k: usize| best[k] as f64 / (reps * nr * nt * n / 256) as f64;
+                println!(
+                    "{} {order:?} n={n} rows={nr} tokens={nt}: AMX {:.2} ns, multi-token {:.2} ns per (row, token, block): {:.2}x",
+                    w.name(),
+                    per(0),
+                    per(1),
+                    per(1) / per(0)
+                );
+            }
+        }
     }
 
     #[test]

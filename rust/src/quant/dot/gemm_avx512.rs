@@ -28,6 +28,9 @@ use super::super::{cpu, Order};
 use super::gemm_avx2::{da_at, k4_scales, k4_summ4};
 use std::arch::x86_64::*;
 
+#[path = "gemm_iq3s512.rs"]
+mod iq3s512;
+
 /// Q8_K block bytes.
 const AB: usize = 292;
 
@@ -532,6 +535,10 @@ pub fn kernel_with(w: crate::quant::GgmlType, order: Order, vnni: bool) -> Optio
             "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
         ),
         (Q8_0, _, false) => passes!(q8_0, false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl"),
+        // (no VNNI form: `vpdpbusd` would leave the group scale to a `vpmulld` per 64 weights,
+        // where `vpmaddwd` applies it in the pairing add)
+        (IQ3S, Order::Single, _) => iq3s512::iq3_s_multi::<false> as MultiFn,
+        (IQ3S, Order::Many, _) => iq3s512::iq3_s_multi::<true> as MultiFn,
         _ => return None,
     })
 }

@@ -1,0 +1,506 @@
+//! Q4_K and IQ3_S × Q8_K on Intel AMX-INT8 tiles (`tdpbusd`, `tdpbssd`): Q4_K in both orders
+//! (`Order::Single`, ggml's `vec_dot`; `Order::Many`, its repacked gemm), IQ3_S in ggml's
+//! tiled order (`Order::Many`: one exact integer per block; its `vec_dot` order keeps eight
+//! lanes per block, which the tiles do not give): many weight rows against many tokens per
+//! call, 16 rows × 16 tokens per tile. IQ3_S: the signed grid value times the group scale
+//! `ls = 2·s + 1` split `lo + 8·hi` (two `tdpbssd` products, each |v·part| ≤ 105).
+//!
+//! Exactness: a tile product is an exact integer sum, so every (row, token, block) gets the
+//! very integers of the single-token kernel, then the same float operations:
+//! - `sumi = Σ_s sc_s·Σ_l q_l·a_l` with the 6-bit scale split as `sc = lo + 8·hi` (lo, hi in
+//!   0..8) so that `q·lo` and `q·hi` (≤ 105) fit the tile's u8 operand: two tile products,
+//!   `sumi = C_lo + 8·C_hi`;
+//! - `summ = Σ_s m_s·bsum_s = Σ_l m_{s(l)}·a_l` (a Q8_K bsum is the exact sum of its 16
+//!   quantized activations): a third tile product with the mins spread over their weights;
+//! - per block `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)` (`common::k_add_min`), no fusing;
+//!   in `Order::Many` the same sums per pair of sub-blocks (one 64-weight chunk: the tiles
+//!   stored after each chunk) and the gemm's two fused accumulators.
+//!
+//! Tiles: A (weights, u8) row r = 64 weights of one chunk of row r, as decoded below; B
+//! (activations, s8) in the VNNI layout `B[k/4][4t + k%4] = a_t[k]`: the 16 tokens' 64-byte
+//! chunks transposed as a 16 × 16 matrix of dwords, once per call for every row tile; C
+//! (i32) `C[r][t]`. The activation tiles of a call live in a per-thread buffer that grows to
+//! the largest call and is then reused (no allocation per step).
+//!
+//! Safety: `available()` checks the CPU (CPUID AMX-TILE/AMX-INT8, AVX-512), the OS (XCR0
+//! tile state) and asks Linux for the tile data permission once; the kernel runs only after.
+
+use super::super::common::{f16_at, scale_min_k4};
+use crate::quant::tables::IQ3S_GRID;
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+/// Q8_K block bytes: d (f32) · qs[256] (i8) · bsums[16] (i16).
+const AB: usize = 292;
+/// Q4_K block bytes: d, dmin (f16) · scales[12] · qs[128].
+const WB: usize = 144;
+/// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].
+const IQ3S_WB: usize = 110;
+/// Rows and tokens per tile.
+const TILE: usize = 16;
+
+/// Whether this CPU and OS run AMX-INT8 tiles here (asked once per process).
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(detect)
+}
+
+fn detect() -> bool {
+    if !super::super::cpu::has_avx512() {
+        return false;
+    }
+    // SAFETY: CPUID leaf 7 exists on every CPU with AVX-512; XGETBV is checked via OSXSAVE.
+    unsafe {
+        let l7 = __cpuid_count(7, 0);
+        let (tile, int8) = (l7.edx >> 24 & 1 == 1, l7.edx >> 25 & 1 == 1);
+        let osxsave = __cpuid(1).ecx >> 27 & 1 == 1;
+        if !(tile && int8 && osxsave) {
+            return false;
+        }
+        // XCR0 bits 17 (XTILECFG) and 18 (XTILEDATA): the OS saves tile state
+        if _xgetbv(0) >> 17 & 3 != 3 {
+            return false;
+        }
+    }
+    request_tile_permission()
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    const SYS_ARCH_PRCTL: i64 = 158;
+    let ret: i64;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) only changes this process's
+    // permission to use the tile state; it touches no memory of ours.
+    unsafe {
+        asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL => ret,
+             in("rdi") ARCH_REQ_XCOMP_PERM, in("rsi") XFEATURE_XTILEDATA,
+             lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false
+}
+
+/// Tile configuration (palette 1): tmm0–2 the C tiles (16 × 64 bytes of i32), tmm3 A,
+/// tmm4 B, all 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileCfg([u8; 64]);
+
+const fn tile_cfg() -> TileCfg {
+    let mut c = [0u8; 64];
+    c[0] = 1; // palette
+    let mut t = 0;
+    while t < 5 {
+        c[16 + 2 * t] = 64; // colsb (u16, little-endian)
+        c[48 + t] = 16; // rows
+        t += 1;
+    }
+    TileCfg(c)
+}
+
+static CFG: TileCfg = tile_cfg();
+
+/// The 64-byte-aligned scratch of one call: the B tiles of every (token tile, block, chunk)
+/// and the A tiles of one row tile's block.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// Per-thread scratch: the call's B tiles and its float accumulators `acc[r][t]` of one row
+/// tile (both grow to the largest call, then are reused).
+struct Scratch {
+    b: Vec<Line>,
+    acc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new() }) };
+}
+
+/// `C_k += A · B` (tmm k, tmm3, tmm4): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
+#[inline(always)]
+unsafe fn tdp<const SIGNED: bool>(k: usize) {
+    match (SIGNED, k) {
+        (false, 0) => asm!("tdpbusd tmm0, tmm3, tmm4", options(nostack)),
+        (false, 1) => asm!("tdpbusd tmm1, tmm3, tmm4", options(nostack)),
+        (false, _) => asm!("tdpbusd tmm2, tmm3, tmm4", options(nostack)),
+        (true, 0) => asm!("tdpbssd tmm0, tmm3, tmm4", options(nostack)),
+        (true, 1) => asm!("tdpbssd tmm1, tmm3, tmm4", options(nostack)),
+        (true, _) => asm!("tdpbssd tmm2, tmm3, tmm4", options(nostack)),
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_load<const T: u8>(p: *const u8) {
+    match T {
+        3 => asm!("tileloadd tmm3, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
+        _ => asm!("tileloadd tmm4, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_store_c(k: usize, p: *mut u8) {
+    match k {
+        0 => asm!("tilestored [{0} + {1}], tmm0", in(reg) p, in(reg) 64usize, options(nostack)),
+        1 => asm!("tilestored [{0} + {1}], tmm1", in(reg) p, in(reg) 64usize, options(nostack)),
+        _ => asm!("tilestored [{0} + {1}], tmm2", in(reg) p, in(reg) 64usize, options(nostack)),
+    }
+}
+
+/// 16 × 16 dword transpose: `out[j]` lane t = `rows[t]` lane j.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+    let mut t = [_mm512_setzero_si512(); 16];
+    for i in 0..8 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // per 128-bit lane l: u[4q + k] holds column 4l + k of rows 4q..4q+4
+    let mut u = [_mm512_setzero_si512(); 16];
+    for q in 0..4 {
+        let (a, b, c, d) = (t[4 * q], t[4 * q + 1], t[4 * q + 2], t[4 * q + 3]);
+        u[4 * q] = _mm512_unpacklo_epi64(a, c);
+        u[4 * q + 1] = _mm512_unpackhi_epi64(a, c);
+        u[4 * q + 2] = _mm512_unpacklo_epi64(b, d);
+        u[4 * q + 3] = _mm512_unpackhi_epi64(b, d);
+    }
+    let mut o = [_mm512_setzero_si512(); 16];
+    for k in 0..4 {
+        let v = _mm512_shuffle_i32x4::<0x88>(u[k], u[4 + k]);
+        let w = _mm512_shuffle_i32x4::<0x88>(u[8 + k], u[12 + k]);
+        let v2 = _mm512_shuffle_i32x4::<0xDD>(u[k], u[4 + k]);
+        let w2 = _mm512_shuffle_i32x4::<0xDD>(u[8 + k], u[12 + k]);
+        o[k] = _mm512_shuffle_i32x4::<0x88>(v, w);
+        o[8 + k] = _mm512_shuffle_i32x4::<0xDD>(v, w);
+        o[4 + k] = _mm512_shuffle_i32x4::<0x88>(v2, w2);
+        o[12 + k] = _mm512_shuffle_i32x4::<0xDD>(v2, w2);
+    }
+    o
+}
+
+/// B tiles of tokens `acts[16·tt ..]` (missing tokens zero): `b[((tt·nb + b)·4 + c)·16 + j]`
+/// is row j of the tile of block b, chunk c.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_b(acts: &[&[u8]], nb: usize, b: &mut [Line]) {
+    for (tt, toks) in acts.chunks(TILE).enumerate() {
+        for blk in 0..nb {
+            for c in 0..4 {
+                let rows: [__m512i; 16] = std::array::from_fn(|t| match toks.get(t) {
+                    Some(a) => {
+                        _mm512_loadu_si512(a.as_ptr().add(AB * blk + 4 + 64 * c) as *const _)
+                    }
+                    None => _mm512_setzero_si512(),
+                });
+                let o = transpose16(&rows);
+                let base = ((tt * nb + blk) * 4 + c) * 16;
+                for (j, v) in o.iter().enumerate() {
+                    _mm512_store_si512(b[base + j].0.as_mut_ptr() as *mut _, *v);
+                }
+            }
+        }
+    }
+}
+
+/// A tiles of block `blk` of rows `r0..r0 + nr` (rows past `nr` zero): `a[(c·3 + k)·16 + r]`
+/// is row r of chunk c's operand k (0: q·lo, 1: q·hi, 2: the mins), bytes 0–31 sub-block 2c
+/// (the low nibbles of `qs[32c..32c + 32]`), 32–63 sub-block 2c + 1 (the high ones). Returns
+/// the rows' d and dmin.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+unsafe fn pack_a(
+    rows: &[u8],
+    row_len: usize,
+    r0: usize,
+    nr: usize,
+    blk: usize,
+    a: &mut [Line; 4 * 3 * TILE],
+) -> ([f32; TILE], [f32; TILE]) {
+    let (mut d, mut dm) = ([0f32; TILE], [0f32; TILE]);
+    let nib = _mm256_set1_epi8(15);
+    // 16-bit lanes of the low 256 bits take `x`, of the high ones `y`
+    let halves = |x: i32, y: i32| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(x as i16)),
+            _mm256_set1_epi16(y as i16),
+        )
+    };
+    for r in 0..TILE {
+        if r >= nr {
+            for k in 0..12 {
+                _mm512_store_si512(
+                    a[k * TILE + r].0.as_mut_ptr() as *mut _,
+                    _mm512_setzero_si512(),
+                );
+            }
+            continue;
+        }
+        let wb = &rows[(r0 + r) * row_len + WB * blk..][..WB];
+        d[r] = f16_at(wb, 0);
+        dm[r] = f16_at(wb, 2);
+        let sc = &wb[4..16];
+        for c in 0..4 {
+            let (s0, m0) = scale_min_k4(2 * c, sc);
+            let (s1, m1) = scale_min_k4(2 * c + 1, sc);
+            let q = _mm256_loadu_si256(wb.as_ptr().add(16 + 32 * c) as *const _);
+            let v = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_and_si256(q, nib)),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib),
+            );
+            // byte products q·s ≤ 15·7 < 256: a 16-bit multiply of two bytes by the same
+            // small s leaves each byte's product in its own byte
+            let lo = _mm512_mullo_epi16(v, halves(s0 & 7, s1 & 7));
+            let hi = _mm512_mullo_epi16(v, halves(s0 >> 3, s1 >> 3));
+            let mn = halves(m0 * 257, m1 * 257);
+            let base = c * 3 * TILE + r;
+            _mm512_store_si512(a[base].0.as_mut_ptr() as *mut _, lo);
+            _mm512_store_si512(a[base + TILE].0.as_mut_ptr() as *mut _, hi);
+            _mm512_store_si512(a[base + 2 * TILE].0.as_mut_ptr() as *mut _, mn);
+        }
+    }
+    (d, dm)
+}
+
+/// The tiles' sums of one (row tile, token tile): (C_lo, C_hi, C_min) as `c[k·16 + r][t]`.
+type CTiles = [[i32; TILE]; 3 * TILE];
+
+/// Row r's (sumi, summ) of `c` for the 16 tokens, as floats: `C_lo + 8·C_hi` and `C_min`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn sums(c: &CTiles, r: usize) -> (__m512, __m512) {
+    let ld = |k: usize| _mm512_loadu_si512(c[k * TILE + r].as_ptr() as *const _);
+    let si = _mm512_add_epi32(ld(0), _mm512_slli_epi32::<3>(ld(1)));
+    (_mm512_cvtepi32_ps(si), _mm512_cvtepi32_ps(ld(2)))
+}
+
+/// Zero the first `OPS` C tiles, add chunks `chunks` of the block (A in `a`, B from
+/// `bt[base..]`), store them to `c`.
+#[inline(always)]
+unsafe fn products<const SIGNED: bool, const OPS: usize>(
+    a: &[Line],
+    bt: &[Line],
+    base: usize,
+    chunks: std::ops::Range<usize>,
+    c: &mut CTiles,
+) {
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        options(nostack)
+    );
+    for ch in chunks {
+        tile_load::<4>(bt[base + ch * 16].0.as_ptr());
+        for k in 0..OPS {
+            tile_load::<3>(a[(ch * 3 + k) * TILE].0.as_ptr());
+            tdp::<SIGNED>(k);
+        }
+    }
+    for k in 0..OPS {
+        tile_store_c(k, c[k * TILE].as_mut_ptr() as *mut u8);
+    }
+}
+
+/// A tiles of IQ3_S block `blk` of rows `r0..r0 + nr` (rows past `nr` zero):
+/// `a[(c·3 + k)·16 + r]` = row r's 64 weights of chunk c (groups 2c, 2c+1), signed, times the
+/// group scale's low (k = 0: `ls & 7`) or high (k = 1: `ls >> 3`) part, `ls = 2·s + 1 ≤ 31`
+/// (|grid·part| ≤ 15·7 fits s8). Returns the rows' d.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+unsafe fn pack_a_iq3s(
+    rows: &[u8],
+    row_len: usize,
+    r0: usize,
+    nr: usize,
+    blk: usize,
+    a: &mut [Line; 4 * 3 * TILE],
+) -> [f32; TILE] {
+    let mut d = [0f32; TILE];
+    let halves = |x: i32, y: i32| {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_set1_epi16(x as i16)),
+            _mm256_set1_epi16(y as i16),
+        )
+    };
+    let zero = _mm512_setzero_si512();
+    for r in 0..TILE {
+        if r >= nr {
+            for c in 0..4 {
+                for k in 0..2 {
+                    _mm512_store_si512(a[(c * 3 + k) * TILE + r].0.as_mut_ptr() as *mut _, zero);
+                }
+            }
+            continue;
+        }
+        let wb = &rows[(r0 + r) * row_len + IQ3S_WB * blk..][..IQ3S_WB];
+        d[r] = f16_at(wb, 0);
+        for c in 0..4 {
+            // grid entry m of group g: IQ3S_GRID[qs[8g + m] | bit m of qh[g] << 8]
+            let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]) as usize;
+            let mut g = [0u32; 16];
+            for (j, gj) in g.iter_mut().enumerate() {
+                let idx = wb[2 + 16 * c + j] as usize | ((qh >> j) & 1) << 8;
+                // SAFETY of the unchecked lookup: a byte plus one bit above it is < 512.
+                *gj = *IQ3S_GRID.get_unchecked(idx);
+            }
+            let mag = _mm512_loadu_si512(g.as_ptr() as *const _);
+            let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
+            let sb = wb[106 + c] as i32;
+            let (l0, l1) = (1 + 2 * (sb & 15), 1 + 2 * (sb >> 4));
+            // byte products mag·part ≤ 105: the 16-bit multiply keeps each in its byte
+            let lo = _mm512_mullo_epi16(mag, halves(l0 & 7, l1 & 7));
+            let hi = _mm512_mullo_epi16(mag, halves(l0 >> 3, l1 >> 3));
+            let lo = _mm512_mask_sub_epi8(lo, sign, zero, lo);
+            let hi = _mm512_mask_sub_epi8(hi, sign, zero, hi);
+            _mm512_store_si512(a[(c * 3) * TILE + r].0.as_mut_ptr() as *mut _, lo);
+            _mm512_store_si512(a[(c * 3 + 1) * TILE + r].0.as_mut_ptr() as *mut _, hi);
+        }
+    }
+    d
+}
+
+/// `out[r·nt + t] = dot(row r, acts[t])` (Q4_K) for the `nr` rows of `rows` (each n weights)
+/// and the `nt = acts.len()` tokens, in `Order::Single` (`MANY` false: per block
+/// `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)`) or `Order::Many` (per pair of sub-blocks, i.e.
+/// per 64-weight chunk, `acc = fma(f32(si), d·d_a, acc)`, `accm = fma(f32(sm), dmin·d_a,
+/// accm)`, then `acc − accm`, as `scalar_k::q4_k_gemm`).
+///
+/// # Safety
+/// `available()` is true; every row holds `n / 256` Q4_K blocks and every activation
+/// `n / 256` Q8_K blocks; `out.len() == nr · nt`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub unsafe fn q4_k_rows<const MANY: bool>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    if MANY {
+        rows_kernel::<K4_MANY>(n, rows, nr, acts, out)
+    } else {
+        rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out)
+    }
+}
+
+/// `out[r·nt + t] = dot(row r, acts[t])` (IQ3_S, `Order::Many`: ggml's tiled order, per block
+/// `acc + (f32(Σ)·d)·d_a` with Σ the block's exact integer sum) for the `nr` rows of `rows`.
+///
+/// # Safety
+/// As `q4_k_rows`, with IQ3_S rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub unsafe fn iq3_s_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+    rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out)
+}
+
+/// The weight type and float order a `rows_kernel` runs.
+const K4_SINGLE: u8 = 0;
+const K4_MANY: u8 = 1;
+const IQ3S_MANY: u8 = 2;
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+unsafe fn rows_kernel<const KIND: u8>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    const { assert!(KIND <= IQ3S_MANY) };
+    let many = KIND == K4_MANY;
+    let (nb, nt) = (n / 256, acts.len());
+    let row_len = if KIND == IQ3S_MANY { IQ3S_WB } else { WB } * nb;
+    assert!(rows.len() >= nr * row_len && out.len() == nr * nt);
+    let ntt = nt.div_ceil(TILE);
+    // acc[r][t] (and, for MANY, accm[r][t] after it)
+    let per = TILE * ntt * TILE;
+    SCRATCH.with(|cell| {
+        let Scratch { b: bt, acc } = &mut *cell.borrow_mut();
+        let need = ntt * nb * 4 * TILE;
+        if bt.len() < need {
+            bt.resize(need, Line([0; 64]));
+        }
+        if acc.len() < 2 * per {
+            acc.resize(2 * per, 0.0);
+        }
+        pack_b(acts, nb, bt);
+        asm!("ldtilecfg [{0}]", in(reg) CFG.0.as_ptr(), options(nostack));
+        let mut a = [Line([0; 64]); 4 * 3 * TILE];
+        let mut c: CTiles = [[0i32; TILE]; 3 * TILE];
+        for r0 in (0..nr).step_by(TILE) {
+            let rn = (nr - r0).min(TILE);
+            acc[..2 * per].iter_mut().for_each(|v| *v = 0.0);
+            for blk in 0..nb {
+                let (d, dm) = if KIND == IQ3S_MANY {
+                    (
+                        pack_a_iq3s(rows, row_len, r0, rn, blk, &mut a),
+                        [0f32; TILE],
+                    )
+                } else {
+                    pack_a(rows, row_len, r0, rn, blk, &mut a)
+                };
+                for tt in 0..ntt {
+                    // da of the tile's 16 tokens (0 for missing ones)
+                    let mut da = [0f32; TILE];
+                    for (t, v) in da.iter_mut().enumerate() {
+                        if let Some(a) = acts.get(tt * TILE + t) {
+                            *v = f32::from_le_bytes(a[AB * blk..AB * blk + 4].try_into().unwrap());
+                        }
+                    }
+                    let dav = _mm512_loadu_ps(da.as_ptr());
+                    let base = (tt * nb + blk) * 4 * 16;
+                    let accp = acc.as_mut_ptr();
+                    let pa = |r: usize| accp.add((r * ntt + tt) * TILE);
+                    if KIND == IQ3S_MANY {
+                        products::<true, 2>(&a, bt, base, 0..4, &mut c);
+                        for r in 0..rn {
+                            let (si, _) = sums(&c, r);
+                            let p = pa(r);
+                            let v = _mm512_mul_ps(_mm512_mul_ps(si, _mm512_set1_ps(d[r])), dav);
+                            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), v));
+                        }
+                    } else if many {
+                        for ch in 0..4 {
+                            products::<false, 3>(&a, bt, base, ch..ch + 1, &mut c);
+                            for r in 0..rn {
+                                let (si, sm) = sums(&c, r);
+                                // d·d_a and dmin·d_a (IEEE products commute)
+                                let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
+                                let dmv = _mm512_mul_ps(dav, _mm512_set1_ps(dm[r]));
+                                let (p, pm) = (pa(r), pa(r).add(per));
+                                _mm512_storeu_ps(p, _mm512_fmadd_ps(si, dd, _mm512_loadu_ps(p)));
+                                _mm512_storeu_ps(pm, _mm512_fmadd_ps(sm, dmv, _mm512_loadu_ps(pm)));
+                            }
+                        }
+                    } else {
+                        products::<false, 3>(&a, bt, base, 0..4, &mut c);
+                        for r in 0..rn {
+                            let (si, sm) = sums(&c, r);
+                            let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));
+                            let dmv = _mm512_mul_ps(dav, _mm512_set1_ps(dm[r]));
+                            let p = pa(r);
+                            let v = _mm512_add_ps(
+                                _mm512_loadu_ps(p),
+                                _mm512_sub_ps(_mm512_mul_ps(dd, si), _mm512_mul_ps(dmv, sm)),
+                            );
+                            _mm512_storeu_ps(p, v);
+                        }
+                    }
+                }
+            }
+            for r in 0..rn {
+                let o = &mut out[(r0 + r) * nt..(r0 + r + 1) * nt];
+                for (t, v) in o.iter_mut().enumerate() {
+                    let i = r * ntt * TILE + t;
+                    *v = if many { acc[i] - acc[per + i] } else { acc[i] };
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack));
+    });
+}

@@ -4,6 +4,7 @@
     python bench/bench_decode.py --model FILE.gguf        # use this file as is
     python bench/bench_decode.py --quick                  # 1 rep, short prompts (smoke run)
     python bench/bench_decode.py --llama-bench BIN --quantize BIN   # without llama-cpp-python
+    python bench/bench_decode.py --model Q35.gguf --deltanet-chunked-ab 64  # chunked prefill A/B
 
 Without `--model` it makes a Qwen3-30B-A3B-shaped GGUF at full width (hidden 2048, 128
 experts, top-8, expert FF 768, 32 q / 4 kv heads, head dim 128, vocab 151936) with `--layers`
@@ -153,7 +154,14 @@ class LlamaBench:
 
 
 class Strata:
-    def __init__(self, path: Path, threads: int, n_ctx: int, cpu_repack: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        threads: int,
+        n_ctx: int,
+        cpu_repack: bool = True,
+        deltanet_chunked: int = 0,
+    ) -> None:
         from strata._core import Model
 
         # `threads` compute threads in all, the caller among them (llama.cpp's -t); one thread:
@@ -166,6 +174,8 @@ class Strata:
             threads=-1 if threads == 1 else threads,
             cpu_repack=cpu_repack,
         )
+        if deltanet_chunked:
+            self.m.set_deltanet_chunked(deltanet_chunked)
 
     def prefill(self, ids: list[int]) -> float:
         self.m.free(0)
@@ -191,20 +201,25 @@ def run_file(
     gbps: float,
     repack_ab: bool = False,
     llama_bench: str | None = None,
+    chunked_ab: int = 0,
+    peer: bool = True,
 ) -> list[list[str]]:
     rng = np.random.default_rng(0)
     bpt, ety = bytes_per_token(path)
     n_ctx = max([*pps, DECODE_PROMPT + n_gen]) + 64
-    engines: dict[str, Any] = {
-        "llama.cpp": (
+    engines: dict[str, Any] = {}
+    if peer:
+        engines["llama.cpp"] = (
             LlamaBench(llama_bench, path, threads)
             if llama_bench
             else LlamaCpp(path, threads, n_ctx)
-        ),
-        "strata": Strata(path, threads, n_ctx),
-    }
+        )
+    engines["strata"] = Strata(path, threads, n_ctx)
+    base = "llama.cpp" if peer else "strata"  # what the ratio column divides by
     if repack_ab:  # the same engine without the load-time repack (`cpu_repack`)
         engines["strata no-repack"] = Strata(path, threads, n_ctx, cpu_repack=False)
+    if chunked_ab:  # the same engine with the chunked DeltaNet prefill
+        engines["strata chunked"] = Strata(path, threads, n_ctx, deltanet_chunked=chunked_ab)
     n_vocab = engines["strata"].m.n_vocab
     prompts = {n: rng.integers(0, n_vocab, n).tolist() for n in pps}
     dprompt = rng.integers(0, n_vocab, DECODE_PROMPT).tolist()
@@ -224,8 +239,8 @@ def run_file(
                 print(f"  rep {r} {name} {ename}: {v:.1f} tok/s", file=sys.stderr, flush=True)
     rows = []
     for name, _ in tests:
-        a = statistics.median(res[(name, "llama.cpp")])
-        for ename in [e for e in engines if e != "llama.cpp"]:
+        a = statistics.median(res[(name, base)])
+        for ename in [e for e in engines if e != base]:
             b = statistics.median(res[(name, ename)])
             bound = f"{gbps * 1e9 / bpt:.1f}" if name.startswith("tg") else ""
             label = "" if ename == "strata" else f" [{ename}]"
@@ -260,7 +275,21 @@ def main() -> None:
         action="store_true",
         help="also run Strata with cpu_repack off (a third engine, interleaved)",
     )
+    ap.add_argument(
+        "--deltanet-chunked-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run Strata with the chunked DeltaNet prefill for pieces of ≥ N tokens "
+        "(hybrid families; a third engine, interleaved)",
+    )
     ap.add_argument("--llama-bench", help="llama.cpp's llama-bench binary as the peer")
+    ap.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="no llama.cpp: the A/B engines against Strata's default (the peer columns then "
+        "hold Strata's default)",
+    )
     ap.add_argument("--quantize", help="llama.cpp's llama-quantize binary to make the files")
     a = ap.parse_args()
     if a.quick:
@@ -275,14 +304,18 @@ def main() -> None:
     print(f"RAM read bandwidth, {a.threads} threads: {gbps:.1f} GB/s", file=sys.stderr)
     rows = []
     for f in files:
-        rows += run_file(f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab, a.llama_bench)
+        rows += run_file(
+            f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab, a.llama_bench,
+            a.deltanet_chunked_ab, not a.no_peer,
+        )  # fmt: skip
     gbps2 = ram_read_gbps(a.threads)
+    peer, ratio = ("llama.cpp", "strata/llama") if not a.no_peer else ("strata default", "A/B")
     hdr = [
         "file",
         "test",
-        "llama.cpp tok/s",
+        f"{peer} tok/s",
         "strata tok/s",
-        "strata/llama",
+        ratio,
         "MB/token",
         "RAM GB/s",
         "decode bound tok/s",

@@ -4,6 +4,7 @@ writer that the oracle tests check against llama.cpp (tests/qwen3moe_file.py); q
 with llama.cpp's llama-quantize afterwards.
 
     python bench/write_family_model.py qwen35moe-35b-a3b OUT.gguf [--layers 4]
+        [--experts 32] [--vocab 32768]    # a smaller file, every other width as published
 
 Shapes (from the published configs): Qwen3.5-35B-A3B — hidden 2048, 16 query / 2 KV heads
 of 256 (a quarter rotated, M-RoPE sections 11/11/10), 256 experts of 512 (top 8) and a shared
@@ -36,8 +37,12 @@ def main() -> None:
     ap.add_argument("shape", choices=sorted(SHAPES))
     ap.add_argument("out", type=Path)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--experts", type=int, help="fewer routed experts (top-k kept): a smaller file")
+    ap.add_argument("--vocab", type=int, help="a smaller vocabulary: a smaller file")
     a = ap.parse_args()
-    s = qf.Shape(n_layer=a.layers, **SHAPES[a.shape])  # type: ignore[arg-type]
+    over = {"n_expert": a.experts, "n_vocab": a.vocab}
+    shape = {**SHAPES[a.shape], **{k: v for k, v in over.items() if v}}
+    s = qf.Shape(n_layer=a.layers, **shape)  # type: ignore[arg-type]
     qf.write(a.out, s, qf.random_tensors(s, 7))
     print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.1f} GiB)")
 

@@ -80,13 +80,16 @@ def test_logits_match_transformers(fam: str) -> None:
     assert hf_worst(fam, ARCH[fam]) <= 1e-4
 
 
-def hf_worst(fam: str, arch: str, chunk: int = 32) -> float:
+def hf_worst(fam: str, arch: str, chunk: int = 32, deltanet_chunked: int = 0) -> float:
     """Max |Δ| / max |ref| of our f32-KV logits against the family's HF golden logits (top-1
-    agreeing on ≥ 99% of positions per prompt)."""
+    agreeing on ≥ 99% of positions per prompt); `deltanet_chunked` as
+    `Model.set_deltanet_chunked` (hybrids only)."""
     g = np.load(GOLDEN / f"hf_{fam}_logits.npz")
     prompts, refs = g["prompts"], g["logits"]
     assert prompts.shape[1] >= 64 and len(prompts) >= 3
     m = Model.open(GOLDEN / f"{fam}_f32.gguf", n_ctx=128, kv_type="f32", prefill_chunk=chunk)
+    if deltanet_chunked:
+        m.set_deltanet_chunked(deltanet_chunked)
     assert m.hparams["architecture"] == arch
     worst = 0.0
     for p, ref in zip(prompts, refs, strict=True):

@@ -16,8 +16,9 @@
 //! 5. o RMSNorm'd per head (`ssm_norm` [S]) times silu(z), then `ssm_out` [H, Nv·S].
 //!
 //! Prefill runs the recurrence token by token, as decode does (ggml's fused CPU op runs it
-//! the same way; the chunked form is a faster order of the same sums, not done here): a
-//! prompt's state is bitwise the state of its tokens decoded one at a time. The recurrence of
+//! the same way): a prompt's state is bitwise the state of its tokens decoded one at a time.
+//! Where `Recurrent::set_chunked` asks, long prefill pieces run the chunked form instead
+//! (`deltanet_chunk`: the same sums in another order, within float rounding). The recurrence of
 //! the pieces that save no checkpoints runs split by key head on the compute's threads
 //! (`deltanet_par`); windows run it here, saving the state after each token.
 //!
@@ -29,6 +30,7 @@ use super::attention::f32_bytes;
 use super::batch::Piece;
 use super::checkpoints::Checkpoints;
 use super::compute::Compute;
+use super::deltanet_chunk::ChunkTasks;
 use super::weights::{floats, matrix, Weights};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
@@ -185,6 +187,8 @@ pub struct Recurrent {
     pub ck: Checkpoints,
     /// [pieces] whether the step's piece is a window (checkpointed), set by the step.
     pub windows: Vec<bool>,
+    /// The chunked form for long prefill pieces (`set_chunked`); None: the recurrence only.
+    pub chunk: Option<ChunkTasks>,
 }
 
 impl Recurrent {
@@ -209,9 +213,20 @@ impl Recurrent {
             core: z(rows * sp.v_dim()),
             qg: z(rows * 2 * q_dim),
             gate: z(rows * q_dim),
+            chunk: None,
             sp,
             opts,
         }
+    }
+
+    /// Runs pieces of at least `min_tokens` tokens that save no checkpoints in the chunked
+    /// form (`deltanet_chunk`: within float rounding of the recurrence, not bitwise); 0: the
+    /// recurrence for every piece. Values 1 and 2 both mean 2 (one token is decode).
+    pub fn set_chunked(&mut self, min_tokens: usize) {
+        self.chunk = match min_tokens {
+            0 => None,
+            n => Some(ChunkTasks::new(n.max(2), self.sp.d_state)),
+        };
     }
 
     /// Empties a slot's state (a sequence starting over).
@@ -279,6 +294,7 @@ impl Recurrent {
             dw,
             eps,
             t,
+            chunk: self.chunk.as_ref(),
         };
         par.run(
             compute,
@@ -562,8 +578,7 @@ pub(super) fn head_step(
 ) {
     let s = qh.len();
     let scale = 1.0 / (s as f32).sqrt();
-    let beta = sigmoid(b);
-    let g = softplus(a + dw.dt_bias[hv]) * dw.a[hv];
+    let (beta, g) = gates(dw, hv, b, a);
     let decay = g.exp();
     // Row by row in one pass over the state (each row's arithmetic is ggml's, whose
     // passes over the whole state touch every row independently).
@@ -577,6 +592,13 @@ pub(super) fn head_step(
         }
         o[j] = dot(row, qh) * scale;
     }
+}
+
+/// Value head `hv`'s β = σ(b) and log decay g = softplus(a + dt_bias)·A from their
+/// pre-activations `b`, `a`.
+#[inline(always)]
+pub(super) fn gates(dw: &DeltaNetWeights, hv: usize, b: f32, a: f32) -> (f32, f32) {
+    (sigmoid(b), softplus(a + dw.dt_bias[hv]) * dw.a[hv])
 }
 
 /// RMSNorm of each head of `o` [Nv·S] with `w` [S], times silu(z) (`build_norm_gated`).

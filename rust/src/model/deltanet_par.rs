@@ -15,9 +15,10 @@
 use super::batch::Piece;
 use super::compute::Compute;
 use super::deltanet::{
-    conv_channel, gate_rows, gated_norm_head, head_step, l2_norm, DeltaNetWeights, Hybrid,
+    conv_channel, gate_rows, gated_norm_head, gates, head_step, l2_norm, DeltaNetWeights, Hybrid,
     SsmParams,
 };
+use super::deltanet_chunk::{chunk, ChunkScratch, ChunkTasks, CHUNK};
 use crate::error::Result;
 
 /// One layer's recurrence over a step (`deltanet::Recurrent::mix`'s arguments).
@@ -28,6 +29,8 @@ pub struct Heads<'a> {
     pub eps: f32,
     /// R': the step's rows.
     pub t: usize,
+    /// The chunked form for long pieces (`deltanet_chunk`), when on.
+    pub chunk: Option<&'a ChunkTasks>,
 }
 
 /// A buffer the tasks share, each writing its own disjoint ranges.
@@ -82,21 +85,30 @@ impl Heads<'_> {
         // [slot] every slot's state vectors; a task takes this layer's part of its slot's
         let (conv_v, ssm_v) = (SharedVecs(conv.as_mut_ptr()), SharedVecs(ssm.as_mut_ptr()));
         let nk = sp.n_k;
-        let task = |u: usize| {
-            let (j, kh) = (u / nk, u % nk);
-            if windows.get(j).copied().unwrap_or(false) {
-                return;
-            }
-            let p = &pieces[j];
+        let window = |j: usize| windows.get(j).copied().unwrap_or(false);
+        // a piece long enough (and no window) runs chunked, on the second pass below
+        let chunked = |j: usize| {
+            let p: &Piece = &pieces[j];
+            !window(j) && self.chunk.is_some_and(|c| p.t >= c.min_tokens.max(2))
+        };
+        let dst_of = |p: &Piece| {
             // SAFETY: p.slot indexes both state lists and its vectors hold layer i (asserted).
-            let dst = unsafe {
+            unsafe {
                 Dst {
                     qkv: qkv_p,
                     core: core_p,
                     conv: conv_v.at(p.slot, i * cs),
                     ssm: ssm_v.at(p.slot, i * ss),
                 }
-            };
+            }
+        };
+        let task = |u: usize| {
+            let (j, kh) = (u / nk, u % nk);
+            if window(j) || chunked(j) {
+                return;
+            }
+            let p = &pieces[j];
+            let dst = dst_of(p);
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("fma") {
                 // SAFETY: the CPU has FMA; the pointers' extents are checked above and the
@@ -107,7 +119,102 @@ impl Heads<'_> {
             // SAFETY: as above.
             unsafe { self.piece_head(p, kh, dst, z, ba) };
         };
-        compute.for_each(pieces.len() * nk, &task)
+        let units = pieces.len() * nk;
+        compute.for_each(units, &task)?;
+        let Some(ct) = self.chunk else {
+            return Ok(());
+        };
+        if !(0..pieces.len()).any(chunked) {
+            return Ok(());
+        }
+        // the chunked pieces: task kk takes units kk, kk + tasks, … with its own scratch
+        let tasks = units.min(ct.scratch.len());
+        let task = |kk: usize| {
+            let Ok(mut sc) = ct.scratch[kk].lock() else {
+                return;
+            };
+            for u in (kk..units).step_by(tasks) {
+                let (j, kh) = (u / nk, u % nk);
+                if !chunked(j) {
+                    continue;
+                }
+                let (p, dst) = (&pieces[j], dst_of(&pieces[j]));
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has FMA; as the recurrent pass's.
+                    unsafe { self.piece_head_chunked_fma(p, kh, dst, z, ba, &mut sc) };
+                    continue;
+                }
+                // SAFETY: as the recurrent pass's.
+                unsafe { self.piece_head_chunked(p, kh, dst, z, ba, &mut sc) };
+            }
+        };
+        compute.for_each(tasks, &task)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "fma")]
+    unsafe fn piece_head_chunked_fma(
+        &self,
+        p: &Piece,
+        kh: usize,
+        dst: Dst,
+        z: &[f32],
+        ba: &[f32],
+        sc: &mut ChunkScratch,
+    ) {
+        self.piece_head_chunked(p, kh, dst, z, ba, sc)
+    }
+
+    /// Piece `p`'s tokens on key head `kh` in the chunked form: the conv and the q/k norms
+    /// of every row, then each value head's chunks (`deltanet_chunk::chunk`) and gated norm.
+    /// Safety: as `piece_head`'s.
+    #[inline(always)]
+    unsafe fn piece_head_chunked(
+        &self,
+        p: &Piece,
+        kh: usize,
+        dst: Dst,
+        z: &[f32],
+        ba: &[f32],
+        sc: &mut ChunkScratch,
+    ) {
+        let (sp, dw) = (self.sp, self.dw);
+        let (s, nk, nv) = (sp.d_state, sp.n_k, sp.n_v);
+        let (c, vd) = (sp.conv_dim(), sp.v_dim());
+        let heads = self.opts.heads;
+        debug_assert_eq!(sc.head_size(), s);
+        let slice =
+            |ptr: *mut f32, at: usize, n: usize| std::slice::from_raw_parts_mut(ptr.add(at), n);
+        let (q0, k0) = (kh * s, nk * s + kh * s);
+        let mine = |hv: &usize| heads.k_head(*hv, nk, nv) == kh;
+        for r in p.r0..p.r0 + p.t {
+            self.conv_norm_row(dst.qkv.0.add(r * c), kh, dst.conv);
+        }
+        for c0 in (0..p.t).step_by(CHUNK) {
+            let n = CHUNK.min(p.t - c0);
+            let rows = p.r0 + c0..p.r0 + c0 + n;
+            for (i, r) in rows.clone().enumerate() {
+                let x = dst.qkv.0.add(r * c);
+                sc.q[i * s..(i + 1) * s].copy_from_slice(slice(x, q0, s));
+                sc.k[i * s..(i + 1) * s].copy_from_slice(slice(x, k0, s));
+            }
+            for hv in (0..nv).filter(mine) {
+                for (i, r) in rows.clone().enumerate() {
+                    let x = dst.qkv.0.add(r * c);
+                    sc.v[i * s..(i + 1) * s].copy_from_slice(slice(x, 2 * nk * s + hv * s, s));
+                    let (b, a) = gate_rows(sp, self.opts.ba, ba, r, self.t);
+                    (sc.beta[i], sc.g[i]) = gates(dw, hv, b.at(hv), a.at(hv));
+                }
+                chunk(slice(dst.ssm.0, hv * s * s, s * s), n, sc);
+                for (i, r) in rows.clone().enumerate() {
+                    let o = slice(dst.core.0, r * vd + hv * s, s);
+                    o.copy_from_slice(&sc.o[i * s..(i + 1) * s]);
+                    let zh = &z[r * vd + hv * s..r * vd + (hv + 1) * s];
+                    gated_norm_head(o, zh, &dw.norm, self.eps);
+                }
+            }
+        }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -122,27 +229,15 @@ impl Heads<'_> {
     #[inline(always)]
     unsafe fn piece_head(&self, p: &Piece, kh: usize, dst: Dst, z: &[f32], ba: &[f32]) {
         let (sp, dw) = (self.sp, self.dw);
-        let (s, nk, nv, kc) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv);
+        let (s, nk, nv) = (sp.d_state, sp.n_k, sp.n_v);
         let (c, vd) = (sp.conv_dim(), sp.v_dim());
         let heads = self.opts.heads;
         let slice =
             |ptr: *mut f32, at: usize, n: usize| std::slice::from_raw_parts_mut(ptr.add(at), n);
         for r in p.r0..p.r0 + p.t {
             let x = dst.qkv.0.add(r * c);
-            let conv = |ch0: usize| {
-                for ch in ch0..ch0 + s {
-                    let wc = &dw.conv[ch * kc..(ch + 1) * kc];
-                    *x.add(ch) = conv_channel(dst.conv.0, c, ch, wc, *x.add(ch));
-                }
-            };
+            self.conv_norm_row(x, kh, dst.conv);
             let (q0, k0) = (kh * s, nk * s + kh * s);
-            conv(q0);
-            conv(k0);
-            for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
-                conv(2 * nk * s + hv * s);
-            }
-            l2_norm(slice(x, q0, s), self.eps);
-            l2_norm(slice(x, k0, s), self.eps);
             let (qh, kk) = (&*slice(x, q0, s), &*slice(x, k0, s));
             let (b, a) = gate_rows(sp, self.opts.ba, ba, r, self.t);
             for hv in (0..nv).filter(|&hv| heads.k_head(hv, nk, nv) == kh) {
@@ -154,6 +249,31 @@ impl Heads<'_> {
                 gated_norm_head(o, zh, &dw.norm, self.eps);
             }
         }
+    }
+
+    /// One row's conv (`x` [C], this row's projections, in place) on the channels of key
+    /// head `kh`'s q and k and of the value heads that read it, advancing the conv state
+    /// `conv` [Kc − 1, C]; then q and k L2-normed.
+    /// Safety: `x` points at a row of C floats and `conv` at the slot's layer conv state; no
+    /// other task touches these channels.
+    #[inline(always)]
+    unsafe fn conv_norm_row(&self, x: *mut f32, kh: usize, conv: Shared) {
+        let (sp, dw) = (self.sp, self.dw);
+        let (s, nk, nv, kc, c) = (sp.d_state, sp.n_k, sp.n_v, sp.d_conv, sp.conv_dim());
+        let channels = |ch0: usize| {
+            for ch in ch0..ch0 + s {
+                let wc = &dw.conv[ch * kc..(ch + 1) * kc];
+                *x.add(ch) = conv_channel(conv.0, c, ch, wc, *x.add(ch));
+            }
+        };
+        let (q0, k0) = (kh * s, nk * s + kh * s);
+        channels(q0);
+        channels(k0);
+        for hv in (0..nv).filter(|&hv| self.opts.heads.k_head(hv, nk, nv) == kh) {
+            channels(2 * nk * s + hv * s);
+        }
+        l2_norm(std::slice::from_raw_parts_mut(x.add(q0), s), self.eps);
+        l2_norm(std::slice::from_raw_parts_mut(x.add(k0), s), self.eps);
     }
 }
 

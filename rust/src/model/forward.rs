@@ -41,9 +41,10 @@ pub enum Logits {
     Last,
     /// Every token's: `out` is [T, V].
     All,
-    /// Every token's, each row computed in the one-row (decode) order of attention, so that
-    /// row i is bitwise the logits of a one-token step at its position (a speculative
-    /// window's verification on the CPU path); `out` is [T, V]. Elsewhere as `All`.
+    /// Every token's, each row computed in the one-row (decode) order of attention and of
+    /// every matmul, so that row i is bitwise the logits of a one-token step at its position
+    /// (a speculative window's verification on the CPU path); `out` is [T, V]. Elsewhere as
+    /// `All`.
     Window,
 }
 
@@ -191,7 +192,7 @@ impl Model {
         Ok(Model {
             mtp: None,
             rec,
-            steps: StepScratch::new(cfg.n_slots),
+            steps: StepScratch::new(cfg.n_slots, t),
             fingerprint,
             head,
             routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
@@ -362,10 +363,22 @@ impl Model {
         match self.rec {
             Some(_) => Ok(()),
             None => Err(Error::Model(format!(
-                "{} keeps no recurrent state to checkpoint",
+                "{} keeps no recurrent state (no DeltaNet layers)",
                 self.hp.arch
             ))),
         }
+    }
+
+    /// Runs a hybrid family's prefill pieces of at least `min_tokens` tokens (that save no
+    /// checkpoints) in the chunked DeltaNet form (`deltanet_chunk`: within float rounding of
+    /// the recurrence, not bitwise); 0: the recurrence everywhere (the default). A `Model`
+    /// error for a family without a recurrent state.
+    pub fn set_deltanet_chunked(&mut self, min_tokens: usize) -> Result<()> {
+        self.refuse_recurrent_absent()?;
+        if let Some(rec) = &mut self.rec {
+            rec.set_chunked(min_tokens);
+        }
+        Ok(())
     }
 
     /// Bytes of one slot's recurrent state (0 without one).

@@ -18,6 +18,7 @@ pub mod blocks;
 pub mod checkpoints;
 pub mod compute;
 pub mod deltanet;
+mod deltanet_chunk;
 mod deltanet_par;
 pub mod forward;
 pub mod head;

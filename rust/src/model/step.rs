@@ -7,7 +7,9 @@
 //! the (token, expert) pairs of the whole step grouped by expert, so the pool reads each
 //! expert once per step. The matmuls get the pieces as segments (`Compute::matmul_segs`):
 //! every row's float order is the one its piece alone would get, so each entry's logits are
-//! bitwise those of its calls run alone, whatever shares the step.
+//! bitwise those of its calls run alone, whatever shares the step. A window's rows are
+//! segments of one row each (and its attention runs in the one-row order), so that each is
+//! bitwise the one-token step at its position.
 //!
 //! Every family runs this one layer loop; the blocks a layer has (biases, q/k norms, sinks
 //! and windows, the routing strategy, biased experts, a shared expert) are those its graph
@@ -28,21 +30,34 @@ use super::moe_oai::moe_oai;
 use super::ops::{rms_norm, rms_norm_rows_inplace};
 use crate::error::Result;
 
-/// Per-call bookkeeping, sized for `n_slots` entries at load (a call allocates nothing).
+/// Per-call bookkeeping, sized for `n_slots` entries and R rows at load (a call allocates
+/// nothing).
 #[derive(Default)]
 pub(super) struct StepScratch {
     plan: Plan,            // the call cut into steps (`batch::Plan`)
-    segs: Vec<usize>,      // [pieces] rows per piece (the matmuls' segments)
-    head_segs: Vec<usize>, // [pieces] logit rows per piece of one head call
+    segs: Vec<usize>,      // [≤ R] the matmuls' segments: rows per piece, a window's one by one
+    head_segs: Vec<usize>, // [≤ R] logit rows per piece of one head call (a window's one by one)
 }
 
 impl StepScratch {
-    pub(super) fn new(n_slots: usize) -> StepScratch {
+    pub(super) fn new(n_slots: usize, rows: usize) -> StepScratch {
+        let n = n_slots.max(rows);
         StepScratch {
             plan: Plan::new(n_slots),
-            segs: Vec::with_capacity(n_slots),
-            head_segs: Vec::with_capacity(n_slots),
+            segs: Vec::with_capacity(n),
+            head_segs: Vec::with_capacity(n),
         }
+    }
+}
+
+/// Appends a piece's `rows` rows as matmul segments to `segs`: one segment, or one per row
+/// for a window (`Logits::Window`), so that each of its rows takes the one-row float order of
+/// every matmul (F32 weights' tinyBLAS order, Q4_K's repacked gemm and the tiled Q6_K / IQ3_S
+/// orders differ from `vec_dot`'s) and is bitwise a one-token step's.
+fn push_segs(segs: &mut Vec<usize>, want: Logits, rows: usize) {
+    match want {
+        Logits::Window => segs.extend(std::iter::repeat_n(1, rows)),
+        _ => segs.push(rows),
     }
 }
 
@@ -130,7 +145,9 @@ impl Model {
         let half = hp.n_rot / 2;
         let (eps, strategy, fs) = (hp.rms_eps, hp.graph.routing, hp.n_ff_shexp);
         ss.segs.clear();
-        ss.segs.extend(ss.plan.pieces.iter().map(|p| p.t));
+        for p in &ss.plan.pieces {
+            push_segs(&mut ss.segs, entries[p.entry].want, p.t);
+        }
         let segs = &ss.segs[..];
         let t: usize = segs.iter().sum(); // R'
                                           // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
@@ -354,7 +371,7 @@ impl Model {
                 rms_norm(&s.x[r..r + hd], &w.output_norm, eps, &mut s.h[o..o + hd]);
                 hr += 1;
             }
-            ss.head_segs.push(p.logit_rows);
+            push_segs(&mut ss.head_segs, entries[p.entry].want, p.logit_rows);
             let end = p.dst + p.logit_rows * vocab;
             let next = ss.plan.pieces[j + 1..].iter().find(|q| q.logit_rows > 0);
             if !matches!(next, Some(q) if q.dst == end) {

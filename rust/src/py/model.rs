@@ -599,6 +599,19 @@ impl PyModel {
         })?)
     }
 
+    /// A hybrid family's prefill pieces of at least `min_tokens` tokens run the chunked
+    /// DeltaNet form on the CPU path (within float rounding of the recurrence, not bitwise);
+    /// 0: the recurrence everywhere (the default). ModelError without DeltaNet layers,
+    /// ConfigError on the GPU path.
+    fn set_deltanet_chunked(&self, py: Python<'_>, min_tokens: usize) -> PyResult<()> {
+        Ok(self.with(py, |m| match m {
+            Backend::Cpu(m) => m.set_deltanet_chunked(min_tokens),
+            Backend::Gpu { .. } => Err(Error::Config(
+                "the chunked DeltaNet prefill runs on the CPU path only (device=\"cpu\")".into(),
+            )),
+        })?)
+    }
+
     /// The read-ahead's counts (`{queued, dropped, cancelled, done, bytes, hits, late,
     /// misses}`), or None when it is off.
     fn readahead_stats<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {

@@ -14,6 +14,7 @@ one copy of each missing expert per chunk.
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 from strata._core import Model, Profile
@@ -58,11 +59,24 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     eb = info["expert_bytes_total"] // 24
     assert c.snapshot()["fill_bytes"] == 6 * eb
     logits = m.forward(0, list(range(1, 49)), logits="all")
+    _, mc0, mp0 = c.totals()  # the prompt's misses: on the CPU, or streamed over PCIe
     steps = []
-    for _ in range(60):
+
+    def step() -> None:
         before = c.totals()
         m.forward(0, [5])
         steps.append(tuple(a - b for a, b in zip(c.totals(), before, strict=True)))
+
+    for _ in range(50):
+        step()
+    # the async tier moves expert 0 in on its own thread: on a loaded machine it may not have
+    # by now, so decode on (each step's misses on the CPU) until it has, within a bound
+    while tier_async and c.snapshot()["swaps"] < 3 and len(steps) < 50 + 2000:
+        step()
+        time.sleep(0.002)
+    for _ in range(10):
+        step()
+    nd = len(steps)
     h, mc, mp = c.totals()
     s = c.snapshot()
     # the first one-token step ran eagerly, the others replayed the per-layer graphs
@@ -70,31 +84,32 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     # phase times of the layers whose misses ran on the CPU path: every decode layer, and
     # the prefill chunks' layers when they do not stream
     lt = c.layer_times()
-    assert lt["layers"] == 60 * N_LAYER + (0 if stream else n_chunks * N_LAYER), lt
+    assert lt["layers"] == nd * N_LAYER + (0 if stream else n_chunks * N_LAYER), lt
     assert sum(v for k, v in lt.items() if k != "layers") > 0, lt
     label = f"async={tier_async} stream={stream} chunks={n_chunks}"
     print(f"{label}: totals {(h, mc, mp)}, swaps {s['swaps']}, pcie bytes {s['pcie_bytes']}")
-    assert h + mc + mp == (48 + 60) * N_LAYER * K, label
+    assert h + mc + mp == (48 + nd) * N_LAYER * K, label
     # every pair was slot 0's (the per-request counts), split as the totals are
     assert c.slot_totals(0) == (h, mc, mp), (label, c.slot_totals(0))
     assert s["swaps"] == 3, label  # expert 0 of each layer, once
     assert s["fill_bytes"] == 9 * eb, label
     assert steps[-10:] == [(N_LAYER * K, 0, 0)] * 10, (label, steps[-10:])
     assert (m.hybrid_info() or {}).get("resident") == 6
-    assert (m.routing_counts()[:, 0] == 108 * K).all() and m.routing_counts()[:, 1:].sum() == 0
+    assert (m.routing_counts()[:, 0] == (48 + nd) * K).all()
+    assert m.routing_counts()[:, 1:].sum() == 0
     # the first chunk misses everywhere (no slot holds expert 0)
     first = 48 // n_chunks * N_LAYER * K
     if stream:
         # every miss of the streamed chunks went over PCIe: the 18 experts without a slot,
         # each copied once per chunk
-        assert mc == 0 and mp >= first, label
+        assert mc0 == 0 and mp0 == mp and mp >= first, label
         assert s["pcie_bytes"] == n_chunks * 18 * eb, (label, s["pcie_bytes"] / eb)
         if not tier_async:
-            assert mp == first, label  # the sync tier swapped expert 0 in after chunk 1
+            assert mp == first and mc == 0, label  # the sync tier swapped expert 0 after chunk 1
     else:
-        assert mp == 0 and s["pcie_bytes"] == 0 and mc >= first, label
+        assert mp == 0 and s["pcie_bytes"] == 0 and mc0 >= first, label
         if not tier_async:
-            assert mc == first, label
+            assert mc == mc0 == first, label
     return np.asarray(logits)
 
 

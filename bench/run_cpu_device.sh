@@ -5,6 +5,7 @@
 # tree, on a Qwen3-30B-A3B-width × LAYERS model written by strata.modelgen (F16) and quantized
 # by that build's llama-quantize to each of TYPES. Once with every core (threads = nproc), once
 # pinned to two cores (taskset -c 0,1, 2 threads: the development VM's setting).
+# ONLY_ALL=1: only the all-cores rows (not the two pinned cores).
 # SHAPE=qwen35moe-35b-a3b (a bench/write_family_model.py shape): that family's model instead,
 # written F32 and quantized to Q4_K_M.
 # Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
@@ -59,7 +60,7 @@ if [ -n "${SHAPE:-}" ]; then
 else
     BD+=(--dir "$D" --layers "$LAYERS" --types "$TYPES" --quantize "$LC/build/bin/llama-quantize")
 fi
-taskset -c 0,1 "${BD[@]}" --threads 2 2>&1 | tee "$OUT/cpu-2.txt" | tail -n 8
+[ -n "${ONLY_ALL:-}" ] || taskset -c 0,1 "${BD[@]}" --threads 2 2>&1 | tee "$OUT/cpu-2.txt" | tail -n 8
 "${BD[@]}" --threads "$(nproc)" 2>&1 | tee "$OUT/cpu-all.txt" | tail -n 8
 [ -n "${SHAPE:-}" ] || "$LC/build/bin/llama-bench" -m "$D/q3moe-${LAYERS}l-Q4_K_M.gguf" -p 64 -n 0 -r 1 -o json \
     2>/dev/null | grep -E '"(cpu_info|backends|build_commit)"' | tee "$OUT/llama-info.txt"

@@ -39,6 +39,7 @@ pub(super) fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         Q4_0 => ("q4_0", false, 2),
         Q5_0 => ("q5_0", false, 2),
         IQ4NL => ("iq4_nl", false, 2),
+        MXFP4 => ("mxfp4", false, 1),
         Q2K => ("q2_k", false, 4),
         Q3K => ("q3_k", false, 2),
         Q4K => ("q4_k", false, 4),
@@ -70,7 +71,7 @@ pub fn weight_align(ty: GgmlType) -> Option<u64> {
 }
 
 /// The types in a fixed order (index of a type's kernels in `QuantOps`).
-pub(super) const TYPES: [GgmlType; 16] = [
+pub(super) const TYPES: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -78,6 +79,7 @@ pub(super) const TYPES: [GgmlType; 16] = [
     GgmlType::Q4_0,
     GgmlType::Q5_0,
     GgmlType::IQ4NL,
+    GgmlType::MXFP4,
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Q4K,

@@ -61,12 +61,13 @@ pub const SUPPORTED: [(&str, Family); 8] = [
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
-pub const GPU_FAMILIES: [Family; 5] = [
+pub const GPU_FAMILIES: [Family; 6] = [
     Family::Qwen3Moe,
     Family::Qwen3,
     Family::Qwen2Moe,
     Family::Llama,
     Family::Glm4Moe,
+    Family::GptOss,
 ];
 
 /// The supported names, comma separated (for error messages).
@@ -473,13 +474,14 @@ mod tests {
             Family::Qwen2Moe,
             Family::Llama,
             Family::Glm4Moe,
+            Family::GptOss,
         ] {
             assert!(f.require_gpu().is_ok(), "{f:?}");
         }
         let e = Family::Qwen3Next.require_gpu().unwrap_err().to_string();
         assert!(e.contains("\"qwen3next\" runs on the CPU path only") && e.contains("qwen3moe"));
-        let e = Family::GptOss.require_gpu().unwrap_err().to_string();
-        assert!(e.contains("\"gpt-oss\" runs on the CPU path only"));
+        let e = Family::Qwen35Moe.require_gpu().unwrap_err().to_string();
+        assert!(e.contains("\"qwen35moe\" runs on the CPU path only") && e.contains("gpt-oss"));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 use super::compute::{Compute, ExpertLayer, MoeInput, QExperts, QMatrix};
 use crate::error::{Error, Result};
+use crate::pool::SKIP;
 
 /// The experts' biases (ggml ne {F, E} and {H, E}).
 pub struct ExpertBias {
@@ -70,7 +71,9 @@ fn expert<'a>(q: &QExperts<'a>, e: usize) -> QMatrix<'a> {
 }
 
 /// The biased, clamped-SwiGLU experts of `a` (x [R', H], ids and weights [R', K]) into
-/// `out` [R', H] (overwritten); `segs` are the step's segments (Σ = R').
+/// `out` [R', H] (overwritten); `segs` are the step's segments (Σ = R'). A pair whose id is
+/// `pool::SKIP` is computed elsewhere (the hybrid GPU placement's resident experts) and adds
+/// nothing; a row with no other pair gets zeros.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_oai(
     compute: &dyn Compute,
@@ -108,7 +111,7 @@ pub fn moe_oai(
             out.len()
         )));
     }
-    if let Some(&bad) = a.ids.iter().find(|&&id| id as usize >= ne) {
+    if let Some(&bad) = a.ids.iter().find(|&&id| id as usize >= ne && id != SKIP) {
         return Err(Error::Input(format!("expert id {bad} ≥ {ne} experts")));
     }
     for e in 0..ne {
@@ -160,14 +163,22 @@ pub fn moe_oai(
         }
     }
     for (r, o) in out.chunks_exact_mut(h).enumerate() {
+        let mut first = true;
         for j in 0..k {
             let (p, w) = (r * k + j, a.weights[r * k + j]);
+            if a.ids[p] == SKIP {
+                continue;
+            }
             let y = &sc.pairs[p * h..(p + 1) * h];
-            if j == 0 {
+            if first {
                 o.iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
             } else {
                 o.iter_mut().zip(y).for_each(|(o, &v)| *o += v * w);
             }
+            first = false;
+        }
+        if first {
+            o.fill(0.0);
         }
     }
     Ok(())
@@ -275,5 +286,47 @@ mod tests {
             &mut out
         )
         .is_err());
+        // SKIP pairs add nothing: the masked call plus the other pairs' is the whole
+        let all = out.clone();
+        let skip_odd: Vec<u32> = (0..t * k)
+            .map(|p| if p % 2 == 1 { SKIP } else { ids[p] })
+            .collect();
+        let skip_even: Vec<u32> = (0..t * k)
+            .map(|p| if p % 2 == 0 { SKIP } else { ids[p] })
+            .collect();
+        let (mut a_out, mut b_out) = (vec![0f32; t * h], vec![0f32; t * h]);
+        for (ids_m, o) in [(&skip_odd, &mut a_out), (&skip_even, &mut b_out)] {
+            let am = MoeInput::new(&x, ids_m, &w, k);
+            let r = moe_oai(
+                &SerialCompute,
+                &layer,
+                &bias,
+                (1.702, 7.0),
+                &am,
+                &[t],
+                &mut sc,
+                o,
+            );
+            r.unwrap();
+        }
+        for i in 0..t * h {
+            let sum = a_out[i] + b_out[i];
+            assert!((sum - all[i]).abs() <= 1e-5 * (1.0 + all[i].abs()), "{i}");
+        }
+        let none = vec![SKIP; t * k];
+        let mut z = vec![1f32; t * h];
+        let am = MoeInput::new(&x, &none, &w, k);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &am,
+            &[t],
+            &mut sc,
+            &mut z,
+        )
+        .unwrap();
+        assert!(z.iter().all(|&v| v == 0.0));
     }
 }

@@ -82,7 +82,7 @@ def write_f32(dst: Path, seed: int = 7) -> Path:
     t: dict[str, np.ndarray] = {
         "token_embd.weight": np.asarray(rng.normal(0, 1, (v, h)), np.float32),
         "output_norm.weight": vec(h, 1.0),
-        "output.weight": lin(v, h),
+        "output.weight": lin(v, h, scale=4.0),  # logit margins of a few units
     }
     for i in range(N_LAYER):
         b = f"blk.{i}."
@@ -132,18 +132,18 @@ def gptoss_file(ty: str) -> Path:
 
 
 def test_file_runs_as_llamacpp_runs_it() -> None:
-    """The reference: the CPU path on the MXFP4_MOE file against llama.cpp, greedy (as
-    test_model_gptoss.py holds the converter's file), and the file's blocks as asked."""
+    """The reference: the CPU path on the F32 file against llama.cpp, greedy (as
+    test_model_gptoss.py holds the converter's file; its quantizations are llama.cpp's and the
+    CPU path's MXFP4 is test_model_gptoss.py's), and the files' blocks as asked."""
     import gguf
     from test_model_llamacpp import greedy_run
 
-    path = gptoss_file("MXFP4_MOE")
-    r = gguf.GGUFReader(path)
+    r = gguf.GGUFReader(gptoss_file("MXFP4_MOE"))
     types = {t.name: t.tensor_type.name for t in r.tensors}
     assert {types[f"blk.{i}.ffn_{p}_exps.weight"] for i in range(N_LAYER) for p in
             ("gate", "up", "down")} == {"MXFP4"}  # fmt: skip
     assert r.fields["gpt-oss.attention.key_length"].contents() == DIMS["head_dim"]
-    run = greedy_run(path, "gptoss-gpu MXFP4_MOE", "f16")
+    run = greedy_run(gptoss_file("F32"), "gptoss-gpu F32", "f16")
     assert run.same >= 9
     assert run.agree >= 0.99
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import gpu_model_ref as ref
 import numpy as np
 import pytest
 from cuda_sim import build_sim
-import gpu_model_ref as ref
 from gpu_model_cases import *  # noqa: F403  (the shared test cases)
 from gpu_model_cases import f32, part_sizes
 
@@ -43,9 +43,11 @@ SIGS: dict[str, list[Any]] = {
     "sim_rope_qkv": [INT] + [F32P] * 10 + [I32P, U8P, U8P, U64] + [INT] * 6 + [F] + [INT] * 3,
     "sim_attn_decode": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5 + [F],
     "sim_attn_prefill": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P] + [INT] * 4 + [F],
-    "sim_attn_decode_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5
+    "sim_attn_decode_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P]
+    + [INT] * 5
     + [F, ctypes.c_void_p, INT],
-    "sim_attn_prefill_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P] + [INT] * 4
+    "sim_attn_prefill_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P]
+    + [INT] * 4
     + [F, ctypes.c_void_p, INT],
     "sim_router_topk": [F32P, I32P, F32P, INT, INT, INT, INT],
     "sim_router_topk_softmax": [F32P, I32P, F32P, INT, INT, INT],
@@ -143,7 +145,7 @@ def test_attention_decode_sinks_window(
     want = ref.attention(q, cache, 0, pos0, q_form=qf, sinks=sk, window=window)
     assert np.abs(out - want).max() <= 2e-5
     plain = ref.attention(q, cache, 0, pos0, q_form=qf)
-    if window and pos0 + 1 > window or sinks:  # the case differs from plain attention
+    if (window and pos0 + 1 > window) or sinks:  # the case differs from plain attention
         assert np.abs(out - plain).max() > 1e-3
 
 

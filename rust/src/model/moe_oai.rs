@@ -28,6 +28,7 @@ pub struct ExpertBias {
 pub struct OaiScratch {
     rows: Vec<usize>, // [≤ R'] the pairs (row·K + slot) that chose one expert, in row order
     segs: Vec<usize>, // [≤ pieces] those pairs per segment (empty segments left out)
+    psegs: Vec<usize>, // [≤ pieces] the segments of one piece of those pairs
     x: Vec<f32>,      // [R', H] their inputs
     g: Vec<f32>,      // [R', F] gate projection, then the activation
     u: Vec<f32>,      // [R', F] up projection
@@ -40,6 +41,7 @@ impl OaiScratch {
         OaiScratch {
             rows: Vec::with_capacity(r),
             segs: Vec::with_capacity(r),
+            psegs: Vec::with_capacity(r),
             x: vec![0.0; r * h],
             g: vec![0.0; r * f],
             u: vec![0.0; r * f],
@@ -131,35 +133,51 @@ pub fn moe_oai(
             r0 += n;
         }
         let m = sc.rows.len();
-        if m == 0 {
-            continue;
-        }
-        for (i, &p) in sc.rows.iter().enumerate() {
-            let r = p / k;
-            sc.x[i * h..(i + 1) * h].copy_from_slice(&a.x[r * h..(r + 1) * h]);
-        }
-        let x = &sc.x[..m * h];
-        compute.matmul_segs(&expert(&layer.gate, e), x, &sc.segs, &mut sc.g[..m * f])?; // [m, F]
-        compute.matmul_segs(&expert(&layer.up, e), x, &sc.segs, &mut sc.u[..m * f])?; // [m, F]
-        let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
-        let rows = sc.g[..m * f]
-            .chunks_exact_mut(f)
-            .zip(sc.u[..m * f].chunks_exact_mut(f));
-        for (g, u) in rows {
-            for ((gv, uv), (&b0, &b1)) in g.iter_mut().zip(u.iter_mut()).zip(bg.iter().zip(bu)) {
-                *gv += b0;
-                *uv += b1;
+        // Pieces of at most the scratch's rows (one piece unless a row picked `e` twice,
+        // which real routing never does), each piece's segments cut from the expert's.
+        let cap = (sc.x.len() / h.max(1)).max(1);
+        let mut i0 = 0;
+        while i0 < m {
+            let i1 = (i0 + cap).min(m);
+            let n = i1 - i0;
+            sc.psegs.clear();
+            let mut s0 = 0;
+            for &c in &sc.segs {
+                let (lo, hi) = (s0.max(i0), (s0 + c).min(i1));
+                if hi > lo {
+                    sc.psegs.push(hi - lo);
+                }
+                s0 += c;
             }
-            swiglu_oai(g, u, alpha, limit);
-        }
-        let down = expert(&layer.down, e);
-        compute.matmul_segs(&down, &sc.g[..m * f], &sc.segs, &mut sc.y[..m * h])?; // [m, H]
-        let bd = &bias.down[e * h..(e + 1) * h];
-        for (i, &p) in sc.rows.iter().enumerate() {
-            let y = &sc.y[i * h..(i + 1) * h];
-            for ((d, &v), &b) in sc.pairs[p * h..(p + 1) * h].iter_mut().zip(y).zip(bd) {
-                *d = v + b;
+            for (i, &p) in sc.rows[i0..i1].iter().enumerate() {
+                let r = p / k;
+                sc.x[i * h..(i + 1) * h].copy_from_slice(&a.x[r * h..(r + 1) * h]);
             }
+            let (x, ps) = (&sc.x[..n * h], &sc.psegs);
+            compute.matmul_segs(&expert(&layer.gate, e), x, ps, &mut sc.g[..n * f])?; // [n, F]
+            compute.matmul_segs(&expert(&layer.up, e), x, ps, &mut sc.u[..n * f])?; // [n, F]
+            let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
+            let rows = sc.g[..n * f]
+                .chunks_exact_mut(f)
+                .zip(sc.u[..n * f].chunks_exact_mut(f));
+            for (g, u) in rows {
+                let gu = g.iter_mut().zip(u.iter_mut());
+                for ((gv, uv), (&b0, &b1)) in gu.zip(bg.iter().zip(bu)) {
+                    *gv += b0;
+                    *uv += b1;
+                }
+                swiglu_oai(g, u, alpha, limit);
+            }
+            let down = expert(&layer.down, e);
+            compute.matmul_segs(&down, &sc.g[..n * f], ps, &mut sc.y[..n * h])?; // [n, H]
+            let bd = &bias.down[e * h..(e + 1) * h];
+            for (i, &p) in sc.rows[i0..i1].iter().enumerate() {
+                let y = &sc.y[i * h..(i + 1) * h];
+                for ((d, &v), &b) in sc.pairs[p * h..(p + 1) * h].iter_mut().zip(y).zip(bd) {
+                    *d = v + b;
+                }
+            }
+            i0 = i1;
         }
     }
     for (r, o) in out.chunks_exact_mut(h).enumerate() {
@@ -312,6 +330,43 @@ mod tests {
         for i in 0..t * h {
             let sum = a_out[i] + b_out[i];
             assert!((sum - all[i]).abs() <= 1e-5 * (1.0 + all[i].abs()), "{i}");
+        }
+        // a row that picks one expert twice (not real routing: the scratch holds R' rows,
+        // the pairs run in pieces) equals that expert once with the summed weight
+        let twice: Vec<u32> = (0..t * k).map(|p| (p / k % ne) as u32).collect();
+        let once: Vec<u32> = (0..t).map(|r| (r % ne) as u32).collect();
+        let w1: Vec<f32> = (0..t).map(|r| w[r * k] + w[r * k + 1]).collect();
+        let (mut got, mut want) = (vec![0f32; t * h], vec![0f32; t * h]);
+        let at = MoeInput::new(&x, &twice, &w, k);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &at,
+            &[2, 3],
+            &mut sc,
+            &mut got,
+        )
+        .unwrap();
+        let mut sc1 = OaiScratch::new(t, h, f, 1);
+        let a1 = MoeInput::new(&x, &once, &w1, 1);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a1,
+            &[t],
+            &mut sc1,
+            &mut want,
+        )
+        .unwrap();
+        for i in 0..t * h {
+            assert!(
+                (got[i] - want[i]).abs() <= 1e-5 * (1.0 + want[i].abs()),
+                "{i}"
+            );
         }
         let none = vec![SKIP; t * k];
         let mut z = vec![1f32; t * h];

@@ -35,7 +35,7 @@ TYPES = ["F32", "Q8_0", "MXFP4_MOE"]
 N_LAYER, N_EXPERT, N_USED = 3, 8, 2
 N_ROUTED = N_LAYER * N_EXPERT
 QUARTER = N_ROUTED // 4
-DIMS = dict(n_embd=256, n_head=4, n_kv=2, head_dim=64, n_ff=128, window=8)
+DIMS = dict(n_embd=128, n_head=4, n_kv=2, head_dim=64, n_ff=64, window=8)
 # Made here (gguf-py, llama.cpp's quantizer), read as they are on the GPU machine.
 CARRY = Path(os.environ.get("STRATA_GPU_MODELS") or Path(__file__).resolve().parent / ".gpu-models")
 

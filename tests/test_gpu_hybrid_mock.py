@@ -79,7 +79,7 @@ def run_child(args: list[str], env: dict[str, str]) -> str:
     return out
 
 
-@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe", "gpt-oss"])
+@pytest.mark.parametrize("fam", ["qwen3moe", "qwen2moe"])
 def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
     env = mock_env(tmp_path)
     child = ROOT / "tests" / "hybrid_mock_child.py"

@@ -152,6 +152,27 @@ def test_file_runs_as_llamacpp_runs_it() -> None:
     assert run.agree >= 0.99
 
 
+@pytest.mark.parametrize("ty", TYPES)
+def test_file_is_not_chaotic(ty: str) -> None:
+    """The protocol's premise: the CPU path against itself with a q8_0 instead of an f16 KV
+    cache keeps top-1 at ≥ 99% of its sure positions (else GPU sums could not be held to it)."""
+    from test_gpu_model import MARGIN, N_CTX, margin, prompts
+
+    path = gptoss_file(ty)
+    a = Model.open(path, n_ctx=N_CTX, kv_type="f16", prefill_chunk=24)
+    b = Model.open(path, n_ctx=N_CTX, kv_type="q8_0", prefill_chunk=24)
+    top1, sure = [], []
+    for toks in prompts(10, 32, seed=1, vocab=a.n_vocab):
+        a.free(0)
+        b.free(0)
+        ra, rb = a.forward(0, toks, logits="all"), b.forward(0, toks, logits="all")
+        top1.extend(ra.argmax(1) == rb.argmax(1))
+        sure.extend(margin(ra) >= MARGIN)
+    agree = float(np.array(top1)[np.array(sure)].mean())
+    print(f"gpt-oss {ty}: CPU f16 vs q8_0 KV top-1 {agree:.4f} over {sum(sure)} sure positions")
+    assert agree >= 0.99
+
+
 # ---- on the GPU ----------------------------------------------------------------------
 
 

@@ -3,7 +3,10 @@
 // Shapes: T = tokens of this call (at positions pos0 .. pos0+T-1, pos0 = sp[0]; slot sp[1]),
 // Nh / Nkv = query / KV heads, G = Nh/Nkv query heads per KV head (≤ 16), D = head dim
 // (64 or 128). q is f32 [T, Nh, D] (normed and rotated), the output f32 [T, Nh, D]. Token t
-// sees positions 0 ..= pos0 + t, whose K/V rows are already in the cache.
+// sees positions 0 ..= pos0 + t, whose K/V rows are already in the cache; with `window` W > 0
+// only the last W of them, pos0 + t − W < p ≤ pos0 + t (sliding-window attention). `sinks`
+// (f32 [Nh], or null): per query head one more logit in the softmax, with no value (it raises
+// the max and adds e^(sink − max) to the sum, as ggml's soft_max_ext with sinks).
 //
 // Decode (small T): `strata_attn_decode_*` splits the visible positions into at most n_split
 // ranges (grid.x) of one KV head (grid.y) and token (grid.z), as many as the live length
@@ -51,7 +54,7 @@ template <int KV, int D, int MAXG>
 __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
                             unsigned long long slot_stride, const int* sp, float* part_o,
                             float* part_ml, float* out, int n_head, int n_head_kv, int n_ctx,
-                            int n_split, float scale) {
+                            int n_split, float scale, const float* sinks, int window) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
   constexpr int DL = D / ATT_OCT;      // dims of a lane in the score pass (16 or 8)
   constexpr int QS = DL + 4;           // padded stride of a lane's q chunk (no bank conflicts)
@@ -70,11 +73,12 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
   const int s = blockIdx.x, kvh = blockIdx.y, t = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n = sp[0] + t + 1;
-  int chunk = (n + n_split - 1) / n_split;
+  const int lo = window > 0 && n > window ? n - window : 0;  // the first visible position
+  int chunk = (n - lo + n_split - 1) / n_split;
   chunk = chunk < ATT_MIN_CHUNK ? ATT_MIN_CHUNK : chunk;
-  const int n_live = (n + chunk - 1) / chunk;
+  const int n_live = (n - lo + chunk - 1) / chunk;
   if (s >= n_live) return;  // the whole block: no barrier is skipped by part of it
-  const int p_begin = s * chunk;
+  const int p_begin = lo + s * chunk;
   const int p_end = p_begin + chunk < n ? p_begin + chunk : n;
   const size_t base = (size_t)sp[1] * slot_stride + (size_t)kvh * n_ctx * HB;
   const uint8_t* kb = kc + base;
@@ -303,9 +307,14 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
 #pragma unroll
       for (int g = 0; g < MAXG; g++) {
         if (g < G) {
-          float l = lrun[g];
+          float l = lrun[g], a = 1.0f;
+          if (sinks != nullptr) {  // the sink joins the max and the sum
+            const float sk = sinks[kvh * G + g], mx = fmaxf(mrun[g], sk);
+            a = expf(mrun[g] - mx);
+            l = l * a + expf(sk - mx);
+          }
 #pragma unroll
-          for (int i = 0; i < VD; i++) out[(head0 + g) * D + dd + i] = acc[g][i] / l;
+          for (int i = 0; i < VD; i++) out[(head0 + g) * D + dd + i] = acc[g][i] * a / l;
         }
       }
     }
@@ -341,8 +350,10 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       l = __ldcg(ml + 2 * (g * n_split + lane) + 1);
     }
     float mx = sm_warp_max(m);
+    const float sk = sinks != nullptr ? sinks[kvh * G + g] : NEG_INF;
+    mx = fmaxf(mx, sk);
     float w = lane < n_live ? expf(m - mx) : 0.0f;
-    float ls = sm_warp_sum(w * l);
+    float ls = sm_warp_sum(w * l) + (sinks != nullptr ? expf(sk - mx) : 0.0f);
     wsp[g][lane] = w;
     if (lane == 0) lsum[g] = ls;
   }
@@ -388,9 +399,10 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       strata_attn_decode_##KVN##_d##D##_g##MAXG(                                             \
           const float* q, const uint8_t* kc, const uint8_t* vc,                              \
           unsigned long long slot_stride, const int* sp, float* part_o, float* part_ml,      \
-          float* out, int n_head, int n_head_kv, int n_ctx, int n_split, float scale) {      \
+          float* out, int n_head, int n_head_kv, int n_ctx, int n_split, float scale,        \
+          const float* sinks, int window) {                                                  \
     attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_head,      \
-                             n_head_kv, n_ctx, n_split, scale);                              \
+                             n_head_kv, n_ctx, n_split, scale, sinks, window);               \
   }
 
 ATT_DECODE(f16, SM_KV_F16, 64, 8)
@@ -412,7 +424,8 @@ ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 16)
 template <int KV, int D>
 __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* vc,
                              unsigned long long slot_stride, const int* sp, float* out,
-                             int n_tok, int n_head, int n_head_kv, int n_ctx, float scale) {
+                             int n_tok, int n_head, int n_head_kv, int n_ctx, float scale,
+                             const float* sinks, int window) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
   constexpr int KS = D + 8;      // sK row stride (halves): [PF_BK][KS], K rows by position
   constexpr int VS = PF_BK + 8;  // sV row stride (halves): [D][VS], V transposed
@@ -430,6 +443,8 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   const int blk0 = blockIdx.x * PF_ROWS;
   int last = blk0 + PF_ROWS - 1 < total - 1 ? blk0 + PF_ROWS - 1 : total - 1;
   const int p_max = pos0 + last / G;  // the block's last visible position
+  // the block's first visible position (its first row's), rounded down to a tile
+  const int p_lo = window > 0 && pos0 + blk0 / G + 1 > window ? pos0 + blk0 / G + 1 - window : 0;
 
   // this thread's two rows: r0 = g8, r1 = g8 + 8 of the warp's 16
   int idx[2], lim[2];
@@ -473,7 +488,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
 
-  for (int kt = 0; kt <= p_max; kt += PF_BK) {
+  for (int kt = p_lo / PF_BK * PF_BK; kt <= p_max; kt += PF_BK) {
     __syncthreads();  // the previous tile is consumed
     if (KV == SM_KV_F16) {
       for (int c = tid; c < PF_BK * D / 8; c += ATT_THREADS) {
@@ -551,18 +566,21 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         int r = i >> 1, p = kt + nt * 8 + 2 * c4 + (i & 1);
-        float v = p <= lim[r] ? sc[nt][i] * scale : NEG_INF;
+        const bool vis = p <= lim[r] && (window <= 0 || p > lim[r] - window);
+        float v = vis ? sc[nt][i] * scale : NEG_INF;
         sc[nt][i] = v;
         mx[r] = fmaxf(mx[r], v);
       }
     }
-    float al[2];
+    float al[2], ms[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      float mnew = fmaxf(m[r], mx[r]);  // finite: every row sees position 0 in tile 0
-      al[r] = expf(m[r] - mnew);
+      float mnew = fmaxf(m[r], mx[r]);
+      // -inf while a windowed row has seen no visible position yet (o and l are still 0)
+      ms[r] = mnew == NEG_INF ? 0.0f : mnew;
+      al[r] = expf(m[r] - ms[r]);
       m[r] = mnew;
       l[r] *= al[r];
     }
@@ -570,7 +588,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     for (int nt = 0; nt < PF_BK / 8; nt++) {
 #pragma unroll
       for (int i = 0; i < 4; i++) {
-        float e = expf(sc[nt][i] - m[i >> 1]);
+        float e = expf(sc[nt][i] - ms[i >> 1]);
         sc[nt][i] = e;
         l[i >> 1] += e;
       }
@@ -609,7 +627,13 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     if (idx[r] < total) {
       int t = idx[r] / G, hq = kvh * G + idx[r] % G;
       float* orow = out + ((size_t)t * n_head + hq) * D;
-      float inv = 1.0f / l[r];
+      float a = 1.0f, lt = l[r];
+      if (sinks != nullptr) {  // the sink joins the max and the sum
+        const float sk = sinks[hq], mx2 = fmaxf(m[r], sk);
+        a = expf(m[r] - mx2);
+        lt = lt * a + expf(sk - mx2);
+      }
+      float inv = a / lt;
 #pragma unroll
       for (int dt = 0; dt < D / 8; dt++) {
         orow[dt * 8 + 2 * c4] = o[dt][2 * r] * inv;
@@ -623,9 +647,9 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   extern "C" __global__ void __launch_bounds__(ATT_THREADS) strata_attn_prefill_##KVN##_d##D( \
       const float* q, const uint8_t* kc, const uint8_t* vc, unsigned long long slot_stride,  \
       const int* sp, float* out, int n_tok, int n_head, int n_head_kv, int n_ctx,            \
-      float scale) {                                                                         \
+      float scale, const float* sinks, int window) {                                         \
     attn_prefill<KV, D>(q, kc, vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx,   \
-                        scale);                                                              \
+                        scale, sinks, window);                                               \
   }
 
 ATT_PREFILL(f16, SM_KV_F16, 64)

@@ -1,10 +1,17 @@
-// Small f32 kernels: residual add, argmax per row, copy.
+// Small f32 kernels: residual add, bias rows, argmax per row, copy.
 #include "model.cuh"
 
 // x[i] += y[i] for i < n. Launch: grid (ceil(n / 256)), block 256.
 extern "C" __global__ void strata_ew_add_f32(float* x, const float* y, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] += y[i];
+}
+
+// x[i] += b[i % cols] for i < n: a bias row added to every row of x f32 [n / cols, cols].
+// Launch: grid (ceil(n / 256)), block 256.
+extern "C" __global__ void strata_ew_add_rows_f32(float* x, const float* b, int n, int cols) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += b[i % cols];
 }
 
 // dst[i] = src[i] for i < n. Launch: grid (ceil(n / 256)), block 256.

@@ -12,6 +12,9 @@
 //   scattered item reads hit shared memory.
 // strata_moe_gate_<ty> writes act[p, r] = Wg[e][r]·x[t]; strata_moe_up_glu_<ty> then replaces it by
 //   silu(act[p, r])·(Wu[e][r]·x[t]) — the two-launch form used when gate and up types differ.
+// strata_moe_up_oai_<ty>(uptrs, ff, items, ids, top_k, x, act, tj0, gb, ub, alpha, limit): gpt-oss's
+//   second launch after strata_moe_gate_<ty>: act[p, r] = swiglu_oai(act[p, r] + gb[e, r],
+//   Wu[e][r]·x[t] + ub[e, r]) (biases f32 [E, ff]; vecdot.cuh swiglu_oai).
 // strata_moe_down_<ty>(down_ptrs, h, items, ids, weights, top_k, a, y, t0)
 //   grid (⌈h/4⌉, tokens), block 32·min(top_k, 8); t = t0 + blockIdx.y:
 //   y[t, r] += Σ_j weights[t, j]·(Wd[ids[t, j]][r]·a[t·top_k + j]).  a: block_q8a [n_tok·top_k, items]
@@ -58,7 +61,8 @@ __device__ __forceinline__ void gate_up_dots(const uint8_t* __restrict__ rg,
     }
 }
 
-// MODE 0: fused gate+up+SwiGLU (TG == TU); 1: gate only; 2: up times silu(act) in place.
+// MODE 0: fused gate+up+SwiGLU (TG == TU); 1: gate only; 2: up times silu(act) in place;
+// 3: up with gpt-oss's biases and clamped SwiGLU on act in place (`oai`).
 // NI: items per lane whose loads are issued together (fused mode). ROWS (fused mode): each warp
 // also copies its gate and up rows to shared memory with coalesced 16-byte loads (rows of a
 // multiple of 16 bytes, at most MOE_STAGE_ROW, 16-byte aligned), and the lanes decode their
@@ -67,7 +71,7 @@ template <class TG, class TU, int MODE, int NI, bool ROWS>
 __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs,
                                                  const unsigned long long* uptrs, int ff, int items,
                                                  const int* ids, int top_k, const void* x,
-                                                 float* act, int tj0) {
+                                                 float* act, int tj0, OaiGlu oai = {}) {
     constexpr bool STAGE = MODE == 0 && !TG::IS_FLOAT;
     constexpr bool SROWS = STAGE && ROWS;
     __shared__ block_q8a s_x[STAGE ? MOE_STAGE_ITEMS : 1];
@@ -78,9 +82,9 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
     const long t = p / top_k;
     // the expert's rows first: their address loads overlap the staging copy
     const int e = ids[p];
-    const uint8_t* wg = MODE == 2 ? nullptr : expert_ptr<TG>(gptrs, e);
+    const uint8_t* wg = MODE >= 2 ? nullptr : expert_ptr<TG>(gptrs, e);
     const uint8_t* wu = MODE == 1 ? nullptr : expert_ptr<TU>(uptrs, e);
-    const bool ok = (MODE == 2 || wg != nullptr) && (MODE == 1 || wu != nullptr);
+    const bool ok = (MODE >= 2 || wg != nullptr) && (MODE == 1 || wu != nullptr);
     const bool staged = STAGE && items <= MOE_STAGE_ITEMS;
     const size_t rbg = row_bytes_of<TG>(items);
     // uniform over the block (one expert)
@@ -124,7 +128,7 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
         else gate_up_dots<TG, NI>(rg, ru, items, (const block_q8a*)act_at<TG>(x, t, items), lane,
                                   g[0], u[0]);
     } else {
-        if (MODE != 2)
+        if (MODE < 2)
             row_dot<TG, 1>(wg + (size_t)row * row_bytes_of<TG>(items), items,
                            act_at<TG>(x, t, items), 0, 1, g, lane);
         if (MODE != 1)
@@ -135,7 +139,11 @@ __device__ __forceinline__ void moe_gate_up_body(const unsigned long long* gptrs
     if (lane == 0) {
         if (MODE == 0) *out = silu_mul(gs, us);
         else if (MODE == 1) *out = gs;
-        else *out = silu_mul(*out, us);
+        else if (MODE == 2) *out = silu_mul(*out, us);
+        else {
+            const size_t b = (size_t)e * ff + row;
+            *out = swiglu_oai(*out + oai.gb[b], us + oai.ub[b], oai.alpha, oai.limit);
+        }
     }
 }
 
@@ -315,6 +323,13 @@ __device__ __forceinline__ void moe_down_v0_body(const unsigned long long* ptrs,
         const unsigned long long* uptrs, int ff, int items, const int* ids, int top_k,            \
         const void* x, float* act, int tj0) {                                                     \
         moe_gate_up_body<T, T, 2, 1, false>(uptrs, uptrs, ff, items, ids, top_k, x, act, tj0);          \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MOE_GU_WARPS * 32) strata_moe_up_oai_##name(       \
+        const unsigned long long* uptrs, int ff, int items, const int* ids, int top_k,            \
+        const void* x, float* act, int tj0, const float* gb, const float* ub, float alpha,        \
+        float limit) {                                                                            \
+        moe_gate_up_body<T, T, 3, 1, false>(uptrs, uptrs, ff, items, ids, top_k, x, act, tj0,     \
+                                            OaiGlu{gb, ub, alpha, limit});                        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(MOE_DOWN_WARPS * 32) strata_moe_down_##name(         \
         const unsigned long long* ptrs, int h, int items, const int* ids, const float* weights,   \

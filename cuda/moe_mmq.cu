@@ -12,7 +12,12 @@
 //   its scale xs[p / x_div] (strata_row_scale, mmq.cu); out f32 [pairs, rows]:
 //   gate: out = W·x; up: out = silu(out)·(W·x); down: out = W·x. A 0 / misaligned pointer or an
 //   absent id writes zeros.
+// strata_moe_mmq_up_oai_<ty>(..., out, gb, ub, alpha, limit): gpt-oss's up after the gate:
+//   out = swiglu_oai(out + gb[e, r], W·x + ub[e, r]) (biases f32 [E, rows]).
 // strata_moe_reduce(out, weights, top_k, h, y, n_tok)   y[t, r] += Σ_j weights[t, j]·out[t·top_k + j, r]
+// strata_moe_bias(ptrs, align, ids, weights, bias, top_k, h, y, n_tok)   gpt-oss's down bias:
+//   y[t, r] += Σ_j weights[t, j]·bias[ids[t, j], r] over the slots whose expert's down pointer is
+//   present (non-zero, `align`-aligned; the others are computed elsewhere); bias f32 [E, h].
 #include "mmq.cuh"
 #include "vecdot.cuh"
 
@@ -62,13 +67,14 @@ extern "C" __global__ void __launch_bounds__(1024)
     }
 }
 
-// MODE 0: gate (out = v); 1: up (out = silu(out)·v); 2: down (out = v).
+// MODE 0: gate (out = v); 1: up (out = silu(out)·v); 2: down (out = v); 3: up with gpt-oss's
+// biases and clamped SwiGLU (out = swiglu_oai(out + gb, v + ub)).
 template <class T, int MODE>
 __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int rows, int items,
                                              const void* __restrict__ x,
                                              const float* __restrict__ xs, int x_div,
                                              const int* __restrict__ order, const int4* tiles,
-                                             const int* n_tiles, float* out) {
+                                             const int* n_tiles, float* out, OaiGlu oai = {}) {
     constexpr int BN = MOE_BN;
     __shared__ int s_pair[BN];
     const int row0 = blockIdx.x * MMQ_BM;
@@ -94,7 +100,12 @@ __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int
             if (row0 + r < rows && n < cnt) {
                 if constexpr (T::IS_FLOAT) v /= xs[s_pair[n] / x_div];
                 float* o = out + (long)s_pair[n] * rows + row0 + r;
-                *o = MODE == 1 ? silu_mul(*o, v) : v;
+                if constexpr (MODE == 3) {
+                    const size_t b = (size_t)tl.x * rows + row0 + r;
+                    *o = swiglu_oai(*o + oai.gb[b], v + oai.ub[b], oai.alpha, oai.limit);
+                } else {
+                    *o = MODE == 1 ? silu_mul(*o, v) : v;
+                }
             }
         });
     }
@@ -110,6 +121,13 @@ __device__ __forceinline__ void moe_mmq_body(const unsigned long long* ptrs, int
         const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
         int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out) {         \
         moe_mmq_body<T, 1>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out);          \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS) strata_moe_mmq_up_oai_##name(      \
+        const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
+        int x_div, const int* order, const int4* tiles, const int* n_tiles, float* out,           \
+        const float* gb, const float* ub, float alpha, float limit) {                             \
+        moe_mmq_body<T, 3>(ptrs, rows, items, x, xs, x_div, order, tiles, n_tiles, out,           \
+                           OaiGlu{gb, ub, alpha, limit});                                         \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS) strata_moe_mmq_down_##name(        \
         const unsigned long long* ptrs, int rows, int items, const void* x, const float* xs,      \
@@ -127,5 +145,24 @@ extern "C" __global__ void __launch_bounds__(256)
     const long t = i / h, r = i % h;
     float acc = 0.0f;
     for (int j = 0; j < top_k; ++j) acc += weights[t * top_k + j] * out[(t * top_k + j) * h + r];
+    y[i] += acc;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    strata_moe_bias(const unsigned long long* __restrict__ ptrs, int align,
+                    const int* __restrict__ ids, const float* __restrict__ weights,
+                    const float* __restrict__ bias, int top_k, int h, float* __restrict__ y,
+                    int n_tok) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)n_tok * h) return;
+    const long t = i / h, r = i % h;
+    float acc = 0.0f;
+    for (int j = 0; j < top_k; ++j) {
+        const int e = ids[t * top_k + j];
+        if (e < 0) continue;
+        const unsigned long long p = ptrs[e];
+        if (p == 0 || p % (unsigned long long)align != 0) continue;
+        acc += weights[t * top_k + j] * bias[(long)e * h + r];
+    }
     y[i] += acc;
 }

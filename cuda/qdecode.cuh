@@ -65,16 +65,22 @@ struct TQ5_0 {
     }
 };
 
-// Four kvalues_iq4nl entries for the 4 nibbles (bits 0..3 of each byte) of n: the 16-byte table
-// as four words, two byte-permutes for entries 0..7 and 8..15, then a per-byte choice by bit 3.
-STRATA_HD STRATA_FI uint32_t iq4nl_lookup4(uint32_t n) {
-    const uint32_t t0 = STRATA_KVALUES_IQ4NL_W0, t1 = STRATA_KVALUES_IQ4NL_W1;
-    const uint32_t t2 = STRATA_KVALUES_IQ4NL_W2, t3 = STRATA_KVALUES_IQ4NL_W3;
+// Four entries of a 16-byte table (its four little-endian words t0..t3) for the 4 nibbles
+// (bits 0..3 of each byte) of n: two byte-permutes for entries 0..7 and 8..15, then a per-byte
+// choice by bit 3.
+STRATA_HD STRATA_FI uint32_t kv16_lookup4(uint32_t n, uint32_t t0, uint32_t t1, uint32_t t2,
+                                          uint32_t t3) {
     n &= 0x0f0f0f0fu;
     const uint32_t sel = (n & 7u) | (n >> 4 & 0x70u) | (n >> 8 & 0x700u) | (n >> 12 & 0x7000u);
     const uint32_t lo = byte_perm(t0, t1, sel), hi = byte_perm(t2, t3, sel);
     const uint32_t m = ((n >> 3) & 0x01010101u) * 0xffu;
     return (lo & ~m) | (hi & m);
+}
+
+// Four kvalues_iq4nl entries for the 4 nibbles of n.
+STRATA_HD STRATA_FI uint32_t iq4nl_lookup4(uint32_t n) {
+    return kv16_lookup4(n, STRATA_KVALUES_IQ4NL_W0, STRATA_KVALUES_IQ4NL_W1,
+                        STRATA_KVALUES_IQ4NL_W2, STRATA_KVALUES_IQ4NL_W3);
 }
 
 // d f16 | qs[16]: as Q4_0 with y = d·kvalues_iq4nl[nib]
@@ -87,6 +93,33 @@ struct TIQ4_NL {
             const uint32_t q = ld_u32_a2(b + 2 + 4 * w);
             it.v[w] = iq4nl_lookup4(q);
             it.v[w + 4] = iq4nl_lookup4(q >> 4);
+        }
+    }
+};
+
+// E8M0 exponent to f32, halved (ggml's e8m0_to_fp32_half): 2^(e − 128), subnormal for e < 2.
+STRATA_HD STRATA_FI float e8m0_half(uint32_t e) {
+    return bits_f32(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+// A little-endian u32 at any address (MXFP4's 17-byte blocks have no alignment).
+STRATA_HD STRATA_FI uint32_t ld_u32_a1(const uint8_t* p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+// e u8 (E8M0) | qs[16]: element l low nibble of qs[l], element l+16 high nibble;
+// y = e8m0_half(e)·kvalues_mxfp4[nib] (the doubled E2M1 values as int8: exact products)
+struct TMXFP4 {
+    static constexpr int QK = 32, BYTES = 17, ITEMS = 1, IS_FLOAT = 0, HAS_MIN = 0, ALIGN = 1;
+    STRATA_HD static STRATA_FI void item(const uint8_t* b, int, QItem& it) {
+        it.d[0] = it.d[1] = e8m0_half(b[0]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const uint32_t q = ld_u32_a1(b + 1 + 4 * w);
+            it.v[w] = kv16_lookup4(q, STRATA_KVALUES_MXFP4_W0, STRATA_KVALUES_MXFP4_W1,
+                                   STRATA_KVALUES_MXFP4_W2, STRATA_KVALUES_MXFP4_W3);
+            it.v[w + 4] = kv16_lookup4(q >> 4, STRATA_KVALUES_MXFP4_W0, STRATA_KVALUES_MXFP4_W1,
+                                       STRATA_KVALUES_MXFP4_W2, STRATA_KVALUES_MXFP4_W3);
         }
     }
 };
@@ -444,5 +477,6 @@ STRATA_HD STRATA_FI size_t row_bytes_of(long items) {
 // activations directly; the others int8 activation blocks (q8_0 or q8_K, act_is_q8_k).
 #define STRATA_FOR_TYPES(X)                                                                    \
     X(f32, TF32) X(f16, TF16) X(bf16, TBF16) X(q8_0, TQ8_0) X(q4_0, TQ4_0) X(q5_0, TQ5_0)      \
-    X(iq4_nl, TIQ4_NL) X(q2_k, TQ2_K) X(q3_k, TQ3_K) X(q4_k, TQ4_K) X(q5_k, TQ5_K)             \
-    X(q6_k, TQ6_K) X(iq4_xs, TIQ4_XS) X(iq3_s, TIQ3_S) X(iq3_xxs, TIQ3_XXS) X(iq2_xs, TIQ2_XS)
+    X(iq4_nl, TIQ4_NL) X(mxfp4, TMXFP4) X(q2_k, TQ2_K) X(q3_k, TQ3_K) X(q4_k, TQ4_K)           \
+    X(q5_k, TQ5_K) X(q6_k, TQ6_K) X(iq4_xs, TIQ4_XS) X(iq3_s, TIQ3_S) X(iq3_xxs, TIQ3_XXS)     \
+    X(iq2_xs, TIQ2_XS)

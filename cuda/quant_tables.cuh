@@ -54,6 +54,11 @@ STRATA_HD inline int8_t kvalues_iq4nl(int i) {
 #define STRATA_KVALUES_IQ4NL_W1 0xf6eaddcfu
 #define STRATA_KVALUES_IQ4NL_W2 0x26190d01u
 #define STRATA_KVALUES_IQ4NL_W3 0x71594535u
+// Doubled E2M1 values of MXFP4, packed the same way.
+#define STRATA_KVALUES_MXFP4_W0 0x03020100u
+#define STRATA_KVALUES_MXFP4_W1 0x0c080604u
+#define STRATA_KVALUES_MXFP4_W2 0xfdfeff00u
+#define STRATA_KVALUES_MXFP4_W3 0xf4f8fafcu
 
 // gguf-py `IQ2_XS` grid, 512 entries of 8 bytes.
 #define STRATA_IQ2XS_GRID_DATA \

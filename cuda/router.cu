@@ -75,6 +75,32 @@ extern "C" __global__ void __launch_bounds__(32)
   }
 }
 
+// gpt-oss's router (`Routing::SoftmaxWeight`): the top k logits (ties: the lower expert id
+// first), weighted by the softmax over those k as the CPU path's (max subtracted, `sm_expf`,
+// f64 sum in pick order, then e·(1/sum)). logits f32 [T, E], ids i32 [T, k], w f32 [T, k].
+// Launch: grid (T), block 32.
+extern "C" __global__ void __launch_bounds__(32)
+    strata_router_topk_softmax(const float* logits, int* ids, float* w, int n_expert, int k) {
+  __shared__ float p[ROUTER_MAX_E];
+  __shared__ float pick[ROUTER_MAX_K];
+  const int lane = threadIdx.x, t = blockIdx.x;
+  const float* x = logits + (size_t)t * n_expert;
+  for (int i = lane; i < n_expert; i += 32) p[i] = x[i];
+  __syncthreads();
+  router_pick_k(p, p, n_expert, k, ids + (size_t)t * k, pick);
+  if (lane == 0) {
+    float mx = -__builtin_huge_valf();
+    for (int j = 0; j < k; j++) mx = fmaxf(mx, pick[j]);
+    double s = 0.0;
+    for (int j = 0; j < k; j++) {
+      pick[j] = sm_expf(pick[j] - mx);
+      s += (double)pick[j];
+    }
+    const float inv = (float)(1.0 / s);
+    for (int j = 0; j < k; j++) w[(size_t)t * k + j] = pick[j] * inv;
+  }
+}
+
 // A dense FFN's per-row scale from its gate logit g f32 [n] (`rust/src/gpu/ffn.rs`):
 // mode 0: silu(g)/g as qwen2moe's ggml_silu then ggml_div (g = 0 gives 0.5, the limit);
 // mode 1: σ(g) (ggml_sigmoid). w f32 [n]. Launch: grid (ceil(n / 256)), block 256.

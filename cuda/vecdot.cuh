@@ -117,3 +117,19 @@ __device__ __forceinline__ const uint8_t* expert_ptr(const unsigned long long* p
 __device__ __forceinline__ float silu_mul(float g, float u) {
     return g / (1.0f + expf(-g)) * u;
 }
+
+// gpt-oss's clamped SwiGLU (ggml_swiglu_oai): x = min(g, limit), y = clamp(u, ±limit),
+// x·σ(alpha·x)·(y + 1), in ggml's arithmetic x / (1 + e^(−alpha·x))·(y + 1).
+__device__ __forceinline__ float swiglu_oai(float g, float u, float alpha, float limit) {
+    const float x = fminf(g, limit), y = fminf(fmaxf(u, -limit), limit);
+    return x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
+}
+
+// The biased, clamped SwiGLU of gpt-oss's experts: the gate and up biases (f32 [E, ff] each)
+// and the activation's constants.
+struct OaiGlu {
+    const float* gb;
+    const float* ub;
+    float alpha;
+    float limit;
+};

@@ -158,6 +158,11 @@ def generate_cuda() -> str:
     for w in range(4):
         word = int.from_bytes(kv[4 * w : 4 * w + 4], "little")
         parts.append(f"#define STRATA_KVALUES_IQ4NL_W{w} 0x{word:08x}u")
+    parts.append("// Doubled E2M1 values of MXFP4, packed the same way.")
+    kv = bytes(int(v) & 0xFF for v in quants.MXFP4.kvalues)
+    for w in range(4):
+        word = int.from_bytes(kv[4 * w : 4 * w + 4], "little")
+        parts.append(f"#define STRATA_KVALUES_MXFP4_W{w} 0x{word:08x}u")
     parts.append("")
     specs = [
         ("iq2xs_grid", "uint64_t", quants.IQ2_XS, 8, 16, 4),

@@ -139,11 +139,15 @@ def attention(
     q_form: str,
     k_form: str = "cache",
     v_form: str | None = None,
+    sinks: np.ndarray | None = None,
+    window: int = 0,
 ) -> np.ndarray:
     """Causal GQA attention of q [T, Nh, D] at positions pos0.. over the cache (f64).
     q_form: how q enters q·k: "f16" (rounded to f16), "q8_0" (quantized, as the kernels on a
     q8_0 cache do, like the CPU) or "f32". k_form / v_form "f16" round the dequantized keys /
-    values to f16 (the prefill kernel's f16 tiles); v_form defaults to k_form."""
+    values to f16 (the prefill kernel's f16 tiles); v_form defaults to k_form. `sinks` [Nh]:
+    one more logit per head in the softmax, with no value; `window` W > 0: a row at position
+    p sees only the positions p − W < j ≤ p."""
     t_n, nh, d = q.shape
     g = nh // cache.n_kv
     if q_form == "f16":
@@ -162,11 +166,14 @@ def attention(
     out = np.zeros((t_n, nh, d))
     for t in range(t_n):
         vis = pos0 + t + 1
+        lo = max(0, vis - window) if window > 0 else 0
         for h in range(nh):
             kh = h // g
-            s = k[kh, :vis] @ qq[t, h] / np.sqrt(d)
-            p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ v[kh, :vis]
+            s = k[kh, lo:vis] @ qq[t, h] / np.sqrt(d)
+            mx = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - mx)
+            den = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - mx))
+            out[t, h] = (p / den) @ v[kh, lo:vis]
     return out
 
 

@@ -28,6 +28,10 @@ def family_model(fam: str, root: Path) -> Path:
     if fam == "qwen3moe":
         spec = ModelSpec.tiny(n_layer=3, n_expert=8, n_expert_used=2)
         return TestModels.default_cache(spec).quantized("Q8_0")
+    if fam == "gpt-oss":  # test_gpu_gptoss.py's file: MXFP4 experts, sinks, windows, biases
+        from test_gpu_gptoss import gptoss_file
+
+        return gptoss_file("MXFP4_MOE")
     import dataclasses
 
     import qwen3moe_file as qf
@@ -106,7 +110,9 @@ for kw in ({}, dict(vram_slots=4, pcie_frac=0.0, adapt_every=1, threads=2)):
 """
 
 
-@pytest.mark.parametrize("fam", ["qwen2moe", "llama", "glm4moe", "qwen3next", "qwen35moe"])
+@pytest.mark.parametrize(
+    "fam", ["qwen2moe", "llama", "glm4moe", "qwen3next", "qwen35moe", "gpt-oss"]
+)
 def test_families_run_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
     env = mock_env(tmp_path)
     out = run_child(["-c", FAMILY_CHILD, str(family_model(fam, tmp_path))], env)

@@ -36,7 +36,7 @@ U8P = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
 F32P = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
 I32P = np.ctypeslib.ndpointer(np.int32, flags="C_CONTIGUOUS")
 U64P = np.ctypeslib.ndpointer(np.uint64, flags="C_CONTIGUOUS")
-INT, STR = ctypes.c_int, ctypes.c_char_p
+INT, STR, FLT = ctypes.c_int, ctypes.c_char_p, ctypes.c_float
 U = 2.0**-24
 
 
@@ -49,7 +49,12 @@ def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     dll.sim_moe_gate_up_prefill.argtypes += [F32P, *work]
     dll.sim_moe_down_prefill.argtypes = [STR, U64P, INT, INT, I32P, F32P, INT, F32P, INT, F32P]
     dll.sim_moe_down_prefill.argtypes += [F32P, *work]
-    for f in ("sim_matmul_prefill", "sim_moe_gate_up_prefill", "sim_moe_down_prefill"):
+    dll.sim_moe_gate_up_oai_prefill.argtypes = [STR, U64P, U64P, INT, INT, I32P, INT, F32P, INT]
+    dll.sim_moe_gate_up_oai_prefill.argtypes += [F32P, *work, F32P, F32P, FLT, FLT]
+    dll.sim_moe_bias.argtypes = [U64P, INT, I32P, F32P, F32P, INT, INT, F32P, INT]
+    dll.sim_moe_bias.restype = None
+    names = ("sim_matmul_prefill", "sim_moe_gate_up_prefill", "sim_moe_down_prefill")
+    for f in (*names, "sim_moe_gate_up_oai_prefill"):
         getattr(dll, f).restype = INT
     return dll
 
@@ -256,3 +261,54 @@ def test_moe_down_prefill_feeds_the_cpu_activations(sim: ctypes.CDLL, td: str) -
     want_y = y0 + np.einsum("tj,tjh->th", wts.astype(np.float64), o)
     mag = np.abs(y0) + np.einsum("tj,tjh->th", wts.astype(np.float64), np.abs(o))
     assert np.all(np.abs(y - want_y) <= (top_k + 2) * U * mag)
+
+
+def test_moe_gate_up_oai_prefill(sim: ctypes.CDLL) -> None:
+    """gpt-oss's grouped prefill: the gate tiles, then up with the gate/up biases and the
+    clamped SwiGLU, on selector weights (the projections are the CPU's activations, exactly),
+    against numpy's f32 swiglu_oai; both clamps are reached."""
+    n_exp, top_k, h, ff, n_tok = 4, 3, 256, 64, 18
+    absent, alpha, limit = 2, 1.702, 7.0
+    gate = [None if e == absent else selector("Q8_0", SPREAD, h) for e in range(n_exp)]
+    ids = routing(n_tok, top_k, n_exp, 15)
+    x = acts(n_tok, h, 16) * np.float32(12.0)
+    rng = np.random.default_rng(17)
+    gb = rng.normal(0, 1, (n_exp, ff)).astype(np.float32)
+    ub = rng.normal(0, 1, (n_exp, ff)).astype(np.float32)
+    act = np.full((n_tok, top_k, ff), np.nan, np.float32)
+    rc = sim.sim_moe_gate_up_oai_prefill(
+        b"q8_0", expert_ptrs(gate), expert_ptrs(gate), ff, h, ids, top_k, x, n_tok, act,
+        *work(n_tok * top_k, n_tok, h), gb, ub, alpha, limit,
+    )  # fmt: skip
+    assert rc == 0
+    p = cpu_act("Q8_0", x)[:, SPREAD]
+    bad = (ids < 0) | (ids == absent)
+    assert np.all(act[bad] == 0)
+    f = np.float32
+    for t, j in zip(*np.nonzero(~bad), strict=True):
+        e = ids[t, j]
+        g, u = p[t] + gb[e], p[t] + ub[e]
+        xg, yu = np.minimum(g, f(limit)), np.clip(u, f(-limit), f(limit))
+        want = xg / (f(1) + np.exp(f(alpha) * -xg)) * (yu + f(1))
+        assert np.allclose(act[t, j], want, rtol=1e-5, atol=1e-6), (t, j)
+    assert (p + gb[1] > limit).any() and (np.abs(p + ub[1]) > limit).any()
+
+
+def test_moe_bias(sim: ctypes.CDLL) -> None:
+    """gpt-oss's down bias: Σ_j w_j·bias[e_j] over the slots whose expert is present."""
+    n_exp, top_k, h, n_tok = 4, 3, 40, 5
+    rng = np.random.default_rng(18)
+    ids = rng.integers(0, n_exp, (n_tok, top_k)).astype(np.int32)
+    ids[0, 0] = -1
+    ptrs = np.array([256, 512, 0, 768], np.uint64)  # expert 2 computed elsewhere
+    wts = rng.random((n_tok, top_k)).astype(np.float32)
+    bias = rng.normal(0, 1, (n_exp, h)).astype(np.float32)
+    y0 = rng.normal(0, 1, (n_tok, h)).astype(np.float32)
+    y = y0.copy()
+    sim.sim_moe_bias(ptrs, 1, ids, wts, bias, top_k, h, y, n_tok)
+    want = y0.astype(np.float64)
+    for t in range(n_tok):
+        for j in range(top_k):
+            if ids[t, j] >= 0 and ptrs[ids[t, j]] != 0:
+                want[t] += float(wts[t, j]) * bias[ids[t, j]]
+    assert np.allclose(y, want, rtol=1e-6, atol=1e-6)

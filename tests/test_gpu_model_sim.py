@@ -13,10 +13,12 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+import gpu_model_ref as ref
 import numpy as np
 import pytest
 from cuda_sim import build_sim
 from gpu_model_cases import *  # noqa: F403  (the shared test cases)
+from gpu_model_cases import f32, part_sizes
 
 SOURCES = [
     "model.cuh",
@@ -41,7 +43,15 @@ SIGS: dict[str, list[Any]] = {
     "sim_rope_qkv": [INT] + [F32P] * 10 + [I32P, U8P, U8P, U64] + [INT] * 6 + [F] + [INT] * 3,
     "sim_attn_decode": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5 + [F],
     "sim_attn_prefill": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P] + [INT] * 4 + [F],
+    "sim_attn_decode_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P]
+    + [INT] * 5
+    + [F, ctypes.c_void_p, INT],
+    "sim_attn_prefill_sw": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P]
+    + [INT] * 4
+    + [F, ctypes.c_void_p, INT],
     "sim_router_topk": [F32P, I32P, F32P, INT, INT, INT, INT],
+    "sim_router_topk_softmax": [F32P, I32P, F32P, INT, INT, INT],
+    "sim_add_rows": [F32P, F32P, INT, INT],
     "sim_router_sigmoid_topk": [F32P, F32P, I32P, F32P, INT, INT, INT, INT, F],
     "sim_ffn_gate": [F32P, F32P, INT, INT],
     "sim_argmax": [F32P, I32P, INT, INT],
@@ -97,3 +107,96 @@ def test_ffn_gate_scales(kern: ctypes.CDLL) -> None:
         w = np.zeros_like(g)
         kern.sim_ffn_gate(g, w, len(g), mode)
         assert np.abs(w - sig).max() <= 2e-7, (mode, w, sig)
+
+
+# ---- gpt-oss's attention: sinks and sliding windows (emulation only) ---------------------
+
+
+SW_CASES = [
+    # kv, d, n_head, n_kv, pos0, t, window (0: none), sinks
+    ("f16", 64, 8, 1, 40, 1, 8, True),  # decode, the window inside one split
+    ("q8_0", 64, 4, 2, 300, 3, 128, True),  # decode, the window over several splits
+    ("f16", 64, 4, 2, 200, 2, 0, True),  # sinks alone
+    ("f16", 64, 4, 2, 5, 1, 8, False),  # a window longer than the prefix
+]
+
+
+@pytest.mark.parametrize("kv, d, nh, nkv, pos0, t, window, sinks", SW_CASES)
+def test_attention_decode_sinks_window(
+    kern: Any, kv: str, d: int, nh: int, nkv: int, pos0: int, t: int, window: int, sinks: bool
+) -> None:
+    """gpt-oss's attention (llama.cpp's soft_max_ext with sinks, LLAMA_SWA_TYPE_STANDARD):
+    the split decode kernel against the numpy reference."""
+    rng = np.random.default_rng(14)
+    n_ctx, n_split = 512, 4
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, pos0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    sk = f32(rng.normal(0, 2, nh)) if sinks else None
+    npo, npml = part_sizes(t, nh, n_split, d)
+    po, pml = np.zeros(npo, np.float32), np.zeros(npml, np.float32)
+    sp = np.array([pos0, 0], np.int32)
+    out = np.full((t, nh, d), np.nan, np.float32)
+    kern.sim_attn_decode_sw(
+        ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, po, pml, out, t, nh,
+        nkv, n_ctx, n_split, 1 / np.sqrt(d), None if sk is None else sk.ctypes.data, window,
+    )  # fmt: skip
+    qf = "f16" if kv == "f16" else "q8_0"
+    want = ref.attention(q, cache, 0, pos0, q_form=qf, sinks=sk, window=window)
+    assert np.abs(out - want).max() <= 2e-5
+    plain = ref.attention(q, cache, 0, pos0, q_form=qf)
+    if (window and pos0 + 1 > window) or sinks:  # the case differs from plain attention
+        assert np.abs(out - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+@pytest.mark.parametrize("window", [8, 70, 0])
+def test_attention_prefill_sinks_window(kern: Any, kv: str, window: int) -> None:
+    """The tensor-core prefill kernel with sinks and a window: rows of a block see different
+    ranges (G = 3, the window shorter than a tile and longer than one)."""
+    rng = np.random.default_rng(15)
+    d, nh, nkv, n_ctx, pos0, t = 64, 6, 2, 256, 30, 90
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, pos0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    sk = f32(rng.normal(0, 2, nh))
+    out = np.zeros((t, nh, d), np.float32)
+    sp = np.array([pos0, 0], np.int32)
+    kern.sim_attn_prefill_sw(
+        ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, out, t, nh, nkv,
+        n_ctx, 1 / np.sqrt(d), sk.ctypes.data, window,
+    )  # fmt: skip
+    if kv == "f16":
+        want = ref.attention(q, cache, 0, pos0, q_form="f16", k_form="f16", sinks=sk,
+                             window=window)  # fmt: skip
+    else:
+        want = ref.attention(q, cache, 0, pos0, q_form="q8_0", v_form="f16", sinks=sk,
+                             window=window)  # fmt: skip
+    assert np.abs(out - want).max() <= 2e-3 * np.abs(want).max()
+
+
+def test_router_topk_softmax(kern: ctypes.CDLL) -> None:
+    """gpt-oss's routing (llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT): the top k
+    logits (ties: the lower id first), weighted by the softmax over those k, in numpy f64."""
+    rng = np.random.default_rng(16)
+    t, e, k = 6, 32, 4
+    logits = np.asarray(rng.normal(0, 2, (t, e)), np.float32)
+    logits[5] = np.where(np.arange(e) % 3 == 0, 1.5, -1.0)  # exact ties: the lower ids first
+    ids = np.zeros((t, k), np.int32)
+    w = np.zeros((t, k), np.float32)
+    kern.sim_router_topk_softmax(logits, ids, w, t, e, k)
+    for r in range(t):
+        want = np.argsort(-logits[r].astype(np.float64), kind="stable")[:k]
+        assert list(ids[r]) == list(want), r
+        z = logits[r, want].astype(np.float64)
+        p = np.exp(z - z.max())
+        np.testing.assert_allclose(w[r], p / p.sum(), rtol=1e-6)
+
+
+def test_add_rows(kern: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(17)
+    x = f32(rng.normal(0, 1, (5, 40)))
+    b = f32(rng.normal(0, 1, 40))
+    want = x + b
+    kern.sim_add_rows(x, b, 5, 40)
+    assert np.array_equal(x, want)

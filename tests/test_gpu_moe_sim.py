@@ -39,6 +39,9 @@ def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     dll.sim_moe_down.argtypes = [ctypes.c_char_p, INT, U64P, INT, INT, I32P, F32P, INT, VP, F32P]
     dll.sim_moe_down.argtypes += [INT]
     dll.sim_moe_down.restype = INT
+    dll.sim_moe_gate_up_oai.argtypes = [ctypes.c_char_p, U64P, U64P, INT, INT, I32P, INT, VP]
+    dll.sim_moe_gate_up_oai.argtypes += [F32P, INT, F32P, F32P, ctypes.c_float, ctypes.c_float]
+    dll.sim_moe_gate_up_oai.restype = INT
     return dll
 
 
@@ -47,11 +50,19 @@ def experts(
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """(the experts' GGUF bytes (kept alive), their pointer table u64 [N_EXPERT] with ABSENT's
     0, their values f64 [N_EXPERT, rows, k])."""
-    mats = [np.ascontiguousarray(weights(ty, rng, rows, k)) for _ in range(N_EXPERT)]
+    make = mxfp4 if ty == "MXFP4" else (lambda r, n, m: weights(ty, r, n, m))
+    mats = [np.ascontiguousarray(make(rng, rows, k)) for _ in range(N_EXPERT)]
     ptrs = np.array([m.ctypes.data for m in mats], np.uint64)
     ptrs[ABSENT] = 0
     vals = np.stack([dequantize(m, Q[ty]).astype(np.float64).reshape(rows, k) for m in mats])
     return mats, ptrs, vals
+
+
+def mxfp4(rng: np.random.Generator, rows: int, k: int) -> np.ndarray:
+    """Random MXFP4 rows [rows, k/32·17]: E8M0 exponents 2^-10..2^-2 (halved), any nibbles."""
+    b = rng.integers(0, 256, (rows * k // 32, 17), dtype=np.uint8)
+    b[:, 0] = rng.integers(118, 127, b.shape[0])
+    return b.reshape(rows, -1)
 
 
 def activations(ty: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -151,3 +162,48 @@ def test_moe_down_variants(sim: ctypes.CDLL, ty: str, top_k: int) -> None:
         assert err.max() <= 0, (variant, float(err.max()))
         ran += 1
     assert ran == (2 if ty in ("Q4_K", "Q6_K") else 1)
+
+
+def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float, limit: float) -> np.ndarray:
+    x, y = np.minimum(g, limit), np.clip(u, -limit, limit)
+    return x / (1.0 + np.exp(-alpha * x)) * (y + 1.0)
+
+
+@pytest.mark.parametrize("ty", ["MXFP4", "Q8_0"])
+def test_moe_gate_up_oai(sim: ctypes.CDLL, ty: str) -> None:
+    """gpt-oss's experts (ggml's swiglu_oai on the biased projections): the gate launch, then
+    up with the biases and the clamp, against numpy on gguf-py's dequantization; the weights
+    are scaled so that both clamps (g above 7, u beyond ±7) are reached."""
+    rng = np.random.default_rng(9)
+    n_tok, top_k, ff, h, alpha, limit = 3, 2, 20, 1024, 1.702, 7.0
+    _gm, gp, gv = experts(ty, rng, ff, h)
+    _um, up, uv = experts(ty, rng, ff, h)
+    x = rng.normal(0, 1, (n_tok, h)).astype(np.float32)
+    x *= np.float32(8.0 / np.sqrt(np.mean((gv[0] @ x.T.astype(np.float64)) ** 2)))
+    xa, xv = activations(ty, x)
+    ids = routing(rng, n_tok, top_k)
+    gb = rng.normal(0, 1, (N_EXPERT, ff)).astype(np.float32)
+    ub = rng.normal(0, 1, (N_EXPERT, ff)).astype(np.float32)
+    want = np.zeros((n_tok * top_k, ff))
+    bound = np.full((n_tok * top_k, ff), 1e-5)
+    clamped = 0
+    for p, e in enumerate(ids.reshape(-1)):
+        if e < 0 or e == ABSENT:
+            continue
+        t = p // top_k
+        g, u = gv[e] @ xv[t] + gb[e], uv[e] @ xv[t] + ub[e]
+        want[p] = swiglu_oai(g, u, alpha, limit)
+        clamped += int((g > limit).sum() + (np.abs(u) > limit).sum())
+        mg, mu = np.abs(gv[e]) @ np.abs(xv[t]), np.abs(uv[e]) @ np.abs(xv[t])
+        dg = 1.2 * (np.abs(np.clip(u, -limit, limit)) + 1)  # |∂/∂g| bound
+        du = np.abs(swiglu_oai(g, np.zeros_like(u), alpha, limit))  # |∂/∂u|
+        bound[p] += 2.0**-9 * (dg * mg + du * mu)
+    assert clamped > 0
+    act = np.full((n_tok * top_k, ff), np.nan, np.float32)
+    rc = sim.sim_moe_gate_up_oai(
+        ty.lower().encode(), gp, up, ff, h // 32, ids, top_k, xa.ctypes.data_as(VP), act,
+        n_tok, gb, ub, alpha, limit,
+    )  # fmt: skip
+    assert rc == 0
+    err = np.abs(act - want) - bound
+    assert err.max() <= 0, float(err.max())

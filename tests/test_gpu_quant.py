@@ -42,8 +42,8 @@ _GPU = _core.gpu_status()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _GPU[0], reason=f"no usable GPU: {_GPU[1]}")]
 
 TYPES = [
-    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-    "Q6_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XS",
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K",
+    "Q5_K", "Q6_K", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_XS",
 ]  # fmt: skip
 FLOAT = {"F32", "F16", "BF16"}
 U = 2.0**-24
@@ -66,6 +66,10 @@ def scaled_row(t: str, k: int, rng: np.random.Generator, rms: float) -> bytes:
     row = dot_util.random_row(t, k, rng)
     c = rms / float(np.sqrt(np.mean(dequant(t, row, k) ** 2)))
     b = np.frombuffer(row, np.uint8).reshape(-1, dot_util.BLOCK[t][1]).copy()
+    if t == "MXFP4":  # its E8M0 exponent: the nearest power of two of the factor
+        e = b[:, 0].astype(np.int64) + int(np.round(np.log2(c)))
+        b[:, 0] = np.clip(e, 2, 254).astype(np.uint8)
+        return b.tobytes()
     for o, _ in dot_util.SCALES[t]:
         v = b[:, o : o + 2].copy().view(np.float16).astype(np.float64) * c
         b[:, o : o + 2] = v.astype(np.float16).view(np.uint8)

@@ -26,7 +26,7 @@ from gpu_quant_ref import act_kind, act_parts
 from strata import _core
 
 QUANT_TYPES = [
-    "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
+    "Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "MXFP4", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
     "IQ3_S", "IQ3_XXS", "IQ2_XS",
 ]  # fmt: skip
 U = 2.0**-24

@@ -35,6 +35,17 @@ struct MmqEntry {
    strata_moe_mmq_down_##name},
 static const MmqEntry mmq_table[] = {STRATA_FOR_TYPES(MMQ_ENTRY)};
 
+// gpt-oss's up launch (the biases and the clamped SwiGLU on the gate's output).
+typedef void (*MoeOaiK)(const unsigned long long*, int, int, const void*, const float*, int,
+                        const int*, const int4*, const int*, float*, const float*, const float*,
+                        float, float);
+struct OaiUp {
+  const char* name;
+  MoeOaiK up;
+};
+#define OAI_UP(name, T) {#name, strata_moe_mmq_up_oai_##name},
+static const OaiUp oai_up_table[] = {STRATA_FOR_TYPES(OAI_UP)};
+
 static const MmqEntry* find(const char* ty) {
   for (const MmqEntry& e : mmq_table)
     if (std::strcmp(e.name, ty) == 0) return &e;
@@ -109,6 +120,39 @@ int sim_moe_gate_up_prefill(const char* tg, const char* tu, const unsigned long 
   sim_launch(eu->up, grid, dim3(MMQ_THREADS), uptrs, ff, items, xu, (const float*)scales, top_k,
              (const int*)order, (const int4*)tiles, (const int*)n_tiles, act);
   return 0;
+}
+
+// quant_mmq::moe_gate_up_prefill with gpt-oss's `oai` arguments (one type for gate and up):
+// act = swiglu_oai(Wg·x̂ + gb[e], Wu·x̂ + ub[e]). Work buffers as sim_moe_gate_up_prefill's.
+int sim_moe_gate_up_oai_prefill(const char* ty, const unsigned long long* gptrs,
+                                const unsigned long long* uptrs, int ff, int h, const int* ids,
+                                int top_k, const float* x, int n_tok, float* act, int* order,
+                                int4* tiles, int* n_tiles, float* scales, uint8_t* blocks,
+                                const float* gb, const float* ub, float alpha, float limit) {
+  const MmqEntry* e = find(ty);
+  const OaiUp* u = nullptr;
+  for (const OaiUp& o : oai_up_table)
+    if (std::strcmp(o.name, ty) == 0) u = &o;
+  if (e == nullptr || u == nullptr) return -1;
+  const int pairs = n_tok * top_k, items = h / 32;
+  const unsigned gy = group(ids, pairs, order, tiles, n_tiles);
+  const dim3 grid((unsigned)((ff + 63) / 64), gy);
+  const void* xa = prefill_act(e, x, n_tok, items, scales, (block_q8a*)blocks);
+  sim_launch(e->gate, grid, dim3(MMQ_THREADS), gptrs, ff, items, xa, (const float*)scales, top_k,
+             (const int*)order, (const int4*)tiles, (const int*)n_tiles, act);
+  sim_launch(u->up, grid, dim3(MMQ_THREADS), uptrs, ff, items, xa, (const float*)scales, top_k,
+             (const int*)order, (const int4*)tiles, (const int*)n_tiles, act, gb, ub, alpha,
+             limit);
+  return 0;
+}
+
+// gpt-oss's down bias (quant_oai::moe_down_bias): y[t] += Σ_j weights[t, j]·bias[ids[t, j]]
+// over the slots whose pointer is present and `align`-aligned.
+void sim_moe_bias(const unsigned long long* ptrs, int align, const int* ids, const float* weights,
+                  const float* bias, int top_k, int h, float* y, int n_tok) {
+  const long n = (long)n_tok * h;
+  sim_launch(strata_moe_bias, dim3((unsigned)((n + 255) / 256)), dim3(256), ptrs, align, ids,
+             weights, bias, top_k, h, y, n_tok);
 }
 
 // quant_mmq::moe_down_prefill: out f32 [pairs, h] = Wd[ids[p]]·âct[p], then

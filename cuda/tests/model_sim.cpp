@@ -40,14 +40,16 @@ void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float*
 }
 
 typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
-                        const int*, float*, float*, float*, int, int, int, int, float);
+                        const int*, float*, float*, float*, int, int, int, int, float,
+                        const float*, int);
 typedef void (*PrefillK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
-                         const int*, float*, int, int, int, int, float);
+                         const int*, float*, int, int, int, int, float, const float*, int);
 
-void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
-                     unsigned long long slot_stride, const int* sp, float* part_o,
-                     float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
-                     int n_ctx, int n_split, float scale) {
+// With sinks f32 [n_head] (null: none) and a window (0: none).
+void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                        unsigned long long slot_stride, const int* sp, float* part_o,
+                        float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
+                        int n_ctx, int n_split, float scale, const float* sinks, int window) {
   int g = n_head / n_head_kv;
   DecodeK k;
   if (kv == 0)
@@ -57,12 +59,21 @@ void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uin
     k = d == 64 ? (g <= 8 ? strata_attn_decode_q8_0_d64_g8 : strata_attn_decode_q8_0_d64_g16)
                 : (g <= 8 ? strata_attn_decode_q8_0_d128_g8 : strata_attn_decode_q8_0_d128_g16);
   sim_launch(k, dim3(n_split, n_head_kv, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride, sp,
-             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale);
+             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale, sinks, window);
 }
 
-void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
-                      unsigned long long slot_stride, const int* sp, float* out, int n_tok,
-                      int n_head, int n_head_kv, int n_ctx, float scale) {
+void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                     unsigned long long slot_stride, const int* sp, float* part_o,
+                     float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
+                     int n_ctx, int n_split, float scale) {
+  sim_attn_decode_sw(kv, d, q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_tok, n_head,
+                     n_head_kv, n_ctx, n_split, scale, nullptr, 0);
+}
+
+void sim_attn_prefill_sw(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                         unsigned long long slot_stride, const int* sp, float* out, int n_tok,
+                         int n_head, int n_head_kv, int n_ctx, float scale, const float* sinks,
+                         int window) {
   PrefillK k;
   if (kv == 0)
     k = d == 64 ? strata_attn_prefill_f16_d64 : strata_attn_prefill_f16_d128;
@@ -70,12 +81,29 @@ void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const ui
     k = d == 64 ? strata_attn_prefill_q8_0_d64 : strata_attn_prefill_q8_0_d128;
   int g = n_head / n_head_kv;
   sim_launch(k, dim3((n_tok * g + PF_ROWS - 1) / PF_ROWS, n_head_kv), dim3(ATT_THREADS), q, kc,
-             vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx, scale);
+             vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx, scale, sinks, window);
+}
+
+void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                      unsigned long long slot_stride, const int* sp, float* out, int n_tok,
+                      int n_head, int n_head_kv, int n_ctx, float scale) {
+  sim_attn_prefill_sw(kv, d, q, kc, vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx,
+                      scale, nullptr, 0);
 }
 
 void sim_router_topk(const float* logits, int* ids, float* w, int n_tok, int n_expert, int k,
                      int norm) {
   sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, n_expert, k, norm);
+}
+
+void sim_router_topk_softmax(const float* logits, int* ids, float* w, int n_tok, int n_expert,
+                             int k) {
+  sim_launch(strata_router_topk_softmax, dim3(n_tok), dim3(32), logits, ids, w, n_expert, k);
+}
+
+void sim_add_rows(float* x, const float* b, int rows, int cols) {
+  int n = rows * cols;
+  sim_launch(strata_ew_add_rows_f32, dim3((n + 255) / 256), dim3(256), x, b, n, cols);
 }
 
 void sim_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,

@@ -100,7 +100,8 @@ static float rnd_normal() {
     return s - 6.0f;
 }
 
-// Random block bytes with finite f16 scales (2^-12..2^2, random sign) at the given offsets.
+// Random block bytes with finite f16 scales (2^-12..2^2, random sign) at the given offsets
+// (MXFP4: its E8M0 scale 2^-18..2^11).
 template <class T>
 static void random_block(uint8_t* b, const int* f16_at, int n_f16) {
     for (int i = 0; i < T::BYTES; ++i) b[i] = (uint8_t)rnd();
@@ -110,6 +111,7 @@ static void random_block(uint8_t* b, const int* f16_at, int n_f16) {
         b[f16_at[f]] = (uint8_t)(h & 0xff);
         b[f16_at[f] + 1] = (uint8_t)(h >> 8);
     }
+    if (T::QK == 32 && T::BYTES == 17) b[0] = (uint8_t)(110 + rnd() % 30);  // MXFP4's E8M0 scale
 }
 
 template <class T>
@@ -162,6 +164,7 @@ static int self_check() {
     bad += self_check_type<TQ4_0>("Q4_0", {0});
     bad += self_check_type<TQ5_0>("Q5_0", {0});
     bad += self_check_type<TIQ4_NL>("IQ4_NL", {0});
+    bad += self_check_type<TMXFP4>("MXFP4", {});
     bad += self_check_type<TQ2_K>("Q2_K", {80, 82});
     bad += self_check_type<TQ3_K>("Q3_K", {108});
     bad += self_check_type<TQ4_K>("Q4_K", {0, 2});
@@ -175,7 +178,8 @@ static int self_check() {
 }
 
 #define TYPES(X) \
-    X("Q8_0", TQ8_0) X("Q4_0", TQ4_0) X("Q5_0", TQ5_0) X("IQ4_NL", TIQ4_NL) X("Q2_K", TQ2_K) \
+    X("Q8_0", TQ8_0) X("Q4_0", TQ4_0) X("Q5_0", TQ5_0) X("IQ4_NL", TIQ4_NL) X("MXFP4", TMXFP4) \
+    X("Q2_K", TQ2_K) \
     X("Q3_K", TQ3_K) X("Q4_K", TQ4_K) X("Q5_K", TQ5_K) X("Q6_K", TQ6_K) X("IQ4_XS", TIQ4_XS) \
     X("IQ3_S", TIQ3_S) X("IQ3_XXS", TIQ3_XXS) X("IQ2_XS", TIQ2_XS)
 

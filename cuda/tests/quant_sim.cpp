@@ -56,7 +56,38 @@ static MoeEntry* moe_find(const char* ty) {
   return nullptr;
 }
 
+// gpt-oss's gate, then up with its biases and the clamped SwiGLU (two launches).
+typedef void (*GateK)(const unsigned long long*, int, int, const int*, int, const void*, float*,
+                      int);
+typedef void (*UpOaiK)(const unsigned long long*, int, int, const int*, int, const void*, float*,
+                       int, const float*, const float*, float, float);
+struct OaiEntry {
+  const char* name;
+  GateK gate;
+  UpOaiK up;
+};
+#define OAI_ENTRY(name, T) {#name, strata_moe_gate_##name, strata_moe_up_oai_##name},
+static const OaiEntry oai_table[] = {STRATA_FOR_TYPES(OAI_ENTRY)};
+
 extern "C" {
+
+// act = swiglu_oai(gate·x + gb[e], up·x + ub[e]) for the n_tok·top_k pairs, as
+// rust/src/cuda/ops/quant_oai.rs launches it (block 256, 8 rows a block). Returns 0, or -1 for
+// an unknown type.
+int sim_moe_gate_up_oai(const char* ty, const unsigned long long* gptrs,
+                        const unsigned long long* uptrs, int ff, int items, const int* ids,
+                        int top_k, const void* x, float* act, int n_tok, const float* gb,
+                        const float* ub, float alpha, float limit) {
+  for (const OaiEntry& e : oai_table) {
+    if (std::strcmp(e.name, ty) != 0) continue;
+    const dim3 grid((unsigned)((ff + MOE_GU_WARPS - 1) / MOE_GU_WARPS), (unsigned)(n_tok * top_k));
+    sim_launch(e.gate, grid, dim3(MOE_GU_WARPS * 32), gptrs, ff, items, ids, top_k, x, act, 0);
+    sim_launch(e.up, grid, dim3(MOE_GU_WARPS * 32), uptrs, ff, items, ids, top_k, x, act, 0, gb,
+               ub, alpha, limit);
+    return 0;
+  }
+  return -1;
+}
 
 // variant 0: warp per row (grid ⌈rows/4⌉), 1: `_n8` (grid.z ⌈n_tok/8⌉), 2: `_r1` (grid rows),
 // 3: `_st` (as 0, x staged in shared memory).

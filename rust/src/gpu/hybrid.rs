@@ -32,6 +32,9 @@ use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{elementwise, quant};
 use crate::cuda::{as_bytes, DevBuf, Event, Gpu, Graph, PinnedBuf, Stream};
 use crate::error::{Error, Result};
+use crate::model::arch::Experts;
+use crate::model::compute::MoeInput;
+use crate::model::moe_oai::{moe_oai, OaiScratch};
 use crate::model::weights::Weights;
 use crate::model::{Compute, HParams};
 use crate::pool::SKIP;
@@ -93,6 +96,8 @@ pub struct Hybrid {
     pcie_note: String,
     top_k: usize,
     n_embd: usize,
+    /// gpt-oss's biased experts: (alpha, limit) and the CPU misses' scratch (`moe_oai`).
+    oai: Option<((f32, f32), OaiScratch)>,
 }
 
 fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
@@ -241,6 +246,12 @@ impl Hybrid {
             pcie_note,
             top_k: k,
             n_embd: hd,
+            oai: match hp.graph.experts {
+                Experts::OaiBiased { alpha, limit } => {
+                    Some(((alpha, limit), OaiScratch::new(t, hd, hp.n_ff_exp, k)))
+                }
+                Experts::Swiglu => None,
+            },
         })
     }
 
@@ -419,15 +430,25 @@ impl MoePlacement for Hybrid {
         read_f32s(self.pin_h.as_slice(), &mut self.h, t * hd);
         let y = &mut self.y[..t * hd];
         let layer = self.weights.expert_layer(l);
-        cpu_misses(
-            &*self.compute,
-            &layer,
-            &self.h,
-            &self.split,
-            &self.wts,
-            k,
-            y,
-        )?;
+        match &mut self.oai {
+            Some((glu, sc)) => {
+                // gpt-oss: the biased experts of the CPU's pairs (the others are SKIP)
+                let bias = self.weights.layers[l].exp_bias.as_ref().ok_or_else(|| {
+                    Error::Model(format!("layer {l}: gpt-oss experts without their biases"))
+                })?;
+                let a = MoeInput::new(&self.h, &self.split.cpu_ids, &self.wts, k);
+                moe_oai(&*self.compute, &layer, bias, *glu, &a, &[t], sc, y)?;
+            }
+            None => cpu_misses(
+                &*self.compute,
+                &layer,
+                &self.h,
+                &self.split,
+                &self.wts,
+                k,
+                y,
+            )?,
+        }
         let t3 = Instant::now();
         self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
         // ordered after moe_down on the stream; pin_y is rewritten only after the next

@@ -15,8 +15,10 @@
 use super::hybrid_cfg::HybridInfo;
 use super::launch::Launcher;
 use crate::cuda::ops::quant;
+use crate::cuda::ops::quant_oai::{self, OaiGlu};
 use crate::cuda::{Graph, Stream};
 use crate::error::{Error, Result};
+use crate::model::arch::Experts;
 use crate::tier::vram::HybridCounters;
 use crate::tier::RoutingCounters;
 use std::sync::Arc;
@@ -102,7 +104,8 @@ impl MoePlacement for VramExperts {
 
 /// The grouped expert kernels of layer `l` over pointer tables `tab` = [gate, up, down]
 /// (device addresses of [n_expert] weight pointers; a 0 entry adds nothing): for the T tokens
-/// of `b.h` [T, H] routed by `b.ids`/`b.wts` [T, K], `b.x` [T, H] += Σ_k w·down(silu(gate)·up).
+/// of `b.h` [T, H] routed by `b.ids`/`b.wts` [T, K], `b.x` [T, H] += Σ_k w·down(silu(gate)·up)
+/// (gpt-oss: Σ_k w·(down(swiglu_oai(gate + bg, up + bu)) + bd), `quant_oai`).
 pub(super) fn experts_through(cx: &Launcher, l: usize, t: usize, tab: [u64; 3]) -> Result<()> {
     let (q, s, b, hp) = (&cx.q, &cx.stream, &cx.b, &cx.hp);
     let lw = &cx.w.layers[l];
@@ -111,9 +114,34 @@ pub(super) fn experts_through(cx: &Launcher, l: usize, t: usize, tab: [u64; 3]) 
     let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);
     let ids = b.ids.ptr();
     let h = b.h.ptr();
-    quant::moe_gate_up(
-        q, s, gate.ty, up.ty, tab[0], tab[1], f, hd, ids, k, h, t, act, scr,
-    )?;
+    let oai = match (hp.graph.experts, &lw.exp_bias) {
+        (Experts::OaiBiased { alpha, limit }, Some([bg, bu, bd])) => {
+            let glu = OaiGlu {
+                gate_bias: bg.ptr(),
+                up_bias: bu.ptr(),
+                alpha,
+                limit,
+            };
+            let (tys, ptrs) = ((gate.ty, up.ty), (tab[0], tab[1]));
+            quant_oai::moe_gate_up_oai(q, s, tys, ptrs, f, hd, ids, k, h, t, act, scr, glu)?;
+            Some(bd.ptr())
+        }
+        (Experts::OaiBiased { .. }, None) => {
+            return Err(Error::Model(format!(
+                "layer {l}: gpt-oss experts without their biases"
+            )))
+        }
+        _ => {
+            quant::moe_gate_up(
+                q, s, gate.ty, up.ty, tab[0], tab[1], f, hd, ids, k, h, t, act, scr,
+            )?;
+            None
+        }
+    };
+    if let Some(bd) = oai {
+        let (wts, x) = (b.wts.ptr(), b.x.ptr());
+        quant_oai::moe_down_bias(q, s, down.ty, tab[2], ids, wts, bd, k, hd, x, t)?;
+    }
     quant::moe_down(
         q,
         s,

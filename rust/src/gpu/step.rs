@@ -7,18 +7,19 @@
 //!   h = RMSNorm(x)·attn_norm                              norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
 //!   q, k, v += biases; q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache   rope::qkv
-//!   att = softmax(q·kᵀ/√D)·v (causal, GQA)                attention::decode | prefill
-//!   o = att·Woᵀ;  x += o;  h = RMSNorm(x)·ffn_norm          quant::matmul, norm::add_rms
-//!   ids, w = the routing strategy over h·Wrᵀ              quant::matmul, router
+//!   att = softmax(q·kᵀ/√D [, sinks])·v (causal [windowed], GQA)   attention::decode | prefill
+//!   o = att·Woᵀ [+ bo];  x += o;  h = RMSNorm(x)·ffn_norm   quant::matmul, norm::add_rms
+//!   ids, w = the routing strategy over h·Wrᵀ [+ br]       quant::matmul, router
 //!   x += s·shared(h)  (a shared expert, `ffn.rs`)         quant::moe_gate_up, moe_down
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
-//! The blocks a layer has (biases, q/k norms, NEOX or NORM pairs, the routing, a shared
-//! expert) are the family's graph (`model::arch::Graph`), as on the CPU path.
+//!     (gpt-oss: biased experts and the clamped SwiGLU,    quant_oai, `placement.rs`)
+//! The blocks a layer has (biases, q/k norms, NEOX or NORM pairs, sinks, windows, the routing,
+//! a shared expert) are the family's graph (`model::arch::Graph`), as on the CPU path.
 
 use super::launch::{Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::MoePlacement;
 use crate::cuda::ops::view::Dv;
-use crate::cuda::ops::{attention, deltanet, norm, quant, quant_shared, rope, router};
+use crate::cuda::ops::{attention, deltanet, elementwise, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
 use crate::model::arch::{RopeMode, Routing};
 
@@ -95,6 +96,9 @@ impl Launcher {
                 t,
                 scr,
             )?;
+            if let Some(br) = &lw.router_bias {
+                elementwise::add_rows(g, s, logits, Dv::of(br), t, e)?; // [T, E] += br
+            }
             self.route(l, logits, t, e, k)?;
             // ---- the shared expert, beside the routed ones (x += s·shared(h)) ----
             if let Some(sh) = &lw.shared {
@@ -164,7 +168,11 @@ impl Launcher {
             o.ptr,
             t,
             scr,
-        )
+        )?;
+        if let Some(bo) = &lw.o_bias {
+            elementwise::add_rows(g, s, o, Dv::of(bo), t, hd)?; // o [T, H] += bo
+        }
+        Ok(())
     }
 
     /// ids i32 / wts f32 [T, K] from the router logits [T, E] of layer `l`, by the family's
@@ -174,6 +182,7 @@ impl Launcher {
         let (g, s) = (&*self.gpu, &self.stream);
         match (self.hp.graph.routing, &self.w.layers[l].sel_bias) {
             (Routing::Softmax { norm }, _) => router::topk(g, s, logits, ids, wts, t, e, k, norm),
+            (Routing::SoftmaxWeight, _) => router::topk_softmax(g, s, logits, ids, wts, t, e, k),
             (Routing::SigmoidBias { norm, scale }, Some(bias)) => {
                 let b = Dv::of(bias);
                 router::sigmoid_topk(g, s, logits, b, ids, wts, t, e, k, norm, scale)
@@ -213,9 +222,13 @@ impl Launcher {
         rope::qkv(
             g, s, &self.lay, l, q, kk, v, blk, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
         )?;
+        let mods = attention::Mods {
+            sinks: lw.sinks.as_ref().map(Dv::of),
+            window: hp.graph.window(l).unwrap_or(0),
+        };
         if t <= DECODE_MAX_TOKENS {
             let (po, pml) = (Dv::of(&b.part_o), Dv::of(&b.part_ml));
-            attention::decode(
+            attention::decode_mods(
                 g,
                 s,
                 &self.lay,
@@ -231,9 +244,11 @@ impl Launcher {
                 hp.n_head,
                 self.n_split,
                 scale,
+                mods,
             )
         } else {
-            attention::prefill(g, s, &self.lay, l, q, kc, vc, sp, att, t, hp.n_head, scale)
+            let (lay, nh) = (&self.lay, hp.n_head);
+            attention::prefill_mods(g, s, lay, l, q, kc, vc, sp, att, t, nh, scale, mods)
         }
     }
 

@@ -72,6 +72,14 @@ pub struct GpuLayer {
     /// A hybrid family's recurrent layer: its DeltaNet mixer stands for the attention
     /// (whose matrices above are then empty).
     pub deltanet: Option<GpuDeltaNet>,
+    /// f32 [H]: `attn_output.bias`, where the graph has it (gpt-oss).
+    pub o_bias: Option<DevBuf>,
+    /// f32 [Nh]: the attention sinks, where the graph has them (gpt-oss).
+    pub sinks: Option<DevBuf>,
+    /// f32 [E]: `ffn_gate_inp.bias`, added to the router logits (gpt-oss).
+    pub router_bias: Option<DevBuf>,
+    /// f32 [E, F], [E, F], [E, H]: the experts' gate, up and down biases (gpt-oss).
+    pub exp_bias: Option<[DevBuf; 3]>,
 }
 
 /// A DeltaNet layer in VRAM (`model::deltanet::DeltaNetWeights`; shapes in numpy order).
@@ -290,6 +298,13 @@ impl GpuWeights {
                         a: u.vec(&dw.a)?,
                         norm: u.vec(&dw.norm)?,
                     }),
+                    None => None,
+                },
+                o_bias: l.o_bias.as_deref().map(|b| u.vec(b)).transpose()?,
+                sinks: l.sinks.as_deref().map(|b| u.vec(b)).transpose()?,
+                router_bias: l.router_bias.as_deref().map(|b| u.vec(b)).transpose()?,
+                exp_bias: match &l.exp_bias {
+                    Some(b) => Some([u.vec(&b.gate)?, u.vec(&b.up)?, u.vec(&b.down)?]),
                     None => None,
                 },
             });

@@ -14,6 +14,7 @@
 
 use super::compute::{Compute, ExpertLayer, MoeInput, QExperts, QMatrix};
 use crate::error::{Error, Result};
+use crate::pool::SKIP;
 
 /// The experts' biases (ggml ne {F, E} and {H, E}).
 pub struct ExpertBias {
@@ -27,6 +28,7 @@ pub struct ExpertBias {
 pub struct OaiScratch {
     rows: Vec<usize>, // [≤ R'] the pairs (row·K + slot) that chose one expert, in row order
     segs: Vec<usize>, // [≤ pieces] those pairs per segment (empty segments left out)
+    psegs: Vec<usize>, // [≤ pieces] the segments of one piece of those pairs
     x: Vec<f32>,      // [R', H] their inputs
     g: Vec<f32>,      // [R', F] gate projection, then the activation
     u: Vec<f32>,      // [R', F] up projection
@@ -39,6 +41,7 @@ impl OaiScratch {
         OaiScratch {
             rows: Vec::with_capacity(r),
             segs: Vec::with_capacity(r),
+            psegs: Vec::with_capacity(r),
             x: vec![0.0; r * h],
             g: vec![0.0; r * f],
             u: vec![0.0; r * f],
@@ -70,7 +73,9 @@ fn expert<'a>(q: &QExperts<'a>, e: usize) -> QMatrix<'a> {
 }
 
 /// The biased, clamped-SwiGLU experts of `a` (x [R', H], ids and weights [R', K]) into
-/// `out` [R', H] (overwritten); `segs` are the step's segments (Σ = R').
+/// `out` [R', H] (overwritten); `segs` are the step's segments (Σ = R'). A pair whose id is
+/// `pool::SKIP` is computed elsewhere (the hybrid GPU placement's resident experts) and adds
+/// nothing; a row with no other pair gets zeros.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_oai(
     compute: &dyn Compute,
@@ -108,7 +113,7 @@ pub fn moe_oai(
             out.len()
         )));
     }
-    if let Some(&bad) = a.ids.iter().find(|&&id| id as usize >= ne) {
+    if let Some(&bad) = a.ids.iter().find(|&&id| id as usize >= ne && id != SKIP) {
         return Err(Error::Input(format!("expert id {bad} ≥ {ne} experts")));
     }
     for e in 0..ne {
@@ -128,46 +133,70 @@ pub fn moe_oai(
             r0 += n;
         }
         let m = sc.rows.len();
-        if m == 0 {
-            continue;
-        }
-        for (i, &p) in sc.rows.iter().enumerate() {
-            let r = p / k;
-            sc.x[i * h..(i + 1) * h].copy_from_slice(&a.x[r * h..(r + 1) * h]);
-        }
-        let x = &sc.x[..m * h];
-        compute.matmul_segs(&expert(&layer.gate, e), x, &sc.segs, &mut sc.g[..m * f])?; // [m, F]
-        compute.matmul_segs(&expert(&layer.up, e), x, &sc.segs, &mut sc.u[..m * f])?; // [m, F]
-        let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
-        let rows = sc.g[..m * f]
-            .chunks_exact_mut(f)
-            .zip(sc.u[..m * f].chunks_exact_mut(f));
-        for (g, u) in rows {
-            for ((gv, uv), (&b0, &b1)) in g.iter_mut().zip(u.iter_mut()).zip(bg.iter().zip(bu)) {
-                *gv += b0;
-                *uv += b1;
+        // Pieces of at most the scratch's rows (one piece unless a row picked `e` twice,
+        // which real routing never does), each piece's segments cut from the expert's.
+        let cap = (sc.x.len() / h.max(1)).max(1);
+        let mut i0 = 0;
+        while i0 < m {
+            let i1 = (i0 + cap).min(m);
+            let n = i1 - i0;
+            sc.psegs.clear();
+            let mut s0 = 0;
+            for &c in &sc.segs {
+                let (lo, hi) = (s0.max(i0), (s0 + c).min(i1));
+                if hi > lo {
+                    sc.psegs.push(hi - lo);
+                }
+                s0 += c;
             }
-            swiglu_oai(g, u, alpha, limit);
-        }
-        let down = expert(&layer.down, e);
-        compute.matmul_segs(&down, &sc.g[..m * f], &sc.segs, &mut sc.y[..m * h])?; // [m, H]
-        let bd = &bias.down[e * h..(e + 1) * h];
-        for (i, &p) in sc.rows.iter().enumerate() {
-            let y = &sc.y[i * h..(i + 1) * h];
-            for ((d, &v), &b) in sc.pairs[p * h..(p + 1) * h].iter_mut().zip(y).zip(bd) {
-                *d = v + b;
+            for (i, &p) in sc.rows[i0..i1].iter().enumerate() {
+                let r = p / k;
+                sc.x[i * h..(i + 1) * h].copy_from_slice(&a.x[r * h..(r + 1) * h]);
             }
+            let (x, ps) = (&sc.x[..n * h], &sc.psegs);
+            compute.matmul_segs(&expert(&layer.gate, e), x, ps, &mut sc.g[..n * f])?; // [n, F]
+            compute.matmul_segs(&expert(&layer.up, e), x, ps, &mut sc.u[..n * f])?; // [n, F]
+            let (bg, bu) = (&bias.gate[e * f..(e + 1) * f], &bias.up[e * f..(e + 1) * f]);
+            let rows = sc.g[..n * f]
+                .chunks_exact_mut(f)
+                .zip(sc.u[..n * f].chunks_exact_mut(f));
+            for (g, u) in rows {
+                let gu = g.iter_mut().zip(u.iter_mut());
+                for ((gv, uv), (&b0, &b1)) in gu.zip(bg.iter().zip(bu)) {
+                    *gv += b0;
+                    *uv += b1;
+                }
+                swiglu_oai(g, u, alpha, limit);
+            }
+            let down = expert(&layer.down, e);
+            compute.matmul_segs(&down, &sc.g[..n * f], ps, &mut sc.y[..n * h])?; // [n, H]
+            let bd = &bias.down[e * h..(e + 1) * h];
+            for (i, &p) in sc.rows[i0..i1].iter().enumerate() {
+                let y = &sc.y[i * h..(i + 1) * h];
+                for ((d, &v), &b) in sc.pairs[p * h..(p + 1) * h].iter_mut().zip(y).zip(bd) {
+                    *d = v + b;
+                }
+            }
+            i0 = i1;
         }
     }
     for (r, o) in out.chunks_exact_mut(h).enumerate() {
+        let mut first = true;
         for j in 0..k {
             let (p, w) = (r * k + j, a.weights[r * k + j]);
+            if a.ids[p] == SKIP {
+                continue;
+            }
             let y = &sc.pairs[p * h..(p + 1) * h];
-            if j == 0 {
+            if first {
                 o.iter_mut().zip(y).for_each(|(o, &v)| *o = v * w);
             } else {
                 o.iter_mut().zip(y).for_each(|(o, &v)| *o += v * w);
             }
+            first = false;
+        }
+        if first {
+            o.fill(0.0);
         }
     }
     Ok(())
@@ -275,5 +304,84 @@ mod tests {
             &mut out
         )
         .is_err());
+        // SKIP pairs add nothing: the masked call plus the other pairs' is the whole
+        let all = out.clone();
+        let skip_odd: Vec<u32> = (0..t * k)
+            .map(|p| if p % 2 == 1 { SKIP } else { ids[p] })
+            .collect();
+        let skip_even: Vec<u32> = (0..t * k)
+            .map(|p| if p % 2 == 0 { SKIP } else { ids[p] })
+            .collect();
+        let (mut a_out, mut b_out) = (vec![0f32; t * h], vec![0f32; t * h]);
+        for (ids_m, o) in [(&skip_odd, &mut a_out), (&skip_even, &mut b_out)] {
+            let am = MoeInput::new(&x, ids_m, &w, k);
+            let r = moe_oai(
+                &SerialCompute,
+                &layer,
+                &bias,
+                (1.702, 7.0),
+                &am,
+                &[t],
+                &mut sc,
+                o,
+            );
+            r.unwrap();
+        }
+        for i in 0..t * h {
+            let sum = a_out[i] + b_out[i];
+            assert!((sum - all[i]).abs() <= 1e-5 * (1.0 + all[i].abs()), "{i}");
+        }
+        // a row that picks one expert twice (not real routing: the scratch holds R' rows,
+        // the pairs run in pieces) equals that expert once with the summed weight
+        let twice: Vec<u32> = (0..t * k).map(|p| (p / k % ne) as u32).collect();
+        let once: Vec<u32> = (0..t).map(|r| (r % ne) as u32).collect();
+        let w1: Vec<f32> = (0..t).map(|r| w[r * k] + w[r * k + 1]).collect();
+        let (mut got, mut want) = (vec![0f32; t * h], vec![0f32; t * h]);
+        let at = MoeInput::new(&x, &twice, &w, k);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &at,
+            &[2, 3],
+            &mut sc,
+            &mut got,
+        )
+        .unwrap();
+        let mut sc1 = OaiScratch::new(t, h, f, 1);
+        let a1 = MoeInput::new(&x, &once, &w1, 1);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &a1,
+            &[t],
+            &mut sc1,
+            &mut want,
+        )
+        .unwrap();
+        for i in 0..t * h {
+            assert!(
+                (got[i] - want[i]).abs() <= 1e-5 * (1.0 + want[i].abs()),
+                "{i}"
+            );
+        }
+        let none = vec![SKIP; t * k];
+        let mut z = vec![1f32; t * h];
+        let am = MoeInput::new(&x, &none, &w, k);
+        moe_oai(
+            &SerialCompute,
+            &layer,
+            &bias,
+            (1.702, 7.0),
+            &am,
+            &[t],
+            &mut sc,
+            &mut z,
+        )
+        .unwrap();
+        assert!(z.iter().all(|&v| v == 0.0));
     }
 }

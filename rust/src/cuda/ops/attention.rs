@@ -4,6 +4,9 @@
 //!
 //! Cache layout (`KvLayout`), K and V alike: [slot][layer][Nkv][n_ctx] head rows of D values
 //! in the cache type (2·D bytes for f16, D/32·34 for q8_0).
+//!
+//! Both take a layer's `Mods` (gpt-oss): attention sinks f32 [n_head] (one more logit per
+//! head, with no value) and a sliding window (a row at position p sees p − W < j ≤ p).
 
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X, GRID_YZ};
 use crate::cuda::{Arg, Gpu, Stream};
@@ -20,6 +23,32 @@ pub const MAX_SPLIT: usize = 32;
 const MIN_CHUNK: usize = 32;
 const THREADS: u32 = 128;
 const PF_ROWS: usize = 64;
+
+/// A layer's departures from plain causal attention.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mods {
+    /// f32 [n_head]: the sinks (None: none).
+    pub sinks: Option<Dv>,
+    /// W > 0: the window (0: every earlier position).
+    pub window: usize,
+}
+
+impl Mods {
+    /// The kernels' trailing arguments (sinks pointer or null, window), checked.
+    fn args(&self, n_head: usize) -> Result<[Arg; 2]> {
+        let p = match self.sinks {
+            Some(sk) => {
+                sk.need("attention sinks", bytes(n_head, 4)?)?;
+                sk.ptr
+            }
+            None => 0,
+        };
+        Ok([
+            Arg::Ptr(p),
+            Arg::I32(i32_of("attention window", self.window)?),
+        ])
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvLayout {
@@ -170,6 +199,32 @@ pub fn decode(
     n_split: usize,
     scale: f32,
 ) -> Result<()> {
+    let m = Mods::default();
+    decode_mods(
+        gpu, s, lay, layer, q, kc, vc, sp, part_o, part_ml, out, n_tok, n_head, n_split, scale, m,
+    )
+}
+
+/// `decode` with a layer's `Mods`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_mods(
+    gpu: &Gpu,
+    s: &Stream,
+    lay: &KvLayout,
+    layer: usize,
+    q: Dv,
+    kc: Dv,
+    vc: Dv,
+    sp: Dv,
+    part_o: Dv,
+    part_ml: Dv,
+    out: Dv,
+    n_tok: usize,
+    n_head: usize,
+    n_split: usize,
+    scale: f32,
+    mods: Mods,
+) -> Result<()> {
     lay.check(layer, kc, vc)?;
     let g = lay.group(n_head)?;
     if n_split == 0 || n_split > MAX_SPLIT {
@@ -185,6 +240,7 @@ pub fn decode(
     part_o.need("attention partials", po)?;
     part_ml.need("attention partial max/sum", pml)?;
     sp.need("attention step params", 8)?;
+    let [sinks, window] = mods.args(n_head)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -215,6 +271,8 @@ pub fn decode(
             Arg::I32(lay.n_ctx as i32),
             Arg::I32(n_split as i32),
             Arg::F32(scale),
+            sinks,
+            window,
         ],
     )
 }
@@ -236,6 +294,29 @@ pub fn prefill(
     n_head: usize,
     scale: f32,
 ) -> Result<()> {
+    let m = Mods::default();
+    prefill_mods(
+        gpu, s, lay, layer, q, kc, vc, sp, out, n_tok, n_head, scale, m,
+    )
+}
+
+/// `prefill` with a layer's `Mods`.
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_mods(
+    gpu: &Gpu,
+    s: &Stream,
+    lay: &KvLayout,
+    layer: usize,
+    q: Dv,
+    kc: Dv,
+    vc: Dv,
+    sp: Dv,
+    out: Dv,
+    n_tok: usize,
+    n_head: usize,
+    scale: f32,
+    mods: Mods,
+) -> Result<()> {
     lay.check(layer, kc, vc)?;
     let g = lay.group(n_head)?;
     let d = lay.d;
@@ -243,6 +324,7 @@ pub fn prefill(
     q.need("attention q", qb)?;
     out.need("attention out", qb)?;
     sp.need("attention step params", 8)?;
+    let [sinks, window] = mods.args(n_head)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -271,6 +353,8 @@ pub fn prefill(
             Arg::I32(lay.n_kv as i32),
             Arg::I32(lay.n_ctx as i32),
             Arg::F32(scale),
+            sinks,
+            window,
         ],
     )
 }

@@ -1,4 +1,4 @@
-//! Launchers of `cuda/elementwise.cu`: residual add, copy, argmax per row.
+//! Launchers of `cuda/elementwise.cu`: residual add, bias rows, copy, argmax per row.
 
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
@@ -26,6 +26,29 @@ fn flat(gpu: &Gpu, s: &Stream, name: &str, a: Dv, b: Dv, n: usize) -> Result<()>
 /// x[i] += y[i] for i < n (f32).
 pub fn add(gpu: &Gpu, s: &Stream, x: Dv, y: Dv, n: usize) -> Result<()> {
     flat(gpu, s, "strata_ew_add_f32", x, y, n)
+}
+
+/// x[r, c] += b[c] for the `rows` rows of x f32 [rows, cols]; b f32 [cols].
+pub fn add_rows(gpu: &Gpu, s: &Stream, x: Dv, b: Dv, rows: usize, cols: usize) -> Result<()> {
+    let n = prod(&[rows, cols])?;
+    x.need("bias rows x", bytes(n, 4)?)?;
+    b.need("bias row", bytes(cols, 4)?)?;
+    if n == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_ew_add_rows_f32",
+        (grid_dim("blocks", n.div_ceil(THREADS), GRID_X)?, 1, 1),
+        THREADS as u32,
+        &[
+            x.arg(),
+            b.arg(),
+            Arg::I32(i32_of("n", n)?),
+            Arg::I32(i32_of("cols", cols)?),
+        ],
+    )
 }
 
 /// dst[i] = src[i] for i < n (f32).

@@ -9,6 +9,7 @@ pub mod norm;
 pub mod quant;
 pub mod quant_kernels;
 pub mod quant_mmq;
+pub mod quant_oai;
 pub mod quant_shared;
 pub mod rope;
 pub mod router;

@@ -292,6 +292,7 @@ pub fn moe_gate_up(
             n_tok,
             act,
             scratch,
+            None,
         );
     }
     let (kg, ig) = q.of(ty_gate)?;

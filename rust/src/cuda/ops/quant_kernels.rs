@@ -39,6 +39,7 @@ pub(super) fn type_info(ty: GgmlType) -> Option<TypeInfo> {
         Q4_0 => ("q4_0", false, 2),
         Q5_0 => ("q5_0", false, 2),
         IQ4NL => ("iq4_nl", false, 2),
+        MXFP4 => ("mxfp4", false, 1),
         Q2K => ("q2_k", false, 4),
         Q3K => ("q3_k", false, 2),
         Q4K => ("q4_k", false, 4),
@@ -70,7 +71,7 @@ pub fn weight_align(ty: GgmlType) -> Option<u64> {
 }
 
 /// The types in a fixed order (index of a type's kernels in `QuantOps`).
-pub(super) const TYPES: [GgmlType; 16] = [
+pub(super) const TYPES: [GgmlType; 17] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -78,6 +79,7 @@ pub(super) const TYPES: [GgmlType; 16] = [
     GgmlType::Q4_0,
     GgmlType::Q5_0,
     GgmlType::IQ4NL,
+    GgmlType::MXFP4,
     GgmlType::Q2K,
     GgmlType::Q3K,
     GgmlType::Q4K,
@@ -134,12 +136,15 @@ pub(super) struct TypeKernels {
     pub(super) gate_up: Kernel,
     pub(super) gate: Kernel,
     pub(super) up_glu: Kernel,
+    /// gpt-oss's up with biases and the clamped SwiGLU (after `gate`).
+    pub(super) up_oai: Kernel,
     pub(super) down: Kernel,
     pub(super) moe_alt: MoeAlt,
     pub(super) getrows: Kernel,
     pub(super) mmq: Kernel,
     pub(super) mmq_gate: Kernel,
     pub(super) mmq_up: Kernel,
+    pub(super) mmq_up_oai: Kernel,
     pub(super) mmq_down: Kernel,
 }
 
@@ -150,6 +155,8 @@ pub struct QuantOps {
     pub(super) row_scale: Kernel,
     pub(super) group: Kernel,
     pub(super) reduce: Kernel,
+    /// gpt-oss's down bias (`strata_moe_bias`).
+    pub(super) bias: Kernel,
     types: Vec<TypeKernels>,
     /// One-token products of fewer rows than this take the row-per-block kernel (`_r1`):
     /// the warp-per-row one would launch fewer than four blocks per SM.
@@ -174,12 +181,14 @@ impl QuantOps {
                 gate_up: k("moe_gate_up")?,
                 gate: k("moe_gate")?,
                 up_glu: k("moe_up_glu")?,
+                up_oai: k("moe_up_oai")?,
                 down: k("moe_down")?,
                 moe_alt: MoeAlt::load(gpu, s),
                 getrows: k("getrows")?,
                 mmq: k("mmq")?,
                 mmq_gate: k("moe_mmq_gate")?,
                 mmq_up: k("moe_mmq_up")?,
+                mmq_up_oai: k("moe_mmq_up_oai")?,
                 mmq_down: k("moe_mmq_down")?,
             });
         }
@@ -189,6 +198,7 @@ impl QuantOps {
             row_scale: gpu.kernel("strata_row_scale")?,
             group: gpu.kernel("strata_moe_group")?,
             reduce: gpu.kernel("strata_moe_reduce")?,
+            bias: gpu.kernel("strata_moe_bias")?,
             types,
             r1_below: 4 * gpu.sm_count() as usize * MMVQ_ROWS,
             st_from: 16 * gpu.sm_count() as usize * MMVQ_ROWS,

@@ -165,7 +165,7 @@ impl QuantOps {
 
     /// Groups the (token, slot) pairs by expert into the scratch (see `GroupLayout`); returns
     /// (layout, grid.y for the tile kernels).
-    fn group(
+    pub(super) fn group(
         &self,
         s: &Stream,
         ids: u64,
@@ -212,23 +212,51 @@ impl QuantOps {
         gy: u32,
         out: u64,
     ) -> Result<()> {
+        let no = [];
+        self.grouped_with(
+            s, kern, ptrs, rows, k, xa, x_div, scratch, layout, gy, out, &no,
+        )
+    }
+
+    /// `grouped` with a kernel's trailing arguments `extra` (at most 4).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grouped_with(
+        &self,
+        s: &Stream,
+        kern: &Kernel,
+        ptrs: u64,
+        rows: usize,
+        k: usize,
+        xa: u64,
+        x_div: usize,
+        scratch: u64,
+        layout: &GroupLayout,
+        gy: u32,
+        out: u64,
+        extra: &[Arg],
+    ) -> Result<()> {
+        let mut args = [Arg::I32(0); 14];
+        let base = [
+            Arg::Ptr(ptrs),
+            Arg::I32(to_i32(rows, "rows")?),
+            Arg::I32(to_i32(k / 32, "k")?),
+            Arg::Ptr(xa),
+            Arg::Ptr(scratch + layout.scales as u64),
+            Arg::I32(to_i32(x_div, "x_div")?),
+            Arg::Ptr(scratch + layout.order as u64),
+            Arg::Ptr(scratch + layout.tiles as u64),
+            Arg::Ptr(scratch),
+            Arg::Ptr(out),
+        ];
+        let n = base.len() + extra.len();
+        args[..base.len()].copy_from_slice(&base);
+        args[base.len()..n].copy_from_slice(extra);
         kern.launch(
             s,
             (to_u32(rows.div_ceil(MMQ_ROWS), "rows")?, gy, 1),
             (MMQ_THREADS, 1, 1),
             0,
-            &[
-                Arg::Ptr(ptrs),
-                Arg::I32(to_i32(rows, "rows")?),
-                Arg::I32(to_i32(k / 32, "k")?),
-                Arg::Ptr(xa),
-                Arg::Ptr(scratch + layout.scales as u64),
-                Arg::I32(to_i32(x_div, "x_div")?),
-                Arg::Ptr(scratch + layout.order as u64),
-                Arg::Ptr(scratch + layout.tiles as u64),
-                Arg::Ptr(scratch),
-                Arg::Ptr(out),
-            ],
+            &args[..n],
         )
     }
 }
@@ -256,7 +284,8 @@ pub(super) fn matmul_prefill(
 
 /// `quant::moe_gate_up` for n_tok > 8 (arguments checked by the caller): act [n_tok, top_k, ff]
 /// = silu(gate·x)·(up·x) per routed pair; one quantization of x serves gate and up when their
-/// activation types agree.
+/// activation types agree. With `oai` (gpt-oss: the gate and up biases, alpha, limit as the
+/// kernel's trailing arguments) the up launch applies the biases and the clamped SwiGLU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn moe_gate_up_prefill(
     q: &QuantOps,
@@ -271,6 +300,7 @@ pub(super) fn moe_gate_up_prefill(
     n_tok: usize,
     act: u64,
     scratch: u64,
+    oai: Option<[Arg; 4]>,
 ) -> Result<()> {
     let (layout, gy) = q.group(s, ids, n_tok * top_k, n_tok, h, scratch)?;
     let (scales, blocks) = (scratch + layout.scales as u64, scratch + layout.acts as u64);
@@ -279,8 +309,12 @@ pub(super) fn moe_gate_up_prefill(
         let (kern, info) = q.of(ty)?;
         // pair p reads token p / top_k's activation row
         let xa = q.prefill_act(s, ty, info.float, x, n_tok, h, scales, blocks, &mut held)?;
-        let k = if i == 0 { &kern.mmq_gate } else { &kern.mmq_up };
-        q.grouped(s, k, p, ff, h, xa, top_k, scratch, &layout, gy, act)?;
+        let (k, extra): (&Kernel, &[Arg]) = match (i, &oai) {
+            (0, _) => (&kern.mmq_gate, &[]),
+            (_, Some(a)) => (&kern.mmq_up_oai, a),
+            (_, None) => (&kern.mmq_up, &[]),
+        };
+        q.grouped_with(s, k, p, ff, h, xa, top_k, scratch, &layout, gy, act, extra)?;
     }
     Ok(())
 }

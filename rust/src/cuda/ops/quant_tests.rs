@@ -10,10 +10,13 @@ fn supported_types() {
         assert!(supports(ty), "{ty:?}");
     }
     for ty in [
-        Q4_1, Q5_1, Q8_1, Q8K, IQ2XXS, IQ2S, IQ1S, IQ1M, TQ1_0, MXFP4, I32,
+        Q4_1, Q5_1, Q8_1, Q8K, IQ2XXS, IQ2S, IQ1S, IQ1M, TQ1_0, NVFP4, I32,
     ] {
         assert!(!supports(ty), "{ty:?}");
     }
+    // MXFP4's 17-byte blocks: any address
+    assert_eq!(weight_align(MXFP4), Some(1));
+    assert!(check_matmul(MXFP4, 257, 8, 64, 256, 256, 1, 256).is_ok());
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Launchers of `cuda/router.cu`: softmax → top-k (ties: lower id) → renormalize; the
-//! sigmoid router with a selection bias; a dense FFN's gate scale.
+//! Launchers of `cuda/router.cu`: softmax → top-k (ties: lower id) → renormalize; top-k of
+//! the logits → softmax over the k (gpt-oss); the sigmoid router with a selection bias; a
+//! dense FFN's gate scale.
 
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
@@ -83,6 +84,40 @@ pub fn sigmoid_topk(
             Arg::I32(k as i32),
             Arg::I32(norm as i32),
             Arg::F32(scale),
+        ],
+    )
+}
+
+/// Per token t < n_tok (gpt-oss's `Routing::SoftmaxWeight`): ids[t] = the k largest logits
+/// (descending, ties to the lower id), w[t] = the softmax over those k.
+/// logits: f32 [n_tok, n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k].
+#[allow(clippy::too_many_arguments)]
+pub fn topk_softmax(
+    gpu: &Gpu,
+    s: &Stream,
+    logits: Dv,
+    ids: Dv,
+    w: Dv,
+    n_tok: usize,
+    n_expert: usize,
+    k: usize,
+) -> Result<()> {
+    check_topk([logits, ids, w], n_tok, n_expert, k)?;
+    if n_tok == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_router_topk_softmax",
+        (grid_dim("tokens", n_tok, GRID_X)?, 1, 1),
+        32,
+        &[
+            logits.arg(),
+            ids.arg(),
+            w.arg(),
+            Arg::I32(i32_of("n_expert", n_expert)?),
+            Arg::I32(k as i32),
         ],
     )
 }

@@ -494,6 +494,12 @@ pub fn kernel(w: crate::quant::GgmlType, order: Order) -> Option<MultiFn> {
     if w == crate::quant::GgmlType::Q8_0 {
         return None;
     }
+    // IQ3_S's tiled order keeps the AVX2 kernel too: its 8-token vectorised float combine ran
+    // it at 1/0.93 of the AVX-512 one on an AMX Xeon (bench/bench_gemm_isa.py, 1 thread, 32
+    // tokens); rows of ≥ 12 tokens in that order take the AMX tiles where the CPU has them.
+    if (w, order) == (crate::quant::GgmlType::IQ3S, Order::Many) {
+        return None;
+    }
     kernel_with(w, order, cpu::has_vnni())
 }
 

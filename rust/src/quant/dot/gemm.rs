@@ -18,8 +18,8 @@ mod gemm_avx2;
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx512;
 
-/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S,
-/// `Order::Many`).
+/// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S and
+/// Q6_K, `Order::Many`).
 pub fn amx_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -88,8 +88,8 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
-    /// `rows_call` may take the AMX tiles (Q4_K, IQ3_S in `Order::Many`; AVX-512 active, AMX
-    /// here).
+    /// `rows_call` may take the AMX tiles (Q4_K; IQ3_S and Q6_K in `Order::Many`; AVX-512
+    /// active, AMX here).
     amx: bool,
     order: Order,
 }
@@ -134,7 +134,8 @@ impl MultiDot {
             single: single_for(isa, w, order),
             multi,
             amx: isa == Isa::Avx512
-                && (w == GgmlType::Q4K || (w == GgmlType::IQ3S && order == Order::Many))
+                && (w == GgmlType::Q4K
+                    || (matches!(w, GgmlType::IQ3S | GgmlType::Q6K) && order == Order::Many))
                 && amx_available(),
             order,
         }
@@ -178,6 +179,7 @@ impl MultiDot {
             unsafe {
                 match (self.w, self.order) {
                     (GgmlType::IQ3S, _) => gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out),
+                    (GgmlType::Q6K, _) => gemm_amx::q6_k_rows(self.n, rows, nr, acts, out),
                     (_, Order::Single) => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
                     (_, Order::Many) => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
                 }
@@ -400,7 +402,7 @@ mod tests {
         assert!(checked >= 4 * 2 * 4);
     }
 
-    /// The AMX tile path (`rows_call` on Q4_K in both orders, IQ3_S in `Many`) against the scalar
+    /// The AMX tile path (`rows_call` on Q4_K in both orders, IQ3_S and Q6_K in `Many`) against the scalar
     /// single-token kernel of the order, bitwise: row counts around the 16-row tile, token counts around the
     /// 16-token tile (from `AMX_MIN_T`), several row lengths, activations at the extremes (±127)
     /// beside random ones, and weights whose scales and mins take every 6-bit extreme.
@@ -416,6 +418,7 @@ mod tests {
             (GgmlType::Q4K, Order::Single),
             (GgmlType::Q4K, Order::Many),
             (GgmlType::IQ3S, Order::Many),
+            (GgmlType::Q6K, Order::Many),
         ];
         for ((w, order), nb) in cases
             .into_iter()
@@ -429,15 +432,18 @@ mod tests {
                 .flat_map(|_| random_row(w, n, &mut rng))
                 .collect();
             // row 1: every scale (and min) at its largest, row 2: all zero weights
-            let (bb, sc) = if w == GgmlType::Q4K {
-                (144, 4..16)
-            } else {
-                (110, 106..110)
+            // (Q6_K: every scale −128, the most negative, as 0x80 bytes; the d of every block
+            // stays random)
+            let (bb, sc, fill) = match w {
+                GgmlType::Q4K => (144, 4..16, 0xFF),
+                GgmlType::IQ3S => (110, 106..110, 0xFF),
+                _ => (210, 192..208, 0x80),
             };
             let rbb = w.row_bytes(n).unwrap();
             for b in 0..nb {
-                rows[rbb + bb * b + sc.start..rbb + bb * b + sc.end].fill(0xFF);
-                rows[2 * rbb + bb * b + 2..2 * rbb + bb * b + bb].fill(0);
+                rows[rbb + bb * b + sc.start..rbb + bb * b + sc.end].fill(fill);
+                let zeros = if w == GgmlType::Q6K { 0..192 } else { 2..bb };
+                rows[2 * rbb + bb * b + zeros.start..2 * rbb + bb * b + zeros.end].fill(0);
             }
             let mut acts: Vec<Vec<u8>> = (0..40).map(|_| random_act(w, n, &mut rng)).collect();
             let x: Vec<f32> = (0..n)
@@ -487,6 +493,7 @@ mod tests {
             (GgmlType::Q4K, Order::Single, 2048usize, 64usize),
             (GgmlType::Q4K, Order::Single, 768, 64),
             (GgmlType::IQ3S, Order::Many, 2048, 64),
+            (GgmlType::Q6K, Order::Many, 768, 64),
         ] {
             let mut rng = Rng::new(7 + n as u64);
             let rb = w.row_bytes(n).unwrap();

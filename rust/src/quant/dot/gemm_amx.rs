@@ -38,8 +38,12 @@ const AB: usize = 292;
 const WB: usize = 144;
 /// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].
 const IQ3S_WB: usize = 110;
+/// Q6_K block bytes: ql[128] · qh[64] · scales[16] (i8) · d (f16).
+const Q6K_WB: usize = 210;
 /// Rows and tokens per tile.
 const TILE: usize = 16;
+/// Most A operands per 64-weight chunk (Q6_K's five), the stride of the A tiles.
+const OPS: usize = 5;
 
 /// Whether this CPU and OS run AMX-INT8 tiles here (asked once per process).
 pub fn available() -> bool {
@@ -88,8 +92,8 @@ fn request_tile_permission() -> bool {
     false
 }
 
-/// Tile configuration (palette 1): tmm0–2 the C tiles (16 × 64 bytes of i32), tmm3 A,
-/// tmm4 B, all 16 rows × 64 bytes.
+/// Tile configuration (palette 1): tmm0–4 the C tiles (16 × 64 bytes of i32), tmm5 A,
+/// tmm6 B, all 16 rows × 64 bytes.
 #[repr(C, align(64))]
 struct TileCfg([u8; 64]);
 
@@ -97,7 +101,7 @@ const fn tile_cfg() -> TileCfg {
     let mut c = [0u8; 64];
     c[0] = 1; // palette
     let mut t = 0;
-    while t < 5 {
+    while t < 7 {
         c[16 + 2 * t] = 64; // colsb (u16, little-endian)
         c[48 + t] = 16; // rows
         t += 1;
@@ -124,34 +128,41 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new() }) };
 }
 
-/// `C_k += A · B` (tmm k, tmm3, tmm4): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
+/// `C_k += A · B` (tmm k, tmm5, tmm6): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
 #[inline(always)]
-unsafe fn tdp<const SIGNED: bool>(k: usize) {
-    match (SIGNED, k) {
-        (false, 0) => asm!("tdpbusd tmm0, tmm3, tmm4", options(nostack)),
-        (false, 1) => asm!("tdpbusd tmm1, tmm3, tmm4", options(nostack)),
-        (false, _) => asm!("tdpbusd tmm2, tmm3, tmm4", options(nostack)),
-        (true, 0) => asm!("tdpbssd tmm0, tmm3, tmm4", options(nostack)),
-        (true, 1) => asm!("tdpbssd tmm1, tmm3, tmm4", options(nostack)),
-        (true, _) => asm!("tdpbssd tmm2, tmm3, tmm4", options(nostack)),
+unsafe fn tdp(k: usize, signed: bool) {
+    macro_rules! arms {
+        ($($k:literal),*) => {
+            match (signed, k) {
+                $((false, $k) => asm!(concat!("tdpbusd tmm", $k, ", tmm5, tmm6"), options(nostack)),
+                  (true, $k) => asm!(concat!("tdpbssd tmm", $k, ", tmm5, tmm6"), options(nostack)),)*
+                _ => unreachable!("C tile {k}"),
+            }
+        };
     }
+    arms!(0, 1, 2, 3, 4)
 }
 
 #[inline(always)]
 unsafe fn tile_load<const T: u8>(p: *const u8) {
     match T {
-        3 => asm!("tileloadd tmm3, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
-        _ => asm!("tileloadd tmm4, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
+        5 => asm!("tileloadd tmm5, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
+        _ => asm!("tileloadd tmm6, [{0} + {1}]", in(reg) p, in(reg) 64usize, options(nostack)),
     }
 }
 
 #[inline(always)]
 unsafe fn tile_store_c(k: usize, p: *mut u8) {
-    match k {
-        0 => asm!("tilestored [{0} + {1}], tmm0", in(reg) p, in(reg) 64usize, options(nostack)),
-        1 => asm!("tilestored [{0} + {1}], tmm1", in(reg) p, in(reg) 64usize, options(nostack)),
-        _ => asm!("tilestored [{0} + {1}], tmm2", in(reg) p, in(reg) 64usize, options(nostack)),
+    macro_rules! arms {
+        ($($k:literal),*) => {
+            match k {
+                $($k => asm!(concat!("tilestored [{0} + {1}], tmm", $k), in(reg) p, in(reg) 64usize,
+                             options(nostack)),)*
+                _ => unreachable!("C tile {k}"),
+            }
+        };
     }
+    arms!(0, 1, 2, 3, 4)
 }
 
 /// 16 × 16 dword transpose: `out[j]` lane t = `rows[t]` lane j.
@@ -220,7 +231,7 @@ unsafe fn pack_a(
     r0: usize,
     nr: usize,
     blk: usize,
-    a: &mut [Line; 4 * 3 * TILE],
+    a: &mut [Line; 4 * OPS * TILE],
 ) -> ([f32; TILE], [f32; TILE]) {
     let (mut d, mut dm) = ([0f32; TILE], [0f32; TILE]);
     let nib = _mm256_set1_epi8(15);
@@ -253,7 +264,7 @@ unsafe fn pack_a(
             let lo = _mm512_mullo_epi16(v, h(s0 & 7, s1 & 7));
             let hi = _mm512_mullo_epi16(v, h(s0 >> 3, s1 >> 3));
             let mn = h(m0 * 257, m1 * 257);
-            let base = c * 3 * TILE + r;
+            let base = c * OPS * TILE + r;
             _mm512_store_si512(a[base].0.as_mut_ptr() as *mut _, lo);
             _mm512_store_si512(a[base + TILE].0.as_mut_ptr() as *mut _, hi);
             _mm512_store_si512(a[base + 2 * TILE].0.as_mut_ptr() as *mut _, mn);
@@ -263,7 +274,7 @@ unsafe fn pack_a(
 }
 
 /// The tiles' sums of one (row tile, token tile): (C_lo, C_hi, C_min) as `c[k·16 + r][t]`.
-type CTiles = [[i32; TILE]; 3 * TILE];
+type CTiles = [[i32; TILE]; OPS * TILE];
 
 /// Row r's (sumi, summ) of `c` for the 16 tokens, as floats: `C_lo + 8·C_hi` and `C_min`.
 #[target_feature(enable = "avx512f")]
@@ -274,10 +285,22 @@ unsafe fn sums(c: &CTiles, r: usize) -> (__m512, __m512) {
     (_mm512_cvtepi32_ps(si), _mm512_cvtepi32_ps(ld(2)))
 }
 
-/// Zero the first `OPS` C tiles, add chunks `chunks` of the block (A in `a`, B from
-/// `bt[base..]`), store them to `c`.
+/// Row r's Q6_K block sums of `c` for the 16 tokens, as floats:
+/// `C0 + 4·C1 + 16·C2 + 64·C3 − 32·C4` (exact i32).
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn q6k_sum(c: &CTiles, r: usize) -> __m512 {
+    let ld = |k: usize| _mm512_loadu_si512(c[k * TILE + r].as_ptr() as *const _);
+    let s = _mm512_add_epi32(ld(0), _mm512_slli_epi32::<2>(ld(1)));
+    let s = _mm512_add_epi32(s, _mm512_slli_epi32::<4>(ld(2)));
+    let s = _mm512_add_epi32(s, _mm512_slli_epi32::<6>(ld(3)));
+    _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_slli_epi32::<5>(ld(4))))
+}
+
+/// Zero the C tiles, add the first `NOPS` operands of chunks `chunks` of the block (A in `a`,
+/// B from `bt[base..]`; operand k signed where bit k of `SIGNED` is set), store them to `c`.
 #[inline(always)]
-unsafe fn products<const SIGNED: bool, const OPS: usize>(
+unsafe fn products<const SIGNED: u8, const NOPS: usize>(
     a: &[Line],
     bt: &[Line],
     base: usize,
@@ -288,16 +311,18 @@ unsafe fn products<const SIGNED: bool, const OPS: usize>(
         "tilezero tmm0",
         "tilezero tmm1",
         "tilezero tmm2",
+        "tilezero tmm3",
+        "tilezero tmm4",
         options(nostack)
     );
     for ch in chunks {
-        tile_load::<4>(bt[base + ch * 16].0.as_ptr());
-        for k in 0..OPS {
-            tile_load::<3>(a[(ch * 3 + k) * TILE].0.as_ptr());
-            tdp::<SIGNED>(k);
+        tile_load::<6>(bt[base + ch * 16].0.as_ptr());
+        for k in 0..NOPS {
+            tile_load::<5>(a[(ch * OPS + k) * TILE].0.as_ptr());
+            tdp(k, SIGNED >> k & 1 == 1);
         }
     }
-    for k in 0..OPS {
+    for k in 0..NOPS {
         tile_store_c(k, c[k * TILE].as_mut_ptr() as *mut u8);
     }
 }
@@ -313,7 +338,7 @@ unsafe fn pack_a_iq3s(
     r0: usize,
     nr: usize,
     blk: usize,
-    a: &mut [Line; 4 * 3 * TILE],
+    a: &mut [Line; 4 * OPS * TILE],
 ) -> [f32; TILE] {
     let mut d = [0f32; TILE];
     let zero = _mm512_setzero_si512();
@@ -321,7 +346,7 @@ unsafe fn pack_a_iq3s(
         if r >= nr {
             for c in 0..4 {
                 for k in 0..2 {
-                    _mm512_store_si512(a[(c * 3 + k) * TILE + r].0.as_mut_ptr() as *mut _, zero);
+                    _mm512_store_si512(a[(c * OPS + k) * TILE + r].0.as_mut_ptr() as *mut _, zero);
                 }
             }
             continue;
@@ -335,8 +360,89 @@ unsafe fn pack_a_iq3s(
             let hi = _mm512_mullo_epi16(mag, halves(l0 >> 3, l1 >> 3));
             let lo = _mm512_mask_sub_epi8(lo, sign, zero, lo);
             let hi = _mm512_mask_sub_epi8(hi, sign, zero, hi);
-            _mm512_store_si512(a[(c * 3) * TILE + r].0.as_mut_ptr() as *mut _, lo);
-            _mm512_store_si512(a[(c * 3 + 1) * TILE + r].0.as_mut_ptr() as *mut _, hi);
+            _mm512_store_si512(a[(c * OPS) * TILE + r].0.as_mut_ptr() as *mut _, lo);
+            _mm512_store_si512(a[(c * OPS + 1) * TILE + r].0.as_mut_ptr() as *mut _, hi);
+        }
+    }
+    d
+}
+
+/// A tiles of Q6_K block `blk` of rows `r0..r0 + nr` (rows past `nr` zero): per chunk c
+/// (weights 64c.., sub-blocks 4c..4c+4 of 16) the 6-bit q (0–63) times the pieces of the
+/// signed 8-bit sub-block scale `sc = p0 + 4·p1 + 16·p2 + 64·p3` (p0–p2 in 0..4: `q·p` ≤ 189,
+/// u8; p3 in −2..2: `q·p3` in −126..63, s8), and (k = 4) the scale itself spread over its 16
+/// weights (s8): `Σ sc·(q − 32)·a = C0 + 4·C1 + 16·C2 + 64·C3 − 32·C4`, the block's exact sum
+/// of ggml's lanes (`q6_k_lanes`; a Q8_K bsum is the exact sum of its 16 activations).
+/// Returns the rows' d.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+unsafe fn pack_a_q6k(
+    rows: &[u8],
+    row_len: usize,
+    r0: usize,
+    nr: usize,
+    blk: usize,
+    a: &mut [Line; 4 * OPS * TILE],
+) -> [f32; TILE] {
+    let mut d = [0f32; TILE];
+    let zero = _mm512_setzero_si512();
+    let (m4, m2) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    // byte i of 128-bit lane L: L
+    let l = |x: i64| x * 0x0101_0101_0101_0101;
+    let lane_no = _mm512_setr_epi64(0, 0, l(1), l(1), l(2), l(2), l(3), l(3));
+    for r in 0..TILE {
+        if r >= nr {
+            for k in 0..4 * OPS {
+                _mm512_store_si512(a[k * TILE + r].0.as_mut_ptr() as *mut _, zero);
+            }
+            continue;
+        }
+        let wb = &rows[(r0 + r) * row_len + Q6K_WB * blk..][..Q6K_WB];
+        d[r] = f16_at(wb, 208);
+        let scb = _mm512_broadcast_i32x4(_mm_loadu_si128(wb.as_ptr().add(192) as *const _));
+        for c in 0..4 {
+            // weights 64c..64c+32 from ql[64h..] and qh bits (2j, 2j+1) with h = c/2, j = 2·(c%2);
+            // weights 64c+32.. from ql[64h+32..] and qh bits (2j+2, 2j+3)
+            let h = c / 2;
+            let ql = |o: usize| _mm256_loadu_si256(wb.as_ptr().add(64 * h + o) as *const _);
+            let qh = _mm256_loadu_si256(wb.as_ptr().add(128 + 32 * h) as *const _);
+            let (lo_nib, hi_nib) = if c % 2 == 0 {
+                (_mm256_and_si256(ql(0), m4), _mm256_and_si256(ql(32), m4))
+            } else {
+                (
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql(0)), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql(32)), m4),
+                )
+            };
+            let qh_at = |sh: i32| {
+                let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh));
+                _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
+            };
+            let sh = 4 * (c % 2) as i32;
+            let first = _mm256_or_si256(lo_nib, qh_at(sh));
+            let second = _mm256_or_si256(hi_nib, qh_at(sh + 2));
+            let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+            // the four sub-blocks' scales: per byte (128-bit lane L = sub-block 4c + L, every
+            // lane holding the 16 scales), and per i16 lane (sign-extended)
+            let idx = _mm512_add_epi8(_mm512_set1_epi8(4 * c as i8), lane_no);
+            let spread = _mm512_shuffle_epi8(scb, idx);
+            let sv = _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(spread));
+            let three = _mm512_set1_epi16(3);
+            let base = c * OPS * TILE + r;
+            let parts = [
+                _mm512_and_si512(sv, three),
+                _mm512_and_si512(_mm512_srai_epi16::<2>(sv), three),
+                _mm512_and_si512(_mm512_srai_epi16::<4>(sv), three),
+            ];
+            for (k, part) in parts.into_iter().enumerate() {
+                let p = _mm512_mullo_epi16(q, part);
+                _mm512_store_si512(a[base + k * TILE].0.as_mut_ptr() as *mut _, p);
+            }
+            // q·|p3|, negated where p3 < 0, i.e. where the scale is (the byte products do not
+            // borrow across bytes)
+            let p3 = _mm512_mullo_epi16(q, _mm512_abs_epi16(_mm512_srai_epi16::<6>(sv)));
+            let p3 = _mm512_mask_sub_epi8(p3, _mm512_movepi8_mask(spread), zero, p3);
+            _mm512_store_si512(a[base + 3 * TILE].0.as_mut_ptr() as *mut _, p3);
+            _mm512_store_si512(a[base + 4 * TILE].0.as_mut_ptr() as *mut _, spread);
         }
     }
     d
@@ -380,6 +486,17 @@ pub unsafe fn iq3_s_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: 
 const K4_SINGLE: u8 = 0;
 const K4_MANY: u8 = 1;
 const IQ3S_MANY: u8 = 2;
+const Q6K_MANY: u8 = 3;
+
+/// `out[r·nt + t] = dot(row r, acts[t])` (Q6_K, `Order::Many`: ggml's tiled order, per block
+/// `acc + (f32(Σ)·d)·d_a` with Σ the block's exact integer sum) for the `nr` rows of `rows`.
+///
+/// # Safety
+/// As `q4_k_rows`, with Q6_K rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub unsafe fn q6_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+    rows_kernel::<Q6K_MANY>(n, rows, nr, acts, out)
+}
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 unsafe fn rows_kernel<const KIND: u8>(
@@ -389,10 +506,15 @@ unsafe fn rows_kernel<const KIND: u8>(
     acts: &[&[u8]],
     out: &mut [f32],
 ) {
-    const { assert!(KIND <= IQ3S_MANY) };
+    const { assert!(KIND <= Q6K_MANY) };
+    let tiled = KIND == IQ3S_MANY || KIND == Q6K_MANY;
     let many = KIND == K4_MANY;
     let (nb, nt) = (n / 256, acts.len());
-    let row_len = if KIND == IQ3S_MANY { IQ3S_WB } else { WB } * nb;
+    let row_len = match KIND {
+        IQ3S_MANY => IQ3S_WB,
+        Q6K_MANY => Q6K_WB,
+        _ => WB,
+    } * nb;
     assert!(rows.len() >= nr * row_len && out.len() == nr * nt);
     let ntt = nt.div_ceil(TILE);
     // acc[r][t] (and, for MANY, accm[r][t] after it)
@@ -408,19 +530,19 @@ unsafe fn rows_kernel<const KIND: u8>(
         }
         pack_b(acts, nb, bt);
         asm!("ldtilecfg [{0}]", in(reg) CFG.0.as_ptr(), options(nostack));
-        let mut a = [Line([0; 64]); 4 * 3 * TILE];
-        let mut c: CTiles = [[0i32; TILE]; 3 * TILE];
+        let mut a = [Line([0; 64]); 4 * OPS * TILE];
+        let mut c: CTiles = [[0i32; TILE]; OPS * TILE];
         for r0 in (0..nr).step_by(TILE) {
             let rn = (nr - r0).min(TILE);
             acc[..2 * per].iter_mut().for_each(|v| *v = 0.0);
             for blk in 0..nb {
-                let (d, dm) = if KIND == IQ3S_MANY {
-                    (
+                let (d, dm) = match KIND {
+                    IQ3S_MANY => (
                         pack_a_iq3s(rows, row_len, r0, rn, blk, &mut a),
                         [0f32; TILE],
-                    )
-                } else {
-                    pack_a(rows, row_len, r0, rn, blk, &mut a)
+                    ),
+                    Q6K_MANY => (pack_a_q6k(rows, row_len, r0, rn, blk, &mut a), [0f32; TILE]),
+                    _ => pack_a(rows, row_len, r0, rn, blk, &mut a),
                 };
                 for tt in 0..ntt {
                     // da of the tile's 16 tokens (0 for missing ones)
@@ -434,17 +556,25 @@ unsafe fn rows_kernel<const KIND: u8>(
                     let base = (tt * nb + blk) * 4 * 16;
                     let accp = acc.as_mut_ptr();
                     let pa = |r: usize| accp.add((r * ntt + tt) * TILE);
-                    if KIND == IQ3S_MANY {
-                        products::<true, 2>(&a, bt, base, 0..4, &mut c);
+                    if tiled {
+                        if KIND == Q6K_MANY {
+                            products::<0b11000, 5>(&a, bt, base, 0..4, &mut c);
+                        } else {
+                            products::<0b11, 2>(&a, bt, base, 0..4, &mut c);
+                        }
                         for r in 0..rn {
-                            let (si, _) = sums(&c, r);
+                            let si = if KIND == Q6K_MANY {
+                                q6k_sum(&c, r)
+                            } else {
+                                sums(&c, r).0
+                            };
                             let p = pa(r);
                             let v = _mm512_mul_ps(_mm512_mul_ps(si, _mm512_set1_ps(d[r])), dav);
                             _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), v));
                         }
                     } else if many {
                         for ch in 0..4 {
-                            products::<false, 3>(&a, bt, base, ch..ch + 1, &mut c);
+                            products::<0, 3>(&a, bt, base, ch..ch + 1, &mut c);
                             for r in 0..rn {
                                 let (si, sm) = sums(&c, r);
                                 // d·d_a and dmin·d_a (IEEE products commute)
@@ -456,7 +586,7 @@ unsafe fn rows_kernel<const KIND: u8>(
                             }
                         }
                     } else {
-                        products::<false, 3>(&a, bt, base, 0..4, &mut c);
+                        products::<0, 3>(&a, bt, base, 0..4, &mut c);
                         for r in 0..rn {
                             let (si, sm) = sums(&c, r);
                             let dd = _mm512_mul_ps(dav, _mm512_set1_ps(d[r]));

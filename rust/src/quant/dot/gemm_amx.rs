@@ -242,7 +242,7 @@ unsafe fn pack_a(
     let (sc_idx, mn_idx): ([__m512i; 4], [__m512i; 4]) = (
         std::array::from_fn(|c| {
             halves(
-                0xff00u16 as i16 | 2 * c as i16,
+                0xff00u16 as i16 | (2 * c as i16),
                 0xff00u16 as i16 | (2 * c + 1) as i16,
             )
         }),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import sys
@@ -183,7 +184,7 @@ class Config:
     gpus: str = _f(
         "0",
         "cuda: the devices of the layer split's stages, comma-separated (a device may repeat: "
-        "\"0,0\" runs one GPU as two stages, each with its own layers' weights, KV cache, "
+        '"0,0" runs one GPU as two stages, each with its own layers\' weights, KV cache, '
         "expert slots and streams; docs/PROTOCOL.md)",
         core=True,
     )
@@ -191,7 +192,7 @@ class Config:
         "auto",
         "cuda: where the stages' layers start: auto (each stage's share of the layers' bytes "
         "follows its share of its device's free memory) or the first layer of every stage "
-        "after the first, comma-separated (\"24\" for two stages)",
+        'after the first, comma-separated ("24" for two stages)',
         core=True,
     )
     pipeline_windows: int = _f(
@@ -334,8 +335,11 @@ class Config:
                 f"needs {len(stages) - 1} boundaries for {len(stages)} stages (gpus), one fewer "
                 "than the stages",
             )
-        if bounds and (bounds[0] < 1 or any(a >= b for a, b in zip(bounds, bounds[1:]))):
-            raise bad("layer_split", "boundaries must increase strictly from 1 (every stage holds a layer)")
+        if bounds and (bounds[0] < 1 or any(a >= b for a, b in itertools.pairwise(bounds))):
+            raise bad(
+                "layer_split",
+                "boundaries must increase strictly from 1 (every stage holds a layer)",
+            )
         if self.pipeline_windows not in (1, 2):
             raise bad("pipeline_windows", "must be 1 or 2")
         if self.pipeline_windows == 2 and len(stages) < 2:

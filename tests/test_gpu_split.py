@@ -18,6 +18,9 @@ The reference is the one-stage model, which runs today's single-GPU step:
   continuations identical up to the reference's first near-tie on ≥ 9 of 10 prompts; top-1
   ≥ 99% along the reference's path at its sure steps), sync and async, with swaps on both
   stages and every step a window through both stages ending at a gap on each.
+The hop two devices take (through page-locked host memory) runs on one device too
+(`split_hop="host"`), and KV blobs, `strata.LLM` and three stages are checked against one
+stage.
 """
 
 from __future__ import annotations
@@ -171,6 +174,29 @@ def test_two_stages_hybrid_swaps_every_step(
     assert [(s["n_slots"], s["resident"]) for s in st] == [(2, 2), (4, 4)]
     assert all(s["swaps"] > 0 for s in st), st
     check_stages(hy, "1", 2 * 10 * (1 + 64))
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["pure", "hybrid"])
+def test_hop_through_host_memory_is_bitwise_one_stage(files: dict[str, Path], hybrid: bool) -> None:
+    """`split_hop="host"`: the hop two devices take (device → page-locked host memory on the
+    first stage's stream, host → device on the next's), run on one device."""
+    kw: dict[str, Any] = dict(vram_slots=QUARTER, adapt_every=0) if hybrid else {}
+    one = open_gpu(files["Q4_K_M"], **kw)
+    two = open_gpu(files["Q4_K_M"], gpus="0,0", layer_split="1", split_hop="host", **kw)
+    steps = 0
+    for toks in prompts(2, 8, seed=27, vocab=one.n_vocab):
+        one.free(0)
+        two.free(0)
+        a, b = one.forward(0, toks), two.forward(0, toks)
+        steps += 1
+        for _ in range(16):
+            assert np.array_equal(a, b)
+            nxt = [int(a.argmax())]
+            a, b = one.forward(0, nxt), two.forward(0, nxt)
+            steps += 1
+    check_stages(two, "1", steps)
+    with pytest.raises(_core.ConfigError, match="split_hop"):
+        open_gpu(files["Q4_K_M"], gpus="0,0", split_hop="peer")
 
 
 def test_layer_split_that_does_not_fit_is_a_config_error(files: dict[str, Path]) -> None:

@@ -2,7 +2,8 @@
 no-op kernels, as tests/test_gpu_hybrid_mock.py): one device as two or three stages for each
 GPU family, pure and hybrid (sync and async tier, a choice after every step). Values are not
 checked (no kernel runs; tests/test_gpu_split.py does that on the device): every step is a
-window through every stage that ends at a gap on each, the stages cover the layers in order,
+window through every stage that ends at a gap on each (either hop: device to device, or
+through host memory), the stages cover the layers in order,
 their slot shares add up to the slots asked for, and the decode graphs are captured per stage.
 """
 
@@ -22,9 +23,10 @@ n_layer = int(sys.argv[2])
 steps = 2 + 5
 for kw in ({}, dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2),
            dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2, tier_async=True)):
-    for gpus, split in (("0,0", "auto"), ("0,0", "1"), ("0,0,0", "auto")):
+    for gpus, split, hop in (("0,0", "auto", "auto"), ("0,0", "1", "host"),
+                             ("0,0,0", "auto", "auto")):
         m = Model.open(sys.argv[1], n_ctx=128, prefill_chunk=24, device="cuda", gpus=gpus,
-                       layer_split=split, **kw)
+                       layer_split=split, split_hop=hop, **kw)
         assert m.forward(0, list(range(1, 40)), logits="all").shape == (39, m.n_vocab)
         for t in range(5):
             m.forward(0, [t + 1])

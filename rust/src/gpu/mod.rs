@@ -29,4 +29,4 @@ pub mod weights;
 pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;
-pub use stage::SplitConfig;
+pub use stage::{HopKind, SplitConfig};

@@ -123,7 +123,7 @@ impl GpuModel {
         let pin_params = g0.host_alloc(bytes(params_len(cfg.n_slots, t), 4)?)?;
         let pin_rows = cfg.n_slots.clamp(1, LOGIT_ROWS);
         let pin_logits = gl.host_alloc(bytes(pin_rows * hp.n_vocab, 4)?)?;
-        let pipe = Pipeline::new(&st, split.pipeline_windows)?;
+        let pipe = Pipeline::new(&st, split.pipeline_windows, split.hop)?;
         Ok(GpuModel {
             st,
             pipe,

@@ -21,7 +21,7 @@
 
 use super::hybrid_cfg::StageInfo;
 use super::launch::Launcher;
-use super::stage::Stage;
+use super::stage::{HopKind, Stage};
 use crate::cuda::{Event, PinnedBuf};
 use crate::error::{Error, Result};
 use crate::tier::vram::{GapTicket, Protocol, WindowId};
@@ -104,8 +104,8 @@ pub(super) struct Pipeline {
 
 impl Pipeline {
     /// The protocol over `stages` (their devices) with at most `pipeline_windows` windows
-    /// in flight, and the hop of each boundary.
-    pub(super) fn new(stages: &[Stage], pipeline_windows: usize) -> Result<Pipeline> {
+    /// in flight, and the hop of each boundary (`hop`).
+    pub(super) fn new(stages: &[Stage], pipeline_windows: usize, hop: HopKind) -> Result<Self> {
         let cards = stages.iter().map(|s| s.x.gpu.ordinal()).collect();
         let proto = Protocol::new(cards, pipeline_windows)?;
         if pipeline_windows > 1 {
@@ -117,7 +117,8 @@ impl Pipeline {
         let mut bounds = Vec::with_capacity(stages.len().saturating_sub(1));
         for w in stages.windows(2) {
             let (src, dst) = (&w[0].x, &w[1].x);
-            let hop: Box<dyn Hop> = if src.gpu.ordinal() == dst.gpu.ordinal() {
+            let same = src.gpu.ordinal() == dst.gpu.ordinal();
+            let hop: Box<dyn Hop> = if same && hop == HopKind::Auto {
                 Box::new(DeviceCopy)
             } else {
                 Box::new(ThroughHost {

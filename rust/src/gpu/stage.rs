@@ -53,6 +53,31 @@ pub struct SplitConfig {
     pub gpus: Vec<usize>,
     pub layer_split: String,
     pub pipeline_windows: usize,
+    /// How activations hop between stages (`pipeline.rs`).
+    pub hop: HopKind,
+}
+
+/// The activation hop between two stages: `Auto` copies device to device on one device and
+/// through page-locked host memory across devices; `ThroughHost` always goes through host
+/// memory (the cross-device hop, testable on one device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HopKind {
+    #[default]
+    Auto,
+    ThroughHost,
+}
+
+impl HopKind {
+    /// "auto" | "host".
+    pub fn parse(s: &str) -> Result<HopKind> {
+        match s {
+            "auto" => Ok(HopKind::Auto),
+            "host" => Ok(HopKind::ThroughHost),
+            o => Err(Error::Config(format!(
+                "split_hop {o:?} is not one of \"auto\", \"host\""
+            ))),
+        }
+    }
 }
 
 impl Default for SplitConfig {
@@ -62,6 +87,7 @@ impl Default for SplitConfig {
             gpus: vec![0],
             layer_split: "auto".into(),
             pipeline_windows: 1,
+            hop: HopKind::Auto,
         }
     }
 }
@@ -79,6 +105,22 @@ impl SplitConfig {
             ))),
         }
     }
+}
+
+/// Each stage's share of `max` expert slots, by its routed layers (`routed[s]`), rounded so
+/// that they add up to `max`.
+pub(super) fn slot_shares(max: usize, routed: &[usize]) -> Vec<usize> {
+    let all = routed.iter().sum::<usize>().max(1);
+    let round = |c: usize| (max * c + all / 2) / all;
+    let mut cum = 0;
+    routed
+        .iter()
+        .map(|&n| {
+            let a = round(cum);
+            cum += n;
+            round(cum) - a
+        })
+        .collect()
 }
 
 /// Weight bytes of a layer (dense and experts): what the auto split weighs.
@@ -189,9 +231,12 @@ pub(super) fn build(
         })
         .collect();
     let routed = |r: &Range<usize>| r.clone().filter(|&l| !w.layers[l].dense_ffn).count();
-    let all_routed = routed(&(0..hp.n_layer)).max(1);
+    let routed_per_stage: Vec<usize> = ranges.iter().map(routed).collect();
+    let max_slots = hybrid
+        .as_ref()
+        .and_then(|h| h.max_slots)
+        .map(|m| slot_shares(m, &routed_per_stage));
     let mut stages = Vec::with_capacity(ranges.len());
-    let mut cum = 0; // routed layers before the stage
     for (s, r) in ranges.iter().enumerate() {
         let gpu = gpus[s].clone();
         let free_before = gpu.mem_info()?.0;
@@ -247,10 +292,6 @@ pub(super) fn build(
                     0 => 1.0,
                     d => bytes(r) as f64 / d as f64,
                 };
-                // its share of max_slots: by its routed layers, rounded so that they add up
-                let round = |m: usize, c: usize| (m * c + all_routed / 2) / all_routed;
-                let c1 = cum + routed(r);
-                let max_slots = h.max_slots.map(|m| round(m, c1) - round(m, cum));
                 let part = StagePart {
                     layers: r.clone(),
                     last: s + 1 == ranges.len(),
@@ -259,7 +300,7 @@ pub(super) fn build(
                     free_before,
                     dense_bytes: x.w.bytes,
                     kv_bytes: 2 * x.lay.total(),
-                    max_slots,
+                    max_slots: max_slots.as_ref().map(|m| m[s]),
                     n_seq: cfg.n_slots,
                     shared: sh,
                 };
@@ -267,7 +308,6 @@ pub(super) fn build(
             }
             _ => Box::new(VramExperts),
         };
-        cum += routed(r);
         stages.push(Stage {
             x,
             moe,
@@ -392,5 +432,35 @@ impl Stage {
         }
         self.graphs[n - 1] = Some(StepGraph::PerLayer(gs));
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_shares_follow_the_routed_layers_and_add_up() {
+        assert_eq!(slot_shares(6, &[3]), vec![6]);
+        assert_eq!(slot_shares(6, &[1, 2]), vec![2, 4]);
+        assert_eq!(slot_shares(24, &[2, 1]), vec![16, 8]);
+        assert_eq!(slot_shares(7, &[1, 1, 1]), vec![2, 3, 2]);
+        assert_eq!(slot_shares(0, &[1, 2]), vec![0, 0]);
+        for (m, r) in [(5, vec![3, 4, 1]), (100, vec![7, 0, 13]), (1, vec![1, 1])] {
+            assert_eq!(slot_shares(m, &r).iter().sum::<usize>(), m);
+        }
+    }
+
+    #[test]
+    fn gpus_parse_as_device_numbers() {
+        assert_eq!(SplitConfig::parse_gpus("0").unwrap(), vec![0]);
+        assert_eq!(SplitConfig::parse_gpus(" 0, 0,1 ").unwrap(), vec![0, 0, 1]);
+        for bad in ["", "x", "0,", "-1", "0;1"] {
+            let e = SplitConfig::parse_gpus(bad).unwrap_err();
+            assert!(
+                matches!(e, Error::Config(ref m) if m.starts_with("gpus")),
+                "{e}"
+            );
+        }
     }
 }

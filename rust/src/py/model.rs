@@ -7,7 +7,7 @@ use super::cuda::shared_gpu;
 use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
 use super::vram::HybridCounters;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuModel, HybridConfig, SplitConfig};
+use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
 use crate::model::batch::{batch_logits_len, logits_len};
 use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
@@ -237,6 +237,10 @@ impl PyModel {
     /// per core, at most 8) copy the experts into page-locked bounce buffers. `pcie_frac` of
     /// the missed experts of decode steps (0..1; negative: from a probe of the link and the
     /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
+    /// `gpus` ("0,0": one GPU as two stages), `layer_split` and `pipeline_windows` cut the
+    /// layers into stages (docs/PROTOCOL.md); `split_hop="host"` sends the activations between
+    /// stages through page-locked host memory even on one device (the hop between two
+    /// devices; "auto": a device-to-device copy on one device).
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=None, n_slots=1, kv_type=None, prefill_chunk=None,
@@ -245,7 +249,7 @@ impl PyModel {
                         vram_slots=-1, adapt_every=None, adapt_swaps=None, tier_async=None,
                         profile=None, stream_min_tokens=None, stream_chunk=None,
                         stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None,
-                        gpus=None, layer_split=None, pipeline_windows=None))]
+                        gpus=None, layer_split=None, pipeline_windows=None, split_hop="auto"))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -274,6 +278,7 @@ impl PyModel {
         gpus: Option<String>,
         layer_split: Option<String>,
         pipeline_windows: Option<usize>,
+        split_hop: &str,
     ) -> PyResult<Self> {
         or_default!(
             py,
@@ -340,6 +345,7 @@ impl PyModel {
                     gpus: SplitConfig::parse_gpus(&gpus)?,
                     layer_split,
                     pipeline_windows,
+                    hop: HopKind::parse(split_hop)?,
                 };
                 let b = py.detach(|| -> Result<Backend> {
                     let _gpu = shared_gpu()?; // keeps GPU 0's context between models

@@ -3,8 +3,9 @@ no-op kernels, as tests/test_gpu_hybrid_mock.py): one device as two or three sta
 GPU family, pure and hybrid (sync and async tier, a choice after every step). Values are not
 checked (no kernel runs; tests/test_gpu_split.py does that on the device): every step is a
 window through every stage that ends at a gap on each (either hop: device to device, or
-through host memory), the stages cover the layers in order,
-their slot shares add up to the slots asked for, and the decode graphs are captured per stage.
+through host memory), the stages cover the layers in order, their slot shares add up to the
+slots asked for (also with streamed prefill chunks), and the decode graphs are captured per
+stage.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from strata._core import Model
 n_layer = int(sys.argv[2])
 steps = 2 + 5
 for kw in ({}, dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2),
-           dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2, tier_async=True)):
+           dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2, tier_async=True),
+           dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2, stream_min_tokens=16,
+                stream_chunk=24)):
     for gpus, split, hop in (("0,0", "auto", "auto"), ("0,0", "1", "host"),
                              ("0,0,0", "auto", "auto")):
         m = Model.open(sys.argv[1], n_ctx=128, prefill_chunk=24, device="cuda", gpus=gpus,

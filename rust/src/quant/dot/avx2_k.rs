@@ -3,7 +3,7 @@
 //! `common` functions as the scalar kernels, so results are bitwise equal.
 //! Safety: as in `avx2.rs` (callers have checked the feature and the slice lengths).
 
-use super::super::common::{f32_at, i16_at, iq1_add, k_add, k_add_min, u16_at, u32_at};
+use super::super::common::{f32_at, i16_at, iq1_add, k4_scales, k_add, k_add_min, u16_at, u32_at};
 use super::super::scalar_iq::iq1_m_d;
 use super::{bits_to_bytes, h2f, hsum8, hsum_i32, load, load128, nibbles, pf, table16};
 use crate::quant::tables::{
@@ -162,21 +162,6 @@ k_kernel!(q3_k, q3_k_ints, 110, |wb, ab, da, acc, si, _sm| k_add(
     da * h2f(wb, 108),
     si
 ));
-
-/// The eight 6-bit scales and mins of a Q4_K/Q5_K block (`common::scale_min_k4`, done
-/// on 32-bit words): scales k<4 are the low 6 bits of bytes 0..4, k≥4 the low nibbles of
-/// bytes 8..12 with bits 6-7 of bytes 0..4 on top; mins likewise from bytes 4..8 and the
-/// high nibbles of bytes 8..12.
-#[inline(always)]
-fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
-    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
-    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
-    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
-    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
-    (sc.to_le_bytes(), mn.to_le_bytes())
-}
 
 /// Q4_K / Q5_K block: `qh` is the Q5_K high-bit array (None for Q4_K).
 #[inline(always)]

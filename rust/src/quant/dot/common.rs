@@ -89,6 +89,13 @@ pub fn k4_scales_packed(wb: &[u8]) -> (u64, u64) {
     (sc, mn)
 }
 
+/// `k4_scales_packed` as byte arrays: (scales, mins), sub-block j at index j.
+#[inline(always)]
+pub fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (sc, mn) = k4_scales_packed(wb);
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
 /// Q3_K signed 6-bit scales of the 16 sub-blocks from the 12 packed bytes.
 #[inline(always)]
 pub fn q3k_scales(s: &[u8]) -> [i32; 16] {

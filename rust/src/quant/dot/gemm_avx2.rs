@@ -19,7 +19,7 @@
 
 use super::super::avx2::k::q6_k_half;
 use super::super::avx2::{h2f, hsum8, hsum_i32, load};
-use super::super::common::{k_add_min, u32_at};
+use super::super::common::{k4_scales, k_add_min};
 use super::super::Order;
 use std::arch::x86_64::*;
 
@@ -66,18 +66,6 @@ fn bcast_masks() -> [__m256i; 8] {
 #[inline(always)]
 pub(super) unsafe fn da_at(ab: *const u8) -> f32 {
     f32::from_le_bytes(*(ab as *const [u8; 4]))
-}
-
-/// Q4_K/Q5_K 6-bit scales and mins (as `avx2_k::k4_scales`).
-#[inline(always)]
-pub(super) fn k4_scales(wb: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
-    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
-    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
-    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
-    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
-    (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
 /// Per pair of sub-blocks c (0..4) the mins term `m_2c·pair_2c + m_2c+1·pair_2c+1` of one

@@ -24,8 +24,9 @@
 
 use super::super::avx2::{h2f, hsum8, load, load128};
 use super::super::avx512::{bcast_shift, join, load512, scale_perms, sign_of};
+use super::super::common::k4_scales;
 use super::super::{cpu, Order};
-use super::gemm_avx2::{da_at, k4_scales, k4_summ4};
+use super::gemm_avx2::{da_at, k4_summ4};
 use std::arch::x86_64::*;
 
 #[path = "gemm_iq3s512.rs"]

@@ -39,8 +39,11 @@ class T:
     mean: float = 0.0
 
     @property
-    def f16(self) -> bool:  # matrices F16 (the router F32, as llama-quantize keeps it)
-        return len(self.shape) >= 2 and "ffn_gate_inp" not in self.name
+    def f16(self) -> bool:
+        """Weight matrices F16; the router F32 (as llama-quantize keeps it), and biases F32
+        whatever their rank (gpt-oss's per-expert biases are 2-D; ggml adds them in F32)."""
+        n = self.name
+        return len(self.shape) >= 2 and n.endswith(".weight") and "ffn_gate_inp" not in n
 
 
 def gptoss_plan(d: dict[str, Any], layers: int) -> list[T]:

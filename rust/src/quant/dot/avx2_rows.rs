@@ -1,5 +1,5 @@
 //! AVX2 single-token (decode) kernels over groups of four consecutive weight rows against one
-//! Q8_K activation (Q4_K, Q6_K) or Q8_0 activation (MXFP4): `out[r] = vec_dot(row r, a)`
+//! Q8_K activation (Q4_K, Q6_K) or Q8_0 activation (Q8_0, MXFP4): `out[r] = vec_dot(row r, a)`
 //! bitwise.
 //!
 //! Why: on Zen 1 the one-row kernels are bound by vector µops, not by RAM (a Q4_K row streams
@@ -13,7 +13,9 @@
 //! and the float combine is `vec_dot`'s operation for operation — Q4_K `k_add_min`
 //! (`acc + (d_a·d·sumi − d_a·dmin·summ)`, separate multiplies and adds, never fused), Q6_K
 //! ggml's `Fma8` (`fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`).
-//! MXFP4 keeps the 32-element lane scheme (`common::Lanes`: per block, the eight exact
+//! Q8_0 keeps ggml's `Fma8` order per row (`fma(d_w·d_a, f32(lanes), acc)` per block, then
+//! `hsum8`); the four rows share the activation's loads and scale and run four independent
+//! accumulator chains. MXFP4 keeps the 32-element lane scheme (`common::Lanes`: per block, the eight exact
 //! 4-element sums times 2^(e−128)·d_a, a multiply then an add, even/odd blocks in two
 //! registers). Its integer sums avoid the sign juggling of a signed·signed byte product: the
 //! table holds the doubled E2M1 values plus 12 (unsigned, 0..24), so
@@ -26,7 +28,7 @@
 
 use super::super::common::{e8m0_half, u32_at};
 use super::super::{act_bytes, cpu, RowsFn};
-use super::{h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
+use super::{dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
 use crate::quant::tables::KVALUES_MXFP4;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
@@ -217,6 +219,29 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
     std::array::from_fn(|r| hsum8(acc[r]))
 }
 
+/// Q8_0 (34-byte blocks: f16 scale, 32 i8) with a Q8_0 activation: `out[r] = dot(row r, a)`
+/// for the four rows of `w` (row r at byte `r·rb`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q8_0_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let nb = n / 32;
+    assert!(w.len() >= 3 * rb + 34 * nb && a.len() >= 34 * nb);
+    let dist = pf::distance();
+    for b in 0..nb {
+        ahead_group(w, b, 34, rb, dist);
+        let av = load(ap.add(34 * b + 2));
+        let da = h2f(a, 34 * b);
+        for r in 0..R {
+            let o = r * rb + 34 * b;
+            let p = dot_ss(load(wp.add(o + 2)), av);
+            let d = _mm256_set1_ps(h2f(w, o) * da);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum8(acc[r]))
+}
+
 /// MXFP4 (17-byte blocks: E8M0 exponent, 16 bytes of E2M1 nibbles) with a Q8_0 activation:
 /// `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -270,6 +295,7 @@ pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
         GgmlType::Q4K => Some(q4_k_rows as RowsFn),
         GgmlType::Q6K => Some(q6_k_rows as RowsFn),
         GgmlType::MXFP4 => Some(mxfp4_rows as RowsFn),
+        GgmlType::Q8_0 => Some(q8_0_rows as RowsFn),
         _ => None,
     }
 }
@@ -317,6 +343,10 @@ fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 
 fn q6_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     by_groups(GgmlType::Q6K, n, rows, act, out, q6_k_rows4, super::k::q6_k);
+}
+
+fn q8_0_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q8_0, n, rows, act, out, q8_0_rows4, super::q8_0);
 }
 
 fn mxfp4_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
@@ -368,10 +398,15 @@ mod exact {
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn grouped_rows_equal_one_row_kernel_bitwise() {
         crate::quant::dot::require_isa(Isa::Avx2, "grouped_rows_equal_one_row_kernel_bitwise");
-        for w in [GgmlType::Q4K, GgmlType::Q6K, GgmlType::MXFP4] {
+        for w in [
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::MXFP4,
+            GgmlType::Q8_0,
+        ] {
             let mut rng = Rng::new(17 + w.id() as u64);
             let ns: &[usize] = match w {
-                GgmlType::MXFP4 => &[32, 96, 256, 2880], // one, three, eight, 90 blocks
+                GgmlType::MXFP4 | GgmlType::Q8_0 => &[32, 96, 256, 2880], // 1, 3, 8, 90 blocks
                 _ => &[256, 768, 2048],
             };
             for &n in ns {
@@ -451,6 +486,35 @@ mod exact {
             let mut act = Vec::new();
             for _ in 0..n / 32 {
                 act.extend_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+                act.extend(std::iter::repeat_n(v as u8, 32));
+            }
+            check(w, n, &m, &act, &format!("extreme act {v}"));
+        }
+    }
+
+    /// Q8_0 at its extremes: weights −128, 127 and mixed, f16 scales from random rows,
+    /// activations of ±127 (the largest maddubs pair sums, 2·128·127).
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
+    fn grouped_q8_0_extremes_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx2, "grouped_q8_0_extremes_bitwise");
+        let (w, n) = (GgmlType::Q8_0, 2880);
+        let rb = w.row_bytes(n).unwrap();
+        let mut rng = Rng::new(6);
+        let mut m: Vec<u8> = (0..6).flat_map(|_| random_row(w, n, &mut rng)).collect();
+        for (k, row) in m.chunks_exact_mut(rb).enumerate() {
+            for blk in row.chunks_exact_mut(34) {
+                let fill = [0x80u8, 0x7f, 0x81][k % 3];
+                blk[2..].fill(fill);
+                if k >= 3 {
+                    blk[2..].iter_mut().step_by(2).for_each(|x| *x = 0x7f);
+                }
+            }
+        }
+        for v in [127i8, -127, 1] {
+            let mut act = Vec::new();
+            for _ in 0..n / 32 {
+                act.extend_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
                 act.extend(std::iter::repeat_n(v as u8, 32));
             }
             check(w, n, &m, &act, &format!("extreme act {v}"));

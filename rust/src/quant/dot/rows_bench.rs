@@ -65,6 +65,7 @@ fn decode_rows_ab() {
         (GgmlType::Q4K, 768, 2048 * 128),
         (GgmlType::Q6K, 768, 2048 * 128),
         (GgmlType::Q6K, 2048, 768 * 128),
+        (GgmlType::Q8_0, 2880, 201088 / 8), // an eighth of gpt-oss's output head
     ];
     for (w, n, rows) in shapes {
         let mut rng = Rng::new(11 + w.id() as u64);

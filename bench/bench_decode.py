@@ -83,7 +83,8 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
                 total += t.nbytes / t.shape[0]  # one row
             elif "_exps" in t.name:
                 total += t.nbytes * k / n_exp
-                exp_types.append(t.type)
+                if t.name.endswith(".weight"):  # not gpt-oss's F32 expert biases
+                    exp_types.append(t.type)
             else:
                 total += t.nbytes
     return total, max(set(exp_types), key=exp_types.count) if exp_types else "?"

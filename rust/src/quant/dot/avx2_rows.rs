@@ -1,5 +1,5 @@
 //! AVX2 single-token (decode) kernels over groups of four consecutive weight rows against one
-//! Q8_K activation (Q4_K, Q6_K) or Q8_0 activation (Q8_0, MXFP4): `out[r] = vec_dot(row r, a)`
+//! Q8_K activation (Q4_K, Q6_K) or Q8_0 activation (Q8_0, Q5_0, MXFP4): `out[r] = vec_dot(row r, a)`
 //! bitwise.
 //!
 //! Why: on Zen 1 the one-row kernels are bound by vector µops, not by RAM (a Q4_K row streams
@@ -15,12 +15,12 @@
 //! ggml's `Fma8` (`fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`).
 //! Q8_0 keeps ggml's `Fma8` order per row (`fma(d_w·d_a, f32(lanes), acc)` per block, then
 //! `hsum8`); the four rows share the activation's loads and scale and run four independent
-//! accumulator chains. MXFP4 keeps the 32-element lane scheme (`common::Lanes`: per block, the eight exact
+//! accumulator chains. Q5_0 and MXFP4 keep the 32-element lane scheme (`common::Lanes`: per block, the eight exact
 //! 4-element sums times 2^(e−128)·d_a, a multiply then an add, even/odd blocks in two
-//! registers). Its integer sums avoid the sign juggling of a signed·signed byte product: the
-//! table holds the doubled E2M1 values plus 12 (unsigned, 0..24), so
-//! Σ q·a = Σ (q+12)·a − 12·Σ a, whose second term is shared by the four rows (exact in i16:
-//! |24·128·2| < 2^15).
+//! registers). Their integer sums avoid the sign juggling of a signed·signed byte product: the
+//! weights are taken unsigned, q + off (MXFP4: the doubled E2M1 values plus 12, 0..24; Q5_0:
+//! the 5-bit values as stored, 0..31), so Σ q·a = Σ (q+off)·a − off·Σ a, whose second term is
+//! shared by the four rows (exact in i16: 31·128·2 < 2^15).
 //! Prefetch: hints run a group ahead (the next four rows), which from RAM beat per-row hints.
 //!
 //! Safety: callers (`super::rows_kernel`'s wrappers) have checked the CPU features and that
@@ -28,7 +28,7 @@
 
 use super::super::common::{e8m0_half, u32_at};
 use super::super::{act_bytes, cpu, RowsFn};
-use super::{dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
+use super::{bits_to_bytes, dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
 use crate::quant::tables::KVALUES_MXFP4;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
@@ -242,47 +242,81 @@ pub(in super::super) unsafe fn q8_0_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
     std::array::from_fn(|r| hsum8(acc[r]))
 }
 
-/// MXFP4 (17-byte blocks: E8M0 exponent, 16 bytes of E2M1 nibbles) with a Q8_0 activation:
-/// `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(in super::super) unsafe fn mxfp4_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
-    let t: [i8; 16] = std::array::from_fn(|i| KVALUES_MXFP4[i] + 12);
-    let kv = super::table16(&t);
-    let (ones, twelve) = (_mm256_set1_epi16(1), _mm256_set1_epi8(12));
-    // Row r's lanes of the even blocks in ev[r], of the odd blocks in od[r].
-    let (mut ev, mut od) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let nb = n / 32;
-    assert!(w.len() >= 3 * rb + 17 * nb && a.len() >= 34 * nb);
-    let dist = pf::distance();
-    macro_rules! block {
-        ($b:expr, $acc:ident) => {{
-            let b = $b;
-            ahead_group(w, b, 17, rb, dist);
-            let av = load(ap.add(34 * b + 2));
-            let da = h2f(a, 34 * b);
-            // 12·Σ a over each 4-element group, i32 lanes
-            let sa = _mm256_madd_epi16(_mm256_maddubs_epi16(twelve, av), ones);
-            for r in 0..R {
-                let wb = wp.add(r * rb + 17 * b);
-                let u = _mm256_shuffle_epi8(kv, nibbles(load128(wb.add(1))));
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(u, av), ones);
-                let p = _mm256_sub_epi32(p, sa);
-                let d = _mm256_set1_ps(e8m0_half(*wb) * da);
-                $acc[r] = _mm256_add_ps($acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), d));
+/// Four rows of 32-element blocks in the lane scheme (`common::Lanes`) against a Q8_0
+/// activation: `$u(wb)` gives block `wb`'s 32 weights as unsigned bytes q + `$off`, `$d(wb)`
+/// its weight scale; Σ q·a = Σ u·a − off·Σ a, the second term once for the four rows.
+macro_rules! lanes_rows4 {
+    ($name:ident, $bs:expr, $off:expr, |$wb:ident| $u:expr, $d:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn $name(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+            let (ones, off) = (_mm256_set1_epi16(1), _mm256_set1_epi8($off));
+            // Row r's lanes of the even blocks in ev[r], of the odd blocks in od[r].
+            let (mut ev, mut od) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let nb = n / 32;
+            assert!(w.len() >= 3 * rb + $bs * nb && a.len() >= 34 * nb);
+            let dist = pf::distance();
+            macro_rules! block {
+                ($b:expr, $acc:ident) => {{
+                    let b = $b;
+                    ahead_group(w, b, $bs, rb, dist);
+                    let av = load(ap.add(34 * b + 2));
+                    let da = h2f(a, 34 * b);
+                    // off·Σ a over each 4-element group, i32 lanes
+                    let sa = _mm256_madd_epi16(_mm256_maddubs_epi16(off, av), ones);
+                    for r in 0..R {
+                        let $wb = wp.add(r * rb + $bs * b);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16($u, av), ones);
+                        let p = _mm256_sub_epi32(p, sa);
+                        let d = _mm256_set1_ps($d * da);
+                        $acc[r] = _mm256_add_ps($acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), d));
+                    }
+                }};
             }
-        }};
-    }
-    let mut b = 0;
-    while b + 1 < nb {
-        block!(b, ev);
-        block!(b + 1, od);
-        b += 2;
-    }
-    if b < nb {
-        block!(b, ev);
-    }
-    std::array::from_fn(|r| reduce_lanes(ev[r], od[r]))
+            let mut b = 0;
+            while b + 1 < nb {
+                block!(b, ev);
+                block!(b + 1, od);
+                b += 2;
+            }
+            if b < nb {
+                block!(b, ev);
+            }
+            std::array::from_fn(|r| reduce_lanes(ev[r], od[r]))
+        }
+    };
+}
+
+// MXFP4 (17-byte blocks: E8M0 exponent, 16 bytes of E2M1 nibbles): the doubled E2M1 values
+// plus 12 (0..24) through a byte shuffle; scale 2^(e−128) as the scalar kernel forms it.
+lanes_rows4!(
+    mxfp4_rows4,
+    17,
+    12,
+    |wb| _mm256_shuffle_epi8(mxfp4_table(), nibbles(load128(wb.add(1)))),
+    e8m0_half(*wb)
+);
+
+// Q5_0 (22-byte blocks: f16 scale, 32 high bits, 16 bytes of nibbles): the 5-bit values
+// unsigned (0..31, the scalar kernel's q + 16).
+lanes_rows4!(
+    q5_0_rows4,
+    22,
+    16,
+    |wb| {
+        let qh = (wb.add(2) as *const u32).read_unaligned();
+        let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(load128(wb.add(6))), hi)
+    },
+    half::f16::from_bits((wb as *const u16).read_unaligned()).to_f32()
+);
+
+/// The doubled E2M1 values plus 12, in both 128-bit halves.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mxfp4_table() -> __m256i {
+    let t: [i8; 16] = std::array::from_fn(|i| KVALUES_MXFP4[i] + 12);
+    super::table16(&t)
 }
 
 /// The grouped kernel for `w`, if it has one: `f(n, rows, act, out)` with `out.len()` rows
@@ -296,6 +330,7 @@ pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
         GgmlType::Q6K => Some(q6_k_rows as RowsFn),
         GgmlType::MXFP4 => Some(mxfp4_rows as RowsFn),
         GgmlType::Q8_0 => Some(q8_0_rows as RowsFn),
+        GgmlType::Q5_0 => Some(q5_0_rows as RowsFn),
         _ => None,
     }
 }
@@ -347,6 +382,10 @@ fn q6_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 
 fn q8_0_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     by_groups(GgmlType::Q8_0, n, rows, act, out, q8_0_rows4, super::q8_0);
+}
+
+fn q5_0_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q5_0, n, rows, act, out, q5_0_rows4, super::q5_0);
 }
 
 fn mxfp4_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
@@ -403,11 +442,12 @@ mod exact {
             GgmlType::Q6K,
             GgmlType::MXFP4,
             GgmlType::Q8_0,
+            GgmlType::Q5_0,
         ] {
             let mut rng = Rng::new(17 + w.id() as u64);
             let ns: &[usize] = match w {
-                GgmlType::MXFP4 | GgmlType::Q8_0 => &[32, 96, 256, 2880], // 1, 3, 8, 90 blocks
-                _ => &[256, 768, 2048],
+                GgmlType::Q4K | GgmlType::Q6K => &[256, 768, 2048],
+                _ => &[32, 96, 256, 1408, 2880], // 1, 3, 8, 44, 90 blocks
             };
             for &n in ns {
                 let act = random_act(w, n, &mut rng);

@@ -148,3 +148,31 @@ def test_profile_refuses_where_routing_is_not_counted(
     with pytest.raises(ConfigError, match="does not count the routing"):
         fill.cmd_profile(Config(model=str(model)), ns)
     assert not ran and not out.exists()
+
+
+def test_layer_split_settings_are_checked() -> None:
+    """`gpus`, `layer_split` and `pipeline_windows` (docs/PROTOCOL.md): their form is checked
+    here; whether the boundaries fit the model's layers is checked at load."""
+    c = Config.load({"gpus": "0,0", "layer_split": "12"}, env={})
+    assert c.stage_devices() == [0, 0] and c.split_bounds() == [12]
+    assert Config.load(
+        env={"STRATA_GPUS": "0,1,1", "STRATA_LAYER_SPLIT": "8, 20"}
+    ).split_bounds() == [
+        8,
+        20,
+    ]
+    assert Config.load({"gpus": "0,0", "pipeline_windows": 2}, env={}).pipeline_windows == 2
+    bad = [
+        ({"gpus": ""}, "gpus"),
+        ({"gpus": "0,x"}, "gpus"),
+        ({"gpus": "-1"}, "gpus"),
+        ({"layer_split": "half"}, "layer_split"),
+        ({"gpus": "0,0", "layer_split": "4,8"}, "layer_split"),  # 2 boundaries, 2 stages
+        ({"gpus": "0,0,0", "layer_split": "8,8"}, "layer_split"),  # not increasing
+        ({"gpus": "0,0", "layer_split": "0"}, "layer_split"),  # an empty first stage
+        ({"pipeline_windows": 3}, "pipeline_windows"),
+        ({"pipeline_windows": 2}, "pipeline_windows"),  # one stage
+    ]
+    for over, name in bad:
+        with pytest.raises(_core.ConfigError, match=name):
+            Config.load(over, env={})

@@ -215,7 +215,18 @@ def test_greedy_matches_pure_gpu_with_swaps_every_step(
     # greedy_vs_pure runs two passes per prompt (its own greedy path, then the reference's),
     # each one prefill chunk (8 tokens) and 64 decode steps
     steps = 2 * 10 * (1 + 64)
-    assert info["stages"] == [{"device": 0, "windows": steps, "gaps": steps, "busy": False}]
+    keys = ("device", "layers", "windows", "gaps", "busy", "windows_in_flight")
+    assert [{k: s[k] for k in keys} for s in info["stages"]] == [
+        {
+            "device": 0,
+            "layers": (0, N_LAYER),
+            "windows": steps,
+            "gaps": steps,
+            "busy": False,
+            "windows_in_flight": 0,
+        }
+    ]
+    assert info["stages"][0]["swaps"] > 0 and info["stages"][0]["copying_s"] == 0
 
 
 @pytest.mark.parametrize("frac", [0.5, 1.0])

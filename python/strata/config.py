@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import itertools
 import math
 import os
 import sys
@@ -180,6 +181,26 @@ class Config:
         "thread, between steps)",
         core=True,
     )
+    gpus: str = _f(
+        "0",
+        "cuda: the devices of the layer split's stages, comma-separated (a device may repeat: "
+        '"0,0" runs one GPU as two stages, each with its own layers\' weights, KV cache, '
+        "expert slots and streams; docs/PROTOCOL.md)",
+        core=True,
+    )
+    layer_split: str = _f(
+        "auto",
+        "cuda: where the stages' layers start: auto (each stage's share of the layers' bytes "
+        "follows its share of its device's free memory) or the first layer of every stage "
+        'after the first, comma-separated ("24" for two stages)',
+        core=True,
+    )
+    pipeline_windows: int = _f(
+        1,
+        "cuda: windows in flight through the stages: 1 (each step runs through every stage "
+        "before the next), or 2 (pipelined windows; needs at least two stages)",
+        core=True,
+    )
     # server
     host: str = _s("127.0.0.1", "address to bind")
     port: int = _s(8000, "port to bind")
@@ -302,6 +323,27 @@ class Config:
             raise bad("adapt_swaps", "must be in 0..4096")
         if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):
             raise bad("pcie_frac", "must be -1 (probe the link) or in 0..1")
+        stages = self.stage_devices()
+        if stages is None:
+            raise bad("gpus", 'must be device numbers, comma-separated (e.g. "0" or "0,0")')
+        bounds = self.split_bounds()
+        if bounds is None:
+            raise bad("layer_split", 'must be "auto" or layer numbers, comma-separated')
+        if bounds and len(bounds) != len(stages) - 1:
+            raise bad(
+                "layer_split",
+                f"needs {len(stages) - 1} boundaries for {len(stages)} stages (gpus), one fewer "
+                "than the stages",
+            )
+        if bounds and (bounds[0] < 1 or any(a >= b for a, b in itertools.pairwise(bounds))):
+            raise bad(
+                "layer_split",
+                "boundaries must increase strictly from 1 (every stage holds a layer)",
+            )
+        if self.pipeline_windows not in (1, 2):
+            raise bad("pipeline_windows", "must be 1 or 2")
+        if self.pipeline_windows == 2 and len(stages) < 2:
+            raise bad("pipeline_windows", "2 needs at least two stages (gpus)")
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
@@ -341,6 +383,25 @@ class Config:
             raise bad("max_body_bytes", "must be at least 1024")
         if self.ram_mode == "budget" and self.ram_budget_gib <= 0:
             raise bad("ram_budget_gib", "must be > 0 when ram_mode is budget")
+
+    def stage_devices(self) -> list[int] | None:
+        """`gpus` as device numbers, one per stage (None: not a valid list)."""
+        try:
+            out = [int(p) for p in self.gpus.split(",")]
+        except ValueError:
+            return None
+        return out if out and all(d >= 0 for d in out) else None
+
+    def split_bounds(self) -> list[int] | None:
+        """`layer_split`'s boundaries ([] for auto; None: not valid). Whether they fit the
+        model's layers is checked at load (the layer count is the file's)."""
+        spec = self.layer_split.strip()
+        if spec in ("", "auto"):
+            return []
+        try:
+            return [int(p) for p in spec.split(",")]
+        except ValueError:
+            return None
 
     # ---- derivations ---------------------------------------------------------------------
 

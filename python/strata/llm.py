@@ -30,6 +30,7 @@ from strata.tiering import (
     LabeledStat,
     open_tier,
     readahead_threads,
+    stage_stats,
     tier_info,
     tier_stats,
     vram_info,
@@ -278,8 +279,9 @@ class LLM:
         return not self._settled
 
     def labeled_stats(self) -> list[LabeledStat]:
-        """Counters with labels for /metrics: the VRAM tier's (none on the CPU-only path)."""
-        return vram_stats(self.hybrid)
+        """Counters with labels for /metrics: the VRAM tier's and the layer split's stages'
+        (none on the CPU-only path)."""
+        return vram_stats(self.hybrid) + stage_stats(self.model.stages())
 
     def tier_counts(self, slot: int | None = None) -> tuple[int, int, int] | None:
         """(hits, CPU misses, PCIe misses) of the VRAM tier so far — of the pairs of the rows

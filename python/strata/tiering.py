@@ -156,6 +156,29 @@ def vram_stats(c: HybridCounters | None) -> list[LabeledStat]:
     return out
 
 
+def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
+    """The layer split's stages for `/metrics` (`Model.stages()`, docs/PROTOCOL.md), labeled
+    by `stage` and `device`: `stage_compute_seconds_total` (host-seen time with a window on
+    the stage), `stage_waiting_seconds_total` (a window waiting to enter it),
+    `stage_copying_seconds_total` (device time of the activation hops into it),
+    `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM tier's) and the
+    gauge `stage_windows_in_flight`. Empty on the CPU path."""
+    out: list[LabeledStat] = []
+    for i, s in enumerate(stages):
+        lab = {"stage": str(i), "device": str(s["device"])}
+        for name, key in (
+            ("stage_compute_seconds_total", "compute_s"),
+            ("stage_waiting_seconds_total", "waiting_s"),
+            ("stage_copying_seconds_total", "copying_s"),
+            ("stage_windows_total", "windows"),
+            ("stage_gaps_total", "gaps"),
+            ("stage_swaps_total", "swaps"),
+            ("stage_windows_in_flight", "windows_in_flight"),
+        ):
+            out.append((name, lab, float(s[key])))
+    return out
+
+
 def _rate(num: int, den: int) -> float | None:
     return round(num / den, 6) if den > 0 else None
 

@@ -32,12 +32,14 @@ impl GpuModel {
             // no copy from the staging buffers stays in flight; every slot as it was, except
             // that a slot with a recurrent state (a hybrid family) starts over, as its state
             // may have advanced
-            let _ = self.x.stream.sync();
+            let _ = self.sync_all();
             for (e, &start) in entries.iter().zip(&ss.plan.starts) {
                 self.lens[e.slot] = start;
-                if let Some(rec) = &mut self.x.rec {
-                    let _ = rec.reset(&self.x.stream, e.slot);
-                    self.lens[e.slot] = 0;
+                for x in self.st.iter_mut().map(|s| &mut s.x) {
+                    if let Some(rec) = &mut x.rec {
+                        let _ = rec.reset(&x.stream, e.slot);
+                        self.lens[e.slot] = 0;
+                    }
                 }
             }
         }
@@ -95,23 +97,41 @@ impl GpuModel {
                 c.copy_from_slice(&v.to_ne_bytes());
             }
         }
-        let x = &mut self.x;
-        if let Some(rec) = &mut x.rec {
-            // a window's slot checkpoints its state after each of its tokens (`gdn_state`)
-            let pieces = ss.plan.pieces.iter().map(|p| {
-                let window = entries[p.entry].want == Logits::Window;
-                (p.slot, p.p0, p.t, window)
-            });
-            rec.begin_step(&x.gpu, &x.stream, pieces)?;
+        for x in self.st.iter_mut().map(|s| &mut s.x) {
+            if let Some(rec) = &mut x.rec {
+                // a window's slot checkpoints its state after each of its tokens (`gdn_state`)
+                let pieces = ss.plan.pieces.iter().map(|p| {
+                    let window = entries[p.entry].want == Logits::Window;
+                    (p.slot, p.p0, p.t, window)
+                });
+                rec.begin_step(&x.gpu, &x.stream, pieces)?;
+            }
         }
-        let x = &self.x;
-        x.b.params
-            .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
-        self.moe.before_step(&x.stream, &ss.slots)?;
-        // a decode step of S one-token pieces: its graph (captured after one eager step)
+        // a decode step of S one-token pieces: its graphs (captured after one eager step)
         let decode = (t == n_seg).then_some(n_seg);
-        let head_done = self.launch_layers(decode, &ss.segs)?;
-        self.moe.step_launched(&self.x)?;
+        let graph_ok = self.use_graph && self.graph_error.is_none();
+        let n = self.st.len();
+        // the step is a window through the stages (`pipeline.rs`); one stage: launch, verdict
+        let mut ticket = self.pipe.launch()?;
+        let mut head_done = false;
+        for s in 0..n {
+            let (done, rest) = self.st.split_at_mut(s);
+            let st = &mut rest[0];
+            if let Some(prev) = done.last() {
+                ticket = self.pipe.enter_stage(s, &prev.x, &st.x, t)?;
+            }
+            let x = &st.x;
+            x.b.params
+                .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
+            st.moe.before_step(&x.stream, &ss.slots)?;
+            head_done = st.launch_layers(decode, &ss.segs, graph_ok, &mut self.graph_error)?;
+            st.moe.step_launched(&st.x, &ticket)?;
+            if s + 1 < n {
+                // the host has seen stage s's work complete: a gap there, its tier's turn
+                self.pipe.leave_stage(s, &st.x, t)?;
+                st.moe.after_step(&st.x)?;
+            }
+        }
         if head_done {
             let p = &ss.plan.pieces[0];
             let dst = (p.logit_rows > 0).then(|| &mut out[p.dst..p.dst + self.hp.n_vocab]);
@@ -119,13 +139,15 @@ impl GpuModel {
         } else {
             self.logits_out(&ss.plan.pieces, out)?;
         }
-        self.moe.after_step(&self.x)
+        self.pipe.verdict()?;
+        let last = &mut self.st[n - 1];
+        last.moe.after_step(&last.x)
     }
 
     /// The one-token step's logits row (the whole graph's head) to `dst` through the pinned
     /// staging (then the stream is idle); without `dst`, only the sync.
     fn logits_pinned(&mut self, dst: Option<&mut [f32]>) -> Result<()> {
-        let (x, vocab) = (&self.x, self.hp.n_vocab);
+        let (x, vocab) = (&self.st[self.st.len() - 1].x, self.hp.n_vocab);
         if let Some(dst) = dst {
             let n = 4 * vocab;
             x.b.logits
@@ -146,14 +168,16 @@ impl GpuModel {
         let mut hr = 0; // rows of h filled
         for p in pieces.iter().filter(|p| p.logit_rows > 0) {
             let lr = p.logit_rows;
-            self.x.final_norm(p.r0 + p.t - lr, hr, lr)?;
+            self.st[self.st.len() - 1]
+                .x
+                .final_norm(p.r0 + p.t - lr, hr, lr)?;
             hr += lr;
         }
         let pin_rows = self.pin_logits.len() / (4 * vocab);
         let mut a = 0;
         while a < hr {
             let nr = (hr - a).min(LOGIT_ROWS);
-            let x = &self.x;
+            let x = &self.st[self.st.len() - 1].x;
             x.head(a, nr)?; // logits [nr, V] = h rows a .. a + nr
             let pinned = nr <= pin_rows;
             if pinned {
@@ -174,10 +198,8 @@ impl GpuModel {
                         let nb = 4 * dst.len();
                         as_bytes_mut(dst).copy_from_slice(&src[..nb]);
                     } else {
-                        self.x
-                            .b
-                            .logits
-                            .read_into(&self.x.stream, (i0 - a) * vocab, dst)?;
+                        let x = &self.st[self.st.len() - 1].x;
+                        x.b.logits.read_into(&x.stream, (i0 - a) * vocab, dst)?;
                     }
                 }
                 h0 += p.logit_rows;
@@ -185,7 +207,7 @@ impl GpuModel {
             a += nr;
         }
         if hr == 0 {
-            self.x.stream.sync()?;
+            self.st[self.st.len() - 1].x.stream.sync()?;
         }
         Ok(())
     }

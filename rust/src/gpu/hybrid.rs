@@ -15,15 +15,17 @@
 //! `stream_min_tokens` tokens work this way; longer prefill chunks copy every missing expert
 //! of each layer over PCIe and run the whole layer on the GPU (`stream_in`).
 //!
-//! Each step is a window of the stage protocol (docs/PROTOCOL.md, `Protocol`: one stage here):
-//! launched in `before_step`, its fence is the stage's next gap (a `GapTicket`, no event).
+//! One `Hybrid` per stage of the layer split (`split.rs`), over that stage's layers; the
+//! stages share the counters, the routing counts and the CPU pool. Each step is a window of
+//! the stage protocol (docs/PROTOCOL.md, `Protocol`, driven by the model: `pipeline.rs`):
+//! its fence on this stage is the stage's next gap (a `GapTicket`, no event).
 //! Between steps (a gap, the step complete: its logits were read): the tier driver chooses /
 //! stages / issues swaps (sync or async), and the table changes go to the host pointer
 //! tables; the device copy is rewritten on the compute stream before the next step is
 //! launched, so a step reads the table exactly as the host split it.
 
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
-use super::hybrid_cfg::{HybridConfig, HybridInfo, StageInfo, ADAPT_HALF_LIFE, HOT_HALF_LIFE};
+use super::hybrid_cfg::{HybridConfig, HybridInfo, StagePart, ADAPT_HALF_LIFE};
 use super::launch::Launcher;
 use super::pcie::PcieMisses;
 use super::placement::{experts_through, MoePlacement};
@@ -40,8 +42,8 @@ use crate::model::{Compute, HParams};
 use crate::pool::SKIP;
 use crate::tier::vram::{
     self, cpu_misses, fill_order, initial_assignment, start_fill, BudgetInputs, CudaSlots,
-    GapTicket, HybridCounters, LayerSplit, PcieShare, Proj, Protocol, PtrTables, SlotFences,
-    TierDriver, TierFence, VramPlan, VramTable, WindowId,
+    GapTicket, HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, SlotFences, TierDriver,
+    TierFence, VramPlan, VramTable,
 };
 use crate::tier::RoutingCounters;
 use std::sync::Arc;
@@ -59,14 +61,15 @@ pub struct Hybrid {
     ptrs_dirty: bool,
     slots: CudaSlots,
     fences: SlotFences<TierFence, PinnedBuf>,
-    /// Windows, gaps and fences of the stages (one stage, one window in flight here).
-    proto: Protocol,
-    /// The step in flight: its window and the fence of its part on the stage.
-    window: Option<(WindowId, GapTicket)>,
+    /// The fence of the step in flight on this stage (its `GapTicket`, from the model's
+    /// `Protocol`: `pipeline.rs`).
+    ticket: Option<GapTicket>,
+    /// The last stage ends each step on the counters the stages share.
+    ends_step: bool,
     driver: TierDriver<GgufStager<PinnedBuf>>,
     compute: Arc<dyn Compute>,
-    /// The model's tensors in RAM (the CPU misses read its experts).
-    weights: Weights,
+    /// The model's tensors in RAM (the CPU misses read its experts; shared by the stages).
+    weights: Arc<Weights>,
     counters: Arc<HybridCounters>,
     /// Undecayed picks since load, the "hot" decayed ones, and the adaptive choice's.
     routing: Arc<RoutingCounters>,
@@ -85,6 +88,8 @@ pub struct Hybrid {
     y: Vec<f32>,
     ev: Event,
     steps: u64,
+    /// Swaps this stage's tier has completed (slots filled at its gaps).
+    swapped: u64,
     /// This step's (KV slot, rows) per piece in row order: whose pairs the counts are.
     rows: Vec<(usize, usize)>,
     /// Prefill chunks with every expert on the GPU (None: off).
@@ -110,22 +115,25 @@ fn read_f32s(src: &[u8], out: &mut Vec<f32>, n: usize) {
 }
 
 impl Hybrid {
-    /// Buffers of the hybrid step for chunks of `t` tokens (allocated before the plan, so
-    /// they count as fixed VRAM).
-    #[allow(clippy::too_many_arguments)]
+    /// One stage's hybrid placement (`part`: its layers and its share of the device; one
+    /// stage: every layer, the whole device). Buffers of the hybrid step for chunks of `t`
+    /// tokens (allocated before the plan, so they count as fixed VRAM).
     pub(super) fn new(
         gpu: &Arc<Gpu>,
         hp: &HParams,
-        weights: Weights,
         t: usize,
-        cfg: HybridConfig,
-        free0: usize,
-        dense_bytes: usize,
-        kv_bytes: usize,
-        n_slots: usize,
+        cfg: &HybridConfig,
+        part: StagePart<'_>,
     ) -> Result<Hybrid> {
         let (nl, ne, k, hd) = (hp.n_layer, hp.n_expert, hp.n_expert_used, hp.n_embd);
-        let shapes = shapes(&weights)?;
+        let weights = part.shared.weights.clone();
+        // the stage's layers only: the plan, the fill order and the choice see no other
+        let mut shapes = shapes(&weights)?;
+        for (l, sh) in shapes.iter_mut().enumerate() {
+            if !part.layers.contains(&l) {
+                *sh = None;
+            }
+        }
         let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
         let y_miss = gpu.alloc(4 * t * hd)?;
         let layers = layers_of(&weights, &shapes);
@@ -138,11 +146,12 @@ impl Hybrid {
         } else {
             None
         };
-        let used = free0.saturating_sub(gpu.mem_info()?.0);
+        let (dense_bytes, kv_bytes) = (part.dense_bytes, part.kv_bytes);
+        let used = part.free_before.saturating_sub(gpu.mem_info()?.0);
         let inp = BudgetInputs {
-            free_bytes: free0 as u64,
-            reserve_mib: cfg.reserve_mib,
-            budget_mib: cfg.budget_mib,
+            free_bytes: part.scale(part.free0 as u64),
+            reserve_mib: part.scale(cfg.reserve_mib),
+            budget_mib: cfg.budget_mib.map(|b| part.scale(b)),
             dense_bytes: dense_bytes as u64,
             kv_bytes: kv_bytes as u64,
             buffer_bytes: used.saturating_sub(dense_bytes + kv_bytes) as u64,
@@ -156,23 +165,24 @@ impl Hybrid {
             )),
             e => e,
         })?;
-        if let Some(m) = cfg.max_slots {
+        let max_slots = part.max_slots;
+        if let Some(m) = max_slots {
             plan.n_slots = plan.n_slots.min(m);
         }
         if let Some(st) = stream.as_mut() {
             // A second staging area when the plan has room: the slots asked for
             // (`max_slots`) stay, or the automatic budget gives up at most 1/16 of its slots.
-            let keep = match cfg.max_slots {
+            let keep = match max_slots {
                 Some(_) => plan.n_slots,
                 None => plan.n_slots - plan.n_slots / 16,
             };
-            if let Some(p) = vram::budget::with_extra(&plan, st.area_bytes(), cfg.max_slots, keep) {
+            if let Some(p) = vram::budget::with_extra(&plan, st.area_bytes(), max_slots, keep) {
                 st.add_area(gpu)?;
                 plan = p;
             }
         }
         let slots = CudaSlots::new(gpu, &plan)?;
-        let counters = Arc::new(HybridCounters::with_slots(nl, n_slots));
+        let counters = part.shared.counters.clone();
         let mut table = VramTable::new(nl, ne, plan.n_slots);
         let mut fences: SlotFences<TierFence, PinnedBuf> = SlotFences::new(plan.n_slots);
         let mut stager = GgufStager::new(weights.gguf.clone(), layers);
@@ -217,14 +227,14 @@ impl Hybrid {
             ptrs_dirty: false,
             slots,
             fences,
-            proto: Protocol::new(vec![gpu.ordinal()], 1)?,
-            window: None,
+            ticket: None,
+            ends_step: part.last,
             driver,
-            compute: (cfg.compute)(),
+            compute: part.shared.compute.clone(),
             weights,
             counters,
-            routing: Arc::new(RoutingCounters::new(nl, ne, 0.0)),
-            routing_hot: Arc::new(RoutingCounters::new(nl, ne, HOT_HALF_LIFE)),
+            routing: part.shared.routing.clone(),
+            routing_hot: part.shared.routing_hot.clone(),
             routing_adapt,
             split: LayerSplit::default(),
             share: PcieShare::new(frac).with_cap(pcie.as_ref().map_or(0, PcieMisses::cap)),
@@ -239,7 +249,8 @@ impl Hybrid {
             y: vec![0f32; t * hd],
             ev: gpu.event_no_timing()?,
             steps: 0,
-            rows: Vec::with_capacity(n_slots),
+            swapped: 0,
+            rows: Vec::with_capacity(part.n_seq),
             stream,
             t_last: None,
             pcie,
@@ -273,17 +284,8 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
-            stages: (0..self.proto.n_stages())
-                .map(|s| {
-                    let c = self.proto.counts(s);
-                    StageInfo {
-                        device: self.proto.card(s),
-                        windows: c.windows,
-                        gaps: c.gaps,
-                        busy: !self.proto.at_gap(s),
-                    }
-                })
-                .collect(),
+            swaps: self.swapped,
+            stages: Vec::new(), // the model's (`pipeline.rs`)
         }
     }
 
@@ -321,11 +323,6 @@ impl MoePlacement for Hybrid {
     /// (on the compute stream, ahead of the step's kernels).
     fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
-        if self.proto.windows_in_flight() > 0 {
-            // the last step failed half way: its fence is the next step's gap (same stream)
-            self.proto.abandon();
-        }
-        self.window = Some(self.proto.launch()?);
         self.rows.clear();
         self.rows.extend_from_slice(rows);
         if let Some(st) = self.stream.as_mut() {
@@ -460,18 +457,16 @@ impl MoePlacement for Hybrid {
         Ok(())
     }
 
-    /// Right after a step's kernels are queued: its fence (the stage's next gap) goes to the
-    /// slot fences (slots it may read are not overwritten before it).
-    fn step_launched(&mut self, _cx: &Launcher) -> Result<()> {
-        let (_, ticket) = self
-            .window
-            .as_ref()
-            .ok_or_else(|| Error::Config("a step launched outside a window".into()))?;
+    /// Right after a step's kernels are queued: its fence (`ticket`: the stage's next gap)
+    /// goes to the slot fences (slots it may read are not overwritten before it).
+    fn step_launched(&mut self, _cx: &Launcher, ticket: &GapTicket) -> Result<()> {
+        self.ticket = Some(ticket.clone());
         self.fences.step_launched(TierFence::Step(ticket.clone()));
         Ok(())
     }
 
-    /// A gap after a step that has completed (`step_launched` first): a streamed chunk's ids
+    /// A gap of the stage after a step that has completed there (`step_launched` first; the
+    /// model's `Protocol` has seen the window leave and the gap): a streamed chunk's ids
     /// are counted, the tier driver advances (choices, staging, copies: never a wait), and
     /// the table changes go to the host pointer tables (the device gets them in
     /// `before_step`).
@@ -490,22 +485,25 @@ impl MoePlacement for Hybrid {
                 ra.observe(l, ids);
             });
         }
-        self.routing.end_step();
-        self.routing_hot.end_step();
-        self.routing_adapt.end_step();
-        // the step's logits were read: the window leaves the stage, and this is a gap
-        if let Some((w, _)) = self.window.take() {
-            self.proto.leave(w, 0)?;
-            self.proto.finish(w, true)?;
+        if self.ends_step {
+            self.routing.end_step();
+            self.routing_hot.end_step();
         }
-        self.proto.gap(0)?;
+        self.routing_adapt.end_step();
+        // the window has left the stage (`pipeline.rs`) and this is its gap
+        if self.ticket.take().is_none() {
+            return Err(Error::Config(
+                "a stage's gap without a step before it".into(),
+            ));
+        }
         self.steps += 1;
-        self.driver.at_gap(
+        let out = self.driver.at_gap(
             self.steps,
             &mut self.fences,
             &mut self.table,
             &mut self.slots,
         )?;
+        self.swapped += out.filled as u64;
         for (key, slot) in self.fences.take_changes() {
             self.ptrs.set(&self.plan, key, slot);
             self.ptrs_dirty = true;

@@ -20,6 +20,7 @@ use crate::cuda::{DevBuf, Gpu, Stream};
 use crate::error::Result;
 use crate::model::ops::Rope;
 use crate::model::HParams;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// Chunks of at most this many tokens use the decode attention kernel (split over the
@@ -158,9 +159,24 @@ pub(super) struct Launcher {
     pub b: Bufs,
     /// Position splits of the decode attention kernel.
     pub n_split: usize,
-    /// [n_layer] each attention layer's place in the KV cache (a hybrid family's recurrent
-    /// layers keep none: their entries are unused).
+    /// [n_layer] each attention layer's place among the model's attention layers (a hybrid
+    /// family's recurrent layers keep none: their entries are unused).
     pub kv_of: Vec<usize>,
+    /// The stage's layers (`split.rs`; one stage: every layer), and the place of its first
+    /// attention layer among the model's (its KV cache holds its own layers only).
+    pub layers: Range<usize>,
+    pub kv0: usize,
     /// A hybrid family's recurrent state and DeltaNet scratch (`gdn_state`).
     pub rec: Option<super::gdn_state::GdnState>,
+}
+
+impl Launcher {
+    /// Whether this stage embeds the tokens (the first) / runs the final norm and head (the last).
+    pub(super) fn first(&self) -> bool {
+        self.layers.start == 0
+    }
+
+    pub(super) fn last(&self) -> bool {
+        self.layers.end == self.hp.n_layer
+    }
 }

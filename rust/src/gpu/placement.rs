@@ -19,7 +19,7 @@ use crate::cuda::ops::quant_oai::{self, OaiGlu};
 use crate::cuda::{Graph, Stream};
 use crate::error::{Error, Result};
 use crate::model::arch::Experts;
-use crate::tier::vram::HybridCounters;
+use crate::tier::vram::{GapTicket, HybridCounters};
 use crate::tier::RoutingCounters;
 use std::sync::Arc;
 
@@ -59,12 +59,13 @@ pub(super) trait MoePlacement: Send {
         }
     }
 
-    /// Right after a step's kernels are queued.
-    fn step_launched(&mut self, _cx: &Launcher) -> Result<()> {
+    /// Right after a step's kernels are queued on the stage; `ticket` is the fence of the
+    /// step's part there (done at the stage's next gap: `pipeline.rs`).
+    fn step_launched(&mut self, _cx: &Launcher, _ticket: &GapTicket) -> Result<()> {
         Ok(())
     }
 
-    /// After a step completed (the stream idle).
+    /// At a gap of the stage after a step completed there (its stream idle).
     fn after_step(&mut self, _cx: &Launcher) -> Result<()> {
         Ok(())
     }
@@ -91,7 +92,7 @@ pub(super) struct VramExperts;
 
 impl MoePlacement for VramExperts {
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()> {
-        let lw = &cx.w.layers[l];
+        let lw = cx.w.layer(l);
         let (Some(g), Some(u), Some(d)) = (&lw.gate.stacked, &lw.up.stacked, &lw.down.stacked)
         else {
             return Err(Error::Config(
@@ -108,7 +109,7 @@ impl MoePlacement for VramExperts {
 /// (gpt-oss: Σ_k w·(down(swiglu_oai(gate + bg, up + bu)) + bd), `quant_oai`).
 pub(super) fn experts_through(cx: &Launcher, l: usize, t: usize, tab: [u64; 3]) -> Result<()> {
     let (q, s, b, hp) = (&cx.q, &cx.stream, &cx.b, &cx.hp);
-    let lw = &cx.w.layers[l];
+    let lw = cx.w.layer(l);
     let (hd, k, f) = (hp.n_embd, hp.n_expert_used, hp.n_ff_exp);
     let (scr, act) = (b.scratch.ptr(), b.act.ptr());
     let (gate, up, down) = (&lw.gate, &lw.up, &lw.down);

@@ -24,14 +24,17 @@ use crate::error::{Error, Result};
 use crate::model::arch::{RopeMode, Routing};
 
 impl Launcher {
-    /// x [T, H] = the residual stream after every layer for the T tokens in `params` (the
-    /// pieces `segs`, T = Σ t), the routed experts placed by `moe` (`placement.rs`).
+    /// x [T, H] = the residual stream after the stage's layers for the T tokens in `params`
+    /// (the pieces `segs`, T = Σ t), the routed experts placed by `moe` (`placement.rs`); the
+    /// first stage embeds the tokens, a later one starts from the x its hop brought.
     pub(super) fn layers(&self, segs: &[Seg], moe: &mut dyn MoePlacement) -> Result<()> {
         let t = rows(segs);
-        self.embed(t, segs.len())?;
-        for l in 0..self.w.layers.len() {
+        if self.first() {
+            self.embed(t, segs.len())?;
+        }
+        for l in self.layers.clone() {
             self.attn_router(l, segs)?;
-            if self.w.layers[l].routed() {
+            if self.w.layer(l).routed() {
                 moe.pre(self, l, t)?;
                 moe.moe(self, l, t, None)?;
             }
@@ -43,7 +46,7 @@ impl Launcher {
     pub(super) fn embed(&self, t: usize, n_seg: usize) -> Result<()> {
         let b = &self.b;
         let tok = Dv::of(&b.params).sub(8 * n_seg, 4 * t)?;
-        let te = &self.w.token_embd;
+        let te = self.w.embd()?;
         quant::get_rows(
             &self.q,
             &self.stream,
@@ -69,7 +72,7 @@ impl Launcher {
         let eps = hp.rms_eps;
         let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
         let scr = b.scratch.ptr();
-        let lw = &w.layers[l];
+        let lw = w.layer(l);
         {
             // ---- attention, or a hybrid's DeltaNet mixer: o [T, H] ----
             norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
@@ -121,7 +124,7 @@ impl Launcher {
         let (kc, vc) = (Dv::of(&b.kc), Dv::of(&b.vc));
         let (cos, sin) = (Dv::of(&b.cos), Dv::of(&b.sin));
         let scr = b.scratch.ptr();
-        let lw = &w.layers[l];
+        let lw = w.layer(l);
         // decode: h [T, hd] is quantized once for the three (when they share an activation type)
         if (lw.wq.cols, lw.wk.cols, lw.wv.cols) != (hd, hd, hd) {
             return Err(Error::Model(format!(
@@ -180,7 +183,7 @@ impl Launcher {
     fn route(&self, l: usize, logits: Dv, t: usize, e: usize, k: usize) -> Result<()> {
         let (ids, wts) = (Dv::of(&self.b.ids), Dv::of(&self.b.wts));
         let (g, s) = (&*self.gpu, &self.stream);
-        match (self.hp.graph.routing, &self.w.layers[l].sel_bias) {
+        match (self.hp.graph.routing, &self.w.layer(l).sel_bias) {
             (Routing::Softmax { norm }, _) => router::topk(g, s, logits, ids, wts, t, e, k, norm),
             (Routing::SoftmaxWeight, _) => router::topk_softmax(g, s, logits, ids, wts, t, e, k),
             (Routing::SigmoidBias { norm, scale }, Some(bias)) => {
@@ -208,7 +211,7 @@ impl Launcher {
         scale: f32,
     ) -> Result<()> {
         let (g, s, b, hp) = (&*self.gpu, &self.stream, &self.b, &self.hp);
-        let lw = &self.w.layers[l];
+        let lw = self.w.layer(l);
         let [q, kk, v, att] = qkva;
         let [kc, vc] = cache;
         let blk = rope::QkvBlock {
@@ -218,9 +221,12 @@ impl Launcher {
         };
         let [cos, sin] = tab;
         let eps = hp.rms_eps;
-        let l = self.kv_of[l]; // the layer's place in the KV cache (recurrent layers have none)
+        // the layer's place among the attention layers (recurrent layers have none), and in
+        // this stage's KV cache
+        let l = self.kv_of[l];
+        let kl = l - self.kv0;
         rope::qkv(
-            g, s, &self.lay, l, q, kk, v, blk, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
+            g, s, &self.lay, kl, q, kk, v, blk, cos, sin, sp, kc, vc, t, hp.n_head, hp.n_rot, eps,
         )?;
         let mods = attention::Mods {
             sinks: lw.sinks.as_ref().map(Dv::of),
@@ -232,7 +238,7 @@ impl Launcher {
                 g,
                 s,
                 &self.lay,
-                l,
+                kl,
                 q,
                 kc,
                 vc,
@@ -248,7 +254,7 @@ impl Launcher {
             )
         } else {
             let (lay, nh) = (&self.lay, hp.n_head);
-            attention::prefill_mods(g, s, lay, l, q, kc, vc, sp, att, t, nh, scale, mods)
+            attention::prefill_mods(g, s, lay, kl, q, kc, vc, sp, att, t, nh, scale, mods)
         }
     }
 
@@ -258,7 +264,7 @@ impl Launcher {
         let hd = self.hp.n_embd;
         let x = Dv::of(&self.b.x).f32s(src * hd, n * hd)?;
         let h = Dv::of(&self.b.h).f32s(dst * hd, n * hd)?;
-        let w = Dv::of(&self.w.output_norm);
+        let w = Dv::of(self.w.out_norm()?);
         norm::rms(&self.gpu, &self.stream, x, w, h, n, hd, self.hp.rms_eps)
     }
 
@@ -266,7 +272,7 @@ impl Launcher {
     pub(super) fn head(&self, first: usize, n: usize) -> Result<()> {
         let hd = self.hp.n_embd;
         let h = Dv::of(&self.b.h).f32s(first * hd, n * hd)?;
-        let out = &self.w.output;
+        let out = self.w.head()?;
         let logits = Dv::of(&self.b.logits).f32s(0, n * out.rows)?;
         quant::matmul(
             &self.q,

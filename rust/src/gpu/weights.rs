@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::gguf::TensorInfo;
 use crate::model::weights::{SharedExpert, Weights};
 use crate::quant::GgmlType;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// A 2-D weight [rows, cols] in its GGUF type.
@@ -104,11 +105,15 @@ impl GpuLayer {
     }
 }
 
+/// One stage's share of the model (`split.rs`): its layers, the embedding on the first stage,
+/// the final norm and head on the last (one stage: every tensor).
 pub struct GpuWeights {
-    pub token_embd: GpuMat,  // (V, H)
-    pub output_norm: DevBuf, // f32 [H]
-    pub output: GpuMat,      // (V, H); shares token_embd's buffer when tied
+    pub token_embd: Option<GpuMat>,  // (V, H): the first stage's
+    pub output_norm: Option<DevBuf>, // f32 [H]: the last stage's
+    pub output: Option<GpuMat>, // (V, H): the last stage's; shares token_embd's buffer when tied
+    /// The stage's layers, `first_layer ..`.
     pub layers: Vec<GpuLayer>,
+    pub first_layer: usize,
     /// Bytes uploaded (weights only).
     pub bytes: usize,
 }
@@ -228,29 +233,47 @@ impl GpuWeights {
     /// Uploads every tensor of `w` (types checked first); the stacked expert tensors only
     /// when `experts` (the hybrid mode keeps them in RAM and the VRAM tier's slots).
     pub fn upload(gpu: &Gpu, w: &Weights, experts: bool) -> Result<GpuWeights> {
+        Self::upload_stage(gpu, w, experts, 0..w.layers.len())
+    }
+
+    /// One stage's tensors: the layers `layers`, the embedding when the range starts at 0,
+    /// the final norm and head when it ends at the last layer.
+    pub fn upload_stage(
+        gpu: &Gpu,
+        w: &Weights,
+        experts: bool,
+        layers: Range<usize>,
+    ) -> Result<GpuWeights> {
         check_types(w)?;
+        let (first, last) = (layers.start == 0, layers.end == w.layers.len());
         let mut u = Uploader {
             gpu,
             w,
             bytes: 0,
             experts,
         };
-        let token_embd = u.mat(&w.token_embd)?;
-        let output = if w.output.name == w.token_embd.name {
-            GpuMat {
-                name: token_embd.name.clone(),
-                ty: token_embd.ty,
-                buf: token_embd.buf.clone(),
-                rows: token_embd.rows,
-                cols: token_embd.cols,
-            }
-        } else {
-            u.mat(&w.output)?
+        let tied = w.output.name == w.token_embd.name;
+        let token_embd = match first || (last && tied) {
+            true => Some(u.mat(&w.token_embd)?),
+            false => None,
         };
-        let output_norm = u.vec(&w.output_norm)?;
-        let mut layers = Vec::with_capacity(w.layers.len());
-        for l in &w.layers {
-            layers.push(GpuLayer {
+        let output = match (last, &token_embd) {
+            (false, _) => None,
+            (true, Some(te)) if tied => Some(GpuMat {
+                name: te.name.clone(),
+                ty: te.ty,
+                buf: te.buf.clone(),
+                rows: te.rows,
+                cols: te.cols,
+            }),
+            (true, _) => Some(u.mat(&w.output)?),
+        };
+        let output_norm = last.then(|| u.vec(&w.output_norm)).transpose()?;
+        let token_embd = token_embd.filter(|_| first);
+        let first_layer = layers.start;
+        let mut out = Vec::with_capacity(layers.len());
+        for l in &w.layers[layers] {
+            out.push(GpuLayer {
                 attn_norm: u.vec(&l.attn_norm)?,
                 wq: u.mat(&l.wq)?,
                 wk: u.mat(&l.wk)?,
@@ -314,8 +337,33 @@ impl GpuWeights {
             token_embd,
             output_norm,
             output,
-            layers,
+            layers: out,
+            first_layer,
         })
+    }
+
+    /// Layer `l` (a global index inside this stage's range).
+    pub fn layer(&self, l: usize) -> &GpuLayer {
+        &self.layers[l - self.first_layer]
+    }
+
+    /// The embedding, the final norm, the head: an error on a stage that lacks it.
+    pub fn embd(&self) -> Result<&GpuMat> {
+        self.token_embd
+            .as_ref()
+            .ok_or_else(|| Error::Config("only the first stage holds the embedding".into()))
+    }
+
+    pub fn out_norm(&self) -> Result<&DevBuf> {
+        self.output_norm
+            .as_ref()
+            .ok_or_else(|| Error::Config("only the last stage holds the final norm".into()))
+    }
+
+    pub fn head(&self) -> Result<&GpuMat> {
+        self.output
+            .as_ref()
+            .ok_or_else(|| Error::Config("only the last stage holds the output head".into()))
     }
 }
 

@@ -7,7 +7,7 @@ use super::cuda::shared_gpu;
 use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
 use super::vram::HybridCounters;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuModel, HybridConfig};
+use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
 use crate::model::batch::{batch_logits_len, logits_len};
 use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
@@ -237,6 +237,10 @@ impl PyModel {
     /// per core, at most 8) copy the experts into page-locked bounce buffers. `pcie_frac` of
     /// the missed experts of decode steps (0..1; negative: from a probe of the link and the
     /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
+    /// `gpus` ("0,0": one GPU as two stages), `layer_split` and `pipeline_windows` cut the
+    /// layers into stages (docs/PROTOCOL.md); `split_hop="host"` sends the activations between
+    /// stages through page-locked host memory even on one device (the hop between two
+    /// devices; "auto": a device-to-device copy on one device).
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=None, n_slots=1, kv_type=None, prefill_chunk=None,
@@ -244,7 +248,8 @@ impl PyModel {
                         cuda_graph=true, vram_budget_mib=None, vram_reserve_mib=None,
                         vram_slots=-1, adapt_every=None, adapt_swaps=None, tier_async=None,
                         profile=None, stream_min_tokens=None, stream_chunk=None,
-                        stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None))]
+                        stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None,
+                        gpus=None, layer_split=None, pipeline_windows=None, split_hop="auto"))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -270,6 +275,10 @@ impl PyModel {
         cpu_repack: Option<bool>,
         pcie_frac: Option<f64>,
         isa: Option<String>,
+        gpus: Option<String>,
+        layer_split: Option<String>,
+        pipeline_windows: Option<usize>,
+        split_hop: &str,
     ) -> PyResult<Self> {
         or_default!(
             py,
@@ -290,7 +299,10 @@ impl PyModel {
             stream_threads,
             cpu_repack,
             pcie_frac,
-            isa
+            isa,
+            gpus,
+            layer_split,
+            pipeline_windows
         );
         if !isa.eq_ignore_ascii_case("auto") {
             let want = dot::Isa::from_name(&isa).ok_or_else(|| {
@@ -329,9 +341,15 @@ impl PyModel {
                     pcie_frac,
                     compute: Box::new(make),
                 };
+                let split = SplitConfig {
+                    gpus: SplitConfig::parse_gpus(&gpus)?,
+                    layer_split,
+                    pipeline_windows,
+                    hop: HopKind::parse(split_hop)?,
+                };
                 let b = py.detach(|| -> Result<Backend> {
-                    let gpu = shared_gpu()?;
-                    let mut m = Box::new(GpuModel::open(&path, cfg, gpu, Some(hybrid))?);
+                    let _gpu = shared_gpu()?; // keeps GPU 0's context between models
+                    let mut m = Box::new(GpuModel::open(&path, cfg, &split, Some(hybrid))?);
                     m.set_graph(cuda_graph);
                     Ok(Backend::Gpu { m })
                 })?;
@@ -747,17 +765,23 @@ impl PyModel {
         d.set_item("stream_chunk", i.stream_chunk)?;
         d.set_item("pcie_frac", i.pcie_frac)?;
         d.set_item("pcie", i.pcie)?;
-        let stages = PyList::empty(py);
-        for s in &i.stages {
-            let sd = PyDict::new(py);
-            sd.set_item("device", s.device)?;
-            sd.set_item("windows", s.windows)?;
-            sd.set_item("gaps", s.gaps)?;
-            sd.set_item("busy", s.busy)?;
-            stages.append(sd)?;
-        }
-        d.set_item("stages", stages)?;
+        d.set_item("swaps", i.swaps)?;
+        d.set_item("stages", stage_list(py, &i.stages)?)?;
         Ok(Some(d))
+    }
+
+    /// Per stage of the layer split (docs/PROTOCOL.md; one stage without a split): `device`,
+    /// `layers` (first, end), `windows` entered, `gaps`, `busy`, `compute_s` (host-seen time
+    /// with a window on it), `waiting_s` (a window waiting to enter it), `copying_s` (device
+    /// time of the activation hops into it), `windows_in_flight` (now) and
+    /// `max_windows_in_flight`, `n_slots`, `resident` and `swaps` (its expert slots, hybrid). The
+    /// CPU path: an empty list.
+    fn stages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let info = self.with(py, |m| match m {
+            Backend::Cpu(_) => Vec::new(),
+            Backend::Gpu { m, .. } => m.stage_info(),
+        });
+        stage_list(py, &info)
     }
 
     /// The decode graph: "captured", "captured (per layer)" (hybrid), "not yet", "off",
@@ -784,4 +808,30 @@ fn runnable_types() -> Vec<&'static str> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyModel>()?;
     m.add_function(wrap_pyfunction!(runnable_types, m)?)
+}
+
+/// `Model.stages()` / `hybrid_info()["stages"]`: one dict per stage.
+fn stage_list<'py>(
+    py: Python<'py>,
+    info: &[crate::gpu::StageInfo],
+) -> PyResult<Bound<'py, PyList>> {
+    let stages = PyList::empty(py);
+    for s in info {
+        let sd = PyDict::new(py);
+        sd.set_item("device", s.device)?;
+        sd.set_item("layers", s.layers)?;
+        sd.set_item("windows", s.windows)?;
+        sd.set_item("gaps", s.gaps)?;
+        sd.set_item("busy", s.busy)?;
+        sd.set_item("compute_s", s.compute_s)?;
+        sd.set_item("waiting_s", s.waiting_s)?;
+        sd.set_item("copying_s", s.copying_s)?;
+        sd.set_item("windows_in_flight", s.windows_in_flight)?;
+        sd.set_item("max_windows_in_flight", s.max_windows_in_flight)?;
+        sd.set_item("n_slots", s.n_slots)?;
+        sd.set_item("resident", s.resident)?;
+        sd.set_item("swaps", s.swaps)?;
+        stages.append(sd)?;
+    }
+    Ok(stages)
 }

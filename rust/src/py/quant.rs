@@ -59,7 +59,8 @@ fn cpu_features() -> Vec<&'static str> {
     dot::cpu_features()
 }
 
-/// The ISA `vec_dot` uses (`STRATA_ISA`, read once, capped at what the CPU runs).
+/// The ISA `vec_dot` uses (`Model.open`'s `isa`, else `STRATA_ISA`, capped at what the CPU
+/// runs; chosen once per process).
 #[pyfunction]
 fn dot_isa() -> &'static str {
     dot::active_isa().name()

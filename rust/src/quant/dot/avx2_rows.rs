@@ -26,7 +26,7 @@
 //! Safety: callers (`super::rows_kernel`'s wrappers) have checked the CPU features and that
 //! `w` holds four rows of `rb` = row bytes of `n` elements and `a` the activation of `n`.
 
-use super::super::common::{e8m0_half, u32_at};
+use super::super::common::{e8m0_half, k4_scales_packed, u32_at};
 use super::super::{act_bytes, cpu, RowsFn};
 use super::{bits_to_bytes, dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
 use crate::quant::tables::KVALUES_MXFP4;
@@ -37,18 +37,6 @@ use std::arch::x86_64::*;
 const AB: usize = 292;
 /// Rows per group.
 pub(in super::super) const R: usize = 4;
-
-/// Q4_K block scales and mins (`avx2_k::k4_scales`, the same bit operations).
-#[inline(always)]
-fn k4_scales(wb: &[u8]) -> (u64, u64) {
-    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
-    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
-    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
-    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
-    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
-    (sc, mn)
-}
 
 /// Eight u8 (`signed`: i8) scales packed in a u64, as i16 in both 128-bit halves.
 #[target_feature(enable = "avx2")]
@@ -103,7 +91,7 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
         let mut sumv = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let wb = &w[r * rb + 144 * b..r * rb + 144 * b + 144];
-            let (sc, mn) = k4_scales(wb);
+            let (sc, mn) = k4_scales_packed(wb);
             let sc8 = scales8(sc, false);
             mins[r] = mn;
             dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);

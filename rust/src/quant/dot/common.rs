@@ -76,6 +76,19 @@ pub fn scale_min_k4(j: usize, s: &[u8]) -> (i32, i32) {
     }
 }
 
+/// Q4_K/Q5_K block scales and mins (the 12 bytes at `wb[4..16]`, as `scale_min_k4` for
+/// j = 0..8), packed one byte each: (scales, mins) with sub-block j in byte j.
+#[inline(always)]
+pub fn k4_scales_packed(wb: &[u8]) -> (u64, u64) {
+    let (w0, w1, w2) = (u32_at(wb, 4), u32_at(wb, 8), u32_at(wb, 12));
+    let (m6, m4, m2) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+    let sc_hi = (w2 & m4) | ((w0 >> 6) & m2) << 4;
+    let mn_hi = ((w2 >> 4) & m4) | ((w1 >> 6) & m2) << 4;
+    let sc = (w0 & m6) as u64 | (sc_hi as u64) << 32;
+    let mn = (w1 & m6) as u64 | (mn_hi as u64) << 32;
+    (sc, mn)
+}
+
 /// Q3_K signed 6-bit scales of the 16 sub-blocks from the 12 packed bytes.
 #[inline(always)]
 pub fn q3k_scales(s: &[u8]) -> [i32; 16] {

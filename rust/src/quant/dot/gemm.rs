@@ -37,7 +37,7 @@ const AMX_MIN_T: usize = 12;
 
 /// Most tokens a tile hands to one `MultiDot::call` (`MultiDot::group` says how many suit
 /// the kernel).
-pub const MAX_T: usize = 32;
+pub const MAX_T: usize = 64;
 
 /// Tokens per call for the kernels that decode a block per 4 tokens: a group's activations
 /// stay in L1 while the rows of a tile's row block run over them.

@@ -25,7 +25,7 @@
 //! Safety: `available()` checks the CPU (CPUID AMX-TILE/AMX-INT8, AVX-512), the OS (XCR0
 //! tile state) and asks Linux for the tile data permission once; the kernel runs only after.
 
-use super::super::common::{f16_at, scale_min_k4};
+use super::super::common::{f16_at, k4_scales_packed};
 use super::gemm_avx512::iq3s512::{chunk, halves};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -235,7 +235,19 @@ unsafe fn pack_a(
 ) -> ([f32; TILE], [f32; TILE]) {
     let (mut d, mut dm) = ([0f32; TILE], [0f32; TILE]);
     let nib = _mm256_set1_epi8(15);
-    // 16-bit lanes of the low 256 bits take `x`, of the high ones `y`
+    let seven = _mm512_set1_epi16(7);
+    // vpshufb indices (per 128-bit lane) over the 8 scale bytes broadcast to every lane:
+    // `SC[c]` puts byte 2c zero-extended in the 16-bit lanes of the low 256 bits and byte
+    // 2c + 1 in those of the high ones; `MN[c]` the same bytes in both bytes of each lane
+    let (sc_idx, mn_idx): ([__m512i; 4], [__m512i; 4]) = (
+        std::array::from_fn(|c| {
+            halves(
+                0xff00u16 as i16 | (2 * c as i16),
+                0xff00u16 as i16 | (2 * c + 1) as i16,
+            )
+        }),
+        std::array::from_fn(|c| halves((2 * c as i16) * 257, ((2 * c + 1) as i16) * 257)),
+    );
     for r in 0..TILE {
         if r >= nr {
             for k in 0..12 {
@@ -249,10 +261,9 @@ unsafe fn pack_a(
         let wb = &rows[(r0 + r) * row_len + WB * blk..][..WB];
         d[r] = f16_at(wb, 0);
         dm[r] = f16_at(wb, 2);
-        let sc = &wb[4..16];
+        let (sc, mn) = k4_scales_packed(wb);
+        let (scv, mnv) = (_mm512_set1_epi64(sc as i64), _mm512_set1_epi64(mn as i64));
         for c in 0..4 {
-            let (s0, m0) = scale_min_k4(2 * c, sc);
-            let (s1, m1) = scale_min_k4(2 * c + 1, sc);
             let q = _mm256_loadu_si256(wb.as_ptr().add(16 + 32 * c) as *const _);
             let v = _mm512_inserti64x4::<1>(
                 _mm512_castsi256_si512(_mm256_and_si256(q, nib)),
@@ -260,14 +271,14 @@ unsafe fn pack_a(
             );
             // byte products q·s ≤ 15·7 < 256: a 16-bit multiply of two bytes by the same
             // small s leaves each byte's product in its own byte
-            let h = |x: i32, y: i32| halves(x as i16, y as i16);
-            let lo = _mm512_mullo_epi16(v, h(s0 & 7, s1 & 7));
-            let hi = _mm512_mullo_epi16(v, h(s0 >> 3, s1 >> 3));
-            let mn = h(m0 * 257, m1 * 257);
+            let s16 = _mm512_shuffle_epi8(scv, sc_idx[c]);
+            let lo = _mm512_mullo_epi16(v, _mm512_and_si512(s16, seven));
+            let hi = _mm512_mullo_epi16(v, _mm512_srli_epi16::<3>(s16));
+            let mins = _mm512_shuffle_epi8(mnv, mn_idx[c]);
             let base = c * OPS * TILE + r;
             _mm512_store_si512(a[base].0.as_mut_ptr() as *mut _, lo);
             _mm512_store_si512(a[base + TILE].0.as_mut_ptr() as *mut _, hi);
-            _mm512_store_si512(a[base + 2 * TILE].0.as_mut_ptr() as *mut _, mn);
+            _mm512_store_si512(a[base + 2 * TILE].0.as_mut_ptr() as *mut _, mins);
         }
     }
     (d, dm)

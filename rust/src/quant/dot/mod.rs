@@ -146,9 +146,21 @@ pub fn set_active_isa(isa: Isa) -> Result<()> {
 }
 
 /// The ISA `vec_dot` uses: as set by `set_active_isa` (the settings object's `isa`, through
-/// `Model.open`), else the best this CPU runs. Chosen once per process.
+/// `Model.open`), else `STRATA_ISA` (the variable the settings read, so that a process whose
+/// first dot runs before any model opens agrees with its settings), capped at what this CPU
+/// runs, else the best this CPU runs. Chosen once per process.
 pub fn active_isa() -> Isa {
-    *ACTIVE.get_or_init(best_isa)
+    *ACTIVE.get_or_init(|| env_isa(std::env::var("STRATA_ISA").ok().as_deref()))
+}
+
+/// The ISA a `STRATA_ISA` value asks for, capped at the best this CPU runs; the best for no
+/// value, `auto` or a name that is no ISA (the settings reject those with a typed error).
+fn env_isa(v: Option<&str>) -> Isa {
+    let best = best_isa();
+    match v.and_then(Isa::from_name) {
+        Some(i) if i.index() <= best.index() => i,
+        _ => best,
+    }
 }
 
 const N_TYPES: usize = 43;
@@ -406,12 +418,13 @@ pub fn kernel_many(isa: Isa, w: GgmlType) -> Option<DotFn> {
 }
 
 /// The grouped one-token kernel of `isa` for `w` where it has one (several rows per call
-/// against one activation, bitwise `kernel_for(isa, w)` per row): AVX2 Q4_K and Q6_K, also
-/// under AVX-512 where that ISA has no kernel of its own for the type.
+/// against one activation, bitwise `kernel_for(isa, w)` per row): AVX2 Q4_K and Q6_K, under
+/// AVX-512 too. Every kernel of every ISA is bitwise the scalar one, so the AVX2 grouped
+/// kernel stands in for the AVX-512 per-row one: its interleaved rows and prefetch read RAM
+/// faster than one zmm row at a time (Q4_K decode 49.0 against 37.5 tok/s, `BENCHMARKS.md`).
 pub fn rows_kernel_for(isa: Isa, w: GgmlType) -> Option<RowsFn> {
     match isa {
-        Isa::Avx2 if isa.available() => avx2::rows_kernel(w),
-        Isa::Avx512 if isa.available() && avx512::kernel(w).is_none() => avx2::rows_kernel(w),
+        Isa::Avx2 | Isa::Avx512 if isa.available() => avx2::rows_kernel(w),
         _ => None,
     }
 }

@@ -322,3 +322,29 @@ fn multi_row_orders_avx2_equal_scalar() {
     }
     assert!(kernel_many(Isa::Scalar, Q8_0).is_none());
 }
+
+#[test]
+fn strata_isa_variable_is_capped_at_the_cpu() {
+    use super::{best_isa, env_isa, Isa};
+    let best = best_isa();
+    assert_eq!(env_isa(None), best);
+    assert_eq!(env_isa(Some("auto")), best);
+    assert_eq!(env_isa(Some("sse9")), best);
+    assert_eq!(env_isa(Some("scalar")), Isa::Scalar);
+    assert_eq!(
+        env_isa(Some("AVX2")),
+        if Isa::Avx2.available() {
+            Isa::Avx2
+        } else {
+            best
+        }
+    );
+    assert_eq!(
+        env_isa(Some("avx512")),
+        if Isa::Avx512.available() {
+            Isa::Avx512
+        } else {
+            best
+        }
+    );
+}

@@ -4,6 +4,7 @@
     python bench/bench_decode.py --model FILE.gguf        # use this file as is
     python bench/bench_decode.py --quick                  # 1 rep, short prompts (smoke run)
     python bench/bench_decode.py --llama-bench BIN --quantize BIN   # without llama-cpp-python
+    python bench/bench_decode.py --model F.gguf --llama-bench BIN --peer-args "--repack 0"
     python bench/bench_decode.py --model Q35.gguf --deltanet-chunked-ab 64  # chunked prefill A/B
 
 Without `--model` it makes a Qwen3-30B-A3B-shaped GGUF at full width (hidden 2048, 128
@@ -82,7 +83,8 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
                 total += t.nbytes / t.shape[0]  # one row
             elif "_exps" in t.name:
                 total += t.nbytes * k / n_exp
-                exp_types.append(t.type)
+                if t.name.endswith(".weight"):  # not gpt-oss's F32 expert biases
+                    exp_types.append(t.type)
             else:
                 total += t.nbytes
     return total, max(set(exp_types), key=exp_types.count) if exp_types else "?"
@@ -137,9 +139,9 @@ class LlamaCpp:
 class LlamaBench:
     """llama.cpp through its `llama-bench` binary: one process per measurement, `-r 1`."""
 
-    def __init__(self, exe: str, path: Path, threads: int) -> None:
+    def __init__(self, exe: str, path: Path, threads: int, extra: list[str] | None = None) -> None:
         self.base = [exe, "-m", str(path), "-t", str(threads), "-r", "1", "-o", "json"]
-        self.base += ["-b", "512", "-ub", "512"]
+        self.base += ["-b", "512", "-ub", "512", *(extra or [])]
 
     def _ts(self, pp: int, tg: int) -> float:
         cmd = [*self.base, "-p", str(pp), "-n", str(tg)]
@@ -203,6 +205,7 @@ def run_file(
     llama_bench: str | None = None,
     chunked_ab: int = 0,
     peer: bool = True,
+    peer_args: list[str] | None = None,
 ) -> list[list[str]]:
     rng = np.random.default_rng(0)
     bpt, ety = bytes_per_token(path)
@@ -210,7 +213,7 @@ def run_file(
     engines: dict[str, Any] = {}
     if peer:
         engines["llama.cpp"] = (
-            LlamaBench(llama_bench, path, threads)
+            LlamaBench(llama_bench, path, threads, peer_args)
             if llama_bench
             else LlamaCpp(path, threads, n_ctx)
         )
@@ -290,6 +293,11 @@ def main() -> None:
         help="no llama.cpp: the A/B engines against Strata's default (the peer columns then "
         "hold Strata's default)",
     )
+    ap.add_argument(
+        "--peer-args",
+        default="",
+        help="more llama-bench arguments, e.g. \"--repack 0\" (where its repacked path crashes)",
+    )
     ap.add_argument("--quantize", help="llama.cpp's llama-quantize binary to make the files")
     a = ap.parse_args()
     if a.quick:
@@ -306,7 +314,7 @@ def main() -> None:
     for f in files:
         rows += run_file(
             f, a.threads, a.reps, pps, a.gen, gbps, a.repack_ab, a.llama_bench,
-            a.deltanet_chunked_ab, not a.no_peer,
+            a.deltanet_chunked_ab, not a.no_peer, a.peer_args.split(),
         )  # fmt: skip
     gbps2 = ram_read_gbps(a.threads)
     peer, ratio = ("llama.cpp", "strata/llama") if not a.no_peer else ("strata default", "A/B")

@@ -1,5 +1,6 @@
 //! AVX2 single-token (decode) kernels over groups of four consecutive weight rows against one
-//! Q8_K activation (Q4_K, Q6_K): `out[r] = vec_dot(row r, a)` bitwise.
+//! Q8_K activation (Q4_K, Q6_K) or Q8_0 activation (Q8_0, Q5_0, MXFP4): `out[r] = vec_dot(row r, a)`
+//! bitwise.
 //!
 //! Why: on Zen 1 the one-row kernels are bound by vector µops, not by RAM (a Q4_K row streams
 //! ~7 GB/s from L2 and from RAM alike); about a third of a Q4_K block's µops were its tail
@@ -12,14 +13,23 @@
 //! and the float combine is `vec_dot`'s operation for operation — Q4_K `k_add_min`
 //! (`acc + (d_a·d·sumi − d_a·dmin·summ)`, separate multiplies and adds, never fused), Q6_K
 //! ggml's `Fma8` (`fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`).
+//! Q8_0 keeps ggml's `Fma8` order per row (`fma(d_w·d_a, f32(lanes), acc)` per block, then
+//! `hsum8`); the four rows share the activation's loads and scale and run four independent
+//! accumulator chains. Q5_0 and MXFP4 keep the 32-element lane scheme (`common::Lanes`: per block, the eight exact
+//! 4-element sums times 2^(e−128)·d_a, a multiply then an add, even/odd blocks in two
+//! registers). Their integer sums avoid the sign juggling of a signed·signed byte product: the
+//! weights are taken unsigned, q + off (MXFP4: the doubled E2M1 values plus 12, 0..24; Q5_0:
+//! the 5-bit values as stored, 0..31), so Σ q·a = Σ (q+off)·a − off·Σ a, whose second term is
+//! shared by the four rows (exact in i16: 31·128·2 < 2^15).
 //! Prefetch: hints run a group ahead (the next four rows), which from RAM beat per-row hints.
 //!
 //! Safety: callers (`super::rows_kernel`'s wrappers) have checked the CPU features and that
 //! `w` holds four rows of `rb` = row bytes of `n` elements and `a` the activation of `n`.
 
-use super::super::common::{k4_scales_packed, u32_at};
+use super::super::common::{e8m0_half, k4_scales_packed, u32_at};
 use super::super::{act_bytes, cpu, RowsFn};
-use super::{h2f, hsum8, load, load128, pf};
+use super::{bits_to_bytes, dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
+use crate::quant::tables::KVALUES_MXFP4;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
@@ -197,6 +207,106 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
     std::array::from_fn(|r| hsum8(acc[r]))
 }
 
+/// Q8_0 (34-byte blocks: f16 scale, 32 i8) with a Q8_0 activation: `out[r] = dot(row r, a)`
+/// for the four rows of `w` (row r at byte `r·rb`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super) unsafe fn q8_0_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let nb = n / 32;
+    assert!(w.len() >= 3 * rb + 34 * nb && a.len() >= 34 * nb);
+    let dist = pf::distance();
+    for b in 0..nb {
+        ahead_group(w, b, 34, rb, dist);
+        let av = load(ap.add(34 * b + 2));
+        let da = h2f(a, 34 * b);
+        for r in 0..R {
+            let o = r * rb + 34 * b;
+            let p = dot_ss(load(wp.add(o + 2)), av);
+            let d = _mm256_set1_ps(h2f(w, o) * da);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum8(acc[r]))
+}
+
+/// Four rows of 32-element blocks in the lane scheme (`common::Lanes`) against a Q8_0
+/// activation: `$u(wb)` gives block `wb`'s 32 weights as unsigned bytes q + `$off`, `$d(wb)`
+/// its weight scale; Σ q·a = Σ u·a − off·Σ a, the second term once for the four rows.
+macro_rules! lanes_rows4 {
+    ($name:ident, $bs:expr, $off:expr, |$wb:ident| $u:expr, $d:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(in super::super) unsafe fn $name(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+            let (ones, off) = (_mm256_set1_epi16(1), _mm256_set1_epi8($off));
+            // Row r's lanes of the even blocks in ev[r], of the odd blocks in od[r].
+            let (mut ev, mut od) = ([_mm256_setzero_ps(); R], [_mm256_setzero_ps(); R]);
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let nb = n / 32;
+            assert!(w.len() >= 3 * rb + $bs * nb && a.len() >= 34 * nb);
+            let dist = pf::distance();
+            macro_rules! block {
+                ($b:expr, $acc:ident) => {{
+                    let b = $b;
+                    ahead_group(w, b, $bs, rb, dist);
+                    let av = load(ap.add(34 * b + 2));
+                    let da = h2f(a, 34 * b);
+                    // off·Σ a over each 4-element group, i32 lanes
+                    let sa = _mm256_madd_epi16(_mm256_maddubs_epi16(off, av), ones);
+                    for r in 0..R {
+                        let $wb = wp.add(r * rb + $bs * b);
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16($u, av), ones);
+                        let p = _mm256_sub_epi32(p, sa);
+                        let d = _mm256_set1_ps($d * da);
+                        $acc[r] = _mm256_add_ps($acc[r], _mm256_mul_ps(_mm256_cvtepi32_ps(p), d));
+                    }
+                }};
+            }
+            let mut b = 0;
+            while b + 1 < nb {
+                block!(b, ev);
+                block!(b + 1, od);
+                b += 2;
+            }
+            if b < nb {
+                block!(b, ev);
+            }
+            std::array::from_fn(|r| reduce_lanes(ev[r], od[r]))
+        }
+    };
+}
+
+// MXFP4 (17-byte blocks: E8M0 exponent, 16 bytes of E2M1 nibbles): the doubled E2M1 values
+// plus 12 (0..24) through a byte shuffle; scale 2^(e−128) as the scalar kernel forms it.
+lanes_rows4!(
+    mxfp4_rows4,
+    17,
+    12,
+    |wb| _mm256_shuffle_epi8(mxfp4_table(), nibbles(load128(wb.add(1)))),
+    e8m0_half(*wb)
+);
+
+// Q5_0 (22-byte blocks: f16 scale, 32 high bits, 16 bytes of nibbles): the 5-bit values
+// unsigned (0..31, the scalar kernel's q + 16).
+lanes_rows4!(
+    q5_0_rows4,
+    22,
+    16,
+    |wb| {
+        let qh = (wb.add(2) as *const u32).read_unaligned();
+        let hi = _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(load128(wb.add(6))), hi)
+    },
+    half::f16::from_bits((wb as *const u16).read_unaligned()).to_f32()
+);
+
+/// The doubled E2M1 values plus 12, in both 128-bit halves.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn mxfp4_table() -> __m256i {
+    let t: [i8; 16] = std::array::from_fn(|i| KVALUES_MXFP4[i] + 12);
+    super::table16(&t)
+}
+
 /// The grouped kernel for `w`, if it has one: `f(n, rows, act, out)` with `out.len()` rows
 /// back to back in `rows`; groups of four, the rest row by row with the one-row kernel.
 pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
@@ -206,6 +316,9 @@ pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
     match w {
         GgmlType::Q4K => Some(q4_k_rows as RowsFn),
         GgmlType::Q6K => Some(q6_k_rows as RowsFn),
+        GgmlType::MXFP4 => Some(mxfp4_rows as RowsFn),
+        GgmlType::Q8_0 => Some(q8_0_rows as RowsFn),
+        GgmlType::Q5_0 => Some(q5_0_rows as RowsFn),
         _ => None,
     }
 }
@@ -255,6 +368,26 @@ fn q6_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     by_groups(GgmlType::Q6K, n, rows, act, out, q6_k_rows4, super::k::q6_k);
 }
 
+fn q8_0_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q8_0, n, rows, act, out, q8_0_rows4, super::q8_0);
+}
+
+fn q5_0_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(GgmlType::Q5_0, n, rows, act, out, q5_0_rows4, super::q5_0);
+}
+
+fn mxfp4_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    by_groups(
+        GgmlType::MXFP4,
+        n,
+        rows,
+        act,
+        out,
+        mxfp4_rows4,
+        super::mxfp4,
+    );
+}
+
 /// Every row of the grouped kernels equals the one-row kernels (AVX2 and scalar) bitwise:
 /// random blocks, row counts around and not multiples of the group, prefetch off and on, and
 /// the extremes (every weight at its maximum, every activation ±127) that bound the i16 sums.
@@ -292,9 +425,19 @@ mod exact {
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn grouped_rows_equal_one_row_kernel_bitwise() {
         crate::quant::dot::require_isa(Isa::Avx2, "grouped_rows_equal_one_row_kernel_bitwise");
-        for w in [GgmlType::Q4K, GgmlType::Q6K] {
+        for w in [
+            GgmlType::Q4K,
+            GgmlType::Q6K,
+            GgmlType::MXFP4,
+            GgmlType::Q8_0,
+            GgmlType::Q5_0,
+        ] {
             let mut rng = Rng::new(17 + w.id() as u64);
-            for n in [256usize, 768, 2048] {
+            let ns: &[usize] = match w {
+                GgmlType::Q4K | GgmlType::Q6K => &[256, 768, 2048],
+                _ => &[32, 96, 256, 1408, 2880], // 1, 3, 8, 44, 90 blocks
+            };
+            for &n in ns {
                 let act = random_act(w, n, &mut rng);
                 let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
                 let rb = m.len() / 13;
@@ -348,6 +491,61 @@ mod exact {
             for v in [127i8, -127, 1] {
                 check(w, n, &m, &flat_act(n, v), &format!("extreme act {v}"));
             }
+        }
+    }
+
+    /// MXFP4 at its extremes: every nibble ±12 (0x77 / 0xFF) or mixed, exponents from the
+    /// subnormal 0 to 254, Q8_0 activations of ±127 (the largest |(q+12)·a| pair sums).
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
+    fn grouped_mxfp4_extremes_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx2, "grouped_mxfp4_extremes_bitwise");
+        let (w, n) = (GgmlType::MXFP4, 2880);
+        let rb = w.row_bytes(n).unwrap();
+        let mut rng = Rng::new(5);
+        let mut m: Vec<u8> = (0..7).flat_map(|_| random_row(w, n, &mut rng)).collect();
+        for (k, row) in m.chunks_exact_mut(rb).enumerate() {
+            for (j, blk) in row.chunks_exact_mut(17).enumerate() {
+                blk[0] = [0u8, 1, 2, 127, 128, 200, 254][(k + j) % 7];
+                blk[1..].fill([0x77u8, 0xff, 0x7f, 0xf7, 0x08][k % 5]);
+            }
+        }
+        for v in [127i8, -127, 1] {
+            let mut act = Vec::new();
+            for _ in 0..n / 32 {
+                act.extend_from_slice(&half::f16::from_f32(0.5).to_bits().to_le_bytes());
+                act.extend(std::iter::repeat_n(v as u8, 32));
+            }
+            check(w, n, &m, &act, &format!("extreme act {v}"));
+        }
+    }
+
+    /// Q8_0 at its extremes: weights −128, 127 and mixed, f16 scales from random rows,
+    /// activations of ±127 (the largest maddubs pair sums, 2·128·127).
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
+    fn grouped_q8_0_extremes_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx2, "grouped_q8_0_extremes_bitwise");
+        let (w, n) = (GgmlType::Q8_0, 2880);
+        let rb = w.row_bytes(n).unwrap();
+        let mut rng = Rng::new(6);
+        let mut m: Vec<u8> = (0..6).flat_map(|_| random_row(w, n, &mut rng)).collect();
+        for (k, row) in m.chunks_exact_mut(rb).enumerate() {
+            for blk in row.chunks_exact_mut(34) {
+                let fill = [0x80u8, 0x7f, 0x81][k % 3];
+                blk[2..].fill(fill);
+                if k >= 3 {
+                    blk[2..].iter_mut().step_by(2).for_each(|x| *x = 0x7f);
+                }
+            }
+        }
+        for v in [127i8, -127, 1] {
+            let mut act = Vec::new();
+            for _ in 0..n / 32 {
+                act.extend_from_slice(&half::f16::from_f32(0.25).to_bits().to_le_bytes());
+                act.extend(std::iter::repeat_n(v as u8, 32));
+            }
+            check(w, n, &m, &act, &format!("extreme act {v}"));
         }
     }
 }

@@ -65,6 +65,7 @@ fn decode_rows_ab() {
         (GgmlType::Q4K, 768, 2048 * 128),
         (GgmlType::Q6K, 768, 2048 * 128),
         (GgmlType::Q6K, 2048, 768 * 128),
+        (GgmlType::Q8_0, 2880, 201088 / 8), // an eighth of gpt-oss's output head
     ];
     for (w, n, rows) in shapes {
         let mut rng = Rng::new(11 + w.id() as u64);
@@ -137,5 +138,68 @@ fn decode_rows_ab() {
                 best[2].0 / best[1].0
             );
         }
+    }
+}
+
+/// MXFP4 decode kernels side by side (gpt-oss's expert rows, n = 2880), interleaved, one
+/// thread, CPU time: the scalar and AVX2 one-row kernels and the AVX2 grouped kernel, on an
+/// L2-resident slice (compute) and on 32 experts' rows from RAM:
+/// `cargo test --no-default-features --release mxfp4_kernels_ab -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn mxfp4_kernels_ab() {
+    use super::{kernel_for, rows_kernel_for, Isa};
+    let (w, n) = (GgmlType::MXFP4, 2880usize);
+    let rb = w.row_bytes(n).unwrap();
+    let mut rng = Rng::new(29);
+    let proto: Vec<u8> = (0..64).flat_map(|_| random_row(w, n, &mut rng)).collect();
+    let m: Vec<u8> = proto.iter().copied().cycle().take(2880 * 32 * rb).collect();
+    let act = random_act(w, n, &mut rng);
+    let act = &act[..];
+    let one = |isa: Isa| {
+        let k = kernel_for(isa, w).unwrap();
+        move |c: &[u8]| {
+            let mut x = 0f32;
+            for row in c.chunks_exact(rb) {
+                x += k(n, row, act);
+            }
+            x.to_bits() as u64
+        }
+    };
+    let g = rows_kernel_for(Isa::Avx2, w).unwrap();
+    let grouped = |c: &[u8]| {
+        let mut out = [0f32; 64];
+        let mut x = 0f32;
+        for r in c.chunks(64 * rb) {
+            let o = &mut out[..r.len() / rb];
+            g(n, r, act, o);
+            x += o.iter().sum::<f32>();
+        }
+        x.to_bits() as u64
+    };
+    let (a2, sc) = (one(Isa::Avx2), one(Isa::Scalar));
+    let fs: [(&str, &dyn Fn(&[u8]) -> u64); 3] = [
+        ("scalar", &sc),
+        ("avx2 one-row", &a2),
+        ("avx2 grouped", &grouped),
+    ];
+    let small = &m[..384 * 1024 / rb * rb];
+    for (what, data, reps) in [("L2", small, 300), ("RAM", &m[..], 3)] {
+        let mut best = [u64::MAX; 3];
+        for _ in 0..5 {
+            for (k, (_, f)) in fs.iter().enumerate() {
+                let c0 = thread_cpu_ns();
+                for _ in 0..reps {
+                    std::hint::black_box(f(data));
+                }
+                best[k] = best[k].min(thread_cpu_ns() - c0);
+            }
+        }
+        let line: Vec<String> = fs
+            .iter()
+            .zip(best)
+            .map(|((nm, _), t)| format!("{nm} {:.2}", (data.len() * reps) as f64 / t as f64))
+            .collect();
+        println!("MXFP4 n={n} {what}, GB/s per core: {}", line.join(", "));
     }
 }

@@ -55,6 +55,9 @@ fn run(threads: usize, m: &[u8], rb: usize, f: &(dyn Fn(&[u8]) -> u64 + Sync)) -
     ((part * threads) as f64 / wall / 1e9, part as f64 / slow)
 }
 
+/// A kernel pass over a matrix, named for the report.
+type Named<'a> = (&'static str, &'a dyn Fn(&[u8]) -> u64);
+
 #[test]
 #[ignore]
 fn decode_rows_ab() {
@@ -178,7 +181,7 @@ fn mxfp4_kernels_ab() {
         x.to_bits() as u64
     };
     let (a2, sc) = (one(Isa::Avx2), one(Isa::Scalar));
-    let fs: [(&str, &dyn Fn(&[u8]) -> u64); 3] = [
+    let fs: [Named<'_>; 3] = [
         ("scalar", &sc),
         ("avx2 one-row", &a2),
         ("avx2 grouped", &grouped),

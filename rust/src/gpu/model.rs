@@ -51,10 +51,6 @@ pub struct GpuModel {
     pub non_expert_bytes: usize,
 }
 
-/// Buffers besides the weights and the KV cache that the automatic hybrid decision assumes
-/// (activations, scratch, the CUDA context's own needs).
-pub(super) const BUFFER_ALLOWANCE: usize = 512 << 20;
-
 impl GpuModel {
     /// `split`: the devices of the stages and the layer split (one stage on GPU 0: the
     /// default); `hybrid`: the VRAM expert tier's settings (None: every weight in VRAM).

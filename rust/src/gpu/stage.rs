@@ -25,6 +25,10 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+/// Buffers besides the weights and the KV cache that the automatic hybrid decision assumes
+/// (activations, scratch, the CUDA context's own needs).
+pub(super) const BUFFER_ALLOWANCE: usize = 512 << 20;
+
 /// A captured decode step of S one-token pieces on one stage: one graph (its layers; for
 /// S = 1 on the last stage with the final norm and the head of its row), or per layer
 /// (attention, router and the placement's `pre`; its `resident` experts, None for a layer
@@ -215,7 +219,7 @@ pub(super) fn build(
             .values()
             .map(|f| f.saturating_sub((h.reserve_mib as usize) << 20))
             .sum();
-        !h.only_if_needed || need + super::model::BUFFER_ALLOWANCE > avail
+        !h.only_if_needed || need + BUFFER_ALLOWANCE > avail
     });
     let w = Arc::new(w);
     let shared = hybrid

@@ -296,7 +296,7 @@ def main() -> None:
     ap.add_argument(
         "--peer-args",
         default="",
-        help="more llama-bench arguments, e.g. \"--repack 0\" (where its repacked path crashes)",
+        help='more llama-bench arguments, e.g. "--repack 0" (where its repacked path crashes)',
     )
     ap.add_argument("--quantize", help="llama.cpp's llama-quantize binary to make the files")
     a = ap.parse_args()

@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import qwen3moe_file as qf  # noqa: E402
-from strata import modelgen  # noqa: E402
+import qwen3moe_file as qf
+from strata import modelgen
 
 
 @dataclass(frozen=True)

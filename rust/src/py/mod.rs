@@ -17,6 +17,7 @@ mod model;
 mod pool;
 mod quant;
 mod quant_multi;
+mod stages;
 
 mod tier;
 mod vram;

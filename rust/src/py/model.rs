@@ -11,7 +11,7 @@ use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
 use crate::model::batch::{batch_logits_len, logits_len};
 use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
 use crate::pool::{Pool, PoolConfig};
-use crate::quant::{dot, GgmlType};
+use crate::quant::dot;
 use crate::tier::vram::AdaptConfig;
 use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
@@ -766,7 +766,7 @@ impl PyModel {
         d.set_item("pcie_frac", i.pcie_frac)?;
         d.set_item("pcie", i.pcie)?;
         d.set_item("swaps", i.swaps)?;
-        d.set_item("stages", stage_list(py, &i.stages)?)?;
+        d.set_item("stages", super::stages::stage_list(py, &i.stages)?)?;
         Ok(Some(d))
     }
 
@@ -781,7 +781,7 @@ impl PyModel {
             Backend::Cpu(_) => Vec::new(),
             Backend::Gpu { m, .. } => m.stage_info(),
         });
-        stage_list(py, &info)
+        super::stages::stage_list(py, &info)
     }
 
     /// The decode graph: "captured", "captured (per layer)" (hybrid), "not yet", "off",
@@ -795,43 +795,6 @@ impl PyModel {
     }
 }
 
-/// Names of the weight types the forward pass runs (those with dot kernels).
-#[pyfunction]
-fn runnable_types() -> Vec<&'static str> {
-    GgmlType::ALL
-        .iter()
-        .filter(|t| dot::supports(**t))
-        .map(|t| t.name())
-        .collect()
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyModel>()?;
-    m.add_function(wrap_pyfunction!(runnable_types, m)?)
-}
-
-/// `Model.stages()` / `hybrid_info()["stages"]`: one dict per stage.
-fn stage_list<'py>(
-    py: Python<'py>,
-    info: &[crate::gpu::StageInfo],
-) -> PyResult<Bound<'py, PyList>> {
-    let stages = PyList::empty(py);
-    for s in info {
-        let sd = PyDict::new(py);
-        sd.set_item("device", s.device)?;
-        sd.set_item("layers", s.layers)?;
-        sd.set_item("windows", s.windows)?;
-        sd.set_item("gaps", s.gaps)?;
-        sd.set_item("busy", s.busy)?;
-        sd.set_item("compute_s", s.compute_s)?;
-        sd.set_item("waiting_s", s.waiting_s)?;
-        sd.set_item("copying_s", s.copying_s)?;
-        sd.set_item("windows_in_flight", s.windows_in_flight)?;
-        sd.set_item("max_windows_in_flight", s.max_windows_in_flight)?;
-        sd.set_item("n_slots", s.n_slots)?;
-        sd.set_item("resident", s.resident)?;
-        sd.set_item("swaps", s.swaps)?;
-        stages.append(sd)?;
-    }
-    Ok(stages)
+    m.add_class::<PyModel>()
 }

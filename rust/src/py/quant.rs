@@ -88,7 +88,18 @@ fn dot_isas() -> Vec<&'static str> {
         .collect()
 }
 
+/// Names of the weight types the forward pass runs (those with dot kernels).
+#[pyfunction]
+fn runnable_types() -> Vec<&'static str> {
+    GgmlType::ALL
+        .iter()
+        .filter(|t| dot::supports(**t))
+        .map(|t| t.name())
+        .collect()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(runnable_types, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_act, m)?)?;
     m.add_function(wrap_pyfunction!(vec_dot, m)?)?;
     m.add_function(wrap_pyfunction!(cpu_features, m)?)?;

@@ -67,8 +67,9 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
     from strata.gguf import GGUFFile
 
     with GGUFFile(path) as g:
-        n_exp = int(g.metadata["qwen3moe.expert_count"])
-        k = int(g.metadata["qwen3moe.expert_used_count"])
+        arch = g.metadata["general.architecture"]
+        n_exp = int(g.metadata[f"{arch}.expert_count"])
+        k = int(g.metadata[f"{arch}.expert_used_count"])
         tied = "output.weight" not in g.tensors
         total = 0.0
         exp_types: list[str] = []
@@ -77,7 +78,8 @@ def bytes_per_token(path: Path) -> tuple[float, str]:
                 total += t.nbytes if tied else t.nbytes / t.shape[0]  # one row (or the head)
             elif "_exps" in t.name:
                 total += t.nbytes * k / n_exp
-                exp_types.append(t.type)
+                if t.name.endswith(".weight"):  # not gpt-oss's F32 expert biases
+                    exp_types.append(t.type)
             else:
                 total += t.nbytes
     return total, max(set(exp_types), key=exp_types.count) if exp_types else "?"

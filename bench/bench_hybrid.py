@@ -99,8 +99,8 @@ def strata_run(
     steps replaying per-layer graphs (`graph`) or launching kernel by kernel."""
     from strata._core import Model, Profile
 
-    n_layer, n_expert = layers_experts(path)
-    slots = round(a.share * n_layer * n_expert)
+    n_layer, n_expert, n_dense = layers_experts(path)
+    slots = round(a.share * (n_layer - n_dense) * n_expert)
     n_ctx = max(a.pp + 64, DECODE_PROMPT + a.gen + 64)
     rng = np.random.default_rng(0)
     text_ids: list[int] = []
@@ -192,13 +192,15 @@ def strata_run(
     }
 
 
-def layers_experts(path: Path) -> tuple[int, int]:
-    """(n_layer, n_expert) of a qwen3moe GGUF."""
+def layers_experts(path: Path) -> tuple[int, int, int]:
+    """(n_layer, n_expert, leading dense layers) of a MoE GGUF (qwen3moe, gpt-oss, glm4moe)."""
     from strata.gguf import GGUFFile
 
     with GGUFFile(path) as g:
         md = g.metadata
-        return int(md["qwen3moe.block_count"]), int(md["qwen3moe.expert_count"])
+        arch = md["general.architecture"]
+        dense = int(md.get(f"{arch}.leading_dense_block_count", 0))
+        return int(md[f"{arch}.block_count"]), int(md[f"{arch}.expert_count"]), dense
 
 
 def llama_runs(exe: str, path: Path, a: argparse.Namespace, ncmoe: list[int]) -> list[dict]:
@@ -235,8 +237,9 @@ def decode_bound(path: Path, hit_rate: float, ram_gbps: float, hbm_gbps: float) 
 
     total, _ = bytes_per_token(path)
     with GGUFFile(path) as g:
-        k = int(g.metadata["qwen3moe.expert_used_count"])
-        n_exp = int(g.metadata["qwen3moe.expert_count"])
+        arch = g.metadata["general.architecture"]
+        k = int(g.metadata[f"{arch}.expert_used_count"])
+        n_exp = int(g.metadata[f"{arch}.expert_count"])
         routed = sum(t.nbytes * k / n_exp for t in g.tensors.values() if "_exps" in t.name)
     ram = routed * (1.0 - hit_rate)
     hbm = total - ram
@@ -296,9 +299,10 @@ def main() -> None:
     from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps
     from strata._core._testing import gpu_copy_gbps
 
+    n_dense = 0
     if a.model:
         paths = {a.model.stem: a.model}
-        a.layers = layers_experts(a.model)[0]
+        a.layers, _, n_dense = layers_experts(a.model)
     else:
         kinds = a.models.split(",")
         paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
@@ -313,7 +317,8 @@ def main() -> None:
     ram = ram_read_gbps(a.threads)
     link = pcie_probe_gbps(256)
     fracs = [float(x) for x in a.pcie_frac.split(",")]
-    equal_n = round(a.layers * (1.0 - a.share))
+    # -ncmoe N keeps the experts of layers 0..N-1 on the CPU (leading dense layers have none)
+    equal_n = n_dense + round((a.layers - n_dense) * (1.0 - a.share))
     ncmoe = [int(x) for x in a.ncmoe.split(",")] if a.ncmoe else [equal_n - 1, equal_n, equal_n + 1]
     ncmoe = [n for n in ncmoe if 0 <= n <= a.layers]
     rows = []

@@ -82,7 +82,7 @@ def gptoss_plan(d: dict[str, Any], layers: int) -> list[T]:
     return out
 
 
-def glm4moe_plan(s: qf.Shape, router_scale: float = 4.0) -> list[T]:
+def glm4moe_plan(s: qf.Shape, router_scale: float = 4.0, bias_scale: float = 0.1) -> list[T]:
     """glm4moe as tests/qwen3moe_file.py `random_tensors` writes it (no NextN layer): Q/K/V
     biases, the leading dense layers, then routed experts with the selection bias and a shared
     expert."""
@@ -113,7 +113,7 @@ def glm4moe_plan(s: qf.Shape, router_scale: float = 4.0) -> list[T]:
             ]
             continue
         out += [
-            T(p + "exp_probs_b.bias", (e,), "vec", 0.1),
+            T(p + "exp_probs_b.bias", (e,), "vec", bias_scale),
             T(p + "ffn_gate_shexp.weight", (s.n_ff_shexp, h)),
             T(p + "ffn_up_shexp.weight", (s.n_ff_shexp, h)),
             T(p + "ffn_down_shexp.weight", (h, s.n_ff_shexp)),

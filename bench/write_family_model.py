@@ -61,6 +61,13 @@ def main() -> None:
     ap.add_argument("--experts", type=int, help="fewer routed experts (top-k kept): a smaller file")
     ap.add_argument("--vocab", type=int, help="a smaller vocabulary: a smaller file")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--balanced",
+        action="store_true",
+        help="glm-4.5-air's router at scale 1 and its selection bias at std 0.01 (default 4 and "
+        "0.1: decisive, for greedy comparisons, but the sigmoid saturates and the bias picks "
+        "nearly the same experts for every token); for cache benchmarks (the hybrid tier)",
+    )
     a = ap.parse_args()
     over = {"n_expert": a.experts, "n_vocab": a.vocab}
     if a.shape in STREAMED:
@@ -72,7 +79,7 @@ def main() -> None:
             fs.write(a.out, "gpt-oss", head, plan, a.seed)
         else:
             g = qf.Shape(n_layer=a.layers, **d)  # type: ignore[arg-type]
-            fs.write(a.out, "glm4moe", fs.glm4moe_header(g), fs.glm4moe_plan(g), a.seed)
+            fs.write(a.out, "glm4moe", fs.glm4moe_header(g), fs.glm4moe_plan(g, *((1.0, 0.01) if a.balanced else ())), a.seed)
         print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.1f} GiB)")
         return
     shape = {**SHAPES[a.shape], **{k: v for k, v in over.items() if v}}

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 19's device benchmark: the gpt-oss-20b and GLM-4.5-Air shapes (full width, truncated
+# depth: gpt-oss 4 layers, GLM 1 dense + 4 MoE) in Strata's hybrid step at 25% of the expert
+# bytes in VRAM vs llama.cpp's `-ngl 99 --n-cpu-moe N` (bench/bench_hybrid.py --model).
+# Builds llama.cpp (CUDA) while the F16 files are written (bench/write_family_model.py) in
+# parallel, quantizes them with llama-quantize (gpt-oss: MXFP4_MOE, GLM: Q4_K_M), then benches.
+#   device tool: command "bash bench/run_family_hybrid_device.sh", carry [".dev/fam"]
+# PHASE=prep (build, write, quantize; the files stay in /tmp while the machine is warm), then
+# PHASE=bench; every step skips what is there. Knobs: B (folder with whl/ and
+# llama-cuda-src.tar.xz, .dev/fam), SHAPES ("gpt-oss-20b glm-4.5-air"), REPS, PP, GEN, THREADS.
+set -u
+R=$PWD
+B=${B:-$R/.dev/fam}
+OUT=${OUT:-/tmp/fam-out}
+PHASE=${PHASE:-all}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$B"/whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+D=/tmp/bm-fam
+LL=/tmp/ll/build/bin
+mkdir -p "$D"
+t0=$(date +%s)
+declare -A LAYERS=([gpt-oss-20b]=4 [glm-4.5-air]=5)
+declare -A TYPE=([gpt-oss-20b]=MXFP4_MOE [glm-4.5-air]=Q4_K_M)
+# GLM's router balanced (--balanced): at the writer's default (decisive, for greedy
+# comparisons) the sigmoid saturates and the random selection bias routes nearly every token
+# to the same experts (a 95% VRAM hit rate at 25% of the experts: a skew no real model has)
+declare -A EXTRA=([gpt-oss-20b]="" [glm-4.5-air]="--balanced")
+SHAPES=${SHAPES:-gpt-oss-20b glm-4.5-air}
+if [ "$PHASE" != bench ]; then
+    if [ ! -x "$LL/llama-bench" ]; then
+        (
+            bash "$R/bench/build_llama_cuda.sh" "$B/llama-cuda-src.tar.xz" /tmp/ll >"$OUT/llbuild.log" 2>&1
+            echo "llbuild rc=$? in $(($(date +%s) - t0))s" >>"$OUT/llbuild.log"
+        ) &
+    fi
+    for s in $SHAPES; do
+        f16=$D/$s-f16.gguf
+        [ -f "$f16" ] || [ -f "$D/$s-${TYPE[$s]}.gguf" ] || (
+            python3 "$R/bench/write_family_model.py" "$s" "$f16.part" --layers "${LAYERS[$s]}" ${EXTRA[$s]} \
+                >"$OUT/write-$s.log" 2>&1 && mv "$f16.part" "$f16"
+            echo "write $s rc=$? in $(($(date +%s) - t0))s" >>"$OUT/write-$s.log"
+        ) &
+    done
+    wait
+    tail -n 1 "$OUT"/write-*.log "$OUT/llbuild.log" 2>/dev/null
+    for s in $SHAPES; do
+        q=$D/$s-${TYPE[$s]}.gguf
+        if [ ! -f "$q" ] && [ -x "$LL/llama-quantize" ]; then
+            "$LL/llama-quantize" "$D/$s-f16.gguf" "$q.part" "${TYPE[$s]}" "$(nproc)" \
+                >"$OUT/quant-$s.log" 2>&1 && mv "$q.part" "$q" && rm -f "$D/$s-f16.gguf"
+            echo "quantize $s rc=$? in $(($(date +%s) - t0))s"
+        fi
+    done
+    ls -la "$D"
+fi
+if [ "$PHASE" != prep ]; then
+    for s in $SHAPES; do
+        python3 "$R/bench/bench_hybrid.py" --model "$D/$s-${TYPE[$s]}.gguf" \
+            --llama-bench "$LL/llama-bench" --threads "${THREADS:-$(nproc)}" \
+            --reps "${REPS:-2}" --pp-reps "${PPREPS:-1}" --llama-reps "${LLREPS:-2}" \
+            --pp "${PP:-4096}" --gen "${GEN:-64}" --pcie-frac="${PCIE_FRAC:--1}" \
+            >"$OUT/bench-$s.log" 2>&1
+        echo "bench $s rc=$? in $(($(date +%s) - t0))s"
+    done
+    for s in $SHAPES; do tail -n 8 "$OUT/bench-$s.log"; done
+fi
+echo "total $(($(date +%s) - t0))s"

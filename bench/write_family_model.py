@@ -79,7 +79,8 @@ def main() -> None:
             fs.write(a.out, "gpt-oss", head, plan, a.seed)
         else:
             g = qf.Shape(n_layer=a.layers, **d)  # type: ignore[arg-type]
-            fs.write(a.out, "glm4moe", fs.glm4moe_header(g), fs.glm4moe_plan(g, *((1.0, 0.01) if a.balanced else ())), a.seed)
+            plan = fs.glm4moe_plan(g, *((1.0, 0.01) if a.balanced else ()))
+            fs.write(a.out, "glm4moe", fs.glm4moe_header(g), plan, a.seed)
         print(f"wrote {a.out} ({a.out.stat().st_size / 2**30:.1f} GiB)")
         return
     shape = {**SHAPES[a.shape], **{k: v for k, v in over.items() if v}}

@@ -268,12 +268,18 @@ def main() -> int:
     ap.add_argument("--skip", default="", help="comma list of decode, chat, bare, chunk")
     ap.add_argument("--chunks", default="64,128,256,512,1024,2048")
     ap.add_argument("--strata-args", default="", help="extra strata.server flags")
+    ap.add_argument(
+        "--llama-args",
+        default="",
+        help='extra llama-server flags (e.g. "--no-repack --poll 0" where its repacked path fails)',
+    )
     ap.add_argument("--cpus", default="", help="pin the servers and the bare pass (taskset -c)")
     a = ap.parse_args()
     if a.cpus:
         CPUS[:] = ["taskset", "-c", a.cpus]
     skip = set(a.skip.split(",")) - {""}
     extra = a.strata_args.split()
+    lextra = a.llama_args.split()
     print(f"model {a.model}, {THREADS} threads, load average {os.getloadavg()}", flush=True)
     if "chunk" not in skip:
         chunk_sizes(a.model, [int(x) for x in a.chunks.split(",")], a.reps)
@@ -287,7 +293,7 @@ def main() -> int:
         for n in [int(x) for x in a.streams.split(",")]:
             servers = [("strata", strata(a.model, n, 1024, extra))]
             if a.llama_server:
-                servers.append(("llama", llama(a.llama_server, a.model, n, 1024)))
+                servers.append(("llama", llama(a.llama_server, a.model, n, 1024, lextra)))
             got: dict[str, list[float]] = {k: [] for k, _ in servers}
             try:
                 for _ in range(a.reps):
@@ -312,7 +318,7 @@ def main() -> int:
             "strata no reuse": strata(a.model, 1, ctx, [*extra, "--no-cache-prompt"]),
         }
         if a.llama_server:
-            servers["llama"] = llama(a.llama_server, a.model, 1, ctx)
+            servers["llama"] = llama(a.llama_server, a.model, 1, ctx, lextra)
         try:
             for rep in range(a.reps):
                 for k, s in servers.items():

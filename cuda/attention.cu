@@ -2,7 +2,7 @@
 //
 // Shapes: T = tokens of this call (at positions pos0 .. pos0+T-1, pos0 = sp[0]; slot sp[1]),
 // Nh / Nkv = query / KV heads, G = Nh/Nkv query heads per KV head (≤ 16), D = head dim
-// (64 or 128). q is f32 [T, Nh, D] (normed and rotated), the output f32 [T, Nh, D]. Token t
+// (64, 128 or 256; 256 with G ≤ 8). q is f32 [T, Nh, D] (normed and rotated), the output f32 [T, Nh, D]. Token t
 // sees positions 0 ..= pos0 + t, whose K/V rows are already in the cache; with `window` W > 0
 // only the last W of them, pos0 + t − W < p ≤ pos0 + t (sliding-window attention). `sinks`
 // (f32 [Nh], or null): per query head one more logit in the softmax, with no value (it raises
@@ -16,7 +16,10 @@
 // Prefill (large T): `strata_attn_prefill_*` is a flash-attention kernel on tensor cores
 // (mma.sync m16n8k16, f16 in, f32 accumulate): a block is 64 (token, head) rows of one KV
 // head, K/V tiles of 64 positions go through shared memory as f16 (q8_0: K as its int8 values
-// beside the block scales, V dequantized).
+// beside the block scales, V dequantized). D = 256: tiles of 32 positions, and each block
+// writes half of the output dims (grid.z = 2; both halves compute the same scores in the same
+// order, so the softmax is one), which keeps the accumulators and tiles within a block's
+// registers and static shared memory.
 //
 // Numerics: for an f16 cache q is rounded to f16 and q·k summed in f32 (as the CPU path);
 // for q8_0, q is quantized to q8_0 and q·k is the ggml integer block dot (decode: dp4a;
@@ -413,26 +416,29 @@ ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 8)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 64, 16)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 8)
 ATT_DECODE(q8_0, SM_KV_Q8_0, 128, 16)
+// D = 256 (Qwen3.5, Qwen3-Next: G = 8): G ≤ 8 only, the G = 16 buffers pass 48 KiB
+ATT_DECODE(f16, SM_KV_F16, 256, 8)
+ATT_DECODE(q8_0, SM_KV_Q8_0, 256, 8)
 
 // ---- prefill ---------------------------------------------------------------------------
 
 #define PF_ROWS 64  // (token, head) rows per block: 4 warps × 16
-#define PF_BK 64    // positions per K/V tile
 
 // Rows are the T·G (token, query head) pairs of one KV head, flattened as idx = t·G + g.
-// out f32 [T, Nh, D]. Launch: grid (ceil(T·G / PF_ROWS), Nkv), block ATT_THREADS.
-template <int KV, int D>
+// BK: positions per K/V tile; DO: output dims per block, d0 = blockIdx.z·DO.. of each row.
+// out f32 [T, Nh, D]. Launch: grid (ceil(T·G / PF_ROWS), Nkv, D / DO), block ATT_THREADS.
+template <int KV, int D, int DO, int BK>
 __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* vc,
                              unsigned long long slot_stride, const int* sp, float* out,
                              int n_tok, int n_head, int n_head_kv, int n_ctx, float scale,
                              const float* sinks, int window) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
-  constexpr int KS = D + 8;      // sK row stride (halves): [PF_BK][KS], K rows by position
-  constexpr int VS = PF_BK + 8;  // sV row stride (halves): [D][VS], V transposed
-  __shared__ __align__(16) uint16_t sK[PF_BK * KS];
-  __shared__ float sKd[PF_BK][D / 32];  // q8_0 cache: the tile's K block scales
-  __shared__ __align__(16) uint16_t sV[D * VS];
-  const int G = n_head / n_head_kv, kvh = blockIdx.y;
+  constexpr int KS = D + 8;   // sK row stride (halves): [BK][KS], K rows by position
+  constexpr int VS = BK + 8;  // sV row stride (halves): [DO][VS], V's dims d0.. transposed
+  __shared__ __align__(16) uint16_t sK[BK * KS];
+  __shared__ float sKd[BK][D / 32];  // q8_0 cache: the tile's K block scales
+  __shared__ __align__(16) uint16_t sV[DO * VS];
+  const int G = n_head / n_head_kv, kvh = blockIdx.y, d0 = blockIdx.z * DO;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g8 = lane >> 2, c4 = lane & 3;
   const int pos0 = sp[0];
@@ -483,24 +489,24 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     qa[kk][2] = sm_pack_h2(qv(0, c + 8), qv(0, c + 9));
     qa[kk][3] = sm_pack_h2(qv(1, c + 8), qv(1, c + 9));
   }
-  float o[D / 8][4];
+  float o[DO / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  for (int i = 0; i < DO / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
 
-  for (int kt = p_lo / PF_BK * PF_BK; kt <= p_max; kt += PF_BK) {
+  for (int kt = p_lo / BK * BK; kt <= p_max; kt += BK) {
     __syncthreads();  // the previous tile is consumed
     if (KV == SM_KV_F16) {
-      for (int c = tid; c < PF_BK * D / 8; c += ATT_THREADS) {
+      for (int c = tid; c < BK * D / 8; c += ATT_THREADS) {
         int j = c / (D / 8), dc = (c % (D / 8)) * 8;  // K: position-major (coalesced)
         uint4 w = make_uint4(0, 0, 0, 0);
         if (kt + j <= p_max) w = *(const uint4*)(kb + (size_t)(kt + j) * HB + 2 * dc);
         *(uint4*)&sK[j * KS + dc] = w;
       }
-      for (int c = tid; c < PF_BK * D / 8; c += ATT_THREADS) {
-        int j = c % PF_BK, dc = (c / PF_BK) * 8;  // V: position-minor (transposed store)
+      for (int c = tid; c < BK * DO / 8; c += ATT_THREADS) {
+        int j = c % BK, dc = (c / BK) * 8;  // V: position-minor (transposed store)
         uint4 w = make_uint4(0, 0, 0, 0);
-        if (kt + j <= p_max) w = *(const uint4*)(vb + (size_t)(kt + j) * HB + 2 * dc);
+        if (kt + j <= p_max) w = *(const uint4*)(vb + (size_t)(kt + j) * HB + 2 * (d0 + dc));
         uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -509,19 +515,25 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
         }
       }
     } else {
-      for (int c = tid; c < PF_BK * D / 32; c += ATT_THREADS) {
-        int j = c % PF_BK, b = c / PF_BK;
+      for (int c = tid; c < BK * D / 32; c += ATT_THREADS) {
+        int j = c % BK, b = c / BK;
         bool ok = kt + j <= p_max;
         const uint8_t* kblk = kb + (size_t)(kt + j) * HB + 34 * b;
-        const uint8_t* vblk = vb + (size_t)(kt + j) * HB + 34 * b;
         float kd = ok ? sm_h2f(*(const uint16_t*)kblk) : 0.0f;
-        float vd = ok ? sm_h2f(*(const uint16_t*)vblk) : 0.0f;
         sKd[j][b] = kd;
         for (int i = 0; i < 32; i += 2) {  // K: the int8 values (exact in f16)
           uint16_t kw = ok ? *(const uint16_t*)(kblk + 2 + i) : 0;
-          uint16_t vw = ok ? *(const uint16_t*)(vblk + 2 + i) : 0;
           sK[j * KS + 32 * b + i] = sm_f2h((float)(int8_t)(kw & 0xff));
           sK[j * KS + 32 * b + i + 1] = sm_f2h((float)(int8_t)(kw >> 8));
+        }
+      }
+      for (int c = tid; c < BK * DO / 32; c += ATT_THREADS) {
+        int j = c % BK, b = c / BK;  // V: block b of the dims d0..
+        bool ok = kt + j <= p_max;
+        const uint8_t* vblk = vb + (size_t)(kt + j) * HB + 34 * (d0 / 32 + b);
+        float vd = ok ? sm_h2f(*(const uint16_t*)vblk) : 0.0f;
+        for (int i = 0; i < 32; i += 2) {
+          uint16_t vw = ok ? *(const uint16_t*)(vblk + 2 + i) : 0;
           sV[(32 * b + i) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw & 0xff));
           sV[(32 * b + i + 1) * VS + j] = sm_f2h(vd * (float)(int8_t)(vw >> 8));
         }
@@ -529,10 +541,10 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     }
     __syncthreads();
 
-    // S = Q·Kᵀ for the warp's 16 rows × 64 positions
-    float sc[PF_BK / 8][4];
+    // S = Q·Kᵀ for the warp's 16 rows × BK positions
+    float sc[BK / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < PF_BK / 8; nt++) {
+    for (int nt = 0; nt < BK / 8; nt++) {
       sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
       if (KV == SM_KV_F16) {
 #pragma unroll
@@ -562,7 +574,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     // scale, causal mask, online softmax (rows r0: sc[.][0..1], r1: sc[.][2..3])
     float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
-    for (int nt = 0; nt < PF_BK / 8; nt++) {
+    for (int nt = 0; nt < BK / 8; nt++) {
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         int r = i >> 1, p = kt + nt * 8 + 2 * c4 + (i & 1);
@@ -585,7 +597,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
       l[r] *= al[r];
     }
 #pragma unroll
-    for (int nt = 0; nt < PF_BK / 8; nt++) {
+    for (int nt = 0; nt < BK / 8; nt++) {
 #pragma unroll
       for (int i = 0; i < 4; i++) {
         float e = expf(sc[nt][i] - ms[i >> 1]);
@@ -594,7 +606,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
       }
     }
 #pragma unroll
-    for (int dt = 0; dt < D / 8; dt++) {
+    for (int dt = 0; dt < DO / 8; dt++) {
       o[dt][0] *= al[0];
       o[dt][1] *= al[0];
       o[dt][2] *= al[1];
@@ -602,13 +614,13 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
     }
     // O += P·V
 #pragma unroll
-    for (int kk = 0; kk < PF_BK / 16; kk++) {
+    for (int kk = 0; kk < BK / 16; kk++) {
       uint32_t pa[4] = {sm_pack_h2(sc[2 * kk][0], sc[2 * kk][1]),
                         sm_pack_h2(sc[2 * kk][2], sc[2 * kk][3]),
                         sm_pack_h2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
                         sm_pack_h2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
 #pragma unroll
-      for (int dt = 0; dt < D / 8; dt++) {
+      for (int dt = 0; dt < DO / 8; dt++) {
         const uint16_t* vr = &sV[(dt * 8 + g8) * VS + kk * 16 + 2 * c4];
         uint32_t b[2] = {*(const uint32_t*)vr, *(const uint32_t*)(vr + 8)};
         sm_mma_16816(o[dt], pa, b);
@@ -626,7 +638,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   for (int r = 0; r < 2; r++) {
     if (idx[r] < total) {
       int t = idx[r] / G, hq = kvh * G + idx[r] % G;
-      float* orow = out + ((size_t)t * n_head + hq) * D;
+      float* orow = out + ((size_t)t * n_head + hq) * D + d0;
       float a = 1.0f, lt = l[r];
       if (sinks != nullptr) {  // the sink joins the max and the sum
         const float sk = sinks[hq], mx2 = fmaxf(m[r], sk);
@@ -635,7 +647,7 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
       }
       float inv = a / lt;
 #pragma unroll
-      for (int dt = 0; dt < D / 8; dt++) {
+      for (int dt = 0; dt < DO / 8; dt++) {
         orow[dt * 8 + 2 * c4] = o[dt][2 * r] * inv;
         orow[dt * 8 + 2 * c4 + 1] = o[dt][2 * r + 1] * inv;
       }
@@ -643,16 +655,20 @@ __device__ void attn_prefill(const float* q, const uint8_t* kc, const uint8_t* v
   }
 }
 
+// DO = D and tiles of 64 positions up to D = 128; D = 256: two halves of 128, tiles of 32
 #define ATT_PREFILL(KVN, KV, D)                                                               \
   extern "C" __global__ void __launch_bounds__(ATT_THREADS) strata_attn_prefill_##KVN##_d##D( \
       const float* q, const uint8_t* kc, const uint8_t* vc, unsigned long long slot_stride,  \
       const int* sp, float* out, int n_tok, int n_head, int n_head_kv, int n_ctx,            \
       float scale, const float* sinks, int window) {                                         \
-    attn_prefill<KV, D>(q, kc, vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx,   \
-                        scale, sinks, window);                                               \
+    attn_prefill<KV, D, (D > 128 ? 128 : D), (D > 128 ? 32 : 64)>(                          \
+        q, kc, vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx, scale, sinks,      \
+        window);                                                                             \
   }
 
 ATT_PREFILL(f16, SM_KV_F16, 64)
 ATT_PREFILL(f16, SM_KV_F16, 128)
+ATT_PREFILL(f16, SM_KV_F16, 256)
 ATT_PREFILL(q8_0, SM_KV_Q8_0, 64)
 ATT_PREFILL(q8_0, SM_KV_Q8_0, 128)
+ATT_PREFILL(q8_0, SM_KV_Q8_0, 256)

@@ -132,6 +132,9 @@ ATT_CASES = [
     ("f16", 64, 8, 4, 512, 297, 3, 1),  # one split over several passes of 128 positions
     ("f16", 128, 8, 1, 2048, 1999, 1, 32),  # n = 2000: 32 splits of 63
     ("q8_0", 128, 8, 1, 1024, 900, 2, 3),  # 2 tokens, 3 splits of 3 passes each
+    # D = 256 (Qwen3.5 / Qwen3-Next heads), G ≤ 8
+    ("f16", 256, 16, 2, 512, 300, 2, 4),
+    ("q8_0", 256, 8, 1, 256, 40, 1, 2),
 ]
 
 
@@ -173,6 +176,9 @@ PF_CASES = [
     ("f16", 64, 4, 2, 256, 0, 70),
     ("f16", 128, 8, 1, 256, 37, 20),
     ("q8_0", 64, 6, 2, 256, 10, 40),  # G = 3: rows of a block span token boundaries
+    # D = 256: tiles of 32 positions, two blocks of 128 output dims per row block
+    ("f16", 256, 16, 2, 256, 37, 45),
+    ("q8_0", 256, 6, 2, 256, 10, 40),
 ]
 
 

@@ -61,23 +61,30 @@ def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint32)
 
 
-def f32_file(fam: str, root: Path) -> Path:
+def f32_file(fam: str, root: Path, **over: Any) -> Path:
     """test_model_families.py's `family_file(fam, root, "F32")`, written with gguf-py alone
     (the GPU machine has no llama.cpp, which that module imports); the same bytes
-    (`test_f32_file_is_the_family_file`)."""
-    s = qf.Shape(
+    (`test_f32_file_is_the_family_file`). `over`: other shapes (HEADS_256)."""
+    shape: dict[str, Any] = dict(
         n_layer=4, n_expert=8, n_expert_used=2, arch=fam, n_ff_shexp=256, n_rot=16,
         ssm_state=64, n_ff=512, mrope=(3, 3, 2), attn_every=2, ssm_conv=4, ssm_groups=2,
         ssm_v_heads=4,
     )  # fmt: skip
+    s = qf.Shape(**{**shape, **over})
     return qf.write(root / f"{fam}-F32.gguf", s, qf.random_tensors(s, 5))
 
 
-def top1_vs_cpu(path: Path, chunk: int, n: int = 30) -> float:
+# The published attention heads of Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B: 16 query / 2 KV
+# heads of 256, a quarter of each rotated (Qwen3.5: M-RoPE sections 11/11/10)
+HEADS_256 = dict(n_head=16, n_head_kv=2, head_dim=256, n_rot=64, mrope=(11, 11, 10))
+
+
+def top1_vs_cpu(path: Path, chunk: int, n: int = 30, **gpu: Any) -> float:
     """Top-1 agreement of the GPU with the CPU path at the CPU's sure positions over `n`
-    prompts of 32 tokens, prefill in chunks of `chunk` (≤ 8: the decode kernels)."""
+    prompts of 32 tokens, prefill in chunks of `chunk` (≤ 8: the decode kernels); `gpu`:
+    more `Model.open` settings of the GPU side (the hybrid placement)."""
     cpu = Model.open(path, n_ctx=N_CTX, prefill_chunk=chunk)
-    cuda = Model.open(path, n_ctx=N_CTX, prefill_chunk=chunk, device="cuda")
+    cuda = Model.open(path, n_ctx=N_CTX, prefill_chunk=chunk, device="cuda", **gpu)
     top: list[bool] = []
     sure: list[bool] = []
     for toks in prompts(n, 32, seed=1, vocab=cpu.n_vocab):
@@ -114,6 +121,17 @@ def test_f32_logits_agree_with_cpu(fam: str, tmp_path: Path) -> None:
     path = f32_file(fam, tmp_path)
     assert top1_vs_cpu(path, 24) >= 0.99  # tensor-core prefill chunks and a decode chunk
     assert top1_vs_cpu(path, 8) >= 0.99
+
+
+@gpu
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_published_head_dim_256_agrees_with_cpu(fam: str, tmp_path: Path) -> None:
+    """Heads of 256 (`HEADS_256`; the attention kernels' D = 256 instances: tiles of 32
+    positions and two blocks of output dims in prefill, G ≤ 8), pure and hybrid."""
+    path = f32_file(fam, tmp_path, **HEADS_256)
+    assert top1_vs_cpu(path, 24) >= 0.99  # tensor-core prefill chunks and a decode chunk
+    assert top1_vs_cpu(path, 8) >= 0.99
+    assert top1_vs_cpu(path, 24, 10, **hybrid(vram_slots=QUARTER, adapt_every=1)) >= 0.99
 
 
 @gpu

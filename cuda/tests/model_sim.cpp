@@ -52,7 +52,9 @@ void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const 
                         int n_ctx, int n_split, float scale, const float* sinks, int window) {
   int g = n_head / n_head_kv;
   DecodeK k;
-  if (kv == 0)
+  if (d == 256)  // G ≤ 8 only (the host refuses more)
+    k = kv == 0 ? strata_attn_decode_f16_d256_g8 : strata_attn_decode_q8_0_d256_g8;
+  else if (kv == 0)
     k = d == 64 ? (g <= 8 ? strata_attn_decode_f16_d64_g8 : strata_attn_decode_f16_d64_g16)
                 : (g <= 8 ? strata_attn_decode_f16_d128_g8 : strata_attn_decode_f16_d128_g16);
   else
@@ -76,11 +78,14 @@ void sim_attn_prefill_sw(int kv, int d, const float* q, const uint8_t* kc, const
                          int window) {
   PrefillK k;
   if (kv == 0)
-    k = d == 64 ? strata_attn_prefill_f16_d64 : strata_attn_prefill_f16_d128;
+    k = d == 64 ? strata_attn_prefill_f16_d64
+                : (d == 128 ? strata_attn_prefill_f16_d128 : strata_attn_prefill_f16_d256);
   else
-    k = d == 64 ? strata_attn_prefill_q8_0_d64 : strata_attn_prefill_q8_0_d128;
+    k = d == 64 ? strata_attn_prefill_q8_0_d64
+                : (d == 128 ? strata_attn_prefill_q8_0_d128 : strata_attn_prefill_q8_0_d256);
   int g = n_head / n_head_kv;
-  sim_launch(k, dim3((n_tok * g + PF_ROWS - 1) / PF_ROWS, n_head_kv), dim3(ATT_THREADS), q, kc,
+  unsigned halves = d > 128 ? d / 128 : 1;  // output dims per block: 128 at most
+  sim_launch(k, dim3((n_tok * g + PF_ROWS - 1) / PF_ROWS, n_head_kv, halves), dim3(ATT_THREADS), q, kc,
              vc, slot_stride, sp, out, n_tok, n_head, n_head_kv, n_ctx, scale, sinks, window);
 }
 

@@ -84,11 +84,13 @@ impl GpuModel {
                 "prefill chunk must be at least 1 token".into(),
             ));
         }
-        if hp.n_head / hp.n_head_kv > attention::MAX_GROUP {
+        let most = attention::max_group(hp.head_dim);
+        if hp.n_head / hp.n_head_kv > most {
             return Err(Error::Model(format!(
-                "{} query heads per KV head; the GPU attention takes at most {}",
+                "{} query heads per KV head; the GPU attention takes at most {most} at head \
+                 dim {}",
                 hp.n_head / hp.n_head_kv,
-                attention::MAX_GROUP
+                hp.head_dim
             )));
         }
         super::weights::check_types(&w)?;

@@ -14,9 +14,14 @@ use crate::error::{Error, Result};
 use crate::model::KvType;
 
 /// Head dims the attention kernels are built for.
-pub const HEAD_DIMS: [usize; 2] = [64, 128];
+pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 /// Most query heads per KV head.
 pub const MAX_GROUP: usize = 16;
+/// Most query heads per KV head at head dim 256 (the decode kernel's buffers for 16 heads
+/// of 256 pass a block's 48 KiB of static shared memory; Qwen3.5 and Qwen3-Next have 8).
+pub const MAX_GROUP_D256: usize = 8;
+/// Most output dims a prefill block writes (D = 256: two blocks per row block, grid.z).
+const PF_DIMS: usize = 128;
 /// Most decode splits (partials per head).
 pub const MAX_SPLIT: usize = 32;
 /// Fewest positions one decode split takes (the kernel's ATT_MIN_CHUNK).
@@ -136,11 +141,12 @@ impl KvLayout {
     }
 
     fn group(&self, n_head: usize) -> Result<usize> {
-        if n_head == 0 || !n_head.is_multiple_of(self.n_kv) || n_head / self.n_kv > MAX_GROUP {
+        let most = max_group(self.d);
+        if n_head == 0 || !n_head.is_multiple_of(self.n_kv) || n_head / self.n_kv > most {
             return Err(Error::Config(format!(
                 "{n_head} query heads over {} KV heads: the GPU kernels take whole groups of \
-                 at most {MAX_GROUP}",
-                self.n_kv
+                 at most {most} at head dim {}",
+                self.n_kv, self.d
             )));
         }
         Ok(n_head / self.n_kv)
@@ -151,6 +157,15 @@ impl KvLayout {
             KvType::F16 => "f16",
             _ => "q8_0",
         }
+    }
+}
+
+/// Most query heads per KV head the kernels take at head dim `d`.
+pub fn max_group(d: usize) -> usize {
+    if d > 128 {
+        MAX_GROUP_D256
+    } else {
+        MAX_GROUP
     }
 }
 
@@ -338,7 +353,7 @@ pub fn prefill_mods(
         (
             grid_dim("row blocks", rows.div_ceil(PF_ROWS), GRID_X)?,
             grid_dim("KV heads", lay.n_kv, GRID_YZ)?,
-            1,
+            d.div_ceil(PF_DIMS) as u32,
         ),
         THREADS,
         &[
@@ -389,6 +404,11 @@ mod tests {
         assert!(KvLayout::new(KvType::F16, usize::MAX / 2, 4, 4, 1 << 20, 128).is_err());
         assert_eq!(l.group(8).unwrap(), 2);
         assert!(l.group(6).is_err() && l.group(4 * 17).is_err() && l.group(0).is_err());
+        // head dim 256: groups of at most 8 (Qwen3.5: 16 query heads over 2)
+        let wide = KvLayout::new(KvType::Q8_0, 1, 1, 2, 64, 256).unwrap();
+        assert_eq!(wide.head_bytes(), 8 * 34);
+        assert_eq!(wide.group(16).unwrap(), 8);
+        assert!(matches!(wide.group(2 * 16), Err(Error::Config(_))));
         let small = Dv { ptr: 0, len: 10 };
         assert!(matches!(l.check(0, small, small), Err(Error::Shape(_))));
         let big = Dv {

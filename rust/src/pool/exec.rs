@@ -267,7 +267,6 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
     };
     let same = p.xq_u == p.xq_g;
     let (gd, ud) = (dots(p.gate.ty, p.h), dots(p.up.ty, p.h));
-    let (mut g, mut u) = ([0f32; MAX_T], [0f32; MAX_T]);
     let rpb = row_block(p.gate.row_bytes + p.up.row_bytes);
     let xg = |j| act(p.xq_g, p.xq_g_rb, j);
     let key = |j: usize| p.order(q0 + j) & (ORDER_G | ORDER_U);
@@ -294,22 +293,37 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
             let (go, uo) = (&mut gr[..nr * m], &mut ur[..nr * m]);
             gdot.rows_call(p.rows(&p.gate, e, ra, nr), nr, xg, go);
             udot.rows_call(p.rows(&p.up, e, ra, nr), nr, xu, uo);
-            for k in 0..nr {
-                for jj in 0..m {
-                    let h = silu_mul(go[k * m + jj], uo[k * m + jj]);
-                    *p.h_buf.add((q0 + g0 + jj) * p.i + ra + k) = h;
-                }
-            }
+            let h = p.h_buf.add((q0 + g0) * p.i + ra);
+            store_token_major(nr, m, h, p.i, |x| silu_mul(go[x], uo[x]));
             return;
         }
-        for i in ra..rb {
-            gdot.call(p.row(&p.gate, e, i), xg, &mut g[..m]);
-            udot.call(p.row(&p.up, e, i), xu, &mut u[..m]);
-            for jj in 0..m {
-                *p.h_buf.add((q0 + g0 + jj) * p.i + i) = silu_mul(g[jj], u[jj]);
-            }
+        for (k, i) in (ra..rb).enumerate() {
+            gdot.call(p.row(&p.gate, e, i), xg, &mut gr[k * m..(k + 1) * m]);
+            udot.call(p.row(&p.up, e, i), xu, &mut ur[k * m..(k + 1) * m]);
         }
+        let h = p.h_buf.add((q0 + g0) * p.i + ra);
+        store_token_major(nr, m, h, p.i, |x| silu_mul(gr[x], ur[x]));
     });
+}
+
+/// A run's results, `value(k·m + jj)` for row k < nr and token jj < m (row-major, as the
+/// tile kernels leave them), into `dst[jj·stride + k]`: token by token, so each token's nr
+/// values are stored contiguously (row by row, every store would land `stride` floats from
+/// the last: a cache line and often a page per value).
+#[inline(always)]
+unsafe fn store_token_major(
+    nr: usize,
+    m: usize,
+    dst: *mut f32,
+    stride: usize,
+    value: impl Fn(usize) -> f32,
+) {
+    for jj in 0..m {
+        let d = dst.add(jj * stride);
+        for k in 0..nr {
+            *d.add(k) = value(k * m + jj);
+        }
+    }
 }
 
 /// C: quantize job `j`'s intermediate rows to the Down activation type.
@@ -345,7 +359,6 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         return;
     }
     let dd = dots(p.down.ty, p.i);
-    let mut out = [0f32; MAX_T];
     let mut run = [0f32; RUN_ROWS * MAX_T];
     let key = |j: usize| p.order(q0 + j) & ORDER_D;
     blocked(
@@ -361,19 +374,15 @@ unsafe fn tile_down(p: &Plan, n: usize) {
             if dot.uses_amx(m) {
                 let o = &mut run[..(rb - ra) * m];
                 dot.rows_call(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o);
-                for (k, ok) in o.chunks_exact(m).enumerate() {
-                    for (jj, &v) in ok.iter().enumerate() {
-                        *p.dout.add((q0 + g0 + jj) * p.h + ra + k) = v;
-                    }
-                }
+                let d = p.dout.add((q0 + g0) * p.h + ra);
+                store_token_major(rb - ra, m, d, p.h, |x| o[x]);
                 return;
             }
-            for r in ra..rb {
-                dot.call(p.row(&p.down, e, r), a, &mut out[..m]);
-                for (jj, &o) in out[..m].iter().enumerate() {
-                    *p.dout.add((q0 + g0 + jj) * p.h + r) = o;
-                }
+            for (k, r) in (ra..rb).enumerate() {
+                dot.call(p.row(&p.down, e, r), a, &mut run[k * m..(k + 1) * m]);
             }
+            let d = p.dout.add((q0 + g0) * p.h + ra);
+            store_token_major(rb - ra, m, d, p.h, |x| run[x]);
         },
     );
 }
@@ -437,7 +446,6 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         return;
     }
     let dd = dots(p.down.ty, p.i);
-    let mut out = [0f32; MAX_T];
     let mut run = [0f32; RUN_ROWS * MAX_T];
     let key = |t: usize| p.order(t) & ORDER_D;
     blocked(
@@ -453,19 +461,13 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
             if dot.uses_amx(m) {
                 let o = &mut run[..(rb - ra) * m];
                 dot.rows_call(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o);
-                for (k, ok) in o.chunks_exact(m).enumerate() {
-                    for (jj, &v) in ok.iter().enumerate() {
-                        *p.y.add((g0 + jj) * p.h + ra + k) = v;
-                    }
-                }
+                store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| o[x]);
                 return;
             }
-            for r in ra..rb {
-                dot.call(p.row(&p.down, 0, r), a, &mut out[..m]);
-                for (jj, &o) in out[..m].iter().enumerate() {
-                    *p.y.add((g0 + jj) * p.h + r) = o;
-                }
+            for (k, r) in (ra..rb).enumerate() {
+                dot.call(p.row(&p.down, 0, r), a, &mut run[k * m..(k + 1) * m]);
             }
+            store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| run[x]);
         },
     );
 }

@@ -55,11 +55,12 @@ fn decode_runs((r0, r1): (usize, usize), mut f: impl FnMut(usize, usize)) {
     }
 }
 
-/// Runs `f(ra, rb, g0, acts)` over runs of rows `[ra,rb)` (at most `RUN_ROWS`) covering
-/// `[r0,r1)` × tokens `0..count` in groups of at most `group` (≤ `MAX_T`) tokens (`acts` =
-/// the activations of tokens `g0..g0 + acts.len()`), row blocks outermost; no group
-/// straddles a change of `key(token)` (the float order, which is ggml's per row and may
-/// change between tokens).
+/// Runs `f(ra, rb, g0, acts, first)` over runs of rows `[ra,rb)` (at most `RUN_ROWS`)
+/// covering `[r0,r1)` × tokens `0..count` in groups of at most `group` (≤ `MAX_T`) tokens
+/// (`acts` = the activations of tokens `g0..g0 + acts.len()`), row blocks outermost; no
+/// group straddles a change of `key(token)` (the float order, which is ggml's per row and
+/// may change between tokens). `first`: the group's first run in its row block (the runs
+/// after it see the same `acts` as the run before them: `MultiDot::rows_call_keep`).
 #[inline]
 fn blocked<'a>(
     (r0, r1): (usize, usize),
@@ -68,7 +69,7 @@ fn blocked<'a>(
     group: impl Fn(u8) -> usize,
     rows_per_block: usize,
     act: impl Fn(usize) -> &'a [u8],
-    mut f: impl FnMut(usize, usize, usize, &[&'a [u8]]),
+    mut f: impl FnMut(usize, usize, usize, &[&'a [u8]], bool),
 ) {
     let mut b0 = r0;
     while b0 < r1 {
@@ -85,7 +86,7 @@ fn blocked<'a>(
             let mut ra = b0;
             while ra < b1 {
                 let rb = (ra + RUN_ROWS).min(b1);
-                f(ra, rb, g0, &acts[..n]);
+                f(ra, rb, g0, &acts[..n], ra == b0);
                 ra = rb;
             }
             g0 += n;
@@ -276,7 +277,7 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
             .min(ud[pick(k, ORDER_U)].group())
     };
     let (mut gr, mut ur) = ([0f32; RUN_ROWS * MAX_T], [0f32; RUN_ROWS * MAX_T]);
-    blocked(rows, np, key, group, rpb, xg, |ra, rb, g0, xg| {
+    blocked(rows, np, key, group, rpb, xg, |ra, rb, g0, xg, first| {
         let (m, nr) = (xg.len(), rb - ra);
         let kk = key(g0);
         let (gdot, udot) = (&gd[pick(kk, ORDER_G)], &ud[pick(kk, ORDER_U)]);
@@ -291,8 +292,10 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
         };
         if gdot.uses_amx(m) && udot.uses_amx(m) {
             let (go, uo) = (&mut gr[..nr * m], &mut ur[..nr * m]);
-            gdot.rows_call(p.rows(&p.gate, e, ra, nr), nr, xg, go);
-            udot.rows_call(p.rows(&p.up, e, ra, nr), nr, xu, uo);
+            // the tiles' activation layout: built by the group's first run, Up reusing Gate's
+            // when both take the same activations
+            gdot.rows_call_keep(p.rows(&p.gate, e, ra, nr), nr, xg, go, !first);
+            udot.rows_call_keep(p.rows(&p.up, e, ra, nr), nr, xu, uo, same);
             let h = p.h_buf.add((q0 + g0) * p.i + ra);
             store_token_major(nr, m, h, p.i, |x| silu_mul(go[x], uo[x]));
             return;
@@ -368,12 +371,12 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         |k| dd[pick(k, ORDER_D)].group(),
         row_block(p.down.row_bytes),
         act,
-        |ra, rb, g0, a| {
+        |ra, rb, g0, a, first| {
             let m = a.len();
             let dot = &dd[pick(key(g0), ORDER_D)];
             if dot.uses_amx(m) {
                 let o = &mut run[..(rb - ra) * m];
-                dot.rows_call(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o);
+                dot.rows_call_keep(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o, !first);
                 let d = p.dout.add((q0 + g0) * p.h + ra);
                 store_token_major(rb - ra, m, d, p.h, |x| o[x]);
                 return;
@@ -455,12 +458,12 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         |k| dd[pick(k, ORDER_D)].group(),
         row_block(p.down.row_bytes),
         act,
-        |ra, rb, g0, a| {
+        |ra, rb, g0, a, first| {
             let m = a.len();
             let dot = &dd[pick(key(g0), ORDER_D)];
             if dot.uses_amx(m) {
                 let o = &mut run[..(rb - ra) * m];
-                dot.rows_call(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o);
+                dot.rows_call_keep(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o, !first);
                 store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| o[x]);
                 return;
             }

@@ -163,6 +163,21 @@ impl MultiDot {
     /// `nt = acts.len()` tokens, bitwise `call`'s (the AMX tiles where `uses_amx`, else `call`
     /// per row). Panics on wrong slice lengths.
     pub fn rows_call(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+        self.rows_call_keep(rows, nr, acts, out, false)
+    }
+
+    /// `rows_call`, where `same_acts` promises that `acts` hold the same bytes (at the same
+    /// addresses) as at this thread's previous `rows_call` of any handle: the AMX tiles then
+    /// reuse the activations' tile layout instead of building it again (a tile's runs of
+    /// rows over one token group, and Up after Gate on the same activations).
+    pub fn rows_call_keep(
+        &self,
+        rows: &[u8],
+        nr: usize,
+        acts: &[&[u8]],
+        out: &mut [f32],
+        same_acts: bool,
+    ) {
         let nt = acts.len();
         assert!(
             rows.len() == nr * self.row_len
@@ -178,10 +193,18 @@ impl MultiDot {
             // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
             unsafe {
                 match (self.w, self.order) {
-                    (GgmlType::IQ3S, _) => gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out),
-                    (GgmlType::Q6K, _) => gemm_amx::q6_k_rows(self.n, rows, nr, acts, out),
-                    (_, Order::Single) => gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out),
-                    (_, Order::Many) => gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out),
+                    (GgmlType::IQ3S, _) => {
+                        gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out, same_acts)
+                    }
+                    (GgmlType::Q6K, _) => {
+                        gemm_amx::q6_k_rows(self.n, rows, nr, acts, out, same_acts)
+                    }
+                    (_, Order::Single) => {
+                        gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out, same_acts)
+                    }
+                    (_, Order::Many) => {
+                        gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out, same_acts)
+                    }
                 }
             };
             return;
@@ -471,6 +494,21 @@ mod tests {
                                 out[r * nt + t]
                             );
                             checked += 1;
+                        }
+                    }
+                    // `rows_call_keep`: the same activations reuse their tile layout; other
+                    // ones (reversed: other first and last addresses) are laid out again
+                    // although the caller says "same"
+                    let mut again = vec![f32::NAN; nr * nt];
+                    md.rows_call_keep(&rows[..nr * rb], nr, &refs, &mut again, true);
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&again), bits(&out), "{} kept layout", w.name());
+                    let rev: Vec<&[u8]> = refs.iter().rev().copied().collect();
+                    md.rows_call_keep(&rows[..nr * rb], nr, &rev, &mut again, true);
+                    for r in 0..nr {
+                        for t in 0..nt {
+                            let want = out[r * nt + (nt - 1 - t)];
+                            assert_eq!(again[r * nt + t].to_bits(), want.to_bits());
                         }
                     }
                 }

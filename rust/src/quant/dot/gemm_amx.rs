@@ -118,14 +118,17 @@ static CFG: TileCfg = tile_cfg();
 struct Line([u8; 64]);
 
 /// Per-thread scratch: the call's B tiles and its float accumulators `acc[r][t]` of one row
-/// tile (both grow to the largest call, then are reused).
+/// tile (both grow to the largest call, then are reused); `b_key` = (blocks, tokens, first
+/// and last activation's address) of the activations `b` holds.
 struct Scratch {
     b: Vec<Line>,
     acc: Vec<f32>,
+    b_key: [usize; 4],
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new() }) };
+    static SCRATCH: RefCell<Scratch> =
+        const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new(), b_key: [0; 4] }) };
 }
 
 /// `C_k += A · B` (tmm k, tmm5, tmm6): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
@@ -475,11 +478,12 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
     nr: usize,
     acts: &[&[u8]],
     out: &mut [f32],
+    keep_b: bool,
 ) {
     if MANY {
-        rows_kernel::<K4_MANY>(n, rows, nr, acts, out)
+        rows_kernel::<K4_MANY>(n, rows, nr, acts, out, keep_b)
     } else {
-        rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out)
+        rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out, keep_b)
     }
 }
 
@@ -489,8 +493,15 @@ pub unsafe fn q4_k_rows<const MANY: bool>(
 /// # Safety
 /// As `q4_k_rows`, with IQ3_S rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn iq3_s_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
-    rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out)
+pub unsafe fn iq3_s_rows(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    keep_b: bool,
+) {
+    rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out, keep_b)
 }
 
 /// The weight type and float order a `rows_kernel` runs.
@@ -505,17 +516,27 @@ const Q6K_MANY: u8 = 3;
 /// # Safety
 /// As `q4_k_rows`, with Q6_K rows.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn q6_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
-    rows_kernel::<Q6K_MANY>(n, rows, nr, acts, out)
+pub unsafe fn q6_k_rows(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+    keep_b: bool,
+) {
+    rows_kernel::<Q6K_MANY>(n, rows, nr, acts, out, keep_b)
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+/// `keep_b`: the caller's promise that `acts` hold the same bytes as at this thread's last
+/// call (their B tiles are reused when that call's blocks, tokens and addresses match).
 unsafe fn rows_kernel<const KIND: u8>(
     n: usize,
     rows: &[u8],
     nr: usize,
     acts: &[&[u8]],
     out: &mut [f32],
+    keep_b: bool,
 ) {
     const { assert!(KIND <= Q6K_MANY) };
     let tiled = KIND == IQ3S_MANY || KIND == Q6K_MANY;
@@ -531,7 +552,7 @@ unsafe fn rows_kernel<const KIND: u8>(
     // acc[r][t] (and, for MANY, accm[r][t] after it)
     let per = TILE * ntt * TILE;
     SCRATCH.with(|cell| {
-        let Scratch { b: bt, acc } = &mut *cell.borrow_mut();
+        let Scratch { b: bt, acc, b_key } = &mut *cell.borrow_mut();
         let need = ntt * nb * 4 * TILE;
         if bt.len() < need {
             bt.resize(need, Line([0; 64]));
@@ -539,7 +560,16 @@ unsafe fn rows_kernel<const KIND: u8>(
         if acc.len() < 2 * per {
             acc.resize(2 * per, 0.0);
         }
-        pack_b(acts, nb, bt);
+        let key = [
+            nb,
+            nt,
+            acts[0].as_ptr() as usize,
+            acts[nt - 1].as_ptr() as usize,
+        ];
+        if !keep_b || *b_key != key {
+            pack_b(acts, nb, bt);
+            *b_key = key;
+        }
         asm!("ldtilecfg [{0}]", in(reg) CFG.0.as_ptr(), options(nostack));
         let mut a = [Line([0; 64]); 4 * OPS * TILE];
         let mut c: CTiles = [[0i32; TILE]; OPS * TILE];

@@ -192,20 +192,16 @@ impl MultiDot {
         if self.uses_amx(nt) {
             // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
             unsafe {
-                match (self.w, self.order) {
-                    (GgmlType::IQ3S, _) => {
-                        gemm_amx::iq3_s_rows(self.n, rows, nr, acts, out, same_acts)
-                    }
-                    (GgmlType::Q6K, _) => {
-                        gemm_amx::q6_k_rows(self.n, rows, nr, acts, out, same_acts)
-                    }
-                    (_, Order::Single) => {
-                        gemm_amx::q4_k_rows::<false>(self.n, rows, nr, acts, out, same_acts)
-                    }
-                    (_, Order::Many) => {
-                        gemm_amx::q4_k_rows::<true>(self.n, rows, nr, acts, out, same_acts)
-                    }
-                }
+                gemm_amx::rows(
+                    self.w,
+                    self.order == Order::Many,
+                    self.n,
+                    rows,
+                    nr,
+                    acts,
+                    out,
+                    same_acts,
+                )
             };
             return;
         }

@@ -27,6 +27,7 @@
 
 use super::super::common::{f16_at, k4_scales_packed};
 use super::gemm_avx512::iq3s512::{chunk, halves};
+use crate::quant::GgmlType;
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
@@ -462,61 +463,27 @@ unsafe fn pack_a_q6k(
     d
 }
 
-/// `out[r·nt + t] = dot(row r, acts[t])` (Q4_K) for the `nr` rows of `rows` (each n weights)
-/// and the `nt = acts.len()` tokens, in `Order::Single` (`MANY` false: per block
-/// `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)`) or `Order::Many` (per pair of sub-blocks, i.e.
-/// per 64-weight chunk, `acc = fma(f32(si), d·d_a, acc)`, `accm = fma(f32(sm), dmin·d_a,
-/// accm)`, then `acc − accm`, as `scalar_k::q4_k_gemm`).
-///
-/// # Safety
-/// `available()` is true; every row holds `n / 256` Q4_K blocks and every activation
-/// `n / 256` Q8_K blocks; `out.len() == nr · nt`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn q4_k_rows<const MANY: bool>(
-    n: usize,
-    rows: &[u8],
-    nr: usize,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    keep_b: bool,
-) {
-    if MANY {
-        rows_kernel::<K4_MANY>(n, rows, nr, acts, out, keep_b)
-    } else {
-        rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out, keep_b)
-    }
-}
-
-/// `out[r·nt + t] = dot(row r, acts[t])` (IQ3_S, `Order::Many`: ggml's tiled order, per block
-/// `acc + (f32(Σ)·d)·d_a` with Σ the block's exact integer sum) for the `nr` rows of `rows`.
-///
-/// # Safety
-/// As `q4_k_rows`, with IQ3_S rows.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn iq3_s_rows(
-    n: usize,
-    rows: &[u8],
-    nr: usize,
-    acts: &[&[u8]],
-    out: &mut [f32],
-    keep_b: bool,
-) {
-    rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out, keep_b)
-}
-
 /// The weight type and float order a `rows_kernel` runs.
 const K4_SINGLE: u8 = 0;
 const K4_MANY: u8 = 1;
 const IQ3S_MANY: u8 = 2;
 const Q6K_MANY: u8 = 3;
 
-/// `out[r·nt + t] = dot(row r, acts[t])` (Q6_K, `Order::Many`: ggml's tiled order, per block
-/// `acc + (f32(Σ)·d)·d_a` with Σ the block's exact integer sum) for the `nr` rows of `rows`.
+/// `out[r·nt + t] = dot(row r, acts[t])` for the `nr` rows of `rows` (each n weights of `w`)
+/// and the `nt = acts.len()` tokens. Q4_K in `Order::Single` (`many` false: per block
+/// `acc + ((d_a·d)·sumi − (d_a·dmin)·summ)`) or `Order::Many` (per pair of sub-blocks, i.e.
+/// per 64-weight chunk, `acc = fma(f32(si), d·d_a, acc)`, `accm = fma(f32(sm), dmin·d_a,
+/// accm)`, then `acc − accm`, as `scalar_k::q4_k_gemm`); IQ3_S and Q6_K in `Order::Many`
+/// (ggml's tiled order: per block `acc + (f32(Σ)·d)·d_a`, Σ the block's exact integer sum).
+/// `keep_b`: as `MultiDot::rows_call_keep`'s `same_acts`. Panics for another type or order.
 ///
 /// # Safety
-/// As `q4_k_rows`, with Q6_K rows.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-pub unsafe fn q6_k_rows(
+/// `available()` is true; every row holds `n / 256` blocks of `w` and every activation
+/// `n / 256` Q8_K blocks; `out.len() == nr · nt`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn rows(
+    w: GgmlType,
+    many: bool,
     n: usize,
     rows: &[u8],
     nr: usize,
@@ -524,7 +491,13 @@ pub unsafe fn q6_k_rows(
     out: &mut [f32],
     keep_b: bool,
 ) {
-    rows_kernel::<Q6K_MANY>(n, rows, nr, acts, out, keep_b)
+    match (w, many) {
+        (GgmlType::Q4K, false) => rows_kernel::<K4_SINGLE>(n, rows, nr, acts, out, keep_b),
+        (GgmlType::Q4K, true) => rows_kernel::<K4_MANY>(n, rows, nr, acts, out, keep_b),
+        (GgmlType::IQ3S, true) => rows_kernel::<IQ3S_MANY>(n, rows, nr, acts, out, keep_b),
+        (GgmlType::Q6K, true) => rows_kernel::<Q6K_MANY>(n, rows, nr, acts, out, keep_b),
+        _ => panic!("no AMX rows kernel for {} (many: {many})", w.name()),
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]

@@ -95,6 +95,15 @@ pub fn attend_group(
     Ok(())
 }
 
+/// Whether q·k and P·V take the AVX-512 kernels (bitwise the AVX2 ones): the active ISA is
+/// AVX-512 (`STRATA_ISA` or the CPU's best) and the CPU runs it, and the head dim is at most
+/// 256.
+fn wide_scores(d: usize) -> bool {
+    d <= 256
+        && crate::quant::dot::active_isa() == crate::quant::dot::Isa::Avx512
+        && k::available_x2()
+}
+
 /// M heads of one KV head: q·k, softmax (with the heads' [M] sinks where given) and P·V,
 /// each over the rows once.
 #[allow(clippy::too_many_arguments)]
@@ -119,12 +128,20 @@ fn heads<const M: usize>(
     let scores = &mut gs.scores[..M * stride];
     // SAFETY: `serves` checked the CPU features; the kernels bound-check their rows.
     unsafe {
-        k::group_scores::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
+        if wide_scores(d) {
+            k::group_scores_x2::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
+        } else {
+            k::group_scores::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
+        }
         for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
             k::softmax_f16p(&mut row[..n], sinks.map(|sk| sk[j]));
         }
         let (acc, pack) = (&mut gs.acc, &mut gs.pack);
-        k::group_pv::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
+        if wide_scores(d) {
+            k::group_pv_x2::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
+        } else {
+            k::group_pv::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
+        }
     }
 }
 
@@ -206,6 +223,66 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The AVX-512 q·k (two positions per register) and P·V (16 dimensions per register)
+    /// equal the AVX2 kernels bit for bit: heads per KV head 8, 4, 2, 1, head dims 64, 128,
+    /// 256, position counts odd and even, over one and two P·V blocks.
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
+    fn x2_kernels_equal_avx2_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx512, "x2_kernels_equal_avx2_bitwise");
+        assert!(k::available_x2());
+        fn check<const M: usize>(d: usize) {
+            let nkv = 2;
+            let kv = cache(nkv, d, 300);
+            let q: Vec<f32> = (0..M * d)
+                .map(|i| f16::from_f32(((i * 104_729) % 2003) as f32 / 700.0 - 1.4).to_f32())
+                .collect();
+            let row_bytes = AttnShape::of(&kv, M * nkv, nkv, d).row_bytes;
+            let kvo = d * 2; // the second KV head
+            let stride = 301;
+            for n in [1usize, 2, 3, 8, 63, 64, 255, 300] {
+                let (kc, _) = kv.layer(0, 0, n);
+                let (mut a, mut b) = (vec![f32::NAN; M * stride], vec![f32::NAN; M * stride]);
+                // SAFETY: AVX2 and AVX-512 checked above; the kernels bound-check their rows.
+                unsafe {
+                    k::group_scores::<M>(kc, row_bytes, kvo, &q, n, 0.09, &mut a, stride);
+                    k::group_scores_x2::<M>(kc, row_bytes, kvo, &q, n, 0.09, &mut b, stride);
+                }
+                for h in 0..M {
+                    for j in 0..n {
+                        let (x, y) = (a[h * stride + j], b[h * stride + j]);
+                        assert_eq!(x.to_bits(), y.to_bits(), "M={M} d={d} n={n} h={h} j={j}");
+                    }
+                }
+                // P·V over the same rows, probabilities as the softmax leaves them (f16)
+                let pr: Vec<f32> = (0..M * stride)
+                    .map(|i| f16::from_f32(((i * 7901) % 997) as f32 / 997.0).to_f32())
+                    .collect();
+                let (_, vc) = kv.layer(0, 0, n);
+                let mut acc = vec![0f32; 8 * M * d];
+                let mut pack = vec![0f32; k::pack_len(d)];
+                let (mut oa, mut ob) = (vec![f32::NAN; M * d], vec![f32::NAN; M * d]);
+                // SAFETY: as above.
+                unsafe {
+                    k::group_pv::<M>(
+                        &pr, stride, n, vc, row_bytes, kvo, &mut acc, &mut pack, &mut oa,
+                    );
+                    k::group_pv_x2::<M>(
+                        &pr, stride, n, vc, row_bytes, kvo, &mut acc, &mut pack, &mut ob,
+                    );
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&oa), bits(&ob), "P·V M={M} d={d} n={n}");
+            }
+        }
+        for d in [64, 128, 256] {
+            check::<8>(d);
+            check::<4>(d);
+            check::<2>(d);
+            check::<1>(d);
         }
     }
 

@@ -115,6 +115,114 @@ pub unsafe fn group_scores<const M: usize>(
     }
 }
 
+/// Whether `group_scores_x2` can run (AVX-512F beside `available`).
+pub fn available_x2() -> bool {
+    available() && std::arch::is_x86_feature_detected!("avx512f")
+}
+
+/// `group_scores` with two positions per 16-lane register (AVX-512): lanes 0–7 carry position
+/// j's 8-lane accumulator and lanes 8–15 position j + 1's, each the same FMA chain over D's
+/// 8-element steps against the same q, then the same `reduce8` and scale — bitwise
+/// `group_scores`'s scores with half its FMAs and widenings. D ≤ 256; an odd last position
+/// goes to `group_scores`.
+///
+/// # Safety
+/// `available_x2()` holds.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_scores_x2<const M: usize>(
+    k: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    qf: &[f32],
+    n: usize,
+    scale: f32,
+    scores: &mut [f32],
+    stride: usize,
+) {
+    const MAX_STEPS: usize = 256 / 8;
+    let d = qf.len() / M;
+    assert!(
+        M <= 8 && d.is_multiple_of(8) && d <= 256 && qf.len() == M * d,
+        "q·k shape"
+    );
+    assert!(
+        n <= stride && (M - 1) * stride + n <= scores.len(),
+        "scores"
+    );
+    if n == 0 {
+        return;
+    }
+    assert!(
+        (n - 1) * row_bytes + kvo + 2 * d <= k.len(),
+        "K rows out of range"
+    );
+    let steps = d / 8;
+    // each head's q steps in both halves: q2[h·steps + s] = [q_h[8s..8s+8], q_h[8s..8s+8]]
+    let mut q2 = [_mm512_setzero_ps(); 8 * MAX_STEPS];
+    for h in 0..M {
+        for st in 0..steps {
+            let v = _mm256_loadu_ps(qf.as_ptr().add(h * d + 8 * st));
+            let both = _mm512_insertf64x4::<1>(
+                _mm512_castps_pd(_mm512_castps256_ps512(v)),
+                _mm256_castps_pd(v),
+            );
+            q2[h * steps + st] = _mm512_castpd_ps(both);
+        }
+    }
+    let sc = _mm_set1_ps(scale);
+    let store = |j: usize, acc: &[__m256; M], scores: &mut [f32]| {
+        let mut r = [0f32; 8];
+        if M == 8 {
+            let lo = reduce8_x4(acc[0], acc[1], acc[2], acc[3]);
+            let hi = reduce8_x4(acc[4], acc[5], acc[6], acc[7]);
+            _mm_storeu_ps(r.as_mut_ptr(), _mm_mul_ps(lo, sc));
+            _mm_storeu_ps(r.as_mut_ptr().add(4), _mm_mul_ps(hi, sc));
+        } else {
+            for (h, a) in acc.iter().enumerate() {
+                let mut l = [0f32; 8];
+                _mm256_storeu_ps(l.as_mut_ptr(), *a);
+                r[h] = crate::quant::dot::common_reduce8(&l) * scale;
+            }
+        }
+        for (h, &v) in r.iter().enumerate().take(M) {
+            *scores.get_unchecked_mut(h * stride + j) = v;
+        }
+    };
+    for j in (0..n - 1).step_by(2) {
+        let k0 = k.as_ptr().add(j * row_bytes + kvo);
+        let k1 = k0.add(row_bytes);
+        let mut acc = [_mm512_setzero_ps(); M];
+        for st in 0..steps {
+            let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
+            let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
+            let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
+            for (h, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_fmadd_ps(kv, q2[h * steps + st], *a);
+            }
+        }
+        let first: [__m256; M] = std::array::from_fn(|h| _mm512_castps512_ps256(acc[h]));
+        let second: [__m256; M] = std::array::from_fn(|h| {
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[h])))
+        });
+        store(j, &first, scores);
+        store(j + 1, &second, scores);
+    }
+    if n % 2 == 1 {
+        let j = n - 1;
+        group_scores::<M>(
+            &k[j * row_bytes..],
+            row_bytes,
+            kvo,
+            qf,
+            1,
+            scale,
+            &mut scores[j..],
+            stride,
+        );
+    }
+}
+
 /// `ggml_v_expf` on 8 lanes: `vexp::expf_lane` lane for lane (same operations and constants).
 #[inline(always)]
 unsafe fn expf8(x: __m256) -> __m256 {
@@ -253,6 +361,44 @@ pub unsafe fn group_pv<const M: usize>(
     pack: &mut [f32],
     out: &mut [f32],
 ) {
+    pv_body::<M, false>(p, stride, n, v, row_bytes, kvo, acc, pack, out)
+}
+
+/// `group_pv` with each register tile's 16 dimensions in one 16-lane register (AVX-512):
+/// every dimension's FMA chain is the same, so the output is bitwise `group_pv`'s.
+///
+/// # Safety
+/// `available_x2()` holds.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_pv_x2<const M: usize>(
+    p: &[f32],
+    stride: usize,
+    n: usize,
+    v: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    acc: &mut [f32],
+    pack: &mut [f32],
+    out: &mut [f32],
+) {
+    pv_body::<M, true>(p, stride, n, v, row_bytes, kvo, acc, pack, out)
+}
+
+/// `group_pv`'s body; `WIDE`: the AVX-512 register tiles (`pv_tile_x2`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_body<const M: usize, const WIDE: bool>(
+    p: &[f32],
+    stride: usize,
+    n: usize,
+    v: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    acc: &mut [f32],
+    pack: &mut [f32],
+    out: &mut [f32],
+) {
     let d = out.len() / M;
     assert!(
         M <= 8 && d.is_multiple_of(16) && out.len() == M * d,
@@ -296,10 +442,14 @@ pub unsafe fn group_pv<const M: usize>(
                     _ => 4,
                 };
                 let a = acc.as_mut_ptr().add(h * d + 16 * c);
-                match w {
-                    1 => pv_tile::<1>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
-                    2 => pv_tile::<2>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
-                    _ => pv_tile::<4>(pj.add(h * stride), stride, slab, nb, a, d, M * d),
+                let ph = pj.add(h * stride);
+                match (w, WIDE) {
+                    (1, false) => pv_tile::<1>(ph, stride, slab, nb, a, d, M * d),
+                    (2, false) => pv_tile::<2>(ph, stride, slab, nb, a, d, M * d),
+                    (_, false) => pv_tile::<4>(ph, stride, slab, nb, a, d, M * d),
+                    (1, true) => pv_tile_x2::<1>(ph, stride, slab, nb, a, d, M * d),
+                    (2, true) => pv_tile_x2::<2>(ph, stride, slab, nb, a, d, M * d),
+                    (_, true) => pv_tile_x2::<4>(ph, stride, slab, nb, a, d, M * d),
                 }
                 h += w;
             }
@@ -361,6 +511,37 @@ unsafe fn pv_tile<const H: usize>(
         for (h, ah) in a.iter().enumerate() {
             _mm256_storeu_ps(at(h, 0), ah[0]);
             _mm256_storeu_ps(at(h, 1), ah[1]);
+        }
+    }
+}
+
+/// `pv_tile` with the 16 dimensions in one 16-lane register (per position 1 load, H
+/// broadcasts, H FMAs): the same FMA per dimension. Inlined into `group_pv_x2` only.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_tile_x2<const H: usize>(
+    p: *const f32,
+    stride: usize,
+    slab: *const f32,
+    nb: usize,
+    acc: *mut f32,
+    d: usize,
+    lane_stride: usize,
+) {
+    for l in 0..8.min(nb) {
+        let at = |h: usize| acc.add(l * lane_stride + h * d);
+        let mut a = [_mm512_setzero_ps(); H];
+        for (h, ah) in a.iter_mut().enumerate() {
+            *ah = _mm512_loadu_ps(at(h));
+        }
+        for jj in (l..nb).step_by(8) {
+            let v = _mm512_loadu_ps(slab.add(16 * jj));
+            for (h, ah) in a.iter_mut().enumerate() {
+                *ah = _mm512_fmadd_ps(v, _mm512_set1_ps(*p.add(h * stride + jj)), *ah);
+            }
+        }
+        for (h, ah) in a.iter().enumerate() {
+            _mm512_storeu_ps(at(h), *ah);
         }
     }
 }

@@ -38,10 +38,10 @@ if [ "$PHASE" != bench ]; then
         ) &
     fi
     for s in $SHAPES; do
-        f16=$D/$s-src.gguf
-        [ -f "$f16" ] || [ -f "$D/$s-${TYPE[$s]}.gguf" ] || (
-            python3 "$R/bench/write_family_model.py" "$s" "$f16.part" --layers "${LAYERS[$s]}" ${EXTRA[$s]} \
-                >"$OUT/write-$s.log" 2>&1 && mv "$f16.part" "$f16"
+        src=$D/$s-src.gguf
+        [ -f "$src" ] || [ -f "$D/$s-${TYPE[$s]}.gguf" ] || (
+            python3 "$R/bench/write_family_model.py" "$s" "$src.part" --layers "${LAYERS[$s]}" ${EXTRA[$s]} \
+                >"$OUT/write-$s.log" 2>&1 && mv "$src.part" "$src"
             echo "write $s rc=$? in $(($(date +%s) - t0))s" >>"$OUT/write-$s.log"
         ) &
     done

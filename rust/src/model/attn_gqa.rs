@@ -95,13 +95,24 @@ pub fn attend_group(
     Ok(())
 }
 
-/// Whether q·k and P·V take the AVX-512 kernels (bitwise the AVX2 ones): the active ISA is
-/// AVX-512 (`STRATA_ISA` or the CPU's best) and the CPU runs it, and the head dim is at most
-/// 256.
-fn wide_scores(d: usize) -> bool {
-    d <= 256
+/// `group_scores`' signature (q·k of M heads).
+type ScoresFn = unsafe fn(&[u8], usize, usize, &[f32], usize, f32, &mut [f32], usize);
+/// `group_pv`'s signature (P·V of M heads).
+type PvFn =
+    unsafe fn(&[f32], usize, usize, &[u8], usize, usize, &mut [f32], &mut [f32], &mut [f32]);
+
+/// The q·k and P·V kernels of M heads at head dim `d`: the AVX-512 ones (bitwise the AVX2
+/// ones) where the active ISA is AVX-512 (`STRATA_ISA` or the CPU's best), the CPU runs
+/// them and d ≤ 256; else the AVX2 ones.
+fn kernels<const M: usize>(d: usize) -> (ScoresFn, PvFn) {
+    if d <= 256
         && crate::quant::dot::active_isa() == crate::quant::dot::Isa::Avx512
         && k::available_x2()
+    {
+        (k::group_scores_x2::<M>, k::group_pv_x2::<M>)
+    } else {
+        (k::group_scores::<M>, k::group_pv::<M>)
+    }
 }
 
 /// M heads of one KV head: q·k, softmax (with the heads' [M] sinks where given) and P·V,
@@ -126,22 +137,16 @@ fn heads<const M: usize>(
     }
     let scale = 1.0 / (d as f32).sqrt();
     let scores = &mut gs.scores[..M * stride];
-    // SAFETY: `serves` checked the CPU features; the kernels bound-check their rows.
+    let (qk, pv) = kernels::<M>(d);
+    // SAFETY: `serves` (and `kernels`) checked the CPU features; the kernels bound-check
+    // their rows.
     unsafe {
-        if wide_scores(d) {
-            k::group_scores_x2::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
-        } else {
-            k::group_scores::<M>(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
-        }
+        qk(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
         for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
             k::softmax_f16p(&mut row[..n], sinks.map(|sk| sk[j]));
         }
         let (acc, pack) = (&mut gs.acc, &mut gs.pack);
-        if wide_scores(d) {
-            k::group_pv_x2::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
-        } else {
-            k::group_pv::<M>(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
-        }
+        pv(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
     }
 }
 

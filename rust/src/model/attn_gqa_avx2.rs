@@ -69,24 +69,8 @@ pub unsafe fn group_scores<const M: usize>(
     scores: &mut [f32],
     stride: usize,
 ) {
-    let d = qf.len() / M;
-    assert!(
-        M <= 8 && d.is_multiple_of(8) && qf.len() == M * d,
-        "q·k shape"
-    );
-    assert!(
-        n <= stride && (M - 1) * stride + n <= scores.len(),
-        "scores"
-    );
-    if n == 0 {
-        return;
-    }
-    assert!(
-        (n - 1) * row_bytes + kvo + 2 * d <= k.len(),
-        "K rows out of range"
-    );
+    let d = check_scores::<M>(k, row_bytes, kvo, qf, n, scores.len(), stride);
     let q = qf.as_ptr();
-    let sc = _mm_set1_ps(scale);
     for j in 0..n {
         let kp = k.as_ptr().add(j * row_bytes + kvo);
         let mut acc = [_mm256_setzero_ps(); M];
@@ -96,22 +80,59 @@ pub unsafe fn group_scores<const M: usize>(
                 *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q.add(h * d + i)), *a);
             }
         }
-        let mut r = [0f32; 8];
-        if M == 8 {
-            let lo = reduce8_x4(acc[0], acc[1], acc[2], acc[3]);
-            let hi = reduce8_x4(acc[4], acc[5], acc[6], acc[7]);
-            _mm_storeu_ps(r.as_mut_ptr(), _mm_mul_ps(lo, sc));
-            _mm_storeu_ps(r.as_mut_ptr().add(4), _mm_mul_ps(hi, sc));
-        } else {
-            for (h, a) in acc.iter().enumerate() {
-                let mut l = [0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), *a);
-                r[h] = crate::quant::dot::common_reduce8(&l) * scale;
-            }
+        store_scores(&acc, scale, scores.as_mut_ptr().add(j), stride);
+    }
+}
+
+/// `group_scores`' argument checks (M ≤ 8 heads of D, a multiple of 8, the scores rows and
+/// the K rows in range); returns D.
+fn check_scores<const M: usize>(
+    k: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    qf: &[f32],
+    n: usize,
+    scores_len: usize,
+    stride: usize,
+) -> usize {
+    let d = qf.len() / M;
+    assert!(
+        M <= 8 && d.is_multiple_of(8) && qf.len() == M * d,
+        "q·k shape"
+    );
+    assert!(n <= stride && (M - 1) * stride + n <= scores_len, "scores");
+    assert!(
+        n == 0 || (n - 1) * row_bytes + kvo + 2 * d <= k.len(),
+        "K rows out of range"
+    );
+    d
+}
+
+/// One position's scores from its M heads' 8-lane accumulators: `reduce8` (four heads at a
+/// time for M = 8), times `scale`, into `out[h·stride]`.
+#[inline(always)]
+unsafe fn store_scores<const M: usize>(
+    acc: &[__m256; M],
+    scale: f32,
+    out: *mut f32,
+    stride: usize,
+) {
+    let mut r = [0f32; 8];
+    if M == 8 {
+        let sc = _mm_set1_ps(scale);
+        let lo = reduce8_x4(acc[0], acc[1], acc[2], acc[3]);
+        let hi = reduce8_x4(acc[4], acc[5], acc[6], acc[7]);
+        _mm_storeu_ps(r.as_mut_ptr(), _mm_mul_ps(lo, sc));
+        _mm_storeu_ps(r.as_mut_ptr().add(4), _mm_mul_ps(hi, sc));
+    } else {
+        for (h, a) in acc.iter().enumerate() {
+            let mut l = [0f32; 8];
+            _mm256_storeu_ps(l.as_mut_ptr(), *a);
+            r[h] = crate::quant::dot::common_reduce8(&l) * scale;
         }
-        for (h, &v) in r.iter().enumerate().take(M) {
-            *scores.get_unchecked_mut(h * stride + j) = v;
-        }
+    }
+    for (h, &v) in r.iter().enumerate().take(M) {
+        *out.add(h * stride) = v;
     }
 }
 
@@ -141,22 +162,11 @@ pub unsafe fn group_scores_x2<const M: usize>(
     stride: usize,
 ) {
     const MAX_STEPS: usize = 256 / 8;
-    let d = qf.len() / M;
-    assert!(
-        M <= 8 && d.is_multiple_of(8) && d <= 256 && qf.len() == M * d,
-        "q·k shape"
-    );
-    assert!(
-        n <= stride && (M - 1) * stride + n <= scores.len(),
-        "scores"
-    );
+    let d = check_scores::<M>(k, row_bytes, kvo, qf, n, scores.len(), stride);
+    assert!(d <= 256, "q·k: head dim {d} > 256");
     if n == 0 {
         return;
     }
-    assert!(
-        (n - 1) * row_bytes + kvo + 2 * d <= k.len(),
-        "K rows out of range"
-    );
     let steps = d / 8;
     // each head's q steps in both halves: q2[h·steps + s] = [q_h[8s..8s+8], q_h[8s..8s+8]]
     let mut q2 = [_mm512_setzero_ps(); 8 * MAX_STEPS];
@@ -170,25 +180,6 @@ pub unsafe fn group_scores_x2<const M: usize>(
             q2[h * steps + st] = _mm512_castpd_ps(both);
         }
     }
-    let sc = _mm_set1_ps(scale);
-    let store = |j: usize, acc: &[__m256; M], scores: &mut [f32]| {
-        let mut r = [0f32; 8];
-        if M == 8 {
-            let lo = reduce8_x4(acc[0], acc[1], acc[2], acc[3]);
-            let hi = reduce8_x4(acc[4], acc[5], acc[6], acc[7]);
-            _mm_storeu_ps(r.as_mut_ptr(), _mm_mul_ps(lo, sc));
-            _mm_storeu_ps(r.as_mut_ptr().add(4), _mm_mul_ps(hi, sc));
-        } else {
-            for (h, a) in acc.iter().enumerate() {
-                let mut l = [0f32; 8];
-                _mm256_storeu_ps(l.as_mut_ptr(), *a);
-                r[h] = crate::quant::dot::common_reduce8(&l) * scale;
-            }
-        }
-        for (h, &v) in r.iter().enumerate().take(M) {
-            *scores.get_unchecked_mut(h * stride + j) = v;
-        }
-    };
     for j in (0..n - 1).step_by(2) {
         let k0 = k.as_ptr().add(j * row_bytes + kvo);
         let k1 = k0.add(row_bytes);
@@ -205,8 +196,8 @@ pub unsafe fn group_scores_x2<const M: usize>(
         let second: [__m256; M] = std::array::from_fn(|h| {
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[h])))
         });
-        store(j, &first, scores);
-        store(j + 1, &second, scores);
+        store_scores(&first, scale, scores.as_mut_ptr().add(j), stride);
+        store_scores(&second, scale, scores.as_mut_ptr().add(j + 1), stride);
     }
     if n % 2 == 1 {
         let j = n - 1;

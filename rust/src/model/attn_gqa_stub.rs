@@ -26,21 +26,9 @@ pub fn available_x2() -> bool {
     false
 }
 
-/// # Safety
-/// Never called: `available_x2()` is false.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn group_scores_x2<const M: usize>(
-    _: &[u8],
-    _: usize,
-    _: usize,
-    _: &[f32],
-    _: usize,
-    _: f32,
-    _: &mut [f32],
-    _: usize,
-) {
-    unreachable!("no attention kernels on this architecture")
-}
+// Never called either: `available_x2()` is false.
+pub use group_pv as group_pv_x2;
+pub use group_scores as group_scores_x2;
 
 /// # Safety
 /// Never called: `available()` is false.
@@ -74,21 +62,4 @@ pub unsafe fn group_pv<const M: usize>(
 
 pub fn pack_len(_: usize) -> usize {
     0
-}
-
-/// # Safety
-/// Never called: `available_x2()` is false.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn group_pv_x2<const M: usize>(
-    _: &[f32],
-    _: usize,
-    _: usize,
-    _: &[u8],
-    _: usize,
-    _: usize,
-    _: &mut [f32],
-    _: &mut [f32],
-    _: &mut [f32],
-) {
-    unreachable!("no attention kernels on this architecture")
 }

@@ -4,7 +4,7 @@
     python bench/bench_spec.py edit [--model FILE] [--threads 2] [--gen 256] [--reps 3]
     python bench/bench_spec.py draft [--threads 2] [--gen 128] [--reps 3]
     python bench/bench_spec.py serve --llama-server BIN [--model FILE] [--gen 256] [--reps 3]
-    python bench/bench_spec.py mtp --model FILE [--threads 2] [--gen 128] [--reps 3]
+    python bench/bench_spec.py mtp --model FILE [--code] [--threads 2] [--gen 128] [--reps 3]
 
 - cost: one slot at 300 positions; the step time of a window of k+1 tokens with every row's
   logits (`forward_batch`, logits "window", as the scheduler verifies) against a one-token
@@ -21,7 +21,8 @@
 - draft: the trained default with its shipped dense draft (spec=draft), on code prompts;
   off vs adaptive vs fixed windows.
 - mtp: a file with an MTP layer (bench/mtp_model.py makes small random ones) and spec=mtp,
-  on three prompts of 32 random token ids: off vs adaptive vs fixed windows. The MTP layer
+  on three prompts of 32 random token ids (`--code`: the draft run's code prompts, for the
+  trained one of scripts/train_mtp_model.py): off vs adaptive vs fixed windows. The MTP layer
   runs (caught up on every forward call) only in the spec=mtp runs.
 - serve: the edit task over HTTP, one client for both servers, interleaved: Strata `--spec
   ngram` (adaptive, and every window `spec_max`) and off vs llama-server with its n-gram
@@ -216,22 +217,34 @@ def edit(a: argparse.Namespace) -> None:
 
 
 def draft(a: argparse.Namespace) -> None:
+    compare(a, code_prompts(a.model), ["draft"])
+
+
+CODE_PROMPTS = [
+    "import os\n\n\ndef walk_files(root):\n",
+    "class Stack:\n    def __init__(self):\n",
+    'def parse_args(argv):\n    """Parse the command line."""\n',
+]
+
+
+def code_prompts(path: str) -> list[list[int]]:
+    """CODE_PROMPTS in the file's own tokenizer (models trained on the stdlib corpus)."""
     from strata.gguf import GGUFFile
     from strata.tokenizer import Tokenizer
 
-    with GGUFFile(a.model) as g:
+    with GGUFFile(path) as g:
         tok = Tokenizer.from_metadata(g.metadata)
-    prompts = [
-        "import os\n\n\ndef walk_files(root):\n",
-        "class Stack:\n    def __init__(self):\n",
-        'def parse_args(argv):\n    """Parse the command line."""\n',
-    ]
-    compare(a, [tok.encode(p) for p in prompts], ["draft"])
+    return [tok.encode(p) for p in CODE_PROMPTS]
 
 
 def mtp(a: argparse.Namespace) -> None:
-    rng = np.random.default_rng(0)
-    prompts = [[int(t) for t in rng.integers(0, 500, 32)] for _ in range(3)]
+    """Random files: three prompts of 32 random ids; `--code` (a file trained on the
+    stdlib corpus, scripts/train_mtp_model.py): the draft run's code prompts."""
+    if a.code:
+        prompts = code_prompts(a.model)
+    else:
+        rng = np.random.default_rng(0)
+        prompts = [[int(t) for t in rng.integers(0, 500, 32)] for _ in range(3)]
     compare(a, prompts, ["mtp"])
 
 
@@ -338,6 +351,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--k-max", type=int, default=8)
+    ap.add_argument("--code", action="store_true", help="mtp: code prompts (a trained file)")
     ap.add_argument("--gen", type=int, default=256)
     ap.add_argument("--llama-server", default="")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))

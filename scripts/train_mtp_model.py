@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_default_model as tdm  # noqa: E402  (the data, batches, optimizer, checkpoints)
+import train_default_model as tdm  # the data, batches, optimizer, checkpoints
 
 MTP_WEIGHT = 0.5
 LR = 2e-3

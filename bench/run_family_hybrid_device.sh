@@ -9,7 +9,8 @@
 # PHASE=prep (build, write, quantize; the files stay in /tmp while the machine is warm), then
 # PHASE=bench; every step skips what is there. Knobs: B (folder with whl/ and
 # llama-cuda-src.tar.xz, .dev/fam), SHAPES ("gpt-oss-20b glm-4.5-air"), REPS, PP, GEN, THREADS, NCMOE
-# (-ncmoe list; default equal VRAM ±1), UBATCH (llama-bench -ub list).
+# (-ncmoe list; default equal VRAM ±1), UBATCH (llama-bench -ub list), PCIE_FRAC (Strata's
+# pcie_frac list), STRATA_ARGS (more bench_hybrid.py flags), PEER= (empty: no llama.cpp runs).
 set -u
 R=$PWD
 B=${B:-$R/.dev/fam}
@@ -30,6 +31,7 @@ declare -A TYPE=([gpt-oss-20b]=MXFP4_MOE [glm-4.5-air]=Q4_K_M [qwen35moe-35b-a3b
 # to the same experts (a 95% VRAM hit rate at 25% of the experts: a skew no real model has)
 declare -A EXTRA=([gpt-oss-20b]="" [glm-4.5-air]="--balanced" [qwen35moe-35b-a3b]="")
 SHAPES=${SHAPES:-gpt-oss-20b glm-4.5-air}
+PEER=${PEER-1} # empty: Strata only (no llama-bench runs)
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then
         (
@@ -60,10 +62,10 @@ fi
 if [ "$PHASE" != prep ]; then
     for s in $SHAPES; do
         python3 "$R/bench/bench_hybrid.py" --model "$D/$s-${TYPE[$s]}.gguf" \
-            --llama-bench "$LL/llama-bench" --threads "${THREADS:-$(nproc)}" \
+            ${PEER:+--llama-bench "$LL/llama-bench"} --threads "${THREADS:-$(nproc)}" \
             --reps "${REPS:-2}" --pp-reps "${PPREPS:-1}" --llama-reps "${LLREPS:-2}" \
             --pp "${PP:-4096}" --gen "${GEN:-64}" --pcie-frac="${PCIE_FRAC:--1}" \
-            ${NCMOE:+--ncmoe "$NCMOE"} --llama-ubatch "${UBATCH:-512,4096}" \
+            ${NCMOE:+--ncmoe "$NCMOE"} --llama-ubatch "${UBATCH:-512,4096}" ${STRATA_ARGS:-} \
             >"$OUT/bench-$s.log" 2>&1
         echo "bench $s rc=$? in $(($(date +%s) - t0))s"
     done

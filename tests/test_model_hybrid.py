@@ -157,6 +157,9 @@ class HalfRightDrafter:
     def release(self, slot: int) -> None:
         pass
 
+    def pause(self, paused: bool) -> None:
+        pass
+
 
 @pytest.mark.parametrize("fam", HYBRIDS)
 def test_greedy_with_speculation_equals_without(fam: str, q8: dict[str, Path]) -> None:

@@ -106,6 +106,23 @@ def test_a_slot_behind_its_target_drafts_nothing_until_it_starts_over() -> None:
     assert m.mtp_ready(0) and m.mtp_draft(0, 4, True).shape == (m.n_vocab,)
 
 
+def test_a_paused_layer_stops_its_upkeep_and_new_sequences_draft_again() -> None:
+    from strata.spec.drafters import MtpDrafter
+
+    m = Model.open(MTP_FILE, n_ctx=64, n_slots=1, threads=1)
+    d = MtpDrafter(m, 0.0)
+    m.forward(0, [1, 2, 3], logits="none")
+    assert m.mtp_ready(0)
+    d.pause(True)  # the adaptive window found that no sequence's drafts can pay
+    assert not m.mtp_ready(0) and d.pauses == 1
+    m.forward(0, [4, 5], logits="none")  # the trunk alone
+    d.pause(False)
+    assert not m.mtp_ready(0)  # the positions run while it was off are not in its KV
+    m.free(0)
+    m.forward(0, [1, 2, 3], logits="none")
+    assert m.mtp_ready(0) and m.mtp_draft(0, 4, True).shape == (m.n_vocab,)
+
+
 def test_files_without_an_mtp_layer_are_refused() -> None:
     from strata.engine.backend import LLMBackend
     from strata.spec import make_speculator

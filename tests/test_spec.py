@@ -18,9 +18,11 @@ from strata.errors import ConfigError
 from strata.sampling import SamplingParams
 from strata.spec import Speculator, make_speculator, propose
 from strata.spec.control import CostModel, SeqSpec, choose_k, expected_tokens
-from strata.spec.drafters import ModelDrafter, NgramDrafter
+from strata.spec.drafters import Draft, DraftRequest, ModelDrafter, NgramDrafter
+from strata.spec.speculator import Candidate
 
 GREEDY = SamplingParams(temperature=0)
+RNG = np.random.default_rng(0)
 
 # A source text whose continuation repeats what it holds (the n-gram drafter's case).
 SOURCE = '''def area(width, height):
@@ -164,6 +166,56 @@ def test_window_follows_acceptance_and_cost() -> None:
     ks = [choose_k(bad, cost, 1, 2, 8) for _ in range(120)]
     # (one idle step before: the call above)
     assert [i for i, k in enumerate(ks) if k] == [2, 18, 50, 114] and set(ks) == {0, 2}
+
+
+class PauseLog:
+    """A drafter that drafts the token 1 and records the speculator's pause calls."""
+
+    name = "log"
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft([1] * r.k) for r in reqs]
+
+    def rollback(self, slot: int, n: int) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        pass
+
+    def pause(self, paused: bool) -> None:
+        self.calls.append(paused)
+
+
+def test_drafter_upkeep_pauses_only_while_no_sequence_can_gain() -> None:
+    from strata.sampling import Sampler
+
+    log = PauseLog()
+    sp = Speculator(log, 1, 4)
+    a, b = sp.new_sequence(), sp.new_sequence()
+    assert log.calls == [False, False]  # a new sequence may draft: the upkeep runs
+
+    def cand(slot: int, st: SeqSpec) -> Candidate:
+        return Candidate(slot, [5, 6], [7], 8, Sampler(GREEDY, [5, 6], 64), st, RNG)
+
+    for n in range(1, 6):  # windows cost their tokens, measured: no window can pay
+        for _ in range(3):
+            sp.observe_step(n, 0.01 * n)
+    for _ in range(30):
+        b.record(4, 4)  # b's drafts were all kept: with cheap windows it would draft
+    sp.plan([cand(0, a), cand(1, b)], 1)
+    assert a.hopeless and b.hopeless and log.calls[-1] is True
+    # a sequence whose windows could still pay keeps the upkeep on
+    log.calls.clear()
+    c = sp.new_sequence()
+    cheap = Speculator(log, 1, 4)
+    for n in range(1, 6):
+        for _ in range(3):
+            cheap.observe_step(n, 0.01 * (1 + 0.05 * (n - 1)))
+    cheap.plan([cand(0, c), cand(1, b)], 1)
+    assert log.calls == [False] and not b.hopeless and b.k > 0
 
 
 # -- greedy identity ----------------------------------------------------------------------

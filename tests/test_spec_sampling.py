@@ -104,6 +104,9 @@ class ToyDrafter:
     def rollback(self, slot: int, n: int) -> None:
         pass
 
+    def pause(self, paused: bool) -> None:
+        pass
+
     def release(self, slot: int) -> None:
         pass
 

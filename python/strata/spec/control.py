@@ -12,7 +12,9 @@ E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `
 steps (`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and
 measure the window's cost, the gap doubling after each probe that did not bring drafting
 back, up to `PROBE_MAX`; `PROBE_MAX` at once while the measured costs leave no gain even if
-every draft were kept).
+every draft were kept). While every drafting sequence is in that hopeless state the speculator
+pauses the drafter's per-step upkeep (`Drafter.pause`: the MTP layer's), so that drafting
+that cannot pay costs nothing either.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class SeqSpec:
     offered: int = 0  # drafted tokens the target verified
     accepted: int = 0  # of them, kept
     windows: list[int] = field(default_factory=list)  # accepted count per window
+    hopeless: bool = False  # its last choice: measured costs leave no gain even at α = 1
 
     @property
     def alpha(self) -> float:
@@ -171,6 +174,7 @@ def choose_k(
         hopeless = hopeless and k + 1 <= dear and measured
         if g > best:
             best_k, best = k, g
+    st.hopeless = best_k == 0 and hopeless
     if best_k == 0:
         st.idle += 1
         if st.idle >= (PROBE_MAX if hopeless else st.probe_gap):  # a probe; the next waits longer

@@ -64,6 +64,7 @@ class Speculator:
     def new_sequence(self) -> SeqSpec:
         """A new sequence's state: its acceptance prior is what the windows so far measured
         (with the weight of ALPHA_PRIOR's pseudo-counts), 0.5 before any."""
+        self.drafter.pause(False)  # it may draft: the drafter's upkeep runs again
         w = sum(ALPHA_PRIOR)
         seen = self.accepted + self.rejections
         alpha = self.accepted / seen if seen else ALPHA_PRIOR[0] / w
@@ -95,6 +96,8 @@ class Speculator:
             if k > 0:
                 reqs.append(DraftRequest(c.slot, c.history, k, c.sampler.params, c.rng))
                 where.append(i)
+        if self.adaptive and cands and all(c.state.hopeless for c in cands):
+            self.drafter.pause(True)
         out = [Draft() for _ in cands]
         if reqs:
             t0 = time.perf_counter()

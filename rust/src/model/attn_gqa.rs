@@ -16,12 +16,17 @@ use half::f16;
 /// Heads served by one pass (larger groups take several passes).
 pub const MAX_HEADS: usize = 8;
 
+/// Query rows served by one pass (`attend_group_rows`): each block of V rows is widened once
+/// for all of them.
+pub const MAX_ROWS: usize = 4;
+
 /// Per-task scratch of the grouped kernels, sized at load.
 pub struct GroupScratch {
     qf: Vec<f32>,     // [8, D] the heads' queries rounded to f16, widened
-    scores: Vec<f32>, // [8, C] scores, then probabilities (row stride C)
-    acc: Vec<f32>,    // [8 lanes, 8, D] P·V lane accumulators
+    scores: Vec<f32>, // [MAX_ROWS, 8, C] scores, then probabilities (row stride C)
+    acc: Vec<f32>,    // [MAX_ROWS, 8 lanes, 8, D] P·V lane accumulators
     pack: Vec<f32>,   // a block of V rows widened, as 16-dimension slabs (`group_pv`)
+    out: Vec<f32>,    // [MAX_ROWS, 8, D] a pass's outputs, before they go to the rows
     n_ctx: usize,
 }
 
@@ -31,9 +36,10 @@ impl GroupScratch {
         let z = |n: usize| vec![0f32; if on { n } else { 0 }];
         GroupScratch {
             qf: z(MAX_HEADS * head_dim),
-            scores: z(MAX_HEADS * n_ctx),
-            acc: z(8 * MAX_HEADS * head_dim),
+            scores: z(MAX_ROWS * MAX_HEADS * n_ctx),
+            acc: z(MAX_ROWS * 8 * MAX_HEADS * head_dim),
             pack: z(k::pack_len(head_dim)),
+            out: z(MAX_ROWS * MAX_HEADS * head_dim),
             n_ctx: if on { n_ctx } else { 0 },
         }
     }
@@ -64,11 +70,39 @@ pub fn attend_group(
     hs: &mut AttnScratch,
     t: usize,
 ) -> Result<()> {
+    attend_group_rows(s, k_cache, v_cache, &[n], g, &[q], &mut [out], gs, hs, t)
+}
+
+/// `attend_group` for up to `MAX_ROWS` query rows of one chunk at once (row r over keys and
+/// values [0, ns[r]) of the same cache, `qs[r]` and `outs[r]` its heads' [G, D]): the rows
+/// share each widened block of V rows; every row's result is bitwise its own
+/// `attend_group`'s (the same q·k, softmax and P·V order per row).
+#[allow(clippy::too_many_arguments)]
+pub fn attend_group_rows(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    ns: &[usize],
+    g: usize,
+    qs: &[&[f32]],
+    outs: &mut [&mut [f32]],
+    gs: &mut GroupScratch,
+    hs: &mut AttnScratch,
+    t: usize,
+) -> Result<()> {
     let d = s.head_dim;
     let group = s.n_head / s.n_head_kv;
-    if !serves(s, t) || n > gs.n_ctx {
-        for (j, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
-            attend_head(s, k_cache, v_cache, n, g * group + j, qh, oh, hs, t)?;
+    let rows = ns.len();
+    assert!(
+        rows <= MAX_ROWS && qs.len() == rows && outs.len() == rows,
+        "attention rows"
+    );
+    let n_max = ns.iter().copied().max().unwrap_or(0);
+    if !serves(s, t) || n_max > gs.n_ctx {
+        for ((&n, q), out) in ns.iter().zip(qs).zip(outs.iter_mut()) {
+            for (j, (qh, oh)) in q.chunks_exact(d).zip(out.chunks_exact_mut(d)).enumerate() {
+                attend_head(s, k_cache, v_cache, n, g * group + j, qh, oh, hs, t)?;
+            }
         }
         return Ok(());
     }
@@ -81,14 +115,24 @@ pub fn attend_group(
             r if r >= 2 => 2,
             _ => 1,
         };
-        let (qs, os) = (&q[h * d..(h + m) * d], &mut out[h * d..(h + m) * d]);
         let h0 = g * group + h; // the first query head of this pass
         let sk = s.sinks.map(|sk| &sk[h0..h0 + m]);
+        let pass = Pass {
+            s,
+            k_cache,
+            v_cache,
+            ns,
+            kvo,
+            sinks: sk,
+        };
         match m {
-            8 => heads::<8>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
-            4 => heads::<4>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
-            2 => heads::<2>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
-            _ => heads::<1>(s, k_cache, v_cache, n, kvo, qs, os, gs, sk),
+            8 => pass.heads::<8>(qs, h, gs),
+            4 => pass.heads::<4>(qs, h, gs),
+            2 => pass.heads::<2>(qs, h, gs),
+            _ => pass.heads::<1>(qs, h, gs),
+        }
+        for (r, out) in outs.iter_mut().enumerate() {
+            out[h * d..(h + m) * d].copy_from_slice(&gs.out[r * m * d..(r + 1) * m * d]);
         }
         h += m;
     }
@@ -99,7 +143,7 @@ pub fn attend_group(
 type ScoresFn = unsafe fn(&[u8], usize, usize, &[f32], usize, f32, &mut [f32], usize);
 /// `group_pv`'s signature (P·V of M heads).
 type PvFn =
-    unsafe fn(&[f32], usize, usize, &[u8], usize, usize, &mut [f32], &mut [f32], &mut [f32]);
+    unsafe fn(&[f32], usize, &[usize], &[u8], usize, usize, &mut [f32], &mut [f32], &mut [f32]);
 
 /// The q·k and P·V kernels of M heads at head dim `d`: the AVX-512 ones (bitwise the AVX2
 /// ones) where the active ISA is AVX-512 (`STRATA_ISA` or the CPU's best), the CPU runs
@@ -115,38 +159,68 @@ fn kernels<const M: usize>(d: usize) -> (ScoresFn, PvFn) {
     }
 }
 
-/// M heads of one KV head: q·k, softmax (with the heads' [M] sinks where given) and P·V,
-/// each over the rows once.
-#[allow(clippy::too_many_arguments)]
-fn heads<const M: usize>(
-    s: &AttnShape,
-    k_cache: &[u8],
-    v_cache: &[u8],
-    n: usize,
+/// One pass over a KV head's rows: the cache, each query row's visible positions, the KV
+/// head's byte offset in a row and the pass's heads' sinks.
+struct Pass<'a> {
+    s: &'a AttnShape<'a>,
+    k_cache: &'a [u8],
+    v_cache: &'a [u8],
+    ns: &'a [usize],
     kvo: usize,
-    q: &[f32],
-    out: &mut [f32],
-    gs: &mut GroupScratch,
-    sinks: Option<&[f32]>,
-) {
-    let d = s.head_dim;
-    let stride = gs.n_ctx;
-    let qf = &mut gs.qf[..M * d];
-    for (o, &x) in qf.iter_mut().zip(q) {
-        *o = f16::from_f32(x).to_f32(); // q in the key type's dot type (f16)
-    }
-    let scale = 1.0 / (d as f32).sqrt();
-    let scores = &mut gs.scores[..M * stride];
-    let (qk, pv) = kernels::<M>(d);
-    // SAFETY: `serves` (and `kernels`) checked the CPU features; the kernels bound-check
-    // their rows.
-    unsafe {
-        qk(k_cache, s.row_bytes, kvo, qf, n, scale, scores, stride);
-        for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
-            k::softmax_f16p(&mut row[..n], sinks.map(|sk| sk[j]));
+    sinks: Option<&'a [f32]>,
+}
+
+impl Pass<'_> {
+    /// M heads of one KV head for each query row (heads h..h + M of the group: [M, D] at
+    /// `qs[r][h·D..]`):
+    /// q·k, softmax (with the heads' [M] sinks where given) of each row, then P·V of all the
+    /// rows in one pass over the V rows, into `gs.out` [R, M, D].
+    fn heads<const M: usize>(&self, qs: &[&[f32]], h: usize, gs: &mut GroupScratch) {
+        let d = self.s.head_dim;
+        let stride = gs.n_ctx;
+        let rows = self.ns.len();
+        let scale = 1.0 / (d as f32).sqrt();
+        let (qk, pv) = kernels::<M>(d);
+        for (r, (&n, q)) in self.ns.iter().zip(qs).enumerate() {
+            let qf = &mut gs.qf[..M * d];
+            for (o, &x) in qf.iter_mut().zip(&q[h * d..(h + M) * d]) {
+                *o = f16::from_f32(x).to_f32(); // q in the key type's dot type (f16)
+            }
+            let scores = &mut gs.scores[r * M * stride..(r + 1) * M * stride];
+            // SAFETY: `serves` (and `kernels`) checked the CPU features; the kernels
+            // bound-check their rows.
+            unsafe {
+                qk(
+                    self.k_cache,
+                    self.s.row_bytes,
+                    self.kvo,
+                    qf,
+                    n,
+                    scale,
+                    scores,
+                    stride,
+                );
+                for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
+                    k::softmax_f16p(&mut row[..n], self.sinks.map(|sk| sk[j]));
+                }
+            }
         }
         let (acc, pack) = (&mut gs.acc, &mut gs.pack);
-        pv(scores, stride, n, v_cache, s.row_bytes, kvo, acc, pack, out);
+        let (p, out) = (&gs.scores[..rows * M * stride], &mut gs.out[..rows * M * d]);
+        // SAFETY: as above.
+        unsafe {
+            pv(
+                p,
+                stride,
+                self.ns,
+                self.v_cache,
+                self.s.row_bytes,
+                self.kvo,
+                acc,
+                pack,
+                out,
+            );
+        }
     }
 }
 
@@ -273,14 +347,84 @@ mod tests {
                 // SAFETY: as above.
                 unsafe {
                     k::group_pv::<M>(
-                        &pr, stride, n, vc, row_bytes, kvo, &mut acc, &mut pack, &mut oa,
+                        &pr,
+                        stride,
+                        &[n],
+                        vc,
+                        row_bytes,
+                        kvo,
+                        &mut acc,
+                        &mut pack,
+                        &mut oa,
                     );
                     k::group_pv_x2::<M>(
-                        &pr, stride, n, vc, row_bytes, kvo, &mut acc, &mut pack, &mut ob,
+                        &pr,
+                        stride,
+                        &[n],
+                        vc,
+                        row_bytes,
+                        kvo,
+                        &mut acc,
+                        &mut pack,
+                        &mut ob,
                     );
                 }
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&oa), bits(&ob), "P·V M={M} d={d} n={n}");
+                // three query rows in one pass (the rows path of a prefill chunk): each row
+                // bitwise its own one-row pass, for both kernels
+                if n >= 3 {
+                    let ns = [n, n - 1, n - 2];
+                    let pr3: Vec<f32> = (0..3 * M * stride)
+                        .map(|i| f16::from_f32(((i * 7901 + 13) % 997) as f32 / 997.0).to_f32())
+                        .collect();
+                    type Pv = unsafe fn(
+                        &[f32],
+                        usize,
+                        &[usize],
+                        &[u8],
+                        usize,
+                        usize,
+                        &mut [f32],
+                        &mut [f32],
+                        &mut [f32],
+                    );
+                    let kernels: [Pv; 2] = [k::group_pv::<M>, k::group_pv_x2::<M>];
+                    for kern in kernels {
+                        let mut acc3 = vec![0f32; 3 * 8 * M * d];
+                        let mut o3 = vec![f32::NAN; 3 * M * d];
+                        // SAFETY: as above.
+                        unsafe {
+                            kern(
+                                &pr3, stride, &ns, vc, row_bytes, kvo, &mut acc3, &mut pack,
+                                &mut o3,
+                            )
+                        };
+                        for (r, &nr) in ns.iter().enumerate() {
+                            let mut o1 = vec![f32::NAN; M * d];
+                            let p1 = &pr3[r * M * stride..(r + 1) * M * stride];
+                            // SAFETY: as above.
+                            unsafe {
+                                kern(
+                                    p1,
+                                    stride,
+                                    &[nr],
+                                    vc,
+                                    row_bytes,
+                                    kvo,
+                                    &mut acc,
+                                    &mut pack,
+                                    &mut o1,
+                                )
+                            };
+                            assert_eq!(
+                                bits(&o3[r * M * d..(r + 1) * M * d]),
+                                bits(&o1),
+                                "P·V rows M={M} d={d} n={n} r={r}"
+                            );
+                        }
+                    }
+                }
             }
         }
         for d in [64, 128, 256] {

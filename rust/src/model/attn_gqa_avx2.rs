@@ -329,13 +329,16 @@ pub unsafe fn softmax_f16p(x: &mut [f32], sink: Option<f32>) {
     }
 }
 
-/// `out[h·D + i] = reduce8_l(Σ_{j ≡ l mod 8} p[h·stride + j]·v_j[i])` for heads h < M and
-/// positions j < n in increasing j per lane l (p already rounded to f16), V row j being the
-/// `d` f16 values at `v[j·row_bytes + kvo..]`. `acc` is scratch of [8, M, D], `pack` of
+/// `out[r][h·D + i] = reduce8_l(Σ_{j ≡ l mod 8} p[r][h·stride + j]·v_j[i])` for R query rows
+/// r (R = `ns.len()`), heads h < M and positions j < ns[r] in increasing j per lane l (p
+/// already rounded to f16), V row j being the `d` f16 values at `v[j·row_bytes + kvo..]`;
+/// `p` is [R, M, stride], `out` [R, M·D]. `acc` is scratch of [R, 8, M, D], `pack` of
 /// `pack_len(d)` floats: each block of V rows is first widened into it as 16-dimension slabs
 /// ([D/16, PV_BLOCK, 16] f32, exact), so that each row is widened once for all M heads and
-/// one slab (PV_BLOCK·64 bytes) serves every head and lane from L1 (rows `row_bytes` apart
-/// in the cache would fall into a few L1 sets).
+/// all R query rows (a prefill chunk's rows read the same V rows), and one slab
+/// (PV_BLOCK·64 bytes) serves every row, head and lane from L1 (rows `row_bytes` apart in the
+/// cache would fall into a few L1 sets). Each query row's floats are those of a pass of its
+/// own: the blocks start at the same positions, and its tiles run over its own `ns[r]`.
 ///
 /// # Safety
 /// `available()` holds.
@@ -344,7 +347,7 @@ pub unsafe fn softmax_f16p(x: &mut [f32], sink: Option<f32>) {
 pub unsafe fn group_pv<const M: usize>(
     p: &[f32],
     stride: usize,
-    n: usize,
+    ns: &[usize],
     v: &[u8],
     row_bytes: usize,
     kvo: usize,
@@ -352,7 +355,7 @@ pub unsafe fn group_pv<const M: usize>(
     pack: &mut [f32],
     out: &mut [f32],
 ) {
-    pv_body::<M, false>(p, stride, n, v, row_bytes, kvo, acc, pack, out)
+    pv_body::<M, false>(p, stride, ns, v, row_bytes, kvo, acc, pack, out)
 }
 
 /// `group_pv` with each register tile's 16 dimensions in one 16-lane register (AVX-512):
@@ -365,7 +368,7 @@ pub unsafe fn group_pv<const M: usize>(
 pub unsafe fn group_pv_x2<const M: usize>(
     p: &[f32],
     stride: usize,
-    n: usize,
+    ns: &[usize],
     v: &[u8],
     row_bytes: usize,
     kvo: usize,
@@ -373,7 +376,7 @@ pub unsafe fn group_pv_x2<const M: usize>(
     pack: &mut [f32],
     out: &mut [f32],
 ) {
-    pv_body::<M, true>(p, stride, n, v, row_bytes, kvo, acc, pack, out)
+    pv_body::<M, true>(p, stride, ns, v, row_bytes, kvo, acc, pack, out)
 }
 
 /// `group_pv`'s body; `WIDE`: the AVX-512 register tiles (`pv_tile_x2`).
@@ -382,7 +385,7 @@ pub unsafe fn group_pv_x2<const M: usize>(
 unsafe fn pv_body<const M: usize, const WIDE: bool>(
     p: &[f32],
     stride: usize,
-    n: usize,
+    ns: &[usize],
     v: &[u8],
     row_bytes: usize,
     kvo: usize,
@@ -390,29 +393,30 @@ unsafe fn pv_body<const M: usize, const WIDE: bool>(
     pack: &mut [f32],
     out: &mut [f32],
 ) {
-    let d = out.len() / M;
+    let rows = ns.len();
+    let md = out.len() / rows.max(1);
+    let d = md / M;
     assert!(
-        M <= 8 && d.is_multiple_of(16) && out.len() == M * d,
+        M <= 8 && d.is_multiple_of(16) && out.len() == rows * M * d,
         "P·V shape"
     );
     assert!(
-        acc.len() >= 8 * M * d && pack.len() >= pack_len(d),
+        acc.len() >= rows * 8 * M * d && pack.len() >= pack_len(d),
         "P·V scratch"
     );
-    assert!(
-        n <= stride && (M.max(1) - 1) * stride + n <= p.len(),
-        "P rows"
-    );
-    if n > 0 {
+    let n_max = ns.iter().copied().max().unwrap_or(0);
+    assert!(n_max <= stride && p.len() >= rows * M * stride, "P rows");
+    if n_max > 0 {
         assert!(
-            (n - 1) * row_bytes + kvo + 2 * d <= v.len(),
+            (n_max - 1) * row_bytes + kvo + 2 * d <= v.len(),
             "V rows out of range"
         );
     }
-    acc[..8 * M * d].fill(0.0);
-    for j0 in (0..n).step_by(PV_BLOCK) {
-        let nb = (n - j0).min(PV_BLOCK);
-        for jj in 0..nb {
+    let racc = 8 * M * d; // one row's accumulators
+    acc[..rows * racc].fill(0.0);
+    for j0 in (0..n_max).step_by(PV_BLOCK) {
+        let nb_max = (n_max - j0).min(PV_BLOCK);
+        for jj in 0..nb_max {
             let src = v.as_ptr().add((j0 + jj) * row_bytes + kvo);
             for c in 0..d / 16 {
                 let x0 = _mm256_cvtph_ps(_mm_loadu_si128(src.add(32 * c) as *const __m128i));
@@ -422,40 +426,54 @@ unsafe fn pv_body<const M: usize, const WIDE: bool>(
                 _mm256_storeu_ps(dst.add(8), x1);
             }
         }
-        let pj = p.as_ptr().add(j0);
-        for c in 0..d / 16 {
-            let slab = pack.as_ptr().add(c * PV_BLOCK * 16);
-            let mut h = 0;
-            while h < M {
-                let w = match M - h {
-                    1 => 1,
-                    2 | 3 => 2,
-                    _ => 4,
-                };
-                let a = acc.as_mut_ptr().add(h * d + 16 * c);
-                let ph = pj.add(h * stride);
-                match (w, WIDE) {
-                    (1, false) => pv_tile::<1>(ph, stride, slab, nb, a, d, M * d),
-                    (2, false) => pv_tile::<2>(ph, stride, slab, nb, a, d, M * d),
-                    (_, false) => pv_tile::<4>(ph, stride, slab, nb, a, d, M * d),
-                    (1, true) => pv_tile_x2::<1>(ph, stride, slab, nb, a, d, M * d),
-                    (2, true) => pv_tile_x2::<2>(ph, stride, slab, nb, a, d, M * d),
-                    (_, true) => pv_tile_x2::<4>(ph, stride, slab, nb, a, d, M * d),
+        for (r, &n) in ns.iter().enumerate() {
+            if n <= j0 {
+                continue;
+            }
+            let nb = (n - j0).min(PV_BLOCK);
+            let pj = p.as_ptr().add(r * M * stride + j0);
+            let ar = acc.as_mut_ptr().add(r * racc);
+            for c in 0..d / 16 {
+                let slab = pack.as_ptr().add(c * PV_BLOCK * 16);
+                let mut h = 0;
+                while h < M {
+                    // the 16-lane tiles take 8 heads at once: a tile's heads are its
+                    // independent FMA chains (the AVX2 tile has two registers per head)
+                    let w = match M - h {
+                        1 => 1,
+                        2 | 3 => 2,
+                        left if WIDE && left >= 8 => 8,
+                        _ => 4,
+                    };
+                    let a = ar.add(h * d + 16 * c);
+                    let ph = pj.add(h * stride);
+                    match (w, WIDE) {
+                        (1, false) => pv_tile::<1>(ph, stride, slab, nb, a, d, M * d),
+                        (2, false) => pv_tile::<2>(ph, stride, slab, nb, a, d, M * d),
+                        (_, false) => pv_tile::<4>(ph, stride, slab, nb, a, d, M * d),
+                        (1, true) => pv_tile_x2::<1>(ph, stride, slab, nb, a, d, M * d),
+                        (2, true) => pv_tile_x2::<2>(ph, stride, slab, nb, a, d, M * d),
+                        (8, true) => pv_tile_x2::<8>(ph, stride, slab, nb, a, d, M * d),
+                        (_, true) => pv_tile_x2::<4>(ph, stride, slab, nb, a, d, M * d),
+                    }
+                    h += w;
                 }
-                h += w;
             }
         }
     }
     // reduce8 over the lanes, 8 dimensions at a time
-    let a = acc.as_ptr();
-    for h in 0..M {
-        for i in (0..d).step_by(8) {
-            let l = |x: usize| _mm256_loadu_ps(a.add((x * M + h) * d + i));
-            let s = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6))),
-                _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7))),
-            );
-            _mm256_storeu_ps(out.as_mut_ptr().add(h * d + i), s);
+    for r in 0..rows {
+        let a = acc.as_ptr().add(r * racc);
+        let o = out.as_mut_ptr().add(r * M * d);
+        for h in 0..M {
+            for i in (0..d).step_by(8) {
+                let l = |x: usize| _mm256_loadu_ps(a.add((x * M + h) * d + i));
+                let s = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(l(0), l(4)), _mm256_add_ps(l(2), l(6))),
+                    _mm256_add_ps(_mm256_add_ps(l(1), l(5)), _mm256_add_ps(l(3), l(7))),
+                );
+                _mm256_storeu_ps(o.add(h * d + i), s);
+            }
         }
     }
 }

@@ -49,7 +49,7 @@ pub unsafe fn expf_lanes(_: &[f32; 8]) -> [f32; 8] {
 pub unsafe fn group_pv<const M: usize>(
     _: &[f32],
     _: usize,
-    _: usize,
+    _: &[usize],
     _: &[u8],
     _: usize,
     _: usize,

@@ -10,7 +10,7 @@
 //! only the last W of them with a window (`AttnShape::window`).
 
 use super::attention::{attend_head, AttnScratch, AttnShape};
-use super::attn_gqa::{attend_group, serves, GroupScratch};
+use super::attn_gqa::{attend_group, attend_group_rows, serves, GroupScratch, MAX_ROWS};
 use super::compute::Compute;
 use super::kv::KvType;
 use crate::error::{Error, Result};
@@ -110,7 +110,15 @@ pub fn attend_chunk_units(
     } else {
         (nh, 1)
     };
-    let units = t * per;
+    // grouped rows of a long chunk go MAX_ROWS to a unit (they share each widened block of V
+    // rows; a sliding window would give them different first keys); short chunks keep a
+    // row per unit, for the tasks' balance
+    let rows = if grouped && s.window.is_none() && t >= MAX_ROWS * ATT_TASKS {
+        MAX_ROWS
+    } else {
+        1
+    };
+    let units = t.div_ceil(rows) * per;
     let tasks = units.min(par.scratch.len());
     let o = OutPtr(out.as_mut_ptr());
     let failed: Mutex<Option<Error>> = Mutex::new(None);
@@ -120,18 +128,49 @@ pub fn attend_chunk_units(
         };
         let TaskScratch { head, group } = &mut *scratch;
         for u in (k..units).step_by(tasks) {
-            let (i, h) = (u / per, u % per);
-            let (r, len) = (i * qd + h * width * d, width * d);
-            // SAFETY: unit (i, h) alone writes out[r..r + len], inside out (checked above).
-            let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), len) };
-            let end = p0 + i + 1;
-            let lo = s.first_key(end) * s.row_bytes;
-            let (kc, vc, n) = (&k_cache[lo..], &v_cache[lo..], end - s.first_key(end));
-            let qh = &q[r..r + len];
-            let res = if grouped {
-                attend_group(s, kc, vc, n, h, qh, oh, group, head, order)
+            let (i0, h) = ((u / per) * rows, u % per);
+            let len = width * d;
+            let res = if rows > 1 {
+                let r = rows.min(t - i0);
+                // row i's heads of this unit: [G, D] at i·Nh·D + h·G·D (each row's region is
+                // this unit's alone)
+                let at = |j: usize| (i0 + j) * qd + h * len;
+                let ns: [usize; MAX_ROWS] = std::array::from_fn(|j| p0 + i0 + j + 1);
+                let qs: [&[f32]; MAX_ROWS] =
+                    std::array::from_fn(|j| if j < r { &q[at(j)..at(j) + len] } else { &[] });
+                let mut outs: [&mut [f32]; MAX_ROWS] = std::array::from_fn(|j| {
+                    if j < r {
+                        // SAFETY: disjoint regions of `out` (above), alive for the call
+                        unsafe { std::slice::from_raw_parts_mut(o.at(at(j)), len) }
+                    } else {
+                        &mut []
+                    }
+                });
+                attend_group_rows(
+                    s,
+                    k_cache,
+                    v_cache,
+                    &ns[..r],
+                    h,
+                    &qs[..r],
+                    &mut outs[..r],
+                    group,
+                    head,
+                    order,
+                )
             } else {
-                attend_head(s, kc, vc, n, h, qh, oh, head, order)
+                let i = i0;
+                let r = i * qd + h * len;
+                let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), len) };
+                let end = p0 + i + 1;
+                let lo = s.first_key(end) * s.row_bytes;
+                let (kc, vc, n) = (&k_cache[lo..], &v_cache[lo..], end - s.first_key(end));
+                let qh = &q[r..r + len];
+                if grouped {
+                    attend_group(s, kc, vc, n, h, qh, oh, group, head, order)
+                } else {
+                    attend_head(s, kc, vc, n, h, qh, oh, head, order)
+                }
             };
             if let Err(e) = res {
                 if let Ok(mut f) = failed.lock() {
@@ -160,7 +199,7 @@ mod tests {
     /// caches, one and several query rows, on a pool with workers and on the serial compute.
     #[test]
     fn chunk_equals_the_serial_loop_bitwise() {
-        let (nh, nkv, d, p0) = (8, 2, 64, 5);
+        let (d, p0, ctx) = (64, 5, 320);
         let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
         let pool = Pool::new(PoolConfig {
             workers: 2,
@@ -169,10 +208,21 @@ mod tests {
             pin: false,
             spin_us: 50,
         });
-        for ty in [KvType::F16, KvType::F32] {
-            for t in [1usize, 7] {
+        // t ≥ 32 takes the grouped rows path (MAX_ROWS rows a unit; 37: a last unit of one
+        // row; 300: two P·V blocks), groups of 4 and of 8 heads
+        for (ty, nh, nkv, t) in [
+            (KvType::F16, 8, 2, 1usize),
+            (KvType::F16, 8, 2, 7),
+            (KvType::F16, 8, 2, 37),
+            (KvType::F16, 16, 2, 37),
+            (KvType::F16, 16, 2, 300),
+            (KvType::F32, 8, 2, 1),
+            (KvType::F32, 8, 2, 7),
+            (KvType::F32, 8, 2, 37),
+        ] {
+            {
                 let n = p0 + t;
-                let mut kv = KvCache::new(ty, 1, 32, nkv, d, 1).unwrap();
+                let mut kv = KvCache::new(ty, 1, ctx, nkv, d, 1).unwrap();
                 for p in 0..n {
                     let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
                     let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
@@ -182,7 +232,7 @@ mod tests {
                 let q: Vec<f32> = (0..t * nh * d).map(|i| val(i * 5 + 1) * 0.3).collect();
                 let (kc, vc) = kv.layer(0, 0, n);
                 let mut want = vec![0f32; t * nh * d];
-                let mut s = AttnScratch::new(32, ty, d);
+                let mut s = AttnScratch::new(ctx, ty, d);
                 for i in 0..t {
                     let r = i * nh * d..(i + 1) * nh * d;
                     attend(
@@ -197,7 +247,7 @@ mod tests {
                     )
                     .unwrap();
                 }
-                let par = AttnPar::new(32, ty, d);
+                let par = AttnPar::new(ctx, ty, d);
                 let serial = SerialCompute::new();
                 for c in [&pool as &dyn Compute, &serial] {
                     let mut out = vec![f32::NAN; t * nh * d];

@@ -22,7 +22,7 @@ pub const MAX_ROWS: usize = 4;
 
 /// Per-task scratch of the grouped kernels, sized at load.
 pub struct GroupScratch {
-    qf: Vec<f32>,     // [8, D] the heads' queries rounded to f16, widened
+    qf: Vec<f32>,     // [MAX_ROWS, 8, D] the heads' queries rounded to f16, widened
     scores: Vec<f32>, // [MAX_ROWS, 8, C] scores, then probabilities (row stride C)
     acc: Vec<f32>,    // [MAX_ROWS, 8 lanes, 8, D] P·V lane accumulators
     pack: Vec<f32>,   // a block of V rows widened, as 16-dimension slabs (`group_pv`)
@@ -35,7 +35,7 @@ impl GroupScratch {
         let on = ty == KvType::F16;
         let z = |n: usize| vec![0f32; if on { n } else { 0 }];
         GroupScratch {
-            qf: z(MAX_HEADS * head_dim),
+            qf: z(MAX_ROWS * MAX_HEADS * head_dim),
             scores: z(MAX_ROWS * MAX_HEADS * n_ctx),
             acc: z(MAX_ROWS * 8 * MAX_HEADS * head_dim),
             pack: z(k::pack_len(head_dim)),
@@ -145,17 +145,25 @@ type ScoresFn = unsafe fn(&[u8], usize, usize, &[f32], usize, f32, &mut [f32], u
 type PvFn =
     unsafe fn(&[f32], usize, &[usize], &[u8], usize, usize, &mut [f32], &mut [f32], &mut [f32]);
 
-/// The q·k and P·V kernels of M heads at head dim `d`: the AVX-512 ones (bitwise the AVX2
-/// ones) where the active ISA is AVX-512 (`STRATA_ISA` or the CPU's best), the CPU runs
-/// them and d ≤ 256; else the AVX2 ones.
-fn kernels<const M: usize>(d: usize) -> (ScoresFn, PvFn) {
+/// `group_scores_x2_pair`'s signature (q·k of M heads for two query rows).
+type PairFn =
+    unsafe fn(&[u8], usize, usize, &[f32], &[f32], usize, f32, &mut [f32], &mut [f32], usize);
+
+/// The q·k and P·V kernels of M heads at head dim `d`, and the q·k of two rows at once where
+/// there is one: the AVX-512 ones (bitwise the AVX2 ones) where the active ISA is AVX-512
+/// (`STRATA_ISA` or the CPU's best), the CPU runs them and d ≤ 256; else the AVX2 ones.
+fn kernels<const M: usize>(d: usize) -> (ScoresFn, PvFn, Option<PairFn>) {
     if d <= 256
         && crate::quant::dot::active_isa() == crate::quant::dot::Isa::Avx512
         && k::available_x2()
     {
-        (k::group_scores_x2::<M>, k::group_pv_x2::<M>)
+        (
+            k::group_scores_x2::<M>,
+            k::group_pv_x2::<M>,
+            Some(k::group_scores_x2_pair::<M>),
+        )
     } else {
-        (k::group_scores::<M>, k::group_pv::<M>)
+        (k::group_scores::<M>, k::group_pv::<M>, None)
     }
 }
 
@@ -180,30 +188,60 @@ impl Pass<'_> {
         let stride = gs.n_ctx;
         let rows = self.ns.len();
         let scale = 1.0 / (d as f32).sqrt();
-        let (qk, pv) = kernels::<M>(d);
-        for (r, (&n, q)) in self.ns.iter().zip(qs).enumerate() {
-            let qf = &mut gs.qf[..M * d];
+        let (qk, pv, pair) = kernels::<M>(d);
+        // each row's [M, D] queries rounded to f16 (the key type's dot type), widened
+        for (r, q) in qs.iter().enumerate() {
+            let qf = &mut gs.qf[r * M * d..(r + 1) * M * d];
             for (o, &x) in qf.iter_mut().zip(&q[h * d..(h + M) * d]) {
-                *o = f16::from_f32(x).to_f32(); // q in the key type's dot type (f16)
+                *o = f16::from_f32(x).to_f32();
             }
-            let scores = &mut gs.scores[r * M * stride..(r + 1) * M * stride];
-            // SAFETY: `serves` (and `kernels`) checked the CPU features; the kernels
-            // bound-check their rows.
-            unsafe {
-                qk(
-                    self.k_cache,
-                    self.s.row_bytes,
-                    self.kvo,
-                    qf,
-                    n,
-                    scale,
-                    scores,
-                    stride,
-                );
-                for (j, row) in scores.chunks_exact_mut(stride).enumerate() {
-                    k::softmax_f16p(&mut row[..n], self.sinks.map(|sk| sk[j]));
+        }
+        let (qf, scores) = (&gs.qf, &mut gs.scores);
+        let (kc, rb, kvo) = (self.k_cache, self.s.row_bytes, self.kvo);
+        let mut r = 0;
+        while r < rows {
+            // two rows share each widened pair of K rows up to their common even length;
+            // the rest of each row (and a row without a partner) runs alone from there
+            let (two, done) = match pair {
+                Some(f) if r + 1 < rows => {
+                    let shared = self.ns[r].min(self.ns[r + 1]) & !1;
+                    let (sa, sb) =
+                        scores[r * M * stride..(r + 2) * M * stride].split_at_mut(M * stride);
+                    let (qa, qb) = (
+                        &qf[r * M * d..(r + 1) * M * d],
+                        &qf[(r + 1) * M * d..(r + 2) * M * d],
+                    );
+                    // SAFETY: `kernels` checked the CPU features; the kernel bound-checks its rows.
+                    unsafe { f(kc, rb, kvo, qa, qb, shared, scale, sa, sb, stride) };
+                    (2, shared)
+                }
+                _ => (1, 0),
+            };
+            for rr in r..r + two {
+                let n = self.ns[rr];
+                let q1 = &qf[rr * M * d..(rr + 1) * M * d];
+                let row = &mut scores[rr * M * stride..(rr + 1) * M * stride];
+                // SAFETY: `serves` (and `kernels`) checked the CPU features; the kernels
+                // bound-check their rows.
+                unsafe {
+                    if n > done {
+                        qk(
+                            &kc[done * rb..],
+                            rb,
+                            kvo,
+                            q1,
+                            n - done,
+                            scale,
+                            &mut row[done..],
+                            stride,
+                        );
+                    }
+                    for (j, hrow) in row.chunks_exact_mut(stride).enumerate() {
+                        k::softmax_f16p(&mut hrow[..n], self.sinks.map(|sk| sk[j]));
+                    }
                 }
             }
+            r += two;
         }
         let (acc, pack) = (&mut gs.acc, &mut gs.pack);
         let (p, out) = (&gs.scores[..rows * M * stride], &mut gs.out[..rows * M * d]);
@@ -334,6 +372,35 @@ mod tests {
                     for j in 0..n {
                         let (x, y) = (a[h * stride + j], b[h * stride + j]);
                         assert_eq!(x.to_bits(), y.to_bits(), "M={M} d={d} n={n} h={h} j={j}");
+                    }
+                }
+                // two query rows sharing the K rows (even n): each row's scores bitwise
+                if n % 2 == 0 {
+                    let qb: Vec<f32> = q.iter().map(|x| f16::from_f32(-0.5 * x).to_f32()).collect();
+                    let (mut pa, mut pb) = (vec![f32::NAN; M * stride], vec![f32::NAN; M * stride]);
+                    let mut want_b = vec![f32::NAN; M * stride];
+                    // SAFETY: as above.
+                    unsafe {
+                        k::group_scores_x2_pair::<M>(
+                            kc, row_bytes, kvo, &q, &qb, n, 0.09, &mut pa, &mut pb, stride,
+                        );
+                        k::group_scores_x2::<M>(
+                            kc,
+                            row_bytes,
+                            kvo,
+                            &qb,
+                            n,
+                            0.09,
+                            &mut want_b,
+                            stride,
+                        );
+                    }
+                    for h in 0..M {
+                        for j in 0..n {
+                            let i = h * stride + j;
+                            assert_eq!(pa[i].to_bits(), b[i].to_bits(), "pair a M={M} n={n}");
+                            assert_eq!(pb[i].to_bits(), want_b[i].to_bits(), "pair b M={M} n={n}");
+                        }
                     }
                 }
                 // P·V over the same rows, probabilities as the softmax leaves them (f16)

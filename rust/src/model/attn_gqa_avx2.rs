@@ -168,7 +168,8 @@ pub unsafe fn group_scores_x2<const M: usize>(
         return;
     }
     let steps = d / 8;
-    // each head's q steps in both halves: q2[h·steps + s] = [q_h[8s..8s+8], q_h[8s..8s+8]]
+    // each head's q steps in both halves, step-major (a step's M heads side by side: one base
+    // address per step): q2[s·M + h] = [q_h[8s..8s+8], q_h[8s..8s+8]]
     let mut q2 = [_mm512_setzero_ps(); 8 * MAX_STEPS];
     for h in 0..M {
         for st in 0..steps {
@@ -177,7 +178,7 @@ pub unsafe fn group_scores_x2<const M: usize>(
                 _mm512_castps_pd(_mm512_castps256_ps512(v)),
                 _mm256_castps_pd(v),
             );
-            q2[h * steps + st] = _mm512_castpd_ps(both);
+            q2[st * M + h] = _mm512_castpd_ps(both);
         }
     }
     for j in (0..n - 1).step_by(2) {
@@ -188,8 +189,9 @@ pub unsafe fn group_scores_x2<const M: usize>(
             let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
             let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
             let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
-            for (h, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(kv, q2[h * steps + st], *a);
+            let qs = &q2[st * M..st * M + M];
+            for (a, &qh) in acc.iter_mut().zip(qs) {
+                *a = _mm512_fmadd_ps(kv, qh, *a);
             }
         }
         let first: [__m256; M] = std::array::from_fn(|h| _mm512_castps512_ps256(acc[h]));
@@ -211,6 +213,81 @@ pub unsafe fn group_scores_x2<const M: usize>(
             &mut scores[j..],
             stride,
         );
+    }
+}
+
+/// `group_scores_x2` of two query rows a and b (`qa`, `qb`: [M, D] each) over the same K rows
+/// [0, n), n even: each widened pair of K rows feeds both rows' M heads (16 FMA chains), so a
+/// prefill chunk's rows read and widen their KV head's K rows half as often. Every score is
+/// the same FMA chain, reduction and scale as `group_scores_x2`'s (bitwise).
+///
+/// # Safety
+/// `available_x2()` holds.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_scores_x2_pair<const M: usize>(
+    k: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    qa: &[f32],
+    qb: &[f32],
+    n: usize,
+    scale: f32,
+    sa: &mut [f32],
+    sb: &mut [f32],
+    stride: usize,
+) {
+    const MAX_STEPS: usize = 256 / 8;
+    let d = check_scores::<M>(k, row_bytes, kvo, qa, n, sa.len(), stride);
+    assert!(
+        qb.len() == qa.len() && sb.len() >= sa.len().min((M - 1) * stride + n),
+        "rows"
+    );
+    check_scores::<M>(k, row_bytes, kvo, qb, n, sb.len(), stride);
+    assert!(
+        d <= 256 && n.is_multiple_of(2),
+        "q·k pair: head dim {d}, n {n}"
+    );
+    let steps = d / 8;
+    // both rows' q steps in both halves, step-major: q2[(s·2 + row)·M + h]
+    let mut q2 = [_mm512_setzero_ps(); 2 * 8 * MAX_STEPS];
+    for (row, q) in [qa, qb].into_iter().enumerate() {
+        for h in 0..M {
+            for st in 0..steps {
+                let v = _mm256_loadu_ps(q.as_ptr().add(h * d + 8 * st));
+                let both = _mm512_insertf64x4::<1>(
+                    _mm512_castps_pd(_mm512_castps256_ps512(v)),
+                    _mm256_castps_pd(v),
+                );
+                q2[(st * 2 + row) * M + h] = _mm512_castpd_ps(both);
+            }
+        }
+    }
+    for j in (0..n).step_by(2) {
+        let k0 = k.as_ptr().add(j * row_bytes + kvo);
+        let k1 = k0.add(row_bytes);
+        let mut aa = [_mm512_setzero_ps(); M];
+        let mut ab = [_mm512_setzero_ps(); M];
+        for st in 0..steps {
+            let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
+            let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
+            let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
+            let qs = &q2[st * 2 * M..(st * 2 + 2) * M];
+            for (a, &qh) in aa.iter_mut().zip(&qs[..M]) {
+                *a = _mm512_fmadd_ps(kv, qh, *a);
+            }
+            for (a, &qh) in ab.iter_mut().zip(&qs[M..]) {
+                *a = _mm512_fmadd_ps(kv, qh, *a);
+            }
+        }
+        for (acc, sc) in [(&aa, sa.as_mut_ptr()), (&ab, sb.as_mut_ptr())] {
+            let first: [__m256; M] = std::array::from_fn(|h| _mm512_castps512_ps256(acc[h]));
+            let second: [__m256; M] = std::array::from_fn(|h| {
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[h])))
+            });
+            store_scores(&first, scale, sc.add(j), stride);
+            store_scores(&second, scale, sc.add(j + 1), stride);
+        }
     }
 }
 

@@ -26,6 +26,24 @@ pub fn available_x2() -> bool {
     false
 }
 
+/// # Safety
+/// Never called: `available_x2()` is false.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn group_scores_x2_pair<const M: usize>(
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: &[f32],
+    _: usize,
+    _: f32,
+    _: &mut [f32],
+    _: &mut [f32],
+    _: usize,
+) {
+    unreachable!("no attention kernels on this architecture")
+}
+
 // Never called either: `available_x2()` is false.
 pub use group_pv as group_pv_x2;
 pub use group_scores as group_scores_x2;

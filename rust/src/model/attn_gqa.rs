@@ -410,34 +410,29 @@ mod tests {
                 let (_, vc) = kv.layer(0, 0, n);
                 let mut acc = vec![0f32; 8 * M * d];
                 let mut pack = vec![0f32; k::pack_len(d)];
-                let (mut oa, mut ob) = (vec![f32::NAN; M * d], vec![f32::NAN; M * d]);
-                // SAFETY: as above.
-                unsafe {
-                    k::group_pv::<M>(
-                        &pr,
-                        stride,
-                        &[n],
-                        vc,
-                        row_bytes,
-                        kvo,
-                        &mut acc,
-                        &mut pack,
-                        &mut oa,
-                    );
-                    k::group_pv_x2::<M>(
-                        &pr,
-                        stride,
-                        &[n],
-                        vc,
-                        row_bytes,
-                        kvo,
-                        &mut acc,
-                        &mut pack,
-                        &mut ob,
-                    );
+                let mut outs = [vec![f32::NAN; M * d], vec![f32::NAN; M * d]];
+                for (kern, o) in [k::group_pv::<M> as PvFn, k::group_pv_x2::<M>]
+                    .into_iter()
+                    .zip(&mut outs)
+                {
+                    // SAFETY: as above.
+                    unsafe {
+                        kern(
+                            &pr,
+                            stride,
+                            &[n],
+                            vc,
+                            row_bytes,
+                            kvo,
+                            &mut acc,
+                            &mut pack,
+                            o,
+                        )
+                    };
                 }
+                let [oa, ob] = &outs;
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&oa), bits(&ob), "P·V M={M} d={d} n={n}");
+                assert_eq!(bits(oa), bits(ob), "P·V M={M} d={d} n={n}");
                 // three query rows in one pass (the rows path of a prefill chunk): each row
                 // bitwise its own one-row pass, for both kernels
                 if n >= 3 {
@@ -445,18 +440,7 @@ mod tests {
                     let pr3: Vec<f32> = (0..3 * M * stride)
                         .map(|i| f16::from_f32(((i * 7901 + 13) % 997) as f32 / 997.0).to_f32())
                         .collect();
-                    type Pv = unsafe fn(
-                        &[f32],
-                        usize,
-                        &[usize],
-                        &[u8],
-                        usize,
-                        usize,
-                        &mut [f32],
-                        &mut [f32],
-                        &mut [f32],
-                    );
-                    let kernels: [Pv; 2] = [k::group_pv::<M>, k::group_pv_x2::<M>];
+                    let kernels: [PvFn; 2] = [k::group_pv::<M>, k::group_pv_x2::<M>];
                     for kern in kernels {
                         let mut acc3 = vec![0f32; 3 * 8 * M * d];
                         let mut o3 = vec![f32::NAN; 3 * M * d];

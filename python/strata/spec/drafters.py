@@ -267,8 +267,7 @@ class MtpDrafter:
         self.n_vocab = int(model.n_vocab)
         self.p_min = p_min
         self.steps = 0  # MTP draft steps run
-        self.paused = False
-        self.pauses = 0  # times the layer's upkeep was switched off
+        self.paused = False  # the layer's upkeep switched off (`pause`)
 
     def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
@@ -306,7 +305,6 @@ class MtpDrafter:
         if paused != self.paused:
             self.model.set_mtp(not paused)
             self.paused = paused
-            self.pauses += paused
 
 
 def _vocab_tokens(path: str) -> Any:

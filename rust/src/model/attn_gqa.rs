@@ -56,7 +56,9 @@ pub fn serves(s: &AttnShape, t: usize) -> bool {
 }
 
 /// Attention of one position over keys/values [0, n) for the query heads of KV head `g`
-/// (heads g·G..(g+1)·G), one of `t` query rows: `q`, `out` are those heads' [G, D].
+/// (heads g·G..(g+1)·G), one of `t` query rows: `q`, `out` are those heads' [G, D]
+/// (`attend_group_rows` of one row; the tests' reference for one position).
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub fn attend_group(
     s: &AttnShape,

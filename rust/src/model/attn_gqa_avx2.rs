@@ -164,6 +164,58 @@ unsafe fn store_pair<const M: usize>(acc: &[__m512; M], scale: f32, out: *mut f3
     store_scores(&second, scale, out.add(1), stride);
 }
 
+/// Head dims the 16-lane q·k kernels take.
+const MAX_STEPS: usize = 256 / 8;
+
+/// The two-positions-per-register q·k of R query rows (`qs[row]`: [M, D], f16-rounded) over
+/// the same K rows [0, n), n even, scores into `out[row]` ([M, stride] each): each widened
+/// pair of K rows feeds the R rows' M heads (R·M FMA chains), each score the same FMA chain
+/// over D's 8-element steps, `reduce8` and scale whatever R is.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn scores_x2_body<const M: usize, const R: usize>(
+    k: &[u8],
+    row_bytes: usize,
+    kvo: usize,
+    qs: [&[f32]; R],
+    d: usize,
+    n: usize,
+    scale: f32,
+    out: [*mut f32; R],
+    stride: usize,
+) {
+    let steps = d / 8;
+    // the rows' q steps in both halves, step-major (a step's R·M vectors side by side: one
+    // base address per step): q2[(s·R + row)·M + h] = [q_h[8s..8s+8], q_h[8s..8s+8]]
+    let mut q2 = [_mm512_setzero_ps(); 2 * 8 * MAX_STEPS];
+    for (row, q) in qs.into_iter().enumerate() {
+        for h in 0..M {
+            for st in 0..steps {
+                q2[(st * R + row) * M + h] = both_halves(q.as_ptr().add(h * d + 8 * st));
+            }
+        }
+    }
+    for j in (0..n).step_by(2) {
+        let k0 = k.as_ptr().add(j * row_bytes + kvo);
+        let k1 = k0.add(row_bytes);
+        let mut acc = [[_mm512_setzero_ps(); M]; R];
+        for st in 0..steps {
+            let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
+            let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
+            let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
+            let qstep = &q2[st * R * M..(st + 1) * R * M];
+            for (ar, qr) in acc.iter_mut().zip(qstep.chunks_exact(M)) {
+                for (a, &qh) in ar.iter_mut().zip(qr) {
+                    *a = _mm512_fmadd_ps(kv, qh, *a);
+                }
+            }
+        }
+        for (ar, &o) in acc.iter().zip(&out) {
+            store_pair(ar, scale, o.add(j), stride);
+        }
+    }
+}
+
 /// `group_scores` with two positions per 16-lane register (AVX-512): lanes 0–7 carry position
 /// j's 8-lane accumulator and lanes 8–15 position j + 1's, each the same FMA chain over D's
 /// 8-element steps against the same q, then the same `reduce8` and scale — bitwise
@@ -184,36 +236,11 @@ pub unsafe fn group_scores_x2<const M: usize>(
     scores: &mut [f32],
     stride: usize,
 ) {
-    const MAX_STEPS: usize = 256 / 8;
     let d = check_scores::<M>(k, row_bytes, kvo, qf, n, scores.len(), stride);
     assert!(d <= 256, "q·k: head dim {d} > 256");
-    if n == 0 {
-        return;
-    }
-    let steps = d / 8;
-    // each head's q steps in both halves, step-major (a step's M heads side by side: one base
-    // address per step): q2[s·M + h] = [q_h[8s..8s+8], q_h[8s..8s+8]]
-    let mut q2 = [_mm512_setzero_ps(); 8 * MAX_STEPS];
-    for h in 0..M {
-        for st in 0..steps {
-            q2[st * M + h] = both_halves(qf.as_ptr().add(h * d + 8 * st));
-        }
-    }
-    for j in (0..n - 1).step_by(2) {
-        let k0 = k.as_ptr().add(j * row_bytes + kvo);
-        let k1 = k0.add(row_bytes);
-        let mut acc = [_mm512_setzero_ps(); M];
-        for st in 0..steps {
-            let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
-            let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
-            let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
-            let qs = &q2[st * M..st * M + M];
-            for (a, &qh) in acc.iter_mut().zip(qs) {
-                *a = _mm512_fmadd_ps(kv, qh, *a);
-            }
-        }
-        store_pair(&acc, scale, scores.as_mut_ptr().add(j), stride);
-    }
+    let even = n & !1;
+    let out = [scores.as_mut_ptr()];
+    scores_x2_body::<M, 1>(k, row_bytes, kvo, [qf], d, even, scale, out, stride);
     if n % 2 == 1 {
         let j = n - 1;
         group_scores::<M>(
@@ -250,7 +277,6 @@ pub unsafe fn group_scores_x2_pair<const M: usize>(
     sb: &mut [f32],
     stride: usize,
 ) {
-    const MAX_STEPS: usize = 256 / 8;
     let d = check_scores::<M>(k, row_bytes, kvo, qa, n, sa.len(), stride);
     assert!(qb.len() == qa.len(), "q·k pair: rows of different shapes");
     check_scores::<M>(k, row_bytes, kvo, qb, n, sb.len(), stride);
@@ -258,36 +284,8 @@ pub unsafe fn group_scores_x2_pair<const M: usize>(
         d <= 256 && n.is_multiple_of(2),
         "q·k pair: head dim {d}, n {n}"
     );
-    let steps = d / 8;
-    // both rows' q steps in both halves, step-major: q2[(s·2 + row)·M + h]
-    let mut q2 = [_mm512_setzero_ps(); 2 * 8 * MAX_STEPS];
-    for (row, q) in [qa, qb].into_iter().enumerate() {
-        for h in 0..M {
-            for st in 0..steps {
-                q2[(st * 2 + row) * M + h] = both_halves(q.as_ptr().add(h * d + 8 * st));
-            }
-        }
-    }
-    for j in (0..n).step_by(2) {
-        let k0 = k.as_ptr().add(j * row_bytes + kvo);
-        let k1 = k0.add(row_bytes);
-        let mut aa = [_mm512_setzero_ps(); M];
-        let mut ab = [_mm512_setzero_ps(); M];
-        for st in 0..steps {
-            let lo = _mm_loadu_si128(k0.add(16 * st) as *const __m128i);
-            let hi = _mm_loadu_si128(k1.add(16 * st) as *const __m128i);
-            let kv = _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi));
-            let qs = &q2[st * 2 * M..(st * 2 + 2) * M];
-            for (a, &qh) in aa.iter_mut().zip(&qs[..M]) {
-                *a = _mm512_fmadd_ps(kv, qh, *a);
-            }
-            for (a, &qh) in ab.iter_mut().zip(&qs[M..]) {
-                *a = _mm512_fmadd_ps(kv, qh, *a);
-            }
-        }
-        store_pair(&aa, scale, sa.as_mut_ptr().add(j), stride);
-        store_pair(&ab, scale, sb.as_mut_ptr().add(j), stride);
-    }
+    let out = [sa.as_mut_ptr(), sb.as_mut_ptr()];
+    scores_x2_body::<M, 2>(k, row_bytes, kvo, [qa, qb], d, n, scale, out, stride);
 }
 
 /// `ggml_v_expf` on 8 lanes: `vexp::expf_lane` lane for lane (same operations and constants).

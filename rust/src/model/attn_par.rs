@@ -10,7 +10,7 @@
 //! only the last W of them with a window (`AttnShape::window`).
 
 use super::attention::{attend_head, AttnScratch, AttnShape};
-use super::attn_gqa::{attend_group, attend_group_rows, serves, GroupScratch, MAX_ROWS};
+use super::attn_gqa::{attend_group_rows, serves, GroupScratch, MAX_ROWS};
 use super::compute::Compute;
 use super::kv::KvType;
 use crate::error::{Error, Result};
@@ -129,27 +129,30 @@ pub fn attend_chunk_units(
         let TaskScratch { head, group } = &mut *scratch;
         for u in (k..units).step_by(tasks) {
             let (i0, h) = ((u / per) * rows, u % per);
-            let len = width * d;
-            let res = if rows > 1 {
-                let r = rows.min(t - i0);
-                // row i's heads of this unit: [G, D] at i·Nh·D + h·G·D (each row's region is
-                // this unit's alone)
-                let at = |j: usize| (i0 + j) * qd + h * len;
-                let ns: [usize; MAX_ROWS] = std::array::from_fn(|j| p0 + i0 + j + 1);
-                let qs: [&[f32]; MAX_ROWS] =
-                    std::array::from_fn(|j| if j < r { &q[at(j)..at(j) + len] } else { &[] });
-                let mut outs: [&mut [f32]; MAX_ROWS] = std::array::from_fn(|j| {
-                    if j < r {
-                        // SAFETY: disjoint regions of `out` (above), alive for the call
-                        unsafe { std::slice::from_raw_parts_mut(o.at(at(j)), len) }
-                    } else {
-                        &mut []
-                    }
-                });
+            let (len, r) = (width * d, rows.min(t - i0));
+            // row i's heads of this unit: [G, D] (a head's [D] ungrouped) at i·Nh·D + h·G·D
+            let at = |j: usize| (i0 + j) * qd + h * len;
+            // the unit's rows share their first key (several rows a unit only without a
+            // window): row j sees keys [lo, p0 + i0 + j + 1)
+            let lo = s.first_key(p0 + i0 + 1);
+            let (kc, vc) = (&k_cache[lo * s.row_bytes..], &v_cache[lo * s.row_bytes..]);
+            let ns: [usize; MAX_ROWS] = std::array::from_fn(|j| p0 + i0 + j + 1 - lo);
+            let qs: [&[f32]; MAX_ROWS] =
+                std::array::from_fn(|j| if j < r { &q[at(j)..at(j) + len] } else { &[] });
+            let mut outs: [&mut [f32]; MAX_ROWS] = std::array::from_fn(|j| {
+                if j < r {
+                    // SAFETY: unit (rows, h) alone writes out[at(j)..at(j) + len] of each of
+                    // its rows, inside out (checked above); alive for this iteration.
+                    unsafe { std::slice::from_raw_parts_mut(o.at(at(j)), len) }
+                } else {
+                    &mut []
+                }
+            });
+            let res = if grouped {
                 attend_group_rows(
                     s,
-                    k_cache,
-                    v_cache,
+                    kc,
+                    vc,
                     &ns[..r],
                     h,
                     &qs[..r],
@@ -159,18 +162,7 @@ pub fn attend_chunk_units(
                     order,
                 )
             } else {
-                let i = i0;
-                let r = i * qd + h * len;
-                let oh = unsafe { std::slice::from_raw_parts_mut(o.at(r), len) };
-                let end = p0 + i + 1;
-                let lo = s.first_key(end) * s.row_bytes;
-                let (kc, vc, n) = (&k_cache[lo..], &v_cache[lo..], end - s.first_key(end));
-                let qh = &q[r..r + len];
-                if grouped {
-                    attend_group(s, kc, vc, n, h, qh, oh, group, head, order)
-                } else {
-                    attend_head(s, kc, vc, n, h, qh, oh, head, order)
-                }
+                attend_head(s, kc, vc, ns[0], h, qs[0], outs[0], head, order)
             };
             if let Err(e) = res {
                 if let Ok(mut f) = failed.lock() {

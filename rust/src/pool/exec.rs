@@ -300,10 +300,8 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
             store_token_major(nr, m, h, p.i, |x| silu_mul(go[x], uo[x]));
             return;
         }
-        for (k, i) in (ra..rb).enumerate() {
-            gdot.call(p.row(&p.gate, e, i), xg, &mut gr[k * m..(k + 1) * m]);
-            udot.call(p.row(&p.up, e, i), xu, &mut ur[k * m..(k + 1) * m]);
-        }
+        gdot.rows_plain(p.rows(&p.gate, e, ra, nr), nr, xg, &mut gr[..nr * m]);
+        udot.rows_plain(p.rows(&p.up, e, ra, nr), nr, xu, &mut ur[..nr * m]);
         let h = p.h_buf.add((q0 + g0) * p.i + ra);
         store_token_major(nr, m, h, p.i, |x| silu_mul(gr[x], ur[x]));
     });
@@ -374,18 +372,12 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         |ra, rb, g0, a, first| {
             let m = a.len();
             let dot = &dd[pick(key(g0), ORDER_D)];
-            if dot.uses_amx(m) {
-                let o = &mut run[..(rb - ra) * m];
-                dot.rows_call_keep(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o, !first);
-                let d = p.dout.add((q0 + g0) * p.h + ra);
-                store_token_major(rb - ra, m, d, p.h, |x| o[x]);
-                return;
-            }
-            for (k, r) in (ra..rb).enumerate() {
-                dot.call(p.row(&p.down, e, r), a, &mut run[k * m..(k + 1) * m]);
-            }
+            // the AMX tiles (reusing the group's activation layout after its first run) or
+            // the rows × tokens kernels
+            let o = &mut run[..(rb - ra) * m];
+            dot.rows_call_keep(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o, !first);
             let d = p.dout.add((q0 + g0) * p.h + ra);
-            store_token_major(rb - ra, m, d, p.h, |x| run[x]);
+            store_token_major(rb - ra, m, d, p.h, |x| o[x]);
         },
     );
 }
@@ -461,16 +453,10 @@ unsafe fn tile_dense(p: &Plan, n: usize) {
         |ra, rb, g0, a, first| {
             let m = a.len();
             let dot = &dd[pick(key(g0), ORDER_D)];
-            if dot.uses_amx(m) {
-                let o = &mut run[..(rb - ra) * m];
-                dot.rows_call_keep(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o, !first);
-                store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| o[x]);
-                return;
-            }
-            for (k, r) in (ra..rb).enumerate() {
-                dot.call(p.row(&p.down, 0, r), a, &mut run[k * m..(k + 1) * m]);
-            }
-            store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| run[x]);
+            // as in `tile_down`
+            let o = &mut run[..(rb - ra) * m];
+            dot.rows_call_keep(p.rows(&p.down, 0, ra, rb - ra), rb - ra, a, o, !first);
+            store_token_major(rb - ra, m, p.y.add(g0 * p.h + ra), p.h, |x| o[x]);
         },
     );
 }

@@ -39,6 +39,9 @@ const AMX_MIN_T: usize = 12;
 /// the kernel).
 pub const MAX_T: usize = 64;
 
+/// Most tokens the rows × tokens kernels take (`MultiDot::rows_plain`).
+pub const ROWS_MAX_T: usize = 4;
+
 /// Tokens per call for the kernels that decode a block per 4 tokens: a group's activations
 /// stay in L1 while the rows of a tile's row block run over them.
 const NARROW_T: usize = 8;
@@ -88,6 +91,8 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
+    /// Rows × at most `ROWS_MAX_T` tokens at once (`gemm_avx512::rows_kernel`), if any.
+    rows: Option<gemm_avx512::RowsFn>,
     /// `rows_call` may take the AMX tiles (Q4_K; IQ3_S and Q6_K in `Order::Many`; AVX-512
     /// active, AMX here).
     amx: bool,
@@ -113,6 +118,7 @@ impl MultiDot {
         let k = gemm_avx512::kernel_with(w, order, vnni)?;
         let mut md = MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k));
         md.amx = false; // the variant itself, not the tiles
+        md.rows = None;
         Some(md)
     }
 
@@ -126,6 +132,10 @@ impl MultiDot {
         assert!(isa.available(), "this CPU cannot run {}", isa.name());
         let row_len = w.row_bytes(n).expect("n is whole blocks");
         let act_len = super::act_bytes(w, n).expect("n is whole blocks");
+        // the rows kernel is AVX-512's, and runs where its multi-token kernel would
+        let rows = (isa == Isa::Avx512 && multi.is_some())
+            .then(|| gemm_avx512::rows_kernel(w, order))
+            .flatten();
         MultiDot {
             w,
             n,
@@ -133,6 +143,7 @@ impl MultiDot {
             act_len,
             single: single_for(isa, w, order),
             multi,
+            rows,
             amx: isa == Isa::Avx512
                 && (w == GgmlType::Q4K
                     || (matches!(w, GgmlType::IQ3S | GgmlType::Q6K) && order == Order::Many))
@@ -178,16 +189,7 @@ impl MultiDot {
         out: &mut [f32],
         same_acts: bool,
     ) {
-        let nt = acts.len();
-        assert!(
-            rows.len() == nr * self.row_len
-                && out.len() == nr * nt
-                && acts.iter().all(|a| a.len() == self.act_len),
-            "rows dot {}: n = {}, {} bytes for {nr} rows, {nt} activations",
-            self.w.name(),
-            self.n,
-            rows.len()
-        );
+        let nt = self.check_rows(rows, nr, acts, out);
         #[cfg(target_arch = "x86_64")]
         if self.uses_amx(nt) {
             // SAFETY: `amx` holds only where `gemm_amx::available()`; the lengths are asserted.
@@ -205,10 +207,41 @@ impl MultiDot {
             };
             return;
         }
-        for (r, o) in out.chunks_exact_mut(nt.max(1)).take(nr).enumerate() {
-            let row = &rows[r * self.row_len..(r + 1) * self.row_len];
-            for (a, oo) in acts.chunks(MAX_T).zip(o.chunks_mut(MAX_T)) {
-                self.call(row, a, oo);
+        self.rows_plain(rows, nr, acts, out);
+    }
+
+    /// Panics unless `rows` holds `nr` rows, `out` `nr` × tokens and every activation a row's
+    /// worth; the token count.
+    fn check_rows(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &[f32]) -> usize {
+        let nt = acts.len();
+        assert!(
+            rows.len() == nr * self.row_len
+                && out.len() == nr * nt
+                && acts.iter().all(|a| a.len() == self.act_len),
+            "rows dot {}: n = {}, {} bytes for {nr} rows, {nt} activations",
+            self.w.name(),
+            self.n,
+            rows.len()
+        );
+        nt
+    }
+
+    /// `rows_call` without the AMX tiles: for at most `ROWS_MAX_T` tokens the rows × tokens
+    /// kernel where the type has one (rows decoded in pairs or quads, their integer sums
+    /// reduced together), else `call` per row. Bitwise `call`'s. Panics on wrong slice lengths.
+    pub fn rows_plain(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+        let nt = self.check_rows(rows, nr, acts, out);
+        match self.rows {
+            // SAFETY: `rows_kernel` gave a kernel only on a CPU that runs it; the lengths are
+            // asserted (n whole blocks: `new`).
+            Some(k) if nt > 1 && nt <= ROWS_MAX_T => unsafe { k(self.n, rows, nr, acts, out) },
+            _ => {
+                for (r, o) in out.chunks_exact_mut(nt.max(1)).take(nr).enumerate() {
+                    let row = &rows[r * self.row_len..(r + 1) * self.row_len];
+                    for (a, oo) in acts.chunks(MAX_T).zip(o.chunks_mut(MAX_T)) {
+                        self.call(row, a, oo);
+                    }
+                }
             }
         }
     }
@@ -295,6 +328,50 @@ mod tests {
                 native >= 7,
                 "the AVX2 multi-token kernels were not exercised"
             );
+        }
+    }
+
+    /// `rows_plain` (the rows × tokens kernels: Q4_K `Single` in row pairs and quads under
+    /// AVX-512) equals the single-token kernel bitwise for every (row, token), over row counts
+    /// that leave every remainder of the pairs and quads and token counts 1..=6 (past
+    /// `ROWS_MAX_T`: `call` per row), every supported type and both orders.
+    #[test]
+    fn rows_plain_equals_single_token_bitwise() {
+        let mut kernels = 0;
+        for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+            for w in GgmlType::ALL.into_iter().filter(|&w| supports(w)) {
+                for order in [Order::Single, Order::Many] {
+                    let mut rng = Rng::new(w.id() as u64 * 17 + 3);
+                    let n = 512; // two blocks of 256 (or 16 of 32)
+                    let md = MultiDot::with_isa(isa, w, n, order);
+                    kernels += usize::from(md.rows.is_some());
+                    let rb = w.row_bytes(n).unwrap();
+                    let nr = 11;
+                    let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
+                    let acts: Vec<Vec<u8>> = (0..6).map(|_| random_act(w, n, &mut rng)).collect();
+                    let single = single_for(Isa::Scalar, w, order);
+                    for r in [1usize, 2, 3, 4, 5, 7, 11] {
+                        for nt in 1..=6 {
+                            let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                            let mut out = vec![f32::NAN; r * nt];
+                            md.rows_plain(&rows[..r * rb], r, &refs, &mut out);
+                            for (i, o) in out.iter().enumerate() {
+                                let want = single(n, &rows[(i / nt) * rb..(i / nt + 1) * rb], refs[i % nt]);
+                                assert_eq!(
+                                    o.to_bits(),
+                                    want.to_bits(),
+                                    "{} {} {order:?} rows={r} tokens={nt} at {i}",
+                                    isa.name(),
+                                    w.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if Isa::Avx512.available() {
+            assert!(kernels >= 1, "the AVX-512 rows × tokens kernel was not exercised");
         }
     }
 
@@ -575,5 +652,47 @@ mod tests {
         let a = random_act(w, 256, &mut rng);
         let mut out = [0f32; 2];
         MultiDot::new(w, 256, Order::Single).call(&row, &[&a, &a[..100]], &mut out);
+    }
+
+    /// Decode-batch dots (1-8 tokens) of a Q4_K / Q6_K matrix far larger than the caches, one
+    /// thread: the multi-token kernel per row (`call`) against `rows_plain` (the rows × tokens
+    /// kernel where the type has one), best of 5 interleaved passes, GB/s of weights read:
+    /// `cargo test --no-default-features --release small_t_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "benchmark"]
+    fn small_t_throughput() {
+        for (w, n, nr) in [(GgmlType::Q4K, 2048usize, 8192usize), (GgmlType::Q6K, 2048, 4096)] {
+            let mut rng = Rng::new(11);
+            let rb = w.row_bytes(n).unwrap();
+            let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            let acts: Vec<Vec<u8>> = (0..8).map(|_| random_act(w, n, &mut rng)).collect();
+            let md = MultiDot::new(w, n, Order::Single);
+            for nt in [1usize, 2, 3, 4, 8] {
+                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                let mut out = vec![0f32; nr * nt];
+                let mut best = [f64::MAX; 2];
+                for _ in 0..5 {
+                    for (k, b) in best.iter_mut().enumerate() {
+                        let t0 = std::time::Instant::now();
+                        if k == 0 {
+                            for (r, o) in out.chunks_exact_mut(nt).enumerate() {
+                                md.call(&rows[r * rb..(r + 1) * rb], &refs, o);
+                            }
+                        } else {
+                            for (r0, o) in out.chunks_mut(64 * nt).enumerate() {
+                                let k = o.len() / nt;
+                                md.rows_plain(&rows[r0 * 64 * rb..(r0 * 64 + k) * rb], k, &refs, o);
+                            }
+                        }
+                        *b = b.min(t0.elapsed().as_secs_f64());
+                    }
+                }
+                let gbs = |s: f64| rows.len() as f64 / s / 1e9;
+                println!(
+                    "{} n={n} tokens={nt}: call per row {:.2} ms ({:.1} GB/s), rows_plain {:.2} ms ({:.1} GB/s)",
+                    w.name(), best[0] * 1e3, gbs(best[0]), best[1] * 1e3, gbs(best[1])
+                );
+            }
+        }
     }
 }

@@ -213,34 +213,55 @@ unsafe fn q4_k_single<const N: usize, const VNNI: bool>(
     w: &[u8],
     a: [*const u8; N],
 ) -> [f32; N] {
+    let o = q4_k_rows::<1, N, VNNI>(n, [w.as_ptr()], a);
+    std::array::from_fn(|t| o[t])
+}
+
+/// Q4_K, `Order::Single`, R rows × N tokens (R·N ≤ 8): lane `r·N + t` of the result is
+/// `vec_dot(w[r], a[t])`. Each row's block is decoded once for the N tokens, each token's
+/// activation block loaded (from L1) once per row, and the R·N slots' integer sums (si and
+/// sm) reduced together (`tree16`: its 16 inputs all used when R·N = 8, as in a decode
+/// batch of 2 or 4 sequences). Every slot's float combine is the single-token kernel's.
+#[inline(always)]
+unsafe fn q4_k_rows<const R: usize, const N: usize, const VNNI: bool>(
+    n: usize,
+    w: [*const u8; R],
+    a: [*const u8; N],
+) -> [f32; 8] {
+    debug_assert!(R * N <= 8);
     let idx = q4_k_idx::<VNNI>();
     let mut acc = _mm256_setzero_ps();
     for b in 0..n / 256 {
-        let wb = &w[144 * b..144 * b + 144];
-        let (sc8, mins) = k4_scales(wb);
-        let sc = q4_k_scales::<VNNI>(&sc8, &idx);
-        let q = q4_k_quads(wb.as_ptr());
-        // i16 lane k = min of sub-block k/2, against the 16 bsums
-        let mn = _mm_loadl_epi64(mins.as_ptr() as *const __m128i);
-        let mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
         let mut v = [_mm512_setzero_si512(); 16];
-        for t in 0..N {
-            let ab = a[t].add(AB * b);
-            v[t] = if VNNI {
-                _mm512_add_epi32(
-                    q4_k_pair::<true>(&q, &sc, ab.add(4), 0),
-                    q4_k_pair::<true>(&q, &sc, ab.add(4), 1),
-                )
-            } else {
-                // one sum over the block, so no lane layout is needed
-                let mut s = _mm512_setzero_si512();
-                for c in 0..4 {
-                    let p = _mm512_maddubs_epi16(q[c], load512(ab.add(4 + 64 * c)));
-                    s = _mm512_add_epi32(s, _mm512_madd_epi16(p, sc[c]));
-                }
-                s
-            };
-            v[8 + t] = _mm512_zextsi256_si512(_mm256_madd_epi16(mv, load(ab.add(260))));
+        let mut d = [0f32; R];
+        let mut dmin = [0f32; R];
+        for r in 0..R {
+            let wb = std::slice::from_raw_parts(w[r].add(144 * b), 144);
+            let (sc8, mins) = k4_scales(wb);
+            let sc = q4_k_scales::<VNNI>(&sc8, &idx);
+            let q = q4_k_quads(wb.as_ptr());
+            // i16 lane k = min of sub-block k/2, against the 16 bsums
+            let mn = _mm_loadl_epi64(mins.as_ptr() as *const __m128i);
+            let mv = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn));
+            for t in 0..N {
+                let ab = a[t].add(AB * b);
+                v[r * N + t] = if VNNI {
+                    _mm512_add_epi32(
+                        q4_k_pair::<true>(&q, &sc, ab.add(4), 0),
+                        q4_k_pair::<true>(&q, &sc, ab.add(4), 1),
+                    )
+                } else {
+                    // one sum over the block, so no lane layout is needed
+                    let mut s = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        let p = _mm512_maddubs_epi16(q[c], load512(ab.add(4 + 64 * c)));
+                        s = _mm512_add_epi32(s, _mm512_madd_epi16(p, sc[c]));
+                    }
+                    s
+                };
+                v[8 + r * N + t] = _mm512_zextsi256_si512(_mm256_madd_epi16(mv, load(ab.add(260))));
+            }
+            (d[r], dmin[r]) = (h2f(wb, 0), h2f(wb, 2));
         }
         // lanes 0..8: si of each slot, 8..16: sm (exact integers)
         let r = _mm512_cvtepi32_ps(tree16(&v));
@@ -248,9 +269,25 @@ unsafe fn q4_k_single<const N: usize, const VNNI: bool>(
             _mm512_castps512_ps256(r),
             _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(r))),
         );
-        let da = das(&a, b);
-        let dd = _mm256_mul_ps(da, _mm256_set1_ps(h2f(wb, 0)));
-        let dm = _mm256_mul_ps(da, _mm256_set1_ps(h2f(wb, 2)));
+        let (da, wd, wm) = if R == 1 {
+            (das(&a, b), _mm256_set1_ps(d[0]), _mm256_set1_ps(dmin[0]))
+        } else {
+            // slot s = r·N + t: token t's d_a, row r's d and dmin (lanes 0..4: d, 4..8: dmin)
+            let mut wdm = [0f32; 8];
+            wdm[..R].copy_from_slice(&d);
+            wdm[4..4 + R].copy_from_slice(&dmin);
+            let wdm = _mm256_loadu_ps(wdm.as_ptr());
+            let idx = |f: fn(usize) -> i32| {
+                _mm256_setr_epi32(f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7))
+            };
+            (
+                _mm256_permutevar8x32_ps(das(&a, b), idx(|s| (s % N) as i32)),
+                _mm256_permutevar8x32_ps(wdm, idx(|s| (s / N).min(3) as i32)),
+                _mm256_permutevar8x32_ps(wdm, idx(|s| 4 + (s / N).min(3) as i32)),
+            )
+        };
+        let dd = _mm256_mul_ps(da, wd);
+        let dm = _mm256_mul_ps(da, wm);
         // as common::k_add_min: acc + (dd·si − dm·sm), per slot
         acc = _mm256_add_ps(
             acc,
@@ -259,7 +296,63 @@ unsafe fn q4_k_single<const N: usize, const VNNI: bool>(
     }
     let mut o = [0f32; 8];
     _mm256_storeu_ps(o.as_mut_ptr(), acc);
-    std::array::from_fn(|t| o[t])
+    o
+}
+
+/// `out[r·nt + t] = vec_dot(row r, acts[t])` (Q4_K, `Order::Single`) for `nr` consecutive
+/// rows of `row_len` bytes and nt ≤ 4 tokens: row pairs (nt 3–4) or quads (nt ≤ 2) through
+/// `q4_k_rows`, the rows left over one at a time.
+macro_rules! q4k_rows_pass {
+    ($vnni:expr, $feat:literal) => {{
+        #[target_feature(enable = $feat)]
+        unsafe fn run(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+            let nt = acts.len();
+            assert!(nt <= 4 && out.len() >= nr * nt && rows.len() >= nr * 144 * (n / 256));
+            let rl = 144 * (n / 256);
+            let row = |r: usize| rows.as_ptr().add(r * rl);
+            let tok = |i: usize| acts[if i < nt { i } else { 0 }].as_ptr();
+            let mut r = 0;
+            macro_rules! go {
+                ($R:literal, $N:literal) => {{
+                    while r + $R <= nr {
+                        let o = q4_k_rows::<$R, $N, { $vnni }>(
+                            n,
+                            std::array::from_fn(|k| row(r + k)),
+                            std::array::from_fn(tok),
+                        );
+                        for k in 0..$R {
+                            out[(r + k) * nt..(r + k + 1) * nt]
+                                .copy_from_slice(&o[k * $N..k * $N + nt]);
+                        }
+                        r += $R;
+                    }
+                }};
+            }
+            if nt <= 2 {
+                go!(4, 2);
+            } else {
+                go!(2, 4);
+            }
+            go!(1, 4);
+        }
+        run as RowsFn
+    }};
+}
+
+/// A rows × tokens kernel: `(n, rows, nr, acts, out)`, `out[r·nt + t]` (see `rows_kernel`).
+pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
+
+/// The rows × tokens kernel of `w` in `order` for at most 4 tokens (decode batches and short
+/// verify windows), where one exists: Q4_K `Order::Single`.
+pub fn rows_kernel(w: crate::quant::GgmlType, order: Order) -> Option<RowsFn> {
+    if !cpu::has_avx512() || (w, order) != (crate::quant::GgmlType::Q4K, Order::Single) {
+        return None;
+    }
+    Some(if cpu::has_vnni() {
+        q4k_rows_pass!(true, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+    } else {
+        q4k_rows_pass!(false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl")
+    })
 }
 
 /// Q4_K, `Order::Many` (ggml's repacked gemm order, `avx2_k::q4_k_gemm`).

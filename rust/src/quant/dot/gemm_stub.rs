@@ -12,3 +12,9 @@ pub fn kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<MultiFn> {
 pub fn kernel_with(_w: crate::quant::GgmlType, _order: Order, _vnni: bool) -> Option<MultiFn> {
     None
 }
+
+pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
+
+pub fn rows_kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<RowsFn> {
+    None
+}

@@ -93,10 +93,16 @@ def quantized(dir_: Path, layers: int, kind: str, ty: str, quantizer: str | None
 
 
 def strata_run(
-    path: Path, a: argparse.Namespace, frac: float, pp_reps: int, graph: bool = True
+    path: Path,
+    a: argparse.Namespace,
+    frac: float,
+    pp_reps: int,
+    graph: bool = True,
+    defer: bool = False,
 ) -> dict[str, Any]:
     """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`, decode
-    steps replaying per-layer graphs (`graph`) or launching kernel by kernel."""
+    steps replaying per-layer graphs (`graph`) or launching kernel by kernel, the CPU misses
+    deferred by one layer (`defer`: `defer_experts`, not exact) or not."""
     from strata._core import Model, Profile
 
     n_layer, n_expert, n_dense = layers_experts(path)
@@ -126,6 +132,7 @@ def strata_run(
             pool_pipeline=a.pool_pipeline,
             pcie_frac=frac,
             cuda_graph=graph,
+            defer_experts=defer,
         )
 
     profile = None
@@ -286,6 +293,12 @@ def main() -> None:
         help="also decode at the first pcie_frac without the per-layer graphs",
     )
     ap.add_argument(
+        "--defer-ab",
+        action="store_true",
+        help="also decode at the first pcie_frac with defer_experts (not exact: "
+        "bench/defer_quality.py measures its quality)",
+    )
+    ap.add_argument(
         "--pcie-frac",
         default="0",
         help="Strata's pcie_frac values, comma-separated (-1: from the link probe); decode "
@@ -325,8 +338,13 @@ def main() -> None:
     for kind, path in paths.items():
         print(f"== {kind}: {path.name}", file=sys.stderr, flush=True)
         runs = [strata_run(path, a, f, a.pp_reps if j == 0 else 0) for j, f in enumerate(fracs)]
+        labels = [f"pcie_frac {f}" for f in fracs]
         if a.eager_ab:
             runs.append(strata_run(path, a, fracs[0], 0, graph=False))
+            labels.append(f"pcie_frac {fracs[0]}, no graphs")
+        if a.defer_ab:
+            runs.append(strata_run(path, a, fracs[0], 0, defer=True))
+            labels.append(f"pcie_frac {fracs[0]}, defer_experts")
         recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
         best = llama_best(recs)
         s = runs[0]
@@ -342,11 +360,11 @@ def main() -> None:
             f"decode bound {bound:.1f} tok/s, {bound_link:.1f} with the link "
             f"(RAM {ram:.0f} GB/s, link {link:.0f} GB/s, HBM copy {hbm:.0f} GB/s)"
         )
-        for f, r in zip([*fracs, fracs[0]], runs, strict=False):
+        for label, r in zip(labels, runs, strict=True):
             ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
             ri = r["info"]
             print(
-                f"  Strata pcie_frac {f} (used {ri['pcie_frac']:.3f}, {ri['pcie']}; graph "
+                f"  Strata {label} (used {ri['pcie_frac']:.3f}, {ri['pcie']}; graph "
                 f"{r['graph']}): "
                 f"tg{a.gen} {r['tg']:.1f} tok/s, hit rate {r['hit_rate']:.3f}, "
                 f"PCIe share {r['pcie_share']:.3f}; host µs per layer: {ph}"

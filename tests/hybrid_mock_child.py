@@ -113,6 +113,39 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     return np.asarray(logits)
 
 
+def run_defer(path: str) -> None:
+    """`defer_experts`: with expert 0 (every pick) outside VRAM and no adaptation, every
+    layer's misses go to the helper thread and land one layer later (the last layer's before
+    the step ends): prefill chunks and per-layer-graph decode steps run, the counters see
+    every pair as a CPU miss, and a model is dropped with its helper idle. gpt-oss's biased
+    experts refuse deferral with a typed error (tests/test_gpu_gptoss.py's file is not
+    needed: the check is the placement's, before any step)."""
+    counts = np.zeros((N_LAYER, N_EXPERT), np.float32)
+    counts[:, 5:] = 10.0
+    prof = Profile.from_counts(path, counts, 100)
+    m = Model.open(
+        path, n_ctx=128, prefill_chunk=24, device="cuda", threads=2, vram_slots=6,
+        profile=prof, pcie_frac=0.0, adapt_every=0, stream_min_tokens=0, defer_experts=True,
+    )  # fmt: skip
+    info = m.hybrid_info()
+    c = m.hybrid_counters()
+    assert info is not None and c is not None and info["defer_experts"] is True, info
+    assert m.forward(0, list(range(1, 49)), logits="all").shape == (48, m.n_vocab)
+    for t in range(12):
+        m.forward(0, [t + 1])
+    assert m.cuda_graph_state == "captured (per layer)", m.cuda_graph_state
+    h, mc, mp = c.totals()
+    assert (h, mc, mp) == (0, (48 + 12) * N_LAYER * K, 0), (h, mc, mp)
+    m.truncate(0, 10)  # a rollback between steps, then more steps
+    for t in range(3):
+        m.forward(0, [t + 1])
+    assert m.slot_len(0) == 13
+    del m
+    off = Model.open(path, n_ctx=64, device="cuda", threads=2, vram_slots=6, pcie_frac=0.0)
+    assert (off.hybrid_info() or {}).get("defer_experts") is False
+    print("defer: ok")
+
+
 def run_pcie(path: str) -> None:
     """`pcie_frac=1.0` without adaptation: expert 0 (every pick) stays outside VRAM, so every
     decode step stages it over PCIe once per layer (the token's two picks name it twice) and
@@ -220,6 +253,7 @@ def main() -> None:
     run_batch(path, True)
     run_vram(path)
     run_pcie(path)
+    run_defer(path)
     for tier_async in (False, True):
         ref = run(path, tier_async, False)
         for sc in (24, 0 if tier_async else 4096):

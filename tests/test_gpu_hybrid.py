@@ -35,7 +35,7 @@ QUARTER = N_LAYER * N_EXPERT // 4  # 6 slots: 25% of the experts
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, Path]:
-    return model_files()
+    return model_files(("Q4_K_M", "Q8_0"))
 
 
 def open_gpu(path: Path, chunk: int = 64, **kw: Any) -> Model:

@@ -90,6 +90,7 @@ def test_hybrid_control_flow_on_the_mock_driver(tmp_path: Path, fam: str) -> Non
     child = ROOT / "tests" / "hybrid_mock_child.py"
     out = run_child([str(child), str(family_model(fam, tmp_path))], env)
     assert "vram: ok" in out and "hybrid mock: all passed" in out, out
+    assert "defer: ok" in out, out
     assert "batch hybrid=False: ok" in out and "batch hybrid=True: ok" in out, out
 
 

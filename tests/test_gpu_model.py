@@ -124,15 +124,17 @@ TYPES = ("F32", "Q8_0", "Q4_K_M", "IQ3_S")
 CARRY = Path(os.environ.get("STRATA_GPU_MODELS") or Path(__file__).resolve().parent / ".gpu-models")
 
 
-def model_files() -> dict[str, Path]:
-    carried = {t: CARRY / f"{SPEC.key()}-{t}.gguf" for t in TYPES}
-    if all(p.is_file() for p in carried.values()):
-        return carried
-    tm = TestModels.default_cache(SPEC)
-    built = {"F32": tm.f32(), **{t: tm.quantized(t) for t in TYPES[1:]}}
-    CARRY.mkdir(exist_ok=True)
-    for t, p in built.items():
-        shutil.copyfile(p, carried[t])
+def model_files(types: tuple[str, ...] = TYPES) -> dict[str, Path]:
+    """The test model's files of `types`: the carried ones, the others made here (the
+    quantized ones need llama-cpp-python, which the GPU machine lacks: a device run carries
+    them, and a test file names only the types it uses)."""
+    carried = {t: CARRY / f"{SPEC.key()}-{t}.gguf" for t in types}
+    missing = [t for t, p in carried.items() if not p.is_file()]
+    if missing:
+        tm = TestModels.default_cache(SPEC)
+        CARRY.mkdir(exist_ok=True)
+        for t in missing:
+            shutil.copyfile(tm.f32() if t == "F32" else tm.quantized(t), carried[t])
     return carried
 
 

@@ -175,6 +175,14 @@ class Config:
         "per core, at most 8)",
         core=True,
     )
+    defer_experts: bool = _f(
+        False,
+        "hybrid GPU: add a layer's CPU-computed experts to the residual one layer later, so "
+        "the CPU pool (one thread fewer: the GPU loop keeps a core) overlaps the next layer's "
+        "GPU work (not exact: docs/BENCHMARKS.md has its top-1 agreement and perplexity "
+        "against exact)",
+        core=True,
+    )
     tier_async: bool = _f(
         False,
         "hybrid GPU: choose and stage swaps on a helper thread (device calls stay on the step "

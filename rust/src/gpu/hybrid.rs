@@ -24,6 +24,7 @@
 //! tables; the device copy is rewritten on the compute stream before the next step is
 //! launched, so a step reads the table exactly as the host split it.
 
+use super::defer::Deferrer;
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
 use super::hybrid_cfg::{HybridConfig, HybridInfo, StagePart, ADAPT_HALF_LIFE};
 use super::launch::Launcher;
@@ -81,7 +82,12 @@ pub struct Hybrid {
     pin_wts: PinnedBuf, // f32 [T, K]
     pin_h: PinnedBuf,   // f32 [T, H]
     pin_y: PinnedBuf,   // f32 [T, H]
+    /// f32 [T, H]: the stage's last deferred layer (`layers_done`: no event orders it after
+    /// the copy out of `pin_y` queued at the last layer).
+    pin_y_end: Option<PinnedBuf>,
     y_miss: DevBuf,     // f32 [T, H]
+    /// Expert deferral (`defer.rs`; None: off).
+    defer: Option<Deferrer>,
     ids: Vec<u32>,
     wts: Vec<f32>,
     h: Vec<f32>,
@@ -210,6 +216,27 @@ impl Hybrid {
             st.refresh(&ptrs, &s)?;
         }
         let routing_adapt = Arc::new(RoutingCounters::new(nl, ne, ADAPT_HALF_LIFE));
+        let oai = match hp.graph.experts {
+            Experts::OaiBiased { alpha, limit } => {
+                Some(((alpha, limit), OaiScratch::new(t, hd, hp.n_ff_exp, k)))
+            }
+            Experts::Swiglu => None,
+        };
+        let defer = match (cfg.defer_experts, &oai) {
+            (false, _) => None,
+            (true, Some(_)) => {
+                return Err(Error::Config(
+                    "defer_experts: not available for gpt-oss's biased experts".into(),
+                ))
+            }
+            (true, None) => Some(Deferrer::new(
+                part.shared.compute.clone(),
+                weights.clone(),
+                t,
+                hd,
+                k,
+            )?),
+        };
         let driver = TierDriver::new(
             stager,
             bufs,
@@ -242,7 +269,12 @@ impl Hybrid {
             pin_wts: gpu.host_alloc(4 * t * k)?,
             pin_h: gpu.host_alloc(4 * t * hd)?,
             pin_y: gpu.host_alloc(4 * t * hd)?,
+            pin_y_end: match defer {
+                Some(_) => Some(gpu.host_alloc(4 * t * hd)?),
+                None => None,
+            },
             y_miss,
+            defer,
             ids: Vec::with_capacity(t * k),
             wts: Vec::with_capacity(t * k),
             h: Vec::with_capacity(t * hd),
@@ -257,12 +289,7 @@ impl Hybrid {
             pcie_note,
             top_k: k,
             n_embd: hd,
-            oai: match hp.graph.experts {
-                Experts::OaiBiased { alpha, limit } => {
-                    Some(((alpha, limit), OaiScratch::new(t, hd, hp.n_ff_exp, k)))
-                }
-                Experts::Swiglu => None,
-            },
+            oai,
         })
     }
 
@@ -284,6 +311,7 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
+            defer_experts: self.defer.is_some(),
             swaps: self.swapped,
             stages: Vec::new(), // the model's (`pipeline.rs`)
         }
@@ -292,6 +320,24 @@ impl Hybrid {
     /// Whether a chunk of `t` tokens streams its layers' missing experts (`stream_in`).
     fn streams(&self, t: usize) -> bool {
         self.stream.as_ref().is_some_and(|st| t >= st.min_tokens)
+    }
+
+    /// Deferral: waits for the job in flight (if any) and adds its y f32 [T, H] into `b.x`
+    /// on the stream (through `pin_y`, or `pin_y_end` after the stage's last layer).
+    fn land_deferred(&mut self, cx: &Launcher, end: bool) -> Result<()> {
+        let Some(job) = self.defer.as_mut().map(Deferrer::wait).transpose()?.flatten() else {
+            return Ok(());
+        };
+        let n = job.h.len();
+        let pin = match (end, self.pin_y_end.as_mut()) {
+            (true, Some(p)) => p,
+            _ => &mut self.pin_y,
+        };
+        pin.as_mut_slice()[..4 * n].copy_from_slice(as_bytes(&job.y[..n]));
+        self.y_miss.write_async(&cx.stream, 0, pin, 0, 4 * n)?;
+        elementwise::add(&cx.gpu, &cx.stream, Dv::of(&cx.b.x), Dv::of(&self.y_miss), n)?;
+        self.counters.record_handoff((4 * n) as u64);
+        Ok(())
     }
 
     /// Phase times of a CPU-path layer (`[start, queued, ids here, cpu done]`, now = end).
@@ -323,6 +369,11 @@ impl MoePlacement for Hybrid {
     /// (on the compute stream, ahead of the step's kernels).
     fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
+        if let Some(d) = self.defer.as_mut() {
+            // a job still in flight belongs to a step that failed part way (its error was
+            // returned then): it finishes and is dropped, never landing in this step's x
+            let _ = d.wait();
+        }
         self.rows.clear();
         self.rows.extend_from_slice(rows);
         if let Some(st) = self.stream.as_mut() {
@@ -389,6 +440,9 @@ impl MoePlacement for Hybrid {
         let t1 = Instant::now();
         self.ev.sync()?;
         let t2 = Instant::now();
+        // deferral: the previous layer's CPU misses land in x now (after this layer's
+        // attention read it; ordered after its resident experts on the stream)
+        self.land_deferred(cx, false)?;
         self.ids.clear();
         self.ids.extend(
             self.pin_ids.as_slice()[..4 * nk]
@@ -423,6 +477,23 @@ impl MoePlacement for Hybrid {
             self.layer_done([t0, t1, t2, Instant::now()], between);
             return Ok(());
         }
+        if let Some(d) = self.defer.as_mut() {
+            // deferral: the pool computes this layer's misses while the GPU goes on
+            let job = d.job().ok_or_else(|| {
+                Error::Config("defer_experts: the previous layer's job did not land".into())
+            })?;
+            job.layer = l;
+            job.k = k;
+            read_f32s(self.pin_wts.as_slice(), &mut job.wts, nk);
+            read_f32s(self.pin_h.as_slice(), &mut job.h, t * hd);
+            job.split.cpu_ids.clear();
+            job.split.cpu_ids.extend_from_slice(&self.split.cpu_ids);
+            d.start()?;
+            self.counters.record_handoff((8 * nk) as u64);
+            let now = Instant::now();
+            self.layer_done([t0, t1, t2, now], between);
+            return Ok(());
+        }
         read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
         read_f32s(self.pin_h.as_slice(), &mut self.h, t * hd);
         let y = &mut self.y[..t * hd];
@@ -455,6 +526,11 @@ impl MoePlacement for Hybrid {
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         self.layer_done([t0, t1, t2, t3], between);
         Ok(())
+    }
+
+    /// The stage's last layer is queued: its deferred CPU misses land before the stage ends.
+    fn layers_done(&mut self, cx: &Launcher) -> Result<()> {
+        self.land_deferred(cx, true)
     }
 
     /// Right after a step's kernels are queued: its fence (`ticket`: the stage's next gap)

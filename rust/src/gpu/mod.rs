@@ -8,6 +8,7 @@
 mod batch;
 mod batch_scratch;
 mod bounce;
+mod defer;
 mod experts;
 mod ffn;
 mod gdn;

@@ -59,6 +59,12 @@ pub(super) trait MoePlacement: Send {
         }
     }
 
+    /// After the stage's last layer of a chunk is queued (before the final norm or the hop
+    /// to the next stage): a placement that defers work lands it in `b.x`.
+    fn layers_done(&mut self, _cx: &Launcher) -> Result<()> {
+        Ok(())
+    }
+
     /// Right after a step's kernels are queued on the stage; `ticket` is the fence of the
     /// step's part there (done at the stage's next gap: `pipeline.rs`).
     fn step_launched(&mut self, _cx: &Launcher, _ticket: &GapTicket) -> Result<()> {

@@ -364,6 +364,7 @@ impl Stage {
                         moe.moe(x, l, n, Some(r))?;
                     }
                 }
+                moe.layers_done(x)?;
             }
             None => {
                 x.layers(segs, &mut **moe)?;

@@ -39,7 +39,7 @@ impl Launcher {
                 moe.moe(self, l, t, None)?;
             }
         }
-        Ok(())
+        moe.layers_done(self)
     }
 
     /// x [T, H] = the embeddings of the T tokens in `params` (after its `n_seg` pairs).

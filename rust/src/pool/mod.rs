@@ -129,14 +129,19 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
+    /// `threads`, 0 meaning one per physical core.
+    pub fn resolve_threads(threads: usize) -> usize {
+        match threads {
+            0 => topology::physical_cores().len().max(1),
+            n => n,
+        }
+    }
+
     /// A pool of `threads` compute threads in all, the caller included when it participates,
     /// as llama.cpp's `-t` counts them (0: one per physical core): `threads − 1` workers
     /// besides a participating caller, `threads` besides one that only waits.
     pub fn for_threads(threads: usize, host_participates: bool, pipelined: bool) -> PoolConfig {
-        let threads = match threads {
-            0 => topology::physical_cores().len().max(1),
-            n => n,
-        };
+        let threads = PoolConfig::resolve_threads(threads);
         PoolConfig {
             workers: threads - usize::from(host_participates),
             host_participates,

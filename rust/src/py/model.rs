@@ -137,11 +137,23 @@ impl Backend {
 /// compute threads in all, the caller included when it participates, as llama.cpp's `-t`
 /// (0: one per physical core; `PoolConfig::for_threads`), or the serial reference
 /// (`threads` < 0).
-fn make_compute(threads: i64, host_participates: bool, pool_pipeline: bool) -> Arc<dyn Compute> {
+/// The CPU compute of `threads` threads (negative: serial; 0: one per physical core); with
+/// `loop_core` the pool takes one thread fewer (at least one), leaving that core to the
+/// thread that drives the GPU while the pool runs on another (`defer_experts`).
+fn make_compute(
+    threads: i64,
+    host_participates: bool,
+    pool_pipeline: bool,
+    loop_core: bool,
+) -> Arc<dyn Compute> {
     if threads < 0 {
         return Arc::new(SerialCompute::new());
     }
-    let pc = PoolConfig::for_threads(threads as usize, host_participates, pool_pipeline);
+    let mut n = PoolConfig::resolve_threads(threads as usize);
+    if loop_core {
+        n = n.saturating_sub(1).max(1);
+    }
+    let pc = PoolConfig::for_threads(n, host_participates, pool_pipeline);
     Arc::new(Pool::new(pc))
 }
 
@@ -237,6 +249,9 @@ impl PyModel {
     /// per core, at most 8) copy the experts into page-locked bounce buffers. `pcie_frac` of
     /// the missed experts of decode steps (0..1; negative: from a probe of the link and the
     /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
+    /// `defer_experts` adds each layer's CPU misses to the residual one layer later (the
+    /// pool, one thread fewer so the loop's thread keeps a core, overlaps the next layer's
+    /// GPU work; not exact).
     /// `gpus` ("0,0": one GPU as two stages), `layer_split` and `pipeline_windows` cut the
     /// layers into stages (docs/PROTOCOL.md); `split_hop="host"` sends the activations between
     /// stages through page-locked host memory even on one device (the hop between two
@@ -249,7 +264,8 @@ impl PyModel {
                         vram_slots=-1, adapt_every=None, adapt_swaps=None, tier_async=None,
                         profile=None, stream_min_tokens=None, stream_chunk=None,
                         stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None,
-                        gpus=None, layer_split=None, pipeline_windows=None, split_hop="auto"))]
+                        gpus=None, layer_split=None, pipeline_windows=None, split_hop="auto",
+                        defer_experts=None))]
     fn open(
         py: Python<'_>,
         path: PathBuf,
@@ -279,6 +295,7 @@ impl PyModel {
         layer_split: Option<String>,
         pipeline_windows: Option<usize>,
         split_hop: &str,
+        defer_experts: Option<bool>,
     ) -> PyResult<Self> {
         or_default!(
             py,
@@ -302,7 +319,8 @@ impl PyModel {
             isa,
             gpus,
             layer_split,
-            pipeline_windows
+            pipeline_windows,
+            defer_experts
         );
         if !isa.eq_ignore_ascii_case("auto") {
             let want = dot::Isa::from_name(&isa).ok_or_else(|| {
@@ -319,7 +337,8 @@ impl PyModel {
             max_chunk: prefill_chunk,
             cpu_repack,
         };
-        let make = move || make_compute(threads, host_participates, pool_pipeline);
+        let loop_core = defer_experts && device == "cuda";
+        let make = move || make_compute(threads, host_participates, pool_pipeline, loop_core);
         match device.as_str() {
             "cpu" => {}
             "cuda" => {
@@ -339,6 +358,7 @@ impl PyModel {
                     stream_chunk,
                     stream_threads,
                     pcie_frac,
+                    defer_experts,
                     compute: Box::new(make),
                 };
                 let split = SplitConfig {
@@ -736,7 +756,7 @@ impl PyModel {
     /// stream, or cannot), `stream_chunk` (tokens per streamed chunk; 0: none stream),
     /// `stream_areas` (staging areas: 2 = double-buffered, 0: none), `stream_threads`
     /// (bounce copy threads), `pcie_frac` (share of decode misses run over PCIe) and `pcie`
-    /// ("off", "registered N bytes (read-only)", or why not), `stages` (per stage of the
+    /// ("off", "registered N bytes (read-only)", or why not), `defer_experts`, `stages` (per stage of the
     /// protocol, docs/PROTOCOL.md: `device`, `windows` entered, `gaps`, `busy`); None unless
     /// the model runs in that mode.
     fn hybrid_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
@@ -765,6 +785,7 @@ impl PyModel {
         d.set_item("stream_chunk", i.stream_chunk)?;
         d.set_item("pcie_frac", i.pcie_frac)?;
         d.set_item("pcie", i.pcie)?;
+        d.set_item("defer_experts", i.defer_experts)?;
         d.set_item("swaps", i.swaps)?;
         d.set_item("stages", super::stages::stage_list(py, &i.stages)?)?;
         Ok(Some(d))

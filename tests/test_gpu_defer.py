@@ -4,7 +4,8 @@ stay in VRAM, so the same pairs are CPU misses in both runs):
 
 - Misses only in the last layer: its deferred job lands before the final norm, where the
   exact step adds it, through the same pool and the same add: the logits are bitwise the exact
-  step's (prefill chunks and per-layer-graph decode steps), and the pairs were CPU misses.
+  step's (prefill chunks and per-layer-graph decode steps; each token's lowest-weight CPU pair
+  deferred, or all of them), and the pairs were CPU misses.
 - Misses in the first layer: layer 1 reads x without layer 0's CPU experts, so the logits
   differ from the exact step's (the mode is on), and stay finite.
 Quality (top-1 agreement, perplexity, KL) and speed: bench/defer_quality.py.
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from strata._core import Model, Profile
-from test_gpu_hybrid import N_EXPERT, N_LAYER, open_gpu
+from test_gpu_hybrid import N_EXPERT, N_LAYER, TOP_K, open_gpu
 from test_gpu_model import model_files, prompts
 
 pytestmark = pytest.mark.gpu
@@ -28,7 +29,7 @@ def files() -> dict[str, Path]:
     return model_files(("Q4_K_M", "Q8_0"))
 
 
-def open_pair(path: Path, cold_layer: int) -> tuple[Model, Model]:
+def open_pair(path: Path, cold_layer: int, n: int = TOP_K) -> tuple[Model, Model]:
     """Exact and deferred models with every expert in VRAM but `cold_layer`'s (the profile
     ranks that layer's experts coldest; 2 slots short of all)."""
     counts = np.full((N_LAYER, N_EXPERT), 10.0, np.float32)
@@ -36,7 +37,7 @@ def open_pair(path: Path, cold_layer: int) -> tuple[Model, Model]:
     counts[cold_layer, 2:] = 1.0  # its experts 0 and 1 stay out
     prof = Profile.from_counts(path, counts, 100)
     kw = dict(chunk=24, vram_slots=N_LAYER * N_EXPERT - 2, adapt_every=0, profile=prof)
-    return open_gpu(path, **kw), open_gpu(path, defer_experts=True, **kw)
+    return open_gpu(path, **kw), open_gpu(path, defer_experts=n, **kw)
 
 
 def run(m: Model, toks: list[int], steps: int) -> list[np.ndarray]:
@@ -47,10 +48,11 @@ def run(m: Model, toks: list[int], steps: int) -> list[np.ndarray]:
     return out
 
 
+@pytest.mark.parametrize("n", [1, TOP_K])
 @pytest.mark.parametrize("ty", ["Q4_K_M", "Q8_0"])
-def test_deferring_the_last_layer_is_exact(files: dict[str, Path], ty: str) -> None:
-    ex, de = open_pair(files[ty], N_LAYER - 1)
-    assert (de.hybrid_info() or {})["defer_experts"] is True
+def test_deferring_the_last_layer_is_exact(files: dict[str, Path], ty: str, n: int) -> None:
+    ex, de = open_pair(files[ty], N_LAYER - 1, n)
+    assert (de.hybrid_info() or {})["defer_experts"] == n
     for toks in prompts(3, 32, seed=5, vocab=ex.n_vocab):
         for a, b in zip(run(ex, toks, 6), run(de, toks, 6), strict=True):
             assert np.array_equal(a, b)
@@ -62,8 +64,9 @@ def test_deferring_the_last_layer_is_exact(files: dict[str, Path], ty: str) -> N
         assert mc > 0 and mp == 0  # the last layer's misses ran on the CPU
 
 
-def test_deferring_the_first_layer_changes_the_logits(files: dict[str, Path]) -> None:
-    ex, de = open_pair(files["Q8_0"], 0)
+@pytest.mark.parametrize("n", [1, TOP_K])
+def test_deferring_the_first_layer_changes_the_logits(files: dict[str, Path], n: int) -> None:
+    ex, de = open_pair(files["Q8_0"], 0, n)
     toks = prompts(1, 32, seed=7, vocab=ex.n_vocab)[0]
     a, b = run(ex, toks, 4), run(de, toks, 4)
     assert all(np.isfinite(x).all() for x in b)

@@ -175,12 +175,12 @@ class Config:
         "per core, at most 8)",
         core=True,
     )
-    defer_experts: bool = _f(
-        False,
-        "hybrid GPU: add a layer's CPU-computed experts to the residual one layer later, so "
-        "the CPU pool (one thread fewer: the GPU loop keeps a core) overlaps the next layer's "
-        "GPU work (not exact: docs/BENCHMARKS.md has its top-1 agreement and perplexity "
-        "against exact)",
+    defer_experts: int = _f(
+        0,
+        "hybrid GPU: each token's N lowest-weight CPU-computed experts of a layer are added to "
+        "the residual one layer later, so the CPU pool (one thread fewer: the GPU loop keeps a "
+        "core) overlaps the next layer's GPU work (not exact: docs/BENCHMARKS.md has its top-1 "
+        "agreement and perplexity against exact; 0: off)",
         core=True,
     )
     tier_async: bool = _f(
@@ -327,6 +327,8 @@ class Config:
             raise bad("stream_chunk", "must be >= 0")
         if self.stream_threads < 0:
             raise bad("stream_threads", "must be >= 0")
+        if self.defer_experts < 0:
+            raise bad("defer_experts", "must be >= 0 (0: off)")
         if not 0 <= self.adapt_swaps <= 4096:
             raise bad("adapt_swaps", "must be in 0..4096")
         if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):

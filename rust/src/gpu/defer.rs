@@ -2,11 +2,14 @@
 //! misses are added to the residual stream one layer later, so the pool computes them while
 //! the GPU runs the next layer's attention and router instead of the GPU waiting for them.
 //!
-//! Per layer l of a chunk whose misses go to the CPU (`hybrid.rs`):
-//!   GPU: attention(l) + router(l) on x that lacks y_cpu(l−1); resident experts of l
+//! `defer_experts` = n: each token's n lowest-weight CPU pairs of a layer are deferred (n ≥
+//! top-k: all of them), the others computed at once as without deferral. Per layer l of a
+//! chunk whose misses go to the CPU (`hybrid.rs`):
+//!   GPU: attention(l) + router(l) on x that lacks y_def(l−1); resident experts of l
 //!   host: after l's routing reached the host, the job of l−1 is waited for and its
-//!         y_cpu(l−1) f32 [T, H] uploaded and added into x (after resident(l) on the
-//!         stream); then the job of l starts on the helper thread
+//!         y_def(l−1) f32 [T, H] uploaded and added into x (after resident(l) on the
+//!         stream); the pool computes l's other CPU pairs on this thread (added as without
+//!         deferral), then the job of l (its deferred pairs) starts on the helper thread
 //!   the stage's last layer: its job is waited for and added before the stage ends
 //!         (`MoePlacement::layers_done`), so the final norm / the next stage sees every
 //!         expert's output.
@@ -21,6 +24,7 @@
 use crate::error::{Error, Result};
 use crate::model::weights::Weights;
 use crate::model::Compute;
+use crate::pool::SKIP;
 use crate::tier::vram::{cpu_misses, LayerSplit};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use std::sync::Arc;
@@ -147,6 +151,32 @@ impl Deferrer {
     }
 }
 
+/// Moves each token's `n` lowest-weight CPU pairs (ties: the earlier slot first) out of
+/// `ids` u32 [T, K] (the CPU's pairs; SKIP elsewhere) into `out` u32 [T, K] (SKIP
+/// elsewhere), by the routing weights `wts` f32 [T, K]; the number moved.
+pub(super) fn split_deferred(
+    ids: &mut [u32],
+    wts: &[f32],
+    k: usize,
+    n: usize,
+    out: &mut Vec<u32>,
+) -> usize {
+    out.clear();
+    out.resize(ids.len(), SKIP);
+    let mut moved = 0;
+    for (t, row) in ids.chunks_exact_mut(k).enumerate() {
+        for _ in 0..n {
+            let pick = (0..k)
+                .filter(|&j| row[j] != SKIP)
+                .min_by(|&a, &b| wts[t * k + a].total_cmp(&wts[t * k + b]).then(a.cmp(&b)));
+            let Some(j) = pick else { break };
+            out[t * k + j] = std::mem::replace(&mut row[j], SKIP);
+            moved += 1;
+        }
+    }
+    moved
+}
+
 fn gone() -> Error {
     Error::Config("defer_experts: the helper thread has ended".into())
 }
@@ -158,6 +188,33 @@ impl Drop for Deferrer {
         self.to_helper = None;
         if let Some(h) = self.helper.take() {
             let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_defers_each_tokens_lowest_weight_cpu_pairs() {
+        const S: u32 = SKIP;
+        // two tokens, top-4; token 0: CPU pairs at slots 0, 2, 3; token 1: at 1, 3 (equal
+        // weights: the earlier slot goes first)
+        let ids0 = [7, S, 5, 2, S, 4, S, 6];
+        let wts = [0.1, 0.4, 0.3, 0.2, 0.5, 0.25, 0.0, 0.25];
+        let cases: [(usize, [u32; 8], [u32; 8], usize); 4] = [
+            (0, ids0, [S; 8], 0),
+            (1, [S, S, 5, 2, S, S, S, 6], [7, S, S, S, S, 4, S, S], 2),
+            (2, [S, S, 5, S, S, S, S, S], [7, S, S, 2, S, 4, S, 6], 4),
+            (9, [S; 8], ids0, 5),
+        ];
+        for (n, keep, moved, count) in cases {
+            let mut ids = ids0;
+            let mut out = vec![1u32; 3]; // cleared and sized by the call
+            assert_eq!(split_deferred(&mut ids, &wts, 4, n, &mut out), count, "n={n}");
+            assert_eq!(ids, keep, "n={n}");
+            assert_eq!(out, moved, "n={n}");
         }
     }
 }

@@ -24,7 +24,7 @@
 //! tables; the device copy is rewritten on the compute stream before the next step is
 //! launched, so a step reads the table exactly as the host split it.
 
-use super::defer::Deferrer;
+use super::defer::{split_deferred, Deferrer};
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
 use super::hybrid_cfg::{HybridConfig, HybridInfo, StagePart, ADAPT_HALF_LIFE};
 use super::launch::Launcher;
@@ -82,12 +82,16 @@ pub struct Hybrid {
     pin_wts: PinnedBuf, // f32 [T, K]
     pin_h: PinnedBuf,   // f32 [T, H]
     pin_y: PinnedBuf,   // f32 [T, H]
-    /// f32 [T, H]: the stage's last deferred layer (`layers_done`: no event orders it after
-    /// the copy out of `pin_y` queued at the last layer).
-    pin_y_end: Option<PinnedBuf>,
+    /// f32 [T, H] ×2: a deferred job's y landing at a layer (`pin_y` holds that layer's own
+    /// CPU part), and after the stage's last layer (no event orders that copy after the one
+    /// queued at the last layer). A buffer is rewritten only after an event the stream
+    /// reaches after its previous copy (the next layer's, or the next step's).
+    pin_land: Option<[PinnedBuf; 2]>,
     y_miss: DevBuf,     // f32 [T, H]
-    /// Expert deferral (`defer.rs`; None: off).
+    /// Expert deferral (`defer.rs`; None: off): each token's `defer_n` lowest-weight CPU
+    /// pairs.
     defer: Option<Deferrer>,
+    defer_n: usize,
     ids: Vec<u32>,
     wts: Vec<f32>,
     h: Vec<f32>,
@@ -223,13 +227,13 @@ impl Hybrid {
             Experts::Swiglu => None,
         };
         let defer = match (cfg.defer_experts, &oai) {
-            (false, _) => None,
-            (true, Some(_)) => {
+            (0, _) => None,
+            (_, Some(_)) => {
                 return Err(Error::Config(
                     "defer_experts: not available for gpt-oss's biased experts".into(),
                 ))
             }
-            (true, None) => Some(Deferrer::new(
+            (_, None) => Some(Deferrer::new(
                 part.shared.compute.clone(),
                 weights.clone(),
                 t,
@@ -269,12 +273,13 @@ impl Hybrid {
             pin_wts: gpu.host_alloc(4 * t * k)?,
             pin_h: gpu.host_alloc(4 * t * hd)?,
             pin_y: gpu.host_alloc(4 * t * hd)?,
-            pin_y_end: match defer {
-                Some(_) => Some(gpu.host_alloc(4 * t * hd)?),
+            pin_land: match defer {
+                Some(_) => Some([gpu.host_alloc(4 * t * hd)?, gpu.host_alloc(4 * t * hd)?]),
                 None => None,
             },
             y_miss,
             defer,
+            defer_n: cfg.defer_experts,
             ids: Vec::with_capacity(t * k),
             wts: Vec::with_capacity(t * k),
             h: Vec::with_capacity(t * hd),
@@ -311,7 +316,7 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
-            defer_experts: self.defer.is_some(),
+            defer_experts: if self.defer.is_some() { self.defer_n } else { 0 },
             swaps: self.swapped,
             stages: Vec::new(), // the model's (`pipeline.rs`)
         }
@@ -323,20 +328,54 @@ impl Hybrid {
     }
 
     /// Deferral: waits for the job in flight (if any) and adds its y f32 [T, H] into `b.x`
-    /// on the stream (through `pin_y`, or `pin_y_end` after the stage's last layer).
+    /// on the stream (through `pin_land[0]` at a layer, `pin_land[1]` after the stage's last).
     fn land_deferred(&mut self, cx: &Launcher, end: bool) -> Result<()> {
         let Some(job) = self.defer.as_mut().map(Deferrer::wait).transpose()?.flatten() else {
             return Ok(());
         };
         let n = job.h.len();
-        let pin = match (end, self.pin_y_end.as_mut()) {
-            (true, Some(p)) => p,
-            _ => &mut self.pin_y,
+        let Some(pin) = self.pin_land.as_mut().map(|p| &mut p[usize::from(end)]) else {
+            return Err(Error::Config("defer_experts: no landing buffers".into()));
         };
         pin.as_mut_slice()[..4 * n].copy_from_slice(as_bytes(&job.y[..n]));
         self.y_miss.write_async(&cx.stream, 0, pin, 0, 4 * n)?;
         elementwise::add(&cx.gpu, &cx.stream, Dv::of(&cx.b.x), Dv::of(&self.y_miss), n)?;
         self.counters.record_handoff((4 * n) as u64);
+        Ok(())
+    }
+
+    /// Layer `l`'s CPU pairs left in `split.cpu_ids` (the others SKIP) computed by the pool on
+    /// this thread for the T tokens of `h`, uploaded and added into `b.x` on the stream.
+    fn cpu_now(&mut self, cx: &Launcher, l: usize, t: usize) -> Result<()> {
+        let (s, b, k, hd) = (&cx.stream, &cx.b, self.top_k, self.n_embd);
+        let nk = t * k;
+        let y = &mut self.y[..t * hd];
+        let layer = self.weights.expert_layer(l);
+        match &mut self.oai {
+            Some((glu, sc)) => {
+                // gpt-oss: the biased experts of the CPU's pairs (the others are SKIP)
+                let bias = self.weights.layers[l].exp_bias.as_ref().ok_or_else(|| {
+                    Error::Model(format!("layer {l}: gpt-oss experts without their biases"))
+                })?;
+                let a = MoeInput::new(&self.h, &self.split.cpu_ids, &self.wts, k);
+                moe_oai(&*self.compute, &layer, bias, *glu, &a, &[t], sc, y)?;
+            }
+            None => cpu_misses(
+                &*self.compute,
+                &layer,
+                &self.h,
+                &self.split,
+                &self.wts,
+                k,
+                y,
+            )?,
+        }
+        self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
+        // ordered after moe_down on the stream; pin_y is rewritten only after the next
+        // layer's event, which the stream reaches after this copy
+        self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
+        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
+        self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
     }
 
@@ -477,53 +516,35 @@ impl MoePlacement for Hybrid {
             self.layer_done([t0, t1, t2, Instant::now()], between);
             return Ok(());
         }
+        read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
+        read_f32s(self.pin_h.as_slice(), &mut self.h, t * hd);
+        // deferral: each token's `defer_n` lowest-weight CPU pairs go to the helper's job,
+        // started once this thread's call below has freed the pool
+        let mut deferred = 0;
         if let Some(d) = self.defer.as_mut() {
-            // deferral: the pool computes this layer's misses while the GPU goes on
             let job = d.job().ok_or_else(|| {
                 Error::Config("defer_experts: the previous layer's job did not land".into())
             })?;
-            job.layer = l;
-            job.k = k;
-            read_f32s(self.pin_wts.as_slice(), &mut job.wts, nk);
-            read_f32s(self.pin_h.as_slice(), &mut job.h, t * hd);
-            job.split.cpu_ids.clear();
-            job.split.cpu_ids.extend_from_slice(&self.split.cpu_ids);
-            d.start()?;
-            self.counters.record_handoff((8 * nk) as u64);
-            let now = Instant::now();
-            self.layer_done([t0, t1, t2, now], between);
-            return Ok(());
-        }
-        read_f32s(self.pin_wts.as_slice(), &mut self.wts, nk);
-        read_f32s(self.pin_h.as_slice(), &mut self.h, t * hd);
-        let y = &mut self.y[..t * hd];
-        let layer = self.weights.expert_layer(l);
-        match &mut self.oai {
-            Some((glu, sc)) => {
-                // gpt-oss: the biased experts of the CPU's pairs (the others are SKIP)
-                let bias = self.weights.layers[l].exp_bias.as_ref().ok_or_else(|| {
-                    Error::Model(format!("layer {l}: gpt-oss experts without their biases"))
-                })?;
-                let a = MoeInput::new(&self.h, &self.split.cpu_ids, &self.wts, k);
-                moe_oai(&*self.compute, &layer, bias, *glu, &a, &[t], sc, y)?;
+            let (ids, n) = (&mut self.split.cpu_ids, self.defer_n);
+            deferred = split_deferred(ids, &self.wts, k, n, &mut job.split.cpu_ids);
+            if deferred > 0 {
+                (job.layer, job.k) = (l, k);
+                job.h.clone_from(&self.h);
+                job.wts.clone_from(&self.wts);
             }
-            None => cpu_misses(
-                &*self.compute,
-                &layer,
-                &self.h,
-                &self.split,
-                &self.wts,
-                k,
-                y,
-            )?,
+        }
+        let now = self.split.cpu_ids.iter().any(|&e| e != SKIP);
+        if now {
+            self.cpu_now(cx, l, t)?;
         }
         let t3 = Instant::now();
-        self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
-        // ordered after moe_down on the stream; pin_y is rewritten only after the next
-        // layer's event, which the stream reaches after this copy
-        self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
-        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
-        self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
+        if deferred > 0 {
+            self.defer.as_mut().map_or(Ok(()), Deferrer::start)?;
+            if !now {
+                // the routing and the input came down for the job alone (its y: at landing)
+                self.counters.record_handoff((8 * nk + 4 * t * hd) as u64);
+            }
+        }
         self.layer_done([t0, t1, t2, t3], between);
         Ok(())
     }

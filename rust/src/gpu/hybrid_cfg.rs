@@ -48,9 +48,10 @@ pub struct HybridConfig {
     /// the registered mapping over PCIe, 0..1; negative: from a probe of the link and of the
     /// RAM bandwidth at start (`default_pcie_frac`); 0: every miss on the CPU.
     pub pcie_frac: f64,
-    /// Expert deferral (`defer.rs`): a layer's CPU misses are added one layer later, while
-    /// the GPU runs the next layer (not exact; off by default).
-    pub defer_experts: bool,
+    /// Expert deferral (`defer.rs`): each token's this many lowest-weight CPU misses of a
+    /// layer are added one layer later, while the GPU runs the next layer (not exact; 0: off,
+    /// the default; ≥ top-k: every CPU miss).
+    pub defer_experts: usize,
 }
 
 /// Sizes of the plan as Python reports them.
@@ -73,8 +74,8 @@ pub struct HybridInfo {
     /// "registered N bytes (read-only)", or why it is not.
     pub pcie_frac: f64,
     pub pcie: String,
-    /// Whether the CPU misses are deferred by one layer (`defer.rs`).
-    pub defer_experts: bool,
+    /// CPU misses per token deferred by one layer (`defer.rs`; 0: none).
+    pub defer_experts: usize,
     /// Swaps the tier completed (with several stages: each stage's in its `StageInfo`).
     pub swaps: u64,
     /// Per stage of the protocol (docs/PROTOCOL.md): its device, windows entered, gaps, and

@@ -249,9 +249,9 @@ impl PyModel {
     /// per core, at most 8) copy the experts into page-locked bounce buffers. `pcie_frac` of
     /// the missed experts of decode steps (0..1; negative: from a probe of the link and the
     /// RAM at start; 0: none) run on the GPU, read over PCIe from the registered mapping.
-    /// `defer_experts` adds each layer's CPU misses to the residual one layer later (the
-    /// pool, one thread fewer so the loop's thread keeps a core, overlaps the next layer's
-    /// GPU work; not exact).
+    /// `defer_experts` = n adds each token's n lowest-weight CPU misses of a layer to the
+    /// residual one layer later (the pool, one thread fewer so the loop's thread keeps a
+    /// core, overlaps the next layer's GPU work; not exact; 0: off).
     /// `gpus` ("0,0": one GPU as two stages), `layer_split` and `pipeline_windows` cut the
     /// layers into stages (docs/PROTOCOL.md); `split_hop="host"` sends the activations between
     /// stages through page-locked host memory even on one device (the hop between two
@@ -295,7 +295,7 @@ impl PyModel {
         layer_split: Option<String>,
         pipeline_windows: Option<usize>,
         split_hop: &str,
-        defer_experts: Option<bool>,
+        defer_experts: Option<usize>,
     ) -> PyResult<Self> {
         or_default!(
             py,
@@ -337,7 +337,7 @@ impl PyModel {
             max_chunk: prefill_chunk,
             cpu_repack,
         };
-        let loop_core = defer_experts && device == "cuda";
+        let loop_core = defer_experts > 0 && device == "cuda";
         let make = move || make_compute(threads, host_participates, pool_pipeline, loop_core);
         match device.as_str() {
             "cpu" => {}

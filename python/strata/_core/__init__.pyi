@@ -119,6 +119,7 @@ class Model:
         layer_split: str | None = None,
         pipeline_windows: int | None = None,
         split_hop: str = "auto",
+        defer_experts: int | None = None,
     ) -> Model: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

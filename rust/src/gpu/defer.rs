@@ -212,7 +212,11 @@ mod tests {
         for (n, keep, moved, count) in cases {
             let mut ids = ids0;
             let mut out = vec![1u32; 3]; // cleared and sized by the call
-            assert_eq!(split_deferred(&mut ids, &wts, 4, n, &mut out), count, "n={n}");
+            assert_eq!(
+                split_deferred(&mut ids, &wts, 4, n, &mut out),
+                count,
+                "n={n}"
+            );
             assert_eq!(ids, keep, "n={n}");
             assert_eq!(out, moved, "n={n}");
         }

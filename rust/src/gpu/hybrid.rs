@@ -87,7 +87,7 @@ pub struct Hybrid {
     /// queued at the last layer). A buffer is rewritten only after an event the stream
     /// reaches after its previous copy (the next layer's, or the next step's).
     pin_land: Option<[PinnedBuf; 2]>,
-    y_miss: DevBuf,     // f32 [T, H]
+    y_miss: DevBuf, // f32 [T, H]
     /// Expert deferral (`defer.rs`; None: off): each token's `defer_n` lowest-weight CPU
     /// pairs.
     defer: Option<Deferrer>,
@@ -316,7 +316,11 @@ impl Hybrid {
                 0.0
             },
             pcie: self.pcie_note.clone(),
-            defer_experts: if self.defer.is_some() { self.defer_n } else { 0 },
+            defer_experts: if self.defer.is_some() {
+                self.defer_n
+            } else {
+                0
+            },
             swaps: self.swapped,
             stages: Vec::new(), // the model's (`pipeline.rs`)
         }
@@ -330,7 +334,13 @@ impl Hybrid {
     /// Deferral: waits for the job in flight (if any) and adds its y f32 [T, H] into `b.x`
     /// on the stream (through `pin_land[0]` at a layer, `pin_land[1]` after the stage's last).
     fn land_deferred(&mut self, cx: &Launcher, end: bool) -> Result<()> {
-        let Some(job) = self.defer.as_mut().map(Deferrer::wait).transpose()?.flatten() else {
+        let Some(job) = self
+            .defer
+            .as_mut()
+            .map(Deferrer::wait)
+            .transpose()?
+            .flatten()
+        else {
             return Ok(());
         };
         let n = job.h.len();
@@ -339,7 +349,13 @@ impl Hybrid {
         };
         pin.as_mut_slice()[..4 * n].copy_from_slice(as_bytes(&job.y[..n]));
         self.y_miss.write_async(&cx.stream, 0, pin, 0, 4 * n)?;
-        elementwise::add(&cx.gpu, &cx.stream, Dv::of(&cx.b.x), Dv::of(&self.y_miss), n)?;
+        elementwise::add(
+            &cx.gpu,
+            &cx.stream,
+            Dv::of(&cx.b.x),
+            Dv::of(&self.y_miss),
+            n,
+        )?;
         self.counters.record_handoff((4 * n) as u64);
         Ok(())
     }

@@ -356,7 +356,11 @@ mod tests {
                             let mut out = vec![f32::NAN; r * nt];
                             md.rows_plain(&rows[..r * rb], r, &refs, &mut out);
                             for (i, o) in out.iter().enumerate() {
-                                let want = single(n, &rows[(i / nt) * rb..(i / nt + 1) * rb], refs[i % nt]);
+                                let want = single(
+                                    n,
+                                    &rows[(i / nt) * rb..(i / nt + 1) * rb],
+                                    refs[i % nt],
+                                );
                                 assert_eq!(
                                     o.to_bits(),
                                     want.to_bits(),
@@ -371,7 +375,10 @@ mod tests {
             }
         }
         if Isa::Avx512.available() {
-            assert!(kernels >= 1, "the AVX-512 rows × tokens kernel was not exercised");
+            assert!(
+                kernels >= 1,
+                "the AVX-512 rows × tokens kernel was not exercised"
+            );
         }
     }
 
@@ -661,7 +668,10 @@ mod tests {
     #[test]
     #[ignore = "benchmark"]
     fn small_t_throughput() {
-        for (w, n, nr) in [(GgmlType::Q4K, 2048usize, 8192usize), (GgmlType::Q6K, 2048, 4096)] {
+        for (w, n, nr) in [
+            (GgmlType::Q4K, 2048usize, 8192usize),
+            (GgmlType::Q6K, 2048, 4096),
+        ] {
             let mut rng = Rng::new(11);
             let rb = w.row_bytes(n).unwrap();
             let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();

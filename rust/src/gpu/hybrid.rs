@@ -458,9 +458,10 @@ impl MoePlacement for Hybrid {
         b.h.read_async(s, 0, &mut self.pin_h, 0, 4 * t * hd)
     }
 
-    /// Layer `l`'s resident experts through the slot pointer tables (a miss adds nothing):
-    /// launches only (the per-layer decode graph holds them).
+    /// Layer `l`'s shared expert, then its resident experts through the slot pointer tables
+    /// (a miss adds nothing): launches only (the per-layer decode graph holds them).
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()> {
+        cx.shared_expert(l, t)?;
         let base = self.ptrs_dev.ptr();
         let tab = |p: Proj| base + 8 * self.ptrs.index(l, p, 0) as u64;
         experts_through(cx, l, t, [tab(Proj::Gate), tab(Proj::Up), tab(Proj::Down)])
@@ -475,7 +476,9 @@ impl MoePlacement for Hybrid {
         let (hd, k) = (hp.n_embd, hp.n_expert_used);
         let nk = t * k;
         if let Some(st) = self.stream.as_mut().filter(|st| t >= st.min_tokens) {
-            // every pair on the GPU: the missing experts copied into the staging area
+            // every pair on the GPU: the shared expert, the missing experts copied into the
+            // staging area
+            cx.shared_expert(l, t)?;
             let bytes = st.begin_layer(s, &self.table, &b.ids, l, t, k)?;
             self.counters.record_pcie(bytes);
             let tab = |p: Proj| st.table(&self.ptrs, l, p);

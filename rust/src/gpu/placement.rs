@@ -47,7 +47,8 @@ pub(super) trait MoePlacement: Send {
         Ok(())
     }
 
-    /// Launches only: layer `l`'s experts that the GPU holds, for `t` tokens.
+    /// Launches only: layer `l`'s shared expert (`Launcher::shared_expert`), then its routed
+    /// experts that the GPU holds, for `t` tokens.
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()>;
 
     /// Layer `l`'s routed experts for `t` tokens, added into `b.x`: `resident`'s launches
@@ -98,6 +99,7 @@ pub(super) struct VramExperts;
 
 impl MoePlacement for VramExperts {
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()> {
+        cx.shared_expert(l, t)?;
         let lw = cx.w.layer(l);
         let (Some(g), Some(u), Some(d)) = (&lw.gate.stacked, &lw.up.stacked, &lw.down.stacked)
         else {

@@ -10,6 +10,7 @@
 //!   att = softmax(q·kᵀ/√D [, sinks])·v (causal [windowed], GQA)   attention::decode | prefill
 //!   o = att·Woᵀ [+ bo];  x += o;  h = RMSNorm(x)·ffn_norm   quant::matmul, norm::add_rms
 //!   ids, w = the routing strategy over h·Wrᵀ [+ br]       quant::matmul, router
+//!   (the placement, `placement.rs`, from here: the routing may go to the host first)
 //!   x += s·shared(h)  (a shared expert, `ffn.rs`)         quant::moe_gate_up, moe_down
 //!   x += Σ_j w_j · down_j(silu(gate_j·h) ⊙ up_j·h)         quant::moe_gate_up, moe_down
 //!     (gpt-oss: biased experts and the clamped SwiGLU,    quant_oai, `placement.rs`)
@@ -61,9 +62,11 @@ impl Launcher {
     }
 
     /// Layer `l`'s attention block and router for the T rows of the pieces `segs`: x +=
-    /// attention; h = the normed FFN input [T, H]; ids i32 / wts f32 [T, k] the routing;
-    /// x += the shared expert. A leading dense layer runs its FFN instead of the router
-    /// (x += FFN(h); nothing is left for the placement).
+    /// attention; h = the normed FFN input [T, H]; ids i32 / wts f32 [T, k] the routing. A
+    /// leading dense layer runs its FFN instead of the router (x += FFN(h); nothing is left
+    /// for the placement). The shared expert is the placement's to launch, first among the
+    /// layer's experts (`shared_expert`): after the routing is on its way to the host, so a
+    /// hybrid step's host does not wait for it before its CPU misses can start.
     pub(super) fn attn_router(&self, l: usize, segs: &[Seg]) -> Result<()> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
@@ -103,12 +106,18 @@ impl Launcher {
                 elementwise::add_rows(g, s, logits, Dv::of(br), t, e)?; // [T, E] += br
             }
             self.route(l, logits, t, e, k)?;
-            // ---- the shared expert, beside the routed ones (x += s·shared(h)) ----
-            if let Some(sh) = &lw.shared {
-                self.dense_ffn(sh, t)?;
-            }
         }
         Ok(())
+    }
+
+    /// Layer `l`'s shared expert beside the routed ones, for the T rows of `b.h`: x +=
+    /// s·shared(h) (nothing for a layer without one). Launched by the placements before the
+    /// routed experts (the order of the adds into x is the CPU path's).
+    pub(super) fn shared_expert(&self, l: usize, t: usize) -> Result<()> {
+        match &self.w.layer(l).shared {
+            Some(sh) => self.dense_ffn(sh, t),
+            None => Ok(()),
+        }
     }
 
     /// Layer `l`'s attention over the pieces `segs`: h [T, H] (normed) → o [T, H]. A hybrid

@@ -111,14 +111,15 @@ impl MultiDot {
         MultiDot::with_kernel(isa, w, n, order, multi_for(isa, w, order))
     }
 
-    /// With the AVX-512 multi-token kernel of `w`, its VNNI variant or (`vnni` false) the
-    /// AVX-512BW one (never the AMX tiles); None when the CPU cannot run it or the type has none (tests and
-    /// benchmarks compare the variants).
+    /// With the AVX-512 multi-token kernel of `w` (and rows × tokens kernel, where the type
+    /// has one), its VNNI variant or (`vnni` false) the AVX-512BW one (never the AMX tiles);
+    /// None when the CPU cannot run it or the type has none (tests and benchmarks compare the
+    /// variants).
     pub fn avx512_variant(w: GgmlType, n: usize, order: Order, vnni: bool) -> Option<MultiDot> {
         let k = gemm_avx512::kernel_with(w, order, vnni)?;
         let mut md = MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k));
         md.amx = false; // the variant itself, not the tiles
-        md.rows = None;
+        md.rows = gemm_avx512::rows_kernel_with(w, order, vnni);
         Some(md)
     }
 
@@ -332,9 +333,10 @@ mod tests {
     }
 
     /// `rows_plain` (the rows × tokens kernels: Q4_K `Single` in row pairs and quads under
-    /// AVX-512) equals the single-token kernel bitwise for every (row, token), over row counts
-    /// that leave every remainder of the pairs and quads and token counts 1..=6 (past
-    /// `ROWS_MAX_T`: `call` per row), every supported type and both orders.
+    /// AVX-512, VNNI and AVX-512BW variants) equals the single-token kernel bitwise for every
+    /// (row, token), over row counts that leave every remainder of the pairs and quads and
+    /// token counts 1..=6 (past `ROWS_MAX_T`: `call` per row), every supported type and both
+    /// orders, with each ISA's dispatch and each AVX-512 variant the CPU runs.
     #[test]
     fn rows_plain_equals_single_token_bitwise() {
         let mut kernels = 0;
@@ -343,31 +345,39 @@ mod tests {
                 for order in [Order::Single, Order::Many] {
                     let mut rng = Rng::new(w.id() as u64 * 17 + 3);
                     let n = 512; // two blocks of 256 (or 16 of 32)
-                    let md = MultiDot::with_isa(isa, w, n, order);
-                    kernels += usize::from(md.rows.is_some());
+                    let variants = [false, true]
+                        .into_iter()
+                        .filter(|_| isa == Isa::Avx512)
+                        .filter_map(|vnni| MultiDot::avx512_variant(w, n, order, vnni));
+                    let dots: Vec<MultiDot> = std::iter::once(MultiDot::with_isa(isa, w, n, order))
+                        .chain(variants)
+                        .collect();
+                    kernels += dots.iter().filter(|md| md.rows.is_some()).count();
                     let rb = w.row_bytes(n).unwrap();
                     let nr = 11;
                     let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
                     let acts: Vec<Vec<u8>> = (0..6).map(|_| random_act(w, n, &mut rng)).collect();
                     let single = single_for(Isa::Scalar, w, order);
-                    for r in [1usize, 2, 3, 4, 5, 7, 11] {
-                        for nt in 1..=6 {
-                            let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
-                            let mut out = vec![f32::NAN; r * nt];
-                            md.rows_plain(&rows[..r * rb], r, &refs, &mut out);
-                            for (i, o) in out.iter().enumerate() {
-                                let want = single(
-                                    n,
-                                    &rows[(i / nt) * rb..(i / nt + 1) * rb],
-                                    refs[i % nt],
-                                );
-                                assert_eq!(
-                                    o.to_bits(),
-                                    want.to_bits(),
-                                    "{} {} {order:?} rows={r} tokens={nt} at {i}",
-                                    isa.name(),
-                                    w.name()
-                                );
+                    for md in &dots {
+                        for r in [1usize, 2, 3, 4, 5, 7, 11] {
+                            for nt in 1..=6 {
+                                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                                let mut out = vec![f32::NAN; r * nt];
+                                md.rows_plain(&rows[..r * rb], r, &refs, &mut out);
+                                for (i, o) in out.iter().enumerate() {
+                                    let want = single(
+                                        n,
+                                        &rows[(i / nt) * rb..(i / nt + 1) * rb],
+                                        refs[i % nt],
+                                    );
+                                    assert_eq!(
+                                        o.to_bits(),
+                                        want.to_bits(),
+                                        "{} {} {order:?} rows={r} tokens={nt} at {i}",
+                                        isa.name(),
+                                        w.name()
+                                    );
+                                }
                             }
                         }
                     }
@@ -375,9 +385,10 @@ mod tests {
             }
         }
         if Isa::Avx512.available() {
+            // the dispatch's kernel and the AVX-512BW variant at least (VNNI too where it runs)
             assert!(
-                kernels >= 1,
-                "the AVX-512 rows × tokens kernel was not exercised"
+                kernels >= 2,
+                "the AVX-512 rows × tokens kernels were not exercised"
             );
         }
     }

@@ -345,10 +345,19 @@ pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 /// The rows × tokens kernel of `w` in `order` for at most 4 tokens (decode batches and short
 /// verify windows), where one exists: Q4_K `Order::Single`.
 pub fn rows_kernel(w: crate::quant::GgmlType, order: Order) -> Option<RowsFn> {
-    if !cpu::has_avx512() || (w, order) != (crate::quant::GgmlType::Q4K, Order::Single) {
+    rows_kernel_with(w, order, cpu::has_vnni())
+}
+
+/// `rows_kernel`'s VNNI variant, or (`vnni` false) its AVX-512BW one; None where the CPU
+/// cannot run it or the type has none (the tests run both).
+pub fn rows_kernel_with(w: crate::quant::GgmlType, order: Order, vnni: bool) -> Option<RowsFn> {
+    if !cpu::has_avx512()
+        || (vnni && !cpu::has_vnni())
+        || (w, order) != (crate::quant::GgmlType::Q4K, Order::Single)
+    {
         return None;
     }
-    Some(if cpu::has_vnni() {
+    Some(if vnni {
         q4k_rows_pass!(true, "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
     } else {
         q4k_rows_pass!(false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl")

@@ -18,3 +18,7 @@ pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 pub fn rows_kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<RowsFn> {
     None
 }
+
+pub fn rows_kernel_with(_w: crate::quant::GgmlType, _order: Order, _vnni: bool) -> Option<RowsFn> {
+    None
+}

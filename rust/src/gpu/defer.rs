@@ -51,7 +51,6 @@ fn recv_spinning<T>(rx: &Receiver<T>) -> Option<T> {
 /// One layer's CPU misses: inputs filled by the loop's thread, `y` by the helper.
 pub(super) struct DeferJob {
     pub layer: usize,
-    pub k: usize,
     /// f32 [T, H]: the layer's normed FFN input.
     pub h: Vec<f32>,
     /// f32 [T, K]: the routing weights.
@@ -96,7 +95,7 @@ impl Deferrer {
                         &j.h,
                         &j.split,
                         &j.wts,
-                        j.k,
+                        k,
                         &mut j.y[..t * hd],
                     );
                     if done.send(job).is_err() {
@@ -112,7 +111,6 @@ impl Deferrer {
             from_helper,
             idle: Some(Box::new(DeferJob {
                 layer: 0,
-                k,
                 h: Vec::with_capacity(t * hd),
                 wts: Vec::with_capacity(t * k),
                 split,

@@ -547,7 +547,7 @@ impl MoePlacement for Hybrid {
             let (ids, n) = (&mut self.split.cpu_ids, self.defer_n);
             deferred = split_deferred(ids, &self.wts, k, n, &mut job.split.cpu_ids);
             if deferred > 0 {
-                (job.layer, job.k) = (l, k);
+                job.layer = l;
                 job.h.clone_from(&self.h);
                 job.wts.clone_from(&self.wts);
             }

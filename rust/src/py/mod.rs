@@ -14,6 +14,7 @@ mod errors;
 mod gguf;
 mod mask;
 mod model;
+mod open_args;
 mod pool;
 mod quant;
 mod quant_multi;

@@ -4,13 +4,13 @@
 //! serialize on its lock).
 
 use super::cuda::shared_gpu;
+use super::open_args::{config_default, make_compute};
 use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
 use super::vram::HybridCounters;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
 use crate::model::batch::{batch_logits_len, logits_len};
-use crate::model::{Compute, Entry, HParams, KvType, Logits, Model, ModelConfig, SerialCompute};
-use crate::pool::{Pool, PoolConfig};
+use crate::model::{Entry, HParams, KvType, Logits, Model, ModelConfig};
 use crate::quant::dot;
 use crate::tier::vram::AdaptConfig;
 use crate::tier::RoutingCounters as Counters;
@@ -131,43 +131,6 @@ impl Backend {
                 .ok_or_else(|| Error::Config(NOT_COUNTED.into())),
         }
     }
-}
-
-/// The CPU compute of the CPU path and of the hybrid mode's misses: the pool with `threads`
-/// compute threads in all, the caller included when it participates, as llama.cpp's `-t`
-/// (0: one per physical core; `PoolConfig::for_threads`), or the serial reference
-/// (`threads` < 0).
-/// The CPU compute of `threads` threads (negative: serial; 0: one per physical core); with
-/// `loop_core` the pool takes one thread fewer (at least one), leaving that core to the
-/// thread that drives the GPU while the pool runs on another (`defer_experts`).
-fn make_compute(
-    threads: i64,
-    host_participates: bool,
-    pool_pipeline: bool,
-    loop_core: bool,
-) -> Arc<dyn Compute> {
-    if threads < 0 {
-        return Arc::new(SerialCompute::new());
-    }
-    let mut n = PoolConfig::resolve_threads(threads as usize);
-    if loop_core {
-        n = n.saturating_sub(1).max(1);
-    }
-    let pc = PoolConfig::for_threads(n, host_participates, pool_pipeline);
-    Arc::new(Pool::new(pc))
-}
-
-/// The settings object's default of `name` (`strata.config.Config.default`: the one place a
-/// setting's default is named).
-fn config_default<T>(py: Python<'_>, name: &str) -> PyResult<T>
-where
-    T: for<'a, 'py> FromPyObject<'a, 'py>,
-{
-    let v = py
-        .import("strata.config")?
-        .getattr("Config")?
-        .call_method1("default", (name,))?;
-    v.extract::<T>().map_err(Into::into)
 }
 
 /// `$v`, or the settings object's default of the keyword of the same name when left out.

@@ -75,7 +75,7 @@ def test_isa_is_a_setting() -> None:
 
 def test_test_only_fields_are_not_advertised() -> None:
     test_only = Config.names("test")
-    assert test_only == ("fake_step_ms", "fake_load_s", "test_faults")
+    assert test_only == ("fake_step_ms", "fake_load_s", "test_faults", "test_pipeline_miss")
     p = argparse.ArgumentParser()
     Config.add_arguments(p)
     text = p.format_help()

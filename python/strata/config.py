@@ -144,6 +144,12 @@ class Config:
         -1, "VRAM budget in MiB (-1: free memory minus the reserve)", core=True
     )
     vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic", core=True)
+    vram_slots: int = _f(
+        -1,
+        "hybrid GPU: at most this many expert slots in VRAM (the hybrid mode even where the "
+        "model fits; -1: as many as the budget holds)",
+        core=True,
+    )
     adapt_every: int = _f(
         16,
         "hybrid GPU: steps between adaptive tier choices (0: the VRAM cache never changes)",
@@ -295,6 +301,9 @@ class Config:
     test_faults: bool = _t(
         False, "prompts containing #stall# or #crash# make the fake engine hang or die"
     )
+    test_pipeline_miss: int = _t(
+        0, "with pipelined windows, every n-th guess is made wrong (0: none; a stress test)"
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -319,6 +328,8 @@ class Config:
             raise bad("vram_budget_mib", "must be -1 (automatic) or > 0")
         if self.vram_reserve_mib < 0:
             raise bad("vram_reserve_mib", "must be >= 0")
+        if self.vram_slots < -1:
+            raise bad("vram_slots", "must be -1 (from the budget) or >= 0")
         if self.adapt_every < 0:
             raise bad("adapt_every", "must be >= 0")
         if self.stream_min_tokens < 0:

@@ -194,14 +194,9 @@ class LLM:
             raise ValueError(f"slot: must be in 0..{self.max_slots - 1}, got {slot!r}")
         return slot
 
-    def forward_batch(
+    def _checked(
         self, entries: Sequence[tuple[int, Sequence[int], str]]
-    ) -> list[npt.NDArray[np.float32] | None]:
-        """One forward pass over several slots. Each entry `(slot, ids, logits)` continues
-        `slot` at its current length with `ids` (a decoded token, a window or a prompt chunk);
-        `logits` is "none", "last" ([V]), "all" ([len(ids), V]) or "window" (as "all", each
-        row bitwise a one-token step's on the CPU: a speculative window's verification).
-        Slots must be distinct."""
+    ) -> list[tuple[int, list[int], str]]:
         checked: list[tuple[int, list[int], str]] = []
         for slot, ids, want in entries:
             s = self._slot(slot)
@@ -214,12 +209,45 @@ class LLM:
             checked.append((s, toks, want))
         if len({s for s, _, _ in checked}) != len(checked):
             raise ValueError("entries: a slot appears more than once")
-        out = self.model.forward_batch(checked)
+        return checked
+
+    def _count(self, checked: list[tuple[int, list[int], str]]) -> None:
         for _, toks, want in checked:
             # a decoded token (or a 1-token chunk), or a speculative window's tokens
             one = (len(toks) == 1 and want != "none") or want == "window"
             self._counts["decode_tokens_total" if one else "prefill_tokens_total"] += len(toks)
+
+    def forward_batch(
+        self, entries: Sequence[tuple[int, Sequence[int], str]]
+    ) -> list[npt.NDArray[np.float32] | None]:
+        """One forward pass over several slots. Each entry `(slot, ids, logits)` continues
+        `slot` at its current length with `ids` (a decoded token, a window or a prompt chunk);
+        `logits` is "none", "last" ([V]), "all" ([len(ids), V]) or "window" (as "all", each
+        row bitwise a one-token step's on the CPU: a speculative window's verification).
+        Slots must be distinct."""
+        checked = self._checked(entries)
+        out = self.model.forward_batch(checked)
+        self._count(checked)
         return out
+
+    @property
+    def pipeline_windows(self) -> int:
+        """Windows the model keeps in flight at most (2: pipelined windows; docs/PROTOCOL.md)."""
+        return int(self.model.pipeline_windows)
+
+    def launch_batch(self, entries: Sequence[tuple[int, Sequence[int], str]]) -> None:
+        """Launches `entries` (one step, as `forward_batch`'s) as a pipelined window."""
+        checked = self._checked(entries)
+        self.model.launch_batch(checked)
+        self._count(checked)
+
+    def finish_batch(self) -> list[npt.NDArray[np.float32] | None]:
+        """The oldest pipelined window's logits (as `forward_batch` returns them)."""
+        return self.model.finish_batch()
+
+    def settle(self, accepted: bool) -> None:
+        """Settles the oldest window's verdict: False discards the window launched after it."""
+        self.model.settle(accepted)
 
     def truncate(self, slot: int, n: int) -> None:
         """Keeps the first `n` cached positions of a step-API slot."""

@@ -79,8 +79,15 @@ class FakeBackend:
         seed: int = 0,
         step_ms: float = 0.0,
         faults: bool = False,
+        pipeline_windows: int = 1,
     ) -> None:
         self.n_vocab = toytok.N_VOCAB
+        # pipelined windows as the GPU path has them (`launch_batch`, `finish_batch`,
+        # `settle`): each window runs at launch; its outputs and its slots' lengths before it
+        # wait in `_flights` for the verdict
+        self.pipeline_windows = pipeline_windows
+        self._flights: list[tuple[list[F32 | None], dict[int, int]]] = []
+        self._verdict = False
         self.n_ctx = n_ctx
         self.max_slots = max_slots
         self.seed = seed
@@ -137,6 +144,8 @@ class FakeBackend:
         """Keeps n positions of a generating sequence (a speculative window cut back to its
         accepted prefix): it goes on generating."""
         self._check(slot, n)
+        if any(slot in starts for _, starts in self._flights):
+            raise ValueError(f"slot {slot} is in a pipelined window in flight")
         toks = self._tokens.setdefault(slot, [])
         if n > len(toks):
             raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
@@ -171,6 +180,32 @@ class FakeBackend:
         self._steps += 1
         self._sleep()
         return out
+
+    def launch_batch(self, entries: Sequence[Entry]) -> None:
+        if self._verdict:
+            self.settle(True)
+        if len(self._flights) >= self.pipeline_windows:
+            raise ValueError(f"{len(self._flights)} windows in flight; finish one")
+        starts = {slot: len(self._tokens.get(slot, ())) for slot, _, _ in entries}
+        out = self.forward_batch(entries)
+        self._flights.append((out, starts))
+
+    def finish_batch(self) -> list[F32 | None]:
+        if self._verdict or not self._flights:
+            raise ValueError("no window to finish (or its verdict is not settled)")
+        self._verdict = True
+        return self._flights[0][0]
+
+    def settle(self, accepted: bool) -> None:
+        if not self._verdict:
+            raise ValueError("no verdict to settle")
+        self._verdict = False
+        self._flights.pop(0)
+        if not accepted:  # the later windows are discarded: their slots as before them
+            for _, starts in reversed(self._flights):
+                for slot, n in starts.items():
+                    del self._tokens[slot][n:]
+            self._flights.clear()
 
     def _scan_faults(self, slot: int) -> None:
         if self.faults:
@@ -275,6 +310,12 @@ class LLMBackend:
         if self.stepwise and not self.recurrent and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
+        # pipelined windows (`pipeline_windows` 2): launch, verdict and settle apart
+        self.pipeline_windows = int(getattr(self.llm, "pipeline_windows", 1))
+        if self.pipeline_windows > 1:
+            self.launch_batch = self.llm.launch_batch
+            self.finish_batch = self.llm.finish_batch
+            self.settle = self.llm.settle
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
         if self.stepwise:

@@ -94,6 +94,7 @@ def serve(sock: socket.socket) -> int:
         reuse=config.cache_prompt,
         processors=constraints.for_request,
         speculator=spec,
+        force_miss=config.test_pipeline_miss,
     )
 
     def stats() -> Stats:

@@ -34,7 +34,7 @@ from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
 from strata.spec.control import SeqSpec
-from strata.spec.drafters import Draft
+from strata.spec.drafters import Draft, DraftRequest
 from strata.spec.speculator import Candidate, Speculator
 
 Event = Progress | Tokens
@@ -64,6 +64,22 @@ class Seq:
     tier_at_start: tuple[int, int, int] | None = None
 
 
+# Rows of a pipelined window at most (the GPU path's logit rows of one head block).
+WINDOW_ROWS = 64
+
+
+@dataclass(slots=True)
+class _Window:
+    """A step launched as a pipelined window: its entries, their sequences and drafts, and
+    (a window drafted on a guess) the token each sequence's previous window must emit."""
+
+    entries: list[Entry]
+    seqs: list[Seq]
+    drafts: list[Draft]
+    guesses: list[int]
+    t0: float  # when it was launched
+
+
 class Scheduler:
     def __init__(
         self,
@@ -75,6 +91,7 @@ class Scheduler:
         processors: ProcessorFactory | None = None,
         reuse: bool = True,
         speculator: Speculator | None = None,
+        force_miss: int = 0,
     ) -> None:
         self.backend = backend
         self.spec = speculator
@@ -90,9 +107,18 @@ class Scheduler:
         cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 and can_move else None
         self.slots = SlotCache(backend, n_slots, cache, reuse)
         self.steps = 0
+        # pipelined windows: a backend with two in flight, and speculation to draft them
+        self.pipelined = speculator is not None and getattr(backend, "pipeline_windows", 1) > 1
+        self.window_rows = min(prefill_chunk, WINDOW_ROWS)
+        self._inflight: _Window | None = None  # launched, its verdict not yet taken
+        self._last = 0.0  # when the last pipelined verdict was taken
+        self.force_miss = force_miss  # TEST-ONLY: every n-th guess made wrong (0: none)
+        self.guesses = 0
+        self.pipe_windows = 0  # pipelined windows settled
+        self.pipe_held = 0  # of them, those whose successor's guess held
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self._inflight)
 
     def _known(self, rid: int) -> bool:
         return any(s.req.rid == rid for s in self.waiting) or any(
@@ -141,6 +167,11 @@ class Scheduler:
         out = [
             Stat("engine_steps_total", "counter", {}, float(self.steps)),
         ]
+        if self.pipelined:
+            out += [
+                Stat("pipeline_windows_total", "counter", {}, float(self.pipe_windows)),
+                Stat("pipeline_guesses_held_total", "counter", {}, float(self.pipe_held)),
+            ]
         if self.spec is not None:
             out += self.spec.stats()
         c = self.slots.cache
@@ -293,40 +324,81 @@ class Scheduler:
         return entries, seqs, drafts
 
     def step(self) -> list[Event]:
+        if self._inflight is not None:
+            return self._pipelined([])
         events = self._admit()
         entries, seqs, drafts = self._pack()
         if not entries:
             return events
+        if self._can_pipeline(entries, seqs, drafts):
+            try:
+                self.backend.launch_batch(entries)  # type: ignore[attr-defined]
+            except Exception as e:  # the backend refused: these requests fail, it goes on
+                return events + self._fail(seqs, e)
+            self._inflight = _Window(entries, seqs, drafts, [], time.perf_counter())
+            return self._pipelined(events)
         t0 = time.perf_counter()
         try:
             out = self.backend.forward_batch(entries)
         except Exception as e:  # the backend refused: these requests fail, the engine goes on
-            for s in seqs:
-                events.append(self._end(s.slot, "error", f"forward failed: {e}"))
-            return events
+            return events + self._fail(seqs, e)
         self.steps += 1
         if self.spec is not None and len(entries) == len(drafts):  # no prompt chunk in it
             self.spec.observe_step(sum(len(ids) for _, ids, _ in entries), time.perf_counter() - t0)
-        for i, ((slot, ids, _), s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
-            assert logits is not None or s.pending is None
-            if s.pending is not None and self.spec is not None and drafts[i].tokens:  # a window
-                assert logits is not None and s.spec is not None and s.draft_rng is not None
+        drafts += [Draft() for _ in range(len(entries) - len(drafts))]  # prompt chunks
+        results = self._verdicts(entries, seqs, drafts, out)
+        return events + self._apply(entries, seqs, drafts, out, results)
+
+    def _fail(self, seqs: list[Seq], e: Exception) -> list[Event]:
+        return [
+            self._end(s.slot, "error", f"forward failed: {e}")
+            for s in seqs
+            if self.running.get(s.slot) is s
+        ]
+
+    def _verdicts(
+        self, entries: list[Entry], seqs: list[Seq], drafts: list[Draft], out: list[Any]
+    ) -> list[list[SampleResult] | None]:
+        """The tokens each decoding sequence's entry emits (a window verified, or one
+        sampled); None for a prompt chunk."""
+        res: list[list[SampleResult] | None] = []
+        for i, ((slot, _, _), s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
+            if s.pending is None:
+                res.append(None)
+                continue
+            assert logits is not None
+            if self.spec is not None and drafts[i].tokens:  # a window
+                assert s.spec is not None and s.draft_rng is not None
                 cand = Candidate(slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng)
-                results = self.spec.settle(cand, drafts[i], logits)
-                keep = len(results) - 1  # the accepted drafts
-                if keep < len(drafts[i].tokens):  # cut the KV back to the accepted prefix
+                res.append(self.spec.settle(cand, drafts[i], logits))
+            else:
+                res.append([s.sampler.sample(logits)])
+        return res
+
+    def _apply(
+        self,
+        entries: list[Entry],
+        seqs: list[Seq],
+        drafts: list[Draft],
+        out: list[Any],
+        results: list[list[SampleResult] | None],
+    ) -> list[Event]:
+        """A step's outcome: windows cut back to their accepted prefix, tokens reported,
+        prompts advanced."""
+        events: list[Event] = []
+        for (slot, ids, _), s, logits, d, res in zip(
+            entries, seqs, out, drafts, results, strict=True
+        ):
+            if res is not None:  # a decode, or a window
+                keep = len(res) - 1  # the accepted drafts
+                if keep < len(d.tokens):  # cut the KV back to the accepted prefix
                     cut = getattr(self.backend, "rollback", self.backend.truncate)
                     cut(slot, len(s.req.prompt) + s.generated + keep)
                 self.slots.fed(slot, ids[: 1 + keep])
                 s.pending = None
-                events.append(self._emit(s, results))
+                events.append(self._emit(s, res))
                 continue
             self.slots.fed(slot, ids)
-            if s.pending is not None:  # a decode
-                s.pending = None
-                assert logits is not None
-                events.append(self._emit(s, [s.sampler.sample(logits)]))
-                continue
             s.done += len(ids)
             if s.done < len(s.req.prompt):
                 events.append(Progress(s.req.rid, s.done, len(s.req.prompt)))
@@ -346,3 +418,120 @@ class Scheduler:
             assert logits is not None
             events.append(self._emit(s, [s.sampler.sample(logits)]))
         return events
+
+    # -- pipelined windows (`pipeline_windows` 2) ----------------------------------------------
+
+    def _can_pipeline(self, entries: list[Entry], seqs: list[Seq], drafts: list[Draft]) -> bool:
+        """Whether this step may run as a pipelined window: the backend has two windows in
+        flight, every entry is a speculating sequence's decode or window (no prompt chunk),
+        and the step is one small step."""
+        return (
+            self.pipelined
+            and len(entries) == len(drafts)
+            and all(s.spec is not None for s in seqs)
+            and sum(len(ids) for _, ids, _ in entries) <= self.window_rows
+        )
+
+    def _guess(self, k: _Window) -> _Window | None:
+        """Window K+1, drafted before K's verdict on the guess that K is accepted whole: each
+        sequence's history runs on through K's drafts, and the drafter's first token stands
+        for the token K's verification will emit after them (`guess`). None where a sequence
+        cannot go on (it ends in K, or nothing is drafted for it)."""
+        assert self.spec is not None
+        if self.waiting and self.free_slots:
+            return None  # let the pipeline drain: a waiting request is admitted next step
+        cands: list[Candidate] = []
+        n_ctx = self.backend.n_ctx
+        for s, d in zip(k.seqs, k.drafts, strict=True):
+            if self.running.get(s.slot) is not s or s.spec is None or s.draft_rng is None:
+                return None
+            gen = s.generated + len(d.tokens) + 1  # after K, accepted whole
+            room = min(s.req.max_tokens - gen, n_ctx - (len(s.req.prompt) + gen))
+            if room < 1:
+                return None
+            out = [*s.out, *d.tokens]
+            cands.append(Candidate(s.slot, s.req.prompt, out, room, s.sampler, s.spec, s.draft_rng))
+        plans = self.spec.plan(cands, len(cands))
+        # the adaptive window may draft nothing (a k-token verify would not pay); the guess
+        # still needs its one token, which costs nothing to verify (it is the next step)
+        short = [i for i, p in enumerate(plans) if not p.tokens]
+        if short:
+            reqs = [
+                DraftRequest(c.slot, c.history, 1, c.sampler.params, c.rng)
+                for c in (cands[i] for i in short)
+            ]
+            for i, d in zip(short, self.spec.drafter.propose_many(reqs), strict=True):
+                plans[i] = d
+        entries: list[Entry] = []
+        drafts: list[Draft] = []
+        guesses: list[int] = []
+        for s, p in zip(k.seqs, plans, strict=True):
+            if not p.tokens:
+                return None
+            g, rest = p.tokens[0], p.tokens[1:]
+            self.guesses += 1
+            if self.force_miss and self.guesses % self.force_miss == 0:
+                g = (g + 1) % self.backend.n_vocab  # TEST-ONLY: a wrong guess
+            entries.append((s.slot, [g, *rest], "window" if rest else "last"))
+            drafts.append(Draft(rest, p.q[1:] if p.q is not None else None))
+            guesses.append(g)
+        if sum(len(ids) for _, ids, _ in entries) > self.window_rows:
+            return None
+        return _Window(entries, list(k.seqs), drafts, guesses, 0.0)
+
+    def _pipelined(self, events: list[Event]) -> list[Event]:
+        """Window K (in flight) to its verdict, with K+1 launched on its guess first; K+1 goes
+        on when every sequence's guess held (K accepted whole, the guessed token emitted,
+        the sequence not ended), else it is discarded and the next step plans anew."""
+        k = self._inflight
+        assert k is not None
+        nxt = self._guess(k)
+        launched = False
+        if nxt is not None:
+            try:
+                self.backend.launch_batch(nxt.entries)  # type: ignore[attr-defined]
+                nxt.t0 = time.perf_counter()
+                launched = True
+            except Exception as e:  # refused: K+1 is not run; K still finishes
+                log.warning("pipelined window refused: %s", e)
+        try:
+            out = self.backend.finish_batch()  # type: ignore[attr-defined]
+        except Exception as e:  # the backend dropped every window
+            self._inflight = None
+            return events + self._fail(k.seqs, e)
+        self.steps += 1
+        # the step's cost as the pipeline runs it: the time since the previous verdict
+        now = time.perf_counter()
+        assert self.spec is not None
+        self.spec.observe_step(
+            sum(len(ids) for _, ids, _ in k.entries), now - max(k.t0, self._last)
+        )
+        self._last = now
+        live = [self.running.get(s.slot) is s for s in k.seqs]  # an aborted one is gone
+        keep = [i for i, ok in enumerate(live) if ok]
+        ent = [k.entries[i] for i in keep]
+        seqs = [k.seqs[i] for i in keep]
+        drafts = [k.drafts[i] for i in keep]
+        outs = [out[i] for i in keep]
+        results = self._verdicts(ent, seqs, drafts, outs)
+        held = launched and nxt is not None and all(live)
+        if held:
+            assert nxt is not None
+            for s, d, res, g in zip(seqs, drafts, results, nxt.guesses, strict=True):
+                assert res is not None
+                toks = [r.token for r in res]
+                ends = (
+                    any(t in s.stop_ids for t in toks)
+                    or s.generated + len(toks) >= s.req.max_tokens
+                    or len(s.req.prompt) + s.generated + len(toks) >= self.backend.n_ctx
+                )
+                held = held and len(toks) == len(d.tokens) + 1 and toks[-1] == g and not ends
+        try:
+            self.backend.settle(held)  # type: ignore[attr-defined]
+        except Exception as e:
+            self._inflight = None
+            return events + self._fail(k.seqs, e)
+        self.pipe_windows += 1
+        self.pipe_held += held
+        self._inflight = nxt if held else None
+        return events + self._apply(ent, seqs, drafts, outs, results)

@@ -12,19 +12,104 @@
 //!
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), S = pieces, V = vocab.
 
-use super::batch_scratch::BatchScratch;
+use super::batch_scratch::{BatchScratch, RecPiece};
 use super::launch::{Seg, LOGIT_ROWS};
 use super::model::GpuModel;
-use crate::cuda::as_bytes_mut;
-use crate::error::Result;
+use super::pipeline::Pipeline;
+use super::stage::Stage;
+use crate::cuda::{as_bytes_mut, PinnedBuf};
+use crate::error::{Error, Result};
 use crate::model::batch::{check_batch, Entry, Piece};
 use crate::model::Logits;
+use crate::tier::vram::{GapTicket, WindowId};
+
+/// What a stage's share of a step reads (the step's plan, as the pieces' rows and slots).
+pub(super) struct StepIo<'a> {
+    pub(super) segs: &'a [Seg],             // [S] the pieces' rows
+    pub(super) slots: &'a [(usize, usize)], // [S] (slot, rows)
+    pub(super) rec: &'a [RecPiece],         // [S] for a recurrent state's checkpoints
+    pub(super) t: usize,                    // R' rows
+    pub(super) nb: usize,                   // bytes of `params` in `pin`
+    pub(super) decode: Option<usize>,       // S one-token pieces: a decode step
+    pub(super) graph_ok: bool,
+    pub(super) pin: &'a PinnedBuf, // the staged `params`
+}
+
+/// (pos0, slot) per piece, then the token ids of the rows, as i32 → `pin`; returns its bytes.
+pub(super) fn write_params(pin: &mut PinnedBuf, entries: &[Entry<'_>], pieces: &[Piece]) -> usize {
+    let t: usize = pieces.iter().map(|p| p.t).sum();
+    let nb = 4 * (2 * pieces.len() + t);
+    let pin = &mut pin.as_mut_slice()[..nb];
+    let pairs = pieces.iter().flat_map(|p| [p.p0 as i32, p.slot as i32]);
+    let ids = pieces.iter().flat_map(|p| {
+        let e = &entries[p.entry];
+        e.tokens[p.tok0..p.tok0 + p.t].iter().map(|&x| x as i32)
+    });
+    for (c, v) in pin.chunks_exact_mut(4).zip(pairs.chain(ids)) {
+        c.copy_from_slice(&v.to_ne_bytes());
+    }
+    nb
+}
+
+/// The pieces as a recurrent state sees them (a window's slot checkpoints after each token).
+pub(super) fn rec_pieces(out: &mut Vec<RecPiece>, entries: &[Entry<'_>], pieces: &[Piece]) {
+    out.clear();
+    out.extend(pieces.iter().map(|p| {
+        let window = entries[p.entry].want == Logits::Window;
+        (p.slot, p.p0, p.t, window)
+    }));
+}
+
+/// S for a step of S one-token pieces (its decode graphs), else None.
+pub(super) fn decode_of(pieces: &[Piece]) -> Option<usize> {
+    let t: usize = pieces.iter().map(|p| p.t).sum();
+    (t == pieces.len()).then_some(t)
+}
+
+/// Window `w`'s part on stage `s`: entered (s > 0: the hop from s - 1; stage 0 takes the
+/// launch's `ticket0`), the recurrent flags and `params` written, the layers launched (or a
+/// decode graph replayed); a stage before the last is left (the host waits for its work)
+/// and the stage's tier has its turn at the gap. Returns whether the layers included the
+/// head (a one-piece decode graph on the last stage).
+pub(super) fn stage_part(
+    st: &mut [Stage],
+    pipe: &mut Pipeline,
+    graph_error: &mut Option<String>,
+    w: WindowId,
+    s: usize,
+    ticket0: Option<GapTicket>,
+    io: &StepIo<'_>,
+) -> Result<bool> {
+    let n = st.len();
+    let (done, rest) = st.split_at_mut(s);
+    let stg = &mut rest[0];
+    let ticket = match (done.last(), ticket0) {
+        (Some(prev), _) => pipe.enter_stage(w, s, &prev.x, &stg.x, io.t)?,
+        (None, Some(t)) => t,
+        (None, None) => return Err(Error::Config("stage 0 without its launch".into())),
+    };
+    let x = &mut stg.x;
+    if let Some(rec) = &mut x.rec {
+        rec.begin_step(&x.gpu, &x.stream, io.rec.iter().copied())?;
+    }
+    x.b.params.write_async(&x.stream, 0, io.pin, 0, io.nb)?;
+    stg.moe.before_step(&stg.x.stream, io.slots)?;
+    let head = stg.launch_layers(io.decode, io.segs, io.graph_ok, graph_error)?;
+    stg.moe.step_launched(&stg.x, &ticket)?;
+    if s + 1 < n {
+        // the host has seen stage s's work complete: a gap there, its tier's turn
+        pipe.leave_stage(w, s, &stg.x, io.t)?;
+        stg.moe.after_step(&stg.x)?;
+    }
+    Ok(head)
+}
 
 impl GpuModel {
     /// A batched step (`model::batch`): every entry continues its slot; the requested logits
     /// go to `out` back to back in entry order. A refused or failed call changes no slot.
     pub fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
         let (vocab, n_ctx) = (self.hp.n_vocab, self.cfg.n_ctx);
+        self.no_flight("forward_batch")?;
         check_batch(entries, |s| self.slot_len(s), out.len(), vocab, n_ctx)?;
         let mut ss = std::mem::take(&mut self.steps);
         let res = self.run_batch(entries, out, &mut ss);
@@ -33,6 +118,7 @@ impl GpuModel {
             // that a slot with a recurrent state (a hybrid family) starts over, as its state
             // may have advanced
             let _ = self.sync_all();
+            self.pipe.abandon();
             for (e, &start) in entries.iter().zip(&ss.plan.starts) {
                 self.lens[e.slot] = start;
                 for x in self.st.iter_mut().map(|s| &mut s.x) {
@@ -75,62 +161,33 @@ impl GpuModel {
     }
 
     /// One step over `ss.plan.pieces` (R' rows): `params` written, the layers launched (or a
-    /// decode graph replayed), each piece's logit rows to its `dst` in `out`; the stream is
-    /// idle after.
-    fn step(&mut self, entries: &[Entry<'_>], ss: &BatchScratch, out: &mut [f32]) -> Result<()> {
-        let (n_seg, t) = (ss.plan.pieces.len(), super::step::rows(&ss.segs));
-        // (pos0, slot) per piece, then the token ids of the rows → pinned staging → `params`
-        // (ordered before the kernels; the staging is rewritten only after this step's sync)
-        let nb = 4 * (2 * n_seg + t);
-        {
-            let pin = &mut self.pin_params.as_mut_slice()[..nb];
-            let pairs = ss
-                .plan
-                .pieces
-                .iter()
-                .flat_map(|p| [p.p0 as i32, p.slot as i32]);
-            let ids = ss.plan.pieces.iter().flat_map(|p| {
-                let e = &entries[p.entry];
-                e.tokens[p.tok0..p.tok0 + p.t].iter().map(|&x| x as i32)
-            });
-            for (c, v) in pin.chunks_exact_mut(4).zip(pairs.chain(ids)) {
-                c.copy_from_slice(&v.to_ne_bytes());
-            }
-        }
-        for x in self.st.iter_mut().map(|s| &mut s.x) {
-            if let Some(rec) = &mut x.rec {
-                // a window's slot checkpoints its state after each of its tokens (`gdn_state`)
-                let pieces = ss.plan.pieces.iter().map(|p| {
-                    let window = entries[p.entry].want == Logits::Window;
-                    (p.slot, p.p0, p.t, window)
-                });
-                rec.begin_step(&x.gpu, &x.stream, pieces)?;
-            }
-        }
-        // a decode step of S one-token pieces: its graphs (captured after one eager step)
-        let decode = (t == n_seg).then_some(n_seg);
-        let graph_ok = self.use_graph && self.graph_error.is_none();
-        let n = self.st.len();
+    /// decode graph replayed) stage by stage, each piece's logit rows to its `dst` in `out`;
+    /// the stream is idle after.
+    fn step(
+        &mut self,
+        entries: &[Entry<'_>],
+        ss: &mut BatchScratch,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let nb = write_params(&mut self.pin_params, entries, &ss.plan.pieces);
+        rec_pieces(&mut ss.rec, entries, &ss.plan.pieces);
+        let io = StepIo {
+            segs: &ss.segs,
+            slots: &ss.slots,
+            rec: &ss.rec,
+            t: super::step::rows(&ss.segs),
+            nb,
+            decode: decode_of(&ss.plan.pieces),
+            graph_ok: self.use_graph && self.graph_error.is_none(),
+            pin: &self.pin_params,
+        };
         // the step is a window through the stages (`pipeline.rs`); one stage: launch, verdict
-        let mut ticket = self.pipe.launch()?;
+        let (w, ticket) = self.pipe.launch(&self.st[0].x)?;
+        let mut ticket = Some(ticket);
         let mut head_done = false;
-        for s in 0..n {
-            let (done, rest) = self.st.split_at_mut(s);
-            let st = &mut rest[0];
-            if let Some(prev) = done.last() {
-                ticket = self.pipe.enter_stage(s, &prev.x, &st.x, t)?;
-            }
-            let x = &st.x;
-            x.b.params
-                .write_async(&x.stream, 0, &self.pin_params, 0, nb)?;
-            st.moe.before_step(&x.stream, &ss.slots)?;
-            head_done = st.launch_layers(decode, &ss.segs, graph_ok, &mut self.graph_error)?;
-            st.moe.step_launched(&st.x, &ticket)?;
-            if s + 1 < n {
-                // the host has seen stage s's work complete: a gap there, its tier's turn
-                self.pipe.leave_stage(s, &st.x, t)?;
-                st.moe.after_step(&st.x)?;
-            }
+        for s in 0..self.st.len() {
+            let (st, pipe, ge) = (&mut self.st[..], &mut self.pipe, &mut self.graph_error);
+            head_done = stage_part(st, pipe, ge, w, s, ticket.take(), &io)?;
         }
         if head_done {
             let p = &ss.plan.pieces[0];
@@ -139,8 +196,10 @@ impl GpuModel {
         } else {
             self.logits_out(&ss.plan.pieces, out)?;
         }
-        self.pipe.verdict()?;
-        let last = &mut self.st[n - 1];
+        self.pipe.verdict(w)?;
+        self.pipe.finish(w, true)?;
+        let last = self.st.len() - 1;
+        let last = &mut self.st[last];
         last.moe.after_step(&last.x)
     }
 

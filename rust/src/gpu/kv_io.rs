@@ -40,7 +40,7 @@ impl GpuModel {
     /// The slot's first `n` positions as a blob (every stage's layers, in order).
     pub fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
         self.refuse_recurrent("KV export")?;
-        let len = self.slot_len(slot)?;
+        let len = self.idle_slot(slot)?;
         if n > len {
             return Err(Error::Input(format!(
                 "cannot export {n} positions of slot {slot}: it holds {len}"
@@ -74,7 +74,7 @@ impl GpuModel {
     /// Replaces the slot's KV with a blob of this model and KV type; returns its length.
     pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
         self.refuse_recurrent("KV import")?;
-        self.slot_len(slot)?;
+        self.idle_slot(slot)?;
         let id = self.blob_id();
         let n = kv_blob::parse(&id, self.cfg.n_ctx, data)?;
         let (hb, rb) = (self.st[0].x.lay.head_bytes(), id.row_bytes);

@@ -11,6 +11,7 @@ mod bounce;
 mod defer;
 mod experts;
 mod ffn;
+mod flight;
 mod gdn;
 mod gdn_state;
 mod hybrid;

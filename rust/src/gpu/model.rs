@@ -6,6 +6,7 @@
 //! is `batch.rs`.
 
 use super::batch_scratch::BatchScratch;
+use super::flight::Flights;
 use super::gdn_state::GdnState;
 use super::hybrid_cfg::{HybridConfig, HybridInfo, StageInfo};
 use super::launch::{params_len, Launcher, LOGIT_ROWS};
@@ -43,6 +44,8 @@ pub struct GpuModel {
     pub(super) pin_logits: PinnedBuf,
     /// The batched step's bookkeeping (`batch.rs`).
     pub(super) steps: BatchScratch,
+    /// Pipelined windows in flight (`flight.rs`).
+    pub(super) flights: Flights,
     pub(super) use_graph: bool,
     /// Why capturing a decode graph failed (the step then runs kernel by kernel).
     pub(super) graph_error: Option<String>,
@@ -121,6 +124,15 @@ impl GpuModel {
         let pin_params = g0.host_alloc(bytes(params_len(cfg.n_slots, t), 4)?)?;
         let pin_rows = cfg.n_slots.clamp(1, LOGIT_ROWS);
         let pin_logits = gl.host_alloc(bytes(pin_rows * hp.n_vocab, 4)?)?;
+        if split.pipeline_windows > 1 && rec_bytes > 0 {
+            // a discarded window would have to restore the state from before it, which a
+            // plain decode step does not checkpoint
+            return Err(Error::Config(format!(
+                "pipeline_windows {}: {} keeps a recurrent state; pipelined windows run on \
+                 the families with a KV cache only",
+                split.pipeline_windows, hp.arch
+            )));
+        }
         let pipe = Pipeline::new(&st, split.pipeline_windows, split.hop)?;
         Ok(GpuModel {
             st,
@@ -132,6 +144,7 @@ impl GpuModel {
             pin_params,
             pin_logits,
             steps: BatchScratch::new(cfg.n_slots),
+            flights: Flights::default(),
             hp,
             cfg,
             chunk,
@@ -139,6 +152,11 @@ impl GpuModel {
             use_graph: true,
             graph_error: None,
         })
+    }
+
+    /// Windows at most in flight (`pipeline_windows`).
+    pub fn pipeline_windows(&self) -> usize {
+        self.pipe.max_windows()
     }
 
     /// The stages' count.
@@ -270,6 +288,13 @@ impl GpuModel {
     /// A hybrid family's recurrent state cannot be cut back, only restored (`gdn_state`): there `n`
     /// must be 0 (start over), the slot's length or a checkpointed position, as on the CPU.
     pub fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
+        self.idle_slot(slot)?;
+        self.truncate_unchecked(slot, n)
+    }
+
+    /// `truncate` of a slot that may be in a pipelined window (`flight.rs` puts a discarded
+    /// window's slots back).
+    pub(super) fn truncate_unchecked(&mut self, slot: usize, n: usize) -> Result<()> {
         let len = self.slot_ref(slot)?;
         if n > len {
             return Err(Error::Input(format!(
@@ -298,7 +323,7 @@ impl GpuModel {
     /// Marks the slot's recurrent state at its current length, so that `truncate` can come
     /// back to it (`Model::checkpoint`); a `Model` error for a family without one.
     pub fn checkpoint(&mut self, slot: usize) -> Result<()> {
-        let len = self.slot_ref(slot)?;
+        let len = self.idle_slot(slot)?;
         if self.x0().rec.is_none() {
             return Err(Error::Model(format!(
                 "{} keeps no recurrent state to checkpoint",
@@ -356,6 +381,11 @@ impl GpuModel {
         out: &mut [f32],
     ) -> Result<()> {
         self.forward_batch(&[Entry { slot, tokens, want }], out)
+    }
+
+    /// Rows the step buffers hold at most.
+    pub(super) fn rows_cap(&self) -> usize {
+        self.chunk.max(self.stream_chunk)
     }
 
     /// Rows per step for a call of `n` tokens: `stream_chunk` when the placement streams

@@ -11,9 +11,11 @@
 //! memory (`ThroughHost`: device → host on stage s's stream, host → device on the next's).
 //! With one stage there is no boundary: launch, then the verdict (today's single-GPU step).
 //!
-//! With `pipeline_windows` = 1 a window leaves stage s when the host has waited for `ready`
-//! (its last work there, the hop's send included), so stage s is at a gap while the next
-//! stage computes.
+//! A window leaves stage s when the host has waited for `ready` (its last work there, the
+//! hop's send included), so stage s is at a gap while the next stage computes. With
+//! `pipeline_windows` = 2 the next window may then be launched onto stage 0 while this one is
+//! on a later stage (`flight.rs`); before its layers overwrite stage s's x, stage s's stream
+//! waits for `taken` (the previous window's hop out of it has run on the next stage's stream).
 //!
 //! Metrics per stage (`StageInfo`): host-seen time with a window on it (entered to left),
 //! time a window waited between the previous stage and this one, device time of the hops
@@ -23,7 +25,7 @@ use super::hybrid_cfg::StageInfo;
 use super::launch::Launcher;
 use super::stage::{HopKind, Stage};
 use crate::cuda::{Event, PinnedBuf};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::tier::vram::{GapTicket, Protocol, WindowId};
 use std::time::Instant;
 
@@ -78,6 +80,8 @@ struct Boundary {
     hop: Box<dyn Hop>,
     /// Recorded on stage s's stream after its work and the hop's send.
     ready: Event,
+    /// Recorded on stage s + 1's stream after the hop's receive: stage s's x may be rewritten.
+    taken: Event,
     /// Timing events around the hop on stage s + 1's stream; `timed`: recorded and not read.
     t0: Event,
     t1: Event,
@@ -94,8 +98,6 @@ struct StageStats {
 pub(super) struct Pipeline {
     proto: Protocol,
     bounds: Vec<Boundary>,
-    /// The window in flight (launched, verdict not yet taken).
-    window: Option<WindowId>,
     stats: Vec<StageStats>,
     /// When the window entered its current stage, or left the last one.
     since: Instant,
@@ -108,12 +110,6 @@ impl Pipeline {
     pub(super) fn new(stages: &[Stage], pipeline_windows: usize, hop: HopKind) -> Result<Self> {
         let cards = stages.iter().map(|s| s.x.gpu.ordinal()).collect();
         let proto = Protocol::new(cards, pipeline_windows)?;
-        if pipeline_windows > 1 {
-            return Err(Error::Config(format!(
-                "pipeline_windows {pipeline_windows}: pipelined windows are not on the GPU \
-                 path yet (1 runs every stage of a window before the next window)"
-            )));
-        }
         let mut bounds = Vec::with_capacity(stages.len().saturating_sub(1));
         for w in stages.windows(2) {
             let (src, dst) = (&w[0].x, &w[1].x);
@@ -125,9 +121,12 @@ impl Pipeline {
                     pin: src.gpu.host_alloc(src.b.x.len())?,
                 })
             };
+            let taken = dst.gpu.event_no_timing()?;
+            taken.record(&dst.stream)?; // recorded once, so the first launch's wait is defined
             bounds.push(Boundary {
                 hop,
                 ready: src.gpu.event_no_timing()?,
+                taken,
                 t0: dst.gpu.event()?,
                 t1: dst.gpu.event()?,
                 timed: false,
@@ -136,7 +135,6 @@ impl Pipeline {
         Ok(Pipeline {
             proto,
             bounds,
-            window: None,
             stats: vec![StageStats::default(); stages.len()],
             since: Instant::now(),
             max_in_flight: 0,
@@ -147,11 +145,6 @@ impl Pipeline {
         self.proto.n_stages()
     }
 
-    fn window(&self) -> Result<WindowId> {
-        self.window
-            .ok_or_else(|| Error::Config("no window in flight".into()))
-    }
-
     /// Host time since the last mark, and a new mark.
     fn lap(&mut self) -> u64 {
         let now = Instant::now();
@@ -160,25 +153,51 @@ impl Pipeline {
         ns
     }
 
-    /// A new window onto stage 0; its ticket is the fence of its part there. A window that a
-    /// failed step left in flight is forgotten first (its fences complete at the stages'
-    /// next gaps, after this window's work on the same streams).
-    pub(super) fn launch(&mut self) -> Result<GapTicket> {
-        if self.proto.windows_in_flight() > 0 {
-            self.proto.abandon();
-            self.bounds.iter_mut().for_each(|b| b.timed = false);
-        }
-        let (w, ticket) = self.proto.launch()?;
-        self.window = Some(w);
-        self.max_in_flight = self.max_in_flight.max(self.proto.windows_in_flight());
-        self.lap();
-        Ok(ticket)
+    /// Windows at most in flight (`pipeline_windows`).
+    pub(super) fn max_windows(&self) -> usize {
+        self.proto.pipeline_windows()
     }
 
-    /// The window leaves stage `s` (not the last; its layers queued on `src`): the hop's
+    /// Whether a new window may be launched now (stage 0 free, fewer than
+    /// `pipeline_windows` in flight).
+    pub(super) fn can_launch(&self) -> bool {
+        self.proto.can_launch()
+    }
+
+    /// Whether window `w` may enter stage `s` now.
+    pub(super) fn can_enter(&self, w: WindowId, s: usize) -> bool {
+        self.proto.can_enter(w, s)
+    }
+
+    /// After a failed step (its work may be half queued): every window is forgotten; their
+    /// fences complete at the stages' next gaps, after the next window's work on the same
+    /// streams.
+    pub(super) fn abandon(&mut self) {
+        self.proto.abandon();
+        self.bounds.iter_mut().for_each(|b| b.timed = false);
+    }
+
+    /// A new window onto stage 0; its ticket is the fence of its part there. Stage 0's
+    /// stream first waits until the previous window's hop out of it has run (`taken`).
+    pub(super) fn launch(&mut self, first: &Launcher) -> Result<(WindowId, GapTicket)> {
+        let (w, ticket) = self.proto.launch()?;
+        if let Some(b) = self.bounds.first() {
+            first.stream.wait(&b.taken)?;
+        }
+        self.max_in_flight = self.max_in_flight.max(self.proto.windows_in_flight());
+        self.lap();
+        Ok((w, ticket))
+    }
+
+    /// Window `w` leaves stage `s` (not the last; its layers queued on `src`): the hop's
     /// send is queued, the host waits for `ready`, and stage `s` is at a gap.
-    pub(super) fn leave_stage(&mut self, s: usize, src: &Launcher, rows: usize) -> Result<()> {
-        let w = self.window()?;
+    pub(super) fn leave_stage(
+        &mut self,
+        w: WindowId,
+        s: usize,
+        src: &Launcher,
+        rows: usize,
+    ) -> Result<()> {
         let b = &mut self.bounds[s];
         b.hop.send(src, rows)?;
         b.ready.record(&src.stream)?;
@@ -189,17 +208,17 @@ impl Pipeline {
         Ok(())
     }
 
-    /// The window enters stage `s` > 0: the hop from `src` (stage s - 1) into `dst` is queued
-    /// on `dst`'s stream after the previous stage's `ready`. Returns the fence of its part
-    /// on `s`.
+    /// Window `w` enters stage `s` > 0: the hop from `src` (stage s - 1) into `dst` is
+    /// queued on `dst`'s stream after the previous stage's `ready`, then `taken`. Returns the
+    /// fence of its part on `s`.
     pub(super) fn enter_stage(
         &mut self,
+        w: WindowId,
         s: usize,
         src: &Launcher,
         dst: &Launcher,
         rows: usize,
     ) -> Result<GapTicket> {
-        let w = self.window()?;
         let ticket = self.proto.enter(w, s)?;
         self.stats[s].wait_ns += self.lap();
         let b = &mut self.bounds[s - 1];
@@ -207,20 +226,18 @@ impl Pipeline {
         b.t0.record(&dst.stream)?;
         b.hop.recv(src, dst, rows)?;
         b.t1.record(&dst.stream)?;
+        b.taken.record(&dst.stream)?;
         b.timed = true;
         Ok(ticket)
     }
 
-    /// The verdict (the last stage's logits were read: its work is complete): the window
-    /// leaves the last stage, is finished, and that stage is at a gap. The hops' device times
-    /// are read (their events are complete).
-    pub(super) fn verdict(&mut self) -> Result<()> {
-        let w = self.window()?;
+    /// Window `w`'s verdict (the last stage's logits were read: its work is complete): it
+    /// leaves the last stage, and that stage is at a gap. The hops' device times are read
+    /// (their events are complete). `finish` settles it.
+    pub(super) fn verdict(&mut self, w: WindowId) -> Result<()> {
         let s = self.n_stages() - 1;
         self.stats[s].compute_ns += self.lap();
         self.proto.leave(w, s)?;
-        self.proto.finish(w, true)?;
-        self.window = None;
         self.proto.gap(s)?;
         for (i, b) in self.bounds.iter_mut().enumerate() {
             if std::mem::take(&mut b.timed) {
@@ -228,6 +245,12 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+
+    /// Window `w` (past its verdict) is settled: accepted, or rejected, which discards every
+    /// later window (one between stages is gone at once).
+    pub(super) fn finish(&mut self, w: WindowId, accepted: bool) -> Result<()> {
+        self.proto.finish(w, accepted)
     }
 
     /// Per stage: device, windows entered, gaps, whether a window is on it, the times and

@@ -3,19 +3,19 @@
 //! Every heavy call releases the GIL; a model is used by one thread at a time (calls
 //! serialize on its lock).
 
+use super::batch_args::{self, parse_logits, RawEntry};
 use super::cuda::shared_gpu;
 use super::open_args::{config_default, make_compute};
 use super::tier::{prefetch_dict, ExpertTier, Profile, RoutingCounters};
 use super::vram::HybridCounters;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
-use crate::model::batch::{batch_logits_len, logits_len};
+use crate::model::batch::batch_logits_len;
 use crate::model::{Entry, HParams, KvType, Logits, Model, ModelConfig};
 use crate::quant::dot;
 use crate::tier::vram::AdaptConfig;
 use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
@@ -121,6 +121,16 @@ impl Backend {
         }
     }
 
+    /// The GPU model, or a `Config` error naming `what` (a GPU path's call).
+    fn gpu(&mut self, what: &str) -> Result<&mut GpuModel> {
+        match self {
+            Backend::Gpu { m } => Ok(m),
+            Backend::Cpu(_) => Err(Error::Config(format!(
+                "{what}: device=\"cpu\" has no pipelined windows"
+            ))),
+        }
+    }
+
     /// The routing counters; an error where this path does not count (`NOT_COUNTED`).
     fn routing(&self, decayed: bool) -> Result<Arc<Counters>> {
         match self {
@@ -141,19 +151,6 @@ macro_rules! or_default {
             None => config_default($py, stringify!($v))?,
         }; )+
     };
-}
-
-/// "last" | "all" | "window" | "none" → `Logits`.
-fn parse_logits(logits: &str) -> PyResult<Logits> {
-    match logits {
-        "last" => Ok(Logits::Last),
-        "all" => Ok(Logits::All),
-        "window" => Ok(Logits::Window),
-        "none" => Ok(Logits::None),
-        other => Err(PyValueError::new_err(format!(
-            "logits must be \"last\", \"all\", \"window\" or \"none\", not {other:?}"
-        ))),
-    }
 }
 
 #[pyclass(frozen, name = "Model")]
@@ -224,7 +221,7 @@ impl PyModel {
     #[pyo3(signature = (path, n_ctx=None, n_slots=1, kv_type=None, prefill_chunk=None,
                         threads=None, host_participates=None, pool_pipeline=None, device=None,
                         cuda_graph=true, vram_budget_mib=None, vram_reserve_mib=None,
-                        vram_slots=-1, adapt_every=None, adapt_swaps=None, tier_async=None,
+                        vram_slots=None, adapt_every=None, adapt_swaps=None, tier_async=None,
                         profile=None, stream_min_tokens=None, stream_chunk=None,
                         stream_threads=None, cpu_repack=None, pcie_frac=None, isa=None,
                         gpus=None, layer_split=None, pipeline_windows=None, split_hop="auto",
@@ -243,7 +240,7 @@ impl PyModel {
         cuda_graph: bool,
         vram_budget_mib: Option<i64>,
         vram_reserve_mib: Option<u64>,
-        vram_slots: i64,
+        vram_slots: Option<i64>,
         adapt_every: Option<u32>,
         adapt_swaps: Option<u32>,
         tier_async: Option<bool>,
@@ -271,6 +268,7 @@ impl PyModel {
             device,
             vram_budget_mib,
             vram_reserve_mib,
+            vram_slots,
             adapt_every,
             adapt_swaps,
             tier_async,
@@ -477,45 +475,58 @@ impl PyModel {
     fn forward_batch<'py>(
         &self,
         py: Python<'py>,
-        entries: Vec<(usize, Vec<u32>, String)>,
+        entries: Vec<RawEntry>,
     ) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
-        let wants = entries
-            .iter()
-            .map(|(_, _, l)| parse_logits(l))
-            .collect::<PyResult<Vec<_>>>()?;
+        let wants = batch_args::wants(&entries)?;
         let (out, vocab) = py.detach(|| -> crate::Result<(Vec<f32>, usize)> {
-            let batch: Vec<Entry<'_>> = entries
-                .iter()
-                .zip(&wants)
-                .map(|((slot, toks, _), &want)| Entry {
-                    slot: *slot,
-                    tokens: toks,
-                    want,
-                })
-                .collect();
+            let batch = batch_args::entries(&entries, &wants);
             let mut m = self.lock();
             let vocab = m.hp().n_vocab;
             let mut out = vec![0f32; batch_logits_len(&batch, vocab)];
             m.forward_batch(&batch, &mut out)?;
             Ok((out, vocab))
         })?;
-        let mut res = Vec::with_capacity(entries.len());
-        let mut off = 0;
-        for ((_, toks, _), &want) in entries.iter().zip(&wants) {
-            let n = logits_len(want, toks.len(), vocab);
-            let part = &out[off..off + n];
-            off += n;
-            res.push(match want {
-                Logits::None => None,
-                Logits::Last => Some(PyArray1::from_slice(py, part).into_any()),
-                Logits::All | Logits::Window => Some(
-                    PyArray1::from_slice(py, part)
-                        .reshape([toks.len(), vocab])?
-                        .into_any(),
-                ),
-            });
-        }
-        Ok(res)
+        let shapes = entries.iter().zip(&wants).map(|(e, &w)| (w, e.1.len()));
+        batch_args::results(py, shapes, &out, vocab)
+    }
+
+    /// Pipelined windows (`pipeline_windows` 2, device="cuda"; docs/PROTOCOL.md): launches
+    /// `entries` (as `forward_batch`'s, one step) as a window and returns once its first
+    /// stage's work is done; `finish_batch` returns the oldest window's logits as
+    /// `forward_batch` would, and `settle(accepted)` tells whether the window launched after
+    /// it may go on (a rejection discards it and puts its slots back).
+    fn launch_batch(&self, py: Python<'_>, entries: Vec<RawEntry>) -> PyResult<()> {
+        let wants = batch_args::wants(&entries)?;
+        self.with(py, |m| {
+            m.gpu("launch_batch")?
+                .launch_batch(&batch_args::entries(&entries, &wants))
+        })?;
+        Ok(())
+    }
+
+    /// The oldest pipelined window's logits (see `launch_batch`).
+    fn finish_batch<'py>(&self, py: Python<'py>) -> PyResult<Vec<Option<Bound<'py, PyAny>>>> {
+        let (out, shapes, vocab) = self.with(py, |m| -> crate::Result<_> {
+            let m = m.gpu("finish_batch")?;
+            let mut out = Vec::new();
+            let shapes = m.finish_batch(&mut out)?;
+            Ok((out, shapes, m.hp.n_vocab))
+        })?;
+        batch_args::results(py, shapes.into_iter(), &out, vocab)
+    }
+
+    /// Settles the oldest pipelined window's verdict (see `launch_batch`).
+    fn settle(&self, py: Python<'_>, accepted: bool) -> PyResult<()> {
+        Ok(self.with(py, |m| m.gpu("settle")?.settle(accepted))?)
+    }
+
+    /// Windows at most in flight (1 unless `pipeline_windows` 2 on the GPU path).
+    #[getter]
+    fn pipeline_windows(&self, py: Python<'_>) -> usize {
+        self.with(py, |m| match m {
+            Backend::Gpu { m } => m.pipeline_windows(),
+            Backend::Cpu(_) => 1,
+        })
     }
 
     /// The slot's first `n` positions (every layer's keys and values, in the KV type) as

@@ -1,0 +1,160 @@
+"""Pipelined windows (issue #21): greedy decode through the engine's scheduler with n-gram
+speculation on one GPU as two stages, `pipeline_windows` 1 vs 2, the adaptive tier's choice
+sync vs async (`tier_async`), in the hybrid mode (the CPU pool serving the misses: 25% of the
+experts in slots by default) and on the pure GPU path. Requests run one after another
+(one sequence decoding: speculation's case); each configuration runs REPS times, the median
+of its decode tok/s is reported, and its greedy output is compared with the first
+configuration's. Prints a table last.
+
+    python bench/bench_pipeline.py MODEL.gguf [--prompt code|phrase] [--tokens 128] \
+        [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3]
+
+`--prompt code` (the trained default's case): a source file in the model's own vocabulary
+that the request continues (the n-gram drafter finds what follows); `phrase`: a random
+phrase repeated (any vocabulary, for the random-weight test models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from strata.config import Config
+from strata.engine.backend import LLMBackend
+from strata.engine.protocol import Submit, Tokens
+from strata.engine.scheduler import Scheduler
+from strata.sampling import SamplingParams
+from strata.spec import make_speculator
+
+SOURCE = '''def area(width, height):
+    """Area of a rectangle."""
+    return width * height
+
+
+def perimeter(width, height):
+    """Perimeter of a rectangle."""
+    return 2 * (width + height)
+
+
+def volume(width, height, depth):
+    """Volume of a box."""
+    return width * height * depth
+
+
+def area(width, height):
+'''
+
+
+def prompts(be: LLMBackend, kind: str, n: int) -> list[list[int]]:
+    if kind == "code":
+        tok = be.vocabulary()
+        base = tok.encode(SOURCE)
+        return [base + tok.encode(f"    # variant {i}\n") for i in range(n)]
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        phrase = [int(t) for t in rng.integers(0, be.n_vocab, 6)]
+        out.append(phrase * 8 + [int(t) for t in rng.integers(0, be.n_vocab, 2 + i)])
+    return out
+
+
+def run(cfg: Config, ps: list[list[int]], tokens: int) -> tuple[float, list[list[int]], dict]:
+    be = LLMBackend(cfg)
+    spec = make_speculator(cfg, be)
+    sched = Scheduler(
+        be, cfg.prefill_chunk, 1, max_batch_tokens=cfg.max_batch_tokens, speculator=spec
+    )
+    greedy = SamplingParams(temperature=0)
+    outs: list[list[int]] = []
+    dec_s = 0.0
+    n_tok = 0
+    for rid, p in enumerate([ps[0], *ps]):  # the first request warms up (graphs, cost model)
+        sched.add(Submit(rid, p, greedy, tokens, []))
+        ids: list[int] = []
+        t_first = None
+        while sched.has_work():
+            for e in sched.step():
+                if isinstance(e, Tokens):
+                    if t_first is None and e.ids:
+                        t_first = time.perf_counter()
+                    ids += e.ids
+        if rid > 0:
+            assert t_first is not None
+            dec_s += time.perf_counter() - t_first
+            n_tok += len(ids) - 1
+            outs.append(ids)
+    info = {
+        "offered": spec.offered if spec else 0,
+        "accepted": spec.accepted if spec else 0,
+        "windows": sched.pipe_windows,
+        "held": sched.pipe_held,
+    }
+    return n_tok / dec_s, outs, info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--prompt", choices=("code", "phrase"), default="phrase")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--slots-frac", type=float, default=0.25)
+    ap.add_argument("--threads", type=int, default=3)
+    ap.add_argument("--adapt-every", type=int, default=0, help="0: the Config default")
+    a = ap.parse_args()
+    base: dict[str, Any] = dict(
+        model=str(a.model), device="cuda", n_ctx=1024, parallel=1, threads=a.threads,
+        gpus="0,0", pcie_frac=0.0, spec="ngram",
+    )  # fmt: skip
+    probe = LLMBackend(Config(**dict(base, spec="off", gpus="0")))
+    hp = probe.llm.hparams
+    n_exp = int(hp["n_layer"]) * int(hp["n_expert"])
+    ps = prompts(probe, a.prompt, a.requests)
+    del probe
+    hy: dict[str, Any] = dict(vram_slots=max(1, int(n_exp * a.slots_frac)))
+    if a.adapt_every:
+        hy["adapt_every"] = a.adapt_every
+    configs: list[tuple[str, dict[str, Any]]] = [
+        ("pure, no spec", dict(spec="off")),
+        ("pure, pw1", dict(pipeline_windows=1)),
+        ("pure, pw2", dict(pipeline_windows=2)),
+        ("hybrid sync, no spec", dict(hy, spec="off")),
+        ("hybrid sync, pw1", dict(hy, pipeline_windows=1)),
+        ("hybrid async, pw1", dict(hy, pipeline_windows=1, tier_async=True)),
+        ("hybrid sync, pw2", dict(hy, pipeline_windows=2)),
+        ("hybrid async, pw2", dict(hy, pipeline_windows=2, tier_async=True)),
+    ]
+    rows = []
+    ref: dict[str, list[list[int]]] = {}
+    for name, kw in configs:
+        cfg = Config(**{**base, **kw})
+        speeds, info, outs = [], {}, []
+        for _ in range(a.reps):
+            s, outs, info = run(cfg, ps, a.tokens)
+            speeds.append(s)
+        kind = name.split(",")[0]
+        same = ref.setdefault(kind, outs) == outs
+        med = statistics.median(speeds)
+        rows.append((name, med, min(speeds), max(speeds), info, same))
+        print(f"{name:24s} {med:8.1f} tok/s  {info}  same-greedy={same}", flush=True)
+    print(
+        f"\n{a.model.name}, prompt {a.prompt}, {a.requests} requests x {a.tokens} tokens, "
+        f"reps {a.reps}, slots {hy['vram_slots']} of {n_exp}"
+    )
+    print(
+        f"{'config':24s} {'tok/s':>8s} {'min':>8s} {'max':>8s} {'acc/off':>10s} "
+        f"{'held/win':>10s} same"
+    )
+    for name, med, lo, hi, info, same in rows:
+        acc = f"{info['accepted']}/{info['offered']}"
+        held = f"{info['held']}/{info['windows']}"
+        print(f"{name:24s} {med:8.1f} {lo:8.1f} {hi:8.1f} {acc:>10s} {held:>10s} {same}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Pipelined windows in the scheduler (`pipeline_windows` 2; docs/PROTOCOL.md): window K+1 is
+drafted on the guess that K is accepted whole and launched before K's verdict; it goes on
+when the guess held and is discarded otherwise. Here over the fake engine's emulation of the
+GPU path's launch / finish / settle calls (the device suite runs the real ones:
+tests/test_gpu_pipeline.py); greedy output must equal the serial loop's, also when guesses are
+forced wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from strata import toytok
+from strata.engine.backend import FakeBackend
+from strata.engine.protocol import Submit, Tokens
+from strata.engine.scheduler import Scheduler
+from strata.sampling import SamplingParams
+from strata.spec import Speculator
+from strata.spec.drafters import NgramDrafter
+from test_spec import GREEDY, outputs, run
+
+EOG = sorted(toytok.EOG_IDS)
+
+
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(1)
+    text = b"abc abd abc abe " * 3
+    return [list(text) + [int(t) for t in rng.integers(97, 123, n)] for n in (3, 9, 20, 40)]
+
+
+def sched_for(pipeline: int, spec: bool, force_miss: int = 0) -> tuple[Scheduler, FakeBackend]:
+    be = FakeBackend(n_ctx=512, max_slots=4, pipeline_windows=pipeline)
+    sp = Speculator(NgramDrafter(), 1, 6, adaptive=False) if spec else None
+    sched = Scheduler(
+        be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp,
+        force_miss=force_miss,
+    )  # fmt: skip
+    return sched, be
+
+
+def fake_run(
+    pipeline: int, spec: bool, ps: list[list[int]], max_tokens: int, force_miss: int = 0
+) -> tuple[list[tuple[list[int], str | None]], Scheduler]:
+    sched, _ = sched_for(pipeline, spec, force_miss)
+    for rid, p in enumerate(ps):
+        sched.add(Submit(rid, p, GREEDY, max_tokens, EOG))
+    return outputs(run(sched), len(ps)), sched
+
+
+@pytest.mark.parametrize("force_miss", [0, 2, 3])
+def test_pipelined_greedy_equals_the_serial_loop(force_miss: int) -> None:
+    ps = prompts()
+    for max_tokens in (1, 5, 100):
+        want, _ = fake_run(1, False, ps, max_tokens)
+        got, sched = fake_run(2, True, ps, max_tokens, force_miss)
+        assert got == want, (max_tokens, force_miss)
+        if max_tokens == 100:
+            assert sched.pipelined and sched.pipe_windows > 0
+            assert sched.pipe_held > 0  # guesses held: windows ran back to back
+            if force_miss:
+                assert sched.pipe_held < sched.pipe_windows  # and the wrong ones were dropped
+            stats = {s.name: s.value for s in sched.stats()}
+            assert stats["pipeline_windows_total"] == sched.pipe_windows
+
+
+def test_one_sequence_runs_windows_back_to_back() -> None:
+    ps = prompts()[:1]
+    want, _ = fake_run(1, False, ps, 60)
+    got, sched = fake_run(2, True, ps, 60, force_miss=2)
+    assert got == want
+    assert sched.pipe_held > 0 and sched.pipe_held < sched.pipe_windows
+
+
+def test_sampled_requests_and_an_abort_in_flight() -> None:
+    """Sampling (no equality: the draws differ from the serial loop's) and a request aborted
+    while its window is in flight: every other request ends normally, nothing is left in
+    flight."""
+    sched, be = sched_for(2, True, force_miss=3)
+    ps = prompts()
+    params = SamplingParams(temperature=0.8, seed=7)
+    for rid, p in enumerate(ps):
+        sched.add(Submit(rid, p, params, 80, EOG))
+    events: list[Tokens] = []
+    aborted = -1
+    for _ in range(5000):
+        if not sched.has_work():
+            break
+        events += [e for e in sched.step() if isinstance(e, Tokens)]
+        w = sched._inflight
+        if aborted < 0 and w is not None and sched.steps > 10:
+            aborted = w.seqs[0].req.rid  # its window is in flight
+            events += [e for e in sched.abort(aborted) if isinstance(e, Tokens)]
+    assert aborted >= 0 and not sched.has_work() and not be._flights
+    ends = {e.rid: e.finish for e in events if e.finish}
+    assert ends[aborted] == "abort"
+    assert all(ends[r] in ("stop", "length") for r in range(4) if r != aborted), ends
+
+
+def test_a_slot_in_flight_cannot_be_cut() -> None:
+    be = FakeBackend(n_ctx=64, max_slots=2, pipeline_windows=2)
+    be.forward_batch([(0, [1, 2, 3], "last")])
+    be.launch_batch([(0, [4], "last")])
+    with pytest.raises(ValueError, match="in flight"):
+        be.truncate(0, 1)
+    be.launch_batch([(0, [5, 6], "window")])
+    with pytest.raises(ValueError, match="windows in flight"):
+        be.launch_batch([(1, [7], "last")])
+    assert be.finish_batch() is not None
+    be.settle(False)  # the second window is discarded: slot 0 as the first left it
+    assert be._tokens[0] == [1, 2, 3, 4] and not be._flights
+    be.truncate(0, 1)

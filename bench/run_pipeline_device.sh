@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Pipelined windows (issue 21, `pipeline_windows` 2) on the GPU machine in one call:
+#   1. pytest -m gpu: TESTS (default tests/test_gpu_pipeline.py tests/test_gpu_split.py)
+#   2. bench/bench_pipeline.py on the trained default (python/strata/models, its code prompt)
+#      and on the Q4_K_M test model (a repeated phrase): pipeline_windows 1 vs 2, tier sync vs
+#      async, pure and hybrid (25% of the experts in slots, the CPU pool serving the misses)
+# Run from the repository root with, in $B (the carried folder, default .dev/pipe):
+# site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
+# stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
+# uvicorn), gpu-models/ (the Q4_K_M and Q8_0 test models). Results under $OUT.
+# Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8).
+#   device tool: command "bash bench/run_pipeline_device.sh", carry [".dev/pipe"]
+set -u
+R=$PWD
+B=${B:-$R/.dev/pipe}
+OUT=${OUT:-/tmp/pipe-out}
+mkdir -p "$OUT" /tmp/site
+t0=$(date +%s)
+if [ ! -f /tmp/site/.done ]; then
+    tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site "$B"/whl/*.whl || exit 2
+    touch /tmp/site/.done
+fi
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export STRATA_GPU_MODELS=$B/gpu-models
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
+TESTS=${TESTS:-"$R/tests/test_gpu_pipeline.py $R/tests/test_gpu_split.py"}
+if [ "$TESTS" != none ]; then
+    # shellcheck disable=SC2086
+    timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -v -rs -p no:cacheprovider $TESTS \
+        >"$OUT/pytest.log" 2>&1
+    echo "pytest rc=$? after $(($(date +%s) - t0)) s" | tee -a "$OUT/pytest.log"
+    grep -E "PASSED|FAILED|ERROR|passed|failed" "$OUT/pytest.log" | tail -n 40
+    grep -E "^E " "$OUT/pytest.log" | head -n 30
+fi
+[ "${BENCH:-1}" = 1 ] || exit 0
+TH=${THREADS:-8}
+for spec in "$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf code" \
+    "$(ls "$B"/gpu-models/*-Q4_K_M.gguf) phrase"; do
+    set -- $spec
+    timeout 240 python3 "$R/bench/bench_pipeline.py" "$1" --prompt "$2" --threads "$TH" \
+        --reps "${REPS:-3}" --tokens "${TOKENS:-128}" 2>&1 | tee "$OUT/bench-$2.log" | tail -n 11
+done
+echo "total $(($(date +%s) - t0)) s"

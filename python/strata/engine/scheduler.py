@@ -34,7 +34,7 @@ from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
 from strata.spec.control import SeqSpec
-from strata.spec.drafters import Draft, DraftRequest
+from strata.spec.drafters import Draft
 from strata.spec.speculator import Candidate, Speculator
 
 Event = Progress | Tokens
@@ -449,19 +449,11 @@ class Scheduler:
             room = min(s.req.max_tokens - gen, n_ctx - (len(s.req.prompt) + gen))
             if room < 1:
                 return None
-            out = [*s.out, *d.tokens]
-            cands.append(Candidate(s.slot, s.req.prompt, out, room, s.sampler, s.spec, s.draft_rng))
-        plans = self.spec.plan(cands, len(cands))
-        # the adaptive window may draft nothing (a k-token verify would not pay); the guess
-        # still needs its one token, which costs nothing to verify (it is the next step)
-        short = [i for i, p in enumerate(plans) if not p.tokens]
-        if short:
-            reqs = [
-                DraftRequest(c.slot, c.history, 1, c.sampler.params, c.rng)
-                for c in (cands[i] for i in short)
-            ]
-            for i, d in zip(short, self.spec.drafter.propose_many(reqs), strict=True):
-                plans[i] = d
+            out = [*s.out, *d.tokens]  # the guess, then room - 1 drafts at most
+            cands.append(
+                Candidate(s.slot, s.req.prompt, out, room - 1, s.sampler, s.spec, s.draft_rng)
+            )
+        plans = self.spec.plan(cands, len(cands), extra=1)
         entries: list[Entry] = []
         drafts: list[Draft] = []
         guesses: list[int] = []

@@ -78,9 +78,11 @@ class Speculator:
             return 0.0
         return statistics.median(self._per_token) / t
 
-    def plan(self, cands: Sequence[Candidate], base: int) -> list[Draft]:
+    def plan(self, cands: Sequence[Candidate], base: int, extra: int = 0) -> list[Draft]:
         """The draft of each candidate (empty: a plain one-token decode); `base` is the number
-        of tokens the step runs without any drafts."""
+        of tokens the step runs without any drafts. `extra` tokens are drafted before each
+        window (a pipelined window's guess of the token its predecessor emits), also where
+        the window has no drafts."""
         dc = self._draft_cost(base)
         reqs: list[DraftRequest] = []
         where: list[int] = []
@@ -93,8 +95,8 @@ class Speculator:
             else:
                 k = max(k_max, 0)
             self.k_by_slot[c.slot] = k
-            if k > 0:
-                reqs.append(DraftRequest(c.slot, c.history, k, c.sampler.params, c.rng))
+            if k + extra > 0:
+                reqs.append(DraftRequest(c.slot, c.history, k + extra, c.sampler.params, c.rng))
                 where.append(i)
         if self.adaptive and cands and all(c.state.hopeless for c in cands):
             self.drafter.pause(True)

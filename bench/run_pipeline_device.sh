@@ -16,8 +16,8 @@ B=${B:-$R/.dev/pipe}
 OUT=${OUT:-/tmp/pipe-out}
 mkdir -p "$OUT" /tmp/site
 t0=$(date +%s)
+tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2 # every call: the carried package wins
 if [ ! -f /tmp/site/.done ]; then
-    tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site "$B"/whl/*.whl || exit 2
     touch /tmp/site/.done

@@ -60,6 +60,14 @@ pub(super) fn rec_pieces(out: &mut Vec<RecPiece>, entries: &[Entry<'_>], pieces:
     }));
 }
 
+/// The pieces' rows (`segs`) and (slot, rows) pairs (`slots`).
+pub(super) fn piece_rows(pieces: &[Piece], segs: &mut Vec<Seg>, slots: &mut Vec<(usize, usize)>) {
+    segs.clear();
+    segs.extend(pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
+    slots.clear();
+    slots.extend(pieces.iter().map(|p| (p.slot, p.t)));
+}
+
 /// S for a step of S one-token pieces (its decode graphs), else None.
 pub(super) fn decode_of(pieces: &[Piece]) -> Option<usize> {
     let t: usize = pieces.iter().map(|p| p.t).sum();
@@ -145,12 +153,7 @@ impl GpuModel {
         let lens = &self.lens;
         ss.plan.begin(entries, |slot| Ok(lens[slot]), vocab)?;
         while ss.plan.next_step(entries, cap, vocab) {
-            ss.segs.clear();
-            ss.segs
-                .extend(ss.plan.pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
-            ss.slots.clear();
-            ss.slots
-                .extend(ss.plan.pieces.iter().map(|p| (p.slot, p.t)));
+            piece_rows(&ss.plan.pieces, &mut ss.segs, &mut ss.slots);
             self.step(entries, ss, out)?;
             for p in &ss.plan.pieces {
                 ss.plan.done[p.entry] += p.t;

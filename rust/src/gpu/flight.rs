@@ -20,7 +20,7 @@
 //! buffers' rows, and logit rows that fit one head block. With one window in flight at most
 //! (`pipeline_windows` 1) the same calls run the step in order (launch, verdict).
 
-use super::batch::{decode_of, rec_pieces, stage_part, write_params, StepIo};
+use super::batch::{decode_of, piece_rows, rec_pieces, stage_part, write_params, StepIo};
 use super::batch_scratch::RecPiece;
 use super::launch::{params_len, Seg, LOGIT_ROWS};
 use super::model::GpuModel;
@@ -133,12 +133,7 @@ impl GpuModel {
                 LOGIT_ROWS.min(cap)
             )));
         }
-        fl.segs.clear();
-        fl.segs
-            .extend(fl.plan.pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
-        fl.slots.clear();
-        fl.slots
-            .extend(fl.plan.pieces.iter().map(|p| (p.slot, p.t)));
+        piece_rows(&fl.plan.pieces, &mut fl.segs, &mut fl.slots);
         rec_pieces(&mut fl.rec, entries, &fl.plan.pieces);
         fl.wants.clear();
         fl.wants

@@ -60,6 +60,7 @@ def test_pipelined_greedy_equals_the_serial_loop(force_miss: int) -> None:
                 assert sched.pipe_held < sched.pipe_windows  # and the wrong ones were dropped
             stats = {s.name: s.value for s in sched.stats()}
             assert stats["pipeline_windows_total"] == sched.pipe_windows
+            assert sched.info()["pipeline"]["guesses_held"] == sched.pipe_held
 
 
 def test_one_sequence_runs_windows_back_to_back() -> None:

@@ -187,8 +187,13 @@ class Scheduler:
         return out
 
     def info(self) -> dict[str, Any]:
-        """For /v1/status: the speculation state (None when off)."""
-        return {"spec": self.spec.info() if self.spec is not None else None}
+        """For /v1/status: the speculation state and the pipelined windows' counts (None when
+        off)."""
+        pipe = {"windows": self.pipe_windows, "guesses_held": self.pipe_held}
+        return {
+            "spec": self.spec.info() if self.spec is not None else None,
+            "pipeline": pipe if self.pipelined else None,
+        }
 
     # -- ending and reporting ------------------------------------------------------------------
 

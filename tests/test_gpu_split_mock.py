@@ -43,10 +43,14 @@ for kw in ({}, dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2),
             assert s["device"] == 0 and s["windows"] == s["gaps"] == steps, st
             assert not s["busy"] and s["windows_in_flight"] == 0, st
         assert st[0]["copying_s"] == 0 and all(s["copying_s"] > 0 for s in st[1:]), st
+        # x f32 [T, H] hops into each later stage: 39 prefill rows and five decode rows
+        hop = 4 * (39 + 5) * m.hparams["n_embd"]
+        assert st[0]["hop_bytes"] == 0 and all(s["hop_bytes"] == hop for s in st[1:]), st
         info = m.hybrid_info()
         if kw:
             assert info is not None and info["n_slots"] == sum(s["n_slots"] for s in st)
             assert info["n_slots"] == 6 and info["stages"] == st
+            assert all(s["swap_bytes"] == s["swaps"] * info["slot_bytes"] for s in st), st
         else:
             assert info is None
         assert m.cuda_graph_state.startswith("captured"), m.cuda_graph_state

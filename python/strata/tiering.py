@@ -161,8 +161,9 @@ def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
     by `stage` and `device`: `stage_compute_seconds_total` (host-seen time with a window on
     the stage), `stage_waiting_seconds_total` (a window waiting to enter it),
     `stage_copying_seconds_total` (device time of the activation hops into it),
-    `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM tier's) and the
-    gauge `stage_windows_in_flight`. Empty on the CPU path."""
+    `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM tier's), the bytes
+    moved onto its device (`stage_hop_bytes_total`: activations hopping in,
+    `stage_swap_bytes_total`: the tier's swaps) and the gauge `stage_windows_in_flight`. Empty on the CPU path."""
     out: list[LabeledStat] = []
     for i, s in enumerate(stages):
         lab = {"stage": str(i), "device": str(s["device"])}
@@ -173,6 +174,8 @@ def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
             ("stage_windows_total", "windows"),
             ("stage_gaps_total", "gaps"),
             ("stage_swaps_total", "swaps"),
+            ("stage_hop_bytes_total", "hop_bytes"),
+            ("stage_swap_bytes_total", "swap_bytes"),
             ("stage_windows_in_flight", "windows_in_flight"),
         ):
             out.append((name, lab, float(s[key])))

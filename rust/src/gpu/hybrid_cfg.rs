@@ -106,6 +106,10 @@ pub struct StageInfo {
     pub resident: usize,
     /// Swaps its tier completed (hybrid).
     pub swaps: u64,
+    /// Bytes moved onto its device: the activation hops into it, and its tier's swaps (each
+    /// a copy of one slot's bytes).
+    pub hop_bytes: u64,
+    pub swap_bytes: u64,
 }
 
 /// What the stages' hybrid placements share: the CPU pool, the model's tensors in RAM, the

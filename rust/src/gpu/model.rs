@@ -198,6 +198,7 @@ impl GpuModel {
                 i.n_slots = h.plan.n_slots;
                 i.resident = h.resident;
                 i.swaps = h.swaps;
+                i.swap_bytes = h.swaps * h.plan.slot_bytes;
             }
         }
         out

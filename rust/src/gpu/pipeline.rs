@@ -93,6 +93,7 @@ struct StageStats {
     compute_ns: u64,
     wait_ns: u64,
     copy_ms: f64,
+    hop_bytes: u64,
 }
 
 pub(super) struct Pipeline {
@@ -225,6 +226,7 @@ impl Pipeline {
         dst.stream.wait(&b.ready)?;
         b.t0.record(&dst.stream)?;
         b.hop.recv(src, dst, rows)?;
+        self.stats[s].hop_bytes += x_bytes(src, rows) as u64;
         b.t1.record(&dst.stream)?;
         b.taken.record(&dst.stream)?;
         b.timed = true;
@@ -267,6 +269,7 @@ impl Pipeline {
                     compute_s: st.compute_ns as f64 * 1e-9,
                     waiting_s: st.wait_ns as f64 * 1e-9,
                     copying_s: st.copy_ms * 1e-3,
+                    hop_bytes: st.hop_bytes,
                     windows_in_flight: self.proto.windows_in_flight(),
                     max_windows_in_flight: self.max_in_flight,
                     ..StageInfo::default()

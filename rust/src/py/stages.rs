@@ -24,6 +24,8 @@ pub fn stage_list<'py>(
         sd.set_item("n_slots", s.n_slots)?;
         sd.set_item("resident", s.resident)?;
         sd.set_item("swaps", s.swaps)?;
+        sd.set_item("hop_bytes", s.hop_bytes)?;
+        sd.set_item("swap_bytes", s.swap_bytes)?;
         stages.append(sd)?;
     }
     Ok(stages)

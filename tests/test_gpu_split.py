@@ -42,7 +42,7 @@ SPLITS = ["auto", "1", "2"]  # auto cuts 3 equal layers at 2 (the nearest half)
 
 @pytest.fixture(scope="module")
 def files() -> dict[str, Path]:
-    return model_files()
+    return model_files(("Q4_K_M", "Q8_0"))
 
 
 def open_gpu(path: Path, chunk: int = 64, **kw: Any) -> Model:

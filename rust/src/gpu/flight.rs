@@ -21,48 +21,14 @@
 //! (`pipeline_windows` 1) the same calls run the step in order (launch, verdict).
 
 use super::batch::{decode_of, piece_rows, rec_pieces, stage_part, write_params, StepIo};
-use super::batch_scratch::RecPiece;
-use super::launch::{params_len, Seg, LOGIT_ROWS};
+use super::flight_state::Flight;
+use super::launch::{params_len, LOGIT_ROWS};
 use super::model::GpuModel;
+use crate::cuda::as_bytes_mut;
 use crate::cuda::ops::view::bytes;
-use crate::cuda::{as_bytes_mut, Event, PinnedBuf};
 use crate::error::{Error, Result};
 use crate::model::batch::{check_batch, Entry, Plan};
 use crate::model::Logits;
-use crate::tier::vram::WindowId;
-use std::collections::VecDeque;
-
-/// One window's plan and staging.
-pub(super) struct Flight {
-    window: WindowId,
-    plan: Plan,                  // one step: its pieces, the entries' starts and offsets
-    segs: Vec<Seg>,              // [S]
-    slots: Vec<(usize, usize)>,  // [S] (slot, rows)
-    rec: Vec<RecPiece>,          // [S]
-    wants: Vec<(Logits, usize)>, // [entries] logits wanted, tokens
-    t: usize,                    // R' rows
-    nb: usize,                   // bytes of `params` staged
-    decode: Option<usize>,
-    graph_ok: bool,
-    /// The next stage the window enters (n: every stage queued).
-    next_stage: usize,
-    /// The last stage's layers included the head (a one-piece decode graph).
-    head_done: bool,
-    hr: usize, // logit rows in `pin_logits`
-    pin_params: PinnedBuf,
-    pin_logits: PinnedBuf, // f32 [LOGIT_ROWS, V]
-    /// Recorded on the last stage's stream after the logits' copy.
-    ready: Event,
-}
-
-/// The windows in flight (oldest first) and the spare staging of finished ones.
-#[derive(Default)]
-pub(super) struct Flights {
-    active: VecDeque<Flight>,
-    spare: Vec<Flight>,
-    /// The oldest window's verdict has been taken and not yet settled.
-    verdict: bool,
-}
 
 impl GpuModel {
     /// Windows launched and not yet settled.

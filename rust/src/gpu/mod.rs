@@ -12,6 +12,7 @@ mod defer;
 mod experts;
 mod ffn;
 mod flight;
+mod flight_state;
 mod gdn;
 mod gdn_state;
 mod hybrid;

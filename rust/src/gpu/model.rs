@@ -6,7 +6,7 @@
 //! is `batch.rs`.
 
 use super::batch_scratch::BatchScratch;
-use super::flight::Flights;
+use super::flight_state::Flights;
 use super::gdn_state::GdnState;
 use super::hybrid_cfg::{HybridConfig, HybridInfo, StageInfo};
 use super::launch::{params_len, Launcher, LOGIT_ROWS};

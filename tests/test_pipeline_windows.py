@@ -109,3 +109,28 @@ def test_a_slot_in_flight_cannot_be_cut() -> None:
     be.settle(False)  # the second window is discarded: slot 0 as the first left it
     assert be._tokens[0] == [1, 2, 3, 4] and not be._flights
     be.truncate(0, 1)
+
+
+class WrongDrafter(NgramDrafter):
+    """Proposes the n-gram drafter's tokens shifted by one id: never what the model emits."""
+
+    def propose_many(self, reqs):  # type: ignore[no-untyped-def]
+        out = super().propose_many(reqs)
+        for d, r in zip(out, reqs, strict=True):
+            d.tokens = [(t + 1) % toytok.N_VOCAB for t in d.tokens] or [0]
+            del r
+        return out
+
+
+def test_guesses_stop_while_they_do_not_hold() -> None:
+    """A guess that fails costs its window's stage 0: with a drafter whose guesses never hold,
+    the scheduler guesses only to probe (every 16th window) once the held share falls."""
+    be = FakeBackend(n_ctx=512, max_slots=4, pipeline_windows=2)
+    sp = Speculator(WrongDrafter(), 1, 4, adaptive=False)
+    sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
+    ps = prompts()[:1]
+    want, _ = fake_run(1, False, ps, 200)
+    sched.add(Submit(0, ps[0], GREEDY, 200, EOG))
+    assert outputs(run(sched), 1) == want
+    assert sched.pipe_held == 0 and sched.pipe_windows > 40
+    assert 2 <= sched.guesses <= sched.pipe_windows // 8, (sched.guesses, sched.pipe_windows)

@@ -163,7 +163,8 @@ def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
     `stage_copying_seconds_total` (device time of the activation hops into it),
     `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM tier's), the bytes
     moved onto its device (`stage_hop_bytes_total`: activations hopping in,
-    `stage_swap_bytes_total`: the tier's swaps) and the gauge `stage_windows_in_flight`. Empty on the CPU path."""
+    `stage_swap_bytes_total`: the tier's swaps) and the gauge `stage_windows_in_flight`. Empty
+    on the CPU path."""
     out: list[LabeledStat] = []
     for i, s in enumerate(stages):
         lab = {"stage": str(i), "device": str(s["device"])}

@@ -66,6 +66,9 @@ class Seq:
 
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
+HELD_PRIOR = 0.5  # the share of held guesses before any is measured: guess
+HELD_DECAY = 0.9  # per guess: older ones weigh less
+GUESS_PROBE = 16  # windows between guesses while they do not pay
 
 
 @dataclass(slots=True)
@@ -112,6 +115,8 @@ class Scheduler:
         self.window_rows = min(prefill_chunk, WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
         self._last = 0.0  # when the last pipelined verdict was taken
+        self.held_rate = HELD_PRIOR  # decayed share of guesses that held
+        self._since_guess = 0  # pipelined windows since the last guess
         self.force_miss = force_miss  # TEST-ONLY: every n-th guess made wrong (0: none)
         self.guesses = 0
         self.pipe_windows = 0  # pipelined windows settled
@@ -437,6 +442,17 @@ class Scheduler:
             and sum(len(ids) for _, ids, _ in entries) <= self.window_rows
         )
 
+    def _guess_pays(self) -> bool:
+        """Whether to launch a window on a guess: a guess that fails costs the window's stage
+        0 work (on the hybrid path the CPU pool's share), one that holds saves it, so guess
+        while the measured share of held guesses is at least one half, and probe every
+        GUESS_PROBE windows otherwise (always with `force_miss`: the stress test's)."""
+        self._since_guess += 1
+        if self.force_miss or self.held_rate >= 0.5 or self._since_guess >= GUESS_PROBE:
+            self._since_guess = 0
+            return True
+        return False
+
     def _guess(self, k: _Window) -> _Window | None:
         """Window K+1, drafted before K's verdict on the guess that K is accepted whole: each
         sequence's history runs on through K's drafts, and the drafter's first token stands
@@ -482,7 +498,7 @@ class Scheduler:
         the sequence not ended), else it is discarded and the next step plans anew."""
         k = self._inflight
         assert k is not None
-        nxt = self._guess(k)
+        nxt = self._guess(k) if self._guess_pays() else None
         launched = False
         if nxt is not None:
             try:
@@ -530,5 +546,7 @@ class Scheduler:
             return events + self._fail(k.seqs, e)
         self.pipe_windows += 1
         self.pipe_held += held
+        if launched:
+            self.held_rate = HELD_DECAY * self.held_rate + (1.0 - HELD_DECAY) * held
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

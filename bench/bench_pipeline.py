@@ -10,7 +10,8 @@ configuration's. Prints a table last.
         [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3]
 
 `--prompt code` (the trained default's case): a source file in the model's own vocabulary
-that the request continues (the n-gram drafter finds what follows); `phrase`: a random
+that the request continues (the n-gram drafter finds what follows); `edit`: bench_spec.py's
+edit task (a 1K-token stdlib file, asked for again with one rename); `phrase`: a random
 phrase repeated (any vocabulary, for the random-weight test models).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,12 @@ def area(width, height):
 
 
 def prompts(be: LLMBackend, kind: str, n: int) -> list[list[int]]:
+    if kind == "edit":  # bench_spec.py's edit task: a 1K-token file, asked for again
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_spec import edit_prompt
+
+        tok = be.vocabulary()
+        return [tok.encode(edit_prompt(tok)[0]) for _ in range(n)]
     if kind == "code":
         tok = be.vocabulary()
         base = tok.encode(SOURCE)
@@ -99,7 +107,7 @@ def run(cfg: Config, ps: list[list[int]], tokens: int) -> tuple[float, list[list
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
-    ap.add_argument("--prompt", choices=("code", "phrase"), default="phrase")
+    ap.add_argument("--prompt", choices=("code", "phrase", "edit"), default="phrase")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
@@ -108,7 +116,7 @@ def main() -> None:
     ap.add_argument("--adapt-every", type=int, default=0, help="0: the Config default")
     a = ap.parse_args()
     base: dict[str, Any] = dict(
-        model=str(a.model), device="cuda", n_ctx=1024, parallel=1, threads=a.threads,
+        model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
         gpus="0,0", pcie_frac=0.0, spec="ngram",
     )  # fmt: skip
     probe = LLMBackend(Config(**dict(base, spec="off", gpus="0")))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pipelined windows (issue 21, `pipeline_windows` 2) on the GPU machine in one call:
 #   1. pytest -m gpu: TESTS (default tests/test_gpu_pipeline.py tests/test_gpu_split.py)
-#   2. bench/bench_pipeline.py on the trained default (python/strata/models, its code prompt)
-#      and on the Q4_K_M test model (a repeated phrase): pipeline_windows 1 vs 2, tier sync vs
+#   2. bench/bench_pipeline.py on the trained default (python/strata/models: the edit task and
+#      a code prompt) and on the Q4_K_M test model (a repeated phrase): pipeline_windows 1 vs
+#      2, tier sync vs
 #      async, pure and hybrid (25% of the experts in slots, the CPU pool serving the misses)
 # Run from the repository root with, in $B (the carried folder, default .dev/pipe):
 # site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
@@ -36,8 +37,8 @@ if [ "$TESTS" != none ]; then
 fi
 [ "${BENCH:-1}" = 1 ] || exit 0
 TH=${THREADS:-8}
-for spec in "$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf code" \
-    "$(ls "$B"/gpu-models/*-Q4_K_M.gguf) phrase"; do
+DEF=$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf
+for spec in ${RUNS:-"$DEF edit" "$DEF code" "$(ls "$B"/gpu-models/*-Q4_K_M.gguf) phrase"}; do
     set -- $spec
     timeout 240 python3 "$R/bench/bench_pipeline.py" "$1" --prompt "$2" --threads "$TH" \
         --reps "${REPS:-3}" --tokens "${TOKENS:-128}" 2>&1 | tee "$OUT/bench-$2.log" | tail -n 11

@@ -134,3 +134,22 @@ def test_guesses_stop_while_they_do_not_hold() -> None:
     assert outputs(run(sched), 1) == want
     assert sched.pipe_held == 0 and sched.pipe_windows > 40
     assert 2 <= sched.guesses <= sched.pipe_windows // 8, (sched.guesses, sched.pipe_windows)
+
+
+class Refusing(FakeBackend):
+    """Refuses every pipelined launch (as the GPU path refuses a window larger than a step)."""
+
+    def launch_batch(self, entries):  # type: ignore[no-untyped-def]
+        raise ValueError("a pipelined window is one step")
+
+
+def test_a_refused_window_runs_as_a_serial_step() -> None:
+    be = Refusing(n_ctx=512, max_slots=4, pipeline_windows=2)
+    sp = Speculator(NgramDrafter(), 1, 6, adaptive=False)
+    sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
+    ps = prompts()
+    for rid, p in enumerate(ps):
+        sched.add(Submit(rid, p, GREEDY, 40, EOG))
+    want, _ = fake_run(1, False, ps, 40)
+    assert outputs(run(sched), len(ps)) == want
+    assert sched.pipe_windows == 0

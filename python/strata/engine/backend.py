@@ -88,6 +88,7 @@ class FakeBackend:
         self.pipeline_windows = pipeline_windows
         self._flights: list[tuple[list[F32 | None], dict[int, int]]] = []
         self._verdict = False
+        self._launching = False
         self.n_ctx = n_ctx
         self.max_slots = max_slots
         self.seed = seed
@@ -152,6 +153,8 @@ class FakeBackend:
         del toks[n:]
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
+        if self._flights and not self._launching:
+            raise ValueError("forward_batch: a pipelined window is in flight")
         slots = [slot for slot, _, _ in entries]
         if len(set(slots)) != len(slots):
             raise ValueError("forward_batch: a slot appears twice")
@@ -187,7 +190,11 @@ class FakeBackend:
         if len(self._flights) >= self.pipeline_windows:
             raise ValueError(f"{len(self._flights)} windows in flight; finish one")
         starts = {slot: len(self._tokens.get(slot, ())) for slot, _, _ in entries}
-        out = self.forward_batch(entries)
+        self._launching = True
+        try:
+            out = self.forward_batch(entries)
+        finally:
+            self._launching = False
         self._flights.append((out, starts))
 
     def finish_batch(self) -> list[F32 | None]:
@@ -240,6 +247,8 @@ class FakeBackend:
         return toytok.Vocabulary()
 
     def free(self, slot: int) -> None:
+        if any(slot in starts for _, starts in self._flights):
+            raise ValueError(f"slot {slot} is in a pipelined window in flight")
         self._tokens.pop(slot, None)
         self._n_prompt.pop(slot, None)
         self._fault.pop(slot, None)
@@ -310,8 +319,10 @@ class LLMBackend:
         if self.stepwise and not self.recurrent and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
-        # pipelined windows (`pipeline_windows` 2): launch, verdict and settle apart
+        # pipelined windows (`pipeline_windows` 2): launch, verdict and settle apart; a window
+        # is one step of at most `prefill_chunk` rows
         self.pipeline_windows = int(getattr(self.llm, "pipeline_windows", 1))
+        self.step_rows = config.prefill_chunk
         if self.pipeline_windows > 1:
             self.launch_batch = self.llm.launch_batch
             self.finish_batch = self.llm.finish_batch

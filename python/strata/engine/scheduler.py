@@ -112,7 +112,8 @@ class Scheduler:
         self.steps = 0
         # pipelined windows: a backend with two in flight, and speculation to draft them
         self.pipelined = speculator is not None and getattr(backend, "pipeline_windows", 1) > 1
-        self.window_rows = min(prefill_chunk, WINDOW_ROWS)
+        # rows one step takes (the backend's prompt chunk; a hybrid's streamed chunk is longer)
+        self.window_rows = min(getattr(backend, "step_rows", prefill_chunk), WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
         self._last = 0.0  # when the last pipelined verdict was taken
         self.held_rate = HELD_PRIOR  # decayed share of guesses that held
@@ -340,14 +341,17 @@ class Scheduler:
         entries, seqs, drafts = self._pack()
         if not entries:
             return events
+        t0 = time.perf_counter()
         if self._can_pipeline(entries, seqs, drafts):
             try:
                 self.backend.launch_batch(entries)  # type: ignore[attr-defined]
-            except Exception as e:  # the backend refused: these requests fail, it goes on
-                return events + self._fail(seqs, e)
-            self._inflight = _Window(entries, seqs, drafts, [], time.perf_counter())
-            return self._pipelined(events)
-        t0 = time.perf_counter()
+                launched = True
+            except Exception as e:  # refused (nothing in flight then): the serial step runs it
+                log.warning("pipelined window refused, run as a step: %s", e)
+                launched = False
+            if launched:
+                self._inflight = _Window(entries, seqs, drafts, [], t0)
+                return self._pipelined(events)
         try:
             out = self.backend.forward_batch(entries)
         except Exception as e:  # the backend refused: these requests fail, the engine goes on
@@ -502,8 +506,8 @@ class Scheduler:
         launched = False
         if nxt is not None:
             try:
-                self.backend.launch_batch(nxt.entries)  # type: ignore[attr-defined]
                 nxt.t0 = time.perf_counter()
+                self.backend.launch_batch(nxt.entries)  # type: ignore[attr-defined]
                 launched = True
             except Exception as e:  # refused: K+1 is not run; K still finishes
                 log.warning("pipelined window refused: %s", e)

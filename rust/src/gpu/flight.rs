@@ -119,7 +119,7 @@ impl GpuModel {
         res.or_else(|e| self.fail(e))
     }
 
-    /// Stage 0's part of `fl`, then the later stages when stage 1 is free.
+    /// Stage 0's part of `fl`, then the later stages as far as they are free.
     fn launch_flight(&mut self, fl: &mut Flight) -> Result<()> {
         let (w, ticket) = self.pipe.launch(&self.st[0].x)?;
         fl.window = w;
@@ -128,24 +128,26 @@ impl GpuModel {
         let head_done = stage_part(st, pipe, ge, w, 0, Some(ticket), &io)?;
         fl.head_done = head_done;
         fl.next_stage = 1;
-        if self.st.len() == 1 || self.pipe.can_enter(w, 1) {
-            self.advance(fl)?;
-        }
-        Ok(())
+        self.advance(fl)
     }
 
-    /// `fl`'s remaining stages, then its logit rows normed back to back, the head over them
-    /// and their copy into `fl.pin_logits`, and `fl.ready`.
+    /// `fl`'s remaining stages as far as they are free, then (all entered) its logit rows
+    /// normed back to back, the head over them and their copy into `fl.pin_logits`, and
+    /// `fl.ready`.
     fn advance(&mut self, fl: &mut Flight) -> Result<()> {
         let n = self.st.len();
         let io = io_of(fl);
-        let mut head_done = fl.head_done;
-        for s in fl.next_stage..n {
+        let (mut head_done, mut next) = (fl.head_done, fl.next_stage);
+        while next < n && self.pipe.can_enter(fl.window, next) {
             let (st, pipe, ge) = (&mut self.st[..], &mut self.pipe, &mut self.graph_error);
-            head_done = stage_part(st, pipe, ge, fl.window, s, None, &io)?;
+            head_done = stage_part(st, pipe, ge, fl.window, next, None, &io)?;
+            next += 1;
         }
         fl.head_done = head_done;
-        fl.next_stage = n;
+        fl.next_stage = next;
+        if next < n {
+            return Ok(()); // a stage ahead still serves an earlier window: `settle` goes on
+        }
         let (x, vocab) = (&self.st[n - 1].x, self.hp.n_vocab);
         if !fl.head_done {
             let mut hr = 0;

@@ -14,8 +14,9 @@
 //! A window leaves stage s when the host has waited for `ready` (its last work there, the
 //! hop's send included), so stage s is at a gap while the next stage computes. With
 //! `pipeline_windows` = 2 the next window may then be launched onto stage 0 while this one is
-//! on a later stage (`flight.rs`); before its layers overwrite stage s's x, stage s's stream
-//! waits for `taken` (the previous window's hop out of it has run on the next stage's stream).
+//! on a later stage (`flight.rs`); before a window's hop into stage s (on stage 0: its
+//! layers) rewrites stage s's x, stage s's stream waits for `taken` (the previous window's
+//! hop out of it has run on the next stage's stream).
 //!
 //! Metrics per stage (`StageInfo`): host-seen time with a window on it (entered to left),
 //! time a window waited between the previous stage and this one, device time of the hops
@@ -222,6 +223,10 @@ impl Pipeline {
     ) -> Result<GapTicket> {
         let ticket = self.proto.enter(w, s)?;
         self.stats[s].wait_ns += self.lap();
+        if let Some(out) = self.bounds.get(s) {
+            // the hop rewrites stage s's x: after the previous window's hop out of it ran
+            dst.stream.wait(&out.taken)?;
+        }
         let b = &mut self.bounds[s - 1];
         dst.stream.wait(&b.ready)?;
         b.t0.record(&dst.stream)?;

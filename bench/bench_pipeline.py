@@ -7,7 +7,7 @@ of its decode tok/s is reported, and its greedy output is compared with the firs
 configuration's. Prints a table last.
 
     python bench/bench_pipeline.py MODEL.gguf [--prompt code|phrase] [--tokens 128] \
-        [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3]
+        [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3] [--gpus 0,0]
 
 `--prompt code` (the trained default's case): a source file in the model's own vocabulary
 that the request continues (the n-gram drafter finds what follows); `edit`: bench_spec.py's
@@ -114,10 +114,11 @@ def main() -> None:
     ap.add_argument("--slots-frac", type=float, default=0.25)
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--adapt-every", type=int, default=0, help="0: the Config default")
+    ap.add_argument("--gpus", default="0,0", help="the stages' devices (two cards: 0,1)")
     a = ap.parse_args()
     base: dict[str, Any] = dict(
         model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
-        gpus="0,0", pcie_frac=0.0, spec="ngram",
+        gpus=a.gpus, pcie_frac=0.0, spec="ngram",
     )  # fmt: skip
     probe = LLMBackend(Config(**dict(base, spec="off", gpus="0")))
     hp = probe.llm.hparams

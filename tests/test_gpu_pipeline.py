@@ -8,12 +8,13 @@ models of test_gpu_model.py (3 layers of 8 experts, top-2).
   step (`pipeline_windows=1`, two stages): pure GPU, and hybrid with the residency fixed
   (25% of the experts in slots: most pairs are CPU misses), sync and async tier. What a
   discarded window wrote past the slot's end is never read.
-- Engine level (the seed's stress): the scheduler drafts every window (n-gram, k = 4, not
-  adaptive), every second guess is forced wrong (`test_pipeline_miss=2`), the hybrid tier
-  chooses after every step (sync and async): many requests run to their end (no stall), and
-  every generated token is the one-stage pure model's greedy choice at its own prefix, or
-  within its near-tie margin (the hybrid's CPU misses round otherwise, as in
-  test_gpu_hybrid.py).
+- Engine level (the seed's stress), on the trained default (code prompts: drafts are kept, so
+  guesses hold as well as fail): every window is launched on a guess (n-gram, the adaptive
+  window's drafts after it, at most 4), every second guess is forced wrong
+  (`test_pipeline_miss=2`), the hybrid tier chooses after every step (sync and async): eight
+  requests run to their end (no stall), guesses held and failed, and every generated token
+  is the one-stage pure model's greedy choice at its own prefix, or within its near-tie
+  margin (the hybrid's CPU misses round otherwise, as in test_gpu_hybrid.py).
 """
 
 from __future__ import annotations
@@ -153,8 +154,7 @@ def test_engine_stress_with_forced_wrong_guesses(kind: str) -> None:
 
     kw: dict[str, Any] = dict(
         model=str(DEFAULT), device="cuda", n_ctx=512, parallel=2, threads=3, gpus="0,0",
-        pipeline_windows=2, pcie_frac=0.0, spec="ngram", spec_max=4, spec_adaptive=False,
-        test_pipeline_miss=2,
+        pipeline_windows=2, pcie_frac=0.0, spec="ngram", spec_max=4, test_pipeline_miss=2,
     )  # fmt: skip
     if kind != "pure":  # a quarter of the experts in slots, a choice after every step
         kw.update(vram_slots=40, adapt_every=1, tier_async=kind.endswith("async"))

@@ -85,6 +85,27 @@ def test_ngram_drafter_proposes_what_followed_the_latest_match() -> None:
     assert propose(d, 1, [1, 2], 4) == []
 
 
+def test_ngram_index_cut_back_equals_a_fresh_one() -> None:
+    """A history that departs from the indexed one after its verified part (a pipelined
+    guess's drafts rejected) is cut back and re-indexed from there: the index equals one built
+    afresh over the new history."""
+    from strata.spec.drafters import _NgramIndex
+
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        idx = _NgramIndex()
+        hist = [int(t) for t in rng.integers(0, 6, rng.integers(0, 40))]
+        for _ in range(20):
+            cut = int(rng.integers(idx.fixed, len(hist) + 1))
+            hist = hist[:cut] + [int(t) for t in rng.integers(0, 6, rng.integers(0, 7))]
+            idx.sync(hist)
+            ref = _NgramIndex()
+            ref.sync(hist)
+            assert idx.tokens == ref.tokens and idx.maps == ref.maps
+            if rng.random() < 0.3:
+                idx.fixed = int(rng.integers(idx.fixed, cut + 1))
+
+
 def test_model_drafter_keeps_its_kv_in_step() -> None:
     path = str(modelgen.shipped_model_path("draft"))
     d = ModelDrafter(path, n_slots=2, n_ctx=256, p_min=0.0, threads=1)

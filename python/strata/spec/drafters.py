@@ -115,27 +115,56 @@ def propose(
 
 class _NgramIndex:
     """For each n in NGRAM_MIN..NGRAM_MAX: n-gram → position right after its latest occurrence
-    that has at least one token after it."""
+    that has at least one token after it. The history may end in tokens not yet verified (a
+    pipelined window's guess runs on through its predecessor's drafts): `sync` cuts the index
+    back to where a new history departs from it (undoing what the cut positions indexed) and
+    indexes the rest, so that a rejected draft costs the positions after it, not a re-index of
+    the whole history."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # the history indexed
         self.maps: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)
         }
+        # per indexed position e: (n, n-gram, the position it mapped to before e, or -1)
+        self.undo: list[list[tuple[int, tuple[int, ...], int]]] = []
+        self.fixed = 0  # positions known to be the sequence's own (verified): never cut
+
+    def truncate(self, n: int) -> None:
+        h = self.tokens
+        while len(h) > n:
+            e = len(h) - 1
+            if e < len(self.undo):
+                for k, key, prev in reversed(self.undo.pop()):
+                    m = self.maps[k]
+                    if prev < 0:
+                        del m[key]
+                    else:
+                        m[key] = prev
+            h.pop()
+        self.fixed = min(self.fixed, n)
 
     def sync(self, history: Sequence[int]) -> None:
-        n_old = len(self.tokens)
-        if n_old > len(history) or list(history[:n_old]) != self.tokens:
-            for m in self.maps.values():  # another sequence took the slot: index it afresh
-                m.clear()
-            self.tokens, n_old = [], 0
         h = self.tokens
-        h.extend(int(t) for t in history[n_old:])
-        # the n-grams ending at e (exclusive) for each new e < len(h): each has h[e] after it
-        for e in range(max(n_old, 1), len(h)):
+        lim = min(len(h), len(history))
+        i = min(self.fixed, lim)
+        while i < lim and h[i] == history[i]:  # past the verified part only
+            i += 1
+        self.truncate(i)
+        for t in history[i:]:
+            h.append(int(t))
+            e = len(h) - 1  # the n-grams ending at e now have h[e] after them
+            if e < 1:
+                continue
+            log: list[tuple[int, tuple[int, ...], int]] = []
             for n, m in self.maps.items():
                 if e >= n:
-                    m[tuple(h[e - n : e])] = e
+                    key = tuple(h[e - n : e])
+                    log.append((n, key, m.get(key, -1)))
+                    m[key] = e
+            while len(self.undo) < e:
+                self.undo.append([])
+            self.undo.append(log)
 
     def lookup(self, k: int) -> list[int]:
         h = self.tokens
@@ -165,7 +194,9 @@ class NgramDrafter:
         return out
 
     def rollback(self, slot: int, n: int) -> None:
-        pass  # the index holds only committed tokens; `sync` re-indexes a changed history
+        idx = self._index.get(slot)
+        if idx is not None:  # the first n tokens are the sequence's own from now on
+            idx.fixed = min(n, len(idx.tokens))
 
     def release(self, slot: int) -> None:
         self._index.pop(slot, None)

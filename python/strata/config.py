@@ -302,7 +302,7 @@ class Config:
         False, "prompts containing #stall# or #crash# make the fake engine hang or die"
     )
     test_pipeline_miss: int = _t(
-        0, "with pipelined windows, every n-th guess is made wrong (0: none; a stress test)"
+        0, "with pipelined windows, every n-th window's guess is made wrong (0: none; stress)"
     )
 
     def __post_init__(self) -> None:

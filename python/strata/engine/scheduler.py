@@ -66,9 +66,11 @@ class Seq:
 
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
-HELD_PRIOR = 0.5  # the share of held guesses before any is measured: guess
-HELD_DECAY = 0.9  # per guess: older ones weigh less
-GUESS_PROBE = 16  # windows between guesses while they do not pay
+# Whether to guess is measured: blocks of GUESS_BLOCK pipelined windows run with guesses or
+# without, and the faster (seconds per emitted token, averaged over its blocks) is kept, the
+# other re-measured every GUESS_EXPLORE-th block.
+GUESS_BLOCK = 32
+GUESS_EXPLORE = 8
 
 
 @dataclass(slots=True)
@@ -116,8 +118,10 @@ class Scheduler:
         self.window_rows = min(getattr(backend, "step_rows", prefill_chunk), WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
         self._last = 0.0  # when the last pipelined verdict was taken
-        self.held_rate = HELD_PRIOR  # decayed share of guesses that held
-        self._since_guess = 0  # pipelined windows since the last guess
+        self._arm = True  # this block of windows guesses
+        self._block = [0, 0.0, 0]  # its windows, seconds, emitted tokens
+        self._cost: dict[bool, float] = {}  # arm → seconds per emitted token (averaged)
+        self._blocks = 0
         self.force_miss = force_miss  # TEST-ONLY: every n-th guess made wrong (0: none)
         self.guesses = 0
         self.pipe_windows = 0  # pipelined windows settled
@@ -447,15 +451,30 @@ class Scheduler:
         )
 
     def _guess_pays(self) -> bool:
-        """Whether to launch a window on a guess: a guess that fails costs the window's stage
-        0 work (on the hybrid path the CPU pool's share), one that holds saves it, so guess
-        while the measured share of held guesses is at least one half, and probe every
-        GUESS_PROBE windows otherwise (always with `force_miss`: the stress test's)."""
-        self._since_guess += 1
-        if self.force_miss or self.held_rate >= 0.5 or self._since_guess >= GUESS_PROBE:
-            self._since_guess = 0
-            return True
-        return False
+        """Whether to launch the next window on a guess: one that holds saves its stage 0's
+        time in the next step, one that fails costs it (on the hybrid path the CPU pool's
+        share), and the balance depends on the path and on how often guesses hold, so it is
+        measured (`_account`). Always with `force_miss` (the stress test's)."""
+        return bool(self.force_miss) or self._arm
+
+    def _account(self, seconds: float, tokens: int) -> None:
+        """A pipelined step of `seconds` emitted `tokens`: per block of GUESS_BLOCK windows,
+        the arm's cost; the next block takes the untried arm, else the cheaper one (the other
+        every GUESS_EXPLORE-th block)."""
+        b = self._block
+        b[0], b[1], b[2] = b[0] + 1, b[1] + seconds, b[2] + tokens
+        if b[0] < GUESS_BLOCK:
+            return
+        cost = b[1] / max(b[2], 1)
+        old = self._cost.get(self._arm)
+        self._cost[self._arm] = cost if old is None else 0.5 * (old + cost)
+        self._blocks += 1
+        self._block = [0, 0.0, 0]
+        if (not self._arm) not in self._cost:
+            self._arm = not self._arm
+            return
+        best = self._cost[True] <= self._cost[False]
+        self._arm = (not best) if self._blocks % GUESS_EXPLORE == 0 else best
 
     def _guess(self, k: _Window) -> _Window | None:
         """Window K+1, drafted before K's verdict on the guess that K is accepted whole: each
@@ -482,13 +501,14 @@ class Scheduler:
         entries: list[Entry] = []
         drafts: list[Draft] = []
         guesses: list[int] = []
-        for s, p in zip(k.seqs, plans, strict=True):
+        self.guesses += 1
+        wrong = bool(self.force_miss) and self.guesses % self.force_miss == 0
+        for i, (s, p) in enumerate(zip(k.seqs, plans, strict=True)):
             if not p.tokens:
                 return None
             g, rest = p.tokens[0], p.tokens[1:]
-            self.guesses += 1
-            if self.force_miss and self.guesses % self.force_miss == 0:
-                g = (g + 1) % self.backend.n_vocab  # TEST-ONLY: a wrong guess
+            if wrong and i == 0:
+                g = (g + 1) % self.backend.n_vocab  # TEST-ONLY: this window's guess fails
             entries.append((s.slot, [g, *rest], "window" if rest else "last"))
             drafts.append(Draft(rest, p.q[1:] if p.q is not None else None))
             guesses.append(g)
@@ -520,9 +540,8 @@ class Scheduler:
         # the step's cost as the pipeline runs it: the time since the previous verdict
         now = time.perf_counter()
         assert self.spec is not None
-        self.spec.observe_step(
-            sum(len(ids) for _, ids, _ in k.entries), now - max(k.t0, self._last)
-        )
+        dt = now - max(k.t0, self._last)
+        self.spec.observe_step(sum(len(ids) for _, ids, _ in k.entries), dt)
         self._last = now
         live = [self.running.get(s.slot) is s for s in k.seqs]  # an aborted one is gone
         keep = [i for i, ok in enumerate(live) if ok]
@@ -550,7 +569,6 @@ class Scheduler:
             return events + self._fail(k.seqs, e)
         self.pipe_windows += 1
         self.pipe_held += held
-        if launched:
-            self.held_rate = HELD_DECAY * self.held_rate + (1.0 - HELD_DECAY) * held
+        self._account(dt, sum(len(r) for r in results if r is not None))
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

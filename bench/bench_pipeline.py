@@ -2,9 +2,11 @@
 speculation on one GPU as two stages, `pipeline_windows` 1 vs 2, the adaptive tier's choice
 sync vs async (`tier_async`), in the hybrid mode (the CPU pool serving the misses: 25% of the
 experts in slots by default) and on the pure GPU path. Requests run one after another
-(one sequence decoding: speculation's case); each configuration runs REPS times, the median
-of its decode tok/s is reported, and its greedy output is compared with the first
-configuration's. Prints a table last.
+(one sequence decoding: speculation's case) through one engine per configuration (kept over
+all its requests, as the server keeps it: what the adaptive window and the guess policy
+measured carries over), a warm-up request first; REPS rounds of the requests, the median
+round's decode tok/s is reported, and its greedy output is compared with the first
+configuration's. Prints a table last (drafts and windows counted over all rounds).
 
     python bench/bench_pipeline.py MODEL.gguf [--prompt code|phrase] [--tokens 128] \
         [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3] [--gpus 0,0]
@@ -70,38 +72,52 @@ def prompts(be: LLMBackend, kind: str, n: int) -> list[list[int]]:
     return out
 
 
-def run(cfg: Config, ps: list[list[int]], tokens: int) -> tuple[float, list[list[int]], dict]:
-    be = LLMBackend(cfg)
-    spec = make_speculator(cfg, be)
-    sched = Scheduler(
-        be, cfg.prefill_chunk, 1, max_batch_tokens=cfg.max_batch_tokens, speculator=spec
-    )
-    greedy = SamplingParams(temperature=0)
-    outs: list[list[int]] = []
-    dec_s = 0.0
-    n_tok = 0
-    for rid, p in enumerate([ps[0], *ps]):  # the first request warms up (graphs, cost model)
-        sched.add(Submit(rid, p, greedy, tokens, []))
+class Engine:
+    """One configuration's backend, speculator and scheduler, kept over all its requests (as
+    the engine keeps them: the adaptive window's and the guess policy's measurements carry
+    over)."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.be = LLMBackend(cfg)
+        self.spec = make_speculator(cfg, self.be)
+        self.sched = Scheduler(
+            self.be, cfg.prefill_chunk, 1, max_batch_tokens=cfg.max_batch_tokens,
+            speculator=self.spec,
+        )  # fmt: skip
+        self.rid = 0
+
+    def request(self, prompt: list[int], tokens: int) -> tuple[float, int, list[int]]:
+        """(decode seconds after the first token, tokens after it, output ids)."""
+        self.sched.add(Submit(self.rid, prompt, SamplingParams(temperature=0), tokens, []))
+        self.rid += 1
         ids: list[int] = []
         t_first = None
-        while sched.has_work():
-            for e in sched.step():
+        while self.sched.has_work():
+            for e in self.sched.step():
                 if isinstance(e, Tokens):
                     if t_first is None and e.ids:
                         t_first = time.perf_counter()
                     ids += e.ids
-        if rid > 0:
-            assert t_first is not None
-            dec_s += time.perf_counter() - t_first
-            n_tok += len(ids) - 1
+        assert t_first is not None
+        return time.perf_counter() - t_first, len(ids) - 1, ids
+
+    def round(self, ps: list[list[int]], tokens: int) -> tuple[float, list[list[int]]]:
+        """Decode tok/s over the requests `ps`, one after another, and their outputs."""
+        dec_s, n_tok, outs = 0.0, 0, []
+        for p in ps:
+            s, n, ids = self.request(p, tokens)
+            dec_s, n_tok = dec_s + s, n_tok + n
             outs.append(ids)
-    info = {
-        "offered": spec.offered if spec else 0,
-        "accepted": spec.accepted if spec else 0,
-        "windows": sched.pipe_windows,
-        "held": sched.pipe_held,
-    }
-    return n_tok / dec_s, outs, info
+        return n_tok / dec_s, outs
+
+    def info(self) -> dict[str, int]:
+        sp, sc = self.spec, self.sched
+        return {
+            "offered": sp.offered if sp else 0,
+            "accepted": sp.accepted if sp else 0,
+            "windows": sc.pipe_windows,
+            "held": sc.pipe_held,
+        }
 
 
 def main() -> None:
@@ -141,11 +157,14 @@ def main() -> None:
     rows = []
     ref: dict[str, list[list[int]]] = {}
     for name, kw in configs:
-        cfg = Config(**{**base, **kw})
-        speeds, info, outs = [], {}, []
+        eng = Engine(Config(**{**base, **kw}))
+        eng.request(ps[0], a.tokens)  # warm-up: graphs, the first costs measured
+        speeds, outs = [], []
         for _ in range(a.reps):
-            s, outs, info = run(cfg, ps, a.tokens)
-            speeds.append(s)
+            sp, outs = eng.round(ps, a.tokens)
+            speeds.append(sp)
+        info = eng.info()
+        del eng
         kind = name.split(",")[0]
         same = ref.setdefault(kind, outs) == outs
         med = statistics.median(speeds)

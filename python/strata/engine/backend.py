@@ -145,8 +145,7 @@ class FakeBackend:
         """Keeps n positions of a generating sequence (a speculative window cut back to its
         accepted prefix): it goes on generating."""
         self._check(slot, n)
-        if any(slot in starts for _, starts in self._flights):
-            raise ValueError(f"slot {slot} is in a pipelined window in flight")
+        self._idle(slot)
         toks = self._tokens.setdefault(slot, [])
         if n > len(toks):
             raise ValueError(f"slot {slot}: truncate to {n} but it holds {len(toks)} tokens")
@@ -183,6 +182,11 @@ class FakeBackend:
         self._steps += 1
         self._sleep()
         return out
+
+    def _idle(self, slot: int) -> None:
+        """Refuses a slot that a pipelined window in flight runs in (as the GPU path does)."""
+        if any(slot in starts for _, starts in self._flights):
+            raise ValueError(f"slot {slot} is in a pipelined window in flight")
 
     def launch_batch(self, entries: Sequence[Entry]) -> None:
         if self._verdict:
@@ -247,8 +251,7 @@ class FakeBackend:
         return toytok.Vocabulary()
 
     def free(self, slot: int) -> None:
-        if any(slot in starts for _, starts in self._flights):
-            raise ValueError(f"slot {slot} is in a pipelined window in flight")
+        self._idle(slot)
         self._tokens.pop(slot, None)
         self._n_prompt.pop(slot, None)
         self._fault.pop(slot, None)

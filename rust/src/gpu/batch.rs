@@ -13,7 +13,7 @@
 //! Legend: R' = rows of the step (Σ piece lengths ≤ R), S = pieces, V = vocab.
 
 use super::batch_scratch::{BatchScratch, RecPiece};
-use super::launch::{Seg, LOGIT_ROWS};
+use super::launch::{Launcher, Seg, LOGIT_ROWS};
 use super::model::GpuModel;
 use super::pipeline::Pipeline;
 use super::stage::Stage;
@@ -66,6 +66,17 @@ pub(super) fn piece_rows(pieces: &[Piece], segs: &mut Vec<Seg>, slots: &mut Vec<
     segs.extend(pieces.iter().map(|p| Seg { r0: p.r0, t: p.t }));
     slots.clear();
     slots.extend(pieces.iter().map(|p| (p.slot, p.t)));
+}
+
+/// The pieces' logit rows normed back to back into h [Σ logit rows, H] on the last stage
+/// `x`; returns their count.
+pub(super) fn norm_logit_rows(x: &Launcher, pieces: &[Piece]) -> Result<usize> {
+    let mut hr = 0;
+    for p in pieces.iter().filter(|p| p.logit_rows > 0) {
+        x.final_norm(p.r0 + p.t - p.logit_rows, hr, p.logit_rows)?;
+        hr += p.logit_rows;
+    }
+    Ok(hr)
 }
 
 /// S for a step of S one-token pieces (its decode graphs), else None.
@@ -128,17 +139,23 @@ impl GpuModel {
             let _ = self.sync_all();
             self.pipe.abandon();
             for (e, &start) in entries.iter().zip(&ss.plan.starts) {
-                self.lens[e.slot] = start;
-                for x in self.st.iter_mut().map(|s| &mut s.x) {
-                    if let Some(rec) = &mut x.rec {
-                        let _ = rec.reset(&x.stream, e.slot);
-                        self.lens[e.slot] = 0;
-                    }
-                }
+                self.restore_slot(e.slot, start);
             }
         }
         self.steps = ss;
         res
+    }
+
+    /// After a failed step (the streams drained): `slot` back at length `start`, or at 0 where
+    /// it keeps a recurrent state (which may have advanced; it starts over).
+    pub(super) fn restore_slot(&mut self, slot: usize, start: usize) {
+        self.lens[slot] = start;
+        for x in self.st.iter_mut().map(|s| &mut s.x) {
+            if let Some(rec) = &mut x.rec {
+                let _ = rec.reset(&x.stream, slot);
+                self.lens[slot] = 0;
+            }
+        }
     }
 
     fn run_batch(
@@ -227,14 +244,7 @@ impl GpuModel {
     /// (through the pinned staging when the block fits it); then the stream is idle.
     fn logits_out(&mut self, pieces: &[Piece], out: &mut [f32]) -> Result<()> {
         let vocab = self.hp.n_vocab;
-        let mut hr = 0; // rows of h filled
-        for p in pieces.iter().filter(|p| p.logit_rows > 0) {
-            let lr = p.logit_rows;
-            self.st[self.st.len() - 1]
-                .x
-                .final_norm(p.r0 + p.t - lr, hr, lr)?;
-            hr += lr;
-        }
+        let hr = norm_logit_rows(&self.st[self.st.len() - 1].x, pieces)?; // rows of h filled
         let pin_rows = self.pin_logits.len() / (4 * vocab);
         let mut a = 0;
         while a < hr {

@@ -20,22 +20,19 @@
 //! buffers' rows, and logit rows that fit one head block. With one window in flight at most
 //! (`pipeline_windows` 1) the same calls run the step in order (launch, verdict).
 
-use super::batch::{decode_of, piece_rows, rec_pieces, stage_part, write_params, StepIo};
+use super::batch::{
+    decode_of, norm_logit_rows, piece_rows, rec_pieces, stage_part, write_params, StepIo,
+};
 use super::flight_state::Flight;
 use super::launch::{params_len, LOGIT_ROWS};
 use super::model::GpuModel;
 use crate::cuda::as_bytes_mut;
 use crate::cuda::ops::view::bytes;
 use crate::error::{Error, Result};
-use crate::model::batch::{check_batch, Entry, Plan};
+use crate::model::batch::{batch_logits_len, check_batch, logits_len, Entry, Plan};
 use crate::model::Logits;
 
 impl GpuModel {
-    /// Windows launched and not yet settled.
-    pub fn windows_in_flight(&self) -> usize {
-        self.flights.active.len()
-    }
-
     /// A typed error when a window is in flight (`what` needs the slots settled).
     pub(super) fn no_flight(&self, what: &str) -> Result<()> {
         match self.flights.active.len() {
@@ -76,7 +73,7 @@ impl GpuModel {
         }
         let vocab = self.hp.n_vocab;
         let total = entries.iter().map(|e| e.tokens.len()).sum::<usize>();
-        let out_len = crate::model::batch::batch_logits_len(entries, vocab);
+        let out_len = batch_logits_len(entries, vocab);
         check_batch(
             entries,
             |s| self.slot_len(s),
@@ -149,15 +146,8 @@ impl GpuModel {
             return Ok(()); // a stage ahead still serves an earlier window: `settle` goes on
         }
         let (x, vocab) = (&self.st[n - 1].x, self.hp.n_vocab);
-        if !fl.head_done {
-            let mut hr = 0;
-            for p in fl.plan.pieces.iter().filter(|p| p.logit_rows > 0) {
-                x.final_norm(p.r0 + p.t - p.logit_rows, hr, p.logit_rows)?;
-                hr += p.logit_rows;
-            }
-            if hr > 0 {
-                x.head(0, hr)?; // logits [hr, V]
-            }
+        if !fl.head_done && norm_logit_rows(x, &fl.plan.pieces)? > 0 {
+            x.head(0, fl.hr)?; // logits [hr, V]
         }
         if fl.hr > 0 {
             x.b.logits
@@ -184,9 +174,9 @@ impl GpuModel {
         }
         let vocab = self.hp.n_vocab;
         let res = fl.ready.sync().map(|()| {
-            let n: usize = fl.wants.iter().map(|&(w, t)| logits_rows(w, t)).sum();
+            let n: usize = fl.wants.iter().map(|&(w, t)| logits_len(w, t, vocab)).sum();
             out.clear();
-            out.resize(n * vocab, 0.0);
+            out.resize(n, 0.0);
             let mut h0 = 0;
             for p in fl.plan.pieces.iter().filter(|p| p.logit_rows > 0) {
                 let m = p.logit_rows * vocab;
@@ -257,13 +247,7 @@ impl GpuModel {
         self.flights.verdict = false;
         while let Some(fl) = self.flights.active.pop_back() {
             for p in &fl.plan.pieces {
-                self.lens[p.slot] = fl.plan.starts[p.entry];
-                for x in self.st.iter_mut().map(|s| &mut s.x) {
-                    if let Some(rec) = &mut x.rec {
-                        let _ = rec.reset(&x.stream, p.slot);
-                        self.lens[p.slot] = 0;
-                    }
-                }
+                self.restore_slot(p.slot, fl.plan.starts[p.entry]);
             }
             self.flights.spare.push(fl);
         }
@@ -296,15 +280,6 @@ impl GpuModel {
             pin_logits: gl.host_alloc(bytes(LOGIT_ROWS.min(t) * self.hp.n_vocab, 4)?)?,
             ready: gl.event_no_timing()?,
         })
-    }
-}
-
-/// Rows of logits an entry of `t` tokens returns.
-fn logits_rows(want: Logits, t: usize) -> usize {
-    match want {
-        Logits::None => 0,
-        Logits::Last => 1,
-        Logits::All | Logits::Window => t,
     }
 }
 

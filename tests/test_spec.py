@@ -17,7 +17,7 @@ from strata.engine.scheduler import Scheduler
 from strata.errors import ConfigError
 from strata.sampling import SamplingParams
 from strata.spec import Speculator, make_speculator, propose
-from strata.spec.control import CostModel, SeqSpec, choose_k, expected_tokens
+from strata.spec.control import STALE, CostModel, SeqSpec, choose_k, expected_tokens
 from strata.spec.drafters import Draft, DraftRequest, ModelDrafter, NgramDrafter
 from strata.spec.speculator import Candidate
 
@@ -187,6 +187,37 @@ def test_window_follows_acceptance_and_cost() -> None:
     ks = [choose_k(bad, cost, 1, 2, 8) for _ in range(120)]
     # (one idle step before: the call above)
     assert [i for i, k in enumerate(ks) if k] == [2, 18, 50, 114] and set(ks) == {0, 2}
+
+
+def test_a_slow_first_phase_does_not_lock_drafting_out() -> None:
+    """Windows measured slow once (a first request's cold caches) and never run again must not
+    keep later sequences from drafting: their samples go stale, a new sequence probes early,
+    and the probe's fresh time lets it draft."""
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe(1, 0.010)
+        for n in range(2, 6):
+            cost.observe(n, 0.010 * n * 1.5)  # cold: every window dearer than its tokens
+    st = SeqSpec(accepted_w=9.0, rejected_w=1.0)  # drafts were mostly kept
+    assert choose_k(st, cost, 1, 1, 4) == 0 and st.hopeless
+    # many requests of plain decodes later (each new sequence under PROBE_MAX steps long)
+    for _ in range(STALE + 8):
+        cost.observe(1, 0.010)
+    assert cost.samples(2) == 0  # the cold windows' times are gone
+    fresh = SeqSpec(accepted_w=9.0, rejected_w=1.0)
+    ks = [choose_k(fresh, cost, 1, 1, 4) for _ in range(4)]
+    assert ks == [0, 0, 0, 1] and not fresh.hopeless  # the first probe, at PROBE_FIRST
+    cost.observe(2, 0.0105)  # the probe's window: cheap now
+    assert choose_k(fresh, cost, 1, 1, 4) > 0  # drafting is back
+    # while the cold samples are recent, one fresh probe does not outvote them (the median):
+    # it is their age that lets drafting back
+    kept = CostModel()
+    for _ in range(5):
+        kept.observe(1, 0.010)
+        for n in range(2, 6):
+            kept.observe(n, 0.010 * n * 1.5)
+    kept.observe(2, 0.0105)
+    assert choose_k(SeqSpec(accepted_w=9.0, rejected_w=1.0), kept, 1, 1, 4) == 0
 
 
 class PauseLog:

@@ -12,7 +12,8 @@ E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `
 steps (`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and
 measure the window's cost, the gap doubling after each probe that did not bring drafting
 back, up to `PROBE_MAX`; `PROBE_MAX` at once while the measured costs leave no gain even if
-every draft were kept). While every drafting sequence is in that hopeless state the speculator
+every draft were kept — until those costs go stale: a measured step size is forgotten STALE
+steps after it last ran, so an early slow phase cannot keep drafting off for good). While every drafting sequence is in that hopeless state the speculator
 pauses the drafter's per-step upkeep (`Drafter.pause`: the MTP layer's), so that drafting
 that cannot pay costs nothing either.
 """
@@ -27,9 +28,13 @@ from dataclasses import dataclass, field
 # T(n) of steps with no measurement yet: T(1) × (1 + PRIOR_SLOPE × (n − 1)), i.e. a window
 # costs its tokens until a probe measures otherwise; measured values replace it as they come:
 # per step size, the median of its last WINDOW step times (robust to the other processes of a
-# shared machine).
+# shared machine). A sample older than STALE steps (of any size) is dropped: a size that is
+# no longer run (windows, once the model says no window pays) would otherwise keep the times of
+# an early slow phase (a first request's cold kernels and caches) for good, and with them the
+# verdict that no window pays — which stops the probes that would measure it again.
 PRIOR_SLOPE = 1.0
 WINDOW = 31
+STALE = 512
 REFRESH = 8  # steps between re-reads of the cost curve
 # step sizes measured at least this often count as measured when deciding that no window can
 # pay (a first window can be slow once: kernels' first use, the pool's threads asleep)
@@ -46,7 +51,7 @@ class CostModel:
 
     def __init__(self) -> None:
         self._times: dict[int, float] = {}  # n → median of the recent step times
-        self._recent: dict[int, deque[float]] = {}
+        self._recent: dict[int, deque[tuple[int, float]]] = {}  # n → (step, seconds)
         self._dirty: set[int] = set()  # n whose median is out of date
         self._sizes: list[int] = []  # the measured n, sorted
         self._ratios: dict[tuple[int, int], list[float]] = {}  # (base, k_max) → c(0..k_max)
@@ -54,17 +59,34 @@ class CostModel:
 
     def observe(self, n: int, seconds: float) -> None:
         q = self._recent.setdefault(n, deque(maxlen=WINDOW))
-        q.append(seconds)
+        q.append((self._steps, seconds))
         self._dirty.add(n)
         if len(q) == 1:
             bisect.insort(self._sizes, n)
             self._ratios.clear()
         self._steps += 1
         if self._steps % REFRESH == 0:  # the medians move slowly: re-read them now and then
+            self._expire()
             self._ratios.clear()
 
+    def _expire(self) -> None:
+        """Drop the samples older than STALE steps (a size left with none is unmeasured)."""
+        oldest = self._steps - STALE
+        for n in list(self._sizes):
+            q = self._recent[n]
+            if q[0][0] >= oldest:
+                continue
+            while q and q[0][0] < oldest:
+                q.popleft()
+            self._dirty.add(n)
+            if not q:
+                del self._recent[n]
+                self._times.pop(n, None)
+                self._dirty.discard(n)
+                self._sizes.remove(n)
+
     def samples(self, n: int) -> int:
-        """Steps of n tokens measured (the last WINDOW of them are kept)."""
+        """Steps of n tokens measured (the last WINDOW of them, none older than STALE steps)."""
         q = self._recent.get(n)
         return len(q) if q is not None else 0
 
@@ -72,7 +94,7 @@ class CostModel:
     def times(self) -> dict[int, float]:
         """n → T(n) measured (the median of its recent steps)."""
         for n in self._dirty:
-            self._times[n] = statistics.median(self._recent[n])
+            self._times[n] = statistics.median(t for _, t in self._recent[n])
         self._dirty.clear()
         return self._times
 

@@ -123,18 +123,22 @@ class WrongDrafter(NgramDrafter):
 
 
 def test_guesses_stop_where_they_cost_time() -> None:
-    """Whether to guess is measured: with a drafter whose guesses never hold, on an engine
-    whose steps take time (each window a forward of 2 ms), the blocks that guess are slower
-    per emitted token, so after the first one guesses come only in the exploring blocks."""
+    """Whether to run pipelined is measured against serial steps: with a drafter whose
+    guesses never hold, on an engine whose steps take time (each window a forward of 2 ms),
+    the blocks that guess are slower per emitted token, so after the first one the steps run
+    serially (one forward_batch, no launch) and guesses come only in the exploring blocks,
+    rarer as the serial arm keeps winning."""
     be = FakeBackend(n_ctx=2048, max_slots=4, pipeline_windows=2, step_ms=2.0)
     sp = Speculator(WrongDrafter(), 1, 4, adaptive=False)
     sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
     text = b"abcdefghijklmnopqrstuvwxyz " * 20
-    sched.add(Submit(0, list(text), GREEDY, 400, EOG))
+    sched.add(Submit(0, list(text), GREEDY, 600, EOG))
     run(sched)
-    assert sched.pipe_held == 0 and sched.pipe_windows > 300, sched.pipe_windows
-    # the first block of 32 guesses, then one exploring block in 8 at most
-    assert sched.guesses <= 32 + sched.pipe_windows // 6, (sched.guesses, sched.pipe_windows)
+    assert sched.pipe_held == 0 and sched.steps > 500, sched.steps
+    # the first block of 32 guessing steps; serial blocks after it but for the exploring ones
+    # (after 8 blocks, then 16): at most 3 guessing blocks in this run
+    assert 32 <= sched.pipe_windows <= 3 * 32 + 1, (sched.pipe_windows, sched.steps)
+    assert sched.guesses <= sched.pipe_windows
 
 
 class Refusing(FakeBackend):

@@ -66,11 +66,13 @@ class Seq:
 
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
-# Whether to guess is measured: blocks of GUESS_BLOCK pipelined windows run with guesses or
-# without, and the faster (seconds per emitted token, averaged over its blocks) is kept, the
-# other re-measured every GUESS_EXPLORE-th block.
+# Whether to guess is measured: blocks of GUESS_BLOCK steps run pipelined with guesses or as
+# serial steps, and the faster (seconds per emitted token, averaged over its blocks) is kept;
+# the other is re-measured after GUESS_EXPLORE blocks, the gap doubling (to GUESS_EXPLORE_MAX)
+# while the same arm keeps winning.
 GUESS_BLOCK = 32
 GUESS_EXPLORE = 8
+GUESS_EXPLORE_MAX = 64
 
 
 @dataclass(slots=True)
@@ -118,10 +120,13 @@ class Scheduler:
         self.window_rows = min(getattr(backend, "step_rows", prefill_chunk), WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
         self._last = 0.0  # when the last pipelined verdict was taken
-        self._arm = True  # this block of windows guesses
-        self._block = [0, 0.0, 0]  # its windows, seconds, emitted tokens
+        self._arm = True  # this block of steps guesses (else: serial steps)
+        self._block = [0, 0.0, 0]  # its steps, seconds, emitted tokens
         self._cost: dict[bool, float] = {}  # arm → seconds per emitted token (averaged)
-        self._blocks = 0
+        self._best = True  # the arm that won last
+        self._wait = GUESS_EXPLORE  # blocks until the other arm is measured again
+        self._gap = GUESS_EXPLORE
+        self._t_step = 0.0  # when this step() began
         self.force_miss = force_miss  # TEST-ONLY: every n-th guess made wrong (0: none)
         self.guesses = 0
         self.pipe_windows = 0  # pipelined windows settled
@@ -339,6 +344,7 @@ class Scheduler:
         return entries, seqs, drafts
 
     def step(self) -> list[Event]:
+        self._t_step = time.perf_counter()
         if self._inflight is not None:
             return self._pipelined([])
         events = self._admit()
@@ -346,7 +352,8 @@ class Scheduler:
         if not entries:
             return events
         t0 = time.perf_counter()
-        if self._can_pipeline(entries, seqs, drafts):
+        pipe = self._can_pipeline(entries, seqs, drafts)
+        if pipe and self._guess_pays():
             try:
                 self.backend.launch_batch(entries)  # type: ignore[attr-defined]
                 launched = True
@@ -365,6 +372,11 @@ class Scheduler:
             self.spec.observe_step(sum(len(ids) for _, ids, _ in entries), time.perf_counter() - t0)
         drafts += [Draft() for _ in range(len(entries) - len(drafts))]  # prompt chunks
         results = self._verdicts(entries, seqs, drafts, out)
+        if pipe:  # the serial arm of the guess policy: measured like a pipelined window
+            self._account(
+                time.perf_counter() - self._t_step,
+                sum(len(r) for r in results if r is not None),
+            )
         return events + self._apply(entries, seqs, drafts, out, results)
 
     def _fail(self, seqs: list[Seq], e: Exception) -> list[Event]:
@@ -451,16 +463,19 @@ class Scheduler:
         )
 
     def _guess_pays(self) -> bool:
-        """Whether to launch the next window on a guess: one that holds saves its stage 0's
-        time in the next step, one that fails costs it (on the hybrid path the CPU pool's
-        share), and the balance depends on the path and on how often guesses hold, so it is
-        measured (`_account`). Always with `force_miss` (the stress test's)."""
+        """Whether to run pipelined, launching the next window on a guess: one that holds
+        saves its stage 0's time in the next step, one that fails costs it (on the hybrid path
+        the CPU pool's share), and the pipeline's books cost the engine's Python time besides;
+        the balance depends on the path, the model and how often guesses hold, so it is
+        measured against serial steps (`_account`). Always with `force_miss` (the stress
+        test's)."""
         return bool(self.force_miss) or self._arm
 
     def _account(self, seconds: float, tokens: int) -> None:
-        """A pipelined step of `seconds` emitted `tokens`: per block of GUESS_BLOCK windows,
-        the arm's cost; the next block takes the untried arm, else the cheaper one (the other
-        every GUESS_EXPLORE-th block)."""
+        """A step that could run pipelined took `seconds` (from step()'s start to its
+        verdict) and emitted `tokens`: per block of GUESS_BLOCK steps, the arm's cost; the
+        next block takes the untried arm, else the cheaper one, the other after `_wait`
+        blocks, a gap that doubles while the same arm keeps winning."""
         b = self._block
         b[0], b[1], b[2] = b[0] + 1, b[1] + seconds, b[2] + tokens
         if b[0] < GUESS_BLOCK:
@@ -468,13 +483,21 @@ class Scheduler:
         cost = b[1] / max(b[2], 1)
         old = self._cost.get(self._arm)
         self._cost[self._arm] = cost if old is None else 0.5 * (old + cost)
-        self._blocks += 1
         self._block = [0, 0.0, 0]
         if (not self._arm) not in self._cost:
             self._arm = not self._arm
             return
         best = self._cost[True] <= self._cost[False]
-        self._arm = (not best) if self._blocks % GUESS_EXPLORE == 0 else best
+        if best != self._best:  # the winner changed: measure the loser often again
+            self._best, self._gap = best, GUESS_EXPLORE
+            self._wait = self._gap
+        self._wait -= 1
+        if self._wait <= 0 and self._arm == best:  # explore the other arm for one block
+            self._arm = not best
+            self._gap = min(2 * self._gap, GUESS_EXPLORE_MAX)
+            self._wait = self._gap
+        else:
+            self._arm = best
 
     def _guess(self, k: _Window) -> _Window | None:
         """Window K+1, drafted before K's verdict on the guess that K is accepted whole: each
@@ -569,6 +592,6 @@ class Scheduler:
             return events + self._fail(k.seqs, e)
         self.pipe_windows += 1
         self.pipe_held += held
-        self._account(dt, sum(len(r) for r in results if r is not None))
+        self._account(now - self._t_step, sum(len(r) for r in results if r is not None))
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

@@ -7,16 +7,15 @@ window of k drafts then yields E(k) = 1 + α + … + α^k = (1 − α^(k+1)) / (
 where T(n) is the measured wall time of an engine step that runs n tokens (decodes and windows,
 no prompt chunks; `CostModel`) and b the tokens the step runs without this sequence's drafts.
 On the hybrid path T grows faster with n (the window's experts are the union of its tokens'),
-so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max] maximizes
-E(k) / c(k); the sequence does not draft when that gain is below 1 (then after `PROBE_EVERY`
-steps (`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and
-measure the window's cost, the gap doubling after each probe that did not bring drafting
-back, up to `PROBE_MAX`; `PROBE_MAX` at once while the measured costs leave no gain even if
-every draft were kept — until those costs go stale: a measured step size is forgotten STALE
-steps after it last ran, so an early slow phase cannot keep drafting off for good). While every drafting sequence is in that hopeless state the speculator
-pauses the drafter's per-step upkeep (`Drafter.pause`: the MTP layer's), so that drafting
-that cannot pay costs nothing either.
-"""
+so the same α buys a shorter window there. The chosen k ∈ [spec_min, spec_max] maximizes E(k) /
+c(k); the sequence does not draft when that gain is below 1 (then after `PROBE_EVERY` steps
+(`PROBE_FIRST` for a new sequence) it drafts `spec_min` tokens once to refresh α and measure
+the window's cost, the gap doubling after each probe that did not bring drafting back, up to
+`PROBE_MAX`; `PROBE_MAX` at once while the measured costs leave no gain even if every draft
+were kept — until those costs go stale: a measured step size is forgotten STALE steps after it
+last ran, so an early slow phase cannot keep drafting off for good). While every drafting
+sequence is in that hopeless state the speculator pauses the drafter's per-step upkeep
+(`Drafter.pause`: the MTP layer's), so that drafting that cannot pay costs nothing either."""
 
 from __future__ import annotations
 

@@ -4,12 +4,14 @@ sync vs async (`tier_async`), in the hybrid mode (the CPU pool serving the misse
 experts in slots by default) and on the pure GPU path. Requests run one after another
 (one sequence decoding: speculation's case) through one engine per configuration (kept over
 all its requests, as the server keeps it: what the adaptive window and the guess policy
-measured carries over), a warm-up request first; REPS rounds of the requests, the median
-round's decode tok/s is reported, and its greedy output is compared with the first
-configuration's. Prints a table last (drafts and windows counted over all rounds).
+measured carries over), a warm-up request first; REPS rounds of the requests, interleaved
+over the configurations (all engines open at once), the median round's decode tok/s is
+reported, and its greedy output is compared with the first configuration's. `--arms` adds pw2
+with the guess policy pinned to each arm (serial steps only; a guess on every window): what
+each costs alone. Prints a table last (drafts and windows counted over all rounds).
 
     python bench/bench_pipeline.py MODEL.gguf [--prompt code|phrase] [--tokens 128] \
-        [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3] [--gpus 0,0]
+        [--requests 4] [--reps 3] [--slots-frac 0.25] [--threads 3] [--gpus 0,0] [--arms]
 
 `--prompt code` (the trained default's case): a source file in the model's own vocabulary
 that the request continues (the n-gram drafter finds what follows); `edit`: bench_spec.py's
@@ -131,6 +133,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--adapt-every", type=int, default=0, help="0: the Config default")
     ap.add_argument("--gpus", default="0,0", help="the stages' devices (two cards: 0,1)")
+    ap.add_argument(
+        "--arms", action="store_true", help="also pw2 with the guess policy pinned to each arm"
+    )
     a = ap.parse_args()
     base: dict[str, Any] = dict(
         model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
@@ -144,44 +149,59 @@ def main() -> None:
     hy: dict[str, Any] = dict(vram_slots=max(1, int(n_exp * a.slots_frac)))
     if a.adapt_every:
         hy["adapt_every"] = a.adapt_every
-    configs: list[tuple[str, dict[str, Any]]] = [
-        ("pure, no spec", dict(spec="off")),
-        ("pure, pw1", dict(pipeline_windows=1)),
-        ("pure, pw2", dict(pipeline_windows=2)),
-        ("hybrid sync, no spec", dict(hy, spec="off")),
-        ("hybrid sync, pw1", dict(hy, pipeline_windows=1)),
-        ("hybrid async, pw1", dict(hy, pipeline_windows=1, tier_async=True)),
-        ("hybrid sync, pw2", dict(hy, pipeline_windows=2)),
-        ("hybrid async, pw2", dict(hy, pipeline_windows=2, tier_async=True)),
+    pw2 = dict(pipeline_windows=2)
+    configs: list[tuple[str, dict[str, Any], str]] = [
+        ("pure, no spec", dict(spec="off"), ""),
+        ("pure, pw1", dict(pipeline_windows=1), ""),
+        ("pure, pw2", pw2, ""),
+        ("pure, pw2 serial only", pw2, "serial"),
+        ("pure, pw2 guess always", pw2, "guess"),
+        ("hybrid sync, no spec", dict(hy, spec="off"), ""),
+        ("hybrid sync, pw1", dict(hy, pipeline_windows=1), ""),
+        ("hybrid async, pw1", dict(hy, pipeline_windows=1, tier_async=True), ""),
+        ("hybrid sync, pw2", dict(hy, **pw2), ""),
+        ("hybrid async, pw2", dict(hy, **pw2, tier_async=True), ""),
+        ("hybrid async, pw2 serial only", dict(hy, **pw2, tier_async=True), "serial"),
+        ("hybrid async, pw2 guess always", dict(hy, **pw2, tier_async=True), "guess"),
     ]
+    if not a.arms:
+        configs = [c for c in configs if not c[2]]
+    engines = []
+    for _name, kw, arm in configs:
+        eng = Engine(Config(**{**base, **kw}))
+        if arm:  # the guess policy's arm pinned (a diagnostic: what each arm costs alone)
+            eng.sched._guess_pays = (lambda: True) if arm == "guess" else (lambda: False)  # type: ignore[method-assign]
+        eng.request(ps[0], a.tokens)  # warm-up: graphs, the first costs measured
+        engines.append(eng)
+    # rounds interleaved over the configurations (the host's drift shared by all), every
+    # engine kept from the start (the server's case: measurements carry over)
+    speeds: list[list[float]] = [[] for _ in configs]
+    outs: list[list[list[int]]] = [[] for _ in configs]
+    for _ in range(a.reps):
+        for i, eng in enumerate(engines):
+            tps, outs[i] = eng.round(ps, a.tokens)
+            speeds[i].append(tps)
     rows = []
     ref: dict[str, list[list[int]]] = {}
-    for name, kw in configs:
-        eng = Engine(Config(**{**base, **kw}))
-        eng.request(ps[0], a.tokens)  # warm-up: graphs, the first costs measured
-        speeds, outs = [], []
-        for _ in range(a.reps):
-            sp, outs = eng.round(ps, a.tokens)
-            speeds.append(sp)
+    for (name, _, _), eng, sps, out in zip(configs, engines, speeds, outs, strict=True):
         info = eng.info()
-        del eng
         kind = name.split(",")[0]
-        same = ref.setdefault(kind, outs) == outs
-        med = statistics.median(speeds)
-        rows.append((name, med, min(speeds), max(speeds), info, same))
+        same = ref.setdefault(kind, out) == out
+        med = statistics.median(sps)
+        rows.append((name, med, min(sps), max(sps), info, same))
         print(f"{name:24s} {med:8.1f} tok/s  {info}  same-greedy={same}", flush=True)
     print(
         f"\n{a.model.name}, prompt {a.prompt}, {a.requests} requests x {a.tokens} tokens, "
         f"reps {a.reps}, slots {hy['vram_slots']} of {n_exp}"
     )
     print(
-        f"{'config':24s} {'tok/s':>8s} {'min':>8s} {'max':>8s} {'acc/off':>10s} "
+        f"{'config':30s} {'tok/s':>8s} {'min':>8s} {'max':>8s} {'acc/off':>10s} "
         f"{'held/win':>10s} same"
     )
     for name, med, lo, hi, info, same in rows:
         acc = f"{info['accepted']}/{info['offered']}"
         held = f"{info['held']}/{info['windows']}"
-        print(f"{name:24s} {med:8.1f} {lo:8.1f} {hi:8.1f} {acc:>10s} {held:>10s} {same}")
+        print(f"{name:30s} {med:8.1f} {lo:8.1f} {hi:8.1f} {acc:>10s} {held:>10s} {same}")
 
 
 if __name__ == "__main__":

@@ -220,6 +220,60 @@ def test_a_slow_first_phase_does_not_lock_drafting_out() -> None:
     assert choose_k(SeqSpec(accepted_w=9.0, rejected_w=1.0), kept, 1, 1, 4) == 0
 
 
+class CatchUp:
+    """A drafter whose cost is catching up with the history (as the n-gram index or a draft
+    model's prefill): 0.2 ms per history token it has not seen; drafting itself is free."""
+
+    name = "catch-up"
+
+    def __init__(self) -> None:
+        self.seen: dict[int, int] = {}
+
+    def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+        import time
+
+        for r in reqs:
+            time.sleep(0.0002 * max(len(r.history) - self.seen.get(r.slot, 0), 0))
+            self.seen[r.slot] = len(r.history)
+        return [Draft([1] * r.k) for r in reqs]
+
+    def rollback(self, slot: int, n: int) -> None:
+        pass
+
+    def release(self, slot: int) -> None:
+        self.seen.pop(slot, None)
+
+    def pause(self, paused: bool) -> None:
+        pass
+
+
+def test_catching_up_after_idle_steps_is_not_the_drafting_cost() -> None:
+    """A sequence that drafts now and then pays the drafter's catch-up with the history at
+    each call; that is not what a drafted token costs when drafting every step, and priced so
+    it kept drafting off (each probe another catch-up). Only steady calls (the history grown
+    by at most the last window) measure the drafter."""
+    from strata.sampling import Sampler
+
+    sp = Speculator(CatchUp(), 1, 4)
+    for n in range(1, 6):  # cheap windows: 1 ms steps, a window costs little more
+        for _ in range(3):
+            sp.observe_step(n, 0.001 * (1 + 0.05 * (n - 1)))
+    st = SeqSpec(accepted_w=9.0, rejected_w=1.0)
+    hist = list(range(100))
+    ks = []
+    for _ in range(6):  # calls 40 tokens apart: each one an 8 ms catch-up
+        hist += list(range(40))
+        c = Candidate(0, hist, [], 8, Sampler(GREEDY, hist, 64), st, RNG)
+        ks.append(len(sp.plan([c], 1)[0].tokens))
+    assert all(k > 0 for k in ks), ks  # catch-ups priced at 8 / k steps a token would say 0
+    assert sp._draft_cost(1) == 0.0  # nothing steady measured yet
+    for _ in range(4):  # drafting every step: the history grows by the window
+        hist += [1] * (ks[-1] + 1)
+        c = Candidate(0, hist, [], 8, Sampler(GREEDY, hist, 64), st, RNG)
+        ks.append(len(sp.plan([c], 1)[0].tokens))
+    assert 0.0 < sp._draft_cost(1) < 0.5 and ks[-1] > 0  # measured now: cheap
+
+
 class PauseLog:
     """A drafter that drafts the token 1 and records the speculator's pause calls."""
 

@@ -55,9 +55,15 @@ class Speculator:
         self.hist = [0] * (k_max + 1)  # windows by accepted drafts
         self.draft_s = 0.0  # time spent drafting
         self.draft_tokens = 0
-        # recent drafting calls' seconds per drafted token (a first call also indexes or
-        # prefills the whole history: the median leaves such outliers out)
+        # recent steady drafting calls' seconds per drafted token: calls in which every
+        # sequence drafted at its previous step too. A sequence's first call, or its first
+        # after steps without drafting, also catches the drafter up with the history (the
+        # n-gram index, the draft model's prefill): a cost of not having drafted, which a
+        # sequence that drafts every step does not pay; counted per drafted token it would
+        # price drafting out, and the probes that could show otherwise (each one such a
+        # catch-up) would keep it out for good.
         self._per_token: deque[float] = deque(maxlen=WINDOW)
+        self._called: dict[int, tuple[int, int]] = {}  # slot → (history length, k) last call
         self.k_by_slot: dict[int, int] = {}  # the window each slot chose last
         self.rejections = 0  # windows that ended on a rejected draft
 
@@ -72,7 +78,7 @@ class Speculator:
 
     def _draft_cost(self, base: int) -> float:
         """The drafter's time per drafted token, in target steps of `base` tokens (0 until
-        MIN_SAMPLES drafting calls are measured)."""
+        MIN_SAMPLES steady drafting calls are measured)."""
         t = self.cost.time(base)
         if len(self._per_token) < MIN_SAMPLES or t is None or t <= 0:
             return 0.0
@@ -102,13 +108,19 @@ class Speculator:
             self.drafter.pause(True)
         out = [Draft() for _ in cands]
         if reqs:
+            steady = True
+            for r in reqs:  # each sequence's history grew by at most its last window
+                last = self._called.get(r.slot)
+                steady = steady and last is not None and len(r.history) - last[0] <= last[1] + 2
+                self._called[r.slot] = (len(r.history), r.k)
             t0 = time.perf_counter()
             drafts = self.drafter.propose_many(reqs)
             dt = time.perf_counter() - t0
             n = sum(r.k for r in reqs)
             self.draft_s += dt
             self.draft_tokens += n
-            self._per_token.append(dt / n)
+            if steady:
+                self._per_token.append(dt / n)
             for i, d in zip(where, drafts, strict=True):
                 out[i] = d
         return out
@@ -132,6 +144,7 @@ class Speculator:
         return res
 
     def release(self, slot: int) -> None:
+        self._called.pop(slot, None)
         self.drafter.release(slot)
 
     def stats(self) -> list[Stat]:

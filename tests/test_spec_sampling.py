@@ -159,7 +159,7 @@ class FixedCost(Speculator):
         for n in range(1, 64 * (k_max + 1) + 1):
             self.cost.observe(n, 1e-3 * (1 + 0.1 * (n - 1)))
 
-    def observe_step(self, n_tokens: int, seconds: float) -> None:
+    def observe_step(self, n_tokens: int, seconds: float, pipelined: bool = False) -> None:
         pass
 
 

@@ -313,7 +313,10 @@ class Scheduler:
             where.append(i)
         out = [Draft() for _ in decoding]
         if self.spec is not None and cands:
-            for i, d in zip(where, self.spec.plan(cands, len(decoding)), strict=True):
+            # a step the guess policy runs pipelined is priced on the pipelined curve
+            pipe = self.pipelined and self._guess_pays()
+            plans = self.spec.plan(cands, len(decoding), pipelined=pipe)
+            for i, d in zip(where, plans, strict=True):
                 out[i] = d
         return out
 
@@ -520,7 +523,7 @@ class Scheduler:
             cands.append(
                 Candidate(s.slot, s.req.prompt, out, room - 1, s.sampler, s.spec, s.draft_rng)
             )
-        plans = self.spec.plan(cands, len(cands), extra=1)
+        plans = self.spec.plan(cands, len(cands), extra=1, pipelined=True)
         entries: list[Entry] = []
         drafts: list[Draft] = []
         guesses: list[int] = []
@@ -564,7 +567,7 @@ class Scheduler:
         now = time.perf_counter()
         assert self.spec is not None
         dt = now - max(k.t0, self._last)
-        self.spec.observe_step(sum(len(ids) for _, ids, _ in k.entries), dt)
+        self.spec.observe_step(sum(len(ids) for _, ids, _ in k.entries), dt, pipelined=True)
         self._last = now
         live = [self.running.get(s.slot) is s for s in k.seqs]  # an aborted one is gone
         keep = [i for i, ok in enumerate(live) if ok]
@@ -592,6 +595,9 @@ class Scheduler:
             return events + self._fail(k.seqs, e)
         self.pipe_windows += 1
         self.pipe_held += held
-        self._account(now - self._t_step, sum(len(r) for r in results if r is not None))
+        # the step's time to its settlement (a discarded window's books included)
+        self._account(
+            time.perf_counter() - self._t_step, sum(len(r) for r in results if r is not None)
+        )
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

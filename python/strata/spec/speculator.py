@@ -49,7 +49,11 @@ class Speculator:
         self.drafter = drafter
         self.adaptive = adaptive  # False: every window drafts k_max (what room allows)
         self.k_min, self.k_max = k_min, k_max
-        self.cost = CostModel()
+        self.cost = CostModel()  # serial steps
+        # pipelined windows (`pipeline_windows` 2): T(n) is the interval between two verdicts,
+        # which overlaps the next window's launch with this one's books: another curve than a
+        # serial step's, kept apart so that neither mode's choices read the other's times
+        self.pipe_cost = CostModel()
         self.offered = 0
         self.accepted = 0
         self.hist = [0] * (k_max + 1)  # windows by accepted drafts
@@ -76,28 +80,32 @@ class Speculator:
         alpha = self.accepted / seen if seen else ALPHA_PRIOR[0] / w
         return SeqSpec(accepted_w=alpha * w, rejected_w=(1.0 - alpha) * w)
 
-    def _draft_cost(self, base: int) -> float:
+    def _draft_cost(self, base: int, cost: CostModel | None = None) -> float:
         """The drafter's time per drafted token, in target steps of `base` tokens (0 until
         MIN_SAMPLES steady drafting calls are measured)."""
-        t = self.cost.time(base)
+        t = (cost or self.cost).time(base)
         if len(self._per_token) < MIN_SAMPLES or t is None or t <= 0:
             return 0.0
         return statistics.median(self._per_token) / t
 
-    def plan(self, cands: Sequence[Candidate], base: int, extra: int = 0) -> list[Draft]:
+    def plan(
+        self, cands: Sequence[Candidate], base: int, extra: int = 0, pipelined: bool = False
+    ) -> list[Draft]:
         """The draft of each candidate (empty: a plain one-token decode); `base` is the number
         of tokens the step runs without any drafts. `extra` tokens are drafted before each
         window (a pipelined window's guess of the token its predecessor emits), also where
-        the window has no drafts."""
-        dc = self._draft_cost(base)
+        the window has no drafts. `pipelined`: the step runs as a pipelined window (its costs
+        are `pipe_cost`'s)."""
+        cost = self.pipe_cost if pipelined else self.cost
+        dc = self._draft_cost(base, cost)
         reqs: list[DraftRequest] = []
         where: list[int] = []
         # the adaptive window needs T(base), the step without drafts, measured first
-        measured = base in self.cost.times
+        measured = base in cost.times
         for i, c in enumerate(cands):
             k_max = min(self.k_max, c.room) if measured or not self.adaptive else 0
             if self.adaptive:
-                k = choose_k(c.state, self.cost, base, self.k_min, k_max, dc)
+                k = choose_k(c.state, cost, base, self.k_min, k_max, dc)
             else:
                 k = max(k_max, 0)
             self.k_by_slot[c.slot] = k
@@ -125,9 +133,10 @@ class Speculator:
                 out[i] = d
         return out
 
-    def observe_step(self, n_tokens: int, seconds: float) -> None:
-        """A step of decodes and windows only (no prompt chunk) ran `n_tokens` tokens."""
-        self.cost.observe(n_tokens, seconds)
+    def observe_step(self, n_tokens: int, seconds: float, pipelined: bool = False) -> None:
+        """A step of decodes and windows only (no prompt chunk) ran `n_tokens` tokens (a
+        pipelined window: `seconds` since the previous verdict)."""
+        (self.pipe_cost if pipelined else self.cost).observe(n_tokens, seconds)
 
     def settle(self, c: Candidate, draft: Draft, rows: np.ndarray[Any, Any]) -> list[SampleResult]:
         """The tokens a window emits; the drafter keeps the accepted prefix."""

@@ -274,6 +274,23 @@ def test_catching_up_after_idle_steps_is_not_the_drafting_cost() -> None:
     assert 0.0 < sp._draft_cost(1) < 0.5 and ks[-1] > 0  # measured now: cheap
 
 
+def test_pipelined_windows_have_their_own_cost_curve() -> None:
+    """A pipelined window's time (between verdicts, overlapping the next launch) and a serial
+    step's are different curves: each mode's choice reads its own."""
+    from strata.sampling import Sampler
+
+    sp = Speculator(PauseLog(), 1, 4)
+    for n in range(1, 6):
+        for _ in range(3):
+            sp.observe_step(n, 0.01 * n)  # serial: a window costs its tokens
+            sp.observe_step(n, 0.01 * (1 + 0.05 * (n - 1)), pipelined=True)  # cheap
+    st = SeqSpec(accepted_w=9.0, rejected_w=1.0)
+    c = Candidate(0, [5, 6], [7], 8, Sampler(GREEDY, [5, 6], 64), st, RNG)
+    assert not sp.plan([c], 1)[0].tokens
+    assert sp.plan([c], 1, pipelined=True)[0].tokens
+    assert sp.cost.samples(2) == 3 and sp.pipe_cost.samples(2) == 3
+
+
 class PauseLog:
     """A drafter that drafts the token 1 and records the speculator's pause calls."""
 

@@ -55,6 +55,7 @@ class CostModel:
         self._sizes: list[int] = []  # the measured n, sorted
         self._ratios: dict[tuple[int, int], list[float]] = {}  # (base, k_max) → c(0..k_max)
         self._steps = 0
+        self._due = False  # the medians of measured sizes are re-read (every REFRESH steps)
 
     def observe(self, n: int, seconds: float) -> None:
         q = self._recent.setdefault(n, deque(maxlen=WINDOW))
@@ -67,6 +68,7 @@ class CostModel:
         if self._steps % REFRESH == 0:  # the medians move slowly: re-read them now and then
             self._expire()
             self._ratios.clear()
+            self._due = True
 
     def _expire(self) -> None:
         """Drop the samples older than STALE steps (a size left with none is unmeasured)."""
@@ -91,10 +93,14 @@ class CostModel:
 
     @property
     def times(self) -> dict[int, float]:
-        """n → T(n) measured (the median of its recent steps)."""
-        for n in self._dirty:
-            self._times[n] = statistics.median(t for _, t in self._recent[n])
-        self._dirty.clear()
+        """n → T(n) measured (the median of its recent steps; a size measured before is
+        re-read every REFRESH steps, a new one at once: the step's own bookkeeping stays
+        off the sort)."""
+        if self._dirty:
+            for n in [n for n in self._dirty if self._due or n not in self._times]:
+                self._times[n] = statistics.median(t for _, t in self._recent[n])
+                self._dirty.discard(n)
+            self._due = False
         return self._times
 
     def ratios(self, base: int, k_max: int) -> list[float]:

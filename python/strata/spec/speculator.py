@@ -68,6 +68,7 @@ class Speculator:
         # catch-up) would keep it out for good.
         self._per_token: deque[float] = deque(maxlen=WINDOW)
         self._called: dict[int, tuple[int, int]] = {}  # slot → (history length, k) last call
+        self._per_token_med: float | None = None  # its median (None: to be re-read)
         self.k_by_slot: dict[int, int] = {}  # the window each slot chose last
         self.rejections = 0  # windows that ended on a rejected draft
 
@@ -83,10 +84,14 @@ class Speculator:
     def _draft_cost(self, base: int, cost: CostModel | None = None) -> float:
         """The drafter's time per drafted token, in target steps of `base` tokens (0 until
         MIN_SAMPLES steady drafting calls are measured)."""
-        t = (cost or self.cost).time(base)
-        if len(self._per_token) < MIN_SAMPLES or t is None or t <= 0:
+        if len(self._per_token) < MIN_SAMPLES:
             return 0.0
-        return statistics.median(self._per_token) / t
+        t = (cost or self.cost).time(base)
+        if t is None or t <= 0:
+            return 0.0
+        if self._per_token_med is None:  # re-read only after a new steady call
+            self._per_token_med = statistics.median(self._per_token)
+        return self._per_token_med / t
 
     def plan(
         self, cands: Sequence[Candidate], base: int, extra: int = 0, pipelined: bool = False
@@ -101,7 +106,7 @@ class Speculator:
         reqs: list[DraftRequest] = []
         where: list[int] = []
         # the adaptive window needs T(base), the step without drafts, measured first
-        measured = base in cost.times
+        measured = cost.samples(base) > 0
         for i, c in enumerate(cands):
             k_max = min(self.k_max, c.room) if measured or not self.adaptive else 0
             if self.adaptive:
@@ -129,6 +134,7 @@ class Speculator:
             self.draft_tokens += n
             if steady:
                 self._per_token.append(dt / n)
+                self._per_token_med = None
             for i, d in zip(where, drafts, strict=True):
                 out[i] = d
         return out

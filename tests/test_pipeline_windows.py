@@ -131,9 +131,12 @@ def test_guesses_stop_where_they_cost_time() -> None:
     be = FakeBackend(n_ctx=2048, max_slots=4, pipeline_windows=2, step_ms=2.0)
     sp = Speculator(WrongDrafter(), 1, 4, adaptive=False)
     sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
-    text = b"abcdefghijklmnopqrstuvwxyz " * 20
-    sched.add(Submit(0, list(text), GREEDY, 600, EOG))
-    run(sched)
+    text = list(b"abcdefghijklmnopqrstuvwxyz " * 20)
+    serial = Scheduler(FakeBackend(n_ctx=2048, max_slots=4), 16, max_slots=4, max_batch_tokens=64)
+    serial.add(Submit(0, text, GREEDY, 600, EOG))
+    want = outputs(run(serial), 1)
+    sched.add(Submit(0, text, GREEDY, 600, EOG))
+    assert outputs(run(sched), 1) == want  # the serial arm's steps are the serial loop's
     assert sched.pipe_held == 0 and sched.steps > 500, sched.steps
     # the first block of 32 guessing steps; serial blocks after it but for the exploring ones
     # (after 8 blocks, then 16): at most 3 guessing blocks in this run

@@ -11,7 +11,7 @@ pub(super) const DISTANCE: usize = 2048;
 
 /// The distance the kernels use: `DISTANCE`, or in test builds what `bench` set (0 = off).
 #[inline(always)]
-pub(super) fn distance() -> usize {
+pub(in super::super) fn distance() -> usize {
     #[cfg(test)]
     {
         test_knob::DIST.load(std::sync::atomic::Ordering::Relaxed)

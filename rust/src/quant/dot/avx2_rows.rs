@@ -54,7 +54,7 @@ fn scales8(s: u64, signed: bool) -> __m256i {
 /// Per 128-bit half, lanes `[Σa, Σb, Σc, Σd]` of the i32 vectors a..d summed within the half.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn transpose_sum4(s: [__m256i; R]) -> __m256i {
+pub(in super::super) fn transpose_sum4(s: [__m256i; R]) -> __m256i {
     let ab = _mm256_add_epi32(
         _mm256_unpacklo_epi32(s[0], s[1]),
         _mm256_unpackhi_epi32(s[0], s[1]),
@@ -69,7 +69,7 @@ fn transpose_sum4(s: [__m256i; R]) -> __m256i {
 /// Hints for the group one ahead: over the `nb` blocks the hints walk the next `R·rb` bytes
 /// (shifted by half the prefetch distance), `R·bs` bytes per block.
 #[inline(always)]
-fn ahead_group(w: &[u8], b: usize, bs: usize, rb: usize, dist: usize) {
+pub(in super::super) fn ahead_group(w: &[u8], b: usize, bs: usize, rb: usize, dist: usize) {
     if dist > 0 {
         pf::ahead(w, R * bs * b, R * rb + dist / 2, R * bs);
     }

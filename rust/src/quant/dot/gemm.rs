@@ -91,7 +91,8 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
-    /// Rows × at most `ROWS_MAX_T` tokens at once (`gemm_avx512::rows_kernel`), if any.
+    /// Rows × at most `ROWS_MAX_T` tokens at once (`gemm_avx512::rows_kernel`, else
+    /// `gemm_avx2::rows_kernel`), if any.
     rows: Option<gemm_avx512::RowsFn>,
     /// `rows_call` may take the AMX tiles (Q4_K; IQ3_S and Q6_K in `Order::Many`; AVX-512
     /// active, AMX here).
@@ -133,10 +134,16 @@ impl MultiDot {
         assert!(isa.available(), "this CPU cannot run {}", isa.name());
         let row_len = w.row_bytes(n).expect("n is whole blocks");
         let act_len = super::act_bytes(w, n).expect("n is whole blocks");
-        // the rows kernel is AVX-512's, and runs where its multi-token kernel would
+        // the rows kernel is AVX-512's where it has one and runs where its multi-token
+        // kernel would, else AVX2's (bitwise the same results: every rows kernel is `call`'s)
         let rows = (isa == Isa::Avx512 && multi.is_some())
             .then(|| gemm_avx512::rows_kernel(w, order))
-            .flatten();
+            .flatten()
+            .or_else(|| {
+                (isa != Isa::Scalar && multi.is_some())
+                    .then(|| gemm_avx2::rows_kernel(w, order))
+                    .flatten()
+            });
         MultiDot {
             w,
             n,
@@ -389,6 +396,11 @@ mod tests {
             assert!(
                 kernels >= 2,
                 "the AVX-512 rows × tokens kernels were not exercised"
+            );
+        } else if Isa::Avx2.available() {
+            assert!(
+                kernels >= 1,
+                "the AVX2 rows × tokens kernel was not exercised"
             );
         }
     }

@@ -25,6 +25,12 @@ use std::arch::x86_64::*;
 
 #[path = "gemm_iq3s.rs"]
 mod iq3s;
+#[path = "gemm_avx2_rows.rs"]
+mod rows;
+pub use rows::rows_kernel;
+
+/// A rows × tokens kernel: `(n, rows, nr, acts, out)`, `out[r·nt + t]` (`rows_kernel`).
+pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 
 /// Q8_K block bytes.
 const AB: usize = 292;

@@ -206,3 +206,169 @@ fn mxfp4_kernels_ab() {
         println!("MXFP4 n={n} {what}, GB/s per core: {}", line.join(", "));
     }
 }
+
+/// The repacked Q6_K head's kernels for a batched step's decode rows, one thread, CPU time:
+/// one activation (`dot`), four through one decode (`dot_single4`) and four one by one, on an
+/// L2-resident slice (compute) and on 255 MB of rows from RAM (the bench model's head):
+/// `cargo test --no-default-features --release head_rows_ab -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn head_rows_ab() {
+    use super::q6k_repack::{dot, dot_single4, permute_act, repack, BLOCK_BYTES};
+    use super::Order;
+    let (w, n) = (GgmlType::Q6K, 2048usize);
+    let rb = n / 256 * BLOCK_BYTES;
+    let mut rng = Rng::new(31);
+    let proto: Vec<u8> = (0..64)
+        .flat_map(|_| repack(&random_row(w, n, &mut rng)).unwrap())
+        .collect();
+    let m: Vec<u8> = proto.iter().copied().cycle().take(151_936 * rb).collect();
+    let acts: Vec<Vec<u8>> = (0..4)
+        .map(|_| {
+            let a = random_act(w, n, &mut rng);
+            let mut p = vec![0u8; a.len()];
+            permute_act(&a, &mut p).unwrap();
+            p
+        })
+        .collect();
+    let four = [&acts[0][..], &acts[1][..], &acts[2][..], &acts[3][..]];
+    let one = |c: &[u8]| {
+        let mut x = 0f32;
+        for row in c.chunks_exact(rb) {
+            x += dot(n, row, four[0], Order::Single, true);
+        }
+        x.to_bits() as u64
+    };
+    let shared = |c: &[u8]| {
+        let mut x = 0f32;
+        for row in c.chunks_exact(rb) {
+            for v in dot_single4(n, row, four, true) {
+                x += v;
+            }
+        }
+        x.to_bits() as u64
+    };
+    let apart = |c: &[u8]| {
+        let mut x = 0f32;
+        for row in c.chunks_exact(rb) {
+            for a in four {
+                x += dot(n, row, a, Order::Single, true);
+            }
+        }
+        x.to_bits() as u64
+    };
+    assert_eq!(shared(&m[..64 * rb]), apart(&m[..64 * rb]));
+    let fs: [Named<'_>; 3] = [
+        ("1 act", &one),
+        ("4 acts shared", &shared),
+        ("4 acts apart", &apart),
+    ];
+    let small = &m[..384 * 1024 / rb * rb];
+    for (what, data, reps) in [("L2", small, 100), ("RAM", &m[..], 2)] {
+        let mut best = [u64::MAX; 3];
+        for _ in 0..5 {
+            for (k, (_, f)) in fs.iter().enumerate() {
+                let c0 = thread_cpu_ns();
+                for _ in 0..reps {
+                    std::hint::black_box(f(data));
+                }
+                best[k] = best[k].min(thread_cpu_ns() - c0);
+            }
+        }
+        let line: Vec<String> = fs
+            .iter()
+            .zip(best)
+            .map(|((nm, _), t)| {
+                format!(
+                    "{nm} {:.2} GB/s ({:.2} ms per head)",
+                    (data.len() * reps) as f64 / t as f64,
+                    t as f64 / reps as f64 / 1e6 * (m.len() as f64 / data.len() as f64)
+                )
+            })
+            .collect();
+        println!("Q6_K-R n={n} {what}, one core: {}", line.join(", "));
+    }
+    for threads in [1usize, 2] {
+        let mut best = [(0f64, 0f64); 4];
+        for _ in 0..3 {
+            let r = [
+                run(threads, &m, rb, &|c| unsafe { stream(c) }),
+                run(threads, &m, rb, &one),
+                run(threads, &m, rb, &shared),
+                run(threads, &m, rb, &apart),
+            ];
+            for (b, x) in best.iter_mut().zip(r) {
+                *b = (b.0.max(x.0), b.1.max(x.1));
+            }
+        }
+        println!(
+            "Q6_K-R RAM {threads} thr, wall GB/s: stream {:.2}, 1 act {:.2}, 4 shared {:.2}, 4 apart {:.2}",
+            best[0].0, best[1].0, best[2].0, best[3].0
+        );
+    }
+}
+
+/// Q4_K `Order::Single` at 2–4 tokens (a batched step's dense projections, experts with
+/// several tokens): the rows × tokens kernel (`MultiDot::rows_plain`) against the
+/// multi-token kernel row by row (`MultiDot::call`), one thread, CPU time, on an L2-resident
+/// slice (compute) and from RAM:
+/// `cargo test --no-default-features --release q4k_rows_tokens_ab -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn q4k_rows_tokens_ab() {
+    use super::{MultiDot, Order};
+    let (w, n) = (GgmlType::Q4K, 2048usize);
+    let rb = w.row_bytes(n).unwrap();
+    let mut rng = Rng::new(37);
+    let proto: Vec<u8> = (0..64).flat_map(|_| random_row(w, n, &mut rng)).collect();
+    let m: Vec<u8> = proto.iter().copied().cycle().take(4096 * 16 * rb).collect();
+    let acts: Vec<Vec<u8>> = (0..4).map(|_| random_act(w, n, &mut rng)).collect();
+    let md = MultiDot::new(w, n, Order::Single);
+    for nt in [2usize, 3, 4] {
+        let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+        let refs = &refs[..];
+        let plain = |c: &[u8]| {
+            let mut out = [0f32; 64 * 4];
+            let mut x = 0f32;
+            for g in c.chunks(64 * rb) {
+                let nr = g.len() / rb;
+                md.rows_plain(g, nr, refs, &mut out[..nr * nt]);
+                x += out[..nr * nt].iter().sum::<f32>();
+            }
+            x.to_bits() as u64
+        };
+        let per_row = |c: &[u8]| {
+            let mut out = [0f32; 64 * 4];
+            let mut x = 0f32;
+            for g in c.chunks(64 * rb) {
+                let nr = g.len() / rb;
+                for (r, o) in out[..nr * nt].chunks_exact_mut(nt).enumerate() {
+                    md.call(&g[r * rb..(r + 1) * rb], refs, o);
+                }
+                x += out[..nr * nt].iter().sum::<f32>();
+            }
+            x.to_bits() as u64
+        };
+        assert_eq!(plain(&m[..256 * rb]), per_row(&m[..256 * rb]));
+        let fs: [Named<'_>; 2] = [("rows x tokens", &plain), ("per row", &per_row)];
+        let small = &m[..256 * 1024 / rb / 4 * 4 * rb];
+        for (what, data, reps) in [("L2", small, 200), ("RAM", &m[..], 3)] {
+            let mut best = [u64::MAX; 2];
+            for _ in 0..5 {
+                for (k, (_, f)) in fs.iter().enumerate() {
+                    let c0 = thread_cpu_ns();
+                    for _ in 0..reps {
+                        std::hint::black_box(f(data));
+                    }
+                    best[k] = best[k].min(thread_cpu_ns() - c0);
+                }
+            }
+            println!(
+                "Q4_K n={n} {nt} tokens {what}, one core GB/s: rows x tokens {:.2}, per row {:.2} ({:.2}x)",
+                (data.len() * reps) as f64 / best[0] as f64,
+                (data.len() * reps) as f64 / best[1] as f64,
+                best[1] as f64 / best[0] as f64
+            );
+        }
+    }
+}

@@ -58,6 +58,22 @@ fn run(threads: usize, m: &[u8], rb: usize, f: &(dyn Fn(&[u8]) -> u64 + Sync)) -
 /// A kernel pass over a matrix, named for the report.
 type Named<'a> = (&'static str, &'a dyn Fn(&[u8]) -> u64);
 
+/// Best of 5 interleaved passes: each kernel's CPU time (ns, this thread) for `reps` runs
+/// over `data`.
+fn best_cpu_ns(fs: &[Named<'_>], data: &[u8], reps: usize) -> Vec<u64> {
+    let mut best = vec![u64::MAX; fs.len()];
+    for _ in 0..5 {
+        for (b, (_, f)) in best.iter_mut().zip(fs) {
+            let c0 = thread_cpu_ns();
+            for _ in 0..reps {
+                std::hint::black_box(f(data));
+            }
+            *b = (*b).min(thread_cpu_ns() - c0);
+        }
+    }
+    best
+}
+
 #[test]
 #[ignore]
 fn decode_rows_ab() {
@@ -188,16 +204,7 @@ fn mxfp4_kernels_ab() {
     ];
     let small = &m[..384 * 1024 / rb * rb];
     for (what, data, reps) in [("L2", small, 300), ("RAM", &m[..], 3)] {
-        let mut best = [u64::MAX; 3];
-        for _ in 0..5 {
-            for (k, (_, f)) in fs.iter().enumerate() {
-                let c0 = thread_cpu_ns();
-                for _ in 0..reps {
-                    std::hint::black_box(f(data));
-                }
-                best[k] = best[k].min(thread_cpu_ns() - c0);
-            }
-        }
+        let best = best_cpu_ns(&fs, data, reps);
         let line: Vec<String> = fs
             .iter()
             .zip(best)
@@ -265,16 +272,7 @@ fn head_rows_ab() {
     ];
     let small = &m[..384 * 1024 / rb * rb];
     for (what, data, reps) in [("L2", small, 100), ("RAM", &m[..], 2)] {
-        let mut best = [u64::MAX; 3];
-        for _ in 0..5 {
-            for (k, (_, f)) in fs.iter().enumerate() {
-                let c0 = thread_cpu_ns();
-                for _ in 0..reps {
-                    std::hint::black_box(f(data));
-                }
-                best[k] = best[k].min(thread_cpu_ns() - c0);
-            }
-        }
+        let best = best_cpu_ns(&fs, data, reps);
         let line: Vec<String> = fs
             .iter()
             .zip(best)
@@ -353,16 +351,7 @@ fn q4k_rows_tokens_ab() {
         let fs: [Named<'_>; 2] = [("rows x tokens", &plain), ("per row", &per_row)];
         let small = &m[..256 * 1024 / rb / 4 * 4 * rb];
         for (what, data, reps) in [("L2", small, 200), ("RAM", &m[..], 3)] {
-            let mut best = [u64::MAX; 2];
-            for _ in 0..5 {
-                for (k, (_, f)) in fs.iter().enumerate() {
-                    let c0 = thread_cpu_ns();
-                    for _ in 0..reps {
-                        std::hint::black_box(f(data));
-                    }
-                    best[k] = best[k].min(thread_cpu_ns() - c0);
-                }
-            }
+            let best = best_cpu_ns(&fs, data, reps);
             println!(
                 "Q4_K n={n} {nt} tokens {what}, one core GB/s: rows x tokens {:.2}, per row {:.2} ({:.2}x)",
                 (data.len() * reps) as f64 / best[0] as f64,

@@ -41,7 +41,7 @@ pub(in super::super) const R: usize = 4;
 /// Eight u8 (`signed`: i8) scales packed in a u64, as i16 in both 128-bit halves.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn scales8(s: u64, signed: bool) -> __m256i {
+pub(in super::super) fn scales8(s: u64, signed: bool) -> __m256i {
     let b = _mm_cvtsi64_si128(s as i64);
     let v = if signed {
         _mm_cvtepi8_epi16(b)
@@ -64,6 +64,16 @@ pub(in super::super) fn transpose_sum4(s: [__m256i; R]) -> __m256i {
         _mm256_unpackhi_epi32(s[2], s[3]),
     );
     _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd))
+}
+
+/// `[Σ a_lo, Σ a_hi, Σ b_lo, Σ b_hi]`: the four i32 lanes of each 128-bit half of
+/// `a` = [s0 ×4 | s1 ×4] and `b` = [s2 ×4 | s3 ×4] summed, as `[s0, s1, s2, s3]`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(in super::super) fn sum4_halves(a: __m256i, b: __m256i) -> __m128i {
+    let x = _mm256_add_epi32(_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+    let y = _mm256_add_epi32(x, _mm256_shuffle_epi32(x, 0b01_00_11_10)); // [s0 s2 . . | s1 s3 . .]
+    _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
 }
 
 /// Hints for the group one ahead: over the `nb` blocks the hints walk the next `R·rb` bytes
@@ -122,12 +132,7 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
             |r: usize| _mm256_cvtepu8_epi16(_mm_set_epi64x(mins[r + 1] as i64, mins[r] as i64));
         let m01 = _mm256_madd_epi16(mv(0), pairs); // [r0 ×4 | r1 ×4]
         let m23 = _mm256_madd_epi16(mv(2), pairs); // [r2 ×4 | r3 ×4]
-        let x = _mm256_add_epi32(
-            _mm256_unpacklo_epi32(m01, m23),
-            _mm256_unpackhi_epi32(m01, m23),
-        );
-        let y = _mm256_add_epi32(x, _mm256_shuffle_epi32(x, 0b01_00_11_10)); // [r0 r2 . . | r1 r3 . .]
-        let sm = _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+        let sm = sum4_halves(m01, m23);
         // acc + (d_a·d·sumi − d_a·dmin·summ), four rows at once.
         let da = _mm_set1_ps(f32::from_le_bytes(ab[0..4].try_into().unwrap()));
         let dd = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(dbits as i64)));

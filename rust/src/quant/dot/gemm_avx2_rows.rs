@@ -16,11 +16,11 @@
 //! Safety: callers (`MultiDot::rows_plain` through `rows_kernel`) have checked AVX2/FMA/F16C
 //! and that `rows` holds `nr` rows of `n` elements and every activation `n / 256` blocks.
 
-use super::super::super::avx2::rows::{ahead_group, transpose_sum4, R};
+use super::super::super::avx2::rows::{ahead_group, scales8, sum4_halves, transpose_sum4, R};
 use super::super::super::avx2::{h2f, load, pf};
 use super::super::super::common::k4_scales_packed;
 use super::super::super::Order;
-use super::{da_at, q45_k, RowsFn, AB};
+use super::{bcast_masks, da_at, mac, q45_k, RowsFn, AB};
 use std::arch::x86_64::*;
 
 /// Q4_K block bytes.
@@ -42,7 +42,7 @@ unsafe fn q4_k_rows4_t<const N: usize>(
     a: [*const u8; N],
 ) -> [[f32; N]; R] {
     let m4 = _mm256_set1_epi8(15);
-    let bm: [__m256i; 8] = std::array::from_fn(|k| _mm256_set1_epi16((0x0100 + 0x0202 * k) as i16));
+    let bm = bcast_masks();
     let dist = pf::distance();
     // one accumulator per group of four slots: R·N / 4 = N groups
     let mut acc = [_mm_setzero_ps(); N];
@@ -54,7 +54,7 @@ unsafe fn q4_k_rows4_t<const N: usize>(
         for r in 0..R {
             let wb = &w[r * rb + BS * b..r * rb + BS * b + BS];
             let (sc, mn) = k4_scales_packed(wb);
-            let sc8 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            let sc8 = scales8(sc, false);
             mins[r] = mn;
             (d[r], dmin[r]) = (h2f(wb, 0), h2f(wb, 2));
             let qp = wb.as_ptr().add(16);
@@ -66,11 +66,7 @@ unsafe fn q4_k_rows4_t<const N: usize>(
                 let s1 = _mm256_shuffle_epi8(sc8, bm[2 * c + 1]);
                 for (s, &at) in sv[r].iter_mut().zip(&a) {
                     let ap = at.add(AB * b + 4 + 64 * c);
-                    let plo = _mm256_maddubs_epi16(lo, load(ap));
-                    let phi = _mm256_maddubs_epi16(hi, load(ap.add(32)));
-                    let v =
-                        _mm256_add_epi32(_mm256_madd_epi16(plo, s0), _mm256_madd_epi16(phi, s1));
-                    *s = _mm256_add_epi32(*s, v);
+                    *s = mac(mac(*s, lo, load(ap), s0), hi, load(ap.add(32)), s1);
                 }
             }
         }
@@ -93,13 +89,7 @@ unsafe fn q4_k_rows4_t<const N: usize>(
                     _mm256_set_m128i(pairs[tok(k + 1)], pairs[tok(k)]),
                 )
             };
-            let (m01, m23) = (half(0), half(2)); // [s0 ×4 | s1 ×4], [s2 ×4 | s3 ×4]
-            let x = _mm256_add_epi32(
-                _mm256_unpacklo_epi32(m01, m23),
-                _mm256_unpackhi_epi32(m01, m23),
-            );
-            let y = _mm256_add_epi32(x, _mm256_shuffle_epi32(x, 0b01_00_11_10)); // [s0 s2 . . | s1 s3 . .]
-            let sm = _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+            let sm = sum4_halves(half(0), half(2)); // halves [s0 ×4 | s1 ×4], [s2 ×4 | s3 ×4]
             let dav = f4(|k| da[tok(k)]);
             let dd = _mm_mul_ps(dav, f4(|k| d[row(k)]));
             let dm = _mm_mul_ps(dav, f4(|k| dmin[row(k)]));

@@ -17,6 +17,8 @@ mod gemm_avx2;
 #[cfg_attr(target_arch = "x86_64", path = "gemm_avx512.rs")]
 #[cfg_attr(not(target_arch = "x86_64"), path = "gemm_stub.rs")]
 mod gemm_avx512;
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(super) use gemm_avx2::q4_k_rows_il;
 
 /// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S and
 /// Q6_K, `Order::Many`).
@@ -39,12 +41,18 @@ const AMX_MIN_T: usize = 12;
 /// the kernel).
 pub const MAX_T: usize = 64;
 
-/// Most tokens the rows × tokens kernels take (`MultiDot::rows_plain`).
+/// Most tokens the AVX-512 rows × tokens kernels take (`MultiDot::rows_plain`; AVX2's
+/// Q4_K kernel takes up to `MAX_T`).
 pub const ROWS_MAX_T: usize = 4;
 
 /// Tokens per call for the kernels that decode a block per 4 tokens: a group's activations
 /// stay in L1 while the rows of a tile's row block run over them.
 const NARROW_T: usize = 8;
+
+/// Most tokens per call for a rows × tokens kernel that takes more than `NARROW_T`: AVX2's
+/// interleaved Q4_K kernel (pp512 on the qwen35moe bench file, 2 threads, Zen 3: 8 tokens
+/// 182–257 tok/s, 16: 214–227, 32: 240–286, 64: 242–294 over interleaved runs).
+const WIDE_T: usize = 32;
 
 /// Whether `isa` has a multi-token kernel of its own for `w` in `order` (else the
 /// single-token kernel loops).
@@ -91,9 +99,9 @@ pub struct MultiDot {
     act_len: usize,
     single: DotFn,
     multi: Option<gemm_avx2::MultiFn>,
-    /// Rows × at most `ROWS_MAX_T` tokens at once (`gemm_avx512::rows_kernel`, else
-    /// `gemm_avx2::rows_kernel`), if any.
-    rows: Option<gemm_avx512::RowsFn>,
+    /// Rows × tokens at once (`gemm_avx512::rows_kernel`, else `gemm_avx2::rows_kernel_t`),
+    /// if any, and the most tokens it takes.
+    rows: Option<(gemm_avx512::RowsFn, usize)>,
     /// `rows_call` may take the AMX tiles (Q4_K; IQ3_S and Q6_K in `Order::Many`; AVX-512
     /// active, AMX here).
     amx: bool,
@@ -120,7 +128,7 @@ impl MultiDot {
         let k = gemm_avx512::kernel_with(w, order, vnni)?;
         let mut md = MultiDot::with_kernel(Isa::Avx512, w, n, order, Some(k));
         md.amx = false; // the variant itself, not the tiles
-        md.rows = gemm_avx512::rows_kernel_with(w, order, vnni);
+        md.rows = gemm_avx512::rows_kernel_with(w, order, vnni).map(|k| (k, ROWS_MAX_T));
         Some(md)
     }
 
@@ -135,13 +143,16 @@ impl MultiDot {
         let row_len = w.row_bytes(n).expect("n is whole blocks");
         let act_len = super::act_bytes(w, n).expect("n is whole blocks");
         // the rows kernel is AVX-512's where it has one and runs where its multi-token
-        // kernel would, else AVX2's (bitwise the same results: every rows kernel is `call`'s)
+        // kernel would, else AVX2's on an AVX2 dispatch (bitwise the same results: every rows
+        // kernel is `call`'s; AVX-512's multi-token kernels are not traded for AVX2's
+        // interleaved one unmeasured)
         let rows = (isa == Isa::Avx512 && multi.is_some())
             .then(|| gemm_avx512::rows_kernel(w, order))
             .flatten()
+            .map(|k| (k, ROWS_MAX_T))
             .or_else(|| {
-                (isa != Isa::Scalar && multi.is_some())
-                    .then(|| gemm_avx2::rows_kernel(w, order))
+                (isa == Isa::Avx2 && multi.is_some())
+                    .then(|| gemm_avx2::rows_kernel_t(w, order))
                     .flatten()
             });
         MultiDot {
@@ -162,13 +173,16 @@ impl MultiDot {
 
     /// How many tokens (at most `MAX_T`) a call should get. The IQ3_S kernel decodes each
     /// block once per call for all its tokens (its decode costs several tokens' work), so
-    /// it takes `MAX_T`; the others `NARROW_T`.
+    /// it takes `MAX_T`; a rows × tokens kernel its most (AVX2's interleaved Q4_K kernel
+    /// shares its transpose of four rows over all of them), at most `WIDE_T`; the others
+    /// `NARROW_T`.
     #[inline]
     pub fn group(&self) -> usize {
         if self.amx || (self.multi.is_some() && self.w == GgmlType::IQ3S) {
             MAX_T
         } else {
-            NARROW_T
+            self.rows
+                .map_or(NARROW_T, |(_, t)| t.clamp(NARROW_T, WIDE_T))
         }
     }
 
@@ -234,7 +248,7 @@ impl MultiDot {
         nt
     }
 
-    /// `rows_call` without the AMX tiles: for at most `ROWS_MAX_T` tokens the rows × tokens
+    /// `rows_call` without the AMX tiles: for as many tokens as it takes the rows × tokens
     /// kernel where the type has one (rows decoded in pairs or quads, their integer sums
     /// reduced together), else `call` per row. Bitwise `call`'s. Panics on wrong slice lengths.
     pub fn rows_plain(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
@@ -242,7 +256,7 @@ impl MultiDot {
         match self.rows {
             // SAFETY: `rows_kernel` gave a kernel only on a CPU that runs it; the lengths are
             // asserted (n whole blocks: `new`).
-            Some(k) if nt > 1 && nt <= ROWS_MAX_T => unsafe { k(self.n, rows, nr, acts, out) },
+            Some((k, max_t)) if nt > 1 && nt <= max_t => unsafe { k(self.n, rows, nr, acts, out) },
             _ => {
                 for (r, o) in out.chunks_exact_mut(nt.max(1)).take(nr).enumerate() {
                     let row = &rows[r * self.row_len..(r + 1) * self.row_len];
@@ -342,8 +356,9 @@ mod tests {
     /// `rows_plain` (the rows × tokens kernels: Q4_K `Single` in row pairs and quads under
     /// AVX-512, VNNI and AVX-512BW variants) equals the single-token kernel bitwise for every
     /// (row, token), over row counts that leave every remainder of the pairs and quads and
-    /// token counts 1..=6 (past `ROWS_MAX_T`: `call` per row), every supported type and both
-    /// orders, with each ISA's dispatch and each AVX-512 variant the CPU runs.
+    /// token counts 1..=9 and wider ones up to `MAX_T` (past a kernel's most: `call` per row;
+    /// AVX2's Q4_K interleaved kernel from `IL_MIN_T`), every supported type and both orders,
+    /// with each ISA's dispatch and each AVX-512 variant the CPU runs.
     #[test]
     fn rows_plain_equals_single_token_bitwise() {
         let mut kernels = 0;
@@ -363,11 +378,12 @@ mod tests {
                     let rb = w.row_bytes(n).unwrap();
                     let nr = 11;
                     let rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
-                    let acts: Vec<Vec<u8>> = (0..6).map(|_| random_act(w, n, &mut rng)).collect();
+                    let acts: Vec<Vec<u8>> =
+                        (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
                     let single = single_for(Isa::Scalar, w, order);
                     for md in &dots {
                         for r in [1usize, 2, 3, 4, 5, 7, 11] {
-                            for nt in 1..=6 {
+                            for nt in (1..=9).chain([16, 17, 33, MAX_T]) {
                                 let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
                                 let mut out = vec![f32::NAN; r * nt];
                                 md.rows_plain(&rows[..r * rb], r, &refs, &mut out);
@@ -402,6 +418,65 @@ mod tests {
                 kernels >= 1,
                 "the AVX2 rows × tokens kernel was not exercised"
             );
+        }
+    }
+
+    /// AVX2's interleaved Q4_K rows × tokens kernel (`gemm_avx2_il.rs`, reached from
+    /// `IL_MIN_T` tokens; here also at 2..=4), both orders, at every token count up to `MAX_T`,
+    /// rows of 1, 3 and 8 blocks, rows with every nibble 15 and the largest scales beside random ones,
+    /// activations at ±127 (the i16 sums' extremes) and random: bitwise the scalar
+    /// single-token kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q4k_interleaved_rows_equal_scalar_bitwise() {
+        if !Isa::Avx2.available() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let w = GgmlType::Q4K;
+        let mut rng = Rng::new(0x4a11);
+        for nb in [1usize, 3, 8] {
+            let n = 256 * nb;
+            let rb = w.row_bytes(n).unwrap();
+            let nr = 9;
+            let mut rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            // rows 1 and 6: every nibble 15, every 6-bit scale and min 63
+            for r in [1usize, 6] {
+                for b in 0..nb {
+                    let blk = &mut rows[r * rb + 144 * b..r * rb + 144 * (b + 1)];
+                    blk[4..16].fill(0xff);
+                    blk[16..].fill(0xff);
+                }
+            }
+            let mut acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
+            for (i, sign) in [(0usize, 1.0f32), (2, -1.0), (5, 1.0), (7, -1.0)] {
+                let x: Vec<f32> = (0..n).map(|_| sign).collect();
+                super::super::quantize_act(GgmlType::Q8K, &x, &mut acts[i]).unwrap();
+            }
+            for nt in 2..=MAX_T {
+                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                let mut out = vec![f32::NAN; nr * nt];
+                for (order, many) in [(Order::Single, false), (Order::Many, true)] {
+                    let single = single_for(Isa::Scalar, w, order);
+                    // SAFETY: AVX2 checked above; `rows` holds nr rows of n, every act n / 256
+                    // blocks.
+                    unsafe {
+                        if many {
+                            gemm_avx2::q4_k_rows_il::<true>(n, &rows, nr, &refs, &mut out)
+                        } else {
+                            gemm_avx2::q4_k_rows_il::<false>(n, &rows, nr, &refs, &mut out)
+                        }
+                    };
+                    for (i, o) in out.iter().enumerate() {
+                        let want = single(n, &rows[(i / nt) * rb..(i / nt + 1) * rb], refs[i % nt]);
+                        assert_eq!(
+                            o.to_bits(),
+                            want.to_bits(),
+                            "{order:?} n={n} tokens={nt} at {i}"
+                        );
+                    }
+                }
+            }
         }
     }
 

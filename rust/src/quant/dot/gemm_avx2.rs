@@ -23,13 +23,17 @@ use super::super::common::{k4_scales, k_add_min};
 use super::super::Order;
 use std::arch::x86_64::*;
 
+#[path = "gemm_avx2_il.rs"]
+mod il;
 #[path = "gemm_iq3s.rs"]
 mod iq3s;
 #[path = "gemm_avx2_rows.rs"]
 mod rows;
-pub use rows::rows_kernel;
+#[cfg(test)]
+pub(in super::super) use rows::q4_k_rows_il;
+pub use rows::rows_kernel_t;
 
-/// A rows × tokens kernel: `(n, rows, nr, acts, out)`, `out[r·nt + t]` (`rows_kernel`).
+/// A rows × tokens kernel: `(n, rows, nr, acts, out)`, `out[r·nt + t]` (`rows_kernel_t`).
 pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 
 /// Q8_K block bytes.

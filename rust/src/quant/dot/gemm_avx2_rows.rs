@@ -1,5 +1,5 @@
 //! AVX2 rows × tokens kernel (decode batches, short verify windows): four consecutive Q4_K
-//! rows against 2–4 tokens' Q8_K activations, `Order::Single`: `out[r·nt + t] =
+//! rows against 2–4 tokens' (from `IL_MIN_T` tokens: `gemm_avx2_il.rs`) Q8_K activations, `Order::Single`: `out[r·nt + t] =
 //! vec_dot(row r, a[t])` bitwise.
 //!
 //! Why: the multi-token kernel (`q45_k`) pays each (row, token) block's tail alone — two
@@ -108,10 +108,58 @@ unsafe fn q4_k_rows4_t<const N: usize>(
     std::array::from_fn(|r| std::array::from_fn(|t| flat[r * N + t]))
 }
 
-/// `out[r·nt + t]` for the `nr` rows of `rows` and nt = 2..=4 tokens: groups of four rows
-/// through `q4_k_rows4_t`, the rows left over through the multi-token kernel.
+/// Fewest tokens that take the interleaved kernel (`gemm_avx2_il.rs`): below it the
+/// transpose of four rows' blocks costs more than it saves (`q4k_rows_tokens_ab`).
+pub const IL_MIN_T: usize = 5;
+
+/// `IL_MIN_T` for `Order::Many`, whose row-by-row kernel has no narrow rows kernel beside it.
+pub const IL_MIN_T_MANY: usize = 4;
+
+/// `out[r·nt + t]` for the `nr` rows of `rows` and nt = 2..=`MAX_T` tokens: from `IL_MIN_T`
+/// tokens the interleaved kernel, else groups of four rows through `q4_k_rows4_t`; the rows
+/// left over through the multi-token kernel.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+    if acts.len() >= IL_MIN_T {
+        q4_k_rows_il::<false>(n, rows, nr, acts, out)
+    } else {
+        q4_k_rows_narrow(n, rows, nr, acts, out)
+    }
+}
+
+/// Q4_K at 2..=`MAX_T` tokens through the interleaved kernel in `Order::Single` (`MANY`
+/// false) or `Order::Many`; the rows left over (nr mod 4) through the multi-token kernel.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in super::super::super) unsafe fn q4_k_rows_il<const MANY: bool>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let order = if MANY { Order::Many } else { Order::Single };
+    let multi = super::kernel(crate::quant::GgmlType::Q4K, order).expect("Q4_K's kernels");
+    super::il::q4_k_rows_il::<MANY>(n, rows, nr, acts, out, |row, o| multi(n, row, acts, o))
+}
+
+/// Q4_K `Order::Many` at 2..=`MAX_T` tokens: from `IL_MIN_T_MANY` tokens the interleaved
+/// kernel, else the multi-token kernel row by row.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_rows_many(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
+    let nt = acts.len();
+    if nt >= IL_MIN_T_MANY {
+        return q4_k_rows_il::<true>(n, rows, nr, acts, out);
+    }
+    let multi = super::kernel(crate::quant::GgmlType::Q4K, Order::Many).expect("Q4_K's kernels");
+    let rl = BS * (n / 256);
+    for (r, o) in out.chunks_exact_mut(nt).take(nr).enumerate() {
+        multi(n, &rows[r * rl..(r + 1) * rl], acts, o);
+    }
+}
+
+/// `q4_k_rows` for 2..=4 tokens without the interleaved kernel.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_rows_narrow(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
     let nt = acts.len();
     let rl = BS * (n / 256);
     assert!((2..=4).contains(&nt) && out.len() >= nr * nt && rows.len() >= nr * rl);
@@ -139,8 +187,13 @@ unsafe fn q4_k_rows(n: usize, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut 
     }
 }
 
-/// The AVX2 rows × tokens kernel of `w` in `order` (at most 4 tokens), where one exists:
-/// Q4_K `Order::Single`.
-pub fn rows_kernel(w: crate::quant::GgmlType, order: Order) -> Option<RowsFn> {
-    ((w, order) == (crate::quant::GgmlType::Q4K, Order::Single)).then_some(q4_k_rows as RowsFn)
+/// The AVX2 rows × tokens kernel of `w` in `order` and the most tokens it takes, where one
+/// exists: Q4_K, either order, 2..=`MAX_T` tokens.
+pub fn rows_kernel_t(w: crate::quant::GgmlType, order: Order) -> Option<(RowsFn, usize)> {
+    let k = match (w, order) {
+        (crate::quant::GgmlType::Q4K, Order::Single) => q4_k_rows as RowsFn,
+        (crate::quant::GgmlType::Q4K, Order::Many) => q4_k_rows_many as RowsFn,
+        _ => return None,
+    };
+    Some((k, super::super::MAX_T))
 }

@@ -19,6 +19,10 @@ pub fn rows_kernel(_w: crate::quant::GgmlType, _order: Order) -> Option<RowsFn> 
     None
 }
 
+pub fn rows_kernel_t(_w: crate::quant::GgmlType, _order: Order) -> Option<(RowsFn, usize)> {
+    None
+}
+
 pub fn rows_kernel_with(_w: crate::quant::GgmlType, _order: Order, _vnni: bool) -> Option<RowsFn> {
     None
 }

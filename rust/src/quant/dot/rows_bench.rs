@@ -306,57 +306,71 @@ fn head_rows_ab() {
     }
 }
 
-/// Q4_K `Order::Single` at 2–4 tokens (a batched step's dense projections, experts with
-/// several tokens): the rows × tokens kernel (`MultiDot::rows_plain`) against the
-/// multi-token kernel row by row (`MultiDot::call`), one thread, CPU time, on an L2-resident
-/// slice (compute) and from RAM:
+/// Q4_K `Order::Single` at 2–32 tokens (a batched step's dense projections, experts with
+/// several tokens, prefill tiles): the rows × tokens kernels (`MultiDot::rows_plain`: from
+/// `IL_MIN_T` tokens the interleaved kernel; below it the narrow one, and the interleaved
+/// one beside it) against the multi-token kernel row by row (`MultiDot::call`), one thread,
+/// CPU time, on an L2-resident slice (compute) and from RAM:
 /// `cargo test --no-default-features --release q4k_rows_tokens_ab -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn q4k_rows_tokens_ab() {
+    use super::gemm::{q4_k_rows_il, MAX_T};
     use super::{MultiDot, Order};
     let (w, n) = (GgmlType::Q4K, 2048usize);
     let rb = w.row_bytes(n).unwrap();
     let mut rng = Rng::new(37);
     let proto: Vec<u8> = (0..64).flat_map(|_| random_row(w, n, &mut rng)).collect();
     let m: Vec<u8> = proto.iter().copied().cycle().take(4096 * 16 * rb).collect();
-    let acts: Vec<Vec<u8>> = (0..4).map(|_| random_act(w, n, &mut rng)).collect();
+    let acts: Vec<Vec<u8>> = (0..32).map(|_| random_act(w, n, &mut rng)).collect();
     let md = MultiDot::new(w, n, Order::Single);
-    for nt in [2usize, 3, 4] {
+    for nt in [2usize, 3, 4, 5, 6, 8, 12, 16, 32] {
         let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
         let refs = &refs[..];
-        let plain = |c: &[u8]| {
-            let mut out = [0f32; 64 * 4];
+        let tiles = |c: &[u8], f: &dyn Fn(&[u8], usize, &mut [f32])| {
+            let mut out = [0f32; 64 * MAX_T];
             let mut x = 0f32;
             for g in c.chunks(64 * rb) {
                 let nr = g.len() / rb;
-                md.rows_plain(g, nr, refs, &mut out[..nr * nt]);
+                f(g, nr, &mut out[..nr * nt]);
                 x += out[..nr * nt].iter().sum::<f32>();
             }
             x.to_bits() as u64
+        };
+        let plain = |c: &[u8]| tiles(c, &|g, nr, o| md.rows_plain(g, nr, refs, o));
+        // SAFETY: `MultiDot::new` ran on this CPU; the benchmark needs AVX2 (asserted by
+        // `rows_plain`'s dispatch having taken a kernel: the results are compared below).
+        let il = |c: &[u8]| {
+            tiles(c, &|g, nr, o| unsafe {
+                q4_k_rows_il::<false>(n, g, nr, refs, o)
+            })
         };
         let per_row = |c: &[u8]| {
-            let mut out = [0f32; 64 * 4];
-            let mut x = 0f32;
-            for g in c.chunks(64 * rb) {
-                let nr = g.len() / rb;
-                for (r, o) in out[..nr * nt].chunks_exact_mut(nt).enumerate() {
+            tiles(c, &|g, _, o| {
+                for (r, o) in o.chunks_exact_mut(nt).enumerate() {
                     md.call(&g[r * rb..(r + 1) * rb], refs, o);
                 }
-                x += out[..nr * nt].iter().sum::<f32>();
-            }
-            x.to_bits() as u64
+            })
         };
         assert_eq!(plain(&m[..256 * rb]), per_row(&m[..256 * rb]));
-        let fs: [Named<'_>; 2] = [("rows x tokens", &plain), ("per row", &per_row)];
+        assert_eq!(il(&m[..256 * rb]), per_row(&m[..256 * rb]));
+        let fs: [Named<'_>; 3] = [
+            ("rows_plain", &plain),
+            ("interleaved", &il),
+            ("per row", &per_row),
+        ];
         let small = &m[..256 * 1024 / rb / 4 * 4 * rb];
-        for (what, data, reps) in [("L2", small, 200), ("RAM", &m[..], 3)] {
+        for (what, data, reps) in [("L2", small, 200 / nt.max(4) * 4), ("RAM", &m[..], 3)] {
             let best = best_cpu_ns(&fs, data, reps);
+            let gbs = |i: usize| (data.len() * reps) as f64 / best[i] as f64;
             println!(
-                "Q4_K n={n} {nt} tokens {what}, one core GB/s: rows x tokens {:.2}, per row {:.2} ({:.2}x)",
-                (data.len() * reps) as f64 / best[0] as f64,
-                (data.len() * reps) as f64 / best[1] as f64,
-                best[1] as f64 / best[0] as f64
+                "Q4_K n={n} {nt:2} tokens {what:3}, one core GB/s: rows_plain {:.2}, interleaved {:.2}, per row {:.2} ({:.2}x, {:.2}x); ns per (row, token, block) {:.2}",
+                gbs(0),
+                gbs(1),
+                gbs(2),
+                best[2] as f64 / best[0] as f64,
+                best[2] as f64 / best[1] as f64,
+                best[0] as f64 / (data.len() / 144 * nt * reps) as f64,
             );
         }
     }

@@ -159,7 +159,15 @@ def main() -> None:
     ap.add_argument(
         "--llama", action="store_true", help="also time llama.cpp's ggml MoE graph (ggml_moe.py)"
     )
+    ap.add_argument(
+        "--geometry-ab",
+        action="store_true",
+        help="the second pool: barrier schedule with ~3 tiles per thread for decode calls too "
+        "(balanced=False) instead of the pipelined schedule; its columns are then that pool's",
+    )
     args = ap.parse_args()
+    if args.geometry_ab:
+        print("second pool: balanced=False (the 'pipelined' columns are the unbalanced tiles)")
 
     probe = ExpertPool()
     all_threads = probe.workers + 1
@@ -205,7 +213,9 @@ def main() -> None:
         for n in threads:
             pools = (
                 ExpertPool(workers=n - 1, pipelined=False),
-                ExpertPool(workers=n - 1, pipelined=True),
+                ExpertPool(workers=n - 1, balanced=False)
+                if args.geometry_ab
+                else ExpertPool(workers=n - 1, pipelined=True),
             )
             for t in tokens:
                 reps = max(5, args.reps // max(1, t // 4))

@@ -114,6 +114,9 @@ pub struct PoolConfig {
     pub pin: bool,
     /// Microseconds an idle worker spins before it parks.
     pub spin_us: u32,
+    /// Calls of one pair per expert (decode) cut their tiles to the thread count
+    /// (`plan::balanced_tiles`) instead of ~3 per thread; off only to measure the difference.
+    pub balanced: bool,
 }
 
 impl Default for PoolConfig {
@@ -124,6 +127,7 @@ impl Default for PoolConfig {
             pipelined: false,
             pin: true,
             spin_us: 2000,
+            balanced: true,
         }
     }
 }
@@ -376,8 +380,8 @@ impl Pool {
         y: &mut [f32],
         masked: bool,
     ) -> Result<()> {
-        let pipelined = self.cfg.pipelined;
-        self.run(|s, threads| s.plan_moe(layer, a, y, segs, threads, pipelined, masked))
+        let (pipelined, balanced) = (self.cfg.pipelined, self.cfg.balanced);
+        self.run(|s, threads| s.plan_moe(layer, a, y, segs, threads, (pipelined, balanced), masked))
     }
 
     /// Runs `f(i)` for every `i < n` on the pool's threads (each index exactly once, in any

@@ -164,7 +164,13 @@ pub struct Scratch {
     seg_counts: Vec<u32>,
     job_ctr: Vec<Padded<AtomicU32>>,
     pub phase_done: Vec<Padded<AtomicU32>>,
+    /// `balanced_tiles` results, `[rows, n_jobs, threads, tiles]` per slot (a decode step's
+    /// calls repeat a few shapes; the search costs a few µs of integer divisions).
+    geometry: [[usize; 4]; GEOMETRY_SLOTS],
 }
+
+/// Slots of `Scratch::geometry`.
+const GEOMETRY_SLOTS: usize = 32;
 
 fn grow<T: Clone + Default>(v: &mut Vec<T>, n: usize) {
     if v.len() < n {
@@ -244,6 +250,23 @@ fn check_experts(what: &str, m: &QExperts<'_>) -> Result<usize> {
 /// Rows per tile for `rows` rows spread over `parts_hint` tiles.
 fn tiles_for(rows: usize, parts_hint: usize) -> usize {
     parts_hint.clamp(1, (rows / MIN_TILE_ROWS).max(1))
+}
+
+/// Tiles per job for `n_jobs` jobs of equal work (`rows` rows each, one pair per job: a
+/// decode step's experts) on `threads` threads: the count that gives the busiest thread the
+/// fewest rows when every thread takes whole tiles in turn (`⌈n_jobs·nb / threads⌉ ·
+/// ⌈rows / nb⌉`), of those the one nearest `TILES_PER_THREAD` per thread (then the fewest).
+/// `tiles_for`'s ~3 per thread leave whole tiles on some threads only (5 jobs × 10 tiles on 16
+/// threads: 4 tiles on 2 threads, 3 on the rest: the phase lasts 4 tiles, 25% over its
+/// average); 5 × 16 tiles give every thread 5 tiles of a third less.
+fn balanced_tiles(rows: usize, n_jobs: usize, threads: usize) -> usize {
+    let (max, threads) = ((rows / MIN_TILE_ROWS).max(1), threads.max(1));
+    let busiest = |nb: usize| (n_jobs * nb).div_ceil(threads) * rows.div_ceil(nb);
+    let best = (1..=max).map(busiest).min().unwrap_or(rows);
+    (1..=max)
+        .filter(|&nb| busiest(nb) == best)
+        .min_by_key(|&nb| ((n_jobs * nb).abs_diff(TILES_PER_THREAD * threads), nb))
+        .unwrap_or(1)
 }
 
 fn wptr(m: &QExperts<'_>, rb: usize) -> WPtr {
@@ -404,6 +427,16 @@ impl Scratch {
         self.phase_done.as_ptr()
     }
 
+    /// `balanced_tiles`, remembered per shape.
+    fn balanced(&mut self, rows: usize, n_jobs: usize, threads: usize) -> usize {
+        let key = [rows, n_jobs, threads];
+        let slot = &mut self.geometry[(n_jobs * 2 + rows % 7) % GEOMETRY_SLOTS];
+        if slot[..3] != key {
+            *slot = [rows, n_jobs, threads, balanced_tiles(rows, n_jobs, threads)];
+        }
+        slot[3]
+    }
+
     /// Validate a MoE call and build its plan. `Ok(None)`: nothing to compute (y was zeroed).
     /// With `masked`, ids equal to `SKIP` are pairs computed elsewhere: they get no job and
     /// add nothing to y.
@@ -415,7 +448,7 @@ impl Scratch {
         y: &mut [f32],
         segs: &[usize],
         threads: usize,
-        pipelined: bool,
+        (pipelined, balanced): (bool, bool),
         masked: bool,
     ) -> Result<Option<Plan>> {
         let [grb, urb, drb] = validate_moe_ids(layer, a, y, masked)?;
@@ -511,9 +544,16 @@ impl Scratch {
         grow(&mut self.dout, p * hdim);
 
         // Tile geometry.
-        let hint = (TILES_PER_THREAD * threads).div_ceil(n_jobs);
-        let nb = tiles_for(idim, hint);
-        let nd = tiles_for(hdim, hint);
+        let (nb, nd) = if balanced && p == n_jobs {
+            // one pair per job: equal work per job, so the tiles can be cut to the threads
+            (
+                self.balanced(idim, n_jobs, threads),
+                self.balanced(hdim, n_jobs, threads),
+            )
+        } else {
+            let hint = (TILES_PER_THREAD * threads).div_ceil(n_jobs);
+            (tiles_for(idim, hint), tiles_for(hdim, hint))
+        };
         let n_a = t.min(2 * threads).max(1);
         let e_chunks = hdim.div_ceil(E_CHUNK);
         let e_units = t * e_chunks;
@@ -710,4 +750,51 @@ fn prefix(lens: [usize; N_PHASES]) -> Result<[u32; N_PHASES + 1]> {
     }
     starts[N_PHASES] = acc as u32;
     Ok(starts)
+}
+
+#[cfg(test)]
+mod geometry_tests {
+    use super::{balanced_tiles, MIN_TILE_ROWS};
+
+    /// Rows of the busiest thread when `n_jobs · nb` equal tiles go round `threads` threads.
+    fn busiest(rows: usize, n_jobs: usize, nb: usize, threads: usize) -> usize {
+        (n_jobs * nb).div_ceil(threads) * rows.div_ceil(nb)
+    }
+
+    /// Decode shapes (hybrid misses of Qwen3.5 / Qwen3-30B widths on 16 threads, the CPU path
+    /// on 2): the busiest thread gets the fewest rows any tile count allows, and exactly its
+    /// share where the rows divide evenly.
+    #[test]
+    fn decode_tiles_balance_the_threads() {
+        for (rows, threads) in [
+            (512, 16),
+            (768, 16),
+            (2048, 16),
+            (768, 2),
+            (2048, 2),
+            (512, 15),
+        ] {
+            for n_jobs in 1..=8 {
+                let nb = balanced_tiles(rows, n_jobs, threads);
+                assert!(nb >= 1 && (nb == 1 || rows / nb >= MIN_TILE_ROWS));
+                let got = busiest(rows, n_jobs, nb, threads);
+                for other in 1..=rows / MIN_TILE_ROWS {
+                    assert!(
+                        got <= busiest(rows, n_jobs, other, threads),
+                        "{rows} {n_jobs} {threads}"
+                    );
+                }
+                let share = (rows * n_jobs).div_ceil(threads);
+                if threads == 16 && rows % 16 == 0 && n_jobs <= 8 && rows / 16 >= MIN_TILE_ROWS {
+                    assert_eq!(
+                        got,
+                        share.max(rows / (rows / MIN_TILE_ROWS)),
+                        "{rows} {n_jobs}"
+                    );
+                }
+            }
+        }
+        assert_eq!(balanced_tiles(512, 5, 16), 16);
+        assert_eq!(balanced_tiles(768, 8, 2), 1);
+    }
 }

@@ -149,13 +149,14 @@ pub struct ExpertPool {
 #[pymethods]
 impl ExpertPool {
     #[new]
-    #[pyo3(signature = (workers=None, host_participates=true, pipelined=false, pin=true, spin_us=2000))]
+    #[pyo3(signature = (workers=None, host_participates=true, pipelined=false, pin=true, spin_us=2000, balanced=true))]
     fn new(
         workers: Option<usize>,
         host_participates: bool,
         pipelined: bool,
         pin: bool,
         spin_us: u32,
+        balanced: bool,
     ) -> Self {
         let mut cfg = PoolConfig::default();
         if let Some(w) = workers {
@@ -165,6 +166,7 @@ impl ExpertPool {
         cfg.pipelined = pipelined;
         cfg.pin = pin;
         cfg.spin_us = spin_us;
+        cfg.balanced = balanced;
         ExpertPool {
             pool: Pool::new(cfg),
         }

@@ -130,6 +130,7 @@ def strata_run(
             profile=profile,
             stream_chunk=a.stream_chunk,
             pool_pipeline=a.pool_pipeline,
+            pool_balanced=not a.pool_unbalanced,
             pcie_frac=frac,
             cuda_graph=graph,
             defer_experts=defer,
@@ -280,6 +281,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--pool-pipeline", action="store_true", help="the pool's pipelined schedule (no barrier)"
+    )
+    ap.add_argument(
+        "--pool-unbalanced",
+        action="store_true",
+        help="pool_balanced off: decode tiles ~3 per thread per expert phase (A/B)",
     )
     ap.add_argument("--reps", type=int, default=3, help="Strata decode runs")
     ap.add_argument("--pp-reps", type=int, default=1, help="Strata prompt runs")

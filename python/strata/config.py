@@ -107,6 +107,12 @@ class Config:
         "pipelined pool schedule (per-expert readiness, no phase barrier)",
         core=True,
     )
+    pool_balanced: bool = _f(
+        True,
+        "decode calls of the pool cut their tiles to the thread count (off: about 3 tiles per "
+        "thread per expert phase, as multi-token calls)",
+        core=True,
+    )
     cpu_repack: bool = _f(
         True,
         "CPU: repack a Q6_K output head at load into a faster layout for decode (same logits "

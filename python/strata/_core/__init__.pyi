@@ -100,6 +100,7 @@ class Model:
         threads: int | None = None,
         host_participates: bool | None = None,
         pool_pipeline: bool | None = None,
+        pool_balanced: bool | None = None,
         device: str | None = None,
         cuda_graph: bool = True,
         vram_budget_mib: int | None = None,
@@ -206,6 +207,7 @@ class ExpertPool:
         pipelined: bool = False,
         pin: bool = True,
         spin_us: int = 2000,
+        balanced: bool = True,
     ) -> ExpertPool: ...
     @property
     def workers(self) -> int: ...

@@ -219,7 +219,8 @@ impl PyModel {
     #[staticmethod]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (path, n_ctx=None, n_slots=1, kv_type=None, prefill_chunk=None,
-                        threads=None, host_participates=None, pool_pipeline=None, device=None,
+                        threads=None, host_participates=None, pool_pipeline=None, pool_balanced=None,
+                        device=None,
                         cuda_graph=true, vram_budget_mib=None, vram_reserve_mib=None,
                         vram_slots=None, adapt_every=None, adapt_swaps=None, tier_async=None,
                         profile=None, stream_min_tokens=None, stream_chunk=None,
@@ -236,6 +237,7 @@ impl PyModel {
         threads: Option<i64>,
         host_participates: Option<bool>,
         pool_pipeline: Option<bool>,
+        pool_balanced: Option<bool>,
         device: Option<String>,
         cuda_graph: bool,
         vram_budget_mib: Option<i64>,
@@ -265,6 +267,7 @@ impl PyModel {
             threads,
             host_participates,
             pool_pipeline,
+            pool_balanced,
             device,
             vram_budget_mib,
             vram_reserve_mib,
@@ -299,7 +302,8 @@ impl PyModel {
             cpu_repack,
         };
         let loop_core = defer_experts > 0 && device == "cuda";
-        let make = move || make_compute(threads, host_participates, pool_pipeline, loop_core);
+        let pool = (host_participates, pool_pipeline, pool_balanced);
+        let make = move || make_compute(threads, pool, loop_core);
         match device.as_str() {
             "cpu" => {}
             "cuda" => {

@@ -9,13 +9,13 @@ use std::sync::Arc;
 /// The CPU compute of the CPU path and of the hybrid mode's misses: the pool with `threads`
 /// compute threads in all, the caller included when it participates, as llama.cpp's `-t`
 /// (0: one per physical core; `PoolConfig::for_threads`), or the serial reference
-/// (`threads` < 0). With `loop_core` the pool takes one thread fewer (at least one), leaving
+/// (`threads` < 0); `pool` = (host participates, pipelined schedule, balanced decode tiles:
+/// `PoolConfig`). With `loop_core` the pool takes one thread fewer (at least one), leaving
 /// that core to the thread that drives the GPU while the pool runs on another
 /// (`defer_experts`).
 pub(super) fn make_compute(
     threads: i64,
-    host_participates: bool,
-    pool_pipeline: bool,
+    (host_participates, pool_pipeline, pool_balanced): (bool, bool, bool),
     loop_core: bool,
 ) -> Arc<dyn Compute> {
     if threads < 0 {
@@ -25,7 +25,8 @@ pub(super) fn make_compute(
     if loop_core {
         n = n.saturating_sub(1).max(1);
     }
-    let pc = PoolConfig::for_threads(n, host_participates, pool_pipeline);
+    let mut pc = PoolConfig::for_threads(n, host_participates, pool_pipeline);
+    pc.balanced = pool_balanced;
     Arc::new(Pool::new(pc))
 }
 

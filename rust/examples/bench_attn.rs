@@ -45,6 +45,7 @@ fn main() {
         pipelined: false,
         pin: false,
         spin_us: 50,
+        balanced: true,
     });
     let mut kv = KvCache::new(KvType::F16, 1, ctx, nkv, d, 1).unwrap();
     let mut s = 0x9e37_79b9_7f4a_7c15u64;

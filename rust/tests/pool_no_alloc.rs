@@ -74,6 +74,7 @@ fn calls_after_the_first_allocate_nothing() {
             pipelined,
             pin: false,
             spin_us: 100,
+            balanced: true,
         });
         pool.reserve(4, 4, h, i, e);
         let x = vec![0.5f32; 4 * h];

@@ -199,6 +199,7 @@ mod tests {
             pipelined: false,
             pin: false,
             spin_us: 50,
+            balanced: true,
         });
         // t ≥ 32 takes the grouped rows path (MAX_ROWS rows a unit; 37: a last unit of one
         // row; 300: two P·V blocks), groups of 4 and of 8 heads

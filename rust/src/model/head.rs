@@ -214,6 +214,7 @@ mod tests {
             pipelined: false,
             pin: false,
             spin_us: 50,
+            balanced: true,
         });
         let serial = SerialCompute::new();
         for c in [&pool as &dyn Compute, &serial] {

@@ -130,6 +130,7 @@ pub(crate) fn cfg(workers: usize, host: bool, pipelined: bool) -> PoolConfig {
         pipelined,
         pin: false,
         spin_us: 50,
+        balanced: true,
     }
 }
 
@@ -145,10 +146,15 @@ pub(crate) const MIXES: [[GgmlType; 3]; 3] = [
 
 #[test]
 fn moe_is_bitwise_identical_to_the_serial_reference() {
-    let pools: Vec<Pool> = [(0, true), (1, true), (1, false), (3, true), (3, false)]
+    let mut pools: Vec<Pool> = [(0, true), (1, true), (1, false), (3, true), (3, false)]
         .iter()
         .flat_map(|&(w, host)| [false, true].map(|p| Pool::new(cfg(w, host, p))))
         .collect();
+    // decode calls' tiles as multi-token calls cut them (`balanced` off)
+    pools.push(Pool::new(PoolConfig {
+        balanced: false,
+        ..cfg(3, true, false)
+    }));
     let mut rng = Rng(7);
     for (m, tys) in MIXES.iter().enumerate() {
         let layer = Layer::new(100 + m as u64, *tys, 16, 64, 96);

@@ -55,6 +55,9 @@ fn run(threads: usize, m: &[u8], rb: usize, f: &(dyn Fn(&[u8]) -> u64 + Sync)) -
     ((part * threads) as f64 / wall / 1e9, part as f64 / slow)
 }
 
+/// One rows × tokens call: `(rows, nr, out)`.
+type RowsCall<'a> = dyn Fn(&[u8], usize, &mut [f32]) + 'a;
+
 /// A kernel pass over a matrix, named for the report.
 type Named<'a> = (&'static str, &'a dyn Fn(&[u8]) -> u64);
 
@@ -327,7 +330,7 @@ fn q4k_rows_tokens_ab() {
     for nt in [2usize, 3, 4, 5, 6, 8, 12, 16, 32] {
         let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
         let refs = &refs[..];
-        let tiles = |c: &[u8], f: &dyn Fn(&[u8], usize, &mut [f32])| {
+        let tiles = |c: &[u8], f: &RowsCall<'_>| {
             let mut out = [0f32; 64 * MAX_T];
             let mut x = 0f32;
             for g in c.chunks(64 * rb) {

@@ -421,65 +421,6 @@ mod tests {
         }
     }
 
-    /// AVX2's interleaved Q4_K rows × tokens kernel (`gemm_avx2_il.rs`, reached from
-    /// `IL_MIN_T` tokens; here also at 2..=4), both orders, at every token count up to `MAX_T`,
-    /// rows of 1, 3 and 8 blocks, rows with every nibble 15 and the largest scales beside random ones,
-    /// activations at ±127 (the i16 sums' extremes) and random: bitwise the scalar
-    /// single-token kernel.
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn q4k_interleaved_rows_equal_scalar_bitwise() {
-        if !Isa::Avx2.available() {
-            eprintln!("skipped: no AVX2 on this CPU");
-            return;
-        }
-        let w = GgmlType::Q4K;
-        let mut rng = Rng::new(0x4a11);
-        for nb in [1usize, 3, 8] {
-            let n = 256 * nb;
-            let rb = w.row_bytes(n).unwrap();
-            let nr = 9;
-            let mut rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
-            // rows 1 and 6: every nibble 15, every 6-bit scale and min 63
-            for r in [1usize, 6] {
-                for b in 0..nb {
-                    let blk = &mut rows[r * rb + 144 * b..r * rb + 144 * (b + 1)];
-                    blk[4..16].fill(0xff);
-                    blk[16..].fill(0xff);
-                }
-            }
-            let mut acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
-            for (i, sign) in [(0usize, 1.0f32), (2, -1.0), (5, 1.0), (7, -1.0)] {
-                let x: Vec<f32> = (0..n).map(|_| sign).collect();
-                super::super::quantize_act(GgmlType::Q8K, &x, &mut acts[i]).unwrap();
-            }
-            for nt in 2..=MAX_T {
-                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
-                let mut out = vec![f32::NAN; nr * nt];
-                for (order, many) in [(Order::Single, false), (Order::Many, true)] {
-                    let single = single_for(Isa::Scalar, w, order);
-                    // SAFETY: AVX2 checked above; `rows` holds nr rows of n, every act n / 256
-                    // blocks.
-                    unsafe {
-                        if many {
-                            gemm_avx2::q4_k_rows_il::<true>(n, &rows, nr, &refs, &mut out)
-                        } else {
-                            gemm_avx2::q4_k_rows_il::<false>(n, &rows, nr, &refs, &mut out)
-                        }
-                    };
-                    for (i, o) in out.iter().enumerate() {
-                        let want = single(n, &rows[(i / nt) * rb..(i / nt + 1) * rb], refs[i % nt]);
-                        assert_eq!(
-                            o.to_bits(),
-                            want.to_bits(),
-                            "{order:?} n={n} tokens={nt} at {i}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
     /// IQ3_S (whose kernel decodes a block once for all the call's tokens): every token count
     /// 1..=MAX_T and one above it, both orders, against the active ISA's single-token kernels (`vec_dot_order`:
     /// AVX2 `iq3_s` / `iq3_s_tiled`), with activations at the Q8_K extremes (±127) beside

@@ -85,6 +85,17 @@ unsafe fn sub4(v: &[__m256i; 4], ap: *const u8) -> __m256i {
     _mm256_add_epi16(p01, p23)
 }
 
+/// A rows call's working registers in memory, set up once for all its groups of four rows.
+struct Bufs {
+    /// i32 × 8 per token and pair of sub-blocks c: lanes 2r, 2r+1 = row r's sum in two parts
+    /// (`Order::Single` sums the block's four c into [t][0]); every block writes before it reads
+    si: [[__m256i; 4]; MAX_T],
+    /// f32 × 8 per token pair (t, u): [r0t r1t r0u r1u | r2t r3t r2u r3u]; `accm`: `Many`'s
+    /// mins accumulator (both zeroed per group)
+    acc: [__m256; MAX_T / 2],
+    accm: [__m256; MAX_T / 2],
+}
+
 /// Four rows (row r at byte `r·rb` of `w`) × the `nt` tokens of `a`: `out[r·nt + t]`, in
 /// `Order::Single` (`MANY` false) or `Order::Many`.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -94,18 +105,15 @@ unsafe fn q4_k_il4<const MANY: bool>(
     rb: usize,
     a: &[*const u8],
     out: &mut [f32],
+    bufs: &mut Bufs,
 ) {
     let nt = a.len();
     let np = nt.div_ceil(2); // token pairs; an odd count's last pair is (t, t)
     let (m4, sm) = (_mm256_set1_epi8(15), scale_masks());
     let dist = pf::distance();
-    // i32 × 8 per token and pair of sub-blocks c: lanes 2r, 2r+1 = row r's sum in two
-    // parts (`Order::Single` sums the block's four c into [t][0])
-    let mut si = [[_mm256_setzero_si256(); 4]; MAX_T];
-    // f32 × 8 per token pair (t, u): [r0t r1t r0u r1u | r2t r3t r2u r3u]; `accm`: `Many`'s
-    // mins accumulator
-    let mut acc = [_mm256_setzero_ps(); MAX_T / 2];
-    let mut accm = [_mm256_setzero_ps(); MAX_T / 2];
+    let Bufs { si, acc, accm } = bufs;
+    acc[..np].fill(_mm256_setzero_ps());
+    accm[..np].fill(_mm256_setzero_ps());
     let pair = |p: usize| (2 * p, (2 * p + 1).min(nt - 1));
     for b in 0..n / 256 {
         ahead_group(w, b, BS, rb, dist);
@@ -241,18 +249,84 @@ pub(super) unsafe fn q4_k_rows_il<const MANY: bool>(
     for (p, x) in a.iter_mut().zip(acts) {
         *p = x.as_ptr();
     }
+    let mut bufs = Bufs {
+        si: [[_mm256_setzero_si256(); 4]; MAX_T],
+        acc: [_mm256_setzero_ps(); MAX_T / 2],
+        accm: [_mm256_setzero_ps(); MAX_T / 2],
+    };
     let mut r = 0;
     while nr - r >= R {
-        q4_k_il4::<MANY>(
-            n,
-            &rows[r * rl..nr * rl],
-            rl,
-            &a[..nt],
-            &mut out[r * nt..(r + R) * nt],
-        );
+        let o = &mut out[r * nt..(r + R) * nt];
+        q4_k_il4::<MANY>(n, &rows[r * rl..nr * rl], rl, &a[..nt], o, &mut bufs);
         r += R;
     }
     for r in r..nr {
         rest(&rows[r * rl..(r + 1) * rl], &mut out[r * nt..(r + 1) * nt]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::super::{quantize_act, Isa, Order};
+    use super::super::super::{single_for, MAX_T};
+    use crate::quant::GgmlType;
+
+    /// AVX2's interleaved Q4_K rows × tokens kernel (`gemm_avx2_il.rs`, reached from
+    /// `IL_MIN_T` tokens; here also at 2..=4), both orders, at every token count up to `MAX_T`,
+    /// rows of 1, 3 and 8 blocks, rows with every nibble 15 and the largest scales beside random ones,
+    /// activations at ±127 (the i16 sums' extremes) and random: bitwise the scalar
+    /// single-token kernel.
+    #[test]
+    fn q4k_interleaved_rows_equal_scalar_bitwise() {
+        if !Isa::Avx2.available() {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let w = GgmlType::Q4K;
+        let mut rng = Rng::new(0x4a11);
+        for nb in [1usize, 3, 8] {
+            let n = 256 * nb;
+            let rb = w.row_bytes(n).unwrap();
+            let nr = 9;
+            let mut rows: Vec<u8> = (0..nr).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            // rows 1 and 6: every nibble 15, every 6-bit scale and min 63
+            for r in [1usize, 6] {
+                for b in 0..nb {
+                    let blk = &mut rows[r * rb + 144 * b..r * rb + 144 * (b + 1)];
+                    blk[4..16].fill(0xff);
+                    blk[16..].fill(0xff);
+                }
+            }
+            let mut acts: Vec<Vec<u8>> = (0..MAX_T).map(|_| random_act(w, n, &mut rng)).collect();
+            for (i, sign) in [(0usize, 1.0f32), (2, -1.0), (5, 1.0), (7, -1.0)] {
+                let x: Vec<f32> = (0..n).map(|_| sign).collect();
+                quantize_act(GgmlType::Q8K, &x, &mut acts[i]).unwrap();
+            }
+            for nt in 2..=MAX_T {
+                let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
+                let mut out = vec![f32::NAN; nr * nt];
+                for (order, many) in [(Order::Single, false), (Order::Many, true)] {
+                    let single = single_for(Isa::Scalar, w, order);
+                    // SAFETY: AVX2 checked above; `rows` holds nr rows of n, every act n / 256
+                    // blocks.
+                    unsafe {
+                        if many {
+                            super::super::rows::q4_k_rows_il::<true>(n, &rows, nr, &refs, &mut out)
+                        } else {
+                            super::super::rows::q4_k_rows_il::<false>(n, &rows, nr, &refs, &mut out)
+                        }
+                    };
+                    for (i, o) in out.iter().enumerate() {
+                        let want = single(n, &rows[(i / nt) * rb..(i / nt + 1) * rb], refs[i % nt]);
+                        assert_eq!(
+                            o.to_bits(),
+                            want.to_bits(),
+                            "{order:?} n={n} tokens={nt} at {i}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

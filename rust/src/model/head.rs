@@ -139,38 +139,64 @@ impl RepackedHead {
             let act = |i: usize| &perm[i * arb..(i + 1) * arb];
             // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
             let put = |i: usize, r: usize, v: f32| unsafe { *out.at(i * rows + r) = v };
-            for r in r0..r1 {
-                let row = &data[r * rb..(r + 1) * rb];
-                // activation rows of the single-token order, four at a time through one
-                // decode of the row (bitwise each one's own dot); the others one by one
-                let mut four = [0usize; 4];
-                let mut n4 = 0;
-                let mut i = 0; // activation row
-                for &len in segs {
-                    for j in 0..len {
-                        match dot::order_t(GgmlType::Q6K, len, j) {
-                            Order::Single => {
-                                four[n4] = i;
-                                n4 += 1;
-                                if n4 == 4 {
-                                    let v = q6k_repack::dot_single4(cols, row, four.map(act), simd);
-                                    four.iter().zip(v).for_each(|(&i, v)| put(i, r, v));
-                                    n4 = 0;
-                                }
-                            }
-                            order => put(i, r, q6k_repack::dot(cols, row, act(i), order, simd)),
-                        }
-                        i += 1;
-                    }
+            // The task's rows against activation rows of the single-token order four at a
+            // time (each block decoded once for the four; bitwise each one's own dot), the
+            // others row by row.
+            let single = |idx: &[usize]| match *idx {
+                [a] => q6k_repack::rows_single(cols, data, r0..r1, [act(a)], simd, |r, v| {
+                    put(a, r, v[0])
+                }),
+                [a, b] => {
+                    let acts = [act(a), act(b)];
+                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
+                        put(a, r, v[0]);
+                        put(b, r, v[1]);
+                    })
                 }
-                for &i in &four[..n4] {
-                    put(
-                        i,
-                        r,
-                        q6k_repack::dot(cols, row, act(i), Order::Single, simd),
-                    );
+                [a, b, c] => {
+                    let acts = [act(a), act(b), act(c)];
+                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
+                        put(a, r, v[0]);
+                        put(b, r, v[1]);
+                        put(c, r, v[2]);
+                    })
+                }
+                [a, b, c, d] => {
+                    let acts = [act(a), act(b), act(c), act(d)];
+                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
+                        put(a, r, v[0]);
+                        put(b, r, v[1]);
+                        put(c, r, v[2]);
+                        put(d, r, v[3]);
+                    })
+                }
+                _ => {}
+            };
+            let mut four = [0usize; 4];
+            let mut n4 = 0;
+            let mut i = 0; // activation row
+            for &len in segs {
+                for j in 0..len {
+                    match dot::order_t(GgmlType::Q6K, len, j) {
+                        Order::Single => {
+                            four[n4] = i;
+                            n4 += 1;
+                            if n4 == 4 {
+                                single(&four);
+                                n4 = 0;
+                            }
+                        }
+                        order => {
+                            for r in r0..r1 {
+                                let row = &data[r * rb..(r + 1) * rb];
+                                put(i, r, q6k_repack::dot(cols, row, act(i), order, simd));
+                            }
+                        }
+                    }
+                    i += 1;
                 }
             }
+            single(&four[..n4]);
         })
     }
 }
@@ -231,23 +257,15 @@ mod tests {
                 let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(b(&got), b(&want), "t={t}");
             }
-            // segments (a batched step): each one bitwise the matmul of its rows alone
-            let segs = [1usize, 9, 1, 3];
-            let t: usize = segs.iter().sum();
-            let x: Vec<f32> = (0..t * cols)
-                .map(|_| (next() % 20001) as f32 / 5000.0 - 2.0)
-                .collect();
-            let mut want = vec![0f32; t * rows];
-            let mut t0 = 0;
-            for &n in &segs {
-                let (xs, ys) = (t0 * cols..(t0 + n) * cols, t0 * rows..(t0 + n) * rows);
-                serial.matmul(&w, &x[xs], n, &mut want[ys]).unwrap();
-                t0 += n;
+            // segments (a batched step): each one bitwise the matmul of its rows alone, with
+            // single-order rows in groups of one to four and past them
+            for segs in [
+                &[1usize, 9, 1, 3][..],
+                &[1, 1, 1, 1, 1, 1, 1],
+                &[2, 1, 1, 9, 1, 1, 1],
+            ] {
+                check_segs(&mut head, c, &w, segs, &mut next);
             }
-            let mut got = vec![f32::NAN; t * rows];
-            head.matmul_segs(c, &x, &segs, &mut got).unwrap();
-            let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(b(&got), b(&want), "segs {segs:?}");
             let mut short = vec![0f32; 5];
             assert!(head.matmul(c, &[0.0; 512], 1, &mut short).is_err());
         }
@@ -258,5 +276,32 @@ mod tests {
             cols: 64,
         };
         assert!(RepackedHead::new(&q8, 1, &serial).unwrap().is_none());
+    }
+
+    /// `matmul_segs` over `segs` equals each segment's own `Compute::matmul`, bitwise.
+    fn check_segs(
+        head: &mut RepackedHead,
+        c: &dyn Compute,
+        w: &QMatrix<'_>,
+        segs: &[usize],
+        next: &mut impl FnMut() -> u64,
+    ) {
+        let (rows, cols) = (w.rows, w.cols);
+        let serial = SerialCompute::new();
+        let t: usize = segs.iter().sum();
+        let x: Vec<f32> = (0..t * cols)
+            .map(|_| (next() % 20001) as f32 / 5000.0 - 2.0)
+            .collect();
+        let mut want = vec![0f32; t * rows];
+        let mut t0 = 0;
+        for &n in segs {
+            let (xs, ys) = (t0 * cols..(t0 + n) * cols, t0 * rows..(t0 + n) * rows);
+            serial.matmul(w, &x[xs], n, &mut want[ys]).unwrap();
+            t0 += n;
+        }
+        let mut got = vec![f32::NAN; t * rows];
+        head.matmul_segs(c, &x, segs, &mut got).unwrap();
+        let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(b(&got), b(&want), "segs {segs:?}");
     }
 }

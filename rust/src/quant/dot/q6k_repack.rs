@@ -227,24 +227,51 @@ pub fn dot(n: usize, w_row: &[u8], act: &[u8], order: Order, simd: bool) -> f32 
     }
 }
 
-/// `dot(n, w_row, act, Order::Single, simd)` for four activations at once, bitwise: the
-/// AVX2 kernel decodes each block once for the four (the head of a batched step).
+/// `dot(n, row r, acts[k], Order::Single, simd)` for every row `r` in `rows` of the
+/// repacked matrix `w` (rows of `n` elements, back to back) and `N` activations at once:
+/// `put(r, y)`, each `y[k]` bitwise its own `dot`. The AVX2 kernel decodes each block once for
+/// the N (the head of a batched step). Panics when `w` or an activation is too short.
 #[inline]
-pub fn dot_single4(n: usize, w_row: &[u8], acts: [&[u8]; 4], simd: bool) -> [f32; 4] {
+pub fn rows_single<const N: usize>(
+    n: usize,
+    w: &[u8],
+    rows: std::ops::Range<usize>,
+    acts: [&[u8]; N],
+    simd: bool,
+    mut put: impl FnMut(usize, [f32; N]),
+) {
+    let rb = n / 256 * BLOCK_BYTES;
     assert!(
         n.is_multiple_of(256)
-            && w_row.len() == n / 256 * BLOCK_BYTES
+            && w.len() >= rows.end * rb
             && acts.iter().all(|a| a.len() == n / 256 * ACT_BLOCK),
-        "Q6_K-R dot: n = {n}, row {} bytes, activations of {:?} bytes",
-        w_row.len(),
+        "Q6_K-R rows: n = {n}, rows to {} in {} bytes, activations of {:?} bytes",
+        rows.end,
+        w.len(),
         acts.map(<[u8]>::len)
     );
     if simd && cpu::has_avx2() {
         // SAFETY: the CPU runs AVX2/FMA/F16C (checked) and the slice lengths are asserted.
-        unsafe { simd::dot_single_n(n, w_row, acts) }
+        unsafe { simd::rows_single_n(n, w, rows, acts, put) }
     } else {
-        acts.map(|a| dot_single_scalar(n, w_row, a))
+        for r in rows {
+            let row = &w[r * rb..(r + 1) * rb];
+            put(r, acts.map(|a| dot_single_scalar(n, row, a)));
+        }
     }
+}
+
+/// `dot(n, w_row, act, Order::Single, simd)` for four activations at once (`rows_single`
+/// on one row), bitwise.
+pub fn dot_single4(n: usize, w_row: &[u8], acts: [&[u8]; 4], simd: bool) -> [f32; 4] {
+    let mut y = [0f32; 4];
+    rows_single(n, w_row, 0..1, acts, simd, |_, v| y = v);
+    assert_eq!(
+        w_row.len(),
+        n / 256 * BLOCK_BYTES,
+        "Q6_K-R dot: a row of {n}"
+    );
+    y
 }
 
 /// Whether a matrix of type `ty` can be repacked.

@@ -142,22 +142,89 @@ pub(super) unsafe fn dot_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
     acc
 }
 
-/// `dot_single` of one row against `N` activations: each block decoded once for all of
-/// them, each result bitwise `dot_single`'s (the same lanes and float steps per activation).
+/// `dot_single` of each row `r` in `rows` of the repacked matrix `w` (rows of `n` elements
+/// back to back) against `N` permuted activations: `put(r, y)` with `y[k]` bitwise
+/// `dot_single(n, row r, a[k])` (the same lane integers and float steps per activation).
+/// Each block is decoded once for the N, half a block at a time, so that its four quant
+/// vectors and two scale vectors stay in registers across the N activations; the masks and
+/// the row loop are hoisted out of the per-row call.
+/// Safety (besides the CPU's): `w` holds `rows.end` rows and each `a[k]` `n / 256` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_single_n<const N: usize>(n: usize, w: &[u8], a: [&[u8]; N]) -> [f32; N] {
+pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
+    n: usize,
+    w: &[u8],
+    rows: std::ops::Range<usize>,
+    a: [&[u8]; N],
+    mut put: F,
+) {
     let masks = pair_masks();
-    let mut acc = [_mm256_setzero_ps(); N];
-    for b in 0..n / 256 {
-        let (wo, ao) = (210 * b, 292 * b);
-        prefetch(w, wo);
-        let dec = decode(w.as_ptr().add(wo), &masks);
-        let dw = h2f(w, wo + 208);
-        for (acc, a) in acc.iter_mut().zip(a) {
-            let l = lanes_of(&dec, a.as_ptr().add(ao));
-            let d = f32_at(a, ao) * dw;
-            *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), *acc);
+    let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
+    let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
+    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    let nb = n / 256;
+    let ap = a.map(<[u8]>::as_ptr);
+    for r in rows {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..nb {
+            let wo = (r * nb + b) * 210;
+            prefetch(w, wo);
+            let wb = w.as_ptr().add(wo);
+            let scr = load128(wb.add(192));
+            let sw = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]
+            let mut sum = [_mm256_setzero_si256(); N]; // ggml's eight lanes per activation
+            for g in 0..2 {
+                let qa = load(wb.add(96 * g));
+                let qb = load(wb.add(96 * g + 32));
+                let qc = load(wb.add(96 * g + 64));
+                let v3 = _mm256_or_si256(
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(qb, 4), mc),
+                    ),
+                    _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
+                );
+                let (v0, v1, v2) = (
+                    _mm256_and_si256(qa, m6),
+                    _mm256_and_si256(qb, m6),
+                    _mm256_and_si256(qc, m6),
+                );
+                let s0 = _mm256_shuffle_epi8(sw, masks[2 * g]);
+                let s1 = _mm256_shuffle_epi8(sw, masks[2 * g + 1]);
+                for k in 0..N {
+                    let q = ap[k].add(292 * b + 4 + 128 * g); // this half's permuted quants
+                    let p0 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(v0, load(q)),
+                        _mm256_maddubs_epi16(v1, load(q.add(32))),
+                    );
+                    let p1 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(v2, load(q.add(64))),
+                        _mm256_maddubs_epi16(v3, load(q.add(96))),
+                    );
+                    let s = _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1));
+                    sum[k] = _mm256_add_epi32(sum[k], s);
+                }
+                // Keep the halves apart: the sums are made here, so the compiler cannot
+                // interleave both halves' twelve quant and scale vectors (which spills).
+                for x in sum.iter_mut() {
+                    std::arch::asm!(
+                        "/* {0} */",
+                        inout(ymm_reg) * x,
+                        options(pure, nomem, nostack)
+                    );
+                }
+            }
+            let scn = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat)); // natural order
+            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                (wb.add(208) as *const u16).read_unaligned() as i32,
+            )));
+            for k in 0..N {
+                let ab = ap[k].add(292 * b);
+                let msum = _mm256_madd_epi16(scn, load(ab.add(260)));
+                let l = _mm256_sub_epi32(sum[k], _mm256_slli_epi32(msum, 5));
+                let d = (ab as *const f32).read_unaligned() * dw;
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc[k]);
+            }
         }
+        put(r, acc.map(|x| hsum8(x)));
     }
-    acc.map(|x| hsum8(x))
 }

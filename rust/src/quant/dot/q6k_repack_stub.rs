@@ -9,10 +9,12 @@ pub(super) unsafe fn dot_tiled(_n: usize, _w: &[u8], _a: &[u8]) -> f32 {
     unreachable!("no AVX2 on this architecture")
 }
 
-pub(super) unsafe fn dot_single_n<const N: usize>(
+pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
     _n: usize,
     _w: &[u8],
+    _rows: std::ops::Range<usize>,
     _a: [&[u8]; N],
-) -> [f32; N] {
+    _put: F,
+) {
     unreachable!("no AVX2 on this architecture")
 }

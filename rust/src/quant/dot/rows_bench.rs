@@ -224,7 +224,7 @@ fn mxfp4_kernels_ab() {
 #[test]
 #[ignore]
 fn head_rows_ab() {
-    use super::q6k_repack::{dot, dot_single4, permute_act, repack, BLOCK_BYTES};
+    use super::q6k_repack::{dot, dot_single4, permute_act, repack, rows_single, BLOCK_BYTES};
     use super::Order;
     let (w, n) = (GgmlType::Q6K, 2048usize);
     let rb = n / 256 * BLOCK_BYTES;
@@ -267,10 +267,28 @@ fn head_rows_ab() {
         }
         x.to_bits() as u64
     };
+    let rows1 = |c: &[u8]| {
+        let mut x = 0f32;
+        rows_single(n, c, 0..c.len() / rb, [four[0]], true, |_, v| x += v[0]);
+        x.to_bits() as u64
+    };
+    let rows4 = |c: &[u8]| {
+        let mut x = 0f32;
+        rows_single(n, c, 0..c.len() / rb, four, true, |_, v| {
+            for v in v {
+                x += v;
+            }
+        });
+        x.to_bits() as u64
+    };
     assert_eq!(shared(&m[..64 * rb]), apart(&m[..64 * rb]));
-    let fs: [Named<'_>; 3] = [
+    assert_eq!(rows4(&m[..64 * rb]), apart(&m[..64 * rb]));
+    assert_eq!(rows1(&m[..64 * rb]), one(&m[..64 * rb]));
+    let fs: [Named<'_>; 5] = [
         ("1 act", &one),
+        ("1 act rows", &rows1),
         ("4 acts shared", &shared),
+        ("4 acts rows", &rows4),
         ("4 acts apart", &apart),
     ];
     let small = &m[..384 * 1024 / rb * rb];
@@ -290,21 +308,23 @@ fn head_rows_ab() {
         println!("Q6_K-R n={n} {what}, one core: {}", line.join(", "));
     }
     for threads in [1usize, 2] {
-        let mut best = [(0f64, 0f64); 4];
+        let mut best = [(0f64, 0f64); 5];
         for _ in 0..3 {
             let r = [
                 run(threads, &m, rb, &|c| unsafe { stream(c) }),
                 run(threads, &m, rb, &one),
+                run(threads, &m, rb, &rows1),
                 run(threads, &m, rb, &shared),
-                run(threads, &m, rb, &apart),
+                run(threads, &m, rb, &rows4),
             ];
             for (b, x) in best.iter_mut().zip(r) {
                 *b = (b.0.max(x.0), b.1.max(x.1));
             }
         }
         println!(
-            "Q6_K-R RAM {threads} thr, wall GB/s: stream {:.2}, 1 act {:.2}, 4 shared {:.2}, 4 apart {:.2}",
-            best[0].0, best[1].0, best[2].0, best[3].0
+            "Q6_K-R RAM {threads} thr, wall GB/s: stream {:.2}, 1 act {:.2}, 1 act rows {:.2}, \
+             4 shared {:.2}, 4 rows {:.2}",
+            best[0].0, best[1].0, best[2].0, best[3].0, best[4].0
         );
     }
 }

@@ -103,8 +103,9 @@ class Config:
     )
     host_participates: bool = _f(True, "the calling thread takes pool work too", core=True)
     pool_pipeline: bool = _f(
-        False,
-        "pipelined pool schedule (per-expert readiness, no phase barrier)",
+        True,
+        "pipelined pool schedule (per-expert readiness, no phase barrier; off: the barrier "
+        "schedule, the same results)",
         core=True,
     )
     pool_balanced: bool = _f(

@@ -204,7 +204,7 @@ class ExpertPool:
         cls,
         workers: int | None = None,
         host_participates: bool = True,
-        pipelined: bool = False,
+        pipelined: bool = True,
         pin: bool = True,
         spin_us: int = 2000,
         balanced: bool = True,

@@ -124,7 +124,8 @@ impl Default for PoolConfig {
         PoolConfig {
             workers: topology::physical_cores().len().saturating_sub(1),
             host_participates: true,
-            pipelined: false,
+            // per-expert readiness: measured faster than the barriers (docs/POOL.md)
+            pipelined: true,
             pin: true,
             spin_us: 2000,
             balanced: true,

@@ -149,7 +149,7 @@ pub struct ExpertPool {
 #[pymethods]
 impl ExpertPool {
     #[new]
-    #[pyo3(signature = (workers=None, host_participates=true, pipelined=false, pin=true, spin_us=2000, balanced=true))]
+    #[pyo3(signature = (workers=None, host_participates=true, pipelined=true, pin=true, spin_us=2000, balanced=true))]
     fn new(
         workers: Option<usize>,
         host_participates: bool,

@@ -29,38 +29,50 @@ struct Decoded {
     scn: __m256i,
 }
 
+/// The four quant vectors (0..63 per byte) of half `g` (0, 1) of repacked block `wb`.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn quants_half(wb: *const u8, g: usize) -> [__m256i; 4] {
+    let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
+    let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
+    let qa = load(wb.add(96 * g));
+    let qb = load(wb.add(96 * g + 32));
+    let qc = load(wb.add(96 * g + 64));
+    let v3 = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
+            _mm256_and_si256(_mm256_srli_epi16(qb, 4), mc),
+        ),
+        _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
+    );
+    [
+        _mm256_and_si256(qa, m6),
+        _mm256_and_si256(qb, m6),
+        _mm256_and_si256(qc, m6),
+        v3,
+    ]
+}
+
+/// A block's 16 reordered signed scales (`scr`, bytes 192..208) widened to i16 in natural
+/// order (word i = sc[i]), for the bsum term.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn natural_scales(scr: __m128i) -> __m256i {
+    // byte i = sc[i]
+    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat))
+}
+
 /// Decodes repacked block `wb` (its quants and scales; not d).
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn decode(wb: *const u8, masks: &[__m256i; 4]) -> Decoded {
-    let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
-    let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
     let scr = load128(wb.add(192));
     let w = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]
-    let v = std::array::from_fn(|g| {
-        let qa = load(wb.add(96 * g));
-        let qb = load(wb.add(96 * g + 32));
-        let qc = load(wb.add(96 * g + 64));
-        let v3 = _mm256_or_si256(
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
-                _mm256_and_si256(_mm256_srli_epi16(qb, 4), mc),
-            ),
-            _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
-        );
-        [
-            _mm256_and_si256(qa, m6),
-            _mm256_and_si256(qb, m6),
-            _mm256_and_si256(qc, m6),
-            v3,
-        ]
-    });
-    // Natural scale order for the bsum term: byte i = sc[i].
-    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     Decoded {
-        v,
+        v: std::array::from_fn(|g| quants_half(wb, g)),
         s: std::array::from_fn(|m| _mm256_shuffle_epi8(w, masks[m])),
-        scn: _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat)),
+        scn: natural_scales(scr),
     }
 }
 
@@ -158,9 +170,6 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
     mut put: F,
 ) {
     let masks = pair_masks();
-    let (m6, m3) = (_mm256_set1_epi8(0x3f), _mm256_set1_epi8(3));
-    let (mc, m30) = (_mm256_set1_epi8(0x0c), _mm256_set1_epi8(0x30));
-    let nat = _mm_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
     let nb = n / 256;
     let ap = a.map(<[u8]>::as_ptr);
     for r in rows {
@@ -173,21 +182,7 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
             let sw = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]
             let mut sum = [_mm256_setzero_si256(); N]; // ggml's eight lanes per activation
             for g in 0..2 {
-                let qa = load(wb.add(96 * g));
-                let qb = load(wb.add(96 * g + 32));
-                let qc = load(wb.add(96 * g + 64));
-                let v3 = _mm256_or_si256(
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(qa, 6), m3),
-                        _mm256_and_si256(_mm256_srli_epi16(qb, 4), mc),
-                    ),
-                    _mm256_and_si256(_mm256_srli_epi16(qc, 2), m30),
-                );
-                let (v0, v1, v2) = (
-                    _mm256_and_si256(qa, m6),
-                    _mm256_and_si256(qb, m6),
-                    _mm256_and_si256(qc, m6),
-                );
+                let [v0, v1, v2, v3] = quants_half(wb, g);
                 let s0 = _mm256_shuffle_epi8(sw, masks[2 * g]);
                 let s1 = _mm256_shuffle_epi8(sw, masks[2 * g + 1]);
                 for k in 0..N {
@@ -213,7 +208,7 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
                     );
                 }
             }
-            let scn = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scr, nat)); // natural order
+            let scn = natural_scales(scr);
             let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
                 (wb.add(208) as *const u16).read_unaligned() as i32,
             )));

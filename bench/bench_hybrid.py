@@ -280,7 +280,11 @@ def main() -> None:
         "--llama-ubatch", default="512,4096", help="llama-bench -ub values (-b: the largest)"
     )
     ap.add_argument(
-        "--pool-pipeline", action="store_true", help="the pool's pipelined schedule (no barrier)"
+        "--pool-pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the pool's pipelined schedule, or (--no-pool-pipeline) its barrier schedule "
+        "(default: the settings' pool_pipeline)",
     )
     ap.add_argument(
         "--pool-unbalanced",

@@ -142,35 +142,15 @@ impl RepackedHead {
             // The task's rows against activation rows of the single-token order four at a
             // time (each block decoded once for the four; bitwise each one's own dot), the
             // others row by row.
-            let single = |idx: &[usize]| match *idx {
-                [a] => q6k_repack::rows_single(cols, data, r0..r1, [act(a)], simd, |r, v| {
-                    put(a, r, v[0])
-                }),
-                [a, b] => {
-                    let acts = [act(a), act(b)];
-                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
-                        put(a, r, v[0]);
-                        put(b, r, v[1]);
-                    })
+            let single = |idx: &[usize]| {
+                let (act, put, rows) = (&act, &put, r0..r1);
+                match *idx {
+                    [a] => single_rows(cols, data, rows, [a], act, put, simd),
+                    [a, b] => single_rows(cols, data, rows, [a, b], act, put, simd),
+                    [a, b, c] => single_rows(cols, data, rows, [a, b, c], act, put, simd),
+                    [a, b, c, d] => single_rows(cols, data, rows, [a, b, c, d], act, put, simd),
+                    _ => {}
                 }
-                [a, b, c] => {
-                    let acts = [act(a), act(b), act(c)];
-                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
-                        put(a, r, v[0]);
-                        put(b, r, v[1]);
-                        put(c, r, v[2]);
-                    })
-                }
-                [a, b, c, d] => {
-                    let acts = [act(a), act(b), act(c), act(d)];
-                    q6k_repack::rows_single(cols, data, r0..r1, acts, simd, |r, v| {
-                        put(a, r, v[0]);
-                        put(b, r, v[1]);
-                        put(c, r, v[2]);
-                        put(d, r, v[3]);
-                    })
-                }
-                _ => {}
             };
             let mut four = [0usize; 4];
             let mut n4 = 0;
@@ -199,6 +179,24 @@ impl RepackedHead {
             single(&four[..n4]);
         })
     }
+}
+
+/// `q6k_repack::rows_single` of vocabulary rows `rows` against the activation rows `idx`,
+/// each logit put at (activation row, vocabulary row).
+fn single_rows<'a, const N: usize>(
+    cols: usize,
+    data: &[u8],
+    rows: std::ops::Range<usize>,
+    idx: [usize; N],
+    act: &impl Fn(usize) -> &'a [u8],
+    put: &impl Fn(usize, usize, f32),
+    simd: bool,
+) {
+    q6k_repack::rows_single(cols, data, rows, idx.map(act), simd, |r, v| {
+        for (&i, v) in idx.iter().zip(v) {
+            put(i, r, v);
+        }
+    })
 }
 
 #[cfg(test)]

@@ -261,19 +261,6 @@ pub fn rows_single<const N: usize>(
     }
 }
 
-/// `dot(n, w_row, act, Order::Single, simd)` for four activations at once (`rows_single`
-/// on one row), bitwise.
-pub fn dot_single4(n: usize, w_row: &[u8], acts: [&[u8]; 4], simd: bool) -> [f32; 4] {
-    let mut y = [0f32; 4];
-    rows_single(n, w_row, 0..1, acts, simd, |_, v| y = v);
-    assert_eq!(
-        w_row.len(),
-        n / 256 * BLOCK_BYTES,
-        "Q6_K-R dot: a row of {n}"
-    );
-    y
-}
-
 /// Whether a matrix of type `ty` can be repacked.
 pub fn repackable(ty: GgmlType) -> bool {
     ty == GgmlType::Q6K
@@ -387,6 +374,13 @@ mod tests {
         }
     }
 
+    /// `rows_single` of one row against four activations.
+    fn four(n: usize, row: &[u8], acts: [&[u8]; 4], simd: bool) -> [f32; 4] {
+        let mut y = [f32::NAN; 4];
+        rows_single(n, row, 0..1, acts, simd, |_, v| y = v);
+        y
+    }
+
     /// Four activations through one decode of the row: each result bitwise its own
     /// single-order dot (scalar and AVX2), extremes included.
     #[test]
@@ -405,7 +399,7 @@ mod tests {
                     .collect();
                 let refs: [&[u8]; 4] = std::array::from_fn(|t| &acts[t][..]);
                 for simd in [false, true] {
-                    let got = dot_single4(n, &rp, refs, simd);
+                    let got = four(n, &rp, refs, simd);
                     for t in 0..4 {
                         let want = dot(n, &rp, refs[t], Order::Single, simd);
                         assert_eq!(got[t].to_bits(), want.to_bits(), "n={n} t={t} simd={simd}");
@@ -421,7 +415,7 @@ mod tests {
             pa
         });
         let refs: [&[u8]; 4] = std::array::from_fn(|t| &acts[t][..]);
-        let got = dot_single4(256, &row, refs, true);
+        let got = four(256, &row, refs, true);
         for t in 0..4 {
             assert_eq!(
                 got[t].to_bits(),
@@ -481,9 +475,9 @@ mod bench {
                 "q6_k-r, 4 activations per decode (time per activation)",
                 Box::new(|r| {
                     let acts = [&pa[..], &pa[..], &pa[..], &pa[..]];
-                    dot_single4(n, &rp[r * rb..(r + 1) * rb], acts, true)
-                        .iter()
-                        .sum()
+                    let mut x = 0f32;
+                    rows_single(n, &rp, r..r + 1, acts, true, |_, v| x = v.iter().sum());
+                    x
                 }),
             ),
         ];

@@ -209,14 +209,11 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
                 }
             }
             let scn = natural_scales(scr);
-            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                (wb.add(208) as *const u16).read_unaligned() as i32,
-            )));
+            let dw = h2f(w, wo + 208);
             for k in 0..N {
-                let ab = ap[k].add(292 * b);
-                let msum = _mm256_madd_epi16(scn, load(ab.add(260)));
+                let msum = _mm256_madd_epi16(scn, load(ap[k].add(292 * b + 260)));
                 let l = _mm256_sub_epi32(sum[k], _mm256_slli_epi32(msum, 5));
-                let d = (ab as *const f32).read_unaligned() * dw;
+                let d = f32_at(a[k], 292 * b) * dw;
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc[k]);
             }
         }

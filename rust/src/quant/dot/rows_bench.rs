@@ -218,13 +218,13 @@ fn mxfp4_kernels_ab() {
 }
 
 /// The repacked Q6_K head's kernels for a batched step's decode rows, one thread, CPU time:
-/// one activation (`dot`), four through one decode (`dot_single4`) and four one by one, on an
-/// L2-resident slice (compute) and on 255 MB of rows from RAM (the bench model's head):
+/// one activation (`dot`), four through one decode (`rows_single`, a call per row and a call
+/// per chunk of rows) and four one by one, on an L2-resident slice (compute) and on 255 MB of rows from RAM (the bench model's head):
 /// `cargo test --no-default-features --release head_rows_ab -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn head_rows_ab() {
-    use super::q6k_repack::{dot, dot_single4, permute_act, repack, rows_single, BLOCK_BYTES};
+    use super::q6k_repack::{dot, permute_act, repack, rows_single, BLOCK_BYTES};
     use super::Order;
     let (w, n) = (GgmlType::Q6K, 2048usize);
     let rb = n / 256 * BLOCK_BYTES;
@@ -249,12 +249,15 @@ fn head_rows_ab() {
         }
         x.to_bits() as u64
     };
+    // one call per row (the per-row call overhead beside `rows4`'s one call per chunk)
     let shared = |c: &[u8]| {
         let mut x = 0f32;
-        for row in c.chunks_exact(rb) {
-            for v in dot_single4(n, row, four, true) {
-                x += v;
-            }
+        for r in 0..c.len() / rb {
+            rows_single(n, c, r..r + 1, four, true, |_, v| {
+                for v in v {
+                    x += v;
+                }
+            });
         }
         x.to_bits() as u64
     };

@@ -10,6 +10,10 @@
 # written F32 and quantized to Q4_K_M.
 # Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
 # llama-src.tar.xz (the sdist's vendor/llama.cpp). Results under $OUT.
+# LLAMA_BIN: a folder with llama-bench and llama-quantize already built (e.g. the CUDA build of
+# bench/build_llama_cuda.sh, also -DGGML_NATIVE=ON): no build here, and the GPU is hidden from
+# both engines (CUDA_VISIBLE_DEVICES empty: llama.cpp registers no CUDA device and runs its CPU
+# backend; llama-info.txt names the backends it used).
 set -u
 R=$PWD
 B=${B:-$R/.dev/lead}
@@ -19,12 +23,14 @@ TYPES=${TYPES:-Q4_K_M,IQ3_S}
 REPS=${REPS:-3}
 D=/tmp/bm-cpu
 LC=/tmp/llama-cpu
+LB=${LLAMA_BIN:-$LC/build/bin}
+[ -z "${LLAMA_BIN:-}" ] || export CUDA_VISIBLE_DEVICES=
 mkdir -p "$OUT" "$D" "$LC"
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "$B"/whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-if [ ! -x "$LC/build/bin/llama-bench" ]; then
+if [ ! -x "$LB/llama-bench" ]; then
     (
         tar xJf "$B/llama-src.tar.xz" -C "$LC" &&
             cmake -S "$LC/llama.cpp" -B "$LC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -45,23 +51,23 @@ if not os.path.exists(sys.argv[1]):
 PY
 fi
 wait
-tail -n 1 "$OUT/llbuild.log"
+[ -f "$OUT/llbuild.log" ] && tail -n 1 "$OUT/llbuild.log"
 grep -o -E 'AMX_INT8 = 1|AVX512_VNNI = 1|AVX512 = 1' "$OUT/llbuild.log" | sort -u
 { lscpu | grep -E 'Model name|^CPU\(s\)'; grep -o -w -E 'amx_[a-z0-9]+|avx512[a-z_0-9]*' \
     /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } | tee "$OUT/cpu.txt"
-BD=(python3 "$R/bench/bench_decode.py" --llama-bench "$LC/build/bin/llama-bench"
+BD=(python3 "$R/bench/bench_decode.py" --llama-bench "$LB/llama-bench"
     --reps "$REPS" --pp 512 --gen "${GEN:-128}")
 if [ -n "${SHAPE:-}" ]; then
     q="$D/$SHAPE-Q4_K_M.gguf"
-    [ -f "$q" ] || "$LC/build/bin/llama-quantize" "$D/$SHAPE-f32.gguf" "$q" Q4_K_M \
+    [ -f "$q" ] || "$LB/llama-quantize" "$D/$SHAPE-f32.gguf" "$q" Q4_K_M \
         >"$OUT/quantize.log" 2>&1 || { tail -5 "$OUT/quantize.log"; exit 1; }
     rm -f "$D/$SHAPE-f32.gguf"
     BD+=(--model "$q")
 else
-    BD+=(--dir "$D" --layers "$LAYERS" --types "$TYPES" --quantize "$LC/build/bin/llama-quantize")
+    BD+=(--dir "$D" --layers "$LAYERS" --types "$TYPES" --quantize "$LB/llama-quantize")
 fi
 [ -n "${ONLY_ALL:-}" ] || taskset -c 0,1 "${BD[@]}" --threads 2 2>&1 | tee "$OUT/cpu-2.txt" | tail -n 8
 "${BD[@]}" --threads "$(nproc)" 2>&1 | tee "$OUT/cpu-all.txt" | tail -n 8
-[ -n "${SHAPE:-}" ] || "$LC/build/bin/llama-bench" -m "$D/q3moe-${LAYERS}l-Q4_K_M.gguf" -p 64 -n 0 -r 1 -o json \
+[ -n "${SHAPE:-}" ] || "$LB/llama-bench" -m "$D/q3moe-${LAYERS}l-Q4_K_M.gguf" -p 64 -n 0 -r 1 -o json \
     2>/dev/null | grep -E '"(cpu_info|backends|build_commit)"' | tee "$OUT/llama-info.txt"
 echo "done: $(($(date +%s) - t0)) s"

@@ -23,6 +23,7 @@ set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
 PHASE=${PHASE:-all}
+MODELS=${MODELS:-uniform,zipf}
 mkdir -p "$OUT"
 LLAMA_SRC=${LLAMA_SRC:-$R/.devsrc/llama-cuda-src.tar.xz}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -45,7 +46,7 @@ if [ "$PHASE" != bench ]; then
             echo "llbuild rc=$? in $(($(date +%s) - t0))s" >>"$OUT/llbuild.log"
         ) &
     fi
-    for kind in uniform zipf; do
+    for kind in ${MODELS//,/ }; do
         (
             python3 "$R/bench/bench_hybrid.py" --dir "$D" --write-f16 "$kind" >"$OUT/write-$kind.log" 2>&1
             echo "write $kind rc=$? in $(($(date +%s) - t0))s" >>"$OUT/write-$kind.log"
@@ -54,7 +55,7 @@ if [ "$PHASE" != bench ]; then
     wait
     tail -n 2 "$OUT"/write-*.log "$OUT/llbuild.log" 2>/dev/null
 fi
-[ -n "${MODELS:-}" ] && ARGS+=(--models "$MODELS")
+ARGS+=(--models "$MODELS")
 if [ -x "$LL/llama-bench" ]; then
     ARGS+=(--llama-quantize "$LL/llama-quantize")
     [ "${SKIP_LLAMA:-0}" = 1 ] || ARGS+=(--llama-bench "$LL/llama-bench")

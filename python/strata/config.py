@@ -166,7 +166,7 @@ class Config:
     pcie_frac: float = _f(
         -1.0,
         "hybrid GPU: share of missed experts copied over PCIe and run on the GPU instead of "
-        "the CPU, 0..1 (-1: from a probe of the link at start)",
+        "the CPU, 0..1 (-1: the link probe's share or 0, whichever decodes faster, measured)",
         core=True,
     )
     stream_min_tokens: int = _f(
@@ -350,7 +350,7 @@ class Config:
         if not 0 <= self.adapt_swaps <= 4096:
             raise bad("adapt_swaps", "must be in 0..4096")
         if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):
-            raise bad("pcie_frac", "must be -1 (probe the link) or in 0..1")
+            raise bad("pcie_frac", "must be -1 (auto: measured) or in 0..1")
         stages = self.stage_devices()
         if stages is None:
             raise bad("gpus", 'must be device numbers, comma-separated (e.g. "0" or "0,0")')

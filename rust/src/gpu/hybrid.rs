@@ -43,8 +43,8 @@ use crate::model::{Compute, HParams};
 use crate::pool::SKIP;
 use crate::tier::vram::{
     self, cpu_misses, fill_order, initial_assignment, start_fill, BudgetInputs, CudaSlots,
-    GapTicket, HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, SlotFences, TierDriver,
-    TierFence, VramPlan, VramTable,
+    GapTicket, HybridCounters, LayerSplit, PcieShare, Proj, PtrTables, ShareTuner, SlotFences,
+    TierDriver, TierFence, VramPlan, VramTable,
 };
 use crate::tier::RoutingCounters;
 use std::sync::Arc;
@@ -78,6 +78,11 @@ pub struct Hybrid {
     routing_adapt: Arc<RoutingCounters>,
     split: LayerSplit,
     share: PcieShare,
+    /// `pcie_frac` -1: the share measured against 0 on the decode steps (`share_tune.rs`).
+    tuner: Option<ShareTuner>,
+    /// This step's decode time on its CPU-path layers (ns) and tokens: the tuner's input.
+    step_ns: u64,
+    step_t: usize,
     pin_ids: PinnedBuf, // i32 [T, K]
     pin_wts: PinnedBuf, // f32 [T, K]
     pin_h: PinnedBuf,   // f32 [T, H]
@@ -269,6 +274,9 @@ impl Hybrid {
             routing_adapt,
             split: LayerSplit::default(),
             share: PcieShare::new(frac).with_cap(pcie.as_ref().map_or(0, PcieMisses::cap)),
+            tuner: (cfg.pcie_frac < 0.0 && pcie.is_some()).then(|| ShareTuner::new(frac)),
+            step_ns: 0,
+            step_t: 0,
             pin_ids: gpu.host_alloc(4 * t * k)?,
             pin_wts: gpu.host_alloc(4 * t * k)?,
             pin_h: gpu.host_alloc(4 * t * hd)?,
@@ -315,7 +323,15 @@ impl Hybrid {
             } else {
                 0.0
             },
-            pcie: self.pcie_note.clone(),
+            pcie: match &self.tuner {
+                Some(tu) => format!(
+                    "{}; auto: the probe's {:.3} or 0 by measured decode time ({} measurements)",
+                    self.pcie_note,
+                    tu.probe(),
+                    tu.measured()
+                ),
+                None => self.pcie_note.clone(),
+            },
             defer_experts: if self.defer.is_some() {
                 self.defer_n
             } else {
@@ -406,7 +422,25 @@ impl Hybrid {
             ns(t[2], t[3]),
             ns(t[3], now),
         ]);
+        // the layer's cycle: the GPU's part since the last layer, then this one's
+        self.step_ns += between + ns(t[0], now);
         self.t_last = Some(now);
+    }
+
+    /// The last step's decode time goes to the tuner (`pcie_frac` -1), which may change the
+    /// share for the next one.
+    fn tune_share(&mut self) {
+        let (ns, t) = (std::mem::take(&mut self.step_ns), self.step_t);
+        let (Some(tu), Some(pc)) = (self.tuner.as_mut(), self.pcie.as_ref()) else {
+            return;
+        };
+        if ns == 0 || t == 0 || t > quant::MMVQ_MAX_TOKENS {
+            return;
+        }
+        let f = tu.step(t, ns);
+        if f != self.share.frac() {
+            self.share = PcieShare::new(f).with_cap(pc.cap());
+        }
     }
 }
 
@@ -424,6 +458,8 @@ impl MoePlacement for Hybrid {
     /// (on the compute stream, ahead of the step's kernels).
     fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
+        self.tune_share();
+        self.step_t = 0;
         if let Some(d) = self.defer.as_mut() {
             // a job still in flight belongs to a step that failed part way (its error was
             // returned then): it finishes and is dropped, never landing in this step's x
@@ -487,6 +523,7 @@ impl MoePlacement for Hybrid {
         }
         let t0 = Instant::now();
         let between = self.t_last.map_or(0, |t| (t0 - t).as_nanos() as u64);
+        self.step_t = t;
         // the event the host waits for (routing and input are on their way to the host)
         self.ev.record(s)?;
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)

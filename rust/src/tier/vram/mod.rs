@@ -13,6 +13,7 @@ pub mod driver;
 pub mod fence;
 pub mod miss;
 pub mod protocol;
+pub mod share_tune;
 pub mod stats;
 pub mod table;
 
@@ -23,6 +24,7 @@ pub use driver::{start_fill, GapOutcome, Prepared, Stager, TierDriver};
 pub use fence::{Fence, PollOutcome, SlotFences, SlotIo, SlotState};
 pub use miss::{cpu_misses, LayerSplit, PcieShare};
 pub use protocol::{GapTicket, Protocol, StageCounts, WindowId, WindowState};
+pub use share_tune::ShareTuner;
 pub use stats::{HybridCounters, HybridSnapshot};
 pub use table::{fill_order, initial_assignment, Key, PtrTables, VramTable};
 

@@ -483,3 +483,66 @@ fn default_pcie_frac_balances_the_two_legs() {
     assert_eq!(default_pcie_frac(f64::NAN, 20.0), 0.0);
     assert_eq!(default_pcie_frac(10.0, 0.0), 1.0);
 }
+
+/// Feeds `steps` decode steps whose time per token is `cost(share)`; returns the shares used.
+fn drive(t: &mut ShareTuner, steps: usize, cost: impl Fn(f64) -> u64) -> Vec<f64> {
+    let mut used = Vec::new();
+    for _ in 0..steps {
+        let f = t.current();
+        used.push(f);
+        t.step(2, 2 * cost(f));
+    }
+    used
+}
+
+#[test]
+fn share_tuner_keeps_the_faster_candidate() {
+    use crate::tier::vram::share_tune::{BLOCK, HOLD, ROUNDS, WARM};
+    let measure = (WARM + 2 * ROUNDS * BLOCK) as usize;
+    // the link slows the step (the pool already reads RAM at its bound): 0 wins
+    let mut t = ShareTuner::new(0.37);
+    let used = drive(&mut t, measure, |f| if f > 0.0 { 1200 } else { 1000 });
+    assert!(
+        used[..WARM as usize].iter().all(|&f| f == 0.37),
+        "the probe's share while warming"
+    );
+    let measured = &used[WARM as usize..];
+    assert_eq!(
+        measured.iter().filter(|&&f| f == 0.0).count(),
+        measured.len() / 2
+    );
+    assert_eq!(t.measured(), 1);
+    assert_eq!(t.current(), 0.0);
+    let held = drive(&mut t, HOLD as usize, |f| if f > 0.0 { 1200 } else { 1000 });
+    assert!(held.iter().all(|&f| f == 0.0), "held for HOLD steps");
+    // measured again after HOLD: the link now pays (the pool leaves RAM bandwidth unused)
+    let again = drive(&mut t, measure, |f| if f > 0.0 { 800 } else { 1000 });
+    assert!(again.contains(&0.37) && again.contains(&0.0));
+    assert_eq!(t.measured(), 2);
+    assert_eq!(t.current(), 0.37);
+    assert_eq!(t.probe(), 0.37);
+}
+
+#[test]
+fn share_tuner_compares_time_per_token_and_keeps_the_probe_on_a_tie() {
+    use crate::tier::vram::share_tune::{BLOCK, ROUNDS, WARM};
+    let mut t = ShareTuner::new(0.5);
+    for _ in 0..WARM {
+        t.step(1, 1);
+    }
+    // the probe's blocks saw 4-token steps at 4000 ns (1000 per token), 0's blocks 1-token
+    // steps at 1500: per token the probe's share is faster though its steps took longer
+    for _ in 0..2 * ROUNDS * BLOCK {
+        let (tok, ns) = if t.current() > 0.0 {
+            (4, 4000)
+        } else {
+            (1, 1500)
+        };
+        t.step(tok, ns);
+    }
+    assert_eq!(t.current(), 0.5);
+    let mut tie = ShareTuner::new(0.5);
+    drive(&mut tie, (WARM + 2 * ROUNDS * BLOCK) as usize, |_| 1000);
+    assert_eq!(tie.current(), 0.5);
+    assert_eq!(ShareTuner::new(3.0).probe(), 1.0);
+}

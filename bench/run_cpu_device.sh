@@ -24,7 +24,11 @@ REPS=${REPS:-3}
 D=/tmp/bm-cpu
 LC=/tmp/llama-cpu
 LB=${LLAMA_BIN:-$LC/build/bin}
-[ -z "${LLAMA_BIN:-}" ] || export CUDA_VISIBLE_DEVICES=
+if [ -n "${LLAMA_BIN:-}" ]; then
+    [ -x "$LB/llama-bench" ] && [ -x "$LB/llama-quantize" ] ||
+        { echo "LLAMA_BIN=$LB lacks llama-bench / llama-quantize" >&2; exit 2; }
+    export CUDA_VISIBLE_DEVICES=
+fi
 mkdir -p "$OUT" "$D" "$LC"
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

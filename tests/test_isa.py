@@ -10,23 +10,13 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
+from isa_marks import ROOT, isa_tests
 from strata import _core
 
-ROOT = Path(__file__).resolve().parent.parent
-MARK = re.compile(r'#\[ignore = "ISA test: [^"]*lacks (\w+)"\]\s*(?:#\[[^\]]*\]\s*)*fn (\w+)', re.S)
 # scripts/test's own flags (plus --lib), so the test binary it built is reused, not rebuilt
 CARGO = ["cargo", "test", "--workspace", "--no-default-features", "--release", "--lib"]
-
-
-def isa_tests() -> list[tuple[str, str]]:
-    """(test function name, ISA) of every ISA test under rust/src."""
-    out = []
-    for f in sorted((ROOT / "rust" / "src").rglob("*.rs")):
-        out += [(m.group(2), m.group(1)) for m in MARK.finditer(f.read_text())]
-    return out
 
 
 TESTS = isa_tests()

@@ -219,7 +219,8 @@ fn mxfp4_kernels_ab() {
 
 /// The repacked Q6_K head's kernels for a batched step's decode rows, one thread, CPU time:
 /// one activation (`dot`), four through one decode (`rows_single`, a call per row and a call
-/// per chunk of rows) and four one by one, on an L2-resident slice (compute) and on 255 MB of rows from RAM (the bench model's head):
+/// per chunk of rows) and four one by one, on an L2-resident slice (compute) and on 255 MB of
+/// rows from RAM (the bench model's head):
 /// `cargo test --no-default-features --release head_rows_ab -- --ignored --nocapture`.
 #[test]
 #[ignore]

@@ -32,7 +32,7 @@ pub(super) mod test_knob {
 /// so the hints of consecutive blocks leave no line out. `dist` = 0 does nothing. The
 /// addresses may lie past `w` (the next rows, or past the matrix): a prefetch never faults.
 #[inline(always)]
-pub(super) fn ahead(w: &[u8], off: usize, dist: usize, bs: usize) {
+pub(in super::super) fn ahead(w: &[u8], off: usize, dist: usize, bs: usize) {
     if dist == 0 {
         return;
     }

@@ -589,7 +589,7 @@ mod tests {
                 let zeros = if w == GgmlType::Q6K { 0..192 } else { 2..bb };
                 rows[2 * rbb + bb * b + zeros.start..2 * rbb + bb * b + zeros.end].fill(0);
             }
-            let mut acts: Vec<Vec<u8>> = (0..40).map(|_| random_act(w, n, &mut rng)).collect();
+            let mut acts: Vec<Vec<u8>> = (0..64).map(|_| random_act(w, n, &mut rng)).collect();
             let x: Vec<f32> = (0..n)
                 .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
                 .collect();
@@ -599,7 +599,7 @@ mod tests {
             let md = MultiDot::with_isa(Isa::Avx512, w, n, order);
             let rb = w.row_bytes(n).unwrap();
             for nr in [1usize, 5, 16, 17, 40] {
-                for nt in [AMX_MIN_T, 13, 15, 16, 17, 31, 32, 40] {
+                for nt in [AMX_MIN_T, 13, 15, 16, 17, 31, 32, 40, 64] {
                     assert!(md.uses_amx(nt), "{} {order:?}", w.name());
                     let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
                     let mut out = vec![f32::NAN; nr * nt];

@@ -43,6 +43,16 @@ struct Decoded {
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 #[inline]
 pub(in super::super) unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16, i16)) {
+    let (g, sign) = grid_chunk(wb, c);
+    let sb = wb[106 + c];
+    let ls = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
+    (g, sign, ls)
+}
+
+/// Chunk c's grid magnitudes and sign bits (`chunk` without the scales).
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+pub(in super::super) unsafe fn grid_chunk(wb: &[u8], c: usize) -> (__m512i, u64) {
     debug_assert!(wb.len() >= WB);
     let qs = _mm_loadu_si128(wb.as_ptr().add(2 + 16 * c) as *const __m128i);
     let qh = u16::from_le_bytes([wb[66 + 2 * c], wb[67 + 2 * c]]);
@@ -51,9 +61,7 @@ pub(in super::super) unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16
     // SAFETY of the gather: every index is a byte plus one bit above it, < 512 entries.
     let g = _mm512_i32gather_epi32::<4>(idx, IQ3S_GRID.as_ptr() as *const _);
     let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
-    let sb = wb[106 + c];
-    let ls = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
-    (g, sign, ls)
+    (g, sign)
 }
 
 /// A 512-bit register whose low 256 bits hold `x` and high ones `y` in every i16 lane.

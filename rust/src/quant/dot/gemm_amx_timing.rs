@@ -64,29 +64,11 @@ fn amx_iq3s_timing() {
             best * 1e9 / (nr * nb) as f64
         );
     }
+    type Kernel = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool);
     for nt in [16usize, 32, 64] {
-        let refs: Vec<&[u8]> = acts[..nt].iter().map(|v| &v[..]).collect();
-        let mut out = vec![0f32; 64 * nt];
-        let mut best = [f64::MAX; 2];
-        for _ in 0..reps {
-            for (k, ahead) in [false, true].into_iter().enumerate() {
-                LOOKAHEAD.store(ahead, Ordering::Relaxed);
-                let t0 = Instant::now();
-                for (i, r0) in (0..nr).step_by(64).enumerate() {
-                    let rs = &rows[r0 * row_len..(r0 + 64) * row_len];
-                    // SAFETY: AVX-512 with AMX (checked); out holds 64 × nt floats.
-                    unsafe { rows_kernel::<IQ3S_MANY>(n, rs, 64, &refs, &mut out, i > 0) };
-                }
-                best[k] = best[k].min(t0.elapsed().as_secs_f64());
-            }
-        }
-        LOOKAHEAD.store(true, Ordering::Relaxed);
-        let per = |s: f64| s * 1e9 / (nr * nb) as f64;
-        println!(
-            "rows IQ3_S many, {nt} tokens, ns per (row, block): packed when used {:.1}, a step ahead {:.1}",
-            per(best[0]),
-            per(best[1])
-        );
+        let k = rows_kernel::<IQ3S_MANY> as Kernel;
+        let best = ab_lookahead(k, n, &rows, row_len, &acts[..nt], reps);
+        report(&format!("IQ3_S many, {nt} tokens"), best, nr * nb);
     }
     // Q4_K (144-byte blocks, d and dmin = 1), both orders, 32 tokens
     let q4_len = WB * nb;
@@ -96,32 +78,48 @@ fn amx_iq3s_timing() {
         blk[..2].copy_from_slice(&0x3c00u16.to_le_bytes());
         blk[2..4].copy_from_slice(&0x3c00u16.to_le_bytes());
     }
-    let refs: Vec<&[u8]> = acts[..32].iter().map(|v| &v[..]).collect();
-    let mut out = vec![0f32; 64 * 32];
-    type Kernel = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool);
     for (name, k) in [
         ("Q4_K single", rows_kernel::<K4_SINGLE> as Kernel),
         ("Q4_K many", rows_kernel::<K4_MANY>),
     ] {
-        let mut best = [f64::MAX; 2];
-        for _ in 0..reps {
-            for (j, ahead) in [false, true].into_iter().enumerate() {
-                LOOKAHEAD.store(ahead, Ordering::Relaxed);
-                let t0 = Instant::now();
-                for (i, r0) in (0..nr).step_by(64).enumerate() {
-                    let rs = &q4[r0 * q4_len..(r0 + 64) * q4_len];
-                    // SAFETY: AVX-512 with AMX (checked); out holds 64 × 32 floats.
-                    unsafe { k(n, rs, 64, &refs, &mut out, i > 0) };
-                }
-                best[j] = best[j].min(t0.elapsed().as_secs_f64());
-            }
-        }
-        LOOKAHEAD.store(true, Ordering::Relaxed);
-        let per = |s: f64| s * 1e9 / (nr * nb) as f64;
-        println!(
-            "rows {name}, 32 tokens, ns per (row, block): packed when used {:.1}, a step ahead {:.1}",
-            per(best[0]),
-            per(best[1])
-        );
+        let best = ab_lookahead(k, n, &q4, q4_len, &acts[..32], reps);
+        report(&format!("{name}, 32 tokens"), best, nr * nb);
     }
+}
+
+/// Best seconds of `kernel` over `rows` (runs of 64 rows, as the pool calls it) against
+/// `acts`, packing when used and a step ahead, interleaved `reps` times.
+fn ab_lookahead(
+    kernel: unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool),
+    n: usize,
+    rows: &[u8],
+    row_len: usize,
+    acts: &[Vec<u8>],
+    reps: usize,
+) -> [f64; 2] {
+    let refs: Vec<&[u8]> = acts.iter().map(|v| &v[..]).collect();
+    let mut out = vec![0f32; 64 * refs.len()];
+    let mut best = [f64::MAX; 2];
+    for _ in 0..reps {
+        for (k, ahead) in [false, true].into_iter().enumerate() {
+            LOOKAHEAD.store(ahead, Ordering::Relaxed);
+            let t0 = Instant::now();
+            for (i, rs) in rows.chunks_exact(64 * row_len).enumerate() {
+                // SAFETY: AVX-512 with AMX (checked by the caller); out holds 64 × tokens.
+                unsafe { kernel(n, rs, 64, &refs, &mut out, i > 0) };
+            }
+            best[k] = best[k].min(t0.elapsed().as_secs_f64());
+        }
+    }
+    LOOKAHEAD.store(true, Ordering::Relaxed);
+    best
+}
+
+fn report(what: &str, best: [f64; 2], row_blocks: usize) {
+    let per = |s: f64| s * 1e9 / row_blocks as f64;
+    println!(
+        "rows {what}, ns per (row, block): packed when used {:.1}, a step ahead {:.1}",
+        per(best[0]),
+        per(best[1])
+    );
 }

@@ -8,6 +8,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// A `rows_kernel` instance.
+type Kernel = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool);
+
 /// `rows_kernel` packs a step ahead (the timing test compares both ways).
 pub(super) static LOOKAHEAD: AtomicBool = AtomicBool::new(true);
 
@@ -64,7 +67,6 @@ fn amx_iq3s_timing() {
             best * 1e9 / (nr * nb) as f64
         );
     }
-    type Kernel = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool);
     for nt in [16usize, 32, 64] {
         let k = rows_kernel::<IQ3S_MANY> as Kernel;
         let best = ab_lookahead(k, n, &rows, row_len, &acts[..nt], reps);
@@ -90,7 +92,7 @@ fn amx_iq3s_timing() {
 /// Best seconds of `kernel` over `rows` (runs of 64 rows, as the pool calls it) against
 /// `acts`, packing when used and a step ahead, interleaved `reps` times.
 fn ab_lookahead(
-    kernel: unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool),
+    kernel: Kernel,
     n: usize,
     rows: &[u8],
     row_len: usize,

@@ -9,7 +9,9 @@
 # SHAPE=qwen35moe-35b-a3b (a bench/write_family_model.py shape): that family's model instead,
 # written F32 and quantized to Q4_K_M.
 # Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
-# llama-src.tar.xz (the sdist's vendor/llama.cpp). Results under $OUT.
+# llama-src.tar.xz (the sdist's vendor/llama.cpp; else llama-cuda-src.tar.xz, the same tree
+# that bench/build_llama_cuda.sh takes, built here CPU-only: ~60 s on 16 cores). Results
+# under $OUT.
 # LLAMA_BIN: a folder with llama-bench and llama-quantize already built (e.g. the CUDA build of
 # bench/build_llama_cuda.sh, also -DGGML_NATIVE=ON): no build here, and the GPU is hidden from
 # both engines (CUDA_VISIBLE_DEVICES empty: llama.cpp registers no CUDA device and runs its CPU
@@ -36,7 +38,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 if [ ! -x "$LB/llama-bench" ]; then
     (
-        tar xJf "$B/llama-src.tar.xz" -C "$LC" &&
+        src="$B/llama-src.tar.xz"
+        [ -f "$src" ] || src="$B/llama-cuda-src.tar.xz"
+        tar xJf "$src" -C "$LC" &&
             cmake -S "$LC/llama.cpp" -B "$LC/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
                 -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF &&

@@ -1,8 +1,11 @@
-//! Timing of the AMX IQ3_S tile path's parts on a CPU that has AMX (an ignored test, run by
-//! hand: `cargo test --release amx_iq3s_timing -- --ignored --nocapture`, or on the GPU host
-//! through `scripts/isa_tests_device`'s binary): the A operands' decode alone, then whole
-//! `rows` calls as the pool makes them (64 rows × the token group), per (row, block).
+//! Timing of the AMX tile path's parts on a CPU that has AMX (an ignored test, run by hand:
+//! `cargo test --release amx_iq3s_timing -- --ignored --nocapture`, or on the GPU host through
+//! `scripts/isa_tests_device`'s binary): IQ3_S's A operands packed alone, then whole
+//! `rows_kernel` calls as the pool makes them (64 rows × the token group) for IQ3_S and Q4_K,
+//! the A operands packed when used and a step ahead (`lookahead`), per (row, block).
+//! (`gemm::tests::amx_rows_throughput` compares the tiles with the multi-token kernel.)
 
+use super::super::super::tests::{random_act, random_row, Rng};
 use super::*;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,17 +17,6 @@ type Kernel = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32], bool);
 /// `rows_kernel` packs a step ahead (the timing test compares both ways).
 pub(super) static LOOKAHEAD: AtomicBool = AtomicBool::new(true);
 
-/// xorshift64 bytes.
-fn fill(buf: &mut [u8], seed: u64) {
-    let mut s = seed | 1;
-    for b in buf.iter_mut() {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        *b = s as u8;
-    }
-}
-
 #[test]
 #[ignore = "timing, by hand on an AMX CPU"]
 fn amx_iq3s_timing() {
@@ -32,22 +24,18 @@ fn amx_iq3s_timing() {
         println!("this CPU has no AMX tiles: nothing timed");
         return;
     }
-    // one Qwen3-30B-A3B expert gate/up matrix: 768 rows of 2048 IQ3_S weights
+    // one Qwen3-30B-A3B expert gate/up matrix: 768 rows of 2048 weights
     let (n, nr) = (2048usize, 768usize);
     let nb = n / 256;
+    let mut rng = Rng::new(7);
+    let matrix = |w: GgmlType, rng: &mut Rng| -> Vec<u8> {
+        (0..nr).flat_map(|_| random_row(w, n, rng)).collect()
+    };
     let row_len = IQ3S_WB * nb;
-    let mut rows = vec![0u8; nr * row_len];
-    fill(&mut rows, 7);
-    for blk in rows.chunks_exact_mut(IQ3S_WB) {
-        blk[..2].copy_from_slice(&0x3c00u16.to_le_bytes()); // d = 1
-    }
-    let mut acts = vec![vec![0u8; AB * nb]; 64];
-    for (t, a) in acts.iter_mut().enumerate() {
-        fill(a, 100 + t as u64);
-        for blk in a.chunks_exact_mut(AB) {
-            blk[..4].copy_from_slice(&1f32.to_le_bytes());
-        }
-    }
+    let rows = matrix(GgmlType::IQ3S, &mut rng);
+    let acts: Vec<Vec<u8>> = (0..64)
+        .map(|_| random_act(GgmlType::IQ3S, n, &mut rng))
+        .collect();
     let reps = 20;
     let mut a = [Line([0; 64]); 4 * OPS * TILE];
     {
@@ -72,14 +60,9 @@ fn amx_iq3s_timing() {
         let best = ab_lookahead(k, n, &rows, row_len, &acts[..nt], reps);
         report(&format!("IQ3_S many, {nt} tokens"), best, nr * nb);
     }
-    // Q4_K (144-byte blocks, d and dmin = 1), both orders, 32 tokens
+    // Q4_K, both orders, 32 tokens
     let q4_len = WB * nb;
-    let mut q4 = vec![0u8; nr * q4_len];
-    fill(&mut q4, 9);
-    for blk in q4.chunks_exact_mut(WB) {
-        blk[..2].copy_from_slice(&0x3c00u16.to_le_bytes());
-        blk[2..4].copy_from_slice(&0x3c00u16.to_le_bytes());
-    }
+    let q4 = matrix(GgmlType::Q4K, &mut rng);
     for (name, k) in [
         ("Q4_K single", rows_kernel::<K4_SINGLE> as Kernel),
         ("Q4_K many", rows_kernel::<K4_MANY>),

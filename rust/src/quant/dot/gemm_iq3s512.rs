@@ -37,19 +37,21 @@ struct Decoded {
 
 /// Chunk c (64 weights: groups 2c, 2c+1) of block `wb` (110 bytes): the grid magnitudes
 /// (u8, weight order), the sign bits (bit e: weight e negative) and the two groups' scales
-/// 2·s + 1. The 16 grid entries come in one `vpgatherdd` (index j: `qs[16c + j]`, plus 256
-/// where bit j of the chunk's two `qh` bytes is set): 16 scalar lookups and inserts had kept
-/// the one-token dot compute-bound on the AVX-512 host (57% of its RAM bound, 12-04).
+/// 2·s + 1.
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 #[inline]
-pub(in super::super) unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16, i16)) {
+unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16, i16)) {
     let (g, sign) = grid_chunk(wb, c);
     let sb = wb[106 + c];
     let ls = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
     (g, sign, ls)
 }
 
-/// Chunk c's grid magnitudes and sign bits (`chunk` without the scales).
+/// Chunk c's grid magnitudes and sign bits (`chunk` without the scales; the AMX tiles' A
+/// operands make the scale parts themselves). The 16 grid entries come in one `vpgatherdd`
+/// (index j: `qs[16c + j]`, plus 256 where bit j of the chunk's two `qh` bytes is set): 16
+/// scalar lookups and inserts had kept the one-token dot compute-bound on the AVX-512 host
+/// (57% of its RAM bound, 12-04).
 #[target_feature(enable = "avx2,avx512f,avx512bw")]
 #[inline]
 pub(in super::super) unsafe fn grid_chunk(wb: &[u8], c: usize) -> (__m512i, u64) {

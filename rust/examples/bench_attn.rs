@@ -62,7 +62,7 @@ fn main() {
     }
     let shape = AttnShape::of(&kv, nh, nkv, d);
     let q: Vec<f32> = (0..t * nh * d).map(|_| rnd()).collect();
-    let par = AttnPar::new(ctx, KvType::F16, d);
+    let par = AttnPar::new(ctx, KvType::F16, d, pool.threads_total());
     let mut total = [0.0f64; 2];
     for p0 in (0..ctx).step_by(t) {
         let (kc, vc) = kv.layer(0, 0, p0 + t);

@@ -16,9 +16,13 @@ use super::kv::KvType;
 use crate::error::{Error, Result};
 use std::sync::Mutex;
 
-/// Tasks per chunk and layer (each has its own scratch). Units are dealt out round robin, so
-/// the causal work (∝ p0 + i + 1) is spread evenly across tasks.
+/// Fewest tasks per chunk and layer (each has its own scratch; a model takes one per compute
+/// thread where it has more). Units are dealt out round robin, so the causal work
+/// (∝ p0 + i + 1) is spread evenly across tasks.
 pub const ATT_TASKS: usize = 8;
+
+/// Most tasks (scratch is per task and grows with `n_ctx`).
+const MAX_TASKS: usize = 64;
 
 /// One task's scratch: the per-head path's and the grouped kernels'.
 struct TaskScratch {
@@ -32,9 +36,12 @@ pub struct AttnPar {
 }
 
 impl AttnPar {
-    pub fn new(n_ctx: usize, ty: KvType, head_dim: usize) -> AttnPar {
+    /// Scratch for `threads.clamp(ATT_TASKS, 64)` tasks: every compute thread gets attention
+    /// units (with 8 tasks on 16 threads, half the threads waited out each layer's attention
+    /// in a 512-token prompt).
+    pub fn new(n_ctx: usize, ty: KvType, head_dim: usize, threads: usize) -> AttnPar {
         AttnPar {
-            scratch: (0..ATT_TASKS)
+            scratch: (0..threads.clamp(ATT_TASKS, MAX_TASKS))
                 .map(|_| {
                     Mutex::new(TaskScratch {
                         head: AttnScratch::new(n_ctx, ty, head_dim),
@@ -240,15 +247,21 @@ mod tests {
                     )
                     .unwrap();
                 }
-                let par = AttnPar::new(ctx, ty, d);
                 let serial = SerialCompute::new();
-                for c in [&pool as &dyn Compute, &serial] {
+                // the default task count and more tasks than threads: the same bits
+                for (c, tasks) in [
+                    (&pool as &dyn Compute, ATT_TASKS),
+                    (&pool, 24),
+                    (&serial, 1),
+                ] {
+                    let par = AttnPar::new(ctx, ty, d, tasks);
                     let mut out = vec![f32::NAN; t * nh * d];
                     attend_chunk(&shape, kc, vc, p0, t, &q, &mut out, &par, c).unwrap();
                     let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                     assert_eq!(b(&out), b(&want), "{ty:?} t={t}");
                 }
                 let mut short = vec![0f32; 3];
+                let par = AttnPar::new(ctx, ty, d, ATT_TASKS);
                 assert!(attend_chunk(&shape, kc, vc, p0, t, &q, &mut short, &par, &pool).is_err());
             }
         }

@@ -36,6 +36,11 @@ pub trait Compute: Send + Sync {
     /// schedule. `f` must not call back into this `Compute`.
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()>;
 
+    /// Threads that run `for_each`'s tasks (callers size per-task scratch by it).
+    fn threads(&self) -> usize {
+        1
+    }
+
     /// `matmul` over a batch: x is [T, cols] with T = Σ segs, rows grouped in consecutive
     /// segments (one per sequence of a batched step). Each segment's rows of y are bitwise
     /// what `matmul` on that segment alone writes. This default is that definition, one call
@@ -153,6 +158,10 @@ impl Compute for Pool {
 
     fn for_each(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> Result<()> {
         Pool::for_each(self, n, f)
+    }
+
+    fn threads(&self) -> usize {
+        self.threads_total()
     }
 
     fn matmul_segs(&self, w: &QMatrix<'_>, x: &[f32], segs: &[usize], y: &mut [f32]) -> Result<()> {

@@ -168,7 +168,7 @@ impl Model {
             sh_w: z(usize::from(hp.n_ff_shexp > 0)),
             cos: z(hp.n_rot / 2),
             sin: z(hp.n_rot / 2),
-            attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim),
+            attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim, compute.threads()),
             seen: vec![false; hp.n_expert],
             oai: match hp.graph.experts {
                 Experts::OaiBiased { .. } => {

@@ -217,6 +217,30 @@ impl KvCache {
         store_row(ty, v, &mut s.v[o..o + rb])
     }
 
+    /// The storage of positions [p0, p0 + n) of one layer of the slot, K and V: [n, Nkv·D]
+    /// rows of `ty` as bytes, to be written (`rows_par::store_kv_rows`).
+    pub fn rows_mut(
+        &mut self,
+        slot: usize,
+        layer: usize,
+        p0: usize,
+        n: usize,
+    ) -> Result<(KvType, &mut [u8], &mut [u8])> {
+        if slot >= self.slots.len() || layer >= self.n_layer || p0 + n > self.n_ctx {
+            return Err(Error::Shape(format!(
+                "KV rows {p0}..{} of layer {layer}, slot {slot}: the cache holds {} slots, \
+                 {} layers, {} positions",
+                p0 + n,
+                self.slots.len(),
+                self.n_layer,
+                self.n_ctx
+            )));
+        }
+        let (o, b) = (self.at(layer, p0), n * self.row_bytes);
+        let s = &mut self.slots[slot];
+        Ok((self.ty, &mut s.k[o..o + b], &mut s.v[o..o + b]))
+    }
+
     /// Keys and values of one layer for positions [0, n): [n, Nkv·D] rows as bytes.
     pub fn layer(&self, slot: usize, layer: usize, n: usize) -> (&[u8], &[u8]) {
         let o = self.at(layer, 0);

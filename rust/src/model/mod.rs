@@ -29,6 +29,7 @@ pub mod moe_oai;
 pub mod mtp;
 pub mod ops;
 pub mod readahead;
+mod rows_par;
 mod step;
 pub mod weights;
 

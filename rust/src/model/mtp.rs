@@ -27,7 +27,7 @@
 
 use super::arch::Family;
 use super::attention::AttnShape;
-use super::attn_par::{attend_chunk_units, AttnPar};
+use super::attn_par::{attend_chunk_units, AttnPar, ATT_TASKS};
 use super::blocks::{add_bias_rows, shared_expert, FfnScratch};
 use super::compute::{Compute, ExpertLayer, MoeInput};
 use super::deltanet::{apply_gate, split_q_gate};
@@ -187,7 +187,7 @@ impl Mtp {
                 sh_w: z(1),
                 cos: z(hp.n_rot / 2),
                 sin: z(hp.n_rot / 2),
-                attn: AttnPar::new(n_ctx, kv_type, hp.head_dim),
+                attn: AttnPar::new(n_ctx, kv_type, hp.head_dim, ATT_TASKS),
             },
             rows,
             steps: 0,

@@ -27,7 +27,8 @@ use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::deltanet::{apply_gate, split_q_gate};
 use super::forward::{tier_tables, Logits, Model};
 use super::moe_oai::moe_oai;
-use super::ops::{rms_norm, rms_norm_rows_inplace};
+use super::ops::rms_norm;
+use super::rows_par;
 use crate::error::Result;
 
 /// Per-call bookkeeping, sized for `n_slots` entries and R rows at load (a call allocates
@@ -153,12 +154,12 @@ impl Model {
                                           // x = token_embd[ids]  [R', H]; cos/sin of each row's position  [R', n_rot/2]
         for p in &ss.plan.pieces {
             let toks = &entries[p.entry].tokens[p.tok0..p.tok0 + p.t];
-            for (i, &id) in toks.iter().enumerate() {
-                let r = p.r0 + i;
-                w.embed(id as usize, &mut s.x[r * hd..(r + 1) * hd])?;
-                let c = r * half..(r + 1) * half;
-                rope.table(p.p0 + i, &mut s.cos[c.clone()], &mut s.sin[c]);
-            }
+            let (x, c) = (
+                p.r0 * hd..(p.r0 + p.t) * hd,
+                p.r0 * half..(p.r0 + p.t) * half,
+            );
+            let cs = (&mut s.cos[c.clone()], &mut s.sin[c]);
+            rows_par::embed_rows(&**compute, (w, rope), toks, p.p0, &mut s.x[x], cs)?;
         }
         if let Some(rec) = rec.as_mut() {
             // A window checkpoints its slot's state after each of its tokens.
@@ -174,10 +175,13 @@ impl Model {
         let mut kv_l = 0; // the attention layer's place in the KV cache
         for (l, lw) in w.layers.iter().enumerate() {
             // ---- attention, or a hybrid's DeltaNet mixer ----
-            for i in 0..t {
-                let r = i * hd..(i + 1) * hd;
-                rms_norm(&s.x[r.clone()], &lw.attn_norm, eps, &mut s.h[r]);
-            }
+            rows_par::norm_rows(
+                &**compute,
+                &s.x[..t * hd],
+                &lw.attn_norm,
+                eps,
+                &mut s.h[..t * hd],
+            )?;
             let h = &s.h[..t * hd];
             if let (Some(dw), Some(rec)) = (&lw.deltanet, rec.as_mut()) {
                 let (pieces, o) = (&ss.plan.pieces[..], &mut s.o[..t * hd]);
@@ -206,22 +210,19 @@ impl Model {
                     add_bias_rows(&mut s.k[..t * kvd], bk);
                     add_bias_rows(&mut s.v[..t * kvd], bv);
                 }
-                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    rms_norm_rows_inplace(&mut s.q[..t * qd], qn, eps); // per head [D]
-                    rms_norm_rows_inplace(&mut s.k[..t * kvd], kn, eps);
-                }
+                // per row: q/k norms (per head [D]) where the graph has them, then RoPE
+                let qk_norm = match (&lw.q_norm, &lw.k_norm) {
+                    (Some(qn), Some(kn)) => Some((&qn[..], &kn[..])),
+                    _ => None,
+                };
+                let qk = (&mut s.q[..t * qd], &mut s.k[..t * kvd]);
+                let cs = (&s.cos[..t * half], &s.sin[..t * half]);
+                rows_par::qk_norm_rope(&**compute, rope, qk, d, qk_norm, eps, cs, t)?;
                 for p in &ss.plan.pieces {
-                    for i in 0..p.t {
-                        let r = p.r0 + i;
-                        let (c, sn) = (
-                            &s.cos[r * half..(r + 1) * half],
-                            &s.sin[r * half..(r + 1) * half],
-                        );
-                        rope.apply(&mut s.q[r * qd..(r + 1) * qd], d, c, sn);
-                        rope.apply(&mut s.k[r * kvd..(r + 1) * kvd], d, c, sn);
-                        let kr = r * kvd..(r + 1) * kvd;
-                        kv.write(p.slot, kv_l, p.p0 + i, &s.k[kr.clone()], &s.v[kr])?;
-                    }
+                    let (ty, kc, vc) = kv.rows_mut(p.slot, kv_l, p.p0, p.t)?;
+                    let kr = p.r0 * kvd..(p.r0 + p.t) * kvd;
+                    let rows = (&s.k[kr.clone()], &s.v[kr]);
+                    rows_par::store_kv_rows(&**compute, ty, rows, kvd, (kc, vc))?;
                 }
                 // per piece over its own slot: [T_p, Nh·D] on the compute's threads
                 // (a window's rows in the one-row order: each bitwise a one-token step's)
@@ -252,14 +253,15 @@ impl Model {
                 }
                 kv_l += 1;
             }
-            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
-                *x += o;
-            }
+            rows_par::add_rows(&**compute, &mut s.x[..t * hd], &s.o[..t * hd], hd)?;
             // ---- FFN: routed experts (+ shared expert), or a leading dense layer ----
-            for i in 0..t {
-                let r = i * hd..(i + 1) * hd;
-                rms_norm(&s.x[r.clone()], &lw.ffn_norm, eps, &mut s.h[r]);
-            }
+            rows_par::norm_rows(
+                &**compute,
+                &s.x[..t * hd],
+                &lw.ffn_norm,
+                eps,
+                &mut s.h[..t * hd],
+            )?;
             let h = &s.h[..t * hd];
             if lw.dense_ffn {
                 let fd = hp.n_ff_dense;
@@ -276,14 +278,9 @@ impl Model {
                 if let Some(br) = &lw.router_bias {
                     add_bias_rows(&mut s.router[..t * e], br);
                 }
-                for i in 0..t {
-                    strategy.route(
-                        &mut s.router[i * e..(i + 1) * e],
-                        lw.exp_probs_b.as_deref(),
-                        &mut s.ids[i * k..(i + 1) * k],
-                        &mut s.wts[i * k..(i + 1) * k],
-                    );
-                }
+                let picks = (&mut s.ids[..t * k], &mut s.wts[..t * k]);
+                let bias = lw.exp_probs_b.as_deref();
+                rows_par::route_rows(&**compute, strategy, bias, &mut s.router[..t * e], picks, e)?;
                 routing.observe(l, &s.ids[..t * k]);
                 routing_hot.observe(l, &s.ids[..t * k]);
                 let base = w.expert_layer(l);
@@ -349,9 +346,7 @@ impl Model {
                     shared_expert(&**compute, w, sh, h, segs, sc, &mut s.o[..t * hd])?;
                 }
             }
-            for (x, o) in s.x[..t * hd].iter_mut().zip(&s.o[..t * hd]) {
-                *x += o;
-            }
+            rows_par::add_rows(&**compute, &mut s.x[..t * hd], &s.o[..t * hd], hd)?;
         }
         // ---- head: each piece's logit rows, normed into h back to back [Σ logit rows, H];
         // one head call per run of pieces whose logits are contiguous in `out` ----

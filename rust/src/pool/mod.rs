@@ -275,7 +275,7 @@ impl Pool {
         self.cfg
     }
 
-    fn threads_total(&self) -> usize {
+    pub fn threads_total(&self) -> usize {
         self.cfg.workers + usize::from(self.cfg.host_participates)
     }
 

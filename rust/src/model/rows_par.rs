@@ -1,0 +1,230 @@
+//! The step's per-row work on the compute's threads: the embedding lookup, RMSNorms, q/k norms
+//! with RoPE, KV stores, residual adds and routing. Each row is computed by the same code in
+//! the same float order whichever thread takes it (the norms keep ggml's sequential f64 sum),
+//! so results are bitwise those of the serial loop; only the schedule changes.
+//!
+//! Why: a 512-token prompt on 16 threads spent ~40% of its wall time in these loops on the
+//! calling thread while the pool's workers waited (py-spy of the main thread on the GPU
+//! host's Xeon, docs/BENCHMARKS.md); the matmuls around them had already scaled.
+//!
+//! Steps of fewer than `2 · GRAIN` rows (decode, short windows) run on the calling thread:
+//! a pool dispatch costs more than their rows.
+//!
+//! Legend: T = rows, H = hidden, Nh / Nkv = query / KV heads, D = head dim, E = experts,
+//! K = experts used.
+
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use super::arch::Routing;
+use super::compute::Compute;
+use super::kv::{store_row, KvType};
+use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
+use super::weights::Weights;
+use crate::error::{Error, Result};
+
+/// Rows per task.
+const GRAIN: usize = 16;
+
+/// Runs `f` over row ranges covering `0..n` (`GRAIN` rows each) on `compute`'s threads, or
+/// on this thread when `n < 2 · GRAIN`. Returns the first error a task returned.
+fn par_rows(
+    compute: &dyn Compute,
+    n: usize,
+    f: &(dyn Fn(Range<usize>) -> Result<()> + Sync),
+) -> Result<()> {
+    if n < 2 * GRAIN {
+        return f(0..n);
+    }
+    let err: Mutex<Option<Error>> = Mutex::new(None);
+    compute.for_each(n.div_ceil(GRAIN), &|i| {
+        if let Err(e) = f(i * GRAIN..((i + 1) * GRAIN).min(n)) {
+            err.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
+        }
+    })?;
+    match err.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// A buffer of `width`-element rows lent to `par_rows`' tasks, each writing its own rows.
+struct RowsMut<'a, T> {
+    ptr: *mut T,
+    rows: usize,
+    width: usize,
+    _buf: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: tasks take disjoint row ranges (`par_rows` hands each range out once), and the
+// buffer's borrow outlives `for_each`, which returns after every task has finished.
+unsafe impl<T: Send> Sync for RowsMut<'_, T> {}
+
+impl<'a, T> RowsMut<'a, T> {
+    fn new(buf: &'a mut [T], width: usize) -> Self {
+        RowsMut {
+            ptr: buf.as_mut_ptr(),
+            rows: buf.len().checked_div(width).unwrap_or(0),
+            width,
+            _buf: PhantomData,
+        }
+    }
+
+    /// Rows `r` (a task's own: no other live borrow overlaps them).
+    #[allow(clippy::mut_from_ref)]
+    fn rows(&self, r: Range<usize>) -> &mut [T] {
+        assert!(r.start <= r.end && r.end <= self.rows);
+        // SAFETY: in bounds (checked); disjoint from every other task's rows (type doc).
+        unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(r.start * self.width), r.len() * self.width)
+        }
+    }
+}
+
+/// `x[i] = token_embd[tokens[i]]` [T, H] and row i's RoPE table at position `p0 + i`
+/// (`cos`, `sin`: [T, n_rot/2]).
+pub fn embed_rows(
+    compute: &dyn Compute,
+    (w, rope): (&Weights, &Rope),
+    tokens: &[u32],
+    p0: usize,
+    x: &mut [f32],
+    (cos, sin): (&mut [f32], &mut [f32]),
+) -> Result<()> {
+    let (hd, half) = (
+        x.len() / tokens.len().max(1),
+        cos.len() / tokens.len().max(1),
+    );
+    let (x, cos, sin) = (
+        RowsMut::new(x, hd),
+        RowsMut::new(cos, half),
+        RowsMut::new(sin, half),
+    );
+    par_rows(compute, tokens.len(), &|r| {
+        for i in r {
+            w.embed(tokens[i] as usize, x.rows(i..i + 1))?;
+            rope.table(p0 + i, cos.rows(i..i + 1), sin.rows(i..i + 1));
+        }
+        Ok(())
+    })
+}
+
+/// `out[i] = rms_norm(x[i]) · g` over the rows of x [T, g.len()].
+pub fn norm_rows(
+    compute: &dyn Compute,
+    x: &[f32],
+    g: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) -> Result<()> {
+    let n = g.len();
+    let out = RowsMut::new(out, n);
+    par_rows(compute, x.len() / n.max(1), &|r| {
+        let o = out.rows(r.clone());
+        for (xr, or) in x[r.start * n..r.end * n]
+            .chunks_exact(n)
+            .zip(o.chunks_exact_mut(n))
+        {
+            rms_norm(xr, g, eps, or);
+        }
+        Ok(())
+    })
+}
+
+/// `x += o` over [T, H] rows of width `width`.
+pub fn add_rows(compute: &dyn Compute, x: &mut [f32], o: &[f32], width: usize) -> Result<()> {
+    let x = RowsMut::new(x, width);
+    par_rows(compute, x.rows, &|r| {
+        let o = &o[r.start * width..r.end * width];
+        for (x, o) in x.rows(r).iter_mut().zip(o) {
+            *x += o;
+        }
+        Ok(())
+    })
+}
+
+/// Per row: the per-head q/k RMSNorms (where `qk_norm` is given) then RoPE of q [T, Nh·D]
+/// and k [T, Nkv·D] with the row's table (`cos`, `sin`: [T, n_rot/2]).
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope(
+    compute: &dyn Compute,
+    rope: &Rope,
+    (q, k): (&mut [f32], &mut [f32]),
+    d: usize,
+    qk_norm: Option<(&[f32], &[f32])>,
+    eps: f32,
+    (cos, sin): (&[f32], &[f32]),
+    t: usize,
+) -> Result<()> {
+    let (qd, kvd, half) = (q.len() / t.max(1), k.len() / t.max(1), rope.n_rot / 2);
+    let (q, k) = (RowsMut::new(q, qd), RowsMut::new(k, kvd));
+    par_rows(compute, t, &|r| {
+        for i in r {
+            let (qr, kr) = (q.rows(i..i + 1), k.rows(i..i + 1));
+            if let Some((qn, kn)) = qk_norm {
+                rms_norm_rows_inplace(qr, qn, eps); // per head [D]
+                rms_norm_rows_inplace(kr, kn, eps);
+            }
+            let (c, s) = (
+                &cos[i * half..(i + 1) * half],
+                &sin[i * half..(i + 1) * half],
+            );
+            rope.apply(qr, d, c, s);
+            rope.apply(kr, d, c, s);
+        }
+        Ok(())
+    })
+}
+
+/// Stores rows k, v [T, Nkv·D] as `ty` into `kc`, `vc` ([T, rb] bytes each).
+pub fn store_kv_rows(
+    compute: &dyn Compute,
+    ty: KvType,
+    (k, v): (&[f32], &[f32]),
+    kvd: usize,
+    (kc, vc): (&mut [u8], &mut [u8]),
+) -> Result<()> {
+    let t = k.len() / kvd.max(1);
+    let rb = kc.len() / t.max(1);
+    let (kc, vc) = (RowsMut::new(kc, rb), RowsMut::new(vc, rb));
+    par_rows(compute, t, &|r| {
+        for i in r {
+            let x = i * kvd..(i + 1) * kvd;
+            store_row(ty, &k[x.clone()], kc.rows(i..i + 1))?;
+            store_row(ty, &v[x], vc.rows(i..i + 1))?;
+        }
+        Ok(())
+    })
+}
+
+/// Per row of the router's logits [T, E]: the strategy's top-K ids and weights [T, K].
+pub fn route_rows(
+    compute: &dyn Compute,
+    strategy: Routing,
+    bias: Option<&[f32]>,
+    logits: &mut [f32],
+    (ids, wts): (&mut [u32], &mut [f32]),
+    e: usize,
+) -> Result<()> {
+    let t = logits.len() / e.max(1);
+    let k = ids.len() / t.max(1);
+    let (p, ids, wts) = (
+        RowsMut::new(logits, e),
+        RowsMut::new(ids, k),
+        RowsMut::new(wts, k),
+    );
+    par_rows(compute, t, &|r| {
+        for i in r {
+            strategy.route(
+                p.rows(i..i + 1),
+                bias,
+                ids.rows(i..i + 1),
+                wts.rows(i..i + 1),
+            );
+        }
+        Ok(())
+    })
+}

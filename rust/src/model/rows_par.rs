@@ -67,7 +67,8 @@ impl<'a, T> RowsMut<'a, T> {
     fn new(buf: &'a mut [T], width: usize) -> Self {
         RowsMut {
             ptr: buf.as_mut_ptr(),
-            rows: buf.len().checked_div(width).unwrap_or(0),
+            // zero-width rows (e.g. a RoPE table with nothing rotated): any row is empty
+            rows: buf.len().checked_div(width).unwrap_or(usize::MAX),
             width,
             _buf: PhantomData,
         }
@@ -77,6 +78,9 @@ impl<'a, T> RowsMut<'a, T> {
     #[allow(clippy::mut_from_ref)]
     fn rows(&self, r: Range<usize>) -> &mut [T] {
         assert!(r.start <= r.end && r.end <= self.rows);
+        if self.width == 0 {
+            return &mut [];
+        }
         // SAFETY: in bounds (checked); disjoint from every other task's rows (type doc).
         unsafe {
             std::slice::from_raw_parts_mut(self.ptr.add(r.start * self.width), r.len() * self.width)
@@ -136,8 +140,9 @@ pub fn norm_rows(
 
 /// `x += o` over [T, H] rows of width `width`.
 pub fn add_rows(compute: &dyn Compute, x: &mut [f32], o: &[f32], width: usize) -> Result<()> {
+    let n = x.len().checked_div(width).unwrap_or(0);
     let x = RowsMut::new(x, width);
-    par_rows(compute, x.rows, &|r| {
+    par_rows(compute, n, &|r| {
         let o = &o[r.start * width..r.end * width];
         for (x, o) in x.rows(r).iter_mut().zip(o) {
             *x += o;
@@ -227,4 +232,105 @@ pub fn route_rows(
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SerialCompute;
+    use crate::pool::{Pool, PoolConfig};
+
+    fn val(i: usize) -> f32 {
+        ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Each helper on a pool with workers equals its serial row loop bit for bit, below and
+    /// above the pooled threshold (7 and 45 rows: a last task of 13 rows).
+    #[test]
+    fn rows_equal_the_serial_loops_bitwise() {
+        let pool = Pool::new(PoolConfig {
+            workers: 2,
+            host_participates: true,
+            pipelined: false,
+            pin: false,
+            spin_us: 50,
+            balanced: true,
+        });
+        let serial = SerialCompute::new();
+        let (h, e, k, eps) = (96, 16, 4, 1e-6f32);
+        let g: Vec<f32> = (0..h).map(|i| 1.0 + val(i) / 8.0).collect();
+        for t in [7usize, 45] {
+            let x: Vec<f32> = (0..t * h).map(val).collect();
+            let o: Vec<f32> = (0..t * h).map(|i| val(i + 5)).collect();
+            for c in [&pool as &dyn Compute, &serial] {
+                // RMSNorm
+                let mut want = vec![0f32; t * h];
+                for (xr, wr) in x.chunks(h).zip(want.chunks_mut(h)) {
+                    rms_norm(xr, &g, eps, wr);
+                }
+                let mut got = vec![f32::NAN; t * h];
+                norm_rows(c, &x, &g, eps, &mut got).unwrap();
+                assert_eq!(bits(&got), bits(&want), "norm t={t}");
+                // residual add
+                let mut got = x.clone();
+                add_rows(c, &mut got, &o, h).unwrap();
+                let want: Vec<f32> = x.iter().zip(&o).map(|(a, b)| a + b).collect();
+                assert_eq!(bits(&got), bits(&want), "add t={t}");
+                // routing
+                let r = Routing::Softmax { norm: true };
+                let logits: Vec<f32> = (0..t * e).map(|i| val(3 * i)).collect();
+                let (mut p, mut ids, mut wts) =
+                    (logits.clone(), vec![0u32; t * k], vec![0f32; t * k]);
+                route_rows(c, r, None, &mut p, (&mut ids, &mut wts), e).unwrap();
+                for i in 0..t {
+                    let (mut p1, mut i1, mut w1) = (
+                        logits[i * e..(i + 1) * e].to_vec(),
+                        vec![0u32; k],
+                        vec![0f32; k],
+                    );
+                    r.route(&mut p1, None, &mut i1, &mut w1);
+                    assert_eq!(&ids[i * k..(i + 1) * k], &i1[..], "ids t={t} row {i}");
+                    assert_eq!(
+                        bits(&wts[i * k..(i + 1) * k]),
+                        bits(&w1),
+                        "wts t={t} row {i}"
+                    );
+                }
+                // KV stores, f16
+                let rb = 2 * h;
+                let (mut kc, mut vc) = (vec![0u8; t * rb], vec![0u8; t * rb]);
+                store_kv_rows(c, KvType::F16, (&x, &o), h, (&mut kc, &mut vc)).unwrap();
+                for i in 0..t {
+                    let mut row = vec![0u8; rb];
+                    store_row(KvType::F16, &x[i * h..(i + 1) * h], &mut row).unwrap();
+                    assert_eq!(&kc[i * rb..(i + 1) * rb], &row[..], "k t={t} row {i}");
+                    store_row(KvType::F16, &o[i * h..(i + 1) * h], &mut row).unwrap();
+                    assert_eq!(&vc[i * rb..(i + 1) * rb], &row[..], "v t={t} row {i}");
+                }
+            }
+        }
+    }
+
+    /// A task's error reaches the caller: Q8_0 rows of 40 values are not whole 32-value
+    /// blocks, so every task's store fails (40 rows: three pooled tasks).
+    #[test]
+    fn a_task_error_is_returned() {
+        let pool = Pool::new(PoolConfig {
+            workers: 1,
+            host_participates: true,
+            pipelined: false,
+            pin: false,
+            spin_us: 50,
+            balanced: true,
+        });
+        let (t, w) = (40usize, 40usize);
+        let x: Vec<f32> = (0..t * w).map(val).collect();
+        let (mut kc, mut vc) = (vec![0u8; t * 64], vec![0u8; t * 64]);
+        let r = store_kv_rows(&pool, KvType::Q8_0, (&x, &x), w, (&mut kc, &mut vc));
+        assert!(r.is_err());
+    }
 }

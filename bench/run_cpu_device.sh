@@ -5,7 +5,8 @@
 # tree, on a Qwen3-30B-A3B-width × LAYERS model written by strata.modelgen (F16) and quantized
 # by that build's llama-quantize to each of TYPES. Once with every core (threads = nproc), once
 # pinned to two cores (taskset -c 0,1, 2 threads: the development VM's setting).
-# ONLY_ALL=1: only the all-cores rows (not the two pinned cores); GEN: decoded tokens (128).
+# ONLY_ALL=1: only the all-cores rows (not the two pinned cores); GEN: decoded tokens (128);
+# PP: prompt lengths, comma-separated (512).
 # SHAPE=qwen35moe-35b-a3b (a bench/write_family_model.py shape): that family's model instead,
 # written F32 and quantized to Q4_K_M.
 # Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
@@ -64,7 +65,7 @@ grep -o -E 'AMX_INT8 = 1|AVX512_VNNI = 1|AVX512 = 1' "$OUT/llbuild.log" | sort -
 { lscpu | grep -E 'Model name|^CPU\(s\)'; grep -o -w -E 'amx_[a-z0-9]+|avx512[a-z_0-9]*' \
     /proc/cpuinfo | sort -u | tr '\n' ' '; echo; } | tee "$OUT/cpu.txt"
 BD=(python3 "$R/bench/bench_decode.py" --llama-bench "$LB/llama-bench"
-    --reps "$REPS" --pp 512 --gen "${GEN:-128}")
+    --reps "$REPS" --pp "${PP:-512}" --gen "${GEN:-128}")
 if [ -n "${SHAPE:-}" ]; then
     q="$D/$SHAPE-Q4_K_M.gguf"
     [ -f "$q" ] || "$LB/llama-quantize" "$D/$SHAPE-f32.gguf" "$q" Q4_K_M \

@@ -192,7 +192,8 @@ mod tests {
     use crate::model::attention::attend;
     use crate::model::compute::SerialCompute;
     use crate::model::kv::KvCache;
-    use crate::pool::{Pool, PoolConfig};
+    use crate::pool::tests::{bits, cfg as pool_cfg};
+    use crate::pool::Pool;
 
     /// The threaded chunk equals the serial per-position loop bit for bit, for f16 and f32
     /// caches, one and several query rows, on a pool with workers and on the serial compute.
@@ -200,14 +201,7 @@ mod tests {
     fn chunk_equals_the_serial_loop_bitwise() {
         let (d, p0, ctx) = (64, 5, 320);
         let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
-        let pool = Pool::new(PoolConfig {
-            workers: 2,
-            host_participates: true,
-            pipelined: false,
-            pin: false,
-            spin_us: 50,
-            balanced: true,
-        });
+        let pool = Pool::new(pool_cfg(2, true, false));
         // t ≥ 32 takes the grouped rows path (MAX_ROWS rows a unit; 37: a last unit of one
         // row; 300: two P·V blocks), groups of 4 and of 8 heads
         for (ty, nh, nkv, t) in [
@@ -257,8 +251,7 @@ mod tests {
                     let par = AttnPar::new(ctx, ty, d, tasks);
                     let mut out = vec![f32::NAN; t * nh * d];
                     attend_chunk(&shape, kc, vc, p0, t, &q, &mut out, &par, c).unwrap();
-                    let b = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(b(&out), b(&want), "{ty:?} t={t}");
+                    assert_eq!(bits(&out), bits(&want), "{ty:?} t={t}");
                 }
                 let mut short = vec![0f32; 3];
                 let par = AttnPar::new(ctx, ty, d, ATT_TASKS);

@@ -203,7 +203,8 @@ fn single_rows<'a, const N: usize>(
 mod tests {
     use super::*;
     use crate::model::compute::SerialCompute;
-    use crate::pool::{Pool, PoolConfig};
+    use crate::pool::tests::cfg as pool_cfg;
+    use crate::pool::Pool;
     use crate::quant::dot::q6k_repack::BLOCK_BYTES;
 
     /// The repacked head equals `Compute::matmul` on the original Q6_K matrix bitwise, for
@@ -232,14 +233,7 @@ mod tests {
             rows,
             cols,
         };
-        let pool = Pool::new(PoolConfig {
-            workers: 1,
-            host_participates: true,
-            pipelined: false,
-            pin: false,
-            spin_us: 50,
-            balanced: true,
-        });
+        let pool = Pool::new(pool_cfg(1, true, false));
         let serial = SerialCompute::new();
         for c in [&pool as &dyn Compute, &serial] {
             let mut head = RepackedHead::new(&w, 2, c).unwrap().unwrap();

@@ -210,11 +210,9 @@ impl KvCache {
         k: &[f32],
         v: &[f32],
     ) -> Result<()> {
-        let o = self.at(layer, pos);
-        let (ty, rb) = (self.ty, self.row_bytes);
-        let s = &mut self.slots[slot];
-        store_row(ty, k, &mut s.k[o..o + rb])?;
-        store_row(ty, v, &mut s.v[o..o + rb])
+        let (ty, kc, vc) = self.rows_mut(slot, layer, pos, 1)?;
+        store_row(ty, k, kc)?;
+        store_row(ty, v, vc)
     }
 
     /// The storage of positions [p0, p0 + n) of one layer of the slot, K and V: [n, Nkv·D]

@@ -33,7 +33,8 @@ use super::compute::{Compute, ExpertLayer, MoeInput};
 use super::deltanet::{apply_gate, split_q_gate};
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
-use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
+use super::ops::{rms_norm, Rope};
+use super::rows_par;
 use super::weights::{load_layer, matrix, vector, LayerWeights, Weights};
 use crate::error::{Error, Result};
 use crate::gguf::{Gguf, TensorInfo};
@@ -347,9 +348,7 @@ impl Mtp {
         let x = &mut s.x[..t * hd];
         compute.matmul_segs(&w.mat(&mw.eh_proj), &s.cat[..t * 2 * hd], &segs, x)?; // [T, H]
                                                                                    // ---- attention (gated in a hybrid family) ----
-        for (xr, hr) in x.chunks_exact(hd).zip(s.h.chunks_exact_mut(hd)) {
-            rms_norm(xr, &lw.attn_norm, eps, hr);
-        }
+        rows_par::norm_rows(compute, x, &lw.attn_norm, eps, &mut s.h[..t * hd])?;
         let h = &s.h[..t * hd];
         let (q, gate) = (&mut s.q[..t * qd], &mut s.gate[..t * qd]);
         let gated = hp.graph.hybrid.is_some();
@@ -367,20 +366,15 @@ impl Mtp {
             add_bias_rows(kk, bk);
             add_bias_rows(vv, bv);
         }
-        if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-            rms_norm_rows_inplace(q, qn, eps); // per head [D]
-            rms_norm_rows_inplace(kk, kn, eps);
-        }
-        for i in 0..t {
-            let (cs, sn) = (
-                &s.cos[i * half..(i + 1) * half],
-                &s.sin[i * half..(i + 1) * half],
-            );
-            c.rope.apply(&mut q[i * qd..(i + 1) * qd], d, cs, sn);
-            c.rope.apply(&mut kk[i * kvd..(i + 1) * kvd], d, cs, sn);
-            let r = i * kvd..(i + 1) * kvd;
-            self.kv.write(slot, 0, p0 + i, &kk[r.clone()], &vv[r])?;
-        }
+        // per row: q/k norms (per head [D]) where the layer has them, then RoPE
+        let qk_norm = match (&lw.q_norm, &lw.k_norm) {
+            (Some(qn), Some(kn)) => Some((&qn[..], &kn[..])),
+            _ => None,
+        };
+        let cs = (&s.cos[..t * half], &s.sin[..t * half]);
+        rows_par::qk_norm_rope(compute, c.rope, (q, kk), d, qk_norm, eps, cs, t)?;
+        let (ty, kc, vc) = self.kv.rows_mut(slot, 0, p0, t)?;
+        rows_par::store_kv_rows(compute, ty, (kk, vv), kvd, (kc, vc))?;
         let shape = AttnShape::of(&self.kv, hp.n_head, hp.n_head_kv, d);
         let (kc, vc) = self.kv.layer(slot, 0, p0 + t);
         let att = &mut s.att[..t * qd];
@@ -393,27 +387,18 @@ impl Mtp {
         if let Some(bo) = &lw.o_bias {
             add_bias_rows(o, bo);
         }
-        for (xv, ov) in x.iter_mut().zip(o.iter()) {
-            *xv += ov;
-        }
+        rows_par::add_rows(compute, x, o, hd)?;
         // ---- FFN: routed experts + shared expert ----
-        for (xr, hr) in x.chunks_exact(hd).zip(s.h.chunks_exact_mut(hd)) {
-            rms_norm(xr, &lw.ffn_norm, eps, hr);
-        }
+        rows_par::norm_rows(compute, x, &lw.ffn_norm, eps, &mut s.h[..t * hd])?;
         let h = &s.h[..t * hd];
         let router = &mut s.router[..t * e];
         compute.matmul_segs(&w.mat(&lw.router), h, &segs, router)?; // [T, E]
         if let Some(br) = &lw.router_bias {
             add_bias_rows(router, br);
         }
-        for i in 0..t {
-            hp.graph.routing.route(
-                &mut router[i * e..(i + 1) * e],
-                lw.exp_probs_b.as_deref(),
-                &mut s.ids[i * k..(i + 1) * k],
-                &mut s.wts[i * k..(i + 1) * k],
-            );
-        }
+        let picks = (&mut s.ids[..t * k], &mut s.wts[..t * k]);
+        let bias = lw.exp_probs_b.as_deref();
+        rows_par::route_rows(compute, hp.graph.routing, bias, router, picks, e)?;
         let layer = ExpertLayer {
             gate: w.exps(&lw.gate),
             up: w.exps(&lw.up),
@@ -431,9 +416,7 @@ impl Mtp {
             };
             shared_expert(compute, w, sh, h, &segs, sc, o)?;
         }
-        for (xv, ov) in x.iter_mut().zip(o.iter()) {
-            *xv += ov;
-        }
+        rows_par::add_rows(compute, x, o, hd)?;
         self.kv.set_len(slot, p0 + t);
         // ---- head: the last row's h' and logits ----
         if let Some((hn, logits)) = head {

@@ -1,7 +1,8 @@
-//! The step's per-row work on the compute's threads: the embedding lookup, RMSNorms, q/k norms
-//! with RoPE, KV stores, residual adds and routing. Each row is computed by the same code in
-//! the same float order whichever thread takes it (the norms keep ggml's sequential f64 sum),
-//! so results are bitwise those of the serial loop; only the schedule changes.
+//! The per-row work of the batched step and of the MTP layer on the compute's threads: the
+//! embedding lookup (the step's), RMSNorms, q/k norms with RoPE, KV stores, residual adds and
+//! routing. Each row is computed by the same code in the same float order whichever thread
+//! takes it (the norms keep ggml's sequential f64 sum), so results are bitwise those of the
+//! serial loop; only the schedule changes.
 //!
 //! Why: a 512-token prompt on 16 threads spent ~40% of its wall time in these loops on the
 //! calling thread while the pool's workers waited (py-spy of the main thread on the GPU
@@ -238,28 +239,18 @@ pub fn route_rows(
 mod tests {
     use super::*;
     use crate::model::SerialCompute;
-    use crate::pool::{Pool, PoolConfig};
+    use crate::pool::tests::{bits, cfg as pool_cfg};
+    use crate::pool::Pool;
 
     fn val(i: usize) -> f32 {
         ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0
-    }
-
-    fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
     }
 
     /// Each helper on a pool with workers equals its serial row loop bit for bit, below and
     /// above the pooled threshold (7 and 45 rows: a last task of 13 rows).
     #[test]
     fn rows_equal_the_serial_loops_bitwise() {
-        let pool = Pool::new(PoolConfig {
-            workers: 2,
-            host_participates: true,
-            pipelined: false,
-            pin: false,
-            spin_us: 50,
-            balanced: true,
-        });
+        let pool = Pool::new(pool_cfg(2, true, false));
         let serial = SerialCompute::new();
         let (h, e, k, eps) = (96, 16, 4, 1e-6f32);
         let g: Vec<f32> = (0..h).map(|i| 1.0 + val(i) / 8.0).collect();
@@ -319,14 +310,7 @@ mod tests {
     /// blocks, so every task's store fails (40 rows: three pooled tasks).
     #[test]
     fn a_task_error_is_returned() {
-        let pool = Pool::new(PoolConfig {
-            workers: 1,
-            host_participates: true,
-            pipelined: false,
-            pin: false,
-            spin_us: 50,
-            balanced: true,
-        });
+        let pool = Pool::new(pool_cfg(1, true, false));
         let (t, w) = (40usize, 40usize);
         let x: Vec<f32> = (0..t * w).map(val).collect();
         let (mut kc, mut vc) = (vec![0u8; t * 64], vec![0u8; t * 64]);

@@ -35,6 +35,7 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
         Q5K => safe_dot!(Q5K, q5_k),
         IQ4XS => safe_dot!(IQ4XS, iq4_xs),
         IQ3XXS => safe_dot!(IQ3XXS, iq3_xxs),
+        IQ3S if cpu::has_vbmi() => safe_dot!(IQ3S, super::gemm::iq3_s_avx512_vbmi),
         IQ3S => safe_dot!(IQ3S, super::gemm::iq3_s_avx512),
         _ => return None,
     })

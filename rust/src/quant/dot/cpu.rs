@@ -20,6 +20,11 @@ pub fn has_vnni() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vnni")
 }
 
+/// AVX-512 VBMI (`vpermi2b`: the IQ3_S grid permuted out of registers).
+pub fn has_vbmi() -> bool {
+    has_avx512() && is_x86_feature_detected!("avx512vbmi")
+}
+
 /// The SIMD features relevant to the kernels that this CPU has.
 pub fn cpu_features() -> Vec<&'static str> {
     let mut v = Vec::new();
@@ -41,6 +46,7 @@ pub fn cpu_features() -> Vec<&'static str> {
         "avx512bw",
         "avx512vl",
         "avx512vnni",
+        "avx512vbmi",
         "avx512bf16",
         "avxvnni"
     );

@@ -646,6 +646,12 @@ pub fn kernel_with(w: crate::quant::GgmlType, order: Order, vnni: bool) -> Optio
         (Q8_0, _, false) => passes!(q8_0, false, "avx2,fma,f16c,avx512f,avx512bw,avx512vl"),
         // (no VNNI form: `vpdpbusd` would leave the group scale to a `vpmulld` per 64 weights,
         // where `vpmaddwd` applies it in the pairing add)
+        // (the grid permuted out of registers where the CPU has VBMI; iq3s512's tests compare
+        // both lookups)
+        (IQ3S, Order::Single, _) if cpu::has_vbmi() => {
+            iq3s512::iq3_s_multi_vbmi::<false> as MultiFn
+        }
+        (IQ3S, Order::Many, _) if cpu::has_vbmi() => iq3s512::iq3_s_multi_vbmi::<true> as MultiFn,
         (IQ3S, Order::Single, _) => iq3s512::iq3_s_multi::<false> as MultiFn,
         (IQ3S, Order::Many, _) => iq3s512::iq3_s_multi::<true> as MultiFn,
         _ => return None,

@@ -13,6 +13,11 @@
 # llama-src.tar.xz (the sdist's vendor/llama.cpp; else llama-cuda-src.tar.xz, the same tree
 # that bench/build_llama_cuda.sh takes, built here CPU-only: ~60 s on 16 cores). Results
 # under $OUT.
+# A CPU-only llama-src.tar.xz of ~4.3 MB (the carry's limit counts the tracked tree too), from
+# the sdist's vendor/: tar -cJf llama-src.tar.xz --exclude=llama.cpp/{build,docs,models,
+# examples,tests,gguf-py,media,grammars,prompts,benches,tools/ui,tools/server/webui} and
+# --exclude=llama.cpp/ggml/src/ggml-{cuda,vulkan,sycl,metal,opencl,cann,musa,webgpu,hexagon,
+# zdnn,hip,rpc,blas,virtgpu,openvino} llama.cpp (vendor/ stays: cmake adds its folders).
 # LLAMA_BIN: a folder with llama-bench and llama-quantize already built (e.g. the CUDA build of
 # bench/build_llama_cuda.sh, also -DGGML_NATIVE=ON): no build here, and the GPU is hidden from
 # both engines (CUDA_VISIBLE_DEVICES empty: llama.cpp registers no CUDA device and runs its CPU

@@ -41,20 +41,22 @@ struct Decoded {
     scale: [__m512i; 4],
 }
 
-/// Chunk c (64 weights: groups 2c, 2c+1) of block `wb` (110 bytes): the grid magnitudes
-/// (u8, weight order), the sign bits (bit e: weight e negative) and the two groups' scales
-/// 2·s + 1.
-#[target_feature(enable = "avx2,avx512f,avx512bw")]
-#[inline]
-unsafe fn chunk(wb: &[u8], c: usize) -> (__m512i, u64, (i16, i16)) {
-    let (g, sign) = grid_chunk(wb, c);
-    let sb = wb[106 + c];
-    let ls = (1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16);
-    (g, sign, ls)
+/// Chunk c's (64 weights) sign bits (bit e set: weight 64c + e is negative), as stored.
+#[inline(always)]
+fn chunk_sign(wb: &[u8], c: usize) -> u64 {
+    u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap())
 }
 
-/// Chunk c's grid magnitudes and sign bits (`chunk` without the scales; the AMX tiles' A
-/// operands make the scale parts themselves). The 16 grid entries come in one `vpgatherdd`
+/// Chunk c's two group scales 2·s + 1 as i16: lanes 0–15 group 2c, lanes 16–31 group 2c+1.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn chunk_scale(wb: &[u8], c: usize) -> __m512i {
+    let sb = wb[106 + c];
+    halves(1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16)
+}
+
+/// Chunk c's grid magnitudes and sign bits (the AMX tiles' A operands make the scale parts
+/// themselves). The 16 grid entries come in one `vpgatherdd`
 /// (index j: `qs[16c + j]`, plus 256 where bit j of the chunk's two `qh` bytes is set): 16
 /// scalar lookups and inserts had kept the one-token dot compute-bound on the AVX-512 host
 /// (57% of its RAM bound, 12-04).
@@ -68,8 +70,7 @@ pub(in super::super) unsafe fn grid_chunk(wb: &[u8], c: usize) -> (__m512i, u64)
     let idx = _mm512_mask_or_epi32(lo, qh, lo, _mm512_set1_epi32(256));
     // SAFETY of the gather: every index is a byte plus one bit above it, < 512 entries.
     let g = _mm512_i32gather_epi32::<4>(idx, IQ3S_GRID.as_ptr() as *const _);
-    let sign = u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap());
-    (g, sign)
+    (g, chunk_sign(wb, c))
 }
 
 /// A 512-bit register whose low 256 bits hold `x` and high ones `y` in every i16 lane.
@@ -90,8 +91,8 @@ unsafe fn decode(wb: &[u8]) -> Decoded {
     let mut sign = [0u64; 4];
     let mut scale = [_mm512_setzero_si512(); 4];
     for c in 0..4 {
-        let (g, s, (lo, hi)) = chunk(wb, c);
-        (grid[c], sign[c], scale[c]) = (g, s, halves(lo, hi));
+        let (g, s) = grid_chunk(wb, c);
+        (grid[c], sign[c], scale[c]) = (g, s, chunk_scale(wb, c));
     }
     Decoded { grid, sign, scale }
 }
@@ -198,14 +199,11 @@ impl Grid for Permute {
             _mm512_shuffle_i64x2::<0x88>(t1, t3),
             _mm512_shuffle_i64x2::<0xDD>(t1, t3),
         ];
-        let sign = std::array::from_fn(|c| {
-            u64::from_le_bytes(wb[74 + 8 * c..82 + 8 * c].try_into().unwrap())
-        });
-        let scale = std::array::from_fn(|c| {
-            let sb = wb[106 + c];
-            halves(1 + 2 * (sb & 15) as i16, 1 + 2 * (sb >> 4) as i16)
-        });
-        Decoded { grid, sign, scale }
+        Decoded {
+            grid,
+            sign: std::array::from_fn(|c| chunk_sign(wb, c)),
+            scale: std::array::from_fn(|c| chunk_scale(wb, c)),
+        }
     }
 }
 

@@ -57,6 +57,9 @@ def main() -> None:
         if "amx-int8" in _core.cpu_features():
             # the AVX-512 ISA as the engine runs it: AMX tiles for Q4_K (rows_call, ≥ 12 tokens)
             variants.append(("avx512+amx", "avx512", None))
+        elif vnni:
+            # as the engine runs it: IQ3_S's tiled order on VNNI register tiles (≥ 8 tokens)
+            variants.append(("avx512+tile", "avx512", None))
     print(f"cpu: {cpu_name()}; threads {args.threads}; tokens {args.tokens}; isas {sorted(have)}")
     head = ("type", "n×rows", "order", "variant", "ms", "GOP/s", "×avx2")
     print("{:6} {:>10} {:6} {:11} {:>8} {:>8} {:>6}".format(*head))

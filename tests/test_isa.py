@@ -25,17 +25,18 @@ TESTS = isa_tests()
 def test_the_isa_tests_are_found() -> None:
     names = {n for n, _ in TESTS}
     assert {"avx2_equals_scalar", "avx512_equals_scalar"} <= names, TESTS
-    assert {isa for _, isa in TESTS} <= {"avx2", "avx512", "vbmi", "amx"}
+    assert {isa for _, isa in TESTS} <= {"avx2", "avx512", "vbmi", "vnni", "amx"}
     assert "amx_rows_equal_scalar_bitwise" in names, TESTS
 
 
 def have_isas() -> set[str]:
-    """The ISAs this CPU runs, as the ISA tests name them (`vbmi`: AVX-512 with VBMI; `amx`:
-    AMX-INT8 tiles usable)."""
+    """The ISAs this CPU runs, as the ISA tests name them (`vbmi`, `vnni`: AVX-512 with VBMI,
+    with VNNI; `amx`: AMX-INT8 tiles usable)."""
     feats = _core.cpu_features()
     return (
         set(_core.dot_isas())
         | ({"vbmi"} if "avx512vbmi" in feats and "avx512" in _core.dot_isas() else set())
+        | ({"vnni"} if "avx512vnni" in feats and "avx512" in _core.dot_isas() else set())
         | ({"amx"} if "amx-int8" in feats else set())
     )
 

@@ -35,7 +35,7 @@ fn row_block(rb: usize) -> usize {
     (ROW_BLOCK_BYTES / rb.max(1)).max(1)
 }
 
-/// Rows per `blocked` run: the rows one `MultiDot::rows_call` takes together (its AMX tiles
+/// Rows per `blocked` run: the rows one `MultiDot::rows_call` takes together (its tiles
 /// lay out the group's activations once per run), and the bound of the runs' output buffers.
 const RUN_ROWS: usize = 64;
 
@@ -290,7 +290,7 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
             }
             &xu[..m]
         };
-        if gdot.uses_amx(m) && udot.uses_amx(m) {
+        if gdot.uses_tiles(m) && udot.uses_tiles(m) {
             let (go, uo) = (&mut gr[..nr * m], &mut ur[..nr * m]);
             // the tiles' activation layout: built by the group's first run, Up reusing Gate's
             // when both take the same activations
@@ -372,7 +372,7 @@ unsafe fn tile_down(p: &Plan, n: usize) {
         |ra, rb, g0, a, first| {
             let m = a.len();
             let dot = &dd[pick(key(g0), ORDER_D)];
-            // the AMX tiles (reusing the group's activation layout after its first run) or
+            // the tiles (reusing the group's activation layout after its first run) or
             // the rows × tokens kernels
             let o = &mut run[..(rb - ra) * m];
             dot.rows_call_keep(p.rows(&p.down, e, ra, rb - ra), rb - ra, a, o, !first);

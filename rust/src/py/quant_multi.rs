@@ -90,7 +90,7 @@ fn multi_dot(
 /// Seconds (best of `reps`) to compute `rows` (`len / row_bytes` rows back to back) against
 /// every activation in `acts` with the multi-token path as the pool's tiles run it: token
 /// groups of `MultiDot::group()`, every run of 64 rows of a thread's share per group
-/// (`MultiDot::rows_call`: the AMX tiles where the handle has them), the rows split evenly
+/// (`MultiDot::rows_call`: the tiles (AMX or VNNI registers) where the handle has them), the rows split evenly
 /// over `threads` threads. `group` = 1 times the single-token kernel per token instead.
 #[pyfunction]
 #[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1, group = None))]

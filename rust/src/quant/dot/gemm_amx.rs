@@ -172,7 +172,7 @@ unsafe fn tile_store_c(k: usize, p: *mut u8) {
 /// 16 × 16 dword transpose: `out[j]` lane t = `rows[t]` lane j.
 #[target_feature(enable = "avx512f")]
 #[inline]
-unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
+pub(super) unsafe fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
     let mut t = [_mm512_setzero_si512(); 16];
     for i in 0..8 {
         t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);

@@ -35,9 +35,9 @@ const WB: usize = 110;
 /// One decoded 256-weight block, per chunk c of 64 weights (groups 2c and 2c+1): the grid
 /// magnitudes [u8; 64], the sign bits (bit e set: weight e is negative) and the scales 2·s+1
 /// as i16 (lanes 0–15 group 2c, lanes 16–31 group 2c+1, as `vpmaddwd` pairs them).
-struct Decoded {
-    grid: [__m512i; 4],
-    sign: [u64; 4],
+pub(in super::super) struct Decoded {
+    pub(in super::super) grid: [__m512i; 4],
+    pub(in super::super) sign: [u64; 4],
     scale: [__m512i; 4],
 }
 
@@ -99,14 +99,14 @@ unsafe fn decode(wb: &[u8]) -> Decoded {
 
 /// How a block's 64 grid entries are looked up (`decode` of the block, bitwise the same
 /// `Decoded` whichever).
-trait Grid {
+pub(in super::super) trait Grid {
     /// # Safety
     /// The CPU runs the strategy's instructions; `wb` holds one block (110 bytes).
     unsafe fn decode(&self, wb: &[u8]) -> Decoded;
 }
 
 /// One `vpgatherdd` per 16 entries (AVX-512F).
-struct Gather;
+pub(in super::super) struct Gather;
 
 impl Grid for Gather {
     #[inline(always)]
@@ -133,7 +133,7 @@ static NIB: [[u8; 512]; 2] = {
 /// each quarter (`vpermi2b` over two registers), the index's bit 7 and its `qh` bit pick the
 /// quarter; the planes' nibbles are interleaved into entries and the entries transposed into
 /// the chunks' weight order.
-struct Permute {
+pub(in super::super) struct Permute {
     /// `[plane][register]`: plane bytes 64k..64k+64 in register k.
     t: [[__m512i; 8]; 2],
 }
@@ -142,7 +142,7 @@ impl Permute {
     /// # Safety
     /// AVX-512F is available.
     #[inline(always)]
-    unsafe fn load() -> Permute {
+    pub(in super::super) unsafe fn load() -> Permute {
         Permute {
             t: std::array::from_fn(|p| {
                 std::array::from_fn(|k| _mm512_loadu_si512(NIB[p][64 * k..].as_ptr() as *const _))

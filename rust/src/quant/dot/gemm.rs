@@ -44,8 +44,11 @@ pub fn amx_available() -> bool {
 /// columns cost more than the multi-token kernel).
 const AMX_MIN_T: usize = 12;
 
-/// Fewest tokens for which `rows_call` takes the VNNI register tiles (`gemm_vnni.rs`).
-const VNNI_MIN_T: usize = 8;
+/// Fewest tokens for which `rows_call` takes the VNNI register tiles (`gemm_vnni.rs`): IQ3_S
+/// from 8 (its multi-token kernels redo the grid decode, signs and scales per token), the K
+/// types from 12 (below it the 16-token registers' empty lanes cost more than the AVX-512
+/// kernels: Q4_K at 8 tokens 0.77× of them, at 16 1.2–1.6×; `bench/bench_gemm_isa.py`, Zen 4).
+const VNNI_MIN_T: [usize; 2] = [12, 8];
 
 /// The rows × tokens tile scheme `rows_call` may take: each row's weights decoded and each
 /// token's activations laid out once per call.
@@ -54,7 +57,8 @@ enum Tiles {
     None,
     /// AMX-INT8 tiles (`gemm_amx.rs`): Q4_K in both orders, IQ3_S and Q6_K in `Order::Many`.
     Amx,
-    /// AVX-512 VNNI registers (`gemm_vnni.rs`): IQ3_S in `Order::Many`, where AMX is absent.
+    /// AVX-512 VNNI registers (`gemm_vnni.rs`), where AMX is absent: the same types and
+    /// orders.
     Vnni,
 }
 
@@ -66,20 +70,33 @@ impl Tiles {
             && amx_available()
         {
             Tiles::Amx
-        } else if w == GgmlType::IQ3S && many && vnni_tiles_available() {
+        } else if vnni_tiles_supports(w, many) && vnni_tiles_available() {
             Tiles::Vnni
         } else {
             Tiles::None
         }
     }
 
-    /// Fewest tokens the scheme takes.
-    fn min_t(self) -> usize {
+    /// Fewest tokens the scheme takes for `w`.
+    fn min_t(self, w: GgmlType) -> usize {
         match self {
             Tiles::None => usize::MAX,
             Tiles::Amx => AMX_MIN_T,
-            Tiles::Vnni => VNNI_MIN_T,
+            Tiles::Vnni => VNNI_MIN_T[usize::from(w == GgmlType::IQ3S)],
         }
+    }
+}
+
+/// Whether the VNNI register tiles have a kernel for `w` in `order` (`many`).
+fn vnni_tiles_supports(w: GgmlType, many: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        gemm_vnni::supports(w, many)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, many);
+        false
     }
 }
 
@@ -247,7 +264,7 @@ impl MultiDot {
     /// Whether `rows_call` takes tiles (AMX or VNNI registers) for `nt` tokens.
     #[inline]
     pub fn uses_tiles(&self, nt: usize) -> bool {
-        nt >= self.tiles.min_t()
+        nt >= self.tiles.min_t(self.w)
     }
 
     /// Whether `rows_call` takes the AMX tiles for `nt` tokens.
@@ -278,9 +295,20 @@ impl MultiDot {
         let nt = self.check_rows(rows, nr, acts, out);
         #[cfg(target_arch = "x86_64")]
         if self.tiles == Tiles::Vnni && self.uses_tiles(nt) {
-            // SAFETY: `Tiles::Vnni` only where `gemm_vnni::available()` (IQ3_S, `Many`); the
-            // lengths are asserted.
-            unsafe { gemm_vnni::rows(self.n, rows, nr, acts, out, same_acts) };
+            // SAFETY: `Tiles::Vnni` only where `gemm_vnni::available()` and it supports the type
+            // and order; the lengths are asserted.
+            unsafe {
+                gemm_vnni::rows(
+                    self.w,
+                    self.order == Order::Many,
+                    self.n,
+                    rows,
+                    nr,
+                    acts,
+                    out,
+                    same_acts,
+                )
+            };
             return;
         }
         #[cfg(target_arch = "x86_64")]

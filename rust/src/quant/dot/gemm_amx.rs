@@ -238,7 +238,6 @@ unsafe fn pack_a(
     a: &mut [Line; 4 * OPS * TILE],
 ) -> ([f32; TILE], [f32; TILE]) {
     let (mut d, mut dm) = ([0f32; TILE], [0f32; TILE]);
-    let nib = _mm256_set1_epi8(15);
     let seven = _mm512_set1_epi16(7);
     // vpshufb indices (per 128-bit lane) over the 8 scale bytes broadcast to every lane:
     // `SC[c]` puts byte 2c zero-extended in the 16-bit lanes of the low 256 bits and byte
@@ -268,11 +267,7 @@ unsafe fn pack_a(
         let (sc, mn) = k4_scales_packed(wb);
         let (scv, mnv) = (_mm512_set1_epi64(sc as i64), _mm512_set1_epi64(mn as i64));
         for c in 0..4 {
-            let q = _mm256_loadu_si256(wb.as_ptr().add(16 + 32 * c) as *const _);
-            let v = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_and_si256(q, nib)),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib),
-            );
+            let v = q4k_chunk(wb, c);
             // byte products q·s ≤ 15·7 < 256: a 16-bit multiply of two bytes by the same
             // small s leaves each byte's product in its own byte
             let s16 = _mm512_shuffle_epi8(scv, sc_idx[c]);
@@ -401,6 +396,48 @@ unsafe fn pack_a_iq3s(
     d
 }
 
+/// Q6_K block `wb`'s chunk c (weights 64c..64c+64) as the 6-bit q (0–63), one byte each in
+/// weight order.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+pub(super) unsafe fn q6k_chunk(wb: &[u8], c: usize) -> __m512i {
+    let (m4, m2) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
+    // weights 64c..64c+32 from ql[64h..] and qh bits (2j, 2j+1) with h = c/2, j = 2·(c%2);
+    // weights 64c+32.. from ql[64h+32..] and qh bits (2j+2, 2j+3)
+    let h = c / 2;
+    let ql = |o: usize| _mm256_loadu_si256(wb.as_ptr().add(64 * h + o) as *const _);
+    let qh = _mm256_loadu_si256(wb.as_ptr().add(128 + 32 * h) as *const _);
+    let (lo_nib, hi_nib) = if c.is_multiple_of(2) {
+        (_mm256_and_si256(ql(0), m4), _mm256_and_si256(ql(32), m4))
+    } else {
+        (
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql(0)), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql(32)), m4),
+        )
+    };
+    let qh_at = |sh: i32| {
+        let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh));
+        _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
+    };
+    let sh = 4 * (c % 2) as i32;
+    let first = _mm256_or_si256(lo_nib, qh_at(sh));
+    let second = _mm256_or_si256(hi_nib, qh_at(sh + 2));
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second)
+}
+
+/// Q4_K block `wb`'s chunk c (weights 64c..64c+64: sub-block 2c the low nibbles of
+/// `qs[32c..32c + 32]`, 2c + 1 the high ones) as the 4-bit q, one byte each in weight order.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+pub(super) unsafe fn q4k_chunk(wb: &[u8], c: usize) -> __m512i {
+    let nib = _mm256_set1_epi8(15);
+    let q = _mm256_loadu_si256(wb.as_ptr().add(16 + 32 * c) as *const _);
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_and_si256(q, nib)),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib),
+    )
+}
+
 /// A tiles of Q6_K block `blk` of rows `r0..r0 + nr` (rows past `nr` zero): per chunk c
 /// (weights 64c.., sub-blocks 4c..4c+4 of 16) the 6-bit q (0–63) times the pieces of the
 /// signed 8-bit sub-block scale `sc = p0 + 4·p1 + 16·p2 + 64·p3` (p0–p2 in 0..4: `q·p` ≤ 189,
@@ -419,7 +456,6 @@ unsafe fn pack_a_q6k(
 ) -> [f32; TILE] {
     let mut d = [0f32; TILE];
     let zero = _mm512_setzero_si512();
-    let (m4, m2) = (_mm256_set1_epi8(15), _mm256_set1_epi8(3));
     // byte i of 128-bit lane L: L
     let l = |x: i64| x * 0x0101_0101_0101_0101;
     let lane_no = _mm512_setr_epi64(0, 0, l(1), l(1), l(2), l(2), l(3), l(3));
@@ -434,27 +470,7 @@ unsafe fn pack_a_q6k(
         d[r] = f16_at(wb, 208);
         let scb = _mm512_broadcast_i32x4(_mm_loadu_si128(wb.as_ptr().add(192) as *const _));
         for c in 0..4 {
-            // weights 64c..64c+32 from ql[64h..] and qh bits (2j, 2j+1) with h = c/2, j = 2·(c%2);
-            // weights 64c+32.. from ql[64h+32..] and qh bits (2j+2, 2j+3)
-            let h = c / 2;
-            let ql = |o: usize| _mm256_loadu_si256(wb.as_ptr().add(64 * h + o) as *const _);
-            let qh = _mm256_loadu_si256(wb.as_ptr().add(128 + 32 * h) as *const _);
-            let (lo_nib, hi_nib) = if c % 2 == 0 {
-                (_mm256_and_si256(ql(0), m4), _mm256_and_si256(ql(32), m4))
-            } else {
-                (
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql(0)), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql(32)), m4),
-                )
-            };
-            let qh_at = |sh: i32| {
-                let v = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(sh));
-                _mm256_slli_epi16::<4>(_mm256_and_si256(v, m2))
-            };
-            let sh = 4 * (c % 2) as i32;
-            let first = _mm256_or_si256(lo_nib, qh_at(sh));
-            let second = _mm256_or_si256(hi_nib, qh_at(sh + 2));
-            let q = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(first), second);
+            let q = q6k_chunk(wb, c);
             // the four sub-blocks' scales: per byte (128-bit lane L = sub-block 4c + L, every
             // lane holding the 16 scales), and per i16 lane (sign-extended)
             let idx = _mm512_add_epi8(_mm512_set1_epi8(4 * c as i8), lane_no);

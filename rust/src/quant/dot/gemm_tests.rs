@@ -262,7 +262,8 @@ fn amx_rows_equal_scalar_bitwise() {
     println!("amx: {checked} (row, token) dots equal scalar");
 }
 
-/// The VNNI register tiles (`rows_call` on IQ3_S in `Many` where the CPU has no AMX) against
+/// The VNNI register tiles (`rows_call` where the CPU has no AMX: the AMX test's types and
+/// orders) against
 /// the scalar single-token kernel, bitwise (`tiles_equal_scalar`); the permuted and the
 /// gathered grid lookups both where the CPU has VBMI.
 #[test]
@@ -272,7 +273,13 @@ fn vnni_rows_equal_scalar_bitwise() {
         vnni_tiles_available(),
         "vnni_rows_equal_scalar_bitwise needs AVX-512 VNNI: tests/test_isa.py runs it only where it can"
     );
-    let checked = tiles_equal_scalar(&[(GgmlType::IQ3S, Order::Many)], Tiles::Vnni);
+    let cases = [
+        (GgmlType::Q4K, Order::Single),
+        (GgmlType::Q4K, Order::Many),
+        (GgmlType::IQ3S, Order::Many),
+        (GgmlType::Q6K, Order::Many),
+    ];
+    let checked = tiles_equal_scalar(&cases, Tiles::Vnni);
     println!("vnni: {checked} (row, token) dots equal scalar");
     if !super::super::cpu::has_vbmi() {
         return;
@@ -287,8 +294,8 @@ fn vnni_rows_equal_scalar_bitwise() {
         let (mut p, mut g) = (vec![f32::NAN; nr * nt], vec![f32::NAN; nr * nt]);
         // SAFETY: VNNI and VBMI (asserted above); whole blocks, `out` nr × nt.
         unsafe {
-            gemm_vnni::rows(n, &rows, nr, &refs, &mut p, false);
-            gemm_vnni::rows_gather(n, &rows, nr, &refs, &mut g, false);
+            gemm_vnni::rows(w, true, n, &rows, nr, &refs, &mut p, false);
+            gemm_vnni::rows_iq3s_gather((n, &rows, nr, &refs, &mut g, false));
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&p), bits(&g), "n={n} nr={nr} nt={nt}");
@@ -341,7 +348,7 @@ fn tiles_equal_scalar(cases: &[(GgmlType, Order)], tiles: Tiles) -> usize {
         );
         md.tiles = tiles;
         let rb = w.row_bytes(n).unwrap();
-        let min_t = tiles.min_t();
+        let min_t = tiles.min_t(w);
         for nr in [1usize, 5, 8, 9, 16, 17, 40] {
             for nt in [min_t, min_t + 1, 13, 15, 16, 17, 31, 32, 40, 64] {
                 assert!(md.uses_tiles(nt), "{} {order:?}", w.name());

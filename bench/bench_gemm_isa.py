@@ -50,16 +50,17 @@ def main() -> None:
         ("avx2", "avx2", None),
         ("avx2-1tok", "avx2", None),
     ]
+    feats = _core.cpu_features()
     if "avx512" in have:
         variants.append(("avx512bw", "avx512", False))
         if vnni:
             variants.append(("avx512vnni", "avx512", True))
-        if "amx-int8" in _core.cpu_features():
-            # the AVX-512 ISA as the engine runs it: AMX tiles for Q4_K (rows_call, ≥ 12 tokens)
+        if "amx-int8" in feats:
+            # the AVX-512 ISA as the engine runs it: AMX tiles (rows_call, ≥ 12 tokens)
             variants.append(("avx512+amx", "avx512", None))
-        elif vnni:
-            # as the engine runs it: IQ3_S's tiled order on VNNI register tiles (≥ 8 tokens)
-            variants.append(("avx512+tile", "avx512", None))
+        if vnni:
+            # the VNNI register tiles (the engine's scheme where AMX is absent)
+            variants.append(("avx512+vnni-tile", "avx512", None))
     print(f"cpu: {cpu_name()}; threads {args.threads}; tokens {args.tokens}; isas {sorted(have)}")
     head = ("type", "n×rows", "order", "variant", "ms", "GOP/s", "×avx2")
     print("{:6} {:>10} {:6} {:11} {:>8} {:>8} {:>6}".format(*head))
@@ -74,9 +75,13 @@ def main() -> None:
             base = None
             for name, isa, v in variants:
                 g = 1 if name.endswith("1tok") else None
-                s = _testing.multi_dot_bench(
-                    t, n, w, acts, order, isa, v, args.reps, args.threads, g
-                )
+                tiles = "vnni" if name.endswith("vnni-tile") else None
+                try:
+                    s = _testing.multi_dot_bench(
+                        t, n, w, acts, order, isa, v, args.reps, args.threads, g, tiles
+                    )
+                except _core.QuantError:  # no tiles for this type and order
+                    continue
                 base = base or s
                 print(
                     f"{t:6} {f'{n}×{rows}':>10} {order:6} {name:11} {1e3 * s:8.3f} "

@@ -91,9 +91,10 @@ fn multi_dot(
 /// every activation in `acts` with the multi-token path as the pool's tiles run it: token
 /// groups of `MultiDot::group()`, every run of 64 rows of a thread's share per group
 /// (`MultiDot::rows_call`: the tiles (AMX or VNNI registers) where the handle has them), the rows split evenly
-/// over `threads` threads. `group` = 1 times the single-token kernel per token instead.
+/// over `threads` threads. `group` = 1 times the single-token kernel per token instead;
+/// `tiles` ("amx", "vnni", "none") sets the rows × tokens scheme instead of the engine's.
 #[pyfunction]
-#[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1, group = None))]
+#[pyo3(signature = (type_name, n, rows, acts, order = "single", isa = "auto", vnni = None, reps = 5, threads = 1, group = None, tiles = None))]
 #[allow(clippy::too_many_arguments)]
 fn multi_dot_bench(
     py: Python<'_>,
@@ -107,8 +108,13 @@ fn multi_dot_bench(
     reps: usize,
     threads: usize,
     group: Option<usize>,
+    tiles: Option<&str>,
 ) -> PyResult<f64> {
     let md = handle(type_name, n, order, isa, vnni)?;
+    let md = match tiles {
+        Some(t) => md.with_tile_scheme(t).map_err(Error::Quant)?,
+        None => md,
+    };
     let rb = ggml_type(type_name)?.row_bytes(n).unwrap_or(1);
     let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
     if rows.is_empty() || !rows.len().is_multiple_of(rb) || acts.is_empty() || threads == 0 {

@@ -55,7 +55,8 @@ const VNNI_MIN_T: [usize; 2] = [12, 8];
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Tiles {
     None,
-    /// AMX-INT8 tiles (`gemm_amx.rs`): Q4_K in both orders, IQ3_S and Q6_K in `Order::Many`.
+    /// AMX-INT8 tiles (`gemm_amx.rs`): Q4_K in both orders, IQ3_S and Q6_K in `Order::Many`
+    /// (Q6_K takes the VNNI registers where both run: `for_type`).
     Amx,
     /// AVX-512 VNNI registers (`gemm_vnni.rs`), where AMX is absent: the same types and
     /// orders.
@@ -63,14 +64,22 @@ enum Tiles {
 }
 
 impl Tiles {
-    /// The scheme for `w` in `order` on this CPU, the AVX-512 dispatch active.
+    /// The scheme for `w` in `order` on this CPU, the AVX-512 dispatch active: AMX where the
+    /// CPU has it, except Q6_K, whose five tile products per chunk (the signed 8-bit scale
+    /// split in four, and the −32 term) ran below one `vpdpbusd` per four weights on the GPU
+    /// host's Xeon at every token count measured (1 thread, 16/32/64 tokens: 93.5 / 120.6 /
+    /// 208.6 GOP/s against 57.2 / 89.0 / 162.1; 16 threads 300.9 against 221.9;
+    /// `bench/bench_gemm_isa.py`, 12-04); IQ3_S and Q4_K stay on AMX (ahead at 64 tokens,
+    /// mixed below).
     fn for_type(w: GgmlType, order: Order) -> Tiles {
         let many = order == Order::Many;
-        if (w == GgmlType::Q4K || (matches!(w, GgmlType::IQ3S | GgmlType::Q6K) && many))
+        let vnni = vnni_tiles_supports(w, many) && vnni_tiles_available();
+        if w != GgmlType::Q6K
+            && (w == GgmlType::Q4K || (w == GgmlType::IQ3S && many))
             && amx_available()
         {
             Tiles::Amx
-        } else if vnni_tiles_supports(w, many) && vnni_tiles_available() {
+        } else if vnni {
             Tiles::Vnni
         } else {
             Tiles::None
@@ -204,6 +213,29 @@ impl MultiDot {
         md.tiles = Tiles::None; // the variant itself, not the tiles
         md.rows = gemm_avx512::rows_kernel_with(w, order, vnni).map(|k| (k, ROWS_MAX_T));
         Some(md)
+    }
+
+    /// This handle with its rows × tokens scheme set by name — "amx", "vnni" or "none" —
+    /// where the CPU runs it and it has the type and order (benchmarks compare the schemes
+    /// on CPUs with both); else why not.
+    pub fn with_tile_scheme(mut self, name: &str) -> Result<MultiDot, String> {
+        let many = self.order == Order::Many;
+        let amx_types =
+            self.w == GgmlType::Q4K || (many && matches!(self.w, GgmlType::IQ3S | GgmlType::Q6K));
+        self.tiles = match name {
+            "none" => Tiles::None,
+            "amx" if amx_types && amx_available() => Tiles::Amx,
+            "vnni" if vnni_tiles_supports(self.w, many) && vnni_tiles_available() => Tiles::Vnni,
+            "amx" | "vnni" => {
+                return Err(format!(
+                    "no {name} tiles for {} ({:?}) on this CPU",
+                    self.w.name(),
+                    self.order
+                ))
+            }
+            _ => return Err(format!("unknown tile scheme {name:?}: amx, vnni or none")),
+        };
+        Ok(self)
     }
 
     fn with_kernel(

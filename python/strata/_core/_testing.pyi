@@ -175,4 +175,5 @@ def multi_dot_bench(
     reps: int = 5,
     threads: int = 1,
     group: int | None = None,
+    tiles: str | None = None,
 ) -> float: ...

@@ -450,7 +450,8 @@ fn multi_rejects_a_short_activation() {
 
 /// Decode-batch dots (1-8 tokens) of a Q4_K / Q6_K matrix far larger than the caches, one
 /// thread: the multi-token kernel per row (`call`) against `rows_plain` (the rows × tokens
-/// kernel where the type has one), best of 5 interleaved passes, GB/s of weights read:
+/// kernel where the type has one) and the grouped one-token kernel once per token
+/// (`vec_dot_rows`, runs of 64 rows), best of 5 interleaved passes, GB/s of weights read:
 /// `cargo test --no-default-features --release small_t_throughput -- --ignored --nocapture`.
 #[test]
 #[ignore = "benchmark"]
@@ -467,13 +468,22 @@ fn small_t_throughput() {
         for nt in [1usize, 2, 3, 4, 8] {
             let refs: Vec<&[u8]> = acts[..nt].iter().map(|a| &a[..]).collect();
             let mut out = vec![0f32; nr * nt];
-            let mut best = [f64::MAX; 2];
+            let mut best = [f64::MAX; 3];
             for _ in 0..5 {
                 for (k, b) in best.iter_mut().enumerate() {
                     let t0 = std::time::Instant::now();
                     if k == 0 {
                         for (r, o) in out.chunks_exact_mut(nt).enumerate() {
                             md.call(&rows[r * rb..(r + 1) * rb], &refs, o);
+                        }
+                    } else if k == 2 {
+                        // the grouped one-token kernel once per token, runs of 64 rows
+                        for (r0, o) in out.chunks_mut(64 * nt).enumerate() {
+                            let k = o.len() / nt;
+                            let run = &rows[r0 * 64 * rb..(r0 * 64 + k) * rb];
+                            for (t, a) in refs.iter().enumerate() {
+                                super::super::vec_dot_rows(w, n, run, a, &mut o[t * k..(t + 1) * k]);
+                            }
                         }
                     } else {
                         for (r0, o) in out.chunks_mut(64 * nt).enumerate() {
@@ -486,8 +496,8 @@ fn small_t_throughput() {
             }
             let gbs = |s: f64| rows.len() as f64 / s / 1e9;
             println!(
-                "{} n={n} tokens={nt}: call per row {:.2} ms ({:.1} GB/s), rows_plain {:.2} ms ({:.1} GB/s)",
-                w.name(), best[0] * 1e3, gbs(best[0]), best[1] * 1e3, gbs(best[1])
+                "{} n={n} tokens={nt}: call per row {:.2} ms ({:.1} GB/s), rows_plain {:.2} ms ({:.1} GB/s), one-token rows per token {:.2} ms ({:.1} GB/s)",
+                w.name(), best[0] * 1e3, gbs(best[0]), best[1] * 1e3, gbs(best[1]), best[2] * 1e3, gbs(best[2])
             );
         }
     }

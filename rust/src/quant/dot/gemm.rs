@@ -299,15 +299,9 @@ impl MultiDot {
         nt >= self.tiles.min_t(self.w)
     }
 
-    /// Whether `rows_call` takes the AMX tiles for `nt` tokens.
-    #[inline]
-    pub fn uses_amx(&self, nt: usize) -> bool {
-        self.tiles == Tiles::Amx && self.uses_tiles(nt)
-    }
-
     /// `out[r·nt + t] = dot(row r, acts[t])` for the `nr` consecutive rows of `rows` and the
-    /// `nt = acts.len()` tokens, bitwise `call`'s (the AMX tiles where `uses_amx`, else `call`
-    /// per row). Panics on wrong slice lengths.
+    /// `nt = acts.len()` tokens, bitwise `call`'s (the tiles, AMX or VNNI registers, where
+    /// `uses_tiles`, else `rows_plain`). Panics on wrong slice lengths.
     pub fn rows_call(&self, rows: &[u8], nr: usize, acts: &[&[u8]], out: &mut [f32]) {
         self.rows_call_keep(rows, nr, acts, out, false)
     }
@@ -326,28 +320,17 @@ impl MultiDot {
     ) {
         let nt = self.check_rows(rows, nr, acts, out);
         #[cfg(target_arch = "x86_64")]
-        if self.tiles == Tiles::Vnni && self.uses_tiles(nt) {
-            // SAFETY: `Tiles::Vnni` only where `gemm_vnni::available()` and it supports the type
-            // and order; the lengths are asserted.
-            unsafe {
-                gemm_vnni::rows(
-                    self.w,
-                    self.order == Order::Many,
-                    self.n,
-                    rows,
-                    nr,
-                    acts,
-                    out,
-                    same_acts,
-                )
+        if self.uses_tiles(nt) {
+            let tiles = match self.tiles {
+                Tiles::Vnni => gemm_vnni::rows,
+                Tiles::Amx => gemm_amx::rows,
+                Tiles::None => unreachable!("no tiles take {nt} tokens"),
             };
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if self.uses_amx(nt) {
-            // SAFETY: `Tiles::Amx` only where `gemm_amx::available()`; the lengths are asserted.
+            // SAFETY: `Tiles::Vnni` / `Tiles::Amx` only where `gemm_vnni::available()` /
+            // `gemm_amx::available()` and the scheme has the type and order
+            // (`Tiles::for_type`, `with_tile_scheme`); the lengths are asserted.
             unsafe {
-                gemm_amx::rows(
+                tiles(
                     self.w,
                     self.order == Order::Many,
                     self.n,

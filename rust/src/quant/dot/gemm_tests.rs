@@ -482,7 +482,13 @@ fn small_t_throughput() {
                             let k = o.len() / nt;
                             let run = &rows[r0 * 64 * rb..(r0 * 64 + k) * rb];
                             for (t, a) in refs.iter().enumerate() {
-                                super::super::vec_dot_rows(w, n, run, a, &mut o[t * k..(t + 1) * k]);
+                                super::super::vec_dot_rows(
+                                    w,
+                                    n,
+                                    run,
+                                    a,
+                                    &mut o[t * k..(t + 1) * k],
+                                );
                             }
                         }
                     } else {

@@ -5,6 +5,7 @@
 //! (`cuda_model`, `cuda_quant`, the `*_bench` modules and the runtime's smoke and fault hooks)
 //! live apart, in the private submodule `strata._core._testing`, for tests/ and bench/ only.
 
+mod backend;
 mod batch_args;
 mod cuda;
 mod cuda_model;

@@ -3,6 +3,7 @@
 //! Every heavy call releases the GIL; a model is used by one thread at a time (calls
 //! serialize on its lock).
 
+use super::backend::{Backend, MTP_CPU};
 use super::batch_args::{self, parse_logits, RawEntry};
 use super::cuda::shared_gpu;
 use super::open_args::{config_default, make_compute};
@@ -11,137 +12,14 @@ use super::vram::HybridCounters;
 use crate::error::{Error, Result};
 use crate::gpu::{GpuModel, HopKind, HybridConfig, SplitConfig};
 use crate::model::batch::batch_logits_len;
-use crate::model::{Entry, HParams, KvType, Logits, Model, ModelConfig};
+use crate::model::{KvType, Logits, Model, ModelConfig};
 use crate::quant::dot;
 use crate::tier::vram::AdaptConfig;
-use crate::tier::RoutingCounters as Counters;
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
-
-/// The forward pass on one device; both backends have the CPU `Model`'s slot semantics.
-enum Backend {
-    Cpu(Box<Model>),
-    Gpu { m: Box<GpuModel> },
-}
-
-/// Where the MTP layer runs.
-const MTP_CPU: &str = "the MTP layer runs on the CPU path (device=\"cpu\")";
-
-/// Why the routing counters of a GPU model with every expert in VRAM are refused.
-const NOT_COUNTED: &str = "the GPU path with every expert in VRAM does not count the routing \
-    (the routed ids never leave the GPU): count on device=cpu (the same routing) or in the \
-    hybrid mode (vram_budget_mib)";
-
-impl Backend {
-    fn hp(&self) -> &HParams {
-        match self {
-            Backend::Cpu(m) => &m.hp,
-            Backend::Gpu { m, .. } => &m.hp,
-        }
-    }
-
-    fn cfg(&self) -> &ModelConfig {
-        match self {
-            Backend::Cpu(m) => &m.cfg,
-            Backend::Gpu { m, .. } => &m.cfg,
-        }
-    }
-
-    fn n_slots(&self) -> usize {
-        match self {
-            Backend::Cpu(m) => m.kv.n_slots(),
-            Backend::Gpu { m, .. } => m.n_slots(),
-        }
-    }
-
-    fn forward(&mut self, slot: usize, toks: &[u32], want: Logits, out: &mut [f32]) -> Result<()> {
-        match self {
-            Backend::Cpu(m) => m.forward(slot, toks, want, out),
-            Backend::Gpu { m, .. } => m.forward(slot, toks, want, out),
-        }
-    }
-
-    fn forward_batch(&mut self, entries: &[Entry<'_>], out: &mut [f32]) -> Result<()> {
-        match self {
-            Backend::Cpu(m) => m.forward_batch(entries, out),
-            Backend::Gpu { m, .. } => m.forward_batch(entries, out),
-        }
-    }
-
-    fn kv_export(&self, slot: usize, n: usize) -> Result<Vec<u8>> {
-        match self {
-            Backend::Cpu(m) => m.kv_export(slot, n),
-            Backend::Gpu { m, .. } => m.kv_export(slot, n),
-        }
-    }
-
-    fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
-        match self {
-            Backend::Cpu(m) => m.kv_import(slot, data),
-            Backend::Gpu { m, .. } => m.kv_import(slot, data),
-        }
-    }
-
-    fn slot_len(&self, slot: usize) -> Result<usize> {
-        match self {
-            Backend::Cpu(m) => m.slot_len(slot),
-            Backend::Gpu { m, .. } => m.slot_len(slot),
-        }
-    }
-
-    fn truncate(&mut self, slot: usize, n: usize) -> Result<()> {
-        match self {
-            Backend::Cpu(m) => m.truncate(slot, n),
-            Backend::Gpu { m, .. } => m.truncate(slot, n),
-        }
-    }
-
-    fn free(&mut self, slot: usize) -> Result<()> {
-        match self {
-            Backend::Cpu(m) => m.free(slot),
-            Backend::Gpu { m, .. } => m.free(slot),
-        }
-    }
-
-    /// A hybrid's recurrent-state checkpoint at the slot's length.
-    fn checkpoint(&mut self, slot: usize) -> Result<()> {
-        match self {
-            Backend::Cpu(m) => m.checkpoint(slot),
-            Backend::Gpu { m, .. } => m.checkpoint(slot),
-        }
-    }
-
-    fn checkpoints(&self, slot: usize) -> Result<Vec<usize>> {
-        match self {
-            Backend::Cpu(m) => m.checkpoints(slot),
-            Backend::Gpu { m, .. } => m.checkpoints(slot),
-        }
-    }
-
-    /// The GPU model, or a `Config` error naming `what` (a GPU path's call).
-    fn gpu(&mut self, what: &str) -> Result<&mut GpuModel> {
-        match self {
-            Backend::Gpu { m } => Ok(m),
-            Backend::Cpu(_) => Err(Error::Config(format!(
-                "{what}: device=\"cpu\" has no pipelined windows"
-            ))),
-        }
-    }
-
-    /// The routing counters; an error where this path does not count (`NOT_COUNTED`).
-    fn routing(&self, decayed: bool) -> Result<Arc<Counters>> {
-        match self {
-            Backend::Cpu(m) if decayed => Ok(m.routing_hot.clone()),
-            Backend::Cpu(m) => Ok(m.routing.clone()),
-            Backend::Gpu { m } => m
-                .routing(decayed)
-                .ok_or_else(|| Error::Config(NOT_COUNTED.into())),
-        }
-    }
-}
+use std::sync::{Mutex, MutexGuard};
 
 /// `$v`, or the settings object's default of the keyword of the same name when left out.
 macro_rules! or_default {

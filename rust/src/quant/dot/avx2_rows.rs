@@ -33,8 +33,7 @@ use crate::quant::tables::KVALUES_MXFP4;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
-/// Q8_K block bytes.
-const AB: usize = 292;
+use super::super::common::Q8K_BYTES as AB;
 /// Rows per group.
 pub(in super::super) const R: usize = 4;
 

@@ -42,6 +42,7 @@ pub fn u32_at(b: &[u8], i: usize) -> u32 {
 }
 
 /// Q8_K block (292 bytes): d f32 at 0, qs i8[256] at 4, bsums i16[16] at 260.
+pub const Q8K_BYTES: usize = 292;
 pub const Q8K_QS: usize = 4;
 pub const Q8K_BSUMS: usize = 260;
 

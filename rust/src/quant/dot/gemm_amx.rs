@@ -33,8 +33,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-/// Q8_K block bytes: d (f32) · qs[256] (i8) · bsums[16] (i16).
-const AB: usize = 292;
+use super::super::common::Q8K_BYTES as AB;
 /// Q4_K block bytes: d, dmin (f16) · scales[12] · qs[128].
 const WB: usize = 144;
 /// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].

@@ -36,8 +36,7 @@ pub use rows::rows_kernel_t;
 /// A rows × tokens kernel: `(n, rows, nr, acts, out)`, `out[r·nt + t]` (`rows_kernel_t`).
 pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 
-/// Q8_K block bytes.
-const AB: usize = 292;
+use super::super::common::Q8K_BYTES as AB;
 
 #[target_feature(enable = "avx2")]
 #[inline]

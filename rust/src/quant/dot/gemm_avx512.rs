@@ -32,8 +32,7 @@ use std::arch::x86_64::*;
 #[path = "gemm_iq3s512.rs"]
 pub(super) mod iq3s512;
 
-/// Q8_K block bytes.
-const AB: usize = 292;
+use super::super::common::Q8K_BYTES as AB;
 
 pub type MultiFn = unsafe fn(usize, &[u8], &[&[u8]], &mut [f32]);
 

@@ -23,8 +23,7 @@ use super::super::MAX_T;
 use crate::quant::tables::IQ3S_GRID;
 use std::arch::x86_64::*;
 
-/// Q8_K block bytes.
-const AB: usize = 292;
+use super::super::super::common::Q8K_BYTES as AB;
 /// IQ3_S block bytes.
 const WB: usize = 110;
 

@@ -27,8 +27,7 @@ use super::super::MAX_T;
 use crate::quant::tables::IQ3S_GRID;
 use std::arch::x86_64::*;
 
-/// Q8_K block bytes.
-const AB: usize = 292;
+use super::super::super::common::Q8K_BYTES as AB;
 /// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].
 const WB: usize = 110;
 

@@ -37,8 +37,7 @@ use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-/// Q8_K block bytes: d (f32) · qs[256] (i8) · bsums[16] (i16).
-const AB: usize = 292;
+use super::super::common::Q8K_BYTES as AB;
 /// Tokens per register (i32 lanes).
 const TOK: usize = 16;
 /// Rows per micro-tile: R accumulators per group, R per block and R float sums in registers.

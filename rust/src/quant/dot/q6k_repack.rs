@@ -34,8 +34,7 @@ mod simd;
 
 /// Bytes per block (as Q6_K).
 pub const BLOCK_BYTES: usize = 210;
-/// Bytes of a Q8_K activation block.
-const ACT_BLOCK: usize = 292;
+use super::common::Q8K_BYTES as ACT_BLOCK;
 
 /// The block element held by byte `p` (0..32) of quant vector `v` (0..8).
 pub const fn elem(v: usize, p: usize) -> usize {

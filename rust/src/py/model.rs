@@ -37,9 +37,14 @@ pub struct PyModel {
     /// `forward_batch`'s logits, kept between calls: a step's [rows, V] f32 (2.4 MB at four
     /// decode rows of a 151,936 vocabulary) allocated and zeroed afresh each step cost the
     /// batched step its page faults. Taken out for a call and put back after it (a call
-    /// running at the same time in another thread allocates its own).
+    /// running at the same time in another thread allocates its own); not kept past
+    /// `KEEP_LOGITS` values (a prompt's "all" logits are freed with the call).
     logits: Mutex<Vec<f32>>,
 }
+
+/// The most logit values `forward_batch` keeps for the next call (64 MiB of f32: a 64-row
+/// speculative window of a 151,936 vocabulary, 39 MB, stays).
+const KEEP_LOGITS: usize = 16 << 20;
 
 impl PyModel {
     fn lock(&self) -> MutexGuard<'_, Backend> {
@@ -382,7 +387,9 @@ impl PyModel {
         })?;
         let shapes = entries.iter().zip(&wants).map(|(e, &w)| (w, e.1.len()));
         let res = batch_args::results(py, shapes, &buf[..n], vocab);
-        *self.logits.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+        if buf.len() <= KEEP_LOGITS {
+            *self.logits.lock().unwrap_or_else(|e| e.into_inner()) = buf;
+        }
         res
     }
 

@@ -72,14 +72,11 @@ impl Tiles {
     /// `bench/bench_gemm_isa.py`, 12-04); IQ3_S and Q4_K stay on AMX (ahead at 64 tokens,
     /// mixed below).
     fn for_type(w: GgmlType, order: Order) -> Tiles {
-        let many = order == Order::Many;
-        let vnni = vnni_tiles_supports(w, many) && vnni_tiles_available();
-        if w != GgmlType::Q6K
-            && (w == GgmlType::Q4K || (w == GgmlType::IQ3S && many))
-            && amx_available()
-        {
+        if !tiles_have(w, order == Order::Many) {
+            Tiles::None
+        } else if w != GgmlType::Q6K && amx_available() {
             Tiles::Amx
-        } else if vnni {
+        } else if vnni_tiles_available() {
             Tiles::Vnni
         } else {
             Tiles::None
@@ -96,17 +93,13 @@ impl Tiles {
     }
 }
 
-/// Whether the VNNI register tiles have a kernel for `w` in `order` (`many`).
-fn vnni_tiles_supports(w: GgmlType, many: bool) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        gemm_vnni::supports(w, many)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (w, many);
-        false
-    }
+/// Whether the tile schemes have a kernel for `w` in `order` (`many`): AMX and VNNI have the
+/// same ones (Q4_K in both orders, IQ3_S and Q6_K in `Order::Many`).
+fn tiles_have(w: GgmlType, many: bool) -> bool {
+    matches!(
+        (w, many),
+        (GgmlType::IQ3S, true) | (GgmlType::Q4K, _) | (GgmlType::Q6K, true)
+    )
 }
 
 /// Whether the VNNI register tiles run here (AVX-512 VNNI).
@@ -219,13 +212,11 @@ impl MultiDot {
     /// where the CPU runs it and it has the type and order (benchmarks compare the schemes
     /// on CPUs with both); else why not.
     pub fn with_tile_scheme(mut self, name: &str) -> Result<MultiDot, String> {
-        let many = self.order == Order::Many;
-        let amx_types =
-            self.w == GgmlType::Q4K || (many && matches!(self.w, GgmlType::IQ3S | GgmlType::Q6K));
+        let have = tiles_have(self.w, self.order == Order::Many);
         self.tiles = match name {
             "none" => Tiles::None,
-            "amx" if amx_types && amx_available() => Tiles::Amx,
-            "vnni" if vnni_tiles_supports(self.w, many) && vnni_tiles_available() => Tiles::Vnni,
+            "amx" if have && amx_available() => Tiles::Amx,
+            "vnni" if have && vnni_tiles_available() => Tiles::Vnni,
             "amx" | "vnni" => {
                 return Err(format!(
                     "no {name} tiles for {} ({:?}) on this CPU",

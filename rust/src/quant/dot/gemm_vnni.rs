@@ -76,14 +76,6 @@ pub fn available() -> bool {
     super::super::cpu::has_vnni()
 }
 
-/// Whether there is a kernel for `w` in `order` (`many`).
-pub fn supports(w: GgmlType, many: bool) -> bool {
-    matches!(
-        (w, many),
-        (GgmlType::IQ3S, true) | (GgmlType::Q4K, _) | (GgmlType::Q6K, true)
-    )
-}
-
 /// Per-thread scratch, grown to the largest call and then reused: per (token tile, block)
 /// the B lines, the tokens' 32-activation sums as i16 pairs (`bs`, 4 lines) and d; one row
 /// tile's packed weights per (block, row) `i = blk·R + r`: `a` (64 dwords), the group scales
@@ -381,8 +373,8 @@ unsafe fn tile<const KIND: u8>(
 /// `out[r·nt + t] = dot(row r, acts[t])` for the `nr` rows of `rows` (n weights of `w` each)
 /// and the `nt = acts.len()` tokens, in the order `many` selects (see the module text).
 /// `keep_b`: as `MultiDot::rows_call_keep`'s `same_acts` (the activations' layout is reused
-/// when the last call's blocks, tokens and addresses match). Panics where `supports` does
-/// not hold.
+/// when the last call's blocks, tokens and addresses match). Panics for a type and order
+/// without a kernel (`gemm::tiles_have`).
 ///
 /// # Safety
 /// `available()` is true; every row holds `n / 256` blocks of `w` and every activation

@@ -41,6 +41,32 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
     })
 }
 
+/// The grouped one-token kernel (`vec_dot_rows`) where the AVX-512 path has its own: IQ3_S
+/// with VBMI and BITALG (`gemm_iq3s512_rows.rs`); `None` leaves the type to the AVX2 grouped
+/// kernels, or to the per-row kernel.
+pub fn rows_kernel(w: GgmlType) -> Option<super::RowsFn> {
+    match w {
+        GgmlType::IQ3S if cpu::has_vbmi_bitalg() => Some(iq3_s_rows as super::RowsFn),
+        _ => None,
+    }
+}
+
+/// `vec_dot_rows` for IQ3_S: `n` whole blocks, `out.len()` rows, one Q8_K activation.
+fn iq3_s_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    let w = GgmlType::IQ3S;
+    let rb = w.row_bytes(n).unwrap_or(0);
+    assert!(
+        rb > 0 && rows.len() == rb * out.len() && super::act_bytes(w, n) == Some(act.len()),
+        "rows dot IQ3_S: n = {n}, {} row bytes for {} rows, activation {} bytes",
+        rows.len(),
+        out.len(),
+        act.len()
+    );
+    // SAFETY: handed out only where AVX-512 F/BW/VBMI/BITALG hold (with AVX2/FMA/F16C);
+    // the sizes are asserted above.
+    unsafe { super::gemm::iq3_s_rows_avx512(n, rows, act, out) }
+}
+
 /// Two 256-bit halves as one zmm (`lo` in lanes 0..8 of 32 bits).
 #[target_feature(enable = "avx512f")]
 #[inline]

@@ -25,6 +25,12 @@ pub fn has_vbmi() -> bool {
     has_avx512() && is_x86_feature_detected!("avx512vbmi")
 }
 
+/// AVX-512 VBMI and BITALG (`vpshufbitqmb`: the IQ3_S rows kernel's bit reorders; Ice Lake,
+/// Sapphire Rapids, Zen 4 and later).
+pub fn has_vbmi_bitalg() -> bool {
+    has_vbmi() && is_x86_feature_detected!("avx512bitalg")
+}
+
 /// The SIMD features relevant to the kernels that this CPU has.
 pub fn cpu_features() -> Vec<&'static str> {
     let mut v = Vec::new();
@@ -47,6 +53,7 @@ pub fn cpu_features() -> Vec<&'static str> {
         "avx512vl",
         "avx512vnni",
         "avx512vbmi",
+        "avx512bitalg",
         "avx512bf16",
         "avxvnni"
     );

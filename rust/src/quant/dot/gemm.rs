@@ -25,6 +25,7 @@ pub(super) use gemm_avx2::q4_k_rows_il;
 #[cfg(target_arch = "x86_64")]
 pub(super) use gemm_avx512::iq3s512::{
     iq3_s_dot as iq3_s_avx512, iq3_s_dot_vbmi as iq3_s_avx512_vbmi,
+    iq3_s_rows_perm as iq3_s_rows_avx512,
 };
 
 /// Whether the AMX-INT8 tile kernels run here (`gemm_amx.rs`: Q4_K, both orders; IQ3_S and

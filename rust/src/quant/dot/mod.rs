@@ -419,12 +419,13 @@ pub fn kernel_many(isa: Isa, w: GgmlType) -> Option<DotFn> {
 
 /// The grouped one-token kernel of `isa` for `w` where it has one (several rows per call
 /// against one activation, bitwise `kernel_for(isa, w)` per row): AVX2 Q4_K and Q6_K, under
-/// AVX-512 too. Every kernel of every ISA is bitwise the scalar one, so the AVX2 grouped
+/// AVX-512 too, and AVX-512 IQ3_S. Every kernel of every ISA is bitwise the scalar one, so the AVX2 grouped
 /// kernel stands in for the AVX-512 per-row one: its interleaved rows and prefetch read RAM
 /// faster than one zmm row at a time (Q4_K decode 49.0 against 37.5 tok/s, `BENCHMARKS.md`).
 pub fn rows_kernel_for(isa: Isa, w: GgmlType) -> Option<RowsFn> {
     match isa {
-        Isa::Avx2 | Isa::Avx512 if isa.available() => avx2::rows_kernel(w),
+        Isa::Avx512 if isa.available() => avx512::rows_kernel(w).or_else(|| avx2::rows_kernel(w)),
+        Isa::Avx2 if isa.available() => avx2::rows_kernel(w),
         _ => None,
     }
 }

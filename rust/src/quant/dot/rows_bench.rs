@@ -83,6 +83,8 @@ fn decode_rows_ab() {
     // (type, row length, rows): an expert gate/up (768 × 2048) and down (2048 × 768) over 128
     // experts, from RAM.
     let shapes = [
+        (GgmlType::IQ3S, 2048usize, 768 * 128usize),
+        (GgmlType::IQ3S, 768, 2048 * 128),
         (GgmlType::Q4K, 2048usize, 768 * 128usize),
         (GgmlType::Q4K, 768, 2048 * 128),
         (GgmlType::Q6K, 768, 2048 * 128),

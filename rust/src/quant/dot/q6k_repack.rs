@@ -249,7 +249,10 @@ pub fn rows_single<const N: usize>(
         w.len(),
         acts.map(<[u8]>::len)
     );
-    if simd && cpu::has_avx2() {
+    if simd && cpu::has_vnni() && super::active_isa() == super::Isa::Avx512 {
+        // SAFETY: the CPU runs AVX-512 F/VL/VNNI and AVX2/FMA/F16C (checked); lengths asserted.
+        unsafe { simd::rows_single_n_vnni(n, w, rows, acts, put) }
+    } else if simd && cpu::has_avx2() {
         // SAFETY: the CPU runs AVX2/FMA/F16C (checked) and the slice lengths are asserted.
         unsafe { simd::rows_single_n(n, w, rows, acts, put) }
     } else {
@@ -370,6 +373,64 @@ mod tests {
             permute_act(&act, &mut pa).unwrap();
             let want = super::super::scalar_k::q6_k_lanes(&row, &act);
             assert_eq!(lanes(&repack(&row).unwrap(), &pa), want);
+        }
+    }
+
+    /// The AVX-512 VNNI rows kernel (`vpdpwssd`) is bitwise the scalar dot for one and four
+    /// activations: random rows of 1 and 8 blocks, and the extremes (every quant 0 or 63,
+    /// scales ±128/±1, activations ±127 and −128, where the i16 sums and the bsum term peak).
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks vnni"]
+    fn rows_vnni_equal_scalar_bitwise() {
+        assert!(cpu::has_vnni(), "this test needs AVX-512 VNNI");
+        let permuted = |a: &[u8]| {
+            let mut pa = vec![0u8; a.len()];
+            permute_act(a, &mut pa).unwrap();
+            pa
+        };
+        let mut cases: Vec<(usize, Vec<u8>, Vec<Vec<u8>>)> = Vec::new();
+        let mut rng = Rng::new(0x6b);
+        for nb in [1usize, 8] {
+            let n = 256 * nb;
+            for _ in 0..10 {
+                let rows: Vec<u8> = (0..3)
+                    .flat_map(|_| random_row(GgmlType::Q6K, n, &mut rng))
+                    .collect();
+                let acts = (0..4)
+                    .map(|_| random_act(GgmlType::Q6K, n, &mut rng))
+                    .collect();
+                cases.push((n, rows, acts));
+            }
+        }
+        for q in [0u8, 63] {
+            for sc in [-128i8, -1, 1, 127] {
+                let acts = [127i8, -127, -128, 1].map(|a| act_of(&[a; 256], 0.75));
+                cases.push((256, extreme_block(q, sc), acts.to_vec()));
+            }
+        }
+        for (n, rows, acts) in cases {
+            let rp = repack(&rows).unwrap();
+            let pa: Vec<Vec<u8>> = acts.iter().map(|a| permuted(a)).collect();
+            let nr = rows.len() / (n / 256 * BLOCK_BYTES);
+            let rb = n / 256 * BLOCK_BYTES;
+            let want = |r: usize, k: usize| dot_single_scalar(n, &rp[r * rb..(r + 1) * rb], &pa[k]);
+            let four: [&[u8]; 4] = std::array::from_fn(|k| &pa[k][..]);
+            // SAFETY: the CPU runs AVX-512 F/VL/VNNI (asserted, and AVX2/FMA/F16C with it);
+            // `rp` holds `nr` rows and each activation n / 256 blocks.
+            unsafe {
+                simd::rows_single_n_vnni(n, &rp, 0..nr, four, |r, v| {
+                    for (k, v) in v.iter().enumerate() {
+                        assert_eq!(v.to_bits(), want(r, k).to_bits(), "n={n} row {r} act {k}");
+                    }
+                });
+                simd::rows_single_n_vnni(n, &rp, 0..nr, [four[3]], |r, v| {
+                    assert_eq!(
+                        v[0].to_bits(),
+                        want(r, 3).to_bits(),
+                        "n={n} row {r}, one act"
+                    );
+                });
+            }
         }
     }
 

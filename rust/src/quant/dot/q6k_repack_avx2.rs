@@ -167,8 +167,43 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
     w: &[u8],
     rows: std::ops::Range<usize>,
     a: [&[u8]; N],
+    put: F,
+) {
+    rows_single_body::<N, false, F>(n, w, rows, a, put)
+}
+
+/// `rows_single_n` with AVX-512 VL/VNNI: `vpdpwssd` scales and accumulates in one step (and
+/// takes the bsum term as `(−32·sc)·bsum` pairs), and the 32 vector registers hold both
+/// halves' quants and scales (bitwise the same integers, so the same results).
+/// Safety: as `rows_single_n`, and the CPU runs AVX-512 F/VL/VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_single_n_vnni<const N: usize, F: FnMut(usize, [f32; N])>(
+    n: usize,
+    w: &[u8],
+    rows: std::ops::Range<usize>,
+    a: [&[u8]; N],
+    put: F,
+) {
+    rows_single_body::<N, true, F>(n, w, rows, a, put)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f32; N])>(
+    n: usize,
+    w: &[u8],
+    rows: std::ops::Range<usize>,
+    a: [&[u8]; N],
     mut put: F,
 ) {
+    // sum + Σ pairs of p·s per i32 lane
+    let mac = |sum: __m256i, p: __m256i, s: __m256i| {
+        if VNNI {
+            _mm256_dpwssd_epi32(sum, p, s)
+        } else {
+            _mm256_add_epi32(sum, _mm256_madd_epi16(p, s))
+        }
+    };
     let masks = pair_masks();
     let nb = n / 256;
     let ap = a.map(<[u8]>::as_ptr);
@@ -195,24 +230,37 @@ pub(super) unsafe fn rows_single_n<const N: usize, F: FnMut(usize, [f32; N])>(
                         _mm256_maddubs_epi16(v2, load(q.add(64))),
                         _mm256_maddubs_epi16(v3, load(q.add(96))),
                     );
-                    let s = _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1));
-                    sum[k] = _mm256_add_epi32(sum[k], s);
+                    sum[k] = if VNNI {
+                        mac(mac(sum[k], p0, s0), p1, s1)
+                    } else {
+                        let s =
+                            _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1));
+                        _mm256_add_epi32(sum[k], s)
+                    };
                 }
                 // Keep the halves apart: the sums are made here, so the compiler cannot
                 // interleave both halves' twelve quant and scale vectors (which spills).
-                for x in sum.iter_mut() {
-                    std::arch::asm!(
-                        "/* {0} */",
-                        inout(ymm_reg) * x,
-                        options(pure, nomem, nostack)
-                    );
+                if !VNNI {
+                    for x in sum.iter_mut() {
+                        std::arch::asm!(
+                            "/* {0} */",
+                            inout(ymm_reg) * x,
+                            options(pure, nomem, nostack)
+                        );
+                    }
                 }
             }
             let scn = natural_scales(scr);
+            let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scn, 5));
             let dw = h2f(w, wo + 208);
             for k in 0..N {
-                let msum = _mm256_madd_epi16(scn, load(ap[k].add(292 * b + 260)));
-                let l = _mm256_sub_epi32(sum[k], _mm256_slli_epi32(msum, 5));
+                let bs = load(ap[k].add(292 * b + 260));
+                let l = if VNNI {
+                    mac(sum[k], scm, bs)
+                } else {
+                    let msum = _mm256_madd_epi16(scn, bs);
+                    _mm256_sub_epi32(sum[k], _mm256_slli_epi32(msum, 5))
+                };
                 let d = f32_at(a[k], 292 * b) * dw;
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc[k]);
             }

@@ -351,14 +351,19 @@ macro_rules! q4k_rows_pass {
 pub type RowsFn = unsafe fn(usize, &[u8], usize, &[&[u8]], &mut [f32]);
 
 /// The rows × tokens kernel of `w` in `order` for at most 4 tokens (decode batches and short
-/// verify windows), where one exists: Q4_K `Order::Single`.
+/// verify windows), where one exists: Q4_K `Order::Single`; IQ3_S `Order::Single` on CPUs
+/// with VBMI and BITALG (`iq3s512::iq3_s_rows_tokens`).
 pub fn rows_kernel(w: crate::quant::GgmlType, order: Order) -> Option<RowsFn> {
     rows_kernel_with(w, order, cpu::has_vnni())
 }
 
 /// `rows_kernel`'s VNNI variant, or (`vnni` false) its AVX-512BW one; None where the CPU
-/// cannot run it or the type has none (the tests run both).
+/// cannot run it or the type has none (the tests run both; IQ3_S has one kernel for both).
 pub fn rows_kernel_with(w: crate::quant::GgmlType, order: Order, vnni: bool) -> Option<RowsFn> {
+    if (w, order) == (crate::quant::GgmlType::IQ3S, Order::Single) && cpu::has_vbmi_bitalg() {
+        const _: () = assert!(super::ROWS_MAX_T <= iq3s512::ROWS_T);
+        return Some(iq3s512::iq3_s_rows_tokens as RowsFn);
+    }
     if !cpu::has_avx512()
         || (vnni && !cpu::has_vnni())
         || (w, order) != (crate::quant::GgmlType::Q4K, Order::Single)

@@ -31,7 +31,7 @@ use super::super::super::common::Q8K_BYTES as AB;
 
 #[path = "gemm_iq3s512_rows.rs"]
 mod rows;
-pub(in crate::quant::dot) use rows::iq3_s_rows_perm;
+pub(in crate::quant::dot) use rows::{iq3_s_rows_perm, iq3_s_rows_tokens, ROWS_T};
 /// IQ3_S block bytes: d (f16) · qs[64] · qh[8] · signs[32] · scales[4].
 const WB: usize = 110;
 

@@ -128,27 +128,37 @@ unsafe fn load512<T>(p: *const T) -> __m512i {
     _mm512_loadu_si512(p as *const _)
 }
 
-/// Permutes the activation's blocks (`a`: `nb` Q8_K blocks) into `out`: per block d, then
-/// the four registers' 64 quants (`weight(r, j)`); the block sums are not used.
+/// Permutes the quants of the activation's blocks (`a`: `nb` Q8_K blocks) into `out`, 256
+/// bytes per block: the four registers' 64 quants (`weight(r, j)`); its d is read from `a`,
+/// its block sums are not used.
+/// Safety: `a` holds `nb` blocks, `out` has room for `256·nb` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
 #[inline]
-unsafe fn permute_act(a: &[u8], nb: usize, out: &mut [u8]) {
+unsafe fn permute_act(a: &[u8], nb: usize, out: *mut u8) {
     let idx: [__m512i; 4] = std::array::from_fn(|r| load512(ACT_IDX[r].as_ptr()));
     for b in 0..nb {
-        let (src, dst) = (a[AB * b..].as_ptr(), out[AB * b..].as_mut_ptr());
-        std::ptr::copy_nonoverlapping(src, dst, 4);
+        let (src, dst) = (a[AB * b..].as_ptr(), out.add(256 * b));
         let q: [__m512i; 4] = std::array::from_fn(|c| load512(src.add(4 + 64 * c)));
         for r in 0..4 {
             let v = _mm512_permutex2var_epi8(q[r / 2], idx[r], q[r / 2 + 2]);
-            _mm512_storeu_si512(dst.add(4 + 64 * r) as *mut _, v);
+            _mm512_storeu_si512(dst.add(64 * r) as *mut _, v);
         }
     }
 }
 
-/// The eight integer lanes of block `wb` against permuted activation block `ap` (at its d).
+/// One block decoded in the module's order: the four grid registers (`g[r]` meets activation
+/// register r), each register's sign mask (bit set: negate that activation byte) and each
+/// half's group scales.
+struct Decoded {
+    g: [__m512i; 4],
+    neg: [__mmask64; 4],
+    scale: [__m512i; 2],
+}
+
+/// Decodes block `wb`.
 #[target_feature(enable = "avx2,avx512f,avx512bw,avx512vbmi,avx512bitalg")]
 #[inline]
-unsafe fn lanes(k: &Consts, wb: *const u8, ap: *const u8) -> __m256i {
+unsafe fn decode(k: &Consts, wb: *const u8) -> Decoded {
     // the lookup, positions in the module's order
     let idx = _mm512_permutexvar_epi8(k.e, load512(wb.add(2)));
     let qh = _mm512_set1_epi64((wb.add(66) as *const i64).read_unaligned());
@@ -164,12 +174,6 @@ unsafe fn lanes(k: &Consts, wb: *const u8, ap: *const u8) -> __m256i {
         _mm512_and_si512(p23, m4),
         _mm512_and_si512(_mm512_srli_epi16::<4>(p23), m4),
     );
-    let g = [
-        _mm512_unpacklo_epi8(b0, b1),
-        _mm512_unpacklo_epi8(b2, b3),
-        _mm512_unpackhi_epi8(b0, b1),
-        _mm512_unpackhi_epi8(b2, b3),
-    ];
     // the sign bits (chunks 0 and 2 for the lo registers, 1 and 3 for the hi ones)
     let s = _mm512_castsi256_si512(_mm256_loadu_si256(wb.add(74) as *const __m256i));
     let slo = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2), s);
@@ -183,22 +187,57 @@ unsafe fn lanes(k: &Consts, wb: *const u8, ap: *const u8) -> __m256i {
     );
     let w = _mm_cvtepu8_epi16(nib);
     let sc = _mm512_castsi128_si512(_mm_add_epi16(_mm_add_epi16(w, w), _mm_set1_epi16(1)));
+    Decoded {
+        g: [
+            _mm512_unpacklo_epi8(b0, b1),
+            _mm512_unpacklo_epi8(b2, b3),
+            _mm512_unpackhi_epi8(b0, b1),
+            _mm512_unpackhi_epi8(b2, b3),
+        ],
+        neg: std::array::from_fn(|r| {
+            _mm512_bitshuffle_epi64_mask(if r < 2 { slo } else { shi }, k.sign_idx[r])
+        }),
+        scale: std::array::from_fn(|h| _mm512_permutexvar_epi16(k.scale_idx[h], sc)),
+    }
+}
+
+/// The eight integer lanes of decoded block `d` against the permuted quants `ap` of an
+/// activation block.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+unsafe fn lanes(d: &Decoded, ap: *const u8) -> __m256i {
     let mut sum = _mm512_setzero_si512();
     for h in 0..2 {
-        let src = if h == 0 { slo } else { shi };
         let p = [2 * h, 2 * h + 1].map(|r| {
-            let a = load512(ap.add(4 + 64 * r));
-            let neg = _mm512_bitshuffle_epi64_mask(src, k.sign_idx[r]);
-            let av = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
-            _mm512_maddubs_epi16(g[r], av)
+            let a = load512(ap.add(64 * r));
+            let av = _mm512_mask_sub_epi8(a, d.neg[r], _mm512_setzero_si512(), a);
+            _mm512_maddubs_epi16(d.g[r], av)
         });
-        let scale = _mm512_permutexvar_epi16(k.scale_idx[h], sc);
-        sum = _mm512_add_epi32(sum, _mm512_madd_epi16(_mm512_add_epi16(p[0], p[1]), scale));
+        let s = _mm512_madd_epi16(_mm512_add_epi16(p[0], p[1]), d.scale[h]);
+        sum = _mm512_add_epi32(sum, s);
     }
     _mm256_add_epi32(
         _mm512_castsi512_si256(sum),
         _mm512_extracti64x4_epi64::<1>(sum),
     )
+}
+
+/// The kernels' constant registers.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn consts() -> Consts {
+    Consts {
+        grid: Permute::load(),
+        e: load512(E.as_ptr()),
+        sign_idx: std::array::from_fn(|r| load512(SIGN_IDX[r].as_ptr())),
+        scale_idx: std::array::from_fn(|h| load512(SCALE_IDX[h].as_ptr())),
+    }
+}
+
+/// The Q8_K d of block `b` of activation `a`.
+#[inline(always)]
+fn da(a: &[u8], b: usize) -> f32 {
+    f32::from_le_bytes([a[AB * b], a[AB * b + 1], a[AB * b + 2], a[AB * b + 3]])
 }
 
 /// `out[r] = iq3_s_dot(n, row r, a)` bitwise for consecutive rows (`rows`: `out.len()` rows
@@ -225,26 +264,101 @@ pub(in crate::quant::dot) unsafe fn iq3_s_rows_perm(
         }
         return;
     }
-    let mut ap = [0u8; AB * MAX_BLOCKS];
-    permute_act(a, nb, &mut ap);
-    let k = Consts {
-        grid: Permute::load(),
-        e: load512(E.as_ptr()),
-        sign_idx: std::array::from_fn(|r| load512(SIGN_IDX[r].as_ptr())),
-        scale_idx: std::array::from_fn(|h| load512(SCALE_IDX[h].as_ptr())),
-    };
+    // not zeroed: permute_act writes the 256·nb bytes read below (zeroing all of it cost
+    // 3% of a 4-sequence IQ3_S step)
+    let mut buf = std::mem::MaybeUninit::<[u8; 256 * MAX_BLOCKS]>::uninit();
+    let ap = buf.as_mut_ptr() as *mut u8;
+    permute_act(a, nb, ap);
+    let k = consts();
     let dist = pf::distance();
     for (o, w) in out.iter_mut().zip(rows.chunks_exact(rb)) {
         let mut acc = _mm256_setzero_ps();
         for b in 0..nb {
             pf::ahead(w, WB * b, dist, WB);
-            let wb = w.as_ptr().add(WB * b);
-            let l = lanes(&k, wb, ap.as_ptr().add(AB * b));
-            let d = h2f(w, WB * b)
-                * f32::from_le_bytes([a[AB * b], a[AB * b + 1], a[AB * b + 2], a[AB * b + 3]]);
+            let l = lanes(&decode(&k, w.as_ptr().add(WB * b)), ap.add(256 * b));
+            let d = h2f(w, WB * b) * da(a, b);
             acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc);
         }
         *o = hsum8(acc);
+    }
+}
+
+/// Most tokens of `iq3_s_rows_tokens`.
+pub const ROWS_T: usize = 4;
+
+/// `out[r·nt + t]` = `iq3_s_dot(n, row r, acts[t])` bitwise, for `nr` consecutive rows and
+/// nt = `acts.len()` ≤ `ROWS_T` tokens (decode batches, short verify windows): each block
+/// decoded once for the tokens, their activations permuted once per call.
+///
+/// # Safety
+/// As `iq3_s_rows_perm`; `rows` holds `nr` rows, every activation `n / 256` Q8_K blocks,
+/// `out` `nr · nt` values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vbmi,avx512bitalg")]
+pub(in crate::quant::dot) unsafe fn iq3_s_rows_tokens(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    out: &mut [f32],
+) {
+    let (nb, nt) = (n / 256, acts.len());
+    let rb = WB * nb;
+    assert!(nt <= ROWS_T && out.len() >= nr * nt && rows.len() >= nr * rb);
+    if nb > MAX_BLOCKS {
+        let grid = Permute::load();
+        for (r, w) in rows.chunks_exact(rb).take(nr).enumerate() {
+            for (t, a) in acts.iter().enumerate() {
+                out[r * nt + t] = dot_with(&grid, n, w, a);
+            }
+        }
+        return;
+    }
+    // not zeroed: permute_act writes the 256·nb bytes of each token read below
+    let mut buf = std::mem::MaybeUninit::<[u8; 256 * MAX_BLOCKS * ROWS_T]>::uninit();
+    let ap = buf.as_mut_ptr() as *mut u8;
+    for (t, a) in acts.iter().enumerate() {
+        permute_act(a, nb, ap.add(256 * MAX_BLOCKS * t));
+    }
+    match nt {
+        1 => tokens::<1>(n, rows, nr, acts, ap, out),
+        2 => tokens::<2>(n, rows, nr, acts, ap, out),
+        3 => tokens::<3>(n, rows, nr, acts, ap, out),
+        _ => tokens::<ROWS_T>(n, rows, nr, acts, ap, out),
+    }
+}
+
+/// `iq3_s_rows_tokens` for exactly `N` tokens (their permuted quants at `ap`, 256 ·
+/// `MAX_BLOCKS` bytes apart).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vbmi,avx512bitalg")]
+#[inline]
+unsafe fn tokens<const N: usize>(
+    n: usize,
+    rows: &[u8],
+    nr: usize,
+    acts: &[&[u8]],
+    ap: *const u8,
+    out: &mut [f32],
+) {
+    use crate::quant::dot::avx2::pf;
+    let nb = n / 256;
+    let rb = WB * nb;
+    let k = consts();
+    let dist = pf::distance();
+    for (r, w) in rows.chunks_exact(rb).take(nr).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); N];
+        for b in 0..nb {
+            pf::ahead(w, WB * b, dist, WB);
+            let dec = decode(&k, w.as_ptr().add(WB * b));
+            let dw = h2f(w, WB * b);
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let l = lanes(&dec, ap.add(256 * (MAX_BLOCKS * t + b)));
+                let d = dw * da(acts[t], b);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), *acc);
+            }
+        }
+        for (t, acc) in acc.iter().enumerate() {
+            out[r * N + t] = hsum8(*acc);
+        }
     }
 }
 
@@ -255,7 +369,8 @@ mod tests {
     use crate::quant::dot::{cpu, kernel_for, Isa};
     use crate::quant::GgmlType;
 
-    /// Every row of the rows kernel is bitwise the scalar kernel's (ggml's order): blocks
+    /// Every row (and every row and token of the rows × tokens kernel) is bitwise the scalar
+    /// kernel's (ggml's order): blocks
     /// holding every grid index at every position (block k: index (k + 7·e) mod 512 at entry
     /// e), all signs set, the largest scales, random blocks; activations random and at ±127
     /// (the i16 sums' bound); rows of 1, 3, 8 and 65 blocks (past `MAX_BLOCKS`: the per-row
@@ -304,6 +419,29 @@ mod tests {
                 acts.push(a);
             }
             let rb = WB * nb;
+            // the rows × tokens kernel: every (row, token) of 1–4 tokens, runs of 1, 5, 64 rows
+            let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+            for nt in 1..=ROWS_T {
+                for run in [1usize, 5, 64] {
+                    for (g, rs) in rows.chunks(run * rb).enumerate() {
+                        let nr = rs.len() / rb;
+                        let mut out = vec![f32::NAN; nr * nt];
+                        // SAFETY: as below; `out` holds nr · nt values.
+                        unsafe { iq3_s_rows_tokens(n, rs, nr, &refs[..nt], &mut out) };
+                        for (i, row) in rs.chunks_exact(rb).enumerate() {
+                            for (t, act) in refs[..nt].iter().enumerate() {
+                                let (o, want) = (out[i * nt + t], scalar(n, row, act));
+                                assert_eq!(
+                                    o.to_bits(),
+                                    want.to_bits(),
+                                    "tokens n={n} nt={nt} run={run} row {} token {t}",
+                                    g * run + i
+                                );
+                            }
+                        }
+                    }
+                }
+            }
             for act in &acts {
                 for run in [1usize, 5, 64] {
                     for (g, rs) in rows.chunks(run * rb).enumerate() {

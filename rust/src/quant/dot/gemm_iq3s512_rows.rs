@@ -21,7 +21,7 @@
 //! entries k + 8j (j 0..8), exactly ggml's lane k (`Σ_j scale_j · Σ grid·a over entry
 //! k + 8j`). The integers are exact, so any grouping gives the same lanes.
 
-use super::{dot_with, Permute, AB, WB};
+use super::{multi_with, Permute, AB, WB};
 use crate::quant::dot::avx2::{h2f, hsum8};
 use std::arch::x86_64::*;
 
@@ -111,8 +111,9 @@ static SCALE_IDX: [[u16; 32]; 2] = {
     t
 };
 
-/// Most blocks per row the permuted activation is held for on the stack (n ≤ 16,384); a
-/// longer row goes through `dot_with` row by row.
+/// Most activation blocks (all the tokens' together) the rows kernels hold permuted on the
+/// stack (one token of n ≤ 16,384, four of n ≤ 4,096); more go through the multi-token
+/// kernel row by row.
 const MAX_BLOCKS: usize = 64;
 
 /// The constant registers of the kernel.
@@ -253,34 +254,16 @@ pub(in crate::quant::dot) unsafe fn iq3_s_rows_perm(
     a: &[u8],
     out: &mut [f32],
 ) {
-    use crate::quant::dot::avx2::pf;
     let nb = n / 256;
-    let rb = WB * nb;
-    debug_assert!(rows.len() >= rb * out.len() && a.len() >= AB * nb);
     if nb > MAX_BLOCKS {
-        let grid = Permute::load();
-        for (o, w) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-            *o = dot_with(&grid, n, w, a);
-        }
-        return;
+        return iq3_s_rows_tokens(n, rows, out.len(), &[a], out);
     }
-    // not zeroed: permute_act writes the 256·nb bytes read below (zeroing all of it cost
-    // 3% of a 4-sequence IQ3_S step)
+    // as in `iq3_s_rows_tokens`, called here directly (through its `nt` dispatch the
+    // one-token rows ran ~4% slower)
     let mut buf = std::mem::MaybeUninit::<[u8; 256 * MAX_BLOCKS]>::uninit();
     let ap = buf.as_mut_ptr() as *mut u8;
     permute_act(a, nb, ap);
-    let k = consts();
-    let dist = pf::distance();
-    for (o, w) in out.iter_mut().zip(rows.chunks_exact(rb)) {
-        let mut acc = _mm256_setzero_ps();
-        for b in 0..nb {
-            pf::ahead(w, WB * b, dist, WB);
-            let l = lanes(&decode(&k, w.as_ptr().add(WB * b)), ap.add(256 * b));
-            let d = h2f(w, WB * b) * da(a, b);
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc);
-        }
-        *o = hsum8(acc);
-    }
+    tokens::<1>(n, rows, out.len(), &[a], ap, out)
 }
 
 /// Most tokens of `iq3_s_rows_tokens`.
@@ -304,20 +287,20 @@ pub(in crate::quant::dot) unsafe fn iq3_s_rows_tokens(
     let (nb, nt) = (n / 256, acts.len());
     let rb = WB * nb;
     assert!(nt <= ROWS_T && out.len() >= nr * nt && rows.len() >= nr * rb);
-    if nb > MAX_BLOCKS {
+    if nb * nt > MAX_BLOCKS {
+        // the multi-token kernel row by row (its results are these bitwise)
         let grid = Permute::load();
         for (r, w) in rows.chunks_exact(rb).take(nr).enumerate() {
-            for (t, a) in acts.iter().enumerate() {
-                out[r * nt + t] = dot_with(&grid, n, w, a);
-            }
+            multi_with::<false, _>(&grid, n, w, acts, &mut out[r * nt..(r + 1) * nt]);
         }
         return;
     }
-    // not zeroed: permute_act writes the 256·nb bytes of each token read below
-    let mut buf = std::mem::MaybeUninit::<[u8; 256 * MAX_BLOCKS * ROWS_T]>::uninit();
+    // Not zeroed: permute_act writes the 256·nb bytes of each token read. One 16 KB buffer
+    // for all the tokens (a 64 KB frame's stack probes cost the one-token kernel 5%).
+    let mut buf = std::mem::MaybeUninit::<[u8; 256 * MAX_BLOCKS]>::uninit();
     let ap = buf.as_mut_ptr() as *mut u8;
     for (t, a) in acts.iter().enumerate() {
-        permute_act(a, nb, ap.add(256 * MAX_BLOCKS * t));
+        permute_act(a, nb, ap.add(256 * nb * t));
     }
     match nt {
         1 => tokens::<1>(n, rows, nr, acts, ap, out),
@@ -327,8 +310,8 @@ pub(in crate::quant::dot) unsafe fn iq3_s_rows_tokens(
     }
 }
 
-/// `iq3_s_rows_tokens` for exactly `N` tokens (their permuted quants at `ap`, 256 ·
-/// `MAX_BLOCKS` bytes apart).
+/// `iq3_s_rows_tokens` for exactly `N` tokens (their permuted quants at `ap`, 256 · nb bytes
+/// apart).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vbmi,avx512bitalg")]
 #[inline]
 unsafe fn tokens<const N: usize>(
@@ -351,7 +334,7 @@ unsafe fn tokens<const N: usize>(
             let dec = decode(&k, w.as_ptr().add(WB * b));
             let dw = h2f(w, WB * b);
             for (t, acc) in acc.iter_mut().enumerate() {
-                let l = lanes(&dec, ap.add(256 * (MAX_BLOCKS * t + b)));
+                let l = lanes(&dec, ap.add(256 * (nb * t + b)));
                 let d = dw * da(acts[t], b);
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), *acc);
             }
@@ -373,8 +356,8 @@ mod tests {
     /// kernel's (ggml's order): blocks
     /// holding every grid index at every position (block k: index (k + 7·e) mod 512 at entry
     /// e), all signs set, the largest scales, random blocks; activations random and at ±127
-    /// (the i16 sums' bound); rows of 1, 3, 8 and 65 blocks (past `MAX_BLOCKS`: the per-row
-    /// path) in runs of 1, 5 and 64 rows.
+    /// (the i16 sums' bound); rows of 1, 3, 8, 17 and 65 blocks (17 × 4 tokens and 65 past
+    /// `MAX_BLOCKS`: the multi-token kernel's path) in runs of 1, 5 and 64 rows.
     #[test]
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks bitalg"]
     fn iq3_s_rows_perm_equals_scalar() {
@@ -385,7 +368,7 @@ mod tests {
         let w = GgmlType::IQ3S;
         let scalar = kernel_for(Isa::Scalar, w).unwrap();
         let mut rng = Rng::new(0x3e5);
-        for nb in [1usize, 3, 8, MAX_BLOCKS + 1] {
+        for nb in [1usize, 3, 8, 17, MAX_BLOCKS + 1] {
             let n = 256 * nb;
             let mut rows: Vec<u8> = Vec::new();
             for r in 0..64 {

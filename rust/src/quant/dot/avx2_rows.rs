@@ -27,7 +27,7 @@
 //! `w` holds four rows of `rb` = row bytes of `n` elements and `a` the activation of `n`.
 
 use super::super::common::{e8m0_half, k4_scales_packed, u32_at};
-use super::super::{act_bytes, cpu, RowsFn};
+use super::super::{cpu, RowsFn};
 use super::{bits_to_bytes, dot_ss, h2f, hsum8, load, load128, nibbles, pf, reduce_lanes};
 use crate::quant::tables::KVALUES_MXFP4;
 use crate::quant::GgmlType;
@@ -338,15 +338,8 @@ fn by_groups(
     four: unsafe fn(usize, &[u8], usize, &[u8]) -> [f32; R],
     one: unsafe fn(usize, &[u8], &[u8]) -> f32,
 ) {
+    super::super::assert_rows_args(w, n, rows, act, out.len());
     let rb = w.row_bytes(n).unwrap_or(0);
-    assert!(
-        rb > 0 && rows.len() == rb * out.len() && act_bytes(w, n) == Some(act.len()),
-        "rows dot {}: n = {n}, {} row bytes for {} rows, activation {} bytes",
-        w.name(),
-        rows.len(),
-        out.len(),
-        act.len()
-    );
     let done = out.len() / R * R;
     let mut groups = out.chunks_exact_mut(R);
     for (o, g) in (&mut groups).zip(rows.chunks_exact(R * rb)) {

@@ -53,15 +53,7 @@ pub fn rows_kernel(w: GgmlType) -> Option<super::RowsFn> {
 
 /// `vec_dot_rows` for IQ3_S: `n` whole blocks, `out.len()` rows, one Q8_K activation.
 fn iq3_s_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
-    let w = GgmlType::IQ3S;
-    let rb = w.row_bytes(n).unwrap_or(0);
-    assert!(
-        rb > 0 && rows.len() == rb * out.len() && super::act_bytes(w, n) == Some(act.len()),
-        "rows dot IQ3_S: n = {n}, {} row bytes for {} rows, activation {} bytes",
-        rows.len(),
-        out.len(),
-        act.len()
-    );
+    super::assert_rows_args(GgmlType::IQ3S, n, rows, act, out.len());
     // SAFETY: handed out only where AVX-512 F/BW/VBMI/BITALG hold (with AVX2/FMA/F16C);
     // the sizes are asserted above.
     unsafe { super::gemm::iq3_s_rows_avx512(n, rows, act, out) }

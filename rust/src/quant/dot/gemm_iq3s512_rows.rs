@@ -303,6 +303,7 @@ pub(in crate::quant::dot) unsafe fn iq3_s_rows_tokens(
         permute_act(a, nb, ap.add(256 * nb * t));
     }
     match nt {
+        0 => {}
         1 => tokens::<1>(n, rows, nr, acts, ap, out),
         2 => tokens::<2>(n, rows, nr, acts, ap, out),
         3 => tokens::<3>(n, rows, nr, acts, ap, out),

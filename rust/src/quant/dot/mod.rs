@@ -430,6 +430,19 @@ pub fn rows_kernel_for(isa: Isa, w: GgmlType) -> Option<RowsFn> {
     }
 }
 
+/// The slice contract of a grouped one-token kernel (`RowsFn`): `n` whole blocks of `w`,
+/// `rows` holding `nr` rows, `act` one activation of `n` elements; panics otherwise.
+pub(crate) fn assert_rows_args(w: GgmlType, n: usize, rows: &[u8], act: &[u8], nr: usize) {
+    let rb = w.row_bytes(n).unwrap_or(0);
+    assert!(
+        rb > 0 && rows.len() == rb * nr && act_bytes(w, n) == Some(act.len()),
+        "rows dot {}: n = {n}, {} row bytes for {nr} rows, activation {} bytes",
+        w.name(),
+        rows.len(),
+        act.len()
+    );
+}
+
 /// Dots of consecutive rows (`rows` = `out.len()` rows of `n` elements, back to back) with
 /// one activation: `out[r] = vec_dot(w, n, row r, act)` bitwise (the one-token decode
 /// matvec; grouped kernels where the type has them). The kernel is looked up once.

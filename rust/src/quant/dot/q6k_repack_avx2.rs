@@ -230,13 +230,7 @@ unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f3
                         _mm256_maddubs_epi16(v2, load(q.add(64))),
                         _mm256_maddubs_epi16(v3, load(q.add(96))),
                     );
-                    sum[k] = if VNNI {
-                        mac(mac(sum[k], p0, s0), p1, s1)
-                    } else {
-                        let s =
-                            _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1));
-                        _mm256_add_epi32(sum[k], s)
-                    };
+                    sum[k] = mac(mac(sum[k], p0, s0), p1, s1);
                 }
                 // Keep the halves apart: the sums are made here, so the compiler cannot
                 // interleave both halves' twelve quant and scale vectors (which spills).
@@ -255,12 +249,7 @@ unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f3
             let dw = h2f(w, wo + 208);
             for k in 0..N {
                 let bs = load(ap[k].add(292 * b + 260));
-                let l = if VNNI {
-                    mac(sum[k], scm, bs)
-                } else {
-                    let msum = _mm256_madd_epi16(scn, bs);
-                    _mm256_sub_epi32(sum[k], _mm256_slli_epi32(msum, 5))
-                };
+                let l = mac(sum[k], scm, bs); // sum − 32·Σ sc·bsum
                 let d = f32_at(a[k], 292 * b) * dw;
                 acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc[k]);
             }

@@ -136,6 +136,7 @@ def main() -> None:
     ap.add_argument(
         "--arms", action="store_true", help="also pw2 with the guess policy pinned to each arm"
     )
+    ap.add_argument("--only", default="", help="run the configurations whose name has this")
     a = ap.parse_args()
     base: dict[str, Any] = dict(
         model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
@@ -166,6 +167,7 @@ def main() -> None:
     ]
     if not a.arms:
         configs = [c for c in configs if not c[2]]
+    configs = [c for c in configs if a.only in c[0]]
     engines = []
     for _name, kw, arm in configs:
         eng = Engine(Config(**{**base, **kw}))
@@ -202,6 +204,22 @@ def main() -> None:
         acc = f"{info['accepted']}/{info['offered']}"
         held = f"{info['held']}/{info['windows']}"
         print(f"{name:30s} {med:8.1f} {lo:8.1f} {hi:8.1f} {acc:>10s} {held:>10s} {same}")
+    # issue 21's comparisons, paired by round (the rounds are interleaved, so a round's ratio
+    # shares the host's drift): the median of the per-round ratios, with their min-max
+    names = [c[0] for c in configs]
+    pairs = [
+        ("hybrid async, pw2", "hybrid async, pw1"),
+        ("hybrid async, pw2", "hybrid sync, pw2"),
+        ("pure, pw2", "pure, pw1"),
+        ("hybrid async, pw2 serial only", "hybrid async, pw1"),
+    ]
+    for x, y in pairs:
+        if x in names and y in names:
+            r = [p / q for p, q in zip(speeds[names.index(x)], speeds[names.index(y)], strict=True)]
+            print(
+                f"{x} / {y}: median of {len(r)} rounds {statistics.median(r):.3f} "
+                f"(min {min(r):.3f}, max {max(r):.3f})"
+            )
 
 
 if __name__ == "__main__":

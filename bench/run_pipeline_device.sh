@@ -9,7 +9,9 @@
 # site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
 # stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
 # uvicorn), gpu-models/ (the Q4_K_M and Q8_0 test models). Results under $OUT.
-# Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8).
+# Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8), PROMPTS ("edit code
+# phrase": phrase on the Q4_K_M test model, the others on the trained default), ARGS (more
+# bench_pipeline.py arguments, e.g. "--arms --only hybrid"), BENCH_TIMEOUT (240 s a prompt).
 #   device tool: command "bash bench/run_pipeline_device.sh", carry [".dev/pipe"]
 set -u
 R=$PWD
@@ -38,9 +40,12 @@ fi
 [ "${BENCH:-1}" = 1 ] || exit 0
 TH=${THREADS:-8}
 DEF=$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf
-for spec in ${RUNS:-"$DEF edit" "$DEF code" "$(ls "$B"/gpu-models/*-Q4_K_M.gguf) phrase"}; do
-    set -- $spec
-    timeout 240 python3 "$R/bench/bench_pipeline.py" "$1" --prompt "$2" --threads "$TH" \
-        --reps "${REPS:-3}" --tokens "${TOKENS:-128}" 2>&1 | tee "$OUT/bench-$2.log" | tail -n 11
+for prompt in ${PROMPTS:-edit code phrase}; do
+    model=$DEF
+    [ "$prompt" = phrase ] && model=$(ls "$B"/gpu-models/*-Q4_K_M.gguf)
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-240}" python3 "$R/bench/bench_pipeline.py" "$model" \
+        --prompt "$prompt" --threads "$TH" --reps "${REPS:-3}" --tokens "${TOKENS:-128}" \
+        ${ARGS:-} 2>&1 | tee "$OUT/bench-$prompt.log" | tail -n 18
 done
 echo "total $(($(date +%s) - t0)) s"

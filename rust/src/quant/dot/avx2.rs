@@ -75,7 +75,7 @@ pub(super) unsafe fn load128(p: *const u8) -> __m128i {
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 pub(super) fn h2f(b: &[u8], i: usize) -> f32 {
-    let bits = u16::from_le_bytes([b[i], b[i + 1]]);
+    let bits = u16::from_le_bytes(super::common::bytes(b, i));
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 

@@ -11,34 +11,44 @@
 
 use half::{bf16, f16};
 
+/// The `N` bytes of `b` at `i`: one bounds check and one load (byte by byte, each index
+/// checked apart, LLVM kept N loads and N checks in the decode kernels' block loops).
+#[inline(always)]
+pub fn bytes<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
+    match b[i..i + N].try_into() {
+        Ok(a) => a,
+        Err(_) => unreachable!("a range of N bytes"),
+    }
+}
+
 #[inline(always)]
 pub fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+    f16::from_bits(u16_at(b, i) as u16).to_f32()
 }
 
 #[inline(always)]
 pub fn bf16_at(b: &[u8], i: usize) -> f32 {
-    bf16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+    bf16::from_bits(u16_at(b, i) as u16).to_f32()
 }
 
 #[inline(always)]
 pub fn f32_at(b: &[u8], i: usize) -> f32 {
-    f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    f32::from_le_bytes(bytes(b, i))
 }
 
 #[inline(always)]
 pub fn i16_at(b: &[u8], i: usize) -> i32 {
-    i16::from_le_bytes([b[i], b[i + 1]]) as i32
+    i16::from_le_bytes(bytes(b, i)) as i32
 }
 
 #[inline(always)]
 pub fn u16_at(b: &[u8], i: usize) -> u32 {
-    u16::from_le_bytes([b[i], b[i + 1]]) as u32
+    u16::from_le_bytes(bytes(b, i)) as u32
 }
 
 #[inline(always)]
 pub fn u32_at(b: &[u8], i: usize) -> u32 {
-    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+    u32::from_le_bytes(bytes(b, i))
 }
 
 /// Q8_K block (292 bytes): d f32 at 0, qs i8[256] at 4, bsums i16[16] at 260.

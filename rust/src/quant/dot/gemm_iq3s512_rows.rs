@@ -238,7 +238,7 @@ unsafe fn consts() -> Consts {
 /// The Q8_K d of block `b` of activation `a`.
 #[inline(always)]
 fn da(a: &[u8], b: usize) -> f32 {
-    f32::from_le_bytes([a[AB * b], a[AB * b + 1], a[AB * b + 2], a[AB * b + 3]])
+    crate::quant::dot::common::f32_at(a, AB * b)
 }
 
 /// `out[r] = iq3_s_dot(n, row r, a)` bitwise for consecutive rows (`rows`: `out.len()` rows

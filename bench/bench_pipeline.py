@@ -137,6 +137,7 @@ def main() -> None:
         "--arms", action="store_true", help="also pw2 with the guess policy pinned to each arm"
     )
     ap.add_argument("--only", default="", help="run the configurations whose name has this")
+    ap.add_argument("--curves", action="store_true", help="print the adaptive window's curves")
     a = ap.parse_args()
     base: dict[str, Any] = dict(
         model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
@@ -192,6 +193,15 @@ def main() -> None:
         med = statistics.median(sps)
         rows.append((name, med, min(sps), max(sps), info, same))
         print(f"{name:24s} {med:8.1f} tok/s  {info}  same-greedy={same}", flush=True)
+        if eng.spec is not None and a.curves:  # the adaptive window's cost curves, T(1+k)/T(1)
+            sp = eng.spec
+            t1 = [sp.cost.time(1), sp.pipe_cost.time(1)]
+            print(
+                f"    serial T(1) {t1[0]} c {sp.cost.curve(1, 6)}\n"
+                f"    pipelined T(1) {t1[1]} c {sp.pipe_cost.curve(1, 6)}\n"
+                f"    windows by accepted drafts {sp.hist}",
+                flush=True,
+            )
     print(
         f"\n{a.model.name}, prompt {a.prompt}, {a.requests} requests x {a.tokens} tokens, "
         f"reps {a.reps}, slots {hy['vram_slots']} of {n_exp}"

@@ -161,3 +161,27 @@ def test_a_refused_window_runs_as_a_serial_step() -> None:
     want, _ = fake_run(1, False, ps, 40)
     assert outputs(run(sched), len(ps)) == want
     assert sched.pipe_windows == 0
+
+
+@pytest.mark.parametrize(("guess_cost", "guesses_win"), [(0.97, False), (0.8, True)])
+def test_guess_policy_switches_only_past_the_margin(guess_cost: float, guesses_win: bool) -> None:
+    """The guess policy over synthetic block costs (seconds per emitted token, serial 1.0):
+    guessing within GUESS_MARGIN of the serial steps leaves the serial arm in place, its
+    blocks only the exploring ones, rarer each time; clearly cheaper guessing takes over."""
+    from strata.engine.scheduler import GUESS_BLOCK, GUESS_MARGIN
+
+    assert 1 - GUESS_MARGIN < 0.97
+    sched, _ = sched_for(2, True)
+    arms = []
+    for _ in range(400):  # blocks
+        arm = sched._guess_pays()
+        arms.append(arm)
+        for _ in range(GUESS_BLOCK):
+            sched._account(guess_cost if arm else 1.0, 1)
+    later = arms[200:]
+    if guesses_win:
+        assert sched._best and sum(later) >= len(later) - 2, sum(later)
+    else:
+        assert not sched._best
+        # blocks 0 (guess) and the explorations after 8, 16, 32, 64, 128, 256 blocks
+        assert sum(arms) <= 8 and sum(later) <= 1, [i for i, a in enumerate(arms) if a]

@@ -69,10 +69,13 @@ WINDOW_ROWS = 64
 # Whether to guess is measured: blocks of GUESS_BLOCK steps run pipelined with guesses or as
 # serial steps, and the faster (seconds per emitted token, averaged over its blocks) is kept;
 # the other is re-measured after GUESS_EXPLORE blocks, the gap doubling (to GUESS_EXPLORE_MAX)
-# while the same arm keeps winning.
+# while the same arm keeps winning. The other arm takes over only when it is cheaper by more
+# than GUESS_MARGIN: a block's cost per token follows the text (how many drafts hold there) as
+# much as the arm, and a winner that flips on that noise re-measures the loser often again.
 GUESS_BLOCK = 32
 GUESS_EXPLORE = 8
-GUESS_EXPLORE_MAX = 64
+GUESS_EXPLORE_MAX = 512
+GUESS_MARGIN = 0.05
 
 
 @dataclass(slots=True)
@@ -123,7 +126,7 @@ class Scheduler:
         self._arm = True  # this block of steps guesses (else: serial steps)
         self._block = [0, 0.0, 0]  # its steps, seconds, emitted tokens
         self._cost: dict[bool, float] = {}  # arm → seconds per emitted token (averaged)
-        self._best = True  # the arm that won last
+        self._best = False  # the arm that won last (serial steps until guessing beats them)
         self._wait = GUESS_EXPLORE  # blocks until the other arm is measured again
         self._gap = GUESS_EXPLORE
         self._t_step = 0.0  # when this step() began
@@ -490,7 +493,8 @@ class Scheduler:
         if (not self._arm) not in self._cost:
             self._arm = not self._arm
             return
-        best = self._cost[True] <= self._cost[False]
+        inc = self._best  # the incumbent keeps winning unless the other is clearly cheaper
+        best = (not inc) if self._cost[not inc] < (1 - GUESS_MARGIN) * self._cost[inc] else inc
         if best != self._best:  # the winner changed: measure the loser often again
             self._best, self._gap = best, GUESS_EXPLORE
             self._wait = self._gap

@@ -136,7 +136,9 @@ def main() -> None:
     ap.add_argument(
         "--arms", action="store_true", help="also pw2 with the guess policy pinned to each arm"
     )
-    ap.add_argument("--only", default="", help="run the configurations whose name has this")
+    ap.add_argument(
+        "--only", default="", help="run the configurations whose name has one of these (a|b|..)"
+    )
     ap.add_argument("--curves", action="store_true", help="print the adaptive window's curves")
     a = ap.parse_args()
     base: dict[str, Any] = dict(
@@ -168,7 +170,7 @@ def main() -> None:
     ]
     if not a.arms:
         configs = [c for c in configs if not c[2]]
-    configs = [c for c in configs if a.only in c[0]]
+    configs = [c for c in configs if any(o in c[0] for o in a.only.split("|"))]
     engines = []
     for _name, kw, arm in configs:
         eng = Engine(Config(**{**base, **kw}))

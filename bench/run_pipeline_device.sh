@@ -11,7 +11,8 @@
 # uvicorn), gpu-models/ (the Q4_K_M and Q8_0 test models). Results under $OUT.
 # Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8), PROMPTS ("edit code
 # phrase": phrase on the Q4_K_M test model, the others on the trained default), ARGS (more
-# bench_pipeline.py arguments, e.g. "--arms --only hybrid"), BENCH_TIMEOUT (240 s a prompt).
+# bench_pipeline.py arguments, e.g. "--arms --curves"), ONLY (its --only: configurations by
+# name, "a|b"), BENCH_TIMEOUT (240 s a prompt).
 #   device tool: command "bash bench/run_pipeline_device.sh", carry [".dev/pipe"]
 set -u
 R=$PWD
@@ -46,6 +47,6 @@ for prompt in ${PROMPTS:-edit code phrase}; do
     # shellcheck disable=SC2086
     timeout "${BENCH_TIMEOUT:-240}" python3 "$R/bench/bench_pipeline.py" "$model" \
         --prompt "$prompt" --threads "$TH" --reps "${REPS:-3}" --tokens "${TOKENS:-128}" \
-        ${ARGS:-} 2>&1 | tee "$OUT/bench-$prompt.log" | tail -n 18
+        --only "${ONLY:-}" ${ARGS:-} 2>&1 | tee "$OUT/bench-$prompt.log" | tail -n 18
 done
 echo "total $(($(date +%s) - t0)) s"

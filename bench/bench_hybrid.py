@@ -134,6 +134,7 @@ def strata_run(
             pcie_frac=frac,
             cuda_graph=graph,
             defer_experts=defer,
+            gpus=a.gpus,
         )
 
     profile = None
@@ -265,6 +266,9 @@ def main() -> None:
     ap.add_argument("--llama-bench", help="llama-bench binary (CUDA build) to compare with")
     ap.add_argument("--ncmoe", default="", help="N values for -ncmoe (default: equal VRAM ±1)")
     ap.add_argument("--threads", type=int, default=16, help="CPU threads, both engines")
+    ap.add_argument(
+        "--gpus", default="0", help='the stages\' devices ("0,1": two cards, the layer split)'
+    )
     ap.add_argument("--share", type=float, default=0.25, help="share of experts in VRAM")
     ap.add_argument("--adapt-every", type=int, default=16)
     ap.add_argument(

@@ -18,7 +18,8 @@
 # PPREPS (Strata prompt runs, 2), POOL_PIPELINE=1 (the pool's pipelined schedule),
 # MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known),
 # PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none),
-# EAGER_AB=1 (also decode without the per-layer graphs).
+# EAGER_AB=1 (also decode without the per-layer graphs), GPUS (Strata's stages' devices, "0,1"
+# on two cards; llama-bench splits over every visible card by layer, its default).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}
@@ -37,6 +38,7 @@ ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-re
     --pp "${PP:-4096}" --gen "${GEN:-64}" --stream-chunk "${STREAM_CHUNK:-4096}"
     --llama-ubatch "${UBATCH:-512,4096}" --pp-reps "${PPREPS:-2}" --pcie-frac="${PCIE_FRAC:--1,0}")
 [ -n "${NCMOE:-}" ] && ARGS+=(--ncmoe "$NCMOE")
+[ -n "${GPUS:-}" ] && ARGS+=(--gpus "$GPUS") # "0,1": Strata's layer split over two cards
 [ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
 [ "${EAGER_AB:-0}" = 1 ] && ARGS+=(--eager-ab)
 if [ "$PHASE" != bench ]; then

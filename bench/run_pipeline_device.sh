@@ -12,7 +12,8 @@
 # Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8), PROMPTS ("edit code
 # phrase": phrase on the Q4_K_M test model, the others on the trained default), ARGS (more
 # bench_pipeline.py arguments, e.g. "--arms --curves"), ONLY (its --only: configurations by
-# name, "a|b"), BENCH_TIMEOUT (240 s a prompt).
+# name, "a|b"), BENCH_TIMEOUT (240 s a prompt), GPUS (the
+# stages' devices, "0,0"; "0,1" on two cards, where the tests run with STRATA_TEST_GPUS=$GPUS).
 #   device tool: command "bash bench/run_pipeline_device.sh", carry [".dev/pipe"]
 set -u
 R=$PWD
@@ -27,7 +28,7 @@ if [ ! -f /tmp/site/.done ]; then
     touch /tmp/site/.done
 fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-export STRATA_GPU_MODELS=$B/gpu-models
+export STRATA_GPU_MODELS=$B/gpu-models STRATA_TEST_GPUS=${GPUS:-0,0}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 TESTS=${TESTS:-"$R/tests/test_gpu_pipeline.py $R/tests/test_gpu_split.py"}
 if [ "$TESTS" != none ]; then
@@ -47,6 +48,7 @@ for prompt in ${PROMPTS:-edit code phrase}; do
     # shellcheck disable=SC2086
     timeout "${BENCH_TIMEOUT:-240}" python3 "$R/bench/bench_pipeline.py" "$model" \
         --prompt "$prompt" --threads "$TH" --reps "${REPS:-3}" --tokens "${TOKENS:-128}" \
-        --only "${ONLY:-}" ${ARGS:-} 2>&1 | tee "$OUT/bench-$prompt.log" | tail -n 18
+        --only "${ONLY:-}" --gpus "${GPUS:-0,0}" ${ARGS:-} 2>&1 |
+        tee "$OUT/bench-$prompt.log" | tail -n 18
 done
 echo "total $(($(date +%s) - t0)) s"

@@ -33,6 +33,9 @@ from strata.modelgen import ModelSpec
 pytestmark = pytest.mark.gpu
 
 MARGIN = 0.1
+# The devices of the layer split's two stages in the split and pipeline tests: one GPU as two
+# stages by default; STRATA_TEST_GPUS="0,1" runs them on two cards (the two-GPU issue's check).
+TWO_GPUS = os.environ.get("STRATA_TEST_GPUS", "0,0")
 N_CTX = 256
 KV_NAME = {0: "f16", 1: "q8_0"}
 # (model file type, KV cache type)

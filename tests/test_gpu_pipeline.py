@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from strata._core import Model
 from test_gpu_hybrid import QUARTER
-from test_gpu_model import MARGIN, N_CTX, model_files, prompts
+from test_gpu_model import MARGIN, N_CTX, TWO_GPUS, model_files, prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -47,7 +47,7 @@ def files() -> dict[str, Path]:
 def open_two(path: Path, windows: int, **kw: Any) -> Model:
     kw.setdefault("pcie_frac", 0.0)
     return Model.open(
-        path, n_ctx=N_CTX, n_slots=2, prefill_chunk=32, device="cuda", threads=3, gpus="0,0",
+        path, n_ctx=N_CTX, n_slots=2, prefill_chunk=32, device="cuda", threads=3, gpus=TWO_GPUS,
         layer_split="1", pipeline_windows=windows, **kw,
     )  # fmt: skip
 
@@ -153,7 +153,7 @@ def test_engine_stress_with_forced_wrong_guesses(kind: str) -> None:
     from test_spec import outputs, run
 
     kw: dict[str, Any] = dict(
-        model=str(DEFAULT), device="cuda", n_ctx=512, parallel=2, threads=3, gpus="0,0",
+        model=str(DEFAULT), device="cuda", n_ctx=512, parallel=2, threads=3, gpus=TWO_GPUS,
         pipeline_windows=2, pcie_frac=0.0, spec="ngram", spec_max=4, test_pipeline_miss=2,
     )  # fmt: skip
     if kind != "pure":  # a quarter of the experts in slots, a choice after every step

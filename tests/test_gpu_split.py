@@ -33,7 +33,7 @@ import pytest
 from strata import _core
 from strata._core import Model
 from test_gpu_hybrid import N_EXPERT, N_LAYER, QUARTER, TOP_K, greedy_vs_pure, routed_pairs
-from test_gpu_model import N_CTX, model_files, prompts
+from test_gpu_model import N_CTX, TWO_GPUS, model_files, prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +75,7 @@ def test_two_stages_are_bitwise_one_stage_pure_gpu(
     files: dict[str, Path], ty: str, split: str
 ) -> None:
     one = open_gpu(files[ty], chunk=24)
-    two = open_gpu(files[ty], chunk=24, gpus="0,0", layer_split=split)
+    two = open_gpu(files[ty], chunk=24, gpus=TWO_GPUS, layer_split=split)
     assert one.stages()[0]["layers"] == (0, N_LAYER) and len(two.stages()) == 2
     steps = 0
     for toks in prompts(3, 32, seed=21, vocab=one.n_vocab):
@@ -100,7 +100,7 @@ def test_two_stages_batched_steps_are_bitwise_one_stage(files: dict[str, Path], 
     """Two slots per step (each piece's KV in each stage's own cache), greedy on both."""
     one = Model.open(files["Q4_K_M"], n_ctx=N_CTX, n_slots=2, device="cuda")
     two = Model.open(
-        files["Q4_K_M"], n_ctx=N_CTX, n_slots=2, device="cuda", gpus="0,0", layer_split=split
+        files["Q4_K_M"], n_ctx=N_CTX, n_slots=2, device="cuda", gpus=TWO_GPUS, layer_split=split
     )
     p = prompts(2, 12, seed=22, vocab=one.n_vocab)
     entries = [(0, p[0], "last"), (1, p[1], "last")]
@@ -119,7 +119,7 @@ def test_two_stages_hybrid_forced_misses_bitwise_one_stage(
 ) -> None:
     kw = dict(vram_slots=QUARTER, adapt_every=0, tier_async=tier_async)
     one = open_gpu(files[ty], **kw)
-    two = open_gpu(files[ty], gpus="0,0", layer_split="1", **kw)
+    two = open_gpu(files[ty], gpus=TWO_GPUS, layer_split="1", **kw)
     i1, i2 = one.hybrid_info(), two.hybrid_info()
     assert i1 is not None and i2 is not None
     assert i2["n_slots"] == i1["n_slots"] == QUARTER and i2["resident"] == QUARTER
@@ -148,7 +148,7 @@ def test_two_stages_hybrid_swaps_every_step(
     pure = open_gpu(files[ty])
     hy = open_gpu(
         files[ty],
-        gpus="0,0",
+        gpus=TWO_GPUS,
         layer_split="1",
         vram_slots=QUARTER,
         adapt_every=1,
@@ -182,7 +182,7 @@ def test_hop_through_host_memory_is_bitwise_one_stage(files: dict[str, Path], hy
     first stage's stream, host → device on the next's), run on one device."""
     kw: dict[str, Any] = dict(vram_slots=QUARTER, adapt_every=0) if hybrid else {}
     one = open_gpu(files["Q4_K_M"], **kw)
-    two = open_gpu(files["Q4_K_M"], gpus="0,0", layer_split="1", split_hop="host", **kw)
+    two = open_gpu(files["Q4_K_M"], gpus=TWO_GPUS, layer_split="1", split_hop="host", **kw)
     steps = 0
     for toks in prompts(2, 8, seed=27, vocab=one.n_vocab):
         one.free(0)
@@ -226,7 +226,7 @@ def test_kv_blobs_move_between_one_and_two_stages(files: dict[str, Path], split:
     """A slot's KV exported from two stages (each its own layers' cache) is the one-stage
     model's blob byte for byte, and a blob imported into either continues bitwise alike."""
     one = open_gpu(files["Q4_K_M"])
-    two = open_gpu(files["Q4_K_M"], gpus="0,0", layer_split=split)
+    two = open_gpu(files["Q4_K_M"], gpus=TWO_GPUS, layer_split=split)
     toks = prompts(1, 20, seed=25, vocab=one.n_vocab)[0]
     one.forward(0, toks)
     two.forward(0, toks)
@@ -249,7 +249,7 @@ def test_llm_generates_alike_through_two_stages(files: dict[str, Path], hybrid: 
     if hybrid:  # every expert fits the budget's slots: all resident, on every stage
         kw.update(vram_budget_mib=2048, adapt_every=0)
     one = LLM(files["Q4_K_M"], **kw)
-    two = LLM(files["Q4_K_M"], gpus="0,0", layer_split="1", **kw)
+    two = LLM(files["Q4_K_M"], gpus=TWO_GPUS, layer_split="1", **kw)
     ids = prompts(1, 12, seed=26, vocab=one.n_vocab)[0]
     go = dict(max_tokens=24, stop_ids=[], temperature=0)
     assert list(two.generate_ids(ids, **go)) == list(one.generate_ids(ids, **go))

@@ -480,8 +480,9 @@ class Scheduler:
     def _account(self, seconds: float, tokens: int) -> None:
         """A step that could run pipelined took `seconds` (from step()'s start to its
         verdict) and emitted `tokens`: per block of GUESS_BLOCK steps, the arm's cost; the
-        next block takes the untried arm, else the cheaper one, the other after `_wait`
-        blocks, a gap that doubles while the same arm keeps winning."""
+        next block takes the untried arm, else the incumbent (replaced by the other only when
+        that one is cheaper by GUESS_MARGIN), the other after `_wait` blocks, a gap that
+        doubles while the same arm keeps winning."""
         b = self._block
         b[0], b[1], b[2] = b[0] + 1, b[1] + seconds, b[2] + tokens
         if b[0] < GUESS_BLOCK:

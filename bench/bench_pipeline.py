@@ -197,10 +197,9 @@ def main() -> None:
         print(f"{name:24s} {med:8.1f} tok/s  {info}  same-greedy={same}", flush=True)
         if eng.spec is not None and a.curves:  # the adaptive window's cost curves, T(1+k)/T(1)
             sp = eng.spec
-            t1 = [sp.cost.time(1), sp.pipe_cost.time(1)]
             print(
-                f"    serial T(1) {t1[0]} c {sp.cost.curve(1, 6)}\n"
-                f"    pipelined T(1) {t1[1]} c {sp.pipe_cost.curve(1, 6)}\n"
+                f"    serial T(1) {sp.cost.time(1)} c {sp.cost.curve(1, 6)}\n"
+                f"    pipelined T(1) {sp.pipe_cost.time(1)} c {sp.pipe_cost.curve(1, 6)}\n"
                 f"    windows by accepted drafts {sp.hist}",
                 flush=True,
             )

@@ -75,8 +75,14 @@ pub(super) unsafe fn load128(p: *const u8) -> __m128i {
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 pub(super) fn h2f(b: &[u8], i: usize) -> f32 {
-    let bits = u16::from_le_bytes(super::common::bytes(b, i));
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    h2f_bits(u16::from_le_bytes(super::common::bytes(b, i)))
+}
+
+/// The f16 `bits` as f32 (F16C).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) fn h2f_bits(bits: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
 }
 
 /// Sum of the eight i32 lanes.

@@ -23,12 +23,12 @@ pub fn bytes<const N: usize>(b: &[u8], i: usize) -> [u8; N] {
 
 #[inline(always)]
 pub fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16_at(b, i) as u16).to_f32()
+    f16::from_bits(u16::from_le_bytes(bytes(b, i))).to_f32()
 }
 
 #[inline(always)]
 pub fn bf16_at(b: &[u8], i: usize) -> f32 {
-    bf16::from_bits(u16_at(b, i) as u16).to_f32()
+    bf16::from_bits(u16::from_le_bytes(bytes(b, i))).to_f32()
 }
 
 #[inline(always)]

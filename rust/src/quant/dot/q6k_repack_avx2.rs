@@ -3,7 +3,7 @@
 //! then ggml's float combine of the eight lanes.
 //! Safety: callers have checked AVX2/FMA/F16C and that the slices hold `n / 256` blocks.
 
-use super::super::avx2::{h2f, hsum8, hsum_i32, load, load128};
+use super::super::avx2::{h2f, h2f_bits, hsum8, hsum_i32, load, load128};
 use super::super::common::f32_at;
 use std::arch::x86_64::*;
 
@@ -247,9 +247,7 @@ unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f3
             let scn = natural_scales(scr);
             let scm = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(scn, 5));
             // the caller's contract covers these reads: no bounds checks in the block loop
-            let dw = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(
-                wb.add(208).cast::<u16>().read_unaligned(),
-            ))));
+            let dw = h2f_bits(wb.add(208).cast::<u16>().read_unaligned());
             for k in 0..N {
                 let bs = load(ap[k].add(292 * b + 260));
                 let l = mac(sum[k], scm, bs); // sum − 32·Σ sc·bsum

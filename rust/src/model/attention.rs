@@ -184,6 +184,11 @@ fn pv_f16_body(
     out: &mut [f32],
 ) {
     let d = s.head_dim;
+    if !many && d.is_multiple_of(16) && attn_avx2::available_x2() {
+        // SAFETY: the CPU runs the kernel (checked); it bound-checks its rows.
+        unsafe { attn_avx2::pv_row_x2(p, v, s.row_bytes, kvo, &mut out[..d]) };
+        return;
+    }
     let lanes = if many { 8 } else { 32 };
     let acc = &mut acc[..lanes * d]; // [lanes, D]
     acc.fill(0.0);
@@ -290,7 +295,13 @@ pub fn attend_head(
     if s.ty == KvType::F16 && attn_avx2::available() && d.is_multiple_of(32) {
         // SAFETY: the CPU runs the kernels (checked); they bound-check their rows.
         let qf = &scratch.qf[..d];
-        unsafe { attn_avx2::scores(k_cache, s.row_bytes, kvo, qf, t > 1, scale, scores) };
+        if t == 1 && attn_avx2::available_x2() {
+            unsafe {
+                attn_avx2::scores_row_x2(k_cache, v_cache, s.row_bytes, kvo, qf, scale, scores)
+            };
+        } else {
+            unsafe { attn_avx2::scores(k_cache, s.row_bytes, kvo, qf, t > 1, scale, scores) };
+        }
     } else {
         for (j, sc) in scores.iter_mut().enumerate() {
             let o = j * s.row_bytes + kvo;
@@ -372,8 +383,14 @@ mod tests {
     /// rows (tinyBLAS): lane i % 8 and j % 8 of one 8-lane accumulator.
     #[test]
     fn f16_attention_bitwise_equals_per_element_reference() {
-        let (nh, nkv, d, n) = (8, 2, 128, 37);
-        let mut kv = KvCache::new(KvType::F16, 1, 64, nkv, d, 1).unwrap();
+        for n in [1usize, 4, 5, 37, 64, 70] {
+            f16_attention_reference_case(n);
+        }
+    }
+
+    fn f16_attention_reference_case(n: usize) {
+        let (nh, nkv, d) = (8, 2, 128);
+        let mut kv = KvCache::new(KvType::F16, 1, 80, nkv, d, 1).unwrap();
         let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 253.0 - 2.0;
         for p in 0..n {
             let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
@@ -385,7 +402,7 @@ mod tests {
         let (kc, vc) = kv.layer(0, 0, n);
         for t in [1usize, 5] {
             let mut out = vec![0f32; nh * d];
-            let mut s = AttnScratch::new(64, KvType::F16, d);
+            let mut s = AttnScratch::new(80, KvType::F16, d);
             attend(&shape, kc, vc, n, &q, &mut out, &mut s, t).unwrap();
             let lanes = |terms: &mut dyn Iterator<Item = (usize, f32, f32)>| {
                 let mut acc = [[0f32; 8]; 4];
@@ -421,8 +438,59 @@ mod tests {
                     });
                     let want = lanes(&mut it);
                     let got = out[h * d + i].to_bits();
-                    assert_eq!(got, want.to_bits(), "t={t} head {h} dim {i}");
+                    assert_eq!(got, want.to_bits(), "n={n} t={t} head {h} dim {i}");
                 }
+            }
+        }
+    }
+
+    /// The AVX-512 one-row kernels equal the AVX2 ones bit for bit: q·k scores and P·V
+    /// (lanes + reduction) over position counts around their 4-position and 16/32-lane steps,
+    /// head dims 32 to 256, with values spanning signs and magnitudes.
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
+    fn row_x2_kernels_equal_avx2_bitwise() {
+        crate::quant::dot::require_isa(
+            crate::quant::dot::Isa::Avx512,
+            "row_x2_kernels_equal_avx2_bitwise",
+        );
+        let val = |i: usize| ((i * 7919 + 13) % 1013) as f32 / 97.0 - 5.0;
+        for d in [32usize, 64, 128, 256] {
+            let (nkv, ctx) = (2, 200);
+            let mut kv = KvCache::new(KvType::F16, 1, ctx, nkv, d, 1).unwrap();
+            for p in 0..ctx {
+                let k: Vec<f32> = (0..nkv * d).map(|i| val(i + 31 * p)).collect();
+                let v: Vec<f32> = (0..nkv * d).map(|i| val(i * 3 + 17 * p + 5)).collect();
+                kv.write(0, 0, p, &k, &v).unwrap();
+            }
+            let qf: Vec<f32> = (0..d)
+                .map(|i| f16::from_f32(val(i * 5 + 1) * 0.3).to_f32())
+                .collect();
+            for n in [
+                1usize, 2, 3, 4, 5, 8, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 200,
+            ] {
+                let (kc, vc) = kv.layer(0, 0, n);
+                let kvo = (n % nkv) * kv.head_bytes;
+                let (mut want, mut got) = (vec![0f32; n], vec![f32::NAN; n]);
+                // SAFETY: require_isa checked AVX-512F (and with it AVX2, FMA, F16C).
+                unsafe {
+                    attn_avx2::scores(kc, kv.row_bytes, kvo, &qf, false, 0.125, &mut want);
+                    attn_avx2::scores_row_x2(kc, vc, kv.row_bytes, kvo, &qf, 0.125, &mut got);
+                }
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "scores d={d} n={n}");
+                softmax(&mut want, true);
+                let (mut pa, mut pb) = (want.clone(), want);
+                let mut acc = vec![0f32; 32 * d];
+                let (mut o_want, mut o_got) = (vec![0f32; d], vec![f32::NAN; d]);
+                // SAFETY: as above.
+                unsafe {
+                    attn_avx2::pv_lanes(&mut pa, vc, kv.row_bytes, kvo, d, 32, &mut acc);
+                    attn_avx2::pv_row_x2(&mut pb, vc, kv.row_bytes, kvo, &mut o_got);
+                }
+                reduce_pv(&acc, d, false, &mut o_want);
+                assert_eq!(bits(&pb), bits(&pa), "rounded p d={d} n={n}");
+                assert_eq!(bits(&o_got), bits(&o_want), "P·V d={d} n={n}");
             }
         }
     }

@@ -24,3 +24,27 @@ pub unsafe fn pv_lanes(
 ) {
     unreachable!("no attention kernels on this architecture")
 }
+
+pub fn available_x2() -> bool {
+    false
+}
+
+/// # Safety
+/// Never called: `available_x2()` is false.
+pub unsafe fn scores_row_x2(
+    _: &[u8],
+    _: &[u8],
+    _: usize,
+    _: usize,
+    _: &[f32],
+    _: f32,
+    _: &mut [f32],
+) {
+    unreachable!("no attention kernels on this architecture")
+}
+
+/// # Safety
+/// Never called: `available_x2()` is false.
+pub unsafe fn pv_row_x2(_: &mut [f32], _: &[u8], _: usize, _: usize, _: &mut [f32]) {
+    unreachable!("no attention kernels on this architecture")
+}

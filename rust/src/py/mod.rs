@@ -14,6 +14,7 @@ mod cuda_quant;
 mod cuda_quant_bench;
 mod errors;
 mod gguf;
+mod heap;
 mod mask;
 mod model;
 mod open_args;

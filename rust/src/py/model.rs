@@ -182,6 +182,7 @@ impl PyModel {
             })?;
             dot::set_active_isa(want)?;
         }
+        super::heap::keep_freed_heap();
         let cfg = ModelConfig {
             n_ctx,
             n_slots,

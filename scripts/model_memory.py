@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "| RssAnon growth MiB | before malloc_trim | non-expert MiB | KV MiB | bound (+10%) MiB "
         "| expert MiB | RssFile growth MiB |\n|---|---|---|---|---|---|---|\n"
-        f"| {anon / mib:.1f} | {cached / mib:.1f} | {hp['non_expert_bytes'] / mib:.1f} | {hp['kv_bytes'] / mib:.1f} "
+        f"| {anon / mib:.1f} | {cached / mib:.1f} | {hp['non_expert_bytes'] / mib:.1f} "
+        f"| {hp['kv_bytes'] / mib:.1f} "
         f"| {bound / mib:.1f} | {hp['expert_bytes'] / mib:.1f} "
         f"| {(after['RssFile'] - before['RssFile']) / mib:.1f} |"
     )

@@ -2,6 +2,7 @@
 
     python bench/bench_serve.py --model FILE.gguf --llama-server BIN [--streams 1,2,4,8]
         [--gen 128] [--reps 5] [--turns 8] [--turn-words 260] [--skip decode,chat,bare]
+        [--scaling N]
 
 Three measurements, each interleaved (A B A B ...) on the same file, the same thread count:
 - decode: N concurrent greedy streams (/v1/completions, stream, temperature 0, `--gen` tokens
@@ -17,6 +18,10 @@ Three measurements, each interleaved (A B A B ...) on the same file, the same th
   same prompt: the speed a served stream is held against.
 - chunk: one forward_batch step of a prompt chunk of n tokens plus one decoding sequence:
   prompt tok/s and the step time by n (what `max_batch_tokens` trades).
+- scaling (`--scaling N`): Strata's N-stream aggregate against its own single stream, paired:
+  one server with `--parallel N` runs a 1-stream and an N-stream round back to back in each
+  repetition; the median of the per-pair ratios (rounds minutes apart, as the decode table's
+  "÷ its 1 stream" column divides, move with the machine's RAM rate; a pair shares it).
 The client is the standard library (one thread per stream, SSE parsed by hand), the same code
 for both servers. Medians of `--reps`.
 """
@@ -256,6 +261,29 @@ def med(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def scaling(model: Path, n: int, gen: int, reps: int, extra: list[str]) -> None:
+    """Strata's n-stream aggregate ÷ its 1-stream speed, each repetition a back-to-back pair of
+    rounds on one `--parallel n` server; prints the pairs and the median ratio."""
+    srv = strata(model, n, 1024, extra)
+    pairs: list[tuple[float, float]] = []
+    try:
+        for _ in range(reps):
+            one = decode_round(srv.port, 1, gen)[0]
+            many = decode_round(srv.port, n, gen)[0]
+            pairs.append((one, many))
+    finally:
+        srv.stop()
+    ratios = [m / o for o, m in pairs]
+    print(
+        f"scaling: {n} streams ÷ 1 stream, paired rounds: median {med(ratios):.2f} "
+        f"(min {min(ratios):.2f}, max {max(ratios):.2f}); 1 stream "
+        f"{med([o for o, _ in pairs]):.1f}, {n} streams {med([m for _, m in pairs]):.1f} tok/s; "
+        f"pairs "
+        f"{[(round(o, 1), round(m, 1)) for o, m in pairs]}",
+        flush=True,
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
@@ -274,6 +302,9 @@ def main() -> int:
         help='extra llama-server flags (e.g. "--no-repack --poll 0" where its repacked path fails)',
     )
     ap.add_argument("--cpus", default="", help="pin the servers and the bare pass (taskset -c)")
+    ap.add_argument(
+        "--scaling", type=int, default=0, help="N: Strata's N streams ÷ its 1 stream, paired rounds"
+    )
     a = ap.parse_args()
     if a.cpus:
         CPUS[:] = ["taskset", "-c", a.cpus]
@@ -286,6 +317,8 @@ def main() -> int:
     if "bare" not in skip:
         bare = [bare_decode(a.model, a.gen) for _ in range(min(a.reps, 3))]
         print(f"bare forward decode: {med(bare):.1f} tok/s {[round(x, 1) for x in bare]}")
+    if a.scaling:
+        scaling(a.model, a.scaling, a.gen, a.reps, extra)
     if "decode" not in skip:
         print("| streams | strata tok/s | llama-server tok/s | strata ÷ llama |")
         print("|---|---|---|---|")
@@ -313,18 +346,18 @@ def main() -> int:
     if "chat" not in skip:
         ctx = 8192
         runs: dict[str, list[float]] = {"strata reuse": [], "strata no reuse": [], "llama": []}
-        servers = {
+        chat_servers = {
             "strata reuse": strata(a.model, 1, ctx, extra),
             "strata no reuse": strata(a.model, 1, ctx, [*extra, "--no-cache-prompt"]),
         }
         if a.llama_server:
-            servers["llama"] = llama(a.llama_server, a.model, 1, ctx, lextra)
+            chat_servers["llama"] = llama(a.llama_server, a.model, 1, ctx, lextra)
         try:
             for rep in range(a.reps):
-                for k, s in servers.items():
+                for k, s in chat_servers.items():
                     runs[k].append(chat_round(s.port, a.turns, a.turn_words, rep))
         finally:
-            for s in servers.values():
+            for s in chat_servers.values():
                 s.stop()
         for k, v in runs.items():
             if v:

@@ -1,5 +1,6 @@
 """Experts are never copied: anonymous resident memory after loading and generating stays
-below non-expert weights + KV cache + 10% (measured in a fresh process)."""
+below non-expert weights + KV cache + repacked copies + 10% + 1 MiB (measured in a fresh
+process; scripts/model_memory.py says why each term)."""
 
 from __future__ import annotations
 

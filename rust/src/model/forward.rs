@@ -16,6 +16,7 @@ use super::batch::Entry;
 use super::compute::Compute;
 use super::compute::ExpertLayer;
 use super::deltanet::Recurrent;
+use super::dense_r16::DenseR16;
 use super::head::RepackedHead;
 use super::hparams::HParams;
 use super::kv::{KvCache, KvType};
@@ -103,6 +104,8 @@ pub struct Model {
     pub(super) readahead: Option<Readahead>,
     /// The repacked output head (`cpu_repack` with a Q6_K head).
     pub(super) head: Option<RepackedHead>,
+    /// The repacked attention projections (`cpu_repack`, Q4_K ones on AVX-512 VNNI).
+    pub(super) dense_r16: Option<DenseR16>,
     /// Names this model in KV exports (`kv_blob::fingerprint`).
     fingerprint: u64,
     /// The batched step's per-call bookkeeping.
@@ -181,6 +184,17 @@ impl Model {
             true => RepackedHead::new(&weights.mat(&weights.output), t, compute.as_ref())?,
             false => None,
         };
+        let dense_r16 = match cfg.cpu_repack {
+            true => {
+                let mats = |l: usize| {
+                    let lw = &weights.layers[l];
+                    let m = |t| (lw.deltanet.is_none()).then(|| weights.mat(t));
+                    [m(&lw.wq), m(&lw.wk), m(&lw.wv), m(&lw.wo)]
+                };
+                Some(DenseR16::new(weights.layers.len(), mats, compute.as_ref())?)
+            }
+            false => None,
+        };
         let attn_norm0 = weights.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
         let fingerprint = kv_blob::fingerprint(&hp, &weights.output_norm, attn_norm0);
         let rec = match (hp.graph.hybrid, &hp.ssm) {
@@ -195,6 +209,7 @@ impl Model {
             steps: StepScratch::new(cfg.n_slots, t),
             fingerprint,
             head,
+            dense_r16,
             routing: Arc::new(RoutingCounters::new(hp.n_layer, hp.n_expert, 0.0)),
             routing_hot: Arc::new(RoutingCounters::new(
                 hp.n_layer,
@@ -289,6 +304,7 @@ impl Model {
     /// RAM of the load-time repacked copies (`cpu_repack`); 0 when nothing was repacked.
     pub fn repack_bytes(&self) -> usize {
         self.head.as_ref().map_or(0, RepackedHead::bytes)
+            + self.dense_r16.as_ref().map_or(0, DenseR16::bytes)
     }
 
     pub fn slot_len(&self, slot: usize) -> Result<usize> {

@@ -6,6 +6,7 @@
 //! Shapes: x [T, H] (normed rows), y [T, V]; the matrix is (V, H), rows of H/256 blocks.
 
 use super::compute::{Compute, QMatrix};
+use super::huge_buf::HugeBuf;
 use crate::error::{Error, Result};
 use crate::quant::dot::{self, q6k_repack, Isa, Order};
 use crate::quant::GgmlType;
@@ -14,7 +15,7 @@ use crate::quant::GgmlType;
 const ROWS_PER_TASK: usize = 256;
 
 pub struct RepackedHead {
-    data: Vec<u8>, // [V, H/256 blocks of 210 bytes], repacked
+    data: HugeBuf, // [V, H/256 blocks of 210 bytes], repacked
     rows: usize,   // V
     cols: usize,   // H
     act_rb: usize, // bytes of one Q8_K activation row of H
@@ -58,7 +59,7 @@ impl RepackedHead {
                 w.cols
             )));
         }
-        let mut data = vec![0u8; w.data.len()];
+        let mut data = HugeBuf::zeroed(w.data.len());
         let tasks = w.rows.div_ceil(ROWS_PER_TASK);
         let out = OutPtr(data.as_mut_ptr());
         compute.for_each(tasks, &|k| {

@@ -25,6 +25,7 @@ use super::batch::{check_batch, Entry, Plan};
 use super::blocks::{add_bias_rows, shared_expert, swiglu, FfnScratch};
 use super::compute::{ExpertLayer, MoeInput, QExperts};
 use super::deltanet::{apply_gate, split_q_gate};
+use super::dense_r16::{DenseR16, Proj};
 use super::forward::{tier_tables, Logits, Model};
 use super::moe_oai::moe_oai;
 use super::ops::rms_norm;
@@ -135,6 +136,7 @@ impl Model {
             tier,
             readahead,
             head,
+            dense_r16,
             rec,
             ..
         } = self;
@@ -192,7 +194,17 @@ impl Model {
                     .with(lw.sinks.as_deref(), hp.graph.window(l));
                 if let Some(rec) = rec.as_mut() {
                     // gated attention: [R', Nh·2D] → q [R', Nh·D] and the output gate
-                    compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut rec.qg[..t * 2 * qd])?;
+                    let qg = &mut rec.qg[..t * 2 * qd];
+                    dense(
+                        dense_r16.as_mut(),
+                        &**compute,
+                        l,
+                        Proj::Q,
+                        w.mat(&lw.wq),
+                        h,
+                        segs,
+                        qg,
+                    )?;
                     split_q_gate(
                         &rec.qg[..t * 2 * qd],
                         d,
@@ -200,11 +212,39 @@ impl Model {
                         &mut rec.gate[..t * qd],
                     );
                 } else {
-                    compute.matmul_segs(&w.mat(&lw.wq), h, segs, &mut s.q[..t * qd])?;
-                    // [R', Nh·D]
+                    let q = &mut s.q[..t * qd]; // [R', Nh·D]
+                    dense(
+                        dense_r16.as_mut(),
+                        &**compute,
+                        l,
+                        Proj::Q,
+                        w.mat(&lw.wq),
+                        h,
+                        segs,
+                        q,
+                    )?;
                 }
-                compute.matmul_segs(&w.mat(&lw.wk), h, segs, &mut s.k[..t * kvd])?; // [R', Nkv·D]
-                compute.matmul_segs(&w.mat(&lw.wv), h, segs, &mut s.v[..t * kvd])?; // [R', Nkv·D]
+                let (k_, v_) = (&mut s.k[..t * kvd], &mut s.v[..t * kvd]); // [R', Nkv·D] each
+                dense(
+                    dense_r16.as_mut(),
+                    &**compute,
+                    l,
+                    Proj::K,
+                    w.mat(&lw.wk),
+                    h,
+                    segs,
+                    k_,
+                )?;
+                dense(
+                    dense_r16.as_mut(),
+                    &**compute,
+                    l,
+                    Proj::V,
+                    w.mat(&lw.wv),
+                    h,
+                    segs,
+                    v_,
+                )?;
                 if let Some([bq, bk, bv]) = &lw.qkv_bias {
                     add_bias_rows(&mut s.q[..t * qd], bq);
                     add_bias_rows(&mut s.k[..t * kvd], bk);
@@ -247,7 +287,17 @@ impl Model {
                 if let Some(rec) = rec.as_ref() {
                     apply_gate(&mut s.att[..t * qd], &rec.gate[..t * qd]);
                 }
-                compute.matmul_segs(&w.mat(&lw.wo), &s.att[..t * qd], segs, &mut s.o[..t * hd])?; // [R', H]
+                let (att, o) = (&s.att[..t * qd], &mut s.o[..t * hd]); // [R', H]
+                dense(
+                    dense_r16.as_mut(),
+                    &**compute,
+                    l,
+                    Proj::O,
+                    w.mat(&lw.wo),
+                    att,
+                    segs,
+                    o,
+                )?;
                 if let Some(bo) = &lw.o_bias {
                     add_bias_rows(&mut s.o[..t * hd], bo);
                 }
@@ -377,6 +427,22 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// A dense projection `w` of layer `l` (`DenseR16::matmul_segs`: its repacked copy where one
+/// serves the call, else `compute.matmul_segs`): x [R', H_in] → y [R', H_out].
+#[allow(clippy::too_many_arguments)]
+fn dense(
+    r16: Option<&mut DenseR16>,
+    compute: &dyn super::compute::Compute,
+    l: usize,
+    p: Proj,
+    w: super::compute::QMatrix<'_>,
+    x: &[f32],
+    segs: &[usize],
+    y: &mut [f32],
+) -> Result<()> {
+    DenseR16::matmul_segs(r16, compute, l, p, &w, x, segs, y)
 }
 
 /// The output head over rows `x` [Σ segs, H] → `dst` [Σ segs, V], per-segment orders.

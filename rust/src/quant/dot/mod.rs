@@ -34,6 +34,7 @@ macro_rules! safe_dot {
 mod act;
 mod common;
 mod gemm;
+pub mod q4k_r16;
 pub mod q6k_repack;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod rows_bench;
@@ -41,7 +42,7 @@ mod scalar;
 mod scalar_iq;
 mod scalar_k;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg_attr(not(target_arch = "x86_64"), path = "simd_stub.rs")]
 mod avx2;

@@ -404,3 +404,95 @@ fn q4k_rows_tokens_ab() {
         }
     }
 }
+
+/// Q4_K one-row order at 1 and 4 tokens: the 16-row repacked kernel (`q4k_r16`) against the
+/// rows × tokens kernel (`MultiDot::rows_plain`) and the one-token grouped rows
+/// (`vec_dot_rows`), one core L2-resident and two threads from RAM:
+/// `cargo test --release --lib q4k_r16_ab -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn q4k_r16_ab() {
+    use super::q4k_r16::{repack_group, rows_single, GROUP, GROUP_BLOCK};
+    use super::{MultiDot, Order};
+    if !super::q4k_r16::available() {
+        return;
+    }
+    let (w, n) = (GgmlType::Q4K, 2048usize);
+    let (rb, nb) = (w.row_bytes(n).unwrap(), n / 256);
+    let mut rng = Rng::new(41);
+    let proto: Vec<u8> = (0..64).flat_map(|_| random_row(w, n, &mut rng)).collect();
+    let m: Vec<u8> = proto.iter().copied().cycle().take(204_800 * rb).collect();
+    let mut rp = vec![0u8; m.len() / rb / GROUP * nb * GROUP_BLOCK];
+    for (src, dst) in m
+        .chunks_exact(GROUP * rb)
+        .zip(rp.chunks_exact_mut(nb * GROUP_BLOCK))
+    {
+        repack_group(src, nb, dst);
+    }
+    let acts: Vec<Vec<u8>> = (0..4).map(|_| random_act(w, n, &mut rng)).collect();
+    let md = MultiDot::new(w, n, Order::Single);
+    let gb = nb * GROUP_BLOCK;
+    let r16_1 = |c: &[u8]| {
+        let mut o = [[0f32; GROUP]; 1];
+        let mut x = 0f32;
+        for g in c.chunks_exact(gb) {
+            // SAFETY: `available()` checked above.
+            unsafe { rows_single::<1>(nb, g, [&acts[0]], &mut o) };
+            x += o[0][0];
+        }
+        x.to_bits() as u64
+    };
+    let r16_4 = |c: &[u8]| {
+        let mut o = [[0f32; GROUP]; 4];
+        let mut x = 0f32;
+        for g in c.chunks_exact(gb) {
+            // SAFETY: as above.
+            unsafe { rows_single::<4>(nb, g, [&acts[0], &acts[1], &acts[2], &acts[3]], &mut o) };
+            x += o[3][0];
+        }
+        x.to_bits() as u64
+    };
+    let plain_4 = |c: &[u8]| {
+        let a: Vec<&[u8]> = acts.iter().map(|x| &x[..]).collect();
+        let mut out = [0f32; 16 * 4];
+        let mut x = 0f32;
+        for ch in c.chunks_exact(16 * rb) {
+            md.rows_plain(ch, 16, &a, &mut out);
+            x += out[0];
+        }
+        x.to_bits() as u64
+    };
+    let rows_1 = |c: &[u8]| {
+        let mut out = [0f32; 16];
+        let mut x = 0f32;
+        for ch in c.chunks_exact(16 * rb) {
+            vec_dot_rows(w, n, ch, &acts[0], &mut out);
+            x += out[0];
+        }
+        x.to_bits() as u64
+    };
+    let (sm, sr) = (&m[..512 * rb], &rp[..512 / GROUP * gb]);
+    for (name, f, data, bytes) in [
+        (
+            "one token, grouped rows",
+            &rows_1 as &(dyn Fn(&[u8]) -> u64 + Sync),
+            sm,
+            sm.len(),
+        ),
+        ("one token, r16", &r16_1, sr, sm.len()),
+        ("4 tokens, rows_plain", &plain_4, sm, sm.len()),
+        ("4 tokens, r16", &r16_4, sr, sm.len()),
+    ] {
+        let best = best_cpu_ns(&[(name, f)], data, 40)[0];
+        let (wall, _) = run(
+            2,
+            if data.len() == sm.len() { &m } else { &rp },
+            if data.len() == sm.len() { rb } else { gb },
+            f,
+        );
+        println!(
+            "Q4_K n={n} {name}: L2 one core {:.2} GB/s (Q4_K bytes), RAM 2 threads {wall:.2} GB/s",
+            (bytes * 40) as f64 / best as f64
+        );
+    }
+}

@@ -1,11 +1,16 @@
 """`cpu_repack`: the Q6_K output head repacked at load (rust/src/quant/dot/q6k_repack.rs) gives
 the logits of the original layout bit for bit, prefill (ggml's tiled order for >= 8 rows) and
-decode (`vec_dot`'s order), and its RAM is reported."""
+decode (`vec_dot`'s order); so do the Q4_K attention projections repacked sixteen rows at a
+time (rust/src/quant/dot/q4k_r16.rs, on CPUs with AVX-512 VNNI) in steps of two to four
+one-token rows; and their RAM is reported."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from models import TestModels
+from strata import _core
 from strata._core import Model
 from strata.config import Config
 from strata.gguf import GGUFFile
@@ -20,6 +25,25 @@ def run(path: str, **kw: object) -> tuple[np.ndarray, int]:
     return np.concatenate([prefill, np.stack(steps)]), int(m.hparams["repack_bytes"])
 
 
+def proj_bytes(path: str) -> int:
+    """What the projections' copies take here: Q4_K q/k/v/o matrices of whole 16-row groups,
+    2,560 bytes per group and 256 columns, where the CPU has AVX-512 VNNI and the dot kernels
+    run AVX-512 (`STRATA_ISA` not capping them); else none."""
+    isa = os.environ.get("STRATA_ISA", "auto")
+    vnni = "avx512vnni" in _core.cpu_features() and "avx512" in _core.dot_isas()
+    if not vnni or isa not in ("auto", "avx512"):
+        return 0
+    total = 0
+    with GGUFFile(path) as g:
+        for name, t in g.tensors.items():
+            proj = name.rsplit(".", 2)[-2] in ("attn_q", "attn_k", "attn_v", "attn_output")
+            if proj and t.type == "Q4_K":
+                rows, cols = t.shape[0], t.shape[1]  # numpy order: (rows, cols)
+                if rows % 16 == 0 and cols % 256 == 0:
+                    total += rows // 16 * cols // 256 * 2560
+    return total
+
+
 def test_repacked_head_is_bitwise_the_original(test_models: TestModels) -> None:
     path = str(test_models.quantized("Q4_K_M"))
     with GGUFFile(path) as g:
@@ -30,8 +54,32 @@ def test_repacked_head_is_bitwise_the_original(test_models: TestModels) -> None:
     assert none == 0
     for threads in (-1, 1):
         got, used = run(path, cpu_repack=True, threads=threads)
-        assert used == head_bytes
+        assert used == head_bytes + proj_bytes(path)
         assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), threads
+
+
+def test_repacked_projections_are_bitwise_the_original(test_models: TestModels) -> None:
+    """Decode steps of two and four one-token rows (the repacked projections' calls), and one
+    row and a window beside them (the original's), bitwise with and without the copies."""
+    path = str(test_models.quantized("Q4_K_M"))
+
+    def steps(**kw: object) -> tuple[list[np.ndarray], int]:
+        m = Model.open(path, n_ctx=64, n_slots=4, **kw)  # type: ignore[arg-type]
+        for s in range(4):
+            m.forward(s, [p + s for p in PROMPT], logits="none")
+        out: list[np.ndarray] = []
+        for i, batch in enumerate([[0, 1, 2, 3], [1, 3], [0, 1, 2, 3], [2]]):
+            rows = m.forward_batch([(s, [(37 * s + 11 * i) % 500 + 1], "last") for s in batch])
+            out += [np.asarray(r) for r in rows]
+        win = m.forward_batch([(0, [5, 6, 7], "window"), (1, [8], "last")])
+        out += [np.asarray(r) for r in win]
+        return out, int(m.hparams["repack_proj_bytes"])
+
+    ref, none = steps(cpu_repack=False)
+    got, used = steps(cpu_repack=True)
+    assert none == 0 and used == proj_bytes(path)
+    for a, b in zip(got, ref, strict=True):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_cpu_repack_is_a_config_field() -> None:

@@ -8,6 +8,7 @@
 //! multiple of 16, H_in of 256.
 
 use super::compute::{Compute, QMatrix};
+use super::head::OutPtr;
 use super::huge_buf::HugeBuf;
 use crate::error::Result;
 use crate::quant::dot::{self, q4k_r16, Order};
@@ -25,18 +26,6 @@ pub struct R16 {
     data: HugeBuf, // [H_out / 16 groups, H_in / 256 blocks of GROUP_BLOCK bytes]
     rows: usize,   // H_out
     cols: usize,   // H_in
-}
-
-/// A buffer shared by the tasks; each task writes its own elements.
-struct OutPtr<T>(*mut T);
-// SAFETY: tasks write disjoint elements (their own rows), and `for_each` returns only after
-// every task has finished.
-unsafe impl<T> Sync for OutPtr<T> {}
-
-impl<T> OutPtr<T> {
-    fn at(&self, i: usize) -> *mut T {
-        self.0.wrapping_add(i)
-    }
 }
 
 impl R16 {

@@ -303,8 +303,12 @@ impl Model {
 
     /// RAM of the load-time repacked copies (`cpu_repack`); 0 when nothing was repacked.
     pub fn repack_bytes(&self) -> usize {
-        self.head.as_ref().map_or(0, RepackedHead::bytes)
-            + self.dense_r16.as_ref().map_or(0, DenseR16::bytes)
+        self.head.as_ref().map_or(0, RepackedHead::bytes) + self.repack_proj_bytes()
+    }
+
+    /// Bytes of the attention projections' repacked copies (`dense_r16`).
+    pub fn repack_proj_bytes(&self) -> usize {
+        self.dense_r16.as_ref().map_or(0, DenseR16::bytes)
     }
 
     pub fn slot_len(&self, slot: usize) -> Result<usize> {

@@ -23,15 +23,15 @@ pub struct RepackedHead {
     perm: Vec<u8>, // [T, act_rb] the same, permuted for the repacked dot
 }
 
-/// A buffer shared by the tasks; each task writes its own rows.
-struct OutPtr<T>(*mut T);
+/// A buffer shared by the tasks; each task writes its own rows (also `dense_r16`'s).
+pub(super) struct OutPtr<T>(pub(super) *mut T);
 // SAFETY: tasks write disjoint elements (their own rows), and `for_each` returns only after
 // every task has finished.
 unsafe impl<T> Sync for OutPtr<T> {}
 
 impl<T> OutPtr<T> {
     /// Element `i` (callers keep it inside the buffer and theirs alone).
-    fn at(&self, i: usize) -> *mut T {
+    pub(super) fn at(&self, i: usize) -> *mut T {
         self.0.wrapping_add(i)
     }
 }

@@ -45,12 +45,13 @@ impl HugeBuf {
                 )
             };
             assert!(p != libc::MAP_FAILED, "mmap of {len} bytes failed");
-            // SAFETY: advice on our own mapping; failure (no THP) leaves 4 KiB pages.
-            unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
-            HugeBuf {
+            let buf = HugeBuf {
                 ptr: p as *mut u8,
                 len,
-            }
+            };
+            // advice (as the RAM tier's arena gets): without THP the pages stay 4 KiB
+            crate::tier::sys::huge_pages(&buf);
+            buf
         }
         #[cfg(not(target_os = "linux"))]
         {

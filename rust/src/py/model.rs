@@ -68,6 +68,7 @@ struct Snapshot {
     non_expert_bytes: usize,
     kv_bytes: usize,
     repack_bytes: usize,
+    repack_proj_bytes: usize,
     recurrent_bytes: usize,
     device: &'static str,
 }
@@ -261,6 +262,7 @@ impl PyModel {
                 non_expert_bytes: m.weights.non_expert_bytes(),
                 kv_bytes: m.kv.bytes(),
                 repack_bytes: m.repack_bytes(),
+                repack_proj_bytes: m.repack_proj_bytes(),
                 recurrent_bytes: m.recurrent_slot_bytes(),
                 device: "cpu",
             },
@@ -274,6 +276,7 @@ impl PyModel {
                 non_expert_bytes: m.non_expert_bytes,
                 kv_bytes: m.kv_bytes(),
                 repack_bytes: 0,
+                repack_proj_bytes: 0,
                 recurrent_bytes: m.recurrent_slot_bytes(),
                 device: "cuda",
             },
@@ -305,6 +308,8 @@ impl PyModel {
         d.set_item("non_expert_bytes", s.non_expert_bytes)?;
         d.set_item("kv_bytes", s.kv_bytes)?;
         d.set_item("repack_bytes", s.repack_bytes)?;
+        // of which the attention projections' copies (the rest: the head's)
+        d.set_item("repack_proj_bytes", s.repack_proj_bytes)?;
         // Per slot: a hybrid's recurrent state (f32), beside its KV; checkpoints add up to
         // `model::checkpoints::CAP` copies of it per slot that runs windows.
         d.set_item("recurrent_state_bytes", s.recurrent_bytes)?;

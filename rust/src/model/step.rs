@@ -192,19 +192,14 @@ impl Model {
                 // the layer's sinks and window, where the graph has them
                 let shape = AttnShape::of(kv, hp.n_head, hp.n_head_kv, d)
                     .with(lw.sinks.as_deref(), hp.graph.window(l));
+                // layer l's projection `m` (its repacked copy where one serves the call)
+                let mut proj = |p: Proj, m, x: &[f32], y: &mut [f32]| {
+                    let (r16, c) = (dense_r16.as_mut(), &**compute);
+                    DenseR16::matmul_segs(r16, c, l, p, &w.mat(m), x, segs, y)
+                };
                 if let Some(rec) = rec.as_mut() {
                     // gated attention: [R', Nh·2D] → q [R', Nh·D] and the output gate
-                    let qg = &mut rec.qg[..t * 2 * qd];
-                    dense(
-                        dense_r16.as_mut(),
-                        &**compute,
-                        l,
-                        Proj::Q,
-                        w.mat(&lw.wq),
-                        h,
-                        segs,
-                        qg,
-                    )?;
+                    proj(Proj::Q, &lw.wq, h, &mut rec.qg[..t * 2 * qd])?;
                     split_q_gate(
                         &rec.qg[..t * 2 * qd],
                         d,
@@ -212,39 +207,10 @@ impl Model {
                         &mut rec.gate[..t * qd],
                     );
                 } else {
-                    let q = &mut s.q[..t * qd]; // [R', Nh·D]
-                    dense(
-                        dense_r16.as_mut(),
-                        &**compute,
-                        l,
-                        Proj::Q,
-                        w.mat(&lw.wq),
-                        h,
-                        segs,
-                        q,
-                    )?;
+                    proj(Proj::Q, &lw.wq, h, &mut s.q[..t * qd])?; // [R', Nh·D]
                 }
-                let (k_, v_) = (&mut s.k[..t * kvd], &mut s.v[..t * kvd]); // [R', Nkv·D] each
-                dense(
-                    dense_r16.as_mut(),
-                    &**compute,
-                    l,
-                    Proj::K,
-                    w.mat(&lw.wk),
-                    h,
-                    segs,
-                    k_,
-                )?;
-                dense(
-                    dense_r16.as_mut(),
-                    &**compute,
-                    l,
-                    Proj::V,
-                    w.mat(&lw.wv),
-                    h,
-                    segs,
-                    v_,
-                )?;
+                proj(Proj::K, &lw.wk, h, &mut s.k[..t * kvd])?; // [R', Nkv·D]
+                proj(Proj::V, &lw.wv, h, &mut s.v[..t * kvd])?; // [R', Nkv·D]
                 if let Some([bq, bk, bv]) = &lw.qkv_bias {
                     add_bias_rows(&mut s.q[..t * qd], bq);
                     add_bias_rows(&mut s.k[..t * kvd], bk);
@@ -288,16 +254,7 @@ impl Model {
                     apply_gate(&mut s.att[..t * qd], &rec.gate[..t * qd]);
                 }
                 let (att, o) = (&s.att[..t * qd], &mut s.o[..t * hd]); // [R', H]
-                dense(
-                    dense_r16.as_mut(),
-                    &**compute,
-                    l,
-                    Proj::O,
-                    w.mat(&lw.wo),
-                    att,
-                    segs,
-                    o,
-                )?;
+                proj(Proj::O, &lw.wo, att, o)?;
                 if let Some(bo) = &lw.o_bias {
                     add_bias_rows(&mut s.o[..t * hd], bo);
                 }
@@ -427,22 +384,6 @@ impl Model {
         }
         Ok(())
     }
-}
-
-/// A dense projection `w` of layer `l` (`DenseR16::matmul_segs`: its repacked copy where one
-/// serves the call, else `compute.matmul_segs`): x [R', H_in] → y [R', H_out].
-#[allow(clippy::too_many_arguments)]
-fn dense(
-    r16: Option<&mut DenseR16>,
-    compute: &dyn super::compute::Compute,
-    l: usize,
-    p: Proj,
-    w: super::compute::QMatrix<'_>,
-    x: &[f32],
-    segs: &[usize],
-    y: &mut [f32],
-) -> Result<()> {
-    DenseR16::matmul_segs(r16, compute, l, p, &w, x, segs, y)
 }
 
 /// The output head over rows `x` [Σ segs, H] → `dst` [Σ segs, V], per-segment orders.

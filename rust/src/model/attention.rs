@@ -296,9 +296,7 @@ pub fn attend_head(
         // SAFETY: the CPU runs the kernels (checked); they bound-check their rows.
         let qf = &scratch.qf[..d];
         if t == 1 && attn_avx2::available_x2() {
-            unsafe {
-                attn_avx2::scores_row_x2(k_cache, v_cache, s.row_bytes, kvo, qf, scale, scores)
-            };
+            unsafe { attn_avx2::scores_row_x2(k_cache, s.row_bytes, kvo, qf, scale, scores) };
         } else {
             unsafe { attn_avx2::scores(k_cache, s.row_bytes, kvo, qf, t > 1, scale, scores) };
         }
@@ -475,7 +473,7 @@ mod tests {
                 // SAFETY: require_isa checked AVX-512F (and with it AVX2, FMA, F16C).
                 unsafe {
                     attn_avx2::scores(kc, kv.row_bytes, kvo, &qf, false, 0.125, &mut want);
-                    attn_avx2::scores_row_x2(kc, vc, kv.row_bytes, kvo, &qf, 0.125, &mut got);
+                    attn_avx2::scores_row_x2(kc, kv.row_bytes, kvo, &qf, 0.125, &mut got);
                 }
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "scores d={d} n={n}");

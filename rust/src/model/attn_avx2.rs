@@ -131,9 +131,6 @@ pub unsafe fn pv_lanes(
     }
 }
 
-/// How many K rows ahead `scores_row_x2` fetches.
-const AHEAD: usize = 16;
-
 /// Whether the AVX-512 one-row kernels (`scores_row_x2`, `pv_row_x2`) run: the CPU has
 /// AVX-512F besides `available()`'s features and the active ISA is AVX-512 (`STRATA_ISA`).
 pub fn available_x2() -> bool {
@@ -153,7 +150,6 @@ pub fn available_x2() -> bool {
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub unsafe fn scores_row_x2(
     k: &[u8],
-    v: &[u8],
     row_bytes: usize,
     kvo: usize,
     qf: &[f32],
@@ -165,8 +161,8 @@ pub unsafe fn scores_row_x2(
     let n = scores.len();
     if let Some(last) = n.checked_sub(1) {
         assert!(
-            last * row_bytes + kvo + 2 * d <= k.len().min(v.len()),
-            "K or V rows out of range"
+            last * row_bytes + kvo + 2 * d <= k.len(),
+            "K rows out of range"
         );
     }
     let (q, kb) = (qf.as_ptr(), k.as_ptr().add(kvo));
@@ -176,27 +172,8 @@ pub unsafe fn scores_row_x2(
             kb.add(j * row_bytes + 2 * i) as *const __m256i
         ))
     };
-    // The cache rows are cold in a decode step (the step's weights streamed through the
-    // caches since this layer last ran): each block fetches K rows 8 ahead and its own V
-    // rows (read next by `pv_row_x2`), a line at a time.
-    let lines = (2 * d).div_ceil(64);
-    let pre = |base: *const u8, j: usize| {
-        if j < n {
-            for l in 0..lines {
-                _mm_prefetch::<_MM_HINT_T0>(base.add(j * row_bytes + 64 * l) as *const i8);
-            }
-        }
-    };
-    let vb = v.as_ptr().wrapping_add(kvo);
-    for j in 0..AHEAD {
-        pre(kb, j);
-    }
     let mut j = 0;
     while j + 4 <= n {
-        for r in 0..4 {
-            pre(kb, j + AHEAD + r);
-            pre(vb, j + r);
-        }
         let mut acc = [[_mm512_setzero_ps(); 2]; 4];
         for i in (0..d).step_by(32) {
             let (q0, q1) = (_mm512_loadu_ps(q.add(i)), _mm512_loadu_ps(q.add(i + 16)));

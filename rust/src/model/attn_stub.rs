@@ -31,15 +31,7 @@ pub fn available_x2() -> bool {
 
 /// # Safety
 /// Never called: `available_x2()` is false.
-pub unsafe fn scores_row_x2(
-    _: &[u8],
-    _: &[u8],
-    _: usize,
-    _: usize,
-    _: &[f32],
-    _: f32,
-    _: &mut [f32],
-) {
+pub unsafe fn scores_row_x2(_: &[u8], _: usize, _: usize, _: &[f32], _: f32, _: &mut [f32]) {
     unreachable!("no attention kernels on this architecture")
 }
 

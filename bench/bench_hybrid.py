@@ -99,11 +99,22 @@ def strata_run(
     pp_reps: int,
     graph: bool = True,
     defer: int = 0,
+    threads: int = 0,
+    prefetch: int = -1,
 ) -> dict[str, Any]:
     """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`, decode
     steps replaying per-layer graphs (`graph`) or launching kernel by kernel, each token's
-    `defer` lowest-weight CPU misses deferred by one layer (`defer_experts`, not exact)."""
-    from strata._core import Model, Profile
+    `defer` lowest-weight CPU misses deferred by one layer (`defer_experts`, not exact), on
+    `threads` threads (0: a.threads), the one-token kernels prefetching `prefetch` bytes ahead
+    (-1: the built-in distance)."""
+    from strata._core import Model, Profile, set_dot_prefetch
+
+    if prefetch >= 0:
+        old = set_dot_prefetch(prefetch)
+        try:
+            return strata_run(path, a, frac, pp_reps, graph, defer, threads)
+        finally:
+            set_dot_prefetch(old)
 
     n_layer, n_expert, n_dense = layers_experts(path)
     slots = round(a.share * (n_layer - n_dense) * n_expert)
@@ -124,7 +135,7 @@ def strata_run(
             n_ctx=n_ctx,
             prefill_chunk=a.chunk,
             device="cuda",
-            threads=a.threads,
+            threads=threads or a.threads,
             vram_slots=slots,
             adapt_every=a.adapt_every,
             profile=profile,
@@ -313,6 +324,22 @@ def main() -> None:
         "list (not exact: bench/defer_quality.py measures its quality)",
     )
     ap.add_argument(
+        "--threads-ab",
+        default="",
+        help="also decode at the first pcie_frac with each thread count of this comma list",
+    )
+    ap.add_argument(
+        "--dot-prefetch",
+        default="",
+        help="also decode at the first pcie_frac with the one-token kernels' prefetch distance "
+        "(bytes, 0: off) at each value of this comma list (set_dot_prefetch; results bitwise)",
+    )
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help="decode at the first pcie_frac once more after the variants (the run's drift)",
+    )
+    ap.add_argument(
         "--pcie-frac",
         default="0",
         help="Strata's pcie_frac values, comma-separated (-1: from the link probe); decode "
@@ -359,6 +386,15 @@ def main() -> None:
         for n in [int(x) for x in a.defer.split(",") if x]:
             runs.append(strata_run(path, a, fracs[0], 0, defer=n))
             labels.append(f"pcie_frac {fracs[0]}, defer_experts {n}")
+        for n in [int(x) for x in a.threads_ab.split(",") if x]:
+            runs.append(strata_run(path, a, fracs[0], 0, threads=n))
+            labels.append(f"pcie_frac {fracs[0]}, threads {n}")
+        for n in [int(x) for x in a.dot_prefetch.split(",") if x]:
+            runs.append(strata_run(path, a, fracs[0], 0, prefetch=n))
+            labels.append(f"pcie_frac {fracs[0]}, dot prefetch {n} B")
+        if a.control:
+            runs.append(strata_run(path, a, fracs[0], 0))
+            labels.append(f"pcie_frac {fracs[0]} (control, last)")
         recs = llama_runs(a.llama_bench, path, a, ncmoe) if a.llama_bench else []
         best = llama_best(recs)
         s = runs[0]

@@ -18,7 +18,9 @@
 # PPREPS (Strata prompt runs, 2), POOL_PIPELINE=1 (the pool's pipelined schedule),
 # MODELS (uniform,zipf), SKIP_LLAMA=1 (Strata only: quick A/B runs once llama.cpp's are known),
 # PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none),
-# EAGER_AB=1 (also decode without the per-layer graphs), GPUS (Strata's stages' devices, "0,1"
+# EAGER_AB=1 (also decode without the per-layer graphs), THREADS_AB (also decode at each of
+# these thread counts), DOT_PREFETCH (also decode at each of these prefetch distances, bytes),
+# CONTROL=1 (the default decode once more, last: the run's drift), GPUS (Strata's stages' devices, "0,1"
 # on two cards; llama-bench splits over every visible card by layer, its default).
 set -u
 R=$PWD
@@ -41,6 +43,9 @@ ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-re
 [ -n "${GPUS:-}" ] && ARGS+=(--gpus "$GPUS") # "0,1": Strata's layer split over two cards
 [ "${POOL_PIPELINE:-0}" = 1 ] && ARGS+=(--pool-pipeline)
 [ "${EAGER_AB:-0}" = 1 ] && ARGS+=(--eager-ab)
+[ -n "${THREADS_AB:-}" ] && ARGS+=(--threads-ab "$THREADS_AB")
+[ -n "${DOT_PREFETCH:-}" ] && ARGS+=(--dot-prefetch "$DOT_PREFETCH")
+[ "${CONTROL:-0}" = 1 ] && ARGS+=(--control)
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then
         (

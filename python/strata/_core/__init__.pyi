@@ -50,6 +50,7 @@ __all__ = [
     "ram_read_gbps",
     "runnable_types",
     "set_dot_isa",
+    "set_dot_prefetch",
     "vec_dot",
     "vram_plan",
 ]
@@ -174,6 +175,7 @@ class Model:
 def runnable_types() -> list[str]: ...
 def apply_token_bitmask(logits: npt.NDArray[np.float32], mask: npt.NDArray[np.int32]) -> None: ...
 def set_dot_isa(isa: str) -> None: ...
+def set_dot_prefetch(bytes: int) -> int: ...
 
 @final
 class MoELayer:

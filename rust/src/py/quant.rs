@@ -78,6 +78,14 @@ fn set_dot_isa(isa: &str) -> PyResult<()> {
     Ok(dot::set_active_isa(isa)?)
 }
 
+/// Set the one-token kernels' software prefetch distance in bytes (0: no hints) for every
+/// later call; returns the previous one. A tuning knob for benchmarks: the results are
+/// bitwise the same at any distance.
+#[pyfunction]
+fn set_dot_prefetch(bytes: usize) -> usize {
+    dot::set_prefetch_distance(bytes)
+}
+
 /// The ISAs this CPU can run.
 #[pyfunction]
 fn dot_isas() -> Vec<&'static str> {
@@ -106,5 +114,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dot_isa, m)?)?;
     m.add_function(wrap_pyfunction!(dot_isas, m)?)?;
     m.add_function(wrap_pyfunction!(set_dot_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(set_dot_prefetch, m)?)?;
     Ok(())
 }

@@ -9,21 +9,21 @@ use std::arch::x86_64::*;
 /// matvecs walk rows back to back).
 pub(super) const DISTANCE: usize = 2048;
 
-/// The distance the kernels use: `DISTANCE`, or in test builds what `bench` set (0 = off).
+/// The distance the kernels use: `DISTANCE` unless `set_distance` chose another (0 = off).
+/// Read once per kernel call (a relaxed load), never per block.
 #[inline(always)]
 pub(in super::super) fn distance() -> usize {
-    #[cfg(test)]
-    {
-        test_knob::DIST.load(std::sync::atomic::Ordering::Relaxed)
-    }
-    #[cfg(not(test))]
-    {
-        DISTANCE
-    }
+    knob::DIST.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-#[cfg(test)]
-pub(super) mod test_knob {
+/// Sets the prefetch distance in bytes (0: no hints) for every later kernel call and returns
+/// the previous one. A tuning knob for benchmarks (`bench/bench_hybrid.py --dot-prefetch`):
+/// hints never change a value, so the results stay bitwise whatever it is.
+pub fn set_distance(bytes: usize) -> usize {
+    knob::DIST.swap(bytes, std::sync::atomic::Ordering::Relaxed)
+}
+
+pub(super) mod knob {
     use std::sync::atomic::AtomicUsize;
     pub static DIST: AtomicUsize = AtomicUsize::new(super::DISTANCE);
 }
@@ -52,7 +52,7 @@ pub(in super::super) fn ahead(w: &[u8], off: usize, dist: usize, bs: usize) {
 mod exact {
     use super::super::super::tests::{random_act, random_row, Rng};
     use super::super::super::{kernel_for, Isa};
-    use super::test_knob::DIST;
+    use super::knob::DIST;
     use crate::quant::GgmlType;
     use std::sync::atomic::Ordering;
 
@@ -96,7 +96,7 @@ mod exact {
 mod bench {
     use super::super::super::tests::{random_act, random_row, thread_cpu_ns, Rng};
     use super::super::super::vec_dot;
-    use super::test_knob::DIST;
+    use super::knob::DIST;
     use crate::quant::GgmlType;
     use std::sync::atomic::Ordering;
 

@@ -392,7 +392,7 @@ fn mxfp4_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 mod exact {
     use super::super::super::tests::{random_act, random_row, Rng};
     use super::super::super::{kernel_for, rows_kernel_for, Isa};
-    use super::super::pf::{test_knob::DIST, DISTANCE};
+    use super::super::pf::{knob::DIST, DISTANCE};
     use crate::quant::GgmlType;
     use std::sync::atomic::Ordering;
 

@@ -130,6 +130,12 @@ pub(crate) fn require_isa(isa: Isa, test: &str) {
 
 static ACTIVE: OnceLock<Isa> = OnceLock::new();
 
+/// Sets the one-token kernels' software prefetch distance in bytes (0: off) and returns the
+/// previous one; a benchmark knob (results are bitwise the same at any distance).
+pub fn set_prefetch_distance(bytes: usize) -> usize {
+    avx2::pf::set_distance(bytes)
+}
+
 /// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an
 /// error when the CPU cannot run `isa` or another ISA is already in use.
 pub fn set_active_isa(isa: Isa) -> Result<()> {

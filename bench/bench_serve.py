@@ -18,10 +18,11 @@ Three measurements, each interleaved (A B A B ...) on the same file, the same th
   same prompt: the speed a served stream is held against.
 - chunk: one forward_batch step of a prompt chunk of n tokens plus one decoding sequence:
   prompt tok/s and the step time by n (what `max_batch_tokens` trades).
-- scaling (`--scaling N`): Strata's N-stream aggregate against its own single stream, paired:
-  one server with `--parallel N` runs a 1-stream and an N-stream round back to back in each
-  repetition; the median of the per-pair ratios (rounds minutes apart, as the decode table's
-  "÷ its 1 stream" column divides, move with the machine's RAM rate; a pair shares it).
+- scaling (`--scaling N`): Strata's N-stream aggregate against its own single stream, and its
+  served single stream against the bare pass, paired: each repetition runs a bare decode, then
+  a 1-stream and an N-stream round on one `--parallel N` server, back to back; the medians of
+  the per-repetition ratios (rounds minutes apart, as the decode table's "÷ its 1 stream"
+  column divides, move with the machine's RAM rate; a repetition shares it).
 The client is the standard library (one thread per stream, SSE parsed by hand), the same code
 for both servers. Medians of `--reps`.
 """
@@ -262,24 +263,29 @@ def med(xs: list[float]) -> float:
 
 
 def scaling(model: Path, n: int, gen: int, reps: int, extra: list[str]) -> None:
-    """Strata's n-stream aggregate ÷ its 1-stream speed, each repetition a back-to-back pair of
-    rounds on one `--parallel n` server; prints the pairs and the median ratio."""
+    """Strata's n-stream aggregate ÷ its 1-stream speed, and its served 1 stream ÷ the bare
+    forward pass: each repetition runs a bare decode, then a 1-stream and an n-stream round on
+    one `--parallel n` server, back to back (one RAM moment); prints the triples and the
+    medians of the per-repetition ratios."""
     srv = strata(model, n, 1024, extra)
-    pairs: list[tuple[float, float]] = []
+    runs: list[tuple[float, float, float]] = []
     try:
         for _ in range(reps):
+            bare = bare_decode(model, gen)
             one = decode_round(srv.port, 1, gen)[0]
             many = decode_round(srv.port, n, gen)[0]
-            pairs.append((one, many))
+            runs.append((bare, one, many))
     finally:
         srv.stop()
-    ratios = [m / o for o, m in pairs]
+    ratios = [m / o for _, o, m in runs]
+    served = [o / b for b, o, _ in runs]
     print(
         f"scaling: {n} streams ÷ 1 stream, paired rounds: median {med(ratios):.2f} "
         f"(min {min(ratios):.2f}, max {max(ratios):.2f}); 1 stream "
-        f"{med([o for o, _ in pairs]):.1f}, {n} streams {med([m for _, m in pairs]):.1f} tok/s; "
-        f"pairs "
-        f"{[(round(o, 1), round(m, 1)) for o, m in pairs]}",
+        f"{med([o for _, o, _ in runs]):.1f}, {n} streams {med([m for _, _, m in runs]):.1f} "
+        f"tok/s; served 1 stream ÷ bare, paired: median {med(served):.3f} "
+        f"(min {min(served):.3f}, max {max(served):.3f}); bare / 1 / {n} "
+        f"{[tuple(round(x, 1) for x in r) for r in runs]}",
         flush=True,
     )
 

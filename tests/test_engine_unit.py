@@ -234,3 +234,39 @@ def test_engine_refuses_other_protocol_version() -> None:
     t.join(5)
     assert rc == [1]
     a.close()
+
+
+def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
+    """A stream's deadline: events queued before it are returned; a reader waiting past it
+    gets DeadlineExceeded from the stream's one timer (armed at the first wait, not per
+    event), and `disarm` (its last event queued) cancels that timer."""
+    import asyncio
+    import time
+
+    from strata.engine.client import DeadlineExceeded, SeqStream
+    from strata.sampling import SamplingParams
+
+    async def main() -> None:
+        sub = Submit(1, [1, 2], SamplingParams(), 4, [])
+        s = SeqStream(1, sub, time.monotonic() + 0.2)
+        s.queue.put_nowait(Tokens(1, [5]))
+        assert (await s.next()).ids == [5]
+        assert s.timer is None  # nothing waited yet
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await s.next()
+        assert 0.1 < time.monotonic() - t0 < 2.0
+        timer = s.timer
+        # a finished stream: its timer is cancelled and its events are read as they came
+        f = SeqStream(2, sub, time.monotonic() + 30)
+        reader = asyncio.ensure_future(f.next())
+        await asyncio.sleep(0.01)
+        assert f.timer is not None
+        armed = f.timer
+        f.queue.put_nowait(Tokens(2, [7], finish="length"))
+        f.disarm()
+        assert (await reader).ids == [7]
+        assert armed.cancelled() and f.timer is None
+        assert timer is not None
+
+    asyncio.run(main())

@@ -81,24 +81,33 @@ class SeqStream:
     last_heard: float = 0.0
     t_submit: float = field(default_factory=time.monotonic)
     t_dispatch: float = 0.0
+    # wakes a reader waiting past the deadline (armed once, at the first wait: a per-token
+    # `wait_for` made a task and a timer for every token)
+    timer: asyncio.TimerHandle | None = None
 
     async def next(self) -> Tokens | Progress:
         """The next event; raises EngineError / DeadlineExceeded."""
-        timeout = None if self.deadline is None else self.deadline - time.monotonic()
-        if timeout is not None and timeout <= 0:
+        if self.deadline is not None and self.deadline <= time.monotonic():
             raise DeadlineExceeded("request deadline exceeded")
-        if not self.queue.empty():  # the common case under load: no timer, no task
+        if not self.queue.empty():  # the common case under load: no waiting
             item = self.queue.get_nowait()
-        elif timeout is None:
-            item = await self.queue.get()
         else:
-            try:
-                item = await asyncio.wait_for(self.queue.get(), timeout)
-            except asyncio.TimeoutError:
-                raise DeadlineExceeded("request deadline exceeded") from None
+            if self.deadline is not None and self.timer is None:
+                left = self.deadline - time.monotonic()
+                self.timer = asyncio.get_running_loop().call_later(left, self._expire)
+            item = await self.queue.get()
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def _expire(self) -> None:
+        self.queue.put_nowait(DeadlineExceeded("request deadline exceeded"))
+
+    def disarm(self) -> None:
+        """No more waiting on this stream's deadline (its last event is queued, or it ended)."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 class EngineClient:
@@ -230,9 +239,11 @@ class EngineClient:
         """End every queued and running sequence now with `Unavailable(reason)`."""
         for s in list(self.waiting):
             s.finished = True
+            s.disarm()
             s.queue.put_nowait(Unavailable(reason))
         self.waiting.clear()
         for s in list(self.running.values()):
+            s.disarm()
             if not s.cancelled:
                 s.queue.put_nowait(Unavailable(reason))
             s.cancelled = True
@@ -253,6 +264,7 @@ class EngineClient:
             self.state, self.error = "failed", reason
             for s in self.running.values():
                 s.finished = True
+                s.disarm()
                 s.queue.put_nowait(EngineError(reason))
             self.running.clear()
             self._check_idle()
@@ -261,6 +273,7 @@ class EngineClient:
         self._on_event("restart")
         for s in self.running.values():
             s.finished = True
+            s.disarm()
             s.queue.put_nowait(EngineError(reason))
         self.running.clear()
         self._check_idle()
@@ -316,6 +329,7 @@ class EngineClient:
         if isinstance(msg, Tokens) and msg.finish is not None:
             del self.running[msg.rid]
             s.finished = True
+            s.disarm()
             self._pump()
             self._check_idle()
         if not s.cancelled:
@@ -384,6 +398,7 @@ class EngineClient:
         if s.finished or s.cancelled:
             return
         s.cancelled = True
+        s.disarm()
         if not s.dispatched:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(s)

@@ -20,8 +20,9 @@
 # PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none),
 # EAGER_AB=1 (also decode without the per-layer graphs), THREADS_AB (also decode at each of
 # these thread counts), DOT_PREFETCH (also decode at each of these prefetch distances, bytes),
-# CONTROL=1 (the default decode once more, last: the run's drift), GPUS (Strata's stages' devices, "0,1"
-# on two cards; llama-bench splits over every visible card by layer, its default).
+# CONTROL=1 (the default decode once more, last: the run's drift), GPUS (Strata's stages'
+# devices, "0,1" on two cards; llama-bench splits over every visible card by layer, its
+# default).
 set -u
 R=$PWD
 OUT=${OUT:-/tmp/hybrid-out}

@@ -239,7 +239,7 @@ def test_engine_refuses_other_protocol_version() -> None:
 def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
     """A stream's deadline: events queued before it are returned; a reader waiting past it
     gets DeadlineExceeded from the stream's one timer (armed at the first wait, not per
-    event), and `disarm` (its last event queued) cancels that timer."""
+    event), and reading the stream's last event cancels that timer."""
     import asyncio
     import time
 
@@ -253,10 +253,12 @@ def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
         assert (await s.next()).ids == [5]
         assert s.timer is None  # nothing waited yet
         t0 = time.monotonic()
+        waiting = asyncio.ensure_future(s.next())
+        await asyncio.sleep(0.01)
+        timer = s.timer  # armed by the wait
         with pytest.raises(DeadlineExceeded):
-            await s.next()
+            await waiting
         assert 0.1 < time.monotonic() - t0 < 2.0
-        timer = s.timer
         # a finished stream: its timer is cancelled and its events are read as they came
         f = SeqStream(2, sub, time.monotonic() + 30)
         reader = asyncio.ensure_future(f.next())
@@ -264,8 +266,7 @@ def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
         assert f.timer is not None
         armed = f.timer
         f.queue.put_nowait(Tokens(2, [7], finish="length"))
-        f.disarm()
-        assert (await reader).ids == [7]
+        assert (await reader).ids == [7]  # its last event: reading it cancels the timer
         assert armed.cancelled() and f.timer is None
         assert timer is not None
 

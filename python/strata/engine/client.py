@@ -96,6 +96,8 @@ class SeqStream:
                 left = self.deadline - time.monotonic()
                 self.timer = asyncio.get_running_loop().call_later(left, self._expire)
             item = await self.queue.get()
+        if isinstance(item, BaseException) or (isinstance(item, Tokens) and item.finish):
+            self.disarm()  # the stream's last event: nothing more to wait for
         if isinstance(item, BaseException):
             raise item
         return item
@@ -104,7 +106,8 @@ class SeqStream:
         self.queue.put_nowait(DeadlineExceeded("request deadline exceeded"))
 
     def disarm(self) -> None:
-        """No more waiting on this stream's deadline (its last event is queued, or it ended)."""
+        """No more waiting on this stream's deadline (its last event was read, or its reader
+        is gone: `EngineClient.cancel`)."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -239,11 +242,9 @@ class EngineClient:
         """End every queued and running sequence now with `Unavailable(reason)`."""
         for s in list(self.waiting):
             s.finished = True
-            s.disarm()
             s.queue.put_nowait(Unavailable(reason))
         self.waiting.clear()
         for s in list(self.running.values()):
-            s.disarm()
             if not s.cancelled:
                 s.queue.put_nowait(Unavailable(reason))
             s.cancelled = True
@@ -264,7 +265,6 @@ class EngineClient:
             self.state, self.error = "failed", reason
             for s in self.running.values():
                 s.finished = True
-                s.disarm()
                 s.queue.put_nowait(EngineError(reason))
             self.running.clear()
             self._check_idle()
@@ -273,7 +273,6 @@ class EngineClient:
         self._on_event("restart")
         for s in self.running.values():
             s.finished = True
-            s.disarm()
             s.queue.put_nowait(EngineError(reason))
         self.running.clear()
         self._check_idle()
@@ -329,7 +328,6 @@ class EngineClient:
         if isinstance(msg, Tokens) and msg.finish is not None:
             del self.running[msg.rid]
             s.finished = True
-            s.disarm()
             self._pump()
             self._check_idle()
         if not s.cancelled:
@@ -395,10 +393,10 @@ class EngineClient:
 
     def cancel(self, s: SeqStream) -> None:
         """The client is gone: drop a queued sequence, abort a running one."""
+        s.disarm()
         if s.finished or s.cancelled:
             return
         s.cancelled = True
-        s.disarm()
         if not s.dispatched:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(s)

@@ -86,6 +86,13 @@ fn set_dot_prefetch(bytes: usize) -> usize {
     dot::set_prefetch_distance(bytes)
 }
 
+/// Set the output head kernel's software prefetch distance in bytes (0: no hints); returns
+/// the previous one. A tuning knob like `set_dot_prefetch` (results bitwise the same).
+#[pyfunction]
+fn set_head_prefetch(bytes: usize) -> usize {
+    dot::set_head_prefetch_distance(bytes)
+}
+
 /// The ISAs this CPU can run.
 #[pyfunction]
 fn dot_isas() -> Vec<&'static str> {
@@ -115,5 +122,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dot_isas, m)?)?;
     m.add_function(wrap_pyfunction!(set_dot_isa, m)?)?;
     m.add_function(wrap_pyfunction!(set_dot_prefetch, m)?)?;
+    m.add_function(wrap_pyfunction!(set_head_prefetch, m)?)?;
     Ok(())
 }

@@ -23,9 +23,31 @@ pub fn set_distance(bytes: usize) -> usize {
     knob::DIST.swap(bytes, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The output head's distance (the repacked Q6_K head, `q6k_repack`): about the next
+/// block's first lines. The head is the largest matrix of a decode step (151,936 × 2,048 for
+/// Qwen3, 255 MB) and sits in huge pages; on Zen 4 (AVX-512 VM, 2 threads, 4-layer
+/// Qwen3-30B-A3B width, Q4_K_M, `forward_batch` decode, paired rounds: docs/BENCHMARKS.md)
+/// 64-384 bytes ahead decoded one stream 3-10% faster than 2048 and four streams 1-4%
+/// faster; no hints at all lost a quarter. `set_head_prefetch` retunes it on other CPUs.
+pub(super) const HEAD_DISTANCE: usize = 128;
+
+/// The head kernel's distance: `HEAD_DISTANCE` unless `set_head_distance` chose another (0 =
+/// off). Read once per kernel call.
+#[inline(always)]
+pub(in super::super) fn head_distance() -> usize {
+    knob::HEAD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets the head kernel's prefetch distance in bytes (0: no hints) and returns the previous
+/// one; a benchmark knob like `set_distance` (results stay bitwise).
+pub fn set_head_distance(bytes: usize) -> usize {
+    knob::HEAD.swap(bytes, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(super) mod knob {
     use std::sync::atomic::AtomicUsize;
     pub static DIST: AtomicUsize = AtomicUsize::new(super::DISTANCE);
+    pub static HEAD: AtomicUsize = AtomicUsize::new(super::HEAD_DISTANCE);
 }
 
 /// Prefetch (into L1) the `bs` bytes `dist` past offset `off` of `w`, one hint per 64 bytes,

@@ -136,6 +136,12 @@ pub fn set_prefetch_distance(bytes: usize) -> usize {
     avx2::pf::set_distance(bytes)
 }
 
+/// Sets the output head kernel's software prefetch distance in bytes (0: off) and returns
+/// the previous one; a benchmark knob like `set_prefetch_distance`.
+pub fn set_head_prefetch_distance(bytes: usize) -> usize {
+    avx2::pf::set_head_distance(bytes)
+}
+
 /// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an
 /// error when the CPU cannot run `isa` or another ISA is already in use.
 pub fn set_active_isa(isa: Isa) -> Result<()> {

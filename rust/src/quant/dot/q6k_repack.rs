@@ -484,6 +484,32 @@ mod tests {
         }
     }
 
+    /// The head kernel's prefetch hints change no value: 8 consecutive rows (the hints run
+    /// into the next rows and past the matrix) at several distances, bitwise the scalar rows.
+    #[test]
+    fn head_prefetch_keeps_results_bitwise() {
+        let mut rng = Rng::new(13);
+        let n = 2048;
+        let m: Vec<u8> = (0..8)
+            .flat_map(|_| repack(&random_row(GgmlType::Q6K, n, &mut rng)).unwrap())
+            .collect();
+        let a = random_act(GgmlType::Q6K, n, &mut rng);
+        let mut pa = vec![0u8; a.len()];
+        permute_act(&a, &mut pa).unwrap();
+        let rows = |simd: bool| {
+            let mut y = [0f32; 8];
+            rows_single(n, &m, 0..8, [&pa[..]], simd, |r, v| y[r] = v[0]);
+            y.map(f32::to_bits)
+        };
+        let want = rows(false);
+        let old = crate::quant::dot::set_head_prefetch_distance(0);
+        for d in [0, 64, 256, 4096] {
+            crate::quant::dot::set_head_prefetch_distance(d);
+            assert_eq!(rows(true), want, "prefetch {d}");
+        }
+        crate::quant::dot::set_head_prefetch_distance(old);
+    }
+
     #[test]
     fn bad_sizes_are_errors() {
         assert!(repack(&[0u8; 211]).is_err());

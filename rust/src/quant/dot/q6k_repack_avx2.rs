@@ -110,29 +110,26 @@ unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
     lanes_of(&decode(wb, masks), ab)
 }
 
-/// Bytes ahead of the block being decoded that the kernels prefetch: the hardware prefetcher
-/// alone left one core at ~7 GB/s on a 255 MB head (Zen 1), with this at ~13 GB/s.
-const PREFETCH: usize = 2048;
-
-/// Prefetch the 256 bytes `PREFETCH` past block offset `wo` of `w` (a hint: addresses past
-/// the row are never dereferenced).
+/// Prefetch (into L1) the block `dist` bytes past block offset `wo` of `w`: the hardware
+/// prefetcher alone left one core at ~7 GB/s on a 255 MB head (Zen 1), with hints 2048 bytes
+/// ahead at ~13 GB/s. `dist`: `avx2_prefetch::head_distance` (read once per kernel call).
 #[inline(always)]
-fn prefetch(w: &[u8], wo: usize) {
-    let p = w.as_ptr().wrapping_add(wo + PREFETCH);
-    for l in 0..4 {
-        // SAFETY: prefetching is a hint that never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * l) as *const i8) };
-    }
+fn prefetch(w: &[u8], wo: usize, dist: usize) {
+    super::super::avx2::pf::ahead(w, wo, dist, super::BLOCK_BYTES);
+}
+
+fn distance() -> usize {
+    super::super::avx2::pf::head_distance()
 }
 
 /// `vec_dot`'s order (`k::q6_k`): `fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_single(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let masks = pair_masks();
+    let (masks, pf) = (pair_masks(), distance());
     let mut acc = _mm256_setzero_ps();
     for b in 0..n / 256 {
         let (wo, ao) = (210 * b, 292 * b);
-        prefetch(w, wo);
+        prefetch(w, wo, pf);
         let l = lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks);
         let d = f32_at(a, ao) * h2f(w, wo + 208);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc);
@@ -143,11 +140,11 @@ pub(super) unsafe fn dot_single(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// The tiled order (`k::q6_k_tiled`): `acc + (f32(Σ lanes)·d)·d_a` per block.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let masks = pair_masks();
+    let (masks, pf) = (pair_masks(), distance());
     let mut acc = 0f32;
     for b in 0..n / 256 {
         let (wo, ao) = (210 * b, 292 * b);
-        prefetch(w, wo);
+        prefetch(w, wo, pf);
         let s = hsum_i32(lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks)) as f32;
         acc += (s * h2f(w, wo + 208)) * f32_at(a, ao);
     }
@@ -204,14 +201,14 @@ unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f3
             _mm256_add_epi32(sum, _mm256_madd_epi16(p, s))
         }
     };
-    let masks = pair_masks();
+    let (masks, pf) = (pair_masks(), distance());
     let nb = n / 256;
     let ap = a.map(<[u8]>::as_ptr);
     for r in rows {
         let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..nb {
             let wo = (r * nb + b) * 210;
-            prefetch(w, wo);
+            prefetch(w, wo, pf);
             let wb = w.as_ptr().add(wo);
             let scr = load128(wb.add(192));
             let sw = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]

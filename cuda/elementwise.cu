@@ -20,6 +20,22 @@ extern "C" __global__ void strata_ew_copy_f32(float* dst, const float* src, int 
   if (i < n) dst[i] = src[i];
 }
 
+// Three 4-byte-word copies in one launch: dst_j[i] = src_j[i] for i < n_j, j = 0, 1, 2 (the
+// hybrid step's routing ids, weights and FFN input to mapped host memory: one kernel instead
+// of three copies). Launch: grid (ceil((n0 + n1 + n2) / 256)), block 256.
+extern "C" __global__ void strata_ew_copy3_u32(unsigned* d0, const unsigned* s0, int n0,
+                                               unsigned* d1, const unsigned* s1, int n1,
+                                               unsigned* d2, const unsigned* s2, int n2) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n0) {
+    d0[i] = s0[i];
+  } else if ((i -= n0) < n1) {
+    d1[i] = s1[i];
+  } else if ((i -= n1) < n2) {
+    d2[i] = s2[i];
+  }
+}
+
 // out[r] = the first index of the largest value of row r of x f32 [rows, n].
 // Launch: grid (rows), block 256.
 extern "C" __global__ void __launch_bounds__(256)

@@ -41,6 +41,7 @@ pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub const CU_EVENT_DEFAULT: c_uint = 0x0;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
 pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
 pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 pub const CU_MEMHOSTREGISTER_READ_ONLY: c_uint = 0x8;

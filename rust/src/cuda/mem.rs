@@ -285,11 +285,14 @@ impl std::fmt::Debug for DevBuf {
     }
 }
 
-/// Page-locked host memory (cuMemHostAlloc, portable), for asynchronous copies; `Drop` frees.
+/// Page-locked host memory (cuMemHostAlloc, portable, mapped), for asynchronous copies and
+/// for kernels that read or write it over the link (`dev_ptr`); `Drop` frees.
 pub struct PinnedBuf {
     ctx: Arc<Ctx>,
     ptr: *mut u8,
     len: usize,
+    /// The device's address of the buffer (0 when empty).
+    dev: CUdeviceptr,
 }
 
 // SAFETY: the buffer is plain host memory owned by this value; `&mut` guards writes.
@@ -298,15 +301,23 @@ unsafe impl Sync for PinnedBuf {}
 
 impl PinnedBuf {
     pub(crate) fn alloc(ctx: &Arc<Ctx>, bytes: usize) -> Result<PinnedBuf> {
+        use super::ffi::{CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE};
         let mut p: *mut c_void = std::ptr::null_mut();
+        let mut dev: CUdeviceptr = 0;
         if bytes > 0 {
             ctx.bind()?;
             let drv = ctx.drv;
-            cu!(drv.cuMemHostAlloc(&mut p, bytes, super::ffi::CU_MEMHOSTALLOC_PORTABLE))?;
+            let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+            cu!(drv.cuMemHostAlloc(&mut p, bytes, flags))?;
             // SAFETY: fresh allocation of `bytes` bytes; zero it so reads are defined.
             unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes) };
+            if let Err(e) = cu!(drv.cuMemHostGetDevicePointer(&mut dev, p, 0)) {
+                let _ = cu!(drv.cuMemFreeHost(p));
+                return Err(e);
+            }
         }
         Ok(PinnedBuf {
+            dev,
             ctx: ctx.clone(),
             ptr: if bytes > 0 {
                 p.cast()
@@ -327,6 +338,12 @@ impl PinnedBuf {
 
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr
+    }
+
+    /// The buffer's address for kernels (reads and writes cross the link; the host's view is
+    /// coherent once the stream has passed the kernel).
+    pub fn dev_ptr(&self) -> CUdeviceptr {
+        self.dev
     }
 
     pub fn as_mut_ptr(&mut self) -> *mut u8 {

@@ -403,10 +403,14 @@ impl Hybrid {
             )?,
         }
         self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
-        // ordered after moe_down on the stream; pin_y is rewritten only after the next
-        // layer's event, which the stream reaches after this copy
-        self.y_miss.write_async(s, 0, &self.pin_y, 0, 4 * t * hd)?;
-        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::of(&self.y_miss), t * hd)?;
+        // x += y_miss read over the link from the pinned buffer (one kernel: no copy to
+        // queue first); ordered after moe_down on the stream; pin_y is rewritten only after
+        // the next layer's event, which the stream reaches after this add
+        let y_host = Dv {
+            ptr: self.pin_y.dev_ptr(),
+            len: 4 * t * hd,
+        };
+        elementwise::add(&cx.gpu, s, Dv::of(&b.x), y_host, t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
     }
@@ -489,9 +493,19 @@ impl MoePlacement for Hybrid {
         }
         let (s, b) = (&cx.stream, &cx.b);
         let (nk, hd) = (t * self.top_k, self.n_embd);
-        b.ids.read_async(s, 0, &mut self.pin_ids, 0, 4 * nk)?;
-        b.wts.read_async(s, 0, &mut self.pin_wts, 0, 4 * nk)?;
-        b.h.read_async(s, 0, &mut self.pin_h, 0, 4 * t * hd)
+        // one kernel writes the three into the mapped pinned buffers (ids i32 [T, K],
+        // wts f32 [T, K], h f32 [T, H]): no copy-engine round trips on the layer's chain
+        let host = |p: &PinnedBuf| Dv {
+            ptr: p.dev_ptr(),
+            len: p.len(),
+        };
+        elementwise::copy3(
+            &cx.gpu,
+            s,
+            [host(&self.pin_ids), host(&self.pin_wts), host(&self.pin_h)],
+            [Dv::of(&b.ids), Dv::of(&b.wts), Dv::of(&b.h)],
+            [nk, nk, t * hd],
+        )
     }
 
     /// Layer `l`'s shared expert, then its resident experts through the slot pointer tables

@@ -63,14 +63,25 @@ pub fn copy3(gpu: &Gpu, s: &Stream, dst: [Dv; 3], src: [Dv; 3], n: [usize; 3]) -
     for j in 0..3 {
         dst[j].need("copy3 destination", bytes(n[j], 4)?)?;
         src[j].need("copy3 source", bytes(n[j], 4)?)?;
-        args.extend([dst[j].arg(), src[j].arg(), Arg::I32(i32_of("copy3 n", n[j])?)]);
+        args.extend([
+            dst[j].arg(),
+            src[j].arg(),
+            Arg::I32(i32_of("copy3 n", n[j])?),
+        ]);
     }
     let total = n.iter().sum::<usize>();
     if total == 0 {
         return Ok(());
     }
     let grid = grid_dim("blocks", total.div_ceil(THREADS), GRID_X)?;
-    launch(gpu, s, "strata_ew_copy3_u32", (grid, 1, 1), THREADS as u32, &args)
+    launch(
+        gpu,
+        s,
+        "strata_ew_copy3_u32",
+        (grid, 1, 1),
+        THREADS as u32,
+        &args,
+    )
 }
 
 /// out[r] = the first index of the largest value of row r; x: f32 [rows, n], out: i32 [rows].

@@ -9,8 +9,11 @@ or gguf-py) and repeated over the 128 experts, so every expert is its own memory
 setup stays fast. Types without a dot kernel in this build are listed and skipped. With
 `--model MODEL.gguf --layer N` the layer's real expert tensors are used instead.
 Each point alternates barrier and pipelined calls with fresh random routing (k distinct
-experts per token), `--reps` times, and reports medians. `--llama` also times llama.cpp's CPU
-MoE (ggml `mul_mat_id` graph, bench/ggml_moe.py) on the same bytes, inputs and thread count;
+experts per token), `--reps` times, and reports medians; before each timed call the other
+pool's workers are left to park and one untimed call wakes this pool's (before 2026-12-05 the
+two pools' spinning workers shared the cores when every core was taken). `--llama` also
+times llama.cpp's CPU MoE (ggml `mul_mat_id` graph, bench/ggml_moe.py) on the same bytes,
+inputs and thread count;
 "pool ÷ llama.cpp" is llama.cpp time ÷ pool barrier time (> 1: the pool is faster).
 """
 
@@ -102,6 +105,10 @@ def model_layer(path: str, block: int) -> tuple[MoELayer, list[npt.NDArray[np.ui
     return layer, mats
 
 
+# Longer than an idle worker spins before it parks (ExpertPool's spin_us, 2000 µs).
+SPIN_S = 0.003
+
+
 def bench_point(
     layers: list[MoELayer],
     pools: tuple[ExpertPool, ExpertPool],
@@ -125,6 +132,12 @@ def bench_point(
         x = rng.standard_normal((tokens, layer.hidden)).astype(np.float32)
         order = (0, 1) if rep % 2 == 0 else (1, 0)
         for n in order:
+            # the other pool's workers park first (they spin SPIN_S after a call, and with
+            # every core taken they would share the cores with this call); then one untimed
+            # call wakes this pool's workers, so the timed call meets them spinning, as a
+            # decode step's calls do
+            time.sleep(SPIN_S)
+            pools[n].moe(layer, x, ids, w)
             t0 = time.perf_counter()
             pools[n].moe(layer, x, ids, w)
             dt = time.perf_counter() - t0

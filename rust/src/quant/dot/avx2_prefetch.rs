@@ -9,18 +9,24 @@ use std::arch::x86_64::*;
 /// matvecs walk rows back to back).
 pub(super) const DISTANCE: usize = 2048;
 
-/// The distance the kernels use: `DISTANCE` unless `set_distance` chose another (0 = off).
-/// Read once per kernel call (a relaxed load), never per block.
-#[inline(always)]
-pub(in super::super) fn distance() -> usize {
-    knob::DIST.load(std::sync::atomic::Ordering::Relaxed)
-}
+/// A prefetch distance in bytes that kernels read once per call (0: no hints). Relaxed
+/// atomics: a hint changes no value, so a change racing a call changes only its speed.
+pub(in super::super) struct Knob(std::sync::atomic::AtomicUsize);
 
-/// Sets the prefetch distance in bytes (0: no hints) for every later kernel call and returns
-/// the previous one. A tuning knob for benchmarks (`bench/bench_hybrid.py --dot-prefetch`):
-/// hints never change a value, so the results stay bitwise whatever it is.
-pub fn set_distance(bytes: usize) -> usize {
-    knob::DIST.swap(bytes, std::sync::atomic::Ordering::Relaxed)
+impl Knob {
+    const fn new(bytes: usize) -> Knob {
+        Knob(std::sync::atomic::AtomicUsize::new(bytes))
+    }
+
+    #[inline(always)]
+    pub(in super::super) fn get(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets the distance for every later call; returns the previous one.
+    pub(in super::super) fn set(&self, bytes: usize) -> usize {
+        self.0.swap(bytes, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The output head's distance (the repacked Q6_K head, `q6k_repack`): about the next
@@ -31,23 +37,24 @@ pub fn set_distance(bytes: usize) -> usize {
 /// faster; no hints at all lost a quarter. `set_head_prefetch` retunes it on other CPUs.
 pub(super) const HEAD_DISTANCE: usize = 128;
 
-/// The head kernel's distance: `HEAD_DISTANCE` unless `set_head_distance` chose another (0 =
-/// off). Read once per kernel call.
+/// The knobs: `DIST` for the one-token kernels (`set_dot_prefetch`, `bench/bench_hybrid.py
+/// --dot-prefetch`), `HEAD` for the head's (`set_head_prefetch`); tuning knobs for
+/// benchmarks, the results bitwise whatever they hold.
+pub(in super::super) mod knob {
+    pub static DIST: super::Knob = super::Knob::new(super::DISTANCE);
+    pub static HEAD: super::Knob = super::Knob::new(super::HEAD_DISTANCE);
+}
+
+/// The one-token kernels' distance (`DISTANCE` unless set), read once per kernel call.
+#[inline(always)]
+pub(in super::super) fn distance() -> usize {
+    knob::DIST.get()
+}
+
+/// The head kernel's distance (`HEAD_DISTANCE` unless set), read once per kernel call.
 #[inline(always)]
 pub(in super::super) fn head_distance() -> usize {
-    knob::HEAD.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Sets the head kernel's prefetch distance in bytes (0: no hints) and returns the previous
-/// one; a benchmark knob like `set_distance` (results stay bitwise).
-pub fn set_head_distance(bytes: usize) -> usize {
-    knob::HEAD.swap(bytes, std::sync::atomic::Ordering::Relaxed)
-}
-
-pub(super) mod knob {
-    use std::sync::atomic::AtomicUsize;
-    pub static DIST: AtomicUsize = AtomicUsize::new(super::DISTANCE);
-    pub static HEAD: AtomicUsize = AtomicUsize::new(super::HEAD_DISTANCE);
+    knob::HEAD.get()
 }
 
 /// Prefetch (into L1) the `bs` bytes `dist` past offset `off` of `w`, one hint per 64 bytes,
@@ -76,7 +83,6 @@ mod exact {
     use super::super::super::{kernel_for, Isa};
     use super::knob::DIST;
     use crate::quant::GgmlType;
-    use std::sync::atomic::Ordering;
 
     #[test]
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
@@ -98,13 +104,13 @@ mod exact {
             let scalar = kernel_for(Isa::Scalar, w).unwrap();
             let simd = kernel_for(Isa::Avx2, w).unwrap();
             for d in [0, 64, super::DISTANCE] {
-                DIST.store(d, Ordering::Relaxed);
+                DIST.set(d);
                 for row in m.chunks_exact(rb) {
                     let (a, b) = (simd(n, row, &act), scalar(n, row, &act));
                     assert_eq!(a.to_bits(), b.to_bits(), "{} prefetch {d}", w.name());
                 }
             }
-            DIST.store(super::DISTANCE, Ordering::Relaxed);
+            DIST.set(super::DISTANCE);
         }
     }
 }
@@ -120,7 +126,6 @@ mod bench {
     use super::super::super::vec_dot;
     use super::knob::DIST;
     use crate::quant::GgmlType;
-    use std::sync::atomic::Ordering;
 
     #[test]
     #[ignore]
@@ -146,7 +151,7 @@ mod bench {
             let mut sums = vec![0u32; dists.len()];
             for _ in 0..5 {
                 for (k, &d) in dists.iter().enumerate() {
-                    DIST.store(d, Ordering::Relaxed);
+                    DIST.set(d);
                     let mut x = 0f32;
                     let t0 = thread_cpu_ns();
                     for row in m.chunks_exact(rb) {
@@ -156,7 +161,7 @@ mod bench {
                     sums[k] = x.to_bits();
                 }
             }
-            DIST.store(super::DISTANCE, Ordering::Relaxed);
+            DIST.set(super::DISTANCE);
             // prefetching changes no value
             assert!(sums.iter().all(|&s| s == sums[0]), "{}", w.name());
             for (k, &d) in dists.iter().enumerate() {

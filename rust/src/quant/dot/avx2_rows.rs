@@ -394,7 +394,6 @@ mod exact {
     use super::super::super::{kernel_for, rows_kernel_for, Isa};
     use super::super::pf::{knob::DIST, DISTANCE};
     use crate::quant::GgmlType;
-    use std::sync::atomic::Ordering;
 
     fn check(w: GgmlType, n: usize, m: &[u8], act: &[u8], what: &str) {
         let rb = w.row_bytes(n).unwrap();
@@ -439,12 +438,12 @@ mod exact {
                 let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
                 let rb = m.len() / 13;
                 for d in [0, DISTANCE] {
-                    DIST.store(d, Ordering::Relaxed);
+                    DIST.set(d);
                     for rows in [1usize, 2, 3, 4, 5, 7, 8, 9, 13] {
                         check(w, n, &m[..rows * rb], &act, &format!("random pf {d}"));
                     }
                 }
-                DIST.store(DISTANCE, Ordering::Relaxed);
+                DIST.set(DISTANCE);
             }
         }
     }

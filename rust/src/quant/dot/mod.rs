@@ -133,13 +133,13 @@ static ACTIVE: OnceLock<Isa> = OnceLock::new();
 /// Sets the one-token kernels' software prefetch distance in bytes (0: off) and returns the
 /// previous one; a benchmark knob (results are bitwise the same at any distance).
 pub fn set_prefetch_distance(bytes: usize) -> usize {
-    avx2::pf::set_distance(bytes)
+    avx2::pf::knob::DIST.set(bytes)
 }
 
 /// Sets the output head kernel's software prefetch distance in bytes (0: off) and returns
 /// the previous one; a benchmark knob like `set_prefetch_distance`.
 pub fn set_head_prefetch_distance(bytes: usize) -> usize {
-    avx2::pf::set_head_distance(bytes)
+    avx2::pf::knob::HEAD.set(bytes)
 }
 
 /// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an

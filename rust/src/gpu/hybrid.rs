@@ -406,11 +406,7 @@ impl Hybrid {
         // x += y_miss read over the link from the pinned buffer (one kernel: no copy to
         // queue first); ordered after moe_down on the stream; pin_y is rewritten only after
         // the next layer's event, which the stream reaches after this add
-        let y_host = Dv {
-            ptr: self.pin_y.dev_ptr(),
-            len: 4 * t * hd,
-        };
-        elementwise::add(&cx.gpu, s, Dv::of(&b.x), y_host, t * hd)?;
+        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::mapped(&self.pin_y), t * hd)?;
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
     }
@@ -495,14 +491,11 @@ impl MoePlacement for Hybrid {
         let (nk, hd) = (t * self.top_k, self.n_embd);
         // one kernel writes the three into the mapped pinned buffers (ids i32 [T, K],
         // wts f32 [T, K], h f32 [T, H]): no copy-engine round trips on the layer's chain
-        let host = |p: &PinnedBuf| Dv {
-            ptr: p.dev_ptr(),
-            len: p.len(),
-        };
+        let (ids, wts, h) = (&self.pin_ids, &self.pin_wts, &self.pin_h);
         elementwise::copy3(
             &cx.gpu,
             s,
-            [host(&self.pin_ids), host(&self.pin_wts), host(&self.pin_h)],
+            [Dv::mapped(ids), Dv::mapped(wts), Dv::mapped(h)],
             [Dv::of(&b.ids), Dv::of(&b.wts), Dv::of(&b.h)],
             [nk, nk, t * hd],
         )

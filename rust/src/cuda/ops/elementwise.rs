@@ -59,20 +59,27 @@ pub fn copy(gpu: &Gpu, s: &Stream, dst: Dv, src: Dv, n: usize) -> Result<()> {
 /// Three copies of 4-byte words in one launch: `dst[j][..n[j]] = src[j][..n[j]]` (either side
 /// may be mapped host memory: `PinnedBuf::dev_ptr`).
 pub fn copy3(gpu: &Gpu, s: &Stream, dst: [Dv; 3], src: [Dv; 3], n: [usize; 3]) -> Result<()> {
-    let mut args = Vec::with_capacity(9);
     for j in 0..3 {
         dst[j].need("copy3 destination", bytes(n[j], 4)?)?;
         src[j].need("copy3 source", bytes(n[j], 4)?)?;
-        args.extend([
-            dst[j].arg(),
-            src[j].arg(),
-            Arg::I32(i32_of("copy3 n", n[j])?),
-        ]);
     }
     let total = n.iter().sum::<usize>();
     if total == 0 {
         return Ok(());
     }
+    let ni = |j: usize| i32_of("copy3 n", n[j]).map(Arg::I32);
+    // a fixed array: this runs once per hybrid layer, on the step's path
+    let args = [
+        dst[0].arg(),
+        src[0].arg(),
+        ni(0)?,
+        dst[1].arg(),
+        src[1].arg(),
+        ni(1)?,
+        dst[2].arg(),
+        src[2].arg(),
+        ni(2)?,
+    ];
     let grid = grid_dim("blocks", total.div_ceil(THREADS), GRID_X)?;
     launch(
         gpu,

@@ -2,7 +2,7 @@
 //! (a whole `DevBuf` or a checked sub-range of one), and the small checked conversions the
 //! launchers share.
 
-use crate::cuda::{Arg, DevBuf, Gpu, Stream};
+use crate::cuda::{Arg, DevBuf, Gpu, PinnedBuf, Stream};
 use crate::error::{Error, Result};
 
 /// `len` bytes of device memory at `ptr`.
@@ -17,6 +17,15 @@ impl Dv {
     pub fn of(b: &DevBuf) -> Dv {
         Dv {
             ptr: b.ptr(),
+            len: b.len(),
+        }
+    }
+
+    /// The whole of a mapped pinned host buffer, at its device address (kernels read and
+    /// write it over the link).
+    pub fn mapped(b: &PinnedBuf) -> Dv {
+        Dv {
+            ptr: b.dev_ptr(),
             len: b.len(),
         }
     }

@@ -51,12 +51,6 @@ pub(in super::super) fn distance() -> usize {
     knob::DIST.get()
 }
 
-/// The head kernel's distance (`HEAD_DISTANCE` unless set), read once per kernel call.
-#[inline(always)]
-pub(in super::super) fn head_distance() -> usize {
-    knob::HEAD.get()
-}
-
 /// Prefetch (into L1) the `bs` bytes `dist` past offset `off` of `w`, one hint per 64 bytes,
 /// so the hints of consecutive blocks leave no line out. `dist` = 0 does nothing. The
 /// addresses may lie past `w` (the next rows, or past the matrix): a prefetch never faults.

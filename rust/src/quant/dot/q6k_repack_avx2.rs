@@ -3,7 +3,7 @@
 //! then ggml's float combine of the eight lanes.
 //! Safety: callers have checked AVX2/FMA/F16C and that the slices hold `n / 256` blocks.
 
-use super::super::avx2::{h2f, h2f_bits, hsum8, hsum_i32, load, load128};
+use super::super::avx2::{h2f, h2f_bits, hsum8, hsum_i32, load, load128, pf};
 use super::super::common::f32_at;
 use std::arch::x86_64::*;
 
@@ -112,24 +112,20 @@ unsafe fn lanes(wb: *const u8, ab: *const u8, masks: &[__m256i; 4]) -> __m256i {
 
 /// Prefetch (into L1) the block `dist` bytes past block offset `wo` of `w`: the hardware
 /// prefetcher alone left one core at ~7 GB/s on a 255 MB head (Zen 1), with hints 2048 bytes
-/// ahead at ~13 GB/s. `dist`: `avx2_prefetch::head_distance` (read once per kernel call).
+/// ahead at ~13 GB/s. `dist`: the head's knob (`pf::knob::HEAD`, read once per kernel call).
 #[inline(always)]
 fn prefetch(w: &[u8], wo: usize, dist: usize) {
-    super::super::avx2::pf::ahead(w, wo, dist, super::BLOCK_BYTES);
-}
-
-fn distance() -> usize {
-    super::super::avx2::pf::head_distance()
+    pf::ahead(w, wo, dist, super::BLOCK_BYTES);
 }
 
 /// `vec_dot`'s order (`k::q6_k`): `fma(d_a·d, f32(lanes), acc)` per block, then `hsum8`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_single(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (masks, pf) = (pair_masks(), distance());
+    let (masks, dist) = (pair_masks(), pf::knob::HEAD.get());
     let mut acc = _mm256_setzero_ps();
     for b in 0..n / 256 {
         let (wo, ao) = (210 * b, 292 * b);
-        prefetch(w, wo, pf);
+        prefetch(w, wo, dist);
         let l = lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks);
         let d = f32_at(a, ao) * h2f(w, wo + 208);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l), acc);
@@ -140,11 +136,11 @@ pub(super) unsafe fn dot_single(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// The tiled order (`k::q6_k_tiled`): `acc + (f32(Σ lanes)·d)·d_a` per block.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_tiled(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (masks, pf) = (pair_masks(), distance());
+    let (masks, dist) = (pair_masks(), pf::knob::HEAD.get());
     let mut acc = 0f32;
     for b in 0..n / 256 {
         let (wo, ao) = (210 * b, 292 * b);
-        prefetch(w, wo, pf);
+        prefetch(w, wo, dist);
         let s = hsum_i32(lanes(w.as_ptr().add(wo), a.as_ptr().add(ao), &masks)) as f32;
         acc += (s * h2f(w, wo + 208)) * f32_at(a, ao);
     }
@@ -201,14 +197,14 @@ unsafe fn rows_single_body<const N: usize, const VNNI: bool, F: FnMut(usize, [f3
             _mm256_add_epi32(sum, _mm256_madd_epi16(p, s))
         }
     };
-    let (masks, pf) = (pair_masks(), distance());
+    let (masks, dist) = (pair_masks(), pf::knob::HEAD.get());
     let nb = n / 256;
     let ap = a.map(<[u8]>::as_ptr);
     for r in rows {
         let mut acc = [_mm256_setzero_ps(); N];
         for b in 0..nb {
             let wo = (r * nb + b) * 210;
-            prefetch(w, wo, pf);
+            prefetch(w, wo, dist);
             let wb = w.as_ptr().add(wo);
             let scr = load128(wb.add(192));
             let sw = _mm256_cvtepi8_epi16(scr); // [sc0, sc2, .., sc14 | sc1, sc3, .., sc15]

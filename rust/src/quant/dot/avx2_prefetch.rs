@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 
 /// Bytes ahead of the block being decoded (past a row's end this is the next row: the
 /// matvecs walk rows back to back).
-pub(super) const DISTANCE: usize = 2048;
+pub(in super::super) const DISTANCE: usize = 2048;
 
 /// A prefetch distance in bytes that kernels read once per call (0: no hints). Relaxed
 /// atomics: a hint changes no value, so a change racing a call changes only its speed.

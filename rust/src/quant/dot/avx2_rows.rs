@@ -120,31 +120,44 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
             }
             sumv[r] = s;
         }
-        // sumi of the four rows: lanes [r0, r1, r2, r3].
-        let t = transpose_sum4(sumv);
-        let si = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-        // summ = Σ_k min_k·(bsum_2k + bsum_2k+1): rows 0|1 and 2|3 in the halves of a madd.
-        let bs = load(ab.as_ptr().add(260));
-        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        let pairs = _mm256_broadcastsi128_si256(pairs);
-        let mv =
-            |r: usize| _mm256_cvtepu8_epi16(_mm_set_epi64x(mins[r + 1] as i64, mins[r] as i64));
-        let m01 = _mm256_madd_epi16(mv(0), pairs); // [r0 ×4 | r1 ×4]
-        let m23 = _mm256_madd_epi16(mv(2), pairs); // [r2 ×4 | r3 ×4]
-        let sm = sum4_halves(m01, m23);
-        // acc + (d_a·d·sumi − d_a·dmin·summ), four rows at once.
-        let da = _mm_set1_ps(f32::from_le_bytes(ab[0..4].try_into().unwrap()));
-        let dd = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(dbits as i64)));
-        let dm = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(mbits as i64)));
-        let v = _mm_sub_ps(
-            _mm_mul_ps(dd, _mm_cvtepi32_ps(si)),
-            _mm_mul_ps(dm, _mm_cvtepi32_ps(sm)),
-        );
-        acc = _mm_add_ps(acc, v);
+        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, mins, dbits, mbits));
     }
     let mut out = [0f32; R];
     _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
+}
+
+/// The four rows' block tail of the grouped Q4_K kernels: from their integer lane sums
+/// (`sumv`, summed whole), packed mins, and d / dmin bits (16 per row), the block's
+/// `d_a·d·sumi − d_a·dmin·summ` per row ([r0, r1, r2, r3]; `vec_dot`'s float steps).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in super::super) unsafe fn q4_k_tail4(
+    ab: &[u8],
+    sumv: [__m256i; R],
+    mins: [u64; R],
+    dbits: u64,
+    mbits: u64,
+) -> __m128 {
+    // sumi of the four rows: lanes [r0, r1, r2, r3].
+    let t = transpose_sum4(sumv);
+    let si = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    // summ = Σ_k min_k·(bsum_2k + bsum_2k+1): rows 0|1 and 2|3 in the halves of a madd.
+    let bs = load(ab.as_ptr().add(260));
+    let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    let pairs = _mm256_broadcastsi128_si256(pairs);
+    let mv = |r: usize| _mm256_cvtepu8_epi16(_mm_set_epi64x(mins[r + 1] as i64, mins[r] as i64));
+    let m01 = _mm256_madd_epi16(mv(0), pairs); // [r0 ×4 | r1 ×4]
+    let m23 = _mm256_madd_epi16(mv(2), pairs); // [r2 ×4 | r3 ×4]
+    let sm = sum4_halves(m01, m23);
+    // acc + (d_a·d·sumi − d_a·dmin·summ), four rows at once.
+    let da = _mm_set1_ps(f32::from_le_bytes(ab[0..4].try_into().unwrap()));
+    let dd = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(dbits as i64)));
+    let dm = _mm_mul_ps(da, _mm_cvtph_ps(_mm_cvtsi64_si128(mbits as i64)));
+    _mm_sub_ps(
+        _mm_mul_ps(dd, _mm_cvtepi32_ps(si)),
+        _mm_mul_ps(dm, _mm_cvtepi32_ps(sm)),
+    )
 }
 
 /// Q6_K: `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
@@ -329,7 +342,7 @@ pub fn rows_kernel(w: GgmlType) -> Option<RowsFn> {
 
 /// Rows of `w` through `four` in groups, the rest through `one` (both unsafe AVX2 kernels).
 #[inline(always)]
-fn by_groups(
+pub(in super::super) fn by_groups(
     w: GgmlType,
     n: usize,
     rows: &[u8],

@@ -1,0 +1,156 @@
+//! AVX-512 BW grouped one-token Q4_K kernel: `avx2_rows::q4_k_rows4` with two 32-element
+//! chunks of a row per 64-byte vector, for cores whose 512-bit integer multiplies issue at
+//! full width (`cpu::wide_512`).
+//!
+//! Why: the hybrid decode's CPU leg (missed experts, one token) is compute-bound on the GPU
+//! machine's Xeon host — 16 threads read a layer's experts at ~114 GB/s from cache and ~81 GB/s
+//! cold, a core computing ~7–12 GB/s of Q4_K rows, where a Zen 4 core computes ~19. Intel's
+//! server cores issue 512-bit `vpmaddubsw` / `vpmaddwd` on two ports (256-bit on two as well),
+//! so a zmm form does twice the work per multiply µop, and the scales' byte shuffles halve
+//! too (4 per row and block instead of 8). Zen 4 splits 512-bit integer ops in two: there the
+//! AVX2 kernel stays (the zmm form measured 2–3% slower on one core, L2-resident).
+//!
+//! Layout per block: quant vector P (0, 1) is the row's bytes `qs[64P .. 64P + 64]`, chunks
+//! 2P and 2P + 1 (low nibbles: sub-blocks 4P and 4P + 2; high: 4P + 1 and 4P + 3); the
+//! activation's matching 32-byte runs are joined once per block for the four rows; each
+//! 256-bit half then takes the scale the AVX2 kernel gives that chunk.
+//!
+//! Bitwise: the products and pair sums are the AVX2 kernel's (no saturation: 2·15·128 fits in
+//! i16), the per-row integer total is exact in any grouping, and the tail (mins, the float
+//! combine) is the AVX2 kernel's own (`q4_k_tail4`).
+
+use super::super::avx2::k;
+use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, R};
+use super::super::avx2::{load, pf};
+use super::super::common::{k4_scales_packed, u32_at, Q8K_BYTES as AB};
+use crate::quant::GgmlType;
+use std::arch::x86_64::*;
+
+/// Two 256-bit halves as one zmm.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+}
+
+/// Q4_K: `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`), bitwise
+/// `avx2_rows::q4_k_rows4`.
+/// Safety: AVX2/FMA/F16C and AVX-512 F/BW; `w` holds four rows of `rb` bytes of `n`
+/// elements and `a` the Q8_K activation of `n`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = _mm_setzero_ps();
+    let m4 = _mm512_set1_epi8(15);
+    // i16 lane k of every 128-bit lane: bytes 2k, 2k + 1
+    let bm = |k: i16| _mm256_set1_epi16(0x0100 + 0x0202 * k);
+    // vector P: the low nibbles of chunk 2P (scale 4P) | chunk 2P + 1 (scale 4P + 2), the
+    // high ones 4P + 1 | 4P + 3
+    let mlo = [join(bm(0), bm(2)), join(bm(4), bm(6))];
+    let mhi = [join(bm(1), bm(3)), join(bm(5), bm(7))];
+    let dist = pf::distance();
+    for b in 0..n / 256 {
+        ahead_group(w, b, 144, rb, dist);
+        let ab = &a[AB * b..AB * b + AB];
+        let ap = ab.as_ptr().add(4);
+        // the activation runs of chunks 2P | 2P + 1: low halves, high halves
+        let alo = [0, 1].map(|p| join(load(ap.add(128 * p)), load(ap.add(128 * p + 64))));
+        let ahi = [0, 1].map(|p| join(load(ap.add(128 * p + 32)), load(ap.add(128 * p + 96))));
+        let mut mins = [0u64; R];
+        let (mut dbits, mut mbits) = (0u64, 0u64);
+        let mut sumv = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let wb = &w[r * rb + 144 * b..r * rb + 144 * b + 144];
+            let (sc, mn) = k4_scales_packed(wb);
+            // the eight u8 scales as i16 in every 128-bit lane
+            let scz = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+            mins[r] = mn;
+            dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);
+            mbits |= (u32_at(wb, 0) as u64 >> 16) << (16 * r);
+            let qp = wb.as_ptr().add(16);
+            let mut s = _mm512_setzero_si512();
+            for p in 0..2 {
+                let q = _mm512_loadu_si512(qp.add(64 * p) as *const __m512i);
+                let lo = _mm512_and_si512(q, m4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+                let plo = _mm512_maddubs_epi16(lo, alo[p]);
+                let phi = _mm512_maddubs_epi16(hi, ahi[p]);
+                let v = _mm512_add_epi32(
+                    _mm512_madd_epi16(plo, _mm512_shuffle_epi8(scz, mlo[p])),
+                    _mm512_madd_epi16(phi, _mm512_shuffle_epi8(scz, mhi[p])),
+                );
+                s = _mm512_add_epi32(s, v);
+            }
+            sumv[r] = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+        }
+        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, mins, dbits, mbits));
+    }
+    let mut out = [0f32; R];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// `vec_dot_rows` for Q4_K through the zmm groups (the AVX2 one-row kernel for a tail).
+pub(super) fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    // SAFETY (by_groups' contract): handed out only where AVX-512 F/BW hold with AVX2/FMA/F16C
+    by_groups(GgmlType::Q4K, n, rows, act, out, q4_k_rows4, k::q4_k);
+}
+
+#[cfg(test)]
+mod exact {
+    use super::super::super::avx2::pf::{knob::DIST, DISTANCE};
+    use super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::{rows_kernel_for, Isa};
+    use crate::quant::GgmlType;
+
+    /// The zmm groups against the AVX2 grouped kernel (itself bitwise `vec_dot`, tested in
+    /// `avx2_rows`): every row bitwise.
+    fn check(n: usize, m: &[u8], act: &[u8], what: &str) {
+        let w = GgmlType::Q4K;
+        let rows = m.len() / w.row_bytes(n).unwrap();
+        let (mut z, mut y) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+        super::q4_k_rows(n, m, act, &mut z);
+        rows_kernel_for(Isa::Avx2, w).unwrap()(n, m, act, &mut y);
+        for r in 0..rows {
+            assert_eq!(
+                z[r].to_bits(),
+                y[r].to_bits(),
+                "{what} n={n} row {r}/{rows}"
+            );
+        }
+    }
+
+    #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
+    fn zmm_q4k_rows_equal_avx2_rows_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx512, "zmm_q4k_rows_equal_avx2_rows_bitwise");
+        let w = GgmlType::Q4K;
+        let mut rng = Rng::new(29);
+        for n in [256, 768, 2048] {
+            let act = random_act(w, n, &mut rng);
+            let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
+            let rb = m.len() / 13;
+            for d in [0, DISTANCE] {
+                DIST.set(d);
+                for rows in [1usize, 3, 4, 5, 8, 9, 13] {
+                    check(n, &m[..rows * rb], &act, &format!("random pf {d}"));
+                }
+            }
+            DIST.set(DISTANCE);
+            // every nibble 15 against activations of ±127 and 1 (d = 1, bsums 16·v): the
+            // largest pair sums the i16 products can hold
+            let mut x = m.clone();
+            for blk in x.chunks_exact_mut(144) {
+                blk[16..144].fill(0xff);
+            }
+            for v in [127i8, -127, 1] {
+                let mut a = Vec::new();
+                for _ in 0..n / 256 {
+                    a.extend_from_slice(&1f32.to_le_bytes());
+                    a.extend(std::iter::repeat_n(v as u8, 256));
+                    (0..16).for_each(|_| a.extend_from_slice(&(16 * v as i16).to_le_bytes()));
+                }
+                check(n, &x, &a, &format!("extreme act {v}"));
+            }
+        }
+    }
+}

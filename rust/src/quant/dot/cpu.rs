@@ -31,21 +31,6 @@ pub fn has_vbmi_bitalg() -> bool {
     has_vbmi() && is_x86_feature_detected!("avx512bitalg")
 }
 
-/// AVX-512 BW on a core that issues 512-bit integer multiplies at full width (Intel's cores
-/// with AVX-512: two 512-bit multiply ports). AMD's Zen 4 splits 512-bit integer ops over its
-/// 256-bit pipes, where the AVX2 forms of the one-token kernels run as fast, so only Intel
-/// takes the zmm forms (`avx512_rows.rs`).
-pub fn wide_512() -> bool {
-    static INTEL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    has_avx512()
-        && *INTEL.get_or_init(|| {
-            // CPUID leaf 0: the vendor string in EBX, EDX, ECX
-            let r = std::arch::x86_64::__cpuid(0);
-            let v = [r.ebx, r.edx, r.ecx].map(u32::to_le_bytes).concat();
-            v == b"GenuineIntel"
-        })
-}
-
 /// The SIMD features relevant to the kernels that this CPU has.
 pub fn cpu_features() -> Vec<&'static str> {
     let mut v = Vec::new();

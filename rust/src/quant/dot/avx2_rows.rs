@@ -95,16 +95,11 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
         ahead_group(w, b, 144, rb, dist);
         let ab = &a[AB * b..AB * b + AB];
         let ap = ab.as_ptr().add(4);
-        let mut mins = [0u64; R];
-        let (mut dbits, mut mbits) = (0u64, 0u64);
+        let mut heads = Q4Heads::default();
         let mut sumv = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let wb = &w[r * rb + 144 * b..r * rb + 144 * b + 144];
-            let (sc, mn) = k4_scales_packed(wb);
-            let sc8 = scales8(sc, false);
-            mins[r] = mn;
-            dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);
-            mbits |= (u32_at(wb, 0) as u64 >> 16) << (16 * r);
+            let sc8 = scales8(heads.take(r, wb), false);
             let qp = wb.as_ptr().add(16);
             let mut s = _mm256_setzero_si256();
             for c in 0..4 {
@@ -120,25 +115,42 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
             }
             sumv[r] = s;
         }
-        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, mins, dbits, mbits));
+        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, &heads));
     }
     let mut out = [0f32; R];
     _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
 }
 
-/// The four rows' block tail of the grouped Q4_K kernels: from their integer lane sums
-/// (`sumv`, summed whole), packed mins, and d / dmin bits (16 per row), the block's
-/// `d_a·d·sumi − d_a·dmin·summ` per row ([r0, r1, r2, r3]; `vec_dot`'s float steps).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-pub(in super::super) unsafe fn q4_k_tail4(
-    ab: &[u8],
-    sumv: [__m256i; R],
+/// What the block tail of the grouped Q4_K kernels keeps of each of the four rows' block
+/// headers: the packed mins and the d / dmin bits (16 per row).
+#[derive(Default)]
+pub(in super::super) struct Q4Heads {
     mins: [u64; R],
     dbits: u64,
     mbits: u64,
-) -> __m128 {
+}
+
+impl Q4Heads {
+    /// Row `r`'s block `wb` (144 bytes): its mins, d and dmin kept; its eight scales returned
+    /// packed (`k4_scales_packed`).
+    #[inline(always)]
+    pub(in super::super) fn take(&mut self, r: usize, wb: &[u8]) -> u64 {
+        let (sc, mn) = k4_scales_packed(wb);
+        self.mins[r] = mn;
+        self.dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);
+        self.mbits |= (u32_at(wb, 0) as u64 >> 16) << (16 * r);
+        sc
+    }
+}
+
+/// The four rows' block tail of the grouped Q4_K kernels: from their integer lane sums
+/// (`sumv`, summed whole) and headers, the block's `d_a·d·sumi − d_a·dmin·summ` per row
+/// ([r0, r1, r2, r3]; `vec_dot`'s float steps).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in super::super) unsafe fn q4_k_tail4(ab: &[u8], sumv: [__m256i; R], h: &Q4Heads) -> __m128 {
+    let (mins, dbits, mbits) = (h.mins, h.dbits, h.mbits);
     // sumi of the four rows: lanes [r0, r1, r2, r3].
     let t = transpose_sum4(sumv);
     let si = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));

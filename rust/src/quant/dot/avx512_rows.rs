@@ -20,9 +20,9 @@
 //! combine) is the AVX2 kernel's own (`q4_k_tail4`).
 
 use super::super::avx2::k;
-use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, R};
+use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, Q4Heads, R};
 use super::super::avx2::{load, pf};
-use super::super::common::{k4_scales_packed, u32_at, Q8K_BYTES as AB};
+use super::super::common::Q8K_BYTES as AB;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
 
@@ -55,17 +55,13 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
         // the activation runs of chunks 2P | 2P + 1: low halves, high halves
         let alo = [0, 1].map(|p| join(load(ap.add(128 * p)), load(ap.add(128 * p + 64))));
         let ahi = [0, 1].map(|p| join(load(ap.add(128 * p + 32)), load(ap.add(128 * p + 96))));
-        let mut mins = [0u64; R];
-        let (mut dbits, mut mbits) = (0u64, 0u64);
+        let mut heads = Q4Heads::default();
         let mut sumv = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let wb = &w[r * rb + 144 * b..r * rb + 144 * b + 144];
-            let (sc, mn) = k4_scales_packed(wb);
+            let sc = heads.take(r, wb);
             // the eight u8 scales as i16 in every 128-bit lane
             let scz = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
-            mins[r] = mn;
-            dbits |= (u32_at(wb, 0) as u64 & 0xffff) << (16 * r);
-            mbits |= (u32_at(wb, 0) as u64 >> 16) << (16 * r);
             let qp = wb.as_ptr().add(16);
             let mut s = _mm512_setzero_si512();
             for p in 0..2 {
@@ -82,7 +78,7 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
             }
             sumv[r] = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
         }
-        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, mins, dbits, mbits));
+        acc = _mm_add_ps(acc, q4_k_tail4(ab, sumv, &heads));
     }
     let mut out = [0f32; R];
     _mm_storeu_ps(out.as_mut_ptr(), acc);

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -360,6 +361,10 @@ def main() -> None:
     else:
         kinds = a.models.split(",")
         paths = {k: quantized(a.dir, a.layers, k, a.type, a.llama_quantize) for k in kinds}
+        # files just written are flushed before either engine reads them: the first decode
+        # after a prep ran 5-12% under the later ones (runs E, G, J), perhaps while their
+        # writeback went on
+        os.sync()
     if a.make_only:
         print("\n".join(map(str, paths.values())))
         return

@@ -37,9 +37,6 @@ prep() {
     tail -n 1 "$OUT/llbuild.log" 2>/dev/null
     python3 "$R/bench/bench_hybrid.py" --dir "$D" --models uniform \
         --llama-quantize "$LL/llama-quantize" --make-only >"$OUT/make.log" 2>&1
-    # the files just written are flushed before any engine reads them (runs J, G, E: the
-    # first decode after the prep ran 12-20% under the later ones, llama.cpp's after it)
-    sync
     echo "prep $(($(date +%s) - t0))s"
 }
 

@@ -226,14 +226,29 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
                     sumv = _mm256_add_epi32(sumv, _mm256_madd_epi16(p, scv));
                 }
             }
-            let scv = _mm256_cvtepi8_epi16(load128(base.add(192)));
-            let msum = _mm256_madd_epi16(scv, bsums);
-            let lanes = _mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5));
-            let d = da * h2f(wb, 208);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc[r]);
+            acc[r] = q6_k_block_done(wb, sumv, bsums, da, acc[r]);
         }
     }
     std::array::from_fn(|r| hsum8(acc[r]))
+}
+
+/// The block tail of the grouped Q6_K kernels for one row (`wb`: its 210-byte block): ggml's
+/// eight i32 lanes (`sumv`, the scaled 6-bit products) less 32·Σ sc·bsum, then
+/// `fma(d_a·d, f32(lanes), acc)`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(in super::super) unsafe fn q6_k_block_done(
+    wb: &[u8],
+    sumv: __m256i,
+    bsums: __m256i,
+    da: f32,
+    acc: __m256,
+) -> __m256 {
+    let scv = _mm256_cvtepi8_epi16(load128(wb.as_ptr().add(192)));
+    let msum = _mm256_madd_epi16(scv, bsums);
+    let lanes = _mm256_sub_epi32(sumv, _mm256_slli_epi32(msum, 5));
+    let d = da * h2f(wb, 208);
+    _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(lanes), acc)
 }
 
 /// Q8_0 (34-byte blocks: f16 scale, 32 i8) with a Q8_0 activation: `out[r] = dot(row r, a)`

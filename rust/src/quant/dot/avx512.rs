@@ -45,12 +45,13 @@ pub fn kernel_with(w: GgmlType, vnni: bool) -> Option<DotFn> {
 pub(super) mod rows;
 
 /// The grouped one-token kernel (`vec_dot_rows`) where the AVX-512 path has its own: IQ3_S
-/// with VBMI and BITALG (`gemm_iq3s512_rows.rs`), Q4_K (`avx512_rows.rs`); `None` leaves the
-/// type to the AVX2 grouped kernels, or to the per-row kernel.
+/// with VBMI and BITALG (`gemm_iq3s512_rows.rs`), Q4_K and Q6_K (`avx512_rows.rs`); `None`
+/// leaves the type to the AVX2 grouped kernels, or to the per-row kernel.
 pub fn rows_kernel(w: GgmlType) -> Option<super::RowsFn> {
     match w {
         GgmlType::IQ3S if cpu::has_vbmi_bitalg() => Some(iq3_s_rows as super::RowsFn),
         GgmlType::Q4K if cpu::has_avx512() => Some(rows::q4_k_rows as super::RowsFn),
+        GgmlType::Q6K if cpu::has_avx512() => Some(rows::q6_k_rows as super::RowsFn),
         _ => None,
     }
 }

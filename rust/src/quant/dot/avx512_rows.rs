@@ -1,5 +1,6 @@
-//! AVX-512 BW grouped one-token Q4_K kernel: `avx2_rows::q4_k_rows4` with two 32-element
-//! chunks of a row per 64-byte vector.
+//! AVX-512 BW grouped one-token Q4_K and Q6_K kernels: `avx2_rows::q4_k_rows4` with two
+//! 32-element chunks of a row per 64-byte vector, `q6_k_rows4` with both halves of a block per
+//! vector (below, at the kernel).
 //!
 //! Why: the hybrid decode's CPU leg (missed experts, one token) is compute-bound on the GPU
 //! machine's Xeon host — 16 threads read a layer's experts at ~114 GB/s from cache and ~81 GB/s
@@ -7,21 +8,22 @@
 //! server cores issue 512-bit `vpmaddubsw` / `vpmaddwd` on two ports, so a zmm form does twice
 //! the work per multiply µop; on every AVX-512 core the scales' byte shuffles halve (4 per row
 //! and block instead of 8) and so do the loads and nibble masks. On a Zen 4 core (512-bit
-//! integer ops split over its 256-bit pipes) it still runs 4–11% faster than the AVX2 groups
-//! on L2-resident rows (`zmm_q4k_rows_speed`), and a four-sequence decode step +2.8%.
+//! integer ops split over its 256-bit pipes) the Q4_K form still runs 4–11% faster than the
+//! AVX2 groups on L2-resident rows (`zmm_rows_speed`; a four-sequence decode step +2.8%), the
+//! Q6_K form ~22%.
 //!
-//! Layout per block: quant vector P (0, 1) is the row's bytes `qs[64P .. 64P + 64]`, chunks
+//! Q4_K layout per block: quant vector P (0, 1) is the row's bytes `qs[64P .. 64P + 64]`, chunks
 //! 2P and 2P + 1 (low nibbles: sub-blocks 4P and 4P + 2; high: 4P + 1 and 4P + 3); the
 //! activation's matching 32-byte runs are joined once per block for the four rows; each
 //! 256-bit half then takes the scale the AVX2 kernel gives that chunk.
 //!
 //! Bitwise: the products and pair sums are the AVX2 kernel's (no saturation: 2·15·128 fits in
 //! i16), the per-row integer total is exact in any grouping, and the tail (mins, the float
-//! combine) is the AVX2 kernel's own (`q4_k_tail4`).
+//! combine) is the AVX2 kernel's own (`q4_k_tail4`). The Q6_K form: at its kernel.
 
 use super::super::avx2::k;
-use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, Q4Heads, R};
-use super::super::avx2::{load, pf};
+use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, q6_k_block_done, Q4Heads, R};
+use super::super::avx2::{hsum8, load, load128, pf};
 use super::super::common::Q8K_BYTES as AB;
 use crate::quant::GgmlType;
 use std::arch::x86_64::*;
@@ -85,6 +87,83 @@ pub(in super::super) unsafe fn q4_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
     out
 }
 
+/// Q6_K: `out[r] = dot(row r, a)` for the four rows of `w`, bitwise
+/// `avx2_rows::q6_k_rows4`: both 128-element halves of a block in one zmm (half h in the
+/// 256-bit half h), so every quant, scale and product op runs once per block instead of twice;
+/// the halves' i32 lanes are added (exact) into the AVX2 kernel's eight, then its tail.
+/// Safety: as `q4_k_rows4`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (m4, m30) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
+    // i16 scale pairs of quant vector j, the same in every 128-bit lane (the AVX2 masks)
+    let masks: [__m512i; 4] = std::array::from_fn(|p| {
+        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
+        _mm512_broadcast_i64x4(load(m.as_ptr()))
+    });
+    let dist = pf::distance();
+    let wp = w.as_ptr();
+    for b in 0..n / 256 {
+        ahead_group(w, b, 210, rb, dist);
+        let ab = &a[AB * b..AB * b + AB];
+        let ap = ab.as_ptr().add(4);
+        let bsums = load(ab.as_ptr().add(260));
+        let da = f32::from_le_bytes(ab[0..4].try_into().unwrap());
+        // the activation of quant vector j: half 0's 32 bytes | half 1's
+        let act: [__m512i; 4] =
+            std::array::from_fn(|j| join(load(ap.add(32 * j)), load(ap.add(128 + 32 * j))));
+        for r in 0..R {
+            let wb = &w[r * rb + 210 * b..r * rb + 210 * b + 210];
+            let base = wp.add(r * rb + 210 * b);
+            // ql [128]: half h's two 32-byte vectors at 64h; qh [64]: half h's at 128 + 32h
+            let z0 = _mm512_loadu_si512(base as *const __m512i);
+            let z1 = _mm512_loadu_si512(base.add(64) as *const __m512i);
+            let ql0 = _mm512_shuffle_i64x2(z0, z1, 0x44); // [ql0 of half 0 | of half 1]
+            let ql1 = _mm512_shuffle_i64x2(z0, z1, 0xee);
+            let qh = _mm512_loadu_si512(base.add(128) as *const __m512i);
+            let q = [
+                _mm512_or_si512(
+                    _mm512_and_si512(ql0, m4),
+                    _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(ql1, m4),
+                    _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
+                    _mm512_and_si512(qh, m30),
+                ),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
+                    _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            // the signed scales as i16: half 0's eight in 128-bit lanes 0, 1, half 1's in 2, 3
+            let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(load128(base.add(192))));
+            let sc = _mm512_shuffle_i64x2(sc, sc, 0x50);
+            let mut sumz = _mm512_setzero_si512();
+            for (j, &qj) in q.iter().enumerate() {
+                let p = _mm512_maddubs_epi16(qj, act[j]);
+                let scv = _mm512_shuffle_epi8(sc, masks[j]);
+                sumz = _mm512_add_epi32(sumz, _mm512_madd_epi16(p, scv));
+            }
+            let sumv = _mm256_add_epi32(
+                _mm512_castsi512_si256(sumz),
+                _mm512_extracti64x4_epi64(sumz, 1),
+            );
+            acc[r] = q6_k_block_done(wb, sumv, bsums, da, acc[r]);
+        }
+    }
+    std::array::from_fn(|r| hsum8(acc[r]))
+}
+
+/// `vec_dot_rows` for Q6_K through the zmm groups (the AVX2 one-row kernel for a tail).
+pub(super) fn q6_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
+    // SAFETY (by_groups' contract): handed out only where AVX-512 F/BW hold with AVX2/FMA/F16C
+    by_groups(GgmlType::Q6K, n, rows, act, out, q6_k_rows4, k::q6_k);
+}
+
 /// `vec_dot_rows` for Q4_K through the zmm groups (the AVX2 one-row kernel for a tail).
 pub(super) fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
     // SAFETY (by_groups' contract): handed out only where AVX-512 F/BW hold with AVX2/FMA/F16C
@@ -95,74 +174,92 @@ pub(super) fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 mod exact {
     use super::super::super::avx2::pf::{knob::DIST, DISTANCE};
     use super::super::super::tests::{random_act, random_row, Rng};
-    use super::super::super::{rows_kernel_for, Isa};
+    use super::super::super::{rows_kernel_for, Isa, RowsFn};
     use crate::quant::GgmlType;
+
+    /// The zmm groups of `w` (Q4_K or Q6_K).
+    fn zmm(w: GgmlType) -> RowsFn {
+        match w {
+            GgmlType::Q4K => super::q4_k_rows,
+            _ => super::q6_k_rows,
+        }
+    }
 
     /// The zmm groups against the AVX2 grouped kernel (itself bitwise `vec_dot`, tested in
     /// `avx2_rows`): every row bitwise.
-    fn check(n: usize, m: &[u8], act: &[u8], what: &str) {
-        let w = GgmlType::Q4K;
+    fn check(w: GgmlType, n: usize, m: &[u8], act: &[u8], what: &str) {
         let rows = m.len() / w.row_bytes(n).unwrap();
         let (mut z, mut y) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
-        super::q4_k_rows(n, m, act, &mut z);
+        zmm(w)(n, m, act, &mut z);
         rows_kernel_for(Isa::Avx2, w).unwrap()(n, m, act, &mut y);
         for r in 0..rows {
-            assert_eq!(
-                z[r].to_bits(),
-                y[r].to_bits(),
-                "{what} n={n} row {r}/{rows}"
-            );
+            let (a, b) = (z[r].to_bits(), y[r].to_bits());
+            assert_eq!(a, b, "{} {what} n={n} row {r}/{rows}", w.name());
         }
     }
 
     #[test]
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
-    fn zmm_q4k_rows_equal_avx2_rows_bitwise() {
-        crate::quant::dot::require_isa(Isa::Avx512, "zmm_q4k_rows_equal_avx2_rows_bitwise");
-        let w = GgmlType::Q4K;
-        let mut rng = Rng::new(29);
-        for n in [256, 768, 2048] {
-            let act = random_act(w, n, &mut rng);
-            let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
-            let rb = m.len() / 13;
-            for d in [0, DISTANCE] {
-                DIST.set(d);
-                for rows in [1usize, 3, 4, 5, 8, 9, 13] {
-                    check(n, &m[..rows * rb], &act, &format!("random pf {d}"));
+    fn zmm_rows_equal_avx2_rows_bitwise() {
+        crate::quant::dot::require_isa(Isa::Avx512, "zmm_rows_equal_avx2_rows_bitwise");
+        for w in [GgmlType::Q4K, GgmlType::Q6K] {
+            let mut rng = Rng::new(29 + w.id() as u64);
+            for n in [256, 768, 2048] {
+                let act = random_act(w, n, &mut rng);
+                let m: Vec<u8> = (0..13).flat_map(|_| random_row(w, n, &mut rng)).collect();
+                let rb = m.len() / 13;
+                for d in [0, DISTANCE] {
+                    DIST.set(d);
+                    for rows in [1usize, 3, 4, 5, 8, 9, 13] {
+                        check(w, n, &m[..rows * rb], &act, &format!("random pf {d}"));
+                    }
                 }
-            }
-            DIST.set(DISTANCE);
-            // every nibble 15 against activations of ±127 and 1 (d = 1, bsums 16·v): the
-            // largest pair sums the i16 products can hold
-            let mut x = m.clone();
-            for blk in x.chunks_exact_mut(144) {
-                blk[16..144].fill(0xff);
-            }
-            for v in [127i8, -127, 1] {
-                let mut a = Vec::new();
-                for _ in 0..n / 256 {
-                    a.extend_from_slice(&1f32.to_le_bytes());
-                    a.extend(std::iter::repeat_n(v as u8, 256));
-                    (0..16).for_each(|_| a.extend_from_slice(&(16 * v as i16).to_le_bytes()));
+                DIST.set(DISTANCE);
+                // every quant bit set (Q4_K nibbles 15, Q6_K values 63; Q6_K scales at
+                // 127, -128, -1, 1 by row) against activations of ±127 and 1 (d = 1, bsums
+                // 16·v): the largest products and pair sums the i16 lanes hold
+                let mut x = m.clone();
+                for (k, row) in x.chunks_exact_mut(rb).enumerate() {
+                    for blk in row.chunks_exact_mut(w.block().1) {
+                        match w {
+                            GgmlType::Q4K => blk[16..144].fill(0xff),
+                            _ => {
+                                blk[..192].fill(0xff);
+                                blk[192..208].fill([127u8, 0x80, 0xff, 1][k % 4]);
+                            }
+                        }
+                    }
                 }
-                check(n, &x, &a, &format!("extreme act {v}"));
+                for v in [127i8, -127, 1] {
+                    let mut a = Vec::new();
+                    for _ in 0..n / 256 {
+                        a.extend_from_slice(&1f32.to_le_bytes());
+                        a.extend(std::iter::repeat_n(v as u8, 256));
+                        (0..16).for_each(|_| a.extend_from_slice(&(16 * v as i16).to_le_bytes()));
+                    }
+                    check(w, n, &x, &a, &format!("extreme act {v}"));
+                }
             }
         }
     }
 
     /// One core's GB/s of the zmm groups against the AVX2 ones on L2-resident rows (384 KB,
-    /// best of 5 interleaved passes): `cargo test --release --lib zmm_q4k_rows_speed --
-    /// --ignored --nocapture` (the AVX-512 dispatch takes the zmm form).
+    /// best of 5 interleaved passes): `cargo test --release --lib zmm_rows_speed --
+    /// --ignored --nocapture`.
     #[test]
     #[ignore = "a benchmark: run by hand on an AVX-512 CPU (the command above)"]
-    fn zmm_q4k_rows_speed() {
+    fn zmm_rows_speed() {
         if !Isa::Avx512.available() {
-            println!("zmm_q4k_rows_speed: this CPU lacks AVX-512");
+            println!("zmm_rows_speed: this CPU lacks AVX-512");
             return;
         }
-        let w = GgmlType::Q4K;
-        let avx2 = rows_kernel_for(Isa::Avx2, w).unwrap();
-        for n in [2048, 768] {
+        for (w, n) in [
+            (GgmlType::Q4K, 2048),
+            (GgmlType::Q4K, 768),
+            (GgmlType::Q6K, 2048),
+            (GgmlType::Q6K, 768),
+        ] {
+            let avx2 = rows_kernel_for(Isa::Avx2, w).unwrap();
             let mut rng = Rng::new(5);
             let rb = w.row_bytes(n).unwrap();
             let rows = 384 * 1024 / rb / 64 * 64;
@@ -172,13 +269,11 @@ mod exact {
             let mut best = [f64::MAX; 2];
             for _ in 0..5 {
                 for (k, best) in best.iter_mut().enumerate() {
+                    let f = if k == 0 { zmm(w) } else { avx2 };
                     let t0 = std::time::Instant::now();
                     for _ in 0..200 {
                         for g in m.chunks(64 * rb) {
-                            match k {
-                                0 => super::q4_k_rows(n, g, &act, &mut out),
-                                _ => avx2(n, g, &act, &mut out),
-                            }
+                            f(n, g, &act, &mut out);
                             std::hint::black_box(&out);
                         }
                     }
@@ -186,11 +281,8 @@ mod exact {
                 }
             }
             let gb = |t: f64| (m.len() * 200) as f64 / t / 1e9;
-            println!(
-                "Q4_K n={n}: zmm {:.2} GB/s, AVX2 {:.2} GB/s",
-                gb(best[0]),
-                gb(best[1])
-            );
+            let (z, y) = (gb(best[0]), gb(best[1]));
+            println!("{} n={n}: zmm {z:.2} GB/s, AVX2 {y:.2} GB/s", w.name());
         }
     }
 }

@@ -172,23 +172,64 @@ pub(in super::super) unsafe fn q4_k_tail4(ab: &[u8], sumv: [__m256i; R], h: &Q4H
     )
 }
 
+/// The four 6-bit value vectors of Q6_K half-blocks (low nibbles of `ql0`, `ql1` | the `qh`
+/// bit pairs 0-1, 2-3, 4-5, 6-7 moved to bits 4-5; `m4` = 0x0F, `m30` = 0x30 bytes), with the
+/// 256- or 512-bit intrinsics: the AVX2 and zmm grouped kernels build them alike.
+macro_rules! q6_values {
+    ($ql0:expr, $ql1:expr, $qh:expr, $m4:expr, $m30:expr, 256) => {
+        q6_values!(@ $ql0, $ql1, $qh, $m4, $m30, _mm256_or_si256, _mm256_and_si256,
+            _mm256_slli_epi16, _mm256_srli_epi16)
+    };
+    ($ql0:expr, $ql1:expr, $qh:expr, $m4:expr, $m30:expr, 512) => {
+        q6_values!(@ $ql0, $ql1, $qh, $m4, $m30, _mm512_or_si512, _mm512_and_si512,
+            _mm512_slli_epi16, _mm512_srli_epi16)
+    };
+    (@ $ql0:expr, $ql1:expr, $qh:expr, $m4:expr, $m30:expr, $or:ident, $and:ident, $sl:ident,
+        $sr:ident) => {{
+        let (ql0, ql1, qh, m4, m30) = ($ql0, $ql1, $qh, $m4, $m30);
+        [
+            $or($and(ql0, m4), $and($sl(qh, 4), m30)),
+            $or($and(ql1, m4), $and($sl(qh, 2), m30)),
+            $or($and($sr(ql0, 4), m4), $and(qh, m30)),
+            $or($and($sr(ql1, 4), m4), $and($sr(qh, 2), m30)),
+        ]
+    }};
+}
+pub(in super::super) use q6_values;
+
+/// The byte masks that spread Q6_K quant vector j's i16 scale pairs (`vpshufb` within each
+/// 128-bit lane of the scales as i16).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(in super::super) fn q6_scale_masks() -> [__m256i; 4] {
+    std::array::from_fn(|p| {
+        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
+        // SAFETY: `m` is 32 bytes
+        unsafe { _mm256_loadu_si256(m.as_ptr() as *const __m256i) }
+    })
+}
+
+/// Block `b` of a Q8_K activation `a`: its 256 quants, its 16 block sums (i16) and d.
+/// Safety: `a` holds at least `b + 1` blocks.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(in super::super) unsafe fn q8k_block(a: &[u8], b: usize) -> (*const u8, __m256i, f32) {
+    let ab = &a[AB * b..AB * b + AB];
+    let da = f32::from_le_bytes(ab[0..4].try_into().unwrap());
+    (ab.as_ptr().add(4), load(ab.as_ptr().add(260)), da)
+}
+
 /// Q6_K: `out[r] = dot(row r, a)` for the four rows of `w` (row r at byte `r·rb`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8]) -> [f32; R] {
     let mut acc = [_mm256_setzero_ps(); R];
     let (m4, m30) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
-    let masks: [__m256i; 4] = std::array::from_fn(|p| {
-        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
-        _mm256_loadu_si256(m.as_ptr() as *const __m256i)
-    });
+    let masks = q6_scale_masks();
     let dist = pf::distance();
     let wp = w.as_ptr();
     for b in 0..n / 256 {
         ahead_group(w, b, 210, rb, dist);
-        let ab = &a[AB * b..AB * b + AB];
-        let ap = ab.as_ptr().add(4);
-        let bsums = load(ab.as_ptr().add(260));
-        let da = f32::from_le_bytes(ab[0..4].try_into().unwrap());
+        let (ap, bsums, da) = q8k_block(a, b);
         for r in 0..R {
             let wb = &w[r * rb + 210 * b..r * rb + 210 * b + 210];
             let base = wp.add(r * rb + 210 * b);
@@ -197,25 +238,7 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
                 let ql0 = load(base.add(64 * h));
                 let ql1 = load(base.add(64 * h + 32));
                 let qh = load(base.add(128 + 32 * h));
-                // 6-bit values: low nibbles | qh bit pairs 0-1, 2-3, 4-5, 6-7 moved to bits 4-5.
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, m4),
-                        _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                        _mm256_and_si256(qh, m30),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                        _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
-                    ),
-                ];
+                let q = q6_values!(ql0, ql1, qh, m4, m30, 256);
                 let sc8 = scales8(
                     u64::from_le_bytes(wb[192 + 8 * h..200 + 8 * h].try_into().unwrap()),
                     true,

@@ -22,7 +22,10 @@
 //! combine) is the AVX2 kernel's own (`q4_k_tail4`). The Q6_K form: at its kernel.
 
 use super::super::avx2::k;
-use super::super::avx2::rows::{ahead_group, by_groups, q4_k_tail4, q6_k_block_done, Q4Heads, R};
+use super::super::avx2::rows::{
+    ahead_group, by_groups, q4_k_tail4, q6_k_block_done, q6_scale_masks, q6_values, q8k_block,
+    Q4Heads, R,
+};
 use super::super::avx2::{hsum8, load, load128, pf};
 use super::super::common::Q8K_BYTES as AB;
 use crate::quant::GgmlType;
@@ -97,18 +100,12 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
     let mut acc = [_mm256_setzero_ps(); R];
     let (m4, m30) = (_mm512_set1_epi8(15), _mm512_set1_epi8(0x30));
     // i16 scale pairs of quant vector j, the same in every 128-bit lane (the AVX2 masks)
-    let masks: [__m512i; 4] = std::array::from_fn(|p| {
-        let m: [u8; 32] = std::array::from_fn(|i| (4 * p + 2 * (i / 16) + i % 2) as u8);
-        _mm512_broadcast_i64x4(load(m.as_ptr()))
-    });
+    let masks = q6_scale_masks().map(|m| _mm512_broadcast_i64x4(m));
     let dist = pf::distance();
     let wp = w.as_ptr();
     for b in 0..n / 256 {
         ahead_group(w, b, 210, rb, dist);
-        let ab = &a[AB * b..AB * b + AB];
-        let ap = ab.as_ptr().add(4);
-        let bsums = load(ab.as_ptr().add(260));
-        let da = f32::from_le_bytes(ab[0..4].try_into().unwrap());
+        let (ap, bsums, da) = q8k_block(a, b);
         // the activation of quant vector j: half 0's 32 bytes | half 1's
         let act: [__m512i; 4] =
             std::array::from_fn(|j| join(load(ap.add(32 * j)), load(ap.add(128 + 32 * j))));
@@ -121,24 +118,7 @@ pub(in super::super) unsafe fn q6_k_rows4(n: usize, w: &[u8], rb: usize, a: &[u8
             let ql0 = _mm512_shuffle_i64x2(z0, z1, 0x44); // [ql0 of half 0 | of half 1]
             let ql1 = _mm512_shuffle_i64x2(z0, z1, 0xee);
             let qh = _mm512_loadu_si512(base.add(128) as *const __m512i);
-            let q = [
-                _mm512_or_si512(
-                    _mm512_and_si512(ql0, m4),
-                    _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30),
-                ),
-                _mm512_or_si512(
-                    _mm512_and_si512(ql1, m4),
-                    _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30),
-                ),
-                _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
-                    _mm512_and_si512(qh, m30),
-                ),
-                _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
-                    _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30),
-                ),
-            ];
+            let q = q6_values!(ql0, ql1, qh, m4, m30, 512);
             // the signed scales as i16: half 0's eight in 128-bit lanes 0, 1, half 1's in 2, 3
             let sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(load128(base.add(192))));
             let sc = _mm512_shuffle_i64x2(sc, sc, 0x50);

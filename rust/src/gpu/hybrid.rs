@@ -3,11 +3,12 @@
 //! by the CPU pool from RAM (the GGUF mapping) while the GPU runs the resident ones.
 //!
 //! Per layer of a chunk of T tokens (after the router on the GPU):
-//!   ids i32 [T, K], wts f32 [T, K], h f32 [T, H]  → pinned host buffers, then an event
+//!   ids i32 [T, K], wts f32 [T, K], h f32 [T, H]  → mapped pinned host buffers (one kernel),
+//!         then an event
 //!   GPU: moe_gate_up / moe_down through the slot pointer tables (0 = miss: no contribution)
 //!   host: wait for the event; LayerSplit (hit / CPU miss); the pool computes
 //!         y_miss f32 [T, H] = Σ_{CPU misses j} w[t, j]·expert_{ids[t, j]}(h[t])
-//!   y_miss → device (pinned, on the compute stream), x += y_miss
+//!   x += y_miss, the add reading it over the link from its mapped pinned buffer
 //!   PCIe misses (`pcie_frac` of the missed experts, chunks of ≤ 8 tokens): the copy engine
 //!         moves them from the registered mapping into a staging area and the GPU runs them
 //!         through the same kernels (`pcie.rs`), while the pool computes the rest
@@ -88,11 +89,10 @@ pub struct Hybrid {
     pin_h: PinnedBuf,   // f32 [T, H]
     pin_y: PinnedBuf,   // f32 [T, H]
     /// f32 [T, H] ×2: a deferred job's y landing at a layer (`pin_y` holds that layer's own
-    /// CPU part), and after the stage's last layer (no event orders that copy after the one
+    /// CPU part), and after the stage's last layer (no event orders that add after the one
     /// queued at the last layer). A buffer is rewritten only after an event the stream
-    /// reaches after its previous copy (the next layer's, or the next step's).
+    /// reaches after the add that read it (the next layer's, or the next step's).
     pin_land: Option<[PinnedBuf; 2]>,
-    y_miss: DevBuf, // f32 [T, H]
     /// Expert deferral (`defer.rs`; None: off): each token's `defer_n` lowest-weight CPU
     /// pairs.
     defer: Option<Deferrer>,
@@ -150,7 +150,6 @@ impl Hybrid {
             }
         }
         let ptrs_dev = gpu.alloc(8 * nl * 3 * ne)?;
-        let y_miss = gpu.alloc(4 * t * hd)?;
         let layers = layers_of(&weights, &shapes);
         let (pcie, pcie_note, frac) = open_pcie(gpu, &weights, &layers, ne, k, cfg.pcie_frac);
         let min = cfg.stream_min_tokens;
@@ -285,7 +284,6 @@ impl Hybrid {
                 Some(_) => Some([gpu.host_alloc(4 * t * hd)?, gpu.host_alloc(4 * t * hd)?]),
                 None => None,
             },
-            y_miss,
             defer,
             defer_n: cfg.defer_experts,
             ids: Vec::with_capacity(t * k),
@@ -364,14 +362,8 @@ impl Hybrid {
             return Err(Error::Config("defer_experts: no landing buffers".into()));
         };
         pin.as_mut_slice()[..4 * n].copy_from_slice(as_bytes(&job.y[..n]));
-        self.y_miss.write_async(&cx.stream, 0, pin, 0, 4 * n)?;
-        elementwise::add(
-            &cx.gpu,
-            &cx.stream,
-            Dv::of(&cx.b.x),
-            Dv::of(&self.y_miss),
-            n,
-        )?;
+        // x += y read over the link, as `cpu_now`'s add
+        elementwise::add(&cx.gpu, &cx.stream, Dv::of(&cx.b.x), Dv::mapped(pin), n)?;
         self.counters.record_handoff((4 * n) as u64);
         Ok(())
     }

@@ -49,30 +49,107 @@ SM_D void router_pick_k(float* score, const float* val, int n, int k, int* ids_r
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32)
-    strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
-  __shared__ float p[ROUTER_MAX_E];
-  __shared__ float pick[ROUTER_MAX_K];
-  const int lane = threadIdx.x, t = blockIdx.x;
-  const float* x = logits + (size_t)t * n_expert;
+// The k largest of the values v[j] = score of entry lane + 32·j (NJ per lane, -inf past n)
+// held in the warp's registers, in turn (ties: the lower id first, as `router_pick_k`):
+// ids_row[j] = its id, pick[j] = v at the id (both written and read by lane 0 only). Each lane keeps its own best; after a
+// round only the winner's lane looks again: no shared scan, no block barrier per pick.
+template <int NJ>
+SM_D void router_pick_regs(float (&v)[NJ], int n, int k, int* ids_row, float* pick) {
+  const int lane = threadIdx.x;
+  float bv;
+  int bj;
+  auto own_best = [&]() {
+    bv = -__builtin_huge_valf();
+    bj = NJ;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      if (v[j] > bv) {  // ascending j: the first maximum of this lane
+        bv = v[j];
+        bj = j;
+      }
+    }
+  };
+  own_best();
+  for (int j = 0; j < k; j++) {
+    float wv = bv;
+    int wi = bj < NJ ? lane + 32 * bj : n;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float ov = __shfl_xor_sync(0xffffffffu, wv, o);
+      int oi = __shfl_xor_sync(0xffffffffu, wi, o);
+      if (ov > wv || (ov == wv && oi < wi)) {
+        wv = ov;
+        wi = oi;
+      }
+    }
+    if (wi >= n) wi = j;  // all remaining are -inf/NaN: never out of range
+    const int r = wi >> 5;
+    float mine = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NJ; q++)
+      if (q == r) mine = v[q];
+    const float pv = __shfl_sync(0xffffffffu, mine, wi & 31);
+    if (lane == 0) {
+      ids_row[j] = wi;
+      pick[j] = pv;
+    }
+    if (lane == (wi & 31)) {
+#pragma unroll
+      for (int q = 0; q < NJ; q++)
+        if (q == r) v[q] = -__builtin_huge_valf();
+      own_best();
+    }
+  }
+}
+
+// p = softmax(logits row) in registers (lane + 32·j, NJ per lane), then the top k.
+template <int NJ>
+SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int n_expert, int k,
+                          int norm, float* pick) {
+  const int lane = threadIdx.x;
+  float p[NJ];
   float mx = -__builtin_huge_valf();
-  for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, x[i]);
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    const int i = lane + 32 * j;
+    p[j] = i < n_expert ? x[i] : -__builtin_huge_valf();
+    mx = fmaxf(mx, p[j]);
+  }
   mx = sm_warp_max(mx);
   double s = 0.0;
-  for (int i = lane; i < n_expert; i += 32) {
-    float e = expf(x[i] - mx);
-    p[i] = e;
-    s += (double)e;
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    if (lane + 32 * j < n_expert) {
+      float e = expf(p[j] - mx);
+      p[j] = e;
+      s += (double)e;
+    }
   }
   float inv = (float)(1.0 / sm_warp_sum_d(s));
-  for (int i = lane; i < n_expert; i += 32) p[i] *= inv;
-  __syncthreads();
-  router_pick_k(p, p, n_expert, k, ids + (size_t)t * k, pick);
+#pragma unroll
+  for (int j = 0; j < NJ; j++)
+    if (lane + 32 * j < n_expert) p[j] *= inv;
+  router_pick_regs<NJ>(p, n_expert, k, ids_row, pick);
   if (lane == 0) {
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += pick[j];
-    for (int j = 0; j < k; j++) w[(size_t)t * k + j] = norm ? pick[j] / sum : pick[j];
+    for (int j = 0; j < k; j++) w_row[j] = norm ? pick[j] / sum : pick[j];
   }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
+  __shared__ float pick[ROUTER_MAX_K];
+  const int t = blockIdx.x;
+  const float* x = logits + (size_t)t * n_expert;
+  int* ids_row = ids + (size_t)t * k;
+  float* w_row = w + (size_t)t * k;
+  if (n_expert <= 128)
+    router_topk_row<4>(x, ids_row, w_row, n_expert, k, norm, pick);
+  else if (n_expert <= 256)
+    router_topk_row<8>(x, ids_row, w_row, n_expert, k, norm, pick);
+  else
+    router_topk_row<ROUTER_MAX_E / 32>(x, ids_row, w_row, n_expert, k, norm, pick);
 }
 
 // gpt-oss's router (`Routing::SoftmaxWeight`): the top k logits (ties: the lower expert id

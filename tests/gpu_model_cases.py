@@ -21,6 +21,7 @@ __all__ = [
     "test_rope_neox",
     "test_rope_qkv_writes_cache",
     "test_router_topk_and_ties",
+    "test_router_topk_widths",
 ]
 
 
@@ -272,6 +273,24 @@ def test_router_topk_and_ties(kern: Any) -> None:
     assert np.abs(w - want_w).max() <= 1e-6
     kern.sim_router_topk(logits, ids, w, t, e, k, 0)
     assert np.abs(w - ref.route(logits, k, norm=False)[1]).max() <= 1e-7
+
+
+def test_router_topk_widths(kern: Any) -> None:
+    """Every register width of the kernel (E ≤ 128, ≤ 256, ≤ 1024 per warp), E not a
+    multiple of 32, and k above 32: the same picks and weights as the reference."""
+    rng = np.random.default_rng(16)
+    for e, k in [(60, 4), (128, 8), (160, 10), (256, 8), (1000, 40)]:
+        t = 3
+        logits = f32(np.stack([rng.permutation(e) * 0.003 for _ in range(t)]))
+        logits[2, :] = 0.0
+        logits[2, [e - 1, 7, e // 2]] = 2.0  # ties across lanes and registers
+        ids = np.zeros((t, k), np.int32)
+        w = np.zeros((t, k), np.float32)
+        kern.sim_router_topk(logits, ids, w, t, e, k, 1)
+        want_ids, want_w = ref.route(logits, k)
+        assert np.array_equal(ids, want_ids), (e, k)
+        assert sorted(ids[2, :3]) == sorted([e - 1, 7, e // 2])
+        assert np.abs(w - want_w).max() <= 1e-6, (e, k)
 
 
 def test_argmax_and_add(kern: Any) -> None:

@@ -156,7 +156,12 @@ CUresult CUDAAPI cuMemsetD8(CUdeviceptr d, unsigned char c, size_t n) { memset((
 // ---- streams, capture, graphs ---------------------------------------------------------------
 enum { OP_COPY, OP_SET, OP_SMOKE };
 typedef struct { int kind; uint64_t dst, src; size_t n; unsigned char byte; float a, b; } Op;
-typedef struct { int capturing; Op* ops; size_t n_ops, cap; } Stream;
+// A stream joins another's capture by waiting on an event recorded there (`into`: the origin
+// whose graph its work goes to, as the driver's cross-stream capture); it leaves when the
+// origin waits on an event it recorded after its work (joined back). `forked`: the origin's
+// side streams not yet joined back (ending the capture with one is an error, as the driver's
+// CUDA_ERROR_STREAM_CAPTURE_UNJOINED).
+typedef struct Stream { int capturing; Op* ops; size_t n_ops, cap; struct Stream* into; int forked; } Stream;
 typedef struct { Op* ops; size_t n_ops; } Graph;
 
 static void run_op(const Op* o) {
@@ -171,6 +176,7 @@ static void run_op(const Op* o) {
 // Runs `o` now, or records it when `s` is capturing.
 static CUresult submit(CUstream hs, Op o) {
     Stream* s = (Stream*)hs;
+    if (s && s->into) s = s->into;
     if (s && s->capturing) {
         if (s->n_ops == s->cap) { s->cap = s->cap ? 2 * s->cap : 8; s->ops = (Op*)realloc(s->ops, s->cap * sizeof(Op)); }
         s->ops[s->n_ops++] = o;
@@ -179,13 +185,18 @@ static CUresult submit(CUstream hs, Op o) {
     run_op(&o);
     return OK;
 }
-static int capturing(CUstream hs) { return hs && ((Stream*)hs)->capturing; }
+static int capturing(CUstream hs) { return hs && (((Stream*)hs)->capturing || ((Stream*)hs)->into); }
+// The stream whose capture `hs`'s work goes to (NULL: not capturing).
+static Stream* origin(CUstream hs) {
+    Stream* s = (Stream*)hs;
+    return !s ? NULL : s->into ? s->into : s->capturing ? s : NULL;
+}
 
 CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int flags) { (void)flags; NEED_CTX(); *s = (CUstream)calloc(1, sizeof(Stream)); return OK; }
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { if (s) { free(((Stream*)s)->ops); free(s); } return OK; }
 CUresult CUDAAPI cuStreamSynchronize(CUstream s) { return capturing(s) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : OK; }
 CUresult CUDAAPI cuStreamQuery(CUstream s) { (void)s; return OK; }
-CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f) { (void)s; (void)e; (void)f; return OK; }
+CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent e, unsigned int f);
 CUresult CUDAAPI cuStreamBeginCapture(CUstream hs, CUstreamCaptureMode mode) {
     Stream* s = (Stream*)hs;
     if (!s || s->capturing || mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) return CUDA_ERROR_INVALID_VALUE;
@@ -196,6 +207,11 @@ CUresult CUDAAPI cuStreamBeginCapture(CUstream hs, CUstreamCaptureMode mode) {
 CUresult CUDAAPI cuStreamEndCapture(CUstream hs, CUgraph* g) {
     Stream* s = (Stream*)hs;
     if (!s || !s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    if (s->forked) {
+        free(s->ops);
+        s->ops = NULL; s->n_ops = s->cap = 0; s->capturing = 0; s->forked = 0;
+        return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+    }
     Graph* gr = (Graph*)calloc(1, sizeof(Graph));
     gr->ops = s->ops;
     gr->n_ops = s->n_ops;
@@ -266,7 +282,8 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, 
 }
 
 // ---- events -----------------------------------------------------------------------------------
-typedef struct { int timing; int recorded; double t_ms; } Event;
+// `cap`: recorded into a capture (that origin stream), from `side` (a side stream of it).
+typedef struct { int timing; int recorded; double t_ms; Stream* cap; Stream* side; } Event;
 static double now_ms(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1e3 + t.tv_nsec / 1e6; }
 CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
     Event* ev = (Event*)calloc(1, sizeof(Event));
@@ -275,13 +292,35 @@ CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
     return OK;
 }
 CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
-    if (capturing(s)) return CUDA_ERROR_INVALID_VALUE;
+    Event* ev = (Event*)e;
+    ev->cap = origin(s);
+    ev->side = ev->cap && ev->cap != (Stream*)s ? (Stream*)s : NULL;
+    if (ev->cap) return OK;  // a node of the capture: nothing happens now
     ((Event*)e)->recorded = 1;
     ((Event*)e)->t_ms = now_ms();
     return OK;
 }
-CUresult CUDAAPI cuEventQuery(CUevent e) { (void)e; return OK; }
-CUresult CUDAAPI cuEventSynchronize(CUevent e) { (void)e; return OK; }
+CUresult CUDAAPI cuEventQuery(CUevent e) { return ((Event*)e)->cap ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : OK; }
+CUresult CUDAAPI cuEventSynchronize(CUevent e) { return ((Event*)e)->cap ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : OK; }
+CUresult CUDAAPI cuStreamWaitEvent(CUstream hs, CUevent e, unsigned int f) {
+    Stream* s = (Stream*)hs;
+    Event* ev = (Event*)e;
+    (void)f;
+    if (!s || !ev->cap) return OK;  // eager: the mock runs every stream in call order
+    Stream* o = origin(hs);
+    if (!o) {  // a fork: s joins the capture of the event's stream
+        if (ev->side) return CUDA_ERROR_INVALID_VALUE;  // (a fork from a side stream: unused)
+        s->into = ev->cap;
+        ev->cap->forked++;
+        return OK;
+    }
+    if (o != ev->cap) return CUDA_ERROR_INVALID_VALUE;  // two captures mixed
+    if (s == o && ev->side && ev->side->into == o) {  // a side stream joined back
+        ev->side->into = NULL;
+        o->forked--;
+    }
+    return OK;
+}
 CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent a, CUevent b) {
     Event *s = (Event*)a, *e = (Event*)b;
     if (!s->timing || !e->timing || !s->recorded || !e->recorded) return CUDA_ERROR_INVALID_HANDLE;

@@ -49,7 +49,8 @@ impl Launcher {
             }
             _ => unreachable!("the loader gives one fused or two split β/α projections"),
         };
-        quant_shared::matmul_shared_x(&self.q, s, &mats, hd, h.ptr, t, scr)?;
+        let br = Some(&self.br);
+        quant_shared::matmul_shared_x(&self.q, s, &mats, hd, h.ptr, t, scr, br)?;
         let (cs, ss) = sp.state_floats();
         let lr = sp.recurrent.iter().filter(|&&r| r).count();
         let (conv_off, ssm_off) = (dn.index * cs, lr * cs + dn.index * ss);

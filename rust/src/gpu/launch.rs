@@ -15,6 +15,7 @@
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::{self, QuantOps};
+use crate::cuda::ops::quant_shared::Branches;
 use crate::cuda::ops::view::{bytes, prod};
 use crate::cuda::{DevBuf, Gpu, Stream};
 use crate::error::Result;
@@ -168,6 +169,9 @@ pub(super) struct Launcher {
     pub kv0: usize,
     /// A hybrid family's recurrent state and DeltaNet scratch (`gdn_state`).
     pub rec: Option<super::gdn_state::GdnState>,
+    /// Side streams for the one-token projections that share a quantized x (Q/K/V, a
+    /// DeltaNet layer's four): parallel branches of the decode graphs.
+    pub br: Branches,
 }
 
 impl Launcher {

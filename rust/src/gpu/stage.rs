@@ -17,6 +17,7 @@ use super::split::{self, SplitInputs};
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::QuantOps;
+use crate::cuda::ops::quant_shared::Branches;
 use crate::cuda::{Gpu, Graph};
 use crate::error::{Error, Result};
 use crate::model::weights::{LayerWeights, Weights};
@@ -267,7 +268,9 @@ pub(super) fn build(
             }
             _ => None,
         };
+        let br = Branches::new(&gpu, 3)?;
         let x = Launcher {
+            br,
             gpu,
             stream,
             q,

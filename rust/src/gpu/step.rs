@@ -144,7 +144,7 @@ impl Launcher {
         let q_out = gated.map_or(q, |(qg, _)| qg); // [T, Nh·D] or [T, Nh·2D]
         let qkv = [(&lw.wq, q_out), (&lw.wk, kk), (&lw.wv, v)]
             .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
-        quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr)?;
+        quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr, Some(&self.br))?;
         if let Some((qg, gate)) = gated {
             deltanet::split_q(g, s, qg, q, gate, t * qd, hp.head_dim)?;
         }

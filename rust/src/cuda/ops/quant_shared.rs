@@ -7,14 +7,55 @@ use super::quant::{check_matmul, matmul};
 use super::quant_kernels::{
     to_u32, type_info, QuantOps, TypeKernels, MMVQ_MAX_TOKENS, MMVQ_ROWS, MMVQ_THREADS, MMVQ_TOKENS,
 };
-use crate::cuda::{Arg, Stream};
+use crate::cuda::{Arg, Event, Gpu, Stream};
 use crate::error::Result;
 use crate::quant::GgmlType;
+
+/// Side streams on which the one-token products after the first of a `matmul_shared_x` run
+/// beside it: forked from the compute stream after x is quantized and joined back before
+/// the call returns, so a graph captured over them holds parallel branches (a layer's K and
+/// V projections run while its Q one does, not after it: each is a few µs of launch latency
+/// on a mostly idle GPU). Eager launches order the same way through the events.
+pub struct Branches {
+    side: Vec<Stream>,
+    fork: Event,
+    join: Vec<Event>,
+}
+
+impl Branches {
+    /// `n` side streams (products beyond n + 1 run on the compute stream after the first).
+    pub fn new(gpu: &Gpu, n: usize) -> Result<Branches> {
+        Ok(Branches {
+            side: (0..n).map(|_| gpu.stream()).collect::<Result<_>>()?,
+            fork: gpu.event_no_timing()?,
+            join: (0..n)
+                .map(|_| gpu.event_no_timing())
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// Side streams 0 .. n wait for the work queued so far on `s`.
+    fn fork(&self, s: &Stream, n: usize) -> Result<()> {
+        self.fork.record(s)?;
+        self.side[..n].iter().try_for_each(|b| b.wait(&self.fork))
+    }
+
+    /// `s` waits for the work queued on side streams 0 .. n.
+    fn join(&self, s: &Stream, n: usize) -> Result<()> {
+        for (b, ev) in self.side[..n].iter().zip(&self.join) {
+            ev.record(b)?;
+            s.wait(ev)?;
+        }
+        Ok(())
+    }
+}
 
 /// `matmul` of several matrices (type, w, rows, y) over one x f32 [n_tok, k] (a layer's Q, K
 /// and V): x is quantized once for each run of quantized matrices that share an activation
 /// type (`GgmlType::vec_dot_type`; once in all for real models), into `scratch`; float
-/// matrices run first, on their own (prefill writes their row scales into `scratch`).
+/// matrices run first, on their own (prefill writes their row scales into `scratch`). With
+/// `br`, one-token products that share one quantization of x run as parallel branches
+/// (`Branches`); the results are the same (each product is its own kernel either way).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_shared_x(
     q: &QuantOps,
@@ -24,11 +65,33 @@ pub fn matmul_shared_x(
     x: u64,
     n_tok: usize,
     scratch: u64,
+    br: Option<&Branches>,
 ) -> Result<()> {
     for &(ty, w, rows, y) in mats {
         check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
     }
-    for (i, quantize) in launch_order(mats.iter().map(|m| m.0)) {
+    let order = launch_order(mats.iter().map(|m| m.0));
+    // branches only where x is quantized once, first, for every product (real models)
+    let one_x = order.iter().filter(|o| o.1 != Some(false)).count() == 1
+        && order.first().is_some_and(|o| o.1 == Some(true));
+    if let Some(br) = br.filter(|_| one_x && n_tok <= MMVQ_MAX_TOKENS && mats.len() > 1) {
+        let (i0, _) = order[0];
+        let (ty, _, _, _) = mats[i0];
+        q.quantize_act(s, ty, x, n_tok, k, scratch)?;
+        let n = (order.len() - 1).min(br.side.len());
+        br.fork(s, n)?;
+        for (j, &(i, _)) in order.iter().enumerate() {
+            let (ty, w, rows, y) = mats[i];
+            let on = if (1..=n).contains(&j) {
+                &br.side[j - 1]
+            } else {
+                s
+            };
+            q.mmvq(on, q.of(ty)?.0, w, rows, k, scratch, y, n_tok)?;
+        }
+        return br.join(s, n);
+    }
+    for (i, quantize) in order {
         let (ty, w, rows, y) = mats[i];
         let Some(quantize) = quantize else {
             matmul(q, s, ty, w, rows, k, x, y, n_tok, scratch)?;

@@ -28,13 +28,15 @@ SM_D double norm_block_sum(double v, double* red) {
 
 SM_D bool norm_aligned(const void* p) { return ((unsigned long long)p & 15) == 0; }
 
-// One row: x (+ y, written back to xw when y is given) → out.
+// One row: x (+ y, written back to xw when y is given) → out (and → o2, when given: a
+// second copy of the row, e.g. in mapped host memory).
 SM_D void norm_row(const float* xr, const float* yr, float* xw, const float* w, float* orow,
-                   int n, float eps) {
+                   float* o2, int n, float eps) {
   __shared__ double red[33];
   const int tid = threadIdx.x, nt = blockDim.x;
   if ((n & 3) == 0 && n <= 4 * NORM_VEC * nt && norm_aligned(xr) && norm_aligned(w) &&
-      norm_aligned(orow) && (yr == nullptr || norm_aligned(yr))) {
+      norm_aligned(orow) && (yr == nullptr || norm_aligned(yr)) &&
+      (o2 == nullptr || norm_aligned(o2))) {
     const int n4 = n >> 2;
     float4 v[NORM_VEC];
     double s = 0.0;
@@ -69,6 +71,7 @@ SM_D void norm_row(const float* xr, const float* yr, float* xw, const float* w, 
         o.z = (a.z * scale) * ww.z;
         o.w = (a.w * scale) * ww.w;
         ((float4*)orow)[i] = o;
+        if (o2 != nullptr) ((float4*)o2)[i] = o;
       }
     }
     return;
@@ -84,21 +87,27 @@ SM_D void norm_row(const float* xr, const float* yr, float* xw, const float* w, 
   }
   float scale = sm_rms_scale(norm_block_sum(s, red), n, eps);
   // each thread reads back only the elements it wrote
-  for (int i = tid; i < n; i += nt) orow[i] = (xr[i] * scale) * w[i];
+  for (int i = tid; i < n; i += nt) {
+    const float o = (xr[i] * scale) * w[i];
+    orow[i] = o;
+    if (o2 != nullptr) o2[i] = o;
+  }
 }
 
 // x f32 [rows, n], w f32 [n], out f32 [rows, n] (may alias x).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     strata_norm_rms(const float* x, const float* w, float* out, int n, float eps) {
   const size_t off = (size_t)blockIdx.x * n;
-  norm_row(x + off, nullptr, nullptr, w, out + off, n, eps);
+  norm_row(x + off, nullptr, nullptr, w, out + off, nullptr, n, eps);
 }
 
 // The residual add fused with the next norm: x += y, then out = RMSNorm(x) · w.
-// x f32 [rows, n] (updated in place), y f32 [rows, n], w f32 [n], out f32 [rows, n].
+// x f32 [rows, n] (updated in place), y f32 [rows, n], w f32 [n], out f32 [rows, n];
+// out2 f32 [rows, n] or null: the same rows again (a hybrid layer's FFN input for the host).
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-    strata_norm_add_rms(float* x, const float* y, const float* w, float* out, int n,
-                        float eps) {
+    strata_norm_add_rms(float* x, const float* y, const float* w, float* out, float* out2,
+                        int n, float eps) {
   const size_t off = (size_t)blockIdx.x * n;
-  norm_row(x + off, y + off, x + off, w, out + off, n, eps);
+  norm_row(x + off, y + off, x + off, w, out + off, out2 != nullptr ? out2 + off : nullptr, n,
+           eps);
 }

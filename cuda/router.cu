@@ -102,10 +102,11 @@ SM_D void router_pick_regs(float (&v)[NJ], int n, int k, int* ids_row, float* pi
   }
 }
 
-// p = softmax(logits row) in registers (lane + 32·j, NJ per lane), then the top k.
+// p = softmax(logits row) in registers (lane + 32·j, NJ per lane), then the top k; ids2_row
+// / w2_row (or null): the same ids and weights again.
 template <int NJ>
-SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int n_expert, int k,
-                          int norm, float* pick) {
+SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int* ids2_row,
+                          float* w2_row, int n_expert, int k, int norm, float* pick) {
   const int lane = threadIdx.x;
   float p[NJ];
   float mx = -__builtin_huge_valf();
@@ -134,22 +135,32 @@ SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int n_expe
     float sum = 0.0f;
     for (int j = 0; j < k; j++) sum += pick[j];
     for (int j = 0; j < k; j++) w_row[j] = norm ? pick[j] / sum : pick[j];
+    if (ids2_row != nullptr) {
+      for (int j = 0; j < k; j++) {
+        ids2_row[j] = ids_row[j];
+        w2_row[j] = w_row[j];
+      }
+    }
   }
 }
 
+// ids2 i32 [T, k] / w2 f32 [T, k], or null: the routing again (a hybrid layer's copy for the
+// host, in mapped memory: no copy kernel after this one).
 extern "C" __global__ void __launch_bounds__(32)
-    strata_router_topk(const float* logits, int* ids, float* w, int n_expert, int k, int norm) {
+    strata_router_topk(const float* logits, int* ids, float* w, int* ids2, float* w2,
+                       int n_expert, int k, int norm) {
   __shared__ float pick[ROUTER_MAX_K];
   const int t = blockIdx.x;
   const float* x = logits + (size_t)t * n_expert;
-  int* ids_row = ids + (size_t)t * k;
-  float* w_row = w + (size_t)t * k;
+  const size_t o = (size_t)t * k;
+  int *ir = ids + o, *ir2 = ids2 != nullptr ? ids2 + o : nullptr;
+  float *wr = w + o, *wr2 = ids2 != nullptr ? w2 + o : nullptr;
   if (n_expert <= 128)
-    router_topk_row<4>(x, ids_row, w_row, n_expert, k, norm, pick);
+    router_topk_row<4>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
   else if (n_expert <= 256)
-    router_topk_row<8>(x, ids_row, w_row, n_expert, k, norm, pick);
+    router_topk_row<8>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
   else
-    router_topk_row<ROUTER_MAX_E / 32>(x, ids_row, w_row, n_expert, k, norm, pick);
+    router_topk_row<ROUTER_MAX_E / 32>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
 }
 
 // gpt-oss's router (`Routing::SoftmaxWeight`): the top k logits (ties: the lower expert id

@@ -39,6 +39,7 @@ INT, F, U64 = ctypes.c_int, ctypes.c_float, ctypes.c_ulonglong
 SIGS: dict[str, list[Any]] = {
     "sim_norm_rms": [F32P, F32P, F32P, INT, INT, F],
     "sim_norm_add_rms": [F32P, F32P, F32P, F32P, INT, INT, F],
+    "sim_norm_add_rms_copy": [F32P, F32P, F32P, F32P, F32P, INT, INT, F],
     "sim_rope_neox": [F32P, F32P, F32P, I32P, INT, INT, INT, INT, INT],
     "sim_rope_qkv": [INT] + [F32P] * 10 + [I32P, U8P, U8P, U64] + [INT] * 6 + [F] + [INT] * 3,
     "sim_attn_decode": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5 + [F],
@@ -50,6 +51,7 @@ SIGS: dict[str, list[Any]] = {
     + [INT] * 4
     + [F, ctypes.c_void_p, INT],
     "sim_router_topk": [F32P, I32P, F32P, INT, INT, INT, INT],
+    "sim_router_topk_copy": [F32P, I32P, F32P, I32P, F32P, INT, INT, INT, INT],
     "sim_router_topk_softmax": [F32P, I32P, F32P, INT, INT, INT],
     "sim_add_rows": [F32P, F32P, INT, INT],
     "sim_router_sigmoid_topk": [F32P, F32P, I32P, F32P, INT, INT, INT, INT, F],
@@ -71,6 +73,39 @@ def sim(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def kern(sim: ctypes.CDLL) -> ctypes.CDLL:
     return sim
+
+
+# ---- the hybrid layer's host copies (emulation only) -----------------------------------
+
+
+@pytest.mark.parametrize("n", [2048, 301])
+def test_add_norm_second_copy_is_the_output(kern: ctypes.CDLL, n: int) -> None:
+    """`out2` (the hybrid layer's FFN input for the host) gets exactly the rows of `out`, on
+    the register path (n % 4 == 0) and the strided one; x and out are as without it."""
+    rng = np.random.default_rng(21)
+    rows = 3
+    x = np.asarray(rng.normal(0, 2, (rows, n)), np.float32)
+    y = np.asarray(rng.normal(0, 1, (rows, n)), np.float32)
+    w = np.asarray(rng.normal(1, 0.2, n), np.float32)
+    x1, out1 = x.copy(), np.zeros_like(x)
+    kern.sim_norm_add_rms(x1, y, w, out1, rows, n, 1e-6)
+    x2, out2, copy = x.copy(), np.zeros_like(x), np.full_like(x, np.nan)
+    kern.sim_norm_add_rms_copy(x2, y, w, out2, copy, rows, n, 1e-6)
+    assert np.array_equal(x2, x1) and np.array_equal(out2, out1)
+    assert np.array_equal(copy, out1)
+
+
+def test_router_topk_second_copy_is_the_routing(kern: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(22)
+    t, e, k = 3, 128, 8
+    logits = np.asarray(rng.normal(0, 2, (t, e)), np.float32)
+    ids, w = np.zeros((t, k), np.int32), np.zeros((t, k), np.float32)
+    kern.sim_router_topk(logits, ids, w, t, e, k, 1)
+    ids1, w1 = np.zeros_like(ids), np.zeros_like(w)
+    ids2, w2 = np.full_like(ids, -1), np.full_like(w, np.nan)
+    kern.sim_router_topk_copy(logits, ids1, w1, ids2, w2, t, e, k, 1)
+    assert np.array_equal(ids1, ids) and np.array_equal(w1, w)
+    assert np.array_equal(ids2, ids) and np.array_equal(w2, w)
 
 
 # ---- the routing and FFN scales of the other GPU families (emulation only) -------------

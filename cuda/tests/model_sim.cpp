@@ -17,7 +17,14 @@ void sim_norm_rms(const float* x, const float* w, float* out, int rows, int n, f
 
 void sim_norm_add_rms(float* x, const float* y, const float* w, float* out, int rows, int n,
                       float eps) {
-  sim_launch(strata_norm_add_rms, dim3(rows), dim3(NORM_THREADS), x, y, w, out, n, eps);
+  sim_launch(strata_norm_add_rms, dim3(rows), dim3(NORM_THREADS), x, y, w, out, (float*)nullptr,
+             n, eps);
+}
+
+// The same with the second copy of the output rows (`out2`).
+void sim_norm_add_rms_copy(float* x, const float* y, const float* w, float* out, float* out2,
+                           int rows, int n, float eps) {
+  sim_launch(strata_norm_add_rms, dim3(rows), dim3(NORM_THREADS), x, y, w, out, out2, n, eps);
 }
 
 void sim_rope_neox(float* x, const float* c, const float* s, const int* sp, int n_tok,
@@ -98,7 +105,14 @@ void sim_attn_prefill(int kv, int d, const float* q, const uint8_t* kc, const ui
 
 void sim_router_topk(const float* logits, int* ids, float* w, int n_tok, int n_expert, int k,
                      int norm) {
-  sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, n_expert, k, norm);
+  sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, (int*)nullptr,
+             (float*)nullptr, n_expert, k, norm);
+}
+
+void sim_router_topk_copy(const float* logits, int* ids, float* w, int* ids2, float* w2,
+                          int n_tok, int n_expert, int k, int norm) {
+  sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, ids2, w2, n_expert, k,
+             norm);
 }
 
 void sim_router_topk_softmax(const float* logits, int* ids, float* w, int n_tok, int n_expert,

@@ -493,6 +493,14 @@ impl MoePlacement for Hybrid {
         )
     }
 
+    /// The routing and FFN input of a chunk that does not stream go straight from the router
+    /// and the FFN norm into the host's mapped pinned buffers (`pre` copies them for a
+    /// routing whose kernel has no second output).
+    fn host_out(&self, t: usize) -> Option<[Dv; 3]> {
+        let (ids, wts, h) = (&self.pin_ids, &self.pin_wts, &self.pin_h);
+        (!self.streams(t)).then(|| [Dv::mapped(ids), Dv::mapped(wts), Dv::mapped(h)])
+    }
+
     /// Layer `l`'s shared expert, then its resident experts through the slot pointer tables
     /// (a miss adds nothing): launches only (the per-layer decode graph holds them).
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()> {

@@ -16,6 +16,7 @@ use super::hybrid_cfg::HybridInfo;
 use super::launch::Launcher;
 use crate::cuda::ops::quant;
 use crate::cuda::ops::quant_oai::{self, OaiGlu};
+use crate::cuda::ops::view::Dv;
 use crate::cuda::{Graph, Stream};
 use crate::error::{Error, Result};
 use crate::model::arch::Experts;
@@ -42,9 +43,17 @@ pub(super) trait MoePlacement: Send {
         Ok(())
     }
 
-    /// Launches only, right after layer `l`'s router for `t` tokens.
+    /// Launches only, right after layer `l`'s router for `t` tokens (when the router did not
+    /// write `host_out`'s buffers itself).
     fn pre(&mut self, _cx: &Launcher, _l: usize, _t: usize) -> Result<()> {
         Ok(())
+    }
+
+    /// Buffers the layers' FFN norm and router write a second copy of their output into, for
+    /// a chunk of `t` tokens: [ids i32 [T, K], wts f32 [T, K], h f32 [T, H]] (the hybrid
+    /// placement's mapped host buffers: no copy kernel on the layer's chain), or None.
+    fn host_out(&self, _t: usize) -> Option<[Dv; 3]> {
+        None
     }
 
     /// Launches only: layer `l`'s shared expert (`Launcher::shared_expert`), then its routed

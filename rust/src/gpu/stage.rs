@@ -411,6 +411,7 @@ impl Stage {
     fn capture_per_layer(&mut self, segs: &[Seg], graph_error: &mut Option<String>) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
         let n = segs.len();
+        let host = moe.host_out(n);
         let mut gs = Vec::with_capacity(x.w.layers.len());
         for l in x.layers.clone() {
             let routed = x.w.layer(l).routed();
@@ -418,8 +419,13 @@ impl Stage {
             for part in 0..1 + routed as usize {
                 x.stream.begin_capture()?;
                 let body = match part {
-                    0 if routed => x.attn_router(l, segs).and_then(|()| moe.pre(x, l, n)),
-                    0 => x.attn_router(l, segs),
+                    0 if routed => x
+                        .attn_router(l, segs, host)
+                        .and_then(|copied| match copied {
+                            true => Ok(()),
+                            false => moe.pre(x, l, n),
+                        }),
+                    0 => x.attn_router(l, segs, None).map(|_| ()),
                     _ => moe.resident(x, l, n),
                 };
                 let g = x.stream.end_capture();

@@ -33,10 +33,13 @@ impl Launcher {
         if self.first() {
             self.embed(t, segs.len())?;
         }
+        let host = moe.host_out(t);
         for l in self.layers.clone() {
-            self.attn_router(l, segs)?;
+            let copied = self.attn_router(l, segs, host)?;
             if self.w.layer(l).routed() {
-                moe.pre(self, l, t)?;
+                if !copied {
+                    moe.pre(self, l, t)?;
+                }
                 moe.moe(self, l, t, None)?;
             }
         }
@@ -66,8 +69,16 @@ impl Launcher {
     /// leading dense layer runs its FFN instead of the router (x += FFN(h); nothing is left
     /// for the placement). The shared expert is the placement's to launch, first among the
     /// layer's experts (`shared_expert`): after the routing is on its way to the host, so a
-    /// hybrid step's host does not wait for it before its CPU misses can start.
-    pub(super) fn attn_router(&self, l: usize, segs: &[Seg]) -> Result<()> {
+    /// hybrid step's host does not wait for it before its CPU misses can start. `host`: the
+    /// placement's buffers for a second copy of ids, wts and h (`MoePlacement::host_out`);
+    /// true when the kernels wrote them (the softmax routing; else the placement's `pre`
+    /// copies).
+    pub(super) fn attn_router(
+        &self,
+        l: usize,
+        segs: &[Seg],
+        host: Option<[Dv; 3]>,
+    ) -> Result<bool> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
         let hd = hp.n_embd;
@@ -76,6 +87,8 @@ impl Launcher {
         let (x, h, o) = (Dv::of(&b.x), Dv::of(&b.h), Dv::of(&b.o));
         let scr = b.scratch.ptr();
         let lw = w.layer(l);
+        let host = host
+            .filter(|_| lw.dense.is_none() && matches!(hp.graph.routing, Routing::Softmax { .. }));
         {
             // ---- attention, or a hybrid's DeltaNet mixer: o [T, H] ----
             norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
@@ -84,9 +97,10 @@ impl Launcher {
                 None => self.attention(l, segs)?,
             }
             // ---- routed experts, or a leading dense layer's FFN ----
-            norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, t, hd, eps)?;
+            let h_copy = host.map(|c| c[2]);
+            norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, h_copy, t, hd, eps)?;
             if let Some(ffn) = &lw.dense {
-                return self.dense_ffn(ffn, t); // x += down(silu(gate·h) ⊙ up·h)
+                return self.dense_ffn(ffn, t).map(|()| false); // x += down(silu(gate·h) ⊙ up·h)
             }
             let r = &lw.router;
             let logits = Dv::of(&b.router);
@@ -105,9 +119,9 @@ impl Launcher {
             if let Some(br) = &lw.router_bias {
                 elementwise::add_rows(g, s, logits, Dv::of(br), t, e)?; // [T, E] += br
             }
-            self.route(l, logits, t, e, k)?;
+            self.route(l, logits, t, e, k, host.map(|c| (c[0], c[1])))?;
         }
-        Ok(())
+        Ok(host.is_some())
     }
 
     /// Layer `l`'s shared expert beside the routed ones, for the T rows of `b.h`: x +=
@@ -188,12 +202,22 @@ impl Launcher {
     }
 
     /// ids i32 / wts f32 [T, K] from the router logits [T, E] of layer `l`, by the family's
-    /// routing strategy (`arch::Routing`).
-    fn route(&self, l: usize, logits: Dv, t: usize, e: usize, k: usize) -> Result<()> {
+    /// routing strategy (`arch::Routing`); `copy`: the softmax routing's second (ids, wts).
+    fn route(
+        &self,
+        l: usize,
+        logits: Dv,
+        t: usize,
+        e: usize,
+        k: usize,
+        copy: Option<(Dv, Dv)>,
+    ) -> Result<()> {
         let (ids, wts) = (Dv::of(&self.b.ids), Dv::of(&self.b.wts));
         let (g, s) = (&*self.gpu, &self.stream);
         match (self.hp.graph.routing, &self.w.layer(l).sel_bias) {
-            (Routing::Softmax { norm }, _) => router::topk(g, s, logits, ids, wts, t, e, k, norm),
+            (Routing::Softmax { norm }, _) => {
+                router::topk(g, s, logits, ids, wts, copy, t, e, k, norm)
+            }
             (Routing::SoftmaxWeight, _) => router::topk_softmax(g, s, logits, ids, wts, t, e, k),
             (Routing::SigmoidBias { norm, scale }, Some(bias)) => {
                 let b = Dv::of(bias);

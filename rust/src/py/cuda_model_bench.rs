@@ -76,7 +76,7 @@ fn gpu_bench_norm(
         let (x, y, o, w) = (Dv::of(&x), Dv::of(&y), Dv::of(&o), Dv::of(&w));
         time_graph_us(&gpu, &s, reps, || {
             if fused {
-                norm::add_rms(&gpu, &s, x, y, w, o, rows, n, 1e-6)
+                norm::add_rms(&gpu, &s, x, y, w, o, None, rows, n, 1e-6)
             } else {
                 norm::rms(&gpu, &s, x, w, o, rows, n, 1e-6)
             }
@@ -168,6 +168,7 @@ fn gpu_bench_router(
                 Dv::of(&logits),
                 Dv::of(&ids),
                 Dv::of(&w),
+                None,
                 n_tok,
                 n_expert,
                 k,

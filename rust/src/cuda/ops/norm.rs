@@ -52,7 +52,9 @@ pub fn rms(
     )
 }
 
-/// x += y, then out = RMSNorm(x) · w, per row. x, y, out: f32 [rows, n]; w: f32 [n].
+/// x += y, then out = RMSNorm(x) · w, per row. x, y, out: f32 [rows, n]; w: f32 [n];
+/// `copy` f32 [rows, n]: the same rows again (a hybrid layer's FFN input in mapped host
+/// memory), or None.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms(
     gpu: &Gpu,
@@ -61,6 +63,7 @@ pub fn add_rms(
     y: Dv,
     w: Dv,
     out: Dv,
+    copy: Option<Dv>,
     rows: usize,
     n: usize,
     eps: f32,
@@ -69,6 +72,9 @@ pub fn add_rms(
     x.need("add+norm x", b)?;
     y.need("add+norm y", b)?;
     out.need("add+norm out", b)?;
+    if let Some(c) = copy {
+        c.need("add+norm copy", b)?;
+    }
     w.need("add+norm w", bytes(n, 4)?)?;
     if rows == 0 {
         return Ok(());
@@ -84,6 +90,7 @@ pub fn add_rms(
             y.arg(),
             w.arg(),
             out.arg(),
+            Arg::Ptr(copy.map_or(0, |c| c.ptr)),
             Arg::I32(i32_of("n", n)?),
             Arg::F32(eps),
         ],

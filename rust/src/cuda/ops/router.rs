@@ -12,7 +12,8 @@ pub const MAX_TOP_K: usize = 64;
 
 /// Per token t < n_tok: p = softmax(logits[t]), ids[t] = the k largest p (descending, ties to
 /// the lower id), w[t] = their p, divided by their sum when `norm`.
-/// logits: f32 [n_tok, n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k].
+/// logits: f32 [n_tok, n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k]; `copy` (ids, w)
+/// again (a hybrid layer's routing in mapped host memory), or None.
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -20,12 +21,16 @@ pub fn topk(
     logits: Dv,
     ids: Dv,
     w: Dv,
+    copy: Option<(Dv, Dv)>,
     n_tok: usize,
     n_expert: usize,
     k: usize,
     norm: bool,
 ) -> Result<()> {
     check_topk([logits, ids, w], n_tok, n_expert, k)?;
+    if let Some((ci, cw)) = copy {
+        check_topk([logits, ci, cw], n_tok, n_expert, k)?;
+    }
     if n_tok == 0 {
         return Ok(());
     }
@@ -39,6 +44,8 @@ pub fn topk(
             logits.arg(),
             ids.arg(),
             w.arg(),
+            Arg::Ptr(copy.map_or(0, |c| c.0.ptr)),
+            Arg::Ptr(copy.map_or(0, |c| c.1.ptr)),
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
             Arg::I32(norm as i32),

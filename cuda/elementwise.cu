@@ -51,15 +51,7 @@ extern "C" __global__ void __launch_bounds__(256)
       bi = i;
     }
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  sm_warp_argmax(bv, bi);
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
     sv[warp] = bv;

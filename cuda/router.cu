@@ -30,15 +30,7 @@ SM_D void router_pick_k(float* score, const float* val, int n, int k, int* ids_r
         bi = i;
       }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    sm_warp_argmax(bv, bi);
     if (lane == 0) {
       if (bi >= n) bi = j;  // all remaining are -inf/NaN: never out of range
       ids_row[j] = bi;
@@ -73,15 +65,7 @@ SM_D void router_pick_regs(float (&v)[NJ], int n, int k, int* ids_row, float* pi
   for (int j = 0; j < k; j++) {
     float wv = bv;
     int wi = bj < NJ ? lane + 32 * bj : n;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      float ov = __shfl_xor_sync(0xffffffffu, wv, o);
-      int oi = __shfl_xor_sync(0xffffffffu, wi, o);
-      if (ov > wv || (ov == wv && oi < wi)) {
-        wv = ov;
-        wi = oi;
-      }
-    }
+    sm_warp_argmax(wv, wi);
     if (wi >= n) wi = j;  // all remaining are -inf/NaN: never out of range
     const int r = wi >> 5;
     float mine = 0.0f;

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import socket
@@ -166,16 +167,22 @@ def stream_usage(
     return t0, chunks, used
 
 
+ROUNDS = itertools.count()
+
+
 def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
-    """N concurrent greedy streams: (aggregate decode tok/s, tokens)."""
+    """N concurrent greedy streams: (aggregate decode tok/s, tokens). Every round has prompts
+    of its own: a greedy stream from a prompt seen before decodes the same tokens, which an
+    adaptive expert tier (the hybrid server's) learns round by round."""
     model = model_id(port)
     res: list[list[tuple[float, str]]] = [[] for _ in range(n)]
     used: list[int | None] = [None] * n
+    base = 100 + 1000 * next(ROUNDS)
 
     def one(i: int) -> None:
         body = {
             "model": model,
-            "prompt": text(100 + i, 16),
+            "prompt": text(base + i, 16),
             "max_tokens": gen,
             "temperature": 0,
             "ignore_eos": True,  # both servers: every stream decodes `gen` tokens

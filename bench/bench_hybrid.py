@@ -102,18 +102,20 @@ def strata_run(
     defer: int = 0,
     threads: int = 0,
     prefetch: int = -1,
+    adapt: int = -1,
 ) -> dict[str, Any]:
     """Strata's decode (a.reps runs) and prompt (pp_reps runs) at pcie_frac `frac`, decode
     steps replaying per-layer graphs (`graph`) or launching kernel by kernel, each token's
     `defer` lowest-weight CPU misses deferred by one layer (`defer_experts`, not exact), on
     `threads` threads (0: a.threads), the one-token kernels prefetching `prefetch` bytes ahead
-    (-1: the built-in distance)."""
+    (-1: the built-in distance), the VRAM tier adapting every `adapt` tokens (-1: a.adapt_every;
+    0: a static tier)."""
     from strata._core import Model, Profile, set_dot_prefetch
 
     if prefetch >= 0:
         old = set_dot_prefetch(prefetch)
         try:
-            return strata_run(path, a, frac, pp_reps, graph, defer, threads)
+            return strata_run(path, a, frac, pp_reps, graph, defer, threads, adapt=adapt)
         finally:
             set_dot_prefetch(old)
 
@@ -138,7 +140,7 @@ def strata_run(
             device="cuda",
             threads=threads or a.threads,
             vram_slots=slots,
-            adapt_every=a.adapt_every,
+            adapt_every=a.adapt_every if adapt < 0 else adapt,
             profile=profile,
             stream_chunk=a.stream_chunk,
             pool_pipeline=a.pool_pipeline,
@@ -344,6 +346,11 @@ def main() -> None:
         "(bytes, 0: off) at each value of this comma list (set_dot_prefetch; results bitwise)",
     )
     ap.add_argument(
+        "--adapt-ab",
+        action="store_true",
+        help="also decode at the first pcie_frac with a static VRAM tier (adapt_every 0)",
+    )
+    ap.add_argument(
         "--control",
         action="store_true",
         help="decode at the first pcie_frac once more after the variants (the run's drift)",
@@ -405,6 +412,9 @@ def main() -> None:
         for n in [int(x) for x in a.dot_prefetch.split(",") if x]:
             runs.append(strata_run(path, a, fracs[0], 0, prefetch=n))
             labels.append(f"pcie_frac {fracs[0]}, dot prefetch {n} B")
+        if a.adapt_ab:
+            runs.append(strata_run(path, a, fracs[0], 0, adapt=0))
+            labels.append(f"pcie_frac {fracs[0]}, static tier (adapt_every 0)")
         if a.control:
             runs.append(strata_run(path, a, fracs[0], 0))
             labels.append(f"pcie_frac {fracs[0]} (control, last)")

@@ -20,7 +20,8 @@
 # PCIE_FRAC (Strata's pcie_frac values, comma-separated, "-1,0": the probe's and none),
 # EAGER_AB=1 (also decode without the per-layer graphs), THREADS_AB (also decode at each of
 # these thread counts), DOT_PREFETCH (also decode at each of these prefetch distances, bytes),
-# CONTROL=1 (the default decode once more, last: the run's drift), GPUS (Strata's stages'
+# CONTROL=1 (the default decode once more, last: the run's drift), ADAPT_AB=1 (also decode
+# with a static VRAM tier), GPUS (Strata's stages'
 # devices, "0,1" on two cards; llama-bench splits over every visible card by layer, its
 # default).
 set -u
@@ -47,6 +48,7 @@ ARGS=(--dir "$D" --threads "${THREADS:-$(nproc)}" --reps "${REPS:-2}" --llama-re
 [ -n "${THREADS_AB:-}" ] && ARGS+=(--threads-ab "$THREADS_AB")
 [ -n "${DOT_PREFETCH:-}" ] && ARGS+=(--dot-prefetch "$DOT_PREFETCH")
 [ "${CONTROL:-0}" = 1 ] && ARGS+=(--control)
+[ "${ADAPT_AB:-0}" = 1 ] && ARGS+=(--adapt-ab)
 if [ "$PHASE" != bench ]; then
     if [ ! -x "$LL/llama-bench" ]; then
         (

@@ -43,8 +43,9 @@ SM_D void router_pick_k(float* score, const float* val, int n, int k, int* ids_r
 
 // The k largest of the values v[j] = score of entry lane + 32·j (NJ per lane, -inf past n)
 // held in the warp's registers, in turn (ties: the lower id first, as `router_pick_k`):
-// ids_row[j] = its id, pick[j] = v at the id (both written and read by lane 0 only). Each lane keeps its own best; after a
-// round only the winner's lane looks again: no shared scan, no block barrier per pick.
+// ids_row[j] = its id, pick[j] = v at the id (both written and read by lane 0 only). Each
+// lane keeps its own best; after a round only the winner's lane looks again: no shared
+// scan, no block barrier per pick.
 template <int NJ>
 SM_D void router_pick_regs(float (&v)[NJ], int n, int k, int* ids_row, float* pick) {
   const int lane = threadIdx.x;

@@ -17,7 +17,7 @@ use super::split::{self, SplitInputs};
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::QuantOps;
-use crate::cuda::ops::quant_shared::Branches;
+use crate::cuda::ops::quant_shared::{self, Branches};
 use crate::cuda::{Gpu, Graph};
 use crate::error::{Error, Result};
 use crate::model::weights::{LayerWeights, Weights};
@@ -268,7 +268,7 @@ pub(super) fn build(
             }
             _ => None,
         };
-        let br = Branches::new(&gpu, 3)?;
+        let br = Branches::new(&gpu, quant_shared::SIDE_STREAMS)?;
         let x = Launcher {
             br,
             gpu,
@@ -419,13 +419,14 @@ impl Stage {
             for part in 0..1 + routed as usize {
                 x.stream.begin_capture()?;
                 let body = match part {
-                    0 if routed => x
-                        .attn_router(l, segs, host)
-                        .and_then(|copied| match copied {
-                            true => Ok(()),
-                            false => moe.pre(x, l, n),
-                        }),
-                    0 => x.attn_router(l, segs, None).map(|_| ()),
+                    // the placement's `pre` copies what the router did not write itself
+                    0 => x.attn_router(l, segs, host).and_then(|copied| {
+                        if routed && !copied {
+                            moe.pre(x, l, n)
+                        } else {
+                            Ok(())
+                        }
+                    }),
                     _ => moe.resident(x, l, n),
                 };
                 let g = x.stream.end_capture();

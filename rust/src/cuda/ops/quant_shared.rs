@@ -11,6 +11,10 @@ use crate::cuda::{Arg, Event, Gpu, Stream};
 use crate::error::Result;
 use crate::quant::GgmlType;
 
+/// Side streams a launcher keeps for `Branches`: a layer's K and V (two) or a DeltaNet layer's
+/// three projections beside its first.
+pub const SIDE_STREAMS: usize = 3;
+
 /// Side streams on which the one-token products after the first of a `matmul_shared_x` run
 /// beside it: forked from the compute stream after x is quantized and joined back before
 /// the call returns, so a graph captured over them holds parallel branches (a layer's K and

@@ -453,7 +453,9 @@ fn mxfp4_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 /// the extremes (every weight at its maximum, every activation ±127) that bound the i16 sums.
 #[cfg(test)]
 mod exact {
-    use super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::tests::{
+        flat_q8k_act, random_act, random_row, set_extreme_k_rows, Rng,
+    };
     use super::super::super::{kernel_for, rows_kernel_for, Isa};
     use super::super::pf::{knob::DIST, DISTANCE};
     use crate::quant::GgmlType;
@@ -511,19 +513,6 @@ mod exact {
         }
     }
 
-    /// A Q8_K activation of `n` elements with every value `v` (d = 1; bsums = 16·v).
-    fn flat_act(n: usize, v: i8) -> Vec<u8> {
-        let mut a = Vec::new();
-        for _ in 0..n / 256 {
-            a.extend_from_slice(&1f32.to_le_bytes());
-            a.extend(std::iter::repeat_n(v as u8, 256));
-            for _ in 0..16 {
-                a.extend_from_slice(&(16 * v as i16).to_le_bytes());
-            }
-        }
-        a
-    }
-
     #[test]
     #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn grouped_rows_extremes_bitwise() {
@@ -535,20 +524,9 @@ mod exact {
             // all quant bits set (nibbles 15, 6-bit values 63), scales from random rows so
             // the f16 fields stay finite; Q6_K scales at ±127/−128 extremes.
             let mut m: Vec<u8> = (0..6).flat_map(|_| random_row(w, n, &mut rng)).collect();
-            for (k, row) in m.chunks_exact_mut(rb).enumerate() {
-                for blk in row.chunks_exact_mut(w.block().1) {
-                    match w {
-                        GgmlType::Q4K => blk[16..144].fill(0xff),
-                        _ => {
-                            blk[..192].fill(0xff);
-                            let s = [127u8, 0x80, 0xff, 1][k % 4];
-                            blk[192..208].fill(s);
-                        }
-                    }
-                }
-            }
+            set_extreme_k_rows(w, &mut m, rb);
             for v in [127i8, -127, 1] {
-                check(w, n, &m, &flat_act(n, v), &format!("extreme act {v}"));
+                check(w, n, &m, &flat_q8k_act(n, v), &format!("extreme act {v}"));
             }
         }
     }

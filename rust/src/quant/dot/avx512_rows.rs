@@ -153,7 +153,9 @@ pub(super) fn q4_k_rows(n: usize, rows: &[u8], act: &[u8], out: &mut [f32]) {
 #[cfg(test)]
 mod exact {
     use super::super::super::avx2::pf::{knob::DIST, DISTANCE};
-    use super::super::super::tests::{random_act, random_row, Rng};
+    use super::super::super::tests::{
+        flat_q8k_act, random_act, random_row, set_extreme_k_rows, Rng,
+    };
     use super::super::super::{rows_kernel_for, Isa, RowsFn};
     use crate::quant::GgmlType;
 
@@ -199,25 +201,9 @@ mod exact {
                 // 127, -128, -1, 1 by row) against activations of ±127 and 1 (d = 1, bsums
                 // 16·v): the largest products and pair sums the i16 lanes hold
                 let mut x = m.clone();
-                for (k, row) in x.chunks_exact_mut(rb).enumerate() {
-                    for blk in row.chunks_exact_mut(w.block().1) {
-                        match w {
-                            GgmlType::Q4K => blk[16..144].fill(0xff),
-                            _ => {
-                                blk[..192].fill(0xff);
-                                blk[192..208].fill([127u8, 0x80, 0xff, 1][k % 4]);
-                            }
-                        }
-                    }
-                }
+                set_extreme_k_rows(w, &mut x, rb);
                 for v in [127i8, -127, 1] {
-                    let mut a = Vec::new();
-                    for _ in 0..n / 256 {
-                        a.extend_from_slice(&1f32.to_le_bytes());
-                        a.extend(std::iter::repeat_n(v as u8, 256));
-                        (0..16).for_each(|_| a.extend_from_slice(&(16 * v as i16).to_le_bytes()));
-                    }
-                    check(w, n, &x, &a, &format!("extreme act {v}"));
+                    check(w, n, &x, &flat_q8k_act(n, v), &format!("extreme act {v}"));
                 }
             }
         }

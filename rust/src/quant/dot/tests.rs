@@ -67,6 +67,37 @@ pub fn scale_offsets(w: GgmlType) -> &'static [usize] {
     }
 }
 
+/// Rows (`rb` bytes each) of Q4_K or Q6_K at their extremes, in place: every quant bit set
+/// (Q4_K nibbles 15, Q6_K values 63) and, for Q6_K, the scales at 127, −128, −1, 1 by row;
+/// d and the other scale fields stay as they were (finite).
+pub fn set_extreme_k_rows(w: GgmlType, m: &mut [u8], rb: usize) {
+    for (k, row) in m.chunks_exact_mut(rb).enumerate() {
+        for blk in row.chunks_exact_mut(w.block().1) {
+            match w {
+                GgmlType::Q4K => blk[16..144].fill(0xff),
+                GgmlType::Q6K => {
+                    blk[..192].fill(0xff);
+                    blk[192..208].fill([127u8, 0x80, 0xff, 1][k % 4]);
+                }
+                _ => panic!("extreme rows of {w:?}: Q4_K or Q6_K only"),
+            }
+        }
+    }
+}
+
+/// A Q8_K activation of `n` elements with every value `v` (d = 1; bsums = 16·v).
+pub fn flat_q8k_act(n: usize, v: i8) -> Vec<u8> {
+    let mut a = Vec::new();
+    for _ in 0..n / 256 {
+        a.extend_from_slice(&1f32.to_le_bytes());
+        a.extend(std::iter::repeat_n(v as u8, 256));
+        for _ in 0..16 {
+            a.extend_from_slice(&(16 * v as i16).to_le_bytes());
+        }
+    }
+    a
+}
+
 /// A random weight row of `n` elements with finite scales.
 pub fn random_row(w: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let mut row: Vec<u8> = (0..w.row_bytes(n).unwrap())

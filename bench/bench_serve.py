@@ -199,6 +199,11 @@ def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
     first = min(r[0][0] for r in res)
     last = max(r[-1][0] for r in res)
     counts = [u if u is not None else len(r) for u, r in zip(used, res, strict=True)]
+    chunks = [len(r) for r in res]
+    if last <= first or any(c < 0.8 * u for c, u in zip(chunks, counts, strict=True)):
+        # the rate assumes a chunk per token: a stream whose tokens decode to no text (a
+        # padded test vocabulary) sends fewer chunks, and its first-to-last window is short
+        raise RuntimeError(f"streams sent {chunks} chunks for {counts} tokens: no decode span")
     return (sum(counts) - n) / (last - first), sum(counts)
 
 

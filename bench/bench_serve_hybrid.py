@@ -68,16 +68,25 @@ def main() -> int:
             ll = bs.llama(a.llama_server, a.model, n, N_CTX, gpu)
             servers.append(("llama", ll))
         got: dict[str, list[float]] = {k: [] for k, _ in servers}
+        failed: dict[str, list[str]] = {k: [] for k, _ in servers}
         try:
             for _ in range(a.reps):
                 for k, s in servers:
-                    got[k].append(bs.decode_round(s.port, n, a.gen)[0])
+                    try:
+                        got[k].append(bs.decode_round(s.port, n, a.gen)[0])
+                    except RuntimeError as e:  # a round without a decode span: reported
+                        failed[k].append(str(e))
+                        print(f"  {k}, {n} streams: round failed: {e}", file=sys.stderr)
         finally:
             for _, s in servers:
                 s.stop()
-        st = statistics.median(got["strata"])
-        lt = statistics.median(got["llama"]) if "llama" in got else float("nan")
-        print(f"| {n} | {st:.1f} | {lt:.1f} | {st / lt:.2f} |  (budget {mib} MiB; runs {got})")
+        med = {k: statistics.median(v) if v else float("nan") for k, v in got.items()}
+        st, lt = med["strata"], med.get("llama", float("nan"))
+        bad = {k: len(v) for k, v in failed.items() if v}
+        note = f"; failed rounds {bad}" if bad else ""
+        print(
+            f"| {n} | {st:.1f} | {lt:.1f} | {st / lt:.2f} |  (budget {mib} MiB; runs {got}{note})"
+        )
     return 0
 
 

@@ -31,9 +31,8 @@ PHASE=${PHASE:-all}
 MODELS=${MODELS:-uniform,zipf}
 mkdir -p "$OUT"
 LLAMA_SRC=${LLAMA_SRC:-$R/.devsrc/llama-cuda-src.tar.xz}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$R"/.whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+. "$R/bench/device_site.sh"
+device_site "${B:-$R/.whl}" || exit 2 # Strata and its dependencies (B: the carried folder)
 D=/tmp/bm-hybrid
 LL=/tmp/ll/build/bin
 mkdir -p "$D"

@@ -23,12 +23,9 @@ D=/tmp/bm-peer
 LL=/tmp/llp
 mkdir -p "$OUT" "$D"
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-# the shipped models (left out of the carried wheel: the 64 MiB a call carries)
-mkdir -p /tmp/site/strata/models && cp -n "$R"/python/strata/models/*.gguf /tmp/site/strata/models/
-DEFAULT=/tmp/site/strata/models/strata-default-qwen3moe-q8_0.gguf
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
+DEFAULT=$R/python/strata/models/strata-default-qwen3moe-q8_0.gguf
 STDLIB=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
 if [ "$PHASE" = prep ]; then
     if [ ! -x "$LL/build/bin/llama-server" ]; then

@@ -6,8 +6,9 @@
 #      2, tier sync vs
 #      async, pure and hybrid (25% of the experts in slots, the CPU pool serving the misses)
 # Run from the repository root with, in $B (the carried folder, default .dev/pipe):
-# site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
-# stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
+# core.so.xz (bench/device_site.sh) or site.tar.xz (the strata package of
+# scripts/build_device_wheel's wheel, unpacked, its .so stripped of debug info, the shipped
+# models left out), whl/ (gguf, msgspec, starlette,
 # uvicorn), gpu-models/ (the Q4_K_M and Q8_0 test models). Results under $OUT.
 # Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8), PROMPTS ("edit code
 # phrase": phrase on the Q4_K_M test model, the others on the trained default), ARGS (more
@@ -21,13 +22,11 @@ B=${B:-$R/.dev/pipe}
 OUT=${OUT:-/tmp/pipe-out}
 mkdir -p "$OUT" /tmp/site
 t0=$(date +%s)
-tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2 # every call: the carried package wins
-if [ ! -f /tmp/site/.done ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site "$B"/whl/*.whl || exit 2
-    touch /tmp/site/.done
+if [ -f "$B/site.tar.xz" ]; then
+    tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2 # every call: the carried package wins
 fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2 # the dependency wheels; core.so.xz instead of site.tar.xz
 export STRATA_GPU_MODELS=$B/gpu-models STRATA_TEST_GPUS=${GPUS:-0,0}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 TESTS=${TESTS:-"$R/tests/test_gpu_pipeline.py $R/tests/test_gpu_split.py"}

@@ -203,6 +203,7 @@ def strata_run(
         print(f"  strata rep {r}: tg{a.gen} {tg[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     h1 = counters.totals()
     lt1 = counters.layer_times()
+    info = m.hybrid_info() or info  # after the decode runs: the PCIe share the tuner chose
     n_lay = max(1, lt1["layers"] - lt0["layers"])
     phases = {k: (lt1[k] - lt0[k]) / n_lay / 1e3 for k in lt1 if k != "layers"}
     for r in range(pp_reps):

@@ -200,9 +200,10 @@ def decode_round(port: int, n: int, gen: int) -> tuple[float, int]:
     last = max(r[-1][0] for r in res)
     counts = [u if u is not None else len(r) for u, r in zip(used, res, strict=True)]
     chunks = [len(r) for r in res]
-    if last <= first or any(c < 0.8 * u for c, u in zip(chunks, counts, strict=True)):
-        # the rate assumes a chunk per token: a stream whose tokens decode to no text (a
-        # padded test vocabulary) sends fewer chunks, and its first-to-last window is short
+    if last <= first or sum(chunks) < 0.8 * sum(counts):
+        # the rate assumes about a chunk per token (a character split over two tokens goes out
+        # in one): streams whose tokens decode to no text (a padded test vocabulary) send far
+        # fewer chunks, and their first-to-last window is short
         raise RuntimeError(f"streams sent {chunks} chunks for {counts} tokens: no decode span")
     return (sum(counts) - n) / (last - first), sum(counts)
 

@@ -1,8 +1,8 @@
 """`cpu_repack`: the Q6_K output head repacked at load (rust/src/quant/dot/q6k_repack.rs) gives
 the logits of the original layout bit for bit, prefill (ggml's tiled order for >= 8 rows) and
 decode (`vec_dot`'s order); so do the Q4_K attention projections repacked sixteen rows at a
-time (rust/src/quant/dot/q4k_r16.rs, on CPUs with AVX-512 VNNI) in steps of two to four
-one-token rows; and their RAM is reported."""
+time (rust/src/quant/dot/q4k_r16.rs: its VNNI kernel on AVX-512 VNNI, its AVX2 one on AVX2)
+in steps of two to four one-token rows; and their RAM is reported."""
 
 from __future__ import annotations
 
@@ -27,11 +27,10 @@ def run(path: str, **kw: object) -> tuple[np.ndarray, int]:
 
 def proj_bytes(path: str) -> int:
     """What the projections' copies take here: Q4_K q/k/v/o matrices of whole 16-row groups,
-    2,560 bytes per group and 256 columns, where the CPU has AVX-512 VNNI and the dot kernels
-    run AVX-512 (`STRATA_ISA` not capping them); else none."""
-    isa = os.environ.get("STRATA_ISA", "auto")
-    vnni = "avx512vnni" in _core.cpu_features() and "avx512" in _core.dot_isas()
-    if not vnni or isa not in ("auto", "avx512"):
+    2,560 bytes per group and 256 columns, where the dot kernels run AVX2 or AVX-512 (the
+    VNNI kernel or the AVX2 one: `q4k_r16::kernel`); none where they run scalar (no AVX2, or
+    `STRATA_ISA=scalar`)."""
+    if os.environ.get("STRATA_ISA", "auto") == "scalar" or "avx2" not in _core.dot_isas():
         return 0
     total = 0
     with GGUFFile(path) as g:

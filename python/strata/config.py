@@ -117,8 +117,9 @@ class Config:
     )
     cpu_repack: bool = _f(
         True,
-        "CPU: repack a Q6_K output head at load into a faster layout for decode (same logits "
-        "bitwise; costs a copy of the head in RAM, reported as hparams repack_bytes)",
+        "CPU: repack a Q6_K output head and the Q4_K attention projections at load into "
+        "faster layouts for decode (same logits bitwise; costs a copy of them in RAM, reported "
+        "as hparams repack_bytes)",
         core=True,
     )
     isa: str = _f(

@@ -1,5 +1,6 @@
 //! The attention projections (q, k, v, o) on load-time copies repacked sixteen rows at a time
-//! (`quant::dot::q4k_r16`, ModelConfig::cpu_repack, Q4_K matrices on CPUs with AVX-512 VNNI):
+//! (`quant::dot::q4k_r16`, ModelConfig::cpu_repack, Q4_K matrices; the VNNI kernel where
+//! AVX-512 with VNNI is the active ISA, the AVX2 one where AVX2 is):
 //! a decode step's one-token rows (two to four of them, every row in the one-row order) run
 //! there, bitwise `Compute::matmul_segs` on the original matrix (same activation quantization,
 //! same float order per row); any other call runs on the original.
@@ -26,21 +27,22 @@ pub struct R16 {
     data: HugeBuf, // [H_out / 16 groups, H_in / 256 blocks of GROUP_BLOCK bytes]
     rows: usize,   // H_out
     cols: usize,   // H_in
+    kernel: q4k_r16::Kernel,
 }
 
 impl R16 {
     /// The repacked copy of `w` (on the compute's threads); `None` where it does not apply:
-    /// not Q4_K, rows not a multiple of 16, or no AVX-512 VNNI (or the ISA capped below
-    /// AVX-512 by `STRATA_ISA`).
+    /// not Q4_K, rows not a multiple of 16, or no kernel for the active ISA (`q4k_r16::kernel`:
+    /// none on the scalar ISA).
     pub fn new(w: &QMatrix<'_>, compute: &dyn Compute) -> Result<Option<R16>> {
         let rb = w.ty.row_bytes(w.cols);
         let fits = w.ty == GgmlType::Q4K
             && w.rows.is_multiple_of(q4k_r16::GROUP)
             && w.cols.is_multiple_of(256)
             && rb.is_some_and(|rb| w.data.len() == w.rows * rb);
-        if !fits || !q4k_r16::available() || dot::active_isa() != dot::Isa::Avx512 {
+        let Some(kernel) = q4k_r16::kernel().filter(|_| fits) else {
             return Ok(None);
-        }
+        };
         let (rb, nb) = (w.data.len() / w.rows, w.cols / 256);
         let gb = nb * q4k_r16::GROUP_BLOCK;
         let groups = w.rows / q4k_r16::GROUP;
@@ -59,6 +61,7 @@ impl R16 {
             data,
             rows: w.rows,
             cols: w.cols,
+            kernel,
         }))
     }
 
@@ -117,13 +120,14 @@ impl R16 {
                 let put = |i: usize, v: &[f32; q4k_r16::GROUP]| unsafe {
                     std::ptr::copy_nonoverlapping(v.as_ptr(), out.at(i * rows + r0), v.len())
                 };
-                // SAFETY: `new` checked `q4k_r16::available()`; the lengths are whole blocks.
+                let k = self.kernel;
+                // SAFETY: `new` took `k` from `q4k_r16::kernel()`; the lengths are whole blocks.
                 unsafe {
                     match t {
-                        1 => each(nb, grp, [a(0)], &put),
-                        2 => each(nb, grp, [a(0), a(1)], &put),
-                        3 => each(nb, grp, [a(0), a(1), a(2)], &put),
-                        _ => each(nb, grp, [a(0), a(1), a(2), a(3)], &put),
+                        1 => each(k, nb, grp, [a(0)], &put),
+                        2 => each(k, nb, grp, [a(0), a(1)], &put),
+                        3 => each(k, nb, grp, [a(0), a(1), a(2)], &put),
+                        _ => each(k, nb, grp, [a(0), a(1), a(2), a(3)], &put),
                     }
                 }
             }
@@ -131,19 +135,23 @@ impl R16 {
     }
 }
 
-/// `q4k_r16::rows_single` of one group against N activation rows, each row's 16 outputs put.
+/// Kernel `k`'s rows of one group against N activation rows, each row's 16 outputs put.
 ///
 /// # Safety
-/// `q4k_r16::available()` holds.
+/// `k` came from `q4k_r16::kernel()` (its ISA runs here).
 #[cfg(target_arch = "x86_64")]
 unsafe fn each<const N: usize>(
+    k: q4k_r16::Kernel,
     nb: usize,
     grp: &[u8],
     acts: [&[u8]; N],
     put: &impl Fn(usize, &[f32; q4k_r16::GROUP]),
 ) {
     let mut o = [[0f32; q4k_r16::GROUP]; N];
-    q4k_r16::rows_single::<N>(nb, grp, acts, &mut o);
+    match k {
+        q4k_r16::Kernel::Vnni => q4k_r16::rows_single::<N>(nb, grp, acts, &mut o),
+        q4k_r16::Kernel::Avx2 => q4k_r16::rows_single_avx2::<N>(nb, grp, acts, &mut o),
+    }
     for (i, v) in o.iter().enumerate() {
         put(i, v);
     }
@@ -151,12 +159,13 @@ unsafe fn each<const N: usize>(
 
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn each<const N: usize>(
+    _: q4k_r16::Kernel,
     _: usize,
     _: &[u8],
     _: [&[u8]; N],
     _: &impl Fn(usize, &[f32; q4k_r16::GROUP]),
 ) {
-    unreachable!("no repacked rows on this architecture: `q4k_r16::available()` is false")
+    unreachable!("no repacked rows on this architecture: `q4k_r16::kernel()` is None")
 }
 
 /// Each layer's repacked q, k, v and o projections (those that apply) and the activation
@@ -240,12 +249,9 @@ mod tests {
     /// original matrix bit for bit, one to four one-token rows; it declines single rows,
     /// windows and prompt chunks (`serves`) and other types.
     #[test]
-    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks vnni"]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn r16_projection_equals_matmul_segs_bitwise() {
-        dot::require_isa(
-            dot::Isa::Avx512,
-            "r16_projection_equals_matmul_segs_bitwise",
-        );
+        dot::require_isa(dot::Isa::Avx2, "r16_projection_equals_matmul_segs_bitwise");
         let (rows, cols) = (96usize, 512usize);
         let mut rng = Rng::new(9);
         let data: Vec<u8> = (0..rows)
@@ -260,11 +266,11 @@ mod tests {
         let pool = Pool::new(cfg(2, true, false));
         let serial = SerialCompute::new();
         let Some(r) = R16::new(&w, &pool).unwrap() else {
-            // `STRATA_ISA` capped the dot kernels below AVX-512: the copy is declined
-            assert_ne!(
+            // `STRATA_ISA` capped the dot kernels at scalar: the copy is declined
+            assert_eq!(
                 dot::active_isa(),
-                dot::Isa::Avx512,
-                "Q4_K on AVX-512 VNNI repacks"
+                dot::Isa::Scalar,
+                "Q4_K repacks on AVX2 and up"
             );
             return;
         };

@@ -104,7 +104,8 @@ pub struct Model {
     pub(super) readahead: Option<Readahead>,
     /// The repacked output head (`cpu_repack` with a Q6_K head).
     pub(super) head: Option<RepackedHead>,
-    /// The repacked attention projections (`cpu_repack`, Q4_K ones on AVX-512 VNNI).
+    /// The repacked attention projections (`cpu_repack`, Q4_K ones where the dot kernels run
+    /// AVX2 or AVX-512).
     pub(super) dense_r16: Option<DenseR16>,
     /// Names this model in KV exports (`kv_blob::fingerprint`).
     fingerprint: u64,

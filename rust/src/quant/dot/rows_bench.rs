@@ -412,10 +412,24 @@ fn q4k_rows_tokens_ab() {
 #[test]
 #[ignore]
 fn q4k_r16_ab() {
-    use super::q4k_r16::{repack_group, rows_single, GROUP, GROUP_BLOCK};
+    use super::q4k_r16::{repack_group, rows_single, rows_single_avx2, Kernel, GROUP, GROUP_BLOCK};
     use super::{MultiDot, Order};
-    if !super::q4k_r16::available() {
+    let Some(k) = super::q4k_r16::kernel() else {
         return;
+    };
+    println!("r16 kernel: {k:?}");
+    // SAFETY (both): `k` is the kernel `q4k_r16::kernel()` found for this CPU.
+    unsafe fn rs<const N: usize>(
+        k: Kernel,
+        nb: usize,
+        g: &[u8],
+        a: [&[u8]; N],
+        o: &mut [[f32; GROUP]; N],
+    ) {
+        match k {
+            Kernel::Vnni => rows_single::<N>(nb, g, a, o),
+            Kernel::Avx2 => rows_single_avx2::<N>(nb, g, a, o),
+        }
     }
     let (w, n) = (GgmlType::Q4K, 2048usize);
     let (rb, nb) = (w.row_bytes(n).unwrap(), n / 256);
@@ -436,8 +450,8 @@ fn q4k_r16_ab() {
         let mut o = [[0f32; GROUP]; 1];
         let mut x = 0f32;
         for g in c.chunks_exact(gb) {
-            // SAFETY: `available()` checked above.
-            unsafe { rows_single::<1>(nb, g, [&acts[0]], &mut o) };
+            // SAFETY: `k` is this CPU's kernel.
+            unsafe { rs::<1>(k, nb, g, [&acts[0]], &mut o) };
             x += o[0][0];
         }
         x.to_bits() as u64
@@ -447,7 +461,7 @@ fn q4k_r16_ab() {
         let mut x = 0f32;
         for g in c.chunks_exact(gb) {
             // SAFETY: as above.
-            unsafe { rows_single::<4>(nb, g, [&acts[0], &acts[1], &acts[2], &acts[3]], &mut o) };
+            unsafe { rs::<4>(k, nb, g, [&acts[0], &acts[1], &acts[2], &acts[3]], &mut o) };
             x += o[3][0];
         }
         x.to_bits() as u64

@@ -88,6 +88,28 @@ pub fn kernel() -> Option<Kernel> {
     }
 }
 
+/// The kernels' argument checks: N ≤ 4 activations of `nb` blocks, a group of `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+fn check_args<const N: usize>(nb: usize, group: &[u8], acts: &[&[u8]; N]) {
+    assert!(N <= 4 && group.len() >= nb * GROUP_BLOCK);
+    assert!(acts.iter().all(|a| a.len() >= nb * Q8K_BYTES));
+}
+
+/// An activation block's sub-block sums as i16 pairs for the mins term: pair p packs (the sum
+/// of sub-block 2p, of 2p + 1), a sub-block's sum that of its two 16-element sums (|·| ≤ 4,096).
+///
+/// # Safety
+/// `ab` points at a whole Q8_K block.
+#[cfg(target_arch = "x86_64")]
+unsafe fn bsum_pairs(ab: *const u8) -> [i32; 4] {
+    let bs = |s: usize| {
+        let e = ab.add(Q8K_BSUMS + 4 * s);
+        i32::from((e as *const i16).read_unaligned())
+            + i32::from((e.add(2) as *const i16).read_unaligned())
+    };
+    std::array::from_fn(|p| (bs(2 * p) & 0xffff) | (bs(2 * p + 1) << 16))
+}
+
 /// `rows_single` without AVX-512: each half of the group (rows 8h..8h+8, bytes 32h.. of
 /// every 64-byte row-interleaved vector) in 8-lane registers. Per chunk c and token, the
 /// eight `maddubs` of a sub-block's four-byte groups j are summed in i16 — a lane holds 16
@@ -107,8 +129,7 @@ pub unsafe fn rows_single_avx2<const N: usize>(
     out: &mut [[f32; GROUP]; N],
 ) {
     use std::arch::x86_64::*;
-    assert!(N <= 4 && group.len() >= nb * GROUP_BLOCK);
-    assert!(acts.iter().all(|a| a.len() >= nb * Q8K_BYTES));
+    check_args(nb, group, &acts);
     let m4 = _mm256_set1_epi8(15);
     let mut acc = [[_mm256_setzero_ps(); N]; 2]; // [half][token]: rows 8h..8h+8
     for b in 0..nb {
@@ -157,13 +178,7 @@ pub unsafe fn rows_single_avx2<const N: usize>(
             let dmin = _mm256_loadu_ps(g.add(64 + 32 * h) as *const f32);
             for t in 0..N {
                 let mut sm = _mm256_setzero_si256();
-                for p in 0..4 {
-                    let bs = |s: usize| {
-                        let e = ab[t].add(Q8K_BSUMS + 4 * s);
-                        i32::from((e as *const i16).read_unaligned())
-                            + i32::from((e.add(2) as *const i16).read_unaligned())
-                    };
-                    let pair = (bs(2 * p) & 0xffff) | (bs(2 * p + 1) << 16);
+                for (p, pair) in bsum_pairs(ab[t]).into_iter().enumerate() {
                     let mins = _mm256_loadu_si256(g.add(256 + 64 * p + 32 * h) as *const __m256i);
                     sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mins, _mm256_set1_epi32(pair)));
                 }
@@ -197,8 +212,7 @@ pub unsafe fn rows_single<const N: usize>(
     out: &mut [[f32; GROUP]; N],
 ) {
     use std::arch::x86_64::*;
-    assert!(N <= 4 && group.len() >= nb * GROUP_BLOCK);
-    assert!(acts.iter().all(|a| a.len() >= nb * Q8K_BYTES));
+    check_args(nb, group, &acts);
     let m4 = _mm512_set1_epi8(15);
     let mut acc = [_mm512_setzero_ps(); N];
     for b in 0..nb {
@@ -242,13 +256,7 @@ pub unsafe fn rows_single<const N: usize>(
             // summ = Σ pairs (min_2p, min_2p+1)·(bsum_2p, bsum_2p+1), a sub-block's bsum the
             // sum of its two 16-element sums
             let mut sm = _mm512_setzero_si512();
-            for p in 0..4 {
-                let bs = |s: usize| {
-                    let e = ab[t].add(Q8K_BSUMS + 4 * s);
-                    i32::from((e as *const i16).read_unaligned())
-                        + i32::from((e.add(2) as *const i16).read_unaligned())
-                };
-                let pair = (bs(2 * p) & 0xffff) | (bs(2 * p + 1) << 16);
+            for (p, pair) in bsum_pairs(ab[t]).into_iter().enumerate() {
                 let mins = _mm512_loadu_si512(g.add(256 + 64 * p) as *const __m512i);
                 sm = _mm512_dpwssd_epi32(sm, mins, _mm512_set1_epi32(pair));
             }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-quantize and llama-server with CUDA (sm_90) on the GPU machine, the
-# peer for bench/bench_gpu.py. The source is llama-cpp-python's sdist tree (vendor/llama.cpp),
+# Builds llama.cpp's llama-bench, llama-quantize and llama-server with CUDA (sm_90) on the GPU
+# machine, the peer for bench/bench_gpu.py and the hybrid benchmarks. The source is llama-cpp-python's sdist tree (vendor/llama.cpp),
 # carried as a tarball because that machine has no network; make it here with
 #   pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36   (then tar the
 #   vendor/llama.cpp folder without docs/, models/, media/, benches/ and the non-CUDA backends)

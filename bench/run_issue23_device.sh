@@ -6,9 +6,10 @@
 #   prep     build llama.cpp, write and quantize the uniform file (~275 s)
 #   prephyb  prep, then the hybrid benchmark (~365 s)
 #   hyb      the hybrid benchmark (REPS, LLREPS, PCIE_FRAC; ~45-75 s on a warm machine)
-#   serve    issue 15's served hybrid rows on a uniform file with the real vocabulary: bench/bench_serve_hybrid.py,
-#            Strata's server at 25% of the experts in VRAM vs `llama-server -ngl 99
-#            --n-cpu-moe N -np S` (STREAMS, default 1,4,8; REPS, default 2; GEN, default 128)
+#   serve    issue 15's served hybrid rows (bench/bench_serve_hybrid.py) on a uniform file
+#            with the real vocabulary: Strata's server at 25% of the experts in VRAM vs
+#            `llama-server -ngl 99 --n-cpu-moe N -np S` (STREAMS, default 1,4,8; REPS, default
+#            2; GEN, default 128)
 #   cpu      build llama.cpp if needed, then the host CPU benchmark on every core, which writes
 #            and quantizes its own files (REPS, GEN; ~180 s with REPS=2)
 # Carried ($B, default .dev/d23): Strata (a wheel, or core.so.xz: bench/device_site.sh), the

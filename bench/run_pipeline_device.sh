@@ -8,8 +8,8 @@
 # Run from the repository root with, in $B (the carried folder, default .dev/pipe):
 # core.so.xz (bench/device_site.sh) or site.tar.xz (the strata package of
 # scripts/build_device_wheel's wheel, unpacked, its .so stripped of debug info, the shipped
-# models left out), whl/ (gguf, msgspec, starlette,
-# uvicorn), gpu-models/ (the Q4_K_M and Q8_0 test models). Results under $OUT.
+# models left out), whl/ (gguf, msgspec, starlette, uvicorn), gpu-models/ (the Q4_K_M and
+# Q8_0 test models). Results under $OUT.
 # Knobs: TESTS, BENCH=0 (skip step 2), REPS (3), TOKENS (128), THREADS (8), PROMPTS ("edit code
 # phrase": phrase on the Q4_K_M test model, the others on the trained default), ARGS (more
 # bench_pipeline.py arguments, e.g. "--arms --curves"), ONLY (its --only: configurations by

@@ -136,6 +136,7 @@ pub unsafe fn rows_single_avx2<const N: usize>(
         let g = group.as_ptr().add(b * GROUP_BLOCK);
         let ahead = g.wrapping_add(AHEAD * GROUP_BLOCK);
         let ab: [*const u8; N] = std::array::from_fn(|t| acts[t].as_ptr().add(b * Q8K_BYTES));
+        let pairs: [[i32; 4]; N] = std::array::from_fn(|t| bsum_pairs(ab[t])); // both halves'
         for h in 0..2 {
             let mut si = [_mm256_setzero_si256(); N];
             for c in 0..4 {
@@ -178,7 +179,7 @@ pub unsafe fn rows_single_avx2<const N: usize>(
             let dmin = _mm256_loadu_ps(g.add(64 + 32 * h) as *const f32);
             for t in 0..N {
                 let mut sm = _mm256_setzero_si256();
-                for (p, pair) in bsum_pairs(ab[t]).into_iter().enumerate() {
+                for (p, &pair) in pairs[t].iter().enumerate() {
                     let mins = _mm256_loadu_si256(g.add(256 + 64 * p + 32 * h) as *const __m256i);
                     sm = _mm256_add_epi32(sm, _mm256_madd_epi16(mins, _mm256_set1_epi32(pair)));
                 }

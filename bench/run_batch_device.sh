@@ -9,9 +9,9 @@
 #   3. pytest: TESTS (the batched step's device tests first)
 #   4. bench/bench_batch.py on each model: forward_batch vs one forward per sequence, hybrid at
 #      25% of the experts in VRAM (run after the build has finished or stopped)
-# Run from the repository root with, in $B (the carried folder, default .dev/gpubatch): site.tar.xz
-# (the strata package from scripts/build_device_wheel's wheel, unpacked, its .so stripped of
-# debug info and the shipped models left out, to fit the 64 MiB a call carries), whl/ (the
+# Run from the repository root with, in $B (the carried folder, default .dev/gpubatch): Strata
+# as bench/device_site.sh takes it (core.so.xz of `STRATA_DEVICE_SO=1 scripts/build_device_wheel`,
+# or a wheel; an older call's site.tar.xz, the package unpacked, is unpacked first), whl/ (the
 # dependency wheels), gpu-models/ (the quantized test models; the F32 one is written here),
 # tests/, bench/ and llama-src.tar.xz. Results under $OUT.
 set -u
@@ -23,10 +23,11 @@ D=/tmp/bm-batch
 LL=/tmp/llb
 mkdir -p "$OUT" "$D"
 t0=$(date +%s)
-mkdir -p /tmp/site && tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+if [ -f "$B/site.tar.xz" ]; then # an unpacked package, as earlier calls carried it
+    mkdir -p /tmp/site && tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
+fi
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
 LLAMA_SRC=${LLAMA_SRC:-$B/llama-src.tar.xz}
 llpid=
 if [ -f "$LLAMA_SRC" ] && [ ! -x "$LL/build/bin/llama-server" ]; then

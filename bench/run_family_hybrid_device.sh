@@ -17,9 +17,8 @@ B=${B:-$R/.dev/fam}
 OUT=${OUT:-/tmp/fam-out}
 PHASE=${PHASE:-all}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
 D=/tmp/bm-fam
 LL=/tmp/ll/build/bin
 mkdir -p "$D"

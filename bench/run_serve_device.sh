@@ -15,9 +15,9 @@ cd "$(dirname "$0")/.."
 src="$1"
 OUT="${OUT:-/tmp/serve_out}"
 mkdir -p "$OUT"
-SITE=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "${WHL:-.whl}"/*.whl
-export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
+R=$PWD
+. bench/device_site.sh
+device_site "${WHL:-.whl}"
 lc=/tmp/llama-cpu
 mkdir -p "$lc"
 (

@@ -3,16 +3,17 @@
 # cost curve on the GPU (every weight in VRAM) and in the hybrid mode (SLOTS expert slots in
 # VRAM: 40 = 25% of the trained default's 160 experts), the edit task in the hybrid mode, and the
 # edit task on the host's CPU, all on the trained default shipped in the wheel.
-# Run from the repository root with the wheel (scripts/build_device_wheel → .whl/, or WHL=DIR
-# holding the strata wheel and the msgspec wheel for the device's Python) carried:
+# Run from the repository root with Strata carried as bench/device_site.sh takes it
+# (scripts/build_device_wheel → .whl/, or WHL=DIR: a wheel or core.so.xz, and the dependency
+# wheels for the device's Python):
 #   device tool: command "bash bench/run_spec_device.sh > $OUT/spec_device.log 2>&1",
 #                carry [".whl"], timeout_s 150
 set -u
 R=$PWD
 WHL=${WHL:-$R/.whl}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$WHL"/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-M=/tmp/site/strata/models/strata-default-qwen3moe-q8_0.gguf
+. "$R/bench/device_site.sh"
+device_site "$WHL" || exit 2
+M=$(python3 -c 'from strata.modelgen import shipped_model_path; print(shipped_model_path())')
 B=${BENCH:-$R/bench}
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 T=${THREADS:-4}

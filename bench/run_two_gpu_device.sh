@@ -32,9 +32,9 @@ L=${LAYERS:-12}
 GPUS=${GPUS:-0,1}
 mkdir -p "$OUT" "$D"
 t0=$(date +%s)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$B"/whl/*.whl || exit 2
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_GPU_MODELS=$B/gpu-models
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
+export STRATA_GPU_MODELS=$B/gpu-models
 nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 FILE=$D/q3moe-${L}l-uniform-Q4_K_M.gguf
 

@@ -11,7 +11,7 @@
 device_site() {
     local b=$1 site=${2:-/tmp/site}
     local w=() glob
-    glob=$(shopt -p nullglob)
+    glob=$(shopt -p nullglob) || true # status 1 when the option is off (errexit callers)
     shopt -s nullglob
     w=("$b"/whl/*.whl "$b"/*.whl)
     eval "$glob" # the caller's setting back

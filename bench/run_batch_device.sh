@@ -23,9 +23,6 @@ D=/tmp/bm-batch
 LL=/tmp/llb
 mkdir -p "$OUT" "$D"
 t0=$(date +%s)
-if [ -f "$B/site.tar.xz" ]; then # an unpacked package, as earlier calls carried it
-    mkdir -p /tmp/site && tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2
-fi
 . "$R/bench/device_site.sh"
 device_site "$B" || exit 2
 LLAMA_SRC=${LLAMA_SRC:-$B/llama-src.tar.xz}

@@ -22,13 +22,8 @@ B=${B:-$R/.dev/defer}
 OUT=${OUT:-/tmp/defer-out}
 LAYERS=${LAYERS:-8}
 D=/tmp/bm-defer
-mkdir -p "$OUT" "$D" /tmp/site
+mkdir -p "$OUT" "$D"
 t0=$(date +%s)
-for t in site qtc; do # unpacked packages, as earlier calls carried them
-    if [ -f "$B/$t.tar.xz" ]; then
-        tar xJf "$B/$t.tar.xz" -C /tmp/site || exit 2
-    fi
-done
 . "$R/bench/device_site.sh"
 device_site "$B" || exit 2
 (

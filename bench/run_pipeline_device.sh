@@ -20,13 +20,10 @@ set -u
 R=$PWD
 B=${B:-$R/.dev/pipe}
 OUT=${OUT:-/tmp/pipe-out}
-mkdir -p "$OUT" /tmp/site
+mkdir -p "$OUT"
 t0=$(date +%s)
-if [ -f "$B/site.tar.xz" ]; then
-    tar xJf "$B/site.tar.xz" -C /tmp/site || exit 2 # every call: the carried package wins
-fi
 . "$R/bench/device_site.sh"
-device_site "$B" || exit 2 # the dependency wheels; core.so.xz instead of site.tar.xz
+device_site "$B" || exit 2
 export STRATA_GPU_MODELS=$B/gpu-models STRATA_TEST_GPUS=${GPUS:-0,0}
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/status.txt"
 TESTS=${TESTS:-"$R/tests/test_gpu_pipeline.py $R/tests/test_gpu_split.py"}

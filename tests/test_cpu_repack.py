@@ -10,12 +10,11 @@ import os
 
 import numpy as np
 from models import TestModels
+from repack_steps import PROMPT, projection_steps
 from strata import _core
 from strata._core import Model
 from strata.config import Config
 from strata.gguf import GGUFFile
-
-PROMPT = [1, 17, 300, 5, 99, 1024, 7, 7, 42, 511, 3, 250]
 
 
 def run(path: str, **kw: object) -> tuple[np.ndarray, int]:
@@ -61,21 +60,8 @@ def test_repacked_projections_are_bitwise_the_original(test_models: TestModels) 
     """Decode steps of two and four one-token rows (the repacked projections' calls), and one
     row and a window beside them (the original's), bitwise with and without the copies."""
     path = str(test_models.quantized("Q4_K_M"))
-
-    def steps(**kw: object) -> tuple[list[np.ndarray], int]:
-        m = Model.open(path, n_ctx=64, n_slots=4, **kw)  # type: ignore[arg-type]
-        for s in range(4):
-            m.forward(s, [p + s for p in PROMPT], logits="none")
-        out: list[np.ndarray] = []
-        for i, batch in enumerate([[0, 1, 2, 3], [1, 3], [0, 1, 2, 3], [2]]):
-            rows = m.forward_batch([(s, [(37 * s + 11 * i) % 500 + 1], "last") for s in batch])
-            out += [np.asarray(r) for r in rows]
-        win = m.forward_batch([(0, [5, 6, 7], "window"), (1, [8], "last")])
-        out += [np.asarray(r) for r in win]
-        return out, int(m.hparams["repack_proj_bytes"])
-
-    ref, none = steps(cpu_repack=False)
-    got, used = steps(cpu_repack=True)
+    ref, none = projection_steps(path, cpu_repack=False)
+    got, used = projection_steps(path, cpu_repack=True)
     assert none == 0 and used == proj_bytes(path)
     for a, b in zip(got, ref, strict=True):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

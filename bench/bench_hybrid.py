@@ -198,14 +198,19 @@ def strata_run(
     tg, pp = [], []
     h0 = counters.totals()
     lt0 = counters.layer_times()
+    ct0 = counters.chain_times()
     for r in range(a.reps):
         tg.append(decode())
         print(f"  strata rep {r}: tg{a.gen} {tg[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     h1 = counters.totals()
     lt1 = counters.layer_times()
+    ct1 = counters.chain_times()
     info = m.hybrid_info() or info  # after the decode runs: the PCIe share the tuner chose
     n_lay = max(1, lt1["layers"] - lt0["layers"])
     phases = {k: (lt1[k] - lt0[k]) / n_lay / 1e3 for k in lt1 if k != "layers"}
+    # the GPU's part by CUDA events (--chain-timing): µs per timed layer
+    n_ch = ct1["layers"] - ct0["layers"]
+    chain = {k: (ct1[k] - ct0[k]) / n_ch / 1e3 for k in ct1 if k != "layers"} if n_ch else {}
     for r in range(pp_reps):
         pp.append(prefill())
         print(f"  strata rep {r}: pp{a.pp} {pp[-1]:.1f} tok/s", file=sys.stderr, flush=True)
@@ -219,6 +224,7 @@ def strata_run(
         "pcie_share": (h1[2] - h0[2]) / max(1, total - hits),
         "swaps": snap["swaps"],
         "phases": phases,
+        "chain": chain,
         "info": info,
         "graph": m.cuda_graph_state,
     }
@@ -347,6 +353,12 @@ def main() -> None:
         "(bytes, 0: off) at each value of this comma list (set_dot_prefetch; results bitwise)",
     )
     ap.add_argument(
+        "--chain-timing",
+        action="store_true",
+        help="time each CPU-path layer's GPU part with CUDA events (set_hybrid_chain_timing): "
+        "the previous layer's add, then attention to routing, in µs per layer",
+    )
+    ap.add_argument(
         "--adapt-ab",
         action="store_true",
         help="also decode at the first pcie_frac with a static VRAM tier (adapt_every 0)",
@@ -367,7 +379,9 @@ def main() -> None:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps
+    from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps, set_hybrid_chain_timing
+
+    set_hybrid_chain_timing(a.chain_timing)
     from strata._core._testing import gpu_copy_gbps
 
     n_dense = 0
@@ -436,6 +450,10 @@ def main() -> None:
         )
         for label, r in zip(labels, runs, strict=True):
             ph = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+            if r["chain"]:
+                ph += "; GPU µs per layer: " + ", ".join(
+                    f"{k} {v:.1f}" for k, v in r["chain"].items()
+                )
             ri = r["info"]
             print(
                 f"  Strata {label} (used {ri['pcie_frac']:.3f}, {ri['pcie']}; graph "

@@ -17,13 +17,15 @@ import sys
 import time
 
 import numpy as np
-from strata._core import Model, Profile
+from strata._core import Model, Profile, set_hybrid_chain_timing
 from strata.errors import ConfigError
 
 N_LAYER, N_EXPERT, K = 3, 8, 2
 
 
-def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.ndarray:
+def run(
+    path: str, tier_async: bool, stream: bool, stream_chunk: int = 0, timed: bool = False
+) -> np.ndarray:
     counts = np.zeros((N_LAYER, N_EXPERT), np.float32)
     counts[:, 5:] = 10.0
     prof = Profile.from_counts(path, counts, 100)
@@ -96,6 +98,10 @@ def run(path: str, tier_async: bool, stream: bool, stream_chunk: int = 0) -> np.
     assert steps[-10:] == [(N_LAYER * K, 0, 0)] * 10, (label, steps[-10:])
     assert (m.hybrid_info() or {}).get("resident") == 6
     assert (m.routing_counts()[:, 0] == (48 + nd) * K).all()
+    # with set_hybrid_chain_timing on at open, the GPU part of every decode layer after a
+    # hand-off add of its step is timed (not a step's first layer: no add before it)
+    ct = c.chain_times()
+    assert (ct["layers"] > 0) == timed and ct["add"] >= 0 and ct["attention"] >= 0, ct
     assert m.routing_counts()[:, 1:].sum() == 0
     # the first chunk misses everywhere (no slot holds expert 0)
     first = 48 // n_chunks * N_LAYER * K
@@ -255,7 +261,10 @@ def main() -> None:
     run_pcie(path)
     run_defer(path)
     for tier_async in (False, True):
-        ref = run(path, tier_async, False)
+        # the sync tier's run with the GPU part timed (off again for the runs after it)
+        prev = set_hybrid_chain_timing(not tier_async)
+        ref = run(path, tier_async, False, timed=not tier_async)
+        assert set_hybrid_chain_timing(prev) == (not tier_async) and prev is False
         for sc in (24, 0 if tier_async else 4096):
             out = run(path, tier_async, True, sc)
             # no kernel runs in the mock: this checks shapes and that the streamed path's

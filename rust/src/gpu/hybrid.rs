@@ -25,6 +25,7 @@
 //! tables; the device copy is rewritten on the compute stream before the next step is
 //! launched, so a step reads the table exactly as the host split it.
 
+use super::chain_timing::ChainTimer;
 use super::defer::{split_deferred, Deferrer};
 use super::experts::{layers_of, shapes, ExpertTensors, GgufStager};
 use super::hybrid_cfg::{HybridConfig, HybridInfo, StagePart, ADAPT_HALF_LIFE};
@@ -102,6 +103,8 @@ pub struct Hybrid {
     h: Vec<f32>,
     y: Vec<f32>,
     ev: Event,
+    /// The GPU part's device time (`chain_timing.rs`; None: off, the default).
+    chain: Option<ChainTimer>,
     steps: u64,
     /// Swaps this stage's tier has completed (slots filled at its gaps).
     swapped: u64,
@@ -291,6 +294,7 @@ impl Hybrid {
             h: Vec::with_capacity(t * hd),
             y: vec![0f32; t * hd],
             ev: gpu.event_no_timing()?,
+            chain: ChainTimer::new(gpu)?,
             steps: 0,
             swapped: 0,
             rows: Vec::with_capacity(part.n_seq),
@@ -398,7 +402,12 @@ impl Hybrid {
         // x += y_miss read over the link from the pinned buffer (one kernel: no copy to
         // queue first); ordered after moe_down on the stream; pin_y is rewritten only after
         // the next layer's event, which the stream reaches after this add
-        elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::mapped(&self.pin_y), t * hd)?;
+        let pin_y = &self.pin_y;
+        let add = || elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::mapped(pin_y), t * hd);
+        match self.chain.as_mut() {
+            Some(c) => c.around_add(s, add)?,
+            None => add()?,
+        }
         self.counters.record_handoff((8 * nk + 8 * t * hd) as u64);
         Ok(())
     }
@@ -450,6 +459,9 @@ impl MoePlacement for Hybrid {
     /// (on the compute stream, ahead of the step's kernels).
     fn before_step(&mut self, s: &Stream, rows: &[(usize, usize)]) -> Result<()> {
         self.t_last = None;
+        if let Some(c) = self.chain.as_mut() {
+            c.reset();
+        }
         self.tune_share();
         self.step_t = 0;
         if let Some(d) = self.defer.as_mut() {
@@ -533,6 +545,9 @@ impl MoePlacement for Hybrid {
         self.step_t = t;
         // the event the host waits for (routing and input are on their way to the host)
         self.ev.record(s)?;
+        if let Some(c) = &self.chain {
+            c.at_route(s)?;
+        }
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
         match resident {
             Some(g) => g.launch(s)?,
@@ -542,6 +557,9 @@ impl MoePlacement for Hybrid {
         let t1 = Instant::now();
         self.ev.sync()?;
         let t2 = Instant::now();
+        if let Some(c) = self.chain.as_mut() {
+            c.done(&self.counters)?;
+        }
         // deferral: the previous layer's CPU misses land in x now (after this layer's
         // attention read it; ordered after its resident experts on the stream)
         self.land_deferred(cx, false)?;

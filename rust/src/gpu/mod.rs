@@ -8,6 +8,7 @@
 mod batch;
 mod batch_scratch;
 mod bounce;
+mod chain_timing;
 mod defer;
 mod experts;
 mod ffn;
@@ -29,6 +30,7 @@ mod step;
 mod stream_in;
 pub mod weights;
 
+pub use chain_timing::set_chain_timing as set_hybrid_chain_timing;
 pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;

@@ -81,6 +81,13 @@ impl HybridCounters {
         self.inner.times().into_iter().collect()
     }
 
+    /// The GPU's part of the CPU-path layers after a hand-off, by CUDA timing events (ns
+    /// summed): `layers`, `add`, `attention` (all 0 unless the model was opened with
+    /// `set_hybrid_chain_timing(True)`).
+    fn chain_times(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        self.inner.chain_times().into_iter().collect()
+    }
+
     /// Per-layer lists `hits`, `miss_cpu`, `miss_pcie`, and `swaps`, `fill_bytes`,
     /// `pcie_bytes`, `handoff_bytes`.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
@@ -162,8 +169,17 @@ fn default_pcie_frac(link_gbps: f64, cpu_gbps: f64) -> f64 {
     vram::default_pcie_frac(link_gbps, cpu_gbps)
 }
 
+/// Whether hybrid models opened from now on time their CPU-path layers' GPU part with CUDA
+/// events (`HybridCounters.chain_times`; a diagnostic, off by default: three more events per
+/// layer); returns the previous setting.
+#[pyfunction]
+fn set_hybrid_chain_timing(on: bool) -> bool {
+    crate::gpu::set_hybrid_chain_timing(on)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HybridCounters>()?;
+    m.add_function(wrap_pyfunction!(set_hybrid_chain_timing, m)?)?;
     m.add_function(wrap_pyfunction!(vram_plan, m)?)?;
     m.add_function(wrap_pyfunction!(pcie_probe_gbps, m)?)?;
     m.add_function(wrap_pyfunction!(default_pcie_frac, m)?)?;

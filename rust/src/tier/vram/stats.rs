@@ -40,7 +40,17 @@ pub struct HybridCounters {
     handoff_bytes: AtomicU64,
     /// Host time of the layers whose misses ran on the CPU (decode), by phase.
     times: [AtomicU64; PHASES.len()],
+    /// Device time of the GPU's part of such layers (`CHAIN`; only while a model was opened
+    /// with the chain timing on: `set_hybrid_chain_timing`).
+    chain: [AtomicU64; CHAIN.len()],
 }
+
+/// The GPU's part of a CPU-path layer after the previous layer's hand-off, as CUDA timing
+/// events on the compute stream see it (ns summed; `layers` counts them): `add` from the
+/// add's queueing to its end (x += y_miss read over the link, with the launch latency on an
+/// idle GPU), `attention` from there to the routing's event (norm, Q/K/V, RoPE, attention, O,
+/// the FFN norm, the router and its top-k, with the graph's launch).
+pub const CHAIN: [&str; 3] = ["layers", "add", "attention"];
 
 /// Phases of a layer whose misses run on the CPU, as the step thread sees them (ns summed
 /// over such layers; `layers` counts them): `between` from the previous layer's return to
@@ -50,6 +60,23 @@ pub struct HybridCounters {
 /// `cpu` (split, counting and the pool's miss computation), `tail` (y_miss up and the add
 /// queued).
 pub const PHASES: [&str; 6] = ["layers", "between", "queue", "wait", "cpu", "tail"];
+
+/// `sums[0]` counts one more record, `sums[1..]` add `ns`.
+fn count_sums(sums: &[AtomicU64], ns: &[u64]) {
+    sums[0].fetch_add(1, Relaxed);
+    for (a, &v) in sums[1..].iter().zip(ns) {
+        a.fetch_add(v, Relaxed);
+    }
+}
+
+/// `names` paired with the current `sums`.
+fn named(names: &[&'static str], sums: &[AtomicU64]) -> Vec<(&'static str, u64)> {
+    names
+        .iter()
+        .zip(sums)
+        .map(|(&n, a)| (n, a.load(Relaxed)))
+        .collect()
+}
 
 /// A snapshot. Hits and misses count routed (token, slot) pairs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -124,24 +151,28 @@ impl HybridCounters {
             pcie_bytes: AtomicU64::new(0),
             handoff_bytes: AtomicU64::new(0),
             times: Default::default(),
+            chain: Default::default(),
         }
+    }
+
+    /// One timed layer's GPU part in ns (`CHAIN[1..]`).
+    pub fn record_chain(&self, ns: [u64; 2]) {
+        count_sums(&self.chain, &ns);
+    }
+
+    /// `CHAIN` with their sums (layers, then ns).
+    pub fn chain_times(&self) -> Vec<(&'static str, u64)> {
+        named(&CHAIN, &self.chain)
     }
 
     /// One CPU-path layer's phases in ns (`PHASES[1..]`; `between` 0 for a step's first).
     pub fn record_times(&self, ns: [u64; 5]) {
-        self.times[0].fetch_add(1, Relaxed);
-        for (a, v) in self.times[1..].iter().zip(ns) {
-            a.fetch_add(v, Relaxed);
-        }
+        count_sums(&self.times, &ns);
     }
 
     /// `PHASES` with their sums (layers, then ns).
     pub fn times(&self) -> Vec<(&'static str, u64)> {
-        PHASES
-            .iter()
-            .zip(&self.times)
-            .map(|(&n, a)| (n, a.load(Relaxed)))
-            .collect()
+        named(&PHASES, &self.times)
     }
 
     pub fn n_layer(&self) -> usize {

@@ -1,0 +1,36 @@
+"""A few hybrid decode steps to profile with Nsight Compute on the device (issue 23): each
+kernel's device time in place (cold weights, as the step runs them), for the sums beside
+bench_hybrid.py --chain-timing:
+
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+        python3 bench/ncu_hybrid_decode.py FILE.gguf [STEPS] > hyb.csv
+    python3 bench/ncu_table.py hyb.csv
+
+25% of the experts in VRAM slots, pcie_frac 0, a 16-token prompt then STEPS one-token steps
+(the first eager, the rest replaying the per-layer graphs).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from strata._core import Model
+from strata.gguf import GGUFFile
+
+
+def main() -> None:
+    path, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    f = GGUFFile(path)
+    arch = f.metadata["general.architecture"]
+    n_slots = round(0.25 * f.metadata[f"{arch}.block_count"] * f.metadata[f"{arch}.expert_count"])
+    m = Model.open(path, n_ctx=256, device="cuda", vram_slots=n_slots, pcie_frac=0.0)
+    rng = np.random.default_rng(0)
+    m.forward(0, rng.integers(0, 1000, 16).tolist(), logits="last")
+    for tok in rng.integers(0, 1000, steps).tolist():
+        m.forward(0, [tok], logits="last")
+    print("graph:", m.cuda_graph_state, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

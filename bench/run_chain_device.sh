@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Where the hybrid layer's GPU part goes, on the device (issue 23), one call:
+#   1. bench_hybrid.py --chain-timing on a Q8_0 uniform-router file of LAYERS layers at full
+#      width (the small padded vocabulary, written here by strata.modelgen: no llama.cpp, no
+#      carried vocabulary), 25% of the experts in VRAM, pcie_frac 0: the host's phases beside
+#      the GPU part's device time (the hand-off add; attention to routing);
+#   2. the same file with every weight in VRAM: decode µs per token and per layer, with and
+#      without the head (its graph holds the same attention kernels, and the experts');
+#   3. bench/gpu_chain_latency.cu (the per-kernel floor; launched vs queued hand-off).
+# Carried: $B (default .whl: core.so.xz and the dependency wheels; bench/device_site.sh).
+# Device tool: command "bash bench/run_chain_device.sh", carry [".whl"].
+set -u
+R=$PWD
+B=${B:-$R/.whl}
+OUT=${OUT:-/tmp/o}
+LAYERS=${LAYERS:-4}
+D=/tmp/bm-chain
+mkdir -p "$OUT" "$D"
+t0=$(date +%s)
+. "$R/bench/device_site.sh"
+device_site "$B" || exit 2
+( nvcc -O3 -arch=sm_90 -lcuda -o /tmp/gcl "$R/bench/gpu_chain_latency.cu" &&
+    /tmp/gcl 10 2000 >"$OUT/chain.txt" 2>&1 ) &
+m=$D/q3moe-${LAYERS}l-uniform-small-Q8_0.gguf
+[ -f "$m" ] || python3 - "$m" "$LAYERS" <<'PY' >"$OUT/write.log" 2>&1 || exit 2
+import sys
+from pathlib import Path
+from strata.modelgen import ModelSpec, write_qwen3moe
+out = Path(sys.argv[1])
+spec = ModelSpec.qwen3_30b_a3b(layers=int(sys.argv[2]), vocab="small", n_vocab=151936)
+write_qwen3moe(out.with_suffix(".part"), spec, dtype="q8_0")
+out.with_suffix(".part").rename(out)
+PY
+wait
+echo "model and chain bench $(($(date +%s) - t0))s"
+python3 "$R/bench/bench_hybrid.py" --model "$m" --layers "$LAYERS" --pcie-frac 0 --reps 3 \
+    --gen 64 --pp 512 --stream-chunk 0 --chain-timing --control 2>"$OUT/hyb.err" |
+    grep "Strata pcie_frac" | tee "$OUT/hyb.txt"
+python3 - "$m" "$LAYERS" <<'PY' 2>&1 | tee "$OUT/pure.txt"
+import sys, time
+import numpy as np
+from strata._core import Model
+m = Model.open(sys.argv[1], n_ctx=512, device="cuda")
+assert m.hybrid_info() is None, "the file must fit in VRAM"
+rng = np.random.default_rng(0)
+for mode in ("last", "none"):  # "none": no final norm and head
+    us = []
+    for r in range(4):
+        m.free(0)
+        m.forward(0, rng.integers(0, 1000, 16).tolist(), logits="last")
+        t = time.perf_counter()
+        toks = rng.integers(0, 1000, 64).tolist()
+        for tok in toks[:-1]:
+            m.forward(0, [tok], logits=mode)
+        m.forward(0, toks[-1:], logits="last")  # reads logits: every step before it is done
+        us.append((time.perf_counter() - t) / 64 * 1e6)
+    u = float(np.median(us[1:]))
+    print(f"pure GPU, logits {mode} ({m.cuda_graph_state}): {u:.1f} us/token, "
+          f"{u / int(sys.argv[2]):.1f} us/layer (runs {', '.join(f'{x:.1f}' for x in us)})")
+PY
+echo "total $(($(date +%s) - t0))s"
+cat "$OUT/chain.txt"

@@ -76,27 +76,6 @@ __device__ __forceinline__ void mmvq_st_body(const uint8_t* __restrict__ w, int 
     if (lane == 0) y[row] = v;
 }
 
-template <class T>
-__device__ __forceinline__ void mmvq_r1_body(const uint8_t* __restrict__ w, int rows, int items,
-                                             const void* x, float* __restrict__ y) {
-    __shared__ float part[MMVQ_WARPS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x;
-    if (row >= rows) return;  // the whole block
-    float acc[1] = {0.0f};
-    row_dot<T, 1>(w + (size_t)row * row_bytes_of<T>(items), items, act_at<T>(x, 0, items),
-                  act_stride<T>(items), 1, acc, threadIdx.x, MMVQ_WARPS * 32);
-    const float v = warp_sum(acc[0]);
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = part[0];
-#pragma unroll
-        for (int i = 1; i < MMVQ_WARPS; ++i) s += part[i];
-        y[row] = s;
-    }
-}
-
 #define MMVQ_KERNELS(name, T)                                                                   \
     extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32)                               \
         strata_mmvq_##name(const uint8_t* w, int rows, int items, const void* x, float* y,     \

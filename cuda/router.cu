@@ -6,6 +6,7 @@
 // logits f32 [T, E], ids i32 [T, k] (by descending p), w f32 [T, k]. E ≤ 1024, k ≤ 64.
 // Launch: grid (T), block 32.
 #include "model.cuh"
+#include "vecdot.cuh"
 
 #define ROUTER_MAX_E 1024
 
@@ -98,7 +99,8 @@ SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int* ids2_
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     const int i = lane + 32 * j;
-    p[j] = i < n_expert ? x[i] : -__builtin_huge_valf();
+    // (L2 reads: the fused router's last block reads logits other blocks wrote)
+    p[j] = i < n_expert ? __ldcg(x + i) : -__builtin_huge_valf();
     mx = fmaxf(mx, p[j]);
   }
   mx = sm_warp_max(mx);
@@ -129,6 +131,18 @@ SM_D void router_topk_row(const float* x, int* ids_row, float* w_row, int* ids2_
   }
 }
 
+// `router_topk_row` with the fewest registers per lane that hold n_expert (≤ ROUTER_MAX_E).
+SM_D void router_topk_any(const float* x, int* ids_row, float* w_row, int* ids2_row,
+                          float* w2_row, int n_expert, int k, int norm, float* pick) {
+  if (n_expert <= 128)
+    router_topk_row<4>(x, ids_row, w_row, ids2_row, w2_row, n_expert, k, norm, pick);
+  else if (n_expert <= 256)
+    router_topk_row<8>(x, ids_row, w_row, ids2_row, w2_row, n_expert, k, norm, pick);
+  else
+    router_topk_row<ROUTER_MAX_E / 32>(x, ids_row, w_row, ids2_row, w2_row, n_expert, k, norm,
+                                       pick);
+}
+
 // ids2 i32 [T, k] / w2 f32 [T, k], or null: the routing again (a hybrid layer's copy for the
 // host, in mapped memory: no copy kernel after this one).
 extern "C" __global__ void __launch_bounds__(32)
@@ -140,12 +154,29 @@ extern "C" __global__ void __launch_bounds__(32)
   const size_t o = (size_t)t * k;
   int *ir = ids + o, *ir2 = ids2 != nullptr ? ids2 + o : nullptr;
   float *wr = w + o, *wr2 = ids2 != nullptr ? w2 + o : nullptr;
-  if (n_expert <= 128)
-    router_topk_row<4>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
-  else if (n_expert <= 256)
-    router_topk_row<8>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
-  else
-    router_topk_row<ROUTER_MAX_E / 32>(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
+  router_topk_any(x, ir, wr, ir2, wr2, n_expert, k, norm, pick);
+}
+
+// One token's softmax router fused with its logits (decode): block e computes logit e =
+// W[e]·x exactly as strata_mmvq_f32_r1 does (`mmvq_r1_body`), and the last block to finish
+// (`done`: a zeroed counter, left at zero again) runs strata_router_topk's row on them, so
+// ids, w (and the copy) are bitwise the unfused pair's, one launch fewer on the layer's chain.
+// w_r f32 [E, H] (items = H / 32), x f32 [H], logits f32 [E] (written), ids i32 [k], w f32 [k].
+// Launch: grid (E), block MMVQ_WARPS·32.
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32)
+    strata_router_f32_topk(const uint8_t* w_r, int items, const float* x, float* logits,
+                           int* ids, float* w, int* ids2, float* w2, int n_expert, int k, int norm,
+                           int* done) {
+  __shared__ float pick[ROUTER_MAX_K];
+  __shared__ int is_last;
+  mmvq_r1_body<TF32>(w_r, n_expert, items, x, logits);
+  __threadfence();  // this block's logit, before its count
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(done, 1) == n_expert - 1;
+  __syncthreads();
+  if (!is_last || threadIdx.x >= 32) return;
+  if (threadIdx.x == 0) *done = 0;  // ready for the next launch (stream-ordered)
+  router_topk_any(logits, ids, w, ids2, w2, n_expert, k, norm, pick);
 }
 
 // gpt-oss's router (`Routing::SoftmaxWeight`): the top k logits (ties: the lower expert id

@@ -29,6 +29,9 @@ SOURCES = [
     "attention.cu",
     "router.cu",
     "elementwise.cu",
+    "vecdot.cuh",
+    "qdecode.cuh",
+    "common.cuh",
 ]
 
 F32P = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
@@ -52,6 +55,7 @@ SIGS: dict[str, list[Any]] = {
     + [F, ctypes.c_void_p, INT],
     "sim_router_topk": [F32P, I32P, F32P, INT, INT, INT, INT],
     "sim_router_topk_copy": [F32P, I32P, F32P, I32P, F32P, INT, INT, INT, INT],
+    "sim_router_f32_topk": [F32P, F32P, F32P, I32P, F32P, I32P, F32P] + [INT] * 4 + [I32P],
     "sim_router_topk_softmax": [F32P, I32P, F32P, INT, INT, INT],
     "sim_add_rows": [F32P, F32P, INT, INT],
     "sim_router_sigmoid_topk": [F32P, F32P, I32P, F32P, INT, INT, INT, INT, F],
@@ -106,6 +110,29 @@ def test_router_topk_second_copy_is_the_routing(kern: ctypes.CDLL) -> None:
     kern.sim_router_topk_copy(logits, ids1, w1, ids2, w2, t, e, k, 1)
     assert np.array_equal(ids1, ids) and np.array_equal(w1, w)
     assert np.array_equal(ids2, ids) and np.array_equal(w2, w)
+
+
+def test_router_f32_topk_is_the_unfused_pair(kern: ctypes.CDLL) -> None:
+    """The fused decode router (`strata_router_f32_topk`: the F32 logits one row per block as
+    `strata_mmvq_f32_r1` sums them, the last block to finish running the top-k): its logits
+    are W·x (numpy f64, f32 rounding), and its ids and weights and their copy are bitwise
+    `strata_router_topk` on those logits; its finish counter is left at zero."""
+    rng = np.random.default_rng(23)
+    for e, h, k in [(128, 2048, 8), (256, 512, 8), (64, 256, 4)]:
+        wr = f32(rng.normal(0, 0.05, (e, h)))
+        x = f32(rng.normal(0, 1, h))
+        logits = np.full(e, np.nan, np.float32)
+        ids, w = np.full(k, -1, np.int32), np.full(k, np.nan, np.float32)
+        ids2, w2 = np.full_like(ids, -1), np.full_like(w, np.nan)
+        done = np.zeros(1, np.int32)
+        kern.sim_router_f32_topk(wr, x, logits, ids, w, ids2, w2, e, h, k, 1, done)
+        ref = wr.astype(np.float64) @ x.astype(np.float64)
+        assert np.allclose(logits, ref, rtol=1e-4, atol=1e-4), (e, h)
+        assert done[0] == 0
+        ids_ref, w_ref = np.zeros((1, k), np.int32), np.zeros((1, k), np.float32)
+        kern.sim_router_topk(logits[None, :].copy(), ids_ref, w_ref, 1, e, k, 1)
+        assert np.array_equal(ids, ids_ref[0]) and np.array_equal(w, w_ref[0]), (e, h)
+        assert np.array_equal(ids2, ids) and np.array_equal(w2, w)
 
 
 # ---- the routing and FFN scales of the other GPU families (emulation only) -------------

@@ -109,6 +109,12 @@ void sim_router_topk(const float* logits, int* ids, float* w, int n_tok, int n_e
              (float*)nullptr, n_expert, k, norm);
 }
 
+void sim_router_f32_topk(const float* w_r, const float* x, float* logits, int* ids, float* w,
+                         int* ids2, float* w2, int n_expert, int h, int k, int norm, int* done) {
+  sim_launch(strata_router_f32_topk, dim3(n_expert), dim3(MMVQ_WARPS * 32),
+             (const uint8_t*)w_r, h / 32, x, logits, ids, w, ids2, w2, n_expert, k, norm, done);
+}
+
 void sim_router_topk_copy(const float* logits, int* ids, float* w, int* ids2, float* w2,
                           int n_tok, int n_expert, int k, int norm) {
   sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, ids2, w2, n_expert, k,

@@ -58,7 +58,7 @@ impl ChainTimer {
         Ok(())
     }
 
-    /// Where the host's routing event is recorded on `s`.
+    /// Just before the host's routing event is recorded on `s`.
     pub(super) fn at_route(&self, s: &Stream) -> Result<()> {
         if self.armed {
             self.route.record(s)?;
@@ -72,6 +72,7 @@ impl ChainTimer {
         if !std::mem::take(&mut self.armed) {
             return Ok(());
         }
+        self.route.sync()?; // done already (recorded before the host's event)
         let ns = |a: &Event, b: &Event| a.elapsed_ms(b).map(|ms| (f64::from(ms) * 1e6) as u64);
         counters.record_chain([ns(&self.start, &self.mid)?, ns(&self.mid, &self.route)?]);
         Ok(())

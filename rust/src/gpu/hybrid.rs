@@ -543,11 +543,12 @@ impl MoePlacement for Hybrid {
         let t0 = Instant::now();
         let between = self.t_last.map_or(0, |t| (t0 - t).as_nanos() as u64);
         self.step_t = t;
-        // the event the host waits for (routing and input are on their way to the host)
-        self.ev.record(s)?;
+        // the event the host waits for (routing and input are on their way to the host;
+        // the chain timer's first: the host's wait covers it)
         if let Some(c) = &self.chain {
             c.at_route(s)?;
         }
+        self.ev.record(s)?;
         // the GPU's part: resident experts through the slot tables (0: a miss adds nothing)
         match resident {
             Some(g) => g.launch(s)?,

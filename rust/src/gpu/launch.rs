@@ -39,25 +39,26 @@ pub(super) struct Seg {
 }
 
 pub(super) struct Bufs {
-    pub params: DevBuf,    // i32 [2·S + T]: S (pos0, slot) pairs, token ids
-    pub x: DevBuf,         // f32 [T, H] residual stream
-    pub h: DevBuf,         // f32 [T, H] normed block input
-    pub o: DevBuf,         // f32 [T, H] attention output projection
-    pub q: DevBuf,         // f32 [T, Nh·D]
-    pub att: DevBuf,       // f32 [T, Nh·D]
-    pub k: DevBuf,         // f32 [T, Nkv·D]
-    pub v: DevBuf,         // f32 [T, Nkv·D]
-    pub router: DevBuf,    // f32 [T, E]
-    pub ids: DevBuf,       // i32 [T, K]
-    pub wts: DevBuf,       // f32 [T, K]
-    pub act: DevBuf,       // f32 [T, K, F]
-    pub ffn_act: DevBuf,   // f32 [T, Fd]: a dense FFN's silu(gate)·up (`ffn.rs`)
-    pub ffn_logit: DevBuf, // f32 [T] its gate logit
-    pub ffn_wts: DevBuf,   // f32 [T] its per-row scale
-    pub ffn_ones: DevBuf,  // f32 [T] ones (an ungated FFN's scale)
-    pub ffn_ids: DevBuf,   // i32 [T] zeros (every row takes the one-expert table's entry 0)
-    pub scratch: DevBuf,   // the quant kernels' scratch
-    pub part_o: DevBuf,    // decode attention partials
+    pub params: DevBuf,      // i32 [2·S + T]: S (pos0, slot) pairs, token ids
+    pub x: DevBuf,           // f32 [T, H] residual stream
+    pub h: DevBuf,           // f32 [T, H] normed block input
+    pub o: DevBuf,           // f32 [T, H] attention output projection
+    pub q: DevBuf,           // f32 [T, Nh·D]
+    pub att: DevBuf,         // f32 [T, Nh·D]
+    pub k: DevBuf,           // f32 [T, Nkv·D]
+    pub v: DevBuf,           // f32 [T, Nkv·D]
+    pub router: DevBuf,      // f32 [T, E]
+    pub router_done: DevBuf, // i32 [1] zero: the fused decode router's finish counter
+    pub ids: DevBuf,         // i32 [T, K]
+    pub wts: DevBuf,         // f32 [T, K]
+    pub act: DevBuf,         // f32 [T, K, F]
+    pub ffn_act: DevBuf,     // f32 [T, Fd]: a dense FFN's silu(gate)·up (`ffn.rs`)
+    pub ffn_logit: DevBuf,   // f32 [T] its gate logit
+    pub ffn_wts: DevBuf,     // f32 [T] its per-row scale
+    pub ffn_ones: DevBuf,    // f32 [T] ones (an ungated FFN's scale)
+    pub ffn_ids: DevBuf,     // i32 [T] zeros (every row takes the one-expert table's entry 0)
+    pub scratch: DevBuf,     // the quant kernels' scratch
+    pub part_o: DevBuf,      // decode attention partials
     pub part_ml: DevBuf,
     pub logits: DevBuf, // f32 [LOGIT_ROWS, V]
     pub kc: DevBuf,     // K cache (KvLayout)
@@ -122,6 +123,7 @@ impl Bufs {
             k: alloc_f32(gpu, &[t, kvd])?,
             v: alloc_f32(gpu, &[t, kvd])?,
             router: alloc_f32(gpu, &[t, e])?,
+            router_done: gpu.upload_pod(&[0i32])?,
             ids: alloc_f32(gpu, &[t, k])?,
             wts: alloc_f32(gpu, &[t, k])?,
             act: alloc_f32(gpu, &[t, k, f])?,

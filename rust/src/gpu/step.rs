@@ -23,6 +23,7 @@ use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, deltanet, elementwise, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
 use crate::model::arch::{RopeMode, Routing};
+use crate::quant::GgmlType;
 
 impl Launcher {
     /// x [T, H] = the residual stream after the stage's layers for the T tokens in `params`
@@ -104,6 +105,15 @@ impl Launcher {
             }
             let r = &lw.router;
             let logits = Dv::of(&b.router);
+            let copy = host.map(|c| (c[0], c[1]));
+            if let Some(norm) = self.fused_router(l, t) {
+                // one token's logits and top-k in one kernel, bitwise the pair below
+                let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
+                let done = Dv::of(&b.router_done);
+                let w3 = [Dv::of(&r.buf), h, logits];
+                router::f32_topk(g, s, w3, ids, wts, copy, done, hd, e, k, norm)?;
+                return Ok(host.is_some());
+            }
             quant::matmul(
                 &self.q,
                 s,
@@ -119,9 +129,28 @@ impl Launcher {
             if let Some(br) = &lw.router_bias {
                 elementwise::add_rows(g, s, logits, Dv::of(br), t, e)?; // [T, E] += br
             }
-            self.route(l, logits, t, e, k, host.map(|c| (c[0], c[1])))?;
+            self.route(l, logits, t, e, k, copy)?;
         }
         Ok(host.is_some())
+    }
+
+    /// The softmax routing's `norm` when layer `l`'s router runs fused with its logits for
+    /// `t` rows (`router::f32_topk`): one token, F32 weights without a bias, the one-token
+    /// product summing one row per block (the order the fused kernel keeps).
+    fn fused_router(&self, l: usize, t: usize) -> Option<bool> {
+        let lw = self.w.layer(l);
+        let r = &lw.router;
+        let one = t == 1 && r.ty == GgmlType::F32 && lw.router_bias.is_none();
+        match self.hp.graph.routing {
+            Routing::Softmax { norm }
+                if one
+                    && r.rows <= router::MAX_EXPERTS
+                    && self.q.one_token_row_per_block(r.rows) =>
+            {
+                Some(norm)
+            }
+            _ => None,
+        }
     }
 
     /// Layer `l`'s shared expert beside the routed ones, for the T rows of `b.h`: x +=

@@ -168,6 +168,12 @@ pub struct QuantOps {
 }
 
 impl QuantOps {
+    /// Whether a one-token product of `rows` rows runs one row per block (`_r1`): the
+    /// summation order the fused router's logits keep (`router::f32_topk`).
+    pub fn one_token_row_per_block(&self, rows: usize) -> bool {
+        rows < self.r1_below
+    }
+
     pub fn new(gpu: &Arc<Gpu>) -> Result<QuantOps> {
         let mut types = Vec::with_capacity(TYPES.len());
         for ty in TYPES {

@@ -27,10 +27,7 @@ pub fn topk(
     k: usize,
     norm: bool,
 ) -> Result<()> {
-    check_topk([logits, ids, w], n_tok, n_expert, k)?;
-    if let Some((ci, cw)) = copy {
-        check_topk([logits, ci, cw], n_tok, n_expert, k)?;
-    }
+    check_topk_copy([logits, ids, w], copy, n_tok, n_expert, k)?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -44,14 +41,87 @@ pub fn topk(
             logits.arg(),
             ids.arg(),
             w.arg(),
-            Arg::Ptr(copy.map_or(0, |c| c.0.ptr)),
-            Arg::Ptr(copy.map_or(0, |c| c.1.ptr)),
+            copy_arg(copy, 0),
+            copy_arg(copy, 1),
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
             Arg::I32(norm as i32),
         ],
     )
 }
+
+/// `check_topk` for the routing and for its `copy` (ids, w), if any.
+fn check_topk_copy(
+    out: [Dv; 3],
+    copy: Option<(Dv, Dv)>,
+    n_tok: usize,
+    n_expert: usize,
+    k: usize,
+) -> Result<()> {
+    check_topk(out, n_tok, n_expert, k)?;
+    copy.map_or(Ok(()), |(ci, cw)| {
+        check_topk([out[0], ci, cw], n_tok, n_expert, k)
+    })
+}
+
+/// The kernel argument of the copy's ids (`i` 0) or weights (1): a null pointer without one.
+fn copy_arg(copy: Option<(Dv, Dv)>, i: usize) -> Arg {
+    Arg::Ptr(copy.map_or(0, |c| if i == 0 { c.0.ptr } else { c.1.ptr }))
+}
+
+/// One token's softmax router fused with its logits (`strata_router_f32_topk`): logits f32
+/// [E] = w_r·x, each row summed as the one-token F32 product's row-per-block kernel sums it
+/// (`strata_mmvq_f32_r1`), then ids i32 [k], w f32 [k] (and `copy`) as `topk` gives them from
+/// those logits: one launch for the two. w_r: f32 [E, H] (H a multiple of 32); x: f32 [H];
+/// `done`: i32 [1], zeroed once, the kernel's finish counter (each launch leaves it at zero).
+#[allow(clippy::too_many_arguments)]
+pub fn f32_topk(
+    gpu: &Gpu,
+    s: &Stream,
+    [w_r, x, logits]: [Dv; 3],
+    ids: Dv,
+    w: Dv,
+    copy: Option<(Dv, Dv)>,
+    done: Dv,
+    n_embd: usize,
+    n_expert: usize,
+    k: usize,
+    norm: bool,
+) -> Result<()> {
+    check_topk_copy([logits, ids, w], copy, 1, n_expert, k)?;
+    if !n_embd.is_multiple_of(32) || n_embd == 0 {
+        return Err(Error::Shape(format!(
+            "fused router: hidden {n_embd} is not a multiple of 32"
+        )));
+    }
+    w_r.need("router weights", bytes(prod(&[n_expert, n_embd])?, 4)?)?;
+    x.need("router input", bytes(n_embd, 4)?)?;
+    done.need("router finish counter", 4)?;
+    launch(
+        gpu,
+        s,
+        "strata_router_f32_topk",
+        (grid_dim("experts", n_expert, GRID_X)?, 1, 1),
+        ROUTER_F32_THREADS,
+        &[
+            w_r.arg(),
+            Arg::I32(i32_of("items", n_embd / 32)?),
+            x.arg(),
+            logits.arg(),
+            ids.arg(),
+            w.arg(),
+            copy_arg(copy, 0),
+            copy_arg(copy, 1),
+            Arg::I32(i32_of("n_expert", n_expert)?),
+            Arg::I32(k as i32),
+            Arg::I32(norm as i32),
+            done.arg(),
+        ],
+    )
+}
+
+/// Threads of the fused router's blocks (MMVQ_WARPS warps, as the row-per-block product).
+const ROUTER_F32_THREADS: u32 = 128;
 
 /// Per token t < n_tok (glm4moe's sigmoid routing): p = σ(logits[t]), ids[t] = the k
 /// largest p + bias (descending, ties to the lower id), w[t] = their p, divided by their sum

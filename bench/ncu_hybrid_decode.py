@@ -13,17 +13,17 @@ bench_hybrid.py --chain-timing:
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
+from bench_hybrid import layers_experts
 from strata._core import Model
-from strata.gguf import GGUFFile
 
 
 def main() -> None:
     path, steps = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 4
-    f = GGUFFile(path)
-    arch = f.metadata["general.architecture"]
-    n_slots = round(0.25 * f.metadata[f"{arch}.block_count"] * f.metadata[f"{arch}.expert_count"])
+    n_layer, n_expert, n_dense = layers_experts(Path(path))
+    n_slots = round(0.25 * (n_layer - n_dense) * n_expert)  # as bench_hybrid.py's --share
     m = Model.open(path, n_ctx=256, device="cuda", vram_slots=n_slots, pcie_frac=0.0)
     rng = np.random.default_rng(0)
     m.forward(0, rng.integers(0, 1000, 16).tolist(), logits="last")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Where the hybrid layer's GPU part goes, on the device (issue 23), one call:
 #   1. bench_hybrid.py --chain-timing on a Q8_0 uniform-router file of LAYERS layers at full
-#      width (the small padded vocabulary, written here by strata.modelgen: no llama.cpp, no
-#      carried vocabulary), 25% of the experts in VRAM, pcie_frac 0: the host's phases beside
+#      width (the small padded vocabulary, written here by bench/write_q8_model.py: no
+#      llama.cpp, no carried vocabulary), 25% of the experts in VRAM, pcie_frac 0: the host's phases beside
 #      the GPU part's device time (the hand-off add; attention to routing);
 #   2. the same file with every weight in VRAM: decode µs per token and per layer, with and
 #      without the head (its graph holds the same attention kernels, and the experts');
@@ -21,16 +21,8 @@ t0=$(date +%s)
 device_site "$B" || exit 2
 ( nvcc -O3 -arch=sm_90 -lcuda -o /tmp/gcl "$R/bench/gpu_chain_latency.cu" &&
     /tmp/gcl 10 2000 >"$OUT/chain.txt" 2>&1 ) &
-m=$D/q3moe-${LAYERS}l-uniform-small-Q8_0.gguf
-[ -f "$m" ] || python3 - "$m" "$LAYERS" <<'PY' >"$OUT/write.log" 2>&1 || exit 2
-import sys
-from pathlib import Path
-from strata.modelgen import ModelSpec, write_qwen3moe
-out = Path(sys.argv[1])
-spec = ModelSpec.qwen3_30b_a3b(layers=int(sys.argv[2]), vocab="small", n_vocab=151936)
-write_qwen3moe(out.with_suffix(".part"), spec, dtype="q8_0")
-out.with_suffix(".part").rename(out)
-PY
+m=$(python3 "$R/bench/write_q8_model.py" "$D" "$LAYERS" uniform q8_0 small 2>"$OUT/write.log") ||
+    exit 2
 wait
 echo "model and chain bench $(($(date +%s) - t0))s"
 python3 "$R/bench/bench_hybrid.py" --model "$m" --layers "$LAYERS" --pcie-frac 0 --reps 3 \

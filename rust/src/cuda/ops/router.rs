@@ -2,6 +2,7 @@
 //! the logits → softmax over the k (gpt-oss); the sigmoid router with a selection bias; a
 //! dense FFN's gate scale.
 
+use super::quant_kernels::MMVQ_THREADS;
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
@@ -31,6 +32,7 @@ pub fn topk(
     if n_tok == 0 {
         return Ok(());
     }
+    let [ci, cw] = copy_args(copy);
     launch(
         gpu,
         s,
@@ -41,8 +43,8 @@ pub fn topk(
             logits.arg(),
             ids.arg(),
             w.arg(),
-            copy_arg(copy, 0),
-            copy_arg(copy, 1),
+            ci,
+            cw,
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
             Arg::I32(norm as i32),
@@ -64,9 +66,10 @@ fn check_topk_copy(
     })
 }
 
-/// The kernel argument of the copy's ids (`i` 0) or weights (1): a null pointer without one.
-fn copy_arg(copy: Option<(Dv, Dv)>, i: usize) -> Arg {
-    Arg::Ptr(copy.map_or(0, |c| if i == 0 { c.0.ptr } else { c.1.ptr }))
+/// The kernel arguments of the copy's ids and weights: null pointers without one.
+fn copy_args(copy: Option<(Dv, Dv)>) -> [Arg; 2] {
+    let (i, w) = copy.map_or((0, 0), |(i, w)| (i.ptr, w.ptr));
+    [Arg::Ptr(i), Arg::Ptr(w)]
 }
 
 /// One token's softmax router fused with its logits (`strata_router_f32_topk`): logits f32
@@ -97,12 +100,13 @@ pub fn f32_topk(
     w_r.need("router weights", bytes(prod(&[n_expert, n_embd])?, 4)?)?;
     x.need("router input", bytes(n_embd, 4)?)?;
     done.need("router finish counter", 4)?;
+    let [ci, cw] = copy_args(copy);
     launch(
         gpu,
         s,
         "strata_router_f32_topk",
         (grid_dim("experts", n_expert, GRID_X)?, 1, 1),
-        ROUTER_F32_THREADS,
+        MMVQ_THREADS, // the row-per-block product's blocks
         &[
             w_r.arg(),
             Arg::I32(i32_of("items", n_embd / 32)?),
@@ -110,8 +114,8 @@ pub fn f32_topk(
             logits.arg(),
             ids.arg(),
             w.arg(),
-            copy_arg(copy, 0),
-            copy_arg(copy, 1),
+            ci,
+            cw,
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
             Arg::I32(norm as i32),
@@ -119,9 +123,6 @@ pub fn f32_topk(
         ],
     )
 }
-
-/// Threads of the fused router's blocks (MMVQ_WARPS warps, as the row-per-block product).
-const ROUTER_F32_THREADS: u32 = 128;
 
 /// Per token t < n_tok (glm4moe's sigmoid routing): p = σ(logits[t]), ids[t] = the k
 /// largest p + bias (descending, ties to the lower id), w[t] = their p, divided by their sum

@@ -359,6 +359,12 @@ def main() -> None:
         "the previous layer's add, then attention to routing, in µs per layer",
     )
     ap.add_argument(
+        "--no-fusion",
+        action="store_true",
+        help="open the models with the decode chain's kernel fusions off (set_gpu_fusion): "
+        "the same results, each step in a kernel of its own",
+    )
+    ap.add_argument(
         "--adapt-ab",
         action="store_true",
         help="also decode at the first pcie_frac with a static VRAM tier (adapt_every 0)",
@@ -379,9 +385,16 @@ def main() -> None:
         print(write_f16(a.dir, a.layers, a.write_f16))
         return
 
-    from strata._core import gpu_status, pcie_probe_gbps, ram_read_gbps, set_hybrid_chain_timing
+    from strata._core import (
+        gpu_status,
+        pcie_probe_gbps,
+        ram_read_gbps,
+        set_gpu_fusion,
+        set_hybrid_chain_timing,
+    )
 
     set_hybrid_chain_timing(a.chain_timing)
+    set_gpu_fusion(not a.no_fusion)
     from strata._core._testing import gpu_copy_gbps
 
     n_dense = 0

@@ -26,6 +26,7 @@
 // prefill: the int8 values on tensor cores, exact, one block at a time). Scores are scaled by
 // `scale` (1/√D) and soft-maxed in f32. Prefill rounds probabilities and V values to f16.
 #include "model.cuh"
+#include "actq.cuh"
 
 #define ATT_THREADS 128
 #define ATT_WARPS (ATT_THREADS / 32)
@@ -52,12 +53,16 @@
 // Nkv used), then f32 [Nh, S, 2] (max, sum); a token's part does not depend on T, so calls
 // with different T share the buffer. The counters are zero before the first launch, and
 // every launch leaves them zero.
-// out f32 [T, Nh, D]. Launch: grid (S, Nkv, T), block ATT_THREADS.
+// out f32 [T, Nh, D]; with `act` ACT_Q8_0 / ACT_Q8_K (actq.cuh) the block that writes the
+// G heads' rows of out also quantizes them into qout (block_q8a [T, Nh·D / 32]) as the
+// output projection's quantize kernel would (G·D a multiple of the kind's item; ACT_NONE:
+// qout unused). Launch: grid (S, Nkv, T), block ATT_THREADS.
 template <int KV, int D, int MAXG>
 __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
                             unsigned long long slot_stride, const int* sp, float* part_o,
                             float* part_ml, float* out, int n_head, int n_head_kv, int n_ctx,
-                            int n_split, float scale, const float* sinks, int window) {
+                            int n_split, float scale, const float* sinks, int window,
+                            block_q8a* qout, int act) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
   constexpr int DL = D / ATT_OCT;      // dims of a lane in the score pass (16 or 8)
   constexpr int QS = DL + 4;           // padded stride of a lane's q chunk (no bank conflicts)
@@ -321,6 +326,8 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
         }
       }
     }
+    __syncthreads();  // warp 0's rows, visible to the quantizing warps
+    if (act != ACT_NONE) act_quantize_block(out + head0 * D, qout + head0 * D / 32, G * D, act);
     return;
   }
   if (warp == 0) {
@@ -395,6 +402,8 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       o[3] = a[j].w / l;
     }
   }
+  __syncthreads();  // the merged rows, visible to the quantizing warps
+  if (act != ACT_NONE) act_quantize_block(out + head0 * D, qout + head0 * D / 32, G * D, act);
 }
 
 #define ATT_DECODE(KVN, KV, D, MAXG)                                                          \
@@ -403,9 +412,9 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
           const float* q, const uint8_t* kc, const uint8_t* vc,                              \
           unsigned long long slot_stride, const int* sp, float* part_o, float* part_ml,      \
           float* out, int n_head, int n_head_kv, int n_ctx, int n_split, float scale,        \
-          const float* sinks, int window) {                                                  \
+          const float* sinks, int window, block_q8a* qout, int act) {                        \
     attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_head,      \
-                             n_head_kv, n_ctx, n_split, scale, sinks, window);               \
+                             n_head_kv, n_ctx, n_split, scale, sinks, window, qout, act);    \
   }
 
 ATT_DECODE(f16, SM_KV_F16, 64, 8)

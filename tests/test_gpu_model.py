@@ -269,6 +269,34 @@ def test_graph_replay_equals_kernel_by_kernel(files: dict[str, Path]) -> None:
     assert (a.argmax(1) == b.argmax(1)).all()
 
 
+@pytest.mark.parametrize("ty", ["Q4_K_M", "Q8_0"])
+def test_fused_chain_is_bitwise_the_separate_kernels(files: dict[str, Path], ty: str) -> None:
+    """The decode chain's fused kernels (`set_gpu_fusion`, the default: the attention norm and
+    the decode attention quantizing their outputs for the products that read them, the router
+    with its residual add and norm) compute what the separate kernels compute: logits bitwise
+    those of a model opened with the fusion off, for a prefill chunk (the norm's tail only),
+    a 5-token decode chunk and one-token steps (graph replay), on q8_K (Q4_K_M) and q8_0
+    (Q8_0) activations."""
+    prev = _core.set_gpu_fusion(False)
+    try:
+        sep = Model.open(files[ty], n_ctx=N_CTX, device="cuda", prefill_chunk=16)
+        _core.set_gpu_fusion(True)
+        fused = Model.open(files[ty], n_ctx=N_CTX, device="cuda", prefill_chunk=16)
+    finally:
+        _core.set_gpu_fusion(prev)
+    toks = prompts(1, 29, seed=12, vocab=sep.n_vocab)[0]
+    for chunk in (toks[:24], toks[24:]):  # 16 + 8 rows, then 5
+        a = sep.forward(0, chunk, logits="all")
+        b = fused.forward(0, chunk, logits="all")
+        assert np.array_equal(a, b)
+    for _ in range(12):
+        nxt = [int(a[-1].argmax())]
+        a = sep.forward(0, nxt)[None]
+        b = fused.forward(0, nxt)[None]
+        assert np.array_equal(a, b)
+    assert fused.cuda_graph_captured, fused.cuda_graph_state
+
+
 def test_slots_interleaved_equal_separate_runs(files: dict[str, Path]) -> None:
     """The captured step reads slot and position from device memory: decoding two slots in
     turn gives what each gives alone."""

@@ -25,6 +25,10 @@ SOURCES = [
     "tests/sim.h",
     "tests/model_sim.cpp",
     "norm.cu",
+    "norm.cuh",
+    "quantize.cu",
+    "actq.cuh",
+    "quant_tables.cuh",
     "rope.cu",
     "attention.cu",
     "router.cu",
@@ -43,6 +47,15 @@ SIGS: dict[str, list[Any]] = {
     "sim_norm_rms": [F32P, F32P, F32P, INT, INT, F],
     "sim_norm_add_rms": [F32P, F32P, F32P, F32P, INT, INT, F],
     "sim_norm_add_rms_copy": [F32P, F32P, F32P, F32P, F32P, INT, INT, F],
+    "sim_norm_rms_act": [F32P, ctypes.c_void_p, F32P, F32P, U8P, INT, INT, F, INT],
+    "sim_quantize_act": [F32P, U8P, INT, INT, INT],
+    "sim_attn_decode_act": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P]
+    + [INT] * 5
+    + [F, ctypes.c_void_p, INT, U8P, INT],
+    "sim_router_f32_topk_norm": [F32P, F32P, F32P, F32P, F32P, INT, F, F32P, F32P, I32P]
+    + [F32P, I32P, F32P]
+    + [INT] * 3
+    + [I32P],
     "sim_rope_neox": [F32P, F32P, F32P, I32P, INT, INT, INT, INT, INT],
     "sim_rope_qkv": [INT] + [F32P] * 10 + [I32P, U8P, U8P, U64] + [INT] * 6 + [F] + [INT] * 3,
     "sim_attn_decode": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5 + [F],
@@ -97,6 +110,117 @@ def test_add_norm_second_copy_is_the_output(kern: ctypes.CDLL, n: int) -> None:
     kern.sim_norm_add_rms_copy(x2, y, w, out2, copy, rows, n, 1e-6)
     assert np.array_equal(x2, x1) and np.array_equal(out2, out1)
     assert np.array_equal(copy, out1)
+
+
+@pytest.mark.parametrize("n", [2048, 768])
+def test_router_f32_topk_norm_is_add_norm_then_the_fused_router(kern: ctypes.CDLL, n: int) -> None:
+    """`strata_router_f32_topk_norm` (the residual add and FFN norm in front of the fused
+    router, every block normalizing for itself, the last writing x, h and the copy): x, h, h2,
+    the logits, ids and weights bitwise `strata_norm_add_rms` then `strata_router_f32_topk`;
+    its counter left at zero."""
+    rng = np.random.default_rng(33)
+    e, k, eps = 128, 8, 1e-6
+    x, o = f32(rng.normal(0, 2, n)), f32(rng.normal(0, 1, n))
+    wn, wr = f32(rng.normal(1, 0.2, n)), f32(rng.normal(0, 0.05, (e, n)))
+    # the pair
+    x1, h1, h1c = x.copy(), np.zeros(n, np.float32), np.zeros(n, np.float32)
+    kern.sim_norm_add_rms_copy(x1[None], o[None], wn, h1[None], h1c[None], 1, n, eps)
+    lg1 = np.zeros(e, np.float32)
+    ids1, w1 = np.zeros(k, np.int32), np.zeros(k, np.float32)
+    c1, cw1 = np.zeros(k, np.int32), np.zeros(k, np.float32)
+    done = np.zeros(1, np.int32)
+    kern.sim_router_f32_topk(wr, h1, lg1, ids1, w1, c1, cw1, e, n, k, 1, done)
+    # fused
+    x2, h2, h2c = x.copy(), np.full(n, np.nan, np.float32), np.full(n, np.nan, np.float32)
+    lg2 = np.full(e, np.nan, np.float32)
+    ids2, w2 = np.full(k, -1, np.int32), np.full(k, np.nan, np.float32)
+    c2, cw2 = np.full(k, -1, np.int32), np.full(k, np.nan, np.float32)
+    kern.sim_router_f32_topk_norm(
+        x2, o, wn, h2, h2c, n, eps, wr, lg2, ids2, w2, c2, cw2, e, k, 1, done
+    )  # fmt: skip
+    assert done[0] == 0
+    assert np.array_equal(x2, x1) and np.array_equal(x2, x + o)
+    assert np.array_equal(h2, h1) and np.array_equal(h2c, h1)
+    assert np.array_equal(lg2, lg1)
+    assert np.array_equal(ids2, ids1) and np.array_equal(w2, w1)
+    assert np.array_equal(c2, ids1) and np.array_equal(cw2, w1)
+
+
+# ---- fused producers of quantized activations (emulation only) -------------------------
+ACT = {"q8_0": 0, "q8_k": 1}  # cuda/actq.cuh's ACT_Q8_0 / ACT_Q8_K
+
+
+def act_ref(kern: ctypes.CDLL, x: np.ndarray, kind: str) -> np.ndarray:
+    """x f32 [rows, n] quantized by the separate kernel (`strata_quantize_q8_0/_q8_k`, which
+    test_gpu_act_sim.py checks against the CPU quantizer): block_q8a bytes [rows, n / 32, 36]."""
+    rows, n = x.shape
+    out = np.zeros(rows * n // 32 * 36, np.uint8)
+    kern.sim_quantize_act(np.ascontiguousarray(x), out, rows, n, ACT[kind])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q8_k"])
+@pytest.mark.parametrize("n, add", [(2048, False), (2048, True), (768, True), (8448, True)])
+def test_norm_act_is_norm_then_quantize(kern: ctypes.CDLL, kind: str, n: int, add: bool) -> None:
+    """`strata_norm_rms_act` (the attention norm with its matmuls' activation quantization
+    as its tail): out and x bitwise `strata_norm_rms` / `strata_norm_add_rms`, qout bitwise the
+    separate quantize kernel on that out, on the register path (n ≤ 8192) and the strided one
+    (8448)."""
+    rng = np.random.default_rng(31)
+    rows, eps = 3, 1e-6
+    x, y = f32(rng.normal(0, 2, (rows, n))), f32(rng.normal(0, 1, (rows, n)))
+    x[1, 5] = 40.0  # an outlier sets a block's scale
+    w = f32(rng.normal(1, 0.2, n))
+    want, xw = np.zeros_like(x), x.copy()
+    if add:
+        kern.sim_norm_add_rms(xw, y, w, want, rows, n, eps)
+    else:
+        kern.sim_norm_rms(x, w, want, rows, n, eps)
+    got, xg = np.full_like(x, np.nan), x.copy()
+    q = np.zeros(rows * n // 32 * 36, np.uint8)
+    kern.sim_norm_rms_act(xg, y.ctypes.data if add else None, w, got, q, rows, n, eps, ACT[kind])
+    assert np.array_equal(got, want) and np.array_equal(xg, xw)
+    assert np.array_equal(q, act_ref(kern, want, kind))
+
+
+# (kv, d, n_head, n_kv, pos0, t, n_split, kind): one live split (the block writes out) and
+# several (the last block merges), G·D = 1024, 512 and 256 (q8_K's super-block)
+ATT_ACT_CASES = [
+    ("f16", 128, 32, 4, 20, 1, 8, "q8_k"),
+    ("q8_0", 128, 32, 4, 300, 1, 8, "q8_k"),
+    ("f16", 128, 32, 4, 300, 2, 8, "q8_0"),
+    ("q8_0", 64, 16, 2, 70, 3, 4, "q8_0"),
+    ("f16", 64, 8, 2, 5, 1, 4, "q8_k"),
+]
+
+
+@pytest.mark.parametrize("kv, d, nh, nkv, pos0, t, n_split, kind", ATT_ACT_CASES)
+def test_attention_decode_act_is_attention_then_quantize(
+    kern: ctypes.CDLL, kv: str, d: int, nh: int, nkv: int, pos0: int, t: int, n_split: int,
+    kind: str,
+) -> None:  # fmt: skip
+    """The decode attention with the output projection's activation quantization as its tail:
+    out bitwise the plain launch's, qout bitwise the separate quantize kernel on it."""
+    rng = np.random.default_rng(32)
+    n_ctx, scale = 512, 1 / np.sqrt(d)
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, pos0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    npo, npml = part_sizes(t, nh, n_split, d)
+    sp = np.array([pos0, 0], np.int32)
+    outs = []
+    for act in (-1, ACT[kind]):
+        po, pml = np.zeros(npo, np.float32), np.zeros(npml, np.float32)
+        out = np.full((t, nh, d), np.nan, np.float32)
+        qo = np.zeros(t * nh * d // 32 * 36, np.uint8)
+        kern.sim_attn_decode_act(
+            ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, po, pml, out, t,
+            nh, nkv, n_ctx, n_split, scale, None, 0, qo, act,
+        )  # fmt: skip
+        outs.append((out, qo))
+    (plain, _), (got, qo) = outs
+    assert np.array_equal(got, plain)
+    assert np.array_equal(qo, act_ref(kern, got.reshape(t, nh * d), kind))
 
 
 def test_router_topk_second_copy_is_the_routing(kern: ctypes.CDLL) -> None:

@@ -4,6 +4,7 @@
 //
 //   g++ -std=c++20 -O1 -pthread -shared -fPIC -DSTRATA_SIM -I cuda cuda/tests/model_sim.cpp
 #include "../norm.cu"
+#include "../quantize.cu"
 #include "../rope.cu"
 #include "../attention.cu"
 #include "../router.cu"
@@ -13,6 +14,24 @@ extern "C" {
 
 void sim_norm_rms(const float* x, const float* w, float* out, int rows, int n, float eps) {
   sim_launch(strata_norm_rms, dim3(rows), dim3(NORM_THREADS), x, w, out, n, eps);
+}
+
+// x (+= y when y is given) → out = RMSNorm(x)·w and its rows quantized into qout
+// (strata_norm_rms_act, act ACT_Q8_0 / ACT_Q8_K).
+void sim_norm_rms_act(float* x, const float* y, const float* w, float* out, block_q8a* qout,
+                      int rows, int n, float eps, int act) {
+  sim_launch(strata_norm_rms_act, dim3(rows), dim3(NORM_THREADS), x, y, w, out, qout, n, eps,
+             act);
+}
+
+// n_rows rows of n values quantized by the separate kernels (quantize.cu), as
+// QuantOps::quantize_act launches them: the reference of the fused tails.
+void sim_quantize_act(const float* x, block_q8a* out, int n_rows, int n, int act) {
+  long items = (long)n_rows * (n / (act == ACT_Q8_K ? 256 : 32));
+  if (act == ACT_Q8_K)
+    sim_launch(strata_quantize_q8_k, dim3((unsigned)((items + 7) / 8)), dim3(256), x, out, items);
+  else
+    sim_launch(strata_quantize_q8_0, dim3((unsigned)((items + 7) / 8)), dim3(256), x, out, items);
 }
 
 void sim_norm_add_rms(float* x, const float* y, const float* w, float* out, int rows, int n,
@@ -48,15 +67,17 @@ void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float*
 
 typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
                         const int*, float*, float*, float*, int, int, int, int, float,
-                        const float*, int);
+                        const float*, int, block_q8a*, int);
 typedef void (*PrefillK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
                          const int*, float*, int, int, int, int, float, const float*, int);
 
-// With sinks f32 [n_head] (null: none) and a window (0: none).
-void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
-                        unsigned long long slot_stride, const int* sp, float* part_o,
-                        float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
-                        int n_ctx, int n_split, float scale, const float* sinks, int window) {
+// With sinks f32 [n_head] (null: none), a window (0: none) and the output's quantization
+// into qout (act: ACT_Q8_0 / ACT_Q8_K, or ACT_NONE).
+void sim_attn_decode_act(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                         unsigned long long slot_stride, const int* sp, float* part_o,
+                         float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
+                         int n_ctx, int n_split, float scale, const float* sinks, int window,
+                         block_q8a* qout, int act) {
   int g = n_head / n_head_kv;
   DecodeK k;
   if (d == 256)  // G ≤ 8 only (the host refuses more)
@@ -68,7 +89,17 @@ void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const 
     k = d == 64 ? (g <= 8 ? strata_attn_decode_q8_0_d64_g8 : strata_attn_decode_q8_0_d64_g16)
                 : (g <= 8 ? strata_attn_decode_q8_0_d128_g8 : strata_attn_decode_q8_0_d128_g16);
   sim_launch(k, dim3(n_split, n_head_kv, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride, sp,
-             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale, sinks, window);
+             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale, sinks, window, qout,
+             act);
+}
+
+// With sinks f32 [n_head] (null: none) and a window (0: none).
+void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
+                        unsigned long long slot_stride, const int* sp, float* part_o,
+                        float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
+                        int n_ctx, int n_split, float scale, const float* sinks, int window) {
+  sim_attn_decode_act(kv, d, q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_tok, n_head,
+                      n_head_kv, n_ctx, n_split, scale, sinks, window, nullptr, ACT_NONE);
 }
 
 void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
@@ -113,6 +144,15 @@ void sim_router_f32_topk(const float* w_r, const float* x, float* logits, int* i
                          int* ids2, float* w2, int n_expert, int h, int k, int norm, int* done) {
   sim_launch(strata_router_f32_topk, dim3(n_expert), dim3(MMVQ_WARPS * 32),
              (const uint8_t*)w_r, h / 32, x, logits, ids, w, ids2, w2, n_expert, k, norm, done);
+}
+
+// x += o, h = RMSNorm(x)·w_n (and h2) and the fused router on h (h2: the host's copy).
+void sim_router_f32_topk_norm(float* x, const float* o, const float* w_n, float* h, float* h2,
+                              int n, float eps, const float* w_r, float* logits, int* ids,
+                              float* w, int* ids2, float* w2, int n_expert, int k, int norm,
+                              int* done) {
+  sim_launch(strata_router_f32_topk_norm, dim3(n_expert), dim3(NORM_THREADS), x, o, w_n, h, h2,
+             n, eps, (const uint8_t*)w_r, logits, ids, w, ids2, w2, n_expert, k, norm, done);
 }
 
 void sim_router_topk_copy(const float* logits, int* ids, float* w, int* ids2, float* w2,

@@ -50,7 +50,7 @@ impl Launcher {
             _ => unreachable!("the loader gives one fused or two split β/α projections"),
         };
         let br = Some(&self.br);
-        quant_shared::matmul_shared_x(&self.q, s, &mats, hd, h.ptr, t, scr, br)?;
+        quant_shared::matmul_shared_x(&self.q, s, &mats, hd, h.ptr, t, scr, br, None)?;
         let (cs, ss) = sp.state_floats();
         let lr = sp.recurrent.iter().filter(|&&r| r).count();
         let (conv_off, ssm_off) = (dn.index * cs, lr * cs + dn.index * ss);

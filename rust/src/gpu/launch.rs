@@ -22,6 +22,7 @@ use crate::error::Result;
 use crate::model::ops::Rope;
 use crate::model::HParams;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Chunks of at most this many tokens use the decode attention kernel (split over the
@@ -174,6 +175,25 @@ pub(super) struct Launcher {
     /// Side streams for the one-token projections that share a quantized x (Q/K/V, a
     /// DeltaNet layer's four): parallel branches of the decode graphs.
     pub br: Branches,
+    /// Whether the decode chain's producers do their consumers' first step (`set_fusion`
+    /// when the model opened): the attention norm and the decode attention quantize their
+    /// outputs for the products that read them (`act::ActOut`), the fused router computes
+    /// the residual add and FFN norm it reads.
+    pub fuse: bool,
+}
+
+static FUSION: AtomicBool = AtomicBool::new(true);
+
+/// Whether GPU models opened from now on fuse the decode chain's producer and consumer
+/// kernels (the default) or run each step in a kernel of its own (the same results, more
+/// launches: for A/B timings and the device test that checks the two bitwise); returns the
+/// previous setting.
+pub fn set_fusion(on: bool) -> bool {
+    FUSION.swap(on, Ordering::Relaxed)
+}
+
+pub(super) fn fusion() -> bool {
+    FUSION.load(Ordering::Relaxed)
 }
 
 impl Launcher {

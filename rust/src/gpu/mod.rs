@@ -32,6 +32,7 @@ pub mod weights;
 
 pub use chain_timing::set_chain_timing as set_hybrid_chain_timing;
 pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
+pub use launch::set_fusion;
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;
 pub use stage::{HopKind, SplitConfig};

@@ -283,6 +283,7 @@ pub(super) fn build(
             kv_of: kv_of.clone(),
             layers: r.clone(),
             rec,
+            fuse: super::launch::fusion(),
         };
         let moe: Box<dyn MoePlacement> = match (&hybrid, &shared) {
             (Some(h), Some(sh)) => {

@@ -4,11 +4,12 @@
 //! RoPE, the KV writes and attention per piece over its own slot's cache. Per layer
 //! (docs/FORMATS.md §4 "Forward pass"):
 //!
-//!   h = RMSNorm(x)·attn_norm                              norm::rms
+//!   h = RMSNorm(x)·attn_norm (and h quantized for Q/K/V)   norm::rms_act | norm::rms
 //!   q, k, v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ                          quant_shared::matmul_shared_x
 //!   q, k, v += biases; q, k = RoPE(RMSNorm_D(q|k)·q|k_norm); K/V → cache   rope::qkv
 //!   att = softmax(q·kᵀ/√D [, sinks])·v (causal [windowed], GQA)   attention::decode | prefill
-//!   o = att·Woᵀ [+ bo];  x += o;  h = RMSNorm(x)·ffn_norm   quant::matmul, norm::add_rms
+//!     (decode: att also quantized for Wo by the same kernel, `act::ActOut`)
+//!   o = att·Woᵀ [+ bo];  x += o;  h = RMSNorm(x)·ffn_norm   quant_shared, norm::add_rms
 //!   ids, w = the routing strategy over h·Wrᵀ [+ br]       quant::matmul, router
 //!   (the placement, `placement.rs`, from here: the routing may go to the host first)
 //!   x += s·shared(h)  (a shared expert, `ffn.rs`)         quant::moe_gate_up, moe_down
@@ -19,6 +20,8 @@
 
 use super::launch::{Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::MoePlacement;
+use crate::cuda::ops::act::ActOut;
+use crate::cuda::ops::quant_kernels::MMVQ_MAX_TOKENS;
 use crate::cuda::ops::view::Dv;
 use crate::cuda::ops::{attention, deltanet, elementwise, norm, quant, quant_shared, rope, router};
 use crate::error::{Error, Result};
@@ -92,26 +95,55 @@ impl Launcher {
             .filter(|_| lw.dense.is_none() && matches!(hp.graph.routing, Routing::Softmax { .. }));
         {
             // ---- attention, or a hybrid's DeltaNet mixer: o [T, H] ----
-            norm::rms(g, s, x, Dv::of(&lw.attn_norm), h, t, hd, eps)?;
+            let attn_norm = Dv::of(&lw.attn_norm);
             match &lw.deltanet {
-                Some(dn) => self.gdn_mix(dn, segs)?,
-                None => self.attention(l, segs)?,
+                Some(dn) => {
+                    norm::rms(g, s, x, attn_norm, h, t, hd, eps)?;
+                    self.gdn_mix(dn, segs)?
+                }
+                None => {
+                    // the norm also quantizes h for Q/K/V where they read one activation type
+                    let qkv_act = self.qkv_act(l);
+                    match qkv_act {
+                        Some(a) => norm::rms_act(g, s, x, None, attn_norm, h, a, t, hd, eps)?,
+                        None => norm::rms(g, s, x, attn_norm, h, t, hd, eps)?,
+                    }
+                    self.attention(l, segs, qkv_act.map(|a| a.act))?
+                }
             }
             // ---- routed experts, or a leading dense layer's FFN ----
             let h_copy = host.map(|c| c[2]);
-            norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, h_copy, t, hd, eps)?;
-            if let Some(ffn) = &lw.dense {
-                return self.dense_ffn(ffn, t).map(|()| false); // x += down(silu(gate·h) ⊙ up·h)
-            }
+            let ffn_norm = Dv::of(&lw.ffn_norm);
             let r = &lw.router;
             let logits = Dv::of(&b.router);
             let copy = host.map(|c| (c[0], c[1]));
-            if let Some(norm) = self.fused_router(l, t) {
+            let fused = self.fused_router(l, t).filter(|_| lw.dense.is_none());
+            let route = |norm| router::FusedRoute {
+                w_r: Dv::of(&r.buf),
+                logits,
+                ids: Dv::of(&b.ids),
+                w: Dv::of(&b.wts),
+                copy,
+                done: Dv::of(&b.router_done),
+                n_embd: hd,
+                n_expert: e,
+                k,
+                norm,
+            };
+            if let Some(norm) = fused.filter(|_| self.fuse && hd <= router::NORM_MAX_EMBD) {
+                // x += o, the FFN norm, one token's logits and top-k in one kernel, bitwise
+                // the kernels below
+                let xo = [x, o, ffn_norm, h];
+                router::f32_topk_norm(g, s, xo, h_copy, eps, &route(norm))?;
+                return Ok(host.is_some());
+            }
+            norm::add_rms(g, s, x, o, ffn_norm, h, h_copy, t, hd, eps)?;
+            if let Some(ffn) = &lw.dense {
+                return self.dense_ffn(ffn, t).map(|()| false); // x += down(silu(gate·h) ⊙ up·h)
+            }
+            if let Some(norm) = fused {
                 // one token's logits and top-k in one kernel, bitwise the pair below
-                let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
-                let done = Dv::of(&b.router_done);
-                let w3 = [Dv::of(&r.buf), h, logits];
-                router::f32_topk(g, s, w3, ids, wts, copy, done, hd, e, k, norm)?;
+                router::f32_topk(g, s, h, &route(norm))?;
                 return Ok(host.is_some());
             }
             quant::matmul(
@@ -153,6 +185,37 @@ impl Launcher {
         }
     }
 
+    /// The activations layer `l`'s attention norm quantizes for its Q, K and V products
+    /// (into the scratch they read): where the three are quantized types of one activation
+    /// type whose items tile a row.
+    fn qkv_act(&self, l: usize) -> Option<ActOut> {
+        let lw = self.w.layer(l);
+        if !self.fuse {
+            return None;
+        }
+        let a = ActOut::for_weights(lw.wq.ty, Dv::of(&self.b.scratch))?;
+        let one = [&lw.wk, &lw.wv]
+            .iter()
+            .all(|m| m.ty.vec_dot_type() == a.act);
+        let hd = self.hp.n_embd;
+        (one && a.fits(hd, hd)).then_some(a)
+    }
+
+    /// The activations layer `l`'s decode attention quantizes for its output projection (into
+    /// the scratch), for the T rows of `segs`: where every piece takes the decode kernel, the
+    /// product the one-token kernel, the attention is not gated (its output is multiplied
+    /// after the kernel) and each block's G heads are whole activation items.
+    fn o_act(&self, l: usize, segs: &[Seg]) -> Option<ActOut> {
+        let (hp, wo) = (&self.hp, &self.w.layer(l).wo);
+        let decode = segs.iter().all(|sg| sg.t <= DECODE_MAX_TOKENS);
+        if !self.fuse || !decode || rows(segs) > MMVQ_MAX_TOKENS || self.rec.is_some() {
+            return None;
+        }
+        let a = ActOut::for_weights(wo.ty, Dv::of(&self.b.scratch))?;
+        let g = hp.n_head / hp.n_head_kv.max(1);
+        a.fits(hp.q_dim(), g * hp.head_dim).then_some(a)
+    }
+
     /// Layer `l`'s shared expert beside the routed ones, for the T rows of `b.h`: x +=
     /// s·shared(h) (nothing for a layer without one). Launched by the placements before the
     /// routed experts (the order of the adds into x is the CPU path's).
@@ -165,8 +228,9 @@ impl Launcher {
 
     /// Layer `l`'s attention over the pieces `segs`: h [T, H] (normed) → o [T, H]. A hybrid
     /// family's attention is gated: its q projection is [T, Nh·2D] (per head [q D, gate D])
-    /// and its output is multiplied by σ(gate) before the output projection.
-    fn attention(&self, l: usize, segs: &[Seg]) -> Result<()> {
+    /// and its output is multiplied by σ(gate) before the output projection. `held`: the
+    /// activation type the norm already quantized h to in the scratch (`qkv_act`).
+    fn attention(&self, l: usize, segs: &[Seg], held: Option<GgmlType>) -> Result<()> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
         let (hd, qd, kvd) = (hp.n_embd, hp.q_dim(), hp.kv_dim());
@@ -187,10 +251,13 @@ impl Launcher {
         let q_out = gated.map_or(q, |(qg, _)| qg); // [T, Nh·D] or [T, Nh·2D]
         let qkv = [(&lw.wq, q_out), (&lw.wk, kk), (&lw.wv, v)]
             .map(|(m, y)| (m.ty, m.ptr(), m.rows, y.ptr));
-        quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr, Some(&self.br))?;
+        let br = Some(&self.br);
+        quant_shared::matmul_shared_x(&self.q, s, &qkv, hd, h.ptr, t, scr, br, held)?;
         if let Some((qg, gate)) = gated {
             deltanet::split_q(g, s, qg, q, gate, t * qd, hp.head_dim)?;
         }
+        // the decode kernel quantizes att [T, Nh·D] for the output projection, where it can
+        let o_act = self.o_act(l, segs);
         // per piece over its own slot: q [T_p, Nh·D] rows r0.., k/v [T_p, Nkv·D]
         for (i, sg) in segs.iter().enumerate() {
             let sp = Dv::of(&b.params).sub(8 * i, 8)?; // (pos0, slot)
@@ -202,7 +269,10 @@ impl Launcher {
                 kk.f32s(sg.r0 * kvd, sg.t * kvd)?,
                 v.f32s(sg.r0 * kvd, sg.t * kvd)?,
             );
-            self.attend(l, sg.t, [qs, ks, vs, ats], sp, [kc, vc], [cos, sin], scale)?;
+            // the piece's rows of the quantized att: block_q8a [T_p, Nh·D / 32]
+            let act = o_act.map(|a| a.rows(sg.r0, sg.t, qd)).transpose()?;
+            let qkva = [qs, ks, vs, ats];
+            self.attend(l, sg.t, qkva, sp, [kc, vc], [cos, sin], scale, act)?;
         }
         if let Some((_, gate)) = gated {
             deltanet::sigmoid_mul(g, s, att, gate, t * qd)?;
@@ -212,18 +282,9 @@ impl Launcher {
             (wo.rows, wo.cols, lw.wq.rows, lw.wk.rows),
             (hd, qd, qd * (1 + gated.is_some() as usize), kvd)
         );
-        quant::matmul(
-            &self.q,
-            s,
-            wo.ty,
-            wo.ptr(),
-            wo.rows,
-            wo.cols,
-            att.ptr,
-            o.ptr,
-            t,
-            scr,
-        )?;
+        let wo_mat = [(wo.ty, wo.ptr(), wo.rows, o.ptr)];
+        let held = o_act.map(|a| a.act);
+        quant_shared::matmul_shared_x(&self.q, s, &wo_mat, qd, att.ptr, t, scr, None, held)?;
         if let Some(bo) = &lw.o_bias {
             elementwise::add_rows(g, s, o, Dv::of(bo), t, hd)?; // o [T, H] += bo
         }
@@ -260,7 +321,8 @@ impl Launcher {
 
     /// One piece's RoPE, KV writes and attention in layer `l`: `qkva` = [q f32 [T_p, Nh·D]
     /// (rotated in place), k, v f32 [T_p, Nkv·D], att f32 [T_p, Nh·D] (out)]; `sp` its
-    /// (pos0, slot) pair; `cache` = [K, V], `tab` = [cos, sin].
+    /// (pos0, slot) pair; `cache` = [K, V], `tab` = [cos, sin]; `act`: att's rows quantized
+    /// by the decode kernel too (`o_act`).
     #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
@@ -271,6 +333,7 @@ impl Launcher {
         cache: [Dv; 2],
         tab: [Dv; 2],
         scale: f32,
+        act: Option<ActOut>,
     ) -> Result<()> {
         let (g, s, b, hp) = (&*self.gpu, &self.stream, &self.b, &self.hp);
         let lw = self.w.layer(l);
@@ -313,6 +376,7 @@ impl Launcher {
                 self.n_split,
                 scale,
                 mods,
+                act,
             )
         } else {
             let (lay, nh) = (&self.lay, hp.n_head);

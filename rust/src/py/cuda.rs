@@ -33,6 +33,16 @@ fn gpu_status(py: Python<'_>) -> (bool, String) {
     }
 }
 
+/// Whether GPU models opened from now on fuse the decode chain's producer and consumer
+/// kernels (the default: the attention norm and the decode attention quantize the
+/// activations of the products that read them, the fused router computes its residual add
+/// and norm) rather than running each step in a kernel of its own: the same results, one
+/// launch fewer per fusion. Returns the previous setting (A/B timings, the bitwise test).
+#[pyfunction]
+fn set_gpu_fusion(on: bool) -> bool {
+    crate::gpu::set_fusion(on)
+}
+
 /// The build's kernels and, when a GPU is usable, the device: a dict for logs and reports.
 #[pyfunction]
 fn gpu_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -207,6 +217,7 @@ fn gpu_bad_launch(py: Python<'_>) -> PyResult<()> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_info, m)?)?;
+    m.add_function(wrap_pyfunction!(set_gpu_fusion, m)?)?;
     Ok(())
 }
 

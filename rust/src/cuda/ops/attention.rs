@@ -8,6 +8,7 @@
 //! Both take a layer's `Mods` (gpt-oss): attention sinks f32 [n_head] (one more logit per
 //! head, with no value) and a sliding window (a row at position p sees p − W < j ≤ p).
 
+use super::act::ActOut;
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X, GRID_YZ};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
@@ -217,10 +218,12 @@ pub fn decode(
     let m = Mods::default();
     decode_mods(
         gpu, s, lay, layer, q, kc, vc, sp, part_o, part_ml, out, n_tok, n_head, n_split, scale, m,
+        None,
     )
 }
 
-/// `decode` with a layer's `Mods`.
+/// `decode` with a layer's `Mods`; with `act`, the output rows also quantized for the output
+/// projection (each block its G heads' rows: G·d whole activation items).
 #[allow(clippy::too_many_arguments)]
 pub fn decode_mods(
     gpu: &Gpu,
@@ -239,6 +242,7 @@ pub fn decode_mods(
     n_split: usize,
     scale: f32,
     mods: Mods,
+    act: Option<ActOut>,
 ) -> Result<()> {
     lay.check(layer, kc, vc)?;
     let g = lay.group(n_head)?;
@@ -256,6 +260,7 @@ pub fn decode_mods(
     part_ml.need("attention partial max/sum", pml)?;
     sp.need("attention step params", 8)?;
     let [sinks, window] = mods.args(n_head)?;
+    let [qout, kind] = ActOut::args(act, n_tok, n_head * d, g * d, "attention activations")?;
     if n_tok == 0 {
         return Ok(());
     }
@@ -288,6 +293,8 @@ pub fn decode_mods(
             Arg::F32(scale),
             sinks,
             window,
+            qout,
+            kind,
         ],
     )
 }

@@ -1,6 +1,7 @@
 //! Kernel launchers: one file per `cuda/<family>.cu`, each checking shapes and buffer sizes
 //! (`Error::Shape` / `Error::Config`) before it launches (docs/GPU.md).
 
+pub mod act;
 pub mod attention;
 pub mod deltanet;
 pub mod elementwise;

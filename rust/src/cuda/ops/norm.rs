@@ -1,10 +1,13 @@
-//! Launchers of `cuda/norm.cu`: RMSNorm over rows, and the residual add fused with it.
+//! Launchers of `cuda/norm.cu`: RMSNorm over rows, the residual add fused with it, and the
+//! norm that also quantizes its rows for the matmuls that read them.
 
+use super::act::ActOut;
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
 
-const THREADS: u32 = 512; // the kernels' NORM_THREADS
+/// The norm kernels' block (cuda/norm.cuh's NORM_THREADS; also the fused router's).
+pub const NORM_THREADS: u32 = 512;
 
 fn check(rows: usize, n: usize, eps: f32) -> Result<usize> {
     if n == 0 {
@@ -41,7 +44,7 @@ pub fn rms(
         s,
         "strata_norm_rms",
         (grid_dim("rows", rows, GRID_X)?, 1, 1),
-        THREADS,
+        NORM_THREADS,
         &[
             x.arg(),
             w.arg(),
@@ -84,7 +87,7 @@ pub fn add_rms(
         s,
         "strata_norm_add_rms",
         (grid_dim("rows", rows, GRID_X)?, 1, 1),
-        THREADS,
+        NORM_THREADS,
         &[
             x.arg(),
             y.arg(),
@@ -93,6 +96,53 @@ pub fn add_rms(
             Arg::Ptr(copy.map_or(0, |c| c.ptr)),
             Arg::I32(i32_of("n", n)?),
             Arg::F32(eps),
+        ],
+    )
+}
+
+/// x (+= y, written back, when y is given), out = RMSNorm(x) · w, and out's rows quantized into
+/// `act.out` as `QuantOps::quantize_act` would quantize them for `act.act`'s weights, in one
+/// launch (a layer's attention norm before its Q/K/V products). x, y, out: f32 [rows, n];
+/// w: f32 [n]; act.out: block_q8a [rows, n / 32].
+#[allow(clippy::too_many_arguments)]
+pub fn rms_act(
+    gpu: &Gpu,
+    s: &Stream,
+    x: Dv,
+    y: Option<Dv>,
+    w: Dv,
+    out: Dv,
+    act: ActOut,
+    rows: usize,
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    let b = check(rows, n, eps)?;
+    x.need("norm+quantize x", b)?;
+    if let Some(y) = y {
+        y.need("norm+quantize y", b)?;
+    }
+    out.need("norm+quantize out", b)?;
+    w.need("norm+quantize w", bytes(n, 4)?)?;
+    let [qout, kind] = ActOut::args(Some(act), rows, n, n, "norm+quantize activations")?;
+    if rows == 0 {
+        return Ok(());
+    }
+    launch(
+        gpu,
+        s,
+        "strata_norm_rms_act",
+        (grid_dim("rows", rows, GRID_X)?, 1, 1),
+        NORM_THREADS,
+        &[
+            x.arg(),
+            Arg::Ptr(y.map_or(0, |y| y.ptr)),
+            w.arg(),
+            out.arg(),
+            qout,
+            Arg::I32(i32_of("n", n)?),
+            Arg::F32(eps),
+            kind,
         ],
     )
 }

@@ -60,6 +60,8 @@ impl Branches {
 /// matrices run first, on their own (prefill writes their row scales into `scratch`). With
 /// `br`, one-token products that share one quantization of x run as parallel branches
 /// (`Branches`); the results are the same (each product is its own kernel either way).
+/// `held`: the activation type x is already quantized to in `scratch` (by the kernel that
+/// produced x: `act::ActOut`), which the products of that type read without quantizing.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_shared_x(
     q: &QuantOps,
@@ -70,18 +72,20 @@ pub fn matmul_shared_x(
     n_tok: usize,
     scratch: u64,
     br: Option<&Branches>,
+    held: Option<GgmlType>,
 ) -> Result<()> {
     for &(ty, w, rows, y) in mats {
         check_matmul(ty, w, rows, k, x, y, n_tok, scratch)?;
     }
-    let order = launch_order(mats.iter().map(|m| m.0));
-    // branches only where x is quantized once, first, for every product (real models)
-    let one_x = order.iter().filter(|o| o.1 != Some(false)).count() == 1
-        && order.first().is_some_and(|o| o.1 == Some(true));
+    let order = launch_order(mats.iter().map(|m| m.0), held);
+    // branches only where x is quantized at most once, first, for every product (real models)
+    let one_x =
+        order.iter().all(|o| o.1.is_some()) && order.iter().skip(1).all(|o| o.1 == Some(false));
     if let Some(br) = br.filter(|_| one_x && n_tok <= MMVQ_MAX_TOKENS && mats.len() > 1) {
-        let (i0, _) = order[0];
-        let (ty, _, _, _) = mats[i0];
-        q.quantize_act(s, ty, x, n_tok, k, scratch)?;
+        let (i0, quantize) = order[0];
+        if quantize == Some(true) {
+            q.quantize_act(s, mats[i0].0, x, n_tok, k, scratch)?;
+        }
         let n = (order.len() - 1).min(br.side.len());
         br.fork(s, n)?;
         for (j, &(i, _)) in order.iter().enumerate() {
@@ -117,15 +121,18 @@ pub fn matmul_shared_x(
 /// The order in which `matmul_shared_x` runs products of these types: (index, None) for a
 /// float type (first, each on its own), then (index, Some(quantize x first)) for the quantized
 /// ones in their order, quantizing when the activation type differs from the one x was last
-/// quantized to.
-fn launch_order(types: impl IntoIterator<Item = GgmlType>) -> Vec<(usize, Option<bool>)> {
+/// quantized to (`held` at first).
+fn launch_order(
+    types: impl IntoIterator<Item = GgmlType>,
+    held: Option<GgmlType>,
+) -> Vec<(usize, Option<bool>)> {
     let float = |ty: GgmlType| type_info(ty).is_some_and(|i| i.float);
     let types: Vec<GgmlType> = types.into_iter().collect();
     let mut out: Vec<(usize, Option<bool>)> = (0..types.len())
         .filter(|&i| float(types[i]))
         .map(|i| (i, None))
         .collect();
-    let mut held: Option<GgmlType> = None;
+    let mut held = held;
     for (i, &ty) in types.iter().enumerate().filter(|(_, &t)| !float(t)) {
         let act = ty.vec_dot_type();
         out.push((i, Some(held != Some(act))));
@@ -194,30 +201,39 @@ mod tests {
     fn one_quantization_per_activation_type() {
         // Q4_K and Q6_K both dot with q8_K activations: quantized once
         assert_eq!(
-            launch_order([Q4K, Q4K, Q6K]),
+            launch_order([Q4K, Q4K, Q6K], None),
             [(0, Some(true)), (1, Some(false)), (2, Some(false))]
         );
         // a float V takes f32 x and runs first (prefill puts its row scales in the scratch)
         assert_eq!(
-            launch_order([F32, Q6K, F16]),
+            launch_order([F32, Q6K, F16], None),
             [(0, None), (2, None), (1, Some(true))]
         );
         assert_eq!(
-            launch_order([Q8_0, Q4_0, IQ4NL]),
+            launch_order([Q8_0, Q4_0, IQ4NL], None),
             [(0, Some(true)), (1, Some(false)), (2, Some(false))]
         );
         // q8_K for Q4_K, q8_0 for Q8_0: x quantized again when the type changes
         assert_eq!(
-            launch_order([Q4K, Q4K, Q8_0]),
+            launch_order([Q4K, Q4K, Q8_0], None),
             [(0, Some(true)), (1, Some(false)), (2, Some(true))]
         );
         assert_eq!(
-            launch_order([Q8_0, Q4K, Q8_0]),
+            launch_order([Q8_0, Q4K, Q8_0], None),
             [(0, Some(true)), (1, Some(true)), (2, Some(true))]
         );
         assert_eq!(
-            launch_order([F32, F32, BF16]),
+            launch_order([F32, F32, BF16], None),
             [(0, None), (1, None), (2, None)]
+        );
+        // x already quantized by its producer: not again for that type, again for another
+        assert_eq!(
+            launch_order([Q4K, Q4K, Q6K], Some(Q8K)),
+            [(0, Some(false)), (1, Some(false)), (2, Some(false))]
+        );
+        assert_eq!(
+            launch_order([Q8_0, Q4K], Some(Q8K)),
+            [(0, Some(true)), (1, Some(true))]
         );
     }
 }

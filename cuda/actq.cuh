@@ -1,0 +1,71 @@
+// One warp's share of the activation quantization (act_q8_0_ref / act_q8_k_ref in
+// qdecode.cuh, computed by a warp's lanes): the bodies of cuda/quantize.cu's kernels, also run
+// as the tail of the kernels that produce a matmul's input (the attention norm in norm.cu,
+// the decode attention's output in attention.cu), so that a fused producer writes the very
+// int8 blocks the separate quantize kernel would, with one launch fewer on the chain.
+#pragma once
+#include "qdecode.cuh"
+
+// The activation kinds of a fused tail (the Rust side passes them: rust/src/cuda/ops/norm.rs).
+#define ACT_NONE (-1)
+#define ACT_Q8_0 0  // blocks of 32 values (Q8_0, Q4_0, Q5_0, IQ4_NL weights)
+#define ACT_Q8_K 1  // super-blocks of 256 values (K-quants and the 256-value IQ types)
+
+// Block b of x f32 [32·…] → out[b] by one warp (lane = its lane).
+__device__ __forceinline__ void act_q8_0_warp(const float* x, block_q8a* out, long b, int lane) {
+    const float v = x[b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    out[b].qs[lane] = (int8_t)act_rint(fmul_rn(v, act_q8_0_inv(amax)));
+    if (lane == 0) out[b].d = act_q8_0_scale(amax);
+}
+
+// Super-block sb of x f32 [256·…] → out[8·sb .. 8·sb + 8] by one warp.
+__device__ __forceinline__ void act_q8_k_warp(const float* x, block_q8a* out, long sb, int lane) {
+    // element 32j + lane of the super-block in v[j]
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = x[sb * 256 + 32 * j + lane];
+    // the first element of largest magnitude: (|v|, index) reduced with ties to the lower index
+    float amax = 0.0f, max = 0.0f;
+    int at = 256;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            max = v[j];
+            at = 32 * j + lane;
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float om = __shfl_xor_sync(0xffffffffu, max, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > amax || (oa == amax && oi < at)) {
+            amax = oa;
+            max = om;
+            at = oi;
+        }
+    }
+    const float iscale = amax != 0.0f ? -127.0f / max : 0.0f;
+    const float d = amax != 0.0f ? 1.0f / iscale : 0.0f;
+    block_q8a* o = out + sb * 8;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int q = act_rint(fmul_rn(iscale, v[j]));
+        o[j].qs[lane] = (int8_t)(q < 127 ? q : 127);
+    }
+    if (lane < 8) o[lane].d = d;
+}
+
+// The n values at x (n a multiple of the kind's item) → out (n / 32 blocks) by the block's
+// warps, item i by warp i mod warps. Every thread of the block calls it (after a barrier that
+// makes x visible); ACT_NONE does nothing.
+__device__ __forceinline__ void act_quantize_block(const float* x, block_q8a* out, int n,
+                                                   int kind) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (kind == ACT_Q8_0) {
+        for (int b = warp; b < n / 32; b += nw) act_q8_0_warp(x, out, b, lane);
+    } else if (kind == ACT_Q8_K) {
+        for (int sb = warp; sb < n / 256; sb += nw) act_q8_k_warp(x, out, sb, lane);
+    }
+}

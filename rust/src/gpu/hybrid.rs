@@ -349,6 +349,26 @@ impl Hybrid {
         self.stream.as_ref().is_some_and(|st| t >= st.min_tokens)
     }
 
+    /// Whether layer `l`'s CPU part for `t` tokens is left in `pin_y` for the next layer's
+    /// attention norm to add (`handoff_y`) instead of an add of its own: with the launcher's
+    /// fusion on, a chunk that does not stream, and a next layer on this stage.
+    fn hands_off(&self, cx: &Launcher, l: usize, t: usize) -> bool {
+        cx.fuse && !self.streams(t) && l + 1 < cx.layers.end
+    }
+
+    /// Layer `l` had no CPU part for `t` tokens: where the next layer's norm adds `pin_y`,
+    /// it holds −0.0 (x + (−0.0) is x, bitwise). Called after the layer's routing event, so
+    /// this layer's own norm has read the buffer.
+    fn no_handoff(&mut self, cx: &Launcher, l: usize, t: usize) {
+        if self.hands_off(cx, l, t) {
+            let n = t * self.n_embd;
+            let neg0 = (-0.0f32).to_ne_bytes();
+            for c in self.pin_y.as_mut_slice()[..4 * n].chunks_exact_mut(4) {
+                c.copy_from_slice(&neg0);
+            }
+        }
+    }
+
     /// Deferral: waits for the job in flight (if any) and adds its y f32 [T, H] into `b.x`
     /// on the stream (through `pin_land[0]` at a layer, `pin_land[1]` after the stage's last).
     fn land_deferred(&mut self, cx: &Launcher, end: bool) -> Result<()> {
@@ -400,10 +420,15 @@ impl Hybrid {
         }
         self.pin_y.as_mut_slice()[..4 * t * hd].copy_from_slice(as_bytes(y));
         // x += y_miss read over the link from the pinned buffer (one kernel: no copy to
-        // queue first); ordered after moe_down on the stream; pin_y is rewritten only after
-        // the next layer's event, which the stream reaches after this add
+        // queue first; or the next layer's attention norm adds it: `hands_off`); ordered
+        // after moe_down on the stream; pin_y is rewritten only after the next layer's event,
+        // which the stream reaches after this add
         let pin_y = &self.pin_y;
-        let add = || elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::mapped(pin_y), t * hd);
+        let fold = self.hands_off(cx, l, t);
+        let add = || match fold {
+            true => Ok(()),
+            false => elementwise::add(&cx.gpu, s, Dv::of(&b.x), Dv::mapped(pin_y), t * hd),
+        };
         match self.chain.as_mut() {
             Some(c) => c.around_add(s, add)?,
             None => add()?,
@@ -448,6 +473,14 @@ impl Hybrid {
 impl MoePlacement for Hybrid {
     fn host_per_layer(&self) -> bool {
         true
+    }
+
+    /// `pin_y` where the previous layer (routed, on this stage) left its CPU part there
+    /// (`hands_off`).
+    fn handoff_y(&self, cx: &Launcher, l: usize, t: usize) -> Option<Dv> {
+        let prev = l.checked_sub(1).filter(|&p| p >= cx.layers.start);
+        prev.filter(|&p| cx.w.layer(p).routed() && self.hands_off(cx, p, t))
+            .map(|_| Dv::mapped(&self.pin_y))
     }
 
     /// Chunks of at least this many tokens stream (None: none do).
@@ -595,6 +628,7 @@ impl MoePlacement for Hybrid {
         }
         if sp.all_on_gpu() {
             self.counters.record_handoff((8 * nk) as u64);
+            self.no_handoff(cx, l, t);
             self.layer_done([t0, t1, t2, Instant::now()], between);
             return Ok(());
         }
@@ -618,6 +652,8 @@ impl MoePlacement for Hybrid {
         let now = self.split.cpu_ids.iter().any(|&e| e != SKIP);
         if now {
             self.cpu_now(cx, l, t)?;
+        } else {
+            self.no_handoff(cx, l, t);
         }
         let t3 = Instant::now();
         if deferred > 0 {

@@ -56,6 +56,15 @@ pub(super) trait MoePlacement: Send {
         None
     }
 
+    /// f32 [T, H] that layer `l`'s attention norm adds into `b.x` before it normalizes, for a
+    /// chunk of `t` tokens: the previous layer's part the placement left there instead of
+    /// launching an add of its own (the hybrid placement's CPU misses; −0.0 where it has
+    /// none: x + (−0.0) is x, bitwise), or None. The same for every step of `t` tokens (the
+    /// graphs capture it).
+    fn handoff_y(&self, _cx: &Launcher, _l: usize, _t: usize) -> Option<Dv> {
+        None
+    }
+
     /// Launches only: layer `l`'s shared expert (`Launcher::shared_expert`), then its routed
     /// experts that the GPU holds, for `t` tokens.
     fn resident(&self, cx: &Launcher, l: usize, t: usize) -> Result<()>;

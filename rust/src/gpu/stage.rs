@@ -421,13 +421,15 @@ impl Stage {
                 x.stream.begin_capture()?;
                 let body = match part {
                     // the placement's `pre` copies what the router did not write itself
-                    0 => x.attn_router(l, segs, host).and_then(|copied| {
-                        if routed && !copied {
-                            moe.pre(x, l, n)
-                        } else {
-                            Ok(())
-                        }
-                    }),
+                    0 => x
+                        .attn_router(l, segs, host, moe.handoff_y(x, l, n))
+                        .and_then(|copied| {
+                            if routed && !copied {
+                                moe.pre(x, l, n)
+                            } else {
+                                Ok(())
+                            }
+                        }),
                     _ => moe.resident(x, l, n),
                 };
                 let g = x.stream.end_capture();

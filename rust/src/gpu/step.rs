@@ -39,7 +39,7 @@ impl Launcher {
         }
         let host = moe.host_out(t);
         for l in self.layers.clone() {
-            let copied = self.attn_router(l, segs, host)?;
+            let copied = self.attn_router(l, segs, host, moe.handoff_y(self, l, t))?;
             if self.w.layer(l).routed() {
                 if !copied {
                     moe.pre(self, l, t)?;
@@ -76,12 +76,14 @@ impl Launcher {
     /// hybrid step's host does not wait for it before its CPU misses can start. `host`: the
     /// placement's buffers for a second copy of ids, wts and h (`MoePlacement::host_out`);
     /// true when the kernels wrote them (the softmax routing; else the placement's `pre`
-    /// copies).
+    /// copies). `y` f32 [T, H]: the previous layer's part the placement left for this layer's
+    /// attention norm to add into x first (`MoePlacement::handoff_y`), or None.
     pub(super) fn attn_router(
         &self,
         l: usize,
         segs: &[Seg],
         host: Option<[Dv; 3]>,
+        y: Option<Dv>,
     ) -> Result<bool> {
         let t = rows(segs);
         let (g, s, b, hp, w) = (&*self.gpu, &self.stream, &self.b, &self.hp, &self.w);
@@ -94,22 +96,18 @@ impl Launcher {
         let host = host
             .filter(|_| lw.dense.is_none() && matches!(hp.graph.routing, Routing::Softmax { .. }));
         {
-            // ---- attention, or a hybrid's DeltaNet mixer: o [T, H] ----
+            // ---- [x += y], attention, or a hybrid's DeltaNet mixer: o [T, H] ----
             let attn_norm = Dv::of(&lw.attn_norm);
+            // the norm also quantizes h for Q/K/V where they read one activation type
+            let qkv_act = lw.deltanet.is_none().then(|| self.qkv_act(l)).flatten();
+            match (qkv_act, y) {
+                (Some(a), _) => norm::rms_act(g, s, x, y, attn_norm, h, a, t, hd, eps)?,
+                (None, Some(y)) => norm::add_rms(g, s, x, y, attn_norm, h, None, t, hd, eps)?,
+                (None, None) => norm::rms(g, s, x, attn_norm, h, t, hd, eps)?,
+            }
             match &lw.deltanet {
-                Some(dn) => {
-                    norm::rms(g, s, x, attn_norm, h, t, hd, eps)?;
-                    self.gdn_mix(dn, segs)?
-                }
-                None => {
-                    // the norm also quantizes h for Q/K/V where they read one activation type
-                    let qkv_act = self.qkv_act(l);
-                    match qkv_act {
-                        Some(a) => norm::rms_act(g, s, x, None, attn_norm, h, a, t, hd, eps)?,
-                        None => norm::rms(g, s, x, attn_norm, h, t, hd, eps)?,
-                    }
-                    self.attention(l, segs, qkv_act.map(|a| a.act))?
-                }
+                Some(dn) => self.gdn_mix(dn, segs)?,
+                None => self.attention(l, segs, qkv_act.map(|a| a.act))?,
             }
             // ---- routed experts, or a leading dense layer's FFN ----
             let h_copy = host.map(|c| c[2]);

@@ -57,14 +57,41 @@ __device__ __forceinline__ void act_q8_k_warp(const float* x, block_q8a* out, lo
     if (lane < 8) o[lane].d = d;
 }
 
-// The n values at x (n a multiple of the kind's item) → out (n / 32 blocks) by the block's
-// warps, item i by warp i mod warps. Every thread of the block calls it (after a barrier that
-// makes x visible); ACT_NONE does nothing.
+// Block b of x by the 8 lanes 8c .. 8c + 7 of a warp (c = this lane's octet), 4 values each:
+// act_q8_0_warp's block (the largest magnitude over the 32, then each value alone), four
+// blocks per warp at once. Every lane of the warp calls it (the shuffles stay within an
+// octet); an octet with `live` false writes nothing.
+__device__ __forceinline__ void act_q8_0_oct(const float* x, block_q8a* out, long b, int lane,
+                                             bool live) {
+    const int q = lane & 7;  // values 4q .. 4q + 3 of the block
+    const float4 v = *(const float4*)(x + b * 32 + 4 * q);
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = act_q8_0_inv(amax);
+    const uint32_t w = (uint32_t)(act_rint(fmul_rn(v.x, id)) & 0xff) |
+                       (uint32_t)(act_rint(fmul_rn(v.y, id)) & 0xff) << 8 |
+                       (uint32_t)(act_rint(fmul_rn(v.z, id)) & 0xff) << 16 |
+                       (uint32_t)(act_rint(fmul_rn(v.w, id)) & 0xff) << 24;
+    if (!live) return;
+    memcpy(out[b].qs + 4 * q, &w, 4);
+    if (q == 0) out[b].d = act_q8_0_scale(amax);
+}
+
+// The n values at x (n a multiple of the kind's item; x 16-byte aligned) → out (n / 32 blocks)
+// by the block's threads: q8_0 blocks by 8 lanes each, q8_K super-blocks by a warp each.
+// Every thread of the block calls it (after a barrier that makes x visible); ACT_NONE does
+// nothing.
 __device__ __forceinline__ void act_quantize_block(const float* x, block_q8a* out, int n,
                                                    int kind) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     if (kind == ACT_Q8_0) {
-        for (int b = warp; b < n / 32; b += nw) act_q8_0_warp(x, out, b, lane);
+        // a warp's 4 blocks at once (past the last block, an octet reads the warp's first)
+        for (int b0 = 4 * warp; b0 < n / 32; b0 += 4 * nw) {
+            const int b = b0 + (lane >> 3);
+            const bool live = b < n / 32;
+            act_q8_0_oct(x, out, live ? b : b0, lane, live);
+        }
     } else if (kind == ACT_Q8_K) {
         for (int sb = warp; sb < n / 256; sb += nw) act_q8_k_warp(x, out, sb, lane);
     }

@@ -55,8 +55,8 @@
 // every launch leaves them zero.
 // out f32 [T, Nh, D]; with `act` ACT_Q8_0 / ACT_Q8_K (actq.cuh) the block that writes the
 // G heads' rows of out also quantizes them into qout (block_q8a [T, Nh·D / 32]) as the
-// output projection's quantize kernel would (G·D a multiple of the kind's item; ACT_NONE:
-// qout unused). Launch: grid (S, Nkv, T), block ATT_THREADS.
+// output projection's quantize kernel would, from a copy in shared memory (G·D a multiple of
+// the kind's item; ACT_NONE: qout unused). Launch: grid (S, Nkv, T), block ATT_THREADS.
 template <int KV, int D, int MAXG>
 __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
                             unsigned long long slot_stride, const int* sp, float* part_o,
@@ -74,7 +74,7 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
   __shared__ float qd[MAXG][D / 32];  // and their block scales
   __shared__ float sc[MAXG][ATT_TILE];  // scores, then probabilities of a pass
   __shared__ float mrun[MAXG], lrun[MAXG], alpha[MAXG];
-  __shared__ float red[MAXG][D];
+  __shared__ __align__(16) float red[MAXG][D];  // 16-byte rows: the tails' float4 reads
   __shared__ float wsp[MAXG][32], lsum[MAXG];
   __shared__ int is_last;
   const int G = n_head / n_head_kv;
@@ -322,12 +322,16 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
             l = l * a + expf(sk - mx);
           }
 #pragma unroll
-          for (int i = 0; i < VD; i++) out[(head0 + g) * D + dd + i] = acc[g][i] * a / l;
+          for (int i = 0; i < VD; i++) {
+            const float v = acc[g][i] * a / l;
+            out[(head0 + g) * D + dd + i] = v;
+            red[g][dd + i] = v;  // the rows again for the quantizing warps (red is free now)
+          }
         }
       }
     }
     __syncthreads();  // warp 0's rows, visible to the quantizing warps
-    if (act != ACT_NONE) act_quantize_block(out + head0 * D, qout + head0 * D / 32, G * D, act);
+    if (act != ACT_NONE) act_quantize_block(&red[0][0], qout + head0 * D / 32, G * D, act);
     return;
   }
   if (warp == 0) {
@@ -395,15 +399,16 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
     int f = tid + j * ATT_THREADS, g = f / D4;
     if (g < G) {
       float* o = out + (head0 + g) * D + 4 * (f % D4);
+      float* r = &red[g][4 * (f % D4)];  // the rows again for the quantizing warps
       float l = lsum[g];
-      o[0] = a[j].x / l;
-      o[1] = a[j].y / l;
-      o[2] = a[j].z / l;
-      o[3] = a[j].w / l;
+      o[0] = r[0] = a[j].x / l;
+      o[1] = r[1] = a[j].y / l;
+      o[2] = r[2] = a[j].z / l;
+      o[3] = r[3] = a[j].w / l;
     }
   }
   __syncthreads();  // the merged rows, visible to the quantizing warps
-  if (act != ACT_NONE) act_quantize_block(out + head0 * D, qout + head0 * D / 32, G * D, act);
+  if (act != ACT_NONE) act_quantize_block(&red[0][0], qout + head0 * D / 32, G * D, act);
 }
 
 #define ATT_DECODE(KVN, KV, D, MAXG)                                                          \

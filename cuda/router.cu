@@ -6,7 +6,6 @@
 // logits f32 [T, E], ids i32 [T, k] (by descending p), w f32 [T, k]. E ≤ 1024, k ≤ 64.
 // Launch: grid (T), block 32.
 #include "model.cuh"
-#include "norm.cuh"
 #include "vecdot.cuh"
 
 #define ROUTER_MAX_E 1024
@@ -177,40 +176,6 @@ extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32)
   __syncthreads();
   if (!is_last || threadIdx.x >= 32) return;
   if (threadIdx.x == 0) *done = 0;  // ready for the next launch (stream-ordered)
-  router_topk_any(logits, ids, w, ids2, w2, n_expert, k, norm, pick);
-}
-
-// strata_router_f32_topk with the residual add and the FFN norm in front of it (decode, one
-// token): every block computes x + o and h = RMSNorm(x + o) · w_n into shared memory as
-// strata_norm_add_rms does (norm_row with its NORM_THREADS threads: the same sums in the same
-// order) and its logit from that h; the last block to finish (every other one has read x by
-// then) writes x += o, h and h2 (the host's copy, or null) and runs the top-k. So x, h, h2,
-// the logits, ids and w (and their copy) are bitwise the two kernels', one launch fewer.
-// x, o, h, h2 f32 [n] (n ≤ NORM_REG_MAX), w_n f32 [n]; the rest as strata_router_f32_topk's.
-// Launch: grid (E), block NORM_THREADS.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
-    strata_router_f32_topk_norm(float* x, const float* o, const float* w_n, float* h, float* h2,
-                                int n, float eps, const uint8_t* w_r, float* logits, int* ids,
-                                float* w, int* ids2, float* w2, int n_expert, int k, int norm,
-                                int* done) {
-  __shared__ __align__(16) float hs[NORM_REG_MAX];
-  __shared__ float pick[ROUTER_MAX_K];
-  __shared__ int is_last;
-  norm_row(x, o, nullptr, w_n, hs, nullptr, n, eps);
-  __syncthreads();  // h in shared memory, for every warp's items
-  mmvq_r1_body<TF32>(w_r, n_expert, n / 32, hs, logits);
-  __threadfence();  // this block's logit, before its count
-  __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(done, 1) == n_expert - 1;
-  __syncthreads();
-  if (!is_last) return;
-  if (threadIdx.x == 0) *done = 0;  // ready for the next launch (stream-ordered)
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    x[i] += o[i];
-    h[i] = hs[i];
-    if (h2 != nullptr) h2[i] = hs[i];
-  }
-  if (threadIdx.x >= 32) return;
   router_topk_any(logits, ids, w, ids2, w2, n_expert, k, norm, pick);
 }
 

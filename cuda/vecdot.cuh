@@ -136,8 +136,7 @@ struct OaiGlu {
 
 // y[row] = W[row]·x for one token, one row per block (grid (rows)), the row's items split over
 // the MMVQ_WARPS warps, their partial sums added in warp order by thread 0
-// (strata_mmvq_<ty>_r1, and the fused routers of router.cu, which must sum as it does: a
-// larger block's threads past the first MMVQ_WARPS warps add nothing).
+// (strata_mmvq_<ty>_r1, and the fused router of router.cu, which must sum as it does).
 template <class T>
 __device__ __forceinline__ void mmvq_r1_body(const uint8_t* __restrict__ w, int rows, int items,
                                              const void* x, float* __restrict__ y) {
@@ -146,11 +145,10 @@ __device__ __forceinline__ void mmvq_r1_body(const uint8_t* __restrict__ w, int 
     const int row = blockIdx.x;
     if (row >= rows) return;  // the whole block
     float acc[1] = {0.0f};
-    if (warp < MMVQ_WARPS)
-        row_dot<T, 1>(w + (size_t)row * row_bytes_of<T>(items), items, act_at<T>(x, 0, items),
-                      act_stride<T>(items), 1, acc, threadIdx.x, MMVQ_WARPS * 32);
+    row_dot<T, 1>(w + (size_t)row * row_bytes_of<T>(items), items, act_at<T>(x, 0, items),
+                  act_stride<T>(items), 1, acc, threadIdx.x, MMVQ_WARPS * 32);
     const float v = warp_sum(acc[0]);
-    if (lane == 0 && warp < MMVQ_WARPS) part[warp] = v;
+    if (lane == 0) part[warp] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
         float s = part[0];

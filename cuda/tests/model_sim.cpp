@@ -146,15 +146,6 @@ void sim_router_f32_topk(const float* w_r, const float* x, float* logits, int* i
              (const uint8_t*)w_r, h / 32, x, logits, ids, w, ids2, w2, n_expert, k, norm, done);
 }
 
-// x += o, h = RMSNorm(x)·w_n (and h2) and the fused router on h (h2: the host's copy).
-void sim_router_f32_topk_norm(float* x, const float* o, const float* w_n, float* h, float* h2,
-                              int n, float eps, const float* w_r, float* logits, int* ids,
-                              float* w, int* ids2, float* w2, int n_expert, int k, int norm,
-                              int* done) {
-  sim_launch(strata_router_f32_topk_norm, dim3(n_expert), dim3(NORM_THREADS), x, o, w_n, h, h2,
-             n, eps, (const uint8_t*)w_r, logits, ids, w, ids2, w2, n_expert, k, norm, done);
-}
-
 void sim_router_topk_copy(const float* logits, int* ids, float* w, int* ids2, float* w2,
                           int n_tok, int n_expert, int k, int norm) {
   sim_launch(strata_router_topk, dim3(n_tok), dim3(32), logits, ids, w, ids2, w2, n_expert, k,

@@ -177,8 +177,8 @@ pub(super) struct Launcher {
     pub br: Branches,
     /// Whether the decode chain's producers do their consumers' first step (`set_fusion`
     /// when the model opened): the attention norm and the decode attention quantize their
-    /// outputs for the products that read them (`act::ActOut`), the fused router computes
-    /// the residual add and FFN norm it reads.
+    /// outputs for the products that read them (`act::ActOut`), and the attention norm adds
+    /// the hybrid placement's CPU part (`MoePlacement::handoff_y`).
     pub fuse: bool,
 }
 

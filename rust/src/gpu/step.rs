@@ -111,37 +111,19 @@ impl Launcher {
             }
             // ---- routed experts, or a leading dense layer's FFN ----
             let h_copy = host.map(|c| c[2]);
-            let ffn_norm = Dv::of(&lw.ffn_norm);
-            let r = &lw.router;
-            let logits = Dv::of(&b.router);
-            let copy = host.map(|c| (c[0], c[1]));
-            let fused = self.fused_router(l, t).filter(|_| lw.dense.is_none());
-            let route = |norm| router::FusedRoute {
-                w_r: Dv::of(&r.buf),
-                logits,
-                ids: Dv::of(&b.ids),
-                w: Dv::of(&b.wts),
-                copy,
-                done: Dv::of(&b.router_done),
-                n_embd: hd,
-                n_expert: e,
-                k,
-                norm,
-            };
-            if let Some(norm) = fused.filter(|_| self.fuse && hd <= router::NORM_MAX_EMBD) {
-                // x += o, the FFN norm, one token's logits and top-k in one kernel, bitwise
-                // the kernels below
-                let xo = [x, o, ffn_norm, h];
-                router::f32_topk_norm(g, s, xo, h_copy, eps, &route(norm))?;
-                return Ok(host.is_some());
-            }
-            norm::add_rms(g, s, x, o, ffn_norm, h, h_copy, t, hd, eps)?;
+            norm::add_rms(g, s, x, o, Dv::of(&lw.ffn_norm), h, h_copy, t, hd, eps)?;
             if let Some(ffn) = &lw.dense {
                 return self.dense_ffn(ffn, t).map(|()| false); // x += down(silu(gate·h) ⊙ up·h)
             }
-            if let Some(norm) = fused {
+            let r = &lw.router;
+            let logits = Dv::of(&b.router);
+            let copy = host.map(|c| (c[0], c[1]));
+            if let Some(norm) = self.fused_router(l, t) {
                 // one token's logits and top-k in one kernel, bitwise the pair below
-                router::f32_topk(g, s, h, &route(norm))?;
+                let (ids, wts) = (Dv::of(&b.ids), Dv::of(&b.wts));
+                let done = Dv::of(&b.router_done);
+                let w3 = [Dv::of(&r.buf), h, logits];
+                router::f32_topk(g, s, w3, ids, wts, copy, done, hd, e, k, norm)?;
                 return Ok(host.is_some());
             }
             quant::matmul(

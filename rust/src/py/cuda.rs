@@ -35,8 +35,8 @@ fn gpu_status(py: Python<'_>) -> (bool, String) {
 
 /// Whether GPU models opened from now on fuse the decode chain's producer and consumer
 /// kernels (the default: the attention norm and the decode attention quantize the
-/// activations of the products that read them, the fused router computes its residual add
-/// and norm) rather than running each step in a kernel of its own: the same results, one
+/// activations of the products that read them; the attention norm adds the hybrid layer's
+/// CPU part) rather than running each step in a kernel of its own: the same results, one
 /// launch fewer per fusion. Returns the previous setting (A/B timings, the bitwise test).
 #[pyfunction]
 fn set_gpu_fusion(on: bool) -> bool {

@@ -6,8 +6,7 @@ use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
 
-/// The norm kernels' block (cuda/norm.cuh's NORM_THREADS; also the fused router's).
-pub const NORM_THREADS: u32 = 512;
+const NORM_THREADS: u32 = 512; // the kernels' NORM_THREADS
 
 fn check(rows: usize, n: usize, eps: f32) -> Result<usize> {
     if n == 0 {

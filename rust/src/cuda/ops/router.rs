@@ -2,7 +2,6 @@
 //! the logits → softmax over the k (gpt-oss); the sigmoid router with a selection bias; a
 //! dense FFN's gate scale.
 
-use super::norm::NORM_THREADS;
 use super::quant_kernels::MMVQ_THREADS;
 use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
@@ -73,122 +72,55 @@ fn copy_args(copy: Option<(Dv, Dv)>) -> [Arg; 2] {
     [Arg::Ptr(i), Arg::Ptr(w)]
 }
 
-/// One token's fused softmax routing (`f32_topk`, `f32_topk_norm`): the router's F32 weights
-/// w_r f32 [E, H] (H a multiple of 32), logits f32 [E] (written), ids i32 [k] and w f32 [k]
-/// (and their `copy`), `done`: i32 [1], zeroed once, the kernels' finish counter (each launch
-/// leaves it at zero).
-#[derive(Clone, Copy, Debug)]
-pub struct FusedRoute {
-    pub w_r: Dv,
-    pub logits: Dv,
-    pub ids: Dv,
-    pub w: Dv,
-    pub copy: Option<(Dv, Dv)>,
-    pub done: Dv,
-    pub n_embd: usize,
-    pub n_expert: usize,
-    pub k: usize,
-    /// Renormalize the k weights to sum to 1.
-    pub norm: bool,
-}
-
-impl FusedRoute {
-    /// The checks both kernels need, for hidden sizes up to `max_embd`.
-    fn check(&self, what: &str, max_embd: usize) -> Result<()> {
-        let (e, h) = (self.n_expert, self.n_embd);
-        check_topk_copy([self.logits, self.ids, self.w], self.copy, 1, e, self.k)?;
-        if !h.is_multiple_of(32) || h == 0 || h > max_embd {
-            return Err(Error::Shape(format!(
-                "{what}: hidden {h} is not a multiple of 32 up to {max_embd}"
-            )));
-        }
-        self.w_r.need("router weights", bytes(prod(&[e, h])?, 4)?)?;
-        self.done.need("router finish counter", 4)
-    }
-
-    /// The kernels' trailing arguments (w_r's part first: see each launch).
-    fn tail(&self) -> Result<[Arg; 8]> {
-        let [ci, cw] = copy_args(self.copy);
-        Ok([
-            self.ids.arg(),
-            self.w.arg(),
-            ci,
-            cw,
-            Arg::I32(i32_of("n_expert", self.n_expert)?),
-            Arg::I32(self.k as i32),
-            Arg::I32(self.norm as i32),
-            self.done.arg(),
-        ])
-    }
-}
-
-/// One token's softmax router fused with its logits (`strata_router_f32_topk`): logits =
-/// w_r·x, each row summed as the one-token F32 product's row-per-block kernel sums it
-/// (`strata_mmvq_f32_r1`), then ids, w (and the copy) as `topk` gives them from those logits:
-/// one launch for the two. x: f32 [H].
-pub fn f32_topk(gpu: &Gpu, s: &Stream, x: Dv, r: &FusedRoute) -> Result<()> {
-    r.check("fused router", usize::MAX)?;
-    x.need("router input", bytes(r.n_embd, 4)?)?;
-    let mut args = vec![
-        r.w_r.arg(),
-        Arg::I32(i32_of("items", r.n_embd / 32)?),
-        x.arg(),
-        r.logits.arg(),
-    ];
-    args.extend(r.tail()?);
-    let grid = (grid_dim("experts", r.n_expert, GRID_X)?, 1, 1);
-    // the row-per-block product's blocks
-    launch(gpu, s, "strata_router_f32_topk", grid, MMVQ_THREADS, &args)
-}
-
-/// Most hidden values `f32_topk_norm` takes (its h in shared memory: cuda/norm.cuh's
-/// NORM_REG_MAX).
-pub const NORM_MAX_EMBD: usize = 8192;
-
-/// `f32_topk` with the residual add and the FFN norm in front (`strata_router_f32_topk_norm`):
-/// x += o, h = RMSNorm(x) · w_n (and `h_copy`), then the router on h, bitwise the launches of
-/// `norm::add_rms` and `f32_topk`, in one. [x f32 [H] (updated), o f32 [H], w_n f32 [H], h f32
-/// [H] (out)]; H ≤ `NORM_MAX_EMBD`.
-pub fn f32_topk_norm(
+/// One token's softmax router fused with its logits (`strata_router_f32_topk`): logits f32
+/// [E] = w_r·x, each row summed as the one-token F32 product's row-per-block kernel sums it
+/// (`strata_mmvq_f32_r1`), then ids i32 [k], w f32 [k] (and `copy`) as `topk` gives them from
+/// those logits: one launch for the two. w_r: f32 [E, H] (H a multiple of 32); x: f32 [H];
+/// `done`: i32 [1], zeroed once, the kernel's finish counter (each launch leaves it at zero).
+#[allow(clippy::too_many_arguments)]
+pub fn f32_topk(
     gpu: &Gpu,
     s: &Stream,
-    [x, o, w_n, h]: [Dv; 4],
-    h_copy: Option<Dv>,
-    eps: f32,
-    r: &FusedRoute,
+    [w_r, x, logits]: [Dv; 3],
+    ids: Dv,
+    w: Dv,
+    copy: Option<(Dv, Dv)>,
+    done: Dv,
+    n_embd: usize,
+    n_expert: usize,
+    k: usize,
+    norm: bool,
 ) -> Result<()> {
-    const WHAT: &str = "fused norm and router";
-    r.check(WHAT, NORM_MAX_EMBD)?;
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(Error::Config(format!("{WHAT}: eps {eps} must be >= 0")));
+    check_topk_copy([logits, ids, w], copy, 1, n_expert, k)?;
+    if !n_embd.is_multiple_of(32) || n_embd == 0 {
+        return Err(Error::Shape(format!(
+            "fused router: hidden {n_embd} is not a multiple of 32"
+        )));
     }
-    let hb = bytes(r.n_embd, 4)?;
-    for (v, what) in [(x, "x"), (o, "o"), (w_n, "norm weights"), (h, "h")] {
-        v.need(&format!("{WHAT} {what}"), hb)?;
-    }
-    if let Some(c) = h_copy {
-        c.need("fused norm and router h copy", hb)?;
-    }
-    let mut args = vec![
-        x.arg(),
-        o.arg(),
-        w_n.arg(),
-        h.arg(),
-        Arg::Ptr(h_copy.map_or(0, |c| c.ptr)),
-        Arg::I32(i32_of("n_embd", r.n_embd)?),
-        Arg::F32(eps),
-        r.w_r.arg(),
-        r.logits.arg(),
-    ];
-    args.extend(r.tail()?);
-    let grid = (grid_dim("experts", r.n_expert, GRID_X)?, 1, 1);
+    w_r.need("router weights", bytes(prod(&[n_expert, n_embd])?, 4)?)?;
+    x.need("router input", bytes(n_embd, 4)?)?;
+    done.need("router finish counter", 4)?;
+    let [ci, cw] = copy_args(copy);
     launch(
         gpu,
         s,
-        "strata_router_f32_topk_norm",
-        grid,
-        NORM_THREADS,
-        &args,
+        "strata_router_f32_topk",
+        (grid_dim("experts", n_expert, GRID_X)?, 1, 1),
+        MMVQ_THREADS, // the row-per-block product's blocks
+        &[
+            w_r.arg(),
+            Arg::I32(i32_of("items", n_embd / 32)?),
+            x.arg(),
+            logits.arg(),
+            ids.arg(),
+            w.arg(),
+            ci,
+            cw,
+            Arg::I32(i32_of("n_expert", n_expert)?),
+            Arg::I32(k as i32),
+            Arg::I32(norm as i32),
+            done.arg(),
+        ],
     )
 }
 

@@ -10,7 +10,10 @@
 //
 // Decode (small T): `strata_attn_decode_*` splits the visible positions into at most n_split
 // ranges (grid.x) of one KV head (grid.y) and token (grid.z), as many as the live length
-// needs; the G query heads of the KV head share every K/V read. One live split writes the
+// needs; the G query heads of the KV head share every K/V read. With `hs` > 1 the launcher
+// passes n_head_kv = Nkv·hs: grid.y row r takes G/hs of KV head r / hs's query heads (each
+// head computed as with hs = 1, bitwise: a head's sums never mix with another's), more
+// blocks for short contexts at hs reads of the same K/V. One live split writes the
 // output; several leave partials (acc, max, sum) that the last of them to finish merges.
 // The ranges are computed on the device from pos0, so a captured graph serves every length.
 // Prefill (large T): `strata_attn_prefill_*` is a flash-attention kernel on tensor cores
@@ -62,7 +65,7 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
                             unsigned long long slot_stride, const int* sp, float* part_o,
                             float* part_ml, float* out, int n_head, int n_head_kv, int n_ctx,
                             int n_split, float scale, const float* sinks, int window,
-                            block_q8a* qout, int act) {
+                            block_q8a* qout, int act, int hs) {
   constexpr int HB = KV == SM_KV_F16 ? 2 * D : D / 32 * 34;
   constexpr int DL = D / ATT_OCT;      // dims of a lane in the score pass (16 or 8)
   constexpr int QS = DL + 4;           // padded stride of a lane's q chunk (no bank conflicts)
@@ -88,7 +91,8 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
   if (s >= n_live) return;  // the whole block: no barrier is skipped by part of it
   const int p_begin = lo + s * chunk;
   const int p_end = p_begin + chunk < n ? p_begin + chunk : n;
-  const size_t base = (size_t)sp[1] * slot_stride + (size_t)kvh * n_ctx * HB;
+  // a KV head's query heads split over hs blocks: block row kvh reads KV head kvh / hs
+  const size_t base = (size_t)sp[1] * slot_stride + (size_t)(kvh / hs) * n_ctx * HB;
   const uint8_t* kb = kc + base;
   const uint8_t* vb = vc + base;
   const size_t head0 = (size_t)t * n_head + (size_t)kvh * G;  // first query head row
@@ -417,9 +421,9 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
           const float* q, const uint8_t* kc, const uint8_t* vc,                              \
           unsigned long long slot_stride, const int* sp, float* part_o, float* part_ml,      \
           float* out, int n_head, int n_head_kv, int n_ctx, int n_split, float scale,        \
-          const float* sinks, int window, block_q8a* qout, int act) {                        \
+          const float* sinks, int window, block_q8a* qout, int act, int hs) {                \
     attn_decode<KV, D, MAXG>(q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_head,      \
-                             n_head_kv, n_ctx, n_split, scale, sinks, window, qout, act);    \
+                             n_head_kv, n_ctx, n_split, scale, sinks, window, qout, act, hs); \
   }
 
 ATT_DECODE(f16, SM_KV_F16, 64, 8)

@@ -50,7 +50,7 @@ SIGS: dict[str, list[Any]] = {
     "sim_quantize_act": [F32P, U8P, INT, INT, INT],
     "sim_attn_decode_act": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P]
     + [INT] * 5
-    + [F, ctypes.c_void_p, INT, U8P, INT],
+    + [F, ctypes.c_void_p, INT, U8P, INT, INT],
     "sim_rope_neox": [F32P, F32P, F32P, I32P, INT, INT, INT, INT, INT],
     "sim_rope_qkv": [INT] + [F32P] * 10 + [I32P, U8P, U8P, U64] + [INT] * 6 + [F] + [INT] * 3,
     "sim_attn_decode": [INT, INT, F32P, U8P, U8P, U64, I32P, F32P, F32P, F32P] + [INT] * 5 + [F],
@@ -183,12 +183,54 @@ def test_attention_decode_act_is_attention_then_quantize(
         qo = np.zeros(t * nh * d // 32 * 36, np.uint8)
         kern.sim_attn_decode_act(
             ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, po, pml, out, t,
-            nh, nkv, n_ctx, n_split, scale, None, 0, qo, act,
+            nh, nkv, n_ctx, n_split, scale, None, 0, qo, act, 1,
         )  # fmt: skip
         outs.append((out, qo))
     (plain, _), (got, qo) = outs
     assert np.array_equal(got, plain)
     assert np.array_equal(qo, act_ref(kern, got.reshape(t, nh * d), kind))
+
+
+# (kv, d, n_head, n_kv, pos0, t, n_split, hs): one live split and several, sinks and a window
+HS_CASES = [
+    ("f16", 128, 32, 4, 20, 1, 8, 2),
+    ("f16", 128, 32, 4, 20, 1, 8, 4),
+    ("q8_0", 128, 32, 4, 300, 2, 8, 4),
+    ("q8_0", 64, 16, 2, 70, 3, 4, 2),
+    ("f16", 64, 32, 2, 100, 1, 4, 2),  # G = 16 over 2 blocks: the g8 kernel
+]
+
+
+@pytest.mark.parametrize("kv, d, nh, nkv, pos0, t, n_split, hs", HS_CASES)
+def test_attention_decode_head_split_is_bitwise_one_block_per_kv_head(
+    kern: ctypes.CDLL, kv: str, d: int, nh: int, nkv: int, pos0: int, t: int, n_split: int,
+    hs: int,
+) -> None:  # fmt: skip
+    """A KV head's query heads over hs blocks (each reading the head's K/V): every head's
+    output bitwise the one-block launch's (a head's sums never mix with another's), with
+    sinks and a window, and the output's q8_K quantization where G/hs heads tile it."""
+    rng = np.random.default_rng(34)
+    n_ctx, scale = 512, 1 / np.sqrt(d)
+    cache = ref.Cache(kv, 1, nkv, n_ctx, d)
+    cache.fill(rng, 0, pos0 + t, scale=0.3)
+    q = f32(rng.normal(0, 1, (t, nh, d)))
+    sk = f32(rng.normal(0, 2, nh))
+    npo, npml = part_sizes(t, nh, n_split, d)
+    sp = np.array([pos0, 0], np.int32)
+    act = ACT["q8_k"] if (nh // nkv // hs) * d % 256 == 0 else ACT["q8_0"]
+    outs = []
+    for h in (1, hs):
+        po, pml = np.zeros(npo, np.float32), np.zeros(npml, np.float32)
+        out = np.full((t, nh, d), np.nan, np.float32)
+        qo = np.zeros(t * nh * d // 32 * 36, np.uint8)
+        kern.sim_attn_decode_act(
+            ref.KV_TYPES[kv], d, q, cache.k, cache.v, cache.slot_stride, sp, po, pml, out, t,
+            nh, nkv, n_ctx, n_split, scale, sk.ctypes.data, 50, qo, act, h,
+        )  # fmt: skip
+        assert not pml.reshape(t, -1)[:, :nh].any(), "finish counters left non-zero"
+        outs.append((out, qo))
+    (one, q1), (split, qs) = outs
+    assert np.array_equal(split, one) and np.array_equal(qs, q1)
 
 
 def test_router_topk_second_copy_is_the_routing(kern: ctypes.CDLL) -> None:

@@ -67,18 +67,19 @@ void sim_rope_qkv(int kv, float* q, const float* k, const float* v, const float*
 
 typedef void (*DecodeK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
                         const int*, float*, float*, float*, int, int, int, int, float,
-                        const float*, int, block_q8a*, int);
+                        const float*, int, block_q8a*, int, int);
 typedef void (*PrefillK)(const float*, const uint8_t*, const uint8_t*, unsigned long long,
                          const int*, float*, int, int, int, int, float, const float*, int);
 
 // With sinks f32 [n_head] (null: none), a window (0: none) and the output's quantization
 // into qout (act: ACT_Q8_0 / ACT_Q8_K, or ACT_NONE).
+// hs: each KV head's query heads over hs blocks (the kernel sees n_head_kv·hs "KV heads").
 void sim_attn_decode_act(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,
                          unsigned long long slot_stride, const int* sp, float* part_o,
                          float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
                          int n_ctx, int n_split, float scale, const float* sinks, int window,
-                         block_q8a* qout, int act) {
-  int g = n_head / n_head_kv;
+                         block_q8a* qout, int act, int hs) {
+  int g = n_head / (n_head_kv * hs);  // query heads per block
   DecodeK k;
   if (d == 256)  // G ≤ 8 only (the host refuses more)
     k = kv == 0 ? strata_attn_decode_f16_d256_g8 : strata_attn_decode_q8_0_d256_g8;
@@ -88,9 +89,9 @@ void sim_attn_decode_act(int kv, int d, const float* q, const uint8_t* kc, const
   else
     k = d == 64 ? (g <= 8 ? strata_attn_decode_q8_0_d64_g8 : strata_attn_decode_q8_0_d64_g16)
                 : (g <= 8 ? strata_attn_decode_q8_0_d128_g8 : strata_attn_decode_q8_0_d128_g16);
-  sim_launch(k, dim3(n_split, n_head_kv, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride, sp,
-             part_o, part_ml, out, n_head, n_head_kv, n_ctx, n_split, scale, sinks, window, qout,
-             act);
+  sim_launch(k, dim3(n_split, n_head_kv * hs, n_tok), dim3(ATT_THREADS), q, kc, vc, slot_stride,
+             sp, part_o, part_ml, out, n_head, n_head_kv * hs, n_ctx, n_split, scale, sinks,
+             window, qout, act, hs);
 }
 
 // With sinks f32 [n_head] (null: none) and a window (0: none).
@@ -99,7 +100,7 @@ void sim_attn_decode_sw(int kv, int d, const float* q, const uint8_t* kc, const 
                         float* part_ml, float* out, int n_tok, int n_head, int n_head_kv,
                         int n_ctx, int n_split, float scale, const float* sinks, int window) {
   sim_attn_decode_act(kv, d, q, kc, vc, slot_stride, sp, part_o, part_ml, out, n_tok, n_head,
-                      n_head_kv, n_ctx, n_split, scale, sinks, window, nullptr, ACT_NONE);
+                      n_head_kv, n_ctx, n_split, scale, sinks, window, nullptr, ACT_NONE, 1);
 }
 
 void sim_attn_decode(int kv, int d, const float* q, const uint8_t* kc, const uint8_t* vc,

@@ -43,6 +43,14 @@ fn set_gpu_fusion(on: bool) -> bool {
     crate::gpu::set_fusion(on)
 }
 
+/// Over how many blocks the GPU decode attention spreads each KV head's query heads in
+/// launches and graphs captured from now on (0: the default choice; 1: one block per KV head):
+/// the same logits either way, bitwise; for A/B timings. Returns the previous setting.
+#[pyfunction]
+fn set_gpu_head_split(n: usize) -> usize {
+    crate::cuda::ops::attention::set_head_split(n)
+}
+
 /// The build's kernels and, when a GPU is usable, the device: a dict for logs and reports.
 #[pyfunction]
 fn gpu_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -218,6 +226,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_gpu_fusion, m)?)?;
+    m.add_function(wrap_pyfunction!(set_gpu_head_split, m)?)?;
     Ok(())
 }
 

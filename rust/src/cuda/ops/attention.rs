@@ -13,6 +13,7 @@ use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X, GRID_YZ};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
 use crate::model::KvType;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Head dims the attention kernels are built for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -260,14 +261,17 @@ pub fn decode_mods(
     part_ml.need("attention partial max/sum", pml)?;
     sp.need("attention step params", 8)?;
     let [sinks, window] = mods.args(n_head)?;
-    let [qout, kind] = ActOut::args(act, n_tok, n_head * d, g * d, "attention activations")?;
+    // each KV head's query heads over hs blocks: G/hs heads a block
+    let hs = head_split(g, d, act);
+    let gb = g / hs;
+    let [qout, kind] = ActOut::args(act, n_tok, n_head * d, gb * d, "attention activations")?;
     if n_tok == 0 {
         return Ok(());
     }
     let name = format!(
         "strata_attn_decode_{}_d{d}_g{}",
         lay.tag(),
-        if g <= 8 { 8 } else { 16 }
+        if gb <= 8 { 8 } else { 16 }
     );
     let off = lay.layer_offset(layer) as u64;
     let t = grid_dim("tokens", n_tok, GRID_YZ)?;
@@ -275,7 +279,11 @@ pub fn decode_mods(
         gpu,
         s,
         &name,
-        (n_split as u32, grid_dim("KV heads", lay.n_kv, GRID_YZ)?, t),
+        (
+            n_split as u32,
+            grid_dim("KV heads", lay.n_kv * hs, GRID_YZ)?,
+            t,
+        ),
         THREADS,
         &[
             q.arg(),
@@ -287,7 +295,7 @@ pub fn decode_mods(
             part_ml.arg(),
             out.arg(),
             Arg::I32(i32_of("n_head", n_head)?),
-            Arg::I32(lay.n_kv as i32),
+            Arg::I32((lay.n_kv * hs) as i32),
             Arg::I32(lay.n_ctx as i32),
             Arg::I32(n_split as i32),
             Arg::F32(scale),
@@ -295,8 +303,35 @@ pub fn decode_mods(
             window,
             qout,
             kind,
+            Arg::I32(hs as i32),
         ],
     )
+}
+
+static HEAD_SPLIT: AtomicUsize = AtomicUsize::new(0);
+
+/// Over how many blocks the decode kernel spreads each KV head's query heads (0: the
+/// default, `head_split`'s choice; 1: one block per KV head, as before the split): for A/B
+/// timings of launches and graphs captured from now on; returns the previous setting. Every
+/// choice gives the same logits, bitwise.
+pub fn set_head_split(n: usize) -> usize {
+    HEAD_SPLIT.swap(n, Ordering::Relaxed)
+}
+
+/// The decode kernel's blocks per KV head for G query heads of dim `d` (and the output's
+/// quantization `act`): the set value where it divides G and keeps whole activation items
+/// per block, else the most of {4, 2, 1} that does and leaves each block at least 2 heads
+/// (short contexts: more blocks share the step; the K/V rows are read once per block).
+fn head_split(g: usize, d: usize, act: Option<ActOut>) -> usize {
+    let ok = |hs: usize| g.is_multiple_of(hs) && act.is_none_or(|a| a.fits(g / hs * d, g / hs * d));
+    match HEAD_SPLIT.load(Ordering::Relaxed) {
+        0 => [4, 2]
+            .into_iter()
+            .find(|&hs| g / hs >= 2 && ok(hs))
+            .unwrap_or(1),
+        n if ok(n) => n,
+        _ => 1,
+    }
 }
 
 /// Prefill attention (tensor cores, causal, GQA) of q f32 [n_tok, n_head, d] into out f32

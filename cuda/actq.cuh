@@ -6,7 +6,7 @@
 #pragma once
 #include "qdecode.cuh"
 
-// The activation kinds of a fused tail (the Rust side passes them: rust/src/cuda/ops/norm.rs).
+// The activation kinds of a fused tail (the Rust side passes them: rust/src/cuda/ops/act.rs).
 #define ACT_NONE (-1)
 #define ACT_Q8_0 0  // blocks of 32 values (Q8_0, Q4_0, Q5_0, IQ4_NL weights)
 #define ACT_Q8_K 1  // super-blocks of 256 values (K-quants and the 256-value IQ types)

@@ -60,6 +60,17 @@
 // G heads' rows of out also quantizes them into qout (block_q8a [T, Nh·D / 32]) as the
 // output projection's quantize kernel would, from a copy in shared memory (G·D a multiple of
 // the kind's item; ACT_NONE: qout unused). Launch: grid (S, Nkv, T), block ATT_THREADS.
+// The decode block's output rows (their copy in shared memory, `rows` [n], the rows from
+// query head `head0`) quantized into qout for the output projection; nothing (no barrier
+// either) for ACT_NONE. `act` is the same for the whole block, so the barrier inside the
+// branch is reached by every thread.
+SM_D void attn_act_tail(const float* rows, block_q8a* qout, size_t head0, int d, int n,
+                        int act) {
+  if (act == ACT_NONE) return;
+  __syncthreads();  // the rows, written by other warps, visible to the quantizing ones
+  act_quantize_block(rows, qout + head0 * d / 32, n, act);
+}
+
 template <int KV, int D, int MAXG>
 __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc,
                             unsigned long long slot_stride, const int* sp, float* part_o,
@@ -334,8 +345,7 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
         }
       }
     }
-    __syncthreads();  // warp 0's rows, visible to the quantizing warps
-    if (act != ACT_NONE) act_quantize_block(&red[0][0], qout + head0 * D / 32, G * D, act);
+    attn_act_tail(&red[0][0], qout, head0, D, G * D, act);
     return;
   }
   if (warp == 0) {
@@ -411,8 +421,7 @@ __device__ void attn_decode(const float* q, const uint8_t* kc, const uint8_t* vc
       o[3] = r[3] = a[j].w / l;
     }
   }
-  __syncthreads();  // the merged rows, visible to the quantizing warps
-  if (act != ACT_NONE) act_quantize_block(&red[0][0], qout + head0 * D / 32, G * D, act);
+  attn_act_tail(&red[0][0], qout, head0, D, G * D, act);
 }
 
 #define ATT_DECODE(KVN, KV, D, MAXG)                                                          \

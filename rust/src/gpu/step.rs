@@ -169,16 +169,16 @@ impl Launcher {
     /// (into the scratch they read): where the three are quantized types of one activation
     /// type whose items tile a row.
     fn qkv_act(&self, l: usize) -> Option<ActOut> {
-        let lw = self.w.layer(l);
         if !self.fuse {
             return None;
         }
+        let lw = self.w.layer(l);
         let a = ActOut::for_weights(lw.wq.ty, Dv::of(&self.b.scratch))?;
         let one = [&lw.wk, &lw.wv]
             .iter()
             .all(|m| m.ty.vec_dot_type() == a.act);
         let hd = self.hp.n_embd;
-        (one && a.fits(hd, hd)).then_some(a)
+        (one && a.fits(hd)).then_some(a)
     }
 
     /// The activations layer `l`'s decode attention quantizes for its output projection (into
@@ -193,7 +193,7 @@ impl Launcher {
         }
         let a = ActOut::for_weights(wo.ty, Dv::of(&self.b.scratch))?;
         let g = hp.n_head / hp.n_head_kv.max(1);
-        a.fits(hp.q_dim(), g * hp.head_dim).then_some(a)
+        a.fits(g * hp.head_dim).then_some(a)
     }
 
     /// Layer `l`'s shared expert beside the routed ones, for the T rows of `b.h`: x +=

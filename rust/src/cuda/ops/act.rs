@@ -47,11 +47,10 @@ impl ActOut {
         }
     }
 
-    /// Whether rows of `n` values, quantized in pieces of `piece` values each starting at a
-    /// multiple of `piece` (the decode attention's G heads), hold whole items.
-    pub fn fits(self, n: usize, piece: usize) -> bool {
-        let item = self.item();
-        n.is_multiple_of(item) && piece.is_multiple_of(item)
+    /// Whether pieces of `piece` values (a whole row, or the decode attention's heads of one
+    /// block) hold whole items.
+    pub fn fits(self, piece: usize) -> bool {
+        piece.is_multiple_of(self.item())
     }
 
     /// The kernels' trailing (qout, kind) arguments for rows f32 [rows, n] quantized in
@@ -66,7 +65,7 @@ impl ActOut {
         let Some(a) = a else {
             return Ok([Arg::Ptr(0), Arg::I32(-1)]);
         };
-        if !a.fits(n, piece) {
+        if !(a.fits(piece) && n.is_multiple_of(piece)) {
             return Err(Error::Shape(format!(
                 "{what}: rows of {n} values in pieces of {piece} are not whole blocks of {}",
                 a.item()

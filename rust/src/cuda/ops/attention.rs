@@ -323,7 +323,7 @@ pub fn set_head_split(n: usize) -> usize {
 /// per block, else the most of {4, 2, 1} that does and leaves each block at least 2 heads
 /// (short contexts: more blocks share the step; the K/V rows are read once per block).
 fn head_split(g: usize, d: usize, act: Option<ActOut>) -> usize {
-    let ok = |hs: usize| g.is_multiple_of(hs) && act.is_none_or(|a| a.fits(g / hs * d, g / hs * d));
+    let ok = |hs: usize| g.is_multiple_of(hs) && act.is_none_or(|a| a.fits(g / hs * d));
     match HEAD_SPLIT.load(Ordering::Relaxed) {
         0 => [4, 2]
             .into_iter()

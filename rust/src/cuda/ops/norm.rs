@@ -6,7 +6,7 @@ use super::view::{bytes, grid_dim, i32_of, launch, prod, Dv, GRID_X};
 use crate::cuda::{Arg, Gpu, Stream};
 use crate::error::{Error, Result};
 
-const NORM_THREADS: u32 = 512; // the kernels' NORM_THREADS
+const THREADS: u32 = 512; // the kernels' NORM_THREADS
 
 fn check(rows: usize, n: usize, eps: f32) -> Result<usize> {
     if n == 0 {
@@ -43,7 +43,7 @@ pub fn rms(
         s,
         "strata_norm_rms",
         (grid_dim("rows", rows, GRID_X)?, 1, 1),
-        NORM_THREADS,
+        THREADS,
         &[
             x.arg(),
             w.arg(),
@@ -86,7 +86,7 @@ pub fn add_rms(
         s,
         "strata_norm_add_rms",
         (grid_dim("rows", rows, GRID_X)?, 1, 1),
-        NORM_THREADS,
+        THREADS,
         &[
             x.arg(),
             y.arg(),
@@ -132,7 +132,7 @@ pub fn rms_act(
         s,
         "strata_norm_rms_act",
         (grid_dim("rows", rows, GRID_X)?, 1, 1),
-        NORM_THREADS,
+        THREADS,
         &[
             x.arg(),
             Arg::Ptr(y.map_or(0, |y| y.ptr)),

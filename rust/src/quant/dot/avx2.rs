@@ -237,7 +237,7 @@ unsafe fn f32_dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// The multi-row F32 order (`scalar::f32_dot_many`): one 8-lane accumulator.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn f32_dot_many(n: usize, w: &[u8], a: &[u8]) -> f32 {
+pub(super) unsafe fn f32_dot_many(n: usize, w: &[u8], a: &[u8]) -> f32 {
     if !n.is_multiple_of(8) {
         return f32_dot(n, w, a);
     }

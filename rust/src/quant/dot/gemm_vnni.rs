@@ -42,6 +42,7 @@ use super::super::common::Q8K_BYTES as AB;
 const TOK: usize = 16;
 /// Rows per micro-tile: R accumulators per group, R per block and R float sums in registers.
 const R: usize = 8;
+const _: () = assert!(R == 8, "reduce8 sums eight rows");
 /// Dwords (of four weights) per block.
 const KQ: usize = 64;
 /// Most scale groups per block (Q6_K's 16 sub-blocks).
@@ -92,6 +93,8 @@ struct Scratch {
     mins: Vec<i32>,
     d: Vec<f32>,
     dmin: Vec<f32>,
+    /// `pack_a`'s correction sums before their reduction: `w[(blk·4 + c)·R + r]`.
+    w: Vec<__m512i>,
     b_key: [usize; 4],
 }
 
@@ -107,6 +110,7 @@ thread_local! {
             mins: Vec::new(),
             d: Vec::new(),
             dmin: Vec::new(),
+            w: Vec::new(),
             b_key: [0; 4],
         })
     };
@@ -115,28 +119,33 @@ thread_local! {
 /// Lays out tokens `acts` (`nb` Q8_K blocks each): `b[(tt·nb + blk)·64 + kq]` = the line of
 /// token tile tt, block blk, dword kq (`a + 128` as u8; missing tokens hold a = 0);
 /// `bs[(tt·nb + blk)·4 + p]` dword t = token t's sums of sub-blocks 2p (low i16) and 2p + 1
-/// (high i16); `da[(tt·nb + blk)·16 + t]` = token 16·tt + t's d (0 for missing ones).
+/// (high i16), laid out only for Q4_K (`sums`: the other types never read them);
+/// `da[(tt·nb + blk)·16 + t]` = token 16·tt + t's d (0 for missing ones).
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_b(acts: &[&[u8]], nb: usize, s: &mut Scratch) {
+unsafe fn pack_b(acts: &[&[u8]], nb: usize, sums: bool, s: &mut Scratch) {
     let flip = _mm512_set1_epi8(-128);
     let i16_at = |a: &[u8], o: usize| i16::from_le_bytes([a[o], a[o + 1]]) as i32;
     for (tt, toks) in acts.chunks(TOK).enumerate() {
         for blk in 0..nb {
             let at = (tt * nb + blk) * TOK;
-            let mut pairs = [[0i32; TOK]; 4];
             for t in 0..TOK {
                 s.da[at + t] = toks.get(t).map_or(0.0, |a| {
+                    f32::from_le_bytes(a[AB * blk..AB * blk + 4].try_into().unwrap())
+                });
+            }
+            if sums {
+                let mut pairs = [[0i32; TOK]; 4];
+                for (t, a) in toks.iter().enumerate() {
                     let ab = &a[AB * blk..AB * blk + AB];
                     for (p, row) in pairs.iter_mut().enumerate() {
                         // sub-block j's sum: bsums 2j and 2j + 1 (of 16 activations each)
                         let sum = |j: usize| i16_at(ab, 260 + 4 * j) + i16_at(ab, 262 + 4 * j);
                         row[t] = (sum(2 * p) & 0xffff) | sum(2 * p + 1) << 16;
                     }
-                    f32::from_le_bytes(ab[..4].try_into().unwrap())
-                });
-            }
-            for (p, row) in pairs.iter().enumerate() {
-                s.bs[(tt * nb + blk) * 4 + p] = _mm512_loadu_si512(row.as_ptr() as *const _);
+                }
+                for (p, row) in pairs.iter().enumerate() {
+                    s.bs[(tt * nb + blk) * 4 + p] = _mm512_loadu_si512(row.as_ptr() as *const _);
+                }
             }
             for c in 0..4 {
                 let rows: [__m512i; 16] = std::array::from_fn(|t| match toks.get(t) {
@@ -155,48 +164,102 @@ unsafe fn pack_b(acts: &[&[u8]], nb: usize, s: &mut Scratch) {
     }
 }
 
-/// Block `wb`'s (one block of KIND) weights as signed bytes, chunk c (64 weights) in
-/// register c.
+/// Block `wb`'s (one block of KIND) weights, chunk c (64 weights) in register c: the signed
+/// bytes the tiles multiply (`.0`) and the operand of the correction's `vpdpbusd` against
+/// the scale bytes (`.1`: the same signed bytes for IQ3_S and Q4_K, Q6_K's unsigned 6-bit q,
+/// `v + 32`).
 #[inline(always)]
-unsafe fn signed<const KIND: u8, G: Grid>(grid: &G, wb: &[u8]) -> [__m512i; 4] {
+unsafe fn weights<const KIND: u8, G: Grid>(grid: &G, wb: &[u8]) -> ([__m512i; 4], [__m512i; 4]) {
     let zero = _mm512_setzero_si512();
     match KIND {
         IQ3S_MANY => {
             let dec = grid.decode(wb);
-            std::array::from_fn(|c| {
+            let v = std::array::from_fn(|c| {
                 _mm512_mask_sub_epi8(dec.grid[c], dec.sign[c], zero, dec.grid[c])
-            })
+            });
+            (v, v)
         }
         Q6K_MANY => {
-            std::array::from_fn(|c| _mm512_sub_epi8(q6k_chunk(wb, c), _mm512_set1_epi8(32)))
+            let q: [__m512i; 4] = std::array::from_fn(|c| q6k_chunk(wb, c));
+            (q.map(|x| _mm512_sub_epi8(x, _mm512_set1_epi8(32))), q)
         }
-        _ => std::array::from_fn(|c| q4k_chunk(wb, c)),
+        _ => {
+            let q = std::array::from_fn(|c| q4k_chunk(wb, c));
+            (q, q)
+        }
     }
 }
 
-/// The scale of each of chunk c's 16 dwords (lane j: the scale of the group holding weights
-/// 4j..4j+4 of the chunk), from the block's group scales `sc`.
+/// Chunk c's scale bytes: byte e the scale of the group holding weight 64c + e, from `sb`
+/// (the block's group scales as bytes 0..NG in every 128-bit lane).
 #[inline(always)]
-unsafe fn chunk_scales<const KIND: u8>(c: usize, sc: &[i32; NG_MAX]) -> __m512i {
-    if KIND == Q6K_MANY {
-        let q = |j: usize| _mm_set1_epi32(sc[4 * c + j]);
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_inserti128_si256::<1>(
-                _mm256_castsi128_si256(q(0)),
-                q(1),
-            )),
-            _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(q(2)), q(3)),
+unsafe fn chunk_scale_bytes<const KIND: u8>(c: usize, sb: __m512i) -> __m512i {
+    // 128-bit lane q (weights 16q..16q+16 of the chunk) holds group 4c + q (Q6_K's groups
+    // of 16) or 2c + q/2 (groups of 32)
+    let g = |q: usize| {
+        let g = if KIND == Q6K_MANY {
+            4 * c + q
+        } else {
+            2 * c + q / 2
+        };
+        (g as i32) * 0x0101_0101
+    };
+    let idx = _mm512_set_epi32(
+        g(3),
+        g(3),
+        g(3),
+        g(3),
+        g(2),
+        g(2),
+        g(2),
+        g(2),
+        g(1),
+        g(1),
+        g(1),
+        g(1),
+        g(0),
+        g(0),
+        g(0),
+        g(0),
+    );
+    _mm512_shuffle_epi8(sb, idx)
+}
+
+/// The sums of each of eight registers' 16 i32 lanes (exact: the integers they hold are far
+/// from overflow): a transposing tree, 23 instructions for the eight against ~9 each alone.
+#[inline(always)]
+unsafe fn reduce8(v: &[__m512i]) -> [i32; 8] {
+    // per pair (2k, 2k+1): quarters 0–1 row 2k's halves added, quarters 2–3 row 2k+1's
+    let p: [__m512i; 4] = std::array::from_fn(|k| {
+        let (x, y) = (v[2 * k], v[2 * k + 1]);
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x44>(x, y),
+            _mm512_shuffle_i32x4::<0xEE>(x, y),
         )
-    } else {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_set1_epi32(sc[2 * c])),
-            _mm256_set1_epi32(sc[2 * c + 1]),
+    });
+    // quarter q: row q's (and 4 + q's) four partial sums
+    let q: [__m512i; 2] = std::array::from_fn(|h| {
+        let (a, b) = (p[2 * h], p[2 * h + 1]);
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(a, b),
+            _mm512_shuffle_i32x4::<0xDD>(a, b),
         )
-    }
+    });
+    let e = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(q[0], q[1]),
+        _mm512_unpackhi_epi64(q[0], q[1]),
+    );
+    // lane 4q: row q's sum, lane 4q + 2: row 4 + q's
+    let f = _mm512_add_epi32(e, _mm512_shuffle_epi32::<0b10_11_00_01>(e));
+    let mut l = [0i32; 16];
+    _mm512_storeu_si512(l.as_mut_ptr() as *mut _, f);
+    std::array::from_fn(|r| if r < 4 { l[4 * r] } else { l[4 * (r - 4) + 2] })
 }
 
 /// One row tile's weights, rows `r0..r0 + R` of `rows` (rows at or past `nr` zero), every
-/// block, into the scratch (see `Scratch`).
+/// block, into the scratch (see `Scratch`). The correction `corr = 128·Σ_g sc_g·Σ_{e∈g} v_e`
+/// is one `vpdpbusd` per chunk (the scale bytes against the weights: exact integers), the
+/// eight rows' registers of a block summed together (`reduce8`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pack_a<const KIND: u8, G: Grid>(
@@ -209,7 +272,9 @@ unsafe fn pack_a<const KIND: u8, G: Grid>(
     s: &mut Scratch,
 ) {
     let wbytes = block_bytes(KIND);
-    let ones = _mm512_set1_epi8(1);
+    // sums kept apart: Q4_K's `Many` corrects per pair of sub-blocks (chunk), the others
+    // per block
+    let nsum = if KIND == Q4K_MANY { 4 } else { 1 };
     for r in 0..R {
         // the next row tile's row r, while this tile's products run (the rows are read from
         // RAM once per call: unfetched, their first loads stalled the decode)
@@ -222,9 +287,11 @@ unsafe fn pack_a<const KIND: u8, G: Grid>(
         for blk in 0..nb {
             let i = blk * R + r;
             let ap = s.a.as_mut_ptr().add(i * KQ) as *mut __m512i;
+            let wp = s.w.as_mut_ptr().add(blk * 4 * R + r);
             if r0 + r >= nr {
                 for c in 0..4 {
                     _mm512_storeu_si512(ap.add(c), _mm512_setzero_si512());
+                    *wp.add(c * R) = _mm512_setzero_si512();
                 }
                 s.sc[i * NG_MAX..(i + 1) * NG_MAX].fill(0);
                 s.corr[i * 4..i * 4 + 4].fill(0);
@@ -234,17 +301,23 @@ unsafe fn pack_a<const KIND: u8, G: Grid>(
             }
             let wb = &rows[(r0 + r) * row_len + wbytes * blk..][..wbytes];
             let mut sc = [0i32; NG_MAX];
+            let mut sbytes = [0u8; NG_MAX];
+            // Q6_K: Σ sc·(q − 32) = Σ sc·q − 32·16·Σ_g sc_g, the second term here
+            let mut offset = 0;
             match KIND {
                 IQ3S_MANY => {
                     for (g, v) in sc.iter_mut().take(8).enumerate() {
                         *v = 1 + 2 * ((wb[106 + g / 2] >> (4 * (g % 2))) & 15) as i32;
+                        sbytes[g] = *v as u8;
                     }
                     s.d[i] = f16_at(wb, 0);
                 }
                 Q6K_MANY => {
                     for (g, v) in sc.iter_mut().enumerate() {
                         *v = wb[192 + g] as i8 as i32;
+                        offset -= 512 * *v;
                     }
+                    sbytes.copy_from_slice(&wb[192..208]);
                     s.d[i] = f16_at(wb, 208);
                 }
                 _ => {
@@ -252,6 +325,7 @@ unsafe fn pack_a<const KIND: u8, G: Grid>(
                     for g in 0..8 {
                         sc[g] = scb[g] as i32;
                     }
+                    sbytes[..8].copy_from_slice(&scb);
                     for p in 0..4 {
                         s.mins[i * 4 + p] = mb[2 * p] as i32 | (mb[2 * p + 1] as i32) << 16;
                     }
@@ -259,22 +333,32 @@ unsafe fn pack_a<const KIND: u8, G: Grid>(
                 }
             }
             s.sc[i * NG_MAX..(i + 1) * NG_MAX].copy_from_slice(&sc);
-            let mut weighted = _mm512_setzero_si512();
-            let v4 = signed::<KIND, G>(grid, wb);
-            for (c, &v) in v4.iter().enumerate() {
-                let lanes = chunk_scales::<KIND>(c, &sc);
-                _mm512_storeu_si512(ap.add(c), v);
-                // dword j: Σ of weights 4j..4j+4 of the chunk, times its group's scale
-                let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v);
-                let w = _mm512_mullo_epi32(sums, lanes);
-                if KIND == Q4K_MANY {
-                    s.corr[i * 4 + c] = 128 * _mm512_reduce_add_epi32(w);
+            s.corr[i * 4] = offset;
+            let sb = _mm512_broadcast_i32x4(_mm_loadu_si128(sbytes.as_ptr() as *const _));
+            let (v4, u4) = weights::<KIND, G>(grid, wb);
+            let mut weighted = [_mm512_setzero_si512(); 4];
+            for c in 0..4 {
+                _mm512_storeu_si512(ap.add(c), v4[c]);
+                let scb = chunk_scale_bytes::<KIND>(c, sb);
+                // dword j: Σ of weights 4j..4j+4 of the chunk times their group's scale
+                let x = &mut weighted[if nsum == 4 { c } else { 0 }];
+                *x = if KIND == Q6K_MANY {
+                    _mm512_dpbusd_epi32(*x, u4[c], scb) // q (u8) · sc (s8)
                 } else {
-                    weighted = _mm512_add_epi32(weighted, w);
-                }
+                    _mm512_dpbusd_epi32(*x, scb, u4[c]) // sc (u8) · v (s8)
+                };
             }
-            if KIND != Q4K_MANY {
-                s.corr[i * 4] = 128 * _mm512_reduce_add_epi32(weighted);
+            for (c, w) in weighted.iter().enumerate().take(nsum) {
+                *wp.add(c * R) = *w;
+            }
+        }
+    }
+    for blk in 0..nb {
+        for c in 0..nsum {
+            let sums = reduce8(&s.w[(blk * 4 + c) * R..(blk * 4 + c + 1) * R]);
+            for (r, v) in sums.iter().enumerate() {
+                let o = &mut s.corr[(blk * R + r) * 4 + c];
+                *o = 128 * (*v + if c == 0 { *o } else { 0 });
             }
         }
     }
@@ -440,6 +524,7 @@ unsafe fn rows_with<const KIND: u8, G: Grid>(grid: &G, (n, rows, nr, acts, out, 
             s.mins.resize(nb * R * 4, 0);
             s.d.resize(nb * R, 0.0);
             s.dmin.resize(nb * R, 0.0);
+            s.w.resize(nb * 4 * R, _mm512_setzero_si512());
         }
         let key = [
             nb,
@@ -448,7 +533,7 @@ unsafe fn rows_with<const KIND: u8, G: Grid>(grid: &G, (n, rows, nr, acts, out, 
             acts[nt - 1].as_ptr() as usize,
         ];
         if !keep_b || s.b_key != key {
-            pack_b(acts, nb, s);
+            pack_b(acts, nb, KIND == Q4K_SINGLE || KIND == Q4K_MANY, s);
             s.b_key = key;
         }
         for r0 in (0..nr).step_by(R) {

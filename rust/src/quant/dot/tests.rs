@@ -246,6 +246,60 @@ fn q8_k_invariants() {
     assert!(z.iter().all(|&b| b == 0));
 }
 
+/// The AVX-512 Q8_K block equals the element loop bit for bit: random blocks, ties of
+/// opposite sign at the largest magnitude, tiny and subnormal maxima, a lone nonzero, and
+/// the blocks it leaves to the loop (NaN, infinities, −127/max overflowing).
+#[test]
+fn q8_k_simd_equals_scalar_bitwise() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !super::cpu::has_avx512() {
+            println!("q8_k_simd_equals_scalar_bitwise: no AVX-512 here, nothing compared");
+            return;
+        }
+        let mut rng = Rng::new(77);
+        let mut blocks: Vec<Vec<f32>> = (0..200)
+            .map(|b| {
+                let scale = [1.0f32, 1e-3, 1e3, 1e-30][b % 4];
+                (0..256).map(|_| rng.act() * scale).collect()
+            })
+            .collect();
+        let mut tie = blocks[0].clone();
+        (tie[17], tie[200]) = (-9.5, 9.5);
+        blocks.push(tie.clone());
+        (tie[17], tie[200]) = (9.5, -9.5);
+        blocks.push(tie);
+        let mut lone = vec![0f32; 256];
+        lone[255] = -3.0e-42; // subnormal: −127/max overflows
+        blocks.push(lone.clone());
+        lone[255] = 1.0e-36; // −127/max finite, near the largest float
+        blocks.push(lone);
+        for odd in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut b = blocks[1].clone();
+            b[100] = odd;
+            blocks.push(b);
+        }
+        let mut taken = 0;
+        for xb in &blocks {
+            let (mut v, mut s) = (vec![0xAAu8; 292], vec![0x55u8; 292]);
+            super::act::q8_k_block(xb, &mut s);
+            // SAFETY: AVX-512 checked above; one block.
+            if unsafe { super::act::q8_k512::block(xb, &mut v) } {
+                assert_eq!(v, s, "block {:?}", &xb[..4]);
+                taken += 1;
+            }
+            let mut q = vec![0u8; 292];
+            quantize_act(GgmlType::Q8K, xb, &mut q).unwrap();
+            assert_eq!(q, s);
+        }
+        assert_eq!(
+            taken,
+            blocks.len() - 4,
+            "the SIMD block takes every finite one"
+        );
+    }
+}
+
 #[test]
 fn bad_operands_are_errors() {
     let mut a = vec![0u8; 10];

@@ -12,9 +12,10 @@ use super::plan::{
 };
 use super::protocol::{wait_at_least, wait_zero};
 use super::SKIP;
-use crate::quant::dot::{quantize_act, vec_dot_rows, MultiDot, Order, MAX_T};
+use crate::quant::dot::{quantize_act, vec_dot_rows, MultiDot, Order, TILE_MAX_T as MAX_T};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::quant::vexp::silu_mul_in_place;
 /// ggml's SwiGLU for one element (`vexp::silu_mul`).
 use crate::quant::vexp::silu_mul_one as silu_mul;
 
@@ -296,14 +297,16 @@ unsafe fn gate_up_multi(p: &Plan, e: usize, rows: (usize, usize), q0: usize, np:
             // when both take the same activations
             gdot.rows_call_keep(p.rows(&p.gate, e, ra, nr), nr, xg, go, !first);
             udot.rows_call_keep(p.rows(&p.up, e, ra, nr), nr, xu, uo, same);
+            silu_mul_in_place(go, uo);
             let h = p.h_buf.add((q0 + g0) * p.i + ra);
-            store_token_major(nr, m, h, p.i, |x| silu_mul(go[x], uo[x]));
+            store_token_major(nr, m, h, p.i, |x| go[x]);
             return;
         }
         gdot.rows_plain(p.rows(&p.gate, e, ra, nr), nr, xg, &mut gr[..nr * m]);
         udot.rows_plain(p.rows(&p.up, e, ra, nr), nr, xu, &mut ur[..nr * m]);
+        silu_mul_in_place(&mut gr[..nr * m], &ur[..nr * m]);
         let h = p.h_buf.add((q0 + g0) * p.i + ra);
-        store_token_major(nr, m, h, p.i, |x| silu_mul(gr[x], ur[x]));
+        store_token_major(nr, m, h, p.i, |x| gr[x]);
     });
 }
 

@@ -1,4 +1,4 @@
-//! Pool tests of prefill's multi-token tiles (weight reuse across up to `MAX_T` tokens, row
+//! Pool tests of prefill's multi-token tiles (weight reuse across up to `TILE_MAX_T` tokens, row
 //! blocks, token groups split where ggml's float order changes) and of `for_each`.
 
 use super::reference::{matmul_serial, moe_serial};
@@ -52,8 +52,8 @@ fn multi_token_tiles_match_the_serial_reference() {
             rows,
             cols,
         };
-        // 45: an IQ3_S group of 32 tokens and one of 13
-        for t in [1, 3, 13, 45] {
+        // 45: an IQ3_S group of 32 tokens and one of 13; 270: past the tiles' 256-token call
+        for t in [1, 3, 13, 45, 270] {
             let x: Vec<f32> = (0..t * cols).map(|_| rng.f()).collect();
             let mut want = vec![0f32; t * rows];
             matmul_serial(&w, &x, t, &mut want).unwrap();

@@ -73,6 +73,65 @@ unsafe fn silu_mul_rows_fma(g: &[f32], u: &[f32], h: &mut [f32]) {
     }
 }
 
+/// `g[i] = silu(g[i])·u[i]` in place, eight lanes at a time on AVX2+FMA (each lane the
+/// operations of `silu_mul`, so the same bits; a group with a lane past `expf_lane`'s
+/// common range, |n| > 126, goes element by element). The prompt's expert runs call it on
+/// their Gate results (`silu_mul_one` per element was ~2% of an IQ3_S pp512).
+pub fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
+    assert_eq!(g.len(), u.len(), "silu_mul_in_place: gate and up lengths");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: AVX2 and FMA checked; equal lengths.
+        unsafe { silu_mul_in_place_avx2(g, u) };
+        return;
+    }
+    for (gi, &ui) in g.iter_mut().zip(u) {
+        *gi = silu_mul(*gi, ui);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_in_place_avx2(g: &mut [f32], u: &[f32]) {
+    use std::arch::x86_64::*;
+    let k = |bits: u32| _mm256_set1_ps(c(bits));
+    let sign = _mm256_set1_ps(-0.0);
+    let n8 = g.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+        let x = _mm256_sub_ps(_mm256_setzero_ps(), gv); // 0 − g
+        let shift = k(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, k(0x3fb8_aa3b), shift);
+        let n = _mm256_sub_ps(z, shift);
+        let far = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(sign, n), _mm256_set1_ps(126.0));
+        if _mm256_movemask_ps(far) != 0 {
+            for j in i..i + 8 {
+                g[j] = silu_mul(g[j], u[j]);
+            }
+            continue;
+        }
+        let nn = _mm256_xor_ps(n, sign); // −n
+        let b = _mm256_fmadd_ps(nn, k(0x35bf_be8e), _mm256_fmadd_ps(nn, k(0x3f31_7200), x));
+        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+        let kk = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
+        let uu = _mm256_mul_ps(b, b);
+        let hi = _mm256_fmadd_ps(k(0x3c07_2010), b, k(0x3d2b_9f17));
+        let lo = _mm256_fmadd_ps(k(0x3e2a_af33), b, k(0x3eff_fedb));
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(hi, uu, lo),
+            uu,
+            _mm256_mul_ps(k(0x3f7f_fff6), b),
+        );
+        let ex = _mm256_fmadd_ps(j, kk, kk);
+        let den = _mm256_add_ps(_mm256_set1_ps(1.0), ex);
+        let h = _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u.as_ptr().add(i)));
+        _mm256_storeu_ps(g.as_mut_ptr().add(i), h);
+    }
+    for j in n8..g.len() {
+        g[j] = silu_mul(g[j], u[j]);
+    }
+}
+
 /// One `silu_mul` with hardware FMAs where the CPU has them (for callers that produce one
 /// element at a time).
 #[inline]
@@ -188,6 +247,32 @@ mod tests {
         assert!(expf_lane(100.0).is_infinite());
         let sub = expf_lane(-100.0); // subnormal range
         assert!(sub > 0.0 && ((sub - (-100f32).exp()) / (-100f32).exp()).abs() < 1e-3);
+    }
+
+    /// The eight-lane SwiGLU equals `silu_mul` bit for bit: a sweep across the exp's range
+    /// (groups with a lane past |n| > 126 go element by element), ±0, ±∞, NaN, and a tail.
+    #[test]
+    fn silu_in_place_equals_the_element_bitwise() {
+        let mut g: Vec<f32> = (-3000..3000).map(|i| i as f32 * 0.061).collect();
+        g.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -1e-40,
+        ]);
+        let u: Vec<f32> = (0..g.len()).map(|i| 1.0 - (i % 13) as f32 * 0.37).collect();
+        let want: Vec<u32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| silu_mul(a, b).to_bits())
+            .collect();
+        let mut h = g.clone();
+        silu_mul_in_place(&mut h, &u);
+        let got: Vec<u32> = h.iter().map(|x| x.to_bits()).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

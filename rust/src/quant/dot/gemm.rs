@@ -116,8 +116,14 @@ fn vnni_tiles_available() -> bool {
 }
 
 /// Most tokens a tile hands to one `MultiDot::call` (`MultiDot::group` says how many suit
-/// the kernel).
+/// the kernel), except where the rows × tokens tiles take the call (`TILE_MAX_T`).
 pub const MAX_T: usize = 64;
+
+/// Most tokens one `rows_call` through the tiles (AMX or VNNI registers) takes: every row
+/// block's weights are decoded once per call, so a dense projection of a 512-token chunk
+/// decodes its rows twice at 256 and eight times at 64 (the decode was about a third of the
+/// IQ3_S tile's time at 32 tokens).
+pub const TILE_MAX_T: usize = 256;
 
 /// Most tokens the AVX-512 rows × tokens kernels take (`MultiDot::rows_plain`; AVX2's
 /// Q4_K kernel takes up to `MAX_T`).
@@ -270,14 +276,17 @@ impl MultiDot {
         }
     }
 
-    /// How many tokens (at most `MAX_T`) a call should get. The IQ3_S kernel decodes each
+    /// How many tokens a call should get: `TILE_MAX_T` where the tiles take the type and
+    /// order; else at most `MAX_T`. The IQ3_S kernel decodes each
     /// block once per call for all its tokens (its decode costs several tokens' work), so
     /// it takes `MAX_T`; a rows × tokens kernel its most (AVX2's interleaved Q4_K kernel
     /// shares its transpose of four rows over all of them), at most `WIDE_T`; the others
     /// `NARROW_T`.
     #[inline]
     pub fn group(&self) -> usize {
-        if self.tiles != Tiles::None || (self.multi.is_some() && self.w == GgmlType::IQ3S) {
+        if self.tiles != Tiles::None {
+            TILE_MAX_T
+        } else if self.multi.is_some() && self.w == GgmlType::IQ3S {
             MAX_T
         } else {
             self.rows

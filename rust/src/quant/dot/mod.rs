@@ -57,7 +57,7 @@ use std::sync::OnceLock;
 
 pub use common::{reduce8 as common_reduce8, reduce_4x8};
 pub use cpu::cpu_features;
-pub use gemm::{amx_available, has_multi_kernel, MultiDot, MAX_T};
+pub use gemm::{amx_available, has_multi_kernel, MultiDot, MAX_T, TILE_MAX_T};
 
 /// `dot(n, weight row bytes, activation bytes)`; slices are exactly the row's bytes.
 pub type DotFn = fn(usize, &[u8], &[u8]) -> f32;

@@ -230,10 +230,14 @@ def run_file(
     tests: list[tuple[str, Callable[[Any], float]]] = [
         (f"pp{n}", lambda e, n=n: e.prefill(prompts[n])) for n in pps
     ]
-    tests.append((f"tg{n_gen}", lambda e: e.decode(dprompt, gen)))
+    if n_gen > 0:  # --gen 0: prompts only
+        tests.append((f"tg{n_gen}", lambda e: e.decode(dprompt, gen)))
     res: dict[tuple[str, str], list[float]] = {}
     for e in engines.values():  # warm-up: page in the weights, first-call setup
-        e.decode(dprompt, gen[:4])
+        if n_gen > 0:
+            e.decode(dprompt, gen[:4])
+        else:
+            e.prefill(dprompt)
     for r in range(reps):
         for name, f in tests:
             for ename, e in engines.items():

@@ -230,6 +230,13 @@ class Config:
     api_key: str = _s("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
     parallel: int = _f(1, "concurrent sequences (engine slots)")
     max_queue: int = _s(64, "requests waiting beyond the slots before 429")
+    pin_server: str = _s(
+        "auto",
+        "the server's threads on the last compute core, so its work per streamed token never "
+        "takes the core of the thread that starts each engine step (auto: when the engine's "
+        "threads take every physical core; off: left to the kernel)",
+        choices=("auto", "on", "off"),
+    )
     max_batch_tokens: int = _s(
         512,
         "engine: most tokens one forward step runs (every running sequence's next token, then "

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from strata import placement
 from strata.config import Config
 from strata.engine.protocol import (
     HEADER_SIZE,
@@ -133,6 +134,14 @@ class EngineClient:
         self._on_event = on_event or (lambda _kind: None)
         self._idle = asyncio.Event()
         self._idle.set()
+        # the CPUs the server started with: every engine process gets them back (`--cpus`),
+        # also after the server pinned itself (`placement`)
+        self._cpus = placement.allowed_cpus()
+        self._server_cpu = placement.server_cpu(config, self._cpus)
+        # the engine's stepping thread on the first core (its pool's workers take the others)
+        self._host_cpu = (
+            placement.physical_cores(self._cpus)[0] if self._server_cpu is not None else None
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -160,11 +169,16 @@ class EngineClient:
                 "strata.engine",
                 "--fd",
                 str(child.fileno()),
+                "--cpus",
+                ",".join(map(str, self._cpus)),
+                *(["--host-cpu", str(self._host_cpu)] if self._host_cpu is not None else []),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
             )
         finally:
             child.close()
+        if self._server_cpu is not None and self.restarts == 0:
+            placement.pin_process(self._server_cpu)
         reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
         self._writer = writer
         cfg = dataclasses.asdict(self.config)

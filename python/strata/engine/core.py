@@ -72,7 +72,7 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend, Speculator | None] | None
     return config, backend, spec
 
 
-def serve(sock: socket.socket) -> int:
+def serve(sock: socket.socket, host_cpu: int = -1) -> int:
     conn = FrameSocket(sock)
     try:
         loaded = _load(conn)
@@ -85,6 +85,10 @@ def serve(sock: socket.socket) -> int:
     # token masks of constrained requests; the llguidance vocabulary is built in the background
     constraints = Constraints(backend.vocabulary, backend.n_vocab)
     constraints.warm()
+    if host_cpu >= 0:
+        # after the load and the helper threads it starts (a thread inherits its creator's
+        # set): only this thread, the pool's caller, keeps the first core
+        os.sched_setaffinity(0, {host_cpu})
     sched = Scheduler(
         backend,
         piece,
@@ -153,7 +157,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m strata.engine", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="socket file descriptor to the server")
+    p.add_argument("--cpus", default="", help="CPUs to run on (the server's set at its start)")
+    p.add_argument(
+        "--host-cpu", type=int, default=-1, help="the stepping thread's CPU once loaded (-1: any)"
+    )
     args: Any = p.parse_args(argv)
+    if args.cpus:
+        # before the pool's workers start and pin themselves among these
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     # Ctrl-C / SIGTERM reach the whole process group; the server decides when the engine
     # stops (after draining). If the server dies, its socket closes and the engine exits;
     # on Linux the kernel also kills the engine when the server process goes away.
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent()
     sock = socket.socket(fileno=args.fd)
     try:
-        return serve(sock)
+        return serve(sock, args.host_cpu)
     finally:
         sock.close()
 

@@ -62,6 +62,30 @@ def test_multi_token_equals_scalar_single_token(
                 assert _bits(want) == _bits(one)
 
 
+TILE_CASES = [("Q4_K", "single"), ("Q4_K", "many"), ("IQ3_S", "many"), ("Q6_K", "many")]
+
+
+@pytest.mark.parametrize(("t", "order"), TILE_CASES)
+@pytest.mark.parametrize("tiles", ["vnni", "amx"])
+def test_tiles_equal_scalar_single_token(t: str, order: str, tiles: str) -> None:
+    """The rows × tokens tiles (`MultiDot::rows_call`: AMX or VNNI registers) bitwise the
+    scalar single-token kernel per (row, token): row counts around the 8- and 16-row tiles,
+    token counts around the 16-token tile and past the 256 tokens one call may take."""
+    rng = np.random.default_rng(len(t) + len(order))
+    n = 512
+    nr = 19
+    rows = [random_row(t, n, rng) for _ in range(nr)]
+    acts = [_core.quantize_act(ACT[t], random_act_f32(rng, n)) for _ in range(270)]
+    for cnt in (12, 33, 270):
+        try:
+            got = _testing.rows_dot(t, n, b"".join(rows), acts[:cnt], order, tiles)
+        except QuantError as e:  # this CPU lacks the scheme
+            pytest.skip(str(e))
+        for r, row in enumerate(rows):
+            want = [_testing.multi_dot(t, n, row, [a], order, "scalar")[0] for a in acts[:cnt]]
+            assert _bits(got[r * cnt : (r + 1) * cnt]) == _bits(want), f"{tiles} row {r} cnt {cnt}"
+
+
 def test_avx512_kernels_exist_where_the_cpu_has_avx512() -> None:
     """Where the CPU runs AVX-512 the variants are real kernels (not the AVX2 fallback):
     asking for a type without one is an error, asking for Q4_K is not."""

@@ -37,6 +37,7 @@ __all__ = [
     "gpu_time_smoke",
     "multi_dot",
     "multi_dot_bench",
+    "rows_dot",
 ]
 
 # the runtime: round trips, a smoke kernel (eager, graph, timed), kernel metadata, a fault
@@ -177,3 +178,6 @@ def multi_dot_bench(
     group: int | None = None,
     tiles: str | None = None,
 ) -> float: ...
+def rows_dot(
+    type_name: str, n: int, rows: bytes, acts: Sequence[bytes], order: str, tiles: str
+) -> list[float]: ...

@@ -87,6 +87,34 @@ fn multi_dot(
     Ok(out)
 }
 
+/// `out[r·nt + t] = dot(row r, acts[t])` for the rows of `rows` (`len / row_bytes` back to
+/// back) in one `MultiDot::rows_call` through the rows × tokens scheme `tiles` ("amx",
+/// "vnni", "none"): what the pool's tiles run, for tests against the scalar kernel.
+#[pyfunction]
+#[pyo3(signature = (type_name, n, rows, acts, order, tiles))]
+fn rows_dot(
+    type_name: &str,
+    n: usize,
+    rows: &[u8],
+    acts: Vec<Vec<u8>>,
+    order: &str,
+    tiles: &str,
+) -> PyResult<Vec<f32>> {
+    let md = handle(type_name, n, order, "auto", None)?
+        .with_tile_scheme(tiles)
+        .map_err(Error::Quant)?;
+    let rb = ggml_type(type_name)?.row_bytes(n).unwrap_or(1);
+    let refs: Vec<&[u8]> = acts.iter().map(|a| &a[..]).collect();
+    if rows.is_empty() || !rows.len().is_multiple_of(rb) || acts.is_empty() {
+        return Err(Error::Quant("rows must be whole rows; acts non-empty".into()).into());
+    }
+    check_lengths(type_name, n, rb, &refs)?;
+    let nr = rows.len() / rb;
+    let mut out = vec![0f32; nr * refs.len()];
+    md.rows_call(rows, nr, &refs, &mut out);
+    Ok(out)
+}
+
 /// Seconds (best of `reps`) to compute `rows` (`len / row_bytes` rows back to back) against
 /// every activation in `acts` with the multi-token path as the pool's tiles run it: token
 /// groups of `MultiDot::group()`, every run of 64 rows of a thread's share per group
@@ -158,5 +186,6 @@ fn multi_dot_bench(
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(multi_dot, m)?)?;
     m.add_function(wrap_pyfunction!(multi_dot_bench, m)?)?;
+    m.add_function(wrap_pyfunction!(rows_dot, m)?)?;
     Ok(())
 }

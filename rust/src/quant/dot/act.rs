@@ -56,6 +56,11 @@ pub fn q8_k(x: &[f32], out: &mut [u8]) {
             if unsafe { q8_k512::block(xb, ob) } {
                 continue;
             }
+        } else if super::cpu::has_avx2() {
+            // SAFETY: AVX2 checked; a 256-float block and its 292 bytes.
+            if unsafe { q8_k256::block(xb, ob) } {
+                continue;
+            }
         }
         q8_k_block(xb, ob);
     }
@@ -143,6 +148,80 @@ pub(super) mod q8_k512 {
             _mm_storeu_si128(q.add(16 * i) as *mut __m128i, _mm512_cvtepi32_epi8(r));
             let s = _mm512_reduce_add_epi32(r) as i16;
             ob[260 + 2 * i..262 + 2 * i].copy_from_slice(&s.to_le_bytes());
+        }
+        ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
+        true
+    }
+}
+
+/// Q8_K's block on AVX2 registers, bitwise `q8_k_block`: `q8_k512` eight lanes wide.
+#[cfg(target_arch = "x86_64")]
+pub(super) mod q8_k256 {
+    use std::arch::x86_64::*;
+
+    /// As `q8_k512::block`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `xb` is 256 floats and `ob` 292 bytes.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn block(xb: &[f32], ob: &mut [u8]) -> bool {
+        debug_assert!(xb.len() == 256 && ob.len() == 292);
+        let p = xb.as_ptr();
+        let sign = _mm256_set1_ps(-0.0);
+        let mag = |i: usize| _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * i)));
+        let inf = _mm256_set1_ps(f32::INFINITY);
+        let mut m = _mm256_setzero_ps();
+        let mut odd = 0;
+        for i in 0..32 {
+            let a = mag(i);
+            odd |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(a, inf));
+            m = _mm256_max_ps(m, a);
+        }
+        if odd != 0 {
+            return false;
+        }
+        let mut l = [0f32; 8];
+        _mm256_storeu_ps(l.as_mut_ptr(), m);
+        let amax = l.iter().fold(0f32, |x, &y| x.max(y));
+        if amax == 0.0 {
+            ob.fill(0);
+            return true;
+        }
+        let am = _mm256_set1_ps(amax);
+        let at = (0..32)
+            .find_map(|i| {
+                let k = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(mag(i), am));
+                (k != 0).then(|| 8 * i + k.trailing_zeros() as usize)
+            })
+            .unwrap_or(0);
+        let iscale = -127.0f32 / xb[at];
+        if !iscale.is_finite() {
+            return false;
+        }
+        let is = _mm256_set1_ps(iscale);
+        let q = ob.as_mut_ptr().add(4);
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for g in 0..8 {
+            // 32 elements: four registers of i32, packed to bytes in order
+            let r: [__m256i; 4] = std::array::from_fn(|j| {
+                let v = _mm256_mul_ps(is, _mm256_loadu_ps(p.add(32 * g + 8 * j)));
+                _mm256_min_epi32(_mm256_cvtps_epi32(v), _mm256_set1_epi32(127))
+            });
+            let w = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let bytes = _mm256_permutevar8x32_epi32(w, order);
+            _mm256_storeu_si256(q.add(32 * g) as *mut __m256i, bytes);
+            for h in 0..2 {
+                let s = _mm256_add_epi32(r[2 * h], r[2 * h + 1]);
+                let x = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+                let x = _mm_add_epi32(x, _mm_unpackhi_epi64(x, x));
+                let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01>(x));
+                let k = 2 * g + h;
+                let v = (_mm_cvtsi128_si32(x) as i16).to_le_bytes();
+                ob[260 + 2 * k..262 + 2 * k].copy_from_slice(&v);
+            }
         }
         ob[0..4].copy_from_slice(&(1.0f32 / iscale).to_le_bytes());
         true

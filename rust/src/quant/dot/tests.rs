@@ -246,15 +246,24 @@ fn q8_k_invariants() {
     assert!(z.iter().all(|&b| b == 0));
 }
 
-/// The AVX-512 Q8_K block equals the element loop bit for bit: random blocks, ties of
+/// The AVX-512 and AVX2 Q8_K blocks equal the element loop bit for bit: random blocks, ties of
 /// opposite sign at the largest magnitude, tiny and subnormal maxima, a lone nonzero, and
 /// the blocks it leaves to the loop (NaN, infinities, −127/max overflowing).
 #[test]
 fn q8_k_simd_equals_scalar_bitwise() {
     #[cfg(target_arch = "x86_64")]
     {
-        if !super::cpu::has_avx512() {
-            println!("q8_k_simd_equals_scalar_bitwise: no AVX-512 here, nothing compared");
+        use super::act::{q8_k256, q8_k512};
+        type Block = unsafe fn(&[f32], &mut [u8]) -> bool;
+        let mut kernels: Vec<(&str, Block)> = Vec::new();
+        if super::cpu::has_avx512() {
+            kernels.push(("avx512", q8_k512::block));
+        }
+        if super::cpu::has_avx2() {
+            kernels.push(("avx2", q8_k256::block));
+        }
+        if kernels.is_empty() {
+            println!("q8_k_simd_equals_scalar_bitwise: no AVX2 here, nothing compared");
             return;
         }
         let mut rng = Rng::new(77);
@@ -279,24 +288,23 @@ fn q8_k_simd_equals_scalar_bitwise() {
             b[100] = odd;
             blocks.push(b);
         }
-        let mut taken = 0;
-        for xb in &blocks {
-            let (mut v, mut s) = (vec![0xAAu8; 292], vec![0x55u8; 292]);
-            super::act::q8_k_block(xb, &mut s);
-            // SAFETY: AVX-512 checked above; one block.
-            if unsafe { super::act::q8_k512::block(xb, &mut v) } {
-                assert_eq!(v, s, "block {:?}", &xb[..4]);
-                taken += 1;
+        for (name, block) in kernels {
+            let mut taken = 0;
+            for xb in &blocks {
+                let (mut v, mut s) = (vec![0xAAu8; 292], vec![0x55u8; 292]);
+                super::act::q8_k_block(xb, &mut s);
+                // SAFETY: the CPU runs the kernel (checked above); one block.
+                if unsafe { block(xb, &mut v) } {
+                    assert_eq!(v, s, "{name} block {:?}", &xb[..4]);
+                    taken += 1;
+                }
+                let mut q = vec![0u8; 292];
+                quantize_act(GgmlType::Q8K, xb, &mut q).unwrap();
+                assert_eq!(q, s);
             }
-            let mut q = vec![0u8; 292];
-            quantize_act(GgmlType::Q8K, xb, &mut q).unwrap();
-            assert_eq!(q, s);
+            // the NaN, ±∞ and overflowing blocks are the element loop's
+            assert_eq!(taken, blocks.len() - 4, "{name} takes every other block");
         }
-        assert_eq!(
-            taken,
-            blocks.len() - 4,
-            "the SIMD block takes every finite one"
-        );
     }
 }
 

@@ -204,24 +204,9 @@ unsafe fn chunk_scale_bytes<const KIND: u8>(c: usize, sb: __m512i) -> __m512i {
         };
         (g as i32) * 0x0101_0101
     };
-    let idx = _mm512_set_epi32(
-        g(3),
-        g(3),
-        g(3),
-        g(3),
-        g(2),
-        g(2),
-        g(2),
-        g(2),
-        g(1),
-        g(1),
-        g(1),
-        g(1),
-        g(0),
-        g(0),
-        g(0),
-        g(0),
-    );
+    // dword j of the index: four copies of its lane's group byte
+    let idx: [i32; 16] = std::array::from_fn(|j| g(j / 4));
+    let idx = _mm512_loadu_si512(idx.as_ptr() as *const _);
     _mm512_shuffle_epi8(sb, idx)
 }
 

@@ -4,16 +4,16 @@ The engine's pool pins its workers one per physical core after the first, which 
 thread (the pool's caller) keeps. When those compute threads take every core, the server's
 work per streamed token (the engine's frame, detokenizing, the SSE write: ~0.4 ms of CPU) lands
 on whichever core the kernel picks; on the stepping thread's it delays the publication of the
-next step, on a worker's it only delays that worker's share, which the caller's tile claims
-take up. So the server pins its threads to the last compute core, and the engine, spawned
-before, resets its own affinity to the set the server started with (`--cpus`).
+next step, on a worker's it only delays that worker's share. So the server pins its threads to
+the last compute core and the engine's stepping thread to the first; the engine, spawned
+before the server pins itself, first resets its own affinity to the set the server started
+with (`--cpus`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from strata.config import Config
 
@@ -25,34 +25,17 @@ def allowed_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def physical_cores(allowed: list[int]) -> list[int]:
-    """The first CPU of each physical core among `allowed` (SMT siblings skipped), as the
-    pool's `topology::physical_cores` picks them."""
-    seen: set[str] = set()
-    out: list[int] = []
-    for c in allowed:
-        p = Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list")
-        try:
-            key = p.read_text().strip()
-        except OSError:
-            key = str(c)
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out or allowed[:1]
-
-
-def server_cpu(config: Config, allowed: list[int]) -> int | None:
-    """The CPU the server's threads go to, or None (left to the kernel): `pin_server` on, or
-    auto with the engine's compute threads (`threads`, 0: one per physical core) taking every
-    physical core of two or more; the last physical core."""
-    cores = physical_cores(allowed)
+def pins(config: Config, cores: list[int]) -> tuple[int, int] | None:
+    """The CPUs of the engine's stepping thread and of the server's threads, or None (both
+    left to the kernel): `pin_server` on, or auto with the engine's compute threads
+    (`threads`, 0: one per physical core) taking every one of two or more physical `cores`
+    (`_core.physical_cores()`, the pool's own pick); the first of them and the last."""
     if config.pin_server == "off" or len(cores) < 2:
         return None
     threads = config.threads or len(cores)
     if config.pin_server == "auto" and threads < len(cores):
         return None
-    return cores[-1]
+    return cores[0], cores[-1]
 
 
 def pin_process(cpu: int) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "model_fingerprint",
     "moe_reference",
     "pcie_probe_gbps",
+    "physical_cores",
     "pool_supports",
     "quantize_act",
     "ram_read_gbps",
@@ -249,6 +250,7 @@ def matmul_reference(
 ) -> npt.NDArray[np.float32]: ...
 def pool_supports(type_name: str) -> bool: ...
 def ram_read_gbps(threads: int, mib: int = 1024, reps: int = 5) -> float: ...
+def physical_cores() -> list[int]: ...
 
 # ---- expert tiers (rust/src/py/tier.rs) ----------------------------------------------------
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from strata import placement
+from strata._core import physical_cores
 from strata.config import Config
 from strata.engine.protocol import (
     HEADER_SIZE,
@@ -137,11 +138,8 @@ class EngineClient:
         # the CPUs the server started with: every engine process gets them back (`--cpus`),
         # also after the server pinned itself (`placement`)
         self._cpus = placement.allowed_cpus()
-        self._server_cpu = placement.server_cpu(config, self._cpus)
-        # the engine's stepping thread on the first core (its pool's workers take the others)
-        self._host_cpu = (
-            placement.physical_cores(self._cpus)[0] if self._server_cpu is not None else None
-        )
+        # (the engine's stepping thread's CPU, the server's), or None: `pin_server`
+        self._pins = placement.pins(config, physical_cores())
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -171,14 +169,14 @@ class EngineClient:
                 str(child.fileno()),
                 "--cpus",
                 ",".join(map(str, self._cpus)),
-                *(["--host-cpu", str(self._host_cpu)] if self._host_cpu is not None else []),
+                *(["--host-cpu", str(self._pins[0])] if self._pins else []),
                 pass_fds=(child.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
             )
         finally:
             child.close()
-        if self._server_cpu is not None and self.restarts == 0:
-            placement.pin_process(self._server_cpu)
+        if self._pins and self.restarts == 0:
+            placement.pin_process(self._pins[1])
         reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
         self._writer = writer
         cfg = dataclasses.asdict(self.config)

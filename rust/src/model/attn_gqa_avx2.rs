@@ -11,6 +11,7 @@
 //! Shapes: D = head dim (a multiple of 32), n = visible positions, M ≤ 8 heads; K/V rows of
 //! one position are `row_bytes` apart and this KV head starts `kvo` bytes into a row.
 
+use crate::quant::vexp::expf8;
 use std::arch::x86_64::*;
 
 /// Positions per block of the P·V pass (widened to 16-dimension slabs of 256·64 bytes, each
@@ -286,45 +287,6 @@ pub unsafe fn group_scores_x2_pair<const M: usize>(
     );
     let out = [sa.as_mut_ptr(), sb.as_mut_ptr()];
     scores_x2_body::<M, 2>(k, row_bytes, kvo, [qa, qb], d, n, scale, out, stride);
-}
-
-/// `ggml_v_expf` on 8 lanes: `vexp::expf_lane` lane for lane (same operations and constants).
-#[inline(always)]
-unsafe fn expf8(x: __m256) -> __m256 {
-    let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
-    let shift = c(0x4b40_0000);
-    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
-    let n = _mm256_sub_ps(z, shift);
-    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
-    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(c(0x3f80_0000))));
-    let u = _mm256_mul_ps(b, b);
-    let hi = _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17));
-    let lo = _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb));
-    let j = _mm256_fmadd_ps(
-        _mm256_fmadd_ps(hi, u, lo),
-        u,
-        _mm256_mul_ps(c(0x3f7f_fff6), b),
-    );
-    let abs_n = _mm256_andnot_ps(c(0x8000_0000), n);
-    let slow = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
-    let fast = _mm256_fmadd_ps(j, k, k);
-    if _mm256_movemask_ps(slow) == 0 {
-        return fast;
-    }
-    // |n| > 126: 2^n split in two factors (subnormal or overflow range)
-    let neg = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
-    let g = _mm256_and_si256(
-        _mm256_castps_si256(neg),
-        _mm256_set1_epi32(0x8200_0000u32 as i32),
-    );
-    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
-    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
-    let huge = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
-    let r1 = _mm256_mul_ps(s1, s1);
-    let r2 = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
-    let slow_v = _mm256_blendv_ps(r2, r1, huge);
-    _mm256_blendv_ps(fast, slow_v, slow)
 }
 
 /// `expf8` on an array (tests).

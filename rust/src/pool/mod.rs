@@ -15,6 +15,7 @@ mod plan;
 mod protocol;
 pub mod reference;
 mod topology;
+pub use topology::physical_cores;
 
 #[cfg(test)]
 mod loom_check;

@@ -284,8 +284,16 @@ fn ram_read_gbps(py: Python<'_>, threads: usize, mib: usize, reps: usize) -> f64
     py.detach(|| crate::pool::membench::read_gbps(mib << 20, threads, reps))
 }
 
+/// The CPUs the pool pins its threads to: the first CPU of each physical core among those
+/// this thread may run on, ascending (the caller keeps the first, workers take the next).
+#[pyfunction]
+fn physical_cores() -> Vec<usize> {
+    crate::pool::physical_cores()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pool_supports, m)?)?;
+    m.add_function(wrap_pyfunction!(physical_cores, m)?)?;
     m.add_function(wrap_pyfunction!(ram_read_gbps, m)?)?;
     m.add_class::<ExpertPool>()?;
     m.add_class::<MoELayer>()?;

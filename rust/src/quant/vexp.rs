@@ -73,9 +73,50 @@ unsafe fn silu_mul_rows_fma(g: &[f32], u: &[f32], h: &mut [f32]) {
     }
 }
 
-/// `g[i] = silu(g[i])·u[i]` in place, eight lanes at a time on AVX2+FMA (each lane the
-/// operations of `silu_mul`, so the same bits; a group with a lane past `expf_lane`'s
-/// common range, |n| > 126, goes element by element). The prompt's expert runs call it on
+/// `ggml_v_expf` on 8 lanes: `vexp::expf_lane` lane for lane (same operations and constants).
+/// The CPU runs AVX2 and FMA (the caller's target features).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+    let shift = c(0x4b40_0000);
+    let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shift);
+    let n = _mm256_sub_ps(z, shift);
+    let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(c(0x3f80_0000))));
+    let u = _mm256_mul_ps(b, b);
+    let hi = _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17));
+    let lo = _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb));
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(hi, u, lo),
+        u,
+        _mm256_mul_ps(c(0x3f7f_fff6), b),
+    );
+    let abs_n = _mm256_andnot_ps(c(0x8000_0000), n);
+    let slow = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let fast = _mm256_fmadd_ps(j, k, k);
+    if _mm256_movemask_ps(slow) == 0 {
+        return fast;
+    }
+    // |n| > 126: 2^n split in two factors (subnormal or overflow range)
+    let neg = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(neg),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let huge = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    let r1 = _mm256_mul_ps(s1, s1);
+    let r2 = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    let slow_v = _mm256_blendv_ps(r2, r1, huge);
+    _mm256_blendv_ps(fast, slow_v, slow)
+}
+
+/// `g[i] = silu(g[i])·u[i]` in place, eight lanes at a time on AVX2+FMA (`expf8`: each
+/// lane the operations of `silu_mul`, so the same bits). The prompt's expert runs call it on
 /// their Gate results (`silu_mul_one` per element was ~2% of an IQ3_S pp512).
 pub fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
     assert_eq!(g.len(), u.len(), "silu_mul_in_place: gate and up lengths");
@@ -94,36 +135,11 @@ pub fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn silu_mul_in_place_avx2(g: &mut [f32], u: &[f32]) {
     use std::arch::x86_64::*;
-    let k = |bits: u32| _mm256_set1_ps(c(bits));
-    let sign = _mm256_set1_ps(-0.0);
     let n8 = g.len() / 8 * 8;
     for i in (0..n8).step_by(8) {
         let gv = _mm256_loadu_ps(g.as_ptr().add(i));
-        let x = _mm256_sub_ps(_mm256_setzero_ps(), gv); // 0 − g
-        let shift = k(0x4b40_0000);
-        let z = _mm256_fmadd_ps(x, k(0x3fb8_aa3b), shift);
-        let n = _mm256_sub_ps(z, shift);
-        let far = _mm256_cmp_ps::<_CMP_GT_OQ>(_mm256_andnot_ps(sign, n), _mm256_set1_ps(126.0));
-        if _mm256_movemask_ps(far) != 0 {
-            for j in i..i + 8 {
-                g[j] = silu_mul(g[j], u[j]);
-            }
-            continue;
-        }
-        let nn = _mm256_xor_ps(n, sign); // −n
-        let b = _mm256_fmadd_ps(nn, k(0x35bf_be8e), _mm256_fmadd_ps(nn, k(0x3f31_7200), x));
-        let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
-        let kk = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_set1_epi32(0x3f80_0000)));
-        let uu = _mm256_mul_ps(b, b);
-        let hi = _mm256_fmadd_ps(k(0x3c07_2010), b, k(0x3d2b_9f17));
-        let lo = _mm256_fmadd_ps(k(0x3e2a_af33), b, k(0x3eff_fedb));
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(hi, uu, lo),
-            uu,
-            _mm256_mul_ps(k(0x3f7f_fff6), b),
-        );
-        let ex = _mm256_fmadd_ps(j, kk, kk);
-        let den = _mm256_add_ps(_mm256_set1_ps(1.0), ex);
+        let e = expf8(_mm256_sub_ps(_mm256_setzero_ps(), gv)); // expf_lane(0 − g)
+        let den = _mm256_add_ps(_mm256_set1_ps(1.0), e);
         let h = _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u.as_ptr().add(i)));
         _mm256_storeu_ps(g.as_mut_ptr().add(i), h);
     }

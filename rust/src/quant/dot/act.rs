@@ -49,21 +49,40 @@ pub fn q8_1(x: &[f32], out: &mut [u8]) {
 /// maps to −127: iscale = −127/max, q = min(127, nearest_int(iscale·x)), d = 1/iscale (f32),
 /// bsums[k] = Σ q[16k..16k+16]. An all-zero block gives d = 0 and zero quants and sums.
 pub fn q8_k(x: &[f32], out: &mut [u8]) {
+    let simd = q8_k_simd();
     for (xb, ob) in x.chunks_exact(256).zip(out.chunks_exact_mut(292)) {
-        #[cfg(target_arch = "x86_64")]
-        if super::cpu::has_avx512() {
-            // SAFETY: AVX-512 F/BW checked; a 256-float block and its 292 bytes.
-            if unsafe { q8_k512::block(xb, ob) } {
-                continue;
-            }
-        } else if super::cpu::has_avx2() {
-            // SAFETY: AVX2 checked; a 256-float block and its 292 bytes.
-            if unsafe { q8_k256::block(xb, ob) } {
-                continue;
-            }
+        // SAFETY: `q8_k_simd` gave a block the CPU runs; a 256-float block, 292 bytes.
+        if simd.is_some_and(|f| unsafe { f(xb, ob) }) {
+            continue;
         }
         q8_k_block(xb, ob);
     }
+}
+
+/// A SIMD Q8_K block: quantizes and returns true, or writes nothing and returns false for
+/// the element loop to take the block.
+type Q8kBlock = unsafe fn(&[f32], &mut [u8]) -> bool;
+
+/// The SIMD block of the active ISA (`STRATA_ISA`, as the dot kernels), if any.
+fn q8_k_simd() -> Option<Q8kBlock> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match super::active_isa() {
+            super::Isa::Avx512 => Some(q8_k512::block as Q8kBlock),
+            super::Isa::Avx2 => Some(q8_k256::block as Q8kBlock),
+            super::Isa::Scalar => None,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// −127 over the block's element `at` (its first of largest magnitude): the SIMD blocks'
+/// scale, None where it is not finite (the element loop's `nearest_int` decides those).
+#[cfg(target_arch = "x86_64")]
+fn simd_iscale(xb: &[f32], at: usize) -> Option<f32> {
+    let iscale = -127.0f32 / xb[at];
+    iscale.is_finite().then_some(iscale)
 }
 
 /// One Q8_K block, element by element (the reference the SIMD block is tested against).
@@ -134,10 +153,9 @@ pub(super) mod q8_k512 {
                 (k != 0).then(|| 16 * i + k.trailing_zeros() as usize)
             })
             .unwrap_or(0);
-        let iscale = -127.0f32 / xb[at];
-        if !iscale.is_finite() {
+        let Some(iscale) = super::simd_iscale(xb, at) else {
             return false;
-        }
+        };
         // |iscale·v| ≤ 127 (plus rounding): the conversion's round-half-even is
         // `nearest_int`'s
         let is = _mm512_set1_ps(iscale);
@@ -194,10 +212,9 @@ pub(super) mod q8_k256 {
                 (k != 0).then(|| 8 * i + k.trailing_zeros() as usize)
             })
             .unwrap_or(0);
-        let iscale = -127.0f32 / xb[at];
-        if !iscale.is_finite() {
+        let Some(iscale) = super::simd_iscale(xb, at) else {
             return false;
-        }
+        };
         let is = _mm256_set1_ps(iscale);
         let q = ob.as_mut_ptr().add(4);
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);

@@ -2,7 +2,7 @@
 
     python bench/bench_serve.py --model FILE.gguf --llama-server BIN [--streams 1,2,4,8]
         [--gen 128] [--reps 5] [--turns 8] [--turn-words 260] [--skip decode,chat,bare]
-        [--scaling N]
+        [--scaling N] [--server-cpu N]
 
 Three measurements, each interleaved (A B A B ...) on the same file, the same thread count:
 - decode: N concurrent greedy streams (/v1/completions, stream, temperature 0, `--gen` tokens
@@ -23,6 +23,9 @@ Three measurements, each interleaved (A B A B ...) on the same file, the same th
   a 1-stream and an N-stream round on one `--parallel N` server, back to back; the medians of
   the per-repetition ratios (rounds minutes apart, as the decode table's "÷ its 1 stream"
   column divides, move with the machine's RAM rate; a repetition shares it).
+- server CPU (`--server-cpu N`): the server process's CPU time (user + system, /proc) per
+  streamed token over one greedy stream of N tokens, `--reps` times after a warm-up: what the
+  HTTP side takes from the cores the compute threads fill (the engine process not counted).
 The client is the standard library (one thread per stream, SSE parsed by hand), the same code
 for both servers. Medians of `--reps`.
 """
@@ -303,6 +306,32 @@ def scaling(model: Path, n: int, gen: int, reps: int, extra: list[str]) -> None:
     )
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`, all its threads (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(model: Path, gen: int, reps: int, extra: list[str]) -> None:
+    """The Strata server process's CPU ms per streamed token (one stream of `gen` tokens)."""
+    srv = strata(model, 1, gen + 64, extra)
+    per_token: list[float] = []
+    try:
+        decode_round(srv.port, 1, 16)  # warm-up
+        for _ in range(reps):
+            c0 = proc_cpu_s(srv.proc.pid)
+            _, tokens = decode_round(srv.port, 1, gen)
+            per_token.append((proc_cpu_s(srv.proc.pid) - c0) / tokens * 1e3)
+    finally:
+        srv.stop()
+    print(
+        f"server CPU per streamed token: median {med(per_token):.3f} ms "
+        f"{[round(x, 3) for x in per_token]}",
+        flush=True,
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
@@ -324,6 +353,9 @@ def main() -> int:
     ap.add_argument(
         "--scaling", type=int, default=0, help="N: Strata's N streams ÷ its 1 stream, paired rounds"
     )
+    ap.add_argument(
+        "--server-cpu", type=int, default=0, help="N: server CPU ms per token over N-token streams"
+    )
     a = ap.parse_args()
     if a.cpus:
         CPUS[:] = ["taskset", "-c", a.cpus]
@@ -338,6 +370,8 @@ def main() -> int:
         print(f"bare forward decode: {med(bare):.1f} tok/s {[round(x, 1) for x in bare]}")
     if a.scaling:
         scaling(a.model, a.scaling, a.gen, a.reps, extra)
+    if a.server_cpu:
+        server_cpu(a.model, a.server_cpu, a.reps, extra)
     if "decode" not in skip:
         print("| streams | strata tok/s | llama-server tok/s | strata ÷ llama |")
         print("|---|---|---|---|")

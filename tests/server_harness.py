@@ -53,7 +53,11 @@ class Server:
         )
         self.http = httpx.Client(base_url=self.url, timeout=10)
         if wait_ready:
-            self.wait(lambda r: r.status_code == 200)
+            try:
+                self.wait(lambda r: r.status_code == 200)
+            except BaseException:
+                self.stop()  # a server that never came up is not left running
+                raise
 
     def wait(self, ok: Any, path: str = "/health", timeout: float = 30.0) -> httpx.Response:
         deadline = time.monotonic() + timeout

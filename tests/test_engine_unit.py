@@ -16,6 +16,7 @@ from strata.engine.protocol import (
     Abort,
     Failed,
     FrameSocket,
+    FromEngine,
     Loaded,
     Progress,
     ProtocolError,
@@ -269,5 +270,69 @@ def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
         assert (await reader).ids == [7]  # its last event: reading it cancels the timer
         assert armed.cancelled() and f.timer is None
         assert timer is not None
+
+    asyncio.run(main())
+
+
+def test_engine_connection_splits_frames_and_keeps_their_order() -> None:
+    """The server's end of the engine socket (`EngineConnection`): frames cut anywhere across
+    reads, or several in one read, come out whole and in order; the first resolves `first`,
+    those before `attach` are handed over at it; an oversized frame ends the connection with
+    ProtocolError (oracle: the frames as encoded)."""
+    import asyncio
+
+    from strata.engine.client import EngineConnection
+
+    class Transport:
+        closed = False
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    frames: list[FromEngine] = [Loaded(PROTOCOL_VERSION, 7, 100, 64, 2, {}, [])]
+    frames += [Tokens(i % 3, [i, i + 1], finish="stop" if i % 5 == 4 else None) for i in range(40)]
+    frames += [Progress(2, 17, 30), Failed("boom")]
+    wire = b"".join(encode(f) for f in frames)
+
+    async def main() -> None:
+        rng = random.Random(3)
+        for attach_at in (0, 1, 10, len(wire)):
+            conn = EngineConnection()
+            conn.connection_made(Transport())  # type: ignore[arg-type]
+            got: list[object] = []
+            lost: list[BaseException] = []
+            i = 0
+            while i < len(wire):
+                if i >= attach_at and not got and conn.first.done():
+                    conn.attach(got.append, lost.append)
+                n = rng.choice([1, 2, 3, 7, 50, 400])
+                conn.data_received(wire[i : i + n])
+                i += n
+            if attach_at == len(wire):
+                conn.attach(got.append, lost.append)
+            assert conn.first.result() == frames[0]
+            assert got == frames[1:]
+            assert lost == []
+            conn.connection_lost(None)
+            assert len(lost) == 1 and isinstance(lost[0], EOFError)
+        # an oversized frame: the connection ends (once) with ProtocolError and is closed
+        bad = EngineConnection()
+        t = Transport()
+        bad.connection_made(t)  # type: ignore[arg-type]
+        bad.data_received(encode(frames[0]))
+        seen: list[BaseException] = []
+        bad.attach(lambda _m: None, seen.append)
+        bad.data_received((MAX_FRAME + 1).to_bytes(4, "big") + b"x")
+        bad.connection_lost(None)
+        assert len(seen) == 1 and isinstance(seen[0], ProtocolError) and t.closed
+        # the engine gone before its first frame: `first` carries the error
+        early = EngineConnection()
+        early.connection_made(Transport())  # type: ignore[arg-type]
+        early.connection_lost(None)
+        with pytest.raises(EOFError):
+            await early.first
 
     asyncio.run(main())

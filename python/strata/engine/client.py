@@ -22,16 +22,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from strata import placement
 from strata._core import physical_cores
 from strata.config import Config
 from strata.engine.protocol import (
-    HEADER_SIZE,
     PROTOCOL_VERSION,
     Abort,
     Failed,
+    FrameBuffer,
     FromEngine,
     Loaded,
     Progress,
@@ -44,7 +44,6 @@ from strata.engine.protocol import (
     Tokens,
     decode_from_engine,
     encode,
-    frame_length,
 )
 from strata.sampling import SamplingParams
 
@@ -115,6 +114,79 @@ class SeqStream:
             self.timer = None
 
 
+class EngineConnection(asyncio.Protocol):
+    """The server's end of the engine socket. Frames are decoded in `data_received` and handed
+    to the client as they arrive: no reader task between the socket and the sequences' queues
+    (one event-loop pass per engine frame instead of three). The first frame (`Loaded` or
+    `Failed`) resolves `first`; later ones go to `on_frame` once `attach`ed, in order."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.first: asyncio.Future[FromEngine] = asyncio.get_running_loop().create_future()
+        self._frames = FrameBuffer()
+        self._early: list[FromEngine] = []  # frames after the first, before `attach`
+        self._on_frame: Callable[[FromEngine], None] | None = None
+        self._on_lost: Callable[[BaseException], None] | None = None
+        self._ended: BaseException | None = None
+
+    def attach(
+        self, on_frame: Callable[[FromEngine], None], on_lost: Callable[[BaseException], None]
+    ) -> None:
+        self._on_frame, self._on_lost = on_frame, on_lost
+        early, self._early = self._early, []
+        for msg in early:
+            on_frame(msg)
+        if self._ended is not None:
+            on_lost(self._ended)
+
+    def detach(self) -> None:
+        """Nothing more reaches the client (the connection is being closed on purpose)."""
+        self._on_frame = self._on_lost = None
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        self.detach()
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not `asyncio.Transport` subclasses: no isinstance check
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended is not None:
+            return
+        self._frames.feed(data)
+        try:
+            while (payload := self._frames.take()) is not None:
+                msg = decode_from_engine(payload)
+                if not self.first.done():
+                    self.first.set_result(msg)
+                elif self._on_frame is not None:
+                    self._on_frame(msg)
+                else:
+                    self._early.append(msg)
+        except ProtocolError as e:
+            self._end(e)
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc or EOFError("engine closed its end"))
+
+    def _end(self, exc: BaseException) -> None:
+        if self._ended is not None:
+            return
+        self._ended = exc
+        if not self.first.done():
+            self.first.set_exception(exc)
+        elif self._on_lost is not None:
+            self._on_lost(exc)
+
+
 class EngineClient:
     def __init__(self, config: Config, on_event: Callable[[str], None] | None = None) -> None:
         self.config = config
@@ -128,8 +200,8 @@ class EngineClient:
         self.running: dict[int, SeqStream] = {}
         self._ids = itertools.count(1)
         self._proc: asyncio.subprocess.Process | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._conn: EngineConnection | None = None
+        self._lost_task: asyncio.Task[None] | None = None
         self._watchdog_task: asyncio.Task[None] | None = None
         self._restart_task: asyncio.Task[None] | None = None
         self._on_event = on_event or (lambda _kind: None)
@@ -177,12 +249,13 @@ class EngineClient:
             child.close()
         if self._pins and self.restarts == 0:
             placement.pin_process(self._pins[1])
-        reader, writer = await asyncio.open_unix_connection(sock=parent, limit=1 << 20)
-        self._writer = writer
-        cfg = dataclasses.asdict(self.config)
-        writer.write(encode(Start(PROTOCOL_VERSION, cfg)))
+        _, conn = await asyncio.get_running_loop().create_unix_connection(
+            EngineConnection, sock=parent
+        )
+        self._conn = conn
+        conn.write(encode(Start(PROTOCOL_VERSION, dataclasses.asdict(self.config))))
         try:
-            first = await self._read_frame(reader)
+            first = await conn.first
         except (EOFError, ProtocolError, OSError) as e:
             await self._fail(f"engine exited while loading ({e})")
             return
@@ -196,7 +269,7 @@ class EngineClient:
         self.stats = Stats(first.stats, first.info)
         self.state = "ready"
         self._on_event("ready")
-        self._reader_task = asyncio.create_task(self._read_loop(reader))
+        conn.attach(self._on_frame, self._on_lost)
         self._pump()
 
     async def _fail(self, message: str) -> None:
@@ -209,9 +282,9 @@ class EngineClient:
 
     async def _kill(self) -> None:
         proc, self._proc = self._proc, None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -226,14 +299,14 @@ class EngineClient:
             if t is not None:
                 t.cancel()
         proc = self._proc
-        if proc is not None and proc.returncode is None and self._writer is not None:
+        if proc is not None and proc.returncode is None and self._conn is not None:
+            self._conn.detach()  # the engine's exit is expected from here on
             with contextlib.suppress(OSError, RuntimeError):
-                self._writer.write(encode(Shutdown()))
-                await self._writer.drain()
+                self._conn.write(encode(Shutdown()))
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.wait(), 2)  # then killed
-        if self._reader_task is not None:
-            self._reader_task.cancel()
+        if self._lost_task is not None:
+            self._lost_task.cancel()
         await self._kill()
         for s in [*self.waiting, *self.running.values()]:
             s.queue.put_nowait(Unavailable("server shutting down"))
@@ -288,8 +361,8 @@ class EngineClient:
             s.queue.put_nowait(EngineError(reason))
         self.running.clear()
         self._check_idle()
-        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
-            self._reader_task.cancel()
+        if self._conn is not None:
+            self._conn.detach()  # frames after the loss are the old engine's
         self._restart_task = asyncio.create_task(self._restart())
 
     async def _restart(self) -> None:
@@ -299,38 +372,31 @@ class EngineClient:
 
     # -- frames ------------------------------------------------------------------------------
 
-    @staticmethod
-    async def _read_frame(reader: asyncio.StreamReader) -> FromEngine:
-        try:
-            header = await reader.readexactly(HEADER_SIZE)
-            payload = await reader.readexactly(frame_length(header))
-        except asyncio.IncompleteReadError:
-            raise EOFError("engine closed its end") from None
-        return decode_from_engine(payload)
-
     def _send(self, msg: ToEngine) -> None:
-        if self._writer is not None:
-            self._writer.write(encode(msg))
+        if self._conn is not None:
+            self._conn.write(encode(msg))
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                msg = await self._read_frame(reader)
-                if isinstance(msg, (Tokens, Progress)):
-                    self._deliver(msg)
-                elif isinstance(msg, Stats):
-                    self.stats = msg
-                elif isinstance(msg, Failed):
-                    raise ProtocolError(msg.message)
-        except asyncio.CancelledError:
-            raise
-        except (EOFError, ProtocolError, OSError) as e:
-            code = None
-            if self._proc is not None:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    code = await asyncio.wait_for(self._proc.wait(), 2)
-            why = f"engine process exited (code {code})" if code is not None else str(e)
-            self._lost(why)
+    def _on_frame(self, msg: FromEngine) -> None:
+        if isinstance(msg, (Tokens, Progress)):
+            self._deliver(msg)
+        elif isinstance(msg, Stats):
+            self.stats = msg
+        elif isinstance(msg, Failed):
+            self._on_lost(ProtocolError(msg.message))
+
+    def _on_lost(self, e: BaseException) -> None:
+        """The connection ended or broke while the engine was running."""
+        if self._conn is not None:
+            self._conn.detach()
+        self._lost_task = asyncio.create_task(self._engine_gone(e))
+
+    async def _engine_gone(self, e: BaseException) -> None:
+        code = None
+        if self._proc is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                code = await asyncio.wait_for(self._proc.wait(), 2)
+        why = f"engine process exited (code {code})" if code is not None else str(e)
+        self._lost(why)
 
     def _deliver(self, msg: Tokens | Progress) -> None:
         s = self.running.get(msg.rid)

@@ -144,17 +144,18 @@ def decode_from_engine(payload: bytes) -> FromEngine:
         raise ProtocolError(f"bad frame from the engine: {e}") from None
 
 
-class FrameSocket:
-    """Blocking framed socket for the engine side; `poll` lets the step loop peek for input."""
+class FrameBuffer:
+    """Bytes as they arrive off a stream socket, split into frame payloads."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self) -> None:
         self._buf = bytearray()
 
-    def send(self, *msgs: ToEngine | FromEngine) -> None:
-        self.sock.sendall(b"".join(encode(m) for m in msgs))
+    def feed(self, data: bytes) -> None:
+        self._buf += data
 
-    def _take(self) -> bytes | None:
+    def take(self) -> bytes | None:
+        """The next whole frame's payload, or None until more bytes come; raises
+        ProtocolError on an oversized frame."""
         if len(self._buf) < HEADER_SIZE:
             return None
         n = frame_length(bytes(self._buf[:HEADER_SIZE]))
@@ -164,6 +165,17 @@ class FrameSocket:
         del self._buf[: HEADER_SIZE + n]
         return payload
 
+
+class FrameSocket:
+    """Blocking framed socket for the engine side; `poll` lets the step loop peek for input."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._frames = FrameBuffer()
+
+    def send(self, *msgs: ToEngine | FromEngine) -> None:
+        self.sock.sendall(b"".join(encode(m) for m in msgs))
+
     def recv_ready(self, timeout: float | None) -> list[bytes]:
         """Frames available within `timeout` seconds (None: block until at least one).
         Raises EOFError when the peer has closed."""
@@ -171,7 +183,7 @@ class FrameSocket:
         self.sock.settimeout(timeout)
         try:
             while True:
-                payload = self._take()
+                payload = self._frames.take()
                 if payload is not None:
                     out.append(payload)
                     self.sock.settimeout(0.0)
@@ -184,7 +196,7 @@ class FrameSocket:
                     if out:  # hand over what came before the end; the next call raises
                         return out
                     raise EOFError("peer closed the connection")
-                self._buf += chunk
+                self._frames.feed(chunk)
                 if out:
                     self.sock.settimeout(0.0)
         finally:

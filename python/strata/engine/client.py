@@ -363,6 +363,8 @@ class EngineClient:
         self._check_idle()
         if self._conn is not None:
             self._conn.detach()  # frames after the loss are the old engine's
+        if self._lost_task is not None and self._lost_task is not asyncio.current_task():
+            self._lost_task.cancel()  # a wait for the old engine's exit code
         self._restart_task = asyncio.create_task(self._restart())
 
     async def _restart(self) -> None:
@@ -391,10 +393,12 @@ class EngineClient:
         self._lost_task = asyncio.create_task(self._engine_gone(e))
 
     async def _engine_gone(self, e: BaseException) -> None:
-        code = None
-        if self._proc is not None:
+        proc, code = self._proc, None
+        if proc is not None:
             with contextlib.suppress(asyncio.TimeoutError):
-                code = await asyncio.wait_for(self._proc.wait(), 2)
+                code = await asyncio.wait_for(proc.wait(), 2)
+        if proc is not self._proc:  # already replaced (the watchdog's restart)
+            return
         why = f"engine process exited (code {code})" if code is not None else str(e)
         self._lost(why)
 

@@ -107,6 +107,27 @@ def test_prefix_reuse_reports_cached_tokens(cache_dir: Path) -> None:
         assert second["prompt_tokens_details"] == {"cached_tokens": want}
         m = srv.http.get("/metrics").text
         assert f"strata_prompt_tokens_cached_total {float(want)}" in m
+        # a choice the server ends at a stop string reports its cached tokens too (they come
+        # with the engine's acknowledgement of the abort): the same request without the stop
+        # string, run just before from the same slot state, is the oracle
+        plain = complete(srv, b, 8, temperature=0)
+        text = plain["choices"][0]["text"]
+        assert len(text) >= 4 and plain["choices"][0]["finish_reason"] == "length"
+        stop = text[1:3]  # met within the first tokens, well before the last
+        cut = complete(srv, b, 8, temperature=0, stop=[stop])
+        assert cut["choices"][0]["finish_reason"] == "stop"
+        assert cut["choices"][0]["text"] == text[: text.index(stop)]
+        # a stop string met wherever, the last token included, ends the choice as "stop"
+        late = complete(srv, b, 8, temperature=0, stop=[text[-2:]])["choices"][0]
+        assert late["finish_reason"] == "stop" and late["text"] == text[: text.index(text[-2:])]
+        cached = plain["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 5
+        assert cut["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
+        # several prompts: cached tokens add up over the prompts, as prompt_tokens does
+        two = complete(srv, [b, b], 1, temperature=0)["usage"]
+        assert two["prompt_tokens"] == 2 * len(ib)
+        # one slot: each b in turn finds the b before it there, as `plain` did
+        assert two["prompt_tokens_details"] == {"cached_tokens": 2 * cached}
         # off: every prompt from position 0
     finally:
         srv.stop()

@@ -473,6 +473,13 @@ class EngineClient:
             self.running[s.rid] = s
             self._send(s.submit)
 
+    def stop_early(self, s: SeqStream) -> None:
+        """The server ends a running sequence itself (a stop string): the engine aborts it,
+        and its events up to the finishing one (its acknowledgement, with the sequence's
+        figures) are still delivered."""
+        if not (s.finished or s.cancelled) and s.rid in self.running:
+            self._send(Abort(s.rid))
+
     def cancel(self, s: SeqStream) -> None:
         """The client is gone: drop a queued sequence, abort a running one."""
         s.disarm()

@@ -10,7 +10,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from strata.engine.client import EngineClient, EngineError, SeqStream
+from strata.engine.client import (
+    DeadlineExceeded,
+    EngineClient,
+    EngineError,
+    SeqStream,
+    Unavailable,
+)
 from strata.engine.protocol import Progress, Tokens
 from strata.metrics import Metrics, RequestRecord
 from strata.server.tokenizing import ServerTokenizer
@@ -67,6 +73,20 @@ class SeqRun:
             out.append(TokenInfo(tid, self.tok.decode([tid]), list(raw), ev.logprobs[i], top))
         return out
 
+    async def _finished_after_stop(self, ev: Tokens) -> Tokens:
+        """The sequence's finishing event after the server ended it at a stop string: the
+        engine's acknowledgement of the abort (or its own finish, had it ended meanwhile),
+        whose tokens are past the stop and dropped. `ev` (figures unset) if the engine fails
+        or the deadline passes first: the choice's text is whole either way."""
+        self.client.stop_early(self.stream)
+        try:
+            while True:
+                nxt = await self.stream.next()
+                if isinstance(nxt, Tokens) and nxt.finish is not None:
+                    return nxt
+        except (EngineError, DeadlineExceeded, Unavailable):
+            return ev
+
     async def run(self) -> AsyncIterator[Delta]:
         detok = IncrementalDetokenizer(self.tok, skip_special=True)
         stopm = StopMatcher(self.stops)
@@ -92,16 +112,19 @@ class SeqRun:
             text = stopm.feed(detok.feed_all(ev.ids))[0]
             finish = ev.finish
             if stopm.stopped and finish is None:
-                self.client.cancel(self.stream)  # its abort acknowledgement is dropped
-                finish = "stop"
+                # a stop string: the text ends here; the sequence's own figures (cached
+                # prompt tokens, expert tier, drafts) come with the engine's finishing event
+                if text or ev.logprobs:
+                    yield Delta(self.index, text, self._info(ev))
+                text, ev, finish = "", await self._finished_after_stop(ev), "stop"
             if finish is None:
                 if text or ev.logprobs:
                     yield Delta(self.index, text, self._info(ev))
                 continue
             if finish == "error":
                 raise EngineError(ev.message or "engine error")
-            if finish == "abort":
-                finish = "stop"
+            if finish == "abort" or (finish == "length" and stopm.stopped):
+                finish = "stop"  # (a stop string met by the last token allowed ends it too)
             if not stopm.stopped:
                 text += stopm.feed(detok.flush())[0] + stopm.flush()
             decode_s = (now - first) if first is not None else 0.0

@@ -360,8 +360,17 @@ class _Shape:
         self.t0 = t0
         self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
         self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
-        self.cached: list[int] = []  # choices' prompt tokens reused from a KV cache
+        self.cached: dict[int, int] = {}  # choice index → its prompt tokens reused from a KV cache
         self.drafts: list[tuple[int, int]] = []  # choices' (drafts offered, accepted)
+
+    def cached_tokens(self) -> int:
+        """Prompt tokens found cached, counted as `prompt_tokens` counts them: each prompt
+        once (choice i reads prompt i // n), the tokens all of its choices found cached."""
+        per_prompt: dict[int, int] = {}
+        for i, c in self.cached.items():
+            k = i // self.plan.n
+            per_prompt[k] = min(per_prompt.get(k, c), c)
+        return sum(per_prompt.values())
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
@@ -369,8 +378,7 @@ class _Shape:
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
-            # every choice reads the same prompt: the tokens all of them found cached
-            "prompt_tokens_details": {"cached_tokens": min(self.cached, default=0)},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens()},
             **usage_extras(self.tier),
             **draft_usage(self.drafts),
         }
@@ -525,7 +533,7 @@ async def _stream(
                 total += d.output_tokens
                 if d.tier is not None:
                     shape.tier.append(d.tier)
-                shape.cached.append(d.cached_tokens)
+                shape.cached[d.index] = d.cached_tokens
                 if d.drafts is not None:
                     shape.drafts.append(d.drafts)
             for choice in shape.delta_choices(d, d.finish):
@@ -588,7 +596,7 @@ async def _complete(
                 total += d.output_tokens
                 if d.tier is not None:
                     shape.tier.append(d.tier)
-                shape.cached.append(d.cached_tokens)
+                shape.cached[d.index] = d.cached_tokens
                 if d.drafts is not None:
                     shape.drafts.append(d.drafts)
 

@@ -259,7 +259,9 @@ def test_seq_stream_deadline_wakes_a_waiting_reader_once_armed() -> None:
         timer = s.timer  # armed by the wait
         with pytest.raises(DeadlineExceeded):
             await waiting
-        assert 0.1 < time.monotonic() - t0 < 2.0
+        # not before it (asyncio may run a timer up to its clock resolution early)
+        assert s.deadline is not None and time.monotonic() >= s.deadline - 0.01
+        assert time.monotonic() - t0 < 30.0  # (a watchdog bound: the wake came)
         # a finished stream: its timer is cancelled and its events are read as they came
         f = SeqStream(2, sub, time.monotonic() + 30)
         reader = asyncio.ensure_future(f.next())

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +160,7 @@ def test_quantize_refusals(tmp_path: Path, test_models: TestModels) -> None:
 
 
 def test_ensure_default_model_builds_once(tmp_path: Path) -> None:
-    t0 = time.monotonic()
     p = modelgen.ensure_default_model(tmp_path)
-    took = time.monotonic() - t0
-    assert took < 20, f"default model took {took:.1f} s"
     assert p.parent == tmp_path and p.is_file()
     assert [x.name for x in tmp_path.iterdir()] == [p.name]  # no temporary files left
     mtime = p.stat().st_mtime_ns

@@ -122,15 +122,31 @@ class WrongDrafter(NgramDrafter):
         return out
 
 
+class VirtualClock:
+    """Time that moves only when a fake step sleeps."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
 def test_guesses_stop_where_they_cost_time() -> None:
     """Whether to run pipelined is measured against serial steps: with a drafter whose
     guesses never hold, on an engine whose steps take time (each window a forward of 2 ms),
     the blocks that guess are slower per emitted token, so after the first one the steps run
     serially (one forward_batch, no launch) and guesses come only in the exploring blocks,
     rarer as the serial arm keeps winning."""
-    be = FakeBackend(n_ctx=2048, max_slots=4, pipeline_windows=2, step_ms=2.0)
+    clock = VirtualClock()  # the steps' 2 ms pass on it alone: no host's load in the costs
+    be = FakeBackend(n_ctx=2048, max_slots=4, pipeline_windows=2, step_ms=2.0, sleep=clock.sleep)
     sp = Speculator(WrongDrafter(), 1, 4, adaptive=False)
-    sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
+    sched = Scheduler(
+        be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp, clock=clock.now
+    )
     text = list(b"abcdefghijklmnopqrstuvwxyz " * 20)
     serial = Scheduler(FakeBackend(n_ctx=2048, max_slots=4), 16, max_slots=4, max_batch_tokens=64)
     serial.add(Submit(0, text, GREEDY, 600, EOG))

@@ -222,18 +222,21 @@ def test_a_slow_first_phase_does_not_lock_drafting_out() -> None:
 
 class CatchUp:
     """A drafter whose cost is catching up with the history (as the n-gram index or a draft
-    model's prefill): 0.2 ms per history token it has not seen; drafting itself is free."""
+    model's prefill): 0.2 ms per history token it has not seen, on a virtual clock (`now`:
+    the speculator's timer); drafting itself is free."""
 
     name = "catch-up"
 
     def __init__(self) -> None:
         self.seen: dict[int, int] = {}
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
 
     def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
-        import time
-
         for r in reqs:
-            time.sleep(0.0002 * max(len(r.history) - self.seen.get(r.slot, 0), 0))
+            self.t += 0.0002 * max(len(r.history) - self.seen.get(r.slot, 0), 0)
             self.seen[r.slot] = len(r.history)
         return [Draft([1] * r.k) for r in reqs]
 
@@ -254,7 +257,8 @@ def test_catching_up_after_idle_steps_is_not_the_drafting_cost() -> None:
     by at most the last window) measure the drafter."""
     from strata.sampling import Sampler
 
-    sp = Speculator(CatchUp(), 1, 4)
+    drafter = CatchUp()
+    sp = Speculator(drafter, 1, 4, clock=drafter.now)
     for n in range(1, 6):  # cheap windows: 1 ms steps, a window costs little more
         for _ in range(3):
             sp.observe_step(n, 0.001 * (1 + 0.05 * (n - 1)))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -80,8 +80,10 @@ class FakeBackend:
         step_ms: float = 0.0,
         faults: bool = False,
         pipeline_windows: int = 1,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.n_vocab = toytok.N_VOCAB
+        self._sleep_fn = sleep  # how a step's `step_ms` passes (tests: a virtual clock's)
         # pipelined windows as the GPU path has them (`launch_batch`, `finish_batch`,
         # `settle`): each window runs at launch; its outputs and its slots' lengths before it
         # wait in `_flights` for the verdict
@@ -245,7 +247,7 @@ class FakeBackend:
 
     def _sleep(self) -> None:
         if self.step_s > 0:
-            time.sleep(self.step_s)
+            self._sleep_fn(self.step_s)
 
     def vocabulary(self) -> Any:
         return toytok.Vocabulary()

@@ -102,8 +102,11 @@ class Scheduler:
         reuse: bool = True,
         speculator: Speculator | None = None,
         force_miss: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.backend = backend
+        # what the guess policy and the drafter's step costs are timed by (tests: a virtual one)
+        self._clock = clock
         self.spec = speculator
         self.chunk = prefill_chunk
         # the hybrid mode's streamed chunk is never cut (see Config.max_batch_tokens)
@@ -350,14 +353,14 @@ class Scheduler:
         return entries, seqs, drafts
 
     def step(self) -> list[Event]:
-        self._t_step = time.perf_counter()
+        self._t_step = self._clock()
         if self._inflight is not None:
             return self._pipelined([])
         events = self._admit()
         entries, seqs, drafts = self._pack()
         if not entries:
             return events
-        t0 = time.perf_counter()
+        t0 = self._clock()
         pipe = self._can_pipeline(entries, seqs, drafts)
         if pipe and self._guess_pays():
             try:
@@ -375,12 +378,12 @@ class Scheduler:
             return events + self._fail(seqs, e)
         self.steps += 1
         if self.spec is not None and len(entries) == len(drafts):  # no prompt chunk in it
-            self.spec.observe_step(sum(len(ids) for _, ids, _ in entries), time.perf_counter() - t0)
+            self.spec.observe_step(sum(len(ids) for _, ids, _ in entries), self._clock() - t0)
         drafts += [Draft() for _ in range(len(entries) - len(drafts))]  # prompt chunks
         results = self._verdicts(entries, seqs, drafts, out)
         if pipe:  # the serial arm of the guess policy: measured like a pipelined window
             self._account(
-                time.perf_counter() - self._t_step,
+                self._clock() - self._t_step,
                 sum(len(r) for r in results if r is not None),
             )
         return events + self._apply(entries, seqs, drafts, out, results)
@@ -557,7 +560,7 @@ class Scheduler:
         launched = False
         if nxt is not None:
             try:
-                nxt.t0 = time.perf_counter()
+                nxt.t0 = self._clock()
                 self.backend.launch_batch(nxt.entries)  # type: ignore[attr-defined]
                 launched = True
             except Exception as e:  # refused: K+1 is not run; K still finishes
@@ -569,7 +572,7 @@ class Scheduler:
             return events + self._fail(k.seqs, e)
         self.steps += 1
         # the step's cost as the pipeline runs it: the time since the previous verdict
-        now = time.perf_counter()
+        now = self._clock()
         assert self.spec is not None
         dt = now - max(k.t0, self._last)
         self.spec.observe_step(sum(len(ids) for _, ids, _ in k.entries), dt, pipelined=True)
@@ -601,8 +604,6 @@ class Scheduler:
         self.pipe_windows += 1
         self.pipe_held += held
         # the step's time to its settlement (a discarded window's books included)
-        self._account(
-            time.perf_counter() - self._t_step, sum(len(r) for r in results if r is not None)
-        )
+        self._account(self._clock() - self._t_step, sum(len(r) for r in results if r is not None))
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +45,16 @@ class Candidate:
 
 
 class Speculator:
-    def __init__(self, drafter: Drafter, k_min: int, k_max: int, adaptive: bool = True) -> None:
+    def __init__(
+        self,
+        drafter: Drafter,
+        k_min: int,
+        k_max: int,
+        adaptive: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.drafter = drafter
+        self._clock = clock  # what the drafter's calls are timed by (tests: a virtual one)
         self.adaptive = adaptive  # False: every window drafts k_max (what room allows)
         self.k_min, self.k_max = k_min, k_max
         self.cost = CostModel()  # serial steps
@@ -126,9 +134,9 @@ class Speculator:
                 last = self._called.get(r.slot)
                 steady = steady and last is not None and len(r.history) - last[0] <= last[1] + 2
                 self._called[r.slot] = (len(r.history), r.k)
-            t0 = time.perf_counter()
+            t0 = self._clock()
             drafts = self.drafter.propose_many(reqs)
-            dt = time.perf_counter() - t0
+            dt = self._clock() - t0
             n = sum(r.k for r in reqs)
             self.draft_s += dt
             self.draft_tokens += n

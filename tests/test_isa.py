@@ -25,13 +25,15 @@ TESTS = isa_tests()
 def test_the_isa_tests_are_found() -> None:
     names = {n for n, _ in TESTS}
     assert {"avx2_equals_scalar", "avx512_equals_scalar"} <= names, TESTS
-    assert {isa for _, isa in TESTS} <= {"avx2", "avx512", "vbmi", "bitalg", "vnni", "amx"}
+    known = {"avx2", "avx512", "vbmi", "bitalg", "vnni", "vnni_vbmi", "amx"}
+    assert {isa for _, isa in TESTS} <= known
     assert "amx_rows_equal_scalar_bitwise" in names, TESTS
 
 
 def have_isas() -> set[str]:
     """The ISAs this CPU runs, as the ISA tests name them (`vbmi`, `vnni`: AVX-512 with VBMI,
-    with VNNI; `bitalg`: with VBMI and BITALG; `amx`: AMX-INT8 tiles usable)."""
+    with VNNI; `bitalg`: with VBMI and BITALG; `vnni_vbmi`: with VNNI and VBMI; `amx`:
+    AMX-INT8 tiles usable)."""
     feats = _core.cpu_features()
     vbmi = "avx512vbmi" in feats and "avx512" in _core.dot_isas()
     return (
@@ -39,6 +41,7 @@ def have_isas() -> set[str]:
         | ({"vbmi"} if vbmi else set())
         | ({"bitalg"} if vbmi and "avx512bitalg" in feats else set())
         | ({"vnni"} if "avx512vnni" in feats and "avx512" in _core.dot_isas() else set())
+        | ({"vnni_vbmi"} if vbmi and "avx512vnni" in feats else set())
         | ({"amx"} if "amx-int8" in feats else set())
     )
 

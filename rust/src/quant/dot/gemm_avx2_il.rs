@@ -278,11 +278,9 @@ mod tests {
     /// activations at ±127 (the i16 sums' extremes) and random: bitwise the scalar
     /// single-token kernel.
     #[test]
+    #[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
     fn q4k_interleaved_rows_equal_scalar_bitwise() {
-        if !Isa::Avx2.available() {
-            eprintln!("skipped: no AVX2 on this CPU");
-            return;
-        }
+        crate::quant::dot::require_isa(Isa::Avx2, "q4k_interleaved_rows_equal_scalar_bitwise");
         let w = GgmlType::Q4K;
         let mut rng = Rng::new(0x4a11);
         for nb in [1usize, 3, 8] {

@@ -281,10 +281,17 @@ fn vnni_rows_equal_scalar_bitwise() {
     ];
     let checked = tiles_equal_scalar(&cases, Tiles::Vnni);
     println!("vnni: {checked} (row, token) dots equal scalar");
-    if !super::super::cpu::has_vbmi() {
-        return;
-    }
-    // the gathered lookups, which `rows` takes on CPUs without VBMI, give the same bits
+}
+
+/// The gathered IQ3_S lookups, which the VNNI tiles take on CPUs without VBMI, give the bits
+/// of the VBMI permutes.
+#[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks vnni_vbmi"]
+fn vnni_gather_equals_vbmi_bitwise() {
+    assert!(
+        vnni_tiles_available() && super::super::cpu::has_vbmi(),
+        "vnni_gather_equals_vbmi_bitwise needs AVX-512 VNNI and VBMI: tests/test_isa.py runs it only where it can"
+    );
     let w = GgmlType::IQ3S;
     let mut rng = Rng::new(0x5eed);
     for (n, nr, nt) in [(256usize, 9usize, 8usize), (768, 17, 33), (2048, 40, 64)] {

@@ -246,66 +246,67 @@ fn q8_k_invariants() {
     assert!(z.iter().all(|&b| b == 0));
 }
 
-/// The AVX-512 and AVX2 Q8_K blocks equal the element loop bit for bit: random blocks, ties of
-/// opposite sign at the largest magnitude, tiny and subnormal maxima, a lone nonzero, and
-/// the blocks it leaves to the loop (NaN, infinities, −127/max overflowing).
+/// The AVX-512 Q8_K block equals the element loop bit for bit (`q8_k_block_equals_scalar`).
+#[cfg(target_arch = "x86_64")]
 #[test]
-fn q8_k_simd_equals_scalar_bitwise() {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::act::{q8_k256, q8_k512};
-        type Block = unsafe fn(&[f32], &mut [u8]) -> bool;
-        let mut kernels: Vec<(&str, Block)> = Vec::new();
-        if super::cpu::has_avx512() {
-            kernels.push(("avx512", q8_k512::block));
-        }
-        if super::cpu::has_avx2() {
-            kernels.push(("avx2", q8_k256::block));
-        }
-        if kernels.is_empty() {
-            println!("q8_k_simd_equals_scalar_bitwise: no AVX2 here, nothing compared");
-            return;
-        }
-        let mut rng = Rng::new(77);
-        let mut blocks: Vec<Vec<f32>> = (0..200)
-            .map(|b| {
-                let scale = [1.0f32, 1e-3, 1e3, 1e-30][b % 4];
-                (0..256).map(|_| rng.act() * scale).collect()
-            })
-            .collect();
-        let mut tie = blocks[0].clone();
-        (tie[17], tie[200]) = (-9.5, 9.5);
-        blocks.push(tie.clone());
-        (tie[17], tie[200]) = (9.5, -9.5);
-        blocks.push(tie);
-        let mut lone = vec![0f32; 256];
-        lone[255] = -3.0e-42; // subnormal: −127/max overflows
-        blocks.push(lone.clone());
-        lone[255] = 1.0e-36; // −127/max finite, near the largest float
-        blocks.push(lone);
-        for odd in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            let mut b = blocks[1].clone();
-            b[100] = odd;
-            blocks.push(b);
-        }
-        for (name, block) in kernels {
-            let mut taken = 0;
-            for xb in &blocks {
-                let (mut v, mut s) = (vec![0xAAu8; 292], vec![0x55u8; 292]);
-                super::act::q8_k_block(xb, &mut s);
-                // SAFETY: the CPU runs the kernel (checked above); one block.
-                if unsafe { block(xb, &mut v) } {
-                    assert_eq!(v, s, "{name} block {:?}", &xb[..4]);
-                    taken += 1;
-                }
-                let mut q = vec![0u8; 292];
-                quantize_act(GgmlType::Q8K, xb, &mut q).unwrap();
-                assert_eq!(q, s);
-            }
-            // the NaN, ±∞ and overflowing blocks are the element loop's
-            assert_eq!(taken, blocks.len() - 4, "{name} takes every other block");
-        }
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx512"]
+fn q8_k_avx512_equals_scalar_bitwise() {
+    super::require_isa(Isa::Avx512, "q8_k_avx512_equals_scalar_bitwise");
+    q8_k_block_equals_scalar("avx512", super::act::q8_k512::block);
+}
+
+/// The AVX2 Q8_K block equals the element loop bit for bit (`q8_k_block_equals_scalar`).
+#[cfg(target_arch = "x86_64")]
+#[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
+fn q8_k_avx2_equals_scalar_bitwise() {
+    super::require_isa(Isa::Avx2, "q8_k_avx2_equals_scalar_bitwise");
+    q8_k_block_equals_scalar("avx2", super::act::q8_k256::block);
+}
+
+/// A SIMD Q8_K block against the element loop, bit for bit: random blocks, ties of opposite
+/// sign at the largest magnitude, tiny and subnormal maxima, a lone nonzero, and the blocks
+/// it leaves to the loop (NaN, infinities, −127/max overflowing). The caller checked that
+/// the CPU runs `block`.
+#[cfg(target_arch = "x86_64")]
+fn q8_k_block_equals_scalar(name: &str, block: unsafe fn(&[f32], &mut [u8]) -> bool) {
+    let mut rng = Rng::new(77);
+    let mut blocks: Vec<Vec<f32>> = (0..200)
+        .map(|b| {
+            let scale = [1.0f32, 1e-3, 1e3, 1e-30][b % 4];
+            (0..256).map(|_| rng.act() * scale).collect()
+        })
+        .collect();
+    let mut tie = blocks[0].clone();
+    (tie[17], tie[200]) = (-9.5, 9.5);
+    blocks.push(tie.clone());
+    (tie[17], tie[200]) = (9.5, -9.5);
+    blocks.push(tie);
+    let mut lone = vec![0f32; 256];
+    lone[255] = -3.0e-42; // subnormal: −127/max overflows
+    blocks.push(lone.clone());
+    lone[255] = 1.0e-36; // −127/max finite, near the largest float
+    blocks.push(lone);
+    for odd in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut b = blocks[1].clone();
+        b[100] = odd;
+        blocks.push(b);
     }
+    let mut taken = 0;
+    for xb in &blocks {
+        let (mut v, mut s) = (vec![0xAAu8; 292], vec![0x55u8; 292]);
+        super::act::q8_k_block(xb, &mut s);
+        // SAFETY: the CPU runs the kernel (the caller checked); one block.
+        if unsafe { block(xb, &mut v) } {
+            assert_eq!(v, s, "{name} block {:?}", &xb[..4]);
+            taken += 1;
+        }
+        let mut q = vec![0u8; 292];
+        quantize_act(GgmlType::Q8K, xb, &mut q).unwrap();
+        assert_eq!(q, s);
+    }
+    // the NaN, ±∞ and overflowing blocks are the element loop's
+    assert_eq!(taken, blocks.len() - 4, "{name} takes every other block");
 }
 
 #[test]
@@ -393,8 +394,10 @@ fn simd_kernels_check_their_slices() {
 /// The multi-row (tinyBLAS / tiled) orders: AVX2 bitwise equal to scalar, and within the
 /// float rounding of the one-row order.
 #[test]
+#[ignore = "ISA test: tests/test_isa.py runs it, skipped where the CPU lacks avx2"]
 fn multi_row_orders_avx2_equal_scalar() {
     use GgmlType::*;
+    super::require_isa(Isa::Avx2, "multi_row_orders_avx2_equal_scalar");
     let mut rng = Rng::new(11);
     for w in [F32, Q6K, IQ3S, Q4K] {
         let scalar = kernel_many(Isa::Scalar, w).expect("scalar multi-row kernel");
@@ -407,10 +410,8 @@ fn multi_row_orders_avx2_equal_scalar() {
                 (s - one).abs() <= 1e-4 * one.abs().max(1.0),
                 "{w:?} {n}: {s} vs {one}"
             );
-            if Isa::Avx2.available() {
-                let v = kernel_many(Isa::Avx2, w).unwrap()(n, &row, &act);
-                assert_eq!(s.to_bits(), v.to_bits(), "{w:?} n={n}");
-            }
+            let v = kernel_many(Isa::Avx2, w).unwrap()(n, &row, &act);
+            assert_eq!(s.to_bits(), v.to_bits(), "{w:?} n={n}");
         }
     }
     assert!(kernel_many(Isa::Scalar, Q8_0).is_none());

@@ -166,6 +166,9 @@ def test_deadline(one_slot: Server) -> None:
             pass
     assert "deadline" in str(e2.value.message)
     assert wait_until(lambda: idle(one_slot), timeout=3)
+    # both count as timeouts, streamed or not
+    m = one_slot.http.get("/metrics").text
+    assert 'strata_requests_total{endpoint="completions",outcome="timeout"} 2.0' in m, m
 
 
 def test_shutdown_drains() -> None:

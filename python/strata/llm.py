@@ -121,6 +121,7 @@ class LLM:
         # On the GPU every expert is in VRAM: the tier is only reported, never filled or read.
         on_cpu = self.config.device == "cpu"
         self.tier, self.fill = open_tier(self.config, self.path, start_fill=on_cpu)
+        self._tier_read = on_cpu  # the CPU path reads experts through it: its stats mean something
         # The VRAM expert tier's counters, shared with the hybrid GPU path; None on the CPU
         # path and when every weight is in VRAM.
         self.hybrid: HybridCounters | None = self.model.hybrid_counters()
@@ -295,7 +296,8 @@ class LLM:
 
     def stats(self) -> dict[str, float]:
         d = {k: float(v) for k, v in self._counts.items()}
-        d.update(tier_stats(self.tier, self.fill, self.model.readahead_stats()))
+        if self._tier_read:  # (the GPU and hybrid paths never fill or read the RAM tier)
+            d.update(tier_stats(self.tier, self.fill, self.model.readahead_stats()))
         return d
 
     def settling(self) -> bool:

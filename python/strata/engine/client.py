@@ -231,6 +231,7 @@ class EngineClient:
     async def _spawn(self) -> None:
         self.state = "loading" if self.restarts == 0 else "restarting"
         self.loaded = None
+        self.stats = None  # an engine's figures go with it (/metrics shows none until loaded)
         parent, child = socket.socketpair()
         try:
             self._proc = await asyncio.create_subprocess_exec(
@@ -275,6 +276,7 @@ class EngineClient:
     async def _fail(self, message: str) -> None:
         self.state = "failed"
         self.error = message
+        self.stats = None
         await self._kill()
         while self.waiting:
             self.waiting.popleft().queue.put_nowait(Unavailable(message))
@@ -346,6 +348,7 @@ class EngineClient:
         """The engine died or went silent: fail its sequences and start a new one."""
         if self.state != "ready":
             return
+        self.stats = None  # the dead engine's gauges are not exported as live
         if self.draining:  # shutting down: fail what is left, start nothing new
             self.state, self.error = "failed", reason
             for s in self.running.values():

@@ -44,6 +44,7 @@ from strata.server.routes import (
     Submitted,
     chat_prompt,
     engine_error,
+    outcome_of,
     read_json,
     submit,
     until_done_or_gone,
@@ -232,7 +233,7 @@ async def _stream(
         yield sse.named_event("message_stop", {"type": "message_stop"})
         outcome = "ok"
     except (EngineError, DeadlineExceeded, Unavailable) as e:
-        outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
+        outcome = outcome_of(e)
         yield sse.named_event("error", engine_error(e).anthropic_body())
     finally:
         st.metrics.request_done(ENDPOINT, outcome, t0)
@@ -265,7 +266,7 @@ async def _complete(
     err = work.exception()
     if err is not None:
         sub.cancel_all()
-        st.metrics.request_done(ENDPOINT, "error", t0)
+        st.metrics.request_done(ENDPOINT, outcome_of(err), t0)
         if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
             raise engine_error(err)
         raise err

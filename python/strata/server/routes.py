@@ -296,6 +296,7 @@ def submit(
         st.metrics.request_done(endpoint, "rejected")
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": "1"}) from None
     except Unavailable as e:
+        st.metrics.request_done(endpoint, "rejected")
         raise APIError(503, str(e), code="unavailable") from None
     runs = [
         SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint)
@@ -545,10 +546,15 @@ async def _stream(
         yield sse.DONE
         outcome = "ok"
     except (EngineError, DeadlineExceeded, Unavailable) as e:
-        outcome = "timeout" if isinstance(e, DeadlineExceeded) else "error"
+        outcome = outcome_of(e)
         yield sse.event(engine_error(e).body())
     finally:
         st.metrics.request_done(endpoint, outcome, shape.t0)
+
+
+def outcome_of(e: BaseException) -> str:
+    """A failed request's `strata_requests_total` outcome, streamed or not."""
+    return "timeout" if isinstance(e, DeadlineExceeded) else "error"
 
 
 async def until_done_or_gone(request: Request, work: asyncio.Task[None], cancel: Any) -> bool:
@@ -607,7 +613,7 @@ async def _complete(
     err = work.exception()
     if err is not None:
         cancel_all()
-        st.metrics.request_done(endpoint, "error", shape.t0)
+        st.metrics.request_done(endpoint, outcome_of(err), shape.t0)
         if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
             raise engine_error(err)
         raise err

@@ -210,11 +210,22 @@ class _Live:
                 fam = families.get(base)
                 if fam is None:
                     fam = families[base] = CounterMetricFamily(
-                        base, "engine counter", labels=labels
+                        base, engine_help(s.name, "counter"), labels=labels
                     )
             else:
                 fam = families.get(name)
                 if fam is None:
-                    fam = families[name] = GaugeMetricFamily(name, "engine gauge", labels=labels)
+                    fam = families[name] = GaugeMetricFamily(
+                        name, engine_help(s.name, "gauge"), labels=labels
+                    )
             fam.add_metric([s.labels[k] for k in labels], s.value)
         yield from families.values()
+
+
+def engine_help(name: str, kind: str) -> str:
+    """The help line of an engine series: its kind and the unit its name ends in."""
+    base = name.removesuffix("_total")
+    for suffix, unit in (("_seconds", "seconds"), ("_bytes", "bytes"), ("_ratio", "a ratio")):
+        if base.endswith(suffix):
+            return f"engine {kind}, in {unit}"
+    return f"engine {kind}, a count" if kind == "counter" else f"engine {kind}"

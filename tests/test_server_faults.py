@@ -5,6 +5,7 @@ client timeouts, deadlines, and the graceful drain at shutdown. Real uvicorn, fa
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -46,16 +47,25 @@ def steps(s: Server) -> float:
     )
 
 
+def generated(s: Server) -> float:
+    m = re.search(r"^strata_generation_tokens_total (\S+)$", s.http.get("/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def test_disconnect_mid_stream_frees_the_slot(server: Server) -> None:
     body = {"model": MODEL, "prompt": "x" * 2000, "stream": True, "temperature": 0}
+    before = generated(server)
     with (
         httpx.Client(base_url=server.url, timeout=10) as h,
         h.stream("POST", "/v1/completions", json=body) as r,
     ):
         it = r.iter_lines()
         got = [next(it) for _ in range(6)]
-        assert any(line.startswith("data: ") for line in got)
+        chunks = sum(line.startswith("data: {") for line in got)
+        assert chunks > 0
         assert server.status()["slots"]["running"] == 1
+    # the cancelled sequence's tokens are counted (they were generated)
+    assert generated(server) - before >= chunks
     t = time.monotonic()
     assert wait_until(lambda: idle(server), timeout=3)
     freed_in = time.monotonic() - t

@@ -107,9 +107,9 @@ class Metrics:
             self.totals["errors"] += 1
 
     def record(self, rec: RequestRecord) -> None:
-        self.prompt_tokens.inc(rec.prompt_tokens)
+        """A finished sequence (`strata_prompt_tokens` and `strata_generation_tokens` are
+        counted as its tokens come: `SeqRun.run`)."""
         self.prompt_tokens_cached.inc(rec.cached_tokens)
-        self.generation_tokens.inc(rec.output_tokens)
         t = self.totals
         t["prompt_tokens"] += rec.prompt_tokens
         t["prompt_tokens_cached"] += rec.cached_tokens

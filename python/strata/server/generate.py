@@ -99,9 +99,13 @@ class SeqRun:
                 continue
             now = time.monotonic()
             if ev.ids:
+                # the token counters move as tokens come, so that sequences that never finish
+                # (cancelled, failed, past their deadline) are counted too
+                self.metrics.generation_tokens.inc(len(ev.ids))
                 if first is None:  # a multi-token first event: the rest came with it
                     first = now
                     self.metrics.ttft.observe(now - self.t_arrival)
+                    self.metrics.prompt_tokens.inc(len(self.stream.submit.prompt))
                     extra, gap = len(ev.ids) - 1, 0.0
                 else:
                     extra, gap = len(ev.ids), (now - last) / len(ev.ids)
@@ -127,6 +131,8 @@ class SeqRun:
                 finish = "stop"  # (a stop string met by the last token allowed ends it too)
             if not stopm.stopped:
                 text += stopm.feed(detok.flush())[0] + stopm.flush()
+            if first is None:  # finished without a token: its prompt was read all the same
+                self.metrics.prompt_tokens.inc(len(self.stream.submit.prompt))
             decode_s = (now - first) if first is not None else 0.0
             self.metrics.record(
                 RequestRecord(

@@ -244,6 +244,14 @@ def test_metrics_prometheus_and_json(server: Server, client: openai.OpenAI) -> N
     last = j["requests"][-1]
     assert last["drafts_offered"] is None and last["drafts_accepted"] is None
     assert last["output_tokens"] == len("count me") and last["finish_reason"] == "stop"
+    # a request's time to first token is one sample, however many choices it has
+    before = samples["strata_time_to_first_token_seconds_count"]
+    r = client.completions.create(model=MODEL, prompt="three of us", n=3, max_tokens=4)
+    assert len(r.choices) == 3
+    fams = {f.name: f for f in text_string_to_metric_families(server.http.get("/metrics").text)}
+    ttft = fams["strata_time_to_first_token_seconds"]
+    count = next(s.value for s in ttft.samples if s.name.endswith("_count"))
+    assert count == before + 1
 
 
 def test_unknown_route_is_json(server: Server) -> None:

@@ -48,6 +48,13 @@ class Delta:
 
 
 @dataclass(slots=True)
+class FirstToken:
+    """Whether a request's first token (of any of its choices) has come."""
+
+    seen: bool = False
+
+
+@dataclass(slots=True)
 class SeqRun:
     client: EngineClient
     tok: ServerTokenizer
@@ -59,6 +66,9 @@ class SeqRun:
     t_arrival: float
     request_id: str
     endpoint: str
+    # shared by a request's choices: its time to first token is observed once, at the first
+    # token of any of them (as `strata_request_duration_seconds` is once per request)
+    first_token: FirstToken = field(default_factory=lambda: FirstToken())
 
     def _info(self, ev: Tokens) -> list[TokenInfo]:
         if not self.logprobs or ev.logprobs is None:
@@ -104,7 +114,9 @@ class SeqRun:
                 self.metrics.generation_tokens.inc(len(ev.ids))
                 if first is None:  # a multi-token first event: the rest came with it
                     first = now
-                    self.metrics.ttft.observe(now - self.t_arrival)
+                    if not self.first_token.seen:
+                        self.first_token.seen = True
+                        self.metrics.ttft.observe(now - self.t_arrival)
                     self.metrics.prompt_tokens.inc(len(self.stream.submit.prompt))
                     extra, gap = len(ev.ids) - 1, 0.0
                 else:

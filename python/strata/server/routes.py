@@ -34,7 +34,15 @@ from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
 from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup, openai_chat, prepare_chat
-from strata.server.generate import Delta, SeqRun, TokenInfo, draft_usage, merge, usage_extras
+from strata.server.generate import (
+    Delta,
+    FirstToken,
+    SeqRun,
+    TokenInfo,
+    draft_usage,
+    merge,
+    usage_extras,
+)
 from strata.server.openai_types import (
     APIError,
     ChatRequest,
@@ -298,8 +306,9 @@ def submit(
     except Unavailable as e:
         st.metrics.request_done(endpoint, "rejected")
         raise APIError(503, str(e), code="unavailable") from None
+    first = FirstToken()
     runs = [
-        SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint)
+        SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint, first)
         for i, s in enumerate(streams)
     ]
     return Submitted(rid, runs, streams, client)

@@ -77,7 +77,13 @@ impl DevBuf {
         self.ctx.bind()?;
         let drv = self.ctx.drv;
         // SAFETY: the range is inside this allocation and `src` is valid for its length.
-        cu!(drv.cuMemcpyHtoD(self.ptr + byte_off as u64, src.as_ptr().cast(), src.len()))
+        cu!(drv.cuMemcpyHtoD(self.ptr + byte_off as u64, src.as_ptr().cast(), src.len()))?;
+        // From pageable memory the copy returns once `src` is staged, its DMA to the device
+        // possibly still running on the legacy stream, which the non-blocking streams do not
+        // wait for: a read queued on one right after could see the old bytes (seen on the
+        // device: test_upload_download_round_trip). Wait for the DMA here.
+        // SAFETY: the null stream is the context's legacy default stream.
+        cu!(drv.cuStreamSynchronize(std::ptr::null_mut()))
     }
 
     /// Device → host copy into `dst` from `byte_off` (waits for the copy). It does NOT wait

@@ -10,6 +10,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from strata.engine.client import (
     DeadlineExceeded,
     EngineClient,
@@ -68,7 +70,7 @@ class SeqRun:
     endpoint: str
     # shared by a request's choices: its time to first token is observed once, at the first
     # token of any of them (as `strata_request_duration_seconds` is once per request)
-    first_token: FirstToken = field(default_factory=lambda: FirstToken())
+    first_token: FirstToken = field(default_factory=FirstToken)
 
     def _info(self, ev: Tokens) -> list[TokenInfo]:
         if not self.logprobs or ev.logprobs is None:
@@ -93,7 +95,8 @@ class SeqRun:
             while True:
                 nxt = await self.stream.next()
                 if isinstance(nxt, Tokens) and nxt.finish is not None:
-                    return nxt
+                    # its figures; not its tokens, logprobs included (past the stop)
+                    return msgspec.structs.replace(nxt, ids=[], logprobs=None, top=None)
         except (EngineError, DeadlineExceeded, Unavailable):
             return ev
 

@@ -265,6 +265,7 @@ def test_llm_generates_alike_through_two_stages(files: dict[str, Path], hybrid: 
         "stage_waiting_seconds_total",
         "stage_copying_seconds_total",
         "stage_gaps_total",
-        "stage_windows_in_flight",
+        "stage_busy",
+        "pipeline_windows_in_flight",
     }
     assert N_EXPERT == 8  # the test models' shape (test_gpu_hybrid.py)

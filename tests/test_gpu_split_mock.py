@@ -20,6 +20,7 @@ from test_gpu_hybrid_mock import family_model, mock_env, run_child
 CHILD = """
 import sys
 from strata._core import Model
+from strata.tiering import stage_stats
 n_layer = int(sys.argv[2])
 steps = 2 + 5
 for kw in ({}, dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2),
@@ -54,8 +55,20 @@ for kw in ({}, dict(vram_slots=6, pcie_frac=0.0, adapt_every=1, threads=2),
         else:
             assert info is None
         assert m.cuda_graph_state.startswith("captured"), m.cuda_graph_state
+        stats = stage_stats(st)
+        hops = [v for n, lab, v in stats if n == "stage_hop_bytes_total"]
+        assert hops == [s["hop_bytes"] for s in st] and hops[1] == hop, stats
+        assert [(lab, v) for n, lab, v in stats if n == "pipeline_windows_in_flight"] == [({}, 0)]
+        assert [v for n, _, v in stats if n == "stage_busy"] == [0.0] * len(st), stats
         m.free(0)
         print("ok", gpus, split, bool(kw), [s["layers"] for s in st])
+# one stage: nothing passes between stages, so no waiting, copying or hop series
+one = Model.open(sys.argv[1], n_ctx=64, device="cuda", vram_slots=6, pcie_frac=0.0, threads=2)
+one.forward(0, [1, 2, 3])
+names = {n for n, _, _ in stage_stats(one.stages())}
+assert names == {"pipeline_windows_in_flight", "stage_compute_seconds_total",
+                 "stage_windows_total", "stage_gaps_total", "stage_swaps_total",
+                 "stage_swap_bytes_total", "stage_busy"}, names
 print("split mock: all passed")
 """
 

@@ -159,27 +159,34 @@ def vram_stats(c: HybridCounters | None) -> list[LabeledStat]:
 def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
     """The layer split's stages for `/metrics` (`Model.stages()`, docs/PROTOCOL.md), labeled
     by `stage` and `device`: `stage_compute_seconds_total` (host-seen time with a window on
-    the stage), `stage_waiting_seconds_total` (a window waiting to enter it),
-    `stage_copying_seconds_total` (device time of the activation hops into it),
-    `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM tier's), the bytes
-    moved onto its device (`stage_hop_bytes_total`: activations hopping in,
-    `stage_swap_bytes_total`: the tier's swaps) and the gauge `stage_windows_in_flight`. Empty
-    on the CPU path."""
+    the stage), `stage_windows_total`, `stage_gaps_total`, `stage_swaps_total` (its VRAM
+    tier's), `stage_swap_bytes_total` (the tier's swaps onto its device) and the gauge
+    `stage_busy` (1 while a window is on it); where there are stages to pass between, also
+    `stage_waiting_seconds_total` (a window waiting to enter it), `stage_copying_seconds_total`
+    (device time of the activation hops into it) and `stage_hop_bytes_total` (activations
+    hopping in), which one stage never fills. Unlabeled, the model's gauge
+    `pipeline_windows_in_flight` (windows launched and not yet settled). Empty on the CPU
+    path."""
     out: list[LabeledStat] = []
-    for i, s in enumerate(stages):
-        lab = {"stage": str(i), "device": str(s["device"])}
-        for name, key in (
-            ("stage_compute_seconds_total", "compute_s"),
+    if stages:
+        out.append(("pipeline_windows_in_flight", {}, float(stages[0]["windows_in_flight"])))
+    keys = [
+        ("stage_compute_seconds_total", "compute_s"),
+        ("stage_windows_total", "windows"),
+        ("stage_gaps_total", "gaps"),
+        ("stage_swaps_total", "swaps"),
+        ("stage_swap_bytes_total", "swap_bytes"),
+    ]
+    if len(stages) > 1:
+        keys += [
             ("stage_waiting_seconds_total", "waiting_s"),
             ("stage_copying_seconds_total", "copying_s"),
-            ("stage_windows_total", "windows"),
-            ("stage_gaps_total", "gaps"),
-            ("stage_swaps_total", "swaps"),
             ("stage_hop_bytes_total", "hop_bytes"),
-            ("stage_swap_bytes_total", "swap_bytes"),
-            ("stage_windows_in_flight", "windows_in_flight"),
-        ):
-            out.append((name, lab, float(s[key])))
+        ]
+    for i, s in enumerate(stages):
+        lab = {"stage": str(i), "device": str(s["device"])}
+        out += [(name, lab, float(s[key])) for name, key in keys]
+        out.append(("stage_busy", lab, 1.0 if s["busy"] else 0.0))
     return out
 
 

@@ -47,8 +47,11 @@ def readahead_threads(config: Config) -> int:
 def tier_stats(
     tier: ExpertTier, fill: FillHandle | None = None, readahead: dict[str, int] | None = None
 ) -> dict[str, float]:
-    """Counters (`_total`) and gauges for `/metrics`, without the `strata_` prefix.
-    `readahead` is `Model.readahead_stats()` (None: off)."""
+    """Counters (`_total`) and gauges for `/metrics`, without the `strata_` prefix. The
+    `tier_*_hits_total` count the pool's expert reads from the arena (resident) or the
+    mapping: one per expert a layer runs in a step, whatever the number of its tokens (the
+    VRAM tier's `expert_hits_total` counts routed token-expert pairs). `readahead` is
+    `Model.readahead_stats()` (None: off)."""
     u = tier.uses()
     n, b = tier.resident()
     out = {

@@ -126,3 +126,20 @@ def test_batched_step_api() -> None:
     # the slots keep their sequences for prefix reuse
     assert len(b.llm.seqs) == 2 and all(b.llm.seqs.values())
     assert b.info()["step_api"] == "batched"
+
+
+def test_the_engines_model_takes_the_servers_settings_not_the_environment(
+    test_models: Any, monkeypatch: Any
+) -> None:
+    """The engine builds its model from the Config the server resolved (its flags over its
+    environment): a STRATA_* value a flag overrode is not read and checked again (an invalid
+    STRATA_PORT under `--port` made the engine refuse to load), and a setting the
+    environment would change does not change the engine's model."""
+    from strata.config import Config
+
+    path = str(test_models.quantized("Q8_0"))
+    monkeypatch.setenv("STRATA_PORT", "0")  # invalid; the server's flag overrode it
+    monkeypatch.setenv("STRATA_N_CTX", "48")
+    cfg = Config.load({"port": 8123, "model": path, "n_ctx": 96, "threads": 1}, env={})
+    b = LLMBackend(cfg)
+    assert b.n_ctx == 96 and b.llm.config == cfg

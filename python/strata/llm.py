@@ -89,7 +89,19 @@ class LLM:
     over the environment and config file."""
 
     def __init__(self, model_path: str | PathLike[str], **config: Any) -> None:
-        self.config = Config.load({**config, "model": str(model_path)})
+        self._open(Config.load({**config, "model": str(model_path)}))
+
+    @classmethod
+    def from_config(cls, config: Config) -> LLM:
+        """The model `config.model` names with exactly `config`'s settings: neither the
+        environment nor a config file is read again (the engine process builds its model
+        from the settings the server resolved, its flags over its environment)."""
+        llm = cls.__new__(cls)
+        llm._open(config)
+        return llm
+
+    def _open(self, config: Config) -> None:
+        self.config = config
         self.path = Path(self.config.model)
         with GGUFFile(self.path) as g:
             self.metadata: dict[str, Any] = g.metadata

@@ -13,6 +13,7 @@ Shapes: V = vocabulary size, T = tokens of one entry.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
@@ -293,10 +294,6 @@ class LLMBackend:
     """
 
     def __init__(self, config: Config, factory: Any = None) -> None:
-        if factory is None:
-            from strata import llm as llm_mod  # type: ignore[attr-defined, unused-ignore]
-
-            factory = llm_mod.LLM
         path = config.model
         self.default_model = not path
         if not path:
@@ -304,7 +301,14 @@ class LLMBackend:
 
             path = str(modelgen.shipped_model_path("default"))
         self.path = path
-        self.llm: Any = factory(path, **{k: getattr(config, k) for k in MODEL_FIELDS})
+        if factory is None:
+            from strata import llm as llm_mod  # type: ignore[attr-defined, unused-ignore]
+
+            # the server's resolved settings as they are: the environment is not read again
+            # (a STRATA_* value a flag overrode in the server would be checked anew here)
+            self.llm: Any = llm_mod.LLM.from_config(dataclasses.replace(config, model=path))
+        else:
+            self.llm = factory(path, **{k: getattr(config, k) for k in MODEL_FIELDS})
         n_vocab = getattr(self.llm, "n_vocab", None)
         if n_vocab is None:
             n_vocab = self.llm.tokenizer.n_vocab

@@ -17,6 +17,7 @@ from models import TestModels
 from strata import _core
 from strata.config import Config, UnknownSettingWarning
 from strata.engine.backend import MODEL_FIELDS, SERVER_FIELDS
+from strata.errors import ConfigError
 
 
 def test_model_open_takes_its_defaults_from_config() -> None:
@@ -176,3 +177,46 @@ def test_layer_split_settings_are_checked() -> None:
     for over, name in bad:
         with pytest.raises(_core.ConfigError, match=name):
             Config.load(over, env={})
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        ("n_ctx = 4096.9", "whole number"),
+        ("parallel = 2.5", "whole number"),
+        ("n_ctx = inf", "overflow"),
+        ("pcie_frac = true", "bool for a number"),
+        ("host = true", "bool for text"),
+        ("served_model_name = [1, 2]", "list for text"),
+        ("cache_prompt = 2.0", "float for a bool"),
+        ("adapt_every = 5000000000", "u32"),
+        ("threads = 100000", "threads"),
+        ("parallel = 1000000000", "slots"),
+    ],
+)
+def test_config_values_of_the_wrong_type_or_range_are_refused(
+    tmp_path: Path, data: str, why: str
+) -> None:
+    """A config file's value is refused with a ConfigError naming the setting, not cut
+    (4096.9 → 4096), turned into text (true → 'True') or left to overflow later."""
+    f = tmp_path / "c.toml"
+    f.write_text(data + "\n")
+    with pytest.raises(ConfigError, match=data.split(" ")[0]):
+        Config.load(config_file=str(f), env={})
+
+
+def test_config_built_directly_checks_types() -> None:
+    for kw in ({"cache_prompt": "no"}, {"n_ctx": 4096.5}, {"n_ctx": "4096"}, {"gpus": 0}):
+        with pytest.raises(ConfigError):
+            Config(**kw)
+    assert Config.load({"gpus": 0, "n_ctx": 4096.0}, env={}).gpus == "0"
+    assert Config(pcie_frac=1).pcie_frac == 1
+
+
+def test_a_kv_cache_too_large_for_the_machine_is_refused(test_models: TestModels) -> None:
+    """Where the allocator cannot give the KV cache's bytes, the model is refused with a
+    ConfigError (it aborted the process), and the process goes on."""
+    path = test_models.quantized("Q8_0")
+    with pytest.raises(ConfigError, match="KV cache"):
+        _core.Model.open(path, n_ctx=1 << 40)
+    assert _core.Model.open(path, n_ctx=64).n_vocab > 0

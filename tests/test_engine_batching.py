@@ -80,6 +80,21 @@ def test_requests_join_and_leave_each_step_and_match_alone() -> None:
     assert mixed
 
 
+def test_max_batch_tokens_below_the_prefill_chunk_is_kept() -> None:
+    """A step runs at most max_batch_tokens tokens even where that is less than a prompt
+    chunk: the chunks are cut to fit (the value was raised to prefill_chunk, silently)."""
+    rng = np.random.default_rng(1)
+    be = Recording(n_ctx=256, max_slots=2)
+    sched = Scheduler(be, prefill_chunk=16, max_slots=2, max_batch_tokens=5)
+    prompts = [words(rng, 23), words(rng, 9)]
+    for rid, p in enumerate(prompts):
+        sched.add(Submit(rid, p, GREEDY, 6, EOG))
+    events = run(sched)
+    for rid, p in enumerate(prompts):
+        assert result(events, rid)[0] == alone(p, 6, GREEDY), rid
+    assert max(sum(n for _, n, _ in b) for b in be.batches) == 5
+
+
 def test_oldest_prompt_moves_when_decodes_fill_the_batch() -> None:
     be = Recording(n_ctx=256, max_slots=3)
     sched = Scheduler(be, prefill_chunk=1, max_slots=3, max_batch_tokens=1)

@@ -240,8 +240,8 @@ class Config:
     max_batch_tokens: int = _s(
         512,
         "engine: most tokens one forward step runs (every running sequence's next token, then "
-        "prompt chunks of admitted ones; the hybrid mode's streamed chunk is never cut below "
-        "stream_chunk)",
+        "prompt chunks of admitted ones, cut to fit; the oldest prompt moves every step; the "
+        "hybrid mode's streamed chunk is never cut below stream_chunk)",
     )
     cache_prompt: bool = _s(
         True,
@@ -328,12 +328,27 @@ class Config:
         def bad(name: str, why: str) -> ConfigError:
             return ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
 
+        # each value of its field's type (a Config built directly gets no coercion): a bool
+        # for a bool, a whole number for an int, a number for a float, text for text
+        for f in fields(self):
+            v = getattr(self, f.name)
+            kind: type = type(f.default)
+            ok = (
+                isinstance(v, bool)
+                if kind is bool
+                else isinstance(v, int | float) and not isinstance(v, bool)
+                if kind is float
+                else isinstance(v, kind) and not isinstance(v, bool)
+            )
+            if not ok:
+                raise bad(f.name, f"expects {kind.__name__}")
+
         if self.n_ctx < 16:
             raise bad("n_ctx", "must be at least 16")
         if self.prefill_chunk < 1:
             raise bad("prefill_chunk", "must be at least 1")
-        if self.threads < 0:
-            raise bad("threads", "must be >= 0")
+        if not 0 <= self.threads <= 1024:
+            raise bad("threads", "must be in 0..1024")
         if not 0 <= self.fill_threads <= 1024:
             raise bad("fill_threads", "must be in 0..1024")
         if not 1 <= self.readahead_threads <= 64:
@@ -346,8 +361,8 @@ class Config:
             raise bad("vram_reserve_mib", "must be >= 0")
         if self.vram_slots < -1:
             raise bad("vram_slots", "must be -1 (from the budget) or >= 0")
-        if self.adapt_every < 0:
-            raise bad("adapt_every", "must be >= 0")
+        if not 0 <= self.adapt_every < 1 << 32:
+            raise bad("adapt_every", "must be in 0..4294967295")
         if self.stream_min_tokens < 0:
             raise bad("stream_min_tokens", "must be >= 0")
         if self.stream_chunk < 0:
@@ -387,8 +402,8 @@ class Config:
                 raise bad(f.name, f"must be one of {', '.join(choices)}")
         if not (0 < self.port < 65536):
             raise bad("port", "must be in 1..65535")
-        if self.parallel < 1:
-            raise bad("parallel", "must be at least 1")
+        if not 1 <= self.parallel <= 4096:
+            raise bad("parallel", "must be in 1..4096")
         if self.max_queue < 0:
             raise bad("max_queue", "must be >= 0")
         if self.max_batch_tokens < 1:
@@ -492,6 +507,8 @@ class Config:
             if kind is bool:
                 if isinstance(raw, bool):
                     return raw
+                if not isinstance(raw, str | int):
+                    raise TypeError(raw)
                 s = str(raw).strip().lower()
                 if s in ("1", "true", "yes", "on"):
                     return True
@@ -499,13 +516,23 @@ class Config:
                     return False
                 raise ValueError(raw)
             if kind is int:
-                if isinstance(raw, bool):
-                    raise ValueError(raw)
+                # a whole number: 4096.9 or inf is refused, not cut or overflowed
+                if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                    raise TypeError(raw)
+                if isinstance(raw, float):
+                    if not raw.is_integer():
+                        raise ValueError(raw)
+                    return int(raw)
                 return int(raw)
             if kind is float:
+                if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                    raise TypeError(raw)
                 return float(raw)
-            return str(raw)
-        except (TypeError, ValueError):
+            # text: a string or a path (a number for the device lists: gpus = 0)
+            if isinstance(raw, bool) or not isinstance(raw, str | int | os.PathLike):
+                raise TypeError(raw)
+            return str(raw) if not isinstance(raw, os.PathLike) else os.fspath(raw)
+        except (TypeError, ValueError, OverflowError):
             raise ConfigError(f"{source}: {name} expects {kind.__name__}, got {raw!r}") from None
 
     @classmethod

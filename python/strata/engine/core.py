@@ -93,7 +93,12 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         backend,
         piece,
         config.parallel,
-        max_batch_tokens=config.max_batch_tokens,
+        # the hybrid mode's streamed chunk (a piece longer than prefill_chunk) is never cut
+        max_batch_tokens=(
+            config.max_batch_tokens
+            if piece <= config.prefill_chunk
+            else max(config.max_batch_tokens, piece)
+        ),
         prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
         reuse=config.cache_prompt,
         processors=constraints.for_request,

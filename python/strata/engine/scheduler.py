@@ -109,8 +109,9 @@ class Scheduler:
         self._clock = clock
         self.spec = speculator
         self.chunk = prefill_chunk
-        # the hybrid mode's streamed chunk is never cut (see Config.max_batch_tokens)
-        self.max_batch_tokens = max(max_batch_tokens, prefill_chunk)
+        # prompt chunks are cut to fit (the caller keeps a hybrid streamed chunk whole by
+        # passing at least its length: engine/core.py)
+        self.max_batch_tokens = max_batch_tokens
         self.processors = processors
         self.waiting: deque[Seq] = deque()
         self.running: dict[int, Seq] = {}  # slot → sequence, in admission order

@@ -131,12 +131,14 @@ impl KvCache {
             .and_then(|x| x.checked_mul(row_bytes))
             .ok_or_else(|| Error::Config(format!("n_ctx {n_ctx} is too large")))?;
         let slots = (0..n_slots)
-            .map(|_| Slot {
-                len: 0,
-                k: vec![0u8; per],
-                v: vec![0u8; per],
+            .map(|_| {
+                Ok(Slot {
+                    len: 0,
+                    k: zeroed(per)?,
+                    v: zeroed(per)?,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<Slot>>>()?;
         Ok(KvCache {
             ty,
             n_layer,
@@ -295,4 +297,28 @@ impl KvCache {
             fingerprint,
         }
     }
+}
+
+/// `n` zero bytes, or `Error::Config` where the allocator cannot give them (a context too
+/// large for the machine is refused, not an abort). Zeroed by the allocator, as `vec![0; n]`
+/// is: pages are touched only as the cache fills.
+fn zeroed(n: usize) -> Result<Vec<u8>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let refuse = || {
+        Error::Config(format!(
+            "the KV cache cannot get {n} bytes a slot for K (and as many for V): lower n_ctx \
+             or parallel"
+        ))
+    };
+    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| refuse())?;
+    // SAFETY: the layout's size is n > 0.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(refuse());
+    }
+    // SAFETY: `p` owns n zeroed bytes allocated by the global allocator with u8's layout
+    // of size n: a Vec of length and capacity n frees it with that same layout.
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
 }

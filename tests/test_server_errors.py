@@ -71,6 +71,10 @@ JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
     (COMP, comp(prompt=[[1], [2, 70000]]), 400, "prompt", "vocabulary"),
     (COMP, comp(prompt=None), 400, "prompt", "required"),
     (COMP, comp(prompt=[1.5]), 400, "prompt", "token ids"),
+    (COMP, comp(prompt={"a": 1}), 400, "prompt", "token ids"),
+    (COMP, comp(prompt=5), 400, "prompt", "token ids"),
+    # more sequences than the slots and the queue hold: a 429 could never be retried past
+    (COMP, comp(prompt=["a"] * 16, n=5), 400, "n", "at most 66"),
     (COMP, {"model": MODEL}, 400, None, "prompt"),
     (CHAT, chat(max_tokens=0), 400, "max_tokens", "at least 1"),
     (CHAT, chat(max_tokens=-5), 400, "max_tokens", "at least 1"),
@@ -80,7 +84,11 @@ JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, chat(temperature="hot"), 400, "temperature", "float"),
     (CHAT, chat(top_p=0), 400, "top_p", "(0, 1]"),
     (CHAT, chat(top_p=1.5), 400, "top_p", "(0, 1]"),
-    (CHAT, chat(top_k=-2), 400, "top_k", ">= -1"),
+    (CHAT, chat(top_k=-2), 400, "top_k", "in -1.."),
+    # past 32 bits: it leaked an engine slot (the frame could not be encoded) or crashed the
+    # engine (a deque's maxlen)
+    (CHAT, chat(top_k=2**70), 400, "top_k", "in -1..2147483647"),
+    (CHAT, chat(repeat_last_n=2**63), 400, "repeat_last_n", "in -1..2147483647"),
     (CHAT, chat(min_p=-0.1), 400, "min_p", "[0, 1]"),
     (CHAT, chat(min_p=2), 400, "min_p", "[0, 1]"),
     (CHAT, chat(presence_penalty=3), 400, "presence_penalty", "[-2, 2]"),
@@ -90,7 +98,7 @@ JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, chat(n=1000), 400, "n", "1.."),
     (CHAT, chat(logprobs=True, top_logprobs=6), 400, "top_logprobs", "0..5"),
     (CHAT, chat(top_logprobs=2), 400, "top_logprobs", "requires logprobs"),
-    (COMP, comp(logprobs=6), 400, "top_logprobs", "0..5"),
+    (COMP, comp(logprobs=6), 400, "logprobs", "0..5"),
     (CHAT, chat(stop=["a", "b", "c", "d", "e"]), 400, "stop", "at most 4"),
     (CHAT, chat(stop=[""]), 400, "stop", "non-empty"),
     (CHAT, chat(seed="x"), 400, "seed", "int"),
@@ -128,6 +136,18 @@ def test_invalid_utf8(server: Server) -> None:
         server, b'{"model": "strata-fake", "messages": [{"role": "user", "content": "\xff\xfe"}]}'
     )
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"]
+
+
+def test_huge_integer_and_lone_surrogate(server: Server) -> None:
+    """Both were 500s: an integer past Python's digit limit, a "\\ud800" escape alone."""
+    from strata.server.openai_types import APIError, parse_json_object
+
+    with pytest.raises(APIError, match="malformed JSON"):  # past this fixture's body limit
+        parse_json_object(b'{"max_tokens": ' + b"1" * 5000 + b"}", "application/json")
+    body = b'{"model": "strata-fake", "messages": [{"role": "user", "content": "abc\\ud800"}]}'
+    r = raw(server, body)
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+    assert server.http.post(CHAT, json=chat(max_tokens=2)).status_code == 200
 
 
 def test_wrong_content_type(server: Server) -> None:

@@ -75,10 +75,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 raise bad(name, "must be a finite number")
             return float(v)
 
-        def integer(name: str, lo: int) -> int:
+        def integer(name: str, lo: int, hi: int = (1 << 31) - 1) -> int:
+            # an upper bound too: a count past 32 bits is no count here, and it would not
+            # fit the engine's frame (nor a deque's maxlen)
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise bad(name, f"must be an integer >= {lo}")
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise bad(name, f"must be an integer in {lo}..{hi}")
             return v
 
         if not (0.0 <= finite("temperature") <= 100.0):

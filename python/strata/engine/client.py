@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+import msgspec
+
 from strata import placement
 from strata._core import physical_cores
 from strata.config import Config
@@ -471,10 +473,17 @@ class EngineClient:
             return
         while self.waiting and len(self.running) < self.slots:
             s = self.waiting.popleft()
+            try:  # encoded before it takes a slot: a frame that cannot be encoded fails alone
+                frame = encode(s.submit)
+            except (OverflowError, TypeError, ValueError, msgspec.EncodeError) as e:
+                s.finished = True
+                s.queue.put_nowait(EngineError(f"request cannot be sent to the engine: {e}"))
+                continue
             s.dispatched = True
             s.t_dispatch = s.last_heard = time.monotonic()
             self.running[s.rid] = s
-            self._send(s.submit)
+            if self._conn is not None:
+                self._conn.write(frame)
 
     def stop_early(self, s: SeqStream) -> None:
         """The server ends a running sequence itself (a stop string): the engine aborts it,

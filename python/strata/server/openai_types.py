@@ -223,11 +223,35 @@ def parse_json_object(body: bytes, content_type: str) -> dict[str, Any]:
         raise APIError(400, f"request body is not valid UTF-8 (byte {e.start})") from None
     try:
         obj = json.loads(text)  # accepts NaN/Infinity so that they are reported per field
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        # ValueError: an integer past Python's digit limit
         raise APIError(400, f"malformed JSON: {e}") from None
+    if _has_lone_surrogate(obj):
+        raise APIError(
+            400, "request body has a string with an unpaired surrogate escape (\\ud800-\\udfff)"
+        )
     if not isinstance(obj, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    """Whether a string anywhere in `obj` holds an unpaired UTF-16 surrogate (a JSON escape
+    such as "\\ud800" alone): such text has no UTF-8 form to tokenize."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
@@ -304,9 +328,9 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
             400, "stream_options: only allowed with stream: true", param="stream_options"
         )
     if not (0 <= top <= limit):
-        raise APIError(
-            400, f"top_logprobs: must be in 0..{limit} (got {top})", param="top_logprobs"
-        )
+        # completions name the count `logprobs`; chat `top_logprobs`
+        name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
+        raise APIError(400, f"{name}: must be in 0..{limit} (got {top})", param=name)
     for name in (
         "temperature",
         "top_p",
@@ -431,8 +455,10 @@ def completion_prompts(prompt: Any, n_vocab: int) -> list[str | list[int]]:
         items = [ids_ok(prompt)]
     elif prompt is None:
         raise bad("required")
-    else:
+    elif isinstance(prompt, list) and not prompt:
         raise bad("must not be empty")
+    else:
+        raise bad("must be a string, an array of strings, or an array of token ids")
     if len(items) > MAX_N:
         raise bad(f"at most {MAX_N} prompts in one request")
     if any(len(p) == 0 for p in items):

@@ -297,6 +297,14 @@ def submit(
             seq_prompts.append(p)
             seq_params.append(_with_seed(plan.params, _seed(plan.params.seed, j)))
             seq_max.append(min(plan.max_tokens or room, room))
+    cap = client.slots + st.config.max_queue
+    if len(seq_prompts) > cap:  # never takes a queue however empty: not a 429 to retry
+        raise APIError(
+            400,
+            f"the request asks for {len(seq_prompts)} sequences (prompts × n); this server "
+            f"takes at most {cap} at once (parallel + max_queue)",
+            param="n",
+        )
     try:
         stop_ids = [] if plan.ignore_eos else sorted(tok.eog_ids)
         streams = client.submit(seq_prompts, seq_params, seq_max, stop_ids)

@@ -178,12 +178,19 @@ def test_generate_streams_text(path: Path) -> None:
     assert chat[-1].finish_reason is not None
 
 
-def test_cli_requires_a_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_without_a_model_runs_the_default_and_refuses_bad_settings(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No --model: the embedded default model, as the server (its help says so); a bad
+    setting: exit 2 with the ConfigError's message (it was a traceback)."""
     from strata.__main__ import main
 
     monkeypatch.delenv("STRATA_MODEL", raising=False)
     monkeypatch.delenv("STRATA_CONFIG", raising=False)
-    assert main(["generate", "hello"]) == 2
+    assert main(["generate", "def f():", "--max-tokens", "2"]) == 0
+    assert "[finish: " in capsys.readouterr().err
+    assert main(["generate", "--n-ctx", "8", "hello"]) == 2
+    assert "n_ctx: must be at least 16" in capsys.readouterr().err
 
 
 def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -221,8 +221,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
     ("args", "why"),
     [
         (["warm", "--mode", "ssd"], "invalid choice: 'ssd'"),
-        (["warm", "--threads", "-1"], "fill_threads"),
-        (["warm", "--threads", "many"], "invalid int value"),
+        (["warm", "--fill-threads", "-1"], "fill_threads"),
+        (["warm", "--fill-threads", "many"], "invalid int value"),
         (["warm", "--mode", "budget"], "ram_budget_gib"),
         (["warm", "--budget-gib", "-2"], "ram_budget_gib"),
         (["warm", "--frobnicate"], "unrecognized arguments"),
@@ -276,7 +276,7 @@ def test_warm_faults_the_tiny_model_in(
     prof = tmp_path / "m.prof"
     _core.Profile.from_counts(model, skewed_counts(), 10).save(prof)
     rc, out, _ = run_cli(
-        capsys, "warm", "--model", str(model), "--profile", str(prof), "--threads", "2"
+        capsys, "warm", "--model", str(model), "--profile", str(prof), "--fill-threads", "2"
     )
     assert rc == 0, out
     assert "64 experts" in out and "profile order" in out and "100.0%" in out
@@ -330,7 +330,7 @@ def test_profile_command(
     rc, said, _ = run_cli(capsys, "show", str(out), "--json", "--model", str(tiny))
     assert rc == 0 and json.loads(said)["tokens"] == prof.tokens
     rc, said, err = run_cli(
-        capsys, "warm", "--model", str(tiny), "--profile", str(out), "--threads", "2"
+        capsys, "warm", "--model", str(tiny), "--profile", str(out), "--fill-threads", "2"
     )
     assert rc == 0, err
     assert "profile order" in said

@@ -6,16 +6,19 @@ import argparse
 import sys
 
 from strata.config import Config
+from strata.errors import StrataError
 
 
 def _generate(ns: argparse.Namespace) -> int:
+    import dataclasses
+
+    from strata import modelgen
     from strata.llm import LLM
 
     cfg = Config.from_args(ns)
-    if not cfg.model:
-        print("generate: --model PATH is required", file=sys.stderr)
-        return 2
-    llm = LLM(cfg.model, **{k: getattr(cfg, k) for k in ("n_ctx", "kv_type", "prefill_chunk")})
+    if not cfg.model:  # as the server: the embedded default model
+        cfg = dataclasses.replace(cfg, model=str(modelgen.shipped_model_path("default")))
+    llm = LLM.from_config(cfg)
     prompt: object = ns.prompt
     if ns.chat:
         prompt = [{"role": "user", "content": ns.prompt}]
@@ -56,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     try:
         return _generate(ns)
+    except StrataError as e:  # a setting or the model refused (ConfigError, GGUFError, ...)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -33,7 +33,7 @@ WARM_FIELDS = ("model", "profile", "ram_mode", "ram_budget_gib", "fill_threads",
 RENAMED = {
     "ram_mode": "--mode",
     "ram_budget_gib": "--budget-gib",
-    "fill_threads": "--threads",
+    "fill_threads": "--fill-threads",  # `--threads` elsewhere is the compute threads
     "profile_tokens": "--tokens",
 }
 

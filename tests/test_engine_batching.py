@@ -194,3 +194,15 @@ def test_slot_cache_without_kv_transfer_keeps_to_slots() -> None:
     sc.fed(0, [5, 6, 7])
     assert sc.place([5, 6, 7, 8], [1, 0]) == (0, 3)
     assert sc.place([5, 6], [1]) == (1, 0)
+
+
+def test_automatic_prompt_cache_reads_the_available_ram() -> None:
+    """-1 sizes the cache from MemAvailable (free memory and the droppable page cache), not
+    the free pages alone, which a model file read into the page cache leaves few of."""
+    from strata.engine.prefix import auto_cache_bytes, available_ram
+
+    with open("/proc/meminfo") as f:
+        avail = next(int(x.split()[1]) << 10 for x in f if x.startswith("MemAvailable:"))
+    assert abs(available_ram() - avail) < 64 << 20
+    assert abs(auto_cache_bytes(-1) - min(avail // 10, 8 << 30)) < 16 << 20
+    assert auto_cache_bytes(0) == 0 and auto_cache_bytes(3) == 3 << 20

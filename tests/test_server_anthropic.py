@@ -313,3 +313,17 @@ def test_engine_crash_mid_stream_is_an_error_event() -> None:
         assert r2.status_code == 200 and r2.json()["content"][0]["text"] == "ok"
     finally:
         s.stop()
+
+
+def test_stop_reason_of_a_choice_cut_off_is_max_tokens_calls_or_not() -> None:
+    """A choice the token limit cut off stops for `max_tokens`, even after a tool call (it
+    said `tool_use`; the OpenAI route says `length` for the same output)."""
+    from strata.server.anthropic_api import _stop
+    from strata.server.generate import Delta
+
+    cut = Delta(0, "", finish="length")
+    assert _stop(cut, called=True)["stop_reason"] == "max_tokens"
+    assert _stop(Delta(0, "", finish="stop"), called=True)["stop_reason"] == "tool_use"
+    done = Delta(0, "", finish="stop", stop="END")
+    assert _stop(done, called=False) == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert _stop(Delta(0, "", finish="stop"), called=False)["stop_reason"] == "end_turn"

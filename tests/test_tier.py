@@ -228,6 +228,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
         (["warm", "--frobnicate"], "unrecognized arguments"),
         (["profile", "--tokens", "5"], "-o/--output"),
         (["profile", "-o", "x", "--tokens", "-3"], "profile_tokens"),
+        (["profile", "-o", "x", "--n-ctx", "16", "--tokens", "64"], "leaves no room"),
         (["show", "p.prof", "--top", "0"], "--top"),
         (["defrag"], "invalid choice"),
         ([], "required"),

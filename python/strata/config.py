@@ -289,7 +289,9 @@ class Config:
     engine_silence_s: float = _s(300.0, "seconds an engine may stay silent on a request (0: off)")
     request_timeout_s: float = _s(600.0, "per-request deadline in seconds (0: none)")
     max_body_bytes: int = _s(4 << 20, "largest request body accepted")
-    max_tokens_limit: int = _s(32768, "largest max_tokens accepted")
+    max_tokens_limit: int = _s(
+        32768, "most tokens one choice generates (a larger max_tokens is cut to it)"
+    )
     max_top_logprobs: int = _s(20, "largest top_logprobs accepted")
     served_model_name: str = _s("", "model id reported by /v1/models (empty: the file's stem)")
     reasoning_format: str = _s(

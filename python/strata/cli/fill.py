@@ -360,6 +360,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error("--top must be at least 1")
             return cmd_show(ns)
         cfg = _config(parser, ns)
+        if ns.command == "profile" and cfg.profile_tokens >= cfg.n_ctx - 1:
+            # each prompt keeps at least one token and its generated ones in the context
+            parser.error(
+                f"--tokens {cfg.profile_tokens} leaves no room in --n-ctx {cfg.n_ctx} "
+                "(at most n_ctx - 2)"
+            )
         return cmd_profile(cfg, ns) if ns.command == "profile" else cmd_warm(cfg, ns)
     except (_Fail, StrataError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -54,11 +54,24 @@ def auto_cache_bytes(mib: int) -> int:
     """`prompt_cache_mib` in bytes: -1 is a tenth of the available RAM (at most 8 GiB)."""
     if mib >= 0:
         return mib << 20
+    return min(available_ram() // 10, AUTO_CACHE_MAX_MIB << 20)
+
+
+def available_ram() -> int:
+    """Bytes of RAM available to new allocations: /proc/meminfo's MemAvailable (free memory
+    plus the page cache the kernel can drop, which a filled model file mostly is), else the
+    free pages (SC_AVPHYS_PAGES, which counts the page cache as used)."""
     try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        avail = 0
-    return min(avail // 10, AUTO_CACHE_MAX_MIB << 20)
+        return 0
 
 
 @dataclass(slots=True)

@@ -61,12 +61,14 @@ def _state(request: Request) -> ServerState:
 
 def _stop(d: Delta, called: bool) -> dict[str, Any]:
     """`stop_reason` and `stop_sequence` of a finished choice."""
-    if called:
+    if d.finish == "length":  # cut off, a call among what came before or not
+        reason = "max_tokens"
+    elif called:
         reason = "tool_use"
     elif d.stop is not None:
         reason = "stop_sequence"
     else:
-        reason = "max_tokens" if d.finish == "length" else "end_turn"
+        reason = "end_turn"
     return {"stop_reason": reason, "stop_sequence": d.stop if reason == "stop_sequence" else None}
 
 

@@ -23,8 +23,8 @@ Translation (Anthropic → OpenAI):
   constrained to it); `output_config.effort` → `reasoning_effort` (xhigh and max → high);
 - `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` carry over.
 Image and document blocks, server tools (`type` other than "custom") and a final assistant
-message (prefill: the template cannot continue a turn) are 400s. `temperature` takes the OpenAI
-range 0..2 (Anthropic's is 0..1).
+message (prefill: the template cannot continue a turn) are 400s. `temperature` takes the
+server's range 0..100, as the OpenAI routes do (Anthropic's is 0..1).
 """
 
 from __future__ import annotations

@@ -216,6 +216,43 @@ def error_of(r: httpx.Response) -> dict[str, Any]:
             "invalid_request_error",
             "prefill",
         ),
+        # errors found on the translated request name this request's fields: the message's
+        # own index (a system message came first), a tool's name, the output format
+        (
+            {"system": "be nice", "messages": user(""), "max_tokens": 5},
+            400,
+            "invalid_request_error",
+            "messages[0].content: must not be empty",
+        ),
+        (
+            {"messages": user("hi"), "max_tokens": 5, "tools": [{"name": "", "input_schema": {}}]},
+            400,
+            "invalid_request_error",
+            "tools[0].name:",
+        ),
+        (
+            {
+                "messages": user("hi"),
+                "max_tokens": 5,
+                "output_config": {"format": {"type": "json_schema", "schema": {"type": 5}}},
+            },
+            400,
+            "invalid_request_error",
+            "output_config.format:",
+        ),
+        # OpenAI's fields are not this API's: unknown, not ignored or refused in its words
+        (
+            {"max_tokens": 8, "messages": user("x"), "store": True},
+            400,
+            "invalid_request_error",
+            "store: unknown field",
+        ),
+        (
+            {"max_tokens": 8, "messages": user("x"), "functions": []},
+            400,
+            "invalid_request_error",
+            "functions: unknown field",
+        ),
     ],
 )
 def test_errors_in_anthropic_shape(

@@ -249,3 +249,11 @@ def test_security_refuses_foreign_client_without_key() -> None:
     keyed = SecurityMiddleware(app, api_key="k")
     assert call(keyed, "10.0.0.5") == 401  # a key is needed, from anywhere
     assert call(keyed, "10.0.0.5", "/health") == "app"
+
+
+def test_null_stream_and_ignore_eos_are_their_defaults(server: Server) -> None:
+    """OpenAI's schema allows `"stream": null` (a 400 before): not streamed; likewise
+    `ignore_eos`."""
+    for path, body in ((CHAT, chat(stream=None, ignore_eos=None)), (COMP, comp(stream=None))):
+        r = server.http.post(path, json={**body, "max_tokens": 2})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")

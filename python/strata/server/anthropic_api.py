@@ -34,12 +34,13 @@ from strata.server import sse
 from strata.server.anthropic_types import (
     CountTokensRequest,
     MessagesRequest,
+    anthropic_names,
     to_chat_body,
 )
 from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup
 from strata.server.generate import Delta, merge
-from strata.server.openai_types import ChatRequest, Plan, convert
+from strata.server.openai_types import APIError, ChatRequest, Plan, convert
 from strata.server.routes import (
     Submitted,
     chat_prompt,
@@ -177,11 +178,18 @@ def _message(
 
 async def _prepare(request: Request, cls: type[Any]) -> tuple[Any, list[int], Plan, ChatSetup]:
     st = _state(request)
-    areq = convert(await read_json(request), cls)
+    # Anthropic's own fields only: OpenAI's ignored and refused ones are unknown here (its
+    # `metadata` and `service_tier` are fields of the request shape)
+    areq = convert(await read_json(request), cls, frozenset(), {})
     st.check_model(areq.model)
     _, tok = st.ready()
-    creq: ChatRequest = convert({"model": st.model_id, **to_chat_body(areq)}, ChatRequest)
-    ids, plan, setup = await chat_prompt(st, tok, creq)
+    origins: list[str] = []
+    body = to_chat_body(areq, origins)
+    try:
+        creq: ChatRequest = convert({"model": st.model_id, **body}, ChatRequest)
+        ids, plan, setup = await chat_prompt(st, tok, creq)
+    except APIError as e:  # named as this request names its fields
+        raise anthropic_names(e, origins) from None
     return areq, ids, plan, setup
 
 

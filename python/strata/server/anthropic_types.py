@@ -30,6 +30,7 @@ server's range 0..100, as the OpenAI routes do (Anthropic's is 0..1).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -263,18 +264,26 @@ def _tools(req: CountTokensRequest) -> dict[str, Any]:
     return out
 
 
-def to_chat_body(req: CountTokensRequest) -> dict[str, Any]:
+def to_chat_body(req: CountTokensRequest, origins: list[str] | None = None) -> dict[str, Any]:
     """The OpenAI chat request body that asks for what `req` asks for (see the module doc);
-    a 400 naming the Anthropic field for what cannot be translated."""
+    a 400 naming the Anthropic field for what cannot be translated. `origins` (when given)
+    gets, for each message of the body, the Anthropic field it came from ("system",
+    "messages[i]"): what `anthropic_names` renames a later error's field by."""
     if not req.messages:
         raise _bad("messages", "must be a non-empty array")
     msgs: list[dict[str, Any]] = []
+    where: list[str] = []
     if req.system:
         sys_text = req.system if isinstance(req.system, str) else _texts(req.system, "system")
         if sys_text:
             msgs.append({"role": "system", "content": sys_text})
+            where.append("system")
     for i, m in enumerate(req.messages):
-        msgs += _user(m, i) if m.role == "user" else [_assistant(m, i)]
+        part = _user(m, i) if m.role == "user" else [_assistant(m, i)]
+        msgs += part
+        where += [f"messages[{i}]"] * len(part)
+    if origins is not None:
+        origins[:] = where
     if req.messages[-1].role == "assistant":  # Anthropic's "prefill": continue that turn
         raise _bad(
             f"messages[{len(req.messages) - 1}]",
@@ -312,3 +321,29 @@ def to_chat_body(req: CountTokensRequest) -> dict[str, Any]:
                 body[k] = v
         body["stream"] = req.stream
     return body
+
+
+_MSG = re.compile(r"\bmessages\[(\d+)\](\.content)?")
+_TOOL = re.compile(r"\btools\[(\d+)\]\.function\.")
+
+
+def anthropic_names(e: APIError, origins: list[str]) -> APIError:
+    """`e`, raised on the translated request, with the Anthropic request's field names: a
+    message's index as in the request (a system message and expanded tool results shift it;
+    a system message's content is `system`), `tools[i].name` for `tools[i].function.name`,
+    `output_config.format` for `response_format`."""
+
+    def msg(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        if i >= len(origins):
+            return m.group(0)
+        where = origins[i]
+        return where if where == "system" else where + (m.group(2) or "")
+
+    def rename(text: str) -> str:
+        text = _MSG.sub(msg, text)
+        text = _TOOL.sub(lambda m: f"tools[{m.group(1)}].", text)
+        return text.replace("response_format", "output_config.format")
+
+    param = rename(e.param) if e.param else e.param
+    return APIError(e.status, rename(e.message), param, e.code, e.type, e.headers)

@@ -154,7 +154,7 @@ class StreamOptions(_Strict):
 
 class _Common(_Strict, kw_only=True):
     model: str | None = None
-    stream: bool = False
+    stream: bool | None = None  # OpenAI's schema allows null: not streamed
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -170,7 +170,8 @@ class _Common(_Strict, kw_only=True):
     n: int | None = None
     user: str | None = None
     speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
-    ignore_eos: bool = False  # vLLM's / llama-server's: end-of-generation tokens do not stop it
+    # vLLM's / llama-server's: end-of-generation tokens do not stop it (null: they do)
+    ignore_eos: bool | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -257,17 +258,24 @@ def _has_lone_surrogate(obj: Any) -> bool:
 _UNKNOWN = re.compile(r"unknown field `([^`]*)`")
 
 
-def convert(obj: dict[str, Any], cls: type[Any]) -> Any:
+def convert(
+    obj: dict[str, Any],
+    cls: type[Any],
+    ignored: frozenset[str] = IGNORED_FIELDS,
+    unsupported: dict[str, str] | None = None,
+) -> Any:
     """The body as `cls`, or a 400 naming the bad field. Unknown fields are errors except
-    `IGNORED_FIELDS` (dropped here)."""
+    `ignored` (dropped here; OpenAI's `IGNORED_FIELDS` by default); `unsupported` (OpenAI's
+    `UNSUPPORTED` by default) says why a known field is refused."""
+    refused = UNSUPPORTED if unsupported is None else unsupported
     known = set(cls.__struct_fields__)
     for k in list(obj):
         if k in known:
             continue
-        if k in IGNORED_FIELDS:
+        if k in ignored:
             del obj[k]
-        elif k in UNSUPPORTED:
-            raise APIError(400, f"{k}: {UNSUPPORTED[k]}", param=k, code="unsupported_field")
+        elif k in refused:
+            raise APIError(400, f"{k}: {refused[k]}", param=k, code="unsupported_field")
         else:
             raise APIError(
                 400, f"{k}: unknown field (not part of this API)", param=k, code="unknown_field"
@@ -362,7 +370,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
     except ValueError as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return Plan(
-        stream=req.stream,
+        stream=bool(req.stream),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         n=n,
         max_tokens=mt,
@@ -370,7 +378,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
         params=params,
         logprobs=logprobs,
         top_logprobs=top,
-        ignore_eos=req.ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
     )
 
 

@@ -104,6 +104,44 @@ JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
     (CHAT, chat(seed="x"), 400, "seed", "int"),
     (CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options", "stream"),
     (COMP, comp(echo=True), 400, "echo", "not supported"),
+    # inner objects are as strict as the top level
+    (
+        CHAT,
+        chat(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}],
+            tool_choice={"type": "function", "function": {"name": "f"}, "foo": 1},
+        ),
+        400,
+        "tool_choice.foo",
+        "unknown field",
+    ),
+    (
+        CHAT,
+        chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "strict": "yes"}}
+        ),
+        400,
+        "response_format.json_schema.strict",
+        "true or false",
+    ),
+    (
+        CHAT,
+        chat(
+            messages=[
+                *USER,
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"type": "banana", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                {"role": "user", "content": "ok"},
+            ]
+        ),
+        400,
+        "messages[1].tool_calls[0].type",
+        "",
+    ),
     ("/tokenize", {}, 400, "prompt", "required"),
 ]
 

@@ -89,6 +89,8 @@ def response_grammar(rf: Mapping[str, Any] | None) -> str | None:
         raise _bad(f"response_format.json_schema.{sorted(extra)[0]}", "unknown field")
     if not isinstance(js.get("name"), str):
         raise _bad("response_format.json_schema.name", "required (a string)")
+    if not isinstance(js.get("strict", False), bool | None):
+        raise _bad("response_format.json_schema.strict", "must be true or false")
     schema = js.get("schema", {})
     if not isinstance(schema, Mapping):
         raise _bad("response_format.json_schema.schema", "must be a JSON schema object")
@@ -106,6 +108,12 @@ def tool_choice_of(choice: Any, tools: Sequence[ToolSpec]) -> str:
     else:
         fn = choice.get("function") if choice.get("type") == "function" else None
         named = fn.get("name") if isinstance(fn, Mapping) else None
+        extra = sorted(set(choice) - {"type", "function"}) or sorted(
+            set(fn) - {"name"} if isinstance(fn, Mapping) else set()
+        )
+        if extra:
+            where = "tool_choice" if extra[0] in choice else "tool_choice.function"
+            raise _bad(f"{where}.{extra[0]}", "unknown field")
         if not isinstance(named, str):
             raise _bad(
                 "tool_choice",

@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -136,7 +136,7 @@ class ToolCallFunction(_Strict):
 class MessageToolCall(_Strict):
     function: ToolCallFunction
     id: str | None = None
-    type: str = "function"
+    type: Literal["function"] = "function"
 
 
 class ChatMessage(_Strict):

@@ -211,6 +211,12 @@ def test_config_built_directly_checks_types() -> None:
             Config(**kw)
     assert Config.load({"gpus": 0, "n_ctx": 4096.0}, env={}).gpus == "0"
     assert Config(pcie_frac=1).pcie_frac == 1
+    import numpy as np  # numpy's numbers are numbers
+
+    assert Config.load({"n_ctx": np.int64(64), "pcie_frac": np.float32(0.5)}, env={}).n_ctx == 64
+    assert Config(n_ctx=np.int64(64)).n_ctx == 64
+    with pytest.raises(ConfigError):
+        Config.load({"n_ctx": np.float64(64.5)}, env={})
 
 
 def test_a_kv_cache_too_large_for_the_machine_is_refused(test_models: TestModels) -> None:

@@ -19,6 +19,8 @@ import dataclasses
 import difflib
 import itertools
 import math
+import numbers
+import operator
 import os
 import sys
 import warnings
@@ -335,13 +337,14 @@ class Config:
         for f in fields(self):
             v = getattr(self, f.name)
             kind: type = type(f.default)
-            ok = (
-                isinstance(v, bool)
-                if kind is bool
-                else isinstance(v, int | float) and not isinstance(v, bool)
-                if kind is float
-                else isinstance(v, kind) and not isinstance(v, bool)
-            )
+            if kind is bool:
+                ok = isinstance(v, bool)
+            elif kind is int:
+                ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
+            elif kind is float:
+                ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+            else:
+                ok = isinstance(v, kind)
             if not ok:
                 raise bad(f.name, f"expects {kind.__name__}")
 
@@ -518,16 +521,18 @@ class Config:
                     return False
                 raise ValueError(raw)
             if kind is int:
-                # a whole number: 4096.9 or inf is refused, not cut or overflowed
-                if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                # a whole number (numpy's too): 4096.9 or inf is refused, not cut or overflowed
+                if isinstance(raw, bool) or not isinstance(raw, str | numbers.Real):
                     raise TypeError(raw)
-                if isinstance(raw, float):
-                    if not raw.is_integer():
+                if isinstance(raw, numbers.Integral):
+                    return operator.index(raw)
+                if isinstance(raw, numbers.Real):
+                    if not float(raw).is_integer():
                         raise ValueError(raw)
-                    return int(raw)
+                    return int(float(raw))
                 return int(raw)
             if kind is float:
-                if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                if isinstance(raw, bool) or not isinstance(raw, str | numbers.Real):
                     raise TypeError(raw)
                 return float(raw)
             # text: a string or a path (a number for the device lists: gpus = 0)

@@ -215,7 +215,7 @@ def test_server_serves_the_family(fam: str, tmp_path: Path) -> None:
 
     path = GOLDEN / f"{fam}_f32.gguf"
     llm = LLM(str(path))
-    srv = Server(engine="llm", model=path, cache_dir=tmp_path, n_ctx=256)
+    srv = Server(engine="llm", model=path, n_ctx=256)
     try:
         assert srv.http.get("/v1/status").json()["model"]["path"] == str(path)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)

@@ -171,7 +171,7 @@ def test_server_serves_harmony(tmp_path: Path) -> None:
     from test_harmony import harmony_vocab
 
     path = rewrite(F32, tmp_path / "harmony.gguf", vocab=harmony_vocab())
-    srv = Server(engine="llm", model=path, cache_dir=tmp_path, n_ctx=256)
+    srv = Server(engine="llm", model=path, n_ctx=256)
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         model_id = client.models.list().data[0].id

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -22,7 +21,6 @@ import httpx
 import jsonschema
 import pytest
 from server_harness import Server
-from strata import modelgen
 from test_server_tools import PARAMS
 
 # the same bounded schemas as the OpenAI tool tests
@@ -38,10 +36,8 @@ GREEDY = {"temperature": 0}  # the fake model's echo is its greedy answer
 
 
 @pytest.fixture(scope="module")
-def model_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[anthropic.Anthropic]:
-    d: Path = tmp_path_factory.mktemp("strata-cache")
-    modelgen.ensure_default_model(d)
-    s = Server(engine="llm", cache_dir=d, parallel=2, n_ctx=2048)
+def model_client() -> Iterator[anthropic.Anthropic]:
+    s = Server(engine="llm", parallel=2, n_ctx=2048)  # the embedded default model
     try:
         with anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0) as c:
             yield c

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import pytest
 from server_harness import Server
 from strata import modelgen
 from strata.llm import LLM
@@ -27,13 +25,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("strata-cache")
-    modelgen.ensure_default_model(d)
-    return d
-
-
 def complete(srv: Server, prompt: str, n: int, **kw: Any) -> dict[str, Any]:
     model = srv.http.get("/v1/models").json()["data"][0]["id"]
     body = {"model": model, "prompt": prompt, "max_tokens": n, **kw}
@@ -43,13 +34,10 @@ def complete(srv: Server, prompt: str, n: int, **kw: Any) -> dict[str, Any]:
     return out
 
 
-def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone(
-    cache_dir: Path,
-) -> None:
+def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone() -> None:
     # one chunk per prompt and no reuse: alone and together differ only in what shares a step
     srv = Server(
         engine="llm",
-        cache_dir=cache_dir,
         parallel=8,
         n_ctx=256,
         max_batch_tokens=256,
@@ -73,9 +61,9 @@ def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone(
         srv.stop()
 
 
-def test_sampled_server_output_equals_llm_generate(cache_dir: Path) -> None:
+def test_sampled_server_output_equals_llm_generate() -> None:
     settings = {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "seed": 1234}
-    srv = Server(engine="llm", cache_dir=cache_dir, parallel=2, n_ctx=256)
+    srv = Server(engine="llm", parallel=2, n_ctx=256)
     try:
         got = [complete(srv, p, 12, **settings)["choices"][0]["text"] for p in PROMPTS[:3]]
     finally:
@@ -85,8 +73,8 @@ def test_sampled_server_output_equals_llm_generate(cache_dir: Path) -> None:
     assert got == want
 
 
-def test_prefix_reuse_reports_cached_tokens(cache_dir: Path) -> None:
-    srv = Server(engine="llm", cache_dir=cache_dir, parallel=1, n_ctx=256)
+def test_prefix_reuse_reports_cached_tokens() -> None:
+    srv = Server(engine="llm", parallel=1, n_ctx=256)
     try:
         a = "The history of the city goes back to the first settlers, who"
         b = a + " built a bridge over the river"
@@ -131,7 +119,7 @@ def test_prefix_reuse_reports_cached_tokens(cache_dir: Path) -> None:
         # off: every prompt from position 0
     finally:
         srv.stop()
-    srv = Server(engine="llm", cache_dir=cache_dir, parallel=1, n_ctx=256, cache_prompt=False)
+    srv = Server(engine="llm", parallel=1, n_ctx=256, cache_prompt=False)
     try:
         complete(srv, a, 1, temperature=0)
         assert complete(srv, b, 1, temperature=0)["usage"]["prompt_tokens_details"] == {

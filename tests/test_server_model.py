@@ -5,8 +5,6 @@ with one slot and with two; /v1/status says what the model is."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import openai
 import pytest
 from server_harness import Server
@@ -14,11 +12,6 @@ from strata import modelgen
 from strata.llm import LLM
 
 PROMPTS = ["The cat sat on", "def main():\n    print("]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("strata-cache")  # nothing is built there any more
 
 
 def reference(llm: LLM, prompt: str, n: int) -> tuple[str, str]:
@@ -35,10 +28,10 @@ def reference(llm: LLM, prompt: str, n: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("parallel", [1, 2])
-def test_greedy_matches_llm(cache_dir: Path, parallel: int) -> None:
+def test_greedy_matches_llm(parallel: int) -> None:
     llm = LLM(modelgen.shipped_model_path("default"))
     n = 12
-    srv = Server(engine="llm", cache_dir=cache_dir, parallel=parallel, n_ctx=512)
+    srv = Server(engine="llm", parallel=parallel, n_ctx=512)
     try:
         model_id = srv.http.get("/v1/models").json()["data"][0]["id"]
         status = srv.http.get("/v1/status").json()["model"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +22,6 @@ import jsonschema
 import openai
 import pytest
 from server_harness import Server
-from strata import modelgen
 
 WEATHER_PARAMS = {
     "type": "object",
@@ -68,10 +66,8 @@ MAX = 160  # enough for any answer the bounded schemas allow
 
 
 @pytest.fixture(scope="module")
-def model_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    d: Path = tmp_path_factory.mktemp("strata-cache")
-    modelgen.ensure_default_model(d)
-    s = Server(engine="llm", cache_dir=d, parallel=2, n_ctx=2048)
+def model_server() -> Iterator[Server]:
+    s = Server(engine="llm", parallel=2, n_ctx=2048)  # the embedded default model
     yield s
     s.stop()
 

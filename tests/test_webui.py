@@ -22,7 +22,6 @@ import httpx
 import pytest
 from cdp import Browser, find_browser
 from server_harness import Server
-from strata import modelgen
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(os.environ.get("STRATA_TEST_ARTIFACTS", ROOT / "target" / "test-artifacts"))
@@ -44,10 +43,8 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    cache = tmp_path_factory.mktemp("strata-cache")
-    modelgen.ensure_default_model(cache)
-    s = Server(engine="llm", cache_dir=cache, parallel=2, n_ctx=512)
+def server() -> Iterator[Server]:
+    s = Server(engine="llm", parallel=2, n_ctx=512)  # the embedded default model
     yield s
     s.stop()
 

@@ -308,7 +308,6 @@ class Config:
         "(<tool_call>{json}</tool_call>) or qwen3_coder (<function=…><parameter=…>)",
         choices=("auto", "hermes", "qwen3_coder"),
     )
-    cache_dir: str = _s("", "where the embedded default model is built (empty: user cache)")
     drain_timeout_s: float = _s(30.0, "on shutdown, seconds running requests get to finish")
     engine: str = _s(
         "llm",

@@ -28,8 +28,8 @@ from strata.errors import ConfigError, StrataError
 GIB = float(1 << 30)
 PROG = "strata-fill"
 # Config fields each subcommand exposes, and the flags renamed from the field name.
-PROFILE_FIELDS = ("model", "profile_tokens", "n_ctx", "cache_dir")
-WARM_FIELDS = ("model", "profile", "ram_mode", "ram_budget_gib", "fill_threads", "cache_dir")
+PROFILE_FIELDS = ("model", "profile_tokens", "n_ctx")
+WARM_FIELDS = ("model", "profile", "ram_mode", "ram_budget_gib", "fill_threads")
 RENAMED = {
     "ram_mode": "--mode",
     "ram_budget_gib": "--budget-gib",

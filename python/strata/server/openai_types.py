@@ -227,7 +227,9 @@ def parse_json_object(body: bytes, content_type: str) -> dict[str, Any]:
     except (json.JSONDecodeError, RecursionError, ValueError) as e:
         # ValueError: an integer past Python's digit limit
         raise APIError(400, f"malformed JSON: {e}") from None
-    if _has_lone_surrogate(obj):
+    # a surrogate can only come from a "\ud800".."\udfff" escape (valid UTF-8 holds none):
+    # the walk runs only for a body that has such an escape
+    if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(obj):
         raise APIError(
             400, "request body has a string with an unpaired surrogate escape (\\ud800-\\udfff)"
         )

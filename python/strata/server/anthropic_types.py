@@ -272,7 +272,8 @@ def to_chat_body(req: CountTokensRequest, origins: list[str] | None = None) -> d
     if not req.messages:
         raise _bad("messages", "must be a non-empty array")
     msgs: list[dict[str, Any]] = []
-    where: list[str] = []
+    where: list[str] = [] if origins is None else origins
+    where.clear()
     if req.system:
         sys_text = req.system if isinstance(req.system, str) else _texts(req.system, "system")
         if sys_text:
@@ -282,8 +283,6 @@ def to_chat_body(req: CountTokensRequest, origins: list[str] | None = None) -> d
         part = _user(m, i) if m.role == "user" else [_assistant(m, i)]
         msgs += part
         where += [f"messages[{i}]"] * len(part)
-    if origins is not None:
-        origins[:] = where
     if req.messages[-1].role == "assistant":  # Anthropic's "prefill": continue that turn
         raise _bad(
             f"messages[{len(req.messages) - 1}]",

@@ -24,7 +24,7 @@ MODEL = "strata-fake"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(parallel=2, n_ctx=512)
+    s = Server(parallel=2, n_ctx=1024)
     yield s
     s.stop()
 
@@ -187,6 +187,23 @@ def error_of(r: httpx.Response) -> dict[str, Any]:
             400,
             "invalid_request_error",
             "role",
+        ),
+        # a system block names its type, and only text is one
+        (
+            {"max_tokens": 8, "messages": user("x"), "system": [{"text": "be nice"}]},
+            400,
+            "invalid_request_error",
+            "type",
+        ),
+        (
+            {
+                "max_tokens": 8,
+                "messages": user("x"),
+                "system": [{"type": "thinking", "thinking": "x", "signature": "s"}],
+            },
+            400,
+            "invalid_request_error",
+            "system[0]: thinking blocks are not supported",
         ),
         (
             {"max_tokens": 8, "messages": user("x"), "model": "other"},

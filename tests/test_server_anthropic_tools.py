@@ -37,7 +37,7 @@ GREEDY = {"temperature": 0}  # the fake model's echo is its greedy answer
 
 @pytest.fixture(scope="module")
 def model_client() -> Iterator[anthropic.Anthropic]:
-    s = Server(engine="llm", parallel=2, n_ctx=2048)  # the embedded default model
+    s = Server(engine="llm", parallel=2, n_ctx=4096)  # the embedded default model
     try:
         with anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0) as c:
             yield c
@@ -47,7 +47,7 @@ def model_client() -> Iterator[anthropic.Anthropic]:
 
 @pytest.fixture(scope="module")
 def fake_client() -> Iterator[anthropic.Anthropic]:
-    s = Server(parallel=2, n_ctx=4096)  # the tools' system prompt is long in toy tokens
+    s = Server(parallel=2, n_ctx=8192)  # the tools' system prompt is long in toy tokens
     try:
         with anthropic.Anthropic(base_url=s.url, api_key="none", max_retries=0) as c:
             yield c
@@ -95,6 +95,25 @@ def test_any_tool_without_parallel_calls(model_client: anthropic.Anthropic) -> N
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
     )
     check_calls(msg, set(SCHEMAS))
+
+
+@pytest.mark.parametrize("cut", [4, 14])
+def test_a_forced_call_cut_by_max_tokens_leaks_no_call_text(
+    model_client: anthropic.Anthropic, cut: int
+) -> None:
+    """A forced call cut off by max_tokens is a tool_use block with what its input had so far
+    (or nothing before the name), never the raw call text as a text block."""
+    msg = model_client.messages.create(
+        model="strata-default",
+        max_tokens=cut,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "tool", "name": "set_alarm"},
+        extra_body=GREEDY,
+    )
+    assert msg.stop_reason == "max_tokens"
+    assert [b for b in msg.content if b.type == "text"] == []
+    assert all(b.name == "set_alarm" for b in msg.content if b.type == "tool_use")
 
 
 ARGS = {"city": "Paris", "unit": "celsius", "days": 3}

@@ -146,6 +146,42 @@ def test_malformed_block_is_content_and_parallel_off() -> None:
     assert [c.name for c in m.calls] == ["get_weather"]
 
 
+@pytest.mark.parametrize("incremental", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    ("fmt", "cut", "name", "args"),
+    [
+        (
+            T.HERMES,
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+            "get_weather",
+            '{"city": "Par',
+        ),
+        (T.QWEN3_CODER, "<tool_call>\n<function=note>\n<parameter=ok>\ntr", "note", None),
+        (T.HERMES, '<tool_call>\n{"na', None, None),
+    ],
+)
+def test_a_forced_call_cut_off_is_never_content(
+    fmt: T.ToolFormat, cut: str, name: str | None, args: str | None, incremental: bool
+) -> None:
+    """tool_choice required or named: a call cut off (max_tokens) where it does not parse
+    ends as a call with the arguments written so far once its name is known, else nothing;
+    with tool_choice auto the cut text stays content (llama-server's rule)."""
+    forced = AssistantParser.make(False, False, fmt, SPECS, True, incremental, forced=True)
+    parts = stream(forced, cut, 3)
+    assert [v for k, v in parts if k == "content"] == []
+    calls = [v for k, v in parts if k == "call"]
+    assert [c.name for c in calls] == ([name] if name else [])
+    scanned = fmt.scan(cut, {s.name: s for s in SPECS})
+    if name:
+        assert scanned is not None and calls[0].arguments == scanned[1]
+        if args is not None:
+            assert calls[0].arguments == args
+    free = AssistantParser.make(False, False, fmt, SPECS, True, incremental)
+    free_parts = stream(free, cut, 3)
+    if not incremental:
+        assert "".join(v for k, v in free_parts if k == "content") == cut
+
+
 def test_no_tool_parsing_and_no_reasoning_parsing() -> None:
     m = split(AssistantParser.make(False, False, None, []), HERMES_TEXT)
     assert (m.reasoning, m.content, m.calls) == ("", HERMES_TEXT, [])

@@ -146,7 +146,7 @@ class Metadata(_Strict):
 class CountTokensRequest(_Strict, kw_only=True):
     model: str | None = None  # may be omitted: the served model
     messages: list[Message]
-    system: str | list[TextBlock] | None = None
+    system: str | list[Block] | None = None  # text blocks only (checked: _texts)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None

@@ -36,12 +36,13 @@ class AssistantParser:
         parallel: bool = True,
         incremental: bool = False,
         harmony: tuple[bool, str | None] = (False, None),
+        forced: bool = False,
     ) -> AssistantParser:
         """`fmt` None: tool calls are not parsed (no tools, or tool_choice "none").
         `incremental`: calls also stream as "call_start" / "call_args" parts
         (`ToolCallParser`). `harmony`: (the template writes harmony messages, the channel
         the prompt left open): channels and calls are parsed by `HarmonyParser` instead (with
-        `parse_reasoning`)."""
+        `parse_reasoning`). `forced`: the answer is calls only (`ToolCallParser`)."""
         on, opened = harmony
         if on and parse_reasoning:
             offered = {t.name: t for t in tools} if fmt is not None else None
@@ -49,7 +50,7 @@ class AssistantParser:
         reasoning = ReasoningParser(reasoning_opened) if parse_reasoning else None
         return AssistantParser(
             reasoning,
-            ToolCallParser(fmt, tools, parallel, incremental) if fmt is not None else None,
+            ToolCallParser(fmt, tools, parallel, incremental, forced) if fmt is not None else None,
         )
 
     def _content(self, parts: list[Part], final: bool) -> list[Part]:

@@ -45,6 +45,7 @@ class ChatSetup:
     tools: list[ToolSpec] = field(default_factory=list)
     fmt: ToolFormat | None = None  # None: no tool calls are parsed
     parallel: bool = True
+    forced: bool = False  # tool_choice required or a name: the answer is calls only
     parse_reasoning: bool = True
     reasoning_opened: bool = False
     # the template writes harmony messages (gpt-oss), and the channel the prompt left open
@@ -60,6 +61,7 @@ class ChatSetup:
             self.parallel,
             incremental,
             self.harmony,
+            self.forced,
         )
 
 
@@ -183,6 +185,7 @@ def prepare_chat(
         tools=tools,
         fmt=fmt if tools and tool_choice != "none" else None,
         parallel=parallel,
+        forced=bool(tools) and tool_choice not in ("auto", "none"),
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
         harmony=(harmony.is_harmony(template), harmony.open_channel(prompt)),

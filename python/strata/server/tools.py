@@ -478,7 +478,12 @@ class ToolCallParser:
     `("call_start", ToolCall with empty arguments)`, and its arguments follow as
     `("call_args", text)` pieces while the model writes them; the final `("call", ToolCall)`
     then only marks its end (its arguments are the pieces joined). A block that turns out
-    malformed after its start ends the call with the text sent so far."""
+    malformed after its start ends the call with the text sent so far.
+
+    `forced` (tool_choice required or a name: the grammar made the answer calls only): a
+    block cut off where it does not parse is never content; it ends as a call with the
+    arguments text written so far once its name is known (as a stream sends it, and as
+    OpenAI returns a call cut by max_tokens), and is dropped before that."""
 
     def __init__(
         self,
@@ -486,8 +491,10 @@ class ToolCallParser:
         tools: Sequence[ToolSpec],
         parallel: bool = True,
         incremental: bool = False,
+        forced: bool = False,
     ) -> None:
         self.fmt = fmt
+        self.forced = forced
         self.tools = {t.name: t for t in tools}
         self.parallel = parallel
         self.incremental = incremental
@@ -525,7 +532,14 @@ class ToolCallParser:
     def finish(self) -> list[Event]:
         out: list[Event] = []
         if self.open is not None:
-            self._block(self.buf + self.open[1], out, raw=self.buf)
+            closed = self.buf + self.open[1]
+            if self.forced and self.started is None and self.fmt.parse(closed, self.tools) is None:
+                scanned = self.fmt.scan(self.buf, self.tools)
+                if scanned is not None:
+                    self.ws = ""
+                    self._emit(ToolCall(*scanned), out)
+            else:
+                self._block(closed, out, raw=self.buf)
         else:
             self._content(self.buf, out)
         self.buf = ""

@@ -106,9 +106,12 @@ class Server:
 
 
 def strata(model: Path, parallel: int, n_ctx: int, extra: list[str]) -> Server:
+    """`n_ctx` positions for each of the `parallel` streams: `--n-ctx` is all of them together,
+    as llama-server's `-c`."""
     port = free_port()
     argv = [sys.executable, "-m", "strata.server", "--model", str(model), "--port", str(port)]
-    argv += ["--parallel", str(parallel), "--n-ctx", str(n_ctx), "--threads", str(THREADS), *extra]
+    argv += ["--parallel", str(parallel), "--n-ctx", str(n_ctx * parallel)]
+    argv += ["--threads", str(THREADS), *extra]
     return Server("strata", argv, port, dict(os.environ))
 
 
@@ -257,7 +260,7 @@ def chunk_sizes(model: Path, sizes: list[int], reps: int) -> None:
     decoding sequences' step time)."""
     from strata.llm import LLM
 
-    llm = LLM(model, n_ctx=4096, parallel=2)
+    llm = LLM(model, n_ctx=8192, parallel=2)  # 4096 to each
     print("| chunk tokens | prompt tok/s | step ms (a decode waits this long) |")
     print("|---|---|---|")
     for n in sizes:

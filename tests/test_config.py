@@ -154,15 +154,16 @@ def test_profile_refuses_where_routing_is_not_counted(
 def test_layer_split_settings_are_checked() -> None:
     """`gpus`, `layer_split` and `pipeline_windows` (docs/PROTOCOL.md): their form is checked
     here; whether the boundaries fit the model's layers is checked at load."""
-    c = Config.load({"gpus": "0,0", "layer_split": "12"}, env={})
+    c = Config.load({"device": "cuda", "gpus": "0,0", "layer_split": "12"}, env={})
     assert c.stage_devices() == [0, 0] and c.split_bounds() == [12]
     assert Config.load(
-        env={"STRATA_GPUS": "0,1,1", "STRATA_LAYER_SPLIT": "8, 20"}
+        env={"STRATA_DEVICE": "cuda", "STRATA_GPUS": "0,1,1", "STRATA_LAYER_SPLIT": "8, 20"}
     ).split_bounds() == [
         8,
         20,
     ]
-    assert Config.load({"gpus": "0,0", "pipeline_windows": 2}, env={}).pipeline_windows == 2
+    two = {"device": "cuda", "gpus": "0,0", "pipeline_windows": 2}
+    assert Config.load(two, env={}).pipeline_windows == 2
     bad = [
         ({"gpus": ""}, "gpus"),
         ({"gpus": "0,x"}, "gpus"),
@@ -177,6 +178,35 @@ def test_layer_split_settings_are_checked() -> None:
     for over, name in bad:
         with pytest.raises(_core.ConfigError, match=name):
             Config.load(over, env={})
+
+
+@pytest.mark.parametrize(
+    ("over", "refused"),
+    [
+        ({"vram_budget_mib": 8192}, "vram_budget_mib: applies to device cuda only"),
+        ({"gpus": "0,0"}, "gpus: applies to device cuda only"),
+        ({"tier_async": True}, "tier_async: applies to device cuda only"),
+        ({"defer_experts": 2}, "defer_experts: applies to device cuda only"),
+        ({"readahead": "on", "ram_mode": "resident"}, "readahead: on has nothing"),
+        ({"spec": "ngram", "spec_draft_model": "d.gguf"}, "spec_draft_model: is read by"),
+        ({"spec_draft_model": "d.gguf"}, "spec_draft_model: .*spec is off"),
+    ],
+)
+def test_settings_that_contradict_each_other_are_refused(
+    over: dict[str, object], refused: str
+) -> None:
+    """A setting another one makes inert (a GPU setting on the CPU, read-ahead with every
+    expert resident, a draft model without draft speculation) is a ConfigError, not ignored."""
+    with pytest.raises(ConfigError, match=refused):
+        Config.load(over, env={})
+    # the same values where they apply
+    fine = {"vram_budget_mib", "gpus", "tier_async", "defer_experts"} & set(over)
+    if fine:
+        assert Config.load({**over, "device": "cuda"}, env={}).device == "cuda"
+    elif "readahead" in over:
+        assert Config.load({"readahead": "on", "ram_mode": "budget", "ram_budget_gib": 1.0}, env={})
+    else:
+        assert Config.load({**over, "spec": "draft"}, env={}).spec_draft_model == "d.gguf"
 
 
 @pytest.mark.parametrize(
@@ -210,10 +240,11 @@ def test_config_built_directly_checks_types() -> None:
         with pytest.raises(ConfigError):
             Config(**kw)
     assert Config.load({"gpus": 0, "n_ctx": 4096.0}, env={}).gpus == "0"
-    assert Config(pcie_frac=1).pcie_frac == 1
+    assert Config(device="cuda", pcie_frac=1).pcie_frac == 1
     import numpy as np  # numpy's numbers are numbers
 
-    assert Config.load({"n_ctx": np.int64(64), "pcie_frac": np.float32(0.5)}, env={}).n_ctx == 64
+    numpy_kw = {"n_ctx": np.int64(64), "pcie_frac": np.float32(0.5), "device": "cuda"}
+    assert Config.load(numpy_kw, env={}).n_ctx == 64
     assert Config(n_ctx=np.int64(64)).n_ctx == 64
     with pytest.raises(ConfigError):
         Config.load({"n_ctx": np.float64(64.5)}, env={})

@@ -50,7 +50,7 @@ def result(events: list[Progress | Tokens], rid: int) -> tuple[list[int], str | 
 
 
 def alone(prompt: list[int], max_tokens: int, params: SamplingParams = GREEDY) -> list[int]:
-    sched = Scheduler(FakeBackend(n_ctx=256, max_slots=1), prefill_chunk=7, max_slots=1)
+    sched = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), prefill_chunk=7, max_slots=1)
     sched.add(Submit(0, prompt, params, max_tokens, EOG))
     return result(run(sched), 0)[0]
 
@@ -61,7 +61,7 @@ def words(rng: np.random.Generator, n: int) -> list[int]:
 
 def test_requests_join_and_leave_each_step_and_match_alone() -> None:
     rng = np.random.default_rng(0)
-    be = Recording(n_ctx=256, max_slots=4)
+    be = Recording(n_ctx_seq=256, max_slots=4)
     sched = Scheduler(be, prefill_chunk=7, max_slots=4, max_batch_tokens=12)
     prompts = [words(rng, int(n)) for n in rng.integers(3, 30, 10)]
     params = [GREEDY, SamplingParams(temperature=0.9, seed=5)] * 5
@@ -84,7 +84,7 @@ def test_max_batch_tokens_below_the_prefill_chunk_is_kept() -> None:
     """A step runs at most max_batch_tokens tokens even where that is less than a prompt
     chunk: the chunks are cut to fit (the value was raised to prefill_chunk, silently)."""
     rng = np.random.default_rng(1)
-    be = Recording(n_ctx=256, max_slots=2)
+    be = Recording(n_ctx_seq=256, max_slots=2)
     sched = Scheduler(be, prefill_chunk=16, max_slots=2, max_batch_tokens=5)
     prompts = [words(rng, 23), words(rng, 9)]
     for rid, p in enumerate(prompts):
@@ -96,7 +96,7 @@ def test_max_batch_tokens_below_the_prefill_chunk_is_kept() -> None:
 
 
 def test_oldest_prompt_moves_when_decodes_fill_the_batch() -> None:
-    be = Recording(n_ctx=256, max_slots=3)
+    be = Recording(n_ctx_seq=256, max_slots=3)
     sched = Scheduler(be, prefill_chunk=1, max_slots=3, max_batch_tokens=1)
     for rid in range(3):
         sched.add(Submit(rid, list(b"abcdef"), GREEDY, 30, EOG))
@@ -105,7 +105,7 @@ def test_oldest_prompt_moves_when_decodes_fill_the_batch() -> None:
 
 
 def test_slot_with_longest_common_prefix_is_chosen() -> None:
-    be = Recording(n_ctx=256, max_slots=2)
+    be = Recording(n_ctx_seq=256, max_slots=2)
     sched = Scheduler(be, prefill_chunk=64, max_slots=2)
     a, b = list(b"alpha alpha alpha"), list(b"bravo bravo bravo")
     sched.add(Submit(1, a, GREEDY, 3, EOG))
@@ -123,7 +123,7 @@ def test_slot_with_longest_common_prefix_is_chosen() -> None:
 
 
 def test_reuse_of_a_whole_conversation_and_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    sched = Scheduler(FakeBackend(n_ctx=256, max_slots=1), prefill_chunk=5, max_slots=1)
+    sched = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), prefill_chunk=5, max_slots=1)
     p1 = list(b"hello there")
     sched.add(Submit(1, p1, GREEDY, 20, EOG))
     out1, fin, cached = result(run(sched), 1)
@@ -140,7 +140,7 @@ def test_reuse_of_a_whole_conversation_and_the_log_line(caplog: pytest.LogCaptur
 
 
 def test_identical_prompt_still_runs_its_last_token() -> None:
-    sched = Scheduler(FakeBackend(n_ctx=256, max_slots=1), prefill_chunk=64, max_slots=1)
+    sched = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), prefill_chunk=64, max_slots=1)
     p = list(b"same prompt")
     for rid in (1, 2):
         sched.add(Submit(rid, p, GREEDY, 1, EOG))
@@ -150,7 +150,7 @@ def test_identical_prompt_still_runs_its_last_token() -> None:
 
 
 def test_prompt_cache_restores_into_any_slot() -> None:
-    be = Recording(n_ctx=512, max_slots=1)
+    be = Recording(n_ctx_seq=512, max_slots=1)
     sched = Scheduler(be, prefill_chunk=64, max_slots=1, prompt_cache_bytes=1 << 20)
     rng = np.random.default_rng(3)
     a, b = words(rng, 40), words(rng, 30)
@@ -187,7 +187,7 @@ def test_prompt_cache_evicts_least_recently_used() -> None:
 
 
 def test_slot_cache_without_kv_transfer_keeps_to_slots() -> None:
-    be = FakeBackend(n_ctx=64, max_slots=2)
+    be = FakeBackend(n_ctx_seq=64, max_slots=2)
     sc = SlotCache(be, 2, None)
     assert sc.place([5, 6, 7], [0, 1]) == (0, 0)
     be.forward_batch([(0, [5, 6, 7], "last")])

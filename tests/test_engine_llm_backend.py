@@ -92,7 +92,8 @@ PROMPTS = [[3, 4, 5, 6, 7], [9, 1, 2], [11, 12, 13, 14, 15, 16, 17]]
 
 def test_fallback_full_sequence_logits() -> None:
     b = LLMBackend(CFG, factory=StandIn)
-    assert not b.stepwise and (b.n_vocab, b.n_ctx, b.max_slots) == (V, 64, 2)
+    # n_ctx 64 shared by the 2 slots (llama.cpp's meaning): 32 positions each
+    assert not b.stepwise and (b.n_vocab, b.n_ctx_seq, b.max_slots) == (V, 32, 2)
     assert b.llm.path == "/models/x.gguf" and b.llm.config["kv_type"] == "f16"
     ref = StandIn("", n_ctx=64)
     assert run(b, PROMPTS, 12) == {i: greedy(ref, p, 12) for i, p in enumerate(PROMPTS)}
@@ -142,4 +143,4 @@ def test_the_engines_model_takes_the_servers_settings_not_the_environment(
     monkeypatch.setenv("STRATA_N_CTX", "48")
     cfg = Config.load({"port": 8123, "model": path, "n_ctx": 96, "threads": 1}, env={})
     b = LLMBackend(cfg)
-    assert b.n_ctx == 96 and b.llm.config == cfg
+    assert b.n_ctx_seq == 96 and b.llm.config == cfg

@@ -42,7 +42,7 @@ def test_frames_roundtrip_and_limits() -> None:
     msgs = [Start(1, {"n_ctx": 64}), Submit(3, [1, 2], GREEDY, 5, EOG), Abort(3)]
     for m in msgs:
         assert decode_to_engine(encode(m)[4:]) == m
-    back = [Loaded(1, 9, 264, 64, 2, {"kind": "fake"}), Tokens(3, [5], [-0.1], [[(5, -0.1)]])]
+    back = [Loaded(1, 9, 264, 128, 64, 2, {"kind": "fake"}), Tokens(3, [5], [-0.1], [[(5, -0.1)]])]
     for m in back:
         assert decode_from_engine(encode(m)[4:]) == m
     with pytest.raises(ProtocolError):
@@ -88,7 +88,7 @@ def finish_of(events: list[Progress | Tokens], rid: int) -> str | None:
 
 
 def test_fifo_slots_and_echo() -> None:
-    fb = FakeBackend(n_ctx=64, max_slots=1)
+    fb = FakeBackend(n_ctx_seq=64, max_slots=1)
     sched = Scheduler(fb, prefill_chunk=4, max_slots=1)
     for rid, word in enumerate([b"first", b"second", b"third"]):
         assert sched.add(Submit(rid, list(word), GREEDY, 50, EOG)) == []
@@ -102,7 +102,7 @@ def test_fifo_slots_and_echo() -> None:
 
 
 def test_length_context_and_errors() -> None:
-    sched = Scheduler(FakeBackend(n_ctx=10, max_slots=2), prefill_chunk=8, max_slots=2)
+    sched = Scheduler(FakeBackend(n_ctx_seq=10, max_slots=2), prefill_chunk=8, max_slots=2)
     sched.add(Submit(1, list(b"abcdef"), GREEDY, 2, EOG))
     sched.add(Submit(2, list(b"abcdefgh"), GREEDY, 50, EOG))  # 2 positions left
     bad = sched.add(Submit(3, [1, 9999], GREEDY, 5, EOG))
@@ -115,7 +115,7 @@ def test_length_context_and_errors() -> None:
 
 
 def test_abort_frees_slot_for_the_next() -> None:
-    sched = Scheduler(FakeBackend(n_ctx=256, max_slots=1), prefill_chunk=64, max_slots=1)
+    sched = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), prefill_chunk=64, max_slots=1)
     sched.add(Submit(1, list(b"x" * 100), GREEDY, 100, EOG))
     sched.add(Submit(2, list(b"next"), GREEDY, 10, EOG))
     ev = sched.step() + sched.step()
@@ -214,7 +214,7 @@ def test_engine_loop_in_a_thread() -> None:
     cfg = asdict(Config.load({"engine": "fake", "parallel": 2, "n_ctx": 64}, env={}))
     fs.send(Start(PROTOCOL_VERSION, cfg))
     loaded = _recv(fs)[0]
-    assert isinstance(loaded, Loaded) and loaded.max_slots == 2 and loaded.n_ctx == 64
+    assert isinstance(loaded, Loaded) and loaded.max_slots == 2 and loaded.n_ctx_seq == 32
     fs.send(Submit(1, list(b"pong"), GREEDY, 10, EOG))
     got: list[object] = []
     while not any(isinstance(m, Tokens) and m.finish for m in got):
@@ -294,7 +294,7 @@ def test_engine_connection_splits_frames_and_keeps_their_order() -> None:
         def close(self) -> None:
             self.closed = True
 
-    frames: list[FromEngine] = [Loaded(PROTOCOL_VERSION, 7, 100, 64, 2, {}, [])]
+    frames: list[FromEngine] = [Loaded(PROTOCOL_VERSION, 7, 100, 128, 64, 2, {}, [])]
     frames += [Tokens(i % 3, [i, i + 1], finish="stop" if i % 5 == 4 else None) for i in range(40)]
     frames += [Progress(2, 17, 30), Failed("boom")]
     wire = b"".join(encode(f) for f in frames)

@@ -153,7 +153,7 @@ def test_engine_stress_with_forced_wrong_guesses(kind: str) -> None:
     from test_spec import outputs, run
 
     kw: dict[str, Any] = dict(
-        model=str(DEFAULT), device="cuda", n_ctx=512, parallel=2, threads=3, gpus=TWO_GPUS,
+        model=str(DEFAULT), device="cuda", n_ctx=1024, parallel=2, threads=3, gpus=TWO_GPUS,
         pipeline_windows=2, pcie_frac=0.0, spec="ngram", spec_max=4, test_pipeline_miss=2,
     )  # fmt: skip
     if kind != "pure":  # a quarter of the experts in slots, a choice after every step

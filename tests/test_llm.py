@@ -11,6 +11,7 @@ import qwen3moe_file as qf
 from strata import LLM
 from strata._core import Model
 from strata.errors import ModelError
+from strata.gguf import GGUFFile
 
 SHAPE = qf.Shape(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_expert=8, n_expert_used=2)
 SHAPE.n_ff_exp = 128
@@ -200,9 +201,38 @@ def test_cli_streams(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "[finish: " in capsys.readouterr().err
 
 
+def test_n_ctx_is_shared_by_the_parallel_slots_as_in_llama_cpp(path: Path) -> None:
+    """`n_ctx` is the context of all `parallel` sequences together (llama.cpp's `-c` with
+    `-np`); the engine's model has those slots only, so its KV cache holds n_ctx positions."""
+    from strata.config import Config
+    from strata.errors import ConfigError
+
+    cfg = Config.load({"model": str(path), "n_ctx": 192, "parallel": 3}, env={})
+    assert cfg.n_ctx_seq == 64
+    engine = LLM.from_config(cfg, private_slot=False)
+    assert (engine.model.hparams["n_ctx"], engine.model.hparams["n_slots"]) == (64, 3)
+    with pytest.raises(RuntimeError, match="step API only"):
+        engine.logits([1, 2])
+    with pytest.raises(ValueError, match="context of 64"):
+        engine.forward_batch([(2, toks(65), "last")])
+    own = LLM.from_config(cfg)  # a private slot of the same size for logits()/generate()
+    assert (own.model.hparams["n_ctx"], own.model.hparams["n_slots"]) == (64, 4)
+    assert own.logits(toks(64)).shape[0] == 64
+    with pytest.raises(ValueError, match="context of 64"):
+        own.logits(toks(65))
+    with pytest.raises(ConfigError, match="n_ctx: leaves 5 tokens to each of the 3"):
+        Config.load({"n_ctx": 16, "parallel": 3}, env={})
+    # llama.cpp's -c 0: the model's training context (the file's context_length), shared
+    with GGUFFile(path) as g:
+        train = int(g.metadata[f"{g.architecture}.context_length"])
+    whole = LLM.from_config(Config.load({"model": str(path), "n_ctx": 0, "parallel": 2}, env={}))
+    assert (whole.n_ctx, whole.n_ctx_seq, whole.config.n_ctx) == (train, train // 2, train)
+    assert whole.model.hparams["n_ctx"] == train // 2
+
+
 def test_batched_step_api_matches_forward(path: Path) -> None:
-    llm = LLM(path, n_ctx=48, parallel=2)
-    assert llm.max_slots == 2
+    llm = LLM(path, n_ctx=96, parallel=2)  # llama.cpp's n_ctx: 48 positions to each slot
+    assert (llm.max_slots, llm.n_ctx, llm.n_ctx_seq) == (2, 96, 48)
     a, b = toks(10, seed=8), toks(6, seed=9)
     ref_a = Model.open(path, n_ctx=48).forward(0, [*a, 5, 6], logits="all")
     ref_b = Model.open(path, n_ctx=48).forward(0, [*b, 7], logits="all")

@@ -189,7 +189,9 @@ def test_readahead_setting() -> None:
     assert threads(ram_mode="budget", ram_budget_gib=1.0, readahead_threads=3) == 3
     assert threads(ram_mode="budget", ram_budget_gib=1.0, readahead="off") == 0
     assert threads() == 0 and threads(readahead="on") == 2
-    assert threads(ram_mode="resident", readahead="on") == 0
+    assert threads(ram_mode="resident") == 0
+    with pytest.raises(ConfigError, match="readahead: on has nothing to read ahead"):
+        Config.load({"ram_mode": "resident", "readahead": "on"}, env={})
     with pytest.raises(ConfigError, match="readahead"):
         Config.load({"readahead": "sometimes"}, env={})
     with pytest.raises(ConfigError, match="readahead_threads"):

@@ -171,7 +171,7 @@ def test_greedy_with_speculation_equals_without(fam: str, q8: dict[str, Path]) -
     from strata.spec import Speculator
     from test_spec import GREEDY, llm_run
 
-    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=256, parallel=3, kv_type="f16"))
+    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=768, parallel=3, kv_type="f16"))
     rng = np.random.default_rng(1)
     prompts = [[int(t) for t in rng.integers(0, 500, n)] for n in (5, 17, 40)]
     params = [GREEDY] * 3
@@ -193,7 +193,7 @@ def test_placement_reuses_whole_sequences_or_checkpoints(fam: str, q8: dict[str,
     from strata.engine.backend import LLMBackend
     from strata.engine.prefix import SlotCache
 
-    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=128, parallel=2, kv_type="f16"))
+    be = LLMBackend(Config(model=str(q8[fam]), n_ctx=256, parallel=2, kv_type="f16"))
     assert be.recurrent and not hasattr(be, "kv_export")
     sc = SlotCache(be, 1, None)
 

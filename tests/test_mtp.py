@@ -180,13 +180,13 @@ def test_greedy_with_mtp_equals_without(q8: dict[str, Path], which: str) -> None
     from strata.spec import make_speculator
     from test_spec import GREEDY, llm_run
 
-    be = LLMBackend(Config(model=str(q8[which]), n_ctx=256, parallel=3, threads=1, kv_type="f16"))
+    be = LLMBackend(Config(model=str(q8[which]), n_ctx=768, parallel=3, threads=1, kv_type="f16"))
     assert be.llm.model.has_mtp
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(0, 500, n)] for n in (5, 17, 40)]
     params = [GREEDY] * 3
     want, _ = llm_run(be, None, prompts, params, max_tokens=32)
-    cfg = Config(spec="auto", parallel=3, n_ctx=256, spec_max=4, spec_adaptive=False)
+    cfg = Config(spec="auto", parallel=3, n_ctx=768, spec_max=4, spec_adaptive=False)
     spec = make_speculator(cfg, be)
     assert spec is not None and spec.drafter.name == "mtp"
     got, sched = llm_run(be, spec, prompts, params, max_tokens=32)

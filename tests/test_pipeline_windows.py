@@ -28,7 +28,7 @@ def prompts() -> list[list[int]]:
 
 
 def sched_for(pipeline: int, spec: bool, force_miss: int = 0) -> tuple[Scheduler, FakeBackend]:
-    be = FakeBackend(n_ctx=512, max_slots=4, pipeline_windows=pipeline)
+    be = FakeBackend(n_ctx_seq=512, max_slots=4, pipeline_windows=pipeline)
     sp = Speculator(NgramDrafter(), 1, 6, adaptive=False) if spec else None
     sched = Scheduler(
         be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp,
@@ -97,7 +97,7 @@ def test_sampled_requests_and_an_abort_in_flight() -> None:
 
 
 def test_a_slot_in_flight_cannot_be_cut() -> None:
-    be = FakeBackend(n_ctx=64, max_slots=2, pipeline_windows=2)
+    be = FakeBackend(n_ctx_seq=64, max_slots=2, pipeline_windows=2)
     be.forward_batch([(0, [1, 2, 3], "last")])
     be.launch_batch([(0, [4], "last")])
     with pytest.raises(ValueError, match="in flight"):
@@ -142,13 +142,17 @@ def test_guesses_stop_where_they_cost_time() -> None:
     serially (one forward_batch, no launch) and guesses come only in the exploring blocks,
     rarer as the serial arm keeps winning."""
     clock = VirtualClock()  # the steps' 2 ms pass on it alone: no host's load in the costs
-    be = FakeBackend(n_ctx=2048, max_slots=4, pipeline_windows=2, step_ms=2.0, sleep=clock.sleep)
+    be = FakeBackend(
+        n_ctx_seq=2048, max_slots=4, pipeline_windows=2, step_ms=2.0, sleep=clock.sleep
+    )
     sp = Speculator(WrongDrafter(), 1, 4, adaptive=False)
     sched = Scheduler(
         be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp, clock=clock.now
     )
     text = list(b"abcdefghijklmnopqrstuvwxyz " * 20)
-    serial = Scheduler(FakeBackend(n_ctx=2048, max_slots=4), 16, max_slots=4, max_batch_tokens=64)
+    serial = Scheduler(
+        FakeBackend(n_ctx_seq=2048, max_slots=4), 16, max_slots=4, max_batch_tokens=64
+    )
     serial.add(Submit(0, text, GREEDY, 600, EOG))
     want = outputs(run(serial), 1)
     sched.add(Submit(0, text, GREEDY, 600, EOG))
@@ -168,7 +172,7 @@ class Refusing(FakeBackend):
 
 
 def test_a_refused_window_runs_as_a_serial_step() -> None:
-    be = Refusing(n_ctx=512, max_slots=4, pipeline_windows=2)
+    be = Refusing(n_ctx_seq=512, max_slots=4, pipeline_windows=2)
     sp = Speculator(NgramDrafter(), 1, 6, adaptive=False)
     sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=sp)
     ps = prompts()

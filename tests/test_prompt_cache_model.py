@@ -26,7 +26,7 @@ def toks(n: int, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0", "f32"])
 def test_restored_kv_gives_the_prefilled_logits_bitwise(path: Path, kv_type: str) -> None:
-    llm = LLM(path, n_ctx=64, parallel=3, kv_type=kv_type, prefill_chunk=16)
+    llm = LLM(path, n_ctx=192, parallel=3, kv_type=kv_type, prefill_chunk=16)
     p, s = toks(30, 1), toks(9, 2)
     llm.forward_batch([(0, p, "none")])
     whole = llm.kv_export(0, 30)

@@ -23,7 +23,7 @@ MODEL = "strata-fake"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(parallel=4, n_ctx=512, max_top_logprobs=5)
+    s = Server(parallel=4, n_ctx=2048, max_top_logprobs=5)
     yield s
     s.stop()
 
@@ -109,7 +109,7 @@ def test_max_tokens_length_and_max_completion_tokens(client: openai.OpenAI) -> N
 
 
 def test_completion_clamped_at_context_end(client: openai.OpenAI) -> None:
-    prompt = "q" * 508  # n_ctx 512: room for 4 output tokens
+    prompt = "q" * 508  # 512 a sequence (n_ctx 2048 / 4): room for 4 output tokens
     r = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=100)
     assert (r.choices[0].text, r.choices[0].finish_reason) == ("qqqq", "length")
 
@@ -204,6 +204,18 @@ def test_tokenize_detokenize(server: Server) -> None:
     assert r["tokens"] == list("hé".encode()) and r["count"] == 3 and r["max_model_len"] == 512
     m = server.http.post("/tokenize", json={"messages": [{"role": "user", "content": "a"}]})
     assert m.json()["tokens"] == [258, 97, 260, 259]  # <|user|> a <|end|> <|assistant|>
+    # llama-server's with_pieces: each token's text, or its bytes where not whole UTF-8
+    p = server.http.post("/tokenize", json={"content": "hé", "with_pieces": True}).json()
+    assert p["tokens"] == [
+        {"id": 104, "piece": "h"},
+        {"id": 195, "piece": [195]},
+        {"id": 169, "piece": [169]},
+    ]
+    # parse_special: special-token text becomes the special token (off: plain text)
+    sp = server.http.post("/tokenize", json={"prompt": "<|user|>a", "parse_special": True}).json()
+    assert sp["tokens"] == [258, 97]
+    plain = server.http.post("/tokenize", json={"prompt": "<|user|>a"}).json()["tokens"]
+    assert plain == list(b"<|user|>a")
     d = server.http.post("/detokenize", json={"tokens": r["tokens"]}).json()
     assert d["prompt"] == "hé"
     bad = server.http.post("/detokenize", json={"tokens": [1, 99999]})
@@ -213,7 +225,10 @@ def test_tokenize_detokenize(server: Server) -> None:
 def test_status(server: Server) -> None:
     s = server.status()
     assert s["status"] == "ready"
-    assert s["model"]["id"] == MODEL and s["model"]["n_ctx"] == 512
+    assert s["model"]["id"] == MODEL and (s["model"]["n_ctx"], s["model"]["n_ctx_seq"]) == (
+        2048,
+        512,
+    )
     assert s["slots"]["parallel"] == 4
     assert s["engine"]["state"] == "ready" and s["engine"]["pid"] > 0
     assert s["settings"]["engine"] == "fake" and s["settings"]["api_key"] == ""

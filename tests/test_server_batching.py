@@ -39,7 +39,7 @@ def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone() -
     srv = Server(
         engine="llm",
         parallel=8,
-        n_ctx=256,
+        n_ctx=2048,  # 256 to each of the 8 sequences
         max_batch_tokens=256,
         cache_prompt=False,
     )
@@ -63,7 +63,7 @@ def test_eight_concurrent_greedy_requests_each_return_what_they_return_alone() -
 
 def test_sampled_server_output_equals_llm_generate() -> None:
     settings = {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "min_p": 0.02, "seed": 1234}
-    srv = Server(engine="llm", parallel=2, n_ctx=256)
+    srv = Server(engine="llm", parallel=2, n_ctx=512)
     try:
         got = [complete(srv, p, 12, **settings)["choices"][0]["text"] for p in PROMPTS[:3]]
     finally:
@@ -91,10 +91,18 @@ def test_prefix_reuse_reports_cached_tokens() -> None:
             (i for i, (x, y) in enumerate(zip(ia, ib[:-1], strict=False)) if x != y), len(ia)
         )
         assert want > 5
-        second = complete(srv, b, 4, temperature=0)["usage"]
+        # llama-server's per-request cache_prompt false: the prompt runs from the start
+        fresh = complete(srv, b, 1, temperature=0, cache_prompt=False)["usage"]
+        assert fresh["prompt_tokens_details"] == {"cached_tokens": 0}
+        again = complete(srv, a, 1, temperature=0)["usage"]  # reuses b's run: a ⊂ b
+        assert again["prompt_tokens_details"] == {"cached_tokens": min(want, len(ia) - 1)}
+        second = complete(srv, b, 4, temperature=0)["usage"]  # the slot holds a again
         assert second["prompt_tokens_details"] == {"cached_tokens": want}
         m = srv.http.get("/metrics").text
-        assert f"strata_prompt_tokens_cached_total {float(want)}" in m
+        cached = min(want, len(ia) - 1) + want
+        assert f"strata_prompt_tokens_cached_total {float(cached)}" in m
+        bad = srv.http.post("/v1/completions", json={"prompt": a, "cache_prompt": "no"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "cache_prompt"
         # a choice the server ends at a stop string reports its cached tokens too (they come
         # with the engine's acknowledgement of the abort): the same request without the stop
         # string, run just before from the same slot state, is the oracle

@@ -18,7 +18,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(parallel=2, n_ctx=256, max_body_bytes=4096, max_top_logprobs=5)
+    s = Server(parallel=2, n_ctx=512, max_body_bytes=4096, max_top_logprobs=5)
     yield s
     s.stop()
 

@@ -36,6 +36,8 @@ def test_greedy_matches_llm(parallel: int) -> None:
         model_id = srv.http.get("/v1/models").json()["data"][0]["id"]
         status = srv.http.get("/v1/status").json()["model"]
         assert status["weights"] == modelgen.TRAINED_DEFAULT_WEIGHTS
+        # n_ctx as llama.cpp's -c with -np: the context of every sequence together
+        assert (status["n_ctx"], status["n_ctx_seq"]) == (512, 512 // parallel)
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         for prompt in PROMPTS * 2:
             r = client.completions.create(
@@ -43,5 +45,22 @@ def test_greedy_matches_llm(parallel: int) -> None:
             )
             text, finish = reference(llm, prompt, n)
             assert (r.choices[0].text, r.choices[0].finish_reason) == (text, finish)
+    finally:
+        srv.stop()
+
+
+def test_n_ctx_0_is_the_training_context_shared_by_the_slots() -> None:
+    """llama-server's `-c 0 -np 2`: the model's training context (its GGUF's context_length)
+    for both slots together; /v1/status and /tokenize say what each sequence holds."""
+    from strata.gguf import GGUFFile
+
+    with GGUFFile(modelgen.shipped_model_path("default")) as g:
+        train = int(g.metadata[f"{g.architecture}.context_length"])
+    srv = Server(engine="llm", parallel=2, n_ctx=0)
+    try:
+        status = srv.http.get("/v1/status").json()["model"]
+        assert (status["n_ctx"], status["n_ctx_seq"]) == (train, train // 2)
+        tok = srv.http.post("/tokenize", json={"prompt": "hi"}).json()
+        assert tok["max_model_len"] == train // 2
     finally:
         srv.stop()

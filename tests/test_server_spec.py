@@ -67,7 +67,7 @@ def check_reported(srv: Server, usage: dict[str, Any]) -> None:
 
 
 def test_fake_engine_ngram_drafts_are_reported() -> None:
-    srv = Server(spec="ngram", parallel=2, n_ctx=512, spec_adaptive=False)
+    srv = Server(spec="ngram", parallel=2, n_ctx=1024, spec_adaptive=False)
     try:
         plain = complete(srv, PROMPT, 60, speculative=False)
         assert "drafts_offered" not in plain["usage"]

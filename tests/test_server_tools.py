@@ -67,7 +67,7 @@ MAX = 160  # enough for any answer the bounded schemas allow
 
 @pytest.fixture(scope="module")
 def model_server() -> Iterator[Server]:
-    s = Server(engine="llm", parallel=2, n_ctx=2048)  # the embedded default model
+    s = Server(engine="llm", parallel=2, n_ctx=4096)  # the embedded default model
     yield s
     s.stop()
 
@@ -322,7 +322,7 @@ def test_model_optional_and_ignored_fields(model_server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[openai.OpenAI]:
-    s = Server(parallel=2, n_ctx=2048)
+    s = Server(parallel=2, n_ctx=4096)
     with openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
         yield c
     s.stop()

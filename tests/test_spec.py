@@ -349,7 +349,7 @@ def test_drafter_upkeep_pauses_only_while_no_sequence_can_gain() -> None:
 
 
 def fake_run(spec: Speculator | None, prompts: list[list[int]], max_tokens: int) -> tuple:
-    be = Windows(n_ctx=512, max_slots=4)
+    be = Windows(n_ctx_seq=512, max_slots=4)
     sched = Scheduler(be, prefill_chunk=16, max_slots=4, max_batch_tokens=64, speculator=spec)
     eog = sorted(toytok.EOG_IDS)
     for rid, p in enumerate(prompts):
@@ -376,7 +376,7 @@ def test_greedy_with_ngram_equals_without_on_the_fake_engine() -> None:
 
 @pytest.fixture(scope="module")
 def default_backend() -> LLMBackend:
-    return LLMBackend(Config(parallel=3, n_ctx=1536, threads=1))
+    return LLMBackend(Config(parallel=3, n_ctx=4608, threads=1))
 
 
 def llm_run(
@@ -410,7 +410,7 @@ def test_greedy_on_the_trained_default_equals_without(
     want, _ = llm_run(be, None, prompts, params)
     # every window drafts: the model's windows cost about their tokens here (the adaptive
     # choice would draft little), and every window is a chance to differ
-    cfg = Config(spec=kind, parallel=3, n_ctx=512, threads=1, spec_max=6, spec_adaptive=False)
+    cfg = Config(spec=kind, parallel=3, n_ctx=1536, threads=1, spec_max=6, spec_adaptive=False)
     spec = make_speculator(cfg, be)
     assert spec is not None and spec.drafter.name == kind
     got, sched = llm_run(be, spec, prompts, params)
@@ -453,7 +453,7 @@ def test_greedy_edit_task_equals_without(default_backend: LLMBackend) -> None:
     src = (Path(sysconfig.get_paths()["stdlib"]) / "graphlib.py").read_text()
     ids = tok.encode("# graphlib.py\n" + src)[:1000] + tok.encode("<|endoftext|># graphlib.py\n")
     want, _ = llm_run(default_backend, None, [ids], [GREEDY], 200)
-    cfg = Config(spec="ngram", parallel=3, n_ctx=512, spec_max=8, spec_adaptive=False)
+    cfg = Config(spec="ngram", parallel=3, n_ctx=1536, spec_max=8, spec_adaptive=False)
     spec = make_speculator(cfg, default_backend)
     got, _ = llm_run(default_backend, spec, [ids], [GREEDY], 200)
     assert got == want

@@ -47,7 +47,7 @@ class Toy:
     """A model whose next-token logits depend on the position and the previous token."""
 
     n_vocab = V
-    n_ctx = N_CTX
+    n_ctx_seq = N_CTX
     max_slots = 64
 
     def __init__(self) -> None:

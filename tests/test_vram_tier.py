@@ -81,7 +81,7 @@ def test_metrics_and_status_views() -> None:
 class _LLMStub:
     """What LLMBackend forwards to: plain stats plus the labeled VRAM ones."""
 
-    n_vocab, n_ctx = 16, 64
+    n_vocab, n_ctx_seq = 16, 64
 
     def __init__(self, c: HybridCounters | None) -> None:
         self.hybrid = c
@@ -149,7 +149,7 @@ def _finish(sched: Scheduler, rid: int) -> Tokens:
 
 
 def test_per_request_hit_rate_and_pcie_share() -> None:
-    fb = _HybridFake(n_ctx=64, max_slots=1)
+    fb = _HybridFake(n_ctx_seq=64, max_slots=1)
     sched = Scheduler(fb, prefill_chunk=4, max_slots=1)
     eog = sorted(toytok.EOG_IDS)
     sched.add(Submit(1, list(b"hello"), SamplingParams(temperature=0), 6, eog))
@@ -177,7 +177,7 @@ def test_per_request_hit_rate_and_pcie_share() -> None:
 def test_concurrent_requests_count_their_own_pairs() -> None:
     # Two requests in the same steps (issue 15 item 6): each reports the pairs of the rows it
     # fed, not the engine-wide change over its life.
-    fb = _HybridFake(n_ctx=64, max_slots=2)
+    fb = _HybridFake(n_ctx_seq=64, max_slots=2)
     sched = Scheduler(fb, prefill_chunk=4, max_slots=2)
     eog = sorted(toytok.EOG_IDS)
     sched.add(Submit(1, list(b"hello there"), SamplingParams(temperature=0), 9, eog))
@@ -205,7 +205,7 @@ def test_concurrent_requests_count_their_own_pairs() -> None:
 
 
 def test_cpu_only_path_reports_nothing() -> None:
-    fb = FakeBackend(n_ctx=64, max_slots=1)
+    fb = FakeBackend(n_ctx_seq=64, max_slots=1)
     sched = Scheduler(fb, prefill_chunk=4, max_slots=1)
     sched.add(Submit(1, list(b"hi"), SamplingParams(temperature=0), 3, sorted(toytok.EOG_IDS)))
     t = _finish(sched, 1)
@@ -226,6 +226,7 @@ def test_settings() -> None:
     )
     assert c.pcie_frac == -1.0 and c.tier_async is False
     env = {"STRATA_PCIE_FRAC": "0.25", "STRATA_TIER_ASYNC": "1", "STRATA_ADAPT_EVERY": "8"}
+    env["STRATA_DEVICE"] = "cuda"  # GPU settings (the CPU refuses them: test_config)
     c = Config.load(env=env)
     assert (c.pcie_frac, c.tier_async, c.adapt_every) == (0.25, True, 8)
     for bad in (
@@ -240,7 +241,7 @@ def test_settings() -> None:
     ):
         with pytest.raises(ConfigError):
             Config.load(bad, env={})
-    assert np.isfinite(Config.load({"pcie_frac": 0.0}, env={}).pcie_frac)
+    assert np.isfinite(Config.load({"pcie_frac": 0.0, "device": "cuda"}, env={}).pcie_frac)
 
 
 def test_default_pcie_frac() -> None:

@@ -44,7 +44,7 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    s = Server(engine="llm", parallel=2, n_ctx=512)  # the embedded default model
+    s = Server(engine="llm", parallel=2, n_ctx=1024)  # the embedded default model
     yield s
     s.stop()
 

@@ -24,6 +24,7 @@ import operator
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,12 @@ def _f(default: Any, help: str, group: str = "model", core: bool = False, **kw: 
     return field(default=default, metadata={"help": help, "group": group, "core": core, **kw})
 
 
+def _gpu(default: Any, help: str, **kw: Any) -> Any:
+    """A core setting of the GPU path only: set to other than its default with `device` cpu,
+    it is a ConfigError (it would change nothing)."""
+    return _f(default, help, core=True, cuda_only=True, **kw)
+
+
 def _s(default: Any, help: str, **kw: Any) -> Any:
     return _f(default, help, group="server", **kw)
 
@@ -85,7 +92,13 @@ def _t(default: Any, help: str, **kw: Any) -> Any:
 class Config:
     # model and engine
     model: str = _s("", "GGUF path (any shard of a split model); empty: the embedded default model")
-    n_ctx: int = _f(4096, "context length per sequence (tokens)", core=True)
+    n_ctx: int = _f(
+        4096,
+        "context length in tokens across the `parallel` sequences, as llama.cpp's -c with -np: "
+        "each sequence holds n_ctx / parallel (n_ctx_seq); 0: the model's training context, "
+        "as llama.cpp's -c 0",
+        core=True,
+    )
     kv_type: str = _f(
         "f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"), core=True
     )
@@ -151,86 +164,73 @@ class Config:
     )
     readahead_threads: int = _f(2, "threads that do the read-ahead")
     profile_tokens: int = _s(64, "tokens strata-fill profile generates per prompt")
-    vram_budget_mib: int = _f(
-        -1, "VRAM budget in MiB (-1: free memory minus the reserve)", core=True
-    )
-    vram_reserve_mib: int = _f(700, "VRAM left free when the budget is automatic", core=True)
-    vram_slots: int = _f(
+    vram_budget_mib: int = _gpu(-1, "VRAM budget in MiB (-1: free memory minus the reserve)")
+    vram_reserve_mib: int = _gpu(700, "VRAM left free when the budget is automatic")
+    vram_slots: int = _gpu(
         -1,
         "hybrid GPU: at most this many expert slots in VRAM (the hybrid mode even where the "
         "model fits; -1: as many as the budget holds)",
-        core=True,
     )
-    adapt_every: int = _f(
+    adapt_every: int = _gpu(
         16,
         "hybrid GPU: steps between adaptive tier choices (0: the VRAM cache never changes)",
-        core=True,
     )
-    adapt_swaps: int = _f(4, "hybrid GPU: most experts swapped into VRAM per choice", core=True)
-    pcie_frac: float = _f(
+    adapt_swaps: int = _gpu(4, "hybrid GPU: most experts swapped into VRAM per choice")
+    pcie_frac: float = _gpu(
         -1.0,
         "hybrid GPU: share of missed experts copied over PCIe and run on the GPU instead of "
         "the CPU, 0..1 (-1: the link probe's share or 0, whichever decodes faster, measured)",
-        core=True,
     )
-    stream_min_tokens: int = _f(
+    stream_min_tokens: int = _gpu(
         64,
         "hybrid GPU: prefill chunks of at least this many tokens copy each layer's missing "
         "experts over PCIe and run them on the GPU (0: every miss on the CPU)",
-        core=True,
     )
-    stream_chunk: int = _f(
+    stream_chunk: int = _gpu(
         4096,
         "hybrid GPU: tokens per prefill chunk when chunks stream (each chunk copies every "
         "missing expert once, so longer chunks move fewer bytes per token; the buffers are "
         "sized for it; 0: prefill_chunk)",
-        core=True,
     )
-    stream_threads: int = _f(
+    stream_threads: int = _gpu(
         0,
         "hybrid GPU: threads that copy streamed experts through page-locked buffers (0: one "
         "per core, at most 8)",
-        core=True,
     )
-    defer_experts: int = _f(
+    defer_experts: int = _gpu(
         0,
         "hybrid GPU: each token's N lowest-weight CPU-computed experts of a layer are added to "
         "the residual one layer later, so the CPU pool (one thread fewer: the GPU loop keeps a "
         "core) overlaps the next layer's GPU work (not exact: docs/BENCHMARKS.md has its top-1 "
         "agreement and perplexity against exact; 0: off)",
-        core=True,
     )
-    tier_async: bool = _f(
+    tier_async: bool = _gpu(
         False,
         "hybrid GPU: choose and stage swaps on a helper thread (device calls stay on the step "
         "thread, between steps)",
-        core=True,
     )
-    gpus: str = _f(
+    gpus: str = _gpu(
         "0",
         "cuda: the devices of the layer split's stages, comma-separated (a device may repeat: "
         '"0,0" runs one GPU as two stages, each with its own layers\' weights, KV cache, '
         "expert slots and streams; docs/PROTOCOL.md)",
-        core=True,
     )
-    layer_split: str = _f(
+    layer_split: str = _gpu(
         "auto",
         "cuda: where the stages' layers start: auto (each stage's share of the layers' bytes "
         "follows its share of its device's free memory) or the first layer of every stage "
         'after the first, comma-separated ("24" for two stages)',
-        core=True,
     )
-    pipeline_windows: int = _f(
+    pipeline_windows: int = _gpu(
         1,
         "cuda: windows in flight through the stages: 1 (each step runs through every stage "
         "before the next), or 2 (pipelined windows; needs at least two stages)",
-        core=True,
     )
     # server
     host: str = _s("127.0.0.1", "address to bind")
     port: int = _s(8000, "port to bind")
     api_key: str = _s("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
-    parallel: int = _f(1, "concurrent sequences (engine slots)")
+    parallel: int = _f(1, "concurrent sequences (engine slots; they share n_ctx)")
     max_queue: int = _s(64, "requests waiting beyond the slots before 429")
     pin_server: str = _s(
         "auto",
@@ -347,8 +347,16 @@ class Config:
             if not ok:
                 raise bad(f.name, f"expects {kind.__name__}")
 
-        if self.n_ctx < 16:
-            raise bad("n_ctx", "must be at least 16")
+        if self.n_ctx != 0 and self.n_ctx < 16:
+            raise bad("n_ctx", "must be at least 16 (or 0: the model's training context)")
+        if not 1 <= self.parallel <= 4096:
+            raise bad("parallel", "must be in 1..4096")
+        if self.n_ctx != 0 and self.n_ctx_seq < 16:
+            raise bad(
+                "n_ctx",
+                f"leaves {self.n_ctx_seq} tokens to each of the {self.parallel} parallel "
+                "sequences (n_ctx / parallel); each needs at least 16",
+            )
         if self.prefill_chunk < 1:
             raise bad("prefill_chunk", "must be at least 1")
         if not 0 <= self.threads <= 1024:
@@ -406,8 +414,6 @@ class Config:
                 raise bad(f.name, f"must be one of {', '.join(choices)}")
         if not (0 < self.port < 65536):
             raise bad("port", "must be in 1..65535")
-        if not 1 <= self.parallel <= 4096:
-            raise bad("parallel", "must be in 1..4096")
         if self.max_queue < 0:
             raise bad("max_queue", "must be >= 0")
         if self.max_batch_tokens < 1:
@@ -439,6 +445,36 @@ class Config:
             raise bad("max_body_bytes", "must be at least 1024")
         if self.ram_mode == "budget" and self.ram_budget_gib <= 0:
             raise bad("ram_budget_gib", "must be > 0 when ram_mode is budget")
+        self._check_combinations(bad)
+
+    def _check_combinations(self, bad: Callable[[str, str], ConfigError]) -> None:
+        """Settings that contradict each other: one of them would change nothing."""
+        if self.device != "cuda":
+            for f in fields(self):
+                if f.metadata.get("cuda_only") and getattr(self, f.name) != f.default:
+                    raise bad(f.name, f"applies to device cuda only (device is {self.device})")
+        if self.readahead == "on" and self.ram_mode == "resident":
+            raise bad("readahead", "on has nothing to read ahead when ram_mode is resident")
+        if self.spec_draft_model and self.spec not in ("draft", "auto"):
+            raise bad(
+                "spec_draft_model", f"is read by spec draft or auto only (spec is {self.spec})"
+            )
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """Positions each sequence (engine slot) holds: `n_ctx` shared out over the `parallel`
+        slots, as llama.cpp's `n_ctx_seq` without a unified KV cache (0 while `n_ctx` is 0:
+        known once the model is, `with_train_ctx`)."""
+        return self.n_ctx // max(1, self.parallel)
+
+    def with_train_ctx(self, n_ctx_train: int) -> Config:
+        """These settings with `n_ctx` 0 (llama.cpp's -c 0) resolved to the model's training
+        context `n_ctx_train` (0: the file gives none); unchanged when n_ctx is set."""
+        if self.n_ctx != 0:
+            return self
+        if n_ctx_train <= 0:
+            raise ConfigError("n_ctx: 0 asks for the model's training context; the file gives none")
+        return dataclasses.replace(self, n_ctx=n_ctx_train)
 
     def stage_devices(self) -> list[int] | None:
         """`gpus` as device numbers, one per stage (None: not a valid list)."""

@@ -8,7 +8,9 @@ The forward pass runs in Rust (`strata._core.Model`) with the GIL released; this
 validates arguments, samples and detokenizes. `logits` and `generate` use a private KV slot
 (a new prompt reuses the cached prefix it shares with the previous one); the engine drives
 `config.parallel` further slots through the batched step API (`forward_batch`, `truncate`,
-`kv_export`/`kv_import`, `free`).
+`kv_export`/`kv_import`, `free`). Every slot holds `n_ctx_seq` = n_ctx / parallel positions
+(llama.cpp's meaning of n_ctx: the context of all parallel sequences together); the engine
+opens its model without the private slot, so the server's KV cache is n_ctx positions.
 """
 
 from __future__ import annotations
@@ -92,37 +94,46 @@ class LLM:
         self._open(Config.load({**config, "model": str(model_path)}))
 
     @classmethod
-    def from_config(cls, config: Config) -> LLM:
+    def from_config(cls, config: Config, private_slot: bool = True) -> LLM:
         """The model `config.model` names with exactly `config`'s settings: neither the
         environment nor a config file is read again (the engine process builds its model
-        from the settings the server resolved, its flags over its environment)."""
+        from the settings the server resolved, its flags over its environment).
+        `private_slot` False: the step API's slots only (`logits`/`generate` refuse)."""
         llm = cls.__new__(cls)
-        llm._open(config)
+        llm._open(config, private_slot)
         return llm
 
-    def _open(self, config: Config) -> None:
-        self.config = config
-        self.path = Path(self.config.model)
+    def _open(self, config: Config, private_slot: bool = True) -> None:
+        self.path = Path(config.model)
         with GGUFFile(self.path) as g:
             self.metadata: dict[str, Any] = g.metadata
-        # Slots 0..parallel-1 belong to the step API; the last one to logits()/generate().
+        arch = self.metadata.get("general.architecture", "")
+        self.config = config.with_train_ctx(int(self.metadata.get(f"{arch}.context_length", 0)))
+        config = self.config
+        # Slots 0..parallel-1 belong to the step API; the last one (if any) to logits() and
+        # generate().
         self.max_slots: int = self.config.parallel
-        self._own = self.max_slots
+        self._own: int | None = self.max_slots if private_slot else None
         c = self.config
         # Every setting `Model.open` takes (Config.names("core")); on the GPU, the hybrid
         # mode's start fill follows the profile (the CPU path applies it to the RAM tier).
         profile = Profile.load(c.profile, self.path) if c.profile and c.device == "cuda" else None
         self.model = Model.open(
             self.path,
-            n_slots=self.max_slots + 1,
             profile=profile,
-            **{k: getattr(c, k) for k in Config.names("core")},
+            **{
+                **{k: getattr(c, k) for k in Config.names("core")},
+                # Model.open's n_ctx is the positions of one slot
+                "n_ctx": c.n_ctx_seq,
+                "n_slots": self.max_slots + int(private_slot),
+            },
         )
         self.hparams: dict[str, Any] = self.model.hparams
         # A hybrid family (qwen3next, qwen35moe): each slot keeps a recurrent state, which
         # cannot be cut back (truncate only to 0 or the slot's length, no KV export).
         self.recurrent: bool = bool(self.hparams.get("recurrent", False))
-        self.n_ctx: int = self.config.n_ctx
+        self.n_ctx: int = self.config.n_ctx  # all slots together, as llama.cpp's n_ctx
+        self.n_ctx_seq: int = self.config.n_ctx_seq  # positions one sequence may hold
         self.n_vocab: int = self.model.n_vocab
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
@@ -170,18 +181,26 @@ class LLM:
     def _check_len(self, n: int, what: str) -> None:
         if n == 0:
             raise ValueError(f"{what}: no tokens given")
-        if n > self.n_ctx:
+        if n > self.n_ctx_seq:
             raise ValueError(
-                f"{what}: {n} tokens do not fit the context of {self.n_ctx} tokens (n_ctx)"
+                f"{what}: {n} tokens do not fit a sequence's context of {self.n_ctx_seq} tokens "
+                "(n_ctx / parallel)"
             )
+
+    def _private(self) -> int:
+        if self._own is None:
+            raise RuntimeError(
+                "this model was opened for the step API only (no private slot for logits/generate)"
+            )
+        return self._own
 
     def logits(self, token_ids: Sequence[int]) -> npt.NDArray[np.float32]:
         """Logits of every position of `token_ids` on a fresh sequence: (len, n_vocab)."""
         ids = _as_ids(token_ids, "token_ids")
         self._check_len(len(ids), "token_ids")
-        self.model.free(self._own)
+        self.model.free(self._private())
         self._cached = []
-        out = self.model.forward(self._own, ids, logits="all")
+        out = self.model.forward(self._private(), ids, logits="all")
         self._cached = ids
         return out
 
@@ -194,9 +213,9 @@ class LLM:
             common += 1
         if self.recurrent and common < len(self._cached):
             common = 0  # a recurrent state only starts over
-        self.model.truncate(self._own, common)
+        self.model.truncate(self._private(), common)
         self._cached = self._cached[:common]
-        out = self.model.forward(self._own, ids[common:], logits="last")
+        out = self.model.forward(self._private(), ids[common:], logits="last")
         self._cached = list(ids)
         return out
 
@@ -336,7 +355,12 @@ class LLM:
     def info(self) -> dict[str, Any]:
         keys = ("architecture", "n_layer", "n_embd", "n_expert", "n_expert_used", "n_vocab")
         d: dict[str, Any] = {k: self.hparams[k] for k in keys}
-        d.update(kv_type=self.config.kv_type, n_ctx=self.n_ctx, max_slots=self.max_slots)
+        d.update(
+            kv_type=self.config.kv_type,
+            n_ctx=self.n_ctx,
+            n_ctx_seq=self.n_ctx_seq,
+            max_slots=self.max_slots,
+        )
         tiers = tier_info(
             self.tier, self._routing, self.fill, readahead=self.model.readahead_stats()
         )
@@ -397,11 +421,11 @@ class LLM:
             if tok in stops:
                 yield tok, "stop"
                 return
-            if i + 1 == max_tokens or n >= self.n_ctx:
+            if i + 1 == max_tokens or n >= self.n_ctx_seq:
                 yield tok, "length"
                 return
             yield tok, None
-            logits = self.model.forward(self._own, [tok], logits="last")
+            logits = self.model.forward(self._private(), [tok], logits="last")
             self._cached.append(tok)
 
     def generate(

@@ -62,6 +62,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     grammar: str | None = None
     # False: the engine never drafts for this sequence (when its `spec` setting is on)
     speculative: bool = True
+    # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
+    # the server's `cache_prompt` setting off turns reuse off for every request)
+    cache_prompt: bool = True
 
     def validate(self) -> SamplingParams:
         def bad(name: str, why: str) -> ValueError:
@@ -94,8 +97,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")
-        if not isinstance(self.speculative, bool):
-            raise bad("speculative", "must be true or false")
+        for name in ("speculative", "cache_prompt"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "must be true or false")
         integer("top_k", -1)
         integer("repeat_last_n", -1)
         integer("top_logprobs", -1)

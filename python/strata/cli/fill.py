@@ -195,7 +195,12 @@ def cmd_profile(cfg: Config, ns: argparse.Namespace) -> int:
         )
     tok = Tokenizer.from_gguf(path)
     eog = tok.eog_ids
-    n_ctx = backend.n_ctx
+    n_ctx = backend.n_ctx_seq
+    if cfg.profile_tokens >= n_ctx - 1:  # n_ctx 0 (the training context) is known only now
+        raise ConfigError(
+            f"profile_tokens: {cfg.profile_tokens} leaves no room in a sequence's context of "
+            f"{n_ctx} (at most n_ctx_seq - 2)"
+        )
     tokens = 0
     bar = _Progress(len(prompts), "profile", sys.stderr)
     for i, prompt in enumerate(prompts):
@@ -360,11 +365,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.error("--top must be at least 1")
             return cmd_show(ns)
         cfg = _config(parser, ns)
-        if ns.command == "profile" and cfg.profile_tokens >= cfg.n_ctx - 1:
+        if ns.command == "profile" and cfg.n_ctx and cfg.profile_tokens >= cfg.n_ctx_seq - 1:
             # each prompt keeps at least one token and its generated ones in the context
             parser.error(
                 f"--tokens {cfg.profile_tokens} leaves no room in --n-ctx {cfg.n_ctx} "
-                "(at most n_ctx - 2)"
+                f"({cfg.n_ctx_seq} a sequence; at most n_ctx_seq - 2)"
             )
         return cmd_profile(cfg, ns) if ns.command == "profile" else cmd_warm(cfg, ns)
     except (_Fail, StrataError, OSError) as e:

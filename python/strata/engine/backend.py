@@ -38,7 +38,8 @@ Entry = tuple[int, Sequence[int], str]
 
 class Backend(Protocol):
     n_vocab: int
-    n_ctx: int  # positions per slot
+    n_ctx: int  # positions of all slots together (llama.cpp's n_ctx; resolved when 0)
+    n_ctx_seq: int  # positions per slot (n_ctx / parallel)
     max_slots: int
 
     def forward_batch(self, entries: Sequence[Entry]) -> list[F32 | None]:
@@ -75,7 +76,7 @@ class FakeBackend:
 
     def __init__(
         self,
-        n_ctx: int = 4096,
+        n_ctx_seq: int = 4096,
         max_slots: int = 4,
         seed: int = 0,
         step_ms: float = 0.0,
@@ -92,8 +93,9 @@ class FakeBackend:
         self._flights: list[tuple[list[F32 | None], dict[int, int]]] = []
         self._verdict = False
         self._launching = False
-        self.n_ctx = n_ctx
+        self.n_ctx_seq = n_ctx_seq
         self.max_slots = max_slots
+        self.n_ctx = n_ctx_seq * max_slots
         self.seed = seed
         self.step_s = step_ms / 1000.0
         self.faults = faults
@@ -135,8 +137,8 @@ class FakeBackend:
     def _check(self, slot: int, n: int) -> None:
         if not (0 <= slot < self.max_slots):
             raise ValueError(f"slot {slot} out of range 0..{self.max_slots - 1}")
-        if n > self.n_ctx:
-            raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx}")
+        if n > self.n_ctx_seq:
+            raise ValueError(f"slot {slot}: {n} positions exceed the context of {self.n_ctx_seq}")
 
     def truncate(self, slot: int, n: int) -> None:
         """Keeps n positions; what follows is a new prompt until an entry asks for logits."""
@@ -281,6 +283,7 @@ class FakeBackend:
 # also reads the environment, but flags given to the server reach it only through these), and
 # the server's and the tools' own (with the TEST-ONLY switches).
 MODEL_FIELDS = Config.names("model")
+FAKE_TRAIN_CTX = 4096  # the fake engine's toy model's "training context" (for n_ctx 0)
 SERVER_FIELDS = Config.names("server", "test")
 
 
@@ -306,14 +309,18 @@ class LLMBackend:
 
             # the server's resolved settings as they are: the environment is not read again
             # (a STRATA_* value a flag overrode in the server would be checked anew here)
-            self.llm: Any = llm_mod.LLM.from_config(dataclasses.replace(config, model=path))
+            self.llm: Any = llm_mod.LLM.from_config(
+                dataclasses.replace(config, model=path), private_slot=False
+            )
         else:
             self.llm = factory(path, **{k: getattr(config, k) for k in MODEL_FIELDS})
         n_vocab = getattr(self.llm, "n_vocab", None)
         if n_vocab is None:
             n_vocab = self.llm.tokenizer.n_vocab
         self.n_vocab = int(n_vocab)
+        # the model's (n_ctx 0, llama.cpp's -c 0, resolved to its training context)
         self.n_ctx = int(getattr(self.llm, "n_ctx", config.n_ctx))
+        self.n_ctx_seq = int(getattr(self.llm, "n_ctx_seq", config.n_ctx_seq))
         self.stepwise = callable(getattr(self.llm, "forward_batch", None))
         self.max_slots = int(getattr(self.llm, "max_slots", config.parallel))
         # prompt tokens per scheduler step (the hybrid mode's streamed chunk when it has one)
@@ -407,8 +414,9 @@ def make_backend(config: Config) -> Backend:
     if config.engine == "fake":
         if config.fake_load_s > 0:
             time.sleep(config.fake_load_s)
+        # the toy model's "training context" where n_ctx is 0 (llama.cpp's -c 0)
         return FakeBackend(
-            n_ctx=config.n_ctx,
+            n_ctx_seq=config.with_train_ctx(FAKE_TRAIN_CTX).n_ctx_seq,
             max_slots=config.parallel,
             step_ms=config.fake_step_ms,
             faults=config.test_faults,

@@ -64,6 +64,7 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend, Speculator | None] | None
             os.getpid(),
             backend.n_vocab,
             backend.n_ctx,
+            backend.n_ctx_seq,
             min(config.parallel, backend.max_slots),
             backend.info(),
             backend.stats(),

@@ -155,11 +155,14 @@ class SlotCache:
         self._used = [0] * n_slots  # last placement per slot (LRU on ties)
         self._clock = 0
 
-    def place(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
-        """Choose a free slot for `prompt` and set its KV to the longest reusable prefix;
-        returns (slot, positions reused)."""
+    def place(
+        self, prompt: Sequence[int], free: Sequence[int], reuse: bool = True
+    ) -> tuple[int, int]:
+        """Choose a free slot for `prompt` and set its KV to the longest reusable prefix
+        (none when `reuse` is False: the request's own `cache_prompt`); returns (slot,
+        positions reused)."""
         # the last prompt token always runs
-        limit = list(prompt[: len(prompt) - 1]) if self.reuse else []
+        limit = list(prompt[: len(prompt) - 1]) if self.reuse and reuse else []
         recurrent = bool(getattr(self.backend, "recurrent", False))
         slot, reused = max(
             ((s, self._reusable(s, limit, recurrent)) for s in free),

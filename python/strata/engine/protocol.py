@@ -22,7 +22,7 @@ import msgspec
 
 from strata.sampling import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME = 64 << 20  # bytes; a prompt of 4M tokens fits many times over
 _HEADER = struct.Struct(">I")
 
@@ -38,7 +38,8 @@ class Loaded(msgspec.Struct, tag="loaded", tag_field="t"):
     version: int
     pid: int
     n_vocab: int
-    n_ctx: int
+    n_ctx: int  # positions of all sequences together (llama.cpp's; 0 in the settings resolved)
+    n_ctx_seq: int  # positions one sequence may hold (n_ctx / parallel)
     max_slots: int
     info: dict[str, Any]  # backend description for /v1/status (kind, path, tiers, …)
     stats: list[Stat] = []  # the first counters, so /metrics has them from the start

@@ -156,10 +156,10 @@ class Scheduler:
                 raise ValueError("empty prompt")
             if any(not (0 <= t < self.backend.n_vocab) for t in req.prompt):
                 raise ValueError(f"prompt token id outside 0..{self.backend.n_vocab - 1}")
-            if len(req.prompt) >= self.backend.n_ctx:
+            if len(req.prompt) >= self.backend.n_ctx_seq:
                 raise ValueError(
                     f"prompt of {len(req.prompt)} tokens leaves no room in the context of "
-                    f"{self.backend.n_ctx}"
+                    f"{self.backend.n_ctx_seq}"
                 )
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
@@ -280,7 +280,7 @@ class Scheduler:
             s.out.append(tok)
             if (
                 s.generated >= s.req.max_tokens
-                or len(s.req.prompt) + s.generated >= self.backend.n_ctx
+                or len(s.req.prompt) + s.generated >= self.backend.n_ctx_seq
             ):
                 return self._end(s.slot, "length", ids=ids, res=results)
         s.pending = ids[-1]
@@ -293,7 +293,9 @@ class Scheduler:
         while self.waiting and self.free_slots:
             s = self.waiting.popleft()
             try:
-                slot, reused = self.slots.place(s.req.prompt, self.free_slots)
+                slot, reused = self.slots.place(
+                    s.req.prompt, self.free_slots, s.req.params.cache_prompt
+                )
             except Exception as e:  # the backend refused the KV move: this request fails
                 events.append(Tokens(s.req.rid, [], finish="error", message=f"slot: {e}"))
                 continue
@@ -307,7 +309,7 @@ class Scheduler:
         """Each decoding sequence's draft (empty without speculation)."""
         cands: list[Candidate] = []
         where: list[int] = []
-        n_ctx = self.backend.n_ctx
+        n_ctx = self.backend.n_ctx_seq
         for i, s in enumerate(decoding):
             if self.spec is None or s.spec is None or s.draft_rng is None:
                 continue
@@ -520,7 +522,7 @@ class Scheduler:
         if self.waiting and self.free_slots:
             return None  # let the pipeline drain: a waiting request is admitted next step
         cands: list[Candidate] = []
-        n_ctx = self.backend.n_ctx
+        n_ctx = self.backend.n_ctx_seq
         for s, d in zip(k.seqs, k.drafts, strict=True):
             if self.running.get(s.slot) is not s or s.spec is None or s.draft_rng is None:
                 return None
@@ -594,7 +596,7 @@ class Scheduler:
                 ends = (
                     any(t in s.stop_ids for t in toks)
                     or s.generated + len(toks) >= s.req.max_tokens
-                    or len(s.req.prompt) + s.generated + len(toks) >= self.backend.n_ctx
+                    or len(s.req.prompt) + s.generated + len(toks) >= self.backend.n_ctx_seq
                 )
                 held = held and len(toks) == len(d.tokens) + 1 and toks[-1] == g and not ends
         try:

@@ -170,6 +170,7 @@ class _Common(_Strict, kw_only=True):
     n: int | None = None
     user: str | None = None
     speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
+    cache_prompt: bool | None = None  # llama-server's: false: no cached prefix is reused
     # vLLM's / llama-server's: end-of-generation tokens do not stop it (null: they do)
     ignore_eos: bool | None = None
 
@@ -201,6 +202,10 @@ class TokenizeRequest(_Strict, kw_only=True):
     prompt: str | None = None
     content: str | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
+    # llama-server's: special-token text in the prompt becomes the special token (default
+    # false here: a completion's prompt text is tokenized so, and /tokenize counts as it does)
+    parse_special: bool | None = None
+    with_pieces: bool | None = None  # llama-server's: tokens as {id, piece}
 
 
 class DetokenizeRequest(_Strict, kw_only=True):
@@ -363,6 +368,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
             "frequency_penalty",
             "seed",
             "speculative",
+            "cache_prompt",
         )
         if getattr(req, k) is not None
     }

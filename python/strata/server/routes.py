@@ -126,7 +126,9 @@ async def status(request: Request) -> Response:
             "path": st.config.model,
             "engine": st.config.engine,
             "n_vocab": c.loaded.n_vocab if c and c.loaded else None,
+            # all sequences together, as llama.cpp's (0 in the settings: the training context)
             "n_ctx": c.loaded.n_ctx if c and c.loaded else st.config.n_ctx,
+            "n_ctx_seq": c.loaded.n_ctx_seq if c and c.loaded else st.config.n_ctx_seq,
             "weights": (
                 TRAINED_DEFAULT_WEIGHTS
                 if st.default_model
@@ -169,11 +171,22 @@ async def tokenize(request: Request) -> Response:
         )
         ids = await encode(tok, setup.prompt, True)
     elif text is not None:
-        ids = await encode(tok, text, False)
+        ids = await encode(tok, text, bool(req.parse_special))
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
-    n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
-    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": n_ctx})
+    n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
+    tokens: list[Any] = [_piece(tok, i) for i in ids] if req.with_pieces else ids
+    return JSONResponse({"tokens": tokens, "count": len(ids), "max_model_len": n_ctx})
+
+
+def _piece(tok: ServerTokenizer, token: int) -> dict[str, Any]:
+    """llama-server's `with_pieces` entry: the token's text, or its bytes where they are not
+    whole UTF-8."""
+    raw = tok.token_bytes(token)
+    try:
+        return {"id": token, "piece": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"id": token, "piece": list(raw)}
 
 
 def _as_chat(req: TokenizeRequest) -> ChatRequest:
@@ -278,15 +291,15 @@ def submit(
 ) -> Submitted:
     """Checks the prompts against the context and queues them (n choices each); the 4xx/5xx
     that says why not. Shared by every generating route (OpenAI and Anthropic)."""
-    n_ctx = client.loaded.n_ctx if client.loaded else st.config.n_ctx
+    n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
     for p in prompts:
         if not p:
             raise APIError(400, f"{param}: the prompt is empty", param=param)
         if len(p) >= n_ctx:
             raise APIError(
                 400,
-                f"{param}: the prompt has {len(p)} tokens; the context holds {n_ctx} "
-                "(including at least one output token)",
+                f"{param}: the prompt has {len(p)} tokens; a sequence's context holds "
+                f"{n_ctx} (n_ctx / parallel), including at least one output token",
                 param=param,
                 code="context_length_exceeded",
             )

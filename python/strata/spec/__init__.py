@@ -39,7 +39,7 @@ def make_speculator(config: Config, backend: Any) -> Speculator | None:
         draft_path=draft,
         target_model=model,
         n_slots=backend.max_slots,
-        n_ctx=backend.n_ctx,
+        n_ctx=backend.n_ctx_seq,
         p_min=config.spec_p_min,
         threads=1,  # see ModelDrafter: no pool threads of its own beside the model's
     )

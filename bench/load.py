@@ -156,6 +156,8 @@ def spawn(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.setdefault("STRATA_PARALLEL", str(args.clients))
     env.setdefault("STRATA_MAX_QUEUE", str(args.clients * 2))
+    # 4096 positions a stream, as before n_ctx became the total of the slots (llama.cpp's -c)
+    env.setdefault("STRATA_N_CTX", str(4096 * args.clients))
     if args.fake:
         env["STRATA_ENGINE"] = "fake"
     cmd = [sys.executable, "-m", "uvicorn", "strata.app:app", "--port", str(port)]

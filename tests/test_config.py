@@ -92,6 +92,29 @@ def test_test_only_fields_are_not_advertised() -> None:
     assert shown["n_ctx"] == c.n_ctx
 
 
+def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None:
+    """A llama-server command line runs as it reads there: `-c` is the context of all `-np`
+    slots together, `-t` the compute threads, `-b` the tokens of one step, the draft flags
+    speculation's."""
+    from strata.server.__main__ import parser
+
+    argv = "-m m.gguf -c 8192 -np 4 -t 2 -b 256 -a served --spec draft -md d.gguf"
+    argv += " --draft-max 6 --draft-min 2 --draft-p-min 0.5"
+    c = Config.from_args(parser().parse_args(argv.split()))
+    assert (c.model, c.n_ctx, c.n_ctx_seq, c.parallel, c.threads) == ("m.gguf", 8192, 2048, 4, 2)
+    assert (c.max_batch_tokens, c.served_model_name, c.spec_draft_model) == (
+        256,
+        "served",
+        "d.gguf",
+    )
+    assert (c.spec_max, c.spec_min, c.spec_p_min) == (6, 2, 0.5)
+    long = "--ctx-size 4096 --alias x --model-draft d.gguf --draft 5 --spec draft --batch-size 64"
+    c = Config.from_args(parser().parse_args(long.split()))
+    assert (c.n_ctx, c.served_model_name, c.spec_max, c.max_batch_tokens) == (4096, "x", 5, 64)
+    opts = [a.option_strings for a in parser()._actions if a.dest == "n_ctx"]
+    assert opts == [["--n-ctx", "-c", "--ctx-size"]]  # one setting, --help lists the names
+
+
 def _threads_now() -> int:
     return len(os.listdir("/proc/self/task"))
 

@@ -91,13 +91,18 @@ def _t(default: Any, help: str, **kw: Any) -> Any:
 @dataclass(slots=True)
 class Config:
     # model and engine
-    model: str = _s("", "GGUF path (any shard of a split model); empty: the embedded default model")
+    model: str = _s(
+        "",
+        "GGUF path (any shard of a split model); empty: the embedded default model",
+        llama=("-m",),
+    )
     n_ctx: int = _f(
         4096,
         "context length in tokens across the `parallel` sequences, as llama.cpp's -c with -np: "
         "each sequence holds n_ctx / parallel (n_ctx_seq); 0: the model's training context, "
         "as llama.cpp's -c 0",
         core=True,
+        llama=("-c", "--ctx-size"),
     )
     kv_type: str = _f(
         "f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"), core=True
@@ -116,6 +121,7 @@ class Config:
         "CPU compute threads in all, the calling thread included, as llama.cpp's -t (0: one "
         "per physical core)",
         core=True,
+        llama=("-t",),
     )
     host_participates: bool = _f(True, "the calling thread takes pool work too", core=True)
     pool_pipeline: bool = _f(
@@ -230,7 +236,7 @@ class Config:
     host: str = _s("127.0.0.1", "address to bind")
     port: int = _s(8000, "port to bind")
     api_key: str = _s("", "require `Authorization: Bearer KEY` (empty: no key, loopback only)")
-    parallel: int = _f(1, "concurrent sequences (engine slots; they share n_ctx)")
+    parallel: int = _f(1, "concurrent sequences (engine slots; they share n_ctx)", llama=("-np",))
     max_queue: int = _s(64, "requests waiting beyond the slots before 429")
     pin_server: str = _s(
         "auto",
@@ -244,6 +250,7 @@ class Config:
         "engine: most tokens one forward step runs (every running sequence's next token, then "
         "prompt chunks of admitted ones, cut to fit; the oldest prompt moves every step; the "
         "hybrid mode's streamed chunk is never cut below stream_chunk)",
+        llama=("-b", "--batch-size"),
     )
     cache_prompt: bool = _s(
         True,
@@ -270,12 +277,17 @@ class Config:
         "",
         "engine: the draft model's GGUF for spec=draft (the same vocabulary as the model; empty "
         "with the embedded default model: its shipped draft)",
+        llama=("-md", "--model-draft"),
     )
     spec_max: int = _s(
-        8, "engine: most tokens one speculative window drafts (llama.cpp's --draft-max)"
+        8,
+        "engine: most tokens one speculative window drafts (llama.cpp's --draft-max)",
+        llama=("--draft-max", "--draft", "--draft-n"),
     )
     spec_min: int = _s(
-        1, "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min)"
+        1,
+        "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min)",
+        llama=("--draft-min", "--draft-n-min"),
     )
     spec_adaptive: bool = _s(
         True,
@@ -287,6 +299,7 @@ class Config:
         0.0,
         "engine: the draft model stops drafting at a token it gives less than this probability "
         "(llama.cpp's --draft-p-min)",
+        llama=("--draft-p-min",),
     )
     engine_silence_s: float = _s(300.0, "seconds an engine may stay silent on a request (0: off)")
     request_timeout_s: float = _s(600.0, "per-request deadline in seconds (0: none)")
@@ -295,7 +308,9 @@ class Config:
         32768, "most tokens one choice generates (a larger max_tokens is cut to it)"
     )
     max_top_logprobs: int = _s(20, "largest top_logprobs accepted")
-    served_model_name: str = _s("", "model id reported by /v1/models (empty: the file's stem)")
+    served_model_name: str = _s(
+        "", "model id reported by /v1/models (empty: the file's stem)", llama=("-a", "--alias")
+    )
     reasoning_format: str = _s(
         "parsed",
         "a leading <think> block of a chat answer: parsed (into reasoning_content) or none "
@@ -614,14 +629,17 @@ class Config:
         parser: argparse.ArgumentParser,
         only: tuple[str, ...] = (),
         flags: dict[str, str] | None = None,
+        llama: bool = False,
     ) -> None:
         """Add `--flag` for each field (or those named in `only`). `flags` renames some
         (field name → flag, e.g. `{"fill_threads": "--threads"}`); the value still lands in
-        the field's name."""
+        the field's name. `llama`: llama-server's names too where a setting means the same
+        (`-c`/`--ctx-size` for n_ctx, `-np`, `-t`, `-m`, `-b`, `-md`, `--draft-max`, …)."""
         for f in fields(cls):
             if only and f.name not in only:
                 continue
             flag = (flags or {}).get(f.name) or "--" + f.name.replace("_", "-")
+            aliases = list(f.metadata.get("llama", ())) if llama else []
             h = f"{f.metadata['help']} [env {cls.env_name(f.name)}]"
             if f.metadata["group"] == "test":
                 h = argparse.SUPPRESS  # settable, never advertised
@@ -633,6 +651,7 @@ class Config:
                 renamed = flags is not None and f.name in flags and not f.metadata.get("choices")
                 parser.add_argument(
                     flag,
+                    *aliases,
                     dest=f.name,
                     type=type(f.default),
                     default=None,

@@ -23,11 +23,16 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """Every setting as `--flag`, and llama-server's names where they mean the same."""
     p = argparse.ArgumentParser(prog="python -m strata.server", description=__doc__)
     p.add_argument("--config", help="TOML config file (also STRATA_CONFIG)")
-    Config.add_arguments(p)
-    ns = p.parse_args(argv)
+    Config.add_arguments(p, llama=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = parser().parse_args(argv)
     try:
         config = Config.from_args(ns, config_file=ns.config)
         if not config.api_key and not _loopback(config.host):

@@ -1,4 +1,6 @@
-"""`python -m strata generate --model PATH "prompt"`: stream a completion to the terminal."""
+"""`strata generate --model PATH "prompt"`: stream a completion to the terminal.
+`strata setup MODEL`: write a config for this machine and model (`strata.cli.setup`).
+(`python -m strata …` is the same.)"""
 
 from __future__ import annotations
 
@@ -42,8 +44,14 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m strata")
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["setup"]:  # its own parser (strata setup --help)
+        from strata.cli.setup import main as setup
+
+        return setup(args[1:])
+    parser = argparse.ArgumentParser(prog="strata")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("setup", help="write a config for this machine and a model (setup --help)")
     g = sub.add_parser("generate", help="stream a completion of PROMPT")
     g.add_argument("prompt")
     Config.add_arguments(g, only=("model", "n_ctx", "kv_type", "prefill_chunk"))
@@ -56,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--repeat-penalty", type=float, default=1.0)
     g.add_argument("--stop", action="append", default=[])
-    ns = parser.parse_args(argv)
+    ns = parser.parse_args(args)
     try:
         return _generate(ns)
     except StrataError as e:  # a setting or the model refused (ConfigError, GGUFError, ...)

@@ -1,0 +1,147 @@
+"""`strata setup`: the recommendation rules on made-up machines (a 64 GiB PC, a 16 GiB one, 24
+and 8 GB cards), the calibration's rule for keeping an alternative, and the command on a real
+file: the config it writes loads as Strata's settings and opens the model."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from models import TestModels
+from strata.cli import setup as S
+from strata.config import Config
+
+GIB = 1 << 30
+# Qwen3-30B-A3B at Q4_K_M: 48 layers × 4 KV heads × 128 × (K, V) × f16 = 98,304 B a position
+A3B = S.ModelFacts("q.gguf", "qwen3moe", 16_900 << 20, 1_500 << 20, 98_304, 40_960)
+
+
+def pc(ram_gib: float, gpu_gib: float = 0.0) -> S.Machine:
+    return S.Machine(
+        cores=8,
+        isa="avx2",
+        ram_available=int(ram_gib * GIB),
+        disk_free=500 * GIB,
+        gpu="RTX" if gpu_gib else None,
+        vram_free=int(gpu_gib * GIB),
+        link_gbps=25.0 if gpu_gib else 0.0,
+    )
+
+
+def kv_bytes(plan: S.Plan, f: S.ModelFacts) -> float:
+    c = Config.load(plan.settings, env={})
+    return f.kv_bytes_per_pos * S.KV_SCALE[c.kv_type] * c.n_ctx_seq * c.parallel
+
+
+def test_a_64_gib_pc_keeps_the_model_resident_with_four_long_contexts() -> None:
+    p = S.recommend(pc(60), A3B)
+    c = Config.load(p.settings, env={})
+    assert (c.device, c.ram_mode, c.parallel, c.kv_type) == ("cpu", "resident", 4, "f16")
+    # the KV share of what the model leaves: (60 - 17.97 - 2) GiB / 4, on the 256 grid
+    room = (60 * GIB - A3B.expert_bytes - A3B.dense_bytes - S.RAM_HEADROOM) * S.KV_SHARE_CPU
+    assert c.n_ctx_seq == min(32768, int(room / (98_304 * 4)) // 256 * 256)
+    assert c.n_ctx == 4 * c.n_ctx_seq and kv_bytes(p, A3B) <= room
+    assert "llama.cpp's -c" in p.reasons["n_ctx"] and not p.notes
+
+
+def test_a_16_gib_pc_keeps_a_budget_of_hot_experts() -> None:
+    p = S.recommend(pc(16), A3B)
+    c = Config.load(p.settings, env={})
+    assert c.ram_mode == "budget"
+    assert c.ram_budget_gib == round((16 * GIB - A3B.dense_bytes - S.RAM_HEADROOM) * 0.8 / GIB, 1)
+    assert "strata-fill profile" in p.reasons["ram_mode"]
+    assert c.n_ctx_seq >= 4096  # the floor, with fewer slots or q8_0 if need be
+    tiny = Config.load(S.recommend(pc(3), A3B).settings, env={})
+    assert tiny.ram_mode == "mmap"
+
+
+def test_a_24_gb_card_runs_the_hybrid_mode_with_f16_kv() -> None:
+    p = S.recommend(pc(60, gpu_gib=23), A3B)
+    c = Config.load(p.settings, env={})
+    assert (c.device, c.kv_type, c.parallel) == ("cuda", "f16", 4)
+    assert "hybrid mode" in p.reasons["device"]
+    room = (23 * GIB - Config().vram_reserve_mib * (1 << 20)) * S.KV_SHARE_GPU
+    assert kv_bytes(p, A3B) <= room and c.n_ctx_seq >= 4096
+
+
+def test_an_8_gb_card_takes_q8_0_before_giving_up_slots() -> None:
+    c = Config.load(S.recommend(pc(60, gpu_gib=8), A3B).settings, env={})
+    room = (8 * GIB - Config().vram_reserve_mib * (1 << 20)) * S.KV_SHARE_GPU
+    assert room / (98_304 * 4) < 4096  # f16 would leave four sequences under the floor
+    assert (c.kv_type, c.parallel) == ("q8_0", 4) and c.n_ctx_seq >= 4096
+
+
+def test_asked_slots_and_context_are_kept_and_an_overflow_is_noted() -> None:
+    p = S.recommend(pc(60), A3B, parallel=8, n_ctx=65536)
+    c = Config.load(p.settings, env={})
+    assert (c.parallel, c.n_ctx, c.n_ctx_seq) == (8, 65536, 8192) and not p.notes
+    big = S.recommend(pc(24, gpu_gib=8), A3B, parallel=2, n_ctx=262144)
+    assert Config.load(big.settings, env={}).kv_type == "q8_0"
+    assert any("needs" in n for n in big.notes)
+    # n_ctx alone: the most slots that keep the floor context each
+    assert Config.load(S.recommend(pc(60), A3B, n_ctx=8192).settings, env={}).parallel == 2
+
+
+def test_every_plan_is_valid_settings_on_random_machines() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        f = S.ModelFacts(
+            "m.gguf",
+            "qwen3moe",
+            rng.randint(1, 200) << 30,
+            rng.randint(1, 8) << 30,
+            rng.choice([4_096, 49_152, 98_304, 196_608]),
+            rng.choice([0, 4_096, 40_960, 262_144]),
+        )
+        m = pc(rng.uniform(2, 256), rng.choice([0, 0, 6, 12, 24, 80]))
+        p = S.recommend(m, f, rng.choice([0, 0, 1, 3]), rng.choice([0, 0, 2048, 50_000]))
+        c = Config.load(p.settings, env={})  # never an invalid combination
+        assert c.n_ctx_seq >= 16 and set(p.reasons) >= set(p.settings)
+
+
+def test_calibration_keeps_an_alternative_only_where_measurably_faster() -> None:
+    base = S.Plan({"model": "m", "threads": 0, "pcie_frac": -1.0}, {})
+    rates = {
+        "base": [10.0, 10.1, 9.9],
+        ("threads", 7): [10.5, 10.4, 10.6],  # 5% faster, every run above the median
+        ("pcie_frac", 0.0): [10.2, 10.3, 10.2],  # 2%: within the noise
+        ("pcie_frac", 0.5): [11.5, 9.0, 11.0],  # faster median, a run below the base's
+    }
+
+    def timer(settings: dict[str, object]) -> list[float]:
+        for key in (("threads", 7), ("pcie_frac", 0.0), ("pcie_frac", 0.5)):
+            if settings[key[0]] == key[1]:
+                return rates[key]
+        return rates["base"]
+
+    lines = S.calibrate(base, [("threads", 7), ("pcie_frac", 0.0), ("pcie_frac", 0.5)], timer)
+    assert base.settings["threads"] == 7 and base.settings["pcie_frac"] == -1.0
+    assert "calibrated" in base.reasons["threads"] and "pcie_frac" not in base.reasons
+    assert lines[0].startswith("recommended: 10.0 tok/s")
+    assert sum("— faster" in line for line in lines) == 1
+
+
+def test_setup_writes_a_config_that_loads_and_runs(
+    test_models: TestModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from strata.__main__ import main
+    from strata.llm import LLM
+
+    model = test_models.quantized("Q8_0")
+    out = tmp_path / "strata.toml"
+    assert main(["setup", str(model), "-o", str(out), "--parallel", "2"]) == 0
+    text = out.read_text()
+    assert "# run: STRATA_CONFIG=" in text and "parallel = 2" in text
+    c = Config.load(config_file=str(out), env={})
+    assert (c.model, c.parallel, c.device) == (str(model), 2, "cpu")
+    llm = LLM.from_config(c, private_slot=False)
+    assert llm.n_ctx_seq == c.n_ctx_seq and llm.max_slots == 2
+    # an existing file is kept; a missing model is a clear error
+    assert main(["setup", str(model), "-o", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["setup", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "x.toml")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    # the calibration's timer runs the model
+    rates = S.decode_rates({"model": str(model), "threads": 1}, tokens=4, reps=2)
+    assert len(rates) == 2 and all(r > 0 for r in rates)

@@ -60,7 +60,14 @@ def test_a_24_gb_card_runs_the_hybrid_mode_with_f16_kv() -> None:
     p = S.recommend(pc(60, gpu_gib=23), A3B)
     c = Config.load(p.settings, env={})
     assert (c.device, c.kv_type, c.parallel) == ("cuda", "f16", 4)
-    assert "hybrid mode" in p.reasons["device"]
+    assert "hybrid mode" in p.reasons["device"] and p.hybrid and c.ram_mode == "resident"
+    assert ("pcie_frac", 0.0) in S.alternatives(pc(60, gpu_gib=23), p)
+    # a model that fits the card: every expert in VRAM, the RAM tier not read
+    small = S.ModelFacts("s.gguf", "qwen3moe", 3 * GIB, GIB // 2, 49_152, 40_960)
+    whole = S.recommend(pc(60, gpu_gib=23), small)
+    assert not whole.hybrid and whole.settings["ram_mode"] == "mmap"
+    assert "whole model fits" in whole.reasons["device"]
+    assert all(name != "pcie_frac" for name, _ in S.alternatives(pc(60, gpu_gib=23), whole))
     room = (23 * GIB - Config().vram_reserve_mib * (1 << 20)) * S.KV_SHARE_GPU
     assert kv_bytes(p, A3B) <= room and c.n_ctx_seq >= 4096
 

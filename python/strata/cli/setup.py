@@ -69,6 +69,7 @@ class Plan:
     settings: dict[str, Any]  # Config field → value
     reasons: dict[str, str]  # Config field → why
     notes: list[str] = field(default_factory=list)  # what the config cannot say
+    hybrid: bool = False  # on the GPU with experts left to the CPU pool
 
 
 def _size(n: float) -> str:
@@ -87,6 +88,7 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
     notes: list[str] = []
     model_bytes = f.expert_bytes + f.dense_bytes
     on_gpu = m.gpu is not None
+    whole = False  # every weight in VRAM
     s["device"] = "cuda" if on_gpu else "cpu"
     if on_gpu:
         budget = max(0, m.vram_free - Config().vram_reserve_mib * MIB)
@@ -106,7 +108,10 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
     why["threads"] = f"one compute thread per physical core ({m.cores}), as llama.cpp's -t"
     # the RAM tier: every expert resident when the model fits with room to spare
     left = m.ram_available - model_bytes - RAM_HEADROOM
-    if left >= 0:
+    if whole:
+        s["ram_mode"] = "mmap"
+        why["ram_mode"] = "every expert in VRAM: the RAM tier is never read"
+    elif left >= 0:
         s["ram_mode"] = "resident"
         why["ram_mode"] = (
             f"the model ({_size(model_bytes)}) fits the available RAM "
@@ -126,7 +131,8 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
                 f"({m.ram_available / GIB:.1f} GiB): the hottest {keep:.1f} GiB resident, the "
                 "rest read from disk ahead of use (`strata-fill profile` picks the hottest)"
             )
-            kv_room = int(max(0, m.ram_available - keep * GIB - f.dense_bytes) * KV_SHARE_CPU)
+            if not on_gpu:
+                kv_room = int(max(0, m.ram_available - keep * GIB - f.dense_bytes) * KV_SHARE_CPU)
     # KV type, context and slots: the most slots whose sequences each keep at least the floor
     # context, f16 where the KV room holds it, else q8_0 (half the bytes)
     where = "VRAM" if on_gpu else "RAM"
@@ -185,7 +191,7 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
         )
     if m.disk_free < 8 * GIB:
         notes.append(f"only {m.disk_free / GIB:.1f} GiB free beside the model")
-    return Plan(s, why, notes)
+    return Plan(s, why, notes, hybrid=on_gpu and not whole)
 
 
 # -- this machine and this model -----------------------------------------------------------------
@@ -255,7 +261,7 @@ def alternatives(m: Machine, plan: Plan) -> list[tuple[str, Any]]:
     alt: list[tuple[str, Any]] = []
     if m.cores >= 3:
         alt.append(("threads", m.cores - 1))  # a core left to the OS and the server
-    if plan.settings["device"] == "cuda" and m.link_gbps > 0:
+    if plan.hybrid and m.link_gbps > 0:
         alt += [("pcie_frac", 0.0), ("pcie_frac", 0.5)]
     return alt
 

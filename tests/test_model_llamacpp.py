@@ -20,6 +20,7 @@ every CPU: they are what a file that is not matched bit for bit is held to.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,11 @@ ROUTER_SCALE = 1.0
 # (llama.cpp ftype, the weight type it is built around); the KV types to compare with.
 FTYPES = {"F32": "F32", "Q8_0": "Q8_0", "Q4_K_M": "Q4_K", "IQ3_S": "IQ3_S"}
 CASES = [pytest.param(ty, kv, id=f"{ty}-{kv}kv") for ty in FTYPES for kv in ("f16",)]
-GGML_KV = {"f16": 1, "f32": 0}
+# the quantized caches against llama.cpp's: its quantized V needs its flash attention, whose
+# order Strata's quantized caches follow, and it rotates quantized caches (Hadamard) unless
+# LLAMA_ATTN_ROT_DISABLE is set, which Strata does not: the comparison sets it
+QUANT_KV = [pytest.param("Q8_0", kv, id=f"Q8_0-{kv}kv") for kv in ("q8_0", "q4_0")]
+GGML_KV = {"f16": 1, "f32": 0, "q8_0": 8, "q4_0": 2}
 
 
 def ggml_isa_paths() -> tuple[str, str]:
@@ -83,16 +88,26 @@ def model_file(f32_path: Path, ty: str) -> Path:
 
 
 def llama(path: Path, kv: str) -> Any:
-    return llama_cpp.Llama(
-        str(path),
-        logits_all=True,
-        n_ctx=N_CTX,
-        n_threads=1,
-        verbose=False,
-        flash_attn=False,
-        type_k=GGML_KV[kv],
-        type_v=GGML_KV[kv],
-    )
+    quantized = kv not in ("f16", "f32")
+    before = os.environ.get("LLAMA_ATTN_ROT_DISABLE")
+    if quantized:  # read when the context is made
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    try:
+        return llama_cpp.Llama(
+            str(path),
+            logits_all=True,
+            n_ctx=N_CTX,
+            n_threads=1,
+            verbose=False,
+            flash_attn=quantized,
+            type_k=GGML_KV[kv],
+            type_v=GGML_KV[kv],
+        )
+    finally:
+        if before is None:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        else:
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = before
 
 
 def ref_logits(ll: Any, toks: list[int]) -> np.ndarray:
@@ -213,7 +228,7 @@ def require_exact(ty: str) -> None:
         pytest.skip(f"bit-for-bit check not asserted for {ty}: {NOT_EXACT_WHY}")
 
 
-@pytest.mark.parametrize("ty, kv", CASES)
+@pytest.mark.parametrize("ty, kv", CASES + QUANT_KV)
 def test_logits_agree_with_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     """The filtered thresholds, asserted on every CPU."""
     run = logits_run(model_file(f32_path, ty), ty, kv)
@@ -228,7 +243,7 @@ def test_logits_unfiltered_where_bitwise(f32_path: Path, ty: str, kv: str) -> No
     assert logits_run(model_file(f32_path, ty), ty, kv).top1_all >= 0.99
 
 
-@pytest.mark.parametrize("ty, kv", CASES)
+@pytest.mark.parametrize("ty, kv", CASES + QUANT_KV)
 def test_greedy_continuations_match_llamacpp(f32_path: Path, ty: str, kv: str) -> None:
     """The filtered thresholds, asserted on every CPU."""
     run = greedy_run(model_file(f32_path, ty), ty, kv)

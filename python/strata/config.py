@@ -105,7 +105,10 @@ class Config:
         llama=("-c", "--ctx-size"),
     )
     kv_type: str = _f(
-        "f16", "KV cache type: f16, q8_0 or f32", choices=("f16", "q8_0", "f32"), core=True
+        "f16",
+        "KV cache type: f16, q8_0, q4_0 (CPU path) or f32 (CPU path)",
+        choices=("f16", "q8_0", "q4_0", "f32"),
+        core=True,
     )
     device: str = _f(
         "cpu",
@@ -468,6 +471,8 @@ class Config:
             for f in fields(self):
                 if f.metadata.get("cuda_only") and getattr(self, f.name) != f.default:
                     raise bad(f.name, f"applies to device cuda only (device is {self.device})")
+        if self.device == "cuda" and self.kv_type in ("f32", "q4_0"):
+            raise bad("kv_type", "runs on the CPU path only; the GPU's KV cache is f16 or q8_0")
         if self.readahead == "on" and self.ram_mode == "resident":
             raise bad("readahead", "on has nothing to read ahead when ram_mode is resident")
         if self.spec_draft_model and self.spec not in ("draft", "auto"):

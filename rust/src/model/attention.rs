@@ -120,7 +120,7 @@ fn dot_qk(ty: KvType, d: usize, k: &[u8], q: &[u8], qf: &[f32], rowf: &mut [f32]
                 0,
             )
         }
-        KvType::F32 | KvType::Q8_0 => vec_dot(ty.ggml(), d, k, q),
+        KvType::F32 | KvType::Q8_0 | KvType::Q4_0 => vec_dot(ty.ggml(), d, k, q),
     }
 }
 
@@ -238,6 +238,111 @@ fn reduce_pv(acc: &[f32], d: usize, many: bool, out: &mut [f32]) {
     }
 }
 
+/// One head over a quantized cache in ggml's CPU flash-attention order (llama.cpp runs its
+/// quantized caches through flash attention, which its quantized V needs): key by key, the
+/// running maximum M rescales the f32 accumulator and the sum S by exp(M_old − M) when a
+/// score passes it, else the value row (dequantized to f32) is added with weight
+/// exp(s − M) by fused multiply-adds; a sink (Some) is one more score with no value; the
+/// accumulator is multiplied by 1/S at the end.
+#[allow(clippy::too_many_arguments)]
+fn attend_online(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    kvo: usize,
+    scale: f32,
+    sink: Option<f32>,
+    scratch: &mut AttnScratch,
+    oh: &mut [f32],
+) {
+    let d = s.head_dim;
+    let v32 = &mut scratch.rowf[..d];
+    let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
+    oh.fill(0.0);
+    for j in 0..n {
+        let o = j * s.row_bytes + kvo;
+        let sc = vec_dot(
+            s.ty.ggml(),
+            d,
+            &k_cache[o..o + s.head_bytes],
+            &scratch.q_act,
+        ) * scale;
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sc > max {
+            ms = (max - sc).exp();
+            max = sc;
+            oh.iter_mut().for_each(|x| *x *= ms);
+        } else {
+            vs = (sc - max).exp();
+        }
+        dequant_head(s.ty, &v_cache[o..o + s.head_bytes], v32);
+        mad(oh, v32, vs);
+        sum = sum * ms + vs;
+    }
+    if let Some(sk) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if sk > max {
+            ms = (max - sk).exp();
+            oh.iter_mut().for_each(|x| *x *= ms);
+        } else {
+            vs = (sk - max).exp();
+        }
+        sum = sum * ms + vs;
+    }
+    let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+    oh.iter_mut().for_each(|x| *x *= inv);
+}
+
+/// `acc[i] = fma(x[i], v, acc[i])`, ggml's `ggml_vec_mad_f32` (its SIMD lanes fuse).
+fn mad(acc: &mut [f32], x: &[f32], v: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { mad_fma(acc, x, v) };
+        return;
+    }
+    mad_body(acc, x, v)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn mad_fma(acc: &mut [f32], x: &[f32], v: f32) {
+    mad_body(acc, x, v)
+}
+
+#[inline(always)]
+fn mad_body(acc: &mut [f32], x: &[f32], v: f32) {
+    for (a, &xi) in acc.iter_mut().zip(x) {
+        *a = xi.mul_add(v, *a);
+    }
+}
+
+/// One head's row of a quantized cache as f32, as ggml's `to_float` writes it (x = d·q).
+fn dequant_head(ty: KvType, row: &[u8], out: &mut [f32]) {
+    match ty {
+        KvType::Q8_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+                let d = f16_at(b, 0);
+                for (j, o) in ob.iter_mut().enumerate() {
+                    *o = (b[2 + j] as i8) as f32 * d;
+                }
+            }
+        }
+        KvType::Q4_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                let d = f16_at(b, 0);
+                let (lo, hi) = ob.split_at_mut(16);
+                for j in 0..16 {
+                    lo[j] = ((b[2 + j] & 0x0F) as i32 - 8) as f32 * d;
+                    hi[j] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
+                }
+            }
+        }
+        KvType::F16 | KvType::F32 => unreachable!("dequant_head: a quantized cache only"),
+    }
+}
+
 fn convert_q(ty: KvType, q: &[f32], out: &mut [u8]) -> crate::Result<()> {
     match ty {
         KvType::F16 => {
@@ -246,7 +351,7 @@ fn convert_q(ty: KvType, q: &[f32], out: &mut [u8]) -> crate::Result<()> {
             }
             Ok(())
         }
-        KvType::F32 | KvType::Q8_0 => quantize_act(ty.ggml().vec_dot_type(), q, out),
+        KvType::F32 | KvType::Q8_0 | KvType::Q4_0 => quantize_act(ty.ggml().vec_dot_type(), q, out),
     }
 }
 
@@ -289,6 +394,11 @@ pub fn attend_head(
     let scores = &mut scratch.scores[..n];
     let kvo = (h / group) * s.head_bytes;
     convert_q(s.ty, qh, &mut scratch.q_act)?;
+    if matches!(s.ty, KvType::Q8_0 | KvType::Q4_0) {
+        let sink = s.sinks.map(|sk| sk[h]);
+        attend_online(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh);
+        return Ok(());
+    }
     if s.ty == KvType::F16 {
         widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
     }

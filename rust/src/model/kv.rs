@@ -2,7 +2,8 @@
 //!
 //! Layout per slot and per K/V: [L, C, Nkv·D] rows in the cache type (L = layers,
 //! C = n_ctx, Nkv·D = one position's keys or values for all KV heads). Rows are stored as
-//! ggml blocks: F32, F16 (the default, as llama.cpp stores its cache) or Q8_0.
+//! ggml blocks: F32, F16 (the default, as llama.cpp stores its cache), Q8_0 or Q4_0 (the CPU
+//! path only; written by ggml's reference quantizer, as llama.cpp writes its cache).
 //! Memory is allocated zeroed at creation, so the OS commits pages only as positions fill.
 
 use super::kv_blob::{self, KvLayoutId, HEADER_BYTES};
@@ -17,6 +18,7 @@ pub enum KvType {
     F32,
     F16,
     Q8_0,
+    Q4_0,
 }
 
 impl KvType {
@@ -25,8 +27,9 @@ impl KvType {
             "f32" => Ok(KvType::F32),
             "f16" => Ok(KvType::F16),
             "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
             _ => Err(Error::Config(format!(
-                "kv_type {s:?} is not one of f32, f16, q8_0"
+                "kv_type {s:?} is not one of f32, f16, q8_0, q4_0"
             ))),
         }
     }
@@ -36,6 +39,7 @@ impl KvType {
             KvType::F32 => GgmlType::F32,
             KvType::F16 => GgmlType::F16,
             KvType::Q8_0 => GgmlType::Q8_0,
+            KvType::Q4_0 => GgmlType::Q4_0,
         }
     }
 
@@ -44,6 +48,7 @@ impl KvType {
             KvType::F32 => "f32",
             KvType::F16 => "f16",
             KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
     }
 }
@@ -58,6 +63,34 @@ pub fn store_row(ty: KvType, x: &[f32], out: &mut [u8]) -> Result<()> {
             Ok(())
         }
         KvType::F32 | KvType::Q8_0 => quantize_act(ty.ggml(), x, out),
+        KvType::Q4_0 => {
+            quantize_q4_0(x, out);
+            Ok(())
+        }
+    }
+}
+
+/// ggml's reference Q4_0 quantizer (`quantize_row_q4_0_ref`): per block of 32, the element of
+/// largest magnitude maps to -8, d = it / -8, each element to min(15, trunc(x / d + 8.5)); the
+/// first 16 in the low nibbles, the last 16 in the high ones. `out`: whole 18-byte blocks.
+pub fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(32).zip(out.chunks_exact_mut(18)) {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in xb {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        let d = max / -8.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        ob[..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+        for j in 0..16 {
+            // `as i8` truncates toward zero as C's (int8_t) cast does (values in 0.5..16.5)
+            let lo = ((xb[j] * id + 8.5) as i8).min(15) as u8;
+            let hi = ((xb[16 + j] * id + 8.5) as i8).min(15) as u8;
+            ob[2 + j] = lo | (hi << 4);
+        }
     }
 }
 
@@ -80,6 +113,16 @@ pub fn axpy_row(ty: KvType, p: f32, row: &[u8], out: &mut [f32]) {
                 let d = f16_at(b, 0) * p;
                 for (j, o) in ob.iter_mut().enumerate() {
                     *o += d * (b[2 + j] as i8) as f32;
+                }
+            }
+        }
+        KvType::Q4_0 => {
+            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+                let d = f16_at(b, 0) * p;
+                let (lo, hi) = ob.split_at_mut(16);
+                for j in 0..16 {
+                    lo[j] += d * ((b[2 + j] & 0x0F) as i32 - 8) as f32;
+                    hi[j] += d * ((b[2 + j] >> 4) as i32 - 8) as f32;
                 }
             }
         }

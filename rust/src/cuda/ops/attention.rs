@@ -77,10 +77,11 @@ impl KvLayout {
         n_ctx: usize,
         d: usize,
     ) -> Result<KvLayout> {
-        if ty == KvType::F32 {
-            return Err(Error::Config(
-                "the GPU KV cache is f16 or q8_0 (kv_type f32 runs on the CPU only)".into(),
-            ));
+        if matches!(ty, KvType::F32 | KvType::Q4_0) {
+            return Err(Error::Config(format!(
+                "the GPU KV cache is f16 or q8_0 (kv_type {} runs on the CPU only)",
+                ty.name()
+            )));
         }
         if !HEAD_DIMS.contains(&d) {
             return Err(Error::Config(format!(

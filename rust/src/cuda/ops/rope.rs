@@ -135,7 +135,7 @@ pub fn qkv(
     let name = match lay.ty {
         KvType::F16 => "strata_rope_qkv_f16",
         KvType::Q8_0 => "strata_rope_qkv_q8_0",
-        KvType::F32 => unreachable!("KvLayout refuses f32"),
+        KvType::F32 | KvType::Q4_0 => unreachable!("KvLayout refuses f32 and q4_0"),
     };
     let off = lay.layer_offset(layer) as u64;
     let [qn, kn] = norm;

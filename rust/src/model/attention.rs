@@ -241,9 +241,9 @@ fn reduce_pv(acc: &[f32], d: usize, many: bool, out: &mut [f32]) {
 /// One head over a quantized cache in ggml's CPU flash-attention order (llama.cpp runs its
 /// quantized caches through flash attention, which its quantized V needs): key by key, the
 /// running maximum M rescales the f32 accumulator and the sum S by exp(M_old − M) when a
-/// score passes it, else the value row (dequantized to f32) is added with weight
-/// exp(s − M) by fused multiply-adds; a sink (Some) is one more score with no value; the
-/// accumulator is multiplied by 1/S at the end.
+/// score passes it, else the value row (dequantized to f32, x = d·q as ggml's `to_float`) is
+/// added with weight exp(s − M) by fused multiply-adds (`ggml_vec_mad_f32`); a sink (Some)
+/// is one more score with no value; the accumulator is multiplied by 1/S at the end.
 #[allow(clippy::too_many_arguments)]
 fn attend_online(
     s: &AttnShape,
@@ -256,8 +256,46 @@ fn attend_online(
     scratch: &mut AttnScratch,
     oh: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has FMA (checked above).
+        unsafe { attend_online_fma(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh) };
+        return;
+    }
+    attend_online_body(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_online_fma(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    kvo: usize,
+    scale: f32,
+    sink: Option<f32>,
+    scratch: &mut AttnScratch,
+    oh: &mut [f32],
+) {
+    attend_online_body(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh)
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_online_body(
+    s: &AttnShape,
+    k_cache: &[u8],
+    v_cache: &[u8],
+    n: usize,
+    kvo: usize,
+    scale: f32,
+    sink: Option<f32>,
+    scratch: &mut AttnScratch,
+    oh: &mut [f32],
+) {
     let d = s.head_dim;
-    let v32 = &mut scratch.rowf[..d];
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
     oh.fill(0.0);
     for j in 0..n {
@@ -276,8 +314,7 @@ fn attend_online(
         } else {
             vs = (sc - max).exp();
         }
-        dequant_head(s.ty, &v_cache[o..o + s.head_bytes], v32);
-        mad(oh, v32, vs);
+        mad_row(s.ty, &v_cache[o..o + s.head_bytes], vs, oh);
         sum = sum * ms + vs;
     }
     if let Some(sk) = sink {
@@ -294,52 +331,30 @@ fn attend_online(
     oh.iter_mut().for_each(|x| *x *= inv);
 }
 
-/// `acc[i] = fma(x[i], v, acc[i])`, ggml's `ggml_vec_mad_f32` (its SIMD lanes fuse).
-fn mad(acc: &mut [f32], x: &[f32], v: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has FMA (checked above).
-        unsafe { mad_fma(acc, x, v) };
-        return;
-    }
-    mad_body(acc, x, v)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "fma")]
-unsafe fn mad_fma(acc: &mut [f32], x: &[f32], v: f32) {
-    mad_body(acc, x, v)
-}
-
+/// `acc[i] = fma(x[i], w, acc[i])` over one head's row of a quantized cache, x[i] = d·q[i]
+/// rounded to f32 first (ggml's `to_float`, then `ggml_vec_mad_f32`).
 #[inline(always)]
-fn mad_body(acc: &mut [f32], x: &[f32], v: f32) {
-    for (a, &xi) in acc.iter_mut().zip(x) {
-        *a = xi.mul_add(v, *a);
-    }
-}
-
-/// One head's row of a quantized cache as f32, as ggml's `to_float` writes it (x = d·q).
-fn dequant_head(ty: KvType, row: &[u8], out: &mut [f32]) {
+fn mad_row(ty: KvType, row: &[u8], w: f32, acc: &mut [f32]) {
     match ty {
         KvType::Q8_0 => {
-            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
+            for (ab, b) in acc.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
                 let d = f16_at(b, 0);
-                for (j, o) in ob.iter_mut().enumerate() {
-                    *o = (b[2 + j] as i8) as f32 * d;
+                for (a, &q) in ab.iter_mut().zip(&b[2..34]) {
+                    *a = ((q as i8) as f32 * d).mul_add(w, *a);
                 }
             }
         }
         KvType::Q4_0 => {
-            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
+            for (ab, b) in acc.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
                 let d = f16_at(b, 0);
-                let (lo, hi) = ob.split_at_mut(16);
-                for j in 0..16 {
-                    lo[j] = ((b[2 + j] & 0x0F) as i32 - 8) as f32 * d;
-                    hi[j] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
+                let (lo, hi) = ab.split_at_mut(16);
+                for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&b[2..18]) {
+                    *l = (((q & 0x0F) as i32 - 8) as f32 * d).mul_add(w, *l);
+                    *h = (((q >> 4) as i32 - 8) as f32 * d).mul_add(w, *h);
                 }
             }
         }
-        KvType::F16 | KvType::F32 => unreachable!("dequant_head: a quantized cache only"),
+        KvType::F16 | KvType::F32 => unreachable!("mad_row: a quantized cache only"),
     }
 }
 

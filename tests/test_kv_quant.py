@@ -1,6 +1,9 @@
 """The quantized KV caches' rows are what ggml writes: the first layer's keys and values (their
 inputs do not depend on the cache type) stored as q4_0 / q8_0 equal gguf-py's quantization of
-the same rows stored as f32, byte for byte; the GPU refuses q4_0 with a clear error."""
+the same rows stored as f32, byte for byte — q4_0's after llama.cpp's Walsh-Hadamard rotation
+(keys in blocks of the largest power of two dividing the head dim, values in 64s; written
+here in numpy after ggml's `ggml_compute_forward_fwht`); the GPU refuses q4_0 with a clear
+error."""
 
 from __future__ import annotations
 
@@ -15,6 +18,18 @@ from strata.config import Config
 from strata.errors import ConfigError
 
 HEADER = 40  # kv_export's header (rust/src/model/kv_blob.rs)
+
+
+def fwht(x: np.ndarray, n: int) -> np.ndarray:
+    """Each n-element block of each row: scaled by 1/sqrt(n), then the butterflies (float32)."""
+    y = x.reshape(-1, n).astype(np.float32) * np.float32(1.0 / np.sqrt(np.float32(n)))
+    length = 1
+    while length < n:
+        y = y.reshape(-1, n // (2 * length), 2, length)
+        u, v = y[:, :, 0, :].copy(), y[:, :, 1, :].copy()
+        y[:, :, 0, :], y[:, :, 1, :] = u + v, u - v
+        length *= 2
+    return y.reshape(x.shape)
 
 
 def kv_rows(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -36,8 +51,12 @@ def test_first_layer_rows_are_ggml_quantizations(
         m = Model.open(path, n_ctx=64, n_slots=1, kv_type=ty)
         m.forward(0, toks)
         rows[ty] = kv_rows(m.kv_export(0, len(toks)))
-    for f32_rows, got in zip(rows["f32"], rows[kv], strict=True):
+    d = Model.open(path, n_ctx=16).hparams["head_dim"]
+    blocks = (max(b for b in (64, 128, 256) if d % b == 0), 64)  # (K's, V's) rotation
+    for f32_rows, got, block in zip(rows["f32"], rows[kv], blocks, strict=True):
         x = f32_rows[0].view(np.float32)  # layer 0: [n, Nkv·D] floats
+        if kv == "q4_0":
+            x = fwht(x, block)
         want = quants.quantize(x, GGMLQuantizationType[gtype])
         assert np.array_equal(got[0], want)
 

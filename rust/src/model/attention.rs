@@ -10,7 +10,7 @@
 //! they weight an f16 V (f32 otherwise).
 
 use super::attn_avx2;
-use super::kv::{axpy_row, KvCache, KvType};
+use super::kv::{axpy_row, fwht, rot_sizes, KvCache, KvType};
 use crate::quant::dequant::f16_at;
 use crate::quant::dot::{common_reduce8, quantize_act, reduce_4x8, vec_dot, vec_dot_t};
 use crate::quant::vexp::{softmax, softmax_sink};
@@ -408,12 +408,27 @@ pub fn attend_head(
     let scale = 1.0 / (d as f32).sqrt();
     let scores = &mut scratch.scores[..n];
     let kvo = (h / group) * s.head_bytes;
-    convert_q(s.ty, qh, &mut scratch.q_act)?;
     if matches!(s.ty, KvType::Q8_0 | KvType::Q4_0) {
+        // a rotated cache (`kv::rot_sizes`): the query rotated as the keys were, the output
+        // back as the values were
+        let rot = rot_sizes(s.ty, d);
+        match rot {
+            Some((nk, _)) => {
+                let qr = &mut scratch.qf[..d];
+                qr.copy_from_slice(qh);
+                fwht(qr, nk);
+                convert_q(s.ty, qr, &mut scratch.q_act)?;
+            }
+            None => convert_q(s.ty, qh, &mut scratch.q_act)?,
+        }
         let sink = s.sinks.map(|sk| sk[h]);
         attend_online(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh);
+        if let Some((_, nv)) = rot {
+            fwht(oh, nv);
+        }
         return Ok(());
     }
+    convert_q(s.ty, qh, &mut scratch.q_act)?;
     if s.ty == KvType::F16 {
         widen_f16(&scratch.q_act[..2 * d], &mut scratch.qf[..d]);
     }

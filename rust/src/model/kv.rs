@@ -70,6 +70,65 @@ pub fn store_row(ty: KvType, x: &[f32], out: &mut [u8]) -> Result<()> {
     }
 }
 
+/// The Walsh-Hadamard rotations llama.cpp applies to a quantized cache (its `attn_rot_k` /
+/// `attn_rot_v`, on by default there): (K's block, V's block) in elements, K's the largest
+/// power of two from 64 that divides the head dim D, V's 64; None for a cache stored as is.
+/// The queries are rotated as the keys (q·k is unchanged: the rotation is orthonormal) and
+/// each head's attention output as the values (the rotation is its own inverse). Strata
+/// rotates its q4_0 cache (a CPU-path type); its q8_0 cache is stored as the GPU kernels store
+/// theirs, unrotated (CPU and GPU caches are interchangeable: `kv_export`).
+pub fn rot_sizes(ty: KvType, d: usize) -> Option<(usize, usize)> {
+    if ty != KvType::Q4_0 || !d.is_multiple_of(64) {
+        return None;
+    }
+    let mut k = 64;
+    while d.is_multiple_of(2 * k) {
+        k *= 2;
+    }
+    Some((k, 64))
+}
+
+/// Each `n`-element block of `x` through the orthonormal Walsh-Hadamard transform in ggml's
+/// order (`ggml_compute_forward_fwht`): scaled by 1/√n first, then the butterflies
+/// (u + v, u − v) at strides 1, 2, 4, … n/2.
+pub fn fwht(x: &mut [f32], n: usize) {
+    let scale = 1.0 / (n as f32).sqrt();
+    for b in x.chunks_exact_mut(n) {
+        b.iter_mut().for_each(|v| *v *= scale);
+        let mut len = 1;
+        while len < n {
+            for i in (0..n).step_by(2 * len) {
+                for j in i..i + len {
+                    let (u, v) = (b[j], b[j + len]);
+                    b[j] = u + v;
+                    b[j + len] = u - v;
+                }
+            }
+            len <<= 1;
+        }
+    }
+}
+
+/// Stores one position's keys and values ([Nkv·D] each, D = `d`) as `ty`, rotated first
+/// where `rot_sizes` says so.
+pub fn store_kv(
+    ty: KvType,
+    d: usize,
+    (k, v): (&[f32], &[f32]),
+    (kc, vc): (&mut [u8], &mut [u8]),
+) -> Result<()> {
+    let Some((nk, nv)) = rot_sizes(ty, d) else {
+        store_row(ty, k, kc)?;
+        return store_row(ty, v, vc);
+    };
+    let mut x = k.to_vec();
+    fwht(&mut x, nk);
+    store_row(ty, &x, kc)?;
+    x.copy_from_slice(v);
+    fwht(&mut x, nv);
+    store_row(ty, &x, vc)
+}
+
 /// ggml's reference Q4_0 quantizer (`quantize_row_q4_0_ref`): per block of 32, the element of
 /// largest magnitude maps to -8, d = it / -8, each element to min(15, trunc(x / d + 8.5)); the
 /// first 16 in the low nibbles, the last 16 in the high ones. `out`: whole 18-byte blocks.
@@ -144,6 +203,7 @@ pub struct KvCache {
     pub row_bytes: usize,
     /// Bytes of one head's D elements.
     pub head_bytes: usize,
+    pub head_dim: usize,
     slots: Vec<Slot>,
 }
 
@@ -189,6 +249,7 @@ impl KvCache {
             row: n_head_kv * head_dim,
             row_bytes,
             head_bytes,
+            head_dim,
             slots,
         })
     }
@@ -255,9 +316,9 @@ impl KvCache {
         k: &[f32],
         v: &[f32],
     ) -> Result<()> {
+        let d = self.head_dim;
         let (ty, kc, vc) = self.rows_mut(slot, layer, pos, 1)?;
-        store_row(ty, k, kc)?;
-        store_row(ty, v, vc)
+        store_kv(ty, d, (k, v), (kc, vc))
     }
 
     /// The storage of positions [p0, p0 + n) of one layer of the slot, K and V: [n, Nkv·D]
@@ -364,4 +425,40 @@ fn zeroed(n: usize) -> Result<Vec<u8>> {
     // SAFETY: `p` owns n zeroed bytes allocated by the global allocator with u8's layout
     // of size n: a Vec of length and capacity n frees it with that same layout.
     Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rotation_sizes_follow_llama_cpp() {
+        // K: the largest power of two from 64 dividing D; V: 64; q4_0 only, D a multiple of 64
+        assert_eq!(rot_sizes(KvType::Q4_0, 128), Some((128, 64)));
+        assert_eq!(rot_sizes(KvType::Q4_0, 256), Some((256, 64)));
+        assert_eq!(rot_sizes(KvType::Q4_0, 192), Some((64, 64)));
+        assert_eq!(rot_sizes(KvType::Q4_0, 96), None);
+        assert_eq!(rot_sizes(KvType::Q8_0, 128), None);
+        assert_eq!(rot_sizes(KvType::F16, 128), None);
+    }
+
+    #[test]
+    fn the_rotation_is_orthonormal_and_its_own_inverse() {
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        for n in [64, 128, 256] {
+            let mut y = x.clone();
+            fwht(&mut y, n);
+            let norm = |v: &[f32]| v.iter().map(|a| (*a as f64).powi(2)).sum::<f64>();
+            assert!((norm(&y) - norm(&x)).abs() <= 1e-4 * norm(&x));
+            fwht(&mut y, n);
+            for (a, b) in x.iter().zip(&y) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + a.abs()),
+                    "n = {n}: {a} vs {b}"
+                );
+            }
+        }
+    }
 }

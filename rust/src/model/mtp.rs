@@ -374,7 +374,7 @@ impl Mtp {
         let cs = (&s.cos[..t * half], &s.sin[..t * half]);
         rows_par::qk_norm_rope(compute, c.rope, (q, kk), d, qk_norm, eps, cs, t)?;
         let (ty, kc, vc) = self.kv.rows_mut(slot, 0, p0, t)?;
-        rows_par::store_kv_rows(compute, ty, (kk, vv), kvd, (kc, vc))?;
+        rows_par::store_kv_rows(compute, ty, (kk, vv), (kvd, d), (kc, vc))?;
         let shape = AttnShape::of(&self.kv, hp.n_head, hp.n_head_kv, d);
         let (kc, vc) = self.kv.layer(slot, 0, p0 + t);
         let att = &mut s.att[..t * qd];

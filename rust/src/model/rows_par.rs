@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use super::arch::Routing;
 use super::compute::Compute;
-use super::kv::{store_row, KvType};
+use super::kv::{store_kv, KvType};
 use super::ops::{rms_norm, rms_norm_rows_inplace, Rope};
 use super::weights::Weights;
 use crate::error::{Error, Result};
@@ -185,12 +185,13 @@ pub fn qk_norm_rope(
     })
 }
 
-/// Stores rows k, v [T, Nkv·D] as `ty` into `kc`, `vc` ([T, rb] bytes each).
+/// Stores rows k, v [T, Nkv·D] (D = `d`) as `ty` into `kc`, `vc` ([T, rb] bytes each),
+/// rotated first where the cache type is (`kv::store_kv`).
 pub fn store_kv_rows(
     compute: &dyn Compute,
     ty: KvType,
     (k, v): (&[f32], &[f32]),
-    kvd: usize,
+    (kvd, d): (usize, usize),
     (kc, vc): (&mut [u8], &mut [u8]),
 ) -> Result<()> {
     let t = k.len() / kvd.max(1);
@@ -199,8 +200,8 @@ pub fn store_kv_rows(
     par_rows(compute, t, &|r| {
         for i in r {
             let x = i * kvd..(i + 1) * kvd;
-            store_row(ty, &k[x.clone()], kc.rows(i..i + 1))?;
-            store_row(ty, &v[x], vc.rows(i..i + 1))?;
+            let rows = (&k[x.clone()], &v[x]);
+            store_kv(ty, d, rows, (kc.rows(i..i + 1), vc.rows(i..i + 1)))?;
         }
         Ok(())
     })
@@ -238,6 +239,7 @@ pub fn route_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::kv::store_row;
     use crate::model::SerialCompute;
     use crate::pool::tests::{bits, cfg as pool_cfg};
     use crate::pool::Pool;
@@ -294,7 +296,7 @@ mod tests {
                 // KV stores, f16
                 let rb = 2 * h;
                 let (mut kc, mut vc) = (vec![0u8; t * rb], vec![0u8; t * rb]);
-                store_kv_rows(c, KvType::F16, (&x, &o), h, (&mut kc, &mut vc)).unwrap();
+                store_kv_rows(c, KvType::F16, (&x, &o), (h, h), (&mut kc, &mut vc)).unwrap();
                 for i in 0..t {
                     let mut row = vec![0u8; rb];
                     store_row(KvType::F16, &x[i * h..(i + 1) * h], &mut row).unwrap();
@@ -314,7 +316,7 @@ mod tests {
         let (t, w) = (40usize, 40usize);
         let x: Vec<f32> = (0..t * w).map(val).collect();
         let (mut kc, mut vc) = (vec![0u8; t * 64], vec![0u8; t * 64]);
-        let r = store_kv_rows(&pool, KvType::Q8_0, (&x, &x), w, (&mut kc, &mut vc));
+        let r = store_kv_rows(&pool, KvType::Q8_0, (&x, &x), (w, w), (&mut kc, &mut vc));
         assert!(r.is_err());
     }
 }

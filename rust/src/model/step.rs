@@ -228,7 +228,7 @@ impl Model {
                     let (ty, kc, vc) = kv.rows_mut(p.slot, kv_l, p.p0, p.t)?;
                     let kr = p.r0 * kvd..(p.r0 + p.t) * kvd;
                     let rows = (&s.k[kr.clone()], &s.v[kr]);
-                    rows_par::store_kv_rows(&**compute, ty, rows, kvd, (kc, vc))?;
+                    rows_par::store_kv_rows(&**compute, ty, rows, (kvd, d), (kc, vc))?;
                 }
                 // per piece over its own slot: [T_p, Nh·D] on the compute's threads
                 // (a window's rows in the one-row order: each bitwise a one-token step's)

@@ -54,6 +54,11 @@ def test_a_16_gib_pc_keeps_a_budget_of_hot_experts() -> None:
     assert c.n_ctx_seq >= 4096  # the floor, with fewer slots or q8_0 if need be
     tiny = Config.load(S.recommend(pc(3), A3B).settings, env={})
     assert tiny.ram_mode == "mmap"
+    # little RAM beside a resident model: q4_0 (a CPU-path type) before fewer slots
+    tight = Config.load(S.recommend(pc(22.5), A3B).settings, env={})
+    room = (22.5 * GIB - A3B.expert_bytes - A3B.dense_bytes - S.RAM_HEADROOM) * S.KV_SHARE_CPU
+    assert room / (98_304 * 4 * 34 / 64) < 4096 <= room / (98_304 * 4 * 18 / 64)
+    assert (tight.ram_mode, tight.kv_type, tight.parallel) == ("resident", "q4_0", 4)
 
 
 def test_a_24_gb_card_runs_the_hybrid_mode_with_f16_kv() -> None:

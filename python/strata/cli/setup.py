@@ -39,7 +39,7 @@ CTX_FLOOR = 4096  # below this per sequence, fewer slots are offered first
 KV_SHARE_CPU = 0.25  # of the RAM left beside the model, at most this much for the KV cache
 KV_SHARE_GPU = 0.20  # of the VRAM budget, at most this much for the KV cache
 RAM_HEADROOM = 2 * GIB  # left to the OS and the server beside a resident model
-KV_SCALE = {"f16": 1.0, "q8_0": 34 / 64, "f32": 2.0}  # bytes per element against f16
+KV_SCALE = {"f16": 1.0, "q8_0": 34 / 64, "q4_0": 18 / 64, "f32": 2.0}  # bytes against f16
 GAIN = 1.03  # a calibrated alternative must beat the recommendation's median by 3%
 
 
@@ -149,17 +149,18 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
         return f.kv_bytes_per_pos * KV_SCALE[kv] * per_seq(p, kv) * p <= kv_room
 
     slots = [parallel] if parallel else [4, 2, 1]
+    kvs = ("f16", "q8_0") if on_gpu else ("f16", "q8_0", "q4_0")  # q4_0: the CPU path's
     chosen = next(
         (
             (p, kv)
             for p in slots
-            for kv in ("f16", "q8_0")
-            if per_seq(p, kv) >= floor and (fits(p, kv) or (n_ctx and kv == "q8_0"))
+            for kv in kvs
+            if per_seq(p, kv) >= floor and (fits(p, kv) or (n_ctx and kv == kvs[-1]))
         ),
         None,
     )
-    if chosen is None:  # not even the floor: the fewest slots, f16 if what fits allows it
-        chosen = (slots[-1], "f16" if fits(slots[-1], "f16") else "q8_0")
+    if chosen is None:  # not even the floor: the fewest slots, the widest type that fits
+        chosen = (slots[-1], next((kv for kv in kvs if fits(slots[-1], kv)), kvs[-1]))
         notes.append(f"each sequence holds fewer than {floor} positions")
     p, kv = chosen
     ctx = max(16, per_seq(p, kv))
@@ -173,11 +174,12 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
         if p > 1 and not parallel
         else f"{p} sequence{'s' if p > 1 else ''}" + (" (asked)" if parallel else "")
     )
+    share = {"q8_0": "about half", "q4_0": "about a quarter"}
     why["kv_type"] = (
         "f16, as llama.cpp stores its cache"
         if kv == "f16"
-        else f"q8_0: half of f16's bytes, so {ctx} positions a sequence fit the {where} kept "
-        "for the KV cache"
+        else f"{kv}: {share.get(kv, '')} of f16's bytes, so {ctx} positions a sequence fit "
+        f"the {where} kept for the KV cache"
     )
     why["n_ctx"] = (
         f"{ctx} positions for each of the {p} sequences (n_ctx is all of them, as llama.cpp's "

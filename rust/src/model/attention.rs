@@ -238,74 +238,57 @@ fn reduce_pv(acc: &[f32], d: usize, many: bool, out: &mut [f32]) {
     }
 }
 
+/// One head's view of a layer's cache for `attend_online`: keys/values [0, n) at head byte
+/// offset `kvo`, the score scale, the head's sink.
+struct OnlineHead<'a> {
+    s: &'a AttnShape<'a>,
+    k_cache: &'a [u8],
+    v_cache: &'a [u8],
+    n: usize,
+    kvo: usize,
+    scale: f32,
+    sink: Option<f32>,
+}
+
 /// One head over a quantized cache in ggml's CPU flash-attention order (llama.cpp runs its
 /// quantized caches through flash attention, which its quantized V needs): key by key, the
 /// running maximum M rescales the f32 accumulator and the sum S by exp(M_old − M) when a
 /// score passes it, else the value row (dequantized to f32, x = d·q as ggml's `to_float`) is
 /// added with weight exp(s − M) by fused multiply-adds (`ggml_vec_mad_f32`); a sink (Some)
 /// is one more score with no value; the accumulator is multiplied by 1/S at the end.
-#[allow(clippy::too_many_arguments)]
-fn attend_online(
-    s: &AttnShape,
-    k_cache: &[u8],
-    v_cache: &[u8],
-    n: usize,
-    kvo: usize,
-    scale: f32,
-    sink: Option<f32>,
-    scratch: &mut AttnScratch,
-    oh: &mut [f32],
-) {
+fn attend_online(h: &OnlineHead, q_act: &[u8], oh: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has FMA (checked above).
-        unsafe { attend_online_fma(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh) };
+        unsafe { attend_online_fma(h, q_act, oh) };
         return;
     }
-    attend_online_body(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh)
+    attend_online_body(h, q_act, oh)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_online_fma(
-    s: &AttnShape,
-    k_cache: &[u8],
-    v_cache: &[u8],
-    n: usize,
-    kvo: usize,
-    scale: f32,
-    sink: Option<f32>,
-    scratch: &mut AttnScratch,
-    oh: &mut [f32],
-) {
-    attend_online_body(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh)
+unsafe fn attend_online_fma(h: &OnlineHead, q_act: &[u8], oh: &mut [f32]) {
+    attend_online_body(h, q_act, oh)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_online_body(
-    s: &AttnShape,
-    k_cache: &[u8],
-    v_cache: &[u8],
-    n: usize,
-    kvo: usize,
-    scale: f32,
-    sink: Option<f32>,
-    scratch: &mut AttnScratch,
-    oh: &mut [f32],
-) {
+fn attend_online_body(h: &OnlineHead, q_act: &[u8], oh: &mut [f32]) {
+    let OnlineHead {
+        s,
+        k_cache,
+        v_cache,
+        n,
+        kvo,
+        scale,
+        sink,
+    } = *h;
     let d = s.head_dim;
     let (mut sum, mut max) = (0.0f32, f32::NEG_INFINITY);
     oh.fill(0.0);
     for j in 0..n {
         let o = j * s.row_bytes + kvo;
-        let sc = vec_dot(
-            s.ty.ggml(),
-            d,
-            &k_cache[o..o + s.head_bytes],
-            &scratch.q_act,
-        ) * scale;
+        let sc = vec_dot(s.ty.ggml(), d, &k_cache[o..o + s.head_bytes], q_act) * scale;
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
         if sc > max {
             ms = (max - sc).exp();
@@ -422,7 +405,16 @@ pub fn attend_head(
             None => convert_q(s.ty, qh, &mut scratch.q_act)?,
         }
         let sink = s.sinks.map(|sk| sk[h]);
-        attend_online(s, k_cache, v_cache, n, kvo, scale, sink, scratch, oh);
+        let head = OnlineHead {
+            s,
+            k_cache,
+            v_cache,
+            n,
+            kvo,
+            scale,
+            sink,
+        };
+        attend_online(&head, &scratch.q_act, oh);
         if let Some((_, nv)) = rot {
             fwht(oh, nv);
         }

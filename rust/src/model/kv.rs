@@ -153,7 +153,7 @@ pub fn quantize_q4_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// `out += p · row` over one head's D elements stored as `ty`.
+/// `out += p · row` over one head's D elements stored as `ty` (F32 or F16).
 #[inline]
 pub fn axpy_row(ty: KvType, p: f32, row: &[u8], out: &mut [f32]) {
     match ty {
@@ -167,24 +167,9 @@ pub fn axpy_row(ty: KvType, p: f32, row: &[u8], out: &mut [f32]) {
                 *o += p * f16_at(row, 2 * i);
             }
         }
-        KvType::Q8_0 => {
-            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(34)) {
-                let d = f16_at(b, 0) * p;
-                for (j, o) in ob.iter_mut().enumerate() {
-                    *o += d * (b[2 + j] as i8) as f32;
-                }
-            }
-        }
-        KvType::Q4_0 => {
-            for (ob, b) in out.chunks_exact_mut(32).zip(row.chunks_exact(18)) {
-                let d = f16_at(b, 0) * p;
-                let (lo, hi) = ob.split_at_mut(16);
-                for j in 0..16 {
-                    lo[j] += d * ((b[2 + j] & 0x0F) as i32 - 8) as f32;
-                    hi[j] += d * ((b[2 + j] >> 4) as i32 - 8) as f32;
-                }
-            }
-        }
+        // the quantized caches are attended in ggml's flash-attention order instead
+        // (attention.rs `attend_online`), which adds each value row as ggml does
+        KvType::Q8_0 | KvType::Q4_0 => unreachable!("axpy_row: a quantized cache"),
     }
 }
 

@@ -112,6 +112,48 @@ def test_every_plan_is_valid_settings_on_random_machines() -> None:
         assert c.n_ctx_seq >= 16 and set(p.reasons) >= set(p.settings)
 
 
+def test_speculation_is_a_draft_model_else_the_mtp_layer_on_the_cpu_else_ngrams() -> None:
+    mtp = S.ModelFacts(**{**{k: getattr(A3B, k) for k in A3B.__slots__}, "has_mtp": True})
+    for m, f, draft, want in [
+        (pc(64), A3B, "d.gguf", "draft"),
+        (pc(64), mtp, "", "mtp"),
+        (pc(64, 24), mtp, "", "ngram"),  # the MTP layer runs on the CPU path only
+        (pc(64), A3B, "", "ngram"),
+    ]:
+        p = S.recommend(m, f, draft=draft)
+        c = Config.load(p.settings, env={})
+        assert c.spec == want and c.spec_adaptive and "spec" in p.reasons
+        assert c.spec_draft_model == draft
+    alts = S.alternatives(pc(64), S.recommend(pc(64), A3B, draft="d.gguf"))
+    assert ("spec", "off") in alts and {("spec_p_min", p) for p in S.P_MIN} <= set(alts)
+    assert not any(n == "spec_p_min" for n, _ in S.alternatives(pc(64), S.recommend(pc(64), A3B)))
+
+
+def test_calibrated_speculation_off_drops_the_drafters_settings() -> None:
+    plan = S.recommend(pc(64), A3B, draft="d.gguf")
+
+    def off_wins(settings: dict[str, object]) -> list[float]:
+        if settings.get("spec") == "off":
+            assert "spec_draft_model" not in settings  # a valid config: the draft goes too
+            return [12.0, 12.1, 12.2]
+        return [11.0, 11.0, 11.0] if settings.get("spec_p_min") else [10.0, 10.0, 10.0]
+
+    S.calibrate(plan, S.alternatives(pc(64), plan), off_wins)
+    assert plan.settings["spec"] == "off" and "calibrated" in plan.reasons["spec"]
+    assert "spec_draft_model" not in plan.settings and "spec_p_min" not in plan.settings
+    Config.load(plan.settings, env={})
+    # where a draft floor beats speculation off too, drafting stays with that floor
+    rates = {"off": [11.0] * 3, 0.5: [10.0] * 3, 0.8: [12.0] * 3, 0.0: [10.0] * 3}
+
+    def timer(st: dict[str, object]) -> list[float]:
+        return rates["off" if st["spec"] == "off" else st.get("spec_p_min", 0.0)]
+
+    plan = S.recommend(pc(64), A3B, draft="d.gguf")
+    S.calibrate(plan, S.alternatives(pc(64), plan), timer)
+    assert (plan.settings["spec"], plan.settings["spec_p_min"]) == ("draft", 0.8)
+    assert "calibrated" not in plan.reasons["spec"]
+
+
 def test_calibration_keeps_an_alternative_only_where_measurably_faster() -> None:
     base = S.Plan({"model": "m", "threads": 0, "pcie_frac": -1.0}, {})
     rates = {
@@ -154,6 +196,36 @@ def test_setup_writes_a_config_that_loads_and_runs(
     assert "exists" in capsys.readouterr().err
     assert main(["setup", str(tmp_path / "none.gguf"), "-o", str(tmp_path / "x.toml")]) == 2
     assert "no such file" in capsys.readouterr().err
-    # the calibration's timer runs the model
-    rates = S.decode_rates({"model": str(model), "threads": 1}, tokens=4, reps=2)
+    # the calibration's timer runs the model through the scheduler, speculation included
+    rates = S.decode_rates({"model": str(model), "threads": 1, "spec": "ngram"}, tokens=4, reps=2)
     assert len(rates) == 2 and all(r > 0 for r in rates)
+
+
+def test_setup_of_the_default_model_drafts_with_its_shipped_draft(
+    test_models: TestModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from strata import modelgen
+    from strata.__main__ import main
+
+    default = modelgen.shipped_model_path("default")
+    out = tmp_path / "d.toml"
+    assert main(["setup", str(default), "-o", str(out), "--parallel", "1"]) == 0
+    c = Config.load(config_file=str(out), env={})
+    assert c.spec == "draft" and Path(c.spec_draft_model) == modelgen.shipped_model_path("draft")
+    # the calibration's timer drafts with it: tokens/s of windows the draft proposed
+    rates = S.decode_rates(
+        {
+            "model": str(default),
+            "threads": 1,
+            "spec": "draft",
+            "spec_draft_model": c.spec_draft_model,
+        },
+        tokens=16,
+        reps=1,
+    )
+    assert len(rates) == 1 and rates[0] > 0
+    # a draft of another vocabulary is refused before anything is written
+    other = test_models.quantized("Q8_0")
+    bad = tmp_path / "bad.toml"
+    assert main(["setup", str(default), "-o", str(bad), "--draft", str(other)]) == 2
+    assert "vocabulary differs" in capsys.readouterr().err and not bad.exists()

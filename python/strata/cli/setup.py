@@ -1,15 +1,21 @@
 """`strata setup MODEL`: inspect this machine and the model, write a config that fits them.
 
-    strata setup M.gguf [-o strata.toml] [--parallel N] [--n-ctx N] [--calibrate] [--force]
+    strata setup M.gguf [-o strata.toml] [--parallel N] [--n-ctx N] [--draft D.gguf]
+                        [--calibrate] [--force]
 
 It reads the CPU (physical cores, instruction set), the RAM (MemAvailable), the disk beside
 the model, the GPU and its link (when one is usable) and the GGUF (expert and dense bytes, KV
 bytes per position, training context), then recommends the settings a server on this machine
-should start with — device, threads, RAM mode, KV type, context and parallel slots — and writes
-them as a TOML config (`STRATA_CONFIG=FILE` or `--config FILE`), each with the reason beside
-it. `--calibrate` then times a short greedy decode under a few alternatives of the settings a
-machine decides (the compute threads; on the GPU's hybrid mode the PCIe share) and keeps an
-alternative only where it is measurably faster than the recommendation.
+should start with — device, threads, RAM mode, KV type, context, parallel slots and speculative
+decoding — and writes them as a TOML config (`STRATA_CONFIG=FILE` or `--config FILE`), each
+with the reason beside it. Speculation: a draft model (`--draft`; the embedded default model's
+own shipped draft), else the model's MTP layer on the CPU path, else prompt lookup (n-grams);
+each adaptive (a sequence drafts only while it measurably pays). `--calibrate` then times a
+short greedy decode through the engine's scheduler (speculation included, as the server runs
+a request) under a few alternatives of the settings a machine decides — the compute threads;
+on the GPU's hybrid mode the PCIe share; speculation off; the draft floor (`spec_p_min`: a
+draft model stops at a token it gives less than this probability) — and keeps an alternative
+only where it is measurably faster than the recommendation.
 
 The rules are plain functions of the facts (`Machine`, `ModelFacts` → `Plan`), so they are
 tested on made-up machines; the inspection is the only part that reads this one.
@@ -30,6 +36,7 @@ from typing import Any
 
 from strata.config import Config
 from strata.errors import ConfigError, StrataError
+from strata.spec.drafters import check_draft
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -62,6 +69,7 @@ class ModelFacts:
     dense_bytes: int
     kv_bytes_per_pos: int  # one position of one sequence, f16 KV
     n_ctx_train: int
+    has_mtp: bool = False  # a NextN / MTP layer Strata runs (on the CPU path)
 
 
 @dataclass(slots=True)
@@ -80,9 +88,11 @@ def _grid(n: int) -> int:
     return max(CTX_GRID, n // CTX_GRID * CTX_GRID)
 
 
-def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> Plan:
+def recommend(
+    m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0, draft: str = ""
+) -> Plan:
     """The settings for model `f` on machine `m`. `parallel`/`n_ctx` 0: chosen here (n_ctx as
-    llama.cpp's -c: all slots together)."""
+    llama.cpp's -c: all slots together); `draft`: a draft model's GGUF ("": none)."""
     s: dict[str, Any] = {"model": f.path}
     why: dict[str, str] = {"model": f"{f.arch}, {_size(f.expert_bytes)} of experts"}
     notes: list[str] = []
@@ -193,7 +203,30 @@ def recommend(m: Machine, f: ModelFacts, parallel: int = 0, n_ctx: int = 0) -> P
         )
     if m.disk_free < 8 * GIB:
         notes.append(f"only {m.disk_free / GIB:.1f} GiB free beside the model")
+    _speculation(s, why, f, draft, on_gpu)
     return Plan(s, why, notes, hybrid=on_gpu and not whole)
+
+
+def _speculation(
+    s: dict[str, Any], why: dict[str, str], f: ModelFacts, draft: str, on_gpu: bool
+) -> None:
+    """The drafter: a draft model, else the model's MTP layer (the CPU path runs it), else
+    prompt lookup; always the adaptive window (Config.spec_adaptive's default)."""
+    adaptive = "each sequence drafts only while its measured acceptance and verify cost say it pays"
+    if draft:
+        s["spec"], s["spec_draft_model"] = "draft", draft
+        why["spec"] = f"a draft model of the same vocabulary proposes tokens; {adaptive}"
+        why["spec_draft_model"] = "the draft model"
+    elif f.has_mtp and not on_gpu:
+        s["spec"] = "mtp"
+        why["spec"] = f"the model's own MTP layer proposes tokens; {adaptive}"
+    else:
+        s["spec"] = "ngram"
+        why["spec"] = (
+            "prompt lookup (n-grams of the prompt and the text so far): edits of text in the "
+            f"prompt decode several tokens a step; {adaptive}"
+            + ("; the MTP layer runs on the CPU path only" if f.has_mtp else "")
+        )
 
 
 # -- this machine and this model -----------------------------------------------------------------
@@ -233,7 +266,17 @@ def inspect_model(path: Path) -> ModelFacts:
         dense_bytes=int(h["non_expert_bytes"]),
         kv_bytes_per_pos=int(h["kv_bytes"]) // 16,
         n_ctx_train=int(h["n_ctx_train"]),
+        has_mtp=bool(m.has_mtp),
     )
+
+
+def shipped_draft(model: Path) -> str:
+    """The embedded default model's own draft ("" for any other model)."""
+    from strata import modelgen  # type: ignore[attr-defined, unused-ignore]
+
+    if model.resolve() == modelgen.shipped_model_path("default").resolve():
+        return str(modelgen.shipped_model_path("draft"))
+    return ""
 
 
 # -- calibration ----------------------------------------------------------------------------------
@@ -241,20 +284,65 @@ def inspect_model(path: Path) -> ModelFacts:
 Timer = Callable[[dict[str, Any]], list[float]]  # settings → tokens/s of each repetition
 
 
-def decode_rates(settings: dict[str, Any], tokens: int = 32, reps: int = 3) -> list[float]:
-    """Greedy decode tokens/s of `reps` runs (after one warm-up) under `settings`."""
-    from strata.llm import LLM
+PROMPTS = ("def fibonacci(n):\n    ", "The three laws of motion are")
+P_MIN = (0.5, 0.8)  # draft floors tried against the recommendation's (spec_p_min 0)
+MIN_RUN_S = 0.5  # a timed run decodes the prompts again until it is this long (small models)
 
-    llm = LLM.from_config(Config.load({**settings, "n_ctx": 1024, "parallel": 1}, env={}))
-    if llm.fill is not None:
-        llm.fill.wait()  # the RAM tier filled: no fill threads beside the timed runs
-    prompt = llm.tokenizer.encode("def fibonacci(n):\n    ")
+
+def decode_rates(
+    settings: dict[str, Any], tokens: int = 32, reps: int = 3, drafts: list[int] | None = None
+) -> list[float]:
+    """Greedy decode tokens/s of `reps` runs (after one warm-up) under `settings`, through the
+    engine's scheduler with the settings' speculator, as the server runs a request. A run
+    decodes `tokens` after each of PROMPTS; its rate is the tokens after each prompt's first
+    (the prefill's) over their time, the prompts repeated until MIN_RUN_S. `drafts` (given):
+    set to [offered, accepted] of all runs."""
+    from strata.engine.backend import LLMBackend
+    from strata.engine.protocol import Submit, Tokens
+    from strata.engine.scheduler import Scheduler
+    from strata.sampling import SamplingParams
+    from strata.spec import make_speculator
+
+    cfg = Config.load({**settings, "n_ctx": 2048, "parallel": 1}, env={})
+    be = LLMBackend(cfg)
+    fill = getattr(be.llm, "fill", None)
+    if fill is not None:
+        fill.wait()  # the RAM tier filled: no fill threads beside the timed runs
+    spec = make_speculator(cfg, be)
+    tok = be.vocabulary()
+    prompts = [tok.encode(p) for p in PROMPTS]
     out = []
-    for i in range(reps + 1):  # each run after the first reuses the prompt's KV alike
-        t0 = time.perf_counter()
-        n = sum(1 for _ in llm.generate_ids(prompt, max_tokens=tokens, stop_ids=[], temperature=0))
+    for i in range(reps + 1):
+        n, dt = 0, 0.0
+        while not dt or dt < MIN_RUN_S:  # the prompts again until the run is long enough
+            for ids in prompts:
+                be.free(0)
+                if spec is not None:
+                    spec.drafter.rollback(0, 0)  # no draft KV of the previous prompt
+                sched = Scheduler(be, be.prefill_piece, 1, speculator=spec, reuse=False)
+                sched.add(Submit(0, ids, SamplingParams(temperature=0), tokens, []))
+                t1 = 0.0
+                while sched.has_work():
+                    for e in sched.step():
+                        if isinstance(e, Tokens) and e.ids:
+                            if not t1:
+                                t1 = time.perf_counter()
+                                n -= len(e.ids)  # the prefill's tokens are not decode's
+                            n += len(e.ids)
+                dt += time.perf_counter() - t1
         if i:
-            out.append(n / (time.perf_counter() - t0))
+            out.append(n / dt)
+    if drafts is not None:
+        drafts[:] = [spec.offered, spec.accepted] if spec is not None else [0, 0]
+    return out
+
+
+def apply(settings: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+    """`settings` with `name` = `value`; speculation off drops the drafter's own settings."""
+    out = {**settings, name: value}
+    if name == "spec" and value == "off":
+        for k in ("spec_draft_model", "spec_p_min"):
+            out.pop(k, None)
     return out
 
 
@@ -265,29 +353,35 @@ def alternatives(m: Machine, plan: Plan) -> list[tuple[str, Any]]:
         alt.append(("threads", m.cores - 1))  # a core left to the OS and the server
     if plan.hybrid and m.link_gbps > 0:
         alt += [("pcie_frac", 0.0), ("pcie_frac", 0.5)]
+    if plan.settings.get("spec", "off") != "off":
+        alt.append(("spec", "off"))
+        if plan.settings["spec"] == "draft":
+            alt += [("spec_p_min", p) for p in P_MIN]
     return alt
 
 
 def calibrate(plan: Plan, alts: Sequence[tuple[str, Any]], timer: Timer) -> list[str]:
     """Times the plan and each alternative; adopts an alternative (into `plan`) only where its
-    median beats the plan's by GAIN and its slowest run beats the plan's median. Returns the
-    report's lines."""
+    median beats the plan's by GAIN and its slowest run beats the plan's median; of winners of
+    one setting (or of speculation: off, or a draft floor) the fastest. Returns the report's
+    lines."""
     base = timer(plan.settings)
     mb = statistics.median(base)
     lines = [f"recommended: {mb:.1f} tok/s (runs {', '.join(f'{r:.1f}' for r in base)})"]
-    best: dict[str, tuple[float, Any]] = {}
+    best: dict[str, tuple[float, str, Any]] = {}  # group → (tok/s, setting, value)
     for name, value in alts:
-        rates = timer({**plan.settings, name: value})
+        rates = timer(apply(plan.settings, name, value))
         med = statistics.median(rates)
         wins = med >= GAIN * mb and min(rates) > mb
         lines.append(
             f"{name} = {value!r}: {med:.1f} tok/s ({med / mb:.3f}×)"
             + (" — faster" if wins else " — not measurably faster")
         )
-        if wins and med > best.get(name, (0.0, None))[0]:
-            best[name] = (med, value)
-    for name, (med, value) in best.items():
-        plan.settings[name] = value
+        group = "spec" if name.startswith("spec") else name  # speculation off or a floor
+        if wins and med > best.get(group, (0.0, "", None))[0]:
+            best[group] = (med, name, value)
+    for med, name, value in best.values():
+        plan.settings = apply(plan.settings, name, value)
         plan.reasons[name] = f"calibrated: {med:.1f} tok/s, {med / mb:.3f}× the recommendation"
     return lines
 
@@ -330,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-o", "--out", default="strata.toml", help="the config to write")
     p.add_argument("--parallel", type=int, default=0, help="slots (default: chosen)")
     p.add_argument("--n-ctx", type=int, default=0, help="context of all slots (default: chosen)")
+    p.add_argument(
+        "--draft", default="", help="a draft model's GGUF (the same vocabulary) for speculation"
+    )
     p.add_argument("--calibrate", action="store_true", help="time the alternatives, keep wins")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
     ns = p.parse_args(argv)
@@ -344,9 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not path.is_file():
             raise ConfigError(f"model {path}: no such file")
+        if ns.draft:
+            if not Path(ns.draft).is_file():
+                raise ConfigError(f"draft model {ns.draft}: no such file")
+            check_draft(ns.draft, str(path))
         facts = inspect_model(path)
         machine = inspect_machine(path.parent)
-        plan = recommend(machine, facts, ns.parallel, ns.n_ctx)
+        draft = ns.draft or shipped_draft(path)
+        plan = recommend(machine, facts, ns.parallel, ns.n_ctx, draft)
         Config.load(plan.settings, env={})  # every value a valid setting
         extra: list[str] = []
         if ns.calibrate:

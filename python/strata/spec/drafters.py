@@ -345,6 +345,14 @@ def _vocab_tokens(path: str) -> Any:
         return g.metadata.get("tokenizer.ggml.tokens")
 
 
+def check_draft(draft_path: str, target_path: str) -> None:
+    """ConfigError unless the draft model's vocabulary is the target's (token for token)."""
+    if _vocab_tokens(draft_path) != _vocab_tokens(target_path):
+        raise ConfigError(
+            f"spec_draft_model {draft_path}: its vocabulary differs from the target's"
+        )
+
+
 def _has_mtp(metadata: dict[str, Any]) -> bool:
     return any(k.endswith(".nextn_predict_layers") and v for k, v in metadata.items())
 
@@ -379,8 +387,5 @@ def open_drafter(
         raise ConfigError("spec=draft needs spec_draft_model (a GGUF with the same vocabulary)")
     if target_path is None:
         raise ConfigError("spec=draft needs a GGUF target model (not the fake engine)")
-    if _vocab_tokens(draft_path) != _vocab_tokens(target_path):
-        raise ConfigError(
-            f"spec_draft_model {draft_path}: its vocabulary differs from the target's"
-        )
+    check_draft(draft_path, target_path)
     return ModelDrafter(draft_path, n_slots, n_ctx, p_min, threads)

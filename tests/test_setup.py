@@ -176,6 +176,14 @@ def test_calibration_keeps_an_alternative_only_where_measurably_faster() -> None
     assert sum("— faster" in line for line in lines) == 1
 
 
+def setup(model: Path, out: Path, *args: str) -> Config:
+    """`strata setup MODEL -o OUT ARGS…` (exit 0) and the config it wrote."""
+    from strata.__main__ import main
+
+    assert main(["setup", str(model), "-o", str(out), *args]) == 0
+    return Config.load(config_file=str(out), env={})
+
+
 def test_setup_writes_a_config_that_loads_and_runs(
     test_models: TestModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -184,10 +192,9 @@ def test_setup_writes_a_config_that_loads_and_runs(
 
     model = test_models.quantized("Q8_0")
     out = tmp_path / "strata.toml"
-    assert main(["setup", str(model), "-o", str(out), "--parallel", "2"]) == 0
+    c = setup(model, out, "--parallel", "2")
     text = out.read_text()
     assert "# run: STRATA_CONFIG=" in text and "parallel = 2" in text
-    c = Config.load(config_file=str(out), env={})
     assert (c.model, c.parallel, c.device) == (str(model), 2, "cpu")
     llm = LLM.from_config(c, private_slot=False)
     assert llm.n_ctx_seq == c.n_ctx_seq and llm.max_slots == 2
@@ -208,9 +215,7 @@ def test_setup_of_the_default_model_drafts_with_its_shipped_draft(
     from strata.__main__ import main
 
     default = modelgen.shipped_model_path("default")
-    out = tmp_path / "d.toml"
-    assert main(["setup", str(default), "-o", str(out), "--parallel", "1"]) == 0
-    c = Config.load(config_file=str(out), env={})
+    c = setup(default, tmp_path / "d.toml", "--parallel", "1")
     assert c.spec == "draft" and Path(c.spec_draft_model) == modelgen.shipped_model_path("draft")
     # the calibration's timer drafts with it: tokens/s of windows the draft proposed
     rates = S.decode_rates(

@@ -20,6 +20,7 @@ every CPU: they are what a file that is not matched bit for bit is held to.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -276,3 +277,66 @@ def test_rope_scaling_agrees_with_llamacpp(
         ref = ref_logits(ll, toks)
         rel = np.abs(ours - ref).max() / np.abs(ref).max()
         assert rel < 2e-3, rel
+
+
+# llama.cpp's penalties sampler's arguments in its order (last n, repeat, frequency, presence),
+# named as SamplingParams names them
+PENALTIES = {
+    "repeat_last_n": 64,
+    "repetition_penalty": 1.3,
+    "frequency_penalty": 0.1,
+    "presence_penalty": 0.2,
+}
+
+
+def llama_chain_greedy(ll: Any, toks: list[int], n: int, bias: dict[int, float]) -> list[int]:
+    """`n` greedy tokens through llama.cpp's own sampler chain in common_sampler's order: its
+    logit-bias sampler, its penalties (PENALTIES; the prompt's tokens accepted first, as
+    llama-server does), then greedy."""
+    arr = (llama_cpp.llama_logit_bias * len(bias))()
+    for i, (t, b) in enumerate(bias.items()):
+        arr[i].token, arr[i].bias = t, b
+    n_vocab = llama_cpp.llama_vocab_n_tokens(ll._model.vocab)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    try:
+        for s in (
+            llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), arr),
+            llama_cpp.llama_sampler_init_penalties(n_vocab, *PENALTIES.values()),
+            llama_cpp.llama_sampler_init_greedy(),
+        ):
+            llama_cpp.llama_sampler_chain_add(chain, s)
+        for t in toks:
+            llama_cpp.llama_sampler_accept(chain, t)
+        ll.reset()
+        ll.eval(toks)
+        out: list[int] = []
+        for _ in range(n):
+            out.append(int(llama_cpp.llama_sampler_sample(chain, ll._ctx.ctx, -1)))
+            ll.eval(out[-1:])  # (the sample call accepted the token into the chain)
+        return out
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+
+
+def test_logit_bias_and_penalties_follow_llama_cpps_sampler_chain(f32_path: Path) -> None:
+    """`logit_bias` (a banned token, raised and lowered ones) with the penalties, greedy, on
+    the F32 file: Strata's sampler against llama.cpp's own chain, 8 tokens from 6 prompts; at
+    most one continuation may part at a near-tie. Each bias changes llama.cpp's output."""
+    from strata.llm import LLM
+
+    ll = llama(f32_path, "f16")
+    ours = LLM(f32_path, n_ctx=N_CTX, threads=1)
+    rng = np.random.default_rng(7)
+    same = 0
+    for toks in prompts(6, 8, seed=9):
+        plain = llama_chain_greedy(ll, toks, 8, {})
+        bias = {plain[0]: -math.inf, plain[1]: -3.0}
+        bias.update({int(t): 2.5 for t in rng.integers(0, 509, 4)})
+        ref = llama_chain_greedy(ll, toks, 8, bias)
+        assert ref != plain
+        out = ours.generate_ids(
+            toks, max_tokens=8, stop_ids=[], temperature=0, logit_bias=bias, **PENALTIES
+        )
+        got = [t for t, _ in out]
+        same += got == ref
+    assert same >= 5

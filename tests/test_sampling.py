@@ -170,3 +170,37 @@ def test_validation_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{field}:") as e:
         SamplingParams(**{field: value}).validate()  # type: ignore[arg-type]
     assert e.value.param == field  # type: ignore[attr-defined]
+
+
+def test_logit_bias_comes_before_the_penalties() -> None:
+    """llama.cpp's chain (common/sampling.cpp): the logit bias sampler first, then penalties.
+    Token 0 (1.0, in the prompt) gets +1 and a repetition penalty of 2: bias first gives
+    (1 + 1) / 2 = 1.0 < 1.2 (token 1 wins); the penalty first would give 0.5 + 1 = 1.5."""
+    x = np.array([1.0, 1.2, 0.0, -1.0, -1.0, -1.0], dtype=np.float32)
+    p = SamplingParams(temperature=0, repetition_penalty=2.0, logit_bias={0: 1.0})
+    assert Sampler(p, [0], V).sample(x).token == 1
+    s = Sampler(SamplingParams(temperature=0, logit_bias={0: 1.0}), [0], V)
+    assert not s.fast_greedy and s.sample(x).token == 0  # no penalty: 2.0 wins
+    # log-probabilities stay those of the raw row
+    r = Sampler(SamplingParams(temperature=0, top_logprobs=0, logit_bias={2: 50}), [], V).sample(x)
+    assert r.token == 2
+    assert r.logprob == pytest.approx(0.0 - math.log(np.exp(x.astype(np.float64)).sum()), abs=1e-5)
+
+
+def test_logit_bias_shifts_the_draw_and_minus_inf_bans() -> None:
+    bias = {0: -math.inf, 3: 1.5}
+    x = LOGITS.astype(np.float64).copy()
+    x[0], x[3] = -np.inf, x[3] + 1.5
+    want = np.exp(x - x[np.isfinite(x)].max())
+    close(
+        draws(SamplingParams(temperature=1.0, seed=21, logit_bias=bias, **OFF)), want / want.sum()
+    )
+    # ids past the vocabulary change nothing (the server refuses them)
+    s = Sampler(SamplingParams(temperature=0, logit_bias={V + 3: 100.0}), [], V)
+    assert s.sample(LOGITS).token == 0
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {1: float("nan")}, {1: float("inf")}, {1: "x"}])
+def test_logit_bias_validation(bias: object) -> None:
+    with pytest.raises(ValueError, match=r"^logit_bias:"):
+        SamplingParams(logit_bias=bias).validate()  # type: ignore[arg-type]

@@ -64,3 +64,43 @@ def test_n_ctx_0_is_the_training_context_shared_by_the_slots() -> None:
         assert tok["max_model_len"] == train // 2
     finally:
         srv.stop()
+
+
+def test_logit_bias_reaches_the_sampler() -> None:
+    """OpenAI's `logit_bias` (the official client's dict) and llama-server's list form (a text,
+    `false` to ban) give what `strata.LLM` gives with the same bias; bad ones are 400s."""
+    llm = LLM(modelgen.shipped_model_path("default"))
+    prompt, n = PROMPTS[1], 8
+    ids = llm.tokenizer.encode(prompt)
+    plain = [t for t, _ in llm.generate_ids(ids, max_tokens=n, stop_ids=[], temperature=0)]
+    nl = llm.tokenizer.encode("\n")
+    bias = {plain[0]: -100.0, nl[0]: float("-inf")}
+
+    def ref(b: dict[int, float]) -> str:
+        out = llm.generate_ids(ids, max_tokens=n, stop_ids=[], temperature=0, logit_bias=b)
+        return llm.tokenizer.decode([t for t, _ in out])
+
+    srv = Server(engine="llm", parallel=1, n_ctx=512)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        want = ref(bias)
+        assert want != llm.tokenizer.decode(plain)
+        r = client.completions.create(
+            model="strata-default",
+            prompt=prompt,
+            max_tokens=n,
+            temperature=0,
+            logit_bias={str(plain[0]): -100},
+            extra_body={"ignore_eos": True},
+        )
+        assert r.choices[0].text == ref({plain[0]: -100.0})
+        body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True}
+        r2 = srv.http.post(
+            "/v1/completions", json={**body, "logit_bias": [[plain[0], -100], ["\n", False]]}
+        )
+        assert r2.status_code == 200 and r2.json()["choices"][0]["text"] == want
+        for bad in ({"99999": 1}, {"1": 101}, {"1": "x"}, [1, 2]):
+            e = srv.http.post("/v1/completions", json={**body, "logit_bias": bad})
+            assert e.status_code == 400 and e.json()["error"]["param"] == "logit_bias", bad
+    finally:
+        srv.stop()

@@ -272,7 +272,8 @@ def bad_request(c: openai.OpenAI, **kw: Any) -> dict[str, Any]:
 def test_unknown_and_unsupported_fields_are_400(client: openai.OpenAI) -> None:
     b = bad_request(client, extra_body={"frobnicate": 1})
     assert b["param"] == "frobnicate" and "unknown field" in b["message"]
-    assert bad_request(client, logit_bias={"1": 5})["param"] == "logit_bias"
+    assert bad_request(client, functions=[{"name": "f"}])["param"] == "functions"
+    assert bad_request(client, logit_bias={"99999999": 5})["param"] == "logit_bias"
     b = bad_request(client, extra_body={"messages": [{"role": "user", "content": "x", "bogus": 1}]})
     assert b["param"] == "messages[0].bogus"
     b = bad_request(client, tools=[{"type": "function", "function": {"name": "a b"}}])

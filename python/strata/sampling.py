@@ -4,7 +4,8 @@ give equal tokens.
 
 Order and defaults are llama.cpp's (`common_sampler`'s default chain, llama-server's defaults):
   0. an optional per-request logits processor masks the row (structured output: a grammar sets
-     the logits of forbidden tokens to -inf);
+     the logits of forbidden tokens to -inf), then the request's logit bias is added (OpenAI's
+     `logit_bias`, llama.cpp's first sampler; -inf: the token is never picked);
   1. penalties over the last `repeat_last_n` tokens of the sequence (prompt and output; -1: all
      of it, 0: none): repetition (positive logits divided by `repetition_penalty`, negative ones
      multiplied), then frequency (× count) and presence (once) subtracted;
@@ -60,6 +61,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # A constraint on the output (strata.constraints: a Lark grammar for llguidance); the
     # engine turns it into a LogitsProcessor. None: free text.
     grammar: str | None = None
+    # token id → added to its logit before the penalties (-inf: never picked); ids past the
+    # vocabulary are the caller's to refuse (the server does, with the vocabulary's size)
+    logit_bias: dict[int, float] | None = None
     # False: the engine never drafts for this sequence (when its `spec` setting is on)
     speculative: bool = True
     # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
@@ -100,6 +104,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("speculative", "cache_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
+        if self.logit_bias is not None:
+            for tok, b in self.logit_bias.items():
+                if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                    raise bad("logit_bias", "token ids must be integers >= 0")
+                if isinstance(b, bool) or not isinstance(b, (int, float)):
+                    raise bad("logit_bias", "biases must be numbers")
+                if not (math.isfinite(b) or b == -math.inf):
+                    raise bad("logit_bias", "biases must be finite (or -inf: never picked)")
         integer("top_k", -1)
         integer("repeat_last_n", -1)
         integer("top_logprobs", -1)
@@ -164,7 +176,10 @@ class Sampler:
         self.seed = seed & MAX_SEED  # a drafter's own generator derives from it
         self.rng = np.random.default_rng(seed & MAX_SEED)
         self.n_vocab = n_vocab
-        self.processor = processor
+        # the bias as two arrays (ids within the vocabulary [B], their biases [B])
+        bias = {t: b for t, b in (params.logit_bias or {}).items() if t < n_vocab}
+        self._bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
+        self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         n = params.repeat_last_n
         # the last `repeat_last_n` tokens of prompt + output (all of them for -1)
         self._window: deque[int] = deque(
@@ -176,7 +191,13 @@ class Sampler:
         """True when the token is the plain argmax of the row (no penalties, processor or
         log-probabilities): a caller may then pick it without handing the row over."""
         p = self.params
-        return p.greedy and not p.penalized and self.processor is None and p.top_logprobs < 0
+        return (
+            p.greedy
+            and not p.penalized
+            and not p.logit_bias
+            and self.processor is None
+            and p.top_logprobs < 0
+        )
 
     def accept(self, token: int) -> None:
         """Record a token of the sequence (the penalty window, the processor's state)."""
@@ -196,15 +217,17 @@ class Sampler:
         x[ids] = v - counts * np.float32(p.frequency_penalty) - np.float32(p.presence_penalty)
 
     def processed(self, logits: npt.NDArray[np.floating]) -> tuple[F32, F32]:
-        """(raw, x): one row of logits [V] as given, and after the processor and the
-        penalties (the row the next token is picked from)."""
+        """(raw, x): one row of logits [V] as given, and after the processor, the logit bias
+        and the penalties (the row the next token is picked from)."""
         p = self.params
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.n_vocab]  # [V]
-        if self.processor is None and not p.penalized:
+        if self.processor is None and not p.penalized and not self._bias.size:
             return raw, raw
         x = raw.copy()
         if self.processor is not None:
             self.processor(x)
+        if self._bias.size:
+            x[self._bias_ids] += self._bias
         self._penalize(x)
         return raw, x
 

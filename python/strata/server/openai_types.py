@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from strata.sampling import SamplingParams
 
 MAX_N = 16
 MAX_STOP = 4
+MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 _STATUS_TYPE = {
@@ -105,7 +107,6 @@ IGNORED_FIELDS = frozenset(
 )
 # Fields of the OpenAI API this server knows and refuses (why, in the 400's message).
 UNSUPPORTED = {
-    "logit_bias": "not supported",
     "functions": "deprecated by OpenAI and not supported; use tools",
     "function_call": "deprecated by OpenAI and not supported; use tool_choice",
     "audio": "not supported (text only)",
@@ -173,6 +174,9 @@ class _Common(_Strict, kw_only=True):
     cache_prompt: bool | None = None  # llama-server's: false: no cached prefix is reused
     # vLLM's / llama-server's: end-of-generation tokens do not stop it (null: they do)
     ignore_eos: bool | None = None
+    # OpenAI's {"id": bias}, or llama-server's [[id or text, bias or false], …]: checked by
+    # `logit_bias_ids` (it needs the tokenizer)
+    logit_bias: dict[str, Any] | list[Any] | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -445,6 +449,51 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
         if m.name is not None:
             d["name"] = m.name
         out.append(d)
+    return out
+
+
+def logit_bias_ids(
+    value: dict[str, Any] | list[Any], n_vocab: int, encode: Callable[[str], list[int]]
+) -> dict[int, float]:
+    """A request's `logit_bias` as token id → bias, or a 400. OpenAI's form maps token ids
+    (decimal strings) to biases in [-100, 100]; llama-server's also takes a list of [token,
+    bias] pairs, a text for the token (every token of the text gets the bias) and `false` for
+    the bias (the token is never picked: -inf). A token named twice gets the sum of its biases
+    (llama.cpp's sampler adds each entry)."""
+
+    def bad(why: str) -> APIError:
+        return APIError(400, f"logit_bias: {why}", param="logit_bias")
+
+    if isinstance(value, dict):
+        pairs: list[Any] = list(value.items())
+    elif all(isinstance(p, list) and len(p) == 2 for p in value):
+        pairs = value
+    else:
+        raise bad("must be an object of token id → bias or a list of [token, bias] pairs")
+    if len(pairs) > MAX_LOGIT_BIAS:
+        raise bad(f"at most {MAX_LOGIT_BIAS} entries")
+    out: dict[int, float] = {}
+    for tok, b in pairs:
+        if b is False:
+            bias = -math.inf
+        elif isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
+            raise bad(f"the bias of {tok!r} must be a number in [-100, 100] or false")
+        elif not -100.0 <= b <= 100.0:
+            raise bad(f"the bias of {tok!r} must be in [-100, 100] (got {b})")
+        else:
+            bias = float(b)
+        if isinstance(tok, str) and re.fullmatch(r"[0-9]+", tok):
+            ids = [int(tok)]
+        elif isinstance(tok, str):
+            ids = encode(tok)  # llama-server's: the text's tokens
+        elif isinstance(tok, int) and not isinstance(tok, bool):
+            ids = [tok]
+        else:
+            raise bad(f"a token must be an id or a text (got {tok!r})")
+        for t in ids:
+            if not 0 <= t < n_vocab:
+                raise bad(f"token id {t} out of the vocabulary 0..{n_vocab - 1}")
+            out[t] = out.get(t, 0.0) + bias
     return out
 
 

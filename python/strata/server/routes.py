@@ -53,6 +53,7 @@ from strata.server.openai_types import (
     chat_messages,
     completion_prompts,
     convert,
+    logit_bias_ids,
     parse_json_object,
     plan_common,
 )
@@ -225,11 +226,19 @@ async def chat_prompt(
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
+    bias(plan, req, tok)
     setup = openai_chat(req, tok, st.config.reasoning_format, st.config.tool_call_format)
     if setup.grammar is not None:
         plan.params = msgspec.structs.replace(plan.params, grammar=setup.grammar)
     ids = await encode(tok, setup.prompt, True)
     return ids, plan, setup
+
+
+def bias(plan: Plan, req: ChatRequest | CompletionRequest, tok: ServerTokenizer) -> None:
+    """The request's `logit_bias` into the plan's sampling parameters (a 400 when bad)."""
+    if req.logit_bias:
+        ids = logit_bias_ids(req.logit_bias, tok.n_vocab, lambda t: tok.encode(t, False))
+        plan.params = msgspec.structs.replace(plan.params, logit_bias=ids)
 
 
 async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
@@ -253,6 +262,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         raise APIError(400, "best_of: only equal to n is supported", param="best_of")
     lp = req.logprobs
     plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
+    bias(plan, req, tok)
     prompts = [
         p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)

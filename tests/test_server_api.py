@@ -121,6 +121,10 @@ def test_stop_strings(client: openai.OpenAI) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "alpha bet"
     assert chunks[-1].choices[0].finish_reason == "stop"
+    # more than OpenAI's 4, as llama-server and vLLM take (an editor's completion request)
+    many = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "\n\n", "```", "zzz", ", t"]
+    r = chat(client, "one, two, three", stop=many)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == ("one", "stop")  # type: ignore[attr-defined]
 
 
 def test_completions_batch_n_and_token_prompt(client: openai.OpenAI) -> None:

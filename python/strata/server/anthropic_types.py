@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from strata.server.openai_types import MAX_STOP, APIError
+from strata.server.openai_types import APIError, check_stops
 
 
 class _Strict(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -309,8 +309,7 @@ def to_chat_body(req: CountTokensRequest, origins: list[str] | None = None) -> d
         if th is not None and th.budget_tokens is not None and th.budget_tokens >= req.max_tokens:
             raise _bad("thinking.budget_tokens", "must be less than max_tokens")
         stops = req.stop_sequences or []
-        if len(stops) > MAX_STOP or any(not s for s in stops):
-            raise _bad("stop_sequences", f"at most {MAX_STOP} non-empty strings")
+        check_stops(stops, "stop_sequences")
         body["max_tokens"] = req.max_tokens
         if stops:
             body["stop"] = stops

@@ -26,7 +26,11 @@ import msgspec
 from strata.sampling import SamplingParams
 
 MAX_N = 16
-MAX_STOP = 4
+# stop strings of one request: OpenAI documents 4; llama-server and vLLM take any number, and
+# editors' completion requests send more (fill-in-the-middle markers, fences, blank lines).
+# Bounded so that the per-token hold-back check (StopMatcher) stays cheap.
+MAX_STOP = 32
+MAX_STOP_CHARS = 256
 MAX_LOGIT_BIAS = 1024  # entries of one request's logit_bias
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -320,6 +324,16 @@ class Plan:
     ignore_eos: bool = False  # generate max_tokens whatever end-of-generation tokens come
 
 
+def check_stops(stops: list[str], param: str) -> None:
+    """A 400 unless `stops` are at most MAX_STOP non-empty strings of MAX_STOP_CHARS at most."""
+    if len(stops) > MAX_STOP or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise APIError(
+            400,
+            f"{param}: at most {MAX_STOP} non-empty strings of at most {MAX_STOP_CHARS} characters",
+            param=param,
+        )
+
+
 def _finite(name: str, v: float | None) -> None:
     if v is not None and not math.isfinite(v):
         raise APIError(400, f"{name}: must be a finite number (got {v!r})", param=name)
@@ -340,8 +354,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
         )
         raise APIError(400, f"{name}: must be at least 1 (got {mt})", param=name)
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stops) > MAX_STOP or any(not s for s in stops):
-        raise APIError(400, f"stop: at most {MAX_STOP} non-empty strings", param="stop")
+    check_stops(stops, "stop")
     if req.stream_options is not None and not req.stream:
         raise APIError(
             400, "stream_options: only allowed with stream: true", param="stream_options"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -68,21 +69,48 @@ def json_object_grammar() -> str:
     return json_schema_grammar({"type": "object"})
 
 
+def regex_grammar(pattern: str) -> str:
+    """The whole text matches `pattern` (Rust regex syntax, as llguidance reads it)."""
+    out, escaped = [], False
+    for ch in pattern:  # "/" closes a Lark regex literal: escape the unescaped ones
+        out.append("\\/" if ch == "/" and not escaped else ch)
+        escaped = ch == "\\" and not escaped
+    return f"start: /{''.join(out)}/\n"
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """The whole text is one of `choices`."""
+    return "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices) + "\n"
+
+
+def cfg_grammar(text: str) -> str:
+    """A GBNF grammar (llama.cpp's; `root` is its start) or a Lark one, as Lark text."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return str(any_to_lark(text))
+    except Exception as e:  # the converter's own parse errors (any type)
+        raise ConstraintError(f"not a GBNF or Lark grammar: {e}") from None
+
+
+_START = re.compile(r"(?m)^start\s*:")
+
+
 def with_reasoning(grammar: str, mode: str) -> str:
     """Let a thinking block precede the constrained answer. `mode`: "none" (no thinking),
     "open" (the prompt already opened `<think>`: the answer follows the reasoning's close),
-    "optional" (the model may open one)."""
+    "optional" (the model may open one). The grammar's `start` rule becomes `answer`."""
     if mode == "none":
         return grammar
-    if not grammar.startswith("start:"):
-        raise ValueError("grammar must begin with its start rule")
-    body = "answer:" + grammar[len("start:") :]
+    body, n = _START.subn("answer:", grammar, count=1)
+    if not n:
+        raise ValueError("grammar has no start rule")
     head = {
         "open": "start: think_text /\\n{0,2}/ answer",
         "optional": 'start: ("<think>" think_text /\\n{0,2}/ answer) | answer',
     }[mode]
     # lazy: the text ends at the first close tag (a plain terminal would try to go on)
-    return f"{head}\n{body}" + "think_text[lazy]: /(?s:.*)<\\/think>/\n"
+    return f"{body.rstrip()}\n{head}\n" + "think_text[lazy]: /(?s:.*)<\\/think>/\n"
 
 
 def check_grammar(grammar: str) -> None:

@@ -11,8 +11,9 @@ Choices (vLLM's and llama-server's where they differ from nothing):
 - "required" and a named function constrain the whole answer (llguidance) to calls valid for
   the tools' parameter schemas (objects without `additionalProperties` get none); with
   `parallel_tool_calls: false` "required" makes exactly one call.
-- `response_format` `json_object` / `json_schema` constrain the answer to JSON (the schema);
-  not together with a forced tool call.
+- `response_format` `json_object` / `json_schema` constrain the answer to JSON (the schema),
+  as do llama-server's `json_schema` / `grammar` and vLLM's `structured_outputs`
+  (`strata.server.structured`); not together with a forced tool call.
 - A thinking block may precede a constrained answer when the prompt opened it, or when
   `chat_template_kwargs.enable_thinking` is true; it is not constrained.
 """
@@ -29,6 +30,7 @@ from strata.reasoning import prompt_opens_reasoning
 from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
+from strata.server.structured import answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 from strata.server.tools import ToolFormat, ToolSpec, call_grammar, format_for, template_messages
 
@@ -67,36 +69,6 @@ class ChatSetup:
 
 def _bad(param: str, why: str) -> APIError:
     return APIError(400, f"{param}: {why}", param=param)
-
-
-def response_grammar(rf: Mapping[str, Any] | None) -> str | None:
-    """OpenAI's `response_format` → a grammar (None for text)."""
-    if rf is None:
-        return None
-    kind = rf.get("type")
-    extra = set(rf) - {"type", "json_schema"}
-    if extra:
-        raise _bad(f"response_format.{sorted(extra)[0]}", "unknown field")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return constraints.json_object_grammar()
-    if kind != "json_schema":
-        raise _bad("response_format.type", "must be text, json_object or json_schema")
-    js = rf.get("json_schema")
-    if not isinstance(js, Mapping):
-        raise _bad("response_format.json_schema", "must be an object")
-    extra = set(js) - {"name", "description", "schema", "strict"}
-    if extra:
-        raise _bad(f"response_format.json_schema.{sorted(extra)[0]}", "unknown field")
-    if not isinstance(js.get("name"), str):
-        raise _bad("response_format.json_schema.name", "required (a string)")
-    if not isinstance(js.get("strict", False), bool | None):
-        raise _bad("response_format.json_schema.strict", "must be true or false")
-    schema = js.get("schema", {})
-    if not isinstance(schema, Mapping):
-        raise _bad("response_format.json_schema.schema", "must be a JSON schema object")
-    return constraints.json_schema_grammar(schema)
 
 
 def tool_choice_of(choice: Any, tools: Sequence[ToolSpec]) -> str:
@@ -139,8 +111,10 @@ def prepare_chat(
     template_kwargs: Mapping[str, Any] | None,
     reasoning_format: str,
     tool_call_format: str = "auto",
+    answer_param: str = "response_format",
 ) -> ChatSetup:
-    """Render the prompt and decide the constraint and the answer parsing."""
+    """Render the prompt and decide the constraint and the answer parsing (`answer_grammar`:
+    the answer's own constraint, asked by the request's field `answer_param`)."""
     kwargs = dict(template_kwargs or {})
     bad = RESERVED_TEMPLATE_KWARGS & set(kwargs)
     if bad:
@@ -164,21 +138,19 @@ def prepare_chat(
     if harmony.is_harmony(template) and (
         grammar is not None or tool_choice not in ("auto", "none")
     ):
-        param = "response_format" if grammar is not None else "tool_choice"
+        param = answer_param if grammar is not None else "tool_choice"
         raise _bad(param, "constrained answers are not supported with the harmony format yet")
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
-            raise _bad("response_format", "not together with a required or named tool_choice")
+            raise _bad(answer_param, "not together with a required or named tool_choice")
         grammar = call_grammar(fmt, tools, tool_choice, parallel)
     opened = prompt_opens_reasoning(prompt)
     if grammar is not None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
-        grammar = constraints.with_reasoning(grammar, mode)
-        try:
-            constraints.check_grammar(grammar)
-        except constraints.ConstraintError as e:
-            param = "response_format" if answer_grammar is not None else "tools"
-            raise _bad(param, f"the schema cannot be used as a constraint: {e}") from None
+        grammar = checked(
+            constraints.with_reasoning(grammar, mode),
+            answer_param if answer_grammar is not None else "tools",
+        )
     return ChatSetup(
         prompt=prompt,
         grammar=grammar,
@@ -213,14 +185,16 @@ def openai_chat(
         if req.reasoning_effort not in REASONING_EFFORTS:
             raise _bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    grammar, param = answer_grammar(req)
     return prepare_chat(
         tok,
         chat_messages(req),
         tools,
         choice,
         req.parallel_tool_calls is not False,
-        response_grammar(req.response_format),
+        grammar,
         kwargs,
         req.reasoning_format or default_reasoning,
         tool_call_format,
+        param,
     )

@@ -181,6 +181,13 @@ class _Common(_Strict, kw_only=True):
     # OpenAI's {"id": bias}, or llama-server's [[id or text, bias or false], …]: checked by
     # `logit_bias_ids` (it needs the tokenizer)
     logit_bias: dict[str, Any] | list[Any] | None = None
+    # the answer's constraint, one at most (checked in strata.server.structured): OpenAI's
+    # response_format, llama-server's json_schema and grammar (GBNF), vLLM's
+    # structured_outputs ({json | regex | choice | grammar | json_object})
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -191,7 +198,6 @@ class ChatRequest(_Common, kw_only=True):
     tools: list[Any] | None = None  # checked by strata.server.tools.ToolSpec.from_openai
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None  # checked in strata.server.chat
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's / llama-server's
     reasoning_format: str | None = None  # llama-server's: "none" | "parsed"
     reasoning_effort: str | None = None  # OpenAI's; passed to the template (gpt-oss reads it)

@@ -58,6 +58,7 @@ from strata.server.openai_types import (
     plan_common,
 )
 from strata.server.state import ServerState
+from strata.server.structured import answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 from strata.server.webui import index
 
@@ -263,6 +264,9 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     lp = req.logprobs
     plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
     bias(plan, req, tok)
+    grammar, param = answer_grammar(req)
+    if grammar is not None:
+        plan.params = msgspec.structs.replace(plan.params, grammar=checked(grammar, param))
     prompts = [
         p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)

@@ -18,7 +18,6 @@ text block (as Anthropic's own API does).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -29,7 +28,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from strata.engine.client import DeadlineExceeded, EngineError, Unavailable
 from strata.server import sse
 from strata.server.anthropic_types import (
     CountTokensRequest,
@@ -39,7 +37,7 @@ from strata.server.anthropic_types import (
 )
 from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup
-from strata.server.generate import Delta, merge
+from strata.server.generate import Delta
 from strata.server.openai_types import APIError, ChatRequest, Plan, convert
 from strata.server.routes import (
     Submitted,
@@ -48,8 +46,8 @@ from strata.server.routes import (
     outcome_of,
     read_json,
     submit,
-    until_done_or_gone,
 )
+from strata.server.shaped import ENGINE_ERRORS, shaped_stream, shaped_whole
 from strata.server.state import ServerState
 
 ENDPOINT = "messages"  # the metrics label
@@ -220,29 +218,22 @@ async def _stream(
     try:
         yield sse.named_event("message_start", {"type": "message_start", "message": head})
         yield sse.named_event("ping", {"type": "ping"})
-        async for d in merge(sub.runs):
-            for ev in events.push(d.text):
-                for chunk in blocks.feed(ev):
-                    yield chunk
-            if d.finish is None:
+        async for x in shaped_stream(sub, events, blocks):
+            if not isinstance(x, Delta):
+                yield x
                 continue
-            for ev in events.finish():
-                for chunk in blocks.feed(ev):
-                    yield chunk
-            for chunk in blocks.close():
-                yield chunk
-            delta = _stop(d, blocks.called)
+            delta = _stop(x, blocks.called)
             yield sse.named_event(
                 "message_delta",
                 {
                     "type": "message_delta",
                     "delta": delta,
-                    "usage": {"output_tokens": d.output_tokens},
+                    "usage": {"output_tokens": x.output_tokens},
                 },
             )
         yield sse.named_event("message_stop", {"type": "message_stop"})
         outcome = "ok"
-    except (EngineError, DeadlineExceeded, Unavailable) as e:
+    except ENGINE_ERRORS as e:
         outcome = outcome_of(e)
         yield sse.named_event("error", engine_error(e).anthropic_body())
     finally:
@@ -258,30 +249,9 @@ async def _complete(
     t0: float,
 ) -> Response:
     blocks = Blocks()
-    last: list[Delta] = []
-
-    async def collect() -> None:
-        async for d in merge(sub.runs):
-            for ev in events.push(d.text):
-                blocks.feed(ev)
-            if d.finish is not None:
-                for ev in events.finish():
-                    blocks.feed(ev)
-                last.append(d)
-
-    work = asyncio.create_task(collect())
-    if not await until_done_or_gone(request, work, sub.cancel_all):
-        st.metrics.request_done(ENDPOINT, "cancelled", t0)
+    d = await shaped_whole(request, st, sub, events, blocks, ENDPOINT, t0)
+    if d is None:
         return Response(status_code=499)
-    err = work.exception()
-    if err is not None:
-        sub.cancel_all()
-        st.metrics.request_done(ENDPOINT, outcome_of(err), t0)
-        if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
-            raise engine_error(err)
-        raise err
-    st.metrics.request_done(ENDPOINT, "ok", t0)
-    d = last[-1]
     body = dict(head, content=blocks.content)
     body.update(_stop(d, blocks.called))
     body["usage"] = {

@@ -320,6 +320,19 @@ class Config:
         "(left in content); a request's reasoning_format overrides it",
         choices=("parsed", "none"),
     )
+    reasoning_budget: int = _s(
+        -1,
+        "tokens a chat answer's <think> block may take before its close is forced (llama.cpp's "
+        "--reasoning-budget; -1: no cap, 0: close at once); a request's reasoning_budget_tokens "
+        "(or Anthropic's thinking.budget_tokens) overrides it",
+        llama=("--reasoning-budget",),
+    )
+    reasoning_budget_message: str = _s(
+        "",
+        "text forced before the close tag when the reasoning budget is spent (llama.cpp's "
+        "--reasoning-budget-message)",
+        llama=("--reasoning-budget-message",),
+    )
     tool_call_format: str = _s(
         "auto",
         "how the model writes tool calls: auto (from the chat template), hermes "
@@ -436,6 +449,8 @@ class Config:
             raise bad("max_queue", "must be >= 0")
         if self.max_batch_tokens < 1:
             raise bad("max_batch_tokens", "must be at least 1")
+        if self.reasoning_budget < -1:
+            raise bad("reasoning_budget", "must be -1 (no cap) or >= 0")
         if not 1 <= self.spec_max <= 64:
             raise bad("spec_max", "must be in 1..64")
         if not 1 <= self.spec_min <= self.spec_max:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -406,7 +407,13 @@ class LLM:
         for t in ids:
             if not 0 <= t < self.n_vocab:
                 raise ValueError(f"prompt: token id {t} is outside the vocabulary")
-        sampler = Sampler(_params(sampling), ids, self.n_vocab, processor)
+        params = _params(sampling)
+        if params.reasoning_budget is not None:  # chained before `processor`, as the engine
+            from strata.reasoning_budget import processor_factory
+
+            req = SimpleNamespace(params=params)
+            processor = processor_factory(lambda _: processor, lambda: self.tokenizer)(req)
+        sampler = Sampler(params, ids, self.n_vocab, processor)
         stops = set(self.tokenizer.eog_ids if stop_ids is None else stop_ids)
         return self._loop(ids, max_tokens, stops, sampler)
 

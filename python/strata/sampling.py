@@ -32,6 +32,7 @@ import numpy.typing as npt
 
 __all__ = [
     "LogitsProcessor",
+    "ReasoningBudget",
     "SampleResult",
     "Sampler",
     "SamplingParams",
@@ -43,6 +44,17 @@ __all__ = [
 F32 = npt.NDArray[np.float32]
 
 MAX_SEED = (1 << 64) - 1
+
+
+class ReasoningBudget(msgspec.Struct, frozen=True):
+    """A cap on a thinking block's tokens (`strata.reasoning_budget`: the engine's processor;
+    the server fills the tags from the model's template and tokenizer)."""
+
+    budget: int  # reasoning tokens before the close is forced (0: at once)
+    start: list[int]  # the open tag's tokens
+    end: list[int]  # the close tag's tokens
+    forced: list[int]  # forced when the budget is spent: a message's tokens, then the close
+    opened: bool = False  # the prompt opened the block: counting from the first token
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +76,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # token id → added to its logit before the penalties (-inf: never picked); ids past the
     # vocabulary are the caller's to refuse (the server does, with the vocabulary's size)
     logit_bias: dict[int, float] | None = None
+    # a cap on the thinking block's tokens (None: none)
+    reasoning_budget: ReasoningBudget | None = None
     # False: the engine never drafts for this sequence (when its `spec` setting is on)
     speculative: bool = True
     # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
@@ -112,6 +126,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                     raise bad("logit_bias", "biases must be numbers")
                 if not (math.isfinite(b) or b == -math.inf):
                     raise bad("logit_bias", "biases must be finite (or -inf: never picked)")
+        rb = self.reasoning_budget
+        if rb is not None and (rb.budget < 0 or not rb.start or not rb.end or not rb.forced):
+            raise bad("reasoning_budget", "needs a budget >= 0, open and close tags, forced tokens")
         integer("top_k", -1)
         integer("repeat_last_n", -1)
         integer("top_logprobs", -1)

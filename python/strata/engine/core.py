@@ -37,6 +37,7 @@ from strata.engine.protocol import (
     decode_to_engine,
 )
 from strata.engine.scheduler import Scheduler
+from strata.reasoning_budget import processor_factory
 from strata.spec import Speculator, make_speculator
 
 STATS_INTERVAL_S = 1.0
@@ -102,7 +103,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         ),
         prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
         reuse=config.cache_prompt,
-        processors=constraints.for_request,
+        processors=processor_factory(constraints.for_request, backend.vocabulary),
         speculator=spec,
         force_miss=config.test_pipeline_miss,
     )

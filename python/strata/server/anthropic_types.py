@@ -16,9 +16,9 @@ Translation (Anthropic → OpenAI):
   tool / none → "auto" / "required" / the named function / "none";
   `disable_parallel_tool_use` → `parallel_tool_calls: false`;
 - `thinking` enabled / adaptive / disabled → `chat_template_kwargs.enable_thinking` true /
-  true / false (absent: the template's default). `budget_tokens` is checked (>= 1, below
-  `max_tokens`) but not enforced: the reasoning ends when the model ends it, within
-  `max_tokens` (llama-server does the same).
+  true / false (absent: the template's default). `budget_tokens` (>= 1, below `max_tokens`)
+  → `reasoning_budget_tokens`: the thinking block's close is forced when it is spent
+  (`strata.reasoning_budget`, llama.cpp's reasoning budget).
 - `output_config.format` (a JSON schema) → `response_format` `json_schema` (the answer is
   constrained to it); `output_config.effort` → `reasoning_effort` (xhigh and max → high);
 - `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` carry over.
@@ -296,6 +296,8 @@ def to_chat_body(req: CountTokensRequest, origins: list[str] | None = None) -> d
         if th.type != "enabled" and th.budget_tokens is not None:
             raise _bad("thinking.budget_tokens", "only with type 'enabled'")
         body["chat_template_kwargs"] = {"enable_thinking": th.type != "disabled"}
+        if th.type == "enabled":  # the cap is kept (llama.cpp's reasoning budget)
+            body["reasoning_budget_tokens"] = th.budget_tokens
     oc = req.output_config
     if oc is not None:
         if oc.format is not None:

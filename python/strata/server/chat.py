@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata import constraints
+from strata.config import Config
+from strata.reasoning import CLOSE, OPEN, prompt_opens_reasoning
 from strata.reasoning import FORMATS as REASONING_FORMATS
-from strata.reasoning import prompt_opens_reasoning
+from strata.sampling import ReasoningBudget
 from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
@@ -197,4 +199,33 @@ def openai_chat(
         req.reasoning_format or default_reasoning,
         tool_call_format,
         param,
+    )
+
+
+def reasoning_budget(
+    req: ChatRequest, setup: ChatSetup, tok: ServerTokenizer, config: Config
+) -> ReasoningBudget | None:
+    """The request's cap on its <think> block (its `reasoning_budget_tokens`, else the server's
+    `reasoning_budget`), with the tags' tokens; None without a cap."""
+    budget = req.reasoning_budget_tokens
+    if budget is None:
+        budget = config.reasoning_budget
+    elif budget < -1:
+        raise _bad("reasoning_budget_tokens", f"must be -1 (no cap) or >= 0 (got {budget})")
+    if budget < 0:
+        return None
+    if setup.harmony[0]:
+        if req.reasoning_budget_tokens is None:
+            return None  # the server's default: the harmony format has no <think> block
+        raise _bad("reasoning_budget_tokens", "not supported with the harmony format")
+    message = req.reasoning_budget_message
+    if message is None:
+        message = config.reasoning_budget_message
+    close = tok.encode(CLOSE, True)
+    return ReasoningBudget(
+        budget=budget,
+        start=tok.encode(OPEN, True),
+        end=close,
+        forced=(tok.encode(message, False) if message else []) + close,
+        opened=setup.reasoning_opened,
     )

@@ -33,7 +33,7 @@ from strata.modelgen import TRAINED_DEFAULT_WEIGHTS
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
 from strata.server.assistant import AssistantParser, Part
-from strata.server.chat import ChatSetup, openai_chat, prepare_chat
+from strata.server.chat import ChatSetup, openai_chat, prepare_chat, reasoning_budget
 from strata.server.generate import (
     Delta,
     FirstToken,
@@ -231,6 +231,9 @@ async def chat_prompt(
     setup = openai_chat(req, tok, st.config.reasoning_format, st.config.tool_call_format)
     if setup.grammar is not None:
         plan.params = msgspec.structs.replace(plan.params, grammar=setup.grammar)
+    rb = reasoning_budget(req, setup, tok, st.config)
+    if rb is not None:
+        plan.params = msgspec.structs.replace(plan.params, reasoning_budget=rb)
     ids = await encode(tok, setup.prompt, True)
     return ids, plan, setup
 

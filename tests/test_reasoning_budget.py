@@ -135,8 +135,9 @@ def test_server_request_and_default_budget(srv: Server) -> None:
     assert r.status_code == 200, r.text
     text = r.json()["choices"][0]["message"]["content"]
     assert text == "<think><think><think></think>" * 2
-    bad = srv.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": -2})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_budget_tokens"
+    for n in (-2, 1 << 100):
+        bad = srv.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": n})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_budget_tokens"
     # the server's default (llama-server's --reasoning-budget), with a forced message
     del body["reasoning_budget_tokens"]
     s2 = Server(engine="llm", parallel=1, n_ctx=512, reasoning_budget=1,

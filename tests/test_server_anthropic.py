@@ -381,3 +381,18 @@ def test_stop_reason_of_a_choice_cut_off_is_max_tokens_calls_or_not() -> None:
     done = Delta(0, "", finish="stop", stop="END")
     assert _stop(done, called=False) == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert _stop(Delta(0, "", finish="stop"), called=False)["stop_reason"] == "end_turn"
+
+
+def test_omitted_thinking_display_and_timeout_type() -> None:
+    """`thinking.display: "omitted"`: thinking blocks keep their place with an empty text (no
+    deltas); a deadline (504) is Anthropic's timeout_error."""
+    from strata.server.anthropic_api import Blocks
+    from strata.server.openai_types import APIError
+
+    for omit, want in ((False, "plan"), (True, "")):
+        b = Blocks(omit_thinking=omit)
+        events = b.feed(("reasoning", "plan")) + b.feed(("content", "hi")) + b.close()
+        assert [c["type"] for c in b.content] == ["thinking", "text"]
+        assert b.content[0]["thinking"] == want and b.content[1]["text"] == "hi"
+        assert (b"thinking_delta" in b"".join(events)) is not omit
+    assert APIError(504, "late").anthropic_body()["error"]["type"] == "timeout_error"

@@ -59,6 +59,20 @@ def test_chat_non_stream_echo_and_usage(client: openai.OpenAI) -> None:
     u = r.usage  # type: ignore[attr-defined]
     # toy template: <|user|> hello world <|end|> <|assistant|> = 1 + 11 + 1 + 1 tokens
     assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (14, 11, 25)
+    # the answer sent back as the SDK dumps it (refusal, annotations, audio, function_call) is
+    # a turn like any other; a refusal's text stands for what the assistant said
+    back = c.message.model_dump()
+    assert {"refusal", "annotations", "audio", "function_call"} <= set(back)
+    msgs = [{"role": "user", "content": "hello world"}, back, {"role": "user", "content": "x"}]
+    assert client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2).choices
+    refused = {"role": "assistant", "content": None, "refusal": "no"}
+    plain = {"role": "assistant", "content": "no"}
+    a, b = (
+        client.chat.completions.create(model=MODEL, messages=[msgs[0], m, msgs[2]], max_tokens=1)
+        for m in (refused, plain)
+    )
+    assert a.usage is not None and b.usage is not None
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
 
 
 def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
@@ -71,10 +85,13 @@ def test_ignore_eos_runs_to_max_tokens(client: openai.OpenAI) -> None:
     assert r.choices[0].finish_reason == "stop"  # type: ignore[attr-defined]
 
 
+OPTS = {"include_usage": True, "include_obfuscation": False}  # the second: accepted, no effect
+
+
 def test_chat_stream_shapes_utf8_and_include_usage(client: openai.OpenAI) -> None:
     text = "naïve café → 東京 🎉"  # 1- to 4-byte characters: no chunk may split one
     chunks = list(
-        chat(client, text, stream=True, stream_options={"include_usage": True})  # type: ignore[call-overload]
+        chat(client, text, stream=True, stream_options=OPTS)  # type: ignore[call-overload]
     )
     assert chunks[0].choices[0].delta.role == "assistant"
     body = [c for c in chunks if c.choices]

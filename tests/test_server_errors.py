@@ -141,7 +141,7 @@ JSON_CASES: list[tuple[str, Any, int, str | None, str]] = [
         ),
         400,
         "messages[1].tool_calls[0].type",
-        "",
+        "banana",
     ),
     ("/tokenize", {}, 400, "prompt", "required"),
 ]

@@ -99,7 +99,7 @@ def test_logit_bias_reaches_the_sampler() -> None:
             "/v1/completions", json={**body, "logit_bias": [[plain[0], -100], ["\n", False]]}
         )
         assert r2.status_code == 200 and r2.json()["choices"][0]["text"] == want
-        for bad in ({"99999": 1}, {"1": 101}, {"1": "x"}, [1, 2]):
+        for bad in ({"99999": 1}, {"1": 101}, {"1": "x"}, [1, 2], {"": 5}, {"-1": 5}):
             e = srv.http.post("/v1/completions", json={**body, "logit_bias": bad})
             assert e.status_code == 400 and e.json()["error"]["param"] == "logit_bias", bad
     finally:

@@ -80,8 +80,17 @@ def test_stream_builds_the_same_response(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(final.output_text), fmt["schema"])
     # cut off: the stream ends with response.incomplete
     with client.responses.stream(model=MODEL, input="Count:", max_output_tokens=2) as s:
-        kinds = [e.type for e in s]
-    assert kinds[0] == "response.created" and kinds[-1] == "response.incomplete"
+        events = list(s)
+    assert events[0].type == "response.created" and events[-1].type == "response.incomplete"
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert done and done[-1].status == "incomplete"  # the item the limit cut off
+    cut = client.responses.create(model=MODEL, input="Count:", max_output_tokens=2)
+    assert cut.status == "incomplete" and cut.output[-1].status == "incomplete"
+    # output items sent back as they came (the SDK's model_dump: ids, status, phase)
+    back = [{"role": "user", "content": "Count:"},
+            *[o.model_dump(exclude_none=True) | {"phase": "final_answer"} for o in cut.output],
+            {"role": "user", "content": "Go on."}]  # fmt: skip
+    assert client.responses.create(model=MODEL, input=back, max_output_tokens=2).output
 
 
 def test_tool_call_round_trip(client: openai.OpenAI) -> None:
@@ -135,6 +144,9 @@ def test_tool_call_round_trip(client: openai.OpenAI) -> None:
         ({"input": [{"role": "user", "content": "x", "bogus": 1}]}, "input[0].bogus"),
         ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
         ({"truncation": "auto"}, "truncation"),
+        ({"input": [{"type": ["message"], "role": "user", "content": "x"}]}, "input[0].type"),
+        ({"text": {"format": {"type": "text", "foo": 1}}}, "text.format.foo"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice.name"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_400s_naming_the_responses_field(

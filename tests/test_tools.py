@@ -258,6 +258,17 @@ def _sample_constrained(grammar: str, seed: int, n: int = 400, lead: bytes = b""
     return bytes(out).decode()
 
 
+@pytest.mark.parametrize("bad", ["abc", [1], 1.7, -1, True])
+def test_xml_string_lengths_must_be_integers(bad: object) -> None:
+    """A string parameter's bounds become the XML grammar's repetition counts: anything but a
+    non-negative integer is a ValueError (the chat route's 400), never cast or a crash."""
+    for key in ("minLength", "maxLength"):
+        spec = {"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"s": {"type": "string", key: bad}}}}}  # fmt: skip
+        with pytest.raises(ValueError, match=key):
+            T.call_grammar(T.QWEN3_CODER, [T.ToolSpec.from_openai(spec)], "f", parallel=False)
+
+
 @pytest.mark.parametrize("fmt", [T.HERMES, T.QWEN3_CODER], ids=lambda f: f.name)
 @pytest.mark.parametrize("seed", range(4))
 def test_forced_calls_are_schema_valid(fmt: T.ToolFormat, seed: int) -> None:

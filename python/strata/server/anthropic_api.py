@@ -84,9 +84,11 @@ def _arguments(text: str) -> Any:
 
 class Blocks:
     """Events (thinking / text / tool call) → Anthropic content blocks, and the stream events
-    that build them. A block of the same kind as the open one continues it."""
+    that build them. A block of the same kind as the open one continues it. `omit_thinking`
+    (`thinking.display: "omitted"`): thinking blocks come with an empty `thinking` text."""
 
-    def __init__(self) -> None:
+    def __init__(self, omit_thinking: bool = False) -> None:
+        self.omit_thinking = omit_thinking
         self.content: list[dict[str, Any]] = []
         self.open: str | None = None  # kind of the last block while it is open
         self.called = False
@@ -110,7 +112,7 @@ class Blocks:
             "content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta}
         )
 
-    def close(self) -> list[bytes]:
+    def close(self, finish: str | None = None) -> list[bytes]:
         if self.open is None:
             return []
         self.open = None
@@ -154,6 +156,8 @@ class Blocks:
             if btype == "thinking":
                 init["signature"] = ""  # no signature: nothing here signs its reasoning
             out.append(self._start(init))
+        if btype == "thinking" and self.omit_thinking:
+            return out
         self.content[-1][field] += value
         out.append(self._delta({"type": dtype, field: value}))
         return out
@@ -206,15 +210,25 @@ async def messages(request: Request) -> Response | sse.SSEResponse:
     head = _message(rid, st.model_id, [], len(ids))
     if areq.stream:
         parser = setup.parser(incremental=True)  # tool_use input streams as it is written
-        return sse.SSEResponse(_stream(st, sub, parser, head, t0), sub.cancel_all)
-    return await _complete(request, st, sub, setup.parser(), head, t0)
+        stream = _stream(st, sub, parser, head, Blocks(_omits(areq)), t0)
+        return sse.SSEResponse(stream, sub.cancel_all)
+    return await _complete(request, st, sub, setup.parser(), head, Blocks(_omits(areq)), t0)
+
+
+def _omits(areq: Any) -> bool:
+    th = areq.thinking
+    return th is not None and th.display == "omitted"
 
 
 async def _stream(
-    st: ServerState, sub: Submitted, events: AssistantParser, head: dict[str, Any], t0: float
+    st: ServerState,
+    sub: Submitted,
+    events: AssistantParser,
+    head: dict[str, Any],
+    blocks: Blocks,
+    t0: float,
 ) -> AsyncIterator[bytes]:
     outcome = "cancelled"
-    blocks = Blocks()
     try:
         yield sse.named_event("message_start", {"type": "message_start", "message": head})
         yield sse.named_event("ping", {"type": "ping"})
@@ -246,9 +260,9 @@ async def _complete(
     sub: Submitted,
     events: AssistantParser,
     head: dict[str, Any],
+    blocks: Blocks,
     t0: float,
 ) -> Response:
-    blocks = Blocks()
     d = await shaped_whole(request, st, sub, events, blocks, ENDPOINT, t0)
     if d is None:
         return Response(status_code=499)

@@ -18,7 +18,8 @@ Translation (Anthropic → OpenAI):
 - `thinking` enabled / adaptive / disabled → `chat_template_kwargs.enable_thinking` true /
   true / false (absent: the template's default). `budget_tokens` (>= 1, below `max_tokens`)
   → `reasoning_budget_tokens`: the thinking block's close is forced when it is spent
-  (`strata.reasoning_budget`, llama.cpp's reasoning budget).
+  (`strata.reasoning_budget`, llama.cpp's reasoning budget). `display: "omitted"` gives the thinking
+  blocks with an empty `thinking` text (the route's `Blocks`).
 - `output_config.format` (a JSON schema) → `response_format` `json_schema` (the answer is
   constrained to it); `output_config.effort` → `reasoning_effort` (xhigh and max → high);
 - `max_tokens`, `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream` carry over.

@@ -145,7 +145,10 @@ def prepare_chat(
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
             raise _bad(answer_param, "not together with a required or named tool_choice")
-        grammar = call_grammar(fmt, tools, tool_choice, parallel)
+        try:
+            grammar = call_grammar(fmt, tools, tool_choice, parallel)
+        except ValueError as e:  # a parameter schema the call grammar cannot follow
+            raise _bad("tools", f"a parameter schema cannot be used as a constraint: {e}") from None
     opened = prompt_opens_reasoning(prompt)
     if grammar is not None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
@@ -210,8 +213,8 @@ def reasoning_budget(
     budget = req.reasoning_budget_tokens
     if budget is None:
         budget = config.reasoning_budget
-    elif budget < -1:
-        raise _bad("reasoning_budget_tokens", f"must be -1 (no cap) or >= 0 (got {budget})")
+    elif not -1 <= budget < 1 << 31:
+        raise _bad("reasoning_budget_tokens", f"must be -1 (no cap) or in 0..2^31-1 (got {budget})")
     if budget < 0:
         return None
     if setup.harmony[0]:

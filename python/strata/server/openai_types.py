@@ -60,6 +60,7 @@ _ANTHROPIC_TYPE = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     503: "overloaded_error",
+    504: "timeout_error",
 }
 ANTHROPIC_PATHS = ("/v1/messages",)  # routes whose errors take Anthropic's shape
 
@@ -131,6 +132,7 @@ class ContentPart(_Strict):
     image_url: Any = None
     input_audio: Any = None
     file: Any = None
+    refusal: str | None = None  # an assistant's refusal part: its text
 
 
 class ToolCallFunction(_Strict):
@@ -151,10 +153,18 @@ class ChatMessage(_Strict):
     tool_calls: list[MessageToolCall] | None = None  # assistant
     tool_call_id: str | None = None  # tool
     reasoning_content: str | None = None  # assistant: earlier reasoning (templates may show it)
+    # the SDK's fields of an assistant message sent back as it came (`model_dump()`): a
+    # refusal's text stands for the content; annotations (web citations) are dropped; audio
+    # and function_call only as null
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: None = None
+    function_call: None = None
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding of stream events: none here
 
 
 class _Common(_Strict, kw_only=True):
@@ -436,6 +446,9 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
+                if m.role == "assistant" and part.type == "refusal" and part.refusal is not None:
+                    texts.append(part.refusal)
+                    continue
                 if part.type != "text" or part.text is None:
                     raise APIError(
                         400,
@@ -444,6 +457,10 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
                     )
                 texts.append(part.text)
             content = "".join(texts)
+        if content is None and m.role == "assistant":
+            content = m.refusal  # a refusal sent back stands for what the assistant said
+        elif m.refusal is not None and m.role != "assistant":
+            raise APIError(400, f"{where}.refusal: only on assistant messages", f"{where}.refusal")
         if content is None and m.role != "assistant":
             raise APIError(
                 400, f"{where}.content: required for role {m.role}", param=f"{where}.content"
@@ -505,10 +522,12 @@ def logit_bias_ids(
             raise bad(f"the bias of {tok!r} must be in [-100, 100] (got {b})")
         else:
             bias = float(b)
-        if isinstance(tok, str) and re.fullmatch(r"[0-9]+", tok):
+        if isinstance(tok, str) and re.fullmatch(r"-?[0-9]+", tok):
             ids = [int(tok)]
         elif isinstance(tok, str):
             ids = encode(tok)  # llama-server's: the text's tokens
+            if not ids:
+                raise bad(f"the text {tok!r} is no token")
         elif isinstance(tok, int) and not isinstance(tok, bool):
             ids = [tok]
         else:

@@ -83,7 +83,8 @@ class Items:
                                   content_index=0, part=part))  # fmt: skip
         return out
 
-    def close(self) -> list[bytes]:
+    def close(self, finish: str | None = None) -> list[bytes]:
+        """Ends the open item: "completed", or "incomplete" when `finish` is "length"."""
         if self.open is None:
             return []
         item, where, out = self.output[-1], self._where(), []
@@ -99,7 +100,8 @@ class Items:
         else:
             out.append(self.event("response.function_call_arguments.done", **where,
                                   name=item["name"], arguments=item["arguments"]))  # fmt: skip
-        item["status"] = "completed"
+        if "status" in item or item["type"] != "reasoning":
+            item["status"] = "incomplete" if finish == "length" else "completed"
         self.open = None
         out.append(self.event("response.output_item.done", output_index=where["output_index"],
                               item=item))  # fmt: skip

@@ -143,9 +143,10 @@ class _Turns:
             self.add({"role": "assistant", "content": None, "tool_calls": [call]}, where)
 
 
-# the fields each input item kind takes (`id` and `status`: as the API echoes them back)
+# the fields each input item kind takes (`id`, `status` and a message's `phase`: as the API
+# and its SDK echo them back)
 ITEM_FIELDS = {
-    "message": {"type", "role", "content", "id", "status"},
+    "message": {"type", "role", "content", "id", "status", "phase"},
     "function_call": {"type", "call_id", "name", "arguments", "id", "status"},
     "function_call_output": {"type", "call_id", "output", "id", "status"},
     "reasoning": {"type", "id", "summary", "content", "encrypted_content", "status"},
@@ -156,6 +157,8 @@ def _item(turns: _Turns, item: Any, where: str) -> None:
     if not isinstance(item, dict):
         raise _bad(where, "must be an object (a message or an item)")
     kind = item.get("type", "message")
+    if not isinstance(kind, str):
+        raise _bad(f"{where}.type", "must be a string")
     extra = set(item) - ITEM_FIELDS.get(kind, set(item))
     if extra:
         raise _bad(f"{where}.{sorted(extra)[0]}", "unknown field")
@@ -205,6 +208,8 @@ def _tools(req: ResponsesRequest) -> dict[str, Any]:
     if isinstance(tc, dict):
         if tc.get("type") != "function" or set(tc) - {"type", "name"}:
             raise _bad("tool_choice", 'a named choice is {"type": "function", "name": …}')
+        if not isinstance(tc.get("name"), str):
+            raise _bad("tool_choice.name", "required (a string)")
         out["tool_choice"] = {"type": "function", "function": {"name": tc.get("name")}}
     elif tc is not None:
         out["tool_choice"] = tc
@@ -257,6 +262,9 @@ def to_chat_body(req: ResponsesRequest, origins: list[str]) -> dict[str, Any]:
     if fmt is not None:
         kind = fmt.get("type")
         if kind in ("text", "json_object"):
+            extra = set(fmt) - {"type"}
+            if extra:
+                raise _bad(f"text.format.{sorted(extra)[0]}", "unknown field")
             body["response_format"] = {"type": kind}
         elif kind == "json_schema":
             js = {k: v for k, v in fmt.items() if k != "type"}

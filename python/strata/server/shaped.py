@@ -23,7 +23,10 @@ ENGINE_ERRORS = (EngineError, DeadlineExceeded, Unavailable)
 class Shaper(Protocol):
     def feed(self, ev: Part) -> list[bytes]: ...
 
-    def close(self) -> list[bytes]: ...
+    def close(self, finish: str | None = None) -> list[bytes]:
+        """End the open block or item (`finish`: the choice's finish reason when it ends the
+        answer, "length" for one cut off)."""
+        ...
 
 
 async def shaped_stream(
@@ -40,7 +43,7 @@ async def shaped_stream(
         for ev in parser.finish():
             for chunk in shaper.feed(ev):
                 yield chunk
-        for chunk in shaper.close():
+        for chunk in shaper.close(d.finish):
             yield chunk
         yield d
 

@@ -306,9 +306,11 @@ def _xml_value_rule(schema: Any, terminal: str) -> tuple[str, str]:
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             alts = " | ".join(_lark_str(v) for v in schema["enum"])
             return f"({alts}) {_CLOSE_PARAM}", ""
-        lo = int(schema.get("minLength", 0))
-        hi = schema.get("maxLength")
-        span = f"{{{lo},{int(hi)}}}" if hi is not None else f"{{{lo},}}"
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        for name, v in (("minLength", lo), ("maxLength", hi)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ValueError(f"{name}: must be a non-negative integer (got {v!r})")
+        span = f"{{{lo},{hi}}}" if hi is not None else f"{{{lo},}}"
         rule = terminal.lower()
         # lazy: the value ends at the first close tag
         return rule, f"{rule}[lazy]: /(?s:.{span})\\n<\\/parameter>\\n/"

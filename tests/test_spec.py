@@ -189,6 +189,54 @@ def test_window_follows_acceptance_and_cost() -> None:
     assert [i for i, k in enumerate(ks) if k] == [2, 18, 50, 114] and set(ks) == {0, 2}
 
 
+def test_no_window_passes_the_room_left() -> None:
+    """Near the context's end the room (k_max) falls below spec_min: no window then, and no
+    verdict that drafting cannot pay (a probe of spec_min drafts would overflow the context)."""
+    cost = CostModel()
+    for _ in range(5):
+        cost.observe(1, 0.010)
+        for n in range(2, 9):
+            cost.observe(n, 0.010 * n * 1.5)  # windows never pay: probes only
+    st = SeqSpec()
+    st.idle = 10**6  # due for a probe long ago
+    assert choose_k(st, cost, 1, 4, 3) == 0 and not st.hopeless
+    assert choose_k(st, cost, 1, 4, 4) == 4  # with room for it, the probe runs
+    # through the scheduler: windows of exactly spec_min, probed until the context's end
+    clock = [0.0]
+
+    class Costly(FakeBackend):
+        def forward_batch(self, entries: Sequence[Entry]) -> list[np.ndarray | None]:
+            clock[0] += 0.01 * sum(len(ids) for _, ids, _ in entries)  # time ∝ tokens
+            return super().forward_batch(entries)
+
+    class Repeat(NgramDrafter):
+        def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+            return [Draft([int(r.history[-1])] * r.k) for r in reqs]
+
+    for n_ctx in (601, 1188):
+        sp = Speculator(Repeat(), 4, 4, True, clock=lambda: clock[0])
+        be = Costly(n_ctx_seq=n_ctx, max_slots=1)
+        sched = Scheduler(be, 64, 1, speculator=sp, clock=lambda: clock[0])
+        sched.add(Submit(1, [65 + i % 3 for i in range(20)], GREEDY, 10**6, []))
+        assert run(sched)[-1].finish == "length", n_ctx
+
+
+def test_a_window_ends_at_an_end_of_generation_id() -> None:
+    """Drafts past the stop token are not the sequence's: the request (echo model: "hello",
+    then end of generation) ends at it with one draft accepted, and the counters say one."""
+
+    class EndDrafter(NgramDrafter):
+        def propose_many(self, reqs: Sequence[DraftRequest]) -> list[Draft]:
+            return [Draft([toytok.EOS] * r.k) for r in reqs]
+
+    sp = Speculator(EndDrafter(), 4, 4, adaptive=False)
+    sched = Scheduler(FakeBackend(n_ctx_seq=128, max_slots=1), 16, 1, speculator=sp)
+    sched.add(Submit(1, list(b"hello"), GREEDY, 50, sorted(toytok.EOG_IDS)))
+    events = run(sched)
+    assert bytes(t for e in events for t in e.ids) == b"hello"
+    assert events[-1].finish == "stop" and events[-1].drafts_accepted == 1 == sp.accepted
+
+
 def test_a_slow_first_phase_does_not_lock_drafting_out() -> None:
     """Windows measured slow once (a first request's cold caches) and never run again must not
     keep later sequences from drafting: their samples go stale, a new sequence probes early,

@@ -200,3 +200,18 @@ def test_speculative_sampling_keeps_the_distribution(drafter: str) -> None:
         wrong = {k: v / total for k, v in wrong.items() if v > 0}
         w_stat, w_df = chi2(counts, wrong)
         assert w_stat > chi2_critical(w_df), (w_stat, w_df)
+
+
+def test_draft_floor_does_not_depend_on_the_drawn_token() -> None:
+    """`spec_p_min` is held against the draft's top probability, fixed before the draw (as
+    llama.cpp's draft loop does): a floor tested on the drawn token's own probability would
+    keep likely draws and drop unlikely ones, and the drafted tokens would no longer follow
+    the q verification divides by."""
+    from strata.spec.drafters import _pick
+
+    row = np.log(np.array([0.9, 0.1, 1e-12, 1e-12])).astype(np.float32)
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    req = DraftRequest(0, [0], 4, p, np.random.default_rng(0))
+    picks = [_pick(row, req, 4) for _ in range(400)]
+    assert {t for t, _, _ in picks} == {0, 1}  # both drawn
+    assert {round(c, 6) for _, _, c in picks} == {0.9}  # one certainty for either draw

@@ -250,9 +250,11 @@ class Config:
     )
     max_batch_tokens: int = _s(
         512,
-        "engine: most tokens one forward step runs (every running sequence's next token, then "
-        "prompt chunks of admitted ones, cut to fit; the oldest prompt moves every step; the "
-        "hybrid mode's streamed chunk is never cut below stream_chunk)",
+        "engine: most tokens one forward step runs: every running sequence's next token or "
+        "speculative window first (those always run, past the limit too), then prompt chunks "
+        "of admitted ones cut to what is left; the oldest prompt moves every step; the hybrid "
+        "mode's streamed chunk is never cut (the limit grows to hold it beside every slot's "
+        "window)",
         llama=("-b", "--batch-size"),
     )
     cache_prompt: bool = _s(

@@ -138,6 +138,7 @@ class LLM:
         self.n_vocab: int = self.model.n_vocab
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
+        self._owner = 0  # the generation (or logits call) the private slot is in step with
         self._counts = {"prefill_tokens_total": 0, "decode_tokens_total": 0}
         self._settled = False  # the tier's fill has finished
         # The RAM tier: residency of every expert, the fill threads (hot experts first when
@@ -199,6 +200,7 @@ class LLM:
         """Logits of every position of `token_ids` on a fresh sequence: (len, n_vocab)."""
         ids = _as_ids(token_ids, "token_ids")
         self._check_len(len(ids), "token_ids")
+        self._owner += 1  # a live generator's slot is gone
         self.model.free(self._private())
         self._cached = []
         out = self.model.forward(self._private(), ids, logits="all")
@@ -421,6 +423,8 @@ class LLM:
         self, ids: list[int], max_tokens: int, stops: set[int], sampler: Sampler
     ) -> Iterator[tuple[int, str | None]]:
         n = len(ids)
+        self._owner += 1
+        me = self._owner
         logits = self._prefill(ids)
         for i in range(max_tokens):
             tok = sampler.sample(logits).token
@@ -432,6 +436,11 @@ class LLM:
                 yield tok, "length"
                 return
             yield tok, None
+            if self._owner != me:  # another generation moved the private slot meanwhile
+                raise RuntimeError(
+                    "LLM: another generation or logits() call used this model's private slot "
+                    "while this generator was paused; finish one generator before the next"
+                )
             logits = self.model.forward(self._private(), [tok], logits="last")
             self._cached.append(tok)
 

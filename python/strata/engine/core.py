@@ -74,6 +74,16 @@ def _load(conn: FrameSocket) -> tuple[Config, Backend, Speculator | None] | None
     return config, backend, spec
 
 
+def batch_limit(config: Config, piece: int, speculating: bool) -> int:
+    """The scheduler's max_batch_tokens: the setting, or, where the prefill piece is the hybrid
+    mode's streamed chunk (longer than prefill_chunk), enough to run it uncut beside every
+    slot's decode or speculative window."""
+    if piece <= config.prefill_chunk:
+        return config.max_batch_tokens
+    window = 1 + (config.spec_max if speculating else 0)
+    return max(config.max_batch_tokens, piece + config.parallel * window)
+
+
 def serve(sock: socket.socket, host_cpu: int = -1) -> int:
     conn = FrameSocket(sock)
     try:
@@ -95,12 +105,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         backend,
         piece,
         config.parallel,
-        # the hybrid mode's streamed chunk (a piece longer than prefill_chunk) is never cut
-        max_batch_tokens=(
-            config.max_batch_tokens
-            if piece <= config.prefill_chunk
-            else max(config.max_batch_tokens, piece)
-        ),
+        max_batch_tokens=batch_limit(config, piece, spec is not None),
         prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
         reuse=config.cache_prompt,
         processors=processor_factory(constraints.for_request, backend.vocabulary),

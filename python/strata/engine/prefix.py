@@ -192,9 +192,10 @@ class SlotCache:
         """Sets the slot's KV to the longest prefix of `limit` it or the cache holds."""
         key, hit = self.cache.best(limit) if self.cache is not None else (-1, 0)
         if hit > reused:
-            self._save(slot, 0)
             assert self.cache is not None
+            # taken before the slot's own sequence is saved: that save may evict it
             entry = self.cache.take(key)
+            self._save(slot, 0)
             n = self._import(slot, entry.data)
             self.tokens[slot] = [int(t) for t in entry.tokens[:n]]
             self.cache.restores += 1

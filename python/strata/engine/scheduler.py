@@ -317,7 +317,9 @@ class Scheduler:
             n = len(s.req.prompt) + s.generated  # positions after the window's first token
             room = min(s.req.max_tokens - s.generated, n_ctx - n) - 1
             cands.append(
-                Candidate(s.slot, s.req.prompt, s.out, room, s.sampler, s.spec, s.draft_rng)
+                Candidate(
+                    s.slot, s.req.prompt, s.out, room, s.sampler, s.spec, s.draft_rng, s.stop_ids
+                )
             )
             where.append(i)
         out = [Draft() for _ in decoding]
@@ -411,7 +413,9 @@ class Scheduler:
             assert logits is not None
             if self.spec is not None and drafts[i].tokens:  # a window
                 assert s.spec is not None and s.draft_rng is not None
-                cand = Candidate(slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng)
+                cand = Candidate(
+                    slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng, s.stop_ids
+                )
                 res.append(self.spec.settle(cand, drafts[i], logits))
             else:
                 res.append([s.sampler.sample(logits)])
@@ -532,7 +536,9 @@ class Scheduler:
                 return None
             out = [*s.out, *d.tokens]  # the guess, then room - 1 drafts at most
             cands.append(
-                Candidate(s.slot, s.req.prompt, out, room - 1, s.sampler, s.spec, s.draft_rng)
+                Candidate(
+                    s.slot, s.req.prompt, out, room - 1, s.sampler, s.spec, s.draft_rng, s.stop_ids
+                )
             )
         plans = self.spec.plan(cands, len(cands), extra=1, pipelined=True)
         entries: list[Entry] = []

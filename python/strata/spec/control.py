@@ -186,8 +186,10 @@ def choose_k(
     draft_cost: float = 0.0,
 ) -> int:
     """The window for the next step (0: no drafting); `draft_cost` is the drafter's time per
-    drafted token in target steps T(base)."""
-    if k_max < 1:
+    drafted token in target steps T(base). A `k_max` below `k_min` (the room left near the
+    context's end, or max_tokens) gives no window: a window may never pass the room."""
+    if k_max < max(k_min, 1):
+        st.hopeless = False  # nothing was weighed: no verdict on whether drafting pays
         return 0
     best_k, best = 0, 1.0
     c = cost.ratios(base, k_max)

@@ -275,8 +275,10 @@ class ModelDrafter:
 
 
 def _pick(row: F32, r: DraftRequest, n_vocab: int) -> tuple[int, tuple[I64, F64] | None, float]:
-    """A drafted token from draft logits `row` [V]: (token, its q or None when one-hot, draft
-    probability of it)."""
+    """A drafted token from draft logits `row` [V]: (token, its q or None when one-hot, the
+    draft's top probability). The last is what `p_min` is held against (llama.cpp's draft
+    loop: the best candidate's p): fixed before the draw, so stopping on it leaves the drafted
+    tokens distributed as q, which verification assumes."""
     x = np.asarray(row, dtype=np.float32)[:n_vocab]
     if r.params.greedy:
         tok = int(np.argmax(x))
@@ -284,7 +286,7 @@ def _pick(row: F32, r: DraftRequest, n_vocab: int) -> tuple[int, tuple[I64, F64]
         return tok, None, float(1.0 / z.sum())
     ids, prob = distribution(x, r.params)
     tok = draw(ids, prob, r.rng)
-    return tok, (ids, prob), float(prob[ids == tok].sum())
+    return tok, (ids, prob), float(prob.max())
 
 
 class MtpDrafter:

@@ -37,6 +37,7 @@ class Candidate:
     sampler: Sampler
     state: SeqSpec
     rng: np.random.Generator  # the drafter's draws for this sequence
+    stops: frozenset[int] = frozenset()  # end-of-generation ids: the window ends at one
 
     @property
     def history(self) -> list[int]:
@@ -154,7 +155,7 @@ class Speculator:
 
     def settle(self, c: Candidate, draft: Draft, rows: np.ndarray[Any, Any]) -> list[SampleResult]:
         """The tokens a window emits; the drafter keeps the accepted prefix."""
-        res, acc = verify(c.sampler, rows, draft)
+        res, acc = verify(c.sampler, rows, draft, c.stops)
         k = len(draft.tokens)
         if k:
             c.state.record(k, acc)

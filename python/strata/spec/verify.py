@@ -27,10 +27,14 @@ from strata.spec.drafters import Draft
 
 
 def verify(
-    sampler: Sampler, rows: npt.NDArray[np.float32], draft: Draft
+    sampler: Sampler,
+    rows: npt.NDArray[np.float32],
+    draft: Draft,
+    stops: frozenset[int] = frozenset(),
 ) -> tuple[list[SampleResult], int]:
     """(tokens emitted, drafts accepted) for a window whose logits are `rows` [k+1, V]; the
-    sampler records every emitted token. At least one token is emitted."""
+    sampler records every emitted token. At least one token is emitted; an end-of-generation
+    id (`stops`) is the last (what follows it is never the sequence's, nor counted)."""
     k = len(draft.tokens)
     assert rows.shape[0] == k + 1, (rows.shape, k)
     out: list[SampleResult] = []
@@ -40,6 +44,8 @@ def verify(
             out.append(res)
             if res.token != d:
                 return out, i
+            if d in stops:
+                return out, i + 1
             continue
         raw, x = sampler.processed(rows[i])
         ids, p = distribution(x, sampler.params)
@@ -48,6 +54,8 @@ def verify(
         if q_d > 0.0 and sampler.rng.random() < min(1.0, p_d / q_d):
             sampler.accept(d)
             out.append(sampler.result(raw, d))
+            if d in stops:
+                return out, i + 1
             continue
         tok = _residual(ids, p, draft, i, sampler)
         sampler.accept(tok)

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from strata._core import HybridCounters, Model, Profile, RoutingCounters
 from strata.config import Config
+from strata.errors import ModelError
 from strata.gguf import GGUFFile
 from strata.sampling import LogitsProcessor, Sampler, SamplingParams
 from strata.tiering import (
@@ -109,7 +110,10 @@ class LLM:
         with GGUFFile(self.path) as g:
             self.metadata: dict[str, Any] = g.metadata
         arch = self.metadata.get("general.architecture", "")
-        self.config = config.with_train_ctx(int(self.metadata.get(f"{arch}.context_length", 0)))
+        train = self.metadata.get(f"{arch}.context_length", 0)
+        if isinstance(train, bool) or not isinstance(train, int) or not 0 <= train < 1 << 40:
+            raise ModelError(f"{arch}.context_length: must be a count, found {train!r}")
+        self.config = config.with_train_ctx(train)
         config = self.config
         # Slots 0..parallel-1 belong to the step API; the last one (if any) to logits() and
         # generate().
@@ -136,6 +140,13 @@ class LLM:
         self.n_ctx: int = self.config.n_ctx  # all slots together, as llama.cpp's n_ctx
         self.n_ctx_seq: int = self.config.n_ctx_seq  # positions one sequence may hold
         self.n_vocab: int = self.model.n_vocab
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and len(tokens) != self.n_vocab:
+            # llama.cpp's rule too: the embedding has one row per token of the vocabulary
+            raise ModelError(
+                f"token_embd.weight has {self.n_vocab} rows but the tokenizer "
+                f"{len(tokens)} tokens (one row per token)"
+            )
         self._tokenizer: Any = None
         self._cached: list[int] = []  # the tokens the private slot holds
         self._owner = 0  # the generation (or logits call) the private slot is in step with

@@ -84,6 +84,11 @@ fn io_err(path: &Path, e: std::io::Error) -> Error {
 
 impl Shard {
     pub fn open(path: &Path, shard_index: usize) -> Result<Shard> {
+        // the kind first: opening a FIFO (or a device) for reading may block for good
+        let kind = std::fs::metadata(path).map_err(|e| io_err(path, e))?;
+        if !kind.is_file() {
+            return Err(Error::gguf(path, 0, "not a regular file"));
+        }
         let file = File::open(path).map_err(|e| io_err(path, e))?;
         let meta = file.metadata().map_err(|e| io_err(path, e))?;
         if !meta.is_file() {
@@ -178,11 +183,15 @@ impl Shard {
         let mut alignment = DEFAULT_ALIGNMENT;
         if let Some((_, v)) = kv.iter().find(|(k, _)| k == "general.alignment") {
             match v {
-                Value::U32(a) if *a != 0 && a.is_power_of_two() => alignment = *a as u64,
+                // at least 8 (the format's rule): f32 and f16 rows are read in place
+                Value::U32(a) if *a >= 8 && a.is_power_of_two() => alignment = *a as u64,
                 other => {
                     return Err(c.err(
                         0,
-                        format!("general.alignment must be a power-of-two UINT32, found {other:?}"),
+                        format!(
+                            "general.alignment must be a power-of-two UINT32 of at least 8, \
+                             found {other:?}"
+                        ),
                     ))
                 }
             }
@@ -314,6 +323,21 @@ impl Shard {
                 offset: start.unwrap() as usize,
                 nbytes: nbytes.unwrap() as usize,
             });
+        }
+        // each tensor's bytes are its own: ranges that overlap (two names for one weight, or
+        // a shifted offset) are a broken file
+        let mut spans: Vec<(usize, usize, &str)> = tensors
+            .iter()
+            .filter(|t| t.nbytes > 0)
+            .map(|t| (t.offset, t.offset + t.nbytes, t.name.as_str()))
+            .collect();
+        spans.sort_unstable();
+        if let Some(w) = spans.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(Error::gguf(
+                path,
+                w[1].0 as u64,
+                format!("tensor {:?} overlaps tensor {:?}", w[1].2, w[0].2),
+            ));
         }
 
         Ok(Shard {

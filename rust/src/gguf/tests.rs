@@ -153,11 +153,13 @@ fn crafted_files_are_refused() {
         &sample(&[("general.architecture", 8, &w.0)]),
         "duplicate metadata key",
     );
-    // Bad alignment.
-    expect_err(
-        &sample(&[("general.alignment", 4, &3u32.to_le_bytes())]),
-        "alignment",
-    );
+    // Bad alignment: not a power of two, or below the format's 8 (f32 rows read in place).
+    for a in [3u32, 4] {
+        expect_err(
+            &sample(&[("general.alignment", 4, &a.to_le_bytes())]),
+            "alignment",
+        );
+    }
 }
 
 fn patch_tensor(f: impl Fn(&mut Vec<u8>, usize)) -> Vec<u8> {
@@ -188,6 +190,12 @@ fn crafted_tensor_infos_are_refused() {
     expect_err(
         &patch_tensor(|b, p| b[p + 24..p + 32].copy_from_slice(&33u64.to_le_bytes())),
         "alignment",
+    );
+    // b's offset moved onto a's bytes (32 = a's 16 bytes, rounded up to the alignment, is
+    // b's own): two tensors over one range
+    expect_err(
+        &patch_tensor(|b, p| b[p + 24..p + 32].copy_from_slice(&0u64.to_le_bytes())),
+        "overlaps",
     );
     // offset past end
     expect_err(

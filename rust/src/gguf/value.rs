@@ -41,8 +41,7 @@ impl Value {
             Value::I16(v) => u64::try_from(v).ok(),
             Value::I32(v) => u64::try_from(v).ok(),
             Value::I64(v) => u64::try_from(v).ok(),
-            Value::Bool(v) => Some(v as u64),
-            _ => None,
+            _ => None, // a BOOL is no count (block_count = true is a broken file)
         }
     }
 

@@ -113,8 +113,7 @@ impl GpuModel {
         };
         let t = chunk.max(stream_chunk);
         let (expert_bytes, non_expert_bytes) = (w.expert_bytes(), w.non_expert_bytes());
-        let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
-        let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w.output_norm, attn_norm0);
+        let fingerprint = crate::model::kv_blob::fingerprint(&hp, &w);
         let sizes = StageSizes { t, rec_bytes };
         let built = super::stage::build(&hp, w, &cfg, split, hybrid, &sizes)?;
         let st = built.stages;

@@ -19,7 +19,7 @@ use super::deltanet::Recurrent;
 use super::dense_r16::DenseR16;
 use super::head::RepackedHead;
 use super::hparams::HParams;
-use super::kv::{KvCache, KvType};
+use super::kv::{zeroed_vec, KvCache, KvType};
 use super::kv_blob;
 use super::moe_oai::OaiScratch;
 use super::mtp::Mtp;
@@ -152,26 +152,40 @@ impl Model {
             cfg.n_slots,
         )?;
         let t = cfg.max_chunk.min(cfg.n_ctx);
-        let z = |n: usize| vec![0f32; t * n];
+        // the chunk's buffers: refused (not an abort) where the machine cannot hold them
+        let refuse = |n: usize| {
+            Error::Config(format!(
+                "the prefill chunk's buffers ({t} tokens × {n}) do not fit in memory: lower \
+                 prefill_chunk"
+            ))
+        };
+        let z = |n: usize| {
+            t.checked_mul(n)
+                .and_then(zeroed_vec::<f32>)
+                .ok_or_else(|| refuse(n))
+        };
         let ffn = hp.n_ff_shexp.max(hp.n_ff_dense); // the dense FFNs' widest
         let scratch = Scratch {
-            x: z(hp.n_embd),
-            h: z(hp.n_embd),
-            q: z(hp.q_dim()),
-            k: z(hp.kv_dim()),
-            v: z(hp.kv_dim()),
-            att: z(hp.q_dim()),
-            o: z(hp.n_embd),
-            router: z(hp.n_expert),
-            ids: vec![0u32; t * hp.n_expert_used],
-            wts: z(hp.n_expert_used),
-            sh_g: z(ffn),
-            sh_u: z(ffn),
-            sh_a: z(ffn),
-            sh_o: z(if hp.n_ff_shexp > 0 { hp.n_embd } else { 0 }),
-            sh_w: z(usize::from(hp.n_ff_shexp > 0)),
-            cos: z(hp.n_rot / 2),
-            sin: z(hp.n_rot / 2),
+            x: z(hp.n_embd)?,
+            h: z(hp.n_embd)?,
+            q: z(hp.q_dim())?,
+            k: z(hp.kv_dim())?,
+            v: z(hp.kv_dim())?,
+            att: z(hp.q_dim())?,
+            o: z(hp.n_embd)?,
+            router: z(hp.n_expert)?,
+            ids: t
+                .checked_mul(hp.n_expert_used)
+                .and_then(zeroed_vec::<u32>)
+                .ok_or_else(|| refuse(hp.n_expert_used))?,
+            wts: z(hp.n_expert_used)?,
+            sh_g: z(ffn)?,
+            sh_u: z(ffn)?,
+            sh_a: z(ffn)?,
+            sh_o: z(if hp.n_ff_shexp > 0 { hp.n_embd } else { 0 })?,
+            sh_w: z(usize::from(hp.n_ff_shexp > 0))?,
+            cos: z(hp.n_rot / 2)?,
+            sin: z(hp.n_rot / 2)?,
             attn: AttnPar::new(cfg.n_ctx, cfg.kv_type, hp.head_dim, compute.threads()),
             seen: vec![false; hp.n_expert],
             oai: match hp.graph.experts {
@@ -196,8 +210,7 @@ impl Model {
             }
             false => None,
         };
-        let attn_norm0 = weights.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
-        let fingerprint = kv_blob::fingerprint(&hp, &weights.output_norm, attn_norm0);
+        let fingerprint = kv_blob::fingerprint(&hp, &weights);
         let rec = match (hp.graph.hybrid, &hp.ssm) {
             (Some(hy), Some(sp)) => {
                 Some(Recurrent::new(sp.clone(), hy, cfg.n_slots, t, hp.q_dim()))

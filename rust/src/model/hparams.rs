@@ -352,6 +352,29 @@ impl HParams {
                 self.n_layer, self.n_embd, self.n_head, self.head_dim
             ));
         }
+        // sizes from the file are bounded before any product of them is taken (a wrapped
+        // product would pass every shape check and size the buffers)
+        let widths = [
+            ("block_count", self.n_layer, 1 << 16),
+            ("embedding_length", self.n_embd, 1 << 20),
+            ("head_count", self.n_head, 1 << 16),
+            ("head_count_kv", self.n_head_kv, 1 << 16),
+            ("key_length", self.head_dim, 1 << 12),
+            ("expert_count", self.n_expert, 1 << 16),
+        ];
+        for (name, v, cap) in widths {
+            if v > cap {
+                return bad(format!(
+                    "{name} {v} is past the largest Strata runs ({cap})"
+                ));
+            }
+        }
+        if self.n_head * self.head_dim > 1 << 24 {
+            return bad(format!(
+                "head_count × key_length {} × {} is past the largest Strata runs (2^24)",
+                self.n_head, self.head_dim
+            ));
+        }
         if self.graph.dense_lead >= self.n_layer {
             return bad(format!(
                 "leading_dense_block_count {} leaves no MoE layer of {}",

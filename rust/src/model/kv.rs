@@ -392,24 +392,41 @@ impl KvCache {
 /// large for the machine is refused, not an abort). Zeroed by the allocator, as `vec![0; n]`
 /// is: pages are touched only as the cache fills.
 fn zeroed(n: usize) -> Result<Vec<u8>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let refuse = || {
+    zeroed_vec::<u8>(n).ok_or_else(|| {
         Error::Config(format!(
             "the KV cache cannot get {n} bytes a slot for K (and as many for V): lower n_ctx \
              or parallel"
         ))
-    };
-    let layout = std::alloc::Layout::array::<u8>(n).map_err(|_| refuse())?;
-    // SAFETY: the layout's size is n > 0.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) };
-    if p.is_null() {
-        return Err(refuse());
+    })
+}
+
+/// Types whose all-zero bytes are the value zero.
+///
+/// # Safety
+/// Implement only for such types (plain integers and floats).
+pub(crate) unsafe trait ZeroBits: Copy {}
+// SAFETY: zero bytes are 0 for each of these.
+unsafe impl ZeroBits for u8 {}
+// SAFETY: as above.
+unsafe impl ZeroBits for u32 {}
+// SAFETY: as above (0.0).
+unsafe impl ZeroBits for f32 {}
+
+/// `n` zeros, or None where the allocator cannot give them (the caller says what to lower);
+/// zeroed by the allocator, as `vec![0; n]` is.
+pub(crate) fn zeroed_vec<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
+    if n == 0 {
+        return Some(Vec::new());
     }
-    // SAFETY: `p` owns n zeroed bytes allocated by the global allocator with u8's layout
-    // of size n: a Vec of length and capacity n frees it with that same layout.
-    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: the layout's size is n · size_of::<T>() > 0 (T is no zero-sized type).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `p` owns n zeroed T (valid values: ZeroBits) allocated with T's array layout
+    // of length n: a Vec of length and capacity n frees it with that same layout.
+    Some(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 
 #[cfg(test)]

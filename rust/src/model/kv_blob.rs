@@ -10,6 +10,7 @@
 
 use super::hparams::HParams;
 use super::kv::KvType;
+use super::weights::Weights;
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"STKV";
@@ -25,16 +26,12 @@ pub struct KvLayoutId {
     pub fingerprint: u64,
 }
 
-/// FNV-1a over the hyper-parameters and the bits of two norm vectors: models of one shape
-/// with different weights get different fingerprints.
-pub fn fingerprint(hp: &HParams, output_norm: &[f32], attn_norm0: &[f32]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |v: u64| {
-        for b in v.to_le_bytes() {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+/// FNV-1a over the hyper-parameters, the bits of two norm vectors and the first bytes of the
+/// first attention layer's K and V projections (their file bytes, as every path reads them):
+/// models of one shape with different weights get different fingerprints.
+pub fn fingerprint(hp: &HParams, w: &Weights) -> u64 {
+    const SAMPLE: usize = 64 << 10; // bytes of each projection hashed
+    let mut bytes: Vec<u8> = Vec::with_capacity(2 * SAMPLE + 4096);
     for v in [
         hp.n_layer,
         hp.n_embd,
@@ -46,14 +43,24 @@ pub fn fingerprint(hp: &HParams, output_norm: &[f32], attn_norm0: &[f32]) -> u64
         hp.n_expert_used,
         hp.n_vocab,
     ] {
-        eat(v as u64);
+        bytes.extend((v as u64).to_le_bytes());
     }
-    eat(hp.rms_eps.to_bits() as u64);
-    eat(hp.rope_freq_base.to_bits() as u64);
-    for v in output_norm.iter().chain(attn_norm0) {
-        eat(v.to_bits() as u64);
+    bytes.extend((hp.rms_eps.to_bits() as u64).to_le_bytes());
+    bytes.extend((hp.rope_freq_base.to_bits() as u64).to_le_bytes());
+    let attn_norm0 = w.layers.first().map_or(&[][..], |l| &l.attn_norm[..]);
+    for v in w.output_norm.iter().chain(attn_norm0) {
+        bytes.extend((v.to_bits() as u64).to_le_bytes());
     }
-    h
+    if let Some(l) = w.layers.iter().find(|l| l.wk.nbytes > 0) {
+        for t in [&l.wk, &l.wv] {
+            bytes.extend((t.ty as u64).to_le_bytes());
+            let d = w.gguf.data(t);
+            bytes.extend_from_slice(&d[..d.len().min(SAMPLE)]);
+        }
+    }
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h: u64, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn ty_id(ty: KvType) -> u32 {

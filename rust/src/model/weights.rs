@@ -90,12 +90,20 @@ pub fn runnable_types() -> String {
 }
 
 fn tensor<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
-    g.tensor(name).ok_or_else(|| {
+    let t = g.tensor(name).ok_or_else(|| {
         Error::Model(format!(
             "tensor {name} is missing (the file's architecture needs it; fused \
              ffn_gate_up_exps/attn_qkv layouts are not supported)"
         ))
-    })
+    })?;
+    // an empty weight is no weight: refused here, before any row of it is read
+    if t.dims.contains(&0) {
+        return Err(Error::Model(format!(
+            "tensor {name} has shape {:?}: a dimension of 0",
+            t.shape()
+        )));
+    }
+    Ok(t)
 }
 
 /// Checks a tensor's ggml `ne` against `want` (fastest first) and its type.

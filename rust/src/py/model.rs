@@ -31,6 +31,8 @@ macro_rules! or_default {
     };
 }
 
+/// The most sequences one model holds (`LLM` caps `parallel` at 4096, plus its own slot).
+const MAX_SLOTS: usize = 8192;
 #[pyclass(frozen, name = "Model")]
 pub struct PyModel {
     inner: Mutex<Backend>,
@@ -184,6 +186,12 @@ impl PyModel {
             dot::set_active_isa(want)?;
         }
         super::heap::keep_freed_heap();
+        if n_slots > MAX_SLOTS {
+            return Err(Error::Config(format!(
+                "n_slots {n_slots} is more than the {MAX_SLOTS} sequences one model holds"
+            ))
+            .into());
+        }
         let cfg = ModelConfig {
             n_ctx,
             n_slots,

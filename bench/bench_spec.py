@@ -169,11 +169,11 @@ def compare(a: argparse.Namespace, prompts: list[list[int]], kinds: list[str]) -
             Config(
                 model=a.model,
                 spec=m[0],
-                spec_adaptive=m[1],
-                spec_max=a.k_max,
                 parallel=1,
                 n_ctx=4096,
                 threads=a.threads,
+                # the window's settings only with speculation on (off, they change nothing)
+                **({} if m[0] == "off" else {"spec_adaptive": m[1], "spec_max": a.k_max}),
             ),
             be,
         )

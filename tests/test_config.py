@@ -110,6 +110,18 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
     assert (c.n_ctx, c.served_model_name, c.spec_max, c.max_batch_tokens) == (4096, "x", 5, 64)
     opts = [a.option_strings for a in parser()._actions if a.dest == "n_ctx"]
     assert opts == [["--n-ctx", "-c", "--ctx-size"]]  # one setting, --help lists the names
+    budget = [a.option_strings for a in parser()._actions if a.dest == "reasoning_budget"]
+    assert budget == [["--reasoning-budget"]]  # a llama name equal to the flag: listed once
+
+
+def test_the_server_refuses_a_model_path_that_is_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As llama-server exits on a model it cannot open: before binding, status 2."""
+    from strata.server.__main__ import main
+
+    assert main(["-m", str(tmp_path / "none.gguf"), "--port", "1"]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 def _threads_now() -> int:
@@ -210,6 +222,12 @@ def test_layer_split_settings_are_checked() -> None:
         ({"readahead": "on", "ram_mode": "resident"}, "readahead: on has nothing"),
         ({"spec": "ngram", "spec_draft_model": "d.gguf"}, "spec_draft_model: is read by"),
         ({"spec_draft_model": "d.gguf"}, "spec_draft_model: .*spec is off"),
+        ({"spec_max": 4}, "spec_max: .*spec is off"),
+        ({"spec_adaptive": False}, "spec_adaptive: .*spec is off"),
+        ({"device": "cuda", "ram_mode": "resident"}, "ram_mode: is the CPU path's"),
+        ({"device": "cuda", "readahead": "on"}, "readahead: is the CPU path's"),
+        ({"ram_mode": "resident", "ram_budget_gib": 4.0}, "ram_budget_gib: is read by"),
+        ({"device": "cuda", "spec": "mtp"}, "spec: mtp runs"),
     ],
 )
 def test_settings_that_contradict_each_other_are_refused(
@@ -223,10 +241,19 @@ def test_settings_that_contradict_each_other_are_refused(
     fine = {"vram_budget_mib", "gpus", "tier_async", "defer_experts"} & set(over)
     if fine:
         assert Config.load({**over, "device": "cuda"}, env={}).device == "cuda"
-    elif "readahead" in over:
+    elif "device" in over:  # the CPU path's settings where they apply
+        assert Config.load({**over, "device": "cpu"}, env={}).device == "cpu"
+    elif "readahead" in over or "ram_budget_gib" in over:
         assert Config.load({"readahead": "on", "ram_mode": "budget", "ram_budget_gib": 1.0}, env={})
     else:
-        assert Config.load({**over, "spec": "draft"}, env={}).spec_draft_model == "d.gguf"
+        assert Config.load({**over, "spec": "draft"}, env={}).spec == "draft"
+
+
+def test_an_empty_boolean_variable_is_refused_and_draft_min_0_is_llama_cpps() -> None:
+    with pytest.raises(ConfigError, match="STRATA_CACHE_PROMPT"):
+        Config.load(env={"STRATA_CACHE_PROMPT": ""})
+    assert Config.load(env={"STRATA_CACHE_PROMPT": "off"}).cache_prompt is False
+    assert Config.load({"spec": "ngram", "spec_min": 0}, env={}).spec_min == 0
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ import pytest
 from models import TestModels
 from strata.cli import setup as S
 from strata.config import Config
+from strata.errors import ConfigError
+from strata.gguf import GGUFFile
 
 GIB = 1 << 30
 # Qwen3-30B-A3B at Q4_K_M: 48 layers × 4 KV heads × 128 × (K, V) × f16 = 98,304 B a position
@@ -65,7 +67,11 @@ def test_a_24_gb_card_runs_the_hybrid_mode_with_f16_kv() -> None:
     p = S.recommend(pc(60, gpu_gib=23), A3B)
     c = Config.load(p.settings, env={})
     assert (c.device, c.kv_type, c.parallel) == ("cuda", "f16", 4)
-    assert "hybrid mode" in p.reasons["device"] and p.hybrid and c.ram_mode == "resident"
+    # the CPU pool reads missed experts where they lie in the mapping: the RAM tier's modes
+    # are the CPU path's (Config refuses them with device cuda)
+    assert "hybrid mode" in p.reasons["device"] and p.hybrid and c.ram_mode == "mmap"
+    with pytest.raises(ConfigError, match="ram_mode"):
+        Config.load({**p.settings, "ram_mode": "resident"}, env={})
     assert ("pcie_frac", 0.0) in S.alternatives(pc(60, gpu_gib=23), p)
     # a model that fits the card: every expert in VRAM, the RAM tier not read
     small = S.ModelFacts("s.gguf", "qwen3moe", 3 * GIB, GIB // 2, 49_152, 40_960)
@@ -185,7 +191,10 @@ def setup(model: Path, out: Path, *args: str) -> Config:
 
 
 def test_setup_writes_a_config_that_loads_and_runs(
-    test_models: TestModels, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    test_models: TestModels,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from strata.__main__ import main
     from strata.llm import LLM
@@ -198,6 +207,17 @@ def test_setup_writes_a_config_that_loads_and_runs(
     assert (c.model, c.parallel, c.device) == (str(model), 2, "cpu")
     llm = LLM.from_config(c, private_slot=False)
     assert llm.n_ctx_seq == c.n_ctx_seq and llm.max_slots == 2
+    # the model's path as an absolute one (the server may start anywhere); --n-ctx 0 is
+    # llama.cpp's -c 0, the training context for all slots together
+    with GGUFFile(model) as g:
+        train = int(g.metadata[f"{g.architecture}.context_length"])
+    with monkeypatch.context() as mp:
+        mp.chdir(model.parent)
+        c0 = setup(Path(model.name), tmp_path / "c0.toml", "--n-ctx", "0", "--parallel", "2")
+    assert c0.model == str(model.absolute()) and (c0.n_ctx, c0.n_ctx_seq) == (train, train // 2)
+    # an --out folder that is not there: said before anything is inspected
+    assert main(["setup", str(model), "-o", str(tmp_path / "none" / "x.toml")]) == 2
+    assert "no such folder" in capsys.readouterr().err
     # an existing file is kept; a missing model is a clear error
     assert main(["setup", str(model), "-o", str(out)]) == 2
     assert "exists" in capsys.readouterr().err

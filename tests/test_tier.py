@@ -323,6 +323,7 @@ def test_profile_command(
     rc, said, err = run_cli(capsys, *args, "-o", str(out))
     assert rc == 0, err
     assert "2 prompts" in said
+    assert "profile: 1 / 2 prompts (50%)" in err  # progress off a terminal, in prompts
     prof = _core.Profile.load(out, tiny)
     # Every token routes to n_expert_used (4) experts in every layer.
     assert prof.tokens > 0
@@ -341,6 +342,9 @@ def test_profile_command(
         _core.Profile.load(out, other)
     rc, _, err = run_cli(capsys, "profile", "--prompts", str(tmp_path / "no"), "-o", str(out))
     assert rc == 1 and "prompts" in err
+    # an --output folder that is not there is said before any prompt runs
+    rc, said, err = run_cli(capsys, *args, "-o", str(tmp_path / "none" / "p.prof"))
+    assert rc == 1 and "no such folder" in err and "prompts" not in said
 
 
 # ---- the engine-facing helpers -----------------------------------------------------------

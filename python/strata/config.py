@@ -291,7 +291,8 @@ class Config:
     )
     spec_min: int = _s(
         1,
-        "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min)",
+        "engine: fewest tokens a window drafts when it drafts (llama.cpp's --draft-min; 0 "
+        "counts as 1)",
         llama=("--draft-min", "--draft-n-min"),
     )
     spec_adaptive: bool = _s(
@@ -455,8 +456,8 @@ class Config:
             raise bad("reasoning_budget", "must be -1 (no cap) or >= 0")
         if not 1 <= self.spec_max <= 64:
             raise bad("spec_max", "must be in 1..64")
-        if not 1 <= self.spec_min <= self.spec_max:
-            raise bad("spec_min", "must be in 1..spec_max")
+        if not 0 <= self.spec_min <= self.spec_max:  # 0 as 1: llama.cpp's --draft-min default
+            raise bad("spec_min", "must be in 0..spec_max")
         if not (math.isfinite(self.spec_p_min) and 0.0 <= self.spec_p_min <= 1.0):
             raise bad("spec_p_min", "must be in [0, 1]")
         if self.prompt_cache_mib < -1:
@@ -492,6 +493,19 @@ class Config:
             raise bad("kv_type", "runs on the CPU path only; the GPU's KV cache is f16 or q8_0")
         if self.readahead == "on" and self.ram_mode == "resident":
             raise bad("readahead", "on has nothing to read ahead when ram_mode is resident")
+        if self.device == "cuda" and (self.ram_mode != "mmap" or self.readahead == "on"):
+            name = "ram_mode" if self.ram_mode != "mmap" else "readahead"
+            raise bad(
+                name, "is the CPU path's RAM tier; the GPU path reads experts in place (mmap)"
+            )
+        if self.ram_budget_gib and self.ram_mode == "resident":
+            raise bad("ram_budget_gib", "is read by ram_mode budget or mmap, not resident")
+        if self.spec == "mtp" and self.device == "cuda":
+            raise bad("spec", "mtp runs the model's MTP layer on the CPU path only")
+        if self.spec == "off":
+            for f in fields(self):
+                if f.name.startswith("spec_") and getattr(self, f.name) != f.default:
+                    raise bad(f.name, "is read while spec is on only (spec is off)")
         if self.spec_draft_model and self.spec not in ("draft", "auto"):
             raise bad(
                 "spec_draft_model", f"is read by spec draft or auto only (spec is {self.spec})"
@@ -589,7 +603,7 @@ class Config:
                 s = str(raw).strip().lower()
                 if s in ("1", "true", "yes", "on"):
                     return True
-                if s in ("0", "false", "no", "off", ""):
+                if s in ("0", "false", "no", "off"):
                     return False
                 raise ValueError(raw)
             if kind is int:
@@ -661,7 +675,7 @@ class Config:
             if only and f.name not in only:
                 continue
             flag = (flags or {}).get(f.name) or "--" + f.name.replace("_", "-")
-            aliases = list(f.metadata.get("llama", ())) if llama else []
+            aliases = [a for a in f.metadata.get("llama", ()) if a != flag] if llama else []
             h = f"{f.metadata['help']} [env {cls.env_name(f.name)}]"
             if f.metadata["group"] == "test":
                 h = argparse.SUPPRESS  # settable, never advertised

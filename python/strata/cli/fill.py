@@ -2,7 +2,7 @@
 
     strata-fill profile --model M.gguf [--prompts FILE] [--tokens N] -o P
     strata-fill warm --model M.gguf [--profile P] [--mode mmap|resident|budget]
-                     [--budget-gib G] [--threads N]
+                     [--budget-gib G] [--fill-threads N]
     strata-fill show P [--model M.gguf] [--top K]
 
 Settings flags are generated from `strata.config.Config` (same names, help, choices and
@@ -109,19 +109,19 @@ def _model_path(cfg: Config) -> Path:
 
 
 class _Progress:
-    """A tqdm bar on a terminal, plain lines (every 10 % or 5 s) otherwise."""
+    """A tqdm bar on a terminal, plain lines (every 10 % or 5 s) otherwise; `unit` "B" counts
+    bytes (shown in GiB), any other a count of that unit."""
 
-    def __init__(self, total: int, desc: str, out: TextIO) -> None:
-        self.total, self.desc, self.out = total, desc, out
+    def __init__(self, total: int, desc: str, out: TextIO, unit: str = "B") -> None:
+        self.total, self.desc, self.out, self.unit = total, desc, out, unit
         self.done = 0
         self.bar: Any = None
         self.last_line = (time.monotonic(), -1)
         if out.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(
-                total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, file=out
-            )
+            scaled = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+            self.bar = tqdm(total=total, desc=desc, unit=unit, file=out, **scaled)
 
     def update(self, done: int) -> None:
         if self.bar is not None:
@@ -132,11 +132,12 @@ class _Progress:
             t0, last = self.last_line
             if tenth > last or now - t0 >= 5.0:
                 pct = 100.0 * done / max(self.total, 1)
-                print(
-                    f"{self.desc}: {done / GIB:.2f} / {self.total / GIB:.2f} GiB ({pct:.0f}%)",
-                    file=self.out,
-                    flush=True,
+                amount = (
+                    f"{done / GIB:.2f} / {self.total / GIB:.2f} GiB"
+                    if self.unit == "B"
+                    else f"{done} / {self.total} {self.unit}"
                 )
+                print(f"{self.desc}: {amount} ({pct:.0f}%)", file=self.out, flush=True)
                 self.last_line = (now, tenth)
         self.done = done
 
@@ -202,7 +203,7 @@ def cmd_profile(cfg: Config, ns: argparse.Namespace) -> int:
             f"{n_ctx} (at most n_ctx_seq - 2)"
         )
     tokens = 0
-    bar = _Progress(len(prompts), "profile", sys.stderr)
+    bar = _Progress(len(prompts), "profile", sys.stderr, unit="prompts")
     for i, prompt in enumerate(prompts):
         text = prompt
         if tok.chat_template:
@@ -371,10 +372,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--tokens {cfg.profile_tokens} leaves no room in --n-ctx {cfg.n_ctx} "
                 f"({cfg.n_ctx_seq} a sequence; at most n_ctx_seq - 2)"
             )
+        if ns.command == "profile" and not Path(ns.output).absolute().parent.is_dir():
+            raise _Fail(f"{ns.output}: no such folder for --output")  # before the prompts
         return cmd_profile(cfg, ns) if ns.command == "profile" else cmd_warm(cfg, ns)
     except (_Fail, StrataError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from pathlib import Path
 
 import uvicorn
 
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"host: binding {config.host} needs an API key (STRATA_API_KEY); "
                 "without one the server binds loopback only"
             )
+        if config.model and config.engine != "fake" and not Path(config.model).is_file():
+            raise ConfigError(f"model {config.model}: no such file")
     except ConfigError as e:
         print(f"strata: {e}", file=sys.stderr)
         return 2

@@ -138,6 +138,8 @@ def test_server_request_and_default_budget(srv: Server) -> None:
     for n in (-2, 1 << 100):
         bad = srv.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": n})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "reasoning_budget_tokens"
+    off = srv.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": -1})
+    assert off.json()["choices"][0]["message"]["content"] == "<think>" * 8  # no server budget
     # the server's default (llama-server's --reasoning-budget), with a forced message
     del body["reasoning_budget_tokens"]
     s2 = Server(engine="llm", parallel=1, n_ctx=512, reasoning_budget=1,
@@ -145,8 +147,13 @@ def test_server_request_and_default_budget(srv: Server) -> None:
     try:
         r = s2.http.post("/v1/chat/completions", json=body)
         assert r.json()["choices"][0]["message"]["content"] == "<think><think> ok</think>" * 2
-        off = s2.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": -1})
-        assert off.json()["choices"][0]["message"]["content"] == "<think>" * 8
+        # -1 is the server's budget, as llama.cpp's; thinking_budget_tokens is its other name
+        r = s2.http.post("/v1/chat/completions", json={**body, "reasoning_budget_tokens": -1})
+        assert r.json()["choices"][0]["message"]["content"] == "<think><think> ok</think>" * 2
+        r = s2.http.post("/v1/chat/completions", json={**body, "thinking_budget_tokens": 2})
+        assert r.json()["choices"][0]["message"]["content"] == (
+            "<think><think><think> ok</think>" + "<think>" * 3  # 8 tokens: the cut-off
+        )
     finally:
         s2.stop()
 
@@ -167,3 +174,44 @@ def test_anthropic_budget_tokens_becomes_the_cap() -> None:
     body = to_chat_body(req)
     assert body["reasoning_budget_tokens"] == 16
     assert body["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+class CharTok:
+    """A stand-in tokenizer: one token per character; `template` as the model's."""
+
+    def __init__(self, template: str | None) -> None:
+        self.chat_template = template
+
+    def encode(self, text: str, special: bool) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def budget_of(template: str | None, prompt: str, harmony: tuple[bool, str | None], **req: Any):  # type: ignore[no-untyped-def]
+    from strata.config import Config
+    from strata.reasoning import prompt_opens_reasoning
+    from strata.server.chat import ChatSetup, reasoning_budget
+    from strata.server.openai_types import ChatRequest
+
+    setup = ChatSetup(prompt=prompt, grammar=None, reasoning_opened=prompt_opens_reasoning(prompt),
+                      harmony=harmony)  # fmt: skip
+    creq = ChatRequest(messages=[], **req)
+    return reasoning_budget(creq, setup, CharTok(template), Config())  # type: ignore[arg-type]
+
+
+def test_the_tags_are_the_templates_and_an_opened_prompt_spends_its_tail() -> None:
+    """llama.cpp switches the budget on where the template thinks, with its tags: <think> in a
+    Qwen3-like template, the analysis channel in harmony's (gpt-oss), none without; a prompt
+    that opened the block spends the budget on its tokens after the open tag."""
+    assert budget_of(None, "x", (False, None), reasoning_budget_tokens=5) is None
+    assert budget_of("{{ x }}", "x", (False, None), reasoning_budget_tokens=5) is None
+    rb = budget_of("...<think>...", "<|im_start|>assistant\n<think>\n", (False, None),
+                   reasoning_budget_tokens=5)  # fmt: skip
+    assert rb is not None and rb.opened and rb.budget == 4  # the "\n" after the tag: one
+    assert rb.start == [ord(c) for c in "<think>"] and rb.forced == rb.end
+    h = "<|start|>assistant<|channel|>analysis<|message|>"
+    rb = budget_of("<|channel|> <|message|>", h, (True, "analysis"), thinking_budget_tokens=3)
+    assert rb is not None and rb.opened and rb.budget == 3
+    assert rb.start == [ord(c) for c in "<|channel|>analysis<|message|>"]
+    assert rb.end == [ord(c) for c in "<|end|>"]
+    assert budget_of("<|channel|> <|message|>", "<|start|>assistant", (True, None),
+                     reasoning_budget_tokens=3).opened is False  # fmt: skip

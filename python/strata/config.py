@@ -452,8 +452,8 @@ class Config:
             raise bad("max_queue", "must be >= 0")
         if self.max_batch_tokens < 1:
             raise bad("max_batch_tokens", "must be at least 1")
-        if self.reasoning_budget < -1:
-            raise bad("reasoning_budget", "must be -1 (no cap) or >= 0")
+        if not -1 <= self.reasoning_budget < 1 << 31:
+            raise bad("reasoning_budget", "must be -1 (no cap) or in 0..2^31-1")
         if not 1 <= self.spec_max <= 64:
             raise bad("spec_max", "must be in 1..64")
         if not 0 <= self.spec_min <= self.spec_max:  # 0 as 1: llama.cpp's --draft-min default

@@ -92,8 +92,9 @@ class BudgetProcessor:
             if self.remaining <= 0:
                 if whole:
                     self._force()
-                else:
+                else:  # as llama.cpp: the close tag's matcher starts over while it waits
                     self.state = WAITING_UTF8
+                    self.end.reset()
         else:  # FORCING
             self.pos += 1
             if self.pos >= len(self.rb.forced):

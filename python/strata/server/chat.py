@@ -208,27 +208,44 @@ def openai_chat(
 def reasoning_budget(
     req: ChatRequest, setup: ChatSetup, tok: ServerTokenizer, config: Config
 ) -> ReasoningBudget | None:
-    """The request's cap on its <think> block (its `reasoning_budget_tokens`, else the server's
-    `reasoning_budget`), with the tags' tokens; None without a cap."""
+    """The request's cap on its thinking (`reasoning_budget_tokens` or llama.cpp's
+    `thinking_budget_tokens`; absent or -1: the server's `reasoning_budget`), with the tags of
+    the template's format: `<think>`…`</think>` where the template writes them, harmony's
+    analysis channel (`<|channel|>analysis<|message|>`…`<|end|>`); None without a cap or a
+    format that thinks (llama.cpp switches the budget on the same way). As llama.cpp, a prompt
+    that opened the block spends the budget on its tokens after the open tag."""
     budget = req.reasoning_budget_tokens
-    if budget is None:
+    name = "reasoning_budget_tokens"
+    if req.thinking_budget_tokens is not None:
+        if budget is not None:
+            raise _bad("thinking_budget_tokens", "the same setting as reasoning_budget_tokens")
+        budget, name = req.thinking_budget_tokens, "thinking_budget_tokens"
+    if budget is not None and not -1 <= budget < 1 << 31:
+        raise _bad(name, f"must be -1 (the server's) or in 0..2^31-1 (got {budget})")
+    if budget is None or budget == -1:
         budget = config.reasoning_budget
-    elif not -1 <= budget < 1 << 31:
-        raise _bad("reasoning_budget_tokens", f"must be -1 (no cap) or in 0..2^31-1 (got {budget})")
     if budget < 0:
         return None
+    template = tok.chat_template or ""
     if setup.harmony[0]:
-        if req.reasoning_budget_tokens is None:
-            return None  # the server's default: the harmony format has no <think> block
-        raise _bad("reasoning_budget_tokens", "not supported with the harmony format")
+        open_tag, close_tag = harmony.CHANNEL + "analysis" + harmony.MESSAGE, harmony.END
+        opened = setup.harmony[1] == "analysis"
+    elif OPEN in template or CLOSE in template:
+        open_tag, close_tag, opened = OPEN, CLOSE, setup.reasoning_opened
+    else:
+        return None  # the model writes no thinking block this cap could close
     message = req.reasoning_budget_message
     if message is None:
         message = config.reasoning_budget_message
-    close = tok.encode(CLOSE, True)
+    close = tok.encode(close_tag, True)
+    spent = 0
+    if opened:  # the prompt's tokens after its open tag count, as llama.cpp feeds them
+        tail = setup.prompt[setup.prompt.rfind(open_tag) + len(open_tag) :]
+        spent = len(tok.encode(tail, True)) if tail else 0
     return ReasoningBudget(
-        budget=budget,
-        start=tok.encode(OPEN, True),
+        budget=max(0, budget - spent),
+        start=tok.encode(open_tag, True),
         end=close,
         forced=(tok.encode(message, False) if message else []) + close,
-        opened=setup.reasoning_opened,
+        opened=opened,
     )

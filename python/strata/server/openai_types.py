@@ -211,9 +211,11 @@ class ChatRequest(_Common, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's / llama-server's
     reasoning_format: str | None = None  # llama-server's: "none" | "parsed"
     reasoning_effort: str | None = None  # OpenAI's; passed to the template (gpt-oss reads it)
-    # llama-server's: the thinking block's token cap (-1: none; the server's reasoning_budget
-    # when absent) and the text forced before its close
+    # llama-server's: the thinking block's token cap (absent or -1: the server's
+    # reasoning_budget; `thinking_budget_tokens` is its other name) and the text forced before
+    # its close
     reasoning_budget_tokens: int | None = None
+    thinking_budget_tokens: int | None = None
     reasoning_budget_message: str | None = None
 
 

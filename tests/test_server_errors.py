@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -253,6 +254,37 @@ def test_api_key() -> None:
         # with a key, a foreign Host is fine (the key is the protection)
         r = s.http.get("/v1/models", headers={"host": "box.lan", "authorization": "Bearer s3cret"})
         assert r.status_code == 200
+    finally:
+        s.stop()
+
+
+def test_health_keeps_a_load_failures_details_behind_the_key(tmp_path: Path) -> None:
+    """/health answers without the key: with one set, a failed load says so, not its file's
+    path (the details are on /v1/status, which needs the key)."""
+    bad = tmp_path / "secret_dir" / "m.gguf"
+    bad.parent.mkdir()
+    bad.write_bytes(b"GGUF" + b"\0" * 40)
+    for key in ("s3cret", ""):
+        s = Server(wait_ready=False, engine="llm", model=str(bad), api_key=key)
+        try:
+            r = s.wait(lambda r: "failed" in r.text)
+            assert r.status_code == 503
+            assert ("secret_dir" in r.text) is (not key), r.text
+            if key:
+                st = s.http.get("/v1/status", headers={"authorization": "Bearer s3cret"})
+                assert "secret_dir" in st.text
+        finally:
+            s.stop()
+
+
+def test_a_whole_answers_logprobs_are_bounded() -> None:
+    s = Server(parallel=1, n_ctx=1 << 16)
+    try:
+        # 4 prompts × 8 choices × 32768 tokens (max_tokens_limit) × 21 entries: past 2^21
+        body = comp(prompt=["hi"] * 4, logprobs=20, n=8)
+        r = s.http.post(COMP, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
+        assert s.http.post(COMP, json={**body, "max_tokens": 8}).status_code == 200
     finally:
         s.stop()
 

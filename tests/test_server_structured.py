@@ -87,6 +87,12 @@ def test_each_source_constrains_the_answer(srv: Server, route: str) -> None:
         ({"grammar": "x", "json_schema": {}}, "grammar"),
         ({"json_schema": {"type": "bogus"}}, "json_schema"),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
+        # sizes that would cost seconds of compiling (a core, the event loop's before)
+        (
+            {"structured_outputs": {"choice": [f"c{i}" for i in range(1025)]}},
+            "structured_outputs.choice",
+        ),
+        ({"grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(40000))}, "grammar"),
     ],
 )
 def test_bad_constraints_are_400s_naming_the_field(

@@ -170,12 +170,15 @@ def prepare_chat(
 
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+MAX_TOOLS = 128  # OpenAI's limit: a forced call's grammar grows with every tool
 
 
 def openai_chat(
     req: ChatRequest, tok: ServerTokenizer, default_reasoning: str, tool_call_format: str
 ) -> ChatSetup:
     """An OpenAI chat request → `ChatSetup`."""
+    if len(req.tools or []) > MAX_TOOLS:
+        raise _bad("tools", f"at most {MAX_TOOLS} tools (as OpenAI's API)")
     tools = []
     for i, t in enumerate(req.tools or []):
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -63,7 +64,10 @@ from strata.server.tokenizing import ServerTokenizer
 from strata.server.webui import index
 
 FINGERPRINT = f"strata-{__version__}"
+log = logging.getLogger("strata.server")
 ENCODE_INLINE_CHARS = 8192
+MAX_LOGPROB_ENTRIES = 1 << 21  # log-probability entries of one non-streamed answer
+MAX_PIECES = 1 << 18  # tokens /tokenize gives with their pieces
 
 
 def _state(request: Request) -> ServerState:
@@ -91,10 +95,13 @@ async def health(request: Request) -> Response:
     st = _state(request)
     if st.status == "ready" and st.client is not None and st.client.state == "ready":
         return JSONResponse({"status": "ok"})
+    # /health answers without the API key: with one set, the load error's details (paths)
+    # are for /v1/status, which asks for the key
+    detail = f": {st.error}" if not st.config.api_key else " (details on /v1/status)"
     why = {
         "loading": "model is loading",
         "draining": "server is shutting down",
-        "failed": f"model failed to load: {st.error}",
+        "failed": f"model failed to load{detail}",
     }.get(st.status, "engine is restarting")
     err = APIError(503, why, code=st.status)
     return JSONResponse(err.body(), status_code=503, headers={"Retry-After": "2"})
@@ -177,6 +184,8 @@ async def tokenize(request: Request) -> Response:
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
+    if req.with_pieces and len(ids) > MAX_PIECES:
+        raise APIError(400, f"with_pieces: at most {MAX_PIECES} tokens", param="with_pieces")
     tokens: list[Any] = [_piece(tok, i) for i in ids] if req.with_pieces else ids
     return JSONResponse({"tokens": tokens, "count": len(ids), "max_model_len": n_ctx})
 
@@ -228,7 +237,11 @@ async def chat_prompt(
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
     bias(plan, req, tok)
-    setup = openai_chat(req, tok, st.config.reasoning_format, st.config.tool_call_format)
+    # on a worker thread: the template and the grammar's compile check take a while for a
+    # large schema or many tools, and the event loop serves every other request meanwhile
+    setup = await asyncio.to_thread(
+        openai_chat, req, tok, st.config.reasoning_format, st.config.tool_call_format
+    )
     if setup.grammar is not None:
         plan.params = msgspec.structs.replace(plan.params, grammar=setup.grammar)
     rb = reasoning_budget(req, setup, tok, st.config)
@@ -268,8 +281,9 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
     bias(plan, req, tok)
     grammar, param = answer_grammar(req)
-    if grammar is not None:
-        plan.params = msgspec.structs.replace(plan.params, grammar=checked(grammar, param))
+    if grammar is not None:  # compiled on a worker thread (see chat_prompt)
+        grammar = await asyncio.to_thread(checked, grammar, param)
+        plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
     prompts = [
         p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)
@@ -327,6 +341,17 @@ def submit(
             seq_prompts.append(p)
             seq_params.append(_with_seed(plan.params, _seed(plan.params.seed, j)))
             seq_max.append(min(plan.max_tokens or room, room))
+    if plan.logprobs and not plan.stream:
+        # a whole answer's log-probabilities are built in memory before the first byte goes
+        entries = sum(seq_max) * (plan.top_logprobs + 1)
+        if entries > MAX_LOGPROB_ENTRIES:
+            raise APIError(
+                400,
+                f"logprobs: up to {entries} entries in one answer (at most "
+                f"{MAX_LOGPROB_ENTRIES}); stream it, or ask for fewer tokens, choices or "
+                "top log-probabilities",
+                param="logprobs",
+            )
     cap = client.slots + st.config.max_queue
     if len(seq_prompts) > cap:  # never takes a queue however empty: not a 429 to retry
         raise APIError(
@@ -382,7 +407,11 @@ def engine_error(e: BaseException) -> APIError:
         return APIError(504, "request deadline exceeded", code="timeout")
     if isinstance(e, Unavailable):
         return APIError(503, str(e), code="unavailable")
-    return APIError(500, f"engine error: {e}", code="engine_error")
+    # the first line, bounded: a native panic's text may carry a backtrace (RUST_BACKTRACE)
+    # and echo a request's grammar; the whole of it is in the server's log
+    log.error("engine error: %s", e)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return APIError(500, f"engine error: {first[:300]}", code="engine_error")
 
 
 class _Shape:

@@ -24,6 +24,8 @@ from strata.server.openai_types import APIError, ChatRequest, CompletionRequest
 # here when unset or false (llguidance is the one backend; no fallback to turn off)
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
 STRUCTURED_UNSET_OK = ("disable_fallback",)
+MAX_CHOICES = 1024  # structured_outputs.choice entries
+MAX_GRAMMAR_BYTES = 256 << 10  # of the grammar a request's constraint becomes
 
 
 def _bad(param: str, why: str) -> APIError:
@@ -112,6 +114,8 @@ def structured_outputs_grammar(so: Mapping[str, Any]) -> tuple[str, str]:
             or not all(isinstance(c, str) and c for c in value)
         ):
             raise _bad(param, "must be a non-empty list of non-empty strings")
+        if len(value) > MAX_CHOICES:
+            raise _bad(param, f"at most {MAX_CHOICES} choices")
         return constraints.choice_grammar(value), param
     return _cfg(value, param), param
 
@@ -141,7 +145,11 @@ def answer_grammar(req: ChatRequest | CompletionRequest) -> tuple[str | None, st
 
 
 def checked(grammar: str, param: str) -> str:
-    """`grammar` when llguidance compiles it, else a 400 naming `param`."""
+    """`grammar` when llguidance compiles it, else a 400 naming `param` (also for a grammar
+    past MAX_GRAMMAR_BYTES: compiling one costs seconds of a core, in the server and again in
+    the engine, for any client)."""
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise _bad(param, f"the constraint's grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
     try:
         constraints.check_grammar(grammar)
     except constraints.ConstraintError as e:

@@ -372,3 +372,51 @@ def test_mask_application_matches_the_allowed_set() -> None:
             break
         proc.accept(t)
     assert singles > 5  # masks that allow a single token were among them
+
+
+STREAM_EQ_CASES = [
+    # two functions in one block: two calls, each with its own parameters
+    (T.QWEN3_CODER, "<tool_call>\n<function=note>\n<parameter=ok>\ntrue\n</parameter>\n"
+     "</function>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+     "</function>\n</tool_call>"),
+    # arguments written as a JSON string, or followed by another key
+    (T.HERMES, '<tool_call>\n{"name": "note", "arguments": "{\\"ok\\": true}"}\n</tool_call>'),
+    (T.HERMES, '<tool_call>\n{"name": "note", "arguments": {"ok": true}, "id": "x"}\n</tool_call>'),
+    # a bare tag naming no offered tool is prose
+    (T.QWEN3_CODER, "In XML mode write <function=NAME> followed by parameters."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "text"), STREAM_EQ_CASES)
+def test_streamed_calls_are_the_whole_texts(fmt: T.ToolFormat, text: str) -> None:
+    """Fed one character at a time, the calls (names, arguments joined from their pieces) and
+    the content are the whole text's; every call's arguments are a JSON object."""
+    whole = split(AssistantParser.make(False, False, fmt, SPECS), text)
+    parts = stream(AssistantParser.make(False, False, fmt, SPECS, True, True), text, 1)
+    _, content, calls = joined(parts)  # the arguments parsed: each must be JSON
+    assert calls == [(c.name, json.loads(c.arguments)) for c in whole.calls]
+    assert content == whole.content
+    assert all(isinstance(a, dict) for _, a in calls)
+
+
+def test_xml_parameters_typed_as_the_schema_says() -> None:
+    """Optional[str] (a union with string) stays text; a boolean written True is true."""
+    props = {
+        "s": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "t": {"type": ["string", "null"]},
+        "b": {"type": "boolean"},
+        "n": {"type": "integer"},
+    }
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in
+                   (("s", "12345"), ("t", "true"), ("b", "True"), ("n", "7")))  # fmt: skip
+    assert json.loads(T._xml_args(body, props) + "}") == {"s": "12345", "t": "true", "b": True,
+                                                          "n": 7}  # fmt: skip
+    assert "%json" not in T._xml_value_rule(props["s"], "X")[0]  # the grammar writes it raw
+
+
+def test_harmony_calls_are_parsed_with_reasoning_format_none() -> None:
+    text = ("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.note <|constrain|>json<|message|>{"ok": true}')  # fmt: skip
+    m = split(AssistantParser.make(False, False, T.HERMES, SPECS, harmony=(True, None)), text)
+    assert [(c.name, json.loads(c.arguments)) for c in m.calls] == [("note", {"ok": True})]
+    assert "think" in m.content and m.reasoning == ""

@@ -22,10 +22,14 @@ class AssistantParser:
         self,
         reasoning: ReasoningParser | HarmonyParser | None = None,
         tools: ToolCallParser | None = None,
+        reasoning_as_content: bool = False,
     ) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self.n_calls = 0
+        # harmony with reasoning_format none: its calls are parsed still, its analysis text
+        # goes to the content (llama.cpp's gpt-oss parser does the same)
+        self.reasoning_as_content = reasoning_as_content
 
     @staticmethod
     def make(
@@ -44,9 +48,14 @@ class AssistantParser:
         the prompt left open): channels and calls are parsed by `HarmonyParser` instead (with
         `parse_reasoning`). `forced`: the answer is calls only (`ToolCallParser`)."""
         on, opened = harmony
-        if on and parse_reasoning:
+        # with reasoning_format none the text stays as written, unless calls are to be parsed
+        # (llama.cpp's gpt-oss parser still takes them then; the analysis goes to content)
+        if on and (parse_reasoning or fmt is not None):
             offered = {t.name: t for t in tools} if fmt is not None else None
-            return AssistantParser(HarmonyParser(opened, offered, incremental))
+            return AssistantParser(
+                HarmonyParser(opened, offered, incremental),
+                reasoning_as_content=not parse_reasoning,
+            )
         reasoning = ReasoningParser(reasoning_opened) if parse_reasoning else None
         return AssistantParser(
             reasoning,
@@ -56,6 +65,8 @@ class AssistantParser:
     def _content(self, parts: list[Part], final: bool) -> list[Part]:
         out: list[Part] = []
         for kind, v in parts:
+            if kind == "reasoning" and self.reasoning_as_content:
+                kind = "content"
             if kind == "content" and self.tools is not None:
                 out += self.tools.push(v)
             else:

@@ -140,6 +140,29 @@ def _json_args(v: Any) -> str:
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
 
 
+def _object_end(text: str) -> int | None:
+    """The end of the JSON object `text` starts with (braces counted outside strings), or None
+    while it is not complete."""
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
+
+
 def _raw_arguments(body: str) -> str | None:
     """The arguments object's own text in a Hermes body that starts with the name, else None."""
     m = _HERMES_HEAD.match(body)
@@ -212,10 +235,16 @@ class HermesFormat:
         except json.JSONDecodeError:
             return None
         args = body[m.end() :]
-        # hold back a last "}" followed only by what may close the call: it may be the
-        # object's own close rather than the arguments'
+        if not args.startswith("{"):
+            # arguments written as a JSON string (or not yet begun): they come whole when the
+            # block closes (streamed text must be a prefix of the final arguments)
+            return name, ""
+        end = _object_end(args)
+        if end is not None:  # the object is complete: what follows is not arguments
+            return name, args[:end]
+        # hold back a last "}": it may close the arguments' object
         cut = args.rfind("}")
-        if cut >= 0 and "</tool_call>".startswith(args[cut + 1 :].lstrip()):
+        if cut >= 0 and not args[cut + 1 :].strip():
             args = args[:cut]
         return name, args.rstrip()
 
@@ -253,9 +282,12 @@ class Qwen3CoderFormat:
 
     def parse(self, block: str, tools: Mapping[str, ToolSpec]) -> list[ToolCall] | None:
         calls = []
+        bare = block.startswith("<function=")  # no <tool_call> around it: maybe prose
         for m in _FUNC.finditer(block):
             name = m.group(1).strip()
             spec = tools.get(name)
+            if spec is None and bare:
+                return None  # a bare tag names an offered tool or is text (as llama.cpp)
             props = (spec.parameters.get("properties") or {}) if spec else {}
             calls.append(ToolCall(name, _xml_args(m.group(2), props) + "}"))
         return calls or None
@@ -266,8 +298,13 @@ class Qwen3CoderFormat:
             return None
         name = m.group(1).strip()
         spec = tools.get(name)
+        if spec is None and block.startswith("<function="):
+            return None
         props = (spec.parameters.get("properties") or {}) if spec else {}
-        return name, _xml_args(block[m.end() :], props)
+        body = block[m.end() :]
+        # the first function's parameters only: a next one is another call
+        ends = [i for i in (body.find("</function>"), body.find("<function=")) if i >= 0]
+        return name, _xml_args(body[: min(ends)] if ends else body, props)
 
     def render(self, name: str, arguments: Mapping[str, Any]) -> str:
         parts = [f"<tool_call>\n<function={name}>\n"]
@@ -302,7 +339,7 @@ def _xml_value_rule(schema: Any, terminal: str) -> tuple[str, str]:
     length) ending at the first close tag, any other parameter JSON for its schema."""
     if not isinstance(schema, dict):
         return f"%json {_schema_json({})} {_CLOSE_PARAM}", ""
-    if schema.get("type") == "string":
+    if _is_text(schema):
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             alts = " | ".join(_lark_str(v) for v in schema["enum"])
             return f"({alts}) {_CLOSE_PARAM}", ""
@@ -330,10 +367,25 @@ def _xml_args(body: str, props: Any) -> str:
     return "{" + ", ".join(parts)
 
 
+def _is_text(schema: Any) -> bool:
+    """A parameter the model writes as raw text: type string, or a union with a string in it
+    (`["string", "null"]`, Pydantic's `anyOf: [{type: string}, {type: null}]`)."""
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and "string" in kind):
+        return True
+    alts = schema.get("anyOf") or schema.get("oneOf") or []
+    return isinstance(alts, list) and any(
+        isinstance(a, dict) and a.get("type") == "string" for a in alts
+    )
+
+
 def _xml_value(raw: str, schema: Any) -> Any:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if kind == "string":
+    if _is_text(schema):
         return raw
+    if isinstance(schema, dict) and schema.get("type") == "boolean" and raw in ("True", "False"):
+        return raw == "True"  # the template writes earlier booleans so (`args_value | string`)
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, RecursionError):

@@ -269,7 +269,7 @@ def test_xml_string_lengths_must_be_integers(bad: object) -> None:
             T.call_grammar(T.QWEN3_CODER, [T.ToolSpec.from_openai(spec)], "f", parallel=False)
 
 
-@pytest.mark.parametrize("fmt", [T.HERMES, T.QWEN3_CODER], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [T.HERMES, T.QWEN3_CODER, T.GLM45], ids=lambda f: f.name)
 @pytest.mark.parametrize("seed", range(4))
 def test_forced_calls_are_schema_valid(fmt: T.ToolFormat, seed: int) -> None:
     choice = "required" if seed % 2 else "get_weather"
@@ -384,6 +384,11 @@ STREAM_EQ_CASES = [
     (T.HERMES, '<tool_call>\n{"name": "note", "arguments": {"ok": true}, "id": "x"}\n</tool_call>'),
     # a bare tag naming no offered tool is prose
     (T.QWEN3_CODER, "In XML mode write <function=NAME> followed by parameters."),
+    # GLM-4.5's calls (its template's format), two in a row after some text
+    (T.GLM45, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+     "<arg_value>New York</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
+     "</tool_call>\n<tool_call>note\n<arg_key>ok</arg_key>\n<arg_value>true</arg_value>\n"
+     "</tool_call>"),
 ]  # fmt: skip
 
 
@@ -420,3 +425,17 @@ def test_harmony_calls_are_parsed_with_reasoning_format_none() -> None:
     m = split(AssistantParser.make(False, False, T.HERMES, SPECS, harmony=(True, None)), text)
     assert [(c.name, json.loads(c.arguments)) for c in m.calls] == [("note", {"ok": True})]
     assert "think" in m.content and m.reasoning == ""
+
+
+def test_glm_calls_parse_as_its_template_writes_them() -> None:
+    """GLM-4.5's template teaches `<tool_call>name` + `<arg_key>`/`<arg_value>` pairs (string
+    values raw, others JSON): `format_for` picks the format from it; a call parses to typed
+    arguments and renders back to the same text."""
+    template = "{{ tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>"
+    assert T.format_for(template) is T.GLM45
+    text = T.GLM45.render("get_weather", {"city": "New York", "days": 3})
+    m = split(AssistantParser.make(False, False, T.GLM45, SPECS), text)
+    assert [(c.name, json.loads(c.arguments)) for c in m.calls] == [
+        ("get_weather", {"city": "New York", "days": 3})
+    ]
+    assert m.content == ""

@@ -339,8 +339,9 @@ class Config:
     tool_call_format: str = _s(
         "auto",
         "how the model writes tool calls: auto (from the chat template), hermes "
-        "(<tool_call>{json}</tool_call>) or qwen3_coder (<function=…><parameter=…>)",
-        choices=("auto", "hermes", "qwen3_coder"),
+        "(<tool_call>{json}</tool_call>), qwen3_coder (<function=…><parameter=…>) or glm45 "
+        "(<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>)",
+        choices=("auto", "hermes", "qwen3_coder", "glm45"),
     )
     drain_timeout_s: float = _s(30.0, "on shutdown, seconds running requests get to finish")
     engine: str = _s(

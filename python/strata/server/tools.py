@@ -315,34 +315,41 @@ class Qwen3CoderFormat:
         return "".join(parts)
 
     def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
-        props = tool.parameters.get("properties") or {}
-        required = set(tool.parameters.get("required") or [])
-        parts = [_lark_str(f"<tool_call>\n<function={tool.name}>\n")]
-        terminals = []
-        for j, (key, sub) in enumerate(props.items()):
-            head = _lark_str(f"<parameter={key}>\n")
-            value, term = _xml_value_rule(sub, f"{rule.upper()}_TEXT_{j}")
-            if term:
-                terminals.append(term)
-            item = f"({head} {value})"
-            parts.append(item if key in required else item + "?")
-        parts.append(_lark_str("</function>\n</tool_call>"))
-        return [f"{rule}: " + " ".join(parts), *terminals]
+        items, terminals = _param_items(tool, rule, "<parameter={}>\n", _PARAM_CLOSE)
+        head, tail = f"<tool_call>\n<function={tool.name}>\n", "</function>\n</tool_call>"
+        return [f"{rule}: {_lark_str(head)} {items} {_lark_str(tail)}", *terminals]
 
 
-_CLOSE_PARAM = _lark_str("\n</parameter>\n")
+_PARAM_CLOSE = "\n</parameter>\n"
 
 
-def _xml_value_rule(schema: Any, terminal: str) -> tuple[str, str]:
-    """(rule body, extra rule line or "") of one parameter's value and its closing tag: a
-    string parameter is raw text (its enum: one of the texts; min/maxLength: a bounded
-    length) ending at the first close tag, any other parameter JSON for its schema."""
+def _param_items(tool: ToolSpec, rule: str, head_of: str, close: str) -> tuple[str, list[str]]:
+    """A tagged-parameters call's arguments as Lark: each property in order, `head_of`
+    (formatted with its key) then its value and `close` (optional where not required); and
+    the extra terminal lines its text values need."""
+    props = tool.parameters.get("properties") or {}
+    required = set(tool.parameters.get("required") or [])
+    parts, terminals = [], []
+    for j, (key, sub) in enumerate(props.items()):
+        value, term = _xml_value_rule(sub, f"{rule.upper()}_TEXT_{j}", close)
+        if term:
+            terminals.append(term)
+        item = f"({_lark_str(head_of.format(key))} {value})"
+        parts.append(item if key in required else item + "?")
+    return " ".join(parts), terminals
+
+
+def _xml_value_rule(schema: Any, terminal: str, close: str = _PARAM_CLOSE) -> tuple[str, str]:
+    """(rule body, extra rule line or "") of one parameter's value and its closing tag
+    `close`: a string parameter is raw text (its enum: one of the texts; min/maxLength: a
+    bounded length) ending at the first close tag, any other parameter JSON for its schema."""
+    closing = _lark_str(close)
     if not isinstance(schema, dict):
-        return f"%json {_schema_json({})} {_CLOSE_PARAM}", ""
+        return f"%json {_schema_json({})} {closing}", ""
     if _is_text(schema):
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             alts = " | ".join(_lark_str(v) for v in schema["enum"])
-            return f"({alts}) {_CLOSE_PARAM}", ""
+            return f"({alts}) {closing}", ""
         lo, hi = schema.get("minLength", 0), schema.get("maxLength")
         for name, v in (("minLength", lo), ("maxLength", hi)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -350,8 +357,9 @@ def _xml_value_rule(schema: Any, terminal: str) -> tuple[str, str]:
         span = f"{{{lo},{hi}}}" if hi is not None else f"{{{lo},}}"
         rule = terminal.lower()
         # lazy: the value ends at the first close tag
-        return rule, f"{rule}[lazy]: /(?s:.{span})\\n<\\/parameter>\\n/"
-    return f"%json {_schema_json(schema)} {_CLOSE_PARAM}", ""
+        tail = close.replace("\n", "\\n").replace("/", "\\/")
+        return rule, f"{rule}[lazy]: /(?s:.{span}){tail}/"
+    return f"%json {_schema_json(schema)} {closing}", ""
 
 
 _FUNC_HEAD = re.compile(r"<function=([^>\n]+)>")
@@ -392,16 +400,74 @@ def _xml_value(raw: str, schema: Any) -> Any:
         return raw
 
 
+_GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+_GLM_VALUE_CLOSE = "</arg_value>\n"
+
+
+class Glm45Format:
+    """`<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n…</tool_call>`
+    (GLM-4.5, GLM-4.6: their templates write calls so). A value is raw text for a string
+    parameter, JSON otherwise (as the template's `tojson` unless a string)."""
+
+    name = "glm45"
+    blocks: tuple[tuple[str, str], ...] = (("<tool_call>", "</tool_call>"),)
+
+    @staticmethod
+    def _head(body: str) -> tuple[str, str] | None:
+        """(name, the rest) once the name is ended by a newline or the first argument."""
+        ends = [i for i in (body.find("\n"), body.find("<arg_key>")) if i >= 0]
+        if not ends:
+            return None
+        name = body[: min(ends)].strip()
+        return (name, body[min(ends) :]) if name and not re.search(r"[\s<>]", name) else None
+
+    def _args(self, rest: str, tools: Mapping[str, ToolSpec], name: str) -> str:
+        spec = tools.get(name)
+        props = (spec.parameters.get("properties") or {}) if spec else {}
+        parts = [
+            f"{_json_args(k.strip())}: {_json_args(_xml_value(v, props.get(k.strip())))}"
+            for k, v in _GLM_ARG.findall(rest)
+        ]
+        return "{" + ", ".join(parts)
+
+    def parse(self, block: str, tools: Mapping[str, ToolSpec]) -> list[ToolCall] | None:
+        head = self._head(block[len("<tool_call>") : -len("</tool_call>")] + "\n")
+        if head is None:
+            return None
+        name, rest = head
+        return [ToolCall(name, self._args(rest, tools, name) + "}")]
+
+    def scan(self, block: str, tools: Mapping[str, ToolSpec]) -> tuple[str, str] | None:
+        head = self._head(block[len("<tool_call>") :])
+        return None if head is None else (head[0], self._args(head[1], tools, head[0]))
+
+    def render(self, name: str, arguments: Mapping[str, Any]) -> str:
+        parts = [f"<tool_call>{name}\n"]
+        for k, v in arguments.items():
+            text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+            parts.append(f"<arg_key>{k}</arg_key>\n<arg_value>{text}</arg_value>\n")
+        return "".join(parts) + "</tool_call>"
+
+    def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
+        head_of = "<arg_key>{}</arg_key>\n<arg_value>"
+        items, terminals = _param_items(tool, rule, head_of, _GLM_VALUE_CLOSE)
+        head = f"<tool_call>{tool.name}\n"
+        return [f"{rule}: {_lark_str(head)} {items} {_lark_str('</tool_call>')}", *terminals]
+
+
 HERMES: ToolFormat = HermesFormat()
 QWEN3_CODER: ToolFormat = Qwen3CoderFormat()
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, QWEN3_CODER)}
+GLM45: ToolFormat = Glm45Format()
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (HERMES, QWEN3_CODER, GLM45)}
 
 
 def format_for(template: str | None, name: str = "auto") -> ToolFormat:
     """The tool-call format: `name` when not "auto", else the one the chat template teaches
-    (XML `<function=` in the template → Qwen3-Coder; otherwise Hermes)."""
+    (`<arg_key>` in the template → GLM-4.5; XML `<function=` → Qwen3-Coder; else Hermes)."""
     if name != "auto":
         return FORMATS[name]
+    if template and "<arg_key>" in template:
+        return GLM45
     if template and "<function=" in template:
         return QWEN3_CODER
     return HERMES

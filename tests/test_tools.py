@@ -384,6 +384,9 @@ STREAM_EQ_CASES = [
     (T.HERMES, '<tool_call>\n{"name": "note", "arguments": {"ok": true}, "id": "x"}\n</tool_call>'),
     # a bare tag naming no offered tool is prose
     (T.QWEN3_CODER, "In XML mode write <function=NAME> followed by parameters."),
+    # the close tag quoted inside a JSON string does not end the block
+    (T.HERMES, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}'
+     "\n</tool_call>"),
     # GLM-4.5's calls (its template's format), two in a row after some text
     (T.GLM45, "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
      "<arg_value>New York</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n"
@@ -438,4 +441,12 @@ def test_glm_calls_parse_as_its_template_writes_them() -> None:
     assert [(c.name, json.loads(c.arguments)) for c in m.calls] == [
         ("get_weather", {"city": "New York", "days": 3})
     ]
+    assert m.content == ""
+
+
+def test_a_quoted_close_tag_stays_in_the_value() -> None:
+    args = '{"city": "a</tool_call>b"}'
+    text = f'<tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    m = split(AssistantParser.make(False, False, T.HERMES, SPECS), text)
+    assert [json.loads(c.arguments) for c in m.calls] == [{"city": "a</tool_call>b"}]
     assert m.content == ""

@@ -126,6 +126,11 @@ class ToolFormat(Protocol):
         """A call as the model writes it (for earlier turns when the template cannot)."""
         ...
 
+    def block_end(self, buf: str, opening: str, closing: str) -> int:
+        """Where the block `buf` (which starts with `opening`) ends: the index of its
+        `closing` marker, -1 while it has none yet."""
+        ...
+
     def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
         """Lark lines (llguidance syntax) defining `rule` as one whole call block of `tool`
         (plus any terminals it needs, named after `rule`)."""
@@ -252,6 +257,21 @@ class HermesFormat:
         body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
         return f"<tool_call>\n{body}\n</tool_call>"
 
+    def block_end(self, buf: str, opening: str, closing: str) -> int:
+        """The first `closing` after a whole JSON body: one inside a JSON string (a value
+        quoting the tag) does not end the block; a body that is no JSON ends at the first."""
+        end = buf.find(closing, len(opening))
+        while end >= 0:
+            body = buf[len(opening) : end].strip()
+            if not body.startswith(("{", "[")):
+                return end
+            try:
+                json.loads(body)
+                return end
+            except (json.JSONDecodeError, RecursionError):
+                end = buf.find(closing, end + 1)
+        return -1
+
     def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
         schema = {
             "type": "object",
@@ -313,6 +333,9 @@ class Qwen3CoderFormat:
             parts.append(f"<parameter={k}>\n{text}\n</parameter>\n")
         parts.append("</function>\n</tool_call>")
         return "".join(parts)
+
+    def block_end(self, buf: str, opening: str, closing: str) -> int:
+        return buf.find(closing, len(opening))
 
     def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
         items, terminals = _param_items(tool, rule, "<parameter={}>\n", _PARAM_CLOSE)
@@ -447,6 +470,9 @@ class Glm45Format:
             text = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
             parts.append(f"<arg_key>{k}</arg_key>\n<arg_value>{text}</arg_value>\n")
         return "".join(parts) + "</tool_call>"
+
+    def block_end(self, buf: str, opening: str, closing: str) -> int:
+        return buf.find(closing, len(opening))
 
     def grammar_call(self, tool: ToolSpec, rule: str) -> list[str]:
         head_of = "<arg_key>{}</arg_key>\n<arg_value>"
@@ -640,7 +666,7 @@ class ToolCallParser:
                 self._content(self.buf[:pos], out)
                 self.buf = self.buf[pos:]
                 self.open = pair
-            end = self.buf.find(self.open[1], len(self.open[0]))
+            end = self.fmt.block_end(self.buf, *self.open)
             if end < 0:
                 self._stream_block(out)
                 return out

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -422,10 +421,10 @@ class LLM:
                 raise ValueError(f"prompt: token id {t} is outside the vocabulary")
         params = _params(sampling)
         if params.reasoning_budget is not None:  # chained before `processor`, as the engine
-            from strata.reasoning_budget import processor_factory
+            from strata.reasoning_budget import utf8_checker, with_budget
 
-            req = SimpleNamespace(params=params)
-            processor = processor_factory(lambda _: processor, lambda: self.tokenizer)(req)
+            complete = utf8_checker(lambda: self.tokenizer)
+            processor = with_budget(processor, params.reasoning_budget, complete)
         sampler = Sampler(params, ids, self.n_vocab, processor)
         stops = set(self.tokenizer.eog_ids if stop_ids is None else stop_ids)
         return self._loop(ids, max_tokens, stops, sampler)

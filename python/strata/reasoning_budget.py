@@ -131,21 +131,31 @@ def utf8_complete(piece: bytes) -> bool:
     return False
 
 
-def processor_factory(
-    grammar: Callable[[Any], LogitsProcessor | None], vocabulary: Callable[[], Any]
-) -> Callable[[Any], LogitsProcessor | None]:
-    """The scheduler's processor factory: a request's (`Submit`) grammar processor (from
-    `grammar`, e.g. `Constraints.for_request`) chained with its reasoning budget's."""
+def utf8_checker(vocabulary: Callable[[], Any]) -> Callable[[int], bool]:
+    """Whether a token of `vocabulary()` (a `strata.constraints.Vocabulary`) ends on a whole
+    UTF-8 character, memoized by token."""
 
     @lru_cache(maxsize=1 << 16)
     def complete(token: int) -> bool:
         return utf8_complete(vocabulary().token_bytes(token))
 
-    def make(req: Any) -> LogitsProcessor | None:
-        procs = [p for p in (grammar(req),) if p is not None]
-        rb = req.params.reasoning_budget
-        if rb is not None:
-            procs.insert(0, BudgetProcessor(rb, complete))
-        return None if not procs else procs[0] if len(procs) == 1 else Chain(procs)
+    return complete
 
-    return make
+
+def with_budget(
+    proc: LogitsProcessor | None, rb: ReasoningBudget | None, complete: Callable[[int], bool]
+) -> LogitsProcessor | None:
+    """`proc` (a grammar's, or None) with the reasoning budget `rb`'s processor first."""
+    if rb is None:
+        return proc
+    budget = BudgetProcessor(rb, complete)
+    return budget if proc is None else Chain([budget, proc])
+
+
+def processor_factory(
+    grammar: Callable[[Any], LogitsProcessor | None], vocabulary: Callable[[], Any]
+) -> Callable[[Any], LogitsProcessor | None]:
+    """The scheduler's processor factory: a request's (`Submit`) grammar processor (from
+    `grammar`, e.g. `Constraints.for_request`) chained with its reasoning budget's."""
+    complete = utf8_checker(vocabulary)
+    return lambda req: with_budget(grammar(req), req.params.reasoning_budget, complete)

@@ -63,6 +63,21 @@ class Seq:
     # The backend's VRAM tier counters when the sequence got its slot; None without a tier.
     tier_at_start: tuple[int, int, int] | None = None
 
+    def candidate(self, room: int, out: list[int] | None = None) -> Candidate:
+        """The sequence as the speculator sees it: `room` drafts at most, `out` its output
+        (a pipelined window's guess of it; its own by default)."""
+        assert self.spec is not None and self.draft_rng is not None
+        return Candidate(
+            self.slot,
+            self.req.prompt,
+            self.out if out is None else out,
+            room,
+            self.sampler,
+            self.spec,
+            self.draft_rng,
+            self.stop_ids,
+        )
+
 
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
@@ -316,11 +331,7 @@ class Scheduler:
             assert s.pending is not None
             n = len(s.req.prompt) + s.generated  # positions after the window's first token
             room = min(s.req.max_tokens - s.generated, n_ctx - n) - 1
-            cands.append(
-                Candidate(
-                    s.slot, s.req.prompt, s.out, room, s.sampler, s.spec, s.draft_rng, s.stop_ids
-                )
-            )
+            cands.append(s.candidate(room))
             where.append(i)
         out = [Draft() for _ in decoding]
         if self.spec is not None and cands:
@@ -406,17 +417,13 @@ class Scheduler:
         """The tokens each decoding sequence's entry emits (a window verified, or one
         sampled); None for a prompt chunk."""
         res: list[list[SampleResult] | None] = []
-        for i, ((slot, _, _), s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
+        for i, (_, s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
             if s.pending is None:
                 res.append(None)
                 continue
             assert logits is not None
             if self.spec is not None and drafts[i].tokens:  # a window
-                assert s.spec is not None and s.draft_rng is not None
-                cand = Candidate(
-                    slot, s.req.prompt, s.out, 0, s.sampler, s.spec, s.draft_rng, s.stop_ids
-                )
-                res.append(self.spec.settle(cand, drafts[i], logits))
+                res.append(self.spec.settle(s.candidate(0), drafts[i], logits))
             else:
                 res.append([s.sampler.sample(logits)])
         return res
@@ -535,11 +542,7 @@ class Scheduler:
             if room < 1:
                 return None
             out = [*s.out, *d.tokens]  # the guess, then room - 1 drafts at most
-            cands.append(
-                Candidate(
-                    s.slot, s.req.prompt, out, room - 1, s.sampler, s.spec, s.draft_rng, s.stop_ids
-                )
-            )
+            cands.append(s.candidate(room - 1, out))
         plans = self.spec.plan(cands, len(cands), extra=1, pipelined=True)
         entries: list[Entry] = []
         drafts: list[Draft] = []

@@ -38,16 +38,15 @@ from strata.server.anthropic_types import (
 from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup
 from strata.server.generate import Delta
-from strata.server.openai_types import APIError, ChatRequest, Plan, convert
+from strata.server.openai_types import Plan, convert
 from strata.server.routes import (
     Submitted,
-    chat_prompt,
     engine_error,
     outcome_of,
     read_json,
     submit,
 )
-from strata.server.shaped import ENGINE_ERRORS, shaped_stream, shaped_whole
+from strata.server.shaped import ENGINE_ERRORS, shaped_stream, shaped_whole, translated_chat
 from strata.server.state import ServerState
 
 ENDPOINT = "messages"  # the metrics label
@@ -187,11 +186,7 @@ async def _prepare(request: Request, cls: type[Any]) -> tuple[Any, list[int], Pl
     _, tok = st.ready()
     origins: list[str] = []
     body = to_chat_body(areq, origins)
-    try:
-        creq: ChatRequest = convert({"model": st.model_id, **body}, ChatRequest)
-        ids, plan, setup = await chat_prompt(st, tok, creq)
-    except APIError as e:  # named as this request names its fields
-        raise anthropic_names(e, origins) from None
+    ids, plan, setup = await translated_chat(st, tok, body, lambda e: anthropic_names(e, origins))
     return areq, ids, plan, setup
 
 

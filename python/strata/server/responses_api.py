@@ -33,17 +33,16 @@ from starlette.routing import Route
 from strata.server import sse
 from strata.server.assistant import AssistantParser, Part
 from strata.server.generate import Delta
-from strata.server.openai_types import APIError, ChatRequest, convert
+from strata.server.openai_types import convert
 from strata.server.responses_types import ResponsesRequest, responses_names, to_chat_body
 from strata.server.routes import (
     Submitted,
-    chat_prompt,
     engine_error,
     outcome_of,
     read_json,
     submit,
 )
-from strata.server.shaped import ENGINE_ERRORS, shaped_stream, shaped_whole
+from strata.server.shaped import ENGINE_ERRORS, shaped_stream, shaped_whole, translated_chat
 from strata.server.state import ServerState
 from strata.server.tokenizing import ServerTokenizer
 
@@ -227,11 +226,7 @@ async def responses(request: Request) -> Response | sse.SSEResponse:
     client, tok = st.ready()
     origins: list[str] = []
     body = to_chat_body(req, origins)
-    try:
-        creq: ChatRequest = convert({"model": st.model_id, **body}, ChatRequest)
-        ids, plan, setup = await chat_prompt(st, tok, creq)
-    except APIError as e:  # named as this request names its fields
-        raise responses_names(e, origins) from None
+    ids, plan, setup = await translated_chat(st, tok, body, lambda e: responses_names(e, origins))
     rid = _id("resp")
     sub = submit(st, client, tok, ENDPOINT, [ids], plan, t0, rid, "input")
     if req.stream:

@@ -1,23 +1,50 @@
-"""One chat submission run through the assistant parser into another API's output shape: the
-Anthropic route's content blocks, the Responses route's output items. Each shape is a
-`Shaper` (a parser part → its stream events; `close` ends the open block or item); this
-module runs the loop both routes share, streamed and not."""
+"""Another API on the chat path: its request, translated into a chat body, prepared as the
+chat route prepares one (`translated_chat`), and the submission's text run through the
+assistant parser into that API's output shape — the Anthropic route's content blocks, the
+Responses route's output items. Each shape is a `Shaper` (a parser part → its stream events;
+`close` ends the open block or item); this module runs the loop both routes share, streamed
+and not."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
 from strata.engine.client import DeadlineExceeded, EngineError, Unavailable
 from strata.server.assistant import AssistantParser, Part
+from strata.server.chat import ChatSetup
 from strata.server.generate import Delta, merge
-from strata.server.routes import Submitted, engine_error, outcome_of, until_done_or_gone
+from strata.server.openai_types import APIError, ChatRequest, Plan, convert
+from strata.server.routes import (
+    Submitted,
+    chat_prompt,
+    engine_error,
+    outcome_of,
+    until_done_or_gone,
+)
 from strata.server.state import ServerState
+from strata.server.tokenizing import ServerTokenizer
 
 ENGINE_ERRORS = (EngineError, DeadlineExceeded, Unavailable)
+
+
+async def translated_chat(
+    st: ServerState,
+    tok: ServerTokenizer,
+    body: dict[str, Any],
+    rename: Callable[[APIError], APIError],
+) -> tuple[list[int], Plan, ChatSetup]:
+    """The prompt ids, plan and setup of `body` (another API's request as a chat request
+    body), as the chat route makes them; a 400 raised there is renamed by `rename` to the
+    fields the original request named."""
+    try:
+        creq: ChatRequest = convert({"model": st.model_id, **body}, ChatRequest)
+        return await chat_prompt(st, tok, creq)
+    except APIError as e:
+        raise rename(e) from None
 
 
 class Shaper(Protocol):

@@ -106,6 +106,11 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
     )
     assert (c.spec_max, c.spec_min, c.spec_p_min) == (6, 2, 0.5)
     long = "--ctx-size 4096 --alias x --model-draft d.gguf --draft 5 --spec draft --batch-size 64"
+    # -md alone speculates with the draft, as it does there
+    c = Config.from_args(parser().parse_args("-m m.gguf -md d.gguf".split()))
+    assert (c.spec, c.spec_draft_model) == ("draft", "d.gguf")
+    assert Config.load({"spec_draft_model": "d.gguf"}, env={}).spec == "draft"
+    assert Config.load({}, env={"STRATA_SPEC_DRAFT_MODEL": "d.gguf"}).spec == "draft"
     c = Config.from_args(parser().parse_args(long.split()))
     assert (c.n_ctx, c.served_model_name, c.spec_max, c.max_batch_tokens) == (4096, "x", 5, 64)
     opts = [a.option_strings for a in parser()._actions if a.dest == "n_ctx"]
@@ -221,7 +226,7 @@ def test_layer_split_settings_are_checked() -> None:
         ({"defer_experts": 2}, "defer_experts: applies to device cuda only"),
         ({"readahead": "on", "ram_mode": "resident"}, "readahead: on has nothing"),
         ({"spec": "ngram", "spec_draft_model": "d.gguf"}, "spec_draft_model: is read by"),
-        ({"spec_draft_model": "d.gguf"}, "spec_draft_model: .*spec is off"),
+        ({"spec": "off", "spec_draft_model": "d.gguf"}, "spec_draft_model: .*spec is off"),
         ({"spec_max": 4}, "spec_max: .*spec is off"),
         ({"spec_adaptive": False}, "spec_adaptive: .*spec is off"),
         ({"device": "cuda", "ram_mode": "resident"}, "ram_mode: is the CPU path's"),

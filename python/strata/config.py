@@ -281,7 +281,8 @@ class Config:
     spec_draft_model: str = _s(
         "",
         "engine: the draft model's GGUF for spec=draft (the same vocabulary as the model; empty "
-        "with the embedded default model: its shipped draft)",
+        "with the embedded default model: its shipped draft); set without spec, it turns "
+        "spec draft on, as llama-server's -md does",
         llama=("-md", "--model-draft"),
     )
     spec_max: int = _s(
@@ -342,6 +343,11 @@ class Config:
         "(<tool_call>{json}</tool_call>), qwen3_coder (<function=…><parameter=…>) or glm45 "
         "(<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>)",
         choices=("auto", "hermes", "qwen3_coder", "glm45"),
+    )
+    spm_infill: bool = _s(
+        False,
+        "/infill prompts in suffix-prefix-middle order (llama-server's --spm-infill; some "
+        "models were trained on it); off: prefix-suffix-middle",
     )
     drain_timeout_s: float = _s(30.0, "on shutdown, seconds running requests get to finish")
     engine: str = _s(
@@ -658,6 +664,8 @@ class Config:
         for k, v in (overrides or {}).items():
             if v is not None:
                 values[k] = cls._coerce(k, v, "argument")
+        if values.get("spec_draft_model") and "spec" not in values:
+            values["spec"] = "draft"  # a draft model alone speculates with it (llama's -md)
         return cls(**values)
 
     @classmethod

@@ -28,6 +28,7 @@ from strata._core import HybridCounters, Model, Profile, RoutingCounters
 from strata.config import Config
 from strata.errors import ModelError
 from strata.gguf import GGUFFile
+from strata.infill import infill_filter
 from strata.sampling import LogitsProcessor, Sampler, SamplingParams
 from strata.tiering import (
     LabeledStat,
@@ -425,7 +426,8 @@ class LLM:
 
             complete = utf8_checker(lambda: self.tokenizer)
             processor = with_budget(processor, params.reasoning_budget, complete)
-        sampler = Sampler(params, ids, self.n_vocab, processor)
+        stage = infill_filter(self.tokenizer) if params.infill else None
+        sampler = Sampler(params, ids, self.n_vocab, processor, stage)
         stops = set(self.tokenizer.eog_ids if stop_ids is None else stop_ids)
         return self._loop(ids, max_tokens, stops, sampler)
 

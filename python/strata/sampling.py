@@ -12,7 +12,8 @@ Order and defaults are llama.cpp's (`common_sampler`'s default chain, llama-serv
   2. temperature 0 → greedy (argmax of the penalized row, lowest id on ties);
   3. otherwise top-k, then top-p (the smallest set of the best tokens whose probability at
      temperature 1 reaches p), then min-p (drop tokens below min_p × the best one's
-     probability), then temperature, then a draw with the sequence's own generator.
+     probability), then temperature, then (for infill requests that name it) llama.cpp's
+     infill sampler (`strata.infill`), then a draw with the sequence's own generator.
 Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1.0,
 repeat_last_n 64 (llama.cpp's). Reported log-probabilities are those of the model's raw
 distribution (log-softmax of the logits before the processor, penalties and temperature), as
@@ -31,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "InfillStage",
     "LogitsProcessor",
     "ReasoningBudget",
     "SampleResult",
@@ -83,6 +85,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
     # the server's `cache_prompt` setting off turns reuse off for every request)
     cache_prompt: bool = True
+    # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
+    # "infill"): `strata.infill.InfillFilter` over the candidates the chain leaves
+    infill: bool = False
 
     def validate(self) -> SamplingParams:
         def bad(name: str, why: str) -> ValueError:
@@ -115,7 +120,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")
-        for name in ("speculative", "cache_prompt"):
+        for name in ("speculative", "cache_prompt", "infill"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")
         if self.logit_bias is not None:
@@ -164,6 +169,15 @@ class LogitsProcessor(Protocol):
     def accept(self, token: int) -> None: ...
 
 
+class InfillStage(Protocol):
+    """A last stage over the candidates (`strata.infill.InfillFilter`): (ids [n] best first,
+    their logits [n] after temperature) → (ids [m], probabilities [m])."""
+
+    def __call__(
+        self, cand: npt.NDArray[np.int64], logits: npt.NDArray[np.float64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...
+
+
 class SampleResult(msgspec.Struct, frozen=True):
     token: int
     logprob: float | None  # raw log-probability of `token`; None when not asked for
@@ -186,9 +200,13 @@ class Sampler:
         prompt: list[int],
         n_vocab: int,
         processor: LogitsProcessor | None = None,
+        infill: InfillStage | None = None,
     ) -> None:
         self.params = params.validate()
         self.processor = processor
+        if params.infill and infill is None:
+            raise ValueError("infill: this engine has no infill sampler for its vocabulary")
+        self.infill = infill if params.infill else None
         seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.seed = seed & MAX_SEED  # a drafter's own generator derives from it
         self.rng = np.random.default_rng(seed & MAX_SEED)
@@ -270,20 +288,25 @@ class Sampler:
             top = [(int(i), float(lp[i])) for i in idx]
         return SampleResult(token, float(lp[token]), top)
 
+    def distribution(self, x: F32) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """The distribution a non-greedy draw picks from over the processed row [V]
+        (`distribution`, with this sequence's infill stage)."""
+        return distribution(x, self.params, self.infill)
+
     def _draw(self, x: F32) -> int:
-        """top-k → top-p → min-p → temperature → draw, over the row [V]."""
-        cand, prob = distribution(x, self.params)
+        """top-k → top-p → min-p → temperature → [infill] → draw, over the row [V]."""
+        cand, prob = self.distribution(x)
         if cand.size == 1 and not np.isfinite(x[cand[0]]):  # everything masked: no draw
             return int(cand[0])
         return draw(cand, prob, self.rng)
 
 
 def distribution(
-    x: F32, p: SamplingParams
+    x: F32, p: SamplingParams, infill: InfillStage | None = None
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """The distribution a non-greedy draw picks from over the row [V]: top-k → top-p → min-p →
-    temperature. Returns (ids [n], probabilities [n]), best first (lowest id on ties); a row
-    with every logit masked gives its argmax with probability 1."""
+    temperature → `infill` (when given). Returns (ids [n], probabilities [n]), best first
+    (lowest id on ties); a row with every logit masked gives its argmax with probability 1."""
     n = x.shape[0]
     # [k] candidates, unordered
     cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
@@ -301,6 +324,8 @@ def distribution(
     if p.min_p > 0.0:
         keep_mask = prob >= p.min_p * prob[0]
         cand, v = cand[keep_mask], v[keep_mask]
+    if infill is not None:
+        return infill(cand.astype(np.int64), v / p.temperature)
     w = np.exp((v - v[0]) / p.temperature)
     return cand.astype(np.int64), w / w.sum()
 

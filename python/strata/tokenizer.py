@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from strata.errors import ModelError
+from strata.infill import FimTokens, eot_token, fim_tokens
 
 # The qwen2 pre-tokenizer split pattern (docs/FORMATS.md §5), as in Qwen's tokenizer.json.
 QWEN2_PRETOKENIZER_RE = (
@@ -208,6 +209,10 @@ class Tokenizer:
             eog.discard(texts["<|end|>"])
             self._special = self._special - {texts["<|end|>"]}
         self._eog = frozenset(i for i in eog if 0 <= i < n)
+        # fill-in-the-middle tokens and the end-of-turn token, found by text (from_metadata
+        # reads the GGUF's keys first)
+        self.fim: FimTokens | None = fim_tokens({}, self.token_id)
+        self.eot_id: int | None = eot_token({}, self.token_id, eos_id)
 
     # ---- construction --------------------------------------------------------------------
 
@@ -243,7 +248,7 @@ class Tokenizer:
                 extra.append(v)
         add_bos = get("tokenizer.ggml.add_bos_token", bool, required=False)
         add_eos = get("tokenizer.ggml.add_eos_token", bool, required=False)
-        return cls(
+        tok = cls(
             tokens,
             types,
             merges,
@@ -255,6 +260,13 @@ class Tokenizer:
             chat_template=get("tokenizer.chat_template", str, required=False),
             pre=get("tokenizer.ggml.pre", str, required=False) or "qwen2",
         )
+        ids = [v for k, v in metadata.items() if k.startswith("tokenizer.ggml.fim_")]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v >= tok.n_vocab for v in ids):
+            raise ModelError("tokenizer: a tokenizer.ggml.fim_*_token_id is no token id")
+        tok.fim = fim_tokens(metadata, tok.token_id)
+        eot = eot_token(metadata, tok.token_id, tok.eos_id)
+        tok.eot_id = eot if eot is not None and 0 <= eot < tok.n_vocab else tok.eos_id
+        return tok
 
     @classmethod
     def from_gguf(cls, path: Any) -> Tokenizer:

@@ -32,6 +32,7 @@ import numpy as np
 from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
+from strata.infill import infill_filter
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
 from strata.spec.control import SeqSpec
 from strata.spec.drafters import Draft
@@ -179,7 +180,9 @@ class Scheduler:
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
             proc = self.processors(req) if self.processors is not None else None
-            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc)
+            # llama.cpp's infill sampler where the request names it (llama-server's samplers)
+            stage = infill_filter(self.backend.vocabulary()) if req.params.infill else None
+            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc, stage)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         s = Seq(req, sampler, frozenset(req.stop_ids))

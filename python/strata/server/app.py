@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from strata.config import Config
 from strata.server.anthropic_api import routes as anthropic_routes
+from strata.server.native_api import routes as native_routes
 from strata.server.openai_types import APIError
 from strata.server.responses_api import routes as responses_routes
 from strata.server.routes import routes
@@ -88,7 +89,7 @@ def create_app(config: Config | None = None) -> Starlette:
             await st.shutdown()
 
     app = Starlette(
-        routes=[*routes, *anthropic_routes, *responses_routes],
+        routes=[*routes, *anthropic_routes, *responses_routes, *native_routes],
         middleware=[Middleware(SecurityMiddleware, api_key=config.api_key)],
         exception_handlers={
             APIError: _api_error,

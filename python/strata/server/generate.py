@@ -19,8 +19,9 @@ from strata.engine.client import (
     SeqStream,
     Unavailable,
 )
-from strata.engine.protocol import Progress, Tokens
+from strata.engine.protocol import Finish, Progress, Tokens
 from strata.metrics import Metrics, RequestRecord
+from strata.server.line_limit import LineLimit
 from strata.server.tokenizing import ServerTokenizer
 from strata.tokenizer import IncrementalDetokenizer, StopMatcher
 
@@ -32,6 +33,7 @@ class TokenInfo:
     bytes: list[int]
     logprob: float
     top: list[tuple[str, list[int], float]]  # (token text, bytes, logprob)
+    top_ids: list[int] = field(default_factory=list)  # the ids of `top`
 
 
 @dataclass(slots=True)
@@ -47,6 +49,11 @@ class Delta:
     cached_tokens: int = 0  # on the finishing delta: prompt tokens reused from a KV cache
     # on the finishing delta when the engine speculates: (drafts offered, drafts accepted)
     drafts: tuple[int, int] | None = None
+    # on the finishing delta: the prompt's seconds (admission to first token) and the
+    # decode's (first token to the end)
+    prompt_s: float = 0.0
+    decode_s: float = 0.0
+    ids: list[int] = field(default_factory=list)  # the tokens this delta's text came from
 
 
 @dataclass(slots=True)
@@ -71,6 +78,8 @@ class SeqRun:
     # shared by a request's choices: its time to first token is observed once, at the first
     # token of any of them (as `strata_request_duration_seconds` is once per request)
     first_token: FirstToken = field(default_factory=FirstToken)
+    # llama-server's n_indent / t_max_predict_ms (None: neither asked for)
+    limit: LineLimit | None = None
 
     def _info(self, ev: Tokens) -> list[TokenInfo]:
         if not self.logprobs or ev.logprobs is None:
@@ -82,7 +91,8 @@ class SeqRun:
                 for t, lp in (ev.top[i] if ev.top else [])
             ]
             raw = self.tok.token_bytes(tid)
-            out.append(TokenInfo(tid, self.tok.decode([tid]), list(raw), ev.logprobs[i], top))
+            ids = [t for t, _ in (ev.top[i] if ev.top else [])]
+            out.append(TokenInfo(tid, self.tok.decode([tid]), list(raw), ev.logprobs[i], top, ids))
         return out
 
     async def _finished_after_stop(self, ev: Tokens) -> Tokens:
@@ -106,6 +116,7 @@ class SeqRun:
         n_out = 0
         first: float | None = None
         last = 0.0
+        held: list[int] = []  # ids of text not yet released
         while True:
             ev = await self.stream.next()
             if isinstance(ev, Progress):
@@ -128,24 +139,36 @@ class SeqRun:
                     self.metrics.itl.observe(gap)
                 last = now
                 n_out += len(ev.ids)
-            text = stopm.feed(detok.feed_all(ev.ids))[0]
+            text = self._release(detok, stopm, ev.ids, first, now)
             finish = ev.finish
-            if stopm.stopped and finish is None:
-                # a stop string: the text ends here; the sequence's own figures (cached
-                # prompt tokens, expert tier, drafts) come with the engine's finishing event
+            limited = self.limit is not None and self.limit.stopped
+            if (stopm.stopped or limited) and finish is None:
+                # a stop string or a line limit: the text ends here; the sequence's own
+                # figures (cached prompt tokens, expert tier, drafts) come with the engine's
+                # finishing event
+                if stopm.stopped and self.limit is not None:
+                    text += self.limit.flush()  # the text before the stop string is whole
                 if text or ev.logprobs:
-                    yield Delta(self.index, text, self._info(ev))
-                text, ev, finish = "", await self._finished_after_stop(ev), "stop"
+                    yield Delta(self.index, text, self._info(ev), ids=held + ev.ids)
+                    held = []
+                ended: Finish = "stop" if stopm.stopped else "length"
+                text, ev, finish = "", await self._finished_after_stop(ev), ended
             if finish is None:
                 if text or ev.logprobs:
-                    yield Delta(self.index, text, self._info(ev))
+                    yield Delta(self.index, text, self._info(ev), ids=held + ev.ids)
+                    held = []
+                else:  # text held back (a partial character or stop string): ids come later
+                    held += ev.ids
                 continue
             if finish == "error":
                 raise EngineError(ev.message or "engine error")
             if finish == "abort" or (finish == "length" and stopm.stopped):
                 finish = "stop"  # (a stop string met by the last token allowed ends it too)
-            if not stopm.stopped:
-                text += stopm.feed(detok.flush())[0] + stopm.flush()
+            if not stopm.stopped and not limited:
+                tail = stopm.feed(detok.flush())[0] + stopm.flush()
+                if self.limit is not None:
+                    tail = self.limit.feed(tail, _since(first, now))[0] + self.limit.flush()
+                text += tail
             if first is None:  # finished without a token: its prompt was read all the same
                 self.metrics.prompt_tokens.inc(len(self.stream.submit.prompt))
             decode_s = (now - first) if first is not None else 0.0
@@ -177,8 +200,34 @@ class SeqRun:
                 stopm.matched,
                 ev.cached_tokens,
                 drafts(ev),
+                ev.prompt_s,
+                decode_s,
+                ids=held + ev.ids,
             )
             return
+
+    def _release(
+        self,
+        detok: IncrementalDetokenizer,
+        stopm: StopMatcher,
+        ids: list[int],
+        first: float | None,
+        now: float,
+    ) -> str:
+        """The text of `ids` that may be sent: through the stop strings, and through the line
+        limit token by token where there is one (it ends the text at the token it stops)."""
+        if self.limit is None:
+            return stopm.feed(detok.feed_all(ids))[0]
+        out = ""
+        for t in ids:
+            out += self.limit.feed(stopm.feed(detok.feed(t))[0], _since(first, now))[0]
+            if self.limit.stopped or stopm.stopped:
+                break
+        return out
+
+
+def _since(first: float | None, now: float) -> float:
+    return now - first if first is not None else 0.0
 
 
 def tier_counts(ev: Tokens) -> tuple[int, int, int] | None:

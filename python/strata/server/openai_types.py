@@ -224,7 +224,7 @@ class CompletionRequest(_Common, kw_only=True):
     logprobs: int | None = None
     echo: bool | None = None
     best_of: int | None = None
-    suffix: str | None = None
+    suffix: str | None = None  # fill in the middle (the model's FIM tokens)
 
 
 class TokenizeRequest(_Strict, kw_only=True):
@@ -344,6 +344,8 @@ class Plan:
     logprobs: bool
     top_logprobs: int
     ignore_eos: bool = False  # generate max_tokens whatever end-of-generation tokens come
+    n_indent: int = 0  # llama-server's: later lines indented less end it (0: off)
+    t_max_predict_ms: int = 0  # llama-server's: past it, a line break ends it (0: off)
 
 
 def check_stops(stops: list[str], param: str) -> None:

@@ -30,6 +30,7 @@ from strata.engine.client import (
     SeqStream,
     Unavailable,
 )
+from strata.infill import infill_prompt
 from strata.modelgen import TRAINED_DEFAULT_WEIGHTS
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
@@ -44,6 +45,7 @@ from strata.server.generate import (
     merge,
     usage_extras,
 )
+from strata.server.line_limit import LineLimit
 from strata.server.openai_types import (
     APIError,
     ChatRequest,
@@ -273,8 +275,6 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     client, tok = st.ready()
     if req.echo:
         raise APIError(400, "echo: not supported", param="echo")
-    if req.suffix:
-        raise APIError(400, "suffix: not supported", param="suffix")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise APIError(400, "best_of: only equal to n is supported", param="best_of")
     lp = req.logprobs
@@ -288,7 +288,46 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)
     ]
+    if req.suffix is not None:  # fill in the middle: each prompt is the text before it
+        after = await encode(tok, req.suffix, False)
+        prompts = [await fim_prompt(st, client, tok, p, after) for p in prompts]
     return await _generate(request, st, client, tok, "completions", prompts, plan, t0)
+
+
+async def fim_prompt(
+    st: ServerState,
+    client: EngineClient,
+    tok: ServerTokenizer,
+    prefix: list[int],
+    suffix: list[int],
+    extra: list[tuple[str, str]] | None = None,
+    typed: list[int] | None = None,
+    param: str = "suffix",
+) -> list[int]:
+    """A fill-in-the-middle prompt (OpenAI's completion `suffix`, llama-server's /infill): the
+    text before the cursor and after it, other files' (name, text) and what is typed of the
+    middle, laid out as llama-server lays them out (`strata.infill`)."""
+    fim = tok.fim
+    if fim is None:
+        raise APIError(
+            400,
+            "this model has no fill-in-the-middle tokens (prefix, suffix, middle)",
+            param=param,
+            code="not_supported",
+        )
+    n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
+    return await asyncio.to_thread(
+        lambda: infill_prompt(
+            fim,
+            lambda s: tok.encode(s, False),
+            prefix,
+            suffix,
+            extra or [],
+            typed or [],
+            n_ctx=n_ctx,
+            spm=st.config.spm_infill,
+        )
+    )
 
 
 def _seed(base: int | None, j: int) -> int | None:
@@ -371,7 +410,22 @@ def submit(
         raise APIError(503, str(e), code="unavailable") from None
     first = FirstToken()
     runs = [
-        SeqRun(client, tok, st.metrics, s, i, plan.stops, plan.logprobs, t0, rid, endpoint, first)
+        SeqRun(
+            client,
+            tok,
+            st.metrics,
+            s,
+            i,
+            plan.stops,
+            plan.logprobs,
+            t0,
+            rid,
+            endpoint,
+            first,
+            LineLimit(plan.n_indent, plan.t_max_predict_ms / 1000)
+            if plan.n_indent > 0 or plan.t_max_predict_ms > 0
+            else None,
+        )
         for i, s in enumerate(streams)
     ]
     return Submitted(rid, runs, streams, client)
@@ -722,9 +776,12 @@ async def _complete(
 routes = [
     Route("/", index, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/v1/health", health, methods=["GET"]),  # llama-server's other name
     Route("/v1/models", models, methods=["GET"]),
+    Route("/models", models, methods=["GET"]),
     Route("/v1/models/{model:path}", model, methods=["GET"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/chat/completions", chat_completions, methods=["POST"]),
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),

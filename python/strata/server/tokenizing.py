@@ -15,12 +15,14 @@ from typing import Any, Protocol
 
 from strata import toytok
 from strata.config import Config
+from strata.infill import FimTokens
 
 
 class ServerTokenizer(Protocol):
     n_vocab: int
     eos_id: int
     eog_ids: frozenset[int]  # ids that end generation (finish "stop", never shown)
+    fim: FimTokens | None  # fill-in-the-middle tokens (None: /infill is refused)
     chat_template: str | None  # the Jinja source (None: a built-in rendering)
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -29,6 +31,10 @@ class ServerTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Ids to text, specials skipped; invalid UTF-8 becomes U+FFFD."""
+        ...
+
+    def decode_special(self, ids: Sequence[int]) -> str:
+        """Ids to text with special tokens as their text (a prompt shown back)."""
         ...
 
     def token_bytes(self, token: int) -> bytes:
@@ -51,6 +57,7 @@ class ToyTokenizer:
         self.eos_id = toytok.EOS
         self.eog_ids = toytok.EOG_IDS
         self.chat_template: str | None = None
+        self.fim: FimTokens | None = None
         self._by_text = {text: tid for tid, text in toytok.SPECIALS.items()}
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -72,6 +79,9 @@ class ToyTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(t for t in ids if toytok.is_byte(t)).decode("utf-8", errors="replace")
+
+    def decode_special(self, ids: Sequence[int]) -> str:
+        return b"".join(toytok.token_bytes(t) for t in ids).decode("utf-8", errors="replace")
 
     def token_bytes(self, token: int) -> bytes:
         return toytok.token_bytes(token)
@@ -98,13 +108,18 @@ class RealTokenizer:
         self.eog_ids = frozenset(int(t) for t in self.tok.eog_ids)
         eos = self.tok.eos_id
         self.eos_id = int(eos) if eos is not None else min(self.eog_ids, default=-1)
+        self.bos_id: int | None = self.tok.bos_id
         self.chat_template: str | None = self.tok.chat_template
+        self.fim: FimTokens | None = self.tok.fim  # fill-in-the-middle tokens (/infill)
 
     def encode(self, text: str, special: bool) -> list[int]:
         return list(self.tok.encode(text, parse_special=special))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special=True))
+
+    def decode_special(self, ids: Sequence[int]) -> str:
+        return str(self.tok.decode(list(ids), skip_special=False))
 
     def token_bytes(self, token: int) -> bytes:
         return bytes(self.tok.token_bytes(token))

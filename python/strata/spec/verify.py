@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from strata.sampling import Sampler, SampleResult, distribution, draw
+from strata.sampling import Sampler, SampleResult, draw
 from strata.spec.drafters import Draft
 
 
@@ -48,7 +48,7 @@ def verify(
                 return out, i + 1
             continue
         raw, x = sampler.processed(rows[i])
-        ids, p = distribution(x, sampler.params)
+        ids, p = sampler.distribution(x)
         p_d = float(p[ids == d].sum())
         q_d = draft.q_of(i, d)
         if q_d > 0.0 and sampler.rng.random() < min(1.0, p_d / q_d):

@@ -1,0 +1,594 @@
+"""llama-server's own API, for the tools written against it (editors' code completion above
+all): `POST /completion` (and `/completions`), `POST /infill` (fill-in-the-middle between a
+prefix and a suffix, with other files as context), `GET /props`.
+
+Requests are llama-server's fields (`n_predict`, `repeat_penalty`, `n_probs`, `samplers`,
+`n_indent`, `t_max_predict_ms`, `return_tokens`, `response_fields`, ...), translated into the
+OpenAI completion request the rest of the server runs; answers are llama-server's objects
+(`content`, `stop_type`, `stopping_word`, `tokens_predicted`, `timings`, ...), streamed as
+`data: {...}` events without a `[DONE]`. llama.cpp samplers Strata lacks (typical-p, DRY, XTC,
+mirostat, top-n-sigma, dynamic temperature) are accepted at their "off" values only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from strata import __version__
+from strata.engine.client import DeadlineExceeded, EngineError, Unavailable
+from strata.sampling import SamplingParams
+from strata.server import sse
+from strata.server.chat import openai_chat
+from strata.server.generate import Delta, SeqRun, TokenInfo, merge
+from strata.server.openai_types import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    Plan,
+    _Strict,
+    convert,
+    plan_common,
+)
+from strata.server.routes import (
+    _state,
+    bias,
+    encode,
+    engine_error,
+    fim_prompt,
+    outcome_of,
+    read_json,
+    submit,
+    until_done_or_gone,
+)
+from strata.server.state import ServerState
+from strata.server.structured import answer_grammar, checked
+from strata.server.tokenizing import ServerTokenizer
+
+# llama.cpp's sampler names (and the aliases it takes) → the canonical name; `samplers` may
+# also be a string of their one-letter codes
+_CANONICAL = (
+    "dry", "top_k", "typ_p", "top_p", "top_n_sigma", "min_p", "xtc", "temperature", "infill",
+    "penalties", "adaptive_p",
+)  # fmt: skip
+_ALIASES = {
+    **{c: c for c in _CANONICAL},
+    **{c.replace("_", "-"): c for c in _CANONICAL if "_" in c},
+    **{c.replace("_", ""): c for c in _CANONICAL if "_" in c},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+}
+_CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
+# the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
+_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature", "infill")
+# llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
+_OFF: dict[str, tuple[Any, ...]] = {
+    "typical_p": (1.0,),
+    "dry_multiplier": (0.0,),
+    "xtc_probability": (0.0,),
+    "mirostat": (0,),
+    "top_n_sigma": (-1.0,),
+    "dynatemp_range": (0.0,),
+    "post_sampling_probs": (False,),
+    "id_slot": (-1,),
+    "n_keep": (0, -1),
+    "min_keep": (0, 1),
+    "n_cmpl": (1,),
+}
+# accepted and without effect, as in llama-server (which reads it and does nothing with it)
+_IGNORED = frozenset({"t_max_prompt_ms"})
+MAX_EXTRA = 256  # input_extra chunks of one infill request
+
+
+class InfillChunk(_Strict, kw_only=True):
+    text: str
+    filename: str = "tmp"  # llama-server's name for a chunk without one
+
+
+class NativeRequest(_Strict, kw_only=True):
+    model: str | None = None
+    prompt: Any = None  # a string, token ids, or ids and strings mixed
+    input_prefix: str | None = None  # /infill only
+    input_suffix: str | None = None
+    input_extra: list[InfillChunk] | None = None
+    stream: bool | None = None
+    n_predict: int | None = None  # -1: until the context's end; 0: the prompt only
+    max_tokens: int | None = None  # n_predict's other name
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    n_probs: int | None = None
+    ignore_eos: bool | None = None
+    logit_bias: dict[str, Any] | list[Any] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | None = None
+    cache_prompt: bool | None = None
+    return_tokens: bool | None = None
+    response_fields: list[str] | None = None
+    samplers: list[str] | str | None = None
+    n_indent: int | None = None
+    t_max_predict_ms: int | None = None
+    timings_per_token: bool | None = None
+    typical_p: float | None = None
+    dry_multiplier: float | None = None
+    xtc_probability: float | None = None
+    mirostat: int | None = None
+    top_n_sigma: float | None = None
+    dynatemp_range: float | None = None
+    post_sampling_probs: bool | None = None
+    id_slot: int | None = None
+    n_keep: int | None = None
+    min_keep: int | None = None
+    n_cmpl: int | None = None
+
+
+def sampler_names(value: list[str] | str) -> list[str]:
+    """llama-server's `samplers` (names or one-letter codes) as canonical names; a 400 for
+    one it does not know."""
+    names = [value[i] for i in range(len(value))] if isinstance(value, str) else value
+    table = _CHARS if isinstance(value, str) else _ALIASES
+    out = []
+    for n in names:
+        c = table.get(n if isinstance(value, str) else n.lower())
+        if c is None:
+            raise APIError(400, f"samplers: unknown sampler {n!r}", param="samplers")
+        out.append(c)
+    return out
+
+
+def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingParams:
+    """`params` as llama.cpp's chain of the named samplers would sample: a sampler left out
+    is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
+    infill sampler. The ones Strata runs must come in its order (a 400 otherwise)."""
+    names = sampler_names(value)
+    ours = [n for n in names if n in _ORDER]
+    if ours != sorted(set(ours), key=_ORDER.index):
+        raise APIError(
+            400,
+            "samplers: Strata runs " + ", ".join(_ORDER) + " in this order (each once)",
+            param="samplers",
+        )
+    off: dict[str, Any] = {}
+    if "penalties" not in names:
+        off.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    if "top_k" not in names:
+        off["top_k"] = 0
+    if "top_p" not in names:
+        off["top_p"] = 1.0
+    if "min_p" not in names:
+        off["min_p"] = 0.0
+    if "temperature" not in names:
+        off["temperature"] = 1.0
+    return msgspec.structs.replace(params, infill="infill" in names, **off)
+
+
+def _check_off(req: NativeRequest) -> None:
+    for name, ok in _OFF.items():
+        v = getattr(req, name)
+        if v is not None and v not in ok:
+            raise APIError(
+                400,
+                f"{name}: not supported (only {ok[0]!r}, off, is accepted)",
+                param=name,
+                code="unsupported_field",
+            )
+
+
+def native_plan(req: NativeRequest, tok: ServerTokenizer, max_top: int) -> tuple[Plan, bool]:
+    """The request's plan (sampling, limits, stops) and whether it asks for the prompt only
+    (`n_predict` 0: the prompt is read, cached, and nothing is generated)."""
+    _check_off(req)
+    n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
+    prompt_only = n_predict == 0
+    n_probs = req.n_probs or 0
+    if n_probs < 0:
+        raise APIError(400, "n_probs: must be at least 0", param="n_probs")
+    for name in ("n_indent", "t_max_predict_ms"):
+        v = getattr(req, name)
+        if v is not None and not 0 <= v < 1 << 31:
+            raise APIError(400, f"{name}: must be in 0..2^31-1", param=name)
+    oai = CompletionRequest(
+        prompt=None,
+        stream=req.stream,
+        max_tokens=1 if prompt_only else (n_predict if n_predict and n_predict > 0 else None),
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        repetition_penalty=req.repeat_penalty,
+        repeat_last_n=req.repeat_last_n,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        seed=req.seed,
+        stop=req.stop,
+        cache_prompt=req.cache_prompt,
+        ignore_eos=req.ignore_eos,
+        logit_bias=req.logit_bias,
+        json_schema=req.json_schema,
+        grammar=req.grammar,
+    )
+    plan = plan_common(oai, n_probs > 0, n_probs, max_top)
+    bias(plan, oai, tok)
+    if req.samplers is not None:
+        plan.params = with_samplers(plan.params, req.samplers)
+    plan.n_indent = req.n_indent or 0
+    plan.t_max_predict_ms = req.t_max_predict_ms or 0
+    return plan, prompt_only
+
+
+async def _grammar(plan: Plan, req: NativeRequest) -> None:
+    grammar, param = answer_grammar(
+        CompletionRequest(prompt=None, json_schema=req.json_schema, grammar=req.grammar)
+    )
+    if grammar is not None:  # compiled on a worker thread, as the other routes do
+        grammar = await asyncio.to_thread(checked, grammar, param)
+        plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
+
+
+async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt") -> list[int]:
+    """llama-server's single prompt: a string, or an array of token ids and strings (each
+    string tokenized with special tokens parsed, the ids kept)."""
+    if isinstance(prompt, str):
+        return await encode(tok, prompt, True)
+    if isinstance(prompt, list):
+        ids: list[int] = []
+        for x in prompt:
+            if isinstance(x, str):
+                ids += await encode(tok, x, True)
+            elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < tok.n_vocab:
+                ids.append(x)
+            else:
+                raise APIError(
+                    400,
+                    f"{param}: one prompt: a string, or token ids (0..{tok.n_vocab - 1}) and "
+                    "strings (several prompts in one request are not supported)",
+                    param=param,
+                )
+        return ids
+    raise APIError(400, f"{param}: must be a string or an array of ids and strings", param=param)
+
+
+async def completion(request: Request) -> Response | sse.SSEResponse:
+    t0 = time.monotonic()
+    st = _state(request)
+    req: NativeRequest = convert(await read_json(request), NativeRequest, _IGNORED, {})
+    st.check_model(req.model)
+    _, tok = st.ready()
+    for name in ("input_prefix", "input_suffix", "input_extra"):
+        if getattr(req, name) is not None:
+            raise APIError(400, f"{name}: only for /infill", param=name)
+    if req.prompt is None:
+        raise APIError(400, "prompt: required", param="prompt")
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs)
+    await _grammar(plan, req)
+    ids = await mixed_prompt(tok, req.prompt)
+    return await _run(request, st, tok, "completion", req, plan, prompt_only, ids, t0)
+
+
+async def infill(request: Request) -> Response | sse.SSEResponse:
+    t0 = time.monotonic()
+    st = _state(request)
+    req: NativeRequest = convert(await read_json(request), NativeRequest, _IGNORED, {})
+    st.check_model(req.model)
+    client, tok = st.ready()
+    if req.input_prefix is None or req.input_suffix is None:
+        param = "input_prefix" if req.input_prefix is None else "input_suffix"
+        raise APIError(400, f"{param}: required", param=param)
+    extra = req.input_extra or []
+    if len(extra) > MAX_EXTRA:
+        raise APIError(400, f"input_extra: at most {MAX_EXTRA} chunks", param="input_extra")
+    if req.prompt is not None and not isinstance(req.prompt, str):
+        raise APIError(400, "prompt: must be a string", param="prompt")
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs)
+    await _grammar(plan, req)
+    prefix = await encode(tok, req.input_prefix or "", False)
+    suffix = await encode(tok, req.input_suffix or "", False)
+    typed = await encode(tok, req.prompt or "", True)
+    chunks = [(c.filename, c.text) for c in extra]
+    ids = await fim_prompt(st, client, tok, prefix, suffix, chunks, typed, "input_prefix")
+    return await _run(request, st, tok, "infill", req, plan, prompt_only, ids, t0)
+
+
+class _Native:
+    """Builds llama-server's answer objects for one request."""
+
+    def __init__(
+        self,
+        st: ServerState,
+        tok: ServerTokenizer,
+        req: NativeRequest,
+        plan: Plan,
+        prompt: list[int],
+        t0: float,
+        prompt_only: bool,
+    ) -> None:
+        self.st, self.tok, self.req, self.plan = st, tok, req, plan
+        self.prompt, self.t0, self.prompt_only = prompt, t0, prompt_only
+        self.tokens: list[int] = []  # every generated id (return_tokens)
+        self.text = ""  # every generated piece of text (has_new_line)
+
+    def probs(self, toks: list[TokenInfo]) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": t.id,
+                "token": t.text,
+                "bytes": t.bytes,
+                "logprob": t.logprob,
+                "top_logprobs": [
+                    {"id": i, "token": s, "bytes": b, "logprob": lp}
+                    for i, (s, b, lp) in zip(t.top_ids, t.top, strict=True)
+                ],
+            }
+            for t in toks
+        ]
+
+    def timings(self, d: Delta | None, n_out: int) -> dict[str, Any]:
+        cached = d.cached_tokens if d is not None else 0
+        pn = len(self.prompt) - cached
+        pms = (d.prompt_s if d is not None else 0.0) * 1000
+        gms = (d.decode_s if d is not None else time.monotonic() - self.t0) * 1000
+        out = {
+            "cache_n": cached,
+            "prompt_n": pn,
+            "prompt_ms": pms,
+            "prompt_per_token_ms": pms / pn if pn else 0.0,
+            "prompt_per_second": 1000 * pn / pms if pms else 0.0,
+            "predicted_n": n_out,
+            "predicted_ms": gms,
+            "predicted_per_token_ms": gms / n_out if n_out else 0.0,
+            "predicted_per_second": 1000 * n_out / gms if gms else 0.0,
+        }
+        if d is not None and d.drafts is not None:
+            out["draft_n"], out["draft_n_accepted"] = d.drafts
+        return out
+
+    def settings(self) -> dict[str, Any]:
+        p = self.plan.params
+        return {
+            "n_predict": self.plan.max_tokens if self.plan.max_tokens is not None else -1,
+            "seed": p.seed if p.seed is not None else -1,
+            "temperature": p.temperature,
+            "top_k": p.top_k,
+            "top_p": p.top_p,
+            "min_p": p.min_p,
+            "repeat_last_n": p.repeat_last_n,
+            "repeat_penalty": p.repetition_penalty,
+            "presence_penalty": p.presence_penalty,
+            "frequency_penalty": p.frequency_penalty,
+            "n_probs": self.plan.top_logprobs if self.plan.logprobs else 0,
+            "ignore_eos": self.plan.ignore_eos,
+            "stop": self.plan.stops,
+            "stream": self.plan.stream,
+            "n_indent": self.plan.n_indent,
+            "t_max_predict_ms": self.plan.t_max_predict_ms,
+            "samplers": [n for n in _ORDER if n != "infill" or p.infill],
+            "grammar": p.grammar or "",
+        }
+
+    def partial(self, d: Delta, n_out: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "index": 0,
+            "content": d.text,
+            "tokens": d.ids if self.req.return_tokens else [],
+            "stop": False,
+            "id_slot": -1,
+            "tokens_predicted": n_out,
+            "tokens_evaluated": len(self.prompt),
+        }
+        if self.plan.logprobs and d.tokens:
+            out["completion_probabilities"] = self.probs(d.tokens)
+        if self.req.timings_per_token:
+            out["timings"] = self.timings(None, n_out)
+        return out
+
+    def final(self, d: Delta, content: str, toks: list[TokenInfo]) -> dict[str, Any]:
+        n_out = 0 if self.prompt_only else d.output_tokens
+        if d.finish == "length" or self.prompt_only:
+            stop_type = "limit"
+        elif d.stop is not None:
+            stop_type = "word"
+        else:
+            stop_type = "eos"
+        out: dict[str, Any] = {
+            "index": 0,
+            "content": content,
+            "tokens": self.tokens if self.req.return_tokens else [],
+            "id_slot": -1,
+            "stop": True,
+            "model": self.st.model_id,
+            "tokens_predicted": n_out,
+            "tokens_evaluated": len(self.prompt),
+            "generation_settings": self.settings(),
+            "prompt": self.tok.decode_special(self.prompt),
+            "has_new_line": "\n" in self.text,
+            "truncated": False,
+            "stop_type": stop_type,
+            "stopping_word": d.stop or "",
+            "tokens_cached": len(self.prompt) + n_out,
+            "timings": self.timings(d, n_out),
+        }
+        if self.plan.logprobs and not self.plan.stream:
+            out["completion_probabilities"] = self.probs(toks)
+        fields = self.req.response_fields
+        return pick(fields, out) if fields else out
+
+
+def pick(paths: list[str], obj: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's `response_fields`: each path ("a/b" for nested keys) that exists, under
+    the path as its key."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        cur: Any = obj
+        for k in path.split("/"):
+            if not isinstance(cur, dict) or k not in cur:
+                break
+            cur = cur[k]
+        else:
+            out[path] = cur
+    return out
+
+
+async def _run(
+    request: Request,
+    st: ServerState,
+    tok: ServerTokenizer,
+    endpoint: str,
+    req: NativeRequest,
+    plan: Plan,
+    prompt_only: bool,
+    ids: list[int],
+    t0: float,
+) -> Response | sse.SSEResponse:
+    client = st.client
+    assert client is not None
+    rid = "cmpl-" + secrets.token_hex(12)
+    sub = submit(st, client, tok, endpoint, [ids], plan, t0, rid)
+    shape = _Native(st, tok, req, plan, ids, t0, prompt_only)
+    if plan.stream:
+        return sse.SSEResponse(_stream(shape, sub.runs, endpoint), sub.cancel_all)
+    return await _complete(request, shape, sub.runs, endpoint, sub.cancel_all)
+
+
+async def _stream(shape: _Native, runs: list[SeqRun], endpoint: str) -> AsyncIterator[bytes]:
+    outcome = "cancelled"
+    n_out = 0
+    try:
+        async for d in merge(runs):
+            if shape.prompt_only:
+                d = _empty(d)
+            shape.tokens += d.ids
+            shape.text += d.text
+            n_out += len(d.ids)
+            if d.finish is None:
+                if d.text or d.ids:
+                    yield sse.event(shape.partial(d, n_out))
+                continue
+            if d.text:  # the last piece of text, then the final object
+                yield sse.event(shape.partial(d, n_out))
+            yield sse.event(shape.final(d, "", []))
+        outcome = "ok"
+    except (EngineError, DeadlineExceeded, Unavailable) as e:
+        outcome = outcome_of(e)
+        yield sse.event(engine_error(e).body())
+    finally:
+        shape.st.metrics.request_done(endpoint, outcome, shape.t0)
+
+
+def _empty(d: Delta) -> Delta:
+    """A prompt-only request's delta: its one generated token is not part of the answer."""
+    d.text, d.tokens, d.ids = "", [], []
+    return d
+
+
+async def _complete(
+    request: Request, shape: _Native, runs: list[SeqRun], endpoint: str, cancel_all: Any
+) -> Response:
+    last: list[Delta] = []
+    toks: list[TokenInfo] = []
+
+    async def collect() -> None:
+        async for d in merge(runs):
+            if shape.prompt_only:
+                d = _empty(d)
+            shape.text += d.text
+            shape.tokens += d.ids
+            toks.extend(d.tokens)
+            if d.finish is not None:
+                last.append(d)
+
+    work = asyncio.create_task(collect())
+    if not await until_done_or_gone(request, work, cancel_all):
+        shape.st.metrics.request_done(endpoint, "cancelled", shape.t0)
+        return Response(status_code=499)
+    err = work.exception()
+    if err is not None:
+        cancel_all()
+        shape.st.metrics.request_done(endpoint, outcome_of(err), shape.t0)
+        if isinstance(err, (EngineError, DeadlineExceeded, Unavailable)):
+            raise engine_error(err)
+        raise err
+    shape.st.metrics.request_done(endpoint, "ok", shape.t0)
+    return JSONResponse(shape.final(last[0], shape.text, toks))
+
+
+async def props(request: Request) -> Response:
+    """llama-server's `GET /props`: the defaults a request starts from, the context, the
+    slots, the chat template and the model."""
+    st = _state(request)
+    client = st.client
+    tok = st.tokenizer
+    n_ctx = client.loaded.n_ctx_seq if client and client.loaded else st.config.n_ctx_seq
+    d = SamplingParams()
+    return JSONResponse(
+        {
+            "default_generation_settings": {
+                "n_ctx": n_ctx,
+                "params": {
+                    "n_predict": -1,
+                    "temperature": d.temperature,
+                    "top_k": d.top_k,
+                    "top_p": d.top_p,
+                    "min_p": d.min_p,
+                    "repeat_last_n": d.repeat_last_n,
+                    "repeat_penalty": d.repetition_penalty,
+                    "presence_penalty": d.presence_penalty,
+                    "frequency_penalty": d.frequency_penalty,
+                    "samplers": list(_ORDER[:5]),
+                },
+            },
+            "total_slots": client.slots if client else st.config.parallel,
+            "model_alias": st.model_id,
+            "model_path": st.model_id,
+            "chat_template": (tok.chat_template or "") if tok else "",
+            "bos_token": _text(tok, getattr(tok, "bos_id", None)),
+            "eos_token": _text(tok, tok.eos_id if tok else None),
+            "modalities": {"vision": False, "audio": False},
+            "infill": tok is not None and tok.fim is not None,
+            "build_info": f"strata {__version__}",
+            "is_sleeping": False,
+        }
+    )
+
+
+def _text(tok: ServerTokenizer | None, token: int | None) -> str:
+    if tok is None or token is None or not 0 <= token < tok.n_vocab:
+        return ""
+    return tok.token_bytes(token).decode("utf-8", errors="replace")
+
+
+async def apply_template(request: Request) -> Response:
+    """llama-server's `POST /apply-template`: a chat request's prompt as the model's template
+    renders it (tools, template kwargs and all), without running it."""
+    st = _state(request)
+    req: ChatRequest = convert(await read_json(request), ChatRequest)
+    st.check_model(req.model)
+    _, tok = st.ready()
+    setup = await asyncio.to_thread(
+        openai_chat, req, tok, st.config.reasoning_format, st.config.tool_call_format
+    )
+    return JSONResponse({"prompt": setup.prompt})
+
+
+routes = [
+    Route("/apply-template", apply_template, methods=["POST"]),
+    Route("/completion", completion, methods=["POST"]),
+    Route("/completions", completion, methods=["POST"]),
+    Route("/infill", infill, methods=["POST"]),
+    Route("/props", props, methods=["GET"]),
+]

@@ -107,7 +107,7 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
     assert (c.spec_max, c.spec_min, c.spec_p_min) == (6, 2, 0.5)
     long = "--ctx-size 4096 --alias x --model-draft d.gguf --draft 5 --spec draft --batch-size 64"
     # -md alone speculates with the draft, as it does there
-    c = Config.from_args(parser().parse_args("-m m.gguf -md d.gguf".split()))
+    c = Config.from_args(parser().parse_args(["-m", "m.gguf", "-md", "d.gguf"]))
     assert (c.spec, c.spec_draft_model) == ("draft", "d.gguf")
     assert Config.load({"spec_draft_model": "d.gguf"}, env={}).spec == "draft"
     assert Config.load({}, env={"STRATA_SPEC_DRAFT_MODEL": "d.gguf"}).spec == "draft"

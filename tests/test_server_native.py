@@ -263,6 +263,8 @@ def test_samplers(srv: Server, llm: LLM) -> None:
         ("/infill", {"prompt": [1, 2]}, "prompt"),
         ("/infill", {"n_indent": -1}, "n_indent"),
         ("/infill", {"wat": 1}, "wat"),
+        ("/infill", {"samplers": "k" * 65}, "samplers"),
+        ("/infill", {"response_fields": ["content"] * 65}, "response_fields"),
         ("/completion", {"input_suffix": "x"}, "input_suffix"),
         ("/completion", {"prompt": [["a"], ["b"]]}, "prompt"),
         ("/completion", {"prompt": [10**9]}, "prompt"),

@@ -87,6 +87,7 @@ _OFF: dict[str, tuple[Any, ...]] = {
 # accepted and without effect, as in llama-server (which reads it and does nothing with it)
 _IGNORED = frozenset({"t_max_prompt_ms"})
 MAX_EXTRA = 256  # input_extra chunks of one infill request
+MAX_LIST = 64  # samplers, response_fields
 
 
 class InfillChunk(_Strict, kw_only=True):
@@ -141,6 +142,8 @@ class NativeRequest(_Strict, kw_only=True):
 def sampler_names(value: list[str] | str) -> list[str]:
     """llama-server's `samplers` (names or one-letter codes) as canonical names; a 400 for
     one it does not know."""
+    if len(value) > MAX_LIST:
+        raise APIError(400, f"samplers: at most {MAX_LIST}", param="samplers")
     names = [value[i] for i in range(len(value))] if isinstance(value, str) else value
     table = _CHARS if isinstance(value, str) else _ALIASES
     out = []
@@ -194,6 +197,8 @@ def native_plan(req: NativeRequest, tok: ServerTokenizer, max_top: int) -> tuple
     """The request's plan (sampling, limits, stops) and whether it asks for the prompt only
     (`n_predict` 0: the prompt is read, cached, and nothing is generated)."""
     _check_off(req)
+    if req.response_fields is not None and len(req.response_fields) > MAX_LIST:
+        raise APIError(400, f"response_fields: at most {MAX_LIST}", param="response_fields")
     n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
     prompt_only = n_predict == 0
     n_probs = req.n_probs or 0

@@ -335,3 +335,26 @@ def test_models_without_fim_tokens_refuse_infill() -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
     finally:
         s.stop()
+
+
+def test_chat_template_file_replaces_the_models(tmp_path: Path) -> None:
+    """llama-server's --chat-template-file: chats render with the file's template; a file
+    that does not compile keeps the server from loading, saying why."""
+    f = tmp_path / "t.jinja"
+    f.write_text(
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}[assistant]"
+    )
+    s = Server(engine="llm", n_ctx=512, chat_template_file=f)
+    try:
+        msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+        r = s.http.post("/apply-template", json={"messages": msgs})
+        assert r.json()["prompt"] == "[system]be brief\n[user]hi\n[assistant]"
+    finally:
+        s.stop()
+    f.write_text("{% for m in messages %}")
+    s = Server(wait_ready=False, engine="llm", n_ctx=512, chat_template_file=f)
+    try:
+        r = s.wait(lambda r: r.status_code == 503 and "failed" in r.text)
+        assert "chat_template_file" in r.text
+    finally:
+        s.stop()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import ConfigError
+from strata.sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -65,6 +66,12 @@ GROUPS = ("model", "server", "test")
 
 class UnknownSettingWarning(UserWarning):
     """A `STRATA_*` environment variable that names no setting (probably a typo)."""
+
+
+def _kind(f: Any) -> type:
+    """A setting's value type: its default's, or `kind` where the default is None (unset)."""
+    kind: type = f.metadata.get("kind") or type(f.default)
+    return kind
 
 
 def _f(default: Any, help: str, group: str = "model", core: bool = False, **kw: Any) -> Any:
@@ -344,6 +351,67 @@ class Config:
         "(<tool_call>name<arg_key>…</arg_key><arg_value>…</arg_value>)",
         choices=("auto", "hermes", "qwen3_coder", "glm45"),
     )
+    # a request's sampling where it sets none (llama-server's flags; unset ones come from
+    # the GGUF's general.sampling.* keys as llama.cpp reads them, else llama.cpp's defaults)
+    temperature: float | None = _s(
+        None,
+        "sampling temperature of a request that sets none (unset: the model's "
+        "general.sampling.temp, else 0.8; 0: greedy)",
+        kind=float,
+        llama=("--temp",),
+    )
+    top_k: int | None = _s(
+        None,
+        "top-k of a request that sets none (unset: general.sampling.top_k, else 40; 0: off)",
+        kind=int,
+        llama=("--top-k",),
+    )
+    top_p: float | None = _s(
+        None,
+        "top-p of a request that sets none (unset: general.sampling.top_p, else 0.95; 1: off)",
+        kind=float,
+        llama=("--top-p",),
+    )
+    min_p: float | None = _s(
+        None,
+        "min-p of a request that sets none (unset: general.sampling.min_p, else 0.05; 0: off)",
+        kind=float,
+        llama=("--min-p",),
+    )
+    repeat_penalty: float | None = _s(
+        None,
+        "repetition penalty of a request that sets none (unset: general.sampling."
+        "penalty_repeat, else 1.0: off)",
+        kind=float,
+        llama=("--repeat-penalty",),
+    )
+    repeat_last_n: int | None = _s(
+        None,
+        "tokens the penalties look back over, for a request that sets none (unset: general."
+        "sampling.penalty_last_n, else 64; -1: all; 0: none)",
+        kind=int,
+        llama=("--repeat-last-n",),
+    )
+    presence_penalty: float = _s(
+        0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
+    )
+    frequency_penalty: float = _s(
+        0.0, "frequency penalty of a request that sets none", llama=("--frequency-penalty",)
+    )
+    seed: int = _s(-1, "sampling seed of a request that sets none (-1: random)", llama=("-s",))
+    n_predict: int = _s(
+        -1,
+        "tokens a request that sets no max_tokens generates at most (-1: up to the context's "
+        "end and max_tokens_limit)",
+        llama=("-n", "--predict"),
+    )
+    chat_template_file: str = _s(
+        "",
+        "a Jinja chat template file used in place of the GGUF's tokenizer.chat_template "
+        "(llama-server's --chat-template-file; the tool-call format and thinking tags are then "
+        "read from it)",
+        llama=("--chat-template-file",),
+    )
     spm_infill: bool = _s(
         False,
         "/infill prompts in suffix-prefix-middle order (llama-server's --spm-infill; some "
@@ -376,7 +444,9 @@ class Config:
         # for a bool, a whole number for an int, a number for a float, text for text
         for f in fields(self):
             v = getattr(self, f.name)
-            kind: type = type(f.default)
+            if v is None and f.default is None:  # unset: resolved later (its help says how)
+                continue
+            kind: type = _kind(f)
             if kind is bool:
                 ok = isinstance(v, bool)
             elif kind is int:
@@ -482,6 +552,14 @@ class Config:
                 raise bad(name, "must be a finite number >= 0")
         if self.max_tokens_limit < 1:
             raise bad("max_tokens_limit", "must be at least 1")
+        if self.n_predict < -1 or self.n_predict == 0:
+            raise bad("n_predict", "must be -1 (to the context's end) or >= 1")
+        try:
+            SamplingParams(**self.sampling_settings()).validate()
+        except ValueError as e:  # named as the setting, not the sampler's field
+            name = getattr(e, "param", "")
+            names = {"repetition_penalty": "repeat_penalty"}
+            raise ConfigError(f"{names.get(name, name)}: {e}") from None
         if self.max_top_logprobs < 0:
             raise bad("max_top_logprobs", "must be >= 0")
         if self.max_body_bytes < 1024:
@@ -517,6 +595,21 @@ class Config:
             raise bad(
                 "spec_draft_model", f"is read by spec draft or auto only (spec is {self.spec})"
             )
+
+    def sampling_settings(self) -> dict[str, Any]:
+        """The request sampling set here (SamplingParams' names; unset ones left out)."""
+        out: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repeat_penalty,
+            "repeat_last_n": self.repeat_last_n,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": None if self.seed == -1 else self.seed,
+        }
+        return {k: v for k, v in out.items() if v is not None}
 
     @property
     def n_ctx_seq(self) -> int:
@@ -600,7 +693,7 @@ class Config:
         f = {f.name: f for f in fields(cls)}.get(name)
         if f is None:
             raise ConfigError(f"{source}: unknown setting {name!r}")
-        kind: type = type(f.default)
+        kind: type = _kind(f)
         try:
             if kind is bool:
                 if isinstance(raw, bool):
@@ -698,7 +791,7 @@ class Config:
                     flag,
                     *aliases,
                     dest=f.name,
-                    type=type(f.default),
+                    type=_kind(f),
                     default=None,
                     choices=f.metadata.get("choices"),
                     metavar=flag.lstrip("-").replace("-", "_").upper() if renamed else None,

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -41,11 +42,24 @@ __all__ = [
     "distribution",
     "draw",
     "log_softmax",
+    "request_defaults",
 ]
 
 F32 = npt.NDArray[np.float32]
 
 MAX_SEED = (1 << 64) - 1
+
+
+# GGUF metadata keys of a model's recommended sampling (llama.cpp's `general.sampling.*`, read
+# where the user set nothing) → SamplingParams' names
+GGUF_SAMPLING = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+    "general.sampling.penalty_last_n": "repeat_last_n",
+}
 
 
 class ReasoningBudget(msgspec.Struct, frozen=True):
@@ -167,6 +181,37 @@ class LogitsProcessor(Protocol):
     def __call__(self, logits: F32) -> None: ...
 
     def accept(self, token: int) -> None: ...
+
+
+def request_defaults(
+    metadata: Mapping[str, Any], settings: Mapping[str, Any]
+) -> tuple[SamplingParams, list[str]]:
+    """The sampling a request starts from: `settings` (the server's, SamplingParams' names),
+    else the model's `general.sampling.*` metadata (each value checked on its own; a bad one
+    is left out, and named in the returned notes), else SamplingParams' (llama.cpp's)
+    defaults."""
+    notes: list[str] = []
+    model: dict[str, Any] = {}
+    for key, name in GGUF_SAMPLING.items():
+        v = metadata.get(key)
+        if v is None or name in settings:
+            continue
+        ints = name in ("top_k", "repeat_last_n")
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or (ints and not float(v).is_integer())
+        ):
+            notes.append(f"{key}: not a number ({v!r}); left out")
+            continue
+        one: dict[str, Any] = {name: int(v) if ints else float(v)}
+        try:
+            SamplingParams(**one).validate()
+        except ValueError as e:
+            notes.append(f"{key}: {e}; left out")
+            continue
+        model[name] = int(v) if ints else float(v)
+    return SamplingParams(**{**model, **settings}).validate(), notes
 
 
 class InfillStage(Protocol):

@@ -402,6 +402,16 @@ class Tokenizer:
 _TEMPLATES: dict[str, Any] = {}
 
 
+def check_template(source: str) -> None:
+    """ChatTemplateError unless `source` compiles as a chat template."""
+    import jinja2
+
+    try:
+        _compile_template(source)
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"chat template: {e}") from None
+
+
 def _compile_template(source: str) -> Any:
     t = _TEMPLATES.get(source)
     if t is not None:

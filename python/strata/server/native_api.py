@@ -193,7 +193,9 @@ def _check_off(req: NativeRequest) -> None:
             )
 
 
-def native_plan(req: NativeRequest, tok: ServerTokenizer, max_top: int) -> tuple[Plan, bool]:
+def native_plan(
+    req: NativeRequest, tok: ServerTokenizer, max_top: int, defaults: SamplingParams
+) -> tuple[Plan, bool]:
     """The request's plan (sampling, limits, stops) and whether it asks for the prompt only
     (`n_predict` 0: the prompt is read, cached, and nothing is generated)."""
     _check_off(req)
@@ -228,7 +230,7 @@ def native_plan(req: NativeRequest, tok: ServerTokenizer, max_top: int) -> tuple
         json_schema=req.json_schema,
         grammar=req.grammar,
     )
-    plan = plan_common(oai, n_probs > 0, n_probs, max_top)
+    plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)
     if req.samplers is not None:
         plan.params = with_samplers(plan.params, req.samplers)
@@ -280,7 +282,7 @@ async def completion(request: Request) -> Response | sse.SSEResponse:
             raise APIError(400, f"{name}: only for /infill", param=name)
     if req.prompt is None:
         raise APIError(400, "prompt: required", param="prompt")
-    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs)
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults)
     await _grammar(plan, req)
     ids = await mixed_prompt(tok, req.prompt)
     return await _run(request, st, tok, "completion", req, plan, prompt_only, ids, t0)
@@ -300,7 +302,7 @@ async def infill(request: Request) -> Response | sse.SSEResponse:
         raise APIError(400, f"input_extra: at most {MAX_EXTRA} chunks", param="input_extra")
     if req.prompt is not None and not isinstance(req.prompt, str):
         raise APIError(400, "prompt: must be a string", param="prompt")
-    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs)
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults)
     await _grammar(plan, req)
     prefix = await encode(tok, req.input_prefix or "", False)
     suffix = await encode(tok, req.input_suffix or "", False)
@@ -539,13 +541,14 @@ async def props(request: Request) -> Response:
     client = st.client
     tok = st.tokenizer
     n_ctx = client.loaded.n_ctx_seq if client and client.loaded else st.config.n_ctx_seq
-    d = SamplingParams()
+    d = st.defaults
     return JSONResponse(
         {
             "default_generation_settings": {
                 "n_ctx": n_ctx,
                 "params": {
-                    "n_predict": -1,
+                    "n_predict": st.config.n_predict,
+                    "seed": d.seed if d.seed is not None else -1,
                     "temperature": d.temperature,
                     "top_k": d.top_k,
                     "top_p": d.top_p,

@@ -363,7 +363,15 @@ def _finite(name: str, v: float | None) -> None:
         raise APIError(400, f"{name}: must be a finite number (got {v!r})", param=name)
 
 
-def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, limit: int) -> Plan:
+def plan_common(
+    req: ChatRequest | CompletionRequest,
+    logprobs: bool,
+    top: int,
+    limit: int,
+    defaults: SamplingParams,
+) -> Plan:
+    """The request's plan; its sampling fields over `defaults` (the server's: its settings,
+    else the model's recommendations, else llama.cpp's defaults)."""
     n = 1 if req.n is None else req.n
     if not (1 <= n <= MAX_N):
         raise APIError(400, f"n: must be in 1..{MAX_N} (got {n})", param="n")
@@ -415,7 +423,7 @@ def plan_common(req: ChatRequest | CompletionRequest, logprobs: bool, top: int, 
     }
     fields["top_logprobs"] = top if logprobs else -1
     try:
-        params = SamplingParams(**fields).validate()
+        params = msgspec.structs.replace(defaults, **fields).validate()
     except ValueError as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return Plan(

@@ -237,7 +237,8 @@ async def chat_prompt(
     the Anthropic route, which translates its requests into `ChatRequest`s."""
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
-    plan = plan_common(req, bool(req.logprobs), req.top_logprobs or 0, st.config.max_top_logprobs)
+    top = req.top_logprobs or 0
+    plan = plan_common(req, bool(req.logprobs), top, st.config.max_top_logprobs, st.defaults)
     bias(plan, req, tok)
     # on a worker thread: the template and the grammar's compile check take a while for a
     # large schema or many tools, and the event loop serves every other request meanwhile
@@ -278,7 +279,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise APIError(400, "best_of: only equal to n is supported", param="best_of")
     lp = req.logprobs
-    plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs)
+    plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs, st.defaults)
     bias(plan, req, tok)
     grammar, param = answer_grammar(req)
     if grammar is not None:  # compiled on a worker thread (see chat_prompt)
@@ -374,12 +375,14 @@ def submit(
                 code="context_length_exceeded",
             )
     seq_prompts, seq_params, seq_max = [], [], []
+    # a request without max_tokens: the server's n_predict (-1: what the context leaves)
+    want = plan.max_tokens or (st.config.n_predict if st.config.n_predict > 0 else None)
     for p in prompts:
         room = min(n_ctx - len(p), st.config.max_tokens_limit)
         for j in range(plan.n):
             seq_prompts.append(p)
             seq_params.append(_with_seed(plan.params, _seed(plan.params.seed, j)))
-            seq_max.append(min(plan.max_tokens or room, room))
+            seq_max.append(min(want or room, room))
     if plan.logprobs and not plan.stream:
         # a whole answer's log-probabilities are built in memory before the first byte goes
         entries = sum(seq_max) * (plan.top_logprobs + 1)

@@ -17,6 +17,7 @@ from pathlib import Path
 from strata.config import Config
 from strata.engine.client import EngineClient
 from strata.metrics import Metrics
+from strata.sampling import SamplingParams, request_defaults
 from strata.server.openai_types import APIError
 from strata.server.tokenizing import ServerTokenizer, load_tokenizer
 
@@ -36,6 +37,8 @@ class ServerState:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.tokenizer: ServerTokenizer | None = None
+        # the sampling a request starts from (settings, else the model's recommendations)
+        self.defaults = SamplingParams()
         self.client: EngineClient | None = None
         self.metrics = Metrics(lambda: self.client)
         self.status = "loading"  # loading → ready | failed; draining at shutdown
@@ -65,6 +68,11 @@ class ServerState:
         try:
             config = await asyncio.to_thread(_resolve_model, self.config)
             self.tokenizer = await asyncio.to_thread(load_tokenizer, config)
+            self.defaults, notes = request_defaults(
+                self.tokenizer.sampling_metadata, config.sampling_settings()
+            )
+            for note in notes:
+                log.warning("the model's sampling recommendation %s", note)
             self.client = EngineClient(config)
             self.config = config
             await self.client.start()

@@ -11,6 +11,7 @@ project's one implementation of each), which work on any `ServerTokenizer`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from strata import toytok
@@ -23,6 +24,7 @@ class ServerTokenizer(Protocol):
     eos_id: int
     eog_ids: frozenset[int]  # ids that end generation (finish "stop", never shown)
     fim: FimTokens | None  # fill-in-the-middle tokens (None: /infill is refused)
+    sampling_metadata: dict[str, Any]  # the GGUF's general.sampling.* keys (recommendations)
     chat_template: str | None  # the Jinja source (None: a built-in rendering)
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -58,6 +60,7 @@ class ToyTokenizer:
         self.eog_ids = toytok.EOG_IDS
         self.chat_template: str | None = None
         self.fim: FimTokens | None = None
+        self.sampling_metadata: dict[str, Any] = {}
         self._by_text = {text: tid for tid, text in toytok.SPECIALS.items()}
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -111,6 +114,9 @@ class RealTokenizer:
         self.bos_id: int | None = self.tok.bos_id
         self.chat_template: str | None = self.tok.chat_template
         self.fim: FimTokens | None = self.tok.fim  # fill-in-the-middle tokens (/infill)
+        self.sampling_metadata = {
+            k: v for k, v in metadata.items() if k.startswith("general.sampling.")
+        }
 
     def encode(self, text: str, special: bool) -> list[int]:
         return list(self.tok.encode(text, parse_special=special))
@@ -127,6 +133,11 @@ class RealTokenizer:
     def is_special(self, token: int) -> bool:
         return bool(self.tok.is_special(token))
 
+    def use_template(self, source: str) -> None:
+        """Render chats with `source` instead of the GGUF's template."""
+        self.tok.chat_template = source
+        self.chat_template = source
+
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> str:
         """Raises ValueError (the tokenizer's ChatTemplateError) when the template fails."""
         return str(self.tok.apply_chat_template(messages, add_generation_prompt=True, **kwargs))
@@ -140,4 +151,23 @@ def load_tokenizer(config: Config) -> ServerTokenizer:
 
     with GGUFFile(config.model) as f:
         metadata = dict(f.metadata)
-    return RealTokenizer(metadata)
+    tok = RealTokenizer(metadata)
+    if config.chat_template_file:
+        tok.use_template(template_file(config.chat_template_file))
+    return tok
+
+
+def template_file(path: str) -> str:
+    """A chat template file's text, compiled once to refuse a broken one at start."""
+    from strata.errors import ConfigError
+    from strata.tokenizer import check_template
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"chat_template_file: {e}") from None
+    try:
+        check_template(text)
+    except ValueError as e:
+        raise ConfigError(f"chat_template_file {path}: {e}") from None
+    return text

@@ -1,0 +1,132 @@
+"""The sampling a request starts from: the server's settings (llama-server's `--temp`,
+`--top-k`, `--top-p`, `--min-p`, `--repeat-penalty`, `--repeat-last-n`, `-s`, `-n`), else the
+model's recommendations in its GGUF (`general.sampling.*`, read as llama.cpp reads them), else
+llama.cpp's defaults; a request's own fields over all of them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+from models import TestModels
+from server_harness import Server
+from strata.config import Config
+from strata.errors import ConfigError
+from strata.sampling import SamplingParams, request_defaults
+
+
+def with_metadata(src: Path, dst: Path, extra: dict[str, Any]) -> Path:
+    """A copy of a GGUF with the float/int keys of `extra` added (gguf-py's writer)."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        v, ty = f.contents(), f.types[0]
+        if ty == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, v, ty, sub_type=f.types[-1])
+        else:
+            w.add_key_value(k, v, ty)
+    for k, v in extra.items():
+        if isinstance(v, int):
+            w.add_int32(k, v)
+        else:
+            w.add_float32(k, v)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def test_layers_of_defaults() -> None:
+    meta = {
+        "general.sampling.temp": 0.6,
+        "general.sampling.top_k": 20,
+        "general.sampling.top_p": 0.0,
+    }
+    d, notes = request_defaults(meta, {"top_k": 5})
+    assert (d.temperature, d.top_k, d.top_p, d.min_p) == (pytest.approx(0.6), 5, 0.95, 0.05)
+    assert len(notes) == 1 and "general.sampling.top_p" in notes[0]  # (0, 1]: left out
+    d, notes = request_defaults({"general.sampling.top_k": 2.5, "x": 1}, {})
+    assert d.top_k == 40 and "not a number" in notes[0]
+    assert request_defaults({}, {})[0] == SamplingParams()
+
+
+def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
+    from strata.server.__main__ import parser
+
+    argv = "--temp 0.6 --top-k 20 --top-p 0.9 --min-p 0 --repeat-penalty 1.1 -s 7 -n 64"
+    c = Config.from_args(parser().parse_args(argv.split()))
+    assert c.sampling_settings() == {
+        "temperature": 0.6,
+        "top_k": 20,
+        "top_p": 0.9,
+        "min_p": 0.0,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "seed": 7,
+    }
+    assert c.n_predict == 64
+    assert "temperature" not in Config.load({}, env={}).sampling_settings()
+    for over, name in (
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"repeat_penalty": 0.0}, "repeat_penalty"),
+        ({"n_predict": 0}, "n_predict"),
+    ):
+        with pytest.raises(ConfigError, match=name):
+            Config.load(over, env={})
+
+
+@pytest.fixture(scope="module")
+def greedy_model(test_models: TestModels, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    micro = TestModels(test_models.root, test_models.spec.micro()).f32()
+    out = tmp_path_factory.mktemp("meta") / "greedy.gguf"
+    meta = {"general.sampling.temp": 0.0, "general.sampling.top_k": 1}
+    return with_metadata(micro, out, meta)
+
+
+@pytest.fixture(scope="module")
+def srv(greedy_model: Path) -> Iterator[Server]:
+    s = Server(engine="llm", model=greedy_model, n_ctx=512)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def answer(srv: Server, **body: Any) -> str:
+    r = srv.http.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 12, **body})
+    assert r.status_code == 200, r.text
+    return str(r.json()["choices"][0]["text"])
+
+
+def test_the_models_recommendation_applies(srv: Server) -> None:
+    """The file recommends temperature 0: requests that set none are greedy, whatever their
+    seed; a request's own temperature still samples."""
+    greedy = answer(srv, temperature=0)
+    assert answer(srv, seed=1) == answer(srv, seed=2) == greedy
+    sampled = {answer(srv, seed=s, temperature=1.5, top_k=0) for s in range(4)}
+    assert len(sampled) > 1
+    props = srv.http.get("/props").json()["default_generation_settings"]["params"]
+    assert (props["temperature"], props["top_k"]) == (0.0, 1)
+
+
+def test_the_servers_settings_win_over_the_model(greedy_model: Path) -> None:
+    s = Server(engine="llm", model=greedy_model, n_ctx=512, temperature=1.5, top_k=0, n_predict=5)
+    try:
+        outs = {answer(s, seed=i, max_tokens=None) for i in range(4)}
+        assert len(outs) > 1  # sampled: the setting, not the file's temperature 0
+        r = s.http.post("/v1/completions", json={"prompt": "Once upon", "temperature": 0})
+        assert r.json()["usage"]["completion_tokens"] == 5  # n_predict: no max_tokens given
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+    finally:
+        s.stop()

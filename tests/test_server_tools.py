@@ -407,3 +407,70 @@ def test_fake_forced_call_constrains_even_the_echo(fake: openai.OpenAI) -> None:
     )
     assert r.choices[0].finish_reason == "tool_calls"
     check_call(r.choices[0].message.tool_calls[0], "set_alarm")
+
+
+def tool_call_id(srv: Server) -> int:
+    r = srv.http.post("/tokenize", json={"prompt": "<tool_call>", "parse_special": True})
+    (tid,) = r.json()["tokens"]
+    return int(tid)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_the_model_starts_follows_the_schemas(
+    model_server: Server, client: openai.OpenAI, stream: bool
+) -> None:
+    """tool_choice auto (llama.cpp's lazy grammar): the model is pushed to open a call (a
+    logit bias on `<tool_call>`); from its opening on the call is a valid call of an offered
+    tool whatever the weights say. The same request with `constrain_tool_calls` off gives no
+    valid call (test_unconstrained_calls_are_the_models_own_text)."""
+    bias = {str(tool_call_id(model_server)): 30}
+    for seed in range(3):
+        kw: dict[str, Any] = dict(
+            model=model_id(client),
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="auto",
+            parallel_tool_calls=False,
+            max_tokens=MAX,
+            seed=seed,
+            logit_bias=bias,
+        )
+        if not stream:
+            c = client.chat.completions.create(**kw).choices[0]
+            assert c.finish_reason == "tool_calls", c
+            (call,) = c.message.tool_calls or []
+            check_call(call)
+            continue
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        for ch in client.chat.completions.create(**kw, stream=True):
+            for ck in ch.choices:
+                for tc in ck.delta.tool_calls or []:
+                    d = calls.setdefault(tc.index, {"name": "", "args": ""})
+                    d["name"] += (tc.function.name or "") if tc.function else ""
+                    d["args"] += (tc.function.arguments or "") if tc.function else ""
+                finish = ck.finish_reason or finish
+        assert finish == "tool_calls" and len(calls) == 1
+        jsonschema.validate(json.loads(calls[0]["args"]), PARAMS[calls[0]["name"]])
+
+
+def test_unconstrained_calls_are_the_models_own_text() -> None:
+    s = Server(engine="llm", n_ctx=4096, constrain_tool_calls=False)
+    try:
+        with openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
+            valid = 0
+            for seed in range(3):
+                r = c.chat.completions.create(
+                    model=model_id(c),
+                    messages=ASK,  # type: ignore[arg-type]
+                    tools=TOOLS,
+                    tool_choice="auto",
+                    parallel_tool_calls=False,
+                    max_tokens=MAX,
+                    seed=seed,
+                    logit_bias={str(tool_call_id(s)): 30},
+                )
+                valid += bool(r.choices[0].message.tool_calls)
+            assert valid == 0
+    finally:
+        s.stop()

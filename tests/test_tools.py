@@ -450,3 +450,32 @@ def test_a_quoted_close_tag_stays_in_the_value() -> None:
     m = split(AssistantParser.make(False, False, T.HERMES, SPECS), text)
     assert [json.loads(c.arguments) for c in m.calls] == [{"city": "a</tool_call>b"}]
     assert m.content == ""
+
+
+@pytest.mark.parametrize("opened", [False, True])
+def test_lazy_grammar_waits_for_its_trigger_outside_thinking(opened: bool) -> None:
+    """tool_choice auto's constraint (llama.cpp's lazy grammar): no mask until the trigger
+    token is sampled outside a thinking block, then the grammar's, which starts with it."""
+    from strata.sampling import GrammarTrigger
+
+    vocab = toytok.Vocabulary()
+    c = constraints.Constraints(lambda: vocab, toytok.N_VOCAB, overlap=False)
+    trigger = GrammarTrigger([ord("@")], [ord("[")], [ord("]")], opened)
+    lazy = constraints.LazyGrammar(c.processor('start: "@" /[0-9]{3}/ "!"'), trigger)
+
+    def allowed() -> set[int]:
+        x = np.zeros(toytok.N_VOCAB, dtype=np.float32)
+        lazy(x)
+        return {i for i in range(toytok.N_VOCAB) if np.isfinite(x[i])}
+
+    every = set(range(toytok.N_VOCAB))
+    lead = b"a@b]c[@d]" if opened else b"a[@b]c"  # each '@' here is inside a thinking block
+    for t in lead:
+        assert allowed() == every
+        lazy.accept(t)
+    assert allowed() == every
+    lazy.accept(ord("@"))
+    assert allowed() == set(b"0123456789")
+    for t in b"123":
+        lazy.accept(t)
+    assert allowed() == {ord("!")}

@@ -405,6 +405,13 @@ class Config:
         "end and max_tokens_limit)",
         llama=("-n", "--predict"),
     )
+    constrain_tool_calls: bool = _s(
+        True,
+        "with tool_choice auto, a tool call the model starts (its <tool_call> token, outside "
+        "a thinking block) is constrained from there on to the offered tools' names and "
+        "argument schemas, as llama.cpp's lazy grammar does; off: calls are the model's own "
+        "text",
+    )
     chat_template_file: str = _s(
         "",
         "a Jinja chat template file used in place of the GGUF's tokenizer.chat_template "

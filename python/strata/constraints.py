@@ -266,6 +266,35 @@ class GrammarProcessor:
         return bool(self.matcher.is_stopped())
 
 
+class LazyGrammar:
+    """A grammar that waits for its trigger (`strata.sampling.GrammarTrigger`): no mask until
+    a trigger token is sampled outside a thinking block, then `inner`'s, fed that token first
+    (llama.cpp's lazy grammar: a tool call the model starts follows the tools' schemas)."""
+
+    def __init__(self, inner: GrammarProcessor, trigger: Any) -> None:
+        self.inner = inner
+        self.triggers = frozenset(trigger.tokens)
+        self.think = frozenset(trigger.think)
+        self.unthink = frozenset(trigger.unthink)
+        self.thinking = bool(trigger.opened)
+        self.on = False
+
+    def __call__(self, logits: F32) -> None:
+        if self.on:
+            self.inner(logits)
+
+    def accept(self, token: int) -> None:
+        if self.on:
+            self.inner.accept(token)
+        elif token in self.think:
+            self.thinking = True
+        elif token in self.unthink:
+            self.thinking = False
+        elif token in self.triggers and not self.thinking:
+            self.on = True
+            self.inner.accept(token)
+
+
 class Constraints:
     """The engine's factory of processors: one llguidance tokenizer for the model's
     vocabulary (`vocabulary()` is called on the first constrained request) and one mask
@@ -307,8 +336,13 @@ class Constraints:
     def processor(self, grammar: str) -> GrammarProcessor:
         return GrammarProcessor(self.tokenizer(), grammar, self.n_vocab, self.worker)
 
-    def for_request(self, req: Any) -> GrammarProcessor | None:
+    def for_request(self, req: Any) -> GrammarProcessor | LazyGrammar | None:
         """The scheduler's processor factory: a request's (`Submit`) constraint, from
-        `params.grammar`; None when it has none. Raises ConstraintError (a ValueError)."""
+        `params.grammar` (lazy with `params.grammar_trigger`); None when it has none. Raises
+        ConstraintError (a ValueError)."""
         grammar = req.params.grammar
-        return None if grammar is None else self.processor(grammar)
+        if grammar is None:
+            return None
+        trigger = req.params.grammar_trigger
+        inner = self.processor(grammar)
+        return inner if trigger is None else LazyGrammar(inner, trigger)

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "GrammarTrigger",
     "InfillStage",
     "LogitsProcessor",
     "ReasoningBudget",
@@ -73,6 +74,18 @@ class ReasoningBudget(msgspec.Struct, frozen=True):
     opened: bool = False  # the prompt opened the block: counting from the first token
 
 
+class GrammarTrigger(msgspec.Struct, frozen=True):
+    """A lazy grammar (llama.cpp's `grammar_lazy`): the sequence is free until it samples one
+    of `tokens` outside a thinking block; from that token on (the grammar starts with its
+    text) the grammar constrains the rest. `think` / `unthink`: the tokens that open and close
+    a thinking block; `opened`: the prompt opened one."""
+
+    tokens: list[int]
+    think: list[int] = []
+    unthink: list[int] = []
+    opened: bool = False
+
+
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     """How to pick each next token. `validate()` raises ValueError naming the field."""
 
@@ -92,6 +105,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # token id → added to its logit before the penalties (-inf: never picked); ids past the
     # vocabulary are the caller's to refuse (the server does, with the vocabulary's size)
     logit_bias: dict[int, float] | None = None
+    # `grammar` applies only from one of these tokens on (None: from the first token)
+    grammar_trigger: GrammarTrigger | None = None
     # a cap on the thinking block's tokens (None: none)
     reasoning_budget: ReasoningBudget | None = None
     # False: the engine never drafts for this sequence (when its `spec` setting is on)
@@ -145,6 +160,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                     raise bad("logit_bias", "biases must be numbers")
                 if not (math.isfinite(b) or b == -math.inf):
                     raise bad("logit_bias", "biases must be finite (or -inf: never picked)")
+        gt = self.grammar_trigger
+        if gt is not None and (self.grammar is None or not gt.tokens):
+            raise bad("grammar_trigger", "needs a grammar and at least one token")
         rb = self.reasoning_budget
         if rb is not None and (rb.budget < 0 or not rb.start or not rb.end or not rb.forced):
             raise bad("reasoning_budget", "needs a budget >= 0, open and close tags, forced tokens")

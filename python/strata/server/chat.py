@@ -20,6 +20,7 @@ Choices (vLLM's and llama-server's where they differ from nothing):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,13 +29,15 @@ from strata import constraints
 from strata.config import Config
 from strata.reasoning import CLOSE, OPEN, prompt_opens_reasoning
 from strata.reasoning import FORMATS as REASONING_FORMATS
-from strata.sampling import ReasoningBudget
+from strata.sampling import GrammarTrigger, ReasoningBudget
 from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
 from strata.server.structured import answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 from strata.server.tools import ToolFormat, ToolSpec, call_grammar, format_for, template_messages
+
+log = logging.getLogger("strata.server")
 
 # Template variables a request's chat_template_kwargs may not replace.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -54,6 +57,8 @@ class ChatSetup:
     reasoning_opened: bool = False
     # the template writes harmony messages (gpt-oss), and the channel the prompt left open
     harmony: tuple[bool, str | None] = (False, None)
+    # `grammar` is lazy: it applies from this trigger on (tool_choice auto's calls)
+    trigger: GrammarTrigger | None = None
 
     def parser(self, incremental: bool = False) -> AssistantParser:
         """A fresh parser for one choice's answer (`incremental`: for a stream)."""
@@ -114,9 +119,11 @@ def prepare_chat(
     reasoning_format: str,
     tool_call_format: str = "auto",
     answer_param: str = "response_format",
+    lazy_tools: bool = True,
 ) -> ChatSetup:
     """Render the prompt and decide the constraint and the answer parsing (`answer_grammar`:
-    the answer's own constraint, asked by the request's field `answer_param`)."""
+    the answer's own constraint, asked by the request's field `answer_param`; `lazy_tools`:
+    with tool_choice auto, a call the model starts is constrained from its opening on)."""
     kwargs = dict(template_kwargs or {})
     bad = RESERVED_TEMPLATE_KWARGS & set(kwargs)
     if bad:
@@ -150,7 +157,16 @@ def prepare_chat(
         except ValueError as e:  # a parameter schema the call grammar cannot follow
             raise _bad("tools", f"a parameter schema cannot be used as a constraint: {e}") from None
     opened = prompt_opens_reasoning(prompt)
-    if grammar is not None:
+    trigger = None
+    if (
+        grammar is None
+        and lazy_tools
+        and tool_choice == "auto"
+        and tools
+        and not harmony.is_harmony(template)
+    ):
+        grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened)
+    if grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
         grammar = checked(
             constraints.with_reasoning(grammar, mode),
@@ -166,7 +182,35 @@ def prepare_chat(
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
         harmony=(harmony.is_harmony(template), harmony.open_channel(prompt)),
+        trigger=trigger,
     )
+
+
+def lazy_calls(
+    tok: ServerTokenizer,
+    fmt: ToolFormat,
+    tools: Sequence[ToolSpec],
+    parallel: bool,
+    opened: bool,
+) -> tuple[str | None, GrammarTrigger | None]:
+    """llama.cpp's lazy grammar for tool_choice auto: the answer is free until the model
+    writes the call format's opening token (outside a thinking block); from there on it is
+    calls of the offered tools with arguments of their schemas, as a forced call's. (None,
+    None) where the opening is no single token of the vocabulary or a schema cannot be a
+    constraint: the calls are then the model's own text."""
+    ids = tok.encode(fmt.blocks[0][0], True)
+    if len(ids) != 1:
+        return None, None
+    try:
+        grammar = call_grammar(fmt, tools, "required", parallel)
+        constraints.check_grammar(grammar)
+    except ValueError as e:
+        log.info("tool calls left unconstrained: %s", e)
+        return None, None
+    think, unthink = tok.encode(OPEN, True), tok.encode(CLOSE, True)
+    single = len(think) == 1 and len(unthink) == 1
+    trigger = GrammarTrigger(ids, think if single else [], unthink if single else [], opened)
+    return grammar, trigger
 
 
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
@@ -174,7 +218,11 @@ MAX_TOOLS = 128  # OpenAI's limit: a forced call's grammar grows with every tool
 
 
 def openai_chat(
-    req: ChatRequest, tok: ServerTokenizer, default_reasoning: str, tool_call_format: str
+    req: ChatRequest,
+    tok: ServerTokenizer,
+    default_reasoning: str,
+    tool_call_format: str,
+    lazy_tools: bool = True,
 ) -> ChatSetup:
     """An OpenAI chat request → `ChatSetup`."""
     if len(req.tools or []) > MAX_TOOLS:
@@ -205,6 +253,7 @@ def openai_chat(
         req.reasoning_format or default_reasoning,
         tool_call_format,
         param,
+        lazy_tools,
     )
 
 

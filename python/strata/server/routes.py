@@ -242,11 +242,14 @@ async def chat_prompt(
     bias(plan, req, tok)
     # on a worker thread: the template and the grammar's compile check take a while for a
     # large schema or many tools, and the event loop serves every other request meanwhile
+    c = st.config
     setup = await asyncio.to_thread(
-        openai_chat, req, tok, st.config.reasoning_format, st.config.tool_call_format
+        openai_chat, req, tok, c.reasoning_format, c.tool_call_format, c.constrain_tool_calls
     )
     if setup.grammar is not None:
-        plan.params = msgspec.structs.replace(plan.params, grammar=setup.grammar)
+        plan.params = msgspec.structs.replace(
+            plan.params, grammar=setup.grammar, grammar_trigger=setup.trigger
+        )
     rb = reasoning_budget(req, setup, tok, st.config)
     if rb is not None:
         plan.params = msgspec.structs.replace(plan.params, reasoning_budget=rb)

@@ -28,14 +28,18 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = "def add(a, b):\n    return a + b\n\n"
 LONG = "".join(f"value_{i} = compute({i}, 'x{i}')  # step {i}\n" for i in range(400))
 
-# (n_ctx, spm, request body without n_predict)
-CASES: list[tuple[int, bool, dict[str, Any]]] = [
-    (4096, False, {"input_prefix": "def fib(n):\n    ", "input_suffix": "\n\nprint(fib(10))\n"}),
-    (4096, False, {"input_prefix": "x = ", "input_suffix": "", "prompt": "len("}),
-    (4096, False, {"input_prefix": "", "input_suffix": "", "prompt": ""}),
+# ((server's -c, -n, --spm-infill), request body without n_predict); the server's -n shrinks
+# the extra chunks' share
+Server = tuple[int, int, bool]
+CASES: list[tuple[Server, dict[str, Any]]] = [
     (
-        4096,
-        False,
+        (4096, -1, False),
+        {"input_prefix": "def fib(n):\n    ", "input_suffix": "\n\nprint(fib(10))\n"},
+    ),
+    ((4096, -1, False), {"input_prefix": "x = ", "input_suffix": "", "prompt": "len("}),
+    ((4096, -1, False), {"input_prefix": "", "input_suffix": "", "prompt": ""}),
+    (
+        (4096, -1, False),
         {
             "input_prefix": "import utils\n\nutils.",
             "input_suffix": "\n",
@@ -47,8 +51,7 @@ CASES: list[tuple[int, bool, dict[str, Any]]] = [
     ),
     # markup in the prefix is text; in the typed prompt it is parsed
     (
-        4096,
-        False,
+        (4096, -1, False),
         {
             "input_prefix": "s = '<|im_start|>'\n",
             "input_suffix": "é 名字 🙂",
@@ -56,11 +59,10 @@ CASES: list[tuple[int, bool, dict[str, Any]]] = [
         },
     ),
     # the prefix keeps its last 1536 tokens, the suffix its first 512 - 2 - len(prompt)
-    (4096, False, {"input_prefix": LONG, "input_suffix": LONG, "prompt": "value"}),
+    ((4096, -1, False), {"input_prefix": LONG, "input_suffix": LONG, "prompt": "value"}),
     # the extra chunks keep what n_ctx - n_batch - 2 n_predict leaves, from their end
     (
-        2560,
-        False,
+        (2560, -1, False),
         {
             "input_prefix": "a",
             "input_suffix": "b",
@@ -71,8 +73,15 @@ CASES: list[tuple[int, bool, dict[str, Any]]] = [
         },
     ),
     (
-        4096,
-        True,
+        (4096, 1000, False),
+        {
+            "input_prefix": "a",
+            "input_suffix": "b",
+            "input_extra": [{"filename": "long.py", "text": LONG}],
+        },
+    ),
+    (
+        (4096, -1, True),
         {
             "input_prefix": "def f():\n    ",
             "input_suffix": "\n",
@@ -100,10 +109,11 @@ def post(port: int, path: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def serve(server: str, model: str, n_ctx: int, spm: bool) -> tuple[subprocess.Popen[bytes], int]:
+def serve(server: str, model: str, setting: Server) -> tuple[subprocess.Popen[bytes], int]:
+    n_ctx, n_predict, spm = setting
     port = free_port()
-    cmd = [server, "-m", model, "-c", str(n_ctx), "-np", "1", "-b", "2048", "-t", "2"]
-    cmd += ["--port", str(port), "--no-warmup", *(["--spm-infill"] if spm else [])]
+    cmd = [server, "-m", model, "-c", str(n_ctx), "-n", str(n_predict), "-np", "1", "-b", "2048"]
+    cmd += ["-t", "2", "--port", str(port), "--no-warmup", *(["--spm-infill"] if spm else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(600):
         try:
@@ -124,18 +134,19 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "tests" / "golden" / "infill_prompts.json"))
     a = ap.parse_args()
     out = []
-    for n_ctx, spm in sorted({(c, s) for c, s, _ in CASES}):
-        proc, port = serve(a.server, a.model, n_ctx, spm)
+    for setting in sorted({c for c, _ in CASES}):
+        proc, port = serve(a.server, a.model, setting)
         try:
-            for c, s, body in CASES:
-                if (c, s) != (n_ctx, spm):
+            for c, body in CASES:
+                if c != setting:
                     continue
                 req = {**body, "n_predict": N_PREDICT, "temperature": 0}
                 r = post(port, "/infill", req)
                 out.append(
                     {
-                        "n_ctx": n_ctx,
-                        "spm": spm,
+                        "n_ctx": setting[0],
+                        "n_predict": setting[1],
+                        "spm": setting[2],
                         "request": req,
                         "prompt": r["prompt"],
                         "tokens_evaluated": r["tokens_evaluated"],

@@ -74,7 +74,8 @@ def test_infill_prompt_is_llama_servers(qwen3_path: Path) -> None:
     tok = tokenizer(qwen3_path)
     assert tok.fim is not None
     cases = json.loads(GOLDEN.read_text())
-    assert len(cases) >= 8 and any(c["spm"] for c in cases)
+    assert len(cases) >= 9 and any(c["spm"] for c in cases)
+    assert any(c["n_predict"] > 0 for c in cases)
     for c in cases:
         r = c["request"]
         ids = infill_prompt(
@@ -85,6 +86,7 @@ def test_infill_prompt_is_llama_servers(qwen3_path: Path) -> None:
             [(e.get("filename", "tmp"), e["text"]) for e in r.get("input_extra", [])],
             tok.encode(r.get("prompt", ""), parse_special=True),
             n_ctx=c["n_ctx"],
+            n_predict=c["n_predict"],
             spm=c["spm"],
         )
         assert len(ids) == c["tokens_evaluated"], r

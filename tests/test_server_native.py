@@ -113,6 +113,7 @@ def test_prompt_only_request_warms_the_cache(srv: Server) -> None:
     body = {**BODY, "input_prefix": "import os\n# warm " + "x" * 50 + "\n", "n_predict": 0}
     a = srv.http.post("/infill", json=body).json()
     assert a["content"] == "" and a["tokens_predicted"] == 0 and a["stop_type"] == "limit"
+    assert a["generation_settings"]["n_predict"] == 0
     b = srv.http.post("/infill", json={**body, "n_predict": 4}).json()
     assert b["timings"]["cache_n"] >= a["tokens_evaluated"] - 1
 
@@ -153,12 +154,17 @@ def test_stop_word(srv: Server, llm: LLM) -> None:
     text = llm.tokenizer.decode(greedy(llm, ids, 16), skip_special=True)
     word = text[len(text) // 2 :][:3]
     assert word.strip()
-    a = srv.http.post(
-        "/completion",
-        json={"prompt": "Once upon a time", "n_predict": 16, "temperature": 0, "stop": [word]},
-    ).json()
+    body = {"prompt": "Once upon a time", "n_predict": 16, "temperature": 0, "stop": [word]}
+    a = srv.http.post("/completion", json={**body, "return_tokens": True}).json()
     assert a["stop_type"] == "word" and a["stopping_word"] == word
     assert a["content"] == text[: text.index(word)]
+    # every generated token, the ones that completed the stop word included
+    assert a["tokens"] == greedy(llm, ids, 16)[: a["tokens_predicted"]]
+    ev = events(srv.http.post("/completion", json={**body, "stream": True, "return_tokens": True}))
+    assert sum(len(e["tokens"]) for e in ev) == a["tokens_predicted"]
+    # llama-server takes one stop string as well
+    b = srv.http.post("/completion", json={**body, "stop": word}).json()
+    assert b["content"] == a["content"]
 
 
 def test_line_limit_rules() -> None:
@@ -268,6 +274,8 @@ def test_samplers(srv: Server, llm: LLM) -> None:
         ("/completion", {"input_suffix": "x"}, "input_suffix"),
         ("/completion", {"prompt": [["a"], ["b"]]}, "prompt"),
         ("/completion", {"prompt": [10**9]}, "prompt"),
+        ("/completion", {"prompt": ["a", "b"]}, "prompt"),  # several prompts
+        ("/completion", {"n_predict": -5}, "n_predict"),
     ],
 )
 def test_bad_requests(srv: Server, route: str, extra: dict[str, Any], param: str | None) -> None:
@@ -333,6 +341,8 @@ def test_models_without_fim_tokens_refuse_infill() -> None:
         assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
         r = s.http.post("/v1/completions", json={"prompt": "a", "suffix": "b", "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+        r = s.http.post("/v1/completions", json={"prompt": "a", "suffix": "", "max_tokens": 2})
+        assert r.status_code == 200  # an empty suffix is none
     finally:
         s.stop()
 

@@ -182,20 +182,21 @@ class InfillFilter:
         if 3 * p_eog * n > p_txt:  # end of generation is likely enough: only it
             keep = [i for i in range(n) if is_eog[i]]
             return self._over(cand, logits, keep)
-        # a token whose text is a prefix of another's is merged into the likelier of the two
+        # a token whose text is a prefix of another's is merged into the likelier of the two,
+        # pairs visited in llama.cpp's order (i0, then i1, over the candidates best first);
+        # only the pairs that can merge are visited (its loop visits all n² of them)
         live = [True] * n
+        ext = self._extensions([self.pieces[t] for t in ids])
         for i0 in range(n):
-            for i1 in range(n):
+            for i1 in ext[i0]:
                 if not live[i0]:
                     break
-                if i0 == i1 or not live[i1]:
+                if not live[i1]:
                     continue
-                a, b = self.pieces[ids[i0]], self.pieces[ids[i1]]
-                if a and len(a) <= len(b) and b.startswith(a):
-                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
-                    p[dst] += p[src]
-                    p[src] = 0.0
-                    live[src] = False
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                p[src] = 0.0
+                live[src] = False
         keep = [i for i in range(n) if p[i] >= 0.2 or is_eog[i]]
         n_txt = sum(not is_eog[i] for i in keep)
         if n_txt == 0:  # no text candidate left: end of turn
@@ -205,6 +206,26 @@ class InfillFilter:
         thold = 1.0 / (n_txt + 1)
         keep = [i for i in keep if q[i] >= thold or is_eog[i]]
         return self._over(cand, logits, keep)
+
+    @staticmethod
+    def _extensions(pieces: list[bytes]) -> list[list[int]]:
+        """For each candidate i0 with a non-empty text, the other candidates i1 whose text
+        starts with it, in increasing order (found over the texts sorted: they follow it)."""
+        order = sorted(range(len(pieces)), key=pieces.__getitem__)
+        out: list[list[int]] = [[] for _ in pieces]
+        for k, i0 in enumerate(order):
+            a = pieces[i0]
+            if not a:
+                continue
+            j = k
+            while j > 0 and pieces[order[j - 1]] == a:  # equal texts before it in the sort
+                j -= 1
+            while j < len(order) and pieces[order[j]].startswith(a):
+                if order[j] != i0:
+                    out[i0].append(order[j])
+                j += 1
+            out[i0].sort()
+        return out
 
     @staticmethod
     def _over(

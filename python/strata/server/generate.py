@@ -151,6 +151,8 @@ class SeqRun:
                 if text or ev.logprobs:
                     yield Delta(self.index, text, self._info(ev), ids=held + ev.ids)
                     held = []
+                else:  # the tokens that completed the stop come with the finishing delta
+                    held += ev.ids
                 ended: Finish = "stop" if stopm.stopped else "length"
                 text, ev, finish = "", await self._finished_after_stop(ev), ended
             if finish is None:

@@ -113,7 +113,7 @@ class NativeRequest(_Strict, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: str | list[str] | None = None
     n_probs: int | None = None
     ignore_eos: bool | None = None
     logit_bias: dict[str, Any] | list[Any] | None = None
@@ -202,6 +202,9 @@ def native_plan(
     if req.response_fields is not None and len(req.response_fields) > MAX_LIST:
         raise APIError(400, f"response_fields: at most {MAX_LIST}", param="response_fields")
     n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
+    if n_predict is not None and n_predict < -1:
+        name = "n_predict" if req.n_predict is not None else "max_tokens"
+        raise APIError(400, f"{name}: must be -1 (to the context's end), 0 or more", param=name)
     prompt_only = n_predict == 0
     n_probs = req.n_probs or 0
     if n_probs < 0:
@@ -254,6 +257,13 @@ async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt")
     if isinstance(prompt, str):
         return await encode(tok, prompt, True)
     if isinstance(prompt, list):
+        if len(prompt) > 1 and all(isinstance(x, (str, list)) for x in prompt):
+            raise APIError(  # llama-server reads such an array as several prompts
+                400,
+                f"{param}: several prompts in one request are not supported (send one string, "
+                "or one array of token ids and strings)",
+                param=param,
+            )
         ids: list[int] = []
         for x in prompt:
             if isinstance(x, str):
@@ -368,7 +378,13 @@ class _Native:
     def settings(self) -> dict[str, Any]:
         p = self.plan.params
         return {
-            "n_predict": self.plan.max_tokens if self.plan.max_tokens is not None else -1,
+            "n_predict": (
+                0
+                if self.prompt_only
+                else self.plan.max_tokens
+                if self.plan.max_tokens is not None
+                else self.st.config.n_predict
+            ),
             "seed": p.seed if p.seed is not None else -1,
             "temperature": p.temperature,
             "top_k": p.top_k,
@@ -415,7 +431,8 @@ class _Native:
         out: dict[str, Any] = {
             "index": 0,
             "content": content,
-            "tokens": self.tokens if self.req.return_tokens else [],
+            # streamed: the tokens went with the partial events, as llama-server does
+            "tokens": self.tokens if self.req.return_tokens and not self.plan.stream else [],
             "id_slot": -1,
             "stop": True,
             "model": self.st.model_id,
@@ -486,7 +503,7 @@ async def _stream(shape: _Native, runs: list[SeqRun], endpoint: str) -> AsyncIte
                 if d.text or d.ids:
                     yield sse.event(shape.partial(d, n_out))
                 continue
-            if d.text:  # the last piece of text, then the final object
+            if d.text or d.ids:  # the last piece, then the final object (without them)
                 yield sse.event(shape.partial(d, n_out))
             yield sse.event(shape.final(d, "", []))
         outcome = "ok"

@@ -292,7 +292,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         p if isinstance(p, list) else await encode(tok, p, False)
         for p in completion_prompts(req.prompt, tok.n_vocab)
     ]
-    if req.suffix is not None:  # fill in the middle: each prompt is the text before it
+    if req.suffix:  # fill in the middle: each prompt is the text before it ("": none)
         after = await encode(tok, req.suffix, False)
         prompts = [await fim_prompt(st, client, tok, p, after) for p in prompts]
     return await _generate(request, st, client, tok, "completions", prompts, plan, t0)
@@ -329,6 +329,7 @@ async def fim_prompt(
             extra or [],
             typed or [],
             n_ctx=n_ctx,
+            n_predict=st.config.n_predict,
             spm=st.config.spm_infill,
         )
     )

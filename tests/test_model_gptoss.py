@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import qwen3moe_file as qf
 import test_model_families as fam
+from gguf_edit import rewrite
 from strata._core import Model
 from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
 
@@ -114,33 +115,6 @@ def test_window_rows_equal_one_token_steps(kv: str, root: Path) -> None:
     m.truncate(0, 20)
     one = np.stack([m.forward(0, [t], logits="last") for t in toks[20:]])
     assert np.array_equal(window, one)
-
-
-def rewrite(src: Path, dst: Path, drop: str = "", skip_tensor: str = "", vocab: Any = None) -> Path:
-    """A copy of a GGUF without the metadata key `drop` and the tensor `skip_tensor`, with the
-    tokenizer of `vocab` (a `vocabgen.GGUFVocab`) when given."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    if vocab is not None:
-        vocab.add_to_writer(w)
-    for k, f in r.fields.items():
-        if k == drop or k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        if vocab is not None and k.startswith("tokenizer."):
-            continue
-        v, ty = f.contents(), f.types[0]
-        if ty == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(k, v, ty, sub_type=f.types[-1])
-        else:
-            w.add_key_value(k, v, ty)
-    for t in r.tensors:
-        if t.name != skip_tensor:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def test_bad_files_are_refused_by_name(tmp_path: Path) -> None:

@@ -9,40 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gguf
-import numpy as np
 import pytest
+from gguf_edit import rewrite
 from models import TestModels
 from server_harness import Server
 from strata.config import Config
 from strata.errors import ConfigError
 from strata.sampling import SamplingParams, request_defaults
-
-
-def with_metadata(src: Path, dst: Path, extra: dict[str, Any]) -> Path:
-    """A copy of a GGUF with the float/int keys of `extra` added (gguf-py's writer)."""
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        v, ty = f.contents(), f.types[0]
-        if ty == gguf.GGUFValueType.ARRAY:
-            w.add_key_value(k, v, ty, sub_type=f.types[-1])
-        else:
-            w.add_key_value(k, v, ty)
-    for k, v in extra.items():
-        if isinstance(v, int):
-            w.add_int32(k, v)
-        else:
-            w.add_float32(k, v)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
 
 
 def test_layers_of_defaults() -> None:
@@ -91,7 +64,7 @@ def greedy_model(test_models: TestModels, tmp_path_factory: pytest.TempPathFacto
     micro = TestModels(test_models.root, test_models.spec.micro()).f32()
     out = tmp_path_factory.mktemp("meta") / "greedy.gguf"
     meta = {"general.sampling.temp": 0.0, "general.sampling.top_k": 1}
-    return with_metadata(micro, out, meta)
+    return rewrite(micro, out, extra=meta)
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,21 @@ def test_named_tool_choice_stream_assembled_by_client(client: openai.OpenAI) -> 
     assert call.function.parsed_arguments == json.loads(call.function.arguments)  # type: ignore[union-attr]
 
 
+def streamed_calls(stream: Any) -> tuple[str | None, dict[int, dict[str, str]]]:
+    """A streamed answer's finish reason and tool calls (index → name, arguments), as a
+    client accumulates them from the deltas."""
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in stream:
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            for tc in ch.delta.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                slot["name"] += (tc.function and tc.function.name) or ""
+                slot["arguments"] += (tc.function and tc.function.arguments) or ""
+    return finish, calls
+
+
 def test_required_one_call(client: openai.OpenAI) -> None:
     for stream in (False, True):
         r = client.chat.completions.create(
@@ -138,15 +153,7 @@ def test_required_one_call(client: openai.OpenAI) -> None:
             stream=stream,
         )
         if stream:
-            calls: dict[int, dict[str, str]] = {}
-            finish = None
-            for chunk in r:  # type: ignore[union-attr]
-                for ch in chunk.choices:
-                    finish = ch.finish_reason or finish
-                    for tc in ch.delta.tool_calls or []:
-                        slot = calls.setdefault(tc.index, {"name": "", "arguments": ""})
-                        slot["name"] += (tc.function and tc.function.name) or ""
-                        slot["arguments"] += (tc.function and tc.function.arguments) or ""
+            finish, calls = streamed_calls(r)
             assert finish == "tool_calls" and len(calls) == 1
             jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMS[calls[0]["name"]])
         else:
@@ -415,6 +422,20 @@ def tool_call_id(srv: Server) -> int:
     return int(tid)
 
 
+def pushed(client: openai.OpenAI, seed: int, bias: dict[str, int]) -> dict[str, Any]:
+    """A tool_choice auto request whose logit bias pushes the model into a call."""
+    return dict(
+        model=model_id(client),
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        max_tokens=MAX,
+        seed=seed,
+        logit_bias=bias,
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_call_the_model_starts_follows_the_schemas(
     model_server: Server, client: openai.OpenAI, stream: bool
@@ -425,52 +446,24 @@ def test_a_call_the_model_starts_follows_the_schemas(
     valid call (test_unconstrained_calls_are_the_models_own_text)."""
     bias = {str(tool_call_id(model_server)): 30}
     for seed in range(3):
-        kw: dict[str, Any] = dict(
-            model=model_id(client),
-            messages=ASK,
-            tools=TOOLS,
-            tool_choice="auto",
-            parallel_tool_calls=False,
-            max_tokens=MAX,
-            seed=seed,
-            logit_bias=bias,
-        )
+        kw = pushed(client, seed, bias)
         if not stream:
             c = client.chat.completions.create(**kw).choices[0]
             assert c.finish_reason == "tool_calls", c
             (call,) = c.message.tool_calls or []
             check_call(call)
             continue
-        calls: dict[int, dict[str, str]] = {}
-        finish = None
-        for ch in client.chat.completions.create(**kw, stream=True):
-            for ck in ch.choices:
-                for tc in ck.delta.tool_calls or []:
-                    d = calls.setdefault(tc.index, {"name": "", "args": ""})
-                    d["name"] += (tc.function.name or "") if tc.function else ""
-                    d["args"] += (tc.function.arguments or "") if tc.function else ""
-                finish = ck.finish_reason or finish
+        finish, calls = streamed_calls(client.chat.completions.create(**kw, stream=True))
         assert finish == "tool_calls" and len(calls) == 1
-        jsonschema.validate(json.loads(calls[0]["args"]), PARAMS[calls[0]["name"]])
+        jsonschema.validate(json.loads(calls[0]["arguments"]), PARAMS[calls[0]["name"]])
 
 
 def test_unconstrained_calls_are_the_models_own_text() -> None:
     s = Server(engine="llm", n_ctx=4096, constrain_tool_calls=False)
     try:
         with openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0) as c:
-            valid = 0
-            for seed in range(3):
-                r = c.chat.completions.create(
-                    model=model_id(c),
-                    messages=ASK,  # type: ignore[arg-type]
-                    tools=TOOLS,
-                    tool_choice="auto",
-                    parallel_tool_calls=False,
-                    max_tokens=MAX,
-                    seed=seed,
-                    logit_bias={str(tool_call_id(s)): 30},
-                )
-                valid += bool(r.choices[0].message.tool_calls)
-            assert valid == 0
+            bias = {str(tool_call_id(s)): 30}
+            answers = [c.chat.completions.create(**pushed(c, seed, bias)) for seed in range(3)]
+            assert not any(r.choices[0].message.tool_calls for r in answers)
     finally:
         s.stop()

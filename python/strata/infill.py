@@ -74,8 +74,13 @@ class FimTokens:
     sep: int | None
 
 
-def _find(metadata: Mapping[str, Any], token_id: Callable[[str], int | None], role: str) -> Any:
-    key, texts = _ROLES[role]
+def _lookup(
+    metadata: Mapping[str, Any],
+    key: str,
+    texts: Sequence[str],
+    token_id: Callable[[str], int | None],
+) -> int | None:
+    """A token named by the metadata `key`, else the first of `texts` the vocabulary has."""
     v = metadata.get(key)
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
@@ -91,10 +96,11 @@ def fim_tokens(
 ) -> FimTokens | None:
     """The FIM tokens of a model (its GGUF `metadata`, `token_id`: a token's id by its text),
     or None when it lacks a prefix, suffix or middle token (it cannot fill in)."""
-    ids = {r: _find(metadata, token_id, r) for r in _ROLES}
-    if ids["pre"] is None or ids["suf"] is None or ids["mid"] is None:
+    ids = {r: _lookup(metadata, *_ROLES[r], token_id) for r in _ROLES}
+    pre, suf, mid = ids["pre"], ids["suf"], ids["mid"]
+    if pre is None or suf is None or mid is None:
         return None
-    return FimTokens(**ids)
+    return FimTokens(pre, suf, mid, ids["rep"], ids["sep"])
 
 
 def eot_token(
@@ -102,14 +108,8 @@ def eot_token(
 ) -> int | None:
     """llama.cpp's end-of-turn token: `tokenizer.ggml.eot_token_id`, else the first of its
     known texts the vocabulary has, else eos (the infill sampler's fallback)."""
-    v = metadata.get("tokenizer.ggml.eot_token_id")
-    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return v
-    for t in _EOT_TEXTS:
-        i = token_id(t)
-        if i is not None:
-            return i
-    return eos
+    eot = _lookup(metadata, "tokenizer.ggml.eot_token_id", _EOT_TEXTS, token_id)
+    return eot if eot is not None else eos
 
 
 def infill_prompt(

@@ -281,11 +281,17 @@ async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt")
     raise APIError(400, f"{param}: must be a string or an array of ids and strings", param=param)
 
 
-async def completion(request: Request) -> Response | sse.SSEResponse:
+async def _received(request: Request) -> tuple[ServerState, NativeRequest, float]:
+    """The server's state and the request's body, checked against the served model."""
     t0 = time.monotonic()
     st = _state(request)
     req: NativeRequest = convert(await read_json(request), NativeRequest, _IGNORED, {})
     st.check_model(req.model)
+    return st, req, t0
+
+
+async def completion(request: Request) -> Response | sse.SSEResponse:
+    st, req, t0 = await _received(request)
     _, tok = st.ready()
     for name in ("input_prefix", "input_suffix", "input_extra"):
         if getattr(req, name) is not None:
@@ -299,10 +305,7 @@ async def completion(request: Request) -> Response | sse.SSEResponse:
 
 
 async def infill(request: Request) -> Response | sse.SSEResponse:
-    t0 = time.monotonic()
-    st = _state(request)
-    req: NativeRequest = convert(await read_json(request), NativeRequest, _IGNORED, {})
-    st.check_model(req.model)
+    st, req, t0 = await _received(request)
     client, tok = st.ready()
     if req.input_prefix is None or req.input_suffix is None:
         param = "input_prefix" if req.input_prefix is None else "input_suffix"

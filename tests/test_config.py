@@ -106,6 +106,27 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
     )
     assert (c.spec_max, c.spec_min, c.spec_p_min) == (6, 2, 0.5)
     long = "--ctx-size 4096 --alias x --model-draft d.gguf --draft 5 --spec draft --batch-size 64"
+    # flags that ask for what Strata always does pass; -ctk/-ctv agreeing are the KV type;
+    # the placement flags are refused, saying what Strata does instead
+    from strata.server.llama_flags import apply_llama_flags
+
+    ns = parser().parse_args(
+        ["-m", "m.gguf", "--jinja", "-cb", "--metrics", "-ctk", "q8_0", "-ctv", "q8_0"]
+    )
+    apply_llama_flags(ns)
+    assert Config.from_args(ns).kv_type == "q8_0"
+    for bad, why in (
+        ("-ngl 99", "n-gpu-layers: not a Strata setting; Strata places the model itself"),
+        ("--n-cpu-moe 20", "vram-budget-mib"),
+        ("-ot exps=CPU", "override-tensor"),
+        ("--no-mmap", "ram-mode resident"),
+        ("-ctk q8_0 -ctv f16", "one type for K and V"),
+        ("-ctk q8_0", "one type for K and V"),
+        ("-ctk q4_0 -ctv q4_0 --kv-type f16", "disagree"),
+    ):
+        ns = parser().parse_args(["-m", "m.gguf", *bad.split()])
+        with pytest.raises(ConfigError, match=why):
+            apply_llama_flags(ns)
     # -md alone speculates with the draft, as it does there
     c = Config.from_args(parser().parse_args(["-m", "m.gguf", "-md", "d.gguf"]))
     assert (c.spec, c.spec_draft_model) == ("draft", "d.gguf")

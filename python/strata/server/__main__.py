@@ -13,6 +13,7 @@ import uvicorn
 from strata.config import Config
 from strata.errors import ConfigError
 from strata.server.app import create_app
+from strata.server.llama_flags import add_llama_flags, apply_llama_flags
 
 
 def _loopback(host: str) -> bool:
@@ -29,12 +30,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m strata.server", description=__doc__)
     p.add_argument("--config", help="TOML config file (also STRATA_CONFIG)")
     Config.add_arguments(p, llama=True)
+    add_llama_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
     try:
+        apply_llama_flags(ns)
         config = Config.from_args(ns, config_file=ns.config)
         if not config.api_key and not _loopback(config.host):
             raise ConfigError(

@@ -15,6 +15,7 @@ _ALWAYS: dict[tuple[str, ...], str] = {
     ("--jinja",): "chat templates are always rendered with Jinja",
     ("-cb", "--cont-batching"): "batching is always continuous",
     ("--metrics",): "/metrics is always served",
+    ("-fa", "--flash-attn"): "Strata's attention kernels are its own, with no switch",
 }
 _PLACEMENT = (
     "Strata places the model itself: with --device cuda every layer's dense weights are on "

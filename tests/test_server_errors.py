@@ -243,8 +243,12 @@ def test_api_key() -> None:
     s = Server(api_key="s3cret")
     try:
         assert s.http.get("/health").status_code == 200  # open
+        assert s.http.get("/v1/health").status_code == 200  # llama-server's other name
         r = s.http.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        for path, body in (("/infill", {}), ("/completion", {}), ("/apply-template", {})):
+            assert s.http.post(path, json=body).status_code == 401, path
+        assert s.http.get("/props").status_code == 401
         bad = s.http.get("/v1/models", headers={"authorization": "Bearer s3cre"})
         assert bad.status_code == 401
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="s3cret", max_retries=0)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from strata.server.openai_types import APIError
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
-OPEN_PATHS = {"/health", "/"}  # the web page carries no data (strata.server.webui)
+OPEN_PATHS = {"/health", "/v1/health", "/"}  # the web page carries no data (strata.server.webui)
 
 
 def _is_loopback_ip(host: str) -> bool:

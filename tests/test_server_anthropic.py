@@ -51,7 +51,8 @@ def test_create_echo_usage_and_stop_reason(client: anthropic.Anthropic) -> None:
     assert [(b.type, b.text) for b in r.content] == [("text", "hello world")]  # type: ignore[union-attr]
     assert r.stop_reason == "end_turn" and r.stop_sequence is None
     # <|user|> + 11 bytes + <|end|> + <|assistant|>; 11 bytes out (EOS is not counted)
-    assert (r.usage.input_tokens, r.usage.output_tokens) == (14, 11)
+    u = r.usage  # the prompt's tokens read anew and from the prefix cache (llama-server's)
+    assert (u.input_tokens + (u.cache_read_input_tokens or 0), u.output_tokens) == (14, 11)
 
 
 def test_max_tokens_and_stop_sequences(client: anthropic.Anthropic) -> None:
@@ -91,7 +92,8 @@ def test_system_and_conversation_reach_the_template(client: anthropic.Anthropic)
         system=[{"type": "text", "text": sys_text}],
         extra_body=GREEDY,
     )  # type: ignore[arg-type]
-    assert r.content[0].text == "second" and r.usage.input_tokens == n  # type: ignore[union-attr]
+    assert r.content[0].text == "second"  # type: ignore[union-attr]
+    assert r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0) == n
 
 
 def test_stream_with_the_client(client: anthropic.Anthropic) -> None:
@@ -141,7 +143,8 @@ def test_stream_event_sequence(server: Server) -> None:
     assert text == "hello"
     assert all(d["delta"]["type"] == "text_delta" for n, d in ev if n == "content_block_delta")
     assert ev[-2][1]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert ev[-2][1]["usage"] == {"output_tokens": 5}
+    u = ev[-2][1]["usage"]  # cumulative: the prompt as read anew and from the prefix cache
+    assert u["output_tokens"] == 5 and u["input_tokens"] + u["cache_read_input_tokens"] == 14
 
 
 def error_of(r: httpx.Response) -> dict[str, Any]:
@@ -396,3 +399,17 @@ def test_omitted_thinking_display_and_timeout_type() -> None:
         assert b.content[0]["thinking"] == want and b.content[1]["text"] == "hi"
         assert (b"thinking_delta" in b"".join(events)) is not omit
     assert APIError(504, "late").anthropic_body()["error"]["type"] == "timeout_error"
+
+
+def test_prefix_cache_reads_are_reported(client: anthropic.Anthropic) -> None:
+    """A repeated conversation reads its prompt from the prefix cache: Anthropic's
+    `cache_read_input_tokens` says how much, `input_tokens` the rest (as llama-server)."""
+    msgs = user("a conversation worth caching, long enough to reuse")
+    n = client.messages.count_tokens(model=MODEL, messages=msgs).input_tokens  # type: ignore[arg-type]
+    for _ in range(2):
+        r = client.messages.create(model=MODEL, max_tokens=4, messages=msgs, extra_body=GREEDY)
+    assert r.usage.cache_read_input_tokens and r.usage.cache_read_input_tokens >= n // 2
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == n
+    with client.messages.stream(model=MODEL, max_tokens=4, messages=msgs, extra_body=GREEDY) as st:
+        final = st.get_final_message()
+    assert final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0) == n

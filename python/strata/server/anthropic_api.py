@@ -237,7 +237,8 @@ async def _stream(
                 {
                     "type": "message_delta",
                     "delta": delta,
-                    "usage": {"output_tokens": x.output_tokens},
+                    # cumulative, as Anthropic's: the prompt's cache reads are known by now
+                    "usage": _usage(head["usage"]["input_tokens"], x),
                 },
             )
         yield sse.named_event("message_stop", {"type": "message_stop"})
@@ -263,11 +264,18 @@ async def _complete(
         return Response(status_code=499)
     body = dict(head, content=blocks.content)
     body.update(_stop(d, blocks.called))
-    body["usage"] = {
-        "input_tokens": head["usage"]["input_tokens"],
+    body["usage"] = _usage(head["usage"]["input_tokens"], d)
+    return JSONResponse(body)
+
+
+def _usage(prompt_tokens: int, d: Delta) -> dict[str, int]:
+    """Anthropic's usage: the prompt tokens read from the (automatic) prefix cache apart from
+    the ones read anew, as llama-server reports them."""
+    return {
+        "input_tokens": prompt_tokens - d.cached_tokens,
+        "cache_read_input_tokens": d.cached_tokens,
         "output_tokens": d.output_tokens,
     }
-    return JSONResponse(body)
 
 
 routes = [

@@ -315,3 +315,54 @@ def test_raw_httpx_error_before_stream_is_plain(server: Server) -> None:
     assert r.status_code == 400
     assert r.headers["content-type"].startswith("application/json")
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+# llama.vscode's chat-edit request as it sends it to /v1/chat/completions (llama-server's
+# sampling fields beside OpenAI's: every sampler Strata lacks at its "off" value)
+LLAMA_VSCODE_CHAT = {
+    "stream": False,
+    "cache_prompt": True,
+    "samplers": "edkypmxt",
+    "temperature": 0.8,
+    "dynatemp_range": 0,
+    "dynatemp_exponent": 1,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "typical_p": 1,
+    "xtc_probability": 0,
+    "xtc_threshold": 0.1,
+    "repeat_last_n": 64,
+    "repeat_penalty": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "dry_multiplier": 0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+    "max_tokens": -1,
+    "timings_per_token": False,
+}
+
+
+def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> None:
+    msgs = [{"role": "user", "content": "hello"}]
+    r = server.http.post("/v1/chat/completions", json={"messages": msgs, **LLAMA_VSCODE_CHAT})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    # the chain is honoured: temperature alone, at 0, is greedy whatever top_k says
+    greedy = {"messages": msgs, "temperature": 0, "samplers": ["temperature"], "n_predict": 3}
+    a = server.http.post("/v1/chat/completions", json={**greedy, "top_k": 1}).json()
+    b = server.http.post("/v1/chat/completions", json=greedy).json()
+    assert a["choices"][0]["message"] == b["choices"][0]["message"]
+    assert b["usage"]["completion_tokens"] == 3  # n_predict: llama-server's max_tokens
+    for bad, param in (
+        ({"typical_p": 0.5}, "typical_p"),
+        ({"dry_multiplier": 0.8}, "dry_multiplier"),
+        ({"samplers": ["top_p", "top_k"]}, "samplers"),
+        ({"repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
+        ({"max_tokens": -2}, "max_tokens"),
+        ({"timings_per_token": True}, "timings_per_token"),
+    ):
+        r = server.http.post("/v1/chat/completions", json={"messages": msgs, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, bad

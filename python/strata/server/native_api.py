@@ -30,11 +30,15 @@ from strata.server import sse
 from strata.server.chat import openai_chat
 from strata.server.generate import Delta, SeqRun, TokenInfo, merge
 from strata.server.openai_types import (
+    _ORDER,
+    MAX_LIST,
     APIError,
     ChatRequest,
     CompletionRequest,
+    LlamaSampling,
     Plan,
     _Strict,
+    check_off,
     convert,
     plan_common,
 )
@@ -53,41 +57,9 @@ from strata.server.state import ServerState
 from strata.server.structured import answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 
-# llama.cpp's sampler names (and the aliases it takes) → the canonical name; `samplers` may
-# also be a string of their one-letter codes
-_CANONICAL = (
-    "dry", "top_k", "typ_p", "top_p", "top_n_sigma", "min_p", "xtc", "temperature", "infill",
-    "penalties", "adaptive_p",
-)  # fmt: skip
-_ALIASES = {
-    **{c: c for c in _CANONICAL},
-    **{c.replace("_", "-"): c for c in _CANONICAL if "_" in c},
-    **{c.replace("_", ""): c for c in _CANONICAL if "_" in c},
-    "nucleus": "top_p",
-    "temp": "temperature",
-    "typ": "typ_p",
-}
-_CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
-# the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
-_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature", "infill")
-# llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
-_OFF: dict[str, tuple[Any, ...]] = {
-    "typical_p": (1.0,),
-    "dry_multiplier": (0.0,),
-    "xtc_probability": (0.0,),
-    "mirostat": (0,),
-    "top_n_sigma": (-1.0,),
-    "dynatemp_range": (0.0,),
-    "post_sampling_probs": (False,),
-    "id_slot": (-1,),
-    "n_keep": (0, -1),
-    "min_keep": (0, 1),
-    "n_cmpl": (1,),
-}
 # accepted and without effect, as in llama-server (which reads it and does nothing with it)
 _IGNORED = frozenset({"t_max_prompt_ms"})
 MAX_EXTRA = 256  # input_extra chunks of one infill request
-MAX_LIST = 64  # samplers, response_fields
 
 
 class InfillChunk(_Strict, kw_only=True):
@@ -95,7 +67,7 @@ class InfillChunk(_Strict, kw_only=True):
     filename: str = "tmp"  # llama-server's name for a chunk without one
 
 
-class NativeRequest(_Strict, kw_only=True):
+class NativeRequest(LlamaSampling, kw_only=True):
     model: str | None = None
     prompt: Any = None  # a string, token ids, or ids and strings mixed
     input_prefix: str | None = None  # /infill only
@@ -122,75 +94,9 @@ class NativeRequest(_Strict, kw_only=True):
     cache_prompt: bool | None = None
     return_tokens: bool | None = None
     response_fields: list[str] | None = None
-    samplers: list[str] | str | None = None
     n_indent: int | None = None
     t_max_predict_ms: int | None = None
-    timings_per_token: bool | None = None
-    typical_p: float | None = None
-    dry_multiplier: float | None = None
-    xtc_probability: float | None = None
-    mirostat: int | None = None
-    top_n_sigma: float | None = None
-    dynatemp_range: float | None = None
-    post_sampling_probs: bool | None = None
-    id_slot: int | None = None
-    n_keep: int | None = None
-    min_keep: int | None = None
     n_cmpl: int | None = None
-
-
-def sampler_names(value: list[str] | str) -> list[str]:
-    """llama-server's `samplers` (names or one-letter codes) as canonical names; a 400 for
-    one it does not know."""
-    if len(value) > MAX_LIST:
-        raise APIError(400, f"samplers: at most {MAX_LIST}", param="samplers")
-    names = [value[i] for i in range(len(value))] if isinstance(value, str) else value
-    table = _CHARS if isinstance(value, str) else _ALIASES
-    out = []
-    for n in names:
-        c = table.get(n if isinstance(value, str) else n.lower())
-        if c is None:
-            raise APIError(400, f"samplers: unknown sampler {n!r}", param="samplers")
-        out.append(c)
-    return out
-
-
-def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingParams:
-    """`params` as llama.cpp's chain of the named samplers would sample: a sampler left out
-    is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
-    infill sampler. The ones Strata runs must come in its order (a 400 otherwise)."""
-    names = sampler_names(value)
-    ours = [n for n in names if n in _ORDER]
-    if ours != sorted(set(ours), key=_ORDER.index):
-        raise APIError(
-            400,
-            "samplers: Strata runs " + ", ".join(_ORDER) + " in this order (each once)",
-            param="samplers",
-        )
-    off: dict[str, Any] = {}
-    if "penalties" not in names:
-        off.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-    if "top_k" not in names:
-        off["top_k"] = 0
-    if "top_p" not in names:
-        off["top_p"] = 1.0
-    if "min_p" not in names:
-        off["min_p"] = 0.0
-    if "temperature" not in names:
-        off["temperature"] = 1.0
-    return msgspec.structs.replace(params, infill="infill" in names, **off)
-
-
-def _check_off(req: NativeRequest) -> None:
-    for name, ok in _OFF.items():
-        v = getattr(req, name)
-        if v is not None and v not in ok:
-            raise APIError(
-                400,
-                f"{name}: not supported (only {ok[0]!r}, off, is accepted)",
-                param=name,
-                code="unsupported_field",
-            )
 
 
 def native_plan(
@@ -198,7 +104,9 @@ def native_plan(
 ) -> tuple[Plan, bool]:
     """The request's plan (sampling, limits, stops) and whether it asks for the prompt only
     (`n_predict` 0: the prompt is read, cached, and nothing is generated)."""
-    _check_off(req)
+    check_off(req, frozenset({"timings_per_token"}))
+    if req.n_cmpl not in (None, 1):
+        raise APIError(400, "n_cmpl: only 1 is supported", param="n_cmpl")
     if req.response_fields is not None and len(req.response_fields) > MAX_LIST:
         raise APIError(400, f"response_fields: at most {MAX_LIST}", param="response_fields")
     n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
@@ -232,11 +140,10 @@ def native_plan(
         logit_bias=req.logit_bias,
         json_schema=req.json_schema,
         grammar=req.grammar,
+        samplers=req.samplers,
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)
-    if req.samplers is not None:
-        plan.params = with_samplers(plan.params, req.samplers)
     plan.n_indent = req.n_indent or 0
     plan.t_max_predict_ms = req.t_max_predict_ms or 0
     return plan, prompt_only

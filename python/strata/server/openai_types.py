@@ -162,21 +162,83 @@ class ChatMessage(_Strict):
     function_call: None = None
 
 
+# llama.cpp's sampler names (and the aliases it takes) → the canonical name; `samplers` may
+# also be a string of their one-letter codes
+_CANONICAL = (
+    "dry", "top_k", "typ_p", "top_p", "top_n_sigma", "min_p", "xtc", "temperature", "infill",
+    "penalties", "adaptive_p",
+)  # fmt: skip
+_ALIASES = {
+    **{c: c for c in _CANONICAL},
+    **{c.replace("_", "-"): c for c in _CANONICAL if "_" in c},
+    **{c.replace("_", ""): c for c in _CANONICAL if "_" in c},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typ_p",
+}
+_CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
+# the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
+_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature", "infill")
+# llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
+_OFF: dict[str, tuple[Any, ...]] = {
+    "typical_p": (1.0,),
+    "dry_multiplier": (0.0,),
+    "xtc_probability": (0.0,),
+    "mirostat": (0,),
+    "top_n_sigma": (-1.0,),
+    "dynatemp_range": (0.0,),
+    "post_sampling_probs": (False,),
+    "id_slot": (-1,),
+    "n_keep": (0, -1),
+    "min_keep": (0, 1),
+    "timings_per_token": (False,),  # the native routes answer it; the OpenAI ones do not
+}
+MAX_LIST = 64  # samplers, response_fields
+
+
+class LlamaSampling(_Strict, kw_only=True):
+    """llama-server's sampling fields beyond OpenAI's, which its clients send to every route
+    (the chain `samplers`; the switches of the samplers Strata lacks, accepted off; their
+    parameters, without effect while those are off)."""
+
+    samplers: list[str] | str | None = None
+    typical_p: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    top_n_sigma: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    post_sampling_probs: bool | None = None
+    timings_per_token: bool | None = None
+    id_slot: int | None = None
+    n_keep: int | None = None
+    min_keep: int | None = None
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # OpenAI's padding of stream events: none here
 
 
-class _Common(_Strict, kw_only=True):
+class _Common(LlamaSampling, kw_only=True):
     model: str | None = None
     stream: bool | None = None  # OpenAI's schema allows null: not streamed
     stream_options: StreamOptions | None = None
     max_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's: max_tokens (-1: to the context's end)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    repeat_penalty: float | None = None  # llama-server's name of repetition_penalty
     repeat_last_n: int | None = None  # llama-server's: tokens the penalties look back over
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -375,16 +437,20 @@ def plan_common(
     n = 1 if req.n is None else req.n
     if not (1 <= n <= MAX_N):
         raise APIError(400, f"n: must be in 1..{MAX_N} (got {n})", param="n")
-    mt = req.max_tokens
+    check_off(req)
+    mt, name = req.max_tokens, "max_tokens"
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
-        mt = req.max_completion_tokens
+        mt, name = req.max_completion_tokens, "max_completion_tokens"
+    if req.n_predict is not None:  # llama-server's, over the others (as there)
+        mt, name = req.n_predict, "n_predict"
+    if mt == -1:  # llama-server's "to the context's end"
+        mt = None
     if mt is not None and mt < 1:
-        name = (
-            "max_completion_tokens"
-            if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
-            else "max_tokens"
+        raise APIError(400, f"{name}: must be at least 1, or -1 (got {mt})", param=name)
+    if req.repeat_penalty is not None and req.repetition_penalty is not None:
+        raise APIError(
+            400, "repeat_penalty: the same setting as repetition_penalty", param="repeat_penalty"
         )
-        raise APIError(400, f"{name}: must be at least 1 (got {mt})", param=name)
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     check_stops(stops, "stop")
     if req.stream_options is not None and not req.stream:
@@ -421,9 +487,14 @@ def plan_common(
         )
         if getattr(req, k) is not None
     }
+    if req.repeat_penalty is not None:
+        _finite("repeat_penalty", req.repeat_penalty)
+        fields["repetition_penalty"] = req.repeat_penalty
     fields["top_logprobs"] = top if logprobs else -1
     try:
         params = msgspec.structs.replace(defaults, **fields).validate()
+        if req.samplers is not None:
+            params = with_samplers(params, req.samplers)
     except ValueError as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return Plan(
@@ -583,3 +654,61 @@ def completion_prompts(prompt: Any, n_vocab: int) -> list[str | list[int]]:
     if any(len(p) == 0 for p in items):
         raise bad("must not be empty")
     return items
+
+
+def sampler_names(value: list[str] | str) -> list[str]:
+    """llama-server's `samplers` (names or one-letter codes) as canonical names; a 400 for
+    one it does not know."""
+    if len(value) > MAX_LIST:
+        raise APIError(400, f"samplers: at most {MAX_LIST}", param="samplers")
+    names = [value[i] for i in range(len(value))] if isinstance(value, str) else value
+    table = _CHARS if isinstance(value, str) else _ALIASES
+    out = []
+    for n in names:
+        c = table.get(n if isinstance(value, str) else n.lower())
+        if c is None:
+            raise APIError(400, f"samplers: unknown sampler {n!r}", param="samplers")
+        out.append(c)
+    return out
+
+
+def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingParams:
+    """`params` as llama.cpp's chain of the named samplers would sample: a sampler left out
+    is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
+    infill sampler. The ones Strata runs must come in its order (a 400 otherwise)."""
+    names = sampler_names(value)
+    ours = [n for n in names if n in _ORDER]
+    if ours != sorted(set(ours), key=_ORDER.index):
+        raise APIError(
+            400,
+            "samplers: Strata runs " + ", ".join(_ORDER) + " in this order (each once)",
+            param="samplers",
+        )
+    off: dict[str, Any] = {}
+    if "penalties" not in names:
+        off.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    if "top_k" not in names:
+        off["top_k"] = 0
+    if "top_p" not in names:
+        off["top_p"] = 1.0
+    if "min_p" not in names:
+        off["min_p"] = 0.0
+    if "temperature" not in names:
+        off["temperature"] = 1.0
+    return msgspec.structs.replace(params, infill="infill" in names, **off)
+
+
+def check_off(req: Any, answered: frozenset[str] = frozenset()) -> None:
+    """A 400 for a llama.cpp sampler or feature Strata lacks that is asked for (anything
+    but its "off" value); `answered`: the fields the caller handles itself."""
+    for name, ok in _OFF.items():
+        if name in answered:
+            continue
+        v = getattr(req, name)
+        if v is not None and v not in ok:
+            raise APIError(
+                400,
+                f"{name}: not supported (only {ok[0]!r}, off, is accepted)",
+                param=name,
+                code="unsupported_field",
+            )

@@ -9,6 +9,7 @@ Oracles: the texts below are written in each family's documented format (Qwen's 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -460,16 +461,21 @@ def test_lazy_grammar_waits_for_its_trigger_outside_thinking(opened: bool) -> No
 
     vocab = toytok.Vocabulary()
     c = constraints.Constraints(lambda: vocab, toytok.N_VOCAB, overlap=False)
-    trigger = GrammarTrigger([ord("@")], [ord("[")], [ord("]")], opened)
-    lazy = constraints.LazyGrammar(c.processor('start: "@" /[0-9]{3}/ "!"'), trigger)
+
+    def lazy_of(trigger: GrammarTrigger) -> constraints.LazyGrammar:
+        inner: Future[constraints.GrammarProcessor] = Future()
+        inner.set_result(c.processor('start: "@" /[0-9]{3}/ "!"'))
+        return constraints.LazyGrammar(inner, trigger, c.blank)
+
+    lazy = lazy_of(GrammarTrigger([ord("@")], [ord("[")], [ord("]")], opened))
 
     def allowed() -> set[int]:
-        x = np.zeros(toytok.N_VOCAB, dtype=np.float32)
-        lazy(x)
-        return {i for i in range(toytok.N_VOCAB) if np.isfinite(x[i])}
+        return allowed_of(lazy)
 
     every = set(range(toytok.N_VOCAB))
-    lead = b"a@b]c[@d]" if opened else b"a[@b]c"  # each '@' here is inside a thinking block
+    # each '@' here is inside a thinking block: one the prompt opened, or one the answer
+    # opens before anything but blanks (as the answer's parser takes them)
+    lead = b"a@b]c" if opened else b" [@b]c"
     for t in lead:
         assert allowed() == every
         lazy.accept(t)
@@ -479,3 +485,90 @@ def test_lazy_grammar_waits_for_its_trigger_outside_thinking(opened: bool) -> No
     for t in b"123":
         lazy.accept(t)
     assert allowed() == {ord("!")}
+    # a '[' after the answer began opens no thinking block: the '@' after it is a call
+    lazy = lazy_of(GrammarTrigger([ord("@")], [ord("[")], [ord("]")], False))
+    for t in b"x [":
+        lazy.accept(t)
+    lazy.accept(ord("@"))
+    assert allowed_of(lazy) == set(b"0123456789")
+    # with no thinking tokens (reasoning_format none) a '@' anywhere is a call
+    lazy = lazy_of(GrammarTrigger([ord("@")]))
+    for t in b"[":
+        lazy.accept(t)
+    lazy.accept(ord("@"))
+    assert allowed_of(lazy) == set(b"0123456789")
+    # a grammar that fails to compile leaves the call free, the request running
+    failed: Future[constraints.GrammarProcessor] = Future()
+    failed.set_exception(constraints.ConstraintError("too big"))
+    lazy = constraints.LazyGrammar(failed, GrammarTrigger([ord("@")]), c.blank)
+    lazy.accept(ord("@"))
+    assert allowed_of(lazy) == every
+
+
+def allowed_of(proc: Any) -> set[int]:
+    x = np.zeros(toytok.N_VOCAB, dtype=np.float32)
+    proc(x)
+    return {i for i in range(toytok.N_VOCAB) if np.isfinite(x[i])}
+
+
+def nested_schema(depth: int, i: int) -> dict[str, Any]:
+    if depth == 0:
+        leaf = {"type": "string", "maxLength": 32}
+        return {"type": "object", "properties": {f"leaf{i}": leaf}, "required": [f"leaf{i}"]}
+    return {
+        "type": "object",
+        "properties": {
+            f"child_{depth}_{i}": nested_schema(depth - 1, i),
+            "items": {"type": "array", "items": nested_schema(depth - 1, i + 1), "maxItems": 4},
+            "opt": {"anyOf": [{"type": "number"}, {"type": "null"}, nested_schema(depth - 1, i)]},
+        },
+        "required": [f"child_{depth}_{i}"],
+    }
+
+
+def test_lazy_calls_past_the_grammar_cap_stay_unconstrained() -> None:
+    """tool_choice auto with tools whose call grammar is past the cap a forced choice is
+    refused at (its compile would cost the engine seconds, or fail there): no lazy grammar,
+    the calls left to the model; a small set gets one, waiting for the `<tool_call>` token."""
+    from strata.gguf import GGUFFile
+    from strata.modelgen import shipped_model_path
+    from strata.server.chat import lazy_calls
+    from strata.server.structured import MAX_GRAMMAR_BYTES
+    from strata.server.tokenizing import RealTokenizer
+
+    with GGUFFile(shipped_model_path("default")) as f:
+        tok = RealTokenizer(dict(f.metadata))
+    many = [
+        T.ToolSpec.from_openai(
+            {"type": "function", "function": {"name": f"t{k}", "parameters": nested_schema(3, k)}}
+        )
+        for k in range(100)
+    ]
+    assert len(T.call_grammar(T.HERMES, many, "required", True)) > MAX_GRAMMAR_BYTES
+    assert lazy_calls(tok, T.HERMES, many, True, False) == (None, None)
+    grammar, trigger = lazy_calls(tok, T.HERMES, SPECS, True, False)
+    assert grammar is not None and trigger is not None
+    assert trigger.tokens == tok.encode("<tool_call>", True) and len(trigger.tokens) == 1
+    # reasoning_format none: the parser takes no thinking apart, so none waits the trigger
+    assert lazy_calls(tok, T.HERMES, SPECS, True, False, thinking=False)[1].think == []  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_a_line_break_after_the_calls_may_end_the_answer(parallel: bool) -> None:
+    """The lazy grammar's calls (tool_choice auto) may be followed by a line break and the
+    end: a model that ends its answer so is not pushed into another call."""
+    vocab = toytok.Vocabulary()
+    c = constraints.Constraints(lambda: vocab, toytok.N_VOCAB, overlap=False)
+    for trailing in (False, True):
+        g = T.call_grammar(T.HERMES, SPECS, "required", parallel, trailing_break=trailing)
+        proc = c.processor(g)
+        call = '<tool_call>\n{"name": "note", "arguments": {"ok": true}}\n</tool_call>'
+        for t in call.encode():
+            proc.accept(t)
+        assert allowed_of(proc) & toytok.EOG_IDS  # the end, right after the call
+        if not (parallel or trailing):
+            assert ord("\n") not in allowed_of(proc)
+            continue
+        proc.accept(ord("\n"))
+        assert proc.error is None
+        assert bool(allowed_of(proc) & toytok.EOG_IDS) == trailing  # else: another call

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -34,6 +36,9 @@ import numpy as np
 import numpy.typing as npt
 
 from strata._core import apply_token_bitmask
+
+log = logging.getLogger("strata.engine")
+COMPILED_CACHE = 16  # compiled grammars kept for the next request with the same one
 
 # JSON as Python's json.dumps writes it (what chat templates show models): fixed separators,
 # no other whitespace; with free whitespace a weak model can pad until max_tokens.
@@ -188,6 +193,15 @@ def vocabulary_tokenizer(vocab: Vocabulary) -> Any:
     )
 
 
+def compile_matcher(tokenizer: Any, grammar: str) -> Any:
+    """llguidance's matcher of `grammar` over `tokenizer` (ConstraintError when it does not
+    compile)."""
+    matcher = _llg().LLMatcher(tokenizer, _lark(grammar), log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(matcher.get_error())
+    return matcher
+
+
 class GrammarProcessor:
     """The token mask of one constrained sequence (a logits processor). Not thread-safe: one
     sequence, one caller; its only helper thread is the shared mask worker."""
@@ -198,11 +212,10 @@ class GrammarProcessor:
         grammar: str,
         n_vocab: int,
         worker: ThreadPoolExecutor | None = None,
+        matcher: Any = None,
     ) -> None:
-        llg = _llg()
-        self.matcher = llg.LLMatcher(tokenizer, _lark(grammar), log_level=0)
-        if self.matcher.is_error():
-            raise ConstraintError(self.matcher.get_error())
+        # `matcher`: one compiled from `grammar` already (a fresh copy of a cached one)
+        self.matcher = matcher if matcher is not None else compile_matcher(tokenizer, grammar)
         self.n_vocab = n_vocab
         self.eos = list(tokenizer.eos_tokens)
         self.words = (n_vocab + 31) // 32
@@ -268,31 +281,49 @@ class GrammarProcessor:
 
 class LazyGrammar:
     """A grammar that waits for its trigger (`strata.sampling.GrammarTrigger`): no mask until
-    a trigger token is sampled outside a thinking block, then `inner`'s, fed that token first
-    (llama.cpp's lazy grammar: a tool call the model starts follows the tools' schemas)."""
+    a trigger token is sampled outside a thinking block, then the grammar's, fed that token
+    first (llama.cpp's lazy grammar: a tool call the model starts follows the tools'
+    schemas). Thinking is what the answer's parser takes as thinking: a block the prompt
+    opened, or one the answer opens before anything but blanks, to its close. The grammar is
+    compiled off the engine's step (`inner`, a future): a sequence that never calls a tool
+    never waits for it; one whose grammar fails to compile stays free."""
 
-    def __init__(self, inner: GrammarProcessor, trigger: Any) -> None:
-        self.inner = inner
+    def __init__(
+        self, inner: Future[GrammarProcessor], trigger: Any, blank: Callable[[int], bool]
+    ) -> None:
+        self._inner = inner
+        self.inner: GrammarProcessor | None = None
         self.triggers = frozenset(trigger.tokens)
         self.think = frozenset(trigger.think)
         self.unthink = frozenset(trigger.unthink)
         self.thinking = bool(trigger.opened)
-        self.on = False
+        self.started = bool(trigger.opened)  # past the answer's leading blanks
+        self.blank = blank
 
     def __call__(self, logits: F32) -> None:
-        if self.on:
+        if self.inner is not None:
             self.inner(logits)
 
     def accept(self, token: int) -> None:
-        if self.on:
+        if self.inner is not None:
             self.inner.accept(token)
-        elif token in self.think:
-            self.thinking = True
-        elif token in self.unthink:
-            self.thinking = False
-        elif token in self.triggers and not self.thinking:
-            self.on = True
-            self.inner.accept(token)
+        elif self.thinking:
+            self.thinking = token not in self.unthink
+        elif token in self.triggers:
+            self._engage(token)
+        elif token in self.think and not self.started:
+            self.thinking = self.started = True
+        elif not self.blank(token):
+            self.started = True
+
+    def _engage(self, token: int) -> None:
+        try:
+            inner = self._inner.result()
+        except Exception as e:  # a grammar the engine cannot compile: the call stays free
+            log.warning("a tool call left unconstrained: %s", e)
+            return
+        inner.accept(token)
+        self.inner = inner
 
 
 class Constraints:
@@ -309,6 +340,11 @@ class Constraints:
         self._lock = threading.Lock()
         self.overlap = overlap
         self._worker: ThreadPoolExecutor | None = None
+        self._compiler: ThreadPoolExecutor | None = None  # lazy grammars' compiles
+        self._blank: list[bool] | None = None  # token id → its text is blanks only
+        # compiled matchers by grammar, pristine (each sequence gets a copy): an agent sends
+        # the same tools every turn
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
 
     @property
     def worker(self) -> ThreadPoolExecutor | None:
@@ -334,7 +370,30 @@ class Constraints:
         threading.Thread(target=build, name="strata-llg-vocab", daemon=True).start()
 
     def processor(self, grammar: str) -> GrammarProcessor:
-        return GrammarProcessor(self.tokenizer(), grammar, self.n_vocab, self.worker)
+        tok = self.tokenizer()
+        with self._lock:
+            cached = self._compiled.get(grammar)
+            if cached is not None:
+                self._compiled.move_to_end(grammar)
+                matcher = cached.deep_copy()
+        if cached is None:
+            matcher = compile_matcher(tok, grammar)
+            with self._lock:
+                self._compiled[grammar] = matcher.deep_copy()
+                while len(self._compiled) > COMPILED_CACHE:
+                    self._compiled.popitem(last=False)
+        return GrammarProcessor(tok, grammar, self.n_vocab, self.worker, matcher)
+
+    def blank(self, token: int) -> bool:
+        """Whether the token's text is blanks only (the answer has not started)."""
+        return self._blanks()[token] if 0 <= token < self.n_vocab else False
+
+    def _blanks(self) -> list[bool]:
+        with self._lock:
+            if self._blank is None:
+                v = self._vocabulary()
+                self._blank = [not v.token_bytes(i).strip() for i in range(v.n_vocab)]
+            return self._blank
 
     def for_request(self, req: Any) -> GrammarProcessor | LazyGrammar | None:
         """The scheduler's processor factory: a request's (`Submit`) constraint, from
@@ -344,5 +403,9 @@ class Constraints:
         if grammar is None:
             return None
         trigger = req.params.grammar_trigger
-        inner = self.processor(grammar)
-        return inner if trigger is None else LazyGrammar(inner, trigger)
+        if trigger is None:
+            return self.processor(grammar)
+        if self._compiler is None:
+            self._compiler = ThreadPoolExecutor(1, thread_name_prefix="strata-grammar")
+        self._blanks()
+        return LazyGrammar(self._compiler.submit(self.processor, grammar), trigger, self.blank)

@@ -33,7 +33,7 @@ from strata.sampling import GrammarTrigger, ReasoningBudget
 from strata.server import harmony
 from strata.server.assistant import AssistantParser
 from strata.server.openai_types import APIError, ChatRequest, chat_messages
-from strata.server.structured import answer_grammar, checked
+from strata.server.structured import MAX_GRAMMAR_BYTES, answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 from strata.server.tools import ToolFormat, ToolSpec, call_grammar, format_for, template_messages
 
@@ -165,7 +165,8 @@ def prepare_chat(
         and tools
         and not harmony.is_harmony(template)
     ):
-        grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened)
+        parsed = reasoning_format == "parsed"
+        grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened and parsed, parsed)
     if grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
         grammar = checked(
@@ -192,23 +193,29 @@ def lazy_calls(
     tools: Sequence[ToolSpec],
     parallel: bool,
     opened: bool,
+    thinking: bool = True,
 ) -> tuple[str | None, GrammarTrigger | None]:
     """llama.cpp's lazy grammar for tool_choice auto: the answer is free until the model
-    writes the call format's opening token (outside a thinking block); from there on it is
-    calls of the offered tools with arguments of their schemas, as a forced call's. (None,
-    None) where the opening is no single token of the vocabulary or a schema cannot be a
-    constraint: the calls are then the model's own text."""
+    writes the call format's opening token outside thinking (`thinking`: the answer's
+    parser takes a thinking block apart: reasoning_format parsed; `opened`: the prompt opened
+    one); from there on it is calls of the offered tools with arguments of their schemas, as
+    a forced call's, a line break after them allowed. (None, None) where the opening is no
+    single token of the vocabulary, or a schema cannot be a constraint, or the grammar is
+    past MAX_GRAMMAR_BYTES: the calls are then the model's own text. Not covered: a
+    Qwen3-Coder call the model opens with `<function=` alone (no single token to wait for)."""
     ids = tok.encode(fmt.blocks[0][0], True)
     if len(ids) != 1:
         return None, None
     try:
-        grammar = call_grammar(fmt, tools, "required", parallel)
+        grammar = call_grammar(fmt, tools, "required", parallel, trailing_break=True)
+        if len(grammar) > MAX_GRAMMAR_BYTES:
+            raise ValueError(f"the grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
         constraints.check_grammar(grammar)
     except ValueError as e:
         log.info("tool calls left unconstrained: %s", e)
         return None, None
     think, unthink = tok.encode(OPEN, True), tok.encode(CLOSE, True)
-    single = len(think) == 1 and len(unthink) == 1
+    single = thinking and len(think) == 1 and len(unthink) == 1
     trigger = GrammarTrigger(ids, think if single else [], unthink if single else [], opened)
     return grammar, trigger
 

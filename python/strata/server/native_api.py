@@ -514,8 +514,9 @@ async def apply_template(request: Request) -> Response:
     req: ChatRequest = convert(await read_json(request), ChatRequest)
     st.check_model(req.model)
     _, tok = st.ready()
+    c = st.config  # (no lazy tool grammar: nothing runs)
     setup = await asyncio.to_thread(
-        openai_chat, req, tok, st.config.reasoning_format, st.config.tool_call_format
+        openai_chat, req, tok, c.reasoning_format, c.tool_call_format, False
     )
     return JSONResponse({"prompt": setup.prompt})
 

@@ -502,9 +502,16 @@ def format_for(template: str | None, name: str = "auto") -> ToolFormat:
 # -- constraint grammars -----------------------------------------------------------------------
 
 
-def call_grammar(fmt: ToolFormat, tools: Sequence[ToolSpec], choice: str, parallel: bool) -> str:
+def call_grammar(
+    fmt: ToolFormat,
+    tools: Sequence[ToolSpec],
+    choice: str,
+    parallel: bool,
+    trailing_break: bool = False,
+) -> str:
     """A Lark grammar (llguidance) for the whole answer when calls are forced: `choice`
-    "required" (one call of any tool, or more when `parallel`) or a tool's name (one call)."""
+    "required" (one call of any tool, or more when `parallel`) or a tool's name (one call);
+    `trailing_break`: a line break may follow the last call (the end may follow it)."""
     chosen = list(tools) if choice == "required" else [t for t in tools if t.name == choice]
     if not chosen:
         raise ValueError(f"tool_choice: no tool named {choice!r}")
@@ -514,7 +521,8 @@ def call_grammar(fmt: ToolFormat, tools: Sequence[ToolSpec], choice: str, parall
         names.append(f"call_{i}")
         lines += fmt.grammar_call(t, f"call_{i}")
     many = parallel and choice == "required"
-    lines.insert(0, 'start: call ("\\n" call)*' if many else "start: call")
+    tail = ' "\\n"?' if trailing_break else ""
+    lines.insert(0, ('start: call ("\\n" call)*' if many else "start: call") + tail)
     lines.insert(1, "call: " + " | ".join(names))
     return "\n".join(lines) + "\n"
 

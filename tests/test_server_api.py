@@ -357,8 +357,9 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
     assert b["usage"]["completion_tokens"] == 3  # n_predict: llama-server's max_tokens
     for bad, param in (
-        ({"typical_p": 0.5}, "typical_p"),
-        ({"dry_multiplier": 0.8}, "dry_multiplier"),
+        ({"typical_p": 0.0}, "typical_p"),  # (0, 1]; typical sampling itself runs
+        ({"xtc_threshold": 1.5}, "xtc_threshold"),
+        ({"dry_multiplier": 0.8}, "dry_multiplier"),  # DRY Strata lacks: off only
         ({"samplers": ["top_p", "top_k"]}, "samplers"),
         ({"repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
         ({"max_tokens": -2}, "max_tokens"),

@@ -10,9 +10,10 @@ Order and defaults are llama.cpp's (`common_sampler`'s default chain, llama-serv
      of it, 0: none): repetition (positive logits divided by `repetition_penalty`, negative ones
      multiplied), then frequency (× count) and presence (once) subtracted;
   2. temperature 0 → greedy (argmax of the penalized row, lowest id on ties);
-  3. otherwise top-k, then top-p (the smallest set of the best tokens whose probability at
-     temperature 1 reaches p), then min-p (drop tokens below min_p × the best one's
-     probability), then temperature, then (for infill requests that name it) llama.cpp's
+  3. otherwise top-n-sigma (llama.cpp's; off by default), top-k, locally typical sampling
+     (off by default), top-p (the smallest set of the best tokens whose probability at
+     temperature 1 reaches p), min-p (drop tokens below min_p × the best one's probability),
+     XTC (off by default), temperature, then (for infill requests that name it) llama.cpp's
      infill sampler (`strata.infill`), then a draw with the sequence's own generator.
 Defaults: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, repetition_penalty 1.0,
 repeat_last_n 64 (llama.cpp's). Reported log-probabilities are those of the model's raw
@@ -60,6 +61,8 @@ GGUF_SAMPLING = {
     "general.sampling.min_p": "min_p",
     "general.sampling.penalty_repeat": "repetition_penalty",
     "general.sampling.penalty_last_n": "repeat_last_n",
+    "general.sampling.xtc_probability": "xtc_probability",
+    "general.sampling.xtc_threshold": "xtc_threshold",
 }
 
 
@@ -114,6 +117,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
     # the server's `cache_prompt` setting off turns reuse off for every request)
     cache_prompt: bool = True
+    # llama.cpp's samplers beside those (their "off" values by default): top-n-sigma (> 0:
+    # logits below the best less n standard deviations go), locally typical sampling (< 1),
+    # XTC (with this probability, of the tokens at least `xtc_threshold` likely only the
+    # least likely one stays)
+    top_n_sigma: float = -1.0
+    typical_p: float = 1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
     # "infill"): `strata.infill.InfillFilter` over the candidates the chain leaves
     infill: bool = False
@@ -144,6 +155,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise bad("top_p", "must be in (0, 1]")
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
+        if not (0.0 < finite("typical_p") <= 1.0):
+            raise bad("typical_p", "must be in (0, 1]")
+        for name in ("xtc_probability", "xtc_threshold"):
+            if not (0.0 <= finite(name) <= 1.0):
+                raise bad(name, "must be in [0, 1]")
+        finite("top_n_sigma")
         if not (0.0 < finite("repetition_penalty") <= 100.0):
             raise bad("repetition_penalty", "must be in (0, 100]")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -353,11 +370,11 @@ class Sampler:
 
     def distribution(self, x: F32) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The distribution a non-greedy draw picks from over the processed row [V]
-        (`distribution`, with this sequence's infill stage)."""
-        return distribution(x, self.params, self.infill)
+        (`distribution`, with this sequence's infill stage and generator)."""
+        return distribution(x, self.params, self.infill, self.rng)
 
     def _draw(self, x: F32) -> int:
-        """top-k → top-p → min-p → temperature → [infill] → draw, over the row [V]."""
+        """The chain of `distribution`, then the draw, over the row [V]."""
         cand, prob = self.distribution(x)
         if cand.size == 1 and not np.isfinite(x[cand[0]]):  # everything masked: no draw
             return int(cand[0])
@@ -365,11 +382,18 @@ class Sampler:
 
 
 def distribution(
-    x: F32, p: SamplingParams, infill: InfillStage | None = None
+    x: F32,
+    p: SamplingParams,
+    infill: InfillStage | None = None,
+    rng: np.random.Generator | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """The distribution a non-greedy draw picks from over the row [V]: top-k → top-p → min-p →
-    temperature → `infill` (when given). Returns (ids [n], probabilities [n]), best first
-    (lowest id on ties); a row with every logit masked gives its argmax with probability 1."""
+    """The distribution a non-greedy draw picks from over the row [V]: top-n-sigma → top-k →
+    typical → top-p → min-p → XTC (it draws from `rng`; without one it is left out) →
+    temperature → `infill` (when given), llama.cpp's default order. Returns (ids [n],
+    probabilities [n]), best first (lowest id on ties); a row with every logit masked gives
+    its argmax with probability 1."""
+    if p.top_n_sigma > 0.0:
+        x = _top_n_sigma(x, p.top_n_sigma)
     n = x.shape[0]
     # [k] candidates, unordered
     cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
@@ -379,18 +403,60 @@ def distribution(
     v = x[cand].astype(np.float64)
     order = np.lexsort((cand, -v))  # best first, lowest id on ties
     cand, v = cand[order], v[order]
-    prob = np.exp(v - v[0])
-    prob /= prob.sum()
+    prob = _softmax(v)
+    if p.typical_p < 1.0:
+        cand, v = _typical(cand, v, prob, p.typical_p)
+        prob = _softmax(v)
     if p.top_p < 1.0:
         keep = int(np.searchsorted(np.cumsum(prob), p.top_p)) + 1  # tokens to reach p
         cand, v, prob = cand[:keep], v[:keep], prob[:keep]
     if p.min_p > 0.0:
         keep_mask = prob >= p.min_p * prob[0]
         cand, v = cand[keep_mask], v[keep_mask]
+    xtc = p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and cand.size >= 2
+    # XTC: sometimes, of the tokens at least `threshold` likely, only the least one stays
+    if xtc and rng is not None and rng.random() <= p.xtc_probability:
+        above = int(np.count_nonzero(_softmax(v) >= p.xtc_threshold))
+        if above > 1:
+            cand, v = cand[above - 1 :], v[above - 1 :]
     if infill is not None:
         return infill(cand.astype(np.int64), v / p.temperature)
     w = np.exp((v - v[0]) / p.temperature)
     return cand.astype(np.int64), w / w.sum()
+
+
+def _softmax(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Probabilities of logits [n] sorted best first."""
+    e = np.exp(v - v[0])
+    out: npt.NDArray[np.float64] = e / e.sum()
+    return out
+
+
+def _top_n_sigma(x: F32, n: float) -> F32:
+    """llama.cpp's top-n-sigma: logits below the best one less n standard deviations of the
+    finite logits are masked."""
+    f = x[np.isfinite(x)]
+    if f.size <= 1:
+        return x
+    cut = f.max() - n * f.std()
+    out: F32 = np.where(x < cut, np.float32(-np.inf), x).astype(np.float32)
+    return out
+
+
+def _typical(
+    cand: npt.NDArray[np.int64],
+    v: npt.NDArray[np.float64],
+    prob: npt.NDArray[np.float64],
+    typical_p: float,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Locally typical sampling (llama.cpp's): the tokens whose surprise is closest to the
+    entropy, until their probability passes `typical_p`; kept best first."""
+    logp = np.log(np.where(prob > 0, prob, 1.0))
+    entropy = -float(np.sum(prob * logp))
+    order = np.argsort(np.abs(-logp - entropy), kind="stable")
+    over = int(np.searchsorted(np.cumsum(prob[order]), typical_p, side="right"))
+    keep = np.sort(order[: min(over + 1, order.size)])
+    return cand[keep], v[keep]
 
 
 def draw(

@@ -141,6 +141,10 @@ def native_plan(
         json_schema=req.json_schema,
         grammar=req.grammar,
         samplers=req.samplers,
+        typical_p=req.typical_p,
+        xtc_probability=req.xtc_probability,
+        xtc_threshold=req.xtc_threshold,
+        top_n_sigma=req.top_n_sigma,
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)
@@ -311,6 +315,10 @@ class _Native:
             "n_indent": self.plan.n_indent,
             "t_max_predict_ms": self.plan.t_max_predict_ms,
             "samplers": [n for n in _ORDER if n != "infill" or p.infill],
+            "typical_p": p.typical_p,
+            "xtc_probability": p.xtc_probability,
+            "xtc_threshold": p.xtc_threshold,
+            "top_n_sigma": p.top_n_sigma,
             "grammar": p.grammar or "",
         }
 
@@ -484,7 +492,7 @@ async def props(request: Request) -> Response:
                     "repeat_penalty": d.repetition_penalty,
                     "presence_penalty": d.presence_penalty,
                     "frequency_penalty": d.frequency_penalty,
-                    "samplers": list(_ORDER[:5]),
+                    "samplers": list(_ORDER[:-1]),
                 },
             },
             "total_slots": client.slots if client else st.config.parallel,

@@ -178,14 +178,14 @@ _ALIASES = {
 }
 _CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
 # the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
-_ORDER = ("penalties", "top_k", "top_p", "min_p", "temperature", "infill")
+_ORDER = (
+    "penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+    "infill",
+)  # fmt: skip
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
-    "typical_p": (1.0,),
     "dry_multiplier": (0.0,),
-    "xtc_probability": (0.0,),
     "mirostat": (0,),
-    "top_n_sigma": (-1.0,),
     "dynatemp_range": (0.0,),
     "post_sampling_probs": (False,),
     "id_slot": (-1,),
@@ -465,6 +465,10 @@ def plan_common(
         "temperature",
         "top_p",
         "min_p",
+        "typical_p",
+        "xtc_probability",
+        "xtc_threshold",
+        "top_n_sigma",
         "repetition_penalty",
         "presence_penalty",
         "frequency_penalty",
@@ -484,6 +488,10 @@ def plan_common(
             "seed",
             "speculative",
             "cache_prompt",
+            "typical_p",
+            "xtc_probability",
+            "xtc_threshold",
+            "top_n_sigma",
         )
         if getattr(req, k) is not None
     }
@@ -693,6 +701,12 @@ def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingPar
         off["top_p"] = 1.0
     if "min_p" not in names:
         off["min_p"] = 0.0
+    if "top_n_sigma" not in names:
+        off["top_n_sigma"] = -1.0
+    if "typ_p" not in names:
+        off["typical_p"] = 1.0
+    if "xtc" not in names:
+        off["xtc_probability"] = 0.0
     if "temperature" not in names:
         off["temperature"] = 1.0
     return msgspec.structs.replace(params, infill="infill" in names, **off)

@@ -1,0 +1,88 @@
+"""The sampler chain against llama.cpp's own samplers (llama-cpp-python's low-level API):
+top-n-sigma → top-k → typical → top-p → min-p → XTC → temperature over the same random rows,
+in llama.cpp's default order; the tokens left and their probabilities must be llama.cpp's."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import llama_cpp
+import numpy as np
+import numpy.typing as npt
+from strata.sampling import SamplingParams, distribution
+
+
+def llama_survivors(
+    x: npt.NDArray[np.float32], p: SamplingParams
+) -> tuple[list[int], npt.NDArray[np.float64]]:
+    """The tokens llama.cpp's chain leaves (sorted ids) and their probabilities (the softmax
+    its `dist` sampler draws from), min_keep 0 as llama-server's default."""
+    n = x.shape[0]
+    data = (llama_cpp.llama_token_data * n)()
+    for i in range(n):
+        data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    stages = [
+        llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma),
+        llama_cpp.llama_sampler_init_top_k(p.top_k),
+        llama_cpp.llama_sampler_init_typical(p.typical_p, 0),
+        llama_cpp.llama_sampler_init_top_p(p.top_p, 0),
+        llama_cpp.llama_sampler_init_min_p(p.min_p, 0),
+        llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 0, 1),
+        llama_cpp.llama_sampler_init_temp(p.temperature),
+    ]
+    try:
+        for s in stages:
+            llama_cpp.llama_sampler_chain_add(chain, s)
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+        got = {
+            int(arr.data[i].id): float(arr.data[i].logit)
+            for i in range(arr.size)
+            if np.isfinite(arr.data[i].logit)
+        }
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+    ids = sorted(got)
+    v = np.array([got[i] for i in ids], dtype=np.float64)
+    e = np.exp(v - v.max())
+    return ids, e / e.sum()
+
+
+def test_chain_leaves_llama_cpps_tokens_and_probabilities() -> None:
+    rng = np.random.default_rng(3)
+    grid = itertools.product(
+        (-1.0, 1.0, 2.5),  # top_n_sigma
+        (0, 40, 400),  # top_k
+        (1.0, 0.9, 0.4),  # typical_p
+        (1.0, 0.9),  # top_p
+        (0.0, 0.05),  # min_p
+        ((0.0, 0.1), (1.0, 0.1), (1.0, 0.02)),  # XTC probability, threshold
+        (1.0, 0.6),  # temperature
+    )
+    differ, exercised = [], {"sigma": 0, "typical": 0, "xtc": 0}
+    # not top-n-sigma with typical after it: llama.cpp leaves the tokens top-n-sigma masked
+    # in the candidates with probability 0, and its typical sampler's entropy of them is NaN
+    # (0 · log 0); Strata's drops them first
+    cases = [c for c in grid if not (c[0] > 0 and c[2] < 1)]
+    for case in cases:
+        sigma, k, typ, top_p, min_p, (xp, xt), temp = case
+        x = (rng.standard_normal(3000) * rng.uniform(1.0, 4.0)).astype(np.float32)
+        p = SamplingParams(
+            temperature=temp, top_k=k, top_p=top_p, min_p=min_p, typical_p=typ,
+            xtc_probability=xp, xtc_threshold=xt, top_n_sigma=sigma,
+        )  # fmt: skip
+        cand, prob = distribution(x, p, rng=np.random.default_rng(0))
+        order = np.argsort(cand)
+        ours = cand[order].tolist()
+        ref_ids, ref_p = llama_survivors(x, p)
+        if ours != ref_ids or not np.allclose(prob[order], ref_p, rtol=1e-4, atol=1e-7):
+            differ.append((case, len(ours), len(ref_ids)))
+        off = SamplingParams(temperature=temp, top_k=k, top_p=top_p, min_p=min_p)
+        plain = distribution(x, off)[0]
+        if len(plain) != len(ours):
+            exercised["sigma" if sigma > 0 else "typical" if typ < 1 else "xtc"] += 1
+    # a token on a threshold can land either side in float32 there and float64 here
+    assert len(differ) <= len(cases) // 200, differ[:5]
+    assert min(exercised.values()) >= 20, exercised

@@ -45,8 +45,15 @@ def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
         "repetition_penalty": 1.1,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
+        "typical_p": 1.0,
+        "top_n_sigma": -1.0,
         "seed": 7,
     }
+    ns = parser().parse_args(
+        ["--typical", "0.9", "--xtc-probability", "0.5", "--top-nsigma", "1.5"]
+    )
+    t = Config.from_args(ns).sampling_settings()
+    assert (t["typical_p"], t["xtc_probability"], t["top_n_sigma"]) == (0.9, 0.5, 1.5)
     assert c.n_predict == 64
     assert "temperature" not in Config.load({}, env={}).sampling_settings()
     for over, name in (

@@ -392,6 +392,26 @@ class Config:
         kind=int,
         llama=("--repeat-last-n",),
     )
+    typical_p: float = _s(
+        1.0, "locally typical sampling of a request that sets none (1: off)", llama=("--typical",)
+    )
+    top_n_sigma: float = _s(
+        -1.0, "top-n-sigma of a request that sets none (<= 0: off)", llama=("--top-nsigma",)
+    )
+    xtc_probability: float | None = _s(
+        None,
+        "XTC's chance of a request that sets none (unset: general.sampling.xtc_probability, "
+        "else 0: off)",
+        kind=float,
+        llama=("--xtc-probability",),
+    )
+    xtc_threshold: float | None = _s(
+        None,
+        "XTC's threshold of a request that sets none (unset: general.sampling.xtc_threshold, "
+        "else 0.1)",
+        kind=float,
+        llama=("--xtc-threshold",),
+    )
     presence_penalty: float = _s(
         0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
     )
@@ -614,6 +634,10 @@ class Config:
             "repeat_last_n": self.repeat_last_n,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
+            "typical_p": self.typical_p,
+            "top_n_sigma": self.top_n_sigma,
+            "xtc_probability": self.xtc_probability,
+            "xtc_threshold": self.xtc_threshold,
             "seed": None if self.seed == -1 else self.seed,
         }
         return {k: v for k, v in out.items() if v is not None}

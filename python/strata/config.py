@@ -17,20 +17,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import itertools
-import math
 import numbers
 import operator
 import os
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from strata.errors import ConfigError
-from strata.sampling import SamplingParams
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -464,164 +460,10 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
-        def bad(name: str, why: str) -> ConfigError:
-            return ConfigError(f"{name}: {why} (got {getattr(self, name)!r})")
+        """A ConfigError naming the first bad setting (`strata.config_checks`)."""
+        from strata.config_checks import check_config
 
-        # each value of its field's type (a Config built directly gets no coercion): a bool
-        # for a bool, a whole number for an int, a number for a float, text for text
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None and f.default is None:  # unset: resolved later (its help says how)
-                continue
-            kind: type = _kind(f)
-            if kind is bool:
-                ok = isinstance(v, bool)
-            elif kind is int:
-                ok = isinstance(v, numbers.Integral) and not isinstance(v, bool)
-            elif kind is float:
-                ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
-            else:
-                ok = isinstance(v, kind)
-            if not ok:
-                raise bad(f.name, f"expects {kind.__name__}")
-
-        if self.n_ctx != 0 and self.n_ctx < 16:
-            raise bad("n_ctx", "must be at least 16 (or 0: the model's training context)")
-        if not 1 <= self.parallel <= 4096:
-            raise bad("parallel", "must be in 1..4096")
-        if self.n_ctx != 0 and self.n_ctx_seq < 16:
-            raise bad(
-                "n_ctx",
-                f"leaves {self.n_ctx_seq} tokens to each of the {self.parallel} parallel "
-                "sequences (n_ctx / parallel); each needs at least 16",
-            )
-        if self.prefill_chunk < 1:
-            raise bad("prefill_chunk", "must be at least 1")
-        if not 0 <= self.threads <= 1024:
-            raise bad("threads", "must be in 0..1024")
-        if not 0 <= self.fill_threads <= 1024:
-            raise bad("fill_threads", "must be in 0..1024")
-        if not 1 <= self.readahead_threads <= 64:
-            raise bad("readahead_threads", "must be in 1..64")
-        if self.profile_tokens < 0:
-            raise bad("profile_tokens", "must be >= 0")
-        if self.vram_budget_mib < -1 or self.vram_budget_mib == 0:
-            raise bad("vram_budget_mib", "must be -1 (automatic) or > 0")
-        if self.vram_reserve_mib < 0:
-            raise bad("vram_reserve_mib", "must be >= 0")
-        if self.vram_slots < -1:
-            raise bad("vram_slots", "must be -1 (from the budget) or >= 0")
-        if not 0 <= self.adapt_every < 1 << 32:
-            raise bad("adapt_every", "must be in 0..4294967295")
-        if self.stream_min_tokens < 0:
-            raise bad("stream_min_tokens", "must be >= 0")
-        if self.stream_chunk < 0:
-            raise bad("stream_chunk", "must be >= 0")
-        if self.stream_threads < 0:
-            raise bad("stream_threads", "must be >= 0")
-        if self.defer_experts < 0:
-            raise bad("defer_experts", "must be >= 0 (0: off)")
-        if not 0 <= self.adapt_swaps <= 4096:
-            raise bad("adapt_swaps", "must be in 0..4096")
-        if not (self.pcie_frac == -1.0 or 0.0 <= self.pcie_frac <= 1.0):
-            raise bad("pcie_frac", "must be -1 (auto: measured) or in 0..1")
-        stages = self.stage_devices()
-        if stages is None:
-            raise bad("gpus", 'must be device numbers, comma-separated (e.g. "0" or "0,0")')
-        bounds = self.split_bounds()
-        if bounds is None:
-            raise bad("layer_split", 'must be "auto" or layer numbers, comma-separated')
-        if bounds and len(bounds) != len(stages) - 1:
-            raise bad(
-                "layer_split",
-                f"needs {len(stages) - 1} boundaries for {len(stages)} stages (gpus), one fewer "
-                "than the stages",
-            )
-        if bounds and (bounds[0] < 1 or any(a >= b for a, b in itertools.pairwise(bounds))):
-            raise bad(
-                "layer_split",
-                "boundaries must increase strictly from 1 (every stage holds a layer)",
-            )
-        if self.pipeline_windows not in (1, 2):
-            raise bad("pipeline_windows", "must be 1 or 2")
-        if self.pipeline_windows == 2 and len(stages) < 2:
-            raise bad("pipeline_windows", "2 needs at least two stages (gpus)")
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise bad(f.name, f"must be one of {', '.join(choices)}")
-        if not (0 < self.port < 65536):
-            raise bad("port", "must be in 1..65535")
-        if self.max_queue < 0:
-            raise bad("max_queue", "must be >= 0")
-        if self.max_batch_tokens < 1:
-            raise bad("max_batch_tokens", "must be at least 1")
-        if not -1 <= self.reasoning_budget < 1 << 31:
-            raise bad("reasoning_budget", "must be -1 (no cap) or in 0..2^31-1")
-        if not 1 <= self.spec_max <= 64:
-            raise bad("spec_max", "must be in 1..64")
-        if not 0 <= self.spec_min <= self.spec_max:  # 0 as 1: llama.cpp's --draft-min default
-            raise bad("spec_min", "must be in 0..spec_max")
-        if not (math.isfinite(self.spec_p_min) and 0.0 <= self.spec_p_min <= 1.0):
-            raise bad("spec_p_min", "must be in [0, 1]")
-        if self.prompt_cache_mib < -1:
-            raise bad("prompt_cache_mib", "must be -1 (automatic), 0 (off) or > 0")
-        for name in (
-            "engine_silence_s",
-            "request_timeout_s",
-            "ram_budget_gib",
-            "drain_timeout_s",
-            "fake_step_ms",
-            "fake_load_s",
-        ):
-            v = getattr(self, name)
-            if not math.isfinite(v) or v < 0:
-                raise bad(name, "must be a finite number >= 0")
-        if self.max_tokens_limit < 1:
-            raise bad("max_tokens_limit", "must be at least 1")
-        if self.n_predict < -1 or self.n_predict == 0:
-            raise bad("n_predict", "must be -1 (to the context's end) or >= 1")
-        try:
-            SamplingParams(**self.sampling_settings()).validate()
-        except ValueError as e:  # named as the setting, not the sampler's field
-            name = getattr(e, "param", "")
-            names = {"repetition_penalty": "repeat_penalty"}
-            raise ConfigError(f"{names.get(name, name)}: {e}") from None
-        if self.max_top_logprobs < 0:
-            raise bad("max_top_logprobs", "must be >= 0")
-        if self.max_body_bytes < 1024:
-            raise bad("max_body_bytes", "must be at least 1024")
-        if self.ram_mode == "budget" and self.ram_budget_gib <= 0:
-            raise bad("ram_budget_gib", "must be > 0 when ram_mode is budget")
-        self._check_combinations(bad)
-
-    def _check_combinations(self, bad: Callable[[str, str], ConfigError]) -> None:
-        """Settings that contradict each other: one of them would change nothing."""
-        if self.device != "cuda":
-            for f in fields(self):
-                if f.metadata.get("cuda_only") and getattr(self, f.name) != f.default:
-                    raise bad(f.name, f"applies to device cuda only (device is {self.device})")
-        if self.device == "cuda" and self.kv_type in ("f32", "q4_0"):
-            raise bad("kv_type", "runs on the CPU path only; the GPU's KV cache is f16 or q8_0")
-        if self.readahead == "on" and self.ram_mode == "resident":
-            raise bad("readahead", "on has nothing to read ahead when ram_mode is resident")
-        if self.device == "cuda" and (self.ram_mode != "mmap" or self.readahead == "on"):
-            name = "ram_mode" if self.ram_mode != "mmap" else "readahead"
-            raise bad(
-                name, "is the CPU path's RAM tier; the GPU path reads experts in place (mmap)"
-            )
-        if self.ram_budget_gib and self.ram_mode == "resident":
-            raise bad("ram_budget_gib", "is read by ram_mode budget or mmap, not resident")
-        if self.spec == "mtp" and self.device == "cuda":
-            raise bad("spec", "mtp runs the model's MTP layer on the CPU path only")
-        if self.spec == "off":
-            for f in fields(self):
-                if f.name.startswith("spec_") and getattr(self, f.name) != f.default:
-                    raise bad(f.name, "is read while spec is on only (spec is off)")
-        if self.spec_draft_model and self.spec not in ("draft", "auto"):
-            raise bad(
-                "spec_draft_model", f"is read by spec draft or auto only (spec is {self.spec})"
-            )
+        check_config(self)
 
     def sampling_settings(self) -> dict[str, Any]:
         """The request sampling set here (SamplingParams' names; unset ones left out)."""

@@ -10,7 +10,11 @@ import itertools
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+from models import TestModels
+from strata.dry import dry_table
+from strata.gguf import GGUFFile
 from strata.sampling import SamplingParams, distribution
+from strata.tokenizer import Tokenizer
 
 
 def llama_survivors(
@@ -86,3 +90,100 @@ def test_chain_leaves_llama_cpps_tokens_and_probabilities() -> None:
     # a token on a threshold can land either side in float32 there and float64 here
     assert len(differ) <= len(cases) // 200, differ[:5]
     assert min(exercised.values()) >= 20, exercised
+
+
+def llama_dry(
+    vocab: object,
+    x: npt.NDArray[np.float32],
+    history: list[int],
+    p: SamplingParams,
+    breakers: list[str],
+) -> npt.NDArray[np.float32]:
+    """The row after llama.cpp's DRY sampler, fed `history` (its accept)."""
+    n = x.shape[0]
+    data = (llama_cpp.llama_token_data * n)()
+    for i in range(n):
+        data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+    texts = (ctypes.c_char_p * len(breakers))(*[b.encode() for b in breakers])
+    s = llama_cpp.llama_sampler_init_dry(
+        vocab,
+        p.dry_multiplier,
+        p.dry_base,
+        p.dry_allowed_length,
+        p.dry_penalty_last_n,
+        texts,
+        len(breakers),
+    )
+    try:
+        for t in history:
+            llama_cpp.llama_sampler_accept(s, t)
+        llama_cpp.llama_sampler_apply(s, ctypes.byref(arr))
+        out = np.empty(n, dtype=np.float32)
+        for i in range(arr.size):
+            out[arr.data[i].id] = arr.data[i].logit
+        return out
+    finally:
+        llama_cpp.llama_sampler_free(s)
+
+
+def test_dry_is_llama_cpps(test_models: TestModels) -> None:
+    """DRY over histories with planted repetitions, breakers inside and around them (one- and
+    several-token breakers, and tokens holding a breaker's start), on the Qwen3 vocabulary:
+    every logit as llama.cpp's DRY sampler leaves it."""
+    path = test_models.vocab_only("qwen3")
+    with GGUFFile(path) as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(ll._model.model)
+    words = ["def", " f", "(", "x", "):", "\n", " return", " x", ":", " *", '"', "##", "User"]
+    pool = sorted({t for w in words for t in tok.encode(w, parse_special=False)})
+    rng = np.random.default_rng(5)
+    penalized = 0
+    for case in range(120):
+        unit = [int(t) for t in rng.choice(pool, size=int(rng.integers(2, 9)))]
+        hist: list[int] = []
+        while len(hist) < int(rng.integers(10, 160)):
+            hist += unit if rng.random() < 0.6 else [int(rng.choice(pool))]
+        breakers = [["\n", ":", '"', "*"], ["\n\n", "###", "User:"], []][case % 3]
+        p = SamplingParams(
+            dry_multiplier=float(rng.choice([0.8, 2.0])),
+            dry_base=float(rng.choice([1.1, 1.75, 3.0])),
+            dry_allowed_length=int(rng.integers(0, 4)),
+            dry_penalty_last_n=int(rng.choice([16, 64, 1000])),
+            dry_sequence_breakers=breakers,
+        )
+        x = rng.standard_normal(tok.n_vocab).astype(np.float32)
+        ours = x.copy()
+        dry_table(tok, breakers).apply(
+            ours, hist, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n
+        )
+        ref = llama_dry(vocab, x, hist, p, breakers)
+        assert np.allclose(ours, ref, rtol=1e-6, atol=1e-5), case
+        penalized += int(np.any(ours != x))
+    assert penalized >= 60  # most cases do penalize something
+
+
+def test_greedy_is_the_best_token_the_chain_leaves() -> None:
+    """Temperature 0 with typical or XTC on, which may drop the best token: llama.cpp's
+    chain keeps the best of what is left (its temperature 0), and so does Strata's pick."""
+    from strata.sampling import Sampler
+
+    rng = np.random.default_rng(11)
+    moved = 0
+    for case in range(60):
+        x = (rng.standard_normal(2000) * 3).astype(np.float32)
+        p = SamplingParams(
+            temperature=0.0,
+            top_k=int(rng.choice([0, 40])),
+            top_p=1.0,
+            min_p=0.0,
+            typical_p=[0.3, 1.0][case % 2],
+            xtc_probability=[1.0, 0.0, 1.0][case % 3],
+            xtc_threshold=float(rng.choice([0.01, 0.05])),
+        )
+        ids, _ = llama_survivors(x, p)
+        token = Sampler(p, [], x.shape[0]).sample(x).token
+        assert [token] == ids, case
+        moved += token != int(np.argmax(x))
+    assert moved >= 20

@@ -356,10 +356,21 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
     b = server.http.post("/v1/chat/completions", json=greedy).json()
     assert a["choices"][0]["message"] == b["choices"][0]["message"]
     assert b["usage"]["completion_tokens"] == 3  # n_predict: llama-server's max_tokens
+    # a sampler that is off may stand anywhere in the chain (llama-server takes any order);
+    # XTC's limits are soft there: clamped
+    for ok in (
+        {"samplers": "kpmst"},
+        {"samplers": ["temperature", "xtc"]},
+        {"samplers": ["top_k", "top_p", "typ_p", "temperature"]},
+        {"xtc_threshold": 1.5, "xtc_probability": 2},
+        {"typical_p": 0},
+    ):
+        r = server.http.post("/v1/chat/completions", json={"messages": msgs, **ok})
+        assert r.status_code == 200, (ok, r.text)
     for bad, param in (
-        ({"typical_p": 0.0}, "typical_p"),  # (0, 1]; typical sampling itself runs
-        ({"xtc_threshold": 1.5}, "xtc_threshold"),
-        ({"dry_multiplier": 0.8}, "dry_multiplier"),  # DRY Strata lacks: off only
+        ({"typical_p": "x"}, "typical_p"),
+        ({"xtc_threshold": "high"}, "xtc_threshold"),
+        ({"mirostat": 2}, "mirostat"),  # a sampler Strata lacks: off only
         ({"samplers": ["top_p", "top_k"]}, "samplers"),
         ({"repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
         ({"max_tokens": -2}, "max_tokens"),

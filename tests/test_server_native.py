@@ -263,7 +263,7 @@ def test_samplers(srv: Server, llm: LLM) -> None:
 @pytest.mark.parametrize(
     "route, extra, param",
     [
-        ("/infill", {"dry_multiplier": 0.5}, "dry_multiplier"),
+        ("/infill", {"dry_multiplier": -1}, "dry_multiplier"),
         ("/infill", {"mirostat": 2}, "mirostat"),
         ("/infill", {"input_extra": [{"filename": "a"}]}, None),
         ("/infill", {"prompt": [1, 2]}, "prompt"),

@@ -47,6 +47,10 @@ def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
         "frequency_penalty": 0.0,
         "typical_p": 1.0,
         "top_n_sigma": -1.0,
+        "dry_multiplier": 0.0,
+        "dry_base": 1.75,
+        "dry_allowed_length": 2,
+        "dry_penalty_last_n": 64,
         "seed": 7,
     }
     ns = parser().parse_args(
@@ -110,3 +114,27 @@ def test_the_servers_settings_win_over_the_model(greedy_model: Path) -> None:
         assert r.json()["choices"][0]["finish_reason"] == "length"
     finally:
         s.stop()
+
+
+def test_dry_reaches_the_engine(srv: Server, greedy_model: Path) -> None:
+    """A request's DRY settings reach the engine's sampler (its own test checks DRY against
+    llama.cpp's): at allowed length 0 with a large multiplier every token seen before (the
+    prompt's included) is pushed down, so the greedy answer repeats none, as the engine run
+    directly gives it; without DRY the same answer repeats tokens."""
+    from strata.llm import LLM
+
+    llm = LLM(greedy_model, n_ctx=512, threads=1)
+    ids = llm.tokenizer.encode("Once upon")
+    dry = dict(
+        dry_multiplier=1000.0,
+        dry_allowed_length=0,
+        dry_penalty_last_n=-1,
+        dry_sequence_breakers=[],
+    )
+    out = [t for t, _ in llm.generate_ids(ids, max_tokens=60, temperature=0, **dry)]
+    plain = [t for t, _ in llm.generate_ids(ids, max_tokens=60, temperature=0)]
+    assert len(set(plain)) < len(plain)  # the plain answer repeats itself
+    body = [t for t in out if t not in llm.tokenizer.eog_ids]
+    assert len(set(body)) == len(body) and not set(body) & set(ids)
+    ref = llm.tokenizer.decode(body, skip_special=True)
+    assert answer(srv, temperature=0, max_tokens=60, **dry) == ref

@@ -408,6 +408,18 @@ class Config:
         kind=float,
         llama=("--xtc-threshold",),
     )
+    dry_multiplier: float = _s(
+        0.0, "DRY's multiplier of a request that sets none (0: off)", llama=("--dry-multiplier",)
+    )
+    dry_base: float = _s(1.75, "DRY's base of a request that sets none", llama=("--dry-base",))
+    dry_allowed_length: int = _s(
+        2, "DRY's allowed length of a request that sets none", llama=("--dry-allowed-length",)
+    )
+    dry_penalty_last_n: int = _s(
+        64,
+        "tokens DRY looks back over, for a request that sets none (0: off)",
+        llama=("--dry-penalty-last-n",),
+    )
     presence_penalty: float = _s(
         0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
     )
@@ -480,6 +492,10 @@ class Config:
             "top_n_sigma": self.top_n_sigma,
             "xtc_probability": self.xtc_probability,
             "xtc_threshold": self.xtc_threshold,
+            "dry_multiplier": self.dry_multiplier,
+            "dry_base": self.dry_base,
+            "dry_allowed_length": self.dry_allowed_length,
+            "dry_penalty_last_n": self.dry_penalty_last_n,
             "seed": None if self.seed == -1 else self.seed,
         }
         return {k: v for k, v in out.items() if v is not None}

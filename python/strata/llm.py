@@ -26,6 +26,7 @@ import numpy.typing as npt
 
 from strata._core import HybridCounters, Model, Profile, RoutingCounters
 from strata.config import Config
+from strata.dry import dry_table
 from strata.errors import ModelError
 from strata.gguf import GGUFFile
 from strata.infill import infill_filter
@@ -427,7 +428,8 @@ class LLM:
             complete = utf8_checker(lambda: self.tokenizer)
             processor = with_budget(processor, params.reasoning_budget, complete)
         stage = infill_filter(self.tokenizer) if params.infill else None
-        sampler = Sampler(params, ids, self.n_vocab, processor, stage)
+        dry = dry_table(self.tokenizer, params.dry_sequence_breakers) if params.dry else None
+        sampler = Sampler(params, ids, self.n_vocab, processor, stage, dry)
         stops = set(self.tokenizer.eog_ids if stop_ids is None else stop_ids)
         return self._loop(ids, max_tokens, stops, sampler)
 

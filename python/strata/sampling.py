@@ -8,7 +8,8 @@ Order and defaults are llama.cpp's (`common_sampler`'s default chain, llama-serv
      `logit_bias`, llama.cpp's first sampler; -inf: the token is never picked);
   1. penalties over the last `repeat_last_n` tokens of the sequence (prompt and output; -1: all
      of it, 0: none): repetition (positive logits divided by `repetition_penalty`, negative ones
-     multiplied), then frequency (× count) and presence (once) subtracted;
+     multiplied), then frequency (× count) and presence (once) subtracted; then DRY (off by
+     default; `strata.dry`);
   2. temperature 0 → greedy (argmax of the penalized row, lowest id on ties);
   3. otherwise top-n-sigma (llama.cpp's; off by default), top-k, locally typical sampling
      (off by default), top-p (the smallest set of the best tokens whose probability at
@@ -26,7 +27,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -41,6 +42,7 @@ __all__ = [
     "SampleResult",
     "Sampler",
     "SamplingParams",
+    "candidates",
     "distribution",
     "draw",
     "log_softmax",
@@ -123,6 +125,14 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # least likely one stays)
     top_n_sigma: float = -1.0
     typical_p: float = 1.0
+    # DRY (`strata.dry`, after the penalties; 0: off): a token extending a repetition of the
+    # last `dry_penalty_last_n` tokens past `dry_allowed_length` loses multiplier ·
+    # base^(length − allowed) of its logit; the breakers (None: llama.cpp's) end repetitions
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: list[str] | None = None
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
     # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
@@ -155,12 +165,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
             raise bad("top_p", "must be in (0, 1]")
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
-        if not (0.0 < finite("typical_p") <= 1.0):
-            raise bad("typical_p", "must be in (0, 1]")
+        finite("typical_p")  # >= 1: off; <= 0: the most typical token alone
         for name in ("xtc_probability", "xtc_threshold"):
             if not (0.0 <= finite(name) <= 1.0):
                 raise bad(name, "must be in [0, 1]")
         finite("top_n_sigma")
+        if finite("dry_multiplier") < 0.0:
+            raise bad("dry_multiplier", "must be >= 0")
+        if not (0.0 < finite("dry_base") <= 100.0):
+            raise bad("dry_base", "must be in (0, 100]")
+        integer("dry_allowed_length", 0, 1 << 20)
+        integer("dry_penalty_last_n", -1)  # -1: all of the sequence (llama.cpp's old default)
+        br = self.dry_sequence_breakers
+        if br is not None and (
+            len(br) > 32 or any(not isinstance(b, str) or len(b) > 256 for b in br)
+        ):
+            raise bad("dry_sequence_breakers", "at most 32 strings of at most 256 characters")
         if not (0.0 < finite("repetition_penalty") <= 100.0):
             raise bad("repetition_penalty", "must be in (0, 100]")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -197,6 +217,22 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def xtc(self) -> bool:
+        """XTC is on (llama.cpp's conditions)."""
+        return self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
+
+    @property
+    def chain_picks(self) -> bool:
+        """A sampler that may drop the best token is on (typical, XTC): a greedy pick is then
+        the best token the chain leaves, as llama.cpp's temperature 0 keeps it."""
+        return self.typical_p < 1.0 or self.xtc
+
+    @property
+    def dry(self) -> bool:
+        """DRY is on (llama.cpp's conditions)."""
+        return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
 
     @property
     def penalized(self) -> bool:
@@ -249,6 +285,20 @@ def request_defaults(
     return SamplingParams(**{**model, **settings}).validate(), notes
 
 
+class DryStage(Protocol):
+    """DRY's penalty over a history (`strata.dry.DryTable`)."""
+
+    def apply(
+        self,
+        x: F32,
+        history: Sequence[int],
+        multiplier: float,
+        base: float,
+        allowed: int,
+        last_n: int,
+    ) -> None: ...
+
+
 class InfillStage(Protocol):
     """A last stage over the candidates (`strata.infill.InfillFilter`): (ids [n] best first,
     their logits [n] after temperature) → (ids [m], probabilities [m])."""
@@ -281,9 +331,18 @@ class Sampler:
         n_vocab: int,
         processor: LogitsProcessor | None = None,
         infill: InfillStage | None = None,
+        dry: DryStage | None = None,
     ) -> None:
         self.params = params.validate()
         self.processor = processor
+        if params.dry and dry is None:
+            raise ValueError("dry_multiplier: this engine has no DRY table for its vocabulary")
+        self.dry = dry if params.dry else None
+        # the tokens DRY looks back over (prompt and output, as llama.cpp's chain accepts them)
+        self._dry_hist: deque[int] = deque(
+            (t for t in prompt if 0 <= t < n_vocab),
+            maxlen=0 if self.dry is None else _last_n(params.dry_penalty_last_n),
+        )
         if params.infill and infill is None:
             raise ValueError("infill: this engine has no infill sampler for its vocabulary")
         self.infill = infill if params.infill else None
@@ -312,12 +371,16 @@ class Sampler:
             and not p.logit_bias
             and self.processor is None
             and p.top_logprobs < 0
+            and not p.chain_picks
+            and not p.dry
         )
 
     def accept(self, token: int) -> None:
         """Record a token of the sequence (the penalty window, the processor's state)."""
         if 0 <= token < self.n_vocab and self._window.maxlen != 0:
             self._window.append(token)
+        if self.dry is not None:
+            self._dry_hist.append(token)
         if self.processor is not None:
             self.processor.accept(token)
 
@@ -336,7 +399,7 @@ class Sampler:
         and the penalties (the row the next token is picked from)."""
         p = self.params
         raw = np.asarray(logits, dtype=np.float32).reshape(-1)[: self.n_vocab]  # [V]
-        if self.processor is None and not p.penalized and not self._bias.size:
+        if self.processor is None and not p.penalized and not self._bias.size and not self.dry:
             return raw, raw
         x = raw.copy()
         if self.processor is not None:
@@ -344,12 +407,26 @@ class Sampler:
         if self._bias.size:
             x[self._bias_ids] += self._bias
         self._penalize(x)
+        if self.dry is not None:
+            self.dry.apply(
+                x,
+                self._dry_hist,
+                p.dry_multiplier,
+                p.dry_base,
+                p.dry_allowed_length,
+                p.dry_penalty_last_n,
+            )
         return raw, x
 
     def sample(self, logits: npt.NDArray[np.floating]) -> SampleResult:
         """Pick the next token from one row of logits [V]; also records it."""
         raw, x = self.processed(logits)
-        token = int(np.argmax(x)) if self.params.greedy else self._draw(x)
+        if not self.params.greedy:
+            token = self._draw(x)
+        elif self.params.chain_picks:
+            token = int(candidates(x, self.params, self.rng)[0][0])
+        else:
+            token = int(np.argmax(x))
         self.accept(token)
         return self.result(raw, token)
 
@@ -387,11 +464,23 @@ def distribution(
     infill: InfillStage | None = None,
     rng: np.random.Generator | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-    """The distribution a non-greedy draw picks from over the row [V]: top-n-sigma → top-k →
-    typical → top-p → min-p → XTC (it draws from `rng`; without one it is left out) →
-    temperature → `infill` (when given), llama.cpp's default order. Returns (ids [n],
-    probabilities [n]), best first (lowest id on ties); a row with every logit masked gives
-    its argmax with probability 1."""
+    """The distribution a non-greedy draw picks from over the row [V]: the `candidates` →
+    temperature → `infill` (when given). Returns (ids [n], probabilities [n]), best first
+    (lowest id on ties); a row with every logit masked gives its argmax with probability 1."""
+    cand, v = candidates(x, p, rng)
+    if infill is not None:
+        return infill(cand, v / p.temperature)
+    w = np.exp((v - v[0]) / p.temperature)
+    return cand, w / w.sum()
+
+
+def candidates(
+    x: F32, p: SamplingParams, rng: np.random.Generator | None = None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """The tokens the chain before temperature leaves, best first (lowest id on ties), and
+    their logits: top-n-sigma → top-k → typical → top-p → min-p → XTC (it draws from `rng`;
+    without one it is left out), llama.cpp's default order. A row with every logit masked
+    gives its argmax."""
     if p.top_n_sigma > 0.0:
         x = _top_n_sigma(x, p.top_n_sigma)
     n = x.shape[0]
@@ -399,7 +488,7 @@ def distribution(
     cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
     cand = cand[np.isfinite(x[cand])]
     if cand.size == 0:  # everything masked: the argmax stands
-        return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
+        return np.array([int(np.argmax(x))], dtype=np.int64), np.zeros(1)
     v = x[cand].astype(np.float64)
     order = np.lexsort((cand, -v))  # best first, lowest id on ties
     cand, v = cand[order], v[order]
@@ -413,16 +502,17 @@ def distribution(
     if p.min_p > 0.0:
         keep_mask = prob >= p.min_p * prob[0]
         cand, v = cand[keep_mask], v[keep_mask]
-    xtc = p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5 and cand.size >= 2
     # XTC: sometimes, of the tokens at least `threshold` likely, only the least one stays
-    if xtc and rng is not None and rng.random() <= p.xtc_probability:
+    if p.xtc and cand.size >= 2 and rng is not None and rng.random() <= p.xtc_probability:
         above = int(np.count_nonzero(_softmax(v) >= p.xtc_threshold))
         if above > 1:
             cand, v = cand[above - 1 :], v[above - 1 :]
-    if infill is not None:
-        return infill(cand.astype(np.int64), v / p.temperature)
-    w = np.exp((v - v[0]) / p.temperature)
-    return cand.astype(np.int64), w / w.sum()
+    return cand.astype(np.int64), v
+
+
+def _last_n(n: int) -> int | None:
+    """A look-back window's length (-1: all of the sequence)."""
+    return None if n < 0 else n
 
 
 def _softmax(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from strata.dry import dry_table
 from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
@@ -181,8 +182,10 @@ class Scheduler:
                 raise ValueError("max_tokens must be >= 1")
             proc = self.processors(req) if self.processors is not None else None
             # llama.cpp's infill sampler where the request names it (llama-server's samplers)
-            stage = infill_filter(self.backend.vocabulary()) if req.params.infill else None
-            sampler = Sampler(req.params, req.prompt, self.backend.n_vocab, proc, stage)
+            p = req.params
+            stage = infill_filter(self.backend.vocabulary()) if p.infill else None
+            dry = dry_table(self.backend.vocabulary(), p.dry_sequence_breakers) if p.dry else None
+            sampler = Sampler(p, req.prompt, self.backend.n_vocab, proc, stage, dry)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         s = Seq(req, sampler, frozenset(req.stop_ids))

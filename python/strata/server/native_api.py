@@ -6,8 +6,8 @@ Requests are llama-server's fields (`n_predict`, `repeat_penalty`, `n_probs`, `s
 `n_indent`, `t_max_predict_ms`, `return_tokens`, `response_fields`, ...), translated into the
 OpenAI completion request the rest of the server runs; answers are llama-server's objects
 (`content`, `stop_type`, `stopping_word`, `tokens_predicted`, `timings`, ...), streamed as
-`data: {...}` events without a `[DONE]`. llama.cpp samplers Strata lacks (typical-p, DRY, XTC,
-mirostat, top-n-sigma, dynamic temperature) are accepted at their "off" values only.
+`data: {...}` events without a `[DONE]`. llama.cpp samplers Strata lacks (mirostat, dynamic
+temperature) are accepted at their "off" values only.
 """
 
 from __future__ import annotations
@@ -145,6 +145,11 @@ def native_plan(
         xtc_probability=req.xtc_probability,
         xtc_threshold=req.xtc_threshold,
         top_n_sigma=req.top_n_sigma,
+        dry_multiplier=req.dry_multiplier,
+        dry_base=req.dry_base,
+        dry_allowed_length=req.dry_allowed_length,
+        dry_penalty_last_n=req.dry_penalty_last_n,
+        dry_sequence_breakers=req.dry_sequence_breakers,
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)
@@ -319,6 +324,10 @@ class _Native:
             "xtc_probability": p.xtc_probability,
             "xtc_threshold": p.xtc_threshold,
             "top_n_sigma": p.top_n_sigma,
+            "dry_multiplier": p.dry_multiplier,
+            "dry_base": p.dry_base,
+            "dry_allowed_length": p.dry_allowed_length,
+            "dry_penalty_last_n": p.dry_penalty_last_n,
             "grammar": p.grammar or "",
         }
 
@@ -493,6 +502,14 @@ async def props(request: Request) -> Response:
                     "presence_penalty": d.presence_penalty,
                     "frequency_penalty": d.frequency_penalty,
                     "samplers": list(_ORDER[:-1]),
+                    "typical_p": d.typical_p,
+                    "xtc_probability": d.xtc_probability,
+                    "xtc_threshold": d.xtc_threshold,
+                    "top_n_sigma": d.top_n_sigma,
+                    "dry_multiplier": d.dry_multiplier,
+                    "dry_base": d.dry_base,
+                    "dry_allowed_length": d.dry_allowed_length,
+                    "dry_penalty_last_n": d.dry_penalty_last_n,
                 },
             },
             "total_slots": client.slots if client else st.config.parallel,

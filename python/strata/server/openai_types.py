@@ -179,12 +179,11 @@ _ALIASES = {
 _CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
 # the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
 _ORDER = (
-    "penalties", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
     "infill",
 )  # fmt: skip
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
-    "dry_multiplier": (0.0,),
     "mirostat": (0,),
     "dynatemp_range": (0.0,),
     "post_sampling_probs": (False,),
@@ -207,6 +206,7 @@ class LlamaSampling(_Strict, kw_only=True):
     dry_base: float | None = None
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
+    dry_sequence_breakers: list[str] | None = None
     xtc_probability: float | None = None
     xtc_threshold: float | None = None
     mirostat: int | None = None
@@ -469,6 +469,8 @@ def plan_common(
         "xtc_probability",
         "xtc_threshold",
         "top_n_sigma",
+        "dry_multiplier",
+        "dry_base",
         "repetition_penalty",
         "presence_penalty",
         "frequency_penalty",
@@ -492,12 +494,20 @@ def plan_common(
             "xtc_probability",
             "xtc_threshold",
             "top_n_sigma",
+            "dry_multiplier",
+            "dry_base",
+            "dry_allowed_length",
+            "dry_penalty_last_n",
+            "dry_sequence_breakers",
         )
         if getattr(req, k) is not None
     }
     if req.repeat_penalty is not None:
         _finite("repeat_penalty", req.repeat_penalty)
         fields["repetition_penalty"] = req.repeat_penalty
+    for name in ("xtc_probability", "xtc_threshold"):  # llama-server's soft limits: clamped
+        if name in fields:
+            fields[name] = min(max(fields[name], 0.0), 1.0)
     fields["top_logprobs"] = top if logprobs else -1
     try:
         params = msgspec.structs.replace(defaults, **fields).validate()
@@ -685,7 +695,18 @@ def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingPar
     is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
     infill sampler. The ones Strata runs must come in its order (a 400 otherwise)."""
     names = sampler_names(value)
-    ours = [n for n in names if n in _ORDER]
+    # the ones that act under these settings: a sampler that is off may stand anywhere
+    on = {
+        "penalties": params.penalized,
+        "dry": params.dry,
+        "top_n_sigma": params.top_n_sigma > 0.0,
+        "top_k": params.top_k > 0,
+        "typ_p": params.typical_p < 1.0,
+        "top_p": params.top_p < 1.0,
+        "min_p": params.min_p > 0.0,
+        "xtc": params.xtc,
+    }
+    ours = [n for n in names if n in _ORDER and on.get(n, True)]
     if ours != sorted(set(ours), key=_ORDER.index):
         raise APIError(
             400,
@@ -701,6 +722,8 @@ def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingPar
         off["top_p"] = 1.0
     if "min_p" not in names:
         off["min_p"] = 0.0
+    if "dry" not in names:
+        off["dry_multiplier"] = 0.0
     if "top_n_sigma" not in names:
         off["top_n_sigma"] = -1.0
     if "typ_p" not in names:

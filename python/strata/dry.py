@@ -1,0 +1,155 @@
+"""DRY ("don't repeat yourself", llama.cpp's `llama_sampler_init_dry`, from koboldcpp): a token
+that would extend a sequence already seen in the last `dry_penalty_last_n` tokens by more than
+`dry_allowed_length` loses multiplier · base^(length − allowed) of its logit. Sequence
+breakers (text such as "\\n" or ":") end the sequences a repetition may run through.
+
+`breaker_table` finds, as llama.cpp does, every token whose text holds a breaker (a breaker
+of its own) or ends with the start of one (then the breaker's rest, as tokens, must follow);
+`DryTable.apply` is llama.cpp's apply: the restart limit, the Z-algorithm over the reversed
+history, the longest repetition each next token would extend, the penalties.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["DEFAULT_BREAKERS", "DryTable", "breaker_table", "dry_table"]
+
+DEFAULT_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's
+MAX_CHAR_LEN = 40  # a breaker's bytes kept (llama.cpp's)
+MAX_SEQ_LEN = 20  # a breaker tail's tokens kept (llama.cpp's)
+FLOAT_MAX_LOG = 88.7228391  # log of float32's largest value: the exponent's cap
+
+Breakers = dict[int, list[tuple[int, ...]]]  # head token → the tails that complete a breaker
+
+
+def breaker_table(
+    pieces: Sequence[bytes], encode: Callable[[bytes], list[int]], breakers: Sequence[str]
+) -> Breakers:
+    """llama.cpp's `get_overlapping_token_sequences` for each breaker: `pieces[t]` is token
+    t's text (special tokens as their text), `encode` tokenizes the rest of a breaker."""
+    out: Breakers = {}
+    for b in breakers:
+        s = b.encode("utf-8")[:MAX_CHAR_LEN]
+        if not s:
+            continue
+        for tok, word in enumerate(pieces):
+            if s in word:
+                tails = out.setdefault(tok, [])
+                if () not in tails:
+                    tails.append(())
+                continue
+            pos = word.find(s[:1])
+            while pos >= 0:
+                n = min(len(s), len(word) - pos)  # the word's tail from pos is s's start
+                if word[pos : pos + n] == s[:n]:
+                    tail = tuple(encode(s[n:])[:MAX_SEQ_LEN])
+                    tails = out.setdefault(tok, [])
+                    if tail not in tails:
+                        tails.append(tail)
+                pos = word.find(s[:1], pos + 1)
+    return out
+
+
+class DryTable:
+    """The breakers of one vocabulary, and the penalty over a history (`apply`)."""
+
+    def __init__(self, breakers: Breakers) -> None:
+        self.breakers = breakers
+
+    def apply(
+        self,
+        x: npt.NDArray[np.float32],
+        history: Sequence[int],
+        multiplier: float,
+        base: float,
+        allowed: int,
+        last_n: int,
+    ) -> None:
+        """Lower the logits [V] of `x` in place for the tokens that would extend a
+        repetition of the history's last `last_n` tokens (-1: all of it; llama.cpp's
+        apply)."""
+        if multiplier == 0.0 or base < 1.0 or last_n == 0:
+            return
+        n = len(history) if last_n < 0 else min(len(history), last_n)
+        if n <= allowed:
+            return
+        rat = list(history)[len(history) - n :][::-1]  # rat[i]: i tokens from the end
+        limit = self._restart_limit(rat, n)
+        if limit < allowed:
+            return
+        count = _repeat_counts(rat, limit)  # [n] (index last - k, as there)
+        longest: dict[int, int] = {}
+        for i in range(n - 1):
+            r = count[i]
+            if r >= allowed:
+                tok = rat[n - 2 - i]
+                if longest.get(tok, -1) < r:
+                    longest[tok] = r
+        cap = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+        v = x.shape[0]
+        for tok, r in longest.items():
+            if not 0 <= tok < v or () in self.breakers.get(tok, []):
+                continue  # a breaker of its own is never penalized
+            e = r - allowed
+            if cap > 0 and e > cap:
+                e = cap
+            x[tok] = np.float32(x[tok] - np.float32(multiplier * base**e))
+
+    def _restart_limit(self, rat: list[int], n: int) -> int:
+        """How far back a repetition may reach: up to the nearest breaker in the history."""
+        for i in range(n):
+            tails = self.breakers.get(rat[i])
+            if tails is None:
+                continue
+            longest = -1
+            for tail in tails:
+                m = len(tail)
+                if m > longest and m <= i and all(tail[o] == rat[i - o - 1] for o in range(m)):
+                    longest = m
+            if longest >= 0:
+                return i - longest
+        return n
+
+
+def _repeat_counts(rat: list[int], limit: int) -> list[int]:
+    """count[last - k] = min(the longest common prefix of rat and rat[k:], limit) for k in
+    1..n-1 (the Z-algorithm over the reversed history); count[last] = 0."""
+    n = len(rat)
+    z = [0] * n
+    lt = rt = 0
+    for k in range(1, n):
+        if k <= rt:
+            z[k] = min(rt - k + 1, z[k - lt])
+        while k + z[k] < n and rat[z[k]] == rat[k + z[k]]:
+            z[k] += 1
+        if k + z[k] - 1 > rt:
+            lt, rt = k, k + z[k] - 1
+    last = n - 1
+    count = [0] * n
+    for k in range(1, n):
+        count[last - k] = min(z[k], limit)
+    return count
+
+
+@functools.lru_cache(maxsize=8)
+def _cached(vocab: Any, breakers: tuple[str, ...]) -> DryTable:
+    n = vocab.n_vocab
+    pieces = [bytes(vocab.token_bytes(i)) for i in range(n)]
+
+    def encode(b: bytes) -> list[int]:
+        return list(vocab.encode(b.decode("utf-8", errors="replace"))) if b else []
+
+    return DryTable(breaker_table(pieces, encode, breakers))
+
+
+def dry_table(vocab: Any, breakers: Sequence[str] | None) -> DryTable:
+    """The table of a `strata.constraints.Vocabulary` for these breakers (None: llama.cpp's
+    defaults), built once per vocabulary and breakers."""
+    return _cached(vocab, tuple(DEFAULT_BREAKERS if breakers is None else breakers))

@@ -338,3 +338,26 @@ def test_engine_connection_splits_frames_and_keeps_their_order() -> None:
             await early.first
 
     asyncio.run(main())
+
+
+def test_a_request_whose_sampling_raises_ends_alone() -> None:
+    """Sampling that raises (a bug, or a processor's error) ends that request with the error
+    and drops its KV; the scheduler and the other requests go on (the engine process used to
+    exit, failing every request it held)."""
+
+    def boom(logits: object) -> object:
+        raise ValueError("boom")
+
+    sched = Scheduler(FakeBackend(n_ctx_seq=64, max_slots=3), prefill_chunk=4, max_slots=3)
+    for rid, word in enumerate([b"alpha", b"beta", b"gamma"]):
+        sched.add(Submit(rid, list(word), GREEDY, 50, EOG))
+    sched.waiting[2].sampler.sample = boom  # type: ignore[method-assign]  # its first token
+    ev = sched.step() + sched.step()  # the prompts read, first tokens out
+    (s1,) = [s for s in sched.running.values() if s.req.rid == 1]
+    s1.sampler.sample = boom  # type: ignore[method-assign]  # a later token
+    ev += run(sched)
+    assert (text_of(ev, 0), finish_of(ev, 0)) == (b"alpha", "stop")
+    for rid in (1, 2):
+        (end,) = [e for e in ev if isinstance(e, Tokens) and e.rid == rid and e.finish]
+        assert end.finish == "error" and end.message == "sampling failed: ValueError: boom"
+    assert not sched.running and len(sched.free_slots) == 3

@@ -143,6 +143,7 @@ class Scheduler:
         # rows one step takes (the backend's prompt chunk; a hybrid's streamed chunk is longer)
         self.window_rows = min(getattr(backend, "step_rows", prefill_chunk), WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
+        self._failed: dict[int, str] = {}  # slot → why its sampling failed this step
         self._last = 0.0  # when the last pipelined verdict was taken
         self._arm = True  # this block of steps guesses (else: serial steps)
         self._block = [0, 0.0, 0]  # its steps, seconds, emitted tokens
@@ -428,11 +429,21 @@ class Scheduler:
                 res.append(None)
                 continue
             assert logits is not None
-            if self.spec is not None and drafts[i].tokens:  # a window
-                res.append(self.spec.settle(s.candidate(0), drafts[i], logits))
-            else:
-                res.append([s.sampler.sample(logits)])
+            try:
+                if self.spec is not None and drafts[i].tokens:  # a window
+                    res.append(self.spec.settle(s.candidate(0), drafts[i], logits))
+                else:
+                    res.append([s.sampler.sample(logits)])
+            except Exception as e:  # this request ends (`_apply`); the others go on
+                res.append(None)
+                self._sampling_failed(s, e)
         return res
+
+    def _sampling_failed(self, s: Seq, e: Exception) -> None:
+        """A request whose sampling raised (a bug, or its processor's): it ends with the error
+        in its step's `_apply`, its KV dropped; the engine and the other requests go on."""
+        log.exception("request %d: sampling failed", s.req.rid)
+        self._failed[s.slot] = f"sampling failed: {type(e).__name__}: {e}"
 
     def _apply(
         self,
@@ -448,6 +459,10 @@ class Scheduler:
         for (slot, ids, _), s, logits, d, res in zip(
             entries, seqs, out, drafts, results, strict=True
         ):
+            failed = self._failed.pop(slot, None)
+            if failed is not None:
+                events.append(self._end(slot, "error", failed))
+                continue
             if res is not None:  # a decode, or a window
                 keep = len(res) - 1  # the accepted drafts
                 if keep < len(d.tokens):  # cut the KV back to the accepted prefix
@@ -475,7 +490,13 @@ class Scheduler:
                 s.prompt_s,
             )
             assert logits is not None
-            events.append(self._emit(s, [s.sampler.sample(logits)]))
+            try:
+                first = s.sampler.sample(logits)
+            except Exception as e:
+                self._sampling_failed(s, e)
+                events.append(self._end(slot, "error", self._failed.pop(slot)))
+                continue
+            events.append(self._emit(s, [first]))
         return events
 
     # -- pipelined windows (`pipeline_windows` 2) ----------------------------------------------
@@ -602,7 +623,7 @@ class Scheduler:
         drafts = [k.drafts[i] for i in keep]
         outs = [out[i] for i in keep]
         results = self._verdicts(ent, seqs, drafts, outs)
-        held = launched and nxt is not None and all(live)
+        held = launched and nxt is not None and all(live) and None not in results
         if held:
             assert nxt is not None
             for s, d, res, g in zip(seqs, drafts, results, nxt.guesses, strict=True):

@@ -187,3 +187,42 @@ def test_greedy_is_the_best_token_the_chain_leaves() -> None:
         assert [token] == ids, case
         moved += token != int(np.argmax(x))
     assert moved >= 20
+
+
+def test_dynamic_temperature_is_llama_cpps() -> None:
+    """llama.cpp's temp_ext (dynamic temperature from the candidates' entropy), temperature 0
+    included (its lowest end is then 0): the tokens left and their probabilities."""
+    rng = np.random.default_rng(17)
+    for case in itertools.product((0.0, 0.5, 1.0), (0.3, 1.0), (0.5, 1.0, 2.0), (0, 40)):
+        temp, delta, exponent, k = case
+        x = (rng.standard_normal(3000) * rng.uniform(0.5, 3.0)).astype(np.float32)
+        p = SamplingParams(
+            temperature=temp, top_k=k, top_p=1.0, min_p=0.05,
+            dynatemp_range=delta, dynatemp_exponent=exponent,
+        )  # fmt: skip
+        cand, prob = distribution(x, p)
+        n = x.shape[0]
+        data = (llama_cpp.llama_token_data * n)()
+        for i in range(n):
+            data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+        arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        for s in (
+            llama_cpp.llama_sampler_init_top_k(k),
+            llama_cpp.llama_sampler_init_min_p(0.05, 0),
+            llama_cpp.llama_sampler_init_temp_ext(temp, delta, exponent),
+        ):
+            llama_cpp.llama_sampler_chain_add(chain, s)
+        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+        got = {
+            int(arr.data[i].id): float(arr.data[i].logit)
+            for i in range(arr.size)
+            if np.isfinite(arr.data[i].logit)
+        }
+        llama_cpp.llama_sampler_free(chain)
+        ids = sorted(got)
+        v = np.array([got[i] for i in ids])
+        ref = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
+        order = np.argsort(cand)
+        assert cand[order].tolist() == ids, case
+        assert np.allclose(prob[order], ref, rtol=1e-4, atol=1e-7), case

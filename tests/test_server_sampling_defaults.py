@@ -51,6 +51,8 @@ def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
         "dry_base": 1.75,
         "dry_allowed_length": 2,
         "dry_penalty_last_n": 64,
+        "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0,
         "seed": 7,
     }
     ns = parser().parse_args(

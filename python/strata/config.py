@@ -420,6 +420,14 @@ class Config:
         "tokens DRY looks back over, for a request that sets none (0: off)",
         llama=("--dry-penalty-last-n",),
     )
+    dynatemp_range: float = _s(
+        0.0,
+        "dynamic temperature's range of a request that sets none (0: off)",
+        llama=("--dynatemp-range",),
+    )
+    dynatemp_exponent: float = _s(
+        1.0, "dynamic temperature's exponent of a request that sets none", llama=("--dynatemp-exp",)
+    )
     presence_penalty: float = _s(
         0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
     )
@@ -496,6 +504,8 @@ class Config:
             "dry_base": self.dry_base,
             "dry_allowed_length": self.dry_allowed_length,
             "dry_penalty_last_n": self.dry_penalty_last_n,
+            "dynatemp_range": self.dynatemp_range,
+            "dynatemp_exponent": self.dynatemp_exponent,
             "seed": None if self.seed == -1 else self.seed,
         }
         return {k: v for k, v in out.items() if v is not None}

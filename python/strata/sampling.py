@@ -135,6 +135,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     dry_sequence_breakers: list[str] | None = None
     xtc_probability: float = 0.0
     xtc_threshold: float = 0.1
+    # dynamic temperature (> 0: llama.cpp's temp_ext): the temperature goes from temperature −
+    # range to temperature + range with the candidates' normalized entropy ^ exponent
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
     # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
     # "infill"): `strata.infill.InfillFilter` over the candidates the chain leaves
     infill: bool = False
@@ -166,6 +170,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
         finite("typical_p")  # >= 1: off; <= 0: the most typical token alone
+        if finite("dynatemp_range") < 0.0:
+            raise bad("dynatemp_range", "must be >= 0")
+        finite("dynatemp_exponent")
         for name in ("xtc_probability", "xtc_threshold"):
             if not (0.0 <= finite(name) <= 1.0):
                 raise bad(name, "must be in [0, 1]")
@@ -216,7 +223,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """The argmax is the pick (temperature 0; a dynamic temperature may still sample
+        there, as llama.cpp's temp_ext does)."""
+        return self.temperature == 0.0 and self.dynatemp_range <= 0.0
 
     @property
     def xtc(self) -> bool:
@@ -468,9 +477,18 @@ def distribution(
     temperature → `infill` (when given). Returns (ids [n], probabilities [n]), best first
     (lowest id on ties); a row with every logit masked gives its argmax with probability 1."""
     cand, v = candidates(x, p, rng)
+    t = p.temperature
+    if p.dynatemp_range > 0.0 and cand.size > 1:
+        prob = _softmax(v)
+        nz = prob[prob > 0]
+        norm = float(-np.sum(nz * np.log(nz))) / math.log(cand.size)
+        lo, hi = max(0.0, t - p.dynatemp_range), t + p.dynatemp_range
+        t = lo + (hi - lo) * norm**p.dynatemp_exponent
+    if t <= 0.0:  # the best alone (llama.cpp's temperature 0)
+        return cand[:1], np.ones(1)
     if infill is not None:
-        return infill(cand, v / p.temperature)
-    w = np.exp((v - v[0]) / p.temperature)
+        return infill(cand, v / t)
+    w = np.exp((v - v[0]) / t)
     return cand, w / w.sum()
 
 

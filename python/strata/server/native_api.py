@@ -6,8 +6,8 @@ Requests are llama-server's fields (`n_predict`, `repeat_penalty`, `n_probs`, `s
 `n_indent`, `t_max_predict_ms`, `return_tokens`, `response_fields`, ...), translated into the
 OpenAI completion request the rest of the server runs; answers are llama-server's objects
 (`content`, `stop_type`, `stopping_word`, `tokens_predicted`, `timings`, ...), streamed as
-`data: {...}` events without a `[DONE]`. llama.cpp samplers Strata lacks (mirostat, dynamic
-temperature) are accepted at their "off" values only.
+`data: {...}` events without a `[DONE]`. llama.cpp's mirostat, which Strata lacks, is accepted
+off only.
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ def native_plan(
         dry_allowed_length=req.dry_allowed_length,
         dry_penalty_last_n=req.dry_penalty_last_n,
         dry_sequence_breakers=req.dry_sequence_breakers,
+        dynatemp_range=req.dynatemp_range,
+        dynatemp_exponent=req.dynatemp_exponent,
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)

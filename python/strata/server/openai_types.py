@@ -185,7 +185,6 @@ _ORDER = (
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
     "mirostat": (0,),
-    "dynatemp_range": (0.0,),
     "post_sampling_probs": (False,),
     "id_slot": (-1,),
     "n_keep": (0, -1),
@@ -471,6 +470,8 @@ def plan_common(
         "top_n_sigma",
         "dry_multiplier",
         "dry_base",
+        "dynatemp_range",
+        "dynatemp_exponent",
         "repetition_penalty",
         "presence_penalty",
         "frequency_penalty",
@@ -499,6 +500,8 @@ def plan_common(
             "dry_allowed_length",
             "dry_penalty_last_n",
             "dry_sequence_breakers",
+            "dynatemp_range",
+            "dynatemp_exponent",
         )
         if getattr(req, k) is not None
     }
@@ -730,8 +733,8 @@ def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingPar
         off["typical_p"] = 1.0
     if "xtc" not in names:
         off["xtc_probability"] = 0.0
-    if "temperature" not in names:
-        off["temperature"] = 1.0
+    if "temperature" not in names:  # no temperature stage, so no dynamic one either
+        off.update(temperature=1.0, dynatemp_range=0.0)
     return msgspec.structs.replace(params, infill="infill" in names, **off)
 
 

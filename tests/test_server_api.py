@@ -232,11 +232,15 @@ def test_tokenize_detokenize(server: Server) -> None:
         {"id": 195, "piece": [195]},
         {"id": 169, "piece": [169]},
     ]
-    # parse_special: special-token text becomes the special token (off: plain text)
-    sp = server.http.post("/tokenize", json={"prompt": "<|user|>a", "parse_special": True}).json()
+    # parse_special (llama-server's, default true): special-token text becomes the special
+    # token; off: plain text
+    sp = server.http.post("/tokenize", json={"prompt": "<|user|>a"}).json()
     assert sp["tokens"] == [258, 97]
-    plain = server.http.post("/tokenize", json={"prompt": "<|user|>a"}).json()["tokens"]
-    assert plain == list(b"<|user|>a")
+    plain = server.http.post("/tokenize", json={"prompt": "<|user|>a", "parse_special": False})
+    assert plain.json()["tokens"] == list(b"<|user|>a")
+    # a completion's prompt is read the same way (as llama-server and vLLM read it)
+    c = server.http.post("/v1/completions", json={"prompt": "<|user|>a", "max_tokens": 1})
+    assert c.json()["usage"]["prompt_tokens"] == 2
     d = server.http.post("/detokenize", json={"tokens": r["tokens"]}).json()
     assert d["prompt"] == "hé"
     bad = server.http.post("/detokenize", json={"tokens": [1, 99999]})

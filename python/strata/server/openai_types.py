@@ -294,7 +294,7 @@ class TokenizeRequest(_Strict, kw_only=True):
     content: str | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
     # llama-server's: special-token text in the prompt becomes the special token (default
-    # false here: a completion's prompt text is tokenized so, and /tokenize counts as it does)
+    # true, as there and as a completion's prompt is read)
     parse_special: bool | None = None
     with_pieces: bool | None = None  # llama-server's: tokens as {id, piece}
 

@@ -182,7 +182,8 @@ async def tokenize(request: Request) -> Response:
         )
         ids = await encode(tok, setup.prompt, True)
     elif text is not None:
-        ids = await encode(tok, text, bool(req.parse_special))
+        # llama-server's default: special-token text is the special token
+        ids = await encode(tok, text, req.parse_special is not False)
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
@@ -289,7 +290,8 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         grammar = await asyncio.to_thread(checked, grammar, param)
         plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
     prompts = [
-        p if isinstance(p, list) else await encode(tok, p, False)
+        # special-token text is the special token, as llama-server and vLLM read a prompt
+        p if isinstance(p, list) else await encode(tok, p, True)
         for p in completion_prompts(req.prompt, tok.n_vocab)
     ]
     if req.suffix:  # fill in the middle: each prompt is the text before it ("": none)

@@ -205,3 +205,38 @@ def test_guess_policy_switches_only_past_the_margin(guess_cost: float, guesses_w
         assert not sched._best
         # blocks 0 (guess) and the explorations after 8, 16, 32, 64, 128, 256 blocks
         assert sum(arms) <= 8 and sum(later) <= 1, [i for i, a in enumerate(arms) if a]
+
+
+def test_a_sampling_failure_in_a_window_whose_settle_fails_leaves_nothing_behind() -> None:
+    """A request's sampling raises in the step where the backend's settle fails too: every
+    request of the window ends with the error, and no sampling failure is left for the slot's
+    next request (it ran into the old error)."""
+    from strata.engine.protocol import Submit, Tokens
+    from test_spec import GREEDY, run
+
+    def boom(logits: object) -> object:
+        raise ValueError("boom")
+
+    ps = prompts()
+    sched, be = sched_for(2, True, force_miss=0)
+    sched.add(Submit(0, ps[3], GREEDY, 100, EOG))
+    for _ in range(500):
+        if sched._inflight is not None:
+            break
+        sched.step()
+    (victim,) = list(sched.running.values())
+    victim.sampler.sample = boom  # type: ignore[method-assign]
+    settle = be.settle
+
+    def failing(accepted: bool) -> None:
+        be.settle = settle  # type: ignore[method-assign]
+        settle(accepted)
+        raise RuntimeError("device lost")
+
+    be.settle = failing  # type: ignore[method-assign]
+    ends = [e for e in sched.step() if isinstance(e, Tokens) and e.finish]
+    assert [(e.rid, e.finish) for e in ends] == [(0, "error")]
+    assert not sched._failed
+    sched.add(Submit(9, ps[1], GREEDY, 20, EOG))
+    (end,) = [e for e in run(sched) if isinstance(e, Tokens) and e.finish]
+    assert end.rid == 9 and end.finish != "error"

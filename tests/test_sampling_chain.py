@@ -137,6 +137,7 @@ def test_dry_is_llama_cpps(test_models: TestModels) -> None:
     ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(ll._model.model)
     words = ["def", " f", "(", "x", "):", "\n", " return", " x", ":", " *", '"', "##", "User"]
+    words += ["<|im_start|>", "x" * 8]
     pool = sorted({t for w in words for t in tok.encode(w, parse_special=False)})
     rng = np.random.default_rng(5)
     penalized = 0
@@ -145,7 +146,14 @@ def test_dry_is_llama_cpps(test_models: TestModels) -> None:
         hist: list[int] = []
         while len(hist) < int(rng.integers(10, 160)):
             hist += unit if rng.random() < 0.6 else [int(rng.choice(pool))]
-        breakers = [["\n", ":", '"', "*"], ["\n\n", "###", "User:"], []][case % 3]
+        breakers = [
+            ["\n", ":", '"', "*"],
+            ["\n\n", "###", "User:"],
+            [],
+            # special-token text in a breaker's rest stays text; a breaker cut at 40 bytes
+            # inside a character leaves one U+FFFD per byte, as llama.cpp's tokenizer takes it
+            ["\n<|im_start|>", "x" * 39 + "é"],
+        ][case % 4]
         p = SamplingParams(
             dry_multiplier=float(rng.choice([0.8, 2.0])),
             dry_base=float(rng.choice([1.1, 1.75, 3.0])),
@@ -196,8 +204,11 @@ def test_dynamic_temperature_is_llama_cpps() -> None:
     for case in itertools.product((0.0, 0.5, 1.0), (0.3, 1.0), (0.5, 1.0, 2.0), (0, 40)):
         temp, delta, exponent, k = case
         x = (rng.standard_normal(3000) * rng.uniform(0.5, 3.0)).astype(np.float32)
+        # min_p 0 with top-n-sigma: llama.cpp's candidates keep the masked tokens, whose count
+        # is in its entropy's normalization
+        sigma, min_p = (1.0, 0.0) if k == 0 and temp == 1.0 else (-1.0, 0.05)
         p = SamplingParams(
-            temperature=temp, top_k=k, top_p=1.0, min_p=0.05,
+            temperature=temp, top_k=k, top_p=1.0, min_p=min_p, top_n_sigma=sigma,
             dynatemp_range=delta, dynatemp_exponent=exponent,
         )  # fmt: skip
         cand, prob = distribution(x, p)
@@ -208,8 +219,9 @@ def test_dynamic_temperature_is_llama_cpps() -> None:
         arr = llama_cpp.llama_token_data_array(data, n, -1, False)
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         for s in (
+            llama_cpp.llama_sampler_init_top_n_sigma(sigma),
             llama_cpp.llama_sampler_init_top_k(k),
-            llama_cpp.llama_sampler_init_min_p(0.05, 0),
+            llama_cpp.llama_sampler_init_min_p(min_p, 0),
             llama_cpp.llama_sampler_init_temp_ext(temp, delta, exponent),
         ):
             llama_cpp.llama_sampler_chain_add(chain, s)
@@ -226,3 +238,16 @@ def test_dynamic_temperature_is_llama_cpps() -> None:
         order = np.argsort(cand)
         assert cand[order].tolist() == ids, case
         assert np.allclose(prob[order], ref, rtol=1e-4, atol=1e-7), case
+
+
+def test_dynamic_temperature_of_a_certain_row_with_a_negative_exponent() -> None:
+    """Zero entropy to a negative power is infinite (llama.cpp's powf): the temperature is
+    infinite and the candidates even, not a ZeroDivisionError ending the request."""
+    x = np.full(100, -1000.0, dtype=np.float32)
+    x[3] = 0.0
+    p = SamplingParams(
+        temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+        dynatemp_range=0.5, dynatemp_exponent=-1.0,
+    )  # fmt: skip
+    cand, prob = distribution(x, p)
+    assert cand.size == 100 and np.allclose(prob, 0.01)

@@ -368,6 +368,7 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
         {"samplers": ["top_k", "top_p", "typ_p", "temperature"]},
         {"xtc_threshold": 1.5, "xtc_probability": 2},
         {"typical_p": 0},
+        {"dry_multiplier": 0.8, "dry_base": 0.9},  # llama-server takes its default base then
     ):
         r = server.http.post("/v1/chat/completions", json={"messages": msgs, **ok})
         assert r.status_code == 200, (ok, r.text)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["DEFAULT_BREAKERS", "DryTable", "breaker_table", "dry_table"]
+__all__ = ["DEFAULT_BREAKERS", "DryTable", "LazyDry", "breaker_table", "dry_table"]
 
 DEFAULT_BREAKERS = ("\n", ":", '"', "*")  # llama.cpp's
 MAX_CHAR_LEN = 40  # a breaker's bytes kept (llama.cpp's)
@@ -138,18 +139,55 @@ def _repeat_counts(rat: list[int], limit: int) -> list[int]:
     return count
 
 
+def _text(b: bytes) -> str:
+    """Bytes as text with each invalid byte its own U+FFFD (as llama.cpp's tokenizer takes a
+    breaker cut inside a character)."""
+    return "".join(
+        "\ufffd" if 0xDC80 <= ord(c) <= 0xDCFF else c
+        for c in b.decode("utf-8", errors="surrogateescape")
+    )
+
+
 @functools.lru_cache(maxsize=8)
 def _cached(vocab: Any, breakers: tuple[str, ...]) -> DryTable:
     n = vocab.n_vocab
     pieces = [bytes(vocab.token_bytes(i)) for i in range(n)]
 
-    def encode(b: bytes) -> list[int]:
-        return list(vocab.encode(b.decode("utf-8", errors="replace"))) if b else []
+    @functools.lru_cache(maxsize=4096)
+    def tail(b: bytes) -> tuple[int, ...]:
+        # special-token text stays text, as llama.cpp tokenizes a breaker's rest
+        try:
+            return tuple(vocab.encode(_text(b), parse_special=False))
+        except TypeError:  # a vocabulary without the keyword (the fake engine's)
+            return tuple(vocab.encode(_text(b)))
 
-    return DryTable(breaker_table(pieces, encode, breakers))
+    return DryTable(breaker_table(pieces, lambda b: list(tail(b)) if b else [], breakers))
+
+
+_builder = ThreadPoolExecutor(1, thread_name_prefix="strata-dry")
 
 
 def dry_table(vocab: Any, breakers: Sequence[str] | None) -> DryTable:
     """The table of a `strata.constraints.Vocabulary` for these breakers (None: llama.cpp's
-    defaults), built once per vocabulary and breakers."""
+    defaults), built once per vocabulary and breakers (0.3 s for llama.cpp's on a 152K
+    vocabulary)."""
     return _cached(vocab, tuple(DEFAULT_BREAKERS if breakers is None else breakers))
+
+
+class LazyDry:
+    """A DRY table built beside the engine's steps (`dry_table` on a worker): the first
+    token's sampling waits for it only if the prompt took less time than the build."""
+
+    def __init__(self, vocab: Any, breakers: Sequence[str] | None) -> None:
+        self._table: Future[DryTable] = _builder.submit(dry_table, vocab, breakers)
+
+    def apply(
+        self,
+        x: npt.NDArray[np.float32],
+        history: Sequence[int],
+        multiplier: float,
+        base: float,
+        allowed: int,
+        last_n: int,
+    ) -> None:
+        self._table.result().apply(x, history, multiplier, base, allowed, last_n)

@@ -52,6 +52,7 @@ __all__ = [
 F32 = npt.NDArray[np.float32]
 
 MAX_SEED = (1 << 64) - 1
+MAX_BREAKERS = 16  # DRY's sequence breakers of one request (each a scan of the vocabulary)
 
 
 # GGUF metadata keys of a model's recommended sampling (llama.cpp's `general.sampling.*`, read
@@ -179,15 +180,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         finite("top_n_sigma")
         if finite("dry_multiplier") < 0.0:
             raise bad("dry_multiplier", "must be >= 0")
-        if not (0.0 < finite("dry_base") <= 100.0):
-            raise bad("dry_base", "must be in (0, 100]")
+        finite("dry_base")  # < 1: DRY off (llama.cpp's sampler; its server takes 1.75 then)
         integer("dry_allowed_length", 0, 1 << 20)
         integer("dry_penalty_last_n", -1)  # -1: all of the sequence (llama.cpp's old default)
         br = self.dry_sequence_breakers
         if br is not None and (
-            len(br) > 32 or any(not isinstance(b, str) or len(b) > 256 for b in br)
+            len(br) > MAX_BREAKERS or any(not isinstance(b, str) or len(b) > 256 for b in br)
         ):
-            raise bad("dry_sequence_breakers", "at most 32 strings of at most 256 characters")
+            raise bad(
+                "dry_sequence_breakers",
+                f"at most {MAX_BREAKERS} strings of at most 256 characters (40 bytes count)",
+            )
         if not (0.0 < finite("repetition_penalty") <= 100.0):
             raise bad("repetition_penalty", "must be in (0, 100]")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -476,14 +479,18 @@ def distribution(
     """The distribution a non-greedy draw picks from over the row [V]: the `candidates` →
     temperature → `infill` (when given). Returns (ids [n], probabilities [n]), best first
     (lowest id on ties); a row with every logit masked gives its argmax with probability 1."""
-    cand, v = candidates(x, p, rng)
+    cand, v, masked = _chain(x, p, rng)
     t = p.temperature
-    if p.dynatemp_range > 0.0 and cand.size > 1:
+    # llama.cpp's candidates there still hold the masked ones no later stage removed
+    size = cand.size + (masked if p.top_p >= 1.0 and p.min_p <= 0.0 and p.typical_p >= 1.0 else 0)
+    if p.dynatemp_range > 0.0 and size > 1:
         prob = _softmax(v)
         nz = prob[prob > 0]
-        norm = float(-np.sum(nz * np.log(nz))) / math.log(cand.size)
+        norm = float(-np.sum(nz * np.log(nz))) / math.log(size)
+        e = p.dynatemp_exponent
+        scale = norm**e if norm > 0.0 else (math.inf if e < 0 else 1.0 if e == 0 else 0.0)
         lo, hi = max(0.0, t - p.dynatemp_range), t + p.dynatemp_range
-        t = lo + (hi - lo) * norm**p.dynatemp_exponent
+        t = lo + (hi - lo) * scale
     if t <= 0.0:  # the best alone (llama.cpp's temperature 0)
         return cand[:1], np.ones(1)
     if infill is not None:
@@ -499,14 +506,24 @@ def candidates(
     their logits: top-n-sigma → top-k → typical → top-p → min-p → XTC (it draws from `rng`;
     without one it is left out), llama.cpp's default order. A row with every logit masked
     gives its argmax."""
+    cand, v, _ = _chain(x, p, rng)
+    return cand, v
+
+
+def _chain(
+    x: F32, p: SamplingParams, rng: np.random.Generator | None
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], int]:
+    """`candidates`, and how many masked (-inf) tokens top-k's pool held."""
     if p.top_n_sigma > 0.0:
         x = _top_n_sigma(x, p.top_n_sigma)
     n = x.shape[0]
     # [k] candidates, unordered
     cand = np.argpartition(-x, p.top_k - 1)[: p.top_k] if 0 < p.top_k < n else np.arange(n)
+    pool = cand.size
     cand = cand[np.isfinite(x[cand])]
+    masked = pool - cand.size
     if cand.size == 0:  # everything masked: the argmax stands
-        return np.array([int(np.argmax(x))], dtype=np.int64), np.zeros(1)
+        return np.array([int(np.argmax(x))], dtype=np.int64), np.zeros(1), 0
     v = x[cand].astype(np.float64)
     order = np.lexsort((cand, -v))  # best first, lowest id on ties
     cand, v = cand[order], v[order]
@@ -525,7 +542,7 @@ def candidates(
         above = int(np.count_nonzero(_softmax(v) >= p.xtc_threshold))
         if above > 1:
             cand, v = cand[above - 1 :], v[above - 1 :]
-    return cand.astype(np.int64), v
+    return cand.astype(np.int64), v, masked
 
 
 def _last_n(n: int) -> int | None:

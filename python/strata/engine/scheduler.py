@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.dry import dry_table
+from strata.dry import LazyDry
 from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
 from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
@@ -185,7 +185,8 @@ class Scheduler:
             # llama.cpp's infill sampler where the request names it (llama-server's samplers)
             p = req.params
             stage = infill_filter(self.backend.vocabulary()) if p.infill else None
-            dry = dry_table(self.backend.vocabulary(), p.dry_sequence_breakers) if p.dry else None
+            # built beside the steps (a new breaker list costs up to seconds)
+            dry = LazyDry(self.backend.vocabulary(), p.dry_sequence_breakers) if p.dry else None
             sampler = Sampler(p, req.prompt, self.backend.n_vocab, proc, stage, dry)
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
@@ -412,6 +413,8 @@ class Scheduler:
         return events + self._apply(entries, seqs, drafts, out, results)
 
     def _fail(self, seqs: list[Seq], e: Exception) -> list[Event]:
+        for s in seqs:  # a sampling failure this step's `_apply` will not see
+            self._failed.pop(s.slot, None)
         return [
             self._end(s.slot, "error", f"forward failed: {e}")
             for s in seqs

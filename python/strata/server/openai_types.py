@@ -511,6 +511,8 @@ def plan_common(
     for name in ("xtc_probability", "xtc_threshold"):  # llama-server's soft limits: clamped
         if name in fields:
             fields[name] = min(max(fields[name], 0.0), 1.0)
+    if fields.get("dry_base", 1.0) < 1.0:  # llama-server takes its default there
+        fields["dry_base"] = SamplingParams().dry_base
     fields["top_logprobs"] = top if logprobs else -1
     try:
         params = msgspec.structs.replace(defaults, **fields).validate()

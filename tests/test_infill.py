@@ -5,7 +5,6 @@ the infill sampler (llama-cpp-python's `llama_sampler_init_infill` over the same
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import pytest
+from llama_sampler import run_chain
 from models import TestModels
 from strata.gguf import GGUFFile
 from strata.infill import InfillFilter, infill_filter, infill_prompt
@@ -98,24 +98,13 @@ def llama_infill_survivors(
 ) -> list[int]:
     """The candidates llama.cpp's chain top-k → top-p → temperature → infill leaves (the set
     its `dist` sampler draws from), over one row of logits."""
-    n = logits.shape[0]
-    data = (llama_cpp.llama_token_data * n)()
-    for i in range(n):
-        data[i].id, data[i].logit, data[i].p = i, float(logits[i]), 0.0
-    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    try:
-        for s in (
-            llama_cpp.llama_sampler_init_top_k(top_k),
-            llama_cpp.llama_sampler_init_top_p(top_p, 1),
-            llama_cpp.llama_sampler_init_temp(temp),
-            llama_cpp.llama_sampler_init_infill(v),
-        ):
-            llama_cpp.llama_sampler_chain_add(chain, s)
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
-        return sorted(int(arr.data[i].id) for i in range(arr.size))
-    finally:
-        llama_cpp.llama_sampler_free(chain)
+    stages = (
+        llama_cpp.llama_sampler_init_top_k(top_k),
+        llama_cpp.llama_sampler_init_top_p(top_p, 1),
+        llama_cpp.llama_sampler_init_temp(temp),
+        llama_cpp.llama_sampler_init_infill(v),
+    )
+    return sorted(run_chain(stages, logits.astype(np.float32)))
 
 
 def test_infill_sampler_keeps_llama_cpps_candidates(qwen3_path: Path) -> None:

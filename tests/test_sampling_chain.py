@@ -10,6 +10,7 @@ import itertools
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+from llama_sampler import run_chain, survivors
 from models import TestModels
 from strata.dry import dry_table
 from strata.gguf import GGUFFile
@@ -22,12 +23,6 @@ def llama_survivors(
 ) -> tuple[list[int], npt.NDArray[np.float64]]:
     """The tokens llama.cpp's chain leaves (sorted ids) and their probabilities (the softmax
     its `dist` sampler draws from), min_keep 0 as llama-server's default."""
-    n = x.shape[0]
-    data = (llama_cpp.llama_token_data * n)()
-    for i in range(n):
-        data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
-    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     stages = [
         llama_cpp.llama_sampler_init_top_n_sigma(p.top_n_sigma),
         llama_cpp.llama_sampler_init_top_k(p.top_k),
@@ -37,21 +32,7 @@ def llama_survivors(
         llama_cpp.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 0, 1),
         llama_cpp.llama_sampler_init_temp(p.temperature),
     ]
-    try:
-        for s in stages:
-            llama_cpp.llama_sampler_chain_add(chain, s)
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
-        got = {
-            int(arr.data[i].id): float(arr.data[i].logit)
-            for i in range(arr.size)
-            if np.isfinite(arr.data[i].logit)
-        }
-    finally:
-        llama_cpp.llama_sampler_free(chain)
-    ids = sorted(got)
-    v = np.array([got[i] for i in ids], dtype=np.float64)
-    e = np.exp(v - v.max())
-    return ids, e / e.sum()
+    return survivors(run_chain(stages, x))
 
 
 def test_chain_leaves_llama_cpps_tokens_and_probabilities() -> None:
@@ -100,13 +81,8 @@ def llama_dry(
     breakers: list[str],
 ) -> npt.NDArray[np.float32]:
     """The row after llama.cpp's DRY sampler, fed `history` (its accept)."""
-    n = x.shape[0]
-    data = (llama_cpp.llama_token_data * n)()
-    for i in range(n):
-        data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
-    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
     texts = (ctypes.c_char_p * len(breakers))(*[b.encode() for b in breakers])
-    s = llama_cpp.llama_sampler_init_dry(
+    dry = llama_cpp.llama_sampler_init_dry(
         vocab,
         p.dry_multiplier,
         p.dry_base,
@@ -115,16 +91,11 @@ def llama_dry(
         texts,
         len(breakers),
     )
-    try:
-        for t in history:
-            llama_cpp.llama_sampler_accept(s, t)
-        llama_cpp.llama_sampler_apply(s, ctypes.byref(arr))
-        out = np.empty(n, dtype=np.float32)
-        for i in range(arr.size):
-            out[arr.data[i].id] = arr.data[i].logit
-        return out
-    finally:
-        llama_cpp.llama_sampler_free(s)
+    got = run_chain([dry], x, history)
+    out = np.empty(x.shape[0], dtype=np.float32)
+    for i, v in got.items():
+        out[i] = v
+    return out
 
 
 def test_dry_is_llama_cpps(test_models: TestModels) -> None:
@@ -212,29 +183,13 @@ def test_dynamic_temperature_is_llama_cpps() -> None:
             dynatemp_range=delta, dynatemp_exponent=exponent,
         )  # fmt: skip
         cand, prob = distribution(x, p)
-        n = x.shape[0]
-        data = (llama_cpp.llama_token_data * n)()
-        for i in range(n):
-            data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
-        arr = llama_cpp.llama_token_data_array(data, n, -1, False)
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        for s in (
+        stages = (
             llama_cpp.llama_sampler_init_top_n_sigma(sigma),
             llama_cpp.llama_sampler_init_top_k(k),
             llama_cpp.llama_sampler_init_min_p(min_p, 0),
             llama_cpp.llama_sampler_init_temp_ext(temp, delta, exponent),
-        ):
-            llama_cpp.llama_sampler_chain_add(chain, s)
-        llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
-        got = {
-            int(arr.data[i].id): float(arr.data[i].logit)
-            for i in range(arr.size)
-            if np.isfinite(arr.data[i].logit)
-        }
-        llama_cpp.llama_sampler_free(chain)
-        ids = sorted(got)
-        v = np.array([got[i] for i in ids])
-        ref = np.exp(v - v.max()) / np.exp(v - v.max()).sum()
+        )
+        ids, ref = survivors(run_chain(stages, x))
         order = np.argsort(cand)
         assert cand[order].tolist() == ids, case
         assert np.allclose(prob[order], ref, rtol=1e-4, atol=1e-7), case

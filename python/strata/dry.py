@@ -62,7 +62,11 @@ class DryTable:
     """The breakers of one vocabulary, and the penalty over a history (`apply`)."""
 
     def __init__(self, breakers: Breakers) -> None:
-        self.breakers = breakers
+        self._breakers = breakers
+
+    @property
+    def breakers(self) -> Breakers:
+        return self._breakers
 
     def apply(
         self,
@@ -174,20 +178,13 @@ def dry_table(vocab: Any, breakers: Sequence[str] | None) -> DryTable:
     return _cached(vocab, tuple(DEFAULT_BREAKERS if breakers is None else breakers))
 
 
-class LazyDry:
+class LazyDry(DryTable):
     """A DRY table built beside the engine's steps (`dry_table` on a worker): the first
     token's sampling waits for it only if the prompt took less time than the build."""
 
     def __init__(self, vocab: Any, breakers: Sequence[str] | None) -> None:
         self._table: Future[DryTable] = _builder.submit(dry_table, vocab, breakers)
 
-    def apply(
-        self,
-        x: npt.NDArray[np.float32],
-        history: Sequence[int],
-        multiplier: float,
-        base: float,
-        allowed: int,
-        last_n: int,
-    ) -> None:
-        self._table.result().apply(x, history, multiplier, base, allowed, last_n)
+    @property
+    def breakers(self) -> Breakers:
+        return self._table.result().breakers

@@ -424,6 +424,18 @@ def _finite(name: str, v: float | None) -> None:
         raise APIError(400, f"{name}: must be a finite number (got {v!r})", param=name)
 
 
+# a request's fields that are SamplingParams' own, by the same names (the numbers finite)
+_FLOAT_FIELDS = (
+    "temperature", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
+    "top_n_sigma", "dry_multiplier", "dry_base", "dynatemp_range", "dynatemp_exponent",
+    "repetition_penalty", "presence_penalty", "frequency_penalty",
+)  # fmt: skip
+_PARAM_FIELDS = (
+    *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt",
+    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+)  # fmt: skip
+
+
 def plan_common(
     req: ChatRequest | CompletionRequest,
     logprobs: bool,
@@ -460,50 +472,10 @@ def plan_common(
         # completions name the count `logprobs`; chat `top_logprobs`
         name = "top_logprobs" if isinstance(req, ChatRequest) else "logprobs"
         raise APIError(400, f"{name}: must be in 0..{limit} (got {top})", param=name)
-    for name in (
-        "temperature",
-        "top_p",
-        "min_p",
-        "typical_p",
-        "xtc_probability",
-        "xtc_threshold",
-        "top_n_sigma",
-        "dry_multiplier",
-        "dry_base",
-        "dynatemp_range",
-        "dynatemp_exponent",
-        "repetition_penalty",
-        "presence_penalty",
-        "frequency_penalty",
-    ):
+    for name in _FLOAT_FIELDS:
         _finite(name, getattr(req, name))
     fields: dict[str, Any] = {
-        k: getattr(req, k)
-        for k in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "repetition_penalty",
-            "repeat_last_n",
-            "presence_penalty",
-            "frequency_penalty",
-            "seed",
-            "speculative",
-            "cache_prompt",
-            "typical_p",
-            "xtc_probability",
-            "xtc_threshold",
-            "top_n_sigma",
-            "dry_multiplier",
-            "dry_base",
-            "dry_allowed_length",
-            "dry_penalty_last_n",
-            "dry_sequence_breakers",
-            "dynatemp_range",
-            "dynatemp_exponent",
-        )
-        if getattr(req, k) is not None
+        k: getattr(req, k) for k in _PARAM_FIELDS if getattr(req, k) is not None
     }
     if req.repeat_penalty is not None:
         _finite("repeat_penalty", req.repeat_penalty)

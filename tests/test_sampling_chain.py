@@ -10,6 +10,7 @@ import itertools
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
+import pytest
 from llama_sampler import run_chain, survivors
 from models import TestModels
 from strata.dry import dry_table
@@ -206,3 +207,39 @@ def test_dynamic_temperature_of_a_certain_row_with_a_negative_exponent() -> None
     )  # fmt: skip
     cand, prob = distribution(x, p)
     assert cand.size == 100 and np.allclose(prob, 0.01)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_mirostat_is_llama_cpps(version: int) -> None:
+    """Mirostat v1 and v2 step by step against llama.cpp's (temperature, then mirostat): the
+    tokens each step keeps are llama.cpp's, given the token llama.cpp drew there (its mu
+    moves with them: a wrong update shows in the steps after)."""
+    from strata.sampling import Sampler
+
+    rng = np.random.default_rng(23 + version)
+    n_vocab = 4000
+    for temp, tau, eta in ((1.0, 5.0, 0.1), (0.8, 3.0, 0.3), (1.3, 8.0, 0.05)):
+        p = SamplingParams(temperature=temp, mirostat=version, mirostat_tau=tau, mirostat_eta=eta)
+        ours = Sampler(p, [], n_vocab)
+        miro = (
+            llama_cpp.llama_sampler_init_mirostat(n_vocab, 7, tau, eta, 100)
+            if version == 1
+            else llama_cpp.llama_sampler_init_mirostat_v2(7, tau, eta)
+        )
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temp))
+        llama_cpp.llama_sampler_chain_add(chain, miro)
+        try:
+            for step in range(40):
+                x = (rng.standard_normal(n_vocab) * rng.uniform(1.0, 4.0)).astype(np.float32)
+                data = (llama_cpp.llama_token_data * n_vocab)()
+                for i in range(n_vocab):
+                    data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+                arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
+                llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+                kept = sorted(int(arr.data[i].id) for i in range(arr.size))
+                chosen = int(arr.data[arr.selected].id)
+                token, mine = ours.mirostat(x, pick=lambda cand, c=chosen: c)
+                assert token == chosen and sorted(mine.tolist()) == kept, (temp, step)
+        finally:
+            llama_cpp.llama_sampler_free(chain)

@@ -369,13 +369,15 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
         {"xtc_threshold": 1.5, "xtc_probability": 2},
         {"typical_p": 0},
         {"dry_multiplier": 0.8, "dry_base": 0.9},  # llama-server takes its default base then
+        {"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "temperature": 0.7},
+        {"mirostat": 1},
     ):
         r = server.http.post("/v1/chat/completions", json={"messages": msgs, **ok})
         assert r.status_code == 200, (ok, r.text)
     for bad, param in (
         ({"typical_p": "x"}, "typical_p"),
         ({"xtc_threshold": "high"}, "xtc_threshold"),
-        ({"mirostat": 2}, "mirostat"),  # a sampler Strata lacks: off only
+        ({"mirostat": 3}, "mirostat"),  # 0, 1 or 2
         ({"samplers": ["top_p", "top_k"]}, "samplers"),
         ({"repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
         ({"max_tokens": -2}, "max_tokens"),

@@ -264,7 +264,7 @@ def test_samplers(srv: Server, llm: LLM) -> None:
     "route, extra, param",
     [
         ("/infill", {"dry_multiplier": -1}, "dry_multiplier"),
-        ("/infill", {"mirostat": 2}, "mirostat"),
+        ("/infill", {"mirostat": 3}, "mirostat"),
         ("/infill", {"input_extra": [{"filename": "a"}]}, None),
         ("/infill", {"prompt": [1, 2]}, "prompt"),
         ("/infill", {"n_indent": -1}, "n_indent"),

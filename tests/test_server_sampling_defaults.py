@@ -53,6 +53,9 @@ def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
         "dry_penalty_last_n": 64,
         "dynatemp_range": 0.0,
         "dynatemp_exponent": 1.0,
+        "mirostat": 0,
+        "mirostat_tau": 5.0,
+        "mirostat_eta": 0.1,
         "seed": 7,
     }
     ns = parser().parse_args(

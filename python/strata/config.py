@@ -428,6 +428,15 @@ class Config:
     dynatemp_exponent: float = _s(
         1.0, "dynamic temperature's exponent of a request that sets none", llama=("--dynatemp-exp",)
     )
+    mirostat: int = _s(
+        0, "mirostat of a request that sets none (1, 2; 0: off)", llama=("--mirostat",)
+    )
+    mirostat_tau: float = _s(
+        5.0, "mirostat's target surprise of a request that sets none", llama=("--mirostat-ent",)
+    )
+    mirostat_eta: float = _s(
+        0.1, "mirostat's learning rate of a request that sets none", llama=("--mirostat-lr",)
+    )
     presence_penalty: float = _s(
         0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
     )
@@ -506,6 +515,9 @@ class Config:
             "dry_penalty_last_n": self.dry_penalty_last_n,
             "dynatemp_range": self.dynatemp_range,
             "dynatemp_exponent": self.dynatemp_exponent,
+            "mirostat": self.mirostat,
+            "mirostat_tau": self.mirostat_tau,
+            "mirostat_eta": self.mirostat_eta,
             "seed": None if self.seed == -1 else self.seed,
         }
         return {k: v for k, v in out.items() if v is not None}

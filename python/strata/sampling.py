@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import msgspec
 import numpy as np
 import numpy.typing as npt
+
+from strata import mirostat
 
 __all__ = [
     "GrammarTrigger",
@@ -140,6 +142,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # range to temperature + range with the candidates' normalized entropy ^ exponent
     dynatemp_range: float = 0.0
     dynatemp_exponent: float = 1.0
+    # mirostat (`strata.mirostat`, 1 or 2; 0: off): the draw after the logit bias and
+    # temperature alone, as llama.cpp's chain has it (no penalties, DRY or truncations)
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
     # "infill"): `strata.infill.InfillFilter` over the candidates the chain leaves
     infill: bool = False
@@ -171,6 +178,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         if not (0.0 <= finite("min_p") <= 1.0):
             raise bad("min_p", "must be in [0, 1]")
         finite("typical_p")  # >= 1: off; <= 0: the most typical token alone
+        integer("mirostat", 0, 2)
+        finite("mirostat_tau")
+        finite("mirostat_eta")
         if finite("dynatemp_range") < 0.0:
             raise bad("dynatemp_range", "must be >= 0")
         finite("dynatemp_exponent")
@@ -349,7 +359,9 @@ class Sampler:
         self.processor = processor
         if params.dry and dry is None:
             raise ValueError("dry_multiplier: this engine has no DRY table for its vocabulary")
-        self.dry = dry if params.dry else None
+        # mirostat draws instead of the chain (and ignores the penalties and DRY, as there)
+        self._mu = 2.0 * params.mirostat_tau
+        self.dry = dry if params.dry and not params.mirostat else None
         # the tokens DRY looks back over (prompt and output, as llama.cpp's chain accepts them)
         self._dry_hist: deque[int] = deque(
             (t for t in prompt if 0 <= t < n_vocab),
@@ -398,7 +410,7 @@ class Sampler:
 
     def _penalize(self, x: F32) -> None:
         p = self.params
-        if not p.penalized or not self._window:
+        if not p.penalized or not self._window or p.mirostat:
             return
         ids, counts = np.unique(np.fromiter(self._window, dtype=np.int64), return_counts=True)
         v = x[ids]
@@ -457,13 +469,32 @@ class Sampler:
             top = [(int(i), float(lp[i])) for i in idx]
         return SampleResult(token, float(lp[token]), top)
 
+    def mirostat(
+        self, x: F32, pick: Callable[[npt.NDArray[np.int64]], int] | None = None
+    ) -> tuple[int, npt.NDArray[np.int64]]:
+        """Mirostat's draw over the processed row [V] (`pick`: choose among the kept ids
+        instead, for tests): (the token, the ids it kept); moves this sequence's mu."""
+        p = self.params
+
+        def choose(cand: npt.NDArray[np.int64], prob: npt.NDArray[np.float64]) -> int:
+            return pick(cand) if pick is not None else draw(cand, prob, self.rng)
+
+        token, self._mu, kept = mirostat.step(
+            x, p.mirostat, p.temperature, p.mirostat_tau, p.mirostat_eta, self._mu,
+            self.n_vocab, choose,
+        )  # fmt: skip
+        return token, kept
+
     def distribution(self, x: F32) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The distribution a non-greedy draw picks from over the processed row [V]
         (`distribution`, with this sequence's infill stage and generator)."""
         return distribution(x, self.params, self.infill, self.rng)
 
     def _draw(self, x: F32) -> int:
-        """The chain of `distribution`, then the draw, over the row [V]."""
+        """The chain of `distribution`, then the draw, over the row [V] (mirostat's draw
+        where it is on)."""
+        if self.params.mirostat:
+            return self.mirostat(x)[0]
         cand, prob = self.distribution(x)
         if cand.size == 1 and not np.isfinite(x[cand[0]]):  # everything masked: no draw
             return int(cand[0])

@@ -191,7 +191,8 @@ class Scheduler:
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         s = Seq(req, sampler, frozenset(req.stop_ids))
-        if self.spec is not None and req.params.speculative:
+        # (a mirostat draw moves its own state: not through a verified window)
+        if self.spec is not None and req.params.speculative and not req.params.mirostat:
             s.spec = self.spec.new_sequence()
             s.draft_rng = np.random.default_rng([sampler.seed, 0x5EC])
         self.waiting.append(s)

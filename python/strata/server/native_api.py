@@ -6,8 +6,7 @@ Requests are llama-server's fields (`n_predict`, `repeat_penalty`, `n_probs`, `s
 `n_indent`, `t_max_predict_ms`, `return_tokens`, `response_fields`, ...), translated into the
 OpenAI completion request the rest of the server runs; answers are llama-server's objects
 (`content`, `stop_type`, `stopping_word`, `tokens_predicted`, `timings`, ...), streamed as
-`data: {...}` events without a `[DONE]`. llama.cpp's mirostat, which Strata lacks, is accepted
-off only.
+`data: {...}` events without a `[DONE]`.
 """
 
 from __future__ import annotations
@@ -152,6 +151,9 @@ def native_plan(
         dry_sequence_breakers=req.dry_sequence_breakers,
         dynatemp_range=req.dynatemp_range,
         dynatemp_exponent=req.dynatemp_exponent,
+        mirostat=req.mirostat,
+        mirostat_tau=req.mirostat_tau,
+        mirostat_eta=req.mirostat_eta,
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)
@@ -330,6 +332,9 @@ class _Native:
             "dry_base": p.dry_base,
             "dry_allowed_length": p.dry_allowed_length,
             "dry_penalty_last_n": p.dry_penalty_last_n,
+            "mirostat": p.mirostat,
+            "mirostat_tau": p.mirostat_tau,
+            "mirostat_eta": p.mirostat_eta,
             "grammar": p.grammar or "",
         }
 

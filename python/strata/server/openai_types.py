@@ -184,7 +184,6 @@ _ORDER = (
 )  # fmt: skip
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
-    "mirostat": (0,),
     "post_sampling_probs": (False,),
     "id_slot": (-1,),
     "n_keep": (0, -1),
@@ -428,11 +427,12 @@ def _finite(name: str, v: float | None) -> None:
 _FLOAT_FIELDS = (
     "temperature", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
     "top_n_sigma", "dry_multiplier", "dry_base", "dynatemp_range", "dynatemp_exponent",
-    "repetition_penalty", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "mirostat_tau",
+    "mirostat_eta",
 )  # fmt: skip
 _PARAM_FIELDS = (
     *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt",
-    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+    "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",
 )  # fmt: skip
 
 

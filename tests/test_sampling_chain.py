@@ -243,3 +243,23 @@ def test_mirostat_is_llama_cpps(version: int) -> None:
                 assert token == chosen and sorted(mine.tolist()) == kept, (temp, step)
         finally:
             llama_cpp.llama_sampler_free(chain)
+
+
+def test_mirostat_rows_where_llama_cpps_arithmetic_breaks() -> None:
+    """Where llama.cpp's float32 arithmetic overflows or divides by zero (a mu past float's
+    range, equal top probabilities: v1's k is no number) it keeps one token, and so does
+    Strata, instead of raising; at temperature 0 mirostat's pick is the argmax even with
+    typical or XTC set (mirostat replaces them)."""
+    from strata.sampling import Sampler
+
+    v = 4000
+    x = np.random.default_rng(0).standard_normal(v).astype(np.float32)
+    s = Sampler(SamplingParams(temperature=1.0, mirostat=1), [], v)
+    s._mu = 2000.0
+    token, kept = s.mirostat(x)
+    assert kept.tolist() == [int(np.argmax(x))] and token == kept[0]
+    token, kept = Sampler(SamplingParams(mirostat=1), [], v).mirostat(np.zeros(v, np.float32))
+    assert kept.size == 1
+    for extra in ({"typical_p": 0.2}, {"xtc_probability": 1.0, "xtc_threshold": 0.01}):
+        p = SamplingParams(temperature=0.0, mirostat=2, **extra)  # type: ignore[arg-type]
+        assert Sampler(p, [], v).sample(x).token == int(np.argmax(x))

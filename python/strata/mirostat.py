@@ -44,12 +44,17 @@ def _v1_keep(prob: Probs, mu: float, n_vocab: int) -> int:
     n = min(M - 1, prob.size - 1)
     i = np.arange(n, dtype=np.float64)
     t = np.log((i + 2) / (i + 1))
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # in float32, as llama.cpp computes it: where that overflows or divides by zero (a large
+    # mu, even top probabilities) its k is not a number and it keeps one token
+    f = np.float32
+    with np.errstate(all="ignore"):
         b = np.log(prob[:n] / prob[1 : n + 1])
-        s_hat = float(np.sum(t * b) / np.sum(t * t))
-        eps = s_hat - 1.0
-        k = ((eps * 2.0**mu) / (1.0 - float(n_vocab) ** (-eps))) ** (1.0 / s_hat)
-    return max(int(k), 1) if math.isfinite(k) else 1
+        s_hat = f(np.sum(t * b) / np.sum(t * t))
+        eps = s_hat - f(1.0)
+        k = np.power(
+            (eps * np.power(f(2.0), f(mu))) / (f(1.0) - np.power(f(n_vocab), -eps)), f(1.0) / s_hat
+        )
+    return max(int(k), 1) if math.isfinite(k) and k < 2**31 else 1
 
 
 def step(

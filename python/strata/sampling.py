@@ -247,9 +247,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def chain_picks(self) -> bool:
-        """A sampler that may drop the best token is on (typical, XTC): a greedy pick is then
-        the best token the chain leaves, as llama.cpp's temperature 0 keeps it."""
-        return self.typical_p < 1.0 or self.xtc
+        """A sampler that may drop the best token is on (typical, XTC; not under mirostat,
+        which replaces them): a greedy pick is then the best token the chain leaves, as
+        llama.cpp's temperature 0 keeps it."""
+        return (self.typical_p < 1.0 or self.xtc) and not self.mirostat
 
     @property
     def dry(self) -> bool:

@@ -110,16 +110,17 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
     # the placement flags are refused, saying what Strata does instead
     from strata.server.llama_flags import apply_llama_flags
 
-    ns = parser().parse_args(
-        ["-m", "m.gguf", "--jinja", "-cb", "--metrics", "-ctk", "q8_0", "-ctv", "q8_0"]
-    )
+    argv = ["-m", "m.gguf", "--jinja", "-cb", "--metrics", "-fa", "on", "-ub", "1024"]
+    ns = parser().parse_args([*argv, "-dt", "0.1", "-ctk", "q8_0", "-ctv", "q8_0"])
     apply_llama_flags(ns)
     assert Config.from_args(ns).kv_type == "q8_0"
+    assert parser().parse_args(["-fa", "-ub", "512"]).llama_ubatch_size == "512"  # -fa alone
     for bad, why in (
         ("-ngl 99", "n-gpu-layers: not a Strata setting; Strata places the model itself"),
         ("--n-cpu-moe 20", "vram-budget-mib"),
         ("-ot exps=CPU", "override-tensor"),
         ("--no-mmap", "ram-mode resident"),
+        ("--cache-reuse 256", "no KV shifting"),
         ("-ctk q8_0 -ctv f16", "one type for K and V"),
         ("-ctk q8_0", "one type for K and V"),
         ("-ctk q4_0 -ctv q4_0 --kv-type f16", "disagree"),

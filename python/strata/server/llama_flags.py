@@ -16,6 +16,8 @@ _ALWAYS: dict[tuple[str, ...], str] = {
     ("-cb", "--cont-batching"): "batching is always continuous",
     ("--metrics",): "/metrics is always served",
     ("-fa", "--flash-attn"): "Strata's attention kernels are its own, with no switch",
+    ("-ub", "--ubatch-size"): "Strata sizes the device's batches itself (--prefill-chunk)",
+    ("-dt", "--defrag-thold"): "Strata's KV cache needs no defragmenting",
 }
 _PLACEMENT = (
     "Strata places the model itself: with --device cuda every layer's dense weights are on "
@@ -28,6 +30,10 @@ _REFUSED: dict[tuple[str, ...], str] = {
     ("-ot", "--override-tensor"): _PLACEMENT,
     ("--mlock",): "--ram-mode resident reads the experts into RAM (mmap maps them)",
     ("--no-mmap",): "--ram-mode resident reads the experts into RAM (mmap maps them)",
+    ("--cache-reuse",): (
+        "Strata reuses the longest prefix a prompt shares with a cached sequence; chunks "
+        "that moved are read again (no KV shifting)"
+    ),
 }
 _NO_VALUE = {"--jinja", "-cb", "--metrics", "--mlock", "--no-mmap"}
 
@@ -50,6 +56,8 @@ def add_llama_flags(p: argparse.ArgumentParser) -> None:
         help = note if flags in _ALWAYS else f"refused: {note}"
         if flags[0] in _NO_VALUE:
             g.add_argument(*flags, dest=dest, action="store_true", help=help)
+        elif flags[0] == "-fa":  # a value (on, off, auto), or none in older command lines
+            g.add_argument(*flags, dest=dest, nargs="?", const="on", default=None, help=help)
         else:
             g.add_argument(*flags, dest=dest, default=None, help=help)
     for flags, dest in (

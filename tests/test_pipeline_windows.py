@@ -236,7 +236,7 @@ def test_a_sampling_failure_in_a_window_whose_settle_fails_leaves_nothing_behind
     be.settle = failing  # type: ignore[method-assign]
     ends = [e for e in sched.step() if isinstance(e, Tokens) and e.finish]
     assert [(e.rid, e.finish) for e in ends] == [(0, "error")]
-    assert not sched._failed
+    # (failures are a step's own: none is kept on the scheduler for the slot's next request)
     sched.add(Submit(9, ps[1], GREEDY, 20, EOG))
     (end,) = [e for e in run(sched) if isinstance(e, Tokens) and e.finish]
     assert end.rid == 9 and end.finish != "error"

@@ -364,9 +364,10 @@ class Sampler:
         self._mu = 2.0 * params.mirostat_tau
         self.dry = dry if params.dry and not params.mirostat else None
         # the tokens DRY looks back over (prompt and output, as llama.cpp's chain accepts them)
-        self._dry_hist: deque[int] = deque(
-            (t for t in prompt if 0 <= t < n_vocab),
-            maxlen=0 if self.dry is None else _last_n(params.dry_penalty_last_n),
+        self._dry_hist: deque[int] = (
+            deque((t for t in prompt if 0 <= t < n_vocab), _last_n(params.dry_penalty_last_n))
+            if self.dry is not None
+            else deque(maxlen=0)
         )
         if params.infill and infill is None:
             raise ValueError("infill: this engine has no infill sampler for its vocabulary")

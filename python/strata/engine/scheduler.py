@@ -81,6 +81,23 @@ class Seq:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SamplingFailed:
+    """A request's sampling raised this step (a bug, or its processor's error): it ends with
+    the error, its KV dropped; the engine and the other requests go on."""
+
+    message: str
+
+    @staticmethod
+    def of(s: Seq, e: Exception) -> SamplingFailed:
+        log.exception("request %d: sampling failed", s.req.rid)
+        return SamplingFailed(f"sampling failed: {type(e).__name__}: {e}")
+
+
+# a step's outcome for one entry: the tokens it emits, None (a prompt chunk), or a failure
+Verdict = list[SampleResult] | SamplingFailed | None
+
+
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
 # Whether to guess is measured: blocks of GUESS_BLOCK steps run pipelined with guesses or as
@@ -143,7 +160,6 @@ class Scheduler:
         # rows one step takes (the backend's prompt chunk; a hybrid's streamed chunk is longer)
         self.window_rows = min(getattr(backend, "step_rows", prefill_chunk), WINDOW_ROWS)
         self._inflight: _Window | None = None  # launched, its verdict not yet taken
-        self._failed: dict[int, str] = {}  # slot → why its sampling failed this step
         self._last = 0.0  # when the last pipelined verdict was taken
         self._arm = True  # this block of steps guesses (else: serial steps)
         self._block = [0, 0.0, 0]  # its steps, seconds, emitted tokens
@@ -409,13 +425,11 @@ class Scheduler:
         if pipe:  # the serial arm of the guess policy: measured like a pipelined window
             self._account(
                 self._clock() - self._t_step,
-                sum(len(r) for r in results if r is not None),
+                sum(len(r) for r in results if isinstance(r, list)),
             )
         return events + self._apply(entries, seqs, drafts, out, results)
 
     def _fail(self, seqs: list[Seq], e: Exception) -> list[Event]:
-        for s in seqs:  # a sampling failure this step's `_apply` will not see
-            self._failed.pop(s.slot, None)
         return [
             self._end(s.slot, "error", f"forward failed: {e}")
             for s in seqs
@@ -424,10 +438,10 @@ class Scheduler:
 
     def _verdicts(
         self, entries: list[Entry], seqs: list[Seq], drafts: list[Draft], out: list[Any]
-    ) -> list[list[SampleResult] | None]:
+    ) -> list[Verdict]:
         """The tokens each decoding sequence's entry emits (a window verified, or one
-        sampled); None for a prompt chunk."""
-        res: list[list[SampleResult] | None] = []
+        sampled); None for a prompt chunk; `SamplingFailed` where sampling raised."""
+        res: list[Verdict] = []
         for i, (_, s, logits) in enumerate(zip(entries, seqs, out, strict=True)):
             if s.pending is None:
                 res.append(None)
@@ -439,15 +453,8 @@ class Scheduler:
                 else:
                     res.append([s.sampler.sample(logits)])
             except Exception as e:  # this request ends (`_apply`); the others go on
-                res.append(None)
-                self._sampling_failed(s, e)
+                res.append(SamplingFailed.of(s, e))
         return res
-
-    def _sampling_failed(self, s: Seq, e: Exception) -> None:
-        """A request whose sampling raised (a bug, or its processor's): it ends with the error
-        in its step's `_apply`, its KV dropped; the engine and the other requests go on."""
-        log.exception("request %d: sampling failed", s.req.rid)
-        self._failed[s.slot] = f"sampling failed: {type(e).__name__}: {e}"
 
     def _apply(
         self,
@@ -455,7 +462,7 @@ class Scheduler:
         seqs: list[Seq],
         drafts: list[Draft],
         out: list[Any],
-        results: list[list[SampleResult] | None],
+        results: list[Verdict],
     ) -> list[Event]:
         """A step's outcome: windows cut back to their accepted prefix, tokens reported,
         prompts advanced."""
@@ -463,9 +470,8 @@ class Scheduler:
         for (slot, ids, _), s, logits, d, res in zip(
             entries, seqs, out, drafts, results, strict=True
         ):
-            failed = self._failed.pop(slot, None)
-            if failed is not None:
-                events.append(self._end(slot, "error", failed))
+            if isinstance(res, SamplingFailed):
+                events.append(self._end(slot, "error", res.message))
                 continue
             if res is not None:  # a decode, or a window
                 keep = len(res) - 1  # the accepted drafts
@@ -497,8 +503,7 @@ class Scheduler:
             try:
                 first = s.sampler.sample(logits)
             except Exception as e:
-                self._sampling_failed(s, e)
-                events.append(self._end(slot, "error", self._failed.pop(slot)))
+                events.append(self._end(slot, "error", SamplingFailed.of(s, e).message))
                 continue
             events.append(self._emit(s, [first]))
         return events
@@ -627,11 +632,12 @@ class Scheduler:
         drafts = [k.drafts[i] for i in keep]
         outs = [out[i] for i in keep]
         results = self._verdicts(ent, seqs, drafts, outs)
-        held = launched and nxt is not None and all(live) and None not in results
+        held = launched and nxt is not None and all(live)
+        held = held and all(isinstance(r, list) for r in results)
         if held:
             assert nxt is not None
             for s, d, res, g in zip(seqs, drafts, results, nxt.guesses, strict=True):
-                assert res is not None
+                assert isinstance(res, list)
                 toks = [r.token for r in res]
                 ends = (
                     any(t in s.stop_ids for t in toks)
@@ -647,6 +653,7 @@ class Scheduler:
         self.pipe_windows += 1
         self.pipe_held += held
         # the step's time to its settlement (a discarded window's books included)
-        self._account(self._clock() - self._t_step, sum(len(r) for r in results if r is not None))
+        emitted = sum(len(r) for r in results if isinstance(r, list))
+        self._account(self._clock() - self._t_step, emitted)
         self._inflight = nxt if held else None
         return events + self._apply(ent, seqs, drafts, outs, results)

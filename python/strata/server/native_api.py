@@ -34,8 +34,8 @@ from strata.server.openai_types import (
     APIError,
     ChatRequest,
     CompletionRequest,
-    LlamaSampling,
     Plan,
+    SamplingRequest,
     _Strict,
     check_off,
     convert,
@@ -66,36 +66,26 @@ class InfillChunk(_Strict, kw_only=True):
     filename: str = "tmp"  # llama-server's name for a chunk without one
 
 
-class NativeRequest(LlamaSampling, kw_only=True):
-    model: str | None = None
+class NativeRequest(SamplingRequest, kw_only=True):
     prompt: Any = None  # a string, token ids, or ids and strings mixed
     input_prefix: str | None = None  # /infill only
     input_suffix: str | None = None
     input_extra: list[InfillChunk] | None = None
-    stream: bool | None = None
-    n_predict: int | None = None  # -1: until the context's end; 0: the prompt only
-    max_tokens: int | None = None  # n_predict's other name
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    repeat_last_n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
     n_probs: int | None = None
-    ignore_eos: bool | None = None
-    logit_bias: dict[str, Any] | list[Any] | None = None
-    grammar: str | None = None
-    json_schema: dict[str, Any] | None = None
-    cache_prompt: bool | None = None
     return_tokens: bool | None = None
     response_fields: list[str] | None = None
     n_indent: int | None = None
     t_max_predict_ms: int | None = None
     n_cmpl: int | None = None
+
+
+# the shared fields the OpenAI request takes as they are (the limit is worked out here;
+# timings_per_token is answered here)
+_PASSED = tuple(
+    f
+    for f in SamplingRequest.__struct_fields__
+    if f not in ("model", "max_tokens", "n_predict", "timings_per_token")
+)
 
 
 def native_plan(
@@ -122,38 +112,8 @@ def native_plan(
             raise APIError(400, f"{name}: must be in 0..2^31-1", param=name)
     oai = CompletionRequest(
         prompt=None,
-        stream=req.stream,
         max_tokens=1 if prompt_only else (n_predict if n_predict and n_predict > 0 else None),
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        repetition_penalty=req.repeat_penalty,
-        repeat_last_n=req.repeat_last_n,
-        presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty,
-        seed=req.seed,
-        stop=req.stop,
-        cache_prompt=req.cache_prompt,
-        ignore_eos=req.ignore_eos,
-        logit_bias=req.logit_bias,
-        json_schema=req.json_schema,
-        grammar=req.grammar,
-        samplers=req.samplers,
-        typical_p=req.typical_p,
-        xtc_probability=req.xtc_probability,
-        xtc_threshold=req.xtc_threshold,
-        top_n_sigma=req.top_n_sigma,
-        dry_multiplier=req.dry_multiplier,
-        dry_base=req.dry_base,
-        dry_allowed_length=req.dry_allowed_length,
-        dry_penalty_last_n=req.dry_penalty_last_n,
-        dry_sequence_breakers=req.dry_sequence_breakers,
-        dynatemp_range=req.dynatemp_range,
-        dynatemp_exponent=req.dynatemp_exponent,
-        mirostat=req.mirostat,
-        mirostat_tau=req.mirostat_tau,
-        mirostat_eta=req.mirostat_eta,
+        **{f: getattr(req, f) for f in _PASSED},
     )
     plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
     bias(plan, oai, tok)

@@ -225,38 +225,44 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None  # OpenAI's padding of stream events: none here
 
 
-class _Common(LlamaSampling, kw_only=True):
+class SamplingRequest(LlamaSampling, kw_only=True):
+    """The fields an OpenAI request and llama-server's own share (its routes take them too)."""
+
     model: str | None = None
     stream: bool | None = None  # OpenAI's schema allows null: not streamed
-    stream_options: StreamOptions | None = None
     max_tokens: int | None = None
     n_predict: int | None = None  # llama-server's: max_tokens (-1: to the context's end)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    repetition_penalty: float | None = None
     repeat_penalty: float | None = None  # llama-server's name of repetition_penalty
     repeat_last_n: int | None = None  # llama-server's: tokens the penalties look back over
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
-    user: str | None = None
-    speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
     cache_prompt: bool | None = None  # llama-server's: false: no cached prefix is reused
     # vLLM's / llama-server's: end-of-generation tokens do not stop it (null: they do)
     ignore_eos: bool | None = None
     # OpenAI's {"id": bias}, or llama-server's [[id or text, bias or false], …]: checked by
     # `logit_bias_ids` (it needs the tokenizer)
     logit_bias: dict[str, Any] | list[Any] | None = None
+    # llama-server's constraints of the answer (JSON schema, GBNF grammar)
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+
+
+class _Common(SamplingRequest, kw_only=True):
+    stream_options: StreamOptions | None = None
+    repetition_penalty: float | None = None
+    n: int | None = None
+    user: str | None = None
+    speculative: bool | None = None  # false: this request never drafts (server's `spec` on)
     # the answer's constraint, one at most (checked in strata.server.structured): OpenAI's
     # response_format, llama-server's json_schema and grammar (GBNF), vLLM's
     # structured_outputs ({json | regex | choice | grammar | json_object})
     response_format: dict[str, Any] | None = None
-    json_schema: dict[str, Any] | None = None
-    grammar: str | None = None
     structured_outputs: dict[str, Any] | None = None
 
 

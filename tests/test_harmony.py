@@ -152,7 +152,7 @@ def test_calls_to_offered_tools(step: int) -> None:
     assert [k for k, _ in run(after_role, TOOLS)] == ["call"]
 
 
-def test_chat_setup_with_tools_and_refused_constraints() -> None:
+def test_chat_setup_with_tools_and_constraints() -> None:
     from strata.server.openai_types import APIError
 
     tok = RealTokenizer(harmony_vocab().metadata())
@@ -162,7 +162,85 @@ def test_chat_setup_with_tools_and_refused_constraints() -> None:
     m = split(setup.parser(), CALL)
     assert [(c.name, c.arguments) for c in m.calls] == [("weather", '{"city": "Oslo"}')]
     assert m.content == ""
-    with pytest.raises(APIError, match="tool_choice"):
-        prepare_chat(tok, msgs, tools, "required", True, None, None, "parsed")
-    with pytest.raises(APIError, match="response_format"):
-        prepare_chat(tok, msgs, [], "none", True, "start: /x/", None, "parsed")
+    city = {"type": "object", "properties": {"city": {"type": "string"}}}
+    tools = [ToolSpec("weather", "", city)]
+    forced = prepare_chat(tok, msgs, tools, "required", True, None, None, "parsed")
+    assert forced.forced and forced.grammar is not None and _accepts(tok, forced.grammar, CALL)
+    m = split(forced.parser(), CALL)
+    assert [(c.name, c.arguments) for c in m.calls] == [("weather", '{"city": "Oslo"}')]
+    answer = prepare_chat(tok, msgs, [], "none", True, "start: /x/", None, "parsed")
+    assert answer.grammar is not None
+    assert _accepts(tok, answer.grammar, "<|channel|>final<|message|>x")
+    assert split(answer.parser(), "<|channel|>final<|message|>x").content == "x"
+    with pytest.raises(APIError, match="response_format"):  # not both
+        prepare_chat(tok, msgs, tools, "required", True, "start: /x/", None, "parsed")
+    with pytest.raises(APIError, match="response_format"):  # a grammar that does not compile
+        prepare_chat(tok, msgs, [], "none", True, "start: /x", None, "parsed")
+
+
+def _accepts(tok: RealTokenizer, grammar: str, text: str) -> bool:
+    """Whether llguidance's matcher of `grammar` takes `text` (special-token text as the
+    token) whole and then ends it at an end-of-generation token."""
+    from strata import constraints
+
+    m = constraints.compile_matcher(constraints.vocabulary_tokenizer(tok.tok), grammar)
+    for t in tok.encode(text, special=True):
+        if not m.consume_token(t):
+            return False
+    return bool(m.is_accepting()) and bool(m.consume_token(min(tok.eog_ids)))
+
+
+SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+FINAL = '<|channel|>final<|message|>{"x": 7}'
+
+
+def test_constrained_answer_grammar_follows_harmony_messages() -> None:
+    """response_format: the final message's text is the schema's JSON; analysis messages
+    before it are free; nothing else is."""
+    from strata import constraints
+    from strata.server.harmony import answer_grammar
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    g = answer_grammar(constraints.json_schema_grammar(SCHEMA), None)
+    think = "<|channel|>analysis<|message|>a <| b {x}<|end|><|start|>assistant"
+    assert _accepts(tok, g, FINAL)
+    assert _accepts(tok, g, think + think + FINAL)
+    assert _accepts(tok, g, '<|channel|>final <|constrain|>json<|message|>{"x": 7}')
+    assert not _accepts(tok, g, '<|channel|>final<|message|>{"x": "7"}')  # the schema
+    assert not _accepts(tok, g, "<|channel|>final<|message|>hello")
+    assert not _accepts(tok, g, FINAL + "<|end|>")
+    commentary = "<|channel|>commentary<|message|>x<|end|><|start|>assistant"
+    assert not _accepts(tok, g, commentary + FINAL)
+    assert not _accepts(tok, g, "<|channel|>analysis<|message|>thinking")  # no answer yet
+    # the prompt left a channel open: its text first, or the answer itself
+    opened = answer_grammar(constraints.json_schema_grammar(SCHEMA), "analysis")
+    assert _accepts(tok, opened, "still thinking<|end|><|start|>assistant" + FINAL)
+    assert not _accepts(tok, opened, FINAL)
+    assert _accepts(
+        tok, answer_grammar(constraints.json_schema_grammar(SCHEMA), "final"), '{"x": 1}'
+    )
+
+
+def test_forced_call_grammar_follows_harmony_messages() -> None:
+    from strata.server.harmony import call_grammar
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = [ToolSpec("weather", "", schema), ToolSpec("time", "", {"type": "object"})]
+    required, named = call_grammar(tools, "required"), call_grammar(tools, "time")
+    after_role = ' to=functions.weather<|channel|>commentary json<|message|>{"city": "Oslo"}'
+    for text in (CALL, after_role):
+        assert _accepts(tok, required, text)
+        assert not _accepts(tok, named, text)
+    assert _accepts(tok, named, "<|channel|>commentary to=functions.time<|message|>{}")
+    assert not _accepts(tok, required, CALL.replace('"Oslo"', "7"))  # the parameters' schema
+    assert not _accepts(tok, required, CALL.replace('"city"', '"town"'))
+    # a structure token is no text: a JSON string cannot end the message early
+    assert not _accepts(tok, required, CALL.replace("Oslo", "Os<|end|>lo"))
+    assert _accepts(tok, required, CALL.replace("Oslo", "Os<|lo"))
+    assert not _accepts(tok, required, CALL.replace("weather", "other"))
+    assert not _accepts(tok, required, "<|channel|>final<|message|>hello")  # no call
+    preamble = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+    assert _accepts(tok, required, preamble + CALL)
+    with pytest.raises(ValueError, match="no tool named"):
+        call_grammar(tools, "other")

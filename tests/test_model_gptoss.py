@@ -13,6 +13,7 @@ Oracles:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -167,5 +168,48 @@ def test_server_serves_harmony(tmp_path: Path) -> None:
                 content += c.choices[0].delta.content or ""
                 r2 += getattr(c.choices[0].delta, "reasoning_content", None) or ""
         assert (r2, content) == (reasoning, whole.message.content or "")
+    finally:
+        srv.stop()
+
+
+def test_server_constrains_harmony_answers(tmp_path: Path) -> None:
+    """`response_format` and a forced `tool_choice` with the harmony format: the random model's
+    answers, sampled (3 seeds), are schema-valid JSON in the final channel and schema-valid
+    calls; `<|end|>` is pushed up (logit_bias) so that its free analysis messages end soon."""
+    import jsonschema
+    import openai
+    from server_harness import Server
+    from strata.server.tokenizing import RealTokenizer
+    from test_harmony import harmony_vocab
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    end = tok.tok.token_id("<|end|>")
+    path = rewrite(F32, tmp_path / "harmony.gguf", vocab=harmony_vocab())
+    srv = Server(engine="llm", model=path, n_ctx=1024)
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+        "required": ["n", "ok"],
+        "additionalProperties": False,
+    }
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"]}  # fmt: skip
+    tools: Any = [{"type": "function", "function": {"name": "weather", "parameters": city}}]
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        kw: dict[str, Any] = dict(
+            model=client.models.list().data[0].id, max_tokens=300, temperature=1.0,
+            messages=[{"role": "user", "content": "hello"}], logit_bias={str(end): 8},
+        )  # fmt: skip
+        rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        for seed in (1, 2, 3):
+            r = client.chat.completions.create(**kw, seed=seed, response_format=rf)
+            assert r.choices[0].finish_reason == "stop", r.choices[0]
+            jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
+            r = client.chat.completions.create(**kw, seed=seed, tools=tools, tool_choice="required")
+            assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+            calls = r.choices[0].message.tool_calls or []
+            assert [c.function.name for c in calls] == ["weather"]  # type: ignore[union-attr]
+            jsonschema.validate(json.loads(calls[0].function.arguments), city)  # type: ignore[union-attr]
     finally:
         srv.stop()

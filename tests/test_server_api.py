@@ -57,8 +57,9 @@ def test_chat_non_stream_echo_and_usage(client: openai.OpenAI) -> None:
     assert c.finish_reason == "stop"
     assert r.object == "chat.completion"  # type: ignore[attr-defined]
     u = r.usage  # type: ignore[attr-defined]
-    # toy template: <|user|> hello world <|end|> <|assistant|> = 1 + 11 + 1 + 1 tokens
-    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (14, 11, 25)
+    # toy template: <|user|> hello world <|end|> <|assistant|> = 1 + 11 + 1 + 1 tokens; the
+    # answer: 11 tokens, then the end-of-generation token, counted (llama-server, vLLM)
+    assert (u.prompt_tokens, u.completion_tokens, u.total_tokens) == (14, 12, 26)
     # the answer sent back as the SDK dumps it (refusal, annotations, audio, function_call) is
     # a turn like any other; a refusal's text stands for what the assistant said
     back = c.message.model_dump()
@@ -101,7 +102,7 @@ def test_chat_stream_shapes_utf8_and_include_usage(client: openai.OpenAI) -> Non
     assert [c.usage for c in chunks[:-1]] == [None] * (len(chunks) - 1)
     last = chunks[-1]
     assert last.choices == []
-    assert last.usage.completion_tokens == len(text.encode())
+    assert last.usage.completion_tokens == len(text.encode()) + 1  # and the EOS
     assert last.object == "chat.completion.chunk"
 
 
@@ -283,7 +284,7 @@ def test_metrics_prometheus_and_json(server: Server, client: openai.OpenAI) -> N
     assert j["totals"]["drafts_offered"] == 0 and "drafts_accepted" in j["totals"]
     last = j["requests"][-1]
     assert last["drafts_offered"] is None and last["drafts_accepted"] is None
-    assert last["output_tokens"] == len("count me") and last["finish_reason"] == "stop"
+    assert last["output_tokens"] == len("count me") + 1 and last["finish_reason"] == "stop"
     # a request's time to first token is one sample, however many choices it has
     before = samples["strata_time_to_first_token_seconds_count"]
     r = client.completions.create(model=MODEL, prompt="three of us", n=3, max_tokens=4)

@@ -58,7 +58,8 @@ def _llg() -> Any:
 # -- grammars (server side) ---------------------------------------------------------------------
 
 
-def _schema_text(schema: Mapping[str, Any]) -> str:
+def schema_text(schema: Mapping[str, Any]) -> str:
+    """`schema` as the text after a Lark `%json` (with llguidance's JSON options)."""
     s = dict(schema)
     s.setdefault("x-guidance", JSON_OPTIONS)
     return json.dumps(s, ensure_ascii=False)
@@ -66,7 +67,7 @@ def _schema_text(schema: Mapping[str, Any]) -> str:
 
 def json_schema_grammar(schema: Mapping[str, Any]) -> str:
     """A Lark grammar whose whole text is one JSON value valid for `schema`."""
-    return f"start: %json {_schema_text(schema)}\n"
+    return f"start: %json {schema_text(schema)}\n"
 
 
 def json_object_grammar() -> str:
@@ -179,6 +180,11 @@ class Vocabulary(Protocol):
 
     def is_special(self, token_id: int) -> bool: ...
 
+    def is_control(self, token_id: int) -> bool:
+        """A token a grammar matches only as `<name>`, never as text (the special tokens and
+        any control token rendered as text)."""
+        ...
+
     def encode(self, text: str) -> list[int]: ...
 
 
@@ -187,7 +193,7 @@ def vocabulary_tokenizer(vocab: Vocabulary) -> Any:
     n = vocab.n_vocab
     return llg_tokenizer(
         [vocab.token_bytes(i) for i in range(n)],
-        [i for i in range(n) if vocab.is_special(i)],
+        [i for i in range(n) if vocab.is_control(i)],
         vocab.eog_ids,
         vocab.encode,
     )

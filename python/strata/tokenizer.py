@@ -209,6 +209,7 @@ class Tokenizer:
             eog.discard(texts["<|end|>"])
             self._special = self._special - {texts["<|end|>"]}
         self._eog = frozenset(i for i in eog if 0 <= i < n)
+        self._control = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
         # fill-in-the-middle tokens and the end-of-turn token, found by text (from_metadata
         # reads the GGUF's keys first)
         self.fim: FimTokens | None = fim_tokens({}, self.token_id)
@@ -307,6 +308,12 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
+
+    def is_control(self, token_id: int) -> bool:
+        """A control token, rendered as text or not (the harmony format's structure tokens are
+        rendered, but a grammar matches them only by name: a constrained JSON string cannot
+        end a harmony message by holding `<|end|>`)."""
+        return token_id in self._control
 
     def token_id(self, text: str) -> int | None:
         """The id of a token given by its GGUF entry text, or None."""

@@ -45,5 +45,7 @@ class Vocabulary:
     def is_special(self, token: int) -> bool:
         return token in SPECIALS
 
+    is_control = is_special
+
     def encode(self, text: str) -> list[int]:
         return list(text.encode())

@@ -84,6 +84,9 @@ class Tokens(msgspec.Struct, tag="tokens", tag_field="t"):
     expert_hits: int | None = None
     expert_miss_cpu: int | None = None
     expert_miss_pcie: int | None = None
+    # On finish "stop": the sequence sampled a stop id (end of generation), which `ids` leaves
+    # out; the usage counts it as a generated token, as llama-server and vLLM do.
+    stop_id: bool = False
 
 
 class Stat(msgspec.Struct, array_like=True):

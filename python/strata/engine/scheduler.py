@@ -315,7 +315,9 @@ class Scheduler:
             s.generated += 1
             tok = res.token
             if tok in s.stop_ids:
-                return self._end(s.slot, "stop", ids=ids, res=results)
+                t = self._end(s.slot, "stop", ids=ids, res=results)
+                t.stop_id = True
+                return t
             ids.append(tok)
             s.out.append(tok)
             if (

@@ -16,6 +16,9 @@ Choices (vLLM's and llama-server's where they differ from nothing):
   (`strata.server.structured`); not together with a forced tool call.
 - A thinking block may precede a constrained answer when the prompt opened it, or when
   `chat_template_kwargs.enable_thinking` is true; it is not constrained.
+- The harmony format (gpt-oss): the analysis (and before a call, commentary) messages stay
+  free; the final message's text or the call's header and arguments are constrained
+  (`strata.server.harmony.answer_grammar` / `call_grammar`, as llama.cpp's gpt-oss grammar).
 """
 
 from __future__ import annotations
@@ -144,30 +147,27 @@ def prepare_chat(
     except ValueError as e:  # the model's template refused the conversation
         raise APIError(400, f"messages: {e}", param="messages") from None
     grammar = answer_grammar
-    if harmony.is_harmony(template) and (
-        grammar is not None or tool_choice not in ("auto", "none")
-    ):
-        param = answer_param if grammar is not None else "tool_choice"
-        raise _bad(param, "constrained answers are not supported with the harmony format yet")
+    is_harmony = harmony.is_harmony(template)
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
             raise _bad(answer_param, "not together with a required or named tool_choice")
         try:
-            grammar = call_grammar(fmt, tools, tool_choice, parallel)
+            if is_harmony:
+                grammar = harmony.call_grammar(tools, tool_choice)
+            else:
+                grammar = call_grammar(fmt, tools, tool_choice, parallel)
         except ValueError as e:  # a parameter schema the call grammar cannot follow
             raise _bad("tools", f"a parameter schema cannot be used as a constraint: {e}") from None
+    elif grammar is not None and is_harmony:
+        grammar = harmony.answer_grammar(grammar, harmony.open_channel(prompt))
     opened = prompt_opens_reasoning(prompt)
     trigger = None
-    if (
-        grammar is None
-        and lazy_tools
-        and tool_choice == "auto"
-        and tools
-        and not harmony.is_harmony(template)
-    ):
+    if grammar is None and lazy_tools and tool_choice == "auto" and tools and not is_harmony:
         parsed = reasoning_format == "parsed"
         grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened and parsed, parsed)
-    if grammar is not None and trigger is None:
+    if grammar is not None and is_harmony:  # its messages before the constrained one are free
+        grammar = checked(grammar, answer_param if answer_grammar is not None else "tools")
+    elif grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
         grammar = checked(
             constraints.with_reasoning(grammar, mode),
@@ -182,7 +182,7 @@ def prepare_chat(
         forced=bool(tools) and tool_choice not in ("auto", "none"),
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
-        harmony=(harmony.is_harmony(template), harmony.open_channel(prompt)),
+        harmony=(is_harmony, harmony.open_channel(prompt)),
         trigger=trigger,
     )
 

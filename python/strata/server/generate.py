@@ -171,6 +171,9 @@ class SeqRun:
                 if self.limit is not None:
                     tail = self.limit.feed(tail, _since(first, now))[0] + self.limit.flush()
                 text += tail
+            if ev.stop_id and not stopm.stopped and not limited:
+                n_out += 1  # the end-of-generation token: sampled, counted, never shown
+                self.metrics.generation_tokens.inc()
             if first is None:  # finished without a token: its prompt was read all the same
                 self.metrics.prompt_tokens.inc(len(self.stream.submit.prompt))
             decode_s = (now - first) if first is not None else 0.0

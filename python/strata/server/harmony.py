@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from strata.constraints import schema_text
 from strata.reasoning import _partial
-from strata.server.tools import ToolCall, ToolSpec
+from strata.server.tools import ToolCall, ToolSpec, strict_object
 
 START, CHANNEL, CONSTRAIN, MESSAGE, END = (
     "<|start|>",
@@ -145,3 +146,64 @@ class HarmonyParser:
         if self.state == "plain":
             return [("content", buf)] if buf else []
         return self._body(buf)
+
+
+# -- constraints (llguidance Lark) ----------------------------------------------------------------
+# A constrained harmony answer is constrained only where the constraint applies: in the final
+# message (`response_format`) or in the call's header and arguments (a forced `tool_choice`);
+# the analysis (and, before a call, commentary) messages that precede it stay free, as
+# llama.cpp's gpt-oss grammar leaves them. The structure tokens are control tokens, which the
+# grammar names (`<|end|>`) and no text matches (`Tokenizer.is_control`): a free message ends
+# at the model's `<|end|>`, and a constrained JSON string cannot hold one.
+
+_GRAMMAR_TAIL = r"""
+TEXT: /(?s:.*)/
+marks: (/[ \t\n]+/ <|constrain|>? | <|constrain|>) TYPE
+TYPE: /[A-Za-z0-9_\-]{1,32}/
+"""
+
+
+def _lead(opened: str | None, channels: str) -> str:
+    """The messages before the constrained one: the prompt's open message's rest (when the
+    prompt left one open), then any number of messages on `channels` (a Lark alternative)."""
+    nxt = '<|end|> <|start|> "assistant"'
+    rest = f"TEXT {nxt} " if opened is not None else ""
+    return f"{rest}(<|channel|> ({channels}) <|message|> TEXT {nxt})*"
+
+
+def answer_grammar(grammar: str, opened: str | None) -> str:
+    """`grammar` (a Lark grammar whose `start` is the answer) as the final message's text,
+    after any analysis messages: `<|channel|>final[ <|constrain|>TYPE]<|message|>ANSWER`.
+    `opened`: the channel the prompt left open (`open_channel`): "final" constrains from the
+    first token."""
+    body, n = re.subn(r"(?m)^start\s*:", "answer:", grammar, count=1)
+    if not n:
+        raise ValueError("grammar has no start rule")
+    if opened == "final":
+        return f"{body.rstrip()}\nstart: answer\n"
+    head = f'start: {_lead(opened, chr(34) + "analysis" + chr(34))} <|channel|> "final" marks?'
+    return f"{body.rstrip()}\n{head} <|message|> answer\n{_GRAMMAR_TAIL}"
+
+
+def call_grammar(tools: Sequence[ToolSpec], choice: str) -> str:
+    """A forced call (`choice` "required": one call of any offered tool; a tool's name: that
+    tool's), after any analysis or commentary messages: the recipient in the role's header
+    (` to=functions.NAME<|channel|>commentary`) or in the channel's, then `<|message|>` and the
+    arguments as a JSON object valid for the tool's parameters. Harmony makes one call per
+    turn (`<|call|>` ends it), so `parallel_tool_calls` changes nothing here."""
+    chosen = [t for t in tools if choice == "required" or t.name == choice]
+    if not chosen:
+        raise ValueError(f"tool_choice: no tool named {choice!r}")
+    lines, names = [], []
+    for i, t in enumerate(chosen):
+        to = json.dumps(f" to=functions.{t.name}", ensure_ascii=False)
+        args = schema_text(strict_object(t.parameters))
+        names.append(f"call_{i}")
+        lines.append(f"call_{i}: ({to} channel | channel {to}) marks? <|message|> %json {args}")
+    chans = '"commentary" | "analysis"'
+    head = [
+        f"start: {_lead(None, chans)} call",
+        "call: " + " | ".join(names),
+        f"channel: <|channel|> ({chans})",
+    ]
+    return "\n".join(head + lines) + f"\n{_GRAMMAR_TAIL}"

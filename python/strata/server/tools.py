@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from strata.constraints import JSON_OPTIONS
+from strata.constraints import schema_text
 
 # -- tool definitions ---------------------------------------------------------------------------
 
@@ -180,12 +180,6 @@ def _raw_arguments(body: str) -> str | None:
     return body[m.end() : end] if isinstance(args, dict) else None
 
 
-def _schema_json(schema: Mapping[str, Any]) -> str:
-    s = dict(schema)
-    s.setdefault("x-guidance", JSON_OPTIONS)
-    return json.dumps(s, ensure_ascii=False)
-
-
 def strict_object(schema: Mapping[str, Any]) -> dict[str, Any]:
     """A forced call's arguments: no properties beyond the declared ones unless the schema says
     otherwise (a function takes no unknown arguments; a weak model would invent them forever)."""
@@ -282,7 +276,7 @@ class HermesFormat:
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        return [f'{rule}: "<tool_call>\\n" %json {_schema_json(schema)} "\\n</tool_call>"']
+        return [f'{rule}: "<tool_call>\\n" %json {schema_text(schema)} "\\n</tool_call>"']
 
 
 _FUNC = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -368,7 +362,7 @@ def _xml_value_rule(schema: Any, terminal: str, close: str = _PARAM_CLOSE) -> tu
     bounded length) ending at the first close tag, any other parameter JSON for its schema."""
     closing = _lark_str(close)
     if not isinstance(schema, dict):
-        return f"%json {_schema_json({})} {closing}", ""
+        return f"%json {schema_text({})} {closing}", ""
     if _is_text(schema):
         if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]):
             alts = " | ".join(_lark_str(v) for v in schema["enum"])
@@ -382,7 +376,7 @@ def _xml_value_rule(schema: Any, terminal: str, close: str = _PARAM_CLOSE) -> tu
         # lazy: the value ends at the first close tag
         tail = close.replace("\n", "\\n").replace("/", "\\/")
         return rule, f"{rule}[lazy]: /(?s:.{span}){tail}/"
-    return f"%json {_schema_json(schema)} {closing}", ""
+    return f"%json {schema_text(schema)} {closing}", ""
 
 
 _FUNC_HEAD = re.compile(r"<function=([^>\n]+)>")

@@ -149,6 +149,34 @@ def test_completion_route_fields(srv: Server, llm: LLM) -> None:
     assert r.json()["generation_settings/n_predict"] == 2
 
 
+def test_several_prompts(srv: Server, llm: LLM) -> None:
+    """An array of prompts (strings, or arrays of ids and strings) is several prompts, answered
+    as an array in their order, each its `index` (llama-server's); streamed, each event names
+    its prompt's index."""
+    tok = llm.tokenizer
+    texts = ["Once upon a time", "The quick brown fox", "def main():"]
+    body = {"prompt": [texts[0], [*tok.encode("The quick"), " brown fox"], [texts[2]]]}
+    body |= {"n_predict": 5, "temperature": 0, "return_tokens": True}
+    r = srv.http.post("/completion", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert isinstance(got, list) and [a["index"] for a in got] == [0, 1, 2]
+    for a, text in zip(got, texts, strict=True):
+        ids = tok.encode(text)
+        assert a["tokens_evaluated"] == len(ids) and a["tokens"] == greedy(llm, ids, 5)
+    r = srv.http.post("/completion", json={**body, "stream": True})
+    toks: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    ends = []
+    for e in events(r):
+        toks[e["index"]] += e["tokens"]
+        if e["stop"]:
+            ends.append(e["index"])
+    assert sorted(ends) == [0, 1, 2]
+    assert [toks[i] for i in range(3)] == [a["tokens"] for a in got]
+    one = srv.http.post("/completion", json={**body, "prompt": [texts[0]]}).json()
+    assert isinstance(one, dict) and one["tokens"] == got[0]["tokens"]  # one prompt: its object
+
+
 def test_stop_word(srv: Server, llm: LLM) -> None:
     ids = llm.tokenizer.encode("Once upon a time")
     text = llm.tokenizer.decode(greedy(llm, ids, 16), skip_special=True)
@@ -272,9 +300,10 @@ def test_samplers(srv: Server, llm: LLM) -> None:
         ("/infill", {"samplers": "k" * 65}, "samplers"),
         ("/infill", {"response_fields": ["content"] * 65}, "response_fields"),
         ("/completion", {"input_suffix": "x"}, "input_suffix"),
-        ("/completion", {"prompt": [["a"], ["b"]]}, "prompt"),
+        ("/completion", {"prompt": [["a"], ["b", 10**9]]}, "prompt[1]"),
         ("/completion", {"prompt": [10**9]}, "prompt"),
-        ("/completion", {"prompt": ["a", "b"]}, "prompt"),  # several prompts
+        ("/completion", {"prompt": ["a", []]}, "prompt"),  # an empty one of several
+        ("/completion", {"prompt": ["a"] * 129}, "prompt"),
         ("/completion", {"n_predict": -5}, "n_predict"),
     ],
 )

@@ -131,19 +131,22 @@ async def _grammar(plan: Plan, req: NativeRequest) -> None:
         plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
 
 
+async def prompts_of(tok: ServerTokenizer, prompt: Any, param: str = "prompt") -> list[list[int]]:
+    """llama-server's prompts: one (a string, or an array of token ids and strings), or an
+    array of such, each its own prompt (answered as an array, in order)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(x, (str, list)) for x in prompt):
+        if len(prompt) > MAX_LIST:
+            raise APIError(400, f"{param}: at most {MAX_LIST} prompts", param=param)
+        return [await mixed_prompt(tok, x, f"{param}[{i}]") for i, x in enumerate(prompt)]
+    return [await mixed_prompt(tok, prompt, param)]
+
+
 async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt") -> list[int]:
     """llama-server's single prompt: a string, or an array of token ids and strings (each
     string tokenized with special tokens parsed, the ids kept)."""
     if isinstance(prompt, str):
         return await encode(tok, prompt, True)
     if isinstance(prompt, list):
-        if len(prompt) > 1 and all(isinstance(x, (str, list)) for x in prompt):
-            raise APIError(  # llama-server reads such an array as several prompts
-                400,
-                f"{param}: several prompts in one request are not supported (send one string, "
-                "or one array of token ids and strings)",
-                param=param,
-            )
         ids: list[int] = []
         for x in prompt:
             if isinstance(x, str):
@@ -153,8 +156,8 @@ async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt")
             else:
                 raise APIError(
                     400,
-                    f"{param}: one prompt: a string, or token ids (0..{tok.n_vocab - 1}) and "
-                    "strings (several prompts in one request are not supported)",
+                    f"{param}: a prompt is a string, or token ids (0..{tok.n_vocab - 1}) and "
+                    "strings",
                     param=param,
                 )
         return ids
@@ -180,8 +183,8 @@ async def completion(request: Request) -> Response | sse.SSEResponse:
         raise APIError(400, "prompt: required", param="prompt")
     plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults)
     await _grammar(plan, req)
-    ids = await mixed_prompt(tok, req.prompt)
-    return await _run(request, st, tok, "completion", req, plan, prompt_only, ids, t0)
+    prompts = await prompts_of(tok, req.prompt)
+    return await _run(request, st, tok, "completion", req, plan, prompt_only, prompts, t0)
 
 
 async def infill(request: Request) -> Response | sse.SSEResponse:
@@ -202,11 +205,12 @@ async def infill(request: Request) -> Response | sse.SSEResponse:
     typed = await encode(tok, req.prompt or "", True)
     chunks = [(c.filename, c.text) for c in extra]
     ids = await fim_prompt(st, client, tok, prefix, suffix, chunks, typed, "input_prefix")
-    return await _run(request, st, tok, "infill", req, plan, prompt_only, ids, t0)
+    return await _run(request, st, tok, "infill", req, plan, prompt_only, [ids], t0)
 
 
 class _Native:
-    """Builds llama-server's answer objects for one request."""
+    """Builds llama-server's answer objects for one request (one per prompt: a delta's
+    `index` is its prompt's)."""
 
     def __init__(
         self,
@@ -214,14 +218,25 @@ class _Native:
         tok: ServerTokenizer,
         req: NativeRequest,
         plan: Plan,
-        prompt: list[int],
+        prompts: list[list[int]],
         t0: float,
         prompt_only: bool,
     ) -> None:
         self.st, self.tok, self.req, self.plan = st, tok, req, plan
-        self.prompt, self.t0, self.prompt_only = prompt, t0, prompt_only
-        self.tokens: list[int] = []  # every generated id (return_tokens)
-        self.text = ""  # every generated piece of text (has_new_line)
+        self.prompts, self.t0, self.prompt_only = prompts, t0, prompt_only
+        # per prompt: every generated id (return_tokens), text (has_new_line), count
+        self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.text = ["" for _ in prompts]
+        self.n_out = [0 for _ in prompts]
+
+    def take(self, d: Delta) -> Delta:
+        """Books a delta of the answer (a prompt-only request's one token is not part of it)."""
+        if self.prompt_only:
+            d.text, d.tokens, d.ids = "", [], []
+        self.tokens[d.index] += d.ids
+        self.text[d.index] += d.text
+        self.n_out[d.index] += len(d.ids)
+        return d
 
     def probs(self, toks: list[TokenInfo]) -> list[dict[str, Any]]:
         return [
@@ -238,11 +253,11 @@ class _Native:
             for t in toks
         ]
 
-    def timings(self, d: Delta | None, n_out: int) -> dict[str, Any]:
-        cached = d.cached_tokens if d is not None else 0
-        pn = len(self.prompt) - cached
-        pms = (d.prompt_s if d is not None else 0.0) * 1000
-        gms = (d.decode_s if d is not None else time.monotonic() - self.t0) * 1000
+    def timings(self, d: Delta, n_out: int, final: bool) -> dict[str, Any]:
+        cached = d.cached_tokens if final else 0
+        pn = len(self.prompts[d.index]) - cached
+        pms = (d.prompt_s if final else 0.0) * 1000
+        gms = (d.decode_s if final else time.monotonic() - self.t0) * 1000
         out = {
             "cache_n": cached,
             "prompt_n": pn,
@@ -254,7 +269,7 @@ class _Native:
             "predicted_per_token_ms": gms / n_out if n_out else 0.0,
             "predicted_per_second": 1000 * n_out / gms if gms else 0.0,
         }
-        if d is not None and d.drafts is not None:
+        if final and d.drafts is not None:
             out["draft_n"], out["draft_n_accepted"] = d.drafts
         return out
 
@@ -298,24 +313,26 @@ class _Native:
             "grammar": p.grammar or "",
         }
 
-    def partial(self, d: Delta, n_out: int) -> dict[str, Any]:
+    def partial(self, d: Delta) -> dict[str, Any]:
+        n_out = self.n_out[d.index]
         out: dict[str, Any] = {
-            "index": 0,
+            "index": d.index,
             "content": d.text,
             "tokens": d.ids if self.req.return_tokens else [],
             "stop": False,
             "id_slot": -1,
             "tokens_predicted": n_out,
-            "tokens_evaluated": len(self.prompt),
+            "tokens_evaluated": len(self.prompts[d.index]),
         }
         if self.plan.logprobs and d.tokens:
             out["completion_probabilities"] = self.probs(d.tokens)
         if self.req.timings_per_token:
-            out["timings"] = self.timings(None, n_out)
+            out["timings"] = self.timings(d, n_out, False)
         return out
 
     def final(self, d: Delta, content: str, toks: list[TokenInfo]) -> dict[str, Any]:
-        n_out = 0 if self.prompt_only else d.output_tokens
+        i, n_out = d.index, 0 if self.prompt_only else d.output_tokens
+        prompt = self.prompts[i]
         if d.finish == "length" or self.prompt_only:
             stop_type = "limit"
         elif d.stop is not None:
@@ -323,23 +340,23 @@ class _Native:
         else:
             stop_type = "eos"
         out: dict[str, Any] = {
-            "index": 0,
+            "index": i,
             "content": content,
             # streamed: the tokens went with the partial events, as llama-server does
-            "tokens": self.tokens if self.req.return_tokens and not self.plan.stream else [],
+            "tokens": self.tokens[i] if self.req.return_tokens and not self.plan.stream else [],
             "id_slot": -1,
             "stop": True,
             "model": self.st.model_id,
             "tokens_predicted": n_out,
-            "tokens_evaluated": len(self.prompt),
+            "tokens_evaluated": len(prompt),
             "generation_settings": self.settings(),
-            "prompt": self.tok.decode_special(self.prompt),
-            "has_new_line": "\n" in self.text,
+            "prompt": self.tok.decode_special(prompt),
+            "has_new_line": "\n" in self.text[i],
             "truncated": False,
             "stop_type": stop_type,
             "stopping_word": d.stop or "",
-            "tokens_cached": len(self.prompt) + n_out,
-            "timings": self.timings(d, n_out),
+            "tokens_cached": len(prompt) + n_out,
+            "timings": self.timings(d, n_out, True),
         }
         if self.plan.logprobs and not self.plan.stream:
             out["completion_probabilities"] = self.probs(toks)
@@ -370,14 +387,14 @@ async def _run(
     req: NativeRequest,
     plan: Plan,
     prompt_only: bool,
-    ids: list[int],
+    prompts: list[list[int]],
     t0: float,
 ) -> Response | sse.SSEResponse:
     client = st.client
     assert client is not None
     rid = "cmpl-" + secrets.token_hex(12)
-    sub = submit(st, client, tok, endpoint, [ids], plan, t0, rid)
-    shape = _Native(st, tok, req, plan, ids, t0, prompt_only)
+    sub = submit(st, client, tok, endpoint, prompts, plan, t0, rid)
+    shape = _Native(st, tok, req, plan, prompts, t0, prompt_only)
     if plan.stream:
         return sse.SSEResponse(_stream(shape, sub.runs, endpoint), sub.cancel_all)
     return await _complete(request, shape, sub.runs, endpoint, sub.cancel_all)
@@ -385,20 +402,15 @@ async def _run(
 
 async def _stream(shape: _Native, runs: list[SeqRun], endpoint: str) -> AsyncIterator[bytes]:
     outcome = "cancelled"
-    n_out = 0
     try:
         async for d in merge(runs):
-            if shape.prompt_only:
-                d = _empty(d)
-            shape.tokens += d.ids
-            shape.text += d.text
-            n_out += len(d.ids)
+            d = shape.take(d)
             if d.finish is None:
                 if d.text or d.ids:
-                    yield sse.event(shape.partial(d, n_out))
+                    yield sse.event(shape.partial(d))
                 continue
             if d.text or d.ids:  # the last piece, then the final object (without them)
-                yield sse.event(shape.partial(d, n_out))
+                yield sse.event(shape.partial(d))
             yield sse.event(shape.final(d, "", []))
         outcome = "ok"
     except (EngineError, DeadlineExceeded, Unavailable) as e:
@@ -408,27 +420,18 @@ async def _stream(shape: _Native, runs: list[SeqRun], endpoint: str) -> AsyncIte
         shape.st.metrics.request_done(endpoint, outcome, shape.t0)
 
 
-def _empty(d: Delta) -> Delta:
-    """A prompt-only request's delta: its one generated token is not part of the answer."""
-    d.text, d.tokens, d.ids = "", [], []
-    return d
-
-
 async def _complete(
     request: Request, shape: _Native, runs: list[SeqRun], endpoint: str, cancel_all: Any
 ) -> Response:
-    last: list[Delta] = []
-    toks: list[TokenInfo] = []
+    last: dict[int, Delta] = {}
+    toks: list[list[TokenInfo]] = [[] for _ in shape.prompts]
 
     async def collect() -> None:
         async for d in merge(runs):
-            if shape.prompt_only:
-                d = _empty(d)
-            shape.text += d.text
-            shape.tokens += d.ids
-            toks.extend(d.tokens)
+            d = shape.take(d)
+            toks[d.index].extend(d.tokens)
             if d.finish is not None:
-                last.append(d)
+                last[d.index] = d
 
     work = asyncio.create_task(collect())
     if not await until_done_or_gone(request, work, cancel_all):
@@ -442,7 +445,9 @@ async def _complete(
             raise engine_error(err)
         raise err
     shape.st.metrics.request_done(endpoint, "ok", shape.t0)
-    return JSONResponse(shape.final(last[0], shape.text, toks))
+    answers = [shape.final(last[i], shape.text[i], toks[i]) for i in sorted(last)]
+    # one prompt: its object; several: an array of them in the prompts' order (llama-server)
+    return JSONResponse(answers[0] if len(answers) == 1 else answers)
 
 
 async def props(request: Request) -> Response:

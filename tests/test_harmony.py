@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import qwen3moe_file as qf
 from strata import modelgen
@@ -244,3 +245,62 @@ def test_forced_call_grammar_follows_harmony_messages() -> None:
     assert _accepts(tok, required, preamble + CALL)
     with pytest.raises(ValueError, match="no tool named"):
         call_grammar(tools, "other")
+
+
+def test_auto_calls_are_constrained_from_their_header() -> None:
+    """tool_choice auto: free text until a header names `functions.…` (llama.cpp's gpt-oss
+    triggers), then the call: its header replayed into the grammar from the anchor token on;
+    `to=functions` inside a message's text triggers nothing."""
+    from types import SimpleNamespace
+
+    import msgspec
+    from strata import constraints
+    from strata.sampling import SamplingParams
+
+    tok = RealTokenizer(harmony_vocab().metadata())
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "weather in Oslo?"}]
+    city = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    setup = prepare_chat(tok, msgs, [ToolSpec("weather", "", city)], "auto", True, None, None,
+                         "parsed")  # fmt: skip
+    assert setup.grammar is not None and setup.trigger is not None
+    # as the engine gets it: the parameters through msgpack, the processor from the factory
+    params = SamplingParams(grammar=setup.grammar, grammar_trigger=setup.trigger)
+    params.validate()
+    params = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
+    factory = constraints.Constraints(lambda: tok.tok, tok.n_vocab, overlap=False)
+
+    def run(text: str) -> tuple[bool, list[bool]]:
+        """(engaged, whether each token was allowed by the mask before it)"""
+        g = factory.for_request(SimpleNamespace(params=params))
+        assert isinstance(g, constraints.HeaderGrammar)
+        ok = []
+        for t in tok.encode(text, special=True):
+            logits = np.zeros(tok.n_vocab, dtype=np.float32)
+            g(logits)
+            ok.append(bool(np.isfinite(logits[t])))
+            g.accept(t)
+        return g.inner is not None, ok
+
+    chatter = "<|channel|>analysis<|message|>I could say to=functions.x here<|end|>"
+    engaged, ok = run(chatter + "<|start|>assistant<|channel|>final<|message|>Hi to=functions")
+    assert not engaged and all(ok)
+    for head in (
+        '<|start|>assistant<|channel|>commentary to=functions.weather<|message|>{"city": "x"}',
+        '<|start|>assistant to=functions.weather<|channel|>commentary<|message|>{"city": "x"}',
+    ):
+        engaged, ok = run(chatter + head)
+        assert engaged and all(ok)
+        bad = head.replace('"city"', '"town"')
+        engaged, ok = run(chatter + bad)
+        assert engaged and not all(ok)  # the mask refused the wrong key
+    # right after the prompt's `<|start|>assistant` (armed from the start)
+    assert run(' to=functions.weather<|channel|>commentary<|message|>{"city": "x"}')[0]
+    # a function not offered: the call is held to the offered ones (as llama.cpp's grammar)
+    engaged, ok = run("<|channel|>commentary to=functions.other<|message|>{}")
+    assert engaged and not all(ok)
+    # a header the grammar does not take (two blanks before the recipient): left free
+    engaged, ok = run("<|channel|>commentary  to=functions.other<|message|>{}")
+    assert not engaged and all(ok)
+    # not a header that calls (the final channel)
+    engaged, ok = run("<|channel|>final to=functions.other<|message|>{}")
+    assert not engaged and all(ok)

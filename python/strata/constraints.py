@@ -332,6 +332,57 @@ class LazyGrammar:
         self.inner = inner
 
 
+class HeaderGrammar:
+    """A lazy grammar triggered by text in a message header (`GrammarTrigger.pattern`: the
+    harmony format's recipient ` to=functions.`, as llama.cpp's gpt-oss triggers): the header
+    runs from an anchor token (`<|start|>`, `<|channel|>`; or the answer's start) to an end
+    token (`<|message|>`, `<|end|>`), so a message's text never triggers it. When the pattern
+    is found, the grammar is fed the header's tokens from its anchor on and constrains the
+    rest; a header the grammar refuses leaves the answer free."""
+
+    def __init__(
+        self, inner: Future[GrammarProcessor], trigger: Any, piece: Callable[[int], bytes]
+    ) -> None:
+        self._inner = inner
+        self.inner: GrammarProcessor | None = None
+        self.pattern = re.compile(trigger.pattern)
+        self.anchors, self.ends = frozenset(trigger.anchors), frozenset(trigger.ends)
+        self.piece = piece
+        self.held: list[int] | None = [] if trigger.armed else None  # None: in a message's text
+        self.text = b""  # the header's text after its anchor
+
+    def __call__(self, logits: F32) -> None:
+        if self.inner is not None:
+            self.inner(logits)
+
+    def accept(self, token: int) -> None:
+        if self.inner is not None:
+            self.inner.accept(token)
+        elif token in self.anchors:
+            self.held, self.text = [token], b""
+        elif token in self.ends or self.held is None:
+            self.held = None
+        else:
+            self.held.append(token)
+            self.text += self.piece(token)
+            if self.pattern.search(self.text.decode("utf-8", errors="replace")):
+                self._engage(self.held)
+
+    def _engage(self, held: list[int]) -> None:
+        self.held = None
+        try:
+            inner = self._inner.result()
+        except Exception as e:  # a grammar the engine cannot compile: the call stays free
+            log.warning("a tool call left unconstrained: %s", e)
+            return
+        for t in held:
+            inner.accept(t)
+            if inner.error is not None:  # not a header the grammar knows: left free
+                log.info("a tool call's header left unconstrained: %s", inner.error)
+                return
+        self.inner = inner
+
+
 class Constraints:
     """The engine's factory of processors: one llguidance tokenizer for the model's
     vocabulary (`vocabulary()` is called on the first constrained request) and one mask
@@ -401,7 +452,7 @@ class Constraints:
                 self._blank = [not v.token_bytes(i).strip() for i in range(v.n_vocab)]
             return self._blank
 
-    def for_request(self, req: Any) -> GrammarProcessor | LazyGrammar | None:
+    def for_request(self, req: Any) -> GrammarProcessor | LazyGrammar | HeaderGrammar | None:
         """The scheduler's processor factory: a request's (`Submit`) constraint, from
         `params.grammar` (lazy with `params.grammar_trigger`); None when it has none. Raises
         ConstraintError (a ValueError)."""
@@ -413,5 +464,8 @@ class Constraints:
             return self.processor(grammar)
         if self._compiler is None:
             self._compiler = ThreadPoolExecutor(1, thread_name_prefix="strata-grammar")
+        inner = self._compiler.submit(self.processor, grammar)
+        if trigger.pattern:
+            return HeaderGrammar(inner, trigger, self._vocabulary().token_bytes)
         self._blanks()
-        return LazyGrammar(self._compiler.submit(self.processor, grammar), trigger, self.blank)
+        return LazyGrammar(inner, trigger, self.blank)

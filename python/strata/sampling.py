@@ -92,6 +92,14 @@ class GrammarTrigger(msgspec.Struct, frozen=True):
     think: list[int] = []
     unthink: list[int] = []
     opened: bool = False
+    # A header trigger instead (`tokens` empty; the harmony format's recipient): `pattern`, a
+    # regex, searched in the text of a message header, from an `anchors` token (or the answer's
+    # start, when `armed`) to an `ends` token; the grammar is fed the header's tokens from the
+    # anchor on (`strata.constraints.HeaderGrammar`).
+    pattern: str = ""
+    anchors: list[int] = []
+    ends: list[int] = []
+    armed: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -218,8 +226,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
                 if not (math.isfinite(b) or b == -math.inf):
                     raise bad("logit_bias", "biases must be finite (or -inf: never picked)")
         gt = self.grammar_trigger
-        if gt is not None and (self.grammar is None or not gt.tokens):
-            raise bad("grammar_trigger", "needs a grammar and at least one token")
+        if gt is not None and (self.grammar is None or not (gt.tokens or gt.pattern)):
+            raise bad("grammar_trigger", "needs a grammar and at least one token or a pattern")
         rb = self.reasoning_budget
         if rb is not None and (rb.budget < 0 or not rb.start or not rb.end or not rb.forced):
             raise bad("reasoning_budget", "needs a budget >= 0, open and close tags, forced tokens")

@@ -162,10 +162,13 @@ def prepare_chat(
         grammar = harmony.answer_grammar(grammar, harmony.open_channel(prompt))
     opened = prompt_opens_reasoning(prompt)
     trigger = None
-    if grammar is None and lazy_tools and tool_choice == "auto" and tools and not is_harmony:
-        parsed = reasoning_format == "parsed"
-        grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened and parsed, parsed)
-    if grammar is not None and is_harmony:  # its messages before the constrained one are free
+    if grammar is None and lazy_tools and tool_choice == "auto" and tools:
+        if is_harmony:
+            grammar, trigger = lazy_harmony_calls(tok, tools, harmony.open_channel(prompt))
+        else:
+            parsed = reasoning_format == "parsed"
+            grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened and parsed, parsed)
+    if grammar is not None and is_harmony and trigger is None:  # messages before it are free
         grammar = checked(grammar, answer_param if answer_grammar is not None else "tools")
     elif grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
@@ -217,6 +220,36 @@ def lazy_calls(
     think, unthink = tok.encode(OPEN, True), tok.encode(CLOSE, True)
     single = thinking and len(think) == 1 and len(unthink) == 1
     trigger = GrammarTrigger(ids, think if single else [], unthink if single else [], opened)
+    return grammar, trigger
+
+
+def lazy_harmony_calls(
+    tok: ServerTokenizer, tools: Sequence[ToolSpec], opened: str | None
+) -> tuple[str | None, GrammarTrigger | None]:
+    """`lazy_calls` for the harmony format (llama.cpp's gpt-oss triggers): free until a
+    message header names a recipient `functions.…` (`harmony.HEADER_TRIGGER`); from the
+    header's anchor token on, a call of an offered tool with arguments of its schema.
+    (None, None) where a structure token is no single token or a schema cannot be a
+    constraint. `opened`: the channel the prompt left open (its text comes first)."""
+    ids = [tok.encode(t, True) for t in (harmony.START, harmony.CHANNEL)]
+    ends = [tok.encode(t, True) for t in (harmony.MESSAGE, harmony.END)]
+    if any(len(i) != 1 for i in ids + ends):
+        return None, None
+    try:
+        grammar = harmony.call_grammar(tools, "required", lazy=True)
+        if len(grammar) > MAX_GRAMMAR_BYTES:
+            raise ValueError(f"the grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
+        constraints.check_grammar(grammar)
+    except ValueError as e:
+        log.info("tool calls left unconstrained: %s", e)
+        return None, None
+    trigger = GrammarTrigger(
+        [],
+        pattern=harmony.HEADER_TRIGGER,
+        anchors=[i[0] for i in ids],
+        ends=[i[0] for i in ends],
+        armed=opened is None,
+    )
     return grammar, trigger
 
 

@@ -185,12 +185,19 @@ def answer_grammar(grammar: str, opened: str | None) -> str:
     return f"{body.rstrip()}\n{head} <|message|> answer\n{_GRAMMAR_TAIL}"
 
 
-def call_grammar(tools: Sequence[ToolSpec], choice: str) -> str:
+# A call's header, found in the text after a header's anchor token (`<|start|>`,
+# `<|channel|>`, or the answer's start after the prompt's `<|start|>assistant`): the lazy
+# grammar's trigger for tool_choice auto (`strata.constraints.HeaderGrammar`).
+HEADER_TRIGGER = r"^(assistant|commentary|analysis)?\s*to=functions"
+
+
+def call_grammar(tools: Sequence[ToolSpec], choice: str, lazy: bool = False) -> str:
     """A forced call (`choice` "required": one call of any offered tool; a tool's name: that
     tool's), after any analysis or commentary messages: the recipient in the role's header
     (` to=functions.NAME<|channel|>commentary`) or in the channel's, then `<|message|>` and the
     arguments as a JSON object valid for the tool's parameters. Harmony makes one call per
-    turn (`<|call|>` ends it), so `parallel_tool_calls` changes nothing here."""
+    turn (`<|call|>` ends it), so `parallel_tool_calls` changes nothing here. `lazy`: the
+    grammar starts at the call's header (its anchor token on; tool_choice auto's)."""
     chosen = [t for t in tools if choice == "required" or t.name == choice]
     if not chosen:
         raise ValueError(f"tool_choice: no tool named {choice!r}")
@@ -199,10 +206,12 @@ def call_grammar(tools: Sequence[ToolSpec], choice: str) -> str:
         to = json.dumps(f" to=functions.{t.name}", ensure_ascii=False)
         args = schema_text(strict_object(t.parameters))
         names.append(f"call_{i}")
-        lines.append(f"call_{i}: ({to} channel | channel {to}) marks? <|message|> %json {args}")
+        role = '(<|start|> "assistant")? ' if lazy else ""  # the header from its anchor on
+        header = f"{role}{to} channel | channel {to}"
+        lines.append(f"call_{i}: ({header}) marks? <|message|> %json {args}")
     chans = '"commentary" | "analysis"'
     head = [
-        f"start: {_lead(None, chans)} call",
+        f"start: {_lead(None, chans) + ' ' if not lazy else ''}call",
         "call: " + " | ".join(names),
         f"channel: <|channel|> ({chans})",
     ]

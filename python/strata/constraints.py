@@ -285,7 +285,29 @@ class GrammarProcessor:
         return bool(self.matcher.is_stopped())
 
 
-class LazyGrammar:
+class _Lazy:
+    """What the lazy grammars share: no mask until their trigger, then the processor's
+    (`inner`, compiled off the engine's step: `_inner`, a future)."""
+
+    def __init__(self, inner: Future[GrammarProcessor]) -> None:
+        self._inner = inner
+        self.inner: GrammarProcessor | None = None
+
+    def __call__(self, logits: F32) -> None:
+        if self.inner is not None:
+            self.inner(logits)
+
+    def _compiled(self) -> GrammarProcessor | None:
+        """The processor, once the trigger came; None where the engine could not compile the
+        grammar (the call stays free)."""
+        try:
+            return self._inner.result()
+        except Exception as e:  # the compiler's errors (any type)
+            log.warning("a tool call left unconstrained: %s", e)
+            return None
+
+
+class LazyGrammar(_Lazy):
     """A grammar that waits for its trigger (`strata.sampling.GrammarTrigger`): no mask until
     a trigger token is sampled outside a thinking block, then the grammar's, fed that token
     first (llama.cpp's lazy grammar: a tool call the model starts follows the tools'
@@ -297,18 +319,13 @@ class LazyGrammar:
     def __init__(
         self, inner: Future[GrammarProcessor], trigger: Any, blank: Callable[[int], bool]
     ) -> None:
-        self._inner = inner
-        self.inner: GrammarProcessor | None = None
+        super().__init__(inner)
         self.triggers = frozenset(trigger.tokens)
         self.think = frozenset(trigger.think)
         self.unthink = frozenset(trigger.unthink)
         self.thinking = bool(trigger.opened)
         self.started = bool(trigger.opened)  # past the answer's leading blanks
         self.blank = blank
-
-    def __call__(self, logits: F32) -> None:
-        if self.inner is not None:
-            self.inner(logits)
 
     def accept(self, token: int) -> None:
         if self.inner is not None:
@@ -323,16 +340,14 @@ class LazyGrammar:
             self.started = True
 
     def _engage(self, token: int) -> None:
-        try:
-            inner = self._inner.result()
-        except Exception as e:  # a grammar the engine cannot compile: the call stays free
-            log.warning("a tool call left unconstrained: %s", e)
+        inner = self._compiled()
+        if inner is None:
             return
         inner.accept(token)
         self.inner = inner
 
 
-class HeaderGrammar:
+class HeaderGrammar(_Lazy):
     """A lazy grammar triggered by text in a message header (`GrammarTrigger.pattern`: the
     harmony format's recipient ` to=functions.`, as llama.cpp's gpt-oss triggers): the header
     runs from an anchor token (`<|start|>`, `<|channel|>`; or the answer's start) to an end
@@ -343,17 +358,12 @@ class HeaderGrammar:
     def __init__(
         self, inner: Future[GrammarProcessor], trigger: Any, piece: Callable[[int], bytes]
     ) -> None:
-        self._inner = inner
-        self.inner: GrammarProcessor | None = None
+        super().__init__(inner)
         self.pattern = re.compile(trigger.pattern)
         self.anchors, self.ends = frozenset(trigger.anchors), frozenset(trigger.ends)
         self.piece = piece
         self.held: list[int] | None = [] if trigger.armed else None  # None: in a message's text
         self.text = b""  # the header's text after its anchor
-
-    def __call__(self, logits: F32) -> None:
-        if self.inner is not None:
-            self.inner(logits)
 
     def accept(self, token: int) -> None:
         if self.inner is not None:
@@ -370,10 +380,8 @@ class HeaderGrammar:
 
     def _engage(self, held: list[int]) -> None:
         self.held = None
-        try:
-            inner = self._inner.result()
-        except Exception as e:  # a grammar the engine cannot compile: the call stays free
-            log.warning("a tool call left unconstrained: %s", e)
+        inner = self._compiled()
+        if inner is None:
             return
         for t in held:
             inner.accept(t)

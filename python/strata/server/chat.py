@@ -24,7 +24,7 @@ Choices (vLLM's and llama-server's where they differ from nothing):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,18 +209,29 @@ def lazy_calls(
     ids = tok.encode(fmt.blocks[0][0], True)
     if len(ids) != 1:
         return None, None
-    try:
-        grammar = call_grammar(fmt, tools, "required", parallel, trailing_break=True)
-        if len(grammar) > MAX_GRAMMAR_BYTES:
-            raise ValueError(f"the grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
-        constraints.check_grammar(grammar)
-    except ValueError as e:
-        log.info("tool calls left unconstrained: %s", e)
+    grammar = _lazy_grammar(
+        lambda: call_grammar(fmt, tools, "required", parallel, trailing_break=True)
+    )
+    if grammar is None:
         return None, None
     think, unthink = tok.encode(OPEN, True), tok.encode(CLOSE, True)
     single = thinking and len(think) == 1 and len(unthink) == 1
     trigger = GrammarTrigger(ids, think if single else [], unthink if single else [], opened)
     return grammar, trigger
+
+
+def _lazy_grammar(make: Callable[[], str]) -> str | None:
+    """A lazy call grammar that compiles and is at most MAX_GRAMMAR_BYTES, else None (the
+    calls stay the model's own text)."""
+    try:
+        grammar = make()
+        if len(grammar) > MAX_GRAMMAR_BYTES:
+            raise ValueError(f"the grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
+        constraints.check_grammar(grammar)
+    except ValueError as e:
+        log.info("tool calls left unconstrained: %s", e)
+        return None
+    return grammar
 
 
 def lazy_harmony_calls(
@@ -235,13 +246,8 @@ def lazy_harmony_calls(
     ends = [tok.encode(t, True) for t in (harmony.MESSAGE, harmony.END)]
     if any(len(i) != 1 for i in ids + ends):
         return None, None
-    try:
-        grammar = harmony.call_grammar(tools, "required", lazy=True)
-        if len(grammar) > MAX_GRAMMAR_BYTES:
-            raise ValueError(f"the grammar is past {MAX_GRAMMAR_BYTES >> 10} KiB")
-        constraints.check_grammar(grammar)
-    except ValueError as e:
-        log.info("tool calls left unconstrained: %s", e)
+    grammar = _lazy_grammar(lambda: harmony.call_grammar(tools, "required", lazy=True))
+    if grammar is None:
         return None, None
     trigger = GrammarTrigger(
         [],

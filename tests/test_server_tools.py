@@ -392,15 +392,23 @@ THINK_TEXT = "<think>\nFirst, the forecast.\n</think>\n\nIt will rain."
 
 
 def test_fake_reasoning_split(fake: openai.OpenAI) -> None:
-    m = say(fake, THINK_TEXT).choices[0].message
+    r = say(fake, THINK_TEXT)
+    m = r.choices[0].message
     assert (m.reasoning_content, m.content) == ("First, the forecast.\n", "It will rain.")  # type: ignore[attr-defined]
-    chunks = list(say(fake, THINK_TEXT, stream=True))
+    # the reasoning's tokens (the toy tokenizer: a token a byte), as OpenAI reports them
+    thought = len(b"First, the forecast.\n")
+    assert r.usage.completion_tokens_details.reasoning_tokens == thought
+    opts = {"include_usage": True}
+    chunks = list(say(fake, THINK_TEXT, stream=True, stream_options=opts))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     content = "".join(d.content or "" for d in deltas)
     assert (reasoning, content) == ("First, the forecast.\n", "It will rain.")
-    m = say(fake, THINK_TEXT, extra_body={"reasoning_format": "none"}).choices[0].message
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thought
+    r = say(fake, THINK_TEXT, extra_body={"reasoning_format": "none"})
+    m = r.choices[0].message
     assert m.content == THINK_TEXT and getattr(m, "reasoning_content", None) is None
+    assert r.usage.completion_tokens_details is None  # no reasoning told apart
 
 
 def test_fake_forced_call_constrains_even_the_echo(fake: openai.OpenAI) -> None:

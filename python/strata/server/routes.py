@@ -456,6 +456,7 @@ async def _generate(
     sub = submit(st, client, tok, endpoint, prompts, plan, t0, rid, param)
     runs, streams, cancel_all = sub.runs, sub.streams, sub.cancel_all
     shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0, setup)
+    shape.tokenizer = tok
     if plan.stream:
         return sse.SSEResponse(_stream(shape, runs, st, streams), cancel_all)
     return await _complete(request, shape, runs, st, streams, cancel_all)
@@ -502,6 +503,16 @@ class _Shape:
         self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
         self.cached: dict[int, int] = {}  # choice index → its prompt tokens reused from a KV cache
         self.drafts: list[tuple[int, int]] = []  # choices' (drafts offered, accepted)
+        self.thought: dict[int, str] = {}  # choice index → its reasoning text (chat)
+        self.tokenizer: ServerTokenizer | None = None  # counts the reasoning's tokens
+
+    def reasoning_tokens(self) -> int | None:
+        """The choices' reasoning tokens (OpenAI's `completion_tokens_details`): each one's
+        reasoning text tokenized again (the parser splits text, not tokens, as the Responses
+        API counts them); None without reasoning."""
+        if not self.thought or self.tokenizer is None:
+            return None
+        return sum(len(self.tokenizer.encode(t, False)) for t in self.thought.values())
 
     def cached_tokens(self) -> int:
         """Prompt tokens found cached, counted as `prompt_tokens` counts them: each prompt
@@ -514,7 +525,7 @@ class _Shape:
 
     def usage(self, completion_tokens: int) -> dict[str, Any]:
         p = self.prompt_tokens
-        return {
+        out = {
             "prompt_tokens": p,
             "completion_tokens": completion_tokens,
             "total_tokens": p + completion_tokens,
@@ -522,6 +533,11 @@ class _Shape:
             **usage_extras(self.tier),
             **draft_usage(self.drafts),
         }
+        thought = self.reasoning_tokens()
+        if thought is not None:
+            reasoning = min(thought, completion_tokens)
+            out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return out
 
     def logprobs(self, index: int, toks: list[TokenInfo]) -> dict[str, Any] | None:
         if not self.plan.logprobs:
@@ -587,6 +603,7 @@ class _Shape:
                 out.append({"content": v})
             elif kind == "reasoning":
                 out.append({"reasoning_content": v})
+                self.thought[index] = self.thought.get(index, "") + v
             elif kind == "call_start":
                 k = self.calls_sent.get(index, 0)
                 self.calls_sent[index] = k + 1
@@ -642,6 +659,7 @@ class _Shape:
         msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
         if reasoning:
             msg["reasoning_content"] = reasoning
+            self.thought[index] = reasoning
         if calls:
             msg["tool_calls"] = calls
         return msg

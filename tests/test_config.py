@@ -120,7 +120,6 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
         ("--n-cpu-moe 20", "vram-budget-mib"),
         ("-ot exps=CPU", "override-tensor"),
         ("--no-mmap", "ram-mode resident"),
-        ("--cache-reuse 256", "no KV shifting"),
         ("-ctk q8_0 -ctv f16", "one type for K and V"),
         ("-ctk q8_0", "one type for K and V"),
         ("-ctk q4_0 -ctv q4_0 --kv-type f16", "disagree"),
@@ -128,6 +127,10 @@ def test_the_server_takes_llama_servers_flags_where_they_mean_the_same() -> None
         ns = parser().parse_args(["-m", "m.gguf", *bad.split()])
         with pytest.raises(ConfigError, match=why):
             apply_llama_flags(ns)
+    # --cache-reuse is llama-server's KV shifting: its minimum chunk
+    assert Config.from_args(parser().parse_args(["--cache-reuse", "256"])).cache_reuse == 256
+    with pytest.raises(ConfigError, match="cache_reuse"):
+        Config.load({"cache_reuse": -1}, env={})
     # -md alone speculates with the draft, as it does there
     c = Config.from_args(parser().parse_args(["-m", "m.gguf", "-md", "d.gguf"]))
     assert (c.spec, c.spec_draft_model) == ("draft", "d.gguf")

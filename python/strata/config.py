@@ -266,6 +266,15 @@ class Config:
         "the prompt cache's sequence (as llama-server's cache_prompt); off: every prompt runs "
         "from position 0",
     )
+    cache_reuse: int = _s(
+        0,
+        "engine: llama-server's --cache-reuse: after the prefix a prompt shares with a slot's "
+        "sequence, chunks of at least this many tokens that the slot holds further on are moved "
+        "down to where the prompt has them (their keys rotated by the move: KV shifting) "
+        "instead of read again, as editors' sliding prompts need (0: off; not for the families "
+        "whose slots keep a recurrent state)",
+        llama=("--cache-reuse",),
+    )
     prompt_cache_mib: int = _s(
         -1,
         "engine: host RAM in MiB that keeps finished sequences' KV (in the KV type) for reuse "

@@ -117,6 +117,8 @@ def check_config(c: Config) -> None:
         raise bad("spec_min", "must be in 0..spec_max")
     if not (math.isfinite(c.spec_p_min) and 0.0 <= c.spec_p_min <= 1.0):
         raise bad("spec_p_min", "must be in [0, 1]")
+    if c.cache_reuse < 0:
+        raise bad("cache_reuse", "must be 0 (off) or the shortest chunk to move (> 0)")
     if c.prompt_cache_mib < -1:
         raise bad("prompt_cache_mib", "must be -1 (automatic), 0 (off) or > 0")
     for name in (

@@ -312,6 +312,11 @@ class LLM:
         """Replaces a slot's KV with `kv_export` bytes; returns the positions it now holds."""
         return self.model.kv_import(self._slot(slot), data)
 
+    def kv_shift(self, slot: int, keep: int, chunks: list[tuple[int, int]]) -> int:
+        """Keeps a slot's first `keep` positions, then moves each (position, length) chunk
+        down after them, keys rotated by the move (`--cache-reuse`); returns its length."""
+        return self.model.kv_shift(self._slot(slot), keep, chunks)
+
     def free(self, slot: int) -> None:
         """Empties a step-API slot."""
         self.model.free(self._slot(slot))

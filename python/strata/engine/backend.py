@@ -240,6 +240,13 @@ class FakeBackend:
         self._n_prompt.pop(slot, None)
         return len(self._tokens[slot])
 
+    def kv_shift(self, slot: int, keep: int, chunks: list[tuple[int, int]]) -> int:
+        """The toy's "KV" moved as the model's: its first `keep` ids, then each chunk's."""
+        toks = self._tokens[slot]
+        self._tokens[slot] = toks[:keep] + [t for f, n in chunks for t in toks[f : f + n]]
+        self._n_prompt.pop(slot, None)
+        return len(self._tokens[slot])
+
     def _inject(self, fault: str) -> None:  # TEST-ONLY (Config.test_faults)
         if fault == "crash":
             os._exit(70)
@@ -335,6 +342,7 @@ class LLMBackend:
         if self.stepwise and not self.recurrent and callable(getattr(self.llm, "kv_export", None)):
             self.kv_export = self.llm.kv_export
             self.kv_import = self.llm.kv_import
+            self.kv_shift = self.llm.kv_shift
         # pipelined windows (`pipeline_windows` 2): launch, verdict and settle apart; a window
         # is one step of at most `prefill_chunk` rows
         self.pipeline_windows = int(getattr(self.llm, "pipeline_windows", 1))

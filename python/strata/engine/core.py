@@ -108,6 +108,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         max_batch_tokens=batch_limit(config, piece, spec is not None),
         prompt_cache_bytes=auto_cache_bytes(config.prompt_cache_mib) if config.cache_prompt else 0,
         reuse=config.cache_prompt,
+        cache_reuse=config.cache_reuse if config.cache_prompt else 0,
         processors=processor_factory(constraints.for_request, backend.vocabulary),
         speculator=spec,
         force_miss=config.test_pipeline_miss,

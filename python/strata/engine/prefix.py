@@ -10,6 +10,7 @@ token is always run (its logits pick the first output token), as llama-server do
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 I32 = npt.NDArray[np.int32]
+log = logging.getLogger("strata.engine")
 
 # A slot's sequence is saved to the prompt cache when a new prompt would drop at least this
 # many of its tokens (shorter tails are cheaper to prefill again than to keep).
@@ -72,6 +74,32 @@ def available_ram() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         return 0
+
+
+def reuse_chunks(
+    cached: Sequence[int], prompt: Sequence[int], n_past: int, min_len: int
+) -> list[tuple[int, int]]:
+    """The chunks (cached position, length) that llama-server's `--cache-reuse` moves: from
+    the common prefix `n_past` on, a run of at least `min_len` tokens of `cached` equal to
+    the prompt's next tokens is taken and both go on after it; else the cache skips a
+    token. Their lengths add up to the prompt positions they fill after `n_past`."""
+    chunks: list[tuple[int, int]] = []
+    head_c = head_p = n_past
+    while head_c < len(cached) and head_p < len(prompt):
+        n = 0
+        while (
+            head_c + n < len(cached)
+            and head_p + n < len(prompt)
+            and cached[head_c + n] == prompt[head_p + n]
+        ):
+            n += 1
+        if n >= min_len:
+            chunks.append((head_c, n))
+            head_c += n
+            head_p += n
+        else:
+            head_c += 1
+    return chunks
 
 
 @dataclass(slots=True)
@@ -146,11 +174,23 @@ class SlotCache:
     """The tokens each slot's KV holds, and the placement of new prompts (see the module doc)."""
 
     def __init__(
-        self, backend: KvBackend, n_slots: int, cache: PromptCache | None, reuse: bool = True
+        self,
+        backend: KvBackend,
+        n_slots: int,
+        cache: PromptCache | None,
+        reuse: bool = True,
+        chunk_reuse: int = 0,
     ) -> None:
         self.backend = backend
         self.cache = cache
         self.reuse = reuse  # False: every prompt starts at position 0
+        # --cache-reuse: the shortest chunk moved down by KV shifting (0: off)
+        shift = getattr(backend, "kv_shift", None)
+        recurrent = bool(getattr(backend, "recurrent", False))
+        self.chunk_reuse = chunk_reuse if shift is not None and not recurrent else 0
+        if chunk_reuse > 0 and not self.chunk_reuse:  # as llama-server: on, where it can be
+            log.warning("cache_reuse is off: this model's slots cannot move their KV")
+        self.shifted_tokens = 0  # positions moved instead of run again
         self.tokens: list[list[int]] = [[] for _ in range(n_slots)]  # per slot, in KV order
         self._used = [0] * n_slots  # last placement per slot (LRU on ties)
         self._clock = 0
@@ -203,9 +243,24 @@ class SlotCache:
             reused = min(hit, n)
         else:
             self._save(slot, reused)
+            reused = self._shift(slot, limit, reused)
         self.backend.truncate(slot, reused)
         del self.tokens[slot][reused:]
         return reused
+
+    def _shift(self, slot: int, limit: list[int], n_past: int) -> int:
+        """llama-server's cache reuse: after the common prefix, each run of at least
+        `chunk_reuse` tokens the slot holds further on that the prompt has next is moved down
+        to its place (the positions between are dropped); returns the positions reused."""
+        if self.chunk_reuse <= 0:
+            return n_past
+        chunks = reuse_chunks(self.tokens[slot], limit, n_past, self.chunk_reuse)
+        if not chunks:
+            return n_past
+        n = int(self.backend.kv_shift(slot, n_past, chunks))  # type: ignore[attr-defined]
+        self.tokens[slot] = list(limit[:n])
+        self.shifted_tokens += n - n_past
+        return n
 
     def _import(self, slot: int, data: bytes) -> int:
         fn = getattr(self.backend, "kv_import", None)

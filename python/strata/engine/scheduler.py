@@ -134,6 +134,7 @@ class Scheduler:
         prompt_cache_bytes: int = 0,
         processors: ProcessorFactory | None = None,
         reuse: bool = True,
+        cache_reuse: int = 0,
         speculator: Speculator | None = None,
         force_miss: int = 0,
         clock: Callable[[], float] = time.perf_counter,
@@ -153,7 +154,7 @@ class Scheduler:
         self.free_slots = list(range(n_slots))
         can_move = all(hasattr(backend, m) for m in ("kv_export", "kv_import"))
         cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 and can_move else None
-        self.slots = SlotCache(backend, n_slots, cache, reuse)
+        self.slots = SlotCache(backend, n_slots, cache, reuse, cache_reuse)
         self.steps = 0
         # pipelined windows: a backend with two in flight, and speculation to draft them
         self.pipelined = speculator is not None and getattr(backend, "pipeline_windows", 1) > 1
@@ -236,6 +237,9 @@ class Scheduler:
             ]
         if self.spec is not None:
             out += self.spec.stats()
+        if self.slots.chunk_reuse > 0:  # --cache-reuse: positions moved instead of run again
+            shifted = float(self.slots.shifted_tokens)
+            out.append(Stat("kv_shifted_tokens_total", "counter", {}, shifted))
         c = self.slots.cache
         if c is not None:
             out += [

@@ -30,10 +30,6 @@ _REFUSED: dict[tuple[str, ...], str] = {
     ("-ot", "--override-tensor"): _PLACEMENT,
     ("--mlock",): "--ram-mode resident reads the experts into RAM (mmap maps them)",
     ("--no-mmap",): "--ram-mode resident reads the experts into RAM (mmap maps them)",
-    ("--cache-reuse",): (
-        "Strata reuses the longest prefix a prompt shares with a cached sequence; chunks "
-        "that moved are read again (no KV shifting)"
-    ),
 }
 _NO_VALUE = {"--jinja", "-cb", "--metrics", "--mlock", "--no-mmap"}
 

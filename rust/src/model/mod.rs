@@ -27,6 +27,7 @@ pub mod hparams;
 mod huge_buf;
 pub mod kv;
 pub mod kv_blob;
+pub mod kv_shift;
 pub mod moe_oai;
 pub mod mtp;
 pub mod ops;

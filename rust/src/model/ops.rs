@@ -114,15 +114,26 @@ impl Rope {
 
     /// cos and sin of every pair for position `pos`: [n_rot/2] each.
     pub fn table(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
-        let mut extrap = pos as f32;
+        self.angles(pos as f32, self.mscale, cos, sin)
+    }
+
+    /// cos and sin of every pair for a move of `delta` positions (`kv_shift`): the angles of
+    /// `table` at `delta`, which may be negative, without YaRN's attention scale (a stored key
+    /// carries it already).
+    pub fn rotation(&self, delta: i64, cos: &mut [f32], sin: &mut [f32]) {
+        self.angles(delta as f32, 1.0, cos, sin)
+    }
+
+    fn angles(&self, p: f32, scale: f32, cos: &mut [f32], sin: &mut [f32]) {
+        let mut extrap = p;
         for (i, (c, s)) in cos.iter_mut().zip(sin.iter_mut()).enumerate() {
             let interp = self.freq_scale * extrap;
             let th = match self.mix.get(i) {
                 Some(&m) if m != 0.0 => interp * (1.0 - m) + extrap * m,
                 _ => interp,
             };
-            *c = th.cos() * self.mscale;
-            *s = th.sin() * self.mscale;
+            *c = th.cos() * scale;
+            *s = th.sin() * scale;
             extrap *= self.theta_scale;
         }
     }

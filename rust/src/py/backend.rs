@@ -3,6 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::GpuModel;
+use crate::model::kv_shift::{shift_blob, Chunk};
+use crate::model::ops::Rope;
 use crate::model::{Entry, HParams, Logits, Model, ModelConfig};
 use crate::tier::RoutingCounters as Counters;
 use std::sync::Arc;
@@ -75,6 +77,29 @@ impl Backend {
             Backend::Cpu(m) => m.kv_import(slot, data),
             Backend::Gpu { m, .. } => m.kv_import(slot, data),
         }
+    }
+
+    /// `kv_shift::shift_blob` on the slot's export, imported back (the CPU and GPU caches
+    /// export the same bytes).
+    pub(super) fn kv_shift(&mut self, slot: usize, keep: usize, chunks: &[Chunk]) -> Result<usize> {
+        let end = chunks.last().map_or(keep, |&(from, n)| from + n);
+        let len = self.slot_len(slot)?;
+        if end > len {
+            return Err(Error::Input(format!(
+                "KV shift: slot {slot} holds {len} positions, the chunks reach {end}"
+            )));
+        }
+        let blob = self.kv_export(slot, end)?;
+        let hp = self.hp();
+        let moved = shift_blob(
+            &blob,
+            keep,
+            chunks,
+            &Rope::new(hp),
+            hp.head_dim,
+            self.cfg().kv_type,
+        )?;
+        self.kv_import(slot, &moved)
     }
 
     pub(super) fn slot_len(&self, slot: usize) -> Result<usize> {

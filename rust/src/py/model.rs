@@ -464,6 +464,21 @@ impl PyModel {
         Ok(self.with(py, |m| m.kv_import(slot, data))?)
     }
 
+    /// Moves cached chunks down (llama-server's `--cache-reuse`): the slot keeps its first
+    /// `keep` positions, then each `(from, n)` of `chunks` in order (ascending, apart) at the
+    /// next position, its keys rotated by the move; returns the slot's new length. Refused
+    /// (ValueError / ModelError) for chunks out of order or past the slot's length and for
+    /// the families whose slots keep a recurrent state; the slot is as it was then.
+    fn kv_shift(
+        &self,
+        py: Python<'_>,
+        slot: usize,
+        keep: usize,
+        chunks: Vec<(usize, usize)>,
+    ) -> PyResult<usize> {
+        Ok(self.with(py, |m| m.kv_shift(slot, keep, &chunks))?)
+    }
+
     /// Positions the slot holds.
     fn slot_len(&self, py: Python<'_>, slot: usize) -> PyResult<usize> {
         Ok(self.with(py, |m| m.slot_len(slot))?)

@@ -13,22 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import qwen3moe_file as qf
 import test_model_families as fam
 from strata import LLM
 from strata.engine.prefix import reuse_chunks
-
-SHAPE = qf.Shape(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_expert=8, n_expert_used=2)
-SHAPE.n_ff_exp = 128
+from test_prompt_cache_model import toks, write_model
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return qf.write(tmp_path_factory.mktemp("cr") / "m.gguf", SHAPE, qf.random_tensors(SHAPE, 5))
-
-
-def toks(n: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, 500, n)]
+    return write_model(tmp_path_factory.mktemp("cr"))
 
 
 def test_chunks_follow_llama_servers_walk() -> None:

@@ -15,9 +15,14 @@ SHAPE = qf.Shape(n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_expert=8, n_exp
 SHAPE.n_ff_exp = 128
 
 
+def write_model(folder: Path) -> Path:
+    """A small random qwen3moe file (two layers, one KV head)."""
+    return qf.write(folder / "m.gguf", SHAPE, qf.random_tensors(SHAPE, 3))
+
+
 @pytest.fixture(scope="module")
 def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return qf.write(tmp_path_factory.mktemp("pc") / "m.gguf", SHAPE, qf.random_tensors(SHAPE, 3))
+    return write_model(tmp_path_factory.mktemp("pc"))
 
 
 def toks(n: int, seed: int) -> list[int]:

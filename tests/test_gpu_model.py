@@ -387,6 +387,25 @@ def test_slot_semantics_match_cpu(files: dict[str, Path]) -> None:
     assert cuda.slot_len(1) == 0
 
 
+def test_kv_shift_on_gpu_is_the_cpus(files: dict[str, Path]) -> None:
+    """--cache-reuse's move on the GPU's cache: the same bytes as the CPU's move of the GPU's
+    export (one shift, on the export both caches share), and the slot goes on from it."""
+    path = files["Q8_0"]
+    cpu = Model.open(path, n_ctx=64, prefill_chunk=16)
+    cuda = Model.open(path, n_ctx=64, prefill_chunk=16, device="cuda")
+    toks = prompts(1, 48, seed=7, vocab=cpu.n_vocab)[0]
+    cuda.forward(0, toks[:40], logits="none")
+    assert cpu.kv_import(0, cuda.kv_export(0, 40)) == 40
+    for m in (cpu, cuda):
+        assert m.kv_shift(0, 10, [(16, 12), (30, 6)]) == 28 == m.slot_len(0)
+    assert cuda.kv_export(0, 28) == cpu.kv_export(0, 28)
+    with pytest.raises(ValueError, match="KV shift"):
+        cuda.kv_shift(0, 10, [(20, 12)])  # past the slot's 28 positions
+    assert cuda.slot_len(0) == 28
+    assert cuda.forward(0, toks[40:48], logits="all").shape == (8, cpu.n_vocab)
+    assert cuda.slot_len(0) == 36
+
+
 def test_kv_f32_refused_on_gpu(files: dict[str, Path]) -> None:
     with pytest.raises(_core.ConfigError, match="f16 or q8_0"):
         Model.open(files["Q8_0"], n_ctx=64, kv_type="f32", device="cuda")

@@ -174,3 +174,40 @@ def test_server_reuses_moved_chunks(path: Path) -> None:
                 assert f"strata_kv_shifted_tokens_total {float(len(c) - 1)}" in m
         finally:
             srv.stop()
+
+
+def test_slot_cache_moves_chunks_after_a_restore_and_when_refused_runs_on() -> None:
+    """The slot placement (fake backend): a sequence restored from the host-RAM prompt cache
+    is walked too (llama-server loads its cached prompt before the walk); a move the backend
+    refuses leaves the common prefix, the slot's tokens and KV in step."""
+    from strata.engine.backend import FakeBackend
+    from strata.engine.prefix import PromptCache, SlotCache
+
+    a, b, c, z = (list(range(s, s + n)) for s, n in ((10, 20), (40, 16), (60, 40), (110, 40)))
+
+    def fill(sc: SlotCache, be: FakeBackend, p: list[int]) -> int:
+        """Place a prompt and run it (the fake's KV is its token ids)."""
+        slot, reused = sc.place(p, [0])
+        assert be.kv_export(slot, reused) == np.asarray(p[:reused], np.int32).tobytes()
+        be.kv_import(slot, np.asarray(p, np.int32).tobytes())
+        sc.fed(slot, p[reused:])
+        return reused
+
+    be = FakeBackend(n_ctx_seq=256, max_slots=1)
+    sc = SlotCache(be, 1, PromptCache(1 << 20), chunk_reuse=4)
+    assert fill(sc, be, a + b + c) == 0
+    assert fill(sc, be, z) == 0  # a + b + c goes to the prompt cache
+    assert fill(sc, be, a + c) == len(a) + len(c) - 1  # restored, then moved
+    assert sc.shifted_tokens == len(c) - 1
+
+    be = FakeBackend(n_ctx_seq=256, max_slots=1)
+    sc = SlotCache(be, 1, None, chunk_reuse=4)
+    fill(sc, be, a + b + c)
+
+    def refuse(slot: int, keep: int, chunks: list[tuple[int, int]]) -> int:
+        raise ValueError("KV shift: refused")
+
+    be.kv_shift = refuse  # type: ignore[method-assign]
+    assert fill(sc, be, a + c) == len(a) and sc.shifted_tokens == 0
+    with pytest.raises(ValueError, match="KV shift"):
+        FakeBackend(n_ctx_seq=64, max_slots=1).kv_shift(0, 0, [(0, 5)])  # past its length

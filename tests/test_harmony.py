@@ -177,6 +177,8 @@ def test_chat_setup_with_tools_and_constraints() -> None:
         prepare_chat(tok, msgs, tools, "required", True, "start: /x/", None, "parsed")
     with pytest.raises(APIError, match="response_format"):  # a grammar that does not compile
         prepare_chat(tok, msgs, [], "none", True, "start: /x", None, "parsed")
+    with pytest.raises(APIError, match="response_format: grammar has no start rule"):
+        prepare_chat(tok, msgs, [], "none", True, 'answer: "x"', None, "parsed")
 
 
 def _accepts(tok: RealTokenizer, grammar: str, text: str) -> bool:
@@ -220,6 +222,18 @@ def test_constrained_answer_grammar_follows_harmony_messages() -> None:
     assert _accepts(
         tok, answer_grammar(constraints.json_schema_grammar(SCHEMA), "final"), '{"x": 1}'
     )
+    # a request's own rules keep their names, `start` referenced inside it included
+    for user, text in (
+        ('start: answer\nanswer: "yes" | "no"', "yes"),
+        ('start: "(" start? ")"', "(())"),
+        ("start: TEXT\nTEXT: /[a-z]+/  // start", "start"),
+        ('start: marks\nmarks: "start"', "start"),
+    ):
+        g = answer_grammar(user, None)
+        assert _accepts(tok, g, "<|channel|>final<|message|>" + text), user
+        assert not _accepts(tok, g, "<|channel|>final<|message|>" + text + ")"), user
+    with pytest.raises(ValueError, match="no start rule"):
+        answer_grammar('answer: "x"', None)
 
 
 def test_forced_call_grammar_follows_harmony_messages() -> None:
@@ -245,6 +259,10 @@ def test_forced_call_grammar_follows_harmony_messages() -> None:
     assert _accepts(tok, required, preamble + CALL)
     with pytest.raises(ValueError, match="no tool named"):
         call_grammar(tools, "other")
+    # the prompt left the analysis channel open: its text and end come first
+    opened = call_grammar(tools, "required", opened="analysis")
+    assert _accepts(tok, opened, "still thinking<|end|><|start|>assistant" + CALL)
+    assert not _accepts(tok, opened, CALL)
 
 
 def test_auto_calls_are_constrained_from_their_header() -> None:
@@ -298,9 +316,14 @@ def test_auto_calls_are_constrained_from_their_header() -> None:
     # a function not offered: the call is held to the offered ones (as llama.cpp's grammar)
     engaged, ok = run("<|channel|>commentary to=functions.other<|message|>{}")
     assert engaged and not all(ok)
-    # a header the grammar does not take (two blanks before the recipient): left free
-    engaged, ok = run("<|channel|>commentary  to=functions.other<|message|>{}")
+    # a header the grammar does not take (two blanks before the recipient): left free, and
+    # the grammar untouched for the next header
+    odd = "<|channel|>commentary  to=functions.other<|message|>{}"
+    engaged, ok = run(odd)
     assert not engaged and all(ok)
+    head = '<|start|>assistant<|channel|>commentary to=functions.weather<|message|>{"town": "x"}'
+    engaged, ok = run(odd + "<|end|>" + head)
+    assert engaged and not all(ok)
     # not a header that calls (the final channel)
     engaged, ok = run("<|channel|>final to=functions.other<|message|>{}")
     assert not engaged and all(ok)

@@ -119,4 +119,4 @@ def test_regex_slashes_and_choices_are_quoted_for_lark() -> None:
     # the thinking wrapper renames the start rule wherever a converted grammar has it
     w = constraints.with_reasoning(constraints.cfg_grammar(GBNF), "optional")
     constraints.check_grammar(w)
-    assert w.count("start:") == 1 and "answer:" in w
+    assert w.count("start:") == 1 and "answer__:" in w

@@ -99,24 +99,41 @@ def cfg_grammar(text: str) -> str:
         raise ConstraintError(f"not a GBNF or Lark grammar: {e}") from None
 
 
-_START = re.compile(r"(?m)^start\s*:")
+# A Lark grammar's pieces that are not rule names: strings, regexes, comments.
+_LARK_SKIP = re.compile(r'"(?:[^"\\\n]|\\.)*"|/(?![/*])(?:[^/\\\n]|\\.)+/[imslux]*|//[^\n]*')
+_START_NAME = re.compile(r"(?<![\w.])start(?!\w)")
+ANSWER = "answer__"  # the answer's rule once a grammar is wrapped (no user rule ends in "__")
+
+
+def renamed_start(grammar: str, name: str = ANSWER) -> str:
+    """`grammar` with its rule `start` named `name` (its definition and every reference,
+    not the words in its strings, regexes and comments): a rule of a larger grammar.
+    ValueError when it has no start rule."""
+    out, at = [], 0
+    for m in _LARK_SKIP.finditer(grammar):
+        out.append(_START_NAME.sub(name, grammar[at : m.start()]))
+        out.append(m.group())
+        at = m.end()
+    out.append(_START_NAME.sub(name, grammar[at:]))
+    body = "".join(out)
+    if not re.search(rf"(?m)^\s*{name}\s*:", body):
+        raise ValueError("grammar has no start rule")
+    return body
 
 
 def with_reasoning(grammar: str, mode: str) -> str:
     """Let a thinking block precede the constrained answer. `mode`: "none" (no thinking),
     "open" (the prompt already opened `<think>`: the answer follows the reasoning's close),
-    "optional" (the model may open one). The grammar's `start` rule becomes `answer`."""
+    "optional" (the model may open one). The grammar's `start` rule becomes `ANSWER`."""
     if mode == "none":
         return grammar
-    body, n = _START.subn("answer:", grammar, count=1)
-    if not n:
-        raise ValueError("grammar has no start rule")
+    body = renamed_start(grammar)
     head = {
-        "open": "start: think_text /\\n{0,2}/ answer",
-        "optional": 'start: ("<think>" think_text /\\n{0,2}/ answer) | answer',
+        "open": f"start: think_text__ /\\n{{0,2}}/ {ANSWER}",
+        "optional": f'start: ("<think>" think_text__ /\\n{{0,2}}/ {ANSWER}) | {ANSWER}',
     }[mode]
     # lazy: the text ends at the first close tag (a plain terminal would try to go on)
-    return f"{body.rstrip()}\n{head}\n" + "think_text[lazy]: /(?s:.*)<\\/think>/\n"
+    return f"{body.rstrip()}\n{head}\n" + "think_text__[lazy]: /(?s:.*)<\\/think>/\n"
 
 
 def check_grammar(grammar: str) -> None:
@@ -269,6 +286,11 @@ class GrammarProcessor:
         apply_token_bitmask(logits[:n], self._mask)
         logits[n:] = -np.inf
 
+    def takes(self, tokens: list[int]) -> bool:
+        """Whether the grammar takes `tokens` from here (its state unchanged)."""
+        self._wait()
+        return self.error is None and self.matcher.validate_tokens(tokens) == len(tokens)
+
     def accept(self, token: int) -> None:
         """Advance the grammar by the sampled token and start on the next mask."""
         self._wait()
@@ -383,11 +405,11 @@ class HeaderGrammar(_Lazy):
         inner = self._compiled()
         if inner is None:
             return
+        if not inner.takes(held):  # not a header the grammar knows: left free, the grammar
+            log.info("a tool call's header left unconstrained")  # untouched for the next
+            return
         for t in held:
             inner.accept(t)
-            if inner.error is not None:  # not a header the grammar knows: left free
-                log.info("a tool call's header left unconstrained: %s", inner.error)
-                return
         self.inner = inner
 
 

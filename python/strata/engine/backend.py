@@ -241,8 +241,17 @@ class FakeBackend:
         return len(self._tokens[slot])
 
     def kv_shift(self, slot: int, keep: int, chunks: list[tuple[int, int]]) -> int:
-        """The toy's "KV" moved as the model's: its first `keep` ids, then each chunk's."""
-        toks = self._tokens[slot]
+        """The toy's "KV" moved as the model's: its first `keep` ids, then each chunk's (in
+        order, apart, within what the slot holds: ValueError otherwise, the slot as it was)."""
+        self._check(slot, keep)
+        toks = self._tokens.get(slot, [])
+        end = keep
+        for f, n in chunks:
+            if f < end or n < 0 or f + n > len(toks):
+                raise ValueError(f"KV shift: chunk ({f}, {n}) out of order or past {len(toks)}")
+            end = f + n
+        if keep > len(toks):
+            raise ValueError(f"KV shift: cannot keep {keep} of {len(toks)} positions")
         self._tokens[slot] = toks[:keep] + [t for f, n in chunks for t in toks[f : f + n]]
         self._n_prompt.pop(slot, None)
         return len(self._tokens[slot])

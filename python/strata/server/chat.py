@@ -147,35 +147,33 @@ def prepare_chat(
     except ValueError as e:  # the model's template refused the conversation
         raise APIError(400, f"messages: {e}", param="messages") from None
     grammar = answer_grammar
-    is_harmony = harmony.is_harmony(template)
+    is_harmony, opened_channel = harmony.is_harmony(template), harmony.open_channel(prompt)
     if tool_choice not in ("auto", "none"):
         if grammar is not None:
             raise _bad(answer_param, "not together with a required or named tool_choice")
         try:
             if is_harmony:
-                grammar = harmony.call_grammar(tools, tool_choice)
+                grammar = harmony.call_grammar(tools, tool_choice, opened=opened_channel)
             else:
                 grammar = call_grammar(fmt, tools, tool_choice, parallel)
         except ValueError as e:  # a parameter schema the call grammar cannot follow
             raise _bad("tools", f"a parameter schema cannot be used as a constraint: {e}") from None
     elif grammar is not None and is_harmony:
-        grammar = harmony.answer_grammar(grammar, harmony.open_channel(prompt))
+        grammar = _wrapped(harmony.answer_grammar, grammar, opened_channel, answer_param)
     opened = prompt_opens_reasoning(prompt)
     trigger = None
     if grammar is None and lazy_tools and tool_choice == "auto" and tools:
         if is_harmony:
-            grammar, trigger = lazy_harmony_calls(tok, tools, harmony.open_channel(prompt))
+            grammar, trigger = lazy_harmony_calls(tok, tools, opened_channel)
         else:
             parsed = reasoning_format == "parsed"
             grammar, trigger = lazy_calls(tok, fmt, tools, parallel, opened and parsed, parsed)
+    param = answer_param if answer_grammar is not None else "tools"
     if grammar is not None and is_harmony and trigger is None:  # messages before it are free
-        grammar = checked(grammar, answer_param if answer_grammar is not None else "tools")
+        grammar = checked(grammar, param)
     elif grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
-        grammar = checked(
-            constraints.with_reasoning(grammar, mode),
-            answer_param if answer_grammar is not None else "tools",
-        )
+        grammar = checked(_wrapped(constraints.with_reasoning, grammar, mode, param=param), param)
     return ChatSetup(
         prompt=prompt,
         grammar=grammar,
@@ -185,9 +183,18 @@ def prepare_chat(
         forced=bool(tools) and tool_choice not in ("auto", "none"),
         parse_reasoning=reasoning_format == "parsed",
         reasoning_opened=opened,
-        harmony=(is_harmony, harmony.open_channel(prompt)),
+        harmony=(is_harmony, opened_channel),
         trigger=trigger,
     )
+
+
+def _wrapped(wrap: Callable[[str, Any], str], grammar: str, how: Any, param: str = "") -> str:
+    """A request's grammar inside the answer's frame (`wrap`: harmony's final message, a
+    thinking block before it); a grammar without a start rule is a 400 naming `param`."""
+    try:
+        return wrap(grammar, how)
+    except ValueError as e:
+        raise _bad(param or "response_format", str(e)) from None
 
 
 def lazy_calls(

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from strata.constraints import schema_text
+from strata.constraints import ANSWER, renamed_start, schema_text
 from strata.reasoning import _partial
 from strata.server.tools import ToolCall, ToolSpec, strict_object
 
@@ -156,10 +156,11 @@ class HarmonyParser:
 # grammar names (`<|end|>`) and no text matches (`Tokenizer.is_control`): a free message ends
 # at the model's `<|end|>`, and a constrained JSON string cannot hold one.
 
+# (names ending in "__": no clash with a request's own rules)
 _GRAMMAR_TAIL = r"""
-TEXT: /(?s:.*)/
-marks: (/[ \t\n]+/ <|constrain|>? | <|constrain|>) TYPE
-TYPE: /[A-Za-z0-9_\-]{1,32}/
+TEXT__: /(?s:.*)/
+marks__: (/[ \t\n]+/ <|constrain|>? | <|constrain|>) TYPE__
+TYPE__: /[A-Za-z0-9_\-]{1,32}/
 """
 
 
@@ -167,8 +168,8 @@ def _lead(opened: str | None, channels: str) -> str:
     """The messages before the constrained one: the prompt's open message's rest (when the
     prompt left one open), then any number of messages on `channels` (a Lark alternative)."""
     nxt = '<|end|> <|start|> "assistant"'
-    rest = f"TEXT {nxt} " if opened is not None else ""
-    return f"{rest}(<|channel|> ({channels}) <|message|> TEXT {nxt})*"
+    rest = f"TEXT__ {nxt} " if opened is not None else ""
+    return f"{rest}(<|channel|> ({channels}) <|message|> TEXT__ {nxt})*"
 
 
 def answer_grammar(grammar: str, opened: str | None) -> str:
@@ -176,13 +177,11 @@ def answer_grammar(grammar: str, opened: str | None) -> str:
     after any analysis messages: `<|channel|>final[ <|constrain|>TYPE]<|message|>ANSWER`.
     `opened`: the channel the prompt left open (`open_channel`): "final" constrains from the
     first token."""
-    body, n = re.subn(r"(?m)^start\s*:", "answer:", grammar, count=1)
-    if not n:
-        raise ValueError("grammar has no start rule")
     if opened == "final":
-        return f"{body.rstrip()}\nstart: answer\n"
-    head = f'start: {_lead(opened, chr(34) + "analysis" + chr(34))} <|channel|> "final" marks?'
-    return f"{body.rstrip()}\n{head} <|message|> answer\n{_GRAMMAR_TAIL}"
+        return grammar
+    body = renamed_start(grammar)
+    head = f'start: {_lead(opened, chr(34) + "analysis" + chr(34))} <|channel|> "final" marks__?'
+    return f"{body.rstrip()}\n{head} <|message|> {ANSWER}\n{_GRAMMAR_TAIL}"
 
 
 # A call's header, found in the text after a header's anchor token (`<|start|>`,
@@ -191,13 +190,16 @@ def answer_grammar(grammar: str, opened: str | None) -> str:
 HEADER_TRIGGER = r"^(assistant|commentary|analysis)?\s*to=functions"
 
 
-def call_grammar(tools: Sequence[ToolSpec], choice: str, lazy: bool = False) -> str:
+def call_grammar(
+    tools: Sequence[ToolSpec], choice: str, lazy: bool = False, opened: str | None = None
+) -> str:
     """A forced call (`choice` "required": one call of any offered tool; a tool's name: that
     tool's), after any analysis or commentary messages: the recipient in the role's header
     (` to=functions.NAME<|channel|>commentary`) or in the channel's, then `<|message|>` and the
     arguments as a JSON object valid for the tool's parameters. Harmony makes one call per
     turn (`<|call|>` ends it), so `parallel_tool_calls` changes nothing here. `lazy`: the
-    grammar starts at the call's header (its anchor token on; tool_choice auto's)."""
+    grammar starts at the call's header (its anchor token on; tool_choice auto's).
+    `opened`: the channel the prompt left open (its text and end come first)."""
     chosen = [t for t in tools if choice == "required" or t.name == choice]
     if not chosen:
         raise ValueError(f"tool_choice: no tool named {choice!r}")
@@ -208,10 +210,10 @@ def call_grammar(tools: Sequence[ToolSpec], choice: str, lazy: bool = False) -> 
         names.append(f"call_{i}")
         role = '(<|start|> "assistant")? ' if lazy else ""  # the header from its anchor on
         header = f"{role}{to} channel | channel {to}"
-        lines.append(f"call_{i}: ({header}) marks? <|message|> %json {args}")
+        lines.append(f"call_{i}: ({header}) marks__? <|message|> %json {args}")
     chans = '"commentary" | "analysis"'
     head = [
-        f"start: {_lead(None, chans) + ' ' if not lazy else ''}call",
+        f"start: {_lead(opened, chans) + ' ' if not lazy else ''}call",
         "call: " + " | ".join(names),
         f"channel: <|channel|> ({chans})",
     ]

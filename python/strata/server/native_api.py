@@ -355,7 +355,9 @@ class _Native:
             "truncated": False,
             "stop_type": stop_type,
             "stopping_word": d.stop or "",
-            "tokens_cached": len(prompt) + n_out,
+            # what the KV holds: the prompt and every generated token but the last (llama-server's
+            # n_past; the last one is sampled, never run)
+            "tokens_cached": len(prompt) + max(n_out - 1, 0),
             "timings": self.timings(d, n_out, True),
         }
         if self.plan.logprobs and not self.plan.stream:

@@ -3,6 +3,7 @@ and off: the time each `/infill` spends on its prompt as the cursor moves down t
 
     python bench/bench_cache_reuse.py --model FILE.gguf --llama-server BIN [--reuse 256]
         [--rounds 12] [--step 4] [--prefix-lines 256] [--suffix-lines 64] [--threads 2]
+        [--peer-args=--no-repack]
 
 The file is a standard-library module's source (`argparse`); each round puts the cursor
 `--step` lines further down and sends what llama.vscode sends: the `--prefix-lines` lines
@@ -75,6 +76,7 @@ def main() -> int:
     ap.add_argument("--suffix-lines", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-ctx", type=int, default=8192)
+    ap.add_argument("--peer-args", default="", help="more llama-server flags (e.g. --no-repack)")
     args = ap.parse_args()
     bs.THREADS = args.threads
     import argparse as source_module
@@ -89,15 +91,15 @@ def main() -> int:
         ),
     ]
     if args.llama_server:
-        binary = args.llama_server
+        binary, peer = args.llama_server, args.peer_args.split()
         configs += [
-            ("llama-server, --cache-reuse 0", lambda: bs.llama(binary, args.model, 1, args.n_ctx)),
             (
-                f"llama-server, --cache-reuse {args.reuse}",
-                lambda: bs.llama(
-                    binary, args.model, 1, args.n_ctx, ["--cache-reuse", str(args.reuse)]
+                f"llama-server, --cache-reuse {n}",
+                lambda n=n: bs.llama(
+                    binary, args.model, 1, args.n_ctx, [*peer, "--cache-reuse", str(n)]
                 ),
-            ),
+            )
+            for n in (0, args.reuse)
         ]
     print(f"{len(bodies)} rounds, cursor +{args.step} lines, windows {args.prefix_lines}"
           f"/{args.suffix_lines} lines, {args.threads} threads; medians of rounds 2..")  # fmt: skip

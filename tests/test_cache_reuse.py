@@ -133,10 +133,38 @@ def test_bad_chunks_leave_the_slot_as_it_was(path: Path) -> None:
     p = toks(30, 9)
     llm.forward_batch([(0, p, "none")])
     before = llm.kv_export(0, 30)
-    for keep, chunks in ((5, [(20, 20)]), (10, [(5, 3)]), (40, []), (5, [(10, 4), (12, 4)])):
+    huge = 2**64 - 1  # sums past the address range: refused, no panic
+    for keep, chunks in (
+        (5, [(20, 20)]),
+        (10, [(5, 3)]),
+        (40, []),
+        (5, [(10, 4), (12, 4)]),
+        (1, [(huge, 2)]),
+        (1, [(2, huge)]),
+    ):
         with pytest.raises(ValueError, match="KV shift"):
             llm.kv_shift(0, keep, chunks)
         assert llm.kv_export(0, 30) == before
+
+
+def test_moved_or_restored_slots_give_no_stale_mtp_drafts() -> None:
+    """A slot's KV replaced (imported, moved): the MTP layer's own KV is of the old sequence,
+    so it does not draft for the slot again until the slot starts afresh."""
+    from strata._core import Model
+
+    m = Model.open(fam.GOLDEN / "glm4moe_mtp_f32.gguf", n_ctx=128, kv_type="f32")
+    m.set_mtp(True)
+    a, b, c = toks(10, 13), toks(15, 14), toks(35, 15)
+    m.forward(0, a + b + c, logits="none")
+    assert m.mtp_ready(0)
+    m.kv_shift(0, len(a), [(len(a) + len(b), len(c))])
+    m.truncate(0, 40)
+    assert not m.mtp_ready(0)
+    m.forward(0, toks(3, 16), logits="none")
+    assert not m.mtp_ready(0)
+    m.truncate(0, 0)
+    m.forward(0, a + c, logits="none")
+    assert m.mtp_ready(0)
 
 
 def test_server_reuses_moved_chunks(path: Path) -> None:

@@ -339,7 +339,13 @@ impl Model {
     /// Replaces the slot's KV with an export of this model and KV type; returns its length.
     pub fn kv_import(&mut self, slot: usize, data: &[u8]) -> Result<usize> {
         self.refuse_recurrent("KV import")?;
-        self.kv.import(slot, data, self.fingerprint)
+        let n = self.kv.import(slot, data, self.fingerprint)?;
+        if let Some(m) = &mut self.mtp {
+            // the MTP layer's KV is of the sequence the slot held: it drafts again only from a
+            // fresh start (a restored or moved sequence gets no stale drafts)
+            m.truncate(slot, 0, self.hp.n_embd);
+        }
+        Ok(n)
     }
 
     /// Keeps the slot's first `n` positions. A hybrid family's recurrent state cannot be cut

@@ -33,9 +33,13 @@ pub fn shift_blob(
     }
     let (n_layer, row_bytes, n) = (word(2) as usize, word(3) as usize, word(4) as usize);
     let head_bytes = ty.ggml().row_bytes(head_dim).unwrap_or(0);
+    let need = (2 * n_layer)
+        .checked_mul(n)
+        .and_then(|x| x.checked_mul(row_bytes))
+        .and_then(|x| x.checked_add(HEADER_BYTES));
     if head_bytes == 0
-        || row_bytes % head_bytes != 0
-        || blob.len() < HEADER_BYTES + 2 * n_layer * n * row_bytes
+        || !row_bytes.is_multiple_of(head_bytes)
+        || need.is_none_or(|b| blob.len() < b)
     {
         return Err(Error::Input(
             "KV shift: the export does not match the cache's layout".into(),
@@ -48,14 +52,15 @@ pub fn shift_blob(
     }
     let (mut dst, mut read) = (keep, keep);
     for &(from, len) in chunks {
-        if from < read || from + len > n {
+        let end = from.checked_add(len).filter(|&e| from >= read && e <= n);
+        let Some(end) = end else {
             return Err(Error::Input(format!(
-                "KV shift: chunk [{from}, {}) cannot move to {dst} in {n} positions",
-                from + len
+                "KV shift: chunk ({from}, {len}) out of order or past {n} positions (next \
+                 free position {dst})"
             )));
-        }
+        };
         dst += len;
-        read = from + len;
+        read = end;
     }
     let n_out = dst;
     let mut out = vec![0u8; HEADER_BYTES + 2 * n_layer * n_out * row_bytes];

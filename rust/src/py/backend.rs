@@ -82,13 +82,15 @@ impl Backend {
     /// `kv_shift::shift_blob` on the slot's export, imported back (the CPU and GPU caches
     /// export the same bytes).
     pub(super) fn kv_shift(&mut self, slot: usize, keep: usize, chunks: &[Chunk]) -> Result<usize> {
-        let end = chunks.last().map_or(keep, |&(from, n)| from + n);
+        let end = chunks
+            .last()
+            .map_or(Some(keep), |&(from, n)| from.checked_add(n));
         let len = self.slot_len(slot)?;
-        if end > len {
+        let Some(end) = end.filter(|&e| e <= len) else {
             return Err(Error::Input(format!(
-                "KV shift: slot {slot} holds {len} positions, the chunks reach {end}"
+                "KV shift: slot {slot} holds {len} positions, the chunks reach past them"
             )));
-        }
+        };
         let blob = self.kv_export(slot, end)?;
         let hp = self.hp();
         let moved = shift_blob(

@@ -302,7 +302,7 @@ def test_samplers(srv: Server, llm: LLM) -> None:
         ("/completion", {"input_suffix": "x"}, "input_suffix"),
         ("/completion", {"prompt": [["a"], ["b", 10**9]]}, "prompt[1]"),
         ("/completion", {"prompt": [10**9]}, "prompt"),
-        ("/completion", {"prompt": ["a", []]}, "prompt"),  # an empty one of several
+        ("/completion", {"prompt": ["a", []]}, "prompt[1]"),  # an empty one of several
         ("/completion", {"prompt": ["a"] * 129}, "prompt"),
         ("/completion", {"n_predict": -5}, "n_predict"),
     ],

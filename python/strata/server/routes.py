@@ -369,15 +369,16 @@ def submit(
     """Checks the prompts against the context and queues them (n choices each); the 4xx/5xx
     that says why not. Shared by every generating route (OpenAI and Anthropic)."""
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
-    for p in prompts:
+    for i, p in enumerate(prompts):
+        where = f"{param}[{i}]" if len(prompts) > 1 else param  # which of several
         if not p:
-            raise APIError(400, f"{param}: the prompt is empty", param=param)
+            raise APIError(400, f"{where}: the prompt is empty", param=where)
         if len(p) >= n_ctx:
             raise APIError(
                 400,
-                f"{param}: the prompt has {len(p)} tokens; a sequence's context holds "
+                f"{where}: the prompt has {len(p)} tokens; a sequence's context holds "
                 f"{n_ctx} (n_ctx / parallel), including at least one output token",
-                param=param,
+                param=where,
                 code="context_length_exceeded",
             )
     seq_prompts, seq_params, seq_max = [], [], []

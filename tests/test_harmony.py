@@ -324,6 +324,12 @@ def test_auto_calls_are_constrained_from_their_header() -> None:
     head = '<|start|>assistant<|channel|>commentary to=functions.weather<|message|>{"town": "x"}'
     engaged, ok = run(odd + "<|end|>" + head)
     assert engaged and not all(ok)
+    # an answer without harmony messages: past a header's length nothing is held or searched
+    g = factory.for_request(SimpleNamespace(params=params))
+    assert isinstance(g, constraints.HeaderGrammar)
+    for t in tok.encode("plain words " * 40, special=True):
+        g.accept(t)
+    assert g.held is None and g.inner is None
     # not a header that calls (the final channel)
     engaged, ok = run("<|channel|>final to=functions.other<|message|>{}")
     assert not engaged and all(ok)

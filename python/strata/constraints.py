@@ -369,6 +369,9 @@ class LazyGrammar(_Lazy):
         self.inner = inner
 
 
+MAX_HEADER_BYTES = 256  # a message header is a role, a channel, a recipient and a type
+
+
 class HeaderGrammar(_Lazy):
     """A lazy grammar triggered by text in a message header (`GrammarTrigger.pattern`: the
     harmony format's recipient ` to=functions.`, as llama.cpp's gpt-oss triggers): the header
@@ -397,7 +400,9 @@ class HeaderGrammar(_Lazy):
         else:
             self.held.append(token)
             self.text += self.piece(token)
-            if self.pattern.search(self.text.decode("utf-8", errors="replace")):
+            if len(self.text) > MAX_HEADER_BYTES:  # no header: text (an answer without them)
+                self.held = None
+            elif self.pattern.search(self.text.decode("utf-8", errors="replace")):
                 self._engage(self.held)
 
     def _engage(self, held: list[int]) -> None:

@@ -191,9 +191,8 @@ class Tokenizer:
             else:
                 self._piece.append(b"")
         rendered = {vocab[t] for t in _RENDERED_TEXTS if t in vocab}
-        self._special = frozenset(
-            i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN) and i not in rendered
-        )
+        self._control = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
+        self._special = self._control - rendered
 
         eog = set(extra_eog)
         if eos_id is not None:
@@ -209,7 +208,6 @@ class Tokenizer:
             eog.discard(texts["<|end|>"])
             self._special = self._special - {texts["<|end|>"]}
         self._eog = frozenset(i for i in eog if 0 <= i < n)
-        self._control = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
         # fill-in-the-middle tokens and the end-of-turn token, found by text (from_metadata
         # reads the GGUF's keys first)
         self.fim: FimTokens | None = fim_tokens({}, self.token_id)

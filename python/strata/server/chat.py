@@ -173,7 +173,7 @@ def prepare_chat(
         grammar = checked(grammar, param)
     elif grammar is not None and trigger is None:
         mode = "open" if opened else "optional" if kwargs.get("enable_thinking") is True else "none"
-        grammar = checked(_wrapped(constraints.with_reasoning, grammar, mode, param=param), param)
+        grammar = checked(_wrapped(constraints.with_reasoning, grammar, mode, param), param)
     return ChatSetup(
         prompt=prompt,
         grammar=grammar,
@@ -188,13 +188,13 @@ def prepare_chat(
     )
 
 
-def _wrapped(wrap: Callable[[str, Any], str], grammar: str, how: Any, param: str = "") -> str:
+def _wrapped(wrap: Callable[[str, Any], str], grammar: str, how: Any, param: str) -> str:
     """A request's grammar inside the answer's frame (`wrap`: harmony's final message, a
     thinking block before it); a grammar without a start rule is a 400 naming `param`."""
     try:
         return wrap(grammar, how)
     except ValueError as e:
-        raise _bad(param or "response_format", str(e)) from None
+        raise _bad(param, str(e)) from None
 
 
 def lazy_calls(

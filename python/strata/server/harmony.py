@@ -204,11 +204,11 @@ def call_grammar(
     if not chosen:
         raise ValueError(f"tool_choice: no tool named {choice!r}")
     lines, names = [], []
+    role = '(<|start|> "assistant")? ' if lazy else ""  # lazy: the header from its anchor on
     for i, t in enumerate(chosen):
         to = json.dumps(f" to=functions.{t.name}", ensure_ascii=False)
         args = schema_text(strict_object(t.parameters))
         names.append(f"call_{i}")
-        role = '(<|start|> "assistant")? ' if lazy else ""  # the header from its anchor on
         header = f"{role}{to} channel | channel {to}"
         lines.append(f"call_{i}: ({header}) marks__? <|message|> %json {args}")
     chans = '"commentary" | "analysis"'

@@ -224,10 +224,9 @@ class _Native:
     ) -> None:
         self.st, self.tok, self.req, self.plan = st, tok, req, plan
         self.prompts, self.t0, self.prompt_only = prompts, t0, prompt_only
-        # per prompt: every generated id (return_tokens), text (has_new_line), count
+        # per prompt: every generated id (return_tokens, the count), text (has_new_line)
         self.tokens: list[list[int]] = [[] for _ in prompts]
         self.text = ["" for _ in prompts]
-        self.n_out = [0 for _ in prompts]
 
     def take(self, d: Delta) -> Delta:
         """Books a delta of the answer (a prompt-only request's one token is not part of it)."""
@@ -235,7 +234,6 @@ class _Native:
             d.text, d.tokens, d.ids = "", [], []
         self.tokens[d.index] += d.ids
         self.text[d.index] += d.text
-        self.n_out[d.index] += len(d.ids)
         return d
 
     def probs(self, toks: list[TokenInfo]) -> list[dict[str, Any]]:
@@ -314,7 +312,7 @@ class _Native:
         }
 
     def partial(self, d: Delta) -> dict[str, Any]:
-        n_out = self.n_out[d.index]
+        n_out = len(self.tokens[d.index])
         out: dict[str, Any] = {
             "index": d.index,
             "content": d.text,

@@ -21,7 +21,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from strata import __version__
 from strata.engine.client import (
     DeadlineExceeded,
     EngineClient,
@@ -34,18 +33,15 @@ from strata.infill import infill_prompt
 from strata.modelgen import TRAINED_DEFAULT_WEIGHTS
 from strata.sampling import MAX_SEED, SamplingParams
 from strata.server import sse
-from strata.server.assistant import AssistantParser, Part
 from strata.server.chat import ChatSetup, openai_chat, prepare_chat, reasoning_budget
 from strata.server.generate import (
-    Delta,
     FirstToken,
     SeqRun,
     TokenInfo,
-    draft_usage,
     merge,
-    usage_extras,
 )
 from strata.server.line_limit import LineLimit
+from strata.server.openai_shape import FINGERPRINT, OpenAIShape
 from strata.server.openai_types import (
     APIError,
     ChatRequest,
@@ -65,7 +61,6 @@ from strata.server.structured import answer_grammar, checked
 from strata.server.tokenizing import ServerTokenizer
 from strata.server.webui import index
 
-FINGERPRINT = f"strata-{__version__}"
 log = logging.getLogger("strata.server")
 ENCODE_INLINE_CHARS = 8192
 MAX_LOGPROB_ENTRIES = 1 << 21  # log-probability entries of one non-streamed answer
@@ -456,8 +451,8 @@ async def _generate(
     rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + secrets.token_hex(12)
     sub = submit(st, client, tok, endpoint, prompts, plan, t0, rid, param)
     runs, streams, cancel_all = sub.runs, sub.streams, sub.cancel_all
-    shape = _Shape(endpoint, rid, st.model_id, plan, sum(len(p) for p in prompts), t0, setup)
-    shape.tokenizer = tok
+    n_prompt = sum(len(p) for p in prompts)
+    shape = OpenAIShape(endpoint, rid, st.model_id, plan, n_prompt, t0, setup, tok)
     if plan.stream:
         return sse.SSEResponse(_stream(shape, runs, st, streams), cancel_all)
     return await _complete(request, shape, runs, st, streams, cancel_all)
@@ -479,195 +474,8 @@ def engine_error(e: BaseException) -> APIError:
     return APIError(500, f"engine error: {first[:300]}", code="engine_error")
 
 
-class _Shape:
-    """Builds the OpenAI JSON objects of one request."""
-
-    def __init__(
-        self,
-        endpoint: str,
-        rid: str,
-        model: str,
-        plan: Plan,
-        prompt_tokens: int,
-        t0: float,
-        setup: ChatSetup | None = None,
-    ) -> None:
-        self.chat = endpoint == "chat"
-        self.setup = setup
-        self.parsers: dict[int, AssistantParser] = {}  # choice index → its answer's parser
-        self.rid, self.model, self.plan = rid, model, plan
-        self.prompt_tokens = prompt_tokens
-        self.created = int(time.time())
-        self.offsets: dict[int, int] = {}
-        self.t0 = t0
-        self.tier: list[tuple[int, int, int]] = []  # choices' VRAM tier counts (hybrid only)
-        self.calls_sent: dict[int, int] = {}  # choice index → tool calls streamed
-        self.cached: dict[int, int] = {}  # choice index → its prompt tokens reused from a KV cache
-        self.drafts: list[tuple[int, int]] = []  # choices' (drafts offered, accepted)
-        self.thought: dict[int, str] = {}  # choice index → its reasoning text (chat)
-        self.tokenizer: ServerTokenizer | None = None  # counts the reasoning's tokens
-
-    def reasoning_tokens(self) -> int | None:
-        """The choices' reasoning tokens (OpenAI's `completion_tokens_details`): each one's
-        reasoning text tokenized again (the parser splits text, not tokens, as the Responses
-        API counts them); None without reasoning."""
-        if not self.thought or self.tokenizer is None:
-            return None
-        return sum(len(self.tokenizer.encode(t, False)) for t in self.thought.values())
-
-    def cached_tokens(self) -> int:
-        """Prompt tokens found cached, counted as `prompt_tokens` counts them: each prompt
-        once (choice i reads prompt i // n), the tokens all of its choices found cached."""
-        per_prompt: dict[int, int] = {}
-        for i, c in self.cached.items():
-            k = i // self.plan.n
-            per_prompt[k] = min(per_prompt.get(k, c), c)
-        return sum(per_prompt.values())
-
-    def usage(self, completion_tokens: int) -> dict[str, Any]:
-        p = self.prompt_tokens
-        out = {
-            "prompt_tokens": p,
-            "completion_tokens": completion_tokens,
-            "total_tokens": p + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens()},
-            **usage_extras(self.tier),
-            **draft_usage(self.drafts),
-        }
-        thought = self.reasoning_tokens()
-        if thought is not None:
-            reasoning = min(thought, completion_tokens)
-            out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
-        return out
-
-    def logprobs(self, index: int, toks: list[TokenInfo]) -> dict[str, Any] | None:
-        if not self.plan.logprobs:
-            return None
-        if self.chat:
-            return {
-                "content": [
-                    {
-                        "token": t.text,
-                        "logprob": t.logprob,
-                        "bytes": t.bytes,
-                        "top_logprobs": [
-                            {"token": s, "logprob": lp, "bytes": b} for s, b, lp in t.top
-                        ],
-                    }
-                    for t in toks
-                ]
-            }
-        off = self.offsets.get(index, 0)
-        offsets = []
-        for t in toks:
-            offsets.append(off)
-            off += len(t.text)
-        self.offsets[index] = off
-        return {
-            "tokens": [t.text for t in toks],
-            "token_logprobs": [t.logprob for t in toks],
-            "top_logprobs": [{s: lp for s, _, lp in t.top} for t in toks],
-            "text_offset": offsets,
-        }
-
-    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self.rid,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": FINGERPRINT,
-            "choices": choices,
-        }
-        if self.plan.include_usage:
-            d["usage"] = None
-        return d
-
-    def parser(self, index: int) -> AssistantParser:
-        p = self.parsers.get(index)
-        if p is None:
-            p = self.setup.parser(self.plan.stream) if self.setup else AssistantParser()
-            self.parsers[index] = p
-        return p
-
-    def finish_reason(self, index: int, finish: str) -> str:
-        """ "tool_calls" when the answer made calls and ended by itself."""
-        p = self.parsers.get(index)
-        return "tool_calls" if finish == "stop" and p is not None and p.n_calls else finish
-
-    def deltas(self, index: int, parts: list[Part]) -> list[dict[str, Any]]:
-        """Chat `delta` objects for parsed parts: a call's first delta has its index, id and
-        name, the following ones pieces of its arguments, as OpenAI streams them."""
-        out: list[dict[str, Any]] = []
-        for kind, v in parts:
-            if kind == "content":
-                out.append({"content": v})
-            elif kind == "reasoning":
-                out.append({"reasoning_content": v})
-                self.thought[index] = self.thought.get(index, "") + v
-            elif kind == "call_start":
-                k = self.calls_sent.get(index, 0)
-                self.calls_sent[index] = k + 1
-                fn = {"name": v.name, "arguments": ""}
-                out.append(
-                    {"tool_calls": [{"index": k, "id": v.id, "type": "function", "function": fn}]}
-                )
-            elif kind == "call_args":
-                k = self.calls_sent[index] - 1
-                out.append({"tool_calls": [{"index": k, "function": {"arguments": v}}]})
-        return out
-
-    def delta_choices(self, d: Delta, finish: str | None) -> list[dict[str, Any]]:
-        """The choice objects of one engine delta (chat: one per parsed part, the last one
-        carrying `finish_reason`)."""
-        lp = self.logprobs(d.index, d.tokens) if d.tokens else None
-        if not self.chat:
-            return [{"index": d.index, "text": d.text, "logprobs": lp, "finish_reason": finish}]
-        p = self.parser(d.index)
-        parts = p.push(d.text) if d.text else []
-        if finish is not None:
-            parts += p.finish()
-        deltas = self.deltas(d.index, parts)
-        if finish is not None:
-            deltas.append({})
-            finish = self.finish_reason(d.index, finish)
-        elif not deltas and lp is not None:
-            deltas.append({"content": ""})  # the logprobs of text held back
-        out = []
-        for j, delta in enumerate(deltas):
-            last = j == len(deltas) - 1
-            out.append(
-                {
-                    "index": d.index,
-                    "delta": delta,
-                    "logprobs": lp if j == 0 else None,
-                    "finish_reason": finish if last else None,
-                }
-            )
-        return out
-
-    def message(self, index: int, text: str) -> dict[str, Any]:
-        """The whole answer of a non-streamed chat choice."""
-        p = self.parser(index)
-        content, reasoning, calls = "", "", []
-        for kind, v in p.push(text) + p.finish():
-            if kind == "content":
-                content += v
-            elif kind == "reasoning":
-                reasoning += v
-            elif kind == "call":
-                calls.append(v.openai())
-        msg: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
-        if reasoning:
-            msg["reasoning_content"] = reasoning
-            self.thought[index] = reasoning
-        if calls:
-            msg["tool_calls"] = calls
-        return msg
-
-
 async def _stream(
-    shape: _Shape, runs: list[SeqRun], st: ServerState, streams: list[SeqStream]
+    shape: OpenAIShape, runs: list[SeqRun], st: ServerState, streams: list[SeqStream]
 ) -> AsyncIterator[bytes]:
     endpoint = "chat" if shape.chat else "completions"
     outcome = "cancelled"
@@ -738,7 +546,7 @@ async def until_done_or_gone(request: Request, work: asyncio.Task[None], cancel:
 
 async def _complete(
     request: Request,
-    shape: _Shape,
+    shape: OpenAIShape,
     runs: list[SeqRun],
     st: ServerState,
     streams: list[SeqStream],

@@ -302,3 +302,42 @@ def test_llm_hybrid_counters_and_status(files: dict[str, Path]) -> None:
     assert "expert_hits_total" in names
     h, mc, mp = llm.tier_counts() or (0, 0, 0)
     assert h + mc + mp == (16 + 7) * N_LAYER * TOP_K
+
+
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_read_ahead_reads_only(files: dict[str, Path], mode: int) -> None:
+    """The expert read-ahead (`set_hybrid_read_ahead`, rust/src/gpu/hybrid/read_ahead.rs):
+    the GPU predicts layer l+1's experts from layer l's FFN input and the idle pool reads the
+    predicted ones that are not in VRAM while l+1's attention runs. A read only: with a static
+    tier the decode logits are bitwise those without it; its counters fill (predicted missed
+    experts, of them those the pool then computed, bytes read) only while it is on."""
+    hy = open_gpu(files["Q4_K_M"], vram_slots=QUARTER, adapt_every=0)
+    c = hy.hybrid_counters()
+    assert c is not None
+    toks = prompts(1, 8, seed=23, vocab=hy.n_vocab)[0]
+
+    def run(md: int) -> list[np.ndarray]:
+        old = _core.set_hybrid_read_ahead(md)
+        try:
+            hy.free(0)
+            out = [hy.forward(0, toks)]
+            for _ in range(24):
+                out.append(hy.forward(0, [int(out[-1].argmax())]))
+            return out
+        finally:
+            _core.set_hybrid_read_ahead(old)
+
+    def ahead() -> tuple[int, int, int]:
+        s = c.snapshot()
+        return s["read_ahead_experts"], s["read_ahead_hits"], s["read_ahead_bytes"]
+
+    off = run(0)
+    assert ahead() == (0, 0, 0)
+    on = run(mode)
+    experts, hits, read = ahead()
+    for a, b in zip(off, on, strict=True):
+        assert np.array_equal(a, b)
+    # 24 decode steps, layers 1 and 2 predicted from 0 and 1: at most top-k missed experts
+    assert 0 < experts <= 24 * (N_LAYER - 1) * TOP_K
+    assert 0 <= hits <= experts and read > 0
+    print(f"mode {mode}: {experts} experts read ahead, {hits} computed, {read} bytes")

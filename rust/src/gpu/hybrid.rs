@@ -52,6 +52,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod cpu_leg;
+mod read_ahead;
+pub use read_ahead::set_read_ahead;
+use read_ahead::ReadAhead;
 
 /// Pinned staging buffers of one slot each (start fill and swaps in flight).
 const STAGING_BUFFERS: usize = 8;
@@ -104,6 +107,8 @@ pub struct Hybrid {
     h: Vec<f32>,
     y: Vec<f32>,
     ev: Event,
+    /// The next layer's experts read into the caches while its attention runs (`read_ahead.rs`).
+    read_ahead: ReadAhead,
     /// The GPU part's device time (`chain_timing.rs`; None: off, the default).
     chain: Option<ChainTimer>,
     steps: u64,
@@ -295,6 +300,7 @@ impl Hybrid {
             h: Vec::with_capacity(t * hd),
             y: vec![0f32; t * hd],
             ev: gpu.event_no_timing()?,
+            read_ahead: ReadAhead::new(gpu, ne, k)?,
             chain: ChainTimer::new(gpu)?,
             steps: 0,
             swapped: 0,
@@ -498,8 +504,17 @@ impl MoePlacement for Hybrid {
             Some(g) => g.launch(s)?,
             None => self.resident(cx, l, t)?,
         }
-        // the CPU's part, while the GPU runs the resident experts
+        // while the GPU gets to this layer's routing: the next layer's experts predicted (off
+        // the chain), this layer's predicted ones read ahead by the idle pool
+        self.read_ahead.take(l, &self.table)?;
+        self.read_ahead.predict(cx, l, t)?;
+        // the CPU's part, while the GPU runs the resident experts (the read-ahead, then the
+        // wait for the routing)
         let t1 = Instant::now();
+        let layer = self.weights.expert_layer(l);
+        let read = self
+            .read_ahead
+            .read(&layer, &*self.compute, &self.pin_ids)?;
         self.ev.sync()?;
         let t2 = Instant::now();
         if let Some(c) = self.chain.as_mut() {
@@ -514,6 +529,7 @@ impl MoePlacement for Hybrid {
                 .chunks_exact(4)
                 .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as u32),
         );
+        self.read_ahead.arm(&mut self.pin_ids);
         self.routing.observe(l, &self.ids);
         self.routing_hot.observe(l, &self.ids);
         self.routing_adapt.observe(l, &self.ids);
@@ -523,6 +539,8 @@ impl MoePlacement for Hybrid {
             _ => &mut none,
         };
         self.split.split(&self.table, l, &self.ids, share);
+        self.read_ahead
+            .score(&self.counters, &self.split.cpu_ids, read);
         let sp = &self.split;
         self.counters
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);

@@ -136,10 +136,8 @@ def vram_stats(c: HybridCounters | None) -> list[LabeledStat]:
     """The VRAM tier's counters for `/metrics` (names without the `strata_` prefix): totals
     `expert_hits_total`, `expert_misses_total{by=cpu|pcie}` (what the JSON view's hit rate
     reads), `vram_swaps_total`, `vram_fill_bytes_total`, `vram_pcie_bytes_total`,
-    `vram_handoff_bytes_total`, the read-ahead's `vram_read_ahead_experts_total{outcome=
-    computed|not_routed}` and `vram_read_ahead_bytes_total`, and per layer
-    `vram_layer_hits_total{layer}` and `vram_layer_misses_total{layer,by}`. Empty without a
-    VRAM tier (the CPU-only path)."""
+    `vram_handoff_bytes_total`, and per layer `vram_layer_hits_total{layer}` and
+    `vram_layer_misses_total{layer,by}`. Empty without a VRAM tier (the CPU-only path)."""
     if c is None:
         return []
     s = c.snapshot()
@@ -152,13 +150,6 @@ def vram_stats(c: HybridCounters | None) -> list[LabeledStat]:
         ("vram_fill_bytes_total", {}, float(s["fill_bytes"])),
         ("vram_pcie_bytes_total", {}, float(s["pcie_bytes"])),
         ("vram_handoff_bytes_total", {}, float(s["handoff_bytes"])),
-        ("vram_read_ahead_experts_total", {"outcome": "computed"}, float(s["read_ahead_hits"])),
-        (
-            "vram_read_ahead_experts_total",
-            {"outcome": "not_routed"},
-            float(s["read_ahead_experts"] - s["read_ahead_hits"]),
-        ),
-        ("vram_read_ahead_bytes_total", {}, float(s["read_ahead_bytes"])),
     ]
     for layer, (h, m_cpu, m_pcie) in enumerate(zip(hits, cpu, pcie, strict=True)):
         lab = str(layer)

@@ -52,9 +52,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod cpu_leg;
-mod read_ahead;
-pub use read_ahead::set_read_ahead;
-use read_ahead::ReadAhead;
 
 /// Pinned staging buffers of one slot each (start fill and swaps in flight).
 const STAGING_BUFFERS: usize = 8;
@@ -107,8 +104,6 @@ pub struct Hybrid {
     h: Vec<f32>,
     y: Vec<f32>,
     ev: Event,
-    /// The next layer's experts read into the caches while its attention runs (`read_ahead.rs`).
-    read_ahead: ReadAhead,
     /// The GPU part's device time (`chain_timing.rs`; None: off, the default).
     chain: Option<ChainTimer>,
     steps: u64,
@@ -300,7 +295,6 @@ impl Hybrid {
             h: Vec::with_capacity(t * hd),
             y: vec![0f32; t * hd],
             ev: gpu.event_no_timing()?,
-            read_ahead: ReadAhead::new(gpu, ne, k)?,
             chain: ChainTimer::new(gpu)?,
             steps: 0,
             swapped: 0,
@@ -504,17 +498,8 @@ impl MoePlacement for Hybrid {
             Some(g) => g.launch(s)?,
             None => self.resident(cx, l, t)?,
         }
-        // while the GPU gets to this layer's routing: the next layer's experts predicted (off
-        // the chain), this layer's predicted ones read ahead by the idle pool
-        self.read_ahead.take(l, &self.table)?;
-        self.read_ahead.predict(cx, l, t)?;
-        // the CPU's part, while the GPU runs the resident experts (the read-ahead, then the
-        // wait for the routing)
+        // the CPU's part, while the GPU runs the resident experts
         let t1 = Instant::now();
-        let layer = self.weights.expert_layer(l);
-        let read = self
-            .read_ahead
-            .read(&layer, &*self.compute, &self.pin_ids)?;
         self.ev.sync()?;
         let t2 = Instant::now();
         if let Some(c) = self.chain.as_mut() {
@@ -529,7 +514,6 @@ impl MoePlacement for Hybrid {
                 .chunks_exact(4)
                 .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as u32),
         );
-        self.read_ahead.arm(&mut self.pin_ids);
         self.routing.observe(l, &self.ids);
         self.routing_hot.observe(l, &self.ids);
         self.routing_adapt.observe(l, &self.ids);
@@ -539,8 +523,6 @@ impl MoePlacement for Hybrid {
             _ => &mut none,
         };
         self.split.split(&self.table, l, &self.ids, share);
-        self.read_ahead
-            .score(&self.counters, &self.split.cpu_ids, read);
         let sp = &self.split;
         self.counters
             .record_layer(l, sp.hits, sp.miss_cpu, sp.miss_pcie);

@@ -31,7 +31,6 @@ mod stream_in;
 pub mod weights;
 
 pub use chain_timing::set_chain_timing as set_hybrid_chain_timing;
-pub use hybrid::set_read_ahead;
 pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::set_fusion;
 pub use launch::DECODE_MAX_TOKENS;

@@ -149,7 +149,7 @@ impl Launcher {
     /// The softmax routing's `norm` when layer `l`'s router runs fused with its logits for
     /// `t` rows (`router::f32_topk`): one token, F32 weights without a bias, the one-token
     /// product summing one row per block (the order the fused kernel keeps).
-    pub(super) fn fused_router(&self, l: usize, t: usize) -> Option<bool> {
+    fn fused_router(&self, l: usize, t: usize) -> Option<bool> {
         let lw = self.w.layer(l);
         let r = &lw.router;
         let one = t == 1 && r.ty == GgmlType::F32 && lw.router_bias.is_none();

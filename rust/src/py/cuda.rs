@@ -51,15 +51,6 @@ fn set_gpu_head_split(n: usize) -> usize {
     crate::cuda::ops::attention::set_head_split(n)
 }
 
-/// The hybrid decode's expert read-ahead (`gpu/hybrid/read_ahead.rs`) for steps from now
-/// on: 0 off, 1 into L1/L2 (`prefetcht0`), 2 into L2 (`prefetcht1`), 3 only the gate and up
-/// rows of the two likeliest experts (`prefetcht0`); the same logits either
-/// way (a read only); for A/B timings. Returns the previous setting.
-#[pyfunction]
-fn set_hybrid_read_ahead(mode: usize) -> usize {
-    crate::gpu::set_read_ahead(mode)
-}
-
 /// The build's kernels and, when a GPU is usable, the device: a dict for logs and reports.
 #[pyfunction]
 fn gpu_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
@@ -236,7 +227,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_gpu_fusion, m)?)?;
     m.add_function(wrap_pyfunction!(set_gpu_head_split, m)?)?;
-    m.add_function(wrap_pyfunction!(set_hybrid_read_ahead, m)?)?;
     Ok(())
 }
 

@@ -89,8 +89,7 @@ impl HybridCounters {
     }
 
     /// Per-layer lists `hits`, `miss_cpu`, `miss_pcie`, and `swaps`, `fill_bytes`,
-    /// `pcie_bytes`, `handoff_bytes`, and the read-ahead's `read_ahead_experts`,
-    /// `read_ahead_hits` (of those, computed by the pool), `read_ahead_bytes`.
+    /// `pcie_bytes`, `handoff_bytes`.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.snapshot();
         let d = PyDict::new(py);
@@ -101,10 +100,6 @@ impl HybridCounters {
         d.set_item("fill_bytes", s.fill_bytes)?;
         d.set_item("pcie_bytes", s.pcie_bytes)?;
         d.set_item("handoff_bytes", s.handoff_bytes)?;
-        let [experts, hits, bytes] = s.read_ahead;
-        d.set_item("read_ahead_experts", experts)?;
-        d.set_item("read_ahead_hits", hits)?;
-        d.set_item("read_ahead_bytes", bytes)?;
         Ok(d)
     }
 }

@@ -38,9 +38,6 @@ pub struct HybridCounters {
     pcie_bytes: AtomicU64,
     /// Device→host and host→device bytes of activations for CPU misses (x, ids, y_miss).
     handoff_bytes: AtomicU64,
-    /// The read-ahead's predicted missed experts, those the pool then computed, and the
-    /// bytes it read ahead (`gpu/hybrid/read_ahead.rs`).
-    read_ahead: [AtomicU64; 3],
     /// Host time of the layers whose misses ran on the CPU (decode), by phase.
     times: [AtomicU64; PHASES.len()],
     /// Device time of the GPU's part of such layers (`CHAIN`; only while a model was opened
@@ -91,8 +88,6 @@ pub struct HybridSnapshot {
     pub fill_bytes: u64,
     pub pcie_bytes: u64,
     pub handoff_bytes: u64,
-    /// Experts read ahead, those of them the pool then computed, bytes read ahead.
-    pub read_ahead: [u64; 3],
 }
 
 impl HybridSnapshot {
@@ -137,9 +132,6 @@ impl HybridSnapshot {
             fill_bytes: self.fill_bytes.saturating_sub(earlier.fill_bytes),
             pcie_bytes: self.pcie_bytes.saturating_sub(earlier.pcie_bytes),
             handoff_bytes: self.handoff_bytes.saturating_sub(earlier.handoff_bytes),
-            read_ahead: std::array::from_fn(|i| {
-                self.read_ahead[i].saturating_sub(earlier.read_ahead[i])
-            }),
         }
     }
 }
@@ -158,7 +150,6 @@ impl HybridCounters {
             fill_bytes: AtomicU64::new(0),
             pcie_bytes: AtomicU64::new(0),
             handoff_bytes: AtomicU64::new(0),
-            read_ahead: Default::default(),
             times: Default::default(),
             chain: Default::default(),
         }
@@ -234,14 +225,6 @@ impl HybridCounters {
         self.handoff_bytes.fetch_add(bytes, Relaxed);
     }
 
-    /// One layer's read-ahead: `experts` predicted misses read ahead, `hits` of them then
-    /// computed by the pool, `bytes` read.
-    pub fn record_read_ahead(&self, experts: u64, hits: u64, bytes: u64) {
-        for (a, v) in self.read_ahead.iter().zip([experts, hits, bytes]) {
-            a.fetch_add(v, Relaxed);
-        }
-    }
-
     pub fn snapshot(&self) -> HybridSnapshot {
         let g = |f: fn(&PairCtr) -> &AtomicU64| -> Vec<u64> {
             self.layers.iter().map(|c| f(c).load(Relaxed)).collect()
@@ -254,7 +237,6 @@ impl HybridCounters {
             fill_bytes: self.fill_bytes.load(Relaxed),
             pcie_bytes: self.pcie_bytes.load(Relaxed),
             handoff_bytes: self.handoff_bytes.load(Relaxed),
-            read_ahead: std::array::from_fn(|i| self.read_ahead[i].load(Relaxed)),
         }
     }
 }

@@ -144,6 +144,44 @@ def test_dry_is_llama_cpps(test_models: TestModels) -> None:
     assert penalized >= 60  # most cases do penalize something
 
 
+def test_dry_over_long_histories_is_llama_cpps(test_models: TestModels) -> None:
+    """DRY's scan over histories of thousands of tokens (the repetition scan in Rust,
+    `strata._core.dry_longest`): long planted repetitions, windows shorter and longer than
+    the history; every logit as llama.cpp's DRY sampler leaves it."""
+    path = test_models.vocab_only("qwen3")
+    with GGUFFile(path) as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(ll._model.model)
+    pool = sorted(
+        {t for w in ["def", " f", "(", "x", "):", " return", " y"] for t in tok.encode(w)}
+    )
+    rng = np.random.default_rng(11)
+    penalized = 0
+    for case in range(12):
+        unit = [int(t) for t in rng.choice(pool, size=int(rng.integers(20, 200)))]
+        hist: list[int] = []
+        while len(hist) < int(rng.integers(1500, 5000)):
+            hist += unit[: int(rng.integers(5, len(unit) + 1))]
+            hist += [int(t) for t in rng.choice(pool, size=int(rng.integers(0, 30)))]
+        p = SamplingParams(
+            dry_multiplier=0.8,
+            dry_base=1.75,
+            dry_allowed_length=int(rng.integers(1, 4)),
+            dry_penalty_last_n=int(rng.choice([300, 1000, 8192])),
+            dry_sequence_breakers=["\n"],
+        )
+        x = rng.standard_normal(tok.n_vocab).astype(np.float32)
+        ours = x.copy()
+        dry_table(tok, ["\n"]).apply(
+            ours, hist, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n
+        )
+        ref = llama_dry(vocab, x, hist, p, ["\n"])
+        assert np.allclose(ours, ref, rtol=1e-6, atol=1e-5), case
+        penalized += int(np.any(ours != x))
+    assert penalized >= 10
+
+
 def test_greedy_is_the_best_token_the_chain_leaves() -> None:
     """Temperature 0 with typical or XTC on, which may drop the best token: llama.cpp's
     chain keeps the best of what is left (its temperature 0), and so does Strata's pick."""

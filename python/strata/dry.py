@@ -6,12 +6,14 @@ breakers (text such as "\\n" or ":") end the sequences a repetition may run thro
 `breaker_table` finds, as llama.cpp does, every token whose text holds a breaker (a breaker
 of its own) or ends with the start of one (then the breaker's rest, as tokens, must follow);
 `DryTable.apply` is llama.cpp's apply: the restart limit, the Z-algorithm over the reversed
-history, the longest repetition each next token would extend, the penalties.
+history and the longest repetition each next token would extend (`strata._core.dry_longest`:
+linear in the history, ~20 ms a token over 16K tokens in Python), the penalties.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from strata._core import dry_longest
 
 __all__ = ["DEFAULT_BREAKERS", "DryTable", "LazyDry", "breaker_table", "dry_table"]
 
@@ -63,10 +67,22 @@ class DryTable:
 
     def __init__(self, breakers: Breakers) -> None:
         self._breakers = breakers
+        self._heads: npt.NDArray[np.bool_] | None = None
 
     @property
     def breakers(self) -> Breakers:
         return self._breakers
+
+    @property
+    def heads(self) -> npt.NDArray[np.bool_]:
+        """bool [max head + 2]: whether a token starts a breaker (the last entry False: any
+        token past the heads is clipped to it)."""
+        if self._heads is None:
+            top = max(self.breakers, default=-1)
+            heads = np.zeros(top + 2, dtype=np.bool_)
+            heads[list(self.breakers)] = True
+            self._heads = heads
+        return self._heads
 
     def apply(
         self,
@@ -85,21 +101,15 @@ class DryTable:
         n = len(history) if last_n < 0 else min(len(history), last_n)
         if n <= allowed:
             return
-        rat = list(history)[len(history) - n :][::-1]  # rat[i]: i tokens from the end
-        limit = self._restart_limit(rat, n)
+        window = itertools.islice(history, len(history) - n, None)
+        rat = np.fromiter(window, dtype=np.int64, count=n)[::-1]  # rat[i]: i tokens from the end
+        limit = self._restart_limit(rat)
         if limit < allowed:
             return
-        count = _repeat_counts(rat, limit)  # [n] (index last - k, as there)
-        longest: dict[int, int] = {}
-        for i in range(n - 1):
-            r = count[i]
-            if r >= allowed:
-                tok = rat[n - 2 - i]
-                if longest.get(tok, -1) < r:
-                    longest[tok] = r
+        toks, lengths = dry_longest(np.ascontiguousarray(rat, dtype=np.int32), limit, allowed)
         cap = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
         v = x.shape[0]
-        for tok, r in longest.items():
+        for tok, r in zip(toks, lengths, strict=True):
             if not 0 <= tok < v or () in self.breakers.get(tok, []):
                 continue  # a breaker of its own is never penalized
             e = r - allowed
@@ -107,40 +117,21 @@ class DryTable:
                 e = cap
             x[tok] = np.float32(x[tok] - np.float32(multiplier * base**e))
 
-    def _restart_limit(self, rat: list[int], n: int) -> int:
+    def _restart_limit(self, rat: npt.NDArray[np.int64]) -> int:
         """How far back a repetition may reach: up to the nearest breaker in the history."""
-        for i in range(n):
-            tails = self.breakers.get(rat[i])
-            if tails is None:
-                continue
+        heads = self.heads
+        past = len(heads) - 1  # False: tokens past the heads, and negative ones
+        at = np.where((rat >= 0) & (rat < past), rat, past)
+        for i in np.flatnonzero(heads[at]).tolist():
+            tails = self.breakers[int(rat[i])]
             longest = -1
             for tail in tails:
                 m = len(tail)
                 if m > longest and m <= i and all(tail[o] == rat[i - o - 1] for o in range(m)):
                     longest = m
             if longest >= 0:
-                return i - longest
-        return n
-
-
-def _repeat_counts(rat: list[int], limit: int) -> list[int]:
-    """count[last - k] = min(the longest common prefix of rat and rat[k:], limit) for k in
-    1..n-1 (the Z-algorithm over the reversed history); count[last] = 0."""
-    n = len(rat)
-    z = [0] * n
-    lt = rt = 0
-    for k in range(1, n):
-        if k <= rt:
-            z[k] = min(rt - k + 1, z[k - lt])
-        while k + z[k] < n and rat[z[k]] == rat[k + z[k]]:
-            z[k] += 1
-        if k + z[k] - 1 > rt:
-            lt, rt = k, k + z[k] - 1
-    last = n - 1
-    count = [0] * n
-    for k in range(1, n):
-        count[last - k] = min(z[k], limit)
-    return count
+                return int(i) - longest
+        return len(rat)
 
 
 def _text(b: bytes) -> str:
@@ -184,6 +175,7 @@ class LazyDry(DryTable):
 
     def __init__(self, vocab: Any, breakers: Sequence[str] | None) -> None:
         self._table: Future[DryTable] = _builder.submit(dry_table, vocab, breakers)
+        self._heads = None
 
     @property
     def breakers(self) -> Breakers:

@@ -3,6 +3,7 @@
 //! feature (maturin turns it on), so `cargo test` builds and links without libpython.
 
 pub mod cuda;
+pub mod dry;
 pub mod error;
 pub mod gguf;
 pub mod gpu;

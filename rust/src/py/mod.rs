@@ -12,6 +12,7 @@ mod cuda_model;
 mod cuda_model_bench;
 mod cuda_quant;
 mod cuda_quant_bench;
+mod dry;
 mod errors;
 mod gguf;
 mod heap;
@@ -35,6 +36,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cuda::register(m)?;
     gguf::register(m)?;
     mask::register(m)?;
+    dry::register(m)?;
     quant::register(m)?;
     model::register(m)?;
     pool::register(m)?;

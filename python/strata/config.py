@@ -275,6 +275,13 @@ class Config:
         "whose slots keep a recurrent state)",
         llama=("--cache-reuse",),
     )
+    slot_save_path: str = _s(
+        "",
+        "server: the folder llama-server's slot actions save slots' sequences and KV to and "
+        "restore them from (`POST /slots/{id}?action=save|restore|erase`, a plain file name "
+        "in the body); empty: the actions are refused (501)",
+        llama=("--slot-save-path",),
+    )
     prompt_cache_mib: int = _s(
         -1,
         "engine: host RAM in MiB that keeps finished sequences' KV (in the KV type) for reuse "

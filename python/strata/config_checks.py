@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import os
 from collections.abc import Callable
 from dataclasses import fields
 
@@ -74,6 +75,8 @@ def check_config(c: Config) -> None:
         raise bad("stream_threads", "must be >= 0")
     if c.defer_experts < 0:
         raise bad("defer_experts", "must be >= 0 (0: off)")
+    if c.slot_save_path and not os.path.isdir(c.slot_save_path):
+        raise bad("slot_save_path", "must be an existing folder (or empty: off)")
     if not 0 <= c.adapt_swaps <= 4096:
         raise bad("adapt_swaps", "must be in 0..4096")
     if not (c.pcie_frac == -1.0 or 0.0 <= c.pcie_frac <= 1.0):

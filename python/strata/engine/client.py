@@ -39,6 +39,9 @@ from strata.engine.protocol import (
     Progress,
     ProtocolError,
     Shutdown,
+    SlotAction,
+    SlotDone,
+    SlotVerb,
     Start,
     Stats,
     Submit,
@@ -200,6 +203,7 @@ class EngineClient:
         self.draining = False
         self.waiting: deque[SeqStream] = deque()
         self.running: dict[int, SeqStream] = {}
+        self._slot_waiters: dict[int, asyncio.Future[SlotDone]] = {}  # rid → its answer
         self._ids = itertools.count(1)
         self._proc: asyncio.subprocess.Process | None = None
         self._conn: EngineConnection | None = None
@@ -358,9 +362,11 @@ class EngineClient:
                 s.queue.put_nowait(EngineError(reason))
             self.running.clear()
             self._check_idle()
+            self._fail_slot_actions(reason)
             return
         self.state = "restarting"
         self._on_event("restart")
+        self._fail_slot_actions(reason)
         for s in self.running.values():
             s.finished = True
             s.queue.put_nowait(EngineError(reason))
@@ -386,6 +392,10 @@ class EngineClient:
     def _on_frame(self, msg: FromEngine) -> None:
         if isinstance(msg, (Tokens, Progress)):
             self._deliver(msg)
+        elif isinstance(msg, SlotDone):
+            fut = self._slot_waiters.pop(msg.rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
         elif isinstance(msg, Stats):
             self.stats = msg
         elif isinstance(msg, Failed):
@@ -484,6 +494,27 @@ class EngineClient:
             self.running[s.rid] = s
             if self._conn is not None:
                 self._conn.write(frame)
+
+    async def slot_action(self, slot: int, action: SlotVerb, path: str = "") -> SlotDone:
+        """llama-server's slot action, run by the engine once the slot is free; its answer
+        (`SlotDone.error` set where it failed). Raises Unavailable / EngineError."""
+        self.check_accepting()
+        if self.state != "ready":
+            raise Unavailable(f"engine {self.state}")
+        rid = next(self._ids)
+        fut: asyncio.Future[SlotDone] = asyncio.get_running_loop().create_future()
+        self._slot_waiters[rid] = fut
+        try:
+            self._send(SlotAction(rid, slot, action, path))
+            return await fut
+        finally:
+            self._slot_waiters.pop(rid, None)
+
+    def _fail_slot_actions(self, reason: str) -> None:
+        for fut in self._slot_waiters.values():
+            if not fut.done():
+                fut.set_exception(EngineError(reason))
+        self._slot_waiters.clear()
 
     def stop_early(self, s: SeqStream) -> None:
         """The server ends a running sequence itself (a stop string): the engine aborts it,

@@ -30,6 +30,7 @@ from strata.engine.protocol import (
     Loaded,
     ProtocolError,
     Shutdown,
+    SlotAction,
     Start,
     Stats,
     Submit,
@@ -112,6 +113,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         processors=processor_factory(constraints.for_request, backend.vocabulary),
         speculator=spec,
         force_miss=config.test_pipeline_miss,
+        model=_fingerprint(backend),
     )
 
     def stats() -> Stats:
@@ -132,8 +134,11 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
                 out += sched.add(msg)
             elif isinstance(msg, Abort):
                 out += sched.abort(msg.rid)
+            elif isinstance(msg, SlotAction):
+                out += sched.slot_action(msg)
             elif isinstance(msg, Shutdown):
                 return 0
+        out += sched.run_slot_actions()  # those a finished request freed, before admission
         if sched.has_work():
             out += sched.step()
             dirty = True
@@ -150,6 +155,17 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
                 conn.send(*out)
             except OSError:
                 return 0
+
+
+def _fingerprint(backend: Backend) -> str:
+    """What a slot file must carry to be restored into this engine: the model file's
+    fingerprint (the fake engine's kind otherwise)."""
+    path = backend.info().get("path")
+    if not path:
+        return str(backend.info().get("kind", "unknown"))
+    from strata._core import model_fingerprint
+
+    return ":".join(model_fingerprint(path))
 
 
 def _die_with_parent() -> None:

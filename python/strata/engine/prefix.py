@@ -283,6 +283,22 @@ class SlotCache:
             return
         self.cache.put(toks, export(slot, len(toks)))
 
+    def restore(self, slot: int, tokens: Sequence[int], data: bytes) -> int:
+        """The slot's KV set to `data` (a `kv_export` of `tokens`), its own sequence kept in
+        the prompt cache first; returns the positions restored. ValueError where the backend
+        refuses the data (the slot is then empty)."""
+        self._save(slot, 0)
+        if not tokens:
+            self.lost(slot)
+            return 0
+        try:
+            n = self._import(slot, data)
+        except Exception as e:  # the backend's own types: the slot's KV is unknown now
+            self.lost(slot)
+            raise ValueError(f"the KV does not fit this model's slots: {e}") from e
+        self.tokens[slot] = [int(t) for t in tokens[:n]]
+        return n
+
     def fed(self, slot: int, ids: Sequence[int]) -> None:
         """The model ran `ids` at the slot's next positions."""
         self.tokens[slot].extend(int(t) for t in ids)

@@ -6,9 +6,10 @@ message type is a msgspec tagged union (tag field "t"). Only token ids cross, ne
 Conversation:
   server → engine  Start(version, config)          once, first frame
   engine → server  Loaded(version, model info)     when the backend is ready (or Failed)
-  server → engine  Submit / Abort / Stats? / Shutdown
+  server → engine  Submit / Abort / SlotAction / Shutdown
   engine → server  Progress (a prompt chunk done), Tokens (per step per sequence, the last one
-                   carries `finish`), Stats (backend counters), Failed (engine-wide error)
+                   carries `finish`), SlotDone (a slot action's answer), Stats (backend
+                   counters), Failed (engine-wide error)
 A `Submit` whose `rid` is reused while still running is refused with Tokens(finish="error").
 """
 
@@ -22,7 +23,7 @@ import msgspec
 
 from strata.sampling import SamplingParams
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_FRAME = 64 << 20  # bytes; a prompt of 4M tokens fits many times over
 _HEADER = struct.Struct(">I")
 
@@ -59,6 +60,25 @@ class Abort(msgspec.Struct, tag="abort", tag_field="t"):
 
 class Shutdown(msgspec.Struct, tag="shutdown", tag_field="t"):
     pass
+
+
+SlotVerb = Literal["save", "restore", "erase"]
+
+
+class SlotAction(msgspec.Struct, tag="slot", tag_field="t"):
+    """llama-server's `/slots/{id}?action=`: a slot's sequence and KV saved to or restored
+    from `path`, or erased; run when the slot is idle (deferred while a request holds it)."""
+
+    rid: int
+    slot: int
+    action: SlotVerb
+    path: str = ""  # the file, for save and restore
+
+
+class SlotDone(msgspec.Struct, tag="slot_done", tag_field="t"):
+    rid: int
+    result: dict[str, Any]  # llama-server's answer fields (n_saved, n_restored, n_erased, …)
+    error: str = ""  # why the action failed (result empty)
 
 
 class Progress(msgspec.Struct, tag="progress", tag_field="t"):
@@ -105,8 +125,8 @@ class Failed(msgspec.Struct, tag="failed", tag_field="t"):
     message: str  # the engine cannot go on (load failed, version mismatch, …)
 
 
-ToEngine = Start | Submit | Abort | Shutdown
-FromEngine = Loaded | Progress | Tokens | Stats | Failed
+ToEngine = Start | Submit | Abort | SlotAction | Shutdown
+FromEngine = Loaded | Progress | Tokens | SlotDone | Stats | Failed
 
 _enc = msgspec.msgpack.Encoder()
 _dec_to_engine = msgspec.msgpack.Decoder(ToEngine)

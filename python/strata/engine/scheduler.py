@@ -32,7 +32,8 @@ import numpy as np
 from strata.dry import LazyDry
 from strata.engine.backend import Backend, Entry
 from strata.engine.prefix import PromptCache, SlotCache
-from strata.engine.protocol import Finish, Progress, Stat, Submit, Tokens
+from strata.engine.protocol import Finish, Progress, SlotAction, SlotDone, Stat, Submit, Tokens
+from strata.engine.slot_actions import SlotActions
 from strata.infill import infill_filter
 from strata.sampling import LogitsProcessor, Sampler, SampleResult
 from strata.spec.control import SeqSpec
@@ -138,6 +139,7 @@ class Scheduler:
         speculator: Speculator | None = None,
         force_miss: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        model: str = "",
     ) -> None:
         self.backend = backend
         # what the guess policy and the drafter's step costs are timed by (tests: a virtual one)
@@ -155,6 +157,8 @@ class Scheduler:
         can_move = all(hasattr(backend, m) for m in ("kv_export", "kv_import"))
         cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 and can_move else None
         self.slots = SlotCache(backend, n_slots, cache, reuse, cache_reuse)
+        # llama-server's slot save / restore / erase (`model`: the fingerprint of its files)
+        self.slot_actions = SlotActions(self.slots, backend, model)
         self.steps = 0
         # pipelined windows: a backend with two in flight, and speculation to draft them
         self.pipelined = speculator is not None and getattr(backend, "pipeline_windows", 1) > 1
@@ -214,6 +218,17 @@ class Scheduler:
             s.draft_rng = np.random.default_rng([sampler.seed, 0x5EC])
         self.waiting.append(s)
         return []
+
+    def slot_action(self, msg: SlotAction) -> list[SlotDone]:
+        """Run a slot action now, or once no request holds its slot (`run_slot_actions`)."""
+        self.slot_actions.add(msg)
+        return self.run_slot_actions()
+
+    def run_slot_actions(self) -> list[SlotDone]:
+        """The waiting slot actions whose slot is free (before the next step admits)."""
+        if not self.slot_actions.waiting:
+            return []
+        return self.slot_actions.run(self.running)
 
     def abort(self, rid: int) -> list[Event]:
         for s in self.waiting:

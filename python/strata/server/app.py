@@ -27,6 +27,7 @@ from strata.server.openai_types import APIError
 from strata.server.responses_api import routes as responses_routes
 from strata.server.routes import routes
 from strata.server.security import SecurityMiddleware
+from strata.server.slots_api import routes as slots_routes
 from strata.server.state import ServerState
 
 log = logging.getLogger("strata.server")
@@ -89,7 +90,7 @@ def create_app(config: Config | None = None) -> Starlette:
             await st.shutdown()
 
     app = Starlette(
-        routes=[*routes, *anthropic_routes, *responses_routes, *native_routes],
+        routes=[*routes, *anthropic_routes, *responses_routes, *native_routes, *slots_routes],
         middleware=[Middleware(SecurityMiddleware, api_key=config.api_key)],
         exception_handlers={
             APIError: _api_error,

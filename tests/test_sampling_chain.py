@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from collections.abc import Iterator
 
 import llama_cpp
 import numpy as np
@@ -99,15 +100,23 @@ def llama_dry(
     return out
 
 
-def test_dry_is_llama_cpps(test_models: TestModels) -> None:
-    """DRY over histories with planted repetitions, breakers inside and around them (one- and
-    several-token breakers, and tokens holding a breaker's start), on the Qwen3 vocabulary:
-    every logit as llama.cpp's DRY sampler leaves it."""
+@pytest.fixture(scope="module")
+def qwen3(test_models: TestModels) -> Iterator[tuple[Tokenizer, object]]:
+    """The Qwen3 vocabulary as Strata's tokenizer and as llama.cpp's vocab (its model kept
+    alive while the tests use it)."""
     path = test_models.vocab_only("qwen3")
     with GGUFFile(path) as f:
         tok = Tokenizer.from_metadata(f.metadata)
     ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    vocab = llama_cpp.llama_model_get_vocab(ll._model.model)
+    yield tok, llama_cpp.llama_model_get_vocab(ll._model.model)
+    del ll
+
+
+def test_dry_is_llama_cpps(qwen3: tuple[Tokenizer, object]) -> None:
+    """DRY over histories with planted repetitions, breakers inside and around them (one- and
+    several-token breakers, and tokens holding a breaker's start), on the Qwen3 vocabulary:
+    every logit as llama.cpp's DRY sampler leaves it."""
+    tok, vocab = qwen3
     words = ["def", " f", "(", "x", "):", "\n", " return", " x", ":", " *", '"', "##", "User"]
     words += ["<|im_start|>", "x" * 8]
     pool = sorted({t for w in words for t in tok.encode(w, parse_special=False)})
@@ -144,15 +153,11 @@ def test_dry_is_llama_cpps(test_models: TestModels) -> None:
     assert penalized >= 60  # most cases do penalize something
 
 
-def test_dry_over_long_histories_is_llama_cpps(test_models: TestModels) -> None:
+def test_dry_over_long_histories_is_llama_cpps(qwen3: tuple[Tokenizer, object]) -> None:
     """DRY's scan over histories of thousands of tokens (the repetition scan in Rust,
     `strata._core.dry_longest`): long planted repetitions, windows shorter and longer than
     the history; every logit as llama.cpp's DRY sampler leaves it."""
-    path = test_models.vocab_only("qwen3")
-    with GGUFFile(path) as f:
-        tok = Tokenizer.from_metadata(f.metadata)
-    ll = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    vocab = llama_cpp.llama_model_get_vocab(ll._model.model)
+    tok, vocab = qwen3
     pool = sorted(
         {t for w in ["def", " f", "(", "x", "):", " return", " y"] for t in tok.encode(w)}
     )

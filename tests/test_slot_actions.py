@@ -137,6 +137,9 @@ def test_route(tmp_path: Path) -> None:
         assert saved["id_slot"] == 0 and saved["filename"] == "s.bin" and saved["n_saved"] > 0
         assert saved["n_written"] == (tmp_path / "s.bin").stat().st_size
         assert (tmp_path / "s.bin").read_bytes().startswith(MAGIC)
+        listed = srv.wait(lambda r: r.json()[0]["n_past"] == saved["n_saved"], "/slots").json()
+        assert listed[0]["id"] == 0 and listed[0]["id_task"] == -1
+        assert listed[0]["is_processing"] is False and listed[0]["n_ctx"] > 0
         r = http.post("/slots/0?action=erase")
         assert r.json() == {"id_slot": 0, "n_erased": saved["n_saved"]}
         r = http.post("/slots/0?action=restore", json={"filename": "s.bin"})

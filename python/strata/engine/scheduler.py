@@ -269,11 +269,20 @@ class Scheduler:
 
     def info(self) -> dict[str, Any]:
         """For /v1/status: the speculation state and the pipelined windows' counts (None when
-        off)."""
+        off); for `GET /slots`: each slot's request (its id, or -1) and the positions its KV
+        holds."""
         pipe = {"windows": self.pipe_windows, "guesses_held": self.pipe_held}
         return {
             "spec": self.spec.info() if self.spec is not None else None,
             "pipeline": pipe if self.pipelined else None,
+            "slots": [
+                {
+                    "id": i,
+                    "id_task": s.req.rid if (s := self.running.get(i)) is not None else -1,
+                    "n_past": len(toks),
+                }
+                for i, toks in enumerate(self.slots.tokens)
+            ],
         }
 
     # -- ending and reporting ------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""llama-server's slot actions (`--slot-save-path`): `POST /slots/{id}?action=save|restore|erase`
+"""llama-server's slots: `GET /slots` (each slot's request and the positions its KV holds), and
+its slot actions (`--slot-save-path`): `POST /slots/{id}?action=save|restore|erase`
 with `{"filename": NAME}` for save and restore. A save writes the slot's sequence and KV to
 NAME in the folder; a restore reads them back into the slot, so the next prompt sharing the
 sequence's prefix is placed there and reads only the rest (the engine: `engine/slot_actions.py`,
@@ -22,6 +23,30 @@ from strata.server.openai_types import APIError
 from strata.server.routes import _state, engine_error, read_json
 
 ACTIONS: tuple[str, ...] = get_args(SlotVerb)
+
+
+async def slots(request: Request) -> Response:
+    """llama-server's `GET /slots`: per slot its `id`, `n_ctx`, `is_processing`, `id_task`
+    (the engine's request id, -1 when idle) and `n_past` (the positions its KV holds, which a
+    prompt sharing them reuses), as of the engine's last counters (at most a second old)."""
+    st = _state(request)
+    c = st.client
+    if c is None or c.loaded is None:
+        raise APIError(503, "model is loading", code="loading")
+    info = c.stats.info if c.stats is not None else {}
+    n_ctx = c.loaded.n_ctx_seq
+    rows = info.get("slots") or [{"id": i, "id_task": -1, "n_past": 0} for i in range(c.slots)]
+    return JSONResponse(
+        [
+            {
+                **r,
+                "n_ctx": n_ctx,
+                "is_processing": r["id_task"] >= 0,
+                "speculative": bool(info.get("spec")),
+            }
+            for r in rows
+        ]
+    )
 
 
 async def slot_action(request: Request) -> Response:
@@ -66,4 +91,7 @@ async def slot_action(request: Request) -> Response:
     return JSONResponse(done.result)
 
 
-routes = [Route("/slots/{id_slot:int}", slot_action, methods=["POST"])]
+routes = [
+    Route("/slots", slots, methods=["GET"]),
+    Route("/slots/{id_slot:int}", slot_action, methods=["POST"]),
+]

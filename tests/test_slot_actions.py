@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from models import TestModels
+from msgspec.structs import replace as msgspec_replace
 from server_harness import Server
 from strata import toytok
 from strata.engine.backend import FakeBackend
@@ -200,5 +201,41 @@ def test_real_engine_restores_the_kv_exactly(test_models: TestModels, tmp_path: 
         (tmp_path / "o.bin").write_bytes(bytes(data))
         r = http.post("/slots/0?action=restore", json={"filename": "o.bin"})
         assert r.status_code == 400 and "another model" in r.json()["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_id_slot_pins_a_request_to_its_slot() -> None:
+    """llama-server's `id_slot`: the request runs in that slot once it is free (those behind
+    it in the queue go on meanwhile); its finish names the slot; past the slots: refused."""
+    s = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=2), 4, 2, model="m1")
+    pin = msgspec_replace(GREEDY, id_slot=1)
+    s.add(Submit(1, list(b"first, in slot one"), pin, 6, EOG))
+    s.step()
+    assert s.running[1].req.rid == 1
+    s.add(Submit(2, list(b"also slot one"), pin, 3, EOG))
+    s.add(Submit(3, list(b"anywhere"), GREEDY, 3, EOG))
+    s.step()
+    assert s.running[0].req.rid == 3  # request 2 waits for slot 1, request 3 went by
+    assert [w.req.rid for w in s.waiting] == [2]
+    events = drain(s)
+    ends = {e.rid: e.slot for e in events if isinstance(e, Tokens) and e.finish}
+    assert ends == {1: 1, 2: 1, 3: 0}
+    (bad,) = s.add(Submit(4, PROMPT, msgspec_replace(GREEDY, id_slot=2), 3, EOG))
+    assert bad.finish == "error" and "id_slot 2" in bad.message  # type: ignore[union-attr]
+
+
+def test_id_slot_on_the_route(tmp_path: Path) -> None:
+    srv = Server(slot_save_path=str(tmp_path), parallel=2)
+    try:
+        r = srv.http.post("/completion", json={"prompt": "pinned", "n_predict": 3, "id_slot": 1})
+        assert r.status_code == 200 and r.json()["id_slot"] == 1
+        r = srv.http.post("/slots/1?action=save", json={"filename": "p.bin"})
+        assert r.status_code == 200 and r.json()["n_saved"] > 0
+        r = srv.http.post("/completion", json={"prompt": "x", "n_predict": 2, "id_slot": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
+        model = srv.http.get("/v1/models").json()["data"][0]["id"]
+        body = {"model": model, "prompt": "x", "max_tokens": 2, "id_slot": 0}
+        assert srv.http.post("/v1/completions", json=body).status_code == 200
     finally:
         srv.stop()

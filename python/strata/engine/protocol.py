@@ -107,6 +107,7 @@ class Tokens(msgspec.Struct, tag="tokens", tag_field="t"):
     # On finish "stop": the sequence sampled a stop id (end of generation), which `ids` leaves
     # out; the usage counts it as a generated token, as llama-server and vLLM do.
     stop_id: bool = False
+    slot: int = -1  # on finish: the slot the sequence ran in (-1: none: refused at once)
 
 
 class Stat(msgspec.Struct, array_like=True):

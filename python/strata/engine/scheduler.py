@@ -202,6 +202,10 @@ class Scheduler:
                 )
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
+            if req.params.id_slot >= len(self.slots.tokens):
+                raise ValueError(
+                    f"id_slot {req.params.id_slot}: the engine has {len(self.slots.tokens)} slots"
+                )
             proc = self.processors(req) if self.processors is not None else None
             # llama.cpp's infill sampler where the request names it (llama-server's samplers)
             p = req.params
@@ -325,6 +329,7 @@ class Scheduler:
             return t
         t.prompt_s = s.prompt_s
         t.cached_tokens = s.reused
+        t.slot = s.slot
         if s.spec is not None:
             t.drafts_offered, t.drafts_accepted = s.spec.offered, s.spec.accepted
         now = self._tier_counts(s.slot) if s.tier_at_start is not None else None
@@ -359,13 +364,19 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
 
     def _admit(self) -> list[Event]:
+        """Waiting sequences into free slots, in order; one that names a busy slot (`id_slot`)
+        waits for it, and those behind it go on."""
         events: list[Event] = []
+        held: deque[Seq] = deque()
         while self.waiting and self.free_slots:
             s = self.waiting.popleft()
+            want = s.req.params.id_slot
+            if want >= 0 and want not in self.free_slots:
+                held.append(s)
+                continue
+            free = [want] if want >= 0 else self.free_slots
             try:
-                slot, reused = self.slots.place(
-                    s.req.prompt, self.free_slots, s.req.params.cache_prompt
-                )
+                slot, reused = self.slots.place(s.req.prompt, free, s.req.params.cache_prompt)
             except Exception as e:  # the backend refused the KV move: this request fails
                 events.append(Tokens(s.req.rid, [], finish="error", message=f"slot: {e}"))
                 continue
@@ -373,6 +384,8 @@ class Scheduler:
             s.slot, s.done, s.reused = slot, reused, reused
             s.tier_at_start = self._tier_counts(slot)
             self.running[slot] = s
+        held.extend(self.waiting)
+        self.waiting = held
         return events
 
     def _drafts(self, decoding: list[Seq]) -> list[Draft]:

@@ -54,6 +54,7 @@ class Delta:
     prompt_s: float = 0.0
     decode_s: float = 0.0
     ids: list[int] = field(default_factory=list)  # the tokens this delta's text came from
+    slot: int = -1  # on the finishing delta: the engine slot the choice ran in
 
 
 @dataclass(slots=True)
@@ -208,6 +209,7 @@ class SeqRun:
                 ev.prompt_s,
                 decode_s,
                 ids=held + ev.ids,
+                slot=ev.slot,
             )
             return
 

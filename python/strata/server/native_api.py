@@ -342,7 +342,7 @@ class _Native:
             "content": content,
             # streamed: the tokens went with the partial events, as llama-server does
             "tokens": self.tokens[i] if self.req.return_tokens and not self.plan.stream else [],
-            "id_slot": -1,
+            "id_slot": d.slot,
             "stop": True,
             "model": self.st.model_id,
             "tokens_predicted": n_out,

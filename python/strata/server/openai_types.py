@@ -185,7 +185,6 @@ _ORDER = (
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
     "post_sampling_probs": (False,),
-    "id_slot": (-1,),
     "n_keep": (0, -1),
     "min_keep": (0, 1),
     "timings_per_token": (False,),  # the native routes answer it; the OpenAI ones do not
@@ -437,7 +436,7 @@ _FLOAT_FIELDS = (
     "mirostat_eta",
 )  # fmt: skip
 _PARAM_FIELDS = (
-    *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt",
+    *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt", "id_slot",
     "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",
 )  # fmt: skip
 

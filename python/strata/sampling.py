@@ -130,9 +130,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     # False: this prompt reuses no cached prefix (llama-server's per-request cache_prompt;
     # the server's `cache_prompt` setting off turns reuse off for every request)
     cache_prompt: bool = True
-    # llama-server's id_slot: the slot this request runs in, once it is free (-1: the engine
-    # chooses, by the longest prefix a slot shares with the prompt)
-    id_slot: int = -1
     # llama.cpp's samplers beside those (their "off" values by default): top-n-sigma (> 0:
     # logits below the best less n standard deviations go), locally typical sampling (< 1),
     # XTC (with this probability, of the tokens at least `xtc_threshold` likely only the
@@ -217,7 +214,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         for name in ("presence_penalty", "frequency_penalty"):
             if not (-2.0 <= finite(name) <= 2.0):
                 raise bad(name, "must be in [-2, 2]")
-        integer("id_slot", -1)
         for name in ("speculative", "cache_prompt", "infill"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be true or false")

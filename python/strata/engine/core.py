@@ -31,6 +31,7 @@ from strata.engine.protocol import (
     ProtocolError,
     Shutdown,
     SlotAction,
+    SlotDone,
     Start,
     Stats,
     Submit,
@@ -139,6 +140,8 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
             elif isinstance(msg, Shutdown):
                 return 0
         out += sched.run_slot_actions()  # those a finished request freed, before admission
+        acted = any(isinstance(e, SlotDone) for e in out)  # a slot's state moved: /slots
+        dirty = dirty or acted
         if sched.has_work():
             out += sched.step()
             dirty = True
@@ -146,7 +149,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         settling = backend.settling()
         dirty, was_settling = dirty or settling or was_settling, settling
         now = time.monotonic()
-        finished = any(isinstance(e, Tokens) and e.finish for e in out)
+        finished = acted or any(isinstance(e, Tokens) and e.finish for e in out)
         if dirty and (finished or now - last_stats >= STATS_INTERVAL_S):
             out.append(stats())
             last_stats, dirty = now, False

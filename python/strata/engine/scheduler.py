@@ -202,10 +202,6 @@ class Scheduler:
                 )
             if req.max_tokens < 1:
                 raise ValueError("max_tokens must be >= 1")
-            if req.params.id_slot >= len(self.slots.tokens):
-                raise ValueError(
-                    f"id_slot {req.params.id_slot}: the engine has {len(self.slots.tokens)} slots"
-                )
             proc = self.processors(req) if self.processors is not None else None
             # llama.cpp's infill sampler where the request names it (llama-server's samplers)
             p = req.params
@@ -232,7 +228,10 @@ class Scheduler:
         """The waiting slot actions whose slot is free (before the next step admits)."""
         if not self.slot_actions.waiting:
             return []
-        return self.slot_actions.run(self.running)
+        busy = set(self.running)
+        if self._inflight is not None:  # a window still on the device (an aborted one's too)
+            busy.update(s.slot for s in self._inflight.seqs)
+        return self.slot_actions.run(busy)
 
     def abort(self, rid: int) -> list[Event]:
         for s in self.waiting:
@@ -364,19 +363,13 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
 
     def _admit(self) -> list[Event]:
-        """Waiting sequences into free slots, in order; one that names a busy slot (`id_slot`)
-        waits for it, and those behind it go on."""
         events: list[Event] = []
-        held: deque[Seq] = deque()
         while self.waiting and self.free_slots:
             s = self.waiting.popleft()
-            want = s.req.params.id_slot
-            if want >= 0 and want not in self.free_slots:
-                held.append(s)
-                continue
-            free = [want] if want >= 0 else self.free_slots
             try:
-                slot, reused = self.slots.place(s.req.prompt, free, s.req.params.cache_prompt)
+                slot, reused = self.slots.place(
+                    s.req.prompt, self.free_slots, s.req.params.cache_prompt
+                )
             except Exception as e:  # the backend refused the KV move: this request fails
                 events.append(Tokens(s.req.rid, [], finish="error", message=f"slot: {e}"))
                 continue
@@ -384,8 +377,6 @@ class Scheduler:
             s.slot, s.done, s.reused = slot, reused, reused
             s.tier_at_start = self._tier_counts(slot)
             self.running[slot] = s
-        held.extend(self.waiting)
-        self.waiting = held
         return events
 
     def _drafts(self, decoding: list[Seq]) -> list[Draft]:

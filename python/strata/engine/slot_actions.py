@@ -53,6 +53,9 @@ class SlotActions:
             result = getattr(self, f"_{msg.action}")(msg)
         except (OSError, ValueError) as e:
             return SlotDone(msg.rid, {}, str(e))
+        except Exception as e:  # the backend's own types (a native error): the engine goes on
+            log.warning("slot %d %s failed: %s", msg.slot, msg.action, e)
+            return SlotDone(msg.rid, {}, f"{type(e).__name__}: {e}")
         ms = (time.perf_counter() - t0) * 1e3
         if msg.action != "erase":
             result["timings"] = {f"{msg.action}_ms": ms}

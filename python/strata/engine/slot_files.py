@@ -5,15 +5,18 @@ that wrote it.
 
 Layout: MAGIC, a u32 (little-endian) header length, the header (JSON: `version`, `model`,
 `n_tokens`, `n_bytes`), the tokens as i32 [n_tokens] little-endian, then the KV export's
-`n_bytes` bytes. Written to a temporary name and renamed, so a reader never sees half a file.
+`n_bytes` bytes. Written to a hidden temporary name (never a valid slot file's name) and
+renamed, so a reader never sees half a file and a save never touches another slot file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +40,26 @@ def valid_filename(name: str) -> bool:
     return bool(_NAME.fullmatch(name)) and not name.startswith(".")
 
 
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number here")
+
+
 def write_slot(path: Path, model: str, tokens: list[int], kv: bytes) -> int:
     """Writes the file; returns its size in bytes."""
     head = json.dumps(
         {"version": VERSION, "model": model, "n_tokens": len(tokens), "n_bytes": len(kv)}
     ).encode()
     toks = np.asarray(tokens, dtype="<i4").tobytes()
-    tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as f:
-        for part in (MAGIC, _LEN.pack(len(head)), head, toks, kv):
-            f.write(part)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=".slot-", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in (MAGIC, _LEN.pack(len(head)), head, toks, kv):
+                f.write(part)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return len(MAGIC) + _LEN.size + len(head) + len(toks) + len(kv)
 
 
@@ -65,9 +77,11 @@ def read_slot(path: Path, model: str) -> tuple[list[int], bytes, int]:
     if n_head > MAX_HEADER or len(data) < at + n_head:
         raise SlotFileError(f"{path.name}: truncated header")
     try:
-        head = json.loads(data[at : at + n_head])
+        head = json.loads(data[at : at + n_head], parse_constant=_no_constant)
         version, owner = head["version"], head["model"]
-        n_tok, n_bytes = int(head["n_tokens"]), int(head["n_bytes"])
+        n_tok, n_bytes = head["n_tokens"], head["n_bytes"]
+        if not all(type(n) is int for n in (n_tok, n_bytes)):
+            raise TypeError("n_tokens and n_bytes must be whole numbers")
     except (ValueError, KeyError, TypeError) as e:
         raise SlotFileError(f"{path.name}: bad header ({e})") from None
     if version != VERSION:

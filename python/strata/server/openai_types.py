@@ -185,6 +185,9 @@ _ORDER = (
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
     "post_sampling_probs": (False,),
+    # a request pinned to a slot: the server's queue sends at most one request per slot to
+    # the engine, which could not hold one back for a busy slot without stalling the others
+    "id_slot": (-1,),
     "n_keep": (0, -1),
     "min_keep": (0, 1),
     "timings_per_token": (False,),  # the native routes answer it; the OpenAI ones do not
@@ -436,7 +439,7 @@ _FLOAT_FIELDS = (
     "mirostat_eta",
 )  # fmt: skip
 _PARAM_FIELDS = (
-    *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt", "id_slot",
+    *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt",
     "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers", "mirostat",
 )  # fmt: skip
 

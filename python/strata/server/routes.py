@@ -364,8 +364,6 @@ def submit(
     """Checks the prompts against the context and queues them (n choices each); the 4xx/5xx
     that says why not. Shared by every generating route (OpenAI and Anthropic)."""
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
-    if plan.params.id_slot >= client.slots:
-        raise APIError(400, f"id_slot: 0..{client.slots - 1}, or -1 (any slot)", param="id_slot")
     for i, p in enumerate(prompts):
         where = f"{param}[{i}]" if len(prompts) > 1 else param  # which of several
         if not p:

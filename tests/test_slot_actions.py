@@ -42,7 +42,7 @@ def cached(events: list[object], rid: int) -> int:
 
 
 def sched_of(model: str = "m1") -> Scheduler:
-    return Scheduler(FakeBackend(n_ctx_seq=256, max_slots=2), 16, 2, model=model)
+    return Scheduler(FakeBackend(n_ctx_seq=256, max_slots=2), 16, 2, model=lambda: model)
 
 
 def test_save_erase_restore_then_the_prompt_reuses_it(tmp_path: Path) -> None:
@@ -68,7 +68,7 @@ def test_save_erase_restore_then_the_prompt_reuses_it(tmp_path: Path) -> None:
 
 
 def test_an_action_on_a_busy_slot_waits_for_it(tmp_path: Path) -> None:
-    s = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), 4, 1, model="m1")
+    s = Scheduler(FakeBackend(n_ctx_seq=256, max_slots=1), 4, 1, model=lambda: "m1")
     s.add(Submit(1, PROMPT, GREEDY, 8, EOG))
     s.step()
     assert 0 in s.running

@@ -102,11 +102,12 @@ class DryTable:
         if n <= allowed:
             return
         window = itertools.islice(history, len(history) - n, None)
-        rat = np.fromiter(window, dtype=np.int64, count=n)[::-1]  # rat[i]: i tokens from the end
+        # rat[i]: i tokens from the end
+        rat = np.ascontiguousarray(np.fromiter(window, dtype=np.int32, count=n)[::-1])
         limit = self._restart_limit(rat)
         if limit < allowed:
             return
-        toks, lengths = dry_longest(np.ascontiguousarray(rat, dtype=np.int32), limit, allowed)
+        toks, lengths = dry_longest(rat, limit, allowed)
         cap = int(FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
         v = x.shape[0]
         for tok, r in zip(toks, lengths, strict=True):
@@ -117,7 +118,7 @@ class DryTable:
                 e = cap
             x[tok] = np.float32(x[tok] - np.float32(multiplier * base**e))
 
-    def _restart_limit(self, rat: npt.NDArray[np.int64]) -> int:
+    def _restart_limit(self, rat: npt.NDArray[np.int32]) -> int:
         """How far back a repetition may reach: up to the nearest breaker in the history."""
         heads = self.heads
         past = len(heads) - 1  # False: tokens past the heads, and negative ones

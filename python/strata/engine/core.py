@@ -114,7 +114,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         processors=processor_factory(constraints.for_request, backend.vocabulary),
         speculator=spec,
         force_miss=config.test_pipeline_miss,
-        model=_fingerprint(backend),
+        model=lambda: _fingerprint(backend),
     )
 
     def stats() -> Stats:
@@ -129,6 +129,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         except (EOFError, OSError):
             return 0
         out: list[FromEngine] = []
+        acted: list[SlotDone] = []
         for payload in frames:
             msg = decode_to_engine(payload)
             if isinstance(msg, Submit):
@@ -136,12 +137,12 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
             elif isinstance(msg, Abort):
                 out += sched.abort(msg.rid)
             elif isinstance(msg, SlotAction):
-                out += sched.slot_action(msg)
+                acted += sched.slot_action(msg)
             elif isinstance(msg, Shutdown):
                 return 0
-        out += sched.run_slot_actions()  # those a finished request freed, before admission
-        acted = any(isinstance(e, SlotDone) for e in out)  # a slot's state moved: /slots
-        dirty = dirty or acted
+        acted += sched.run_slot_actions()  # those a finished request freed, before admission
+        out += acted
+        dirty = dirty or bool(acted)  # a slot's state moved: /slots
         if sched.has_work():
             out += sched.step()
             dirty = True
@@ -149,7 +150,7 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
         settling = backend.settling()
         dirty, was_settling = dirty or settling or was_settling, settling
         now = time.monotonic()
-        finished = acted or any(isinstance(e, Tokens) and e.finish for e in out)
+        finished = bool(acted) or any(isinstance(e, Tokens) and e.finish for e in out)
         if dirty and (finished or now - last_stats >= STATS_INTERVAL_S):
             out.append(stats())
             last_stats, dirty = now, False
@@ -163,9 +164,10 @@ def serve(sock: socket.socket, host_cpu: int = -1) -> int:
 def _fingerprint(backend: Backend) -> str:
     """What a slot file must carry to be restored into this engine: the model file's
     fingerprint (the fake engine's kind otherwise)."""
-    path = backend.info().get("path")
+    info = backend.info()
+    path = info.get("path")
     if not path:
-        return str(backend.info().get("kind", "unknown"))
+        return str(info.get("kind", "unknown"))
     from strata._core import model_fingerprint
 
     return ":".join(model_fingerprint(path))

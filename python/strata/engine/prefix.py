@@ -266,6 +266,15 @@ class SlotCache:
         self.shifted_tokens += n - n_past
         return n
 
+    def export(self, slot: int) -> bytes:
+        """The backend's KV export of the slot's sequence (empty for an empty slot)."""
+        fn = getattr(self.backend, "kv_export", None)
+        if fn is None:
+            raise RuntimeError("the backend cannot export KV")
+        toks = self.tokens[slot]
+        data: bytes = fn(slot, len(toks)) if toks else b""
+        return data
+
     def _import(self, slot: int, data: bytes) -> int:
         fn = getattr(self.backend, "kv_import", None)
         if fn is None:

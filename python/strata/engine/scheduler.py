@@ -139,7 +139,7 @@ class Scheduler:
         speculator: Speculator | None = None,
         force_miss: int = 0,
         clock: Callable[[], float] = time.perf_counter,
-        model: str = "",
+        model: Callable[[], str] = lambda: "",
     ) -> None:
         self.backend = backend
         # what the guess policy and the drafter's step costs are timed by (tests: a virtual one)
@@ -158,7 +158,7 @@ class Scheduler:
         cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 and can_move else None
         self.slots = SlotCache(backend, n_slots, cache, reuse, cache_reuse)
         # llama-server's slot save / restore / erase (`model`: the fingerprint of its files)
-        self.slot_actions = SlotActions(self.slots, backend, model)
+        self.slot_actions = SlotActions(self.slots, model)
         self.steps = 0
         # pipelined windows: a backend with two in flight, and speculation to draft them
         self.pipelined = speculator is not None and getattr(backend, "pipeline_windows", 1) > 1

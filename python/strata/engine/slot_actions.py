@@ -6,10 +6,11 @@ loop runs the waiting ones before each step admits new requests."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Container
+from collections.abc import Callable, Container
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,10 @@ log = logging.getLogger("strata.engine")
 
 
 class SlotActions:
-    def __init__(self, slots: SlotCache, backend: Any, model: str) -> None:
+    def __init__(self, slots: SlotCache, model: Callable[[], str]) -> None:
         self.slots = slots
-        self.backend = backend
-        self.model = model  # the fingerprint a file must carry to be restored here
+        # the fingerprint a file must carry to be restored here (found at the first action)
+        self._model = functools.cache(model)
         self.waiting: deque[SlotAction] = deque()
 
     def add(self, msg: SlotAction) -> None:
@@ -63,17 +64,13 @@ class SlotActions:
 
     def _save(self, msg: SlotAction) -> dict[str, Any]:
         toks = list(self.slots.tokens[msg.slot])
-        export = getattr(self.backend, "kv_export", None)
-        if export is None:
-            raise ValueError("this engine's backend cannot export its KV")
-        kv = export(msg.slot, len(toks)) if toks else b""
         path = Path(msg.path)
-        n = write_slot(path, self.model, toks, kv)
+        n = write_slot(path, self._model(), toks, self.slots.export(msg.slot))
         return {"filename": path.name, "n_saved": len(toks), "n_written": n}
 
     def _restore(self, msg: SlotAction) -> dict[str, Any]:
         path = Path(msg.path)
-        toks, kv, n_read = read_slot(path, self.model)
+        toks, kv, n_read = read_slot(path, self._model())
         n = self.slots.restore(msg.slot, toks, kv)
         return {"filename": path.name, "n_restored": n, "n_read": n_read}
 

@@ -284,7 +284,8 @@ def test_bad_metadata_is_refused(small: Tokenizer, test_models: TestModels) -> N
     with GGUFFile(test_models.vocab_only("small")) as f:
         meta = dict(f.metadata)
     for key, value, match in [
-        ("tokenizer.ggml.model", "llama", "not supported"),
+        ("tokenizer.ggml.model", "bert", "not supported"),
+        ("tokenizer.ggml.model", "llama", "no tokenizer.ggml.scores"),  # SentencePiece
         ("tokenizer.ggml.pre", "falcon", "not supported"),
         ("tokenizer.ggml.tokens", None, "no tokenizer.ggml.tokens"),
         ("tokenizer.ggml.token_type", [1, 2], "token types"),

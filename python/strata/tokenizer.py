@@ -13,8 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from strata import tokenizer_spm
 from strata.errors import ModelError
 from strata.infill import FimTokens, eot_token, fim_tokens
+from strata.tokenizer_spm import CONTROL, NORMAL, UNKNOWN, USER_DEFINED
 
 # The qwen2 pre-tokenizer split pattern (docs/FORMATS.md §5), as in Qwen's tokenizer.json.
 QWEN2_PRETOKENIZER_RE = (
@@ -39,8 +41,9 @@ PRETOKENIZERS: dict[str, str] = {
     **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie"), GPT4O_PRETOKENIZER_RE),
 }
 
-# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+# tokenizer.ggml.model values: byte-level BPE and SentencePiece (`tokenizer_spm`)
+VOCAB_MODELS = ("gpt2", "llama")
+
 
 # Special-token texts llama.cpp treats as end of generation when present (besides eos / eot /
 # eom), the FIM pad / repo / file-separator tokens included. llama.cpp also matches a NORMAL
@@ -97,12 +100,50 @@ def _token_bytes(text: str) -> bytes:
     return bytes(out)
 
 
+def _byte_level_piece(text: str, ty: int) -> bytes:
+    """The bytes a byte-level BPE token decodes to (control, unknown and user-defined entries
+    are their text; unused ones nothing)."""
+    if ty == NORMAL:
+        return _token_bytes(text)
+    if ty in (CONTROL, USER_DEFINED, UNKNOWN):
+        return text.encode("utf-8")
+    return b""
+
+
+def _byte_level_model(vocab: dict[str, int], merges: Sequence[str], pre: str) -> Any:
+    """The `tokenizers.Tokenizer` of a byte-level BPE vocabulary (added tokens not yet set)."""
+    from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    merge_pairs: list[tuple[str, str]] = []
+    for m in merges:
+        left, sep, right = m.partition(" ")
+        if not sep or not left or not right:
+            raise ModelError(f"tokenizer.ggml.merges: malformed entry {m!r}")
+        merge_pairs.append((left, right))
+    try:
+        model = models.BPE(vocab=vocab, merges=merge_pairs, unk_token=None, byte_fallback=False)
+    except Exception as e:  # tokenizers raises plain Exception on bad merges
+        raise ModelError(f"tokenizer: cannot build the BPE model: {e}") from None
+    hf = HFTokenizer(model)
+    hf.normalizer = normalizers.NFC()
+    hf.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZERS[pre]), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
 class ChatTemplateError(ValueError):
     """The chat template could not be rendered (bad template or messages it rejects)."""
 
 
 class Tokenizer:
-    """Byte-level BPE tokenizer of a GGUF model. Build with `from_metadata` or `from_gguf`."""
+    """The tokenizer of a GGUF model: byte-level BPE, or SentencePiece (`tokenizer_spm`). Build
+    with `from_metadata` or `from_gguf`."""
 
     def __init__(
         self,
@@ -117,16 +158,24 @@ class Tokenizer:
         add_eos: bool = False,
         chat_template: str | None = None,
         pre: str = "qwen2",
+        model: str = "gpt2",
+        scores: Sequence[float] | None = None,
+        add_space_prefix: bool = True,
+        unk_id: int | None = None,
     ) -> None:
-        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import AddedToken
 
         n = len(tokens)
         if len(token_types) != n:
             raise ModelError(
                 f"tokenizer: {len(token_types)} token types for {n} tokens (they must match)"
             )
-        if pre not in PRETOKENIZERS:
+        if model not in VOCAB_MODELS:
+            raise ModelError(
+                f"tokenizer.ggml.model {model!r} is not supported (Strata runs byte-level BPE, "
+                "'gpt2', and SentencePiece, 'llama')"
+            )
+        if model == "gpt2" and pre not in PRETOKENIZERS:
             raise ModelError(
                 f"tokenizer.ggml.pre {pre!r} is not supported (Strata runs the qwen2 and "
                 f"gpt-4o pre-tokenizers: {', '.join(sorted(PRETOKENIZERS))})"
@@ -147,25 +196,14 @@ class Tokenizer:
         vocab: dict[str, int] = {}
         for i, t in enumerate(self._tokens):
             vocab.setdefault(t, i)
-        merge_pairs: list[tuple[str, str]] = []
-        for m in merges:
-            left, sep, right = m.partition(" ")
-            if not sep or not left or not right:
-                raise ModelError(f"tokenizer.ggml.merges: malformed entry {m!r}")
-            merge_pairs.append((left, right))
-        try:
-            model = models.BPE(vocab=vocab, merges=merge_pairs, unk_token=None, byte_fallback=False)
-        except Exception as e:  # tokenizers raises plain Exception on bad merges
-            raise ModelError(f"tokenizer: cannot build the BPE model: {e}") from None
-        hf = HFTokenizer(model)
-        hf.normalizer = normalizers.NFC()
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(PRETOKENIZERS[pre]), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-        hf.decoder = decoders.ByteLevel()
+        if model == "llama":
+            hf = tokenizer_spm.hf_model(
+                tokens, self._types, scores, vocab, add_space_prefix, unk_id
+            )
+            piece_of = tokenizer_spm.piece
+        else:
+            hf = _byte_level_model(vocab, merges, pre)
+            piece_of = _byte_level_piece
         special = [
             AddedToken(self._tokens[i], special=True, normalized=False)
             for i, ty in enumerate(self._types)
@@ -182,14 +220,7 @@ class Tokenizer:
         self._hf_plain: Any = None  # the same with special tokens read as text, made on demand
 
         # decode table: bytes of every id (control tokens are their text; unused ones empty)
-        self._piece: list[bytes] = []
-        for t, ty in zip(self._tokens, self._types, strict=True):
-            if ty == NORMAL:
-                self._piece.append(_token_bytes(t))
-            elif ty in (CONTROL, USER_DEFINED, UNKNOWN):
-                self._piece.append(t.encode("utf-8"))
-            else:
-                self._piece.append(b"")
+        self._piece = [piece_of(t, ty) for t, ty in zip(self._tokens, self._types, strict=True)]
         rendered = {vocab[t] for t in _RENDERED_TEXTS if t in vocab}
         self._control = frozenset(i for i, ty in enumerate(self._types) if ty in (CONTROL, UNKNOWN))
         self._special = self._control - rendered
@@ -230,16 +261,18 @@ class Tokenizer:
             return v
 
         model = get("tokenizer.ggml.model", str)
-        if model != "gpt2":
+        if model not in VOCAB_MODELS:
             raise ModelError(
                 f"tokenizer.ggml.model {model!r} is not supported (Strata runs byte-level BPE, "
-                "'gpt2')"
+                "'gpt2', and SentencePiece, 'llama')"
             )
+        spm = model == "llama"
         tokens = get("tokenizer.ggml.tokens", (list, tuple))
         types = get("tokenizer.ggml.token_type", (list, tuple), required=False)
         if types is None:
             types = [NORMAL] * len(tokens)
-        merges = get("tokenizer.ggml.merges", (list, tuple))
+        merges = () if spm else get("tokenizer.ggml.merges", (list, tuple))
+        space = get("tokenizer.ggml.add_space_prefix", bool, required=False)
         extra = []
         for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
             v = get(key, int, required=False)
@@ -258,6 +291,11 @@ class Tokenizer:
             add_eos=bool(add_eos),
             chat_template=get("tokenizer.chat_template", str, required=False),
             pre=get("tokenizer.ggml.pre", str, required=False) or "qwen2",
+            model=model,
+            scores=get("tokenizer.ggml.scores", (list, tuple), required=spm),
+            # llama.cpp's default for SentencePiece vocabularies: on
+            add_space_prefix=True if space is None else space,
+            unk_id=get("tokenizer.ggml.unknown_token_id", int, required=False),
         )
         ids = [v for k, v in metadata.items() if k.startswith("tokenizer.ggml.fim_")]
         if any(isinstance(v, bool) or not isinstance(v, int) or v >= tok.n_vocab for v in ids):
@@ -287,6 +325,11 @@ class Tokenizer:
     @property
     def eos_id(self) -> int | None:
         return self._eos
+
+    @property
+    def adds_bos(self) -> bool:
+        """Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token` and a BOS id)."""
+        return self._add_bos and self._bos is not None
 
     @property
     def eog_ids(self) -> frozenset[int]:

@@ -247,3 +247,92 @@ def qwen3_vocab() -> GGUFVocab:
     tj = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
     tc = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
     return vocab_from_hf(tj, tc, n_vocab=151936)
+
+
+@dataclass(frozen=True)
+class SpmVocab:
+    """The `tokenizer.*` metadata of a SentencePiece GGUF (`tokenizer.ggml.model` = "llama"),
+    as llama.cpp's converter writes it from a `tokenizer.model`."""
+
+    tokens: list[str]
+    scores: list[float]
+    token_types: list[int]
+    bos_id: int
+    eos_id: int
+    unk_id: int
+    add_space_prefix: bool = True
+    chat_template: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add_to_writer(self, w: Any) -> None:
+        """Add the tokenizer keys to a `gguf.GGUFWriter`."""
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(self.tokens)
+        w.add_token_scores(self.scores)
+        w.add_token_types(self.token_types)
+        w.add_bos_token_id(self.bos_id)
+        w.add_eos_token_id(self.eos_id)
+        w.add_unk_token_id(self.unk_id)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+        w.add_add_space_prefix(self.add_space_prefix)
+        if self.chat_template is not None:
+            w.add_chat_template(self.chat_template)
+
+
+def train_spm(
+    texts: Iterable[str],
+    vocab_size: int,
+    specials: Iterable[str] = (),
+    add_space_prefix: bool = True,
+) -> SpmVocab:
+    """A SentencePiece BPE model (the `sentencepiece` trainer: byte fallback, digits split,
+    no normalization) of `vocab_size` pieces trained on `texts`, with `specials` as
+    user-defined pieces, as a GGUF vocabulary: the token types as llama.cpp's converter gives
+    them (`<unk>` unknown, `<s>` / `</s>` control, `<0xXX>` byte, `specials` user-defined, the
+    rest normal). Deterministic (one training thread)."""
+    import io
+
+    import sentencepiece as spm  # a test dependency
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(list(texts)),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=vocab_size,
+        byte_fallback=True,
+        character_coverage=0.995,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        user_defined_symbols=list(specials),
+        add_dummy_prefix=add_space_prefix,
+        num_threads=1,
+        minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    user = set(specials)
+    tokens, scores, types = [], [], []
+    for i in range(sp.vocab_size()):
+        piece = sp.IdToPiece(i)
+        if sp.IsUnknown(i):
+            ty = TokenType.UNKNOWN
+        elif sp.IsControl(i):
+            ty = TokenType.CONTROL
+        elif sp.IsUnused(i):
+            ty = TokenType.UNUSED
+        elif sp.IsByte(i):
+            ty = TokenType.BYTE
+        elif piece in user:
+            ty = TokenType.USER_DEFINED
+        else:
+            ty = TokenType.NORMAL
+        tokens.append(piece)
+        scores.append(float(sp.GetScore(i)))
+        types.append(int(ty))
+    return SpmVocab(tokens, scores, types, sp.bos_id(), sp.eos_id(), sp.unk_id(), add_space_prefix)

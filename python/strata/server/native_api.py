@@ -51,6 +51,7 @@ from strata.server.routes import (
     read_json,
     submit,
     until_done_or_gone,
+    with_bos,
 )
 from strata.server.state import ServerState
 from strata.server.structured import answer_grammar, checked
@@ -145,12 +146,13 @@ async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt")
     """llama-server's single prompt: a string, or an array of token ids and strings (each
     string tokenized with special tokens parsed, the ids kept)."""
     if isinstance(prompt, str):
-        return await encode(tok, prompt, True)
+        return with_bos(tok, await encode(tok, prompt, True))
     if isinstance(prompt, list):
         ids: list[int] = []
-        for x in prompt:
+        for j, x in enumerate(prompt):
             if isinstance(x, str):
-                ids += await encode(tok, x, True)
+                part = await encode(tok, x, True)
+                ids += with_bos(tok, part) if j == 0 else part  # llama-server: BOS before text
             elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < tok.n_vocab:
                 ids.append(x)
             else:

@@ -249,7 +249,7 @@ async def chat_prompt(
     rb = reasoning_budget(req, setup, tok, st.config)
     if rb is not None:
         plan.params = msgspec.structs.replace(plan.params, reasoning_budget=rb)
-    ids = await encode(tok, setup.prompt, True)
+    ids = with_bos(tok, await encode(tok, setup.prompt, True))
     return ids, plan, setup
 
 
@@ -258,6 +258,13 @@ def bias(plan: Plan, req: ChatRequest | CompletionRequest, tok: ServerTokenizer)
     if req.logit_bias:
         ids = logit_bias_ids(req.logit_bias, tok.n_vocab, lambda t: tok.encode(t, False))
         plan.params = msgspec.structs.replace(plan.params, logit_bias=ids)
+
+
+def with_bos(tok: ServerTokenizer, ids: list[int]) -> list[int]:
+    """A prompt's ids led by the tokenizer's BOS where it asks for one (llama-server adds it
+    to each text prompt; a chat template that writes it already is not given a second)."""
+    pre = tok.bos_prefix
+    return ids if not pre or ids[: len(pre)] == pre else pre + ids
 
 
 async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
@@ -286,7 +293,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
     prompts = [
         # special-token text is the special token, as llama-server and vLLM read a prompt
-        p if isinstance(p, list) else await encode(tok, p, True)
+        p if isinstance(p, list) else with_bos(tok, await encode(tok, p, True))
         for p in completion_prompts(req.prompt, tok.n_vocab)
     ]
     if req.suffix:  # fill in the middle: each prompt is the text before it ("": none)
@@ -317,7 +324,7 @@ async def fim_prompt(
             code="not_supported",
         )
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
-    return await asyncio.to_thread(
+    ids = await asyncio.to_thread(
         lambda: infill_prompt(
             fim,
             lambda s: tok.encode(s, False),
@@ -330,6 +337,7 @@ async def fim_prompt(
             spm=st.config.spm_infill,
         )
     )
+    return with_bos(tok, ids)
 
 
 def _seed(base: int | None, j: int) -> int | None:

@@ -26,6 +26,9 @@ class ServerTokenizer(Protocol):
     fim: FimTokens | None  # fill-in-the-middle tokens (None: /infill is refused)
     sampling_metadata: dict[str, Any]  # the GGUF's general.sampling.* keys (recommendations)
     chat_template: str | None  # the Jinja source (None: a built-in rendering)
+    # what a prompt starts with: [BOS] where the GGUF asks for it (tokenizer.ggml.add_bos_token,
+    # SentencePiece models), as llama-server's prompts; else nothing
+    bos_prefix: list[int]
 
     def encode(self, text: str, special: bool) -> list[int]:
         """Text to ids; `special`: text like `<|user|>` becomes the special token (templates)."""
@@ -61,6 +64,7 @@ class ToyTokenizer:
         self.chat_template: str | None = None
         self.fim: FimTokens | None = None
         self.sampling_metadata: dict[str, Any] = {}
+        self.bos_prefix: list[int] = []
         self._by_text = {text: tid for tid, text in toytok.SPECIALS.items()}
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -112,6 +116,9 @@ class RealTokenizer:
         eos = self.tok.eos_id
         self.eos_id = int(eos) if eos is not None else min(self.eog_ids, default=-1)
         self.bos_id: int | None = self.tok.bos_id
+        self.bos_prefix: list[int] = (
+            [self.bos_id] if self.tok.adds_bos and self.bos_id is not None else []
+        )
         self.chat_template: str | None = self.tok.chat_template
         self.fim: FimTokens | None = self.tok.fim  # fill-in-the-middle tokens (/infill)
         self.sampling_metadata = {

@@ -1,0 +1,128 @@
+"""SentencePiece vocabularies (`tokenizer.ggml.model` = "llama": Mixtral, ERNIE 4.5) against
+llama.cpp's tokenizer (llama-cpp-python, vocab_only): a SentencePiece BPE model trained by the
+`sentencepiece` trainer on the project corpus and the tokenizer cases (byte fallback, digits
+split, ChatML markers as user-defined pieces), written as llama.cpp's converter writes one.
+Ids identical on every case, with and without the space prefix; each token's bytes as
+llama.cpp's piece."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from strata import modelgen, vocabgen
+from strata._corpus import corpus_lines
+from strata.errors import ModelError
+from strata.gguf import GGUFFile
+from strata.modelgen import ModelSpec
+from strata.tokenizer import Tokenizer
+from test_tokenizer import CASES
+
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def vocab_file(path: Path, add_space_prefix: bool = True) -> Path:
+    v = vocabgen.train_spm([*corpus_lines(), *CASES[:400]], 3000, SPECIALS, add_space_prefix)
+    spec = dataclasses.replace(ModelSpec.tiny(), n_vocab=len(v))
+    return modelgen.write_vocab_only(path, v, spec)  # type: ignore[arg-type]
+
+
+def tokenizer(path: Path) -> Tokenizer:
+    with GGUFFile(path) as g:
+        return Tokenizer.from_metadata(g.metadata)
+
+
+def llama(path: Path) -> object:
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def spm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vocab_file(tmp_path_factory.mktemp("spm") / "vocab.gguf")
+
+
+def mismatches(path: Path, cases: list[str]) -> list[str]:
+    ours, ref = tokenizer(path), llama(path)
+    bad = []
+    for s in cases:
+        want = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)  # type: ignore[attr-defined]
+        if ours.encode(s) != want:
+            bad.append(s)
+            if len(bad) <= 5:
+                print("mismatch:", repr(s), ours.encode(s), want)
+    return bad
+
+
+def test_spm_ids_identical_to_llama_cpp(spm: Path) -> None:
+    cases = [*CASES, "", " ", "  lead", "trail  ", "a<|im_start|>b", "<|im_end|> x", "\n\n"]
+    assert mismatches(spm, cases) == []
+
+
+def test_spm_without_space_prefix_identical_to_llama_cpp(tmp_path: Path) -> None:
+    path = vocab_file(tmp_path / "noprefix.gguf", add_space_prefix=False)
+    assert mismatches(path, CASES[:300]) == []
+
+
+def test_spm_bos_and_pieces_as_llama_cpp(spm: Path) -> None:
+    import llama_cpp
+
+    ours, ref = tokenizer(spm), llama(spm)
+    text = "Hello world, 1234 émigré 🙂\n\tend"
+    want = ref.tokenize(text.encode(), add_bos=True, special=True)  # type: ignore[attr-defined]
+    assert ours.encode(text, add_special=True) == want
+    assert want[0] == ours.bos_id
+    vocab = llama_cpp.llama_model_get_vocab(ref._model.model)  # type: ignore[attr-defined]
+    buf = (llama_cpp.ctypes.c_char * 64)()
+    for i in range(ours.n_vocab):
+        n = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, True)
+        assert ours.token_bytes(i) == bytes(buf[:n]), (i, ours.token_text(i))
+    # the text comes back (the space prefix stays, as llama.cpp's pieces give it)
+    assert ours.decode(want[1:]) == " " + text
+
+
+def test_spm_vocab_uses_its_merges_and_bytes(spm: Path) -> None:
+    """The cases exercise what the check above is about: multi-character merges, byte
+    fallback for characters the vocabulary lacks, and user-defined pieces."""
+    tok = tokenizer(spm)
+    ids = [i for s in CASES for i in tok.encode(s)]
+    texts = [tok.token_text(i) for i in ids]
+    assert sum(len(t) > 3 for t in texts) > 1000
+    assert sum(t.startswith("<0x") for t in texts) > 100
+    assert any(t == "<|im_start|>" for t in texts)
+
+
+def test_spm_without_scores_is_refused(spm: Path) -> None:
+    with GGUFFile(spm) as g:
+        meta = dict(g.metadata)
+    for key, value, match in [
+        ("tokenizer.ggml.scores", None, "no tokenizer.ggml.scores"),
+        ("tokenizer.ggml.scores", [0.0], "scores for"),
+        ("tokenizer.ggml.scores", ["x"] * len(meta["tokenizer.ggml.tokens"]), "not a number"),
+    ]:
+        bad = dict(meta)
+        if value is None:
+            del bad[key]
+        else:
+            bad[key] = value
+        with pytest.raises(ModelError, match=match):
+            Tokenizer.from_metadata(bad)
+
+
+def test_server_prompts_start_with_bos_as_llama_server(spm: Path) -> None:
+    """The server's prompt ids (chat, /completion text, /infill) are llama-server's: its
+    tokenization with add_special, so BOS first, and one BOS where the text renders it."""
+    from strata.server.routes import with_bos
+    from strata.server.tokenizing import RealTokenizer, ToyTokenizer
+
+    with GGUFFile(spm) as g:
+        tok = RealTokenizer(dict(g.metadata))
+    ref = llama(spm)
+    for text in ["Hello there", "<|im_start|>user\nhi<|im_end|>", "<s>already led"]:
+        want = ref.tokenize(text.encode(), add_bos=True, special=True)  # type: ignore[attr-defined]
+        if want[1:2] == [tok.bos_id]:
+            want = want[1:]  # llama-server would lead with two; one is kept here
+        assert with_bos(tok, tok.encode(text, True)) == want
+    assert with_bos(ToyTokenizer(), [5, 6]) == [5, 6]  # a vocabulary without add_bos

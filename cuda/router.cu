@@ -216,25 +216,44 @@ extern "C" __global__ void strata_ffn_gate(const float* g, float* w, int n, int 
   w[i] = mode == 1 ? 1.0f / (1.0f + e) : (x == 0.0f ? 0.5f : (x / (1.0f + e)) / x);
 }
 
-// The sigmoid router of one token per block (glm4moe, `Routing::SigmoidBias` in
-// rust/src/model/arch.rs): p = σ(logits) per expert (`sm_expf`), the top k by
+// The biased router of one token per block (`Routing::SigmoidBias` / `SoftmaxBias` in
+// rust/src/model/arch.rs): p = σ(logits) per expert (`sm_expf`) when gate is 0 (glm4moe),
+// the softmax over the experts when 1 (ERNIE 4.5: max subtracted, f32 exponentials, f64 sum,
+// then p·(1/sum), as `router_topk_row`), the top k by
 // p + bias (the selection bias exp_probs_b [E]; ties: the lower expert id first), weighted by
 // their unbiased p; when `norm`, divided by their sum (an f64 sum in pick order, rounded to
 // f32 and clamped below at 2^-14, as ggml); then × `scale` (skipped when 1).
 // logits f32 [T, E], bias f32 [E], ids i32 [T, k], w f32 [T, k]. E ≤ 1024, k ≤ 64.
 // Launch: grid (T), block 32.
 extern "C" __global__ void __launch_bounds__(32)
-    strata_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,
-                               int n_expert, int k, int norm, float scale) {
+    strata_router_biased_topk(const float* logits, const float* bias, int* ids, float* w,
+                              int n_expert, int k, int gate, int norm, float scale) {
   __shared__ float p[ROUTER_MAX_E];
   __shared__ float sel[ROUTER_MAX_E];
   __shared__ float pick[ROUTER_MAX_K];
   const int lane = threadIdx.x, t = blockIdx.x;
   const float* x = logits + (size_t)t * n_expert;
-  for (int i = lane; i < n_expert; i += 32) {
-    float s = 1.0f / (1.0f + sm_expf(-x[i]));
-    p[i] = s;
-    sel[i] = s + bias[i];
+  if (gate == 1) {
+    float mx = -__builtin_huge_valf();
+    for (int i = lane; i < n_expert; i += 32) mx = fmaxf(mx, x[i]);
+    mx = sm_warp_max(mx);
+    double s = 0.0;
+    for (int i = lane; i < n_expert; i += 32) {
+      float e = expf(x[i] - mx);
+      p[i] = e;
+      s += (double)e;
+    }
+    const float inv = (float)(1.0 / sm_warp_sum_d(s));
+    for (int i = lane; i < n_expert; i += 32) {
+      p[i] *= inv;
+      sel[i] = p[i] + bias[i];
+    }
+  } else {
+    for (int i = lane; i < n_expert; i += 32) {
+      float s = 1.0f / (1.0f + sm_expf(-x[i]));
+      p[i] = s;
+      sel[i] = s + bias[i];
+    }
   }
   __syncthreads();
   router_pick_k(sel, p, n_expert, k, ids + (size_t)t * k, pick);

@@ -3,7 +3,7 @@
 for every family the engine runs.
 
     python scripts/make_hf_goldens.py
-        [--which tiny,test,qwen2moe,mixtral,glm4moe,gptoss,qwen3next,qwen35moe]
+        [--which tiny,test,qwen2moe,mixtral,glm4moe,gptoss,qwen3next,qwen35moe,ernie45moe]
         [--llama-cpp DIR] [--root DIR]
 
 - `tiny` → tests/data/hf_tiny_logits.npz: Qwen3MoeForCausalLM of `ModelSpec.tiny()` holding
@@ -14,10 +14,10 @@ for every family the engine runs.
 - `test` → tests/golden/hf_qwen3moe_logits.npz: the qwen3moe model tests' shape
   (tests/qwen3moe_file.py, vocabulary 512) with `random_tensors(shape, TEST_SEED)`; 4 prompts
   of 80 positions, saved with the shape and seed the test rebuilds the GGUF from.
-- `qwen2moe`, `mixtral`, `glm4moe`, `gptoss`, `qwen3next`, `qwen35moe` →
+- `qwen2moe`, `mixtral`, `glm4moe`, `gptoss`, `qwen3next`, `qwen35moe`, `ernie45moe` →
   tests/golden/<family>_f32.gguf and tests/golden/hf_<family>_logits.npz: a random tiny
   `Qwen2MoeForCausalLM` / `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` /
-  `Qwen3NextForCausalLM` / `Qwen3_5MoeForCausalLM` (every weight drawn with numpy from a fixed
+  `Qwen3NextForCausalLM` / `Qwen3_5MoeForCausalLM` / `Ernie4_5_MoeForCausalLM` (every weight drawn with numpy from a fixed
   seed in state-dict order: linear std 1/sqrt(fan_in) times the family's `SCALES`, embeddings
   std 1, norms near 1, biases std 0.1), saved with `save_pretrained` and converted to an F32
   GGUF by llama.cpp's own converter
@@ -140,6 +140,25 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             },
         ),
     ),
+    # One leading dense layer, two shared experts (one FFN of 2 × 32), softmax routing with
+    # the selection bias (moe_statics, drawn like the other biases), NORM RoPE; the dense
+    # width is 2 × 64 = 128 because llama.cpp's converter writes the shared experts' width
+    # as intermediate_size / num_key_value_heads (= 64 = 2 × moe_intermediate_size here).
+    "ernie45moe": (
+        "Ernie4_5_MoeForCausalLM",
+        dict(
+            num_hidden_layers=3,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            moe_k=2,
+            moe_num_experts=8,
+            moe_num_shared_experts=2,
+            moe_layer_start_index=1,
+            moe_layer_interval=1,
+            use_bias=False,
+            rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
+        ),
+    ),
     # Hybrids (HYBRID below): Gated DeltaNet layers with full attention every second layer
     # (4 layers: 2 of each), 2 key heads shared by 4 value heads (the grouped / tiled V-head
     # orders differ), gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a
@@ -171,6 +190,7 @@ SEED_INDEX = dict(
     qwen35moe_mtp=5,
     glm4moe_mtp=6,
     qwen3next_mtp=7,
+    ernie45moe=8,
 )
 # Config classes not named after the model class.
 CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}

@@ -49,9 +49,9 @@ class Shape:
     rope_scaling: str = "none"  # "none", "linear" or "yarn"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 0
-    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe", "llama" or "glm4moe"
-    n_ff_shexp: int = 0  # the shared expert's width (qwen2moe, glm4moe)
-    # glm4moe: leading dense layers and their FFN width, rotated dims, expert weight scale
+    arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe", "llama", "glm4moe", "ernie4_5-moe", …
+    n_ff_shexp: int = 0  # the shared expert's width (qwen2moe, glm4moe, ernie4_5-moe)
+    # glm4moe, ernie4_5-moe: leading dense layers and their FFN width, rotated dims, expert weight scale
     n_dense_lead: int = 0
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim
@@ -175,6 +175,18 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
                 t[p + "nextn.enorm.weight"] = norm(h)
                 t[p + "nextn.hnorm.weight"] = norm(h)
             t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
+            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
+            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+        elif s.arch == "ernie4_5-moe":
+            t[p + "ffn_norm.weight"] = norm(h)
+            if i < s.n_dense_lead:
+                t[p + "ffn_gate.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
+                t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
+                continue
+            # (1, E) as the converter writes HF's moe_statics (ggml [E, 1])
+            t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal((1, e))).astype(np.float32)
             t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
             t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
             t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
@@ -310,6 +322,12 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("rope.dimension_count", s.n_rot or s.head_dim)
         u32("block_count", s.n_layer + s.n_nextn)
         u32("nextn_predict_layers", s.n_nextn)
+    elif arch == "ernie4_5-moe":  # as the converter writes Ernie4_5_MoeForCausalLM
+        u32("feed_forward_length", s.n_ff_dense)
+        u32("interleave_moe_layer_step", 1)
+        u32("leading_dense_block_count", s.n_dense_lead)
+        u32("expert_shared_count", s.n_ff_shexp // s.n_ff_exp)
+        u32("expert_shared_feed_forward_length", s.n_ff_shexp)
     elif arch in HYBRIDS:  # as the converter writes Qwen3NextForCausalLM / Qwen3_5Moe…
         kv.pop(f"{arch}.feed_forward_length", None)
         if arch == "qwen3next":

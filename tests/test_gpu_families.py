@@ -3,7 +3,8 @@ with the CPU path as the reference: qwen2moe (Q/K/V biases, no q/k norms, softma
 without renormalization, a shared expert scaled by silu(g)/g of its gate), the
 Mixtral-style llama (NORM RoPE, top-2 of 8 with renormalized softmax) and glm4moe (a leading
 dense layer, sigmoid routing with the selection bias, renormalized and scaled by 2.5, an
-ungated shared expert, Q/K/V biases, partial RoPE).
+ungated shared expert, Q/K/V biases, partial RoPE) and ernie4_5-moe (a leading dense layer,
+softmax routing with the selection bias, renormalized, an ungated shared expert, NORM RoPE).
 
 The files are test_model_families.py's (`family_file`: gguf-py writes the F32 file in the
 layout llama.cpp's converter writes, llama.cpp's quantizer makes the others; that test checks
@@ -35,13 +36,14 @@ from test_gpu_model import MARGIN, N_CTX, greedy_vs_cpu, logits_vs_cpu, margin, 
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "glm4moe_s1"]
+FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "ernie45moe", "glm4moe_s1"]
 # measured on the H200: top-1 97.9% (Q4_K_M) / 98.7% (Q8_0) at sure positions, 98.7% along
 # the CPU's path; greedy 10/10 up to the first near-tie
 CHAOTIC = {"glm4moe"}
 CHAOTIC_WHY = "glm4moe at routed scale 2.5: the CPU path against itself agrees on 95.0%"
 TYPES = ["Q8_0", "Q4_K_M"]
-# family_file's shapes: 2 layers of 8 routed experts, top-2 (glm4moe: after its dense layer)
+# family_file's shapes: 2 layers of 8 routed experts, top-2 (glm4moe, ernie4_5-moe: after
+# their dense layer)
 N_MOE_LAYER, N_EXPERT = 2, 8
 N_ROUTED = N_MOE_LAYER * N_EXPERT
 QUARTER = N_ROUTED // 4
@@ -125,7 +127,7 @@ def test_hybrid_quarter_matches_cpu(fam: str) -> None:
     assert agree >= 0.99
 
 
-@pytest.mark.parametrize("fam", FAMILIES[:3])
+@pytest.mark.parametrize("fam", [f for f in FAMILIES if f != "glm4moe_s1"])
 def test_hybrid_all_resident_is_bitwise_the_pure_path(fam: str) -> None:
     path = family_path(fam, "Q4_K_M")
     kw: dict[str, Any] = dict(n_ctx=N_CTX, prefill_chunk=24, device="cuda")

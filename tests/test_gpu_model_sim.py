@@ -66,7 +66,7 @@ SIGS: dict[str, list[Any]] = {
     "sim_router_f32_topk": [F32P, F32P, F32P, I32P, F32P, I32P, F32P] + [INT] * 4 + [I32P],
     "sim_router_topk_softmax": [F32P, I32P, F32P, INT, INT, INT],
     "sim_add_rows": [F32P, F32P, INT, INT],
-    "sim_router_sigmoid_topk": [F32P, F32P, I32P, F32P, INT, INT, INT, INT, F],
+    "sim_router_biased_topk": [F32P, F32P, I32P, F32P, INT, INT, INT, INT, INT, F],
     "sim_ffn_gate": [F32P, F32P, INT, INT],
     "sim_argmax": [F32P, I32P, INT, INT],
     "sim_add": [F32P, F32P, INT],
@@ -272,20 +272,27 @@ def test_router_f32_topk_is_the_unfused_pair(kern: ctypes.CDLL) -> None:
 # ---- the routing and FFN scales of the other GPU families (emulation only) -------------
 
 
-def test_router_sigmoid_topk(kern: ctypes.CDLL) -> None:
-    """glm4moe's routing (llama.cpp's build_moe_ffn with sigmoid gating, exp_probs_b, weight
-    norm and scale): selection by σ + bias, the unbiased σ as weights, in numpy f64."""
+@pytest.mark.parametrize("gate", [0, 1])
+def test_router_biased_topk(kern: ctypes.CDLL, gate: int) -> None:
+    """glm4moe's and ERNIE 4.5's routing (llama.cpp's build_moe_ffn with sigmoid / softmax
+    gating, exp_probs_b, weight norm and scale): selection by p + bias, the unbiased p as
+    weights, in numpy f64."""
     rng = np.random.default_rng(8)
     t, e, k, scale = 5, 160, 8, 2.5
     logits = np.asarray(rng.normal(0, 2, (t, e)), np.float32)
     bias = np.asarray(rng.normal(0, 0.5, e), np.float32)
     logits[4] = 0.0  # exact ties: the lower ids first
     bias[:] = np.where(np.arange(e) % 7 == 0, 0.25, 0.0)
-    sig = 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+    x = logits.astype(np.float64)
+    if gate == 0:
+        sig = 1.0 / (1.0 + np.exp(-x))
+    else:
+        ex = np.exp(x - x.max(1, keepdims=True))
+        sig = ex / ex.sum(1, keepdims=True)
     for norm in (1, 0):
         ids = np.zeros((t, k), np.int32)
         w = np.zeros((t, k), np.float32)
-        kern.sim_router_sigmoid_topk(logits, bias, ids, w, t, e, k, norm, scale)
+        kern.sim_router_biased_topk(logits, bias, ids, w, t, e, k, gate, norm, scale)
         sel = sig + bias
         want = np.argsort(-sel, axis=1, kind="stable")[:, :k]
         assert np.array_equal(ids, want)

@@ -1,11 +1,14 @@
 """The MoE families beside qwen3moe, on the CPU path: qwen2moe (Q/K/V biases, softmax routing
 without renormalization, a shared expert with a sigmoid gate), the Mixtral-style `llama`
-(NORM RoPE, top-2 of 8 with renormalized softmax) and glm4moe (a leading dense layer, sigmoid
+(NORM RoPE, top-2 of 8 with renormalized softmax), glm4moe (a leading dense layer, sigmoid
 routing with the selection bias, renormalized and scaled, an ungated shared expert, Q/K/V
-biases, partial RoPE).
+biases, partial RoPE) and ernie4_5-moe (ERNIE 4.5: a leading dense layer, softmax routing with
+the selection bias, renormalized, an ungated shared expert of two experts' width, NORM RoPE;
+its converter writes the selection bias as [E, 1]).
 
 Oracles:
-- HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`, `Glm4MoeForCausalLM`): random
+- HF transformers (`Qwen2MoeForCausalLM`, `MixtralForCausalLM`, `Glm4MoeForCausalLM`,
+  `Ernie4_5_MoeForCausalLM`, the hybrids'): random
   tiny models written to GGUF by llama.cpp's own converter, with their float32 logits, both
   made by scripts/make_hf_goldens.py (tests/golden). F32 KV: max |Δ| / max |ref| ≤ 1e-4.
 - llama.cpp (llama-cpp-python) on larger files of the same layout written by gguf-py
@@ -35,6 +38,7 @@ ARCH = {
     "glm4moe": "glm4moe",
     "qwen3next": "qwen3next",
     "qwen35moe": "qwen35moe",
+    "ernie45moe": "ernie4_5-moe",
 }
 HYBRID = dict(attn_every=2, ssm_conv=4, ssm_groups=2, ssm_v_heads=4)
 # The shapes scripts/make_hf_goldens.py gives transformers, as the test writer's Shape.
@@ -61,6 +65,11 @@ GOLDEN_SHAPES = {
         n_layer=4, n_embd=64, n_head=4, n_head_kv=2, head_dim=32, n_expert=8, n_expert_used=2,
         n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="qwen35moe", n_ff_shexp=48, n_rot=8,
         ssm_state=16, **HYBRID,
+    ),
+    "ernie45moe": qf.Shape(
+        n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
+        n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="ernie4_5-moe", n_ff_shexp=64,
+        n_dense_lead=1, n_ff_dense=128,
     ),
 }  # fmt: skip
 FAMILIES = list(GOLDEN_SHAPES)
@@ -126,6 +135,8 @@ def family_file(fam: str, root: Path, ty: str) -> Path:
             s, n_layer=3, n_ff_shexp=256, n_dense_lead=1, n_ff_dense=512, n_rot=32,
             weights_scale=2.5,
         )  # fmt: skip
+    if fam == "ernie45moe":
+        s = dataclasses.replace(s, n_layer=3, n_ff_shexp=512, n_dense_lead=1, n_ff_dense=512)
     if fam in qf.HYBRIDS:  # the qwen3moe test width: 256-wide rows quantize as asked
         s = dataclasses.replace(
             s, n_layer=4, n_ff_shexp=256, n_rot=16, ssm_state=64, n_ff=512, mrope=(3, 3, 2),

@@ -163,10 +163,10 @@ void sim_add_rows(float* x, const float* b, int rows, int cols) {
   sim_launch(strata_ew_add_rows_f32, dim3((n + 255) / 256), dim3(256), x, b, n, cols);
 }
 
-void sim_router_sigmoid_topk(const float* logits, const float* bias, int* ids, float* w,
-                             int n_tok, int n_expert, int k, int norm, float scale) {
-  sim_launch(strata_router_sigmoid_topk, dim3(n_tok), dim3(32), logits, bias, ids, w, n_expert,
-             k, norm, scale);
+void sim_router_biased_topk(const float* logits, const float* bias, int* ids, float* w,
+                            int n_tok, int n_expert, int k, int gate, int norm, float scale) {
+  sim_launch(strata_router_biased_topk, dim3(n_tok), dim3(32), logits, bias, ids, w, n_expert,
+             k, gate, norm, scale);
 }
 
 void sim_ffn_gate(const float* g, float* w, int n, int mode) {

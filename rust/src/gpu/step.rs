@@ -291,7 +291,13 @@ impl Launcher {
             (Routing::SoftmaxWeight, _) => router::topk_softmax(g, s, logits, ids, wts, t, e, k),
             (Routing::SigmoidBias { norm, scale }, Some(bias)) => {
                 let b = Dv::of(bias);
-                router::sigmoid_topk(g, s, logits, b, ids, wts, t, e, k, norm, scale)
+                let gate = router::Gate::Sigmoid;
+                router::biased_topk(g, s, logits, b, ids, wts, t, e, k, gate, norm, scale)
+            }
+            (Routing::SoftmaxBias { scale }, Some(bias)) => {
+                let b = Dv::of(bias);
+                let gate = router::Gate::Softmax;
+                router::biased_topk(g, s, logits, b, ids, wts, t, e, k, gate, true, scale)
             }
             (r, _) => Err(Error::Model(format!(
                 "layer {l}: routing {r:?} is not on the GPU path"

@@ -24,6 +24,10 @@
 //!   2: even layers), FFN norm named `post_attention_norm`, router bias, top-K of the logits
 //!   with a softmax over the K (`Routing::SoftmaxWeight`), experts with biases and the
 //!   clamped SwiGLU (`Experts::OaiBiased`).
+//! - `ernie4_5-moe`: NORM RoPE, Q/K/V bias where the file has it, leading dense layers, softmax
+//!   routing with the selection bias `exp_probs_b`, renormalized, × `expert_weights_scale`,
+//!   an ungated shared expert (ERNIE 4.5's MoE; every layer past the dense ones has experts:
+//!   `interleave_moe_layer_step` other than 1 is refused);
 //! - `qwen3next`, `qwen35moe` (hybrids, `deltanet`): Gated DeltaNet layers where
 //!   `attention.recurrent_layers` says (else every layer but each `full_attention_interval`-th),
 //!   gated full attention with q/k norm and partial NEOX RoPE in the others, the FFN norm named
@@ -46,10 +50,11 @@ pub enum Family {
     GptOss,
     Qwen3Next,
     Qwen35Moe,
+    Ernie45Moe,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 8] = [
+pub const SUPPORTED: [(&str, Family); 9] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
@@ -58,10 +63,11 @@ pub const SUPPORTED: [(&str, Family); 8] = [
     ("gpt-oss", Family::GptOss),
     ("qwen3next", Family::Qwen3Next),
     ("qwen35moe", Family::Qwen35Moe),
+    ("ernie4_5-moe", Family::Ernie45Moe),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
-pub const GPU_FAMILIES: [Family; 8] = [
+pub const GPU_FAMILIES: [Family; 9] = [
     Family::Qwen3Moe,
     Family::Qwen3,
     Family::Qwen2Moe,
@@ -70,6 +76,7 @@ pub const GPU_FAMILIES: [Family; 8] = [
     Family::Qwen3Next,
     Family::Qwen35Moe,
     Family::GptOss,
+    Family::Ernie45Moe,
 ];
 
 /// The supported names, comma separated (for error messages).
@@ -181,10 +188,32 @@ impl Family {
                     ffn_norm: "post_attention_norm",
                     routing: Routing::SigmoidBias {
                         norm: meta.flag("expert_weights_norm")?.unwrap_or(false),
-                        scale: match meta.number("expert_weights_scale")? {
-                            Some(s) if s != 0.0 => s,
-                            _ => 1.0, // 0 or absent: no scaling (llama.cpp)
-                        },
+                        scale: weights_scale(meta)?,
+                    },
+                    shared: match meta.count("expert_shared_count")?.unwrap_or(0) {
+                        0 => Shared::None,
+                        _ => Shared::Plain,
+                    },
+                    dense_lead: meta.count("leading_dense_block_count")?.unwrap_or(0),
+                    ..qwen3
+                }
+            }
+            Family::Ernie45Moe => {
+                let step = meta.count("interleave_moe_layer_step")?.unwrap_or(1);
+                if step != 1 {
+                    return Err(Error::Model(format!(
+                        "ernie4_5-moe.interleave_moe_layer_step {step}: Strata runs experts in \
+                         every layer past the leading dense ones (1)"
+                    )));
+                }
+                Graph {
+                    rope: RopeMode::Norm,
+                    qk_norm: false,
+                    qkv_bias: meta.has_tensor("blk.0.attn_q.bias"),
+                    // llama.cpp's ernie4_5-moe: softmax gating, renormalized (its graph
+                    // passes norm = true whatever the file says)
+                    routing: Routing::SoftmaxBias {
+                        scale: weights_scale(meta)?,
                     },
                     shared: match meta.count("expert_shared_count")?.unwrap_or(0) {
                         0 => Shared::None,
@@ -211,6 +240,14 @@ impl Family {
             GPU_FAMILIES.map(Family::name).join(", ")
         )))
     }
+}
+
+/// `expert_weights_scale`: 0 or absent is no scaling (llama.cpp).
+fn weights_scale(meta: &dyn MetaRead) -> Result<f32> {
+    Ok(match meta.number("expert_weights_scale")? {
+        Some(s) if s != 0.0 => s,
+        _ => 1.0,
+    })
 }
 
 /// The per-file options a family's graph reads from the metadata (`{arch}.<key>`).
@@ -254,6 +291,9 @@ pub enum Routing {
     /// σ(logit) per expert; the top K by σ + the layer's selection bias `exp_probs_b` [E],
     /// weighted by their unbiased σ, renormalized when `norm`, then × `scale` (skipped when 1).
     SigmoidBias { norm: bool, scale: f32 },
+    /// Softmax over all E logits; the top K by p + `exp_probs_b` [E], weighted by their
+    /// unbiased p, renormalized, then × `scale` (skipped when 1): ERNIE 4.5.
+    SoftmaxBias { scale: f32 },
 }
 
 impl Routing {
@@ -276,32 +316,57 @@ impl Routing {
                 for v in p.iter_mut() {
                     *v = 1.0 / (1.0 + (-*v).exp());
                 }
-                // Selection by σ + bias (ties: lower id first); the weights are the unbiased σ.
-                let score = |j: usize| p[j] + bias.map_or(0.0, |b| b[j]);
-                for slot in 0..ids.len() {
-                    let mut best: Option<(usize, f32)> = None;
-                    for j in 0..p.len() {
-                        if ids[..slot].contains(&(j as u32)) {
-                            continue;
-                        }
-                        let v = score(j);
-                        if best.is_none_or(|(_, bv)| v > bv) {
-                            best = Some((j, v));
-                        }
-                    }
-                    let j = best.map_or(0, |(j, _)| j);
-                    ids[slot] = j as u32;
-                    w[slot] = p[j];
-                }
-                if norm {
-                    renormalize(w);
-                }
-                if scale != 1.0 {
-                    for v in w.iter_mut() {
-                        *v *= scale;
-                    }
-                }
+                pick_biased(p, bias, ids, w, norm, scale);
             }
+            Routing::SoftmaxBias { scale } => {
+                crate::quant::vexp::softmax(p, false);
+                pick_biased(p, bias, ids, w, true, scale);
+            }
+        }
+    }
+
+    /// Whether the routing reads a selection bias (`exp_probs_b`).
+    pub fn has_selection_bias(&self) -> bool {
+        matches!(
+            self,
+            Routing::SigmoidBias { .. } | Routing::SoftmaxBias { .. }
+        )
+    }
+}
+
+/// The top K of `p` [E] by p + `bias` (ties: lower id first), weighted by their unbiased p,
+/// renormalized when `norm`, then × `scale` (skipped when 1).
+fn pick_biased(
+    p: &[f32],
+    bias: Option<&[f32]>,
+    ids: &mut [u32],
+    w: &mut [f32],
+    norm: bool,
+    scale: f32,
+) {
+    // Selection by p + bias (ties: lower id first); the weights are the unbiased p.
+    let score = |j: usize| p[j] + bias.map_or(0.0, |b| b[j]);
+    for slot in 0..ids.len() {
+        let mut best: Option<(usize, f32)> = None;
+        for j in 0..p.len() {
+            if ids[..slot].contains(&(j as u32)) {
+                continue;
+            }
+            let v = score(j);
+            if best.is_none_or(|(_, bv)| v > bv) {
+                best = Some((j, v));
+            }
+        }
+        let j = best.map_or(0, |(j, _)| j);
+        ids[slot] = j as u32;
+        w[slot] = p[j];
+    }
+    if norm {
+        renormalize(w);
+    }
+    if scale != 1.0 {
+        for v in w.iter_mut() {
+            *v *= scale;
         }
     }
 }
@@ -446,6 +511,18 @@ mod tests {
     }
 
     #[test]
+    fn softmax_bias_selects_by_biased_probability_and_renormalizes() {
+        let mut p = [0.0f32, 2.0, 1.0, -1.0];
+        let bias = [0.0f32, -1.0, 0.0, 1.0];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        Routing::SoftmaxBias { scale: 1.0 }.route(&mut p, Some(&bias), &mut ids, &mut w);
+        // p = (1, e², e, e⁻¹) / Σ = (.087, .644, .237, .032); + bias: (.087, −.356, .237, 1.032)
+        assert_eq!(ids, [3, 2]);
+        let (a, b) = ((-1.0f32).exp(), 1.0f32.exp());
+        assert!((w[0] - a / (a + b)).abs() < 1e-6 && (w[1] - b / (a + b)).abs() < 1e-6);
+    }
+
+    #[test]
     fn softmax_weight_picks_top_logits_and_softmaxes_them() {
         let mut p = [0.5f32, 2.0, -1.0, 1.0];
         let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
@@ -479,6 +556,7 @@ mod tests {
             Family::Qwen3Next,
             Family::Qwen35Moe,
             Family::GptOss,
+            Family::Ernie45Moe,
         ] {
             assert!(f.require_gpu().is_ok(), "{f:?}");
         }
@@ -490,7 +568,8 @@ mod tests {
         assert!(
             e.contains("\"grok\"")
                 && e.contains(
-                    "qwen3moe, qwen3, qwen2moe, llama, glm4moe, gpt-oss, qwen3next, qwen35moe"
+                    "qwen3moe, qwen3, qwen2moe, llama, glm4moe, gpt-oss, qwen3next, qwen35moe, \
+                     ernie4_5-moe"
                 )
         );
     }

@@ -14,7 +14,7 @@
 //! norms, attention sinks, the router and expert biases and the shared expert are loaded
 //! where the graph names them and must then be present.
 
-use super::arch::{Experts, Ffn, Routing, Shared};
+use super::arch::{Experts, Ffn, Shared};
 use super::compute::{ExpertLayer, QExperts, QMatrix};
 use super::deltanet::DeltaNetWeights;
 use super::hparams::HParams;
@@ -43,7 +43,7 @@ pub struct LayerWeights {
     /// A leading dense layer (`Graph::dense_lead`): gate/up/down hold its one FFN
     /// (1, Fd, H) / (1, H, Fd), run as plain matrices; `router` is unused.
     pub dense_ffn: bool,
-    /// The selection bias [E] of `Routing::SigmoidBias` (`exp_probs_b.bias`).
+    /// The selection bias [E] of `Routing::SigmoidBias` / `SoftmaxBias` (`exp_probs_b.bias`).
     pub exp_probs_b: Option<Vec<f32>>,
     pub shared: Option<SharedExpert>,
     /// `attn_output.bias` [H], where the graph has it (`Graph::o_bias`).
@@ -109,7 +109,10 @@ fn tensor<'a>(g: &'a Gguf, name: &str) -> Result<&'a TensorInfo> {
 /// Checks a tensor's ggml `ne` against `want` (fastest first) and its type.
 fn check(t: &TensorInfo, want: &[usize], needs_dot: bool) -> Result<()> {
     let got: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
-    if got != want {
+    // As llama.cpp's loader: dimensions past those expected must be 1 ([8, 1] is a vector
+    // of 8: ERNIE 4.5's converter writes its selection bias so).
+    let dim = |v: &[usize], i: usize| v.get(i).copied().unwrap_or(1);
+    if (0..got.len().max(want.len())).any(|i| dim(&got, i) != dim(want, i)) {
         let rev = |v: &[usize]| v.iter().rev().copied().collect::<Vec<_>>();
         return Err(Error::Model(format!(
             "tensor {} has shape {:?}, expected {:?} from the metadata",
@@ -251,7 +254,7 @@ pub(super) fn load_layer(g: &Gguf, hp: &HParams, l: usize) -> Result<LayerWeight
         }),
     };
     let exp_probs_b = match gr.routing {
-        Routing::SigmoidBias { .. } if !lead => Some(vector(g, &b("exp_probs_b"), e)?),
+        r if r.has_selection_bias() && !lead => Some(vector(g, &b("exp_probs_b"), e)?),
         _ => None,
     };
     let (one, fl, fnorm) = (

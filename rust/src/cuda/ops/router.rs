@@ -124,12 +124,21 @@ pub fn f32_topk(
     )
 }
 
-/// Per token t < n_tok (glm4moe's sigmoid routing): p = σ(logits[t]), ids[t] = the k
-/// largest p + bias (descending, ties to the lower id), w[t] = their p, divided by their sum
-/// when `norm` (f64 sum, clamped at 2^-14), times `scale`.
+/// How `biased_topk` turns a token's logits into the probabilities it weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// σ per expert (glm4moe).
+    Sigmoid = 0,
+    /// Softmax over the experts (ERNIE 4.5).
+    Softmax = 1,
+}
+
+/// Per token t < n_tok (glm4moe's sigmoid, ERNIE 4.5's softmax routing): p = `gate`
+/// (logits[t]), ids[t] = the k largest p + bias (descending, ties to the lower id), w[t] =
+/// their p, divided by their sum when `norm` (f64 sum, clamped at 2^-14), times `scale`.
 /// logits: f32 [n_tok, n_expert]; bias: f32 [n_expert]; ids: i32 [n_tok, k]; w: f32 [n_tok, k].
 #[allow(clippy::too_many_arguments)]
-pub fn sigmoid_topk(
+pub fn biased_topk(
     gpu: &Gpu,
     s: &Stream,
     logits: Dv,
@@ -139,6 +148,7 @@ pub fn sigmoid_topk(
     n_tok: usize,
     n_expert: usize,
     k: usize,
+    gate: Gate,
     norm: bool,
     scale: f32,
 ) -> Result<()> {
@@ -150,7 +160,7 @@ pub fn sigmoid_topk(
     launch(
         gpu,
         s,
-        "strata_router_sigmoid_topk",
+        "strata_router_biased_topk",
         (grid_dim("tokens", n_tok, GRID_X)?, 1, 1),
         32,
         &[
@@ -160,6 +170,7 @@ pub fn sigmoid_topk(
             w.arg(),
             Arg::I32(i32_of("n_expert", n_expert)?),
             Arg::I32(k as i32),
+            Arg::I32(gate as i32),
             Arg::I32(norm as i32),
             Arg::F32(scale),
         ],

@@ -17,13 +17,13 @@ for every family the engine runs.
 - `qwen2moe`, `mixtral`, `glm4moe`, `gptoss`, `qwen3next`, `qwen35moe`, `ernie45moe` →
   tests/golden/<family>_f32.gguf and tests/golden/hf_<family>_logits.npz: a random tiny
   `Qwen2MoeForCausalLM` / `MixtralForCausalLM` / `Glm4MoeForCausalLM` / `GptOssForCausalLM` /
-  `Qwen3NextForCausalLM` / `Qwen3_5MoeForCausalLM` / `Ernie4_5_MoeForCausalLM` (every weight drawn with numpy from a fixed
-  seed in state-dict order: linear std 1/sqrt(fan_in) times the family's `SCALES`, embeddings
-  std 1, norms near 1, biases std 0.1), saved with `save_pretrained` and converted to an F32
-  GGUF by llama.cpp's own converter
-  (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python sdist's
-  vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in place of
-  the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]
+  `Qwen3NextForCausalLM` / `Qwen3_5MoeForCausalLM` / `Ernie4_5_MoeForCausalLM` (every weight
+  drawn with numpy from a fixed seed in state-dict order: linear std 1/sqrt(fan_in) times the
+  family's `SCALES`, embeddings std 1, norms near 1, biases std 0.1), saved with
+  `save_pretrained` and converted to an F32 GGUF by llama.cpp's own converter
+  (`conversion.get_model_class` from the llama.cpp tree DIR, e.g. the llama-cpp-python
+  sdist's vendor/llama.cpp); only the vocabulary is the tests' toy byte-level BPE, written in
+  place of the HF tokenizer these random models do not have. Saved: prompts [P, L], logits [P, L, V]
   float32, transformers_version, config_json.
 Needs torch and transformers; strata's compiled core is not needed: only its pure-Python
 modules are loaded. `--root` writes under another folder (to compare with the committed ones).

@@ -51,7 +51,8 @@ class Shape:
     rope_orig_ctx: int = 0
     arch: str = "qwen3moe"  # "qwen3moe", "qwen2moe", "llama", "glm4moe", "ernie4_5-moe", …
     n_ff_shexp: int = 0  # the shared expert's width (qwen2moe, glm4moe, ernie4_5-moe)
-    # glm4moe, ernie4_5-moe: leading dense layers and their FFN width, rotated dims, expert weight scale
+    # glm4moe, ernie4_5-moe: leading dense layers and their FFN width; glm4moe: rotated dims,
+    # expert weight scale
     n_dense_lead: int = 0
     n_ff_dense: int = 0
     n_rot: int = 0  # 0: head_dim

@@ -126,3 +126,17 @@ def test_server_prompts_start_with_bos_as_llama_server(spm: Path) -> None:
             want = want[1:]  # llama-server would lead with two; one is kept here
         assert with_bos(tok, tok.encode(text, True)) == want
     assert with_bos(ToyTokenizer(), [5, 6]) == [5, 6]  # a vocabulary without add_bos
+
+
+def test_tokenizer_with_bos(spm: Path) -> None:
+    tok = tokenizer(spm)
+    assert tok.adds_bos and tok.bos_id is not None
+    ids = tok.encode("Hello")
+    assert tok.with_bos(ids) == [tok.bos_id, *ids]
+    assert tok.with_bos([tok.bos_id, *ids]) == [tok.bos_id, *ids]
+
+
+def test_spm_eog_ids_as_llama_cpp(spm: Path) -> None:
+    from test_tokenizer import llama_eog
+
+    assert tokenizer(spm).eog_ids == llama_eog(spm)

@@ -393,12 +393,13 @@ class LLM:
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
         """A prompt as token ids: a string is tokenized, chat messages are rendered with the
-        model's chat template (with the generation prompt), token ids pass through."""
+        model's chat template (with the generation prompt), both led by BOS where the GGUF
+        asks for it; token ids pass through."""
         if isinstance(prompt, str):
-            ids = list(self.tokenizer.encode(prompt))
+            ids: list[int] = self.tokenizer.with_bos(list(self.tokenizer.encode(prompt)))
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
             text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
-            ids = list(self.tokenizer.encode(text))
+            ids = self.tokenizer.with_bos(list(self.tokenizer.encode(text)))
         elif isinstance(prompt, Sequence):
             ids = _as_ids(prompt, "prompt")  # type: ignore[arg-type]
         else:

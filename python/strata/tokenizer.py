@@ -331,6 +331,13 @@ class Tokenizer:
         """Whether a prompt starts with BOS (`tokenizer.ggml.add_bos_token` and a BOS id)."""
         return self._add_bos and self._bos is not None
 
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """A prompt's ids led by BOS where the GGUF asks for it (as llama.cpp tokenizes a
+        prompt), unless they start with it already (a chat template that writes it)."""
+        if not self.adds_bos or ids[:1] == [self._bos]:
+            return ids
+        return [int(self._bos), *ids]  # type: ignore[arg-type]
+
     @property
     def eog_ids(self) -> frozenset[int]:
         """End-of-generation ids: eos, eot/eom when given, and the special tokens <|im_end|>,

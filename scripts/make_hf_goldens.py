@@ -159,6 +159,27 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
         ),
     ),
+    # Qwen3-VL's MoE language model (its vision tower, VISION below, is not converted): qwen3moe
+    # with interleaved M-RoPE, whose sections (4, 2, 2 of the 8 rotated pairs) all get a text
+    # token's one position.
+    "qwen3vlmoe": (
+        "Qwen3VLMoeForConditionalGeneration",
+        dict(
+            head_dim=16,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            rope_parameters={
+                "rope_theta": 1e6,
+                "rope_type": "default",
+                "mrope_section": [4, 2, 2],
+                "mrope_interleaved": True,
+            },
+        ),
+    ),
     # Hybrids (HYBRID below): Gated DeltaNet layers with full attention every second layer
     # (4 layers: 2 of each), 2 key heads shared by 4 value heads (the grouped / tiled V-head
     # orders differ), gated attention with partial RoPE (head_dim 32 × 0.25 = 8 rotated), a
@@ -191,9 +212,27 @@ SEED_INDEX = dict(
     glm4moe_mtp=6,
     qwen3next_mtp=7,
     ernie45moe=8,
+    qwen3vlmoe=9,
 )
+# Vision-language families: the language model's keys are the text config, beside a tiny
+# vision tower the converter leaves out.
+VISION: dict[str, dict[str, Any]] = {
+    "qwen3vlmoe": dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        patch_size=4,
+        out_hidden_size=64,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=[0],
+    ),
+}
 # Config classes not named after the model class.
-CONFIG_CLASS = {"qwen35moe": "Qwen3_5MoeTextConfig"}
+CONFIG_CLASS = {
+    "qwen35moe": "Qwen3_5MoeTextConfig",
+    "qwen3vlmoe": "Qwen3VLMoeConfig",
+}
 HYBRIDS = ("qwen3next", "qwen35moe")
 # What the hybrids share (their own keys go over it, rope_parameters merged).
 HYBRID: dict[str, Any] = dict(
@@ -260,7 +299,8 @@ def convert(llama_cpp: Path, src: Path, dst: Path, name: str, no_mtp: bool = Fal
         cls = type(cls.__name__, (cls,), {"no_mtp": True, "model_arch": cls.model_arch})
 
     def toy_vocab() -> None:
-        qf.vocab_of(hparams["vocab_size"]).add_to_writer(m.gguf_writer)
+        n_vocab = hparams.get("vocab_size") or hparams["text_config"]["vocab_size"]
+        qf.vocab_of(n_vocab).add_to_writer(m.gguf_writer)
 
     with torch.inference_mode():
         m = cls(src, gguf.LlamaFileType.ALL_F32, dst, eager=True, model_name=name)
@@ -341,11 +381,30 @@ def hf_family_model(name: str, seed: int) -> tuple[Any, Any]:
 
     cls_name = FAMILIES[name][0]
     cfg_name = CONFIG_CLASS.get(name, cls_name.replace("ForCausalLM", "Config"))
-    cfg = getattr(transformers, cfg_name)(**family_kwargs(name))
+    if name in VISION:
+        cfg = getattr(transformers, cfg_name)(
+            text_config=family_kwargs(name), vision_config=VISION[name], tie_word_embeddings=False
+        )
+    else:
+        cfg = getattr(transformers, cfg_name)(**family_kwargs(name))
     cfg._attn_implementation = "eager"
     model = getattr(transformers, cls_name)(cfg).to(torch.float32).eval()
     randomize(model, seed, SCALES.get(name))
     return cfg, model
+
+
+def experts_as_released(d: Path) -> None:
+    """Qwen3-VL's stacked experts in the layout of its released checkpoints, which llama.cpp's
+    converter reads: transformers 5 saves gate_up_proj [E, 2F, H] and down_proj [E, H, F]; the
+    released files hold [E, H, 2F] and [E, F, H]."""
+    from safetensors.torch import load_file, save_file
+
+    for f in d.glob("*.safetensors"):
+        sd = load_file(f)
+        for k in sd:
+            if k.endswith(("mlp.experts.down_proj", "mlp.experts.gate_up_proj")):
+                sd[k] = sd[k].permute(0, 2, 1).contiguous()
+        save_file(sd, f, metadata={"format": "pt"})
 
 
 def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
@@ -360,6 +419,8 @@ def family(name: str, llama_cpp: Path | None, root: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         model.save_pretrained(d)
+        if name in VISION:
+            experts_as_released(Path(d))
         hybrid = name in HYBRIDS
         convert(llama_cpp, Path(d), out / f"{name}_f32.gguf", f"strata-test-{name}", hybrid)
     rng = np.random.default_rng(FAMILY_SEED + 100 + i)

@@ -159,7 +159,7 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         t[p + "attn_k.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_v.weight"] = lin(s.n_head_kv * d, h)
         t[p + "attn_output.weight"] = lin(h, s.n_head * d)
-        if s.arch == "qwen3moe":
+        if s.arch in ("qwen3moe", "qwen3vlmoe"):
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
         if s.arch == "glm4moe":
@@ -323,6 +323,10 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("rope.dimension_count", s.n_rot or s.head_dim)
         u32("block_count", s.n_layer + s.n_nextn)
         u32("nextn_predict_layers", s.n_nextn)
+    elif arch == "qwen3vlmoe":  # as the converter writes Qwen3VLMoeForConditionalGeneration
+        w.add_array(f"{arch}.rope.dimension_sections", [*s.mrope, 0])
+        u32("n_deepstack_layers", 1)
+        u32("feed_forward_length", s.n_ff)
     elif arch == "ernie4_5-moe":  # as the converter writes Ernie4_5_MoeForCausalLM
         u32("feed_forward_length", s.n_ff_dense)
         u32("interleave_moe_layer_step", 1)

@@ -4,7 +4,8 @@ without renormalization, a shared expert scaled by silu(g)/g of its gate), the
 Mixtral-style llama (NORM RoPE, top-2 of 8 with renormalized softmax) and glm4moe (a leading
 dense layer, sigmoid routing with the selection bias, renormalized and scaled by 2.5, an
 ungated shared expert, Q/K/V biases, partial RoPE) and ernie4_5-moe (a leading dense layer,
-softmax routing with the selection bias, renormalized, an ungated shared expert, NORM RoPE).
+softmax routing with the selection bias, renormalized, an ungated shared expert, NORM RoPE)
+and qwen3vlmoe (Qwen3-VL's language model: qwen3moe's graph, its M-RoPE on text).
 
 The files are test_model_families.py's (`family_file`: gguf-py writes the F32 file in the
 layout llama.cpp's converter writes, llama.cpp's quantizer makes the others; that test checks
@@ -36,7 +37,7 @@ from test_gpu_model import MARGIN, N_CTX, greedy_vs_cpu, logits_vs_cpu, margin, 
 
 pytestmark = pytest.mark.gpu
 
-FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "ernie45moe", "glm4moe_s1"]
+FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "ernie45moe", "qwen3vlmoe", "glm4moe_s1"]
 # measured on the H200: top-1 97.9% (Q4_K_M) / 98.7% (Q8_0) at sure positions, 98.7% along
 # the CPU's path; greedy 10/10 up to the first near-tie
 CHAOTIC = {"glm4moe"}

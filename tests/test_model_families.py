@@ -39,6 +39,7 @@ ARCH = {
     "qwen3next": "qwen3next",
     "qwen35moe": "qwen35moe",
     "ernie45moe": "ernie4_5-moe",
+    "qwen3vlmoe": "qwen3vlmoe",
 }
 HYBRID = dict(attn_every=2, ssm_conv=4, ssm_groups=2, ssm_v_heads=4)
 # The shapes scripts/make_hf_goldens.py gives transformers, as the test writer's Shape.
@@ -70,6 +71,10 @@ GOLDEN_SHAPES = {
         n_layer=3, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
         n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="ernie4_5-moe", n_ff_shexp=64,
         n_dense_lead=1, n_ff_dense=128,
+    ),
+    "qwen3vlmoe": qf.Shape(
+        n_layer=2, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_expert=8, n_expert_used=2,
+        n_ff_exp=32, n_vocab=512, rope_base=1e6, arch="qwen3vlmoe", n_ff=64, mrope=(4, 2, 2),
     ),
 }  # fmt: skip
 FAMILIES = list(GOLDEN_SHAPES)
@@ -137,6 +142,8 @@ def family_file(fam: str, root: Path, ty: str) -> Path:
         )  # fmt: skip
     if fam == "ernie45moe":
         s = dataclasses.replace(s, n_layer=3, n_ff_shexp=512, n_dense_lead=1, n_ff_dense=512)
+    if fam == "qwen3vlmoe":  # 32 rotated pairs in interleaved sections, as Qwen3-VL's 24/20/20
+        s = dataclasses.replace(s, n_ff=512, mrope=(12, 10, 10))
     if fam in qf.HYBRIDS:  # the qwen3moe test width: 256-wide rows quantize as asked
         s = dataclasses.replace(
             s, n_layer=4, n_ff_shexp=256, n_rot=16, ssm_state=64, n_ff=512, mrope=(3, 3, 2),
@@ -174,7 +181,18 @@ def test_greedy_matches_llamacpp(fam: str, ty: str, root: Path) -> None:
 # Q6_K shared expert. The filtered checks above hold.
 # The hybrids' Q4_K_M files have it too (ffn_down_shexp Q6_K in layers 2 and 3): 8/10 whole
 # continuations each; their F32 and Q8_0 files are bit for bit.
-NOT_BITWISE = {("glm4moe", "Q4_K_M"), ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q4_K_M")}
+# qwen3vlmoe: llama.cpp's own logits for that architecture differ from transformers' by 2.6e-4
+# of their range on the HF golden file (ours: 4.9e-7), and from its qwen3moe graph on the same
+# weights (which ours equal bit for bit): its M-RoPE path is not the NEOX path's float order,
+# which the quantized files' activation rounding turns into whole-continuation differences
+# (5/10 and 4/10; 10/10 up to the first near-tie, F32 10/10).
+NOT_BITWISE = {
+    ("glm4moe", "Q4_K_M"),
+    ("qwen3next", "Q4_K_M"),
+    ("qwen35moe", "Q4_K_M"),
+    ("qwen3vlmoe", "Q8_0"),
+    ("qwen3vlmoe", "Q4_K_M"),
+}
 
 
 @pytest.mark.parametrize(

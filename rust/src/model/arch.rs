@@ -24,6 +24,10 @@
 //!   2: even layers), FFN norm named `post_attention_norm`, router bias, top-K of the logits
 //!   with a softmax over the K (`Routing::SoftmaxWeight`), experts with biases and the
 //!   clamped SwiGLU (`Experts::OaiBiased`).
+//! - `qwen3vlmoe` (Qwen3-VL's MoE language model, text only): qwen3moe's graph; its
+//!   interleaved M-RoPE sections (`rope.dimension_sections`) all get a text token's one
+//!   position, which makes them NEOX RoPE, and its deepstack inputs come only with image
+//!   embeddings, which Strata does not take;
 //! - `ernie4_5-moe`: NORM RoPE, Q/K/V bias where the file has it, leading dense layers, softmax
 //!   routing with the selection bias `exp_probs_b`, renormalized, × `expert_weights_scale`,
 //!   an ungated shared expert (ERNIE 4.5's MoE; every layer past the dense ones has experts:
@@ -51,10 +55,11 @@ pub enum Family {
     Qwen3Next,
     Qwen35Moe,
     Ernie45Moe,
+    Qwen3VlMoe,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 9] = [
+pub const SUPPORTED: [(&str, Family); 10] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
@@ -64,10 +69,11 @@ pub const SUPPORTED: [(&str, Family); 9] = [
     ("qwen3next", Family::Qwen3Next),
     ("qwen35moe", Family::Qwen35Moe),
     ("ernie4_5-moe", Family::Ernie45Moe),
+    ("qwen3vlmoe", Family::Qwen3VlMoe),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
-pub const GPU_FAMILIES: [Family; 9] = [
+pub const GPU_FAMILIES: [Family; 10] = [
     Family::Qwen3Moe,
     Family::Qwen3,
     Family::Qwen2Moe,
@@ -77,6 +83,7 @@ pub const GPU_FAMILIES: [Family; 9] = [
     Family::Qwen35Moe,
     Family::GptOss,
     Family::Ernie45Moe,
+    Family::Qwen3VlMoe,
 ];
 
 /// The supported names, comma separated (for error messages).
@@ -132,7 +139,7 @@ impl Family {
             ..qwen3
         };
         Ok(match self {
-            Family::Qwen3Moe => qwen3,
+            Family::Qwen3Moe | Family::Qwen3VlMoe => qwen3,
             Family::Qwen3 => Graph {
                 ffn: Ffn::DenseAsOneExpert,
                 ..qwen3
@@ -557,6 +564,7 @@ mod tests {
             Family::Qwen35Moe,
             Family::GptOss,
             Family::Ernie45Moe,
+            Family::Qwen3VlMoe,
         ] {
             assert!(f.require_gpu().is_ok(), "{f:?}");
         }
@@ -569,7 +577,7 @@ mod tests {
             e.contains("\"grok\"")
                 && e.contains(
                     "qwen3moe, qwen3, qwen2moe, llama, glm4moe, gpt-oss, qwen3next, qwen35moe, \
-                     ernie4_5-moe"
+                     ernie4_5-moe, qwen3vlmoe"
                 )
         );
     }

@@ -306,3 +306,73 @@ def test_mirostat_rows_where_llama_cpps_arithmetic_breaks() -> None:
     for extra in ({"typical_p": 0.2}, {"xtc_probability": 1.0, "xtc_threshold": 0.01}):
         p = SamplingParams(temperature=0.0, mirostat=2, **extra)  # type: ignore[arg-type]
         assert Sampler(p, [], v).sample(x).token == int(np.argmax(x))
+
+
+@pytest.mark.parametrize("target, decay", [(0.5, 0.9), (0.1, 0.5), (0.9, 0.0), (-1.0, 0.9)])
+def test_adaptive_p_is_llama_cpps(target: float, decay: float) -> None:
+    """adaptive-p step by step against llama.cpp's (temperature, then adaptive-p): the
+    probabilities each step draws by are llama.cpp's, given the token llama.cpp drew there
+    (the running average moves with them: a wrong update shows in the steps after); a
+    negative target is the plain draw."""
+    from strata.sampling import Sampler
+
+    rng = np.random.default_rng(31)
+    n_vocab, temp = 400, 0.9
+    p = SamplingParams(
+        temperature=temp, top_k=0, top_p=1.0, min_p=0.0,
+        adaptive_p=True, adaptive_target=target, adaptive_decay=decay,
+    )  # fmt: skip
+    ours = Sampler(p, [], n_vocab)
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temp))
+    llama_cpp.llama_sampler_chain_add(
+        chain, llama_cpp.llama_sampler_init_adaptive_p(target, decay, 7)
+    )
+    try:
+        for step in range(40):
+            x = (rng.standard_normal(n_vocab) * rng.uniform(1.0, 4.0)).astype(np.float32)
+            data = (llama_cpp.llama_token_data * n_vocab)()
+            for i in range(n_vocab):
+                data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+            arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
+            llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+            want = {int(arr.data[i].id): float(arr.data[i].p) for i in range(arr.size)}
+            chosen = int(arr.data[arr.selected].id)
+            if target < 0:
+                cand, prob = ours.distribution(x)
+                token = chosen
+            else:
+                token, cand, prob = ours.adaptive(x, pick=lambda c, t=chosen: t)
+            got = dict(zip(cand.tolist(), prob.tolist(), strict=True))
+            assert set(got) == {i for i, v in want.items() if v > 0.0}, step
+            # llama.cpp's float32 arithmetic against float64 here
+            assert max(abs(got[i] - want[i]) for i in got) < 1e-4, step
+            llama_cpp.llama_sampler_accept(chain, chosen)
+            ours.accept(token)
+    finally:
+        llama_cpp.llama_sampler_free(chain)
+
+
+def test_adaptive_p_moves_the_draw_toward_the_target() -> None:
+    """Over many draws the drawn tokens' probabilities average near the target (what the
+    sampler is for; after min-p, as its authors advise), where the plain draw's average is
+    far from it."""
+    from strata.sampling import Sampler
+
+    rng = np.random.default_rng(5)
+    rows = [(rng.standard_normal(200) * 3.0).astype(np.float32) for _ in range(600)]
+
+    def mean_p(**kw: object) -> float:
+        p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.05, seed=3, **kw)  # type: ignore[arg-type]
+        s = Sampler(p, [], 200)
+        got = []
+        for x in rows:
+            cand, prob = s.distribution(x)
+            t = s.sample(x).token
+            got.append(float(prob[int(np.flatnonzero(cand == t)[0])]))
+        return float(np.mean(got))
+
+    plain = mean_p()
+    adapted = mean_p(adaptive_p=True, adaptive_target=0.1, adaptive_decay=0.9)
+    print(f"mean drawn probability: plain {plain:.3f}, adaptive-p at 0.1 {adapted:.3f}")
+    assert abs(adapted - 0.1) < 0.03 and abs(plain - 0.1) > 0.2

@@ -372,6 +372,8 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
         {"dry_multiplier": 0.8, "dry_base": 0.9},  # llama-server takes its default base then
         {"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "temperature": 0.7},
         {"mirostat": 1},
+        {"samplers": ["top_k", "temperature", "adaptive_p"], "adaptive_target": 0.4},
+        {"samplers": "kta", "adaptive_decay": 0.5},
     ):
         r = server.http.post("/v1/chat/completions", json={"messages": msgs, **ok})
         assert r.status_code == 200, (ok, r.text)
@@ -379,6 +381,7 @@ def test_llama_server_sampling_fields_on_the_openai_routes(server: Server) -> No
         ({"typical_p": "x"}, "typical_p"),
         ({"xtc_threshold": "high"}, "xtc_threshold"),
         ({"mirostat": 3}, "mirostat"),  # 0, 1 or 2
+        ({"adaptive_target": "near"}, "adaptive_target"),
         ({"samplers": ["top_p", "top_k"]}, "samplers"),
         ({"repeat_penalty": 1.1, "repetition_penalty": 1.1}, "repeat_penalty"),
         ({"max_tokens": -2}, "max_tokens"),

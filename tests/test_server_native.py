@@ -283,6 +283,19 @@ def test_samplers(srv: Server, llm: LLM) -> None:
     for bad in (["top_p", "top_k"], ["top_k", "wat"], "kz", ["top_k", "top_k"]):
         r = srv.http.post("/infill", json={**body, "samplers": bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == "samplers", bad
+    # adaptive-p (named in the chain) draws as the engine's own sampler with those settings
+    adapt = {"samplers": ["top_k", "temperature", "adaptive_p"], "adaptive_target": 0.3}
+    a = srv.http.post("/infill", json={**body, **adapt, "return_tokens": True}).json()
+    params = dict(
+        temperature=0.1, top_k=40, top_p=1.0, min_p=0.0, seed=5, adaptive_p=True,
+        adaptive_target=0.3,
+    )  # fmt: skip
+    ref = [t for t, _ in llm.generate_ids(ids, max_tokens=12, **params)]
+    assert a["tokens"] == [t for t in ref if t not in llm.tokenizer.eog_ids]
+    plain = {**params, "adaptive_p": False}
+    assert ref != [t for t, _ in llm.generate_ids(ids, max_tokens=12, **plain)]  # it acts
+    g = a["generation_settings"]
+    assert g["samplers"][-1] == "adaptive_p" and g["adaptive_target"] == 0.3
     # llama.cpp's own names and letter codes of the samplers Strata lacks pass as no-ops
     r = srv.http.post("/infill", json={**body, "samplers": "edkypmxt", "typical_p": 1.0})
     assert r.status_code == 200, r.text

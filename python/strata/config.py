@@ -453,6 +453,18 @@ class Config:
     mirostat_eta: float = _s(
         0.1, "mirostat's learning rate of a request that sets none", llama=("--mirostat-lr",)
     )
+    adaptive_target: float = _s(
+        -1.0,
+        "adaptive-p's target probability of a request that sets none (where its samplers name "
+        "adaptive_p; < 0: a plain draw)",
+        llama=("--adaptive-target",),
+    )
+    adaptive_decay: float = _s(
+        0.9,
+        "adaptive-p's decay of a request that sets none (its average spans ~1 / (1 - decay) "
+        "tokens; 0 to 0.99)",
+        llama=("--adaptive-decay",),
+    )
     presence_penalty: float = _s(
         0.0, "presence penalty of a request that sets none", llama=("--presence-penalty",)
     )
@@ -534,6 +546,8 @@ class Config:
             "mirostat": self.mirostat,
             "mirostat_tau": self.mirostat_tau,
             "mirostat_eta": self.mirostat_eta,
+            "adaptive_target": self.adaptive_target,
+            "adaptive_decay": self.adaptive_decay,
             "seed": None if self.seed == -1 else self.seed,
         }
         return {k: v for k, v in out.items() if v is not None}

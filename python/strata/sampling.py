@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from strata import mirostat
+from strata.adaptive_p import AdaptiveP
 
 __all__ = [
     "GrammarTrigger",
@@ -155,6 +156,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    # adaptive-p (`strata.adaptive_p`; llama-server's `samplers` naming "adaptive_p"): the
+    # draw prefers tokens near a probability that adapts toward `adaptive_target` (< 0: a
+    # plain draw), averaging over ~1 / (1 − `adaptive_decay`) tokens; not under mirostat
+    adaptive_p: bool = False
+    adaptive_target: float = -1.0
+    adaptive_decay: float = 0.9
     # llama.cpp's infill sampler after temperature (llama-server's `samplers` naming
     # "infill"): `strata.infill.InfillFilter` over the candidates the chain leaves
     infill: bool = False
@@ -189,6 +196,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         integer("mirostat", 0, 2)
         finite("mirostat_tau")
         finite("mirostat_eta")
+        finite("adaptive_target")
+        finite("adaptive_decay")
         if finite("dynatemp_range") < 0.0:
             raise bad("dynatemp_range", "must be >= 0")
         finite("dynatemp_exponent")
@@ -247,6 +256,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
         """The argmax is the pick (temperature 0; a dynamic temperature may still sample
         there, as llama.cpp's temp_ext does)."""
         return self.temperature == 0.0 and self.dynatemp_range <= 0.0
+
+    @property
+    def adaptive(self) -> bool:
+        """adaptive-p draws (named in the chain, a target set, no mirostat)."""
+        return self.adaptive_p and self.adaptive_target >= 0.0 and not self.mirostat
+
+    @property
+    def stateful_draw(self) -> bool:
+        """The draw moves the sequence's own state (mirostat's mu, adaptive-p's average):
+        such a sequence is not drafted for (a verified window draws differently)."""
+        return bool(self.mirostat) or self.adaptive
 
     @property
     def xtc(self) -> bool:
@@ -371,6 +391,9 @@ class Sampler:
         # mirostat draws instead of the chain (and ignores the penalties and DRY, as there)
         self._mu = 2.0 * params.mirostat_tau
         self.dry = dry if params.dry and not params.mirostat else None
+        self._adaptive = (
+            AdaptiveP(params.adaptive_target, params.adaptive_decay) if params.adaptive else None
+        )
         # the tokens DRY looks back over (prompt and output, as llama.cpp's chain accepts them)
         self._dry_hist: deque[int] = (
             deque((t for t in prompt if 0 <= t < n_vocab), _last_n(params.dry_penalty_last_n))
@@ -415,6 +438,8 @@ class Sampler:
             self._window.append(token)
         if self.dry is not None:
             self._dry_hist.append(token)
+        if self._adaptive is not None:
+            self._adaptive.accept(token)
         if self.processor is not None:
             self.processor.accept(token)
 
@@ -495,6 +520,18 @@ class Sampler:
         )  # fmt: skip
         return token, kept
 
+    def adaptive(
+        self, x: F32, pick: Callable[[npt.NDArray[np.int64]], int] | None = None
+    ) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """adaptive-p's draw over the processed row [V] (`pick`: choose among the candidates
+        instead, for tests): (the token, the candidates, the probabilities it drew by)."""
+        assert self._adaptive is not None
+        cand, prob = self.distribution(x)
+        moved = self._adaptive.transform(prob)
+        token = pick(cand) if pick is not None else draw(cand, moved, self.rng)
+        self._adaptive.drew(token, float(prob[int(np.flatnonzero(cand == token)[0])]))
+        return token, cand, moved
+
     def distribution(self, x: F32) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The distribution a non-greedy draw picks from over the processed row [V]
         (`distribution`, with this sequence's infill stage and generator)."""
@@ -505,6 +542,8 @@ class Sampler:
         where it is on)."""
         if self.params.mirostat:
             return self.mirostat(x)[0]
+        if self._adaptive is not None:
+            return self.adaptive(x)[0]
         cand, prob = self.distribution(x)
         if cand.size == 1 and not np.isfinite(x[cand[0]]):  # everything masked: no draw
             return int(cand[0])

@@ -212,8 +212,8 @@ class Scheduler:
         except ValueError as e:
             return [Tokens(req.rid, [], finish="error", message=str(e))]
         s = Seq(req, sampler, frozenset(req.stop_ids))
-        # (a mirostat draw moves its own state: not through a verified window)
-        if self.spec is not None and req.params.speculative and not req.params.mirostat:
+        # (a mirostat or adaptive-p draw moves its own state: not through a verified window)
+        if self.spec is not None and req.params.speculative and not req.params.stateful_draw:
             s.spec = self.spec.new_sequence()
             s.draft_rng = np.random.default_rng([sampler.seed, 0x5EC])
         self.waiting.append(s)

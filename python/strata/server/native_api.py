@@ -298,7 +298,8 @@ class _Native:
             "stream": self.plan.stream,
             "n_indent": self.plan.n_indent,
             "t_max_predict_ms": self.plan.t_max_predict_ms,
-            "samplers": [n for n in _ORDER if n != "infill" or p.infill],
+            "samplers": [n for n in _ORDER if n != "infill" or p.infill]
+            + (["adaptive_p"] if p.adaptive_p else []),
             "typical_p": p.typical_p,
             "xtc_probability": p.xtc_probability,
             "xtc_threshold": p.xtc_threshold,
@@ -310,6 +311,8 @@ class _Native:
             "mirostat": p.mirostat,
             "mirostat_tau": p.mirostat_tau,
             "mirostat_eta": p.mirostat_eta,
+            "adaptive_target": p.adaptive_target,
+            "adaptive_decay": p.adaptive_decay,
             "grammar": p.grammar or "",
         }
 

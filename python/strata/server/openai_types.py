@@ -212,6 +212,8 @@ class LlamaSampling(_Strict, kw_only=True):
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
+    adaptive_target: float | None = None
+    adaptive_decay: float | None = None
     top_n_sigma: float | None = None
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
@@ -436,7 +438,7 @@ _FLOAT_FIELDS = (
     "temperature", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
     "top_n_sigma", "dry_multiplier", "dry_base", "dynatemp_range", "dynatemp_exponent",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "mirostat_tau",
-    "mirostat_eta",
+    "mirostat_eta", "adaptive_target", "adaptive_decay",
 )  # fmt: skip
 _PARAM_FIELDS = (
     *_FLOAT_FIELDS, "top_k", "repeat_last_n", "seed", "speculative", "cache_prompt",
@@ -678,7 +680,9 @@ def sampler_names(value: list[str] | str) -> list[str]:
 def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingParams:
     """`params` as llama.cpp's chain of the named samplers would sample: a sampler left out
     is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
-    infill sampler. The ones Strata runs must come in its order (a 400 otherwise)."""
+    infill sampler, "adaptive_p" llama.cpp's adaptive-p draw (in place of the plain one, as
+    there: wherever it stands). The ones Strata runs must come in its order (a 400
+    otherwise)."""
     names = sampler_names(value)
     # the ones that act under these settings: a sampler that is off may stand anywhere
     on = {
@@ -717,7 +721,9 @@ def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingPar
         off["xtc_probability"] = 0.0
     if "temperature" not in names:  # no temperature stage, so no dynamic one either
         off.update(temperature=1.0, dynatemp_range=0.0)
-    return msgspec.structs.replace(params, infill="infill" in names, **off)
+    return msgspec.structs.replace(
+        params, infill="infill" in names, adaptive_p="adaptive_p" in names, **off
+    )
 
 
 def check_off(req: Any, answered: frozenset[str] = frozenset()) -> None:

@@ -17,7 +17,7 @@ ffn_up_exps (E, F, H), ffn_down_exps (E, H, F), norms (H,) or (D,).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -352,6 +352,43 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         u32("full_attention_interval", 4)
         if arch == "qwen35moe":  # its M-RoPE sections, over the rotated pairs
             w.add_array(f"{arch}.rope.dimension_sections", [*s.mrope, 0])
+
+
+# The family tests' names (tests/test_model_families.py, the GPU family tests) and their
+# `general.architecture`.
+FAMILY_ARCH = {
+    "qwen2moe": "qwen2moe",
+    "mixtral": "llama",
+    "glm4moe": "glm4moe",
+    "qwen3next": "qwen3next",
+    "qwen35moe": "qwen35moe",
+    "ernie45moe": "ernie4_5-moe",
+    "qwen3vlmoe": "qwen3vlmoe",
+}
+
+
+def family_shape(fam: str) -> Shape:
+    """The family files' shape (hidden 256, 8 experts top-2; `family_file` in
+    tests/test_model_families.py writes it with `random_tensors(shape, 5)`): gguf-py alone,
+    so the GPU machine, which has no llama.cpp, writes the same F32 file."""
+    s = Shape(n_layer=2, n_expert=8, n_expert_used=2, arch=FAMILY_ARCH[fam])
+    if fam == "qwen2moe":
+        return replace(s, n_ff_shexp=256)
+    if fam == "glm4moe":
+        return replace(
+            s, n_layer=3, n_ff_shexp=256, n_dense_lead=1, n_ff_dense=512, n_rot=32,
+            weights_scale=2.5,
+        )  # fmt: skip
+    if fam == "ernie45moe":
+        return replace(s, n_layer=3, n_ff_shexp=512, n_dense_lead=1, n_ff_dense=512)
+    if fam == "qwen3vlmoe":  # 32 rotated pairs in interleaved sections, as Qwen3-VL's 24/20/20
+        return replace(s, n_ff=512, mrope=(12, 10, 10))
+    if fam in HYBRIDS:  # the qwen3moe test width: 256-wide rows quantize as asked
+        return replace(
+            s, n_layer=4, n_ff_shexp=256, n_rot=16, ssm_state=64, n_ff=512, mrope=(3, 3, 2),
+            attn_every=2, ssm_conv=4, ssm_groups=2, ssm_v_heads=4,
+        )  # fmt: skip
+    return s
 
 
 def quantize(src: Path, dst: Path, ftype_name: str) -> Path:

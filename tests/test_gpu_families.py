@@ -43,6 +43,9 @@ FAMILIES = ["qwen2moe", "mixtral", "glm4moe", "ernie45moe", "qwen3vlmoe", "glm4m
 CHAOTIC = {"glm4moe"}
 CHAOTIC_WHY = "glm4moe at routed scale 2.5: the CPU path against itself agrees on 95.0%"
 TYPES = ["Q8_0", "Q4_K_M"]
+# F32 files are written where the test runs (gguf-py alone: the GPU machine too), so these run
+# there without carried files; glm4moe's chaotic file is left out
+F32_FAMILIES = ["qwen2moe", "mixtral", "ernie45moe", "qwen3vlmoe"]
 # family_file's shapes: 2 layers of 8 routed experts, top-2 (glm4moe, ernie4_5-moe: after
 # their dense layer)
 N_MOE_LAYER, N_EXPERT = 2, 8
@@ -55,6 +58,13 @@ CARRY = Path(os.environ.get("STRATA_GPU_MODELS") or Path(__file__).resolve().par
 
 def family_path(fam: str, ty: str) -> Path:
     carried = CARRY / f"family-{fam}-{ty}.gguf"
+    if not carried.is_file() and ty == "F32" and fam != "glm4moe_s1":
+        # gguf-py alone writes it (on the GPU machine too: nothing to carry)
+        import qwen3moe_file as qf
+
+        CARRY.mkdir(exist_ok=True)
+        s = qf.family_shape(fam)
+        qf.write(carried, s, qf.random_tensors(s, 5))
     if not carried.is_file():
         import tempfile
 
@@ -91,7 +101,7 @@ CASES = [
     for f in FAMILIES
     for t in TYPES
     if not (f == "glm4moe_s1" and t == "Q8_0")
-]
+] + [pytest.param(f, "F32", id=f"{f}-F32") for f in F32_FAMILIES]
 
 
 @pytest.mark.parametrize("fam, ty", CASES)
@@ -110,13 +120,17 @@ def hybrid(**kw: Any) -> dict[str, Any]:
     return dict(pcie_frac=0.0, threads=2, **kw)
 
 
-@pytest.mark.parametrize("fam", [pytest.param(f, marks=marks(f)) for f in FAMILIES])
-def test_hybrid_quarter_matches_cpu(fam: str) -> None:
+@pytest.mark.parametrize(
+    "fam, ty",
+    [pytest.param(f, "Q4_K_M", id=f"{f}-Q4_K_M", marks=marks(f)) for f in FAMILIES]
+    + [pytest.param(f, "F32", id=f"{f}-F32") for f in F32_FAMILIES],
+)
+def test_hybrid_quarter_matches_cpu(fam: str, ty: str) -> None:
     """25% of the experts in VRAM slots, the misses on the CPU pool, swaps after every step:
     the greedy protocol against the CPU path, with misses and swaps counted."""
-    path = family_path(fam, "Q4_K_M")
+    path = family_path(fam, ty)
     same, agree, cuda = greedy_vs_cpu(
-        path, f"{fam} Q4_K_M hybrid 25%", **hybrid(vram_slots=QUARTER, adapt_every=1)
+        path, f"{fam} {ty} hybrid 25%", **hybrid(vram_slots=QUARTER, adapt_every=1)
     )
     info, c = cuda.hybrid_info(), cuda.hybrid_counters()
     assert info is not None and c is not None

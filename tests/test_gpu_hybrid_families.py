@@ -22,6 +22,7 @@ truncations are refused and change nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +66,7 @@ def f32_file(fam: str, root: Path, **over: Any) -> Path:
     """test_model_families.py's `family_file(fam, root, "F32")`, written with gguf-py alone
     (the GPU machine has no llama.cpp, which that module imports); the same bytes
     (`test_f32_file_is_the_family_file`). `over`: other shapes (HEADS_256)."""
-    shape: dict[str, Any] = dict(
-        n_layer=4, n_expert=8, n_expert_used=2, arch=fam, n_ff_shexp=256, n_rot=16,
-        ssm_state=64, n_ff=512, mrope=(3, 3, 2), attn_every=2, ssm_conv=4, ssm_groups=2,
-        ssm_v_heads=4,
-    )  # fmt: skip
-    s = qf.Shape(**{**shape, **over})
+    s = dataclasses.replace(qf.family_shape(fam), **over)
     return qf.write(root / f"{fam}-F32.gguf", s, qf.random_tensors(s, 5))
 
 

@@ -32,15 +32,7 @@ from strata.errors import ModelError
 from test_model_llamacpp import GGML_PATH, NOT_EXACT_WHY, greedy_run, logits_run
 
 GOLDEN = Path(__file__).parent / "golden"
-ARCH = {
-    "qwen2moe": "qwen2moe",
-    "mixtral": "llama",
-    "glm4moe": "glm4moe",
-    "qwen3next": "qwen3next",
-    "qwen35moe": "qwen35moe",
-    "ernie45moe": "ernie4_5-moe",
-    "qwen3vlmoe": "qwen3vlmoe",
-}
+ARCH = qf.FAMILY_ARCH
 HYBRID = dict(attn_every=2, ssm_conv=4, ssm_groups=2, ssm_v_heads=4)
 # The shapes scripts/make_hf_goldens.py gives transformers, as the test writer's Shape.
 GOLDEN_SHAPES = {
@@ -132,23 +124,7 @@ def test_test_writer_has_the_converters_layout(fam: str, tmp_path: Path) -> None
 
 
 def family_file(fam: str, root: Path, ty: str) -> Path:
-    s = qf.Shape(n_layer=2, n_expert=8, n_expert_used=2, arch=ARCH[fam])
-    if fam == "qwen2moe":
-        s = dataclasses.replace(s, n_ff_shexp=256)
-    if fam == "glm4moe":
-        s = dataclasses.replace(
-            s, n_layer=3, n_ff_shexp=256, n_dense_lead=1, n_ff_dense=512, n_rot=32,
-            weights_scale=2.5,
-        )  # fmt: skip
-    if fam == "ernie45moe":
-        s = dataclasses.replace(s, n_layer=3, n_ff_shexp=512, n_dense_lead=1, n_ff_dense=512)
-    if fam == "qwen3vlmoe":  # 32 rotated pairs in interleaved sections, as Qwen3-VL's 24/20/20
-        s = dataclasses.replace(s, n_ff=512, mrope=(12, 10, 10))
-    if fam in qf.HYBRIDS:  # the qwen3moe test width: 256-wide rows quantize as asked
-        s = dataclasses.replace(
-            s, n_layer=4, n_ff_shexp=256, n_rot=16, ssm_state=64, n_ff=512, mrope=(3, 3, 2),
-            **HYBRID,
-        )  # fmt: skip
+    s = qf.family_shape(fam)
     f32 = root / f"{fam}-F32.gguf"
     if not f32.exists():
         qf.write(f32, s, qf.random_tensors(s, 5))

@@ -39,6 +39,18 @@ def run_chain(
         llama_cpp.llama_sampler_free(chain)
 
 
+def apply_chain(chain: Any, x: npt.NDArray[np.float32]) -> Any:
+    """llama.cpp's `chain` applied to the row `x` [V]: its token data array afterwards (the
+    candidates left, their logits and probabilities, `selected`)."""
+    n = x.shape[0]
+    data = (llama_cpp.llama_token_data * n)()
+    for i in range(n):
+        data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
+    arr = llama_cpp.llama_token_data_array(data, n, -1, False)
+    llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+    return arr
+
+
 def survivors(got: dict[int, float]) -> tuple[list[int], npt.NDArray[np.float64]]:
     """A chain's tokens (sorted ids) and the probabilities its `dist` would draw them by."""
     ids = sorted(got)

@@ -167,30 +167,22 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
                 t[p + f"attn_{n}.bias"] = (0.1 * rng.standard_normal(w)).astype(np.float32)
             t[p + "post_attention_norm.weight"] = norm(h)
             if i < s.n_dense_lead:
-                t[p + "ffn_gate.weight"] = lin(s.n_ff_dense, h)
-                t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
-                t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
+                swiglu(t, p + "ffn_{}.weight", s.n_ff_dense, h, lin)
                 continue
             if i >= s.n_layer:  # a NextN layer: its own input projection and norms
                 t[p + "nextn.eh_proj.weight"] = lin(h, 2 * h)
                 t[p + "nextn.enorm.weight"] = norm(h)
                 t[p + "nextn.hnorm.weight"] = norm(h)
             t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
-            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
-            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
-            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+            swiglu(t, p + "ffn_{}_shexp.weight", s.n_ff_shexp, h, lin)
         elif s.arch == "ernie4_5-moe":
             t[p + "ffn_norm.weight"] = norm(h)
             if i < s.n_dense_lead:
-                t[p + "ffn_gate.weight"] = lin(s.n_ff_dense, h)
-                t[p + "ffn_up.weight"] = lin(s.n_ff_dense, h)
-                t[p + "ffn_down.weight"] = lin(h, s.n_ff_dense)
+                swiglu(t, p + "ffn_{}.weight", s.n_ff_dense, h, lin)
                 continue
             # (1, E) as the converter writes HF's moe_statics (ggml [E, 1])
             t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal((1, e))).astype(np.float32)
-            t[p + "ffn_gate_shexp.weight"] = lin(s.n_ff_shexp, h)
-            t[p + "ffn_up_shexp.weight"] = lin(s.n_ff_shexp, h)
-            t[p + "ffn_down_shexp.weight"] = lin(h, s.n_ff_shexp)
+            swiglu(t, p + "ffn_{}_shexp.weight", s.n_ff_shexp, h, lin)
         else:
             t[p + "ffn_norm.weight"] = norm(h)
         t[p + "ffn_gate_inp.weight"] = lin(e, h) * np.float32(router_scale)
@@ -208,6 +200,14 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
 
 
 HYBRIDS = ("qwen3next", "qwen35moe")
+
+
+def swiglu(t: dict[str, np.ndarray], name: str, f: int, h: int, lin: Any) -> None:
+    """A dense SwiGLU FFN's gate, up (F, H) and down (H, F), drawn in that order, into `t`
+    under `name` with "{}" for the projection."""
+    t[name.format("gate")] = lin(f, h)
+    t[name.format("up")] = lin(f, h)
+    t[name.format("down")] = lin(h, f)
 
 
 def recurrent_layers(s: Shape) -> list[bool]:

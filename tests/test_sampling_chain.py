@@ -12,7 +12,7 @@ import llama_cpp
 import numpy as np
 import numpy.typing as npt
 import pytest
-from llama_sampler import run_chain, survivors
+from llama_sampler import apply_chain, run_chain, survivors
 from models import TestModels
 from strata.dry import dry_table
 from strata.gguf import GGUFFile
@@ -275,11 +275,7 @@ def test_mirostat_is_llama_cpps(version: int) -> None:
         try:
             for step in range(40):
                 x = (rng.standard_normal(n_vocab) * rng.uniform(1.0, 4.0)).astype(np.float32)
-                data = (llama_cpp.llama_token_data * n_vocab)()
-                for i in range(n_vocab):
-                    data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
-                arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
-                llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+                arr = apply_chain(chain, x)
                 kept = sorted(int(arr.data[i].id) for i in range(arr.size))
                 chosen = int(arr.data[arr.selected].id)
                 token, mine = ours.mirostat(x, pick=lambda cand, c=chosen: c)
@@ -331,11 +327,7 @@ def test_adaptive_p_is_llama_cpps(target: float, decay: float) -> None:
     try:
         for step in range(40):
             x = (rng.standard_normal(n_vocab) * rng.uniform(1.0, 4.0)).astype(np.float32)
-            data = (llama_cpp.llama_token_data * n_vocab)()
-            for i in range(n_vocab):
-                data[i].id, data[i].logit, data[i].p = i, float(x[i]), 0.0
-            arr = llama_cpp.llama_token_data_array(data, n_vocab, -1, False)
-            llama_cpp.llama_sampler_apply(chain, ctypes.byref(arr))
+            arr = apply_chain(chain, x)
             want = {int(arr.data[i].id): float(arr.data[i].p) for i in range(arr.size)}
             chosen = int(arr.data[arr.selected].id)
             if target < 0:

@@ -102,13 +102,9 @@ def test_spm_without_scores_is_refused(spm: Path) -> None:
         ("tokenizer.ggml.scores", [0.0], "scores for"),
         ("tokenizer.ggml.scores", ["x"] * len(meta["tokenizer.ggml.tokens"]), "not a number"),
     ]:
-        bad = dict(meta)
-        if value is None:
-            del bad[key]
-        else:
-            bad[key] = value
+        bad = {k: v for k, v in meta.items() if k != key}
         with pytest.raises(ModelError, match=match):
-            Tokenizer.from_metadata(bad)
+            Tokenizer.from_metadata(bad if value is None else {**bad, key: value})
 
 
 def test_server_prompts_start_with_bos_as_llama_server(spm: Path) -> None:

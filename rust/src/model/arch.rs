@@ -197,10 +197,7 @@ impl Family {
                         norm: meta.flag("expert_weights_norm")?.unwrap_or(false),
                         scale: weights_scale(meta)?,
                     },
-                    shared: match meta.count("expert_shared_count")?.unwrap_or(0) {
-                        0 => Shared::None,
-                        _ => Shared::Plain,
-                    },
+                    shared: plain_shared(meta)?,
                     dense_lead: meta.count("leading_dense_block_count")?.unwrap_or(0),
                     ..qwen3
                 }
@@ -222,10 +219,7 @@ impl Family {
                     routing: Routing::SoftmaxBias {
                         scale: weights_scale(meta)?,
                     },
-                    shared: match meta.count("expert_shared_count")?.unwrap_or(0) {
-                        0 => Shared::None,
-                        _ => Shared::Plain,
-                    },
+                    shared: plain_shared(meta)?,
                     dense_lead: meta.count("leading_dense_block_count")?.unwrap_or(0),
                     ..qwen3
                 }
@@ -247,6 +241,14 @@ impl Family {
             GPU_FAMILIES.map(Family::name).join(", ")
         )))
     }
+}
+
+/// An ungated shared expert where `expert_shared_count` is set (glm4moe, ernie4_5-moe).
+fn plain_shared(meta: &dyn MetaRead) -> Result<Shared> {
+    Ok(match meta.count("expert_shared_count")?.unwrap_or(0) {
+        0 => Shared::None,
+        _ => Shared::Plain,
+    })
 }
 
 /// `expert_weights_scale`: 0 or absent is no scaling (llama.cpp).

@@ -159,6 +159,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
             rope_parameters={"rope_theta": 1e6, "rope_type": "default"},
         ),
     ),
+    # ERNIE 4.5's dense model (the MoE one's drafts: ERNIE-4.5-0.3B), tied embeddings as there
+    "ernie45": (
+        "Ernie4_5ForCausalLM",
+        dict(
+            intermediate_size=96,
+            use_bias=False,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_theta": 5e5, "rope_type": "default"},
+        ),
+    ),
     # Qwen3-VL's MoE language model (its vision tower, VISION below, is not converted): qwen3moe
     # with interleaved M-RoPE, whose sections (4, 2, 2 of the 8 rotated pairs) all get a text
     # token's one position.
@@ -213,6 +223,7 @@ SEED_INDEX = dict(
     qwen3next_mtp=7,
     ernie45moe=8,
     qwen3vlmoe=9,
+    ernie45=10,
 )
 # Vision-language families: the language model's keys are the text config, beside a tiny
 # vision tower the converter leaves out.

@@ -58,6 +58,7 @@ class Shape:
     n_rot: int = 0  # 0: head_dim
     weights_scale: float = 1.0
     n_nextn: int = 0  # glm4moe, hybrids: NextN (MTP) layers stored after the trunk
+    tied: bool = False  # no output.weight: the head is token_embd (ernie4_5)
     # qwen3next / qwen35moe (hybrids): full attention in every `attn_every`-th layer, Gated
     # DeltaNet in the others with conv width Kc, head size S, Nk key and Nv value heads
     attn_every: int = 4
@@ -150,6 +151,8 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
         "output_norm.weight": norm(h),
         "output.weight": lin(s.n_vocab, h),
     }
+    if s.tied:
+        del t["output.weight"]
     if s.arch in HYBRIDS:
         return hybrid_tensors(s, t, rng, lin, norm, router_scale)
     for i in range(s.n_layer + s.n_nextn):
@@ -175,6 +178,10 @@ def random_tensors(s: Shape, seed: int, router_scale: float = 1.0) -> dict[str, 
                 t[p + "nextn.hnorm.weight"] = norm(h)
             t[p + "exp_probs_b.bias"] = (0.1 * rng.standard_normal(e)).astype(np.float32)
             swiglu(t, p + "ffn_{}_shexp.weight", s.n_ff_shexp, h, lin)
+        elif s.arch == "ernie4_5":  # dense: one SwiGLU FFN in every layer
+            t[p + "ffn_norm.weight"] = norm(h)
+            swiglu(t, p + "ffn_{}.weight", s.n_ff_dense, h, lin)
+            continue
         elif s.arch == "ernie4_5-moe":
             t[p + "ffn_norm.weight"] = norm(h)
             if i < s.n_dense_lead:
@@ -327,6 +334,10 @@ def family_keys(w: Any, s: Shape, arch: str) -> None:
         w.add_array(f"{arch}.rope.dimension_sections", [*s.mrope, 0])
         u32("n_deepstack_layers", 1)
         u32("feed_forward_length", s.n_ff)
+    elif arch == "ernie4_5":  # as the converter writes Ernie4_5ForCausalLM: no experts
+        u32("feed_forward_length", s.n_ff_dense)
+        for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
+            kv.pop(f"{arch}.{key}", None)
     elif arch == "ernie4_5-moe":  # as the converter writes Ernie4_5_MoeForCausalLM
         u32("feed_forward_length", s.n_ff_dense)
         u32("interleave_moe_layer_step", 1)
@@ -364,6 +375,7 @@ FAMILY_ARCH = {
     "qwen35moe": "qwen35moe",
     "ernie45moe": "ernie4_5-moe",
     "qwen3vlmoe": "qwen3vlmoe",
+    "ernie45": "ernie4_5",
 }
 
 
@@ -383,6 +395,8 @@ def family_shape(fam: str) -> Shape:
         return replace(s, n_layer=3, n_ff_shexp=512, n_dense_lead=1, n_ff_dense=512)
     if fam == "qwen3vlmoe":  # 32 rotated pairs in interleaved sections, as Qwen3-VL's 24/20/20
         return replace(s, n_ff=512, mrope=(12, 10, 10))
+    if fam == "ernie45":  # dense, tied head (ERNIE-4.5-0.3B's layout)
+        return replace(s, n_ff_dense=512, tied=True)
     if fam in HYBRIDS:  # the qwen3moe test width: 256-wide rows quantize as asked
         return replace(
             s, n_layer=4, n_ff_shexp=256, n_rot=16, ssm_state=64, n_ff=512, mrope=(3, 3, 2),

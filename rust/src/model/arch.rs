@@ -32,6 +32,8 @@
 //!   routing with the selection bias `exp_probs_b`, renormalized, × `expert_weights_scale`,
 //!   an ungated shared expert (ERNIE 4.5's MoE; every layer past the dense ones has experts:
 //!   `interleave_moe_layer_step` other than 1 is refused);
+//! - `ernie4_5` (ERNIE 4.5's dense models, the MoE ones' drafts): ernie4_5-moe's attention
+//!   with one dense FFN (one expert, weight 1);
 //! - `qwen3next`, `qwen35moe` (hybrids, `deltanet`): Gated DeltaNet layers where
 //!   `attention.recurrent_layers` says (else every layer but each `full_attention_interval`-th),
 //!   gated full attention with q/k norm and partial NEOX RoPE in the others, the FFN norm named
@@ -56,10 +58,11 @@ pub enum Family {
     Qwen35Moe,
     Ernie45Moe,
     Qwen3VlMoe,
+    Ernie45,
 }
 
 /// `general.architecture` names, as llama.cpp spells them, and their families.
-pub const SUPPORTED: [(&str, Family); 10] = [
+pub const SUPPORTED: [(&str, Family); 11] = [
     ("qwen3moe", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen2moe", Family::Qwen2Moe),
@@ -70,10 +73,11 @@ pub const SUPPORTED: [(&str, Family); 10] = [
     ("qwen35moe", Family::Qwen35Moe),
     ("ernie4_5-moe", Family::Ernie45Moe),
     ("qwen3vlmoe", Family::Qwen3VlMoe),
+    ("ernie4_5", Family::Ernie45),
 ];
 
 /// The families the GPU forward pass runs (the others are refused there with a typed error).
-pub const GPU_FAMILIES: [Family; 10] = [
+pub const GPU_FAMILIES: [Family; 11] = [
     Family::Qwen3Moe,
     Family::Qwen3,
     Family::Qwen2Moe,
@@ -84,6 +88,7 @@ pub const GPU_FAMILIES: [Family; 10] = [
     Family::GptOss,
     Family::Ernie45Moe,
     Family::Qwen3VlMoe,
+    Family::Ernie45,
 ];
 
 /// The supported names, comma separated (for error messages).
@@ -224,6 +229,13 @@ impl Family {
                     ..qwen3
                 }
             }
+            Family::Ernie45 => Graph {
+                rope: RopeMode::Norm,
+                qk_norm: false,
+                qkv_bias: meta.has_tensor("blk.0.attn_q.bias"),
+                ffn: Ffn::DenseAsOneExpert,
+                ..qwen3
+            },
             Family::GptOss => super::arch_oai::graph(meta, qwen3)?,
             Family::Qwen3Next => hybrid(HeadOrder::Grouped, BetaAlpha::Fused),
             Family::Qwen35Moe => hybrid(HeadOrder::Tiled, BetaAlpha::Split),
@@ -567,6 +579,7 @@ mod tests {
             Family::GptOss,
             Family::Ernie45Moe,
             Family::Qwen3VlMoe,
+            Family::Ernie45,
         ] {
             assert!(f.require_gpu().is_ok(), "{f:?}");
         }
@@ -579,7 +592,7 @@ mod tests {
             e.contains("\"grok\"")
                 && e.contains(
                     "qwen3moe, qwen3, qwen2moe, llama, glm4moe, gpt-oss, qwen3next, qwen35moe, \
-                     ernie4_5-moe, qwen3vlmoe"
+                     ernie4_5-moe, qwen3vlmoe, ernie4_5"
                 )
         );
     }

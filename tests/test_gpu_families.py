@@ -46,6 +46,7 @@ TYPES = ["Q8_0", "Q4_K_M"]
 # F32 files are written where the test runs (gguf-py alone: the GPU machine too), so these run
 # there without carried files; glm4moe's chaotic file is left out
 F32_FAMILIES = ["qwen2moe", "mixtral", "ernie45moe", "qwen3vlmoe"]
+# (and ernie45, dense: the GPU against the CPU, no hybrid placement without experts)
 # family_file's shapes: 2 layers of 8 routed experts, top-2 (glm4moe, ernie4_5-moe: after
 # their dense layer)
 N_MOE_LAYER, N_EXPERT = 2, 8
@@ -101,7 +102,7 @@ CASES = [
     for f in FAMILIES
     for t in TYPES
     if not (f == "glm4moe_s1" and t == "Q8_0")
-] + [pytest.param(f, "F32", id=f"{f}-F32") for f in F32_FAMILIES]
+] + [pytest.param(f, "F32", id=f"{f}-F32") for f in [*F32_FAMILIES, "ernie45"]]
 
 
 @pytest.mark.parametrize("fam, ty", CASES)

@@ -22,8 +22,12 @@ from test_tokenizer import CASES
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
 
-def vocab_file(path: Path, add_space_prefix: bool = True) -> Path:
+def vocab_file(path: Path, add_space_prefix: bool = True, written: bool | None = None) -> Path:
+    """The trained vocabulary (with or without the space prefix) in a GGUF whose
+    add_space_prefix is `written` (default: as trained)."""
     v = vocabgen.train_spm([*corpus_lines(), *CASES[:400]], 3000, SPECIALS, add_space_prefix)
+    if written is not None:
+        v = dataclasses.replace(v, add_space_prefix=written)
     spec = dataclasses.replace(ModelSpec.tiny(), n_vocab=len(v))
     return modelgen.write_vocab_only(path, v, spec)  # type: ignore[arg-type]
 
@@ -136,3 +140,46 @@ def test_spm_eog_ids_as_llama_cpp(spm: Path) -> None:
     from test_tokenizer import llama_eog
 
     assert tokenizer(spm).eog_ids == llama_eog(spm)
+
+
+def test_spm_continuation_is_llama_cpps_without_the_prefix(spm: Path, tmp_path: Path) -> None:
+    """`encode_continuation` (text continuing a sequence: what llguidance tokenizes forced
+    text with) is llama.cpp's tokenization of the same vocabulary with add_space_prefix off."""
+    flipped = vocab_file(tmp_path / "flipped.gguf", written=False)
+    ours, ref = tokenizer(spm), llama(flipped)
+    for s in CASES[:300]:
+        want = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)  # type: ignore[attr-defined]
+        assert ours.encode_continuation(s) == want, s
+    assert ours.encode("{") != ours.encode_continuation("{")
+
+
+def test_spm_constrained_json_is_valid(spm: Path) -> None:
+    """A JSON schema grammar over the SentencePiece vocabulary (llguidance's mask): random
+    logits masked step by step give documents of the schema (with the space prefix in
+    llguidance's tokenizing of forced text, the mask allowed only " {" and then nothing)."""
+    import json
+
+    import jsonschema
+    import numpy as np
+    from strata import constraints as C
+
+    tok = tokenizer(spm)
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    lt = C.vocabulary_tokenizer(tok)
+    grammar = C.json_schema_grammar(schema)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        proc = C.GrammarProcessor(lt, grammar, tok.n_vocab)
+        out: list[int] = []
+        while not proc.done() and len(out) < 200:
+            x = rng.standard_normal(tok.n_vocab).astype(np.float32)
+            proc(x)
+            out.append(int(np.argmax(x)))
+            proc.accept(out[-1])
+        assert proc.error is None and proc.done()
+        jsonschema.validate(json.loads(tok.decode(out, skip_special=True)), schema)

@@ -204,6 +204,11 @@ class Vocabulary(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_continuation(self, text: str) -> list[int]:
+        """`encode` of text that continues a sequence (a SentencePiece vocabulary's space
+        prefix not added): what llguidance tokenizes forced text with."""
+        ...
+
 
 def vocabulary_tokenizer(vocab: Vocabulary) -> Any:
     """`llg_tokenizer` over a `Vocabulary`."""
@@ -212,7 +217,7 @@ def vocabulary_tokenizer(vocab: Vocabulary) -> Any:
         [vocab.token_bytes(i) for i in range(n)],
         [i for i in range(n) if vocab.is_control(i)],
         vocab.eog_ids,
-        vocab.encode,
+        vocab.encode_continuation,
     )
 
 

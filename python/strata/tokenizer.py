@@ -218,6 +218,10 @@ class Tokenizer:
         hf.add_tokens(user)
         self._hf = hf
         self._hf_plain: Any = None  # the same with special tokens read as text, made on demand
+        # a SentencePiece vocabulary that adds the space prefix: the same without it, made on
+        # demand (`encode_continuation`)
+        self._prefixed = model == "llama" and add_space_prefix
+        self._hf_cont: Any = None
 
         # decode table: bytes of every id (control tokens are their text; unused ones empty)
         self._piece = [piece_of(t, ty) for t, ty in zip(self._tokens, self._types, strict=True)]
@@ -398,6 +402,21 @@ class Tokenizer:
             if self._add_eos and self._eos is not None:
                 ids.append(self._eos)
         return ids
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of `text` where it continues a sequence: `encode` (special-token text the
+        special token) without a SentencePiece vocabulary's space prefix, which llama.cpp
+        adds to the start of every text it tokenizes (llguidance tokenizes forced text so:
+        with the prefix, a grammar's forced "{" became " {")."""
+        if not self._prefixed:
+            return self.encode(text)
+        if self._hf_cont is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            cont = HFTokenizer.from_str(self._hf.to_str())
+            cont.normalizer = tokenizer_spm.normalizer(False)
+            self._hf_cont = cont
+        return list(self._hf_cont.encode(text, add_special_tokens=False).ids)
 
     def _plain(self) -> Any:
         if self._hf_plain is None:

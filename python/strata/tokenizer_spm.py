@@ -50,7 +50,7 @@ def hf_model(
 ) -> Any:
     """The `tokenizers.Tokenizer` of a SentencePiece vocabulary (added tokens not yet set)."""
     from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, normalizers
+    from tokenizers import models
 
     n = len(tokens)
     if scores is None:
@@ -75,11 +75,19 @@ def hf_model(
     except Exception as e:  # tokenizers raises plain Exception on bad merges
         raise ModelError(f"tokenizer: cannot build the SentencePiece model: {e}") from None
     hf = HFTokenizer(model)
+    hf.normalizer = normalizer(add_space_prefix)
+    return hf
+
+
+def normalizer(add_space_prefix: bool) -> Any:
+    """Spaces as "▁", with the "▁" prefix of each run of text (between added tokens) where
+    `add_space_prefix`."""
+    from tokenizers import normalizers
+
     steps: list[Any] = [normalizers.Replace(" ", SPACE)]
     if add_space_prefix:
         steps.insert(0, normalizers.Prepend(SPACE))
-    hf.normalizer = normalizers.Sequence(steps)
-    return hf
+    return normalizers.Sequence(steps)
 
 
 def piece(text: str, ty: int) -> bytes:

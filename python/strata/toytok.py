@@ -49,3 +49,5 @@ class Vocabulary:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
+
+    encode_continuation = encode

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from models import TestModels
 from server_harness import Server
+from strata.config import Config
+from strata.errors import ConfigError
 from strata.infill import infill_prompt
 from strata.llm import LLM
 from strata.modelgen import ModelSpec
@@ -327,6 +329,35 @@ def test_bad_requests(srv: Server, route: str, extra: dict[str, Any], param: str
     if param is not None:
         assert r.json()["error"]["param"] == param
     assert srv.http.post("/infill", json={**BODY, "n_predict": 1}).status_code == 200
+
+
+def test_server_chain_is_a_requests_default(fim_model: Path, llm: LLM) -> None:
+    """`--samplers` (the `samplers` setting): a request that names no chain runs the
+    server's, the samplers it leaves out off (here top-k 40, top-p, min-p and the
+    penalties: the draw is over the whole vocabulary); a request's own chain replaces it;
+    /props shows it. A chain Strata cannot run is refused at start."""
+    s = Server(engine="llm", model=fim_model, n_ctx=N_CTX, samplers="temperature")
+    try:
+        ids = expected_ids(llm)
+        body = {**BODY, "temperature": 1.0, "seed": 5, "return_tokens": True}
+
+        def want(**kw: Any) -> list[int]:
+            out = llm.generate_ids(ids, max_tokens=12, temperature=1.0, seed=5, **kw)
+            return [t for t, _ in out if t not in llm.tokenizer.eog_ids]
+
+        whole = want(top_k=0, top_p=1.0, min_p=0.0, repetition_penalty=1.0)
+        assert whole != want()  # the chain matters on this model
+        a = s.http.post("/infill", json=body).json()
+        assert a["tokens"] == whole
+        own = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+        b = s.http.post("/infill", json={**body, "samplers": own}).json()
+        assert b["tokens"] == want()
+        props = s.http.get("/props").json()["default_generation_settings"]["params"]
+        assert props["samplers"] == ["temperature"]
+    finally:
+        s.stop()
+    with pytest.raises(ConfigError, match="samplers"):
+        Config(samplers="top_k;wat")
 
 
 def test_ignored_field_and_props_and_aliases(srv: Server) -> None:

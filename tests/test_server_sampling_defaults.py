@@ -32,6 +32,26 @@ def test_layers_of_defaults() -> None:
     assert request_defaults({}, {})[0] == SamplingParams()
 
 
+def test_model_chain_and_mirostat_recommendations() -> None:
+    """general.sampling.sequence (llama.cpp's names separated by ';') is the chain of a
+    request that names none, unless `--samplers` sets one; one Strata cannot run is left out
+    with a note. general.sampling.mirostat / _tau / _eta are read as llama.cpp reads them."""
+    from strata.sampling_chain import default_chain
+
+    d = SamplingParams()
+    meta = {"general.sampling.sequence": "top_k;min_p;temperature"}
+    assert default_chain(meta, "", d) == (["top_k", "min_p", "temperature"], [])
+    assert default_chain(meta, "kt", d) == ("kt", [])  # --sampler-seq's letter codes
+    assert default_chain(meta, "top_p;temperature", d)[0] == ["top_p", "temperature"]
+    chain, notes = default_chain({"general.sampling.sequence": "min_p;top_k"}, "", d)
+    assert chain is None and "general.sampling.sequence" in notes[0]  # not Strata's order
+    assert default_chain({}, "", d) == (None, [])
+    m, notes = request_defaults(
+        {"general.sampling.mirostat": 2, "general.sampling.mirostat_tau": 4.0}, {}
+    )
+    assert (m.mirostat, m.mirostat_tau, notes) == (2, 4.0, [])
+
+
 def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
     from strata.server.__main__ import parser
 
@@ -56,11 +76,16 @@ def test_settings_are_checked_and_named_as_llama_servers_flags() -> None:
         "mirostat": 0,
         "mirostat_tau": 5.0,
         "mirostat_eta": 0.1,
+        "adaptive_target": -1.0,
+        "adaptive_decay": 0.9,
         "seed": 7,
     }
     ns = parser().parse_args(
         ["--typical", "0.9", "--xtc-probability", "0.5", "--top-nsigma", "1.5"]
     )
+    # llama-server's chain flags: names (--samplers) or letter codes (--sampler-seq)
+    for flag, value in (("--samplers", "top_k;temperature"), ("--sampling-seq", "kt")):
+        assert Config.from_args(parser().parse_args([flag, value])).samplers == value
     t = Config.from_args(ns).sampling_settings()
     assert (t["typical_p"], t["xtc_probability"], t["top_n_sigma"]) == (0.9, 0.5, 1.5)
     assert c.n_predict == 64

@@ -453,6 +453,14 @@ class Config:
     mirostat_eta: float = _s(
         0.1, "mirostat's learning rate of a request that sets none", llama=("--mirostat-lr",)
     )
+    samplers: str = _s(
+        "",
+        "the sampler chain of a request that names none: llama.cpp's names separated by ';' "
+        "(top_k;top_p;min_p;temperature) or its one-letter codes (kpmt); Strata runs them in "
+        "llama.cpp's default order, the ones left out off (empty: the model's "
+        "general.sampling.sequence, else all of them)",
+        llama=("--samplers", "--sampler-seq", "--sampling-seq"),
+    )
     adaptive_target: float = _s(
         -1.0,
         "adaptive-p's target probability of a request that sets none (where its samplers name "

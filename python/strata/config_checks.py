@@ -13,6 +13,7 @@ from dataclasses import fields
 from strata.config import Config, _kind
 from strata.errors import ConfigError
 from strata.sampling import SamplingParams
+from strata.sampling_chain import parse_chain, with_samplers
 
 
 def check_config(c: Config) -> None:
@@ -140,7 +141,9 @@ def check_config(c: Config) -> None:
     if c.n_predict < -1 or c.n_predict == 0:
         raise bad("n_predict", "must be -1 (to the context's end) or >= 1")
     try:
-        SamplingParams(**c.sampling_settings()).validate()
+        params = SamplingParams(**c.sampling_settings()).validate()
+        if c.samplers:
+            with_samplers(params, parse_chain(c.samplers))
     except ValueError as e:  # named as the setting, not the sampler's field
         name = getattr(e, "param", "")
         names = {"repetition_penalty": "repeat_penalty"}

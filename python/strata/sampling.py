@@ -69,6 +69,9 @@ GGUF_SAMPLING = {
     "general.sampling.penalty_last_n": "repeat_last_n",
     "general.sampling.xtc_probability": "xtc_probability",
     "general.sampling.xtc_threshold": "xtc_threshold",
+    "general.sampling.mirostat": "mirostat",
+    "general.sampling.mirostat_tau": "mirostat_tau",
+    "general.sampling.mirostat_eta": "mirostat_eta",
 }
 
 
@@ -318,7 +321,7 @@ def request_defaults(
         v = metadata.get(key)
         if v is None or name in settings:
             continue
-        ints = name in ("top_k", "repeat_last_n")
+        ints = name in ("top_k", "repeat_last_n", "mirostat")
         if (
             isinstance(v, bool)
             or not isinstance(v, (int, float))

@@ -25,11 +25,11 @@ from starlette.routing import Route
 from strata import __version__
 from strata.engine.client import DeadlineExceeded, EngineError, Unavailable
 from strata.sampling import SamplingParams
+from strata.sampling_chain import ORDER, sampler_names
 from strata.server import sse
 from strata.server.chat import openai_chat
 from strata.server.generate import Delta, SeqRun, TokenInfo, merge
 from strata.server.openai_types import (
-    _ORDER,
     MAX_LIST,
     APIError,
     ChatRequest,
@@ -90,7 +90,11 @@ _PASSED = tuple(
 
 
 def native_plan(
-    req: NativeRequest, tok: ServerTokenizer, max_top: int, defaults: SamplingParams
+    req: NativeRequest,
+    tok: ServerTokenizer,
+    max_top: int,
+    defaults: SamplingParams,
+    chain: list[str] | str | None = None,
 ) -> tuple[Plan, bool]:
     """The request's plan (sampling, limits, stops) and whether it asks for the prompt only
     (`n_predict` 0: the prompt is read, cached, and nothing is generated)."""
@@ -116,7 +120,7 @@ def native_plan(
         max_tokens=1 if prompt_only else (n_predict if n_predict and n_predict > 0 else None),
         **{f: getattr(req, f) for f in _PASSED},
     )
-    plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults)
+    plan = plan_common(oai, n_probs > 0, n_probs, max_top, defaults, chain)
     bias(plan, oai, tok)
     plan.n_indent = req.n_indent or 0
     plan.t_max_predict_ms = req.t_max_predict_ms or 0
@@ -183,7 +187,7 @@ async def completion(request: Request) -> Response | sse.SSEResponse:
             raise APIError(400, f"{name}: only for /infill", param=name)
     if req.prompt is None:
         raise APIError(400, "prompt: required", param="prompt")
-    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults)
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults, st.chain)
     await _grammar(plan, req)
     prompts = await prompts_of(tok, req.prompt)
     return await _run(request, st, tok, "completion", req, plan, prompt_only, prompts, t0)
@@ -200,7 +204,7 @@ async def infill(request: Request) -> Response | sse.SSEResponse:
         raise APIError(400, f"input_extra: at most {MAX_EXTRA} chunks", param="input_extra")
     if req.prompt is not None and not isinstance(req.prompt, str):
         raise APIError(400, "prompt: must be a string", param="prompt")
-    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults)
+    plan, prompt_only = native_plan(req, tok, st.config.max_top_logprobs, st.defaults, st.chain)
     await _grammar(plan, req)
     prefix = await encode(tok, req.input_prefix or "", False)
     suffix = await encode(tok, req.input_suffix or "", False)
@@ -298,7 +302,7 @@ class _Native:
             "stream": self.plan.stream,
             "n_indent": self.plan.n_indent,
             "t_max_predict_ms": self.plan.t_max_predict_ms,
-            "samplers": [n for n in _ORDER if n != "infill" or p.infill]
+            "samplers": [n for n in ORDER if n != "infill" or p.infill]
             + (["adaptive_p"] if p.adaptive_p else []),
             "typical_p": p.typical_p,
             "xtc_probability": p.xtc_probability,
@@ -478,7 +482,7 @@ async def props(request: Request) -> Response:
                     "repeat_penalty": d.repetition_penalty,
                     "presence_penalty": d.presence_penalty,
                     "frequency_penalty": d.frequency_penalty,
-                    "samplers": list(_ORDER[:-1]),
+                    "samplers": list(ORDER[:-1]) if st.chain is None else sampler_names(st.chain),
                     "typical_p": d.typical_p,
                     "xtc_probability": d.xtc_probability,
                     "xtc_threshold": d.xtc_threshold,

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from strata import sampling_chain
 from strata.sampling import SamplingParams
 
 MAX_N = 16
@@ -162,26 +163,6 @@ class ChatMessage(_Strict):
     function_call: None = None
 
 
-# llama.cpp's sampler names (and the aliases it takes) → the canonical name; `samplers` may
-# also be a string of their one-letter codes
-_CANONICAL = (
-    "dry", "top_k", "typ_p", "top_p", "top_n_sigma", "min_p", "xtc", "temperature", "infill",
-    "penalties", "adaptive_p",
-)  # fmt: skip
-_ALIASES = {
-    **{c: c for c in _CANONICAL},
-    **{c.replace("_", "-"): c for c in _CANONICAL if "_" in c},
-    **{c.replace("_", ""): c for c in _CANONICAL if "_" in c},
-    "nucleus": "top_p",
-    "temp": "temperature",
-    "typ": "typ_p",
-}
-_CHARS = dict(zip("dkypsmxtiea", _CANONICAL, strict=True))
-# the samplers Strata runs, in the one order it runs them (llama.cpp's default order)
-_ORDER = (
-    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
-    "infill",
-)  # fmt: skip
 # llama.cpp's fields of samplers and features Strata lacks: accepted at these values only
 _OFF: dict[str, tuple[Any, ...]] = {
     "post_sampling_probs": (False,),
@@ -452,9 +433,12 @@ def plan_common(
     top: int,
     limit: int,
     defaults: SamplingParams,
+    chain: list[str] | str | None = None,
 ) -> Plan:
     """The request's plan; its sampling fields over `defaults` (the server's: its settings,
-    else the model's recommendations, else llama.cpp's defaults)."""
+    else the model's recommendations, else llama.cpp's defaults), sampled by its `samplers`
+    chain, else by `chain` (the server's: `--samplers`, else the model's
+    general.sampling.sequence), else by llama.cpp's default chain."""
     n = 1 if req.n is None else req.n
     if not (1 <= n <= MAX_N):
         raise APIError(400, f"n: must be in 1..{MAX_N} (got {n})", param="n")
@@ -498,8 +482,8 @@ def plan_common(
     fields["top_logprobs"] = top if logprobs else -1
     try:
         params = msgspec.structs.replace(defaults, **fields).validate()
-        if req.samplers is not None:
-            params = with_samplers(params, req.samplers)
+        if (names := req.samplers if req.samplers is not None else chain) is not None:
+            params = with_samplers(params, names)
     except ValueError as e:
         raise APIError(400, str(e), param=getattr(e, "param", None)) from None
     return Plan(
@@ -661,69 +645,12 @@ def completion_prompts(prompt: Any, n_vocab: int) -> list[str | list[int]]:
     return items
 
 
-def sampler_names(value: list[str] | str) -> list[str]:
-    """llama-server's `samplers` (names or one-letter codes) as canonical names; a 400 for
-    one it does not know."""
-    if len(value) > MAX_LIST:
-        raise APIError(400, f"samplers: at most {MAX_LIST}", param="samplers")
-    names = [value[i] for i in range(len(value))] if isinstance(value, str) else value
-    table = _CHARS if isinstance(value, str) else _ALIASES
-    out = []
-    for n in names:
-        c = table.get(n if isinstance(value, str) else n.lower())
-        if c is None:
-            raise APIError(400, f"samplers: unknown sampler {n!r}", param="samplers")
-        out.append(c)
-    return out
-
-
 def with_samplers(params: SamplingParams, value: list[str] | str) -> SamplingParams:
-    """`params` as llama.cpp's chain of the named samplers would sample: a sampler left out
-    is off (temperature left out: the draw is at temperature 1); "infill" adds llama.cpp's
-    infill sampler, "adaptive_p" llama.cpp's adaptive-p draw (in place of the plain one, as
-    there: wherever it stands). The ones Strata runs must come in its order (a 400
-    otherwise)."""
-    names = sampler_names(value)
-    # the ones that act under these settings: a sampler that is off may stand anywhere
-    on = {
-        "penalties": params.penalized,
-        "dry": params.dry,
-        "top_n_sigma": params.top_n_sigma > 0.0,
-        "top_k": params.top_k > 0,
-        "typ_p": params.typical_p < 1.0,
-        "top_p": params.top_p < 1.0,
-        "min_p": params.min_p > 0.0,
-        "xtc": params.xtc,
-    }
-    ours = [n for n in names if n in _ORDER and on.get(n, True)]
-    if ours != sorted(set(ours), key=_ORDER.index):
-        raise APIError(
-            400,
-            "samplers: Strata runs " + ", ".join(_ORDER) + " in this order (each once)",
-            param="samplers",
-        )
-    off: dict[str, Any] = {}
-    if "penalties" not in names:
-        off.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-    if "top_k" not in names:
-        off["top_k"] = 0
-    if "top_p" not in names:
-        off["top_p"] = 1.0
-    if "min_p" not in names:
-        off["min_p"] = 0.0
-    if "dry" not in names:
-        off["dry_multiplier"] = 0.0
-    if "top_n_sigma" not in names:
-        off["top_n_sigma"] = -1.0
-    if "typ_p" not in names:
-        off["typical_p"] = 1.0
-    if "xtc" not in names:
-        off["xtc_probability"] = 0.0
-    if "temperature" not in names:  # no temperature stage, so no dynamic one either
-        off.update(temperature=1.0, dynatemp_range=0.0)
-    return msgspec.structs.replace(
-        params, infill="infill" in names, adaptive_p="adaptive_p" in names, **off
-    )
+    """`sampling_chain.with_samplers`, its ValueError a 400 naming `samplers`."""
+    try:
+        return sampling_chain.with_samplers(params, value)
+    except ValueError as e:
+        raise APIError(400, str(e), param="samplers") from None
 
 
 def check_off(req: Any, answered: frozenset[str] = frozenset()) -> None:

@@ -234,7 +234,9 @@ async def chat_prompt(
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs: requires logprobs: true", param="top_logprobs")
     top = req.top_logprobs or 0
-    plan = plan_common(req, bool(req.logprobs), top, st.config.max_top_logprobs, st.defaults)
+    plan = plan_common(
+        req, bool(req.logprobs), top, st.config.max_top_logprobs, st.defaults, st.chain
+    )
     bias(plan, req, tok)
     # on a worker thread: the template and the grammar's compile check take a while for a
     # large schema or many tools, and the event loop serves every other request meanwhile
@@ -285,7 +287,9 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise APIError(400, "best_of: only equal to n is supported", param="best_of")
     lp = req.logprobs
-    plan = plan_common(req, lp is not None, lp or 0, st.config.max_top_logprobs, st.defaults)
+    plan = plan_common(
+        req, lp is not None, lp or 0, st.config.max_top_logprobs, st.defaults, st.chain
+    )
     bias(plan, req, tok)
     grammar, param = answer_grammar(req)
     if grammar is not None:  # compiled on a worker thread (see chat_prompt)

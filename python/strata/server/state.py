@@ -18,6 +18,7 @@ from strata.config import Config
 from strata.engine.client import EngineClient
 from strata.metrics import Metrics
 from strata.sampling import SamplingParams, request_defaults
+from strata.sampling_chain import default_chain
 from strata.server.openai_types import APIError
 from strata.server.tokenizing import ServerTokenizer, load_tokenizer
 
@@ -39,6 +40,8 @@ class ServerState:
         self.tokenizer: ServerTokenizer | None = None
         # the sampling a request starts from (settings, else the model's recommendations)
         self.defaults = SamplingParams()
+        # the sampler chain of a request that names none (None: llama.cpp's default one)
+        self.chain: list[str] | str | None = None
         self.client: EngineClient | None = None
         self.metrics = Metrics(lambda: self.client)
         self.status = "loading"  # loading → ready | failed; draining at shutdown
@@ -71,7 +74,10 @@ class ServerState:
             self.defaults, notes = request_defaults(
                 self.tokenizer.sampling_metadata, config.sampling_settings()
             )
-            for note in notes:
+            self.chain, more = default_chain(
+                self.tokenizer.sampling_metadata, config.samplers, self.defaults
+            )
+            for note in notes + more:
                 log.warning("the model's sampling recommendation %s", note)
             self.client = EngineClient(config)
             self.config = config

@@ -183,3 +183,28 @@ def test_spm_constrained_json_is_valid(spm: Path) -> None:
             proc.accept(out[-1])
         assert proc.error is None and proc.done()
         jsonschema.validate(json.loads(tok.decode(out, skip_special=True)), schema)
+
+
+def test_tokenize_route_add_special_as_llama_server(spm: Path, tmp_path: Path) -> None:
+    """/tokenize's `add_special` (llama-server's; default off) leads the ids with BOS on a
+    vocabulary that asks for one, as llama.cpp's tokenizer with add_special."""
+    from server_harness import Server
+    from strata import modelgen
+    from strata.modelgen import ModelSpec
+
+    v = vocabgen.train_spm([*corpus_lines(), *CASES[:400]], 3000, SPECIALS)
+    spec = dataclasses.replace(ModelSpec.micro(n_embd=64, n_ff_exp=64), n_vocab=len(v))
+    path = modelgen.write_qwen3moe(tmp_path / "spm-model.gguf", spec, vocab=v)  # type: ignore[arg-type]
+    ref = llama(spm)
+    s = Server(engine="llm", model=path, n_ctx=256)
+    try:
+        for add in (False, True):
+            r = s.http.post("/tokenize", json={"content": "Hello world", "add_special": add})
+            want = ref.tokenize(b"Hello world", add_bos=add, special=True)  # type: ignore[attr-defined]
+            assert r.json()["tokens"] == want
+        # the served prompt is llama-server's: BOS, then the text's pieces
+        c = s.http.post("/completion", json={"prompt": "Hello world", "n_predict": 4}).json()
+        assert c["tokens_evaluated"] == len(ref.tokenize(b"Hello world", add_bos=True))  # type: ignore[attr-defined]
+        assert isinstance(c["content"], str) and c["tokens_predicted"] >= 1
+    finally:
+        s.stop()

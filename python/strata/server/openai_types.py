@@ -287,6 +287,7 @@ class TokenizeRequest(_Strict, kw_only=True):
     # true, as there and as a completion's prompt is read)
     parse_special: bool | None = None
     with_pieces: bool | None = None  # llama-server's: tokens as {id, piece}
+    add_special: bool | None = None  # llama-server's: BOS where the model asks (default off)
 
 
 class DetokenizeRequest(_Strict, kw_only=True):

@@ -175,10 +175,12 @@ async def tokenize(request: Request) -> Response:
         setup = prepare_chat(
             tok, chat_messages(_as_chat(req)), [], "none", True, None, None, "none"
         )
-        ids = await encode(tok, setup.prompt, True)
+        ids = with_bos(tok, await encode(tok, setup.prompt, True))  # as the chat route runs it
     elif text is not None:
         # llama-server's default: special-token text is the special token
         ids = await encode(tok, text, req.parse_special is not False)
+        if req.add_special:  # llama-server's: BOS where the model asks for one
+            ids = with_bos(tok, ids)
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq

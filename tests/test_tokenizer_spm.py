@@ -208,3 +208,43 @@ def test_tokenize_route_add_special_as_llama_server(spm: Path, tmp_path: Path) -
         assert isinstance(c["content"], str) and c["tokens_predicted"] >= 1
     finally:
         s.stop()
+
+
+def test_fim_prompt_places_bos_as_llama_server() -> None:
+    """A fill-in-the-middle prompt of a model that asks for BOS: after the other files'
+    chunks, before the FIM prefix (llama-server's `format_prompt_infill`), once."""
+    import asyncio
+    import types
+
+    from strata.infill import FimTokens
+    from strata.server import routes
+
+    class Tok:
+        def __init__(self) -> None:
+            self.fim = FimTokens(pre=10, suf=11, mid=12, rep=None, sep=13)
+            self.bos_prefix = [1]
+            self.n_vocab = 100
+
+        def encode(self, s: str, special: bool) -> list[int]:
+            return [50 + len(s) % 10]
+
+    config = types.SimpleNamespace(n_ctx_seq=4096, n_predict=-1, spm_infill=False)
+    st, client = types.SimpleNamespace(config=config), types.SimpleNamespace(loaded=None)
+    got = asyncio.run(routes.fim_prompt(st, client, Tok(), [20, 21], [30], [("a.py", "x=1")]))  # type: ignore[arg-type]
+    assert got == [13, 55, 53, 13, 59, 1, 10, 20, 21, 11, 30, 12]
+
+
+def test_spm_defaults_and_tied_scores_as_llama_cpp(spm: Path, tmp_path: Path) -> None:
+    """A SentencePiece file without add_bos_token / bos / eos / unknown ids takes llama.cpp's
+    defaults (BOS 1 added, EOS 2, unknown 0); pieces that share scores are refused (llama.cpp
+    merges those leftmost first), not tokenized otherwise."""
+    with GGUFFile(spm) as g:
+        meta = dict(g.metadata)
+    keys = ("add_bos_token", "bos_token_id", "eos_token_id", "unknown_token_id")
+    bare = {k: v for k, v in meta.items() if k.removeprefix("tokenizer.ggml.") not in keys}
+    tok = Tokenizer.from_metadata(bare)
+    assert (tok.adds_bos, tok.bos_id, tok.eos_id) == (True, 1, 2)
+    assert tok.with_bos(tok.encode("Hello")) == llama(spm).tokenize(b"Hello", add_bos=True)  # type: ignore[attr-defined]
+    tied = {**meta, "tokenizer.ggml.scores": [-1000.0] * len(meta["tokenizer.ggml.scores"])}
+    with pytest.raises(ModelError, match="share scores"):
+        Tokenizer.from_metadata(tied)

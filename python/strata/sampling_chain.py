@@ -26,6 +26,8 @@ ALIASES = {
     "nucleus": "top_p",
     "temp": "temperature",
     "typ": "typ_p",
+    "typical": "typ_p",
+    "typical-p": "typ_p",
 }
 CHARS = dict(zip("dkypsmxtiea", CANONICAL, strict=True))
 # the samplers Strata runs, in the one order it runs them (llama.cpp's default order)

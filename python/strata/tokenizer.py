@@ -284,12 +284,21 @@ class Tokenizer:
                 extra.append(v)
         add_bos = get("tokenizer.ggml.add_bos_token", bool, required=False)
         add_eos = get("tokenizer.ggml.add_eos_token", bool, required=False)
+        bos = get("tokenizer.ggml.bos_token_id", int, required=False)
+        eos = get("tokenizer.ggml.eos_token_id", int, required=False)
+        unk = get("tokenizer.ggml.unknown_token_id", int, required=False)
+        if spm:  # llama.cpp's defaults where a SentencePiece file leaves them out
+            n = len(tokens)
+            bos = 1 if bos is None and n > 1 else bos
+            eos = 2 if eos is None and n > 2 else eos
+            unk = 0 if unk is None and n > 0 else unk
+            add_bos = True if add_bos is None else add_bos
         tok = cls(
             tokens,
             types,
             merges,
-            bos_id=get("tokenizer.ggml.bos_token_id", int, required=False),
-            eos_id=get("tokenizer.ggml.eos_token_id", int, required=False),
+            bos_id=bos,
+            eos_id=eos,
             extra_eog=extra,
             add_bos=bool(add_bos),
             add_eos=bool(add_eos),
@@ -299,7 +308,7 @@ class Tokenizer:
             scores=get("tokenizer.ggml.scores", (list, tuple), required=spm),
             # llama.cpp's default for SentencePiece vocabularies: on
             add_space_prefix=True if space is None else space,
-            unk_id=get("tokenizer.ggml.unknown_token_id", int, required=False),
+            unk_id=unk,
         )
         ids = [v for k, v in metadata.items() if k.startswith("tokenizer.ggml.fim_")]
         if any(isinstance(v, bool) or not isinstance(v, int) or v >= tok.n_vocab for v in ids):

@@ -64,6 +64,13 @@ def hf_model(
     # only entries the merges may produce: normal and user-defined text (llama.cpp looks any
     # entry up, but control, byte and unused entries are not spelled by characters)
     mergeable = {t: i for t, i in vocab.items() if types[i] in (NORMAL, USER_DEFINED)}
+    # llama.cpp merges equal scores leftmost first, which ranked merges cannot say: refused
+    multi = [float(scores[i]) for t, i in mergeable.items() if len(t) > 1 and types[i] == NORMAL]
+    if len(set(multi)) < len(multi):
+        raise ModelError(
+            "tokenizer: SentencePiece pieces share scores (llama.cpp then merges the leftmost "
+            "pair first, which Strata's tokenizer does not do yet)"
+        )
     try:
         model = models.BPE(
             vocab=vocab,

@@ -297,14 +297,17 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
     if grammar is not None:  # compiled on a worker thread (see chat_prompt)
         grammar = await asyncio.to_thread(checked, grammar, param)
         plan.params = msgspec.structs.replace(plan.params, grammar=grammar)
-    prompts = [
-        # special-token text is the special token, as llama-server and vLLM read a prompt
-        p if isinstance(p, list) else with_bos(tok, await encode(tok, p, True))
-        for p in completion_prompts(req.prompt, tok.n_vocab)
-    ]
+    given = completion_prompts(req.prompt, tok.n_vocab)
+    # special-token text is the special token, as llama-server and vLLM read a prompt
+    prompts = [p if isinstance(p, list) else await encode(tok, p, True) for p in given]
     if req.suffix:  # fill in the middle: each prompt is the text before it ("": none)
         after = await encode(tok, req.suffix, False)
         prompts = [await fim_prompt(st, client, tok, p, after) for p in prompts]
+    else:  # a text prompt led by BOS where the model asks (token ids are taken as they are)
+        prompts = [
+            ids if isinstance(p, list) else with_bos(tok, ids)
+            for p, ids in zip(given, prompts, strict=True)
+        ]
     return await _generate(request, st, client, tok, "completions", prompts, plan, t0)
 
 
@@ -330,7 +333,7 @@ async def fim_prompt(
             code="not_supported",
         )
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
-    ids = await asyncio.to_thread(
+    return await asyncio.to_thread(
         lambda: infill_prompt(
             fim,
             lambda s: tok.encode(s, False),
@@ -341,9 +344,10 @@ async def fim_prompt(
             n_ctx=n_ctx,
             n_predict=st.config.n_predict,
             spm=st.config.spm_infill,
+            # BOS where the model asks, after the other files' chunks (llama-server's layout)
+            bos=tok.bos_prefix[0] if tok.bos_prefix else None,
         )
     )
-    return with_bos(tok, ids)
 
 
 def _seed(base: int | None, j: int) -> int | None:

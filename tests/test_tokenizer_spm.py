@@ -114,7 +114,6 @@ def test_spm_without_scores_is_refused(spm: Path) -> None:
 def test_server_prompts_start_with_bos_as_llama_server(spm: Path) -> None:
     """The server's prompt ids (chat, /completion text, /infill) are llama-server's: its
     tokenization with add_special, so BOS first, and one BOS where the text renders it."""
-    from strata.server.routes import with_bos
     from strata.server.tokenizing import RealTokenizer, ToyTokenizer
 
     with GGUFFile(spm) as g:
@@ -124,8 +123,8 @@ def test_server_prompts_start_with_bos_as_llama_server(spm: Path) -> None:
         want = ref.tokenize(text.encode(), add_bos=True, special=True)  # type: ignore[attr-defined]
         if want[1:2] == [tok.bos_id]:
             want = want[1:]  # llama-server would lead with two; one is kept here
-        assert with_bos(tok, tok.encode(text, True)) == want
-    assert with_bos(ToyTokenizer(), [5, 6]) == [5, 6]  # a vocabulary without add_bos
+        assert tok.with_bos(tok.encode(text, True)) == want
+    assert ToyTokenizer().with_bos([5, 6]) == [5, 6]  # a vocabulary without add_bos
 
 
 def test_tokenizer_with_bos(spm: Path) -> None:
@@ -222,7 +221,7 @@ def test_fim_prompt_places_bos_as_llama_server() -> None:
     class Tok:
         def __init__(self) -> None:
             self.fim = FimTokens(pre=10, suf=11, mid=12, rep=None, sep=13)
-            self.bos_prefix = [1]
+            self.prompt_bos = 1
             self.n_vocab = 100
 
         def encode(self, s: str, special: bool) -> list[int]:

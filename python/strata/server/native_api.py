@@ -51,7 +51,6 @@ from strata.server.routes import (
     read_json,
     submit,
     until_done_or_gone,
-    with_bos,
 )
 from strata.server.state import ServerState
 from strata.server.structured import answer_grammar, checked
@@ -150,13 +149,13 @@ async def mixed_prompt(tok: ServerTokenizer, prompt: Any, param: str = "prompt")
     """llama-server's single prompt: a string, or an array of token ids and strings (each
     string tokenized with special tokens parsed, the ids kept)."""
     if isinstance(prompt, str):
-        return with_bos(tok, await encode(tok, prompt, True))
+        return tok.with_bos(await encode(tok, prompt, True))
     if isinstance(prompt, list):
         ids: list[int] = []
         for j, x in enumerate(prompt):
             if isinstance(x, str):
                 part = await encode(tok, x, True)
-                ids += with_bos(tok, part) if j == 0 else part  # llama-server: BOS before text
+                ids += tok.with_bos(part) if j == 0 else part  # llama-server: BOS before text
             elif isinstance(x, int) and not isinstance(x, bool) and 0 <= x < tok.n_vocab:
                 ids.append(x)
             else:

@@ -175,12 +175,12 @@ async def tokenize(request: Request) -> Response:
         setup = prepare_chat(
             tok, chat_messages(_as_chat(req)), [], "none", True, None, None, "none"
         )
-        ids = with_bos(tok, await encode(tok, setup.prompt, True))  # as the chat route runs it
+        ids = tok.with_bos(await encode(tok, setup.prompt, True))  # as the chat route runs it
     elif text is not None:
         # llama-server's default: special-token text is the special token
         ids = await encode(tok, text, req.parse_special is not False)
         if req.add_special:  # llama-server's: BOS where the model asks for one
-            ids = with_bos(tok, ids)
+            ids = tok.with_bos(ids)
     else:
         raise APIError(400, "prompt: required (or messages)", param="prompt")
     n_ctx = client.loaded.n_ctx_seq if client.loaded else st.config.n_ctx_seq
@@ -253,7 +253,7 @@ async def chat_prompt(
     rb = reasoning_budget(req, setup, tok, st.config)
     if rb is not None:
         plan.params = msgspec.structs.replace(plan.params, reasoning_budget=rb)
-    ids = with_bos(tok, await encode(tok, setup.prompt, True))
+    ids = tok.with_bos(await encode(tok, setup.prompt, True))
     return ids, plan, setup
 
 
@@ -262,13 +262,6 @@ def bias(plan: Plan, req: ChatRequest | CompletionRequest, tok: ServerTokenizer)
     if req.logit_bias:
         ids = logit_bias_ids(req.logit_bias, tok.n_vocab, lambda t: tok.encode(t, False))
         plan.params = msgspec.structs.replace(plan.params, logit_bias=ids)
-
-
-def with_bos(tok: ServerTokenizer, ids: list[int]) -> list[int]:
-    """A prompt's ids led by the tokenizer's BOS where it asks for one (llama-server adds it
-    to each text prompt; a chat template that writes it already is not given a second)."""
-    pre = tok.bos_prefix
-    return ids if not pre or ids[: len(pre)] == pre else pre + ids
 
 
 async def encode(tok: ServerTokenizer, text: str, special: bool) -> list[int]:
@@ -305,7 +298,7 @@ async def completions(request: Request) -> Response | sse.SSEResponse:
         prompts = [await fim_prompt(st, client, tok, p, after) for p in prompts]
     else:  # a text prompt led by BOS where the model asks (token ids are taken as they are)
         prompts = [
-            ids if isinstance(p, list) else with_bos(tok, ids)
+            ids if isinstance(p, list) else tok.with_bos(ids)
             for p, ids in zip(given, prompts, strict=True)
         ]
     return await _generate(request, st, client, tok, "completions", prompts, plan, t0)
@@ -345,7 +338,7 @@ async def fim_prompt(
             n_predict=st.config.n_predict,
             spm=st.config.spm_infill,
             # BOS where the model asks, after the other files' chunks (llama-server's layout)
-            bos=tok.bos_prefix[0] if tok.bos_prefix else None,
+            bos=tok.prompt_bos,
         )
     )
 

@@ -26,12 +26,17 @@ class ServerTokenizer(Protocol):
     fim: FimTokens | None  # fill-in-the-middle tokens (None: /infill is refused)
     sampling_metadata: dict[str, Any]  # the GGUF's general.sampling.* keys (recommendations)
     chat_template: str | None  # the Jinja source (None: a built-in rendering)
-    # what a prompt starts with: [BOS] where the GGUF asks for it (tokenizer.ggml.add_bos_token,
-    # SentencePiece models), as llama-server's prompts; else nothing
-    bos_prefix: list[int]
+    # the BOS a prompt starts with where the GGUF asks for one (tokenizer.ggml.add_bos_token,
+    # SentencePiece models), as llama-server's prompts; None: none
+    prompt_bos: int | None
 
     def encode(self, text: str, special: bool) -> list[int]:
         """Text to ids; `special`: text like `<|user|>` becomes the special token (templates)."""
+        ...
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        """A prompt's ids led by `prompt_bos`, unless they start with it already (a chat
+        template that writes it)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -64,7 +69,7 @@ class ToyTokenizer:
         self.chat_template: str | None = None
         self.fim: FimTokens | None = None
         self.sampling_metadata: dict[str, Any] = {}
-        self.bos_prefix: list[int] = []
+        self.prompt_bos: int | None = None
         self._by_text = {text: tid for tid, text in toytok.SPECIALS.items()}
 
     def encode(self, text: str, special: bool) -> list[int]:
@@ -83,6 +88,9 @@ class ToyTokenizer:
             out += text[i:end].encode()
             i = end
         return out
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        return ids  # the toy vocabulary has no BOS
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(t for t in ids if toytok.is_byte(t)).decode("utf-8", errors="replace")
@@ -116,9 +124,7 @@ class RealTokenizer:
         eos = self.tok.eos_id
         self.eos_id = int(eos) if eos is not None else min(self.eog_ids, default=-1)
         self.bos_id: int | None = self.tok.bos_id
-        self.bos_prefix: list[int] = (
-            [self.bos_id] if self.tok.adds_bos and self.bos_id is not None else []
-        )
+        self.prompt_bos: int | None = self.bos_id if self.tok.adds_bos else None
         self.chat_template: str | None = self.tok.chat_template
         self.fim: FimTokens | None = self.tok.fim  # fill-in-the-middle tokens (/infill)
         self.sampling_metadata = {
@@ -127,6 +133,9 @@ class RealTokenizer:
 
     def encode(self, text: str, special: bool) -> list[int]:
         return list(self.tok.encode(text, parse_special=special))
+
+    def with_bos(self, ids: list[int]) -> list[int]:
+        return list(self.tok.with_bos(ids))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.tok.decode(list(ids), skip_special=True))

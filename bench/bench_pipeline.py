@@ -119,6 +119,8 @@ class Engine:
             "accepted": sp.accepted if sp else 0,
             "windows": sc.pipe_windows,
             "held": sc.pipe_held,
+            # windows whose stage 1 ran beside the next one's stage 0 (the hybrid mode)
+            "beside": int(self.be.llm.model.stages()[0]["beside"]),
         }
 
 

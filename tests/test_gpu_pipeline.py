@@ -6,8 +6,9 @@ models of test_gpu_model.py (3 layers of 8 experts, top-2).
   random, a rejection discarding the window launched after it and cutting the slot back)
   gives logits bitwise those of the same windows run one after the other through the serial
   step (`pipeline_windows=1`, two stages): pure GPU, and hybrid with the residency fixed
-  (25% of the experts in slots: most pairs are CPU misses), sync and async tier. What a
-  discarded window wrote past the slot's end is never read.
+  (25% of the experts in slots: most pairs are CPU misses), sync and async tier; in the
+  hybrid mode K's stage 1 runs beside K+1's stage 0, their layers alternating on the host.
+  What a discarded window wrote past the slot's end is never read.
 - Engine level (the seed's stress), on the trained default (code prompts: drafts are kept, so
   guesses hold as well as fail): every window is launched on a guess (n-gram, the adaptive
   window's drafts after it, at most 4), every second guess is forced wrong
@@ -111,6 +112,8 @@ def test_pipelined_windows_are_bitwise_the_serial_steps(files: dict[str, Path], 
     st = pip.stages()
     assert st[0]["max_windows_in_flight"] == 2 and all(not s["busy"] for s in st), st
     assert st[1]["windows"] < st[0]["windows"], st  # discarded windows never reached stage 1
+    # hybrid: stage 1 of K ran beside K+1's stage 0 (their chains alternating on the host)
+    assert (st[0]["beside"] > 0) == kind.startswith("hybrid") and st[1]["beside"] == st[0]["beside"]
 
 
 def greedy_violations(ref: Model, prompt: list[int], out: list[int]) -> int:

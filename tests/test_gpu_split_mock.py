@@ -86,7 +86,9 @@ def test_stages_on_the_mock_driver(tmp_path: Path, fam: str) -> None:
 # verdict settled as rejected discards K+1 and puts its slot back; calls that need settled
 # slots are refused while a window is in flight; then a random run of launches, verdicts and
 # settlements (pure, hybrid with the tier choosing after every step, sync and async) ends
-# with every stage at a gap and the slot at the length the settled windows add up to.
+# with every stage at a gap and the slot at the length the settled windows add up to. In the
+# hybrid mode on two stages a window's stage 1 runs beside the next window's stage 0 (or at
+# its verdict), counted per stage.
 PIPE_CHILD = """
 import random, sys
 from strata._core import ConfigError, Model
@@ -97,11 +99,15 @@ for gpus, kw in (("0,0", {}), ("0,0", hy), ("0,0", dict(hy, tier_async=True)),
     m = Model.open(sys.argv[1], n_ctx=512, n_slots=2, prefill_chunk=24, device="cuda",
                    gpus=gpus, pipeline_windows=2, **kw)
     assert m.pipeline_windows == 2
+    # hybrid on two stages: a window's stage 1 waits for the next launch, beside its stage 0
+    beside = bool(kw) and gpus == "0,0"
     m.forward_batch([(0, list(range(1, 20)), "last"), (1, [7, 8, 9], "last")])
     m.launch_batch([(0, [1], "last"), (1, [2, 3], "window")])          # K
+    assert m.stages()[-1]["busy"] != beside, m.stages()
     m.launch_batch([(0, [4, 5, 6], "window"), (1, [7], "last")])       # K+1 on stage 0
     st = m.stages()
     assert st[0]["windows_in_flight"] == 2 and st[-1]["busy"] and not st[0]["busy"], st
+    assert [s["beside"] for s in st] == [int(beside)] * 2 + [0] * (len(st) - 2), st
     for bad in (lambda: m.forward_batch([(0, [1], "last")]), lambda: m.truncate(0, 3),
                 lambda: m.launch_batch([(0, [1], "last")]), lambda: m.settle(True)):
         try:
@@ -150,6 +156,7 @@ for gpus, kw in (("0,0", {}), ("0,0", hy), ("0,0", dict(hy, tier_async=True)),
     st = m.stages()
     assert all(not s["busy"] and s["windows_in_flight"] == 0 for s in st), st
     assert st[0]["max_windows_in_flight"] == 2, st
+    assert (st[0]["beside"] > 1) == beside and st[0]["beside"] == st[1]["beside"], st
     assert all(s["windows"] == s["gaps"] for s in st) and st[-1]["windows"] < st[0]["windows"]
     m.forward_batch([(0, [1], "last")])  # the serial step again
     print("ok", gpus, bool(kw), [s["windows"] for s in st])

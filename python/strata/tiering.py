@@ -166,8 +166,10 @@ def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
     tier's), `stage_swap_bytes_total` (the tier's swaps onto its device) and the gauge
     `stage_busy` (1 while a window is on it); where there are stages to pass between, also
     `stage_waiting_seconds_total` (a window waiting to enter it), `stage_copying_seconds_total`
-    (device time of the activation hops into it) and `stage_hop_bytes_total` (activations
-    hopping in), which one stage never fills. Unlabeled, the model's gauge
+    (device time of the activation hops into it), `stage_hop_bytes_total` (activations
+    hopping in) and `stage_windows_beside_total` (windows whose part there ran beside another
+    window's part on another stage, pipelined in the hybrid mode), which one stage never
+    fills. Unlabeled, the model's gauge
     `pipeline_windows_in_flight` (windows launched and not yet settled). Empty on the CPU
     path."""
     out: list[LabeledStat] = []
@@ -185,6 +187,7 @@ def stage_stats(stages: list[dict[str, Any]]) -> list[LabeledStat]:
             ("stage_waiting_seconds_total", "waiting_s"),
             ("stage_copying_seconds_total", "copying_s"),
             ("stage_hop_bytes_total", "hop_bytes"),
+            ("stage_windows_beside_total", "beside"),
         ]
     for i, s in enumerate(stages):
         lab = {"stage": str(i), "device": str(s["device"])}

@@ -17,6 +17,7 @@ use super::launch::{Launcher, Seg, LOGIT_ROWS};
 use super::model::GpuModel;
 use super::pipeline::Pipeline;
 use super::stage::Stage;
+use super::stage_chain::Chain;
 use crate::cuda::{as_bytes_mut, PinnedBuf};
 use crate::error::{Error, Result};
 use crate::model::batch::{check_batch, Entry, Piece};
@@ -99,7 +100,22 @@ pub(super) fn stage_part(
     ticket0: Option<GapTicket>,
     io: &StepIo<'_>,
 ) -> Result<bool> {
-    let n = st.len();
+    let (ticket, mut c) = stage_begin(st, pipe, graph_error, w, s, ticket0, io)?;
+    while st[s].next_layer(&mut c, io.segs)? {}
+    stage_end(st, pipe, w, s, &ticket, c, io)
+}
+
+/// `stage_part` up to its chain of layers begun (`stage_chain.rs`): returns the part's
+/// fence and the chain, which the caller drives (`Stage::next_layer`) before `stage_end`.
+pub(super) fn stage_begin(
+    st: &mut [Stage],
+    pipe: &mut Pipeline,
+    graph_error: &mut Option<String>,
+    w: WindowId,
+    s: usize,
+    ticket0: Option<GapTicket>,
+    io: &StepIo<'_>,
+) -> Result<(GapTicket, Chain)> {
     let (done, rest) = st.split_at_mut(s);
     let stg = &mut rest[0];
     let ticket = match (done.last(), ticket0) {
@@ -113,8 +129,25 @@ pub(super) fn stage_part(
     }
     x.b.params.write_async(&x.stream, 0, io.pin, 0, io.nb)?;
     stg.moe.before_step(&stg.x.stream, io.slots)?;
-    let head = stg.launch_layers(io.decode, io.segs, io.graph_ok, graph_error)?;
-    stg.moe.step_launched(&stg.x, &ticket)?;
+    let c = stg.begin_layers(io.decode, io.segs, io.graph_ok, graph_error)?;
+    Ok((ticket, c))
+}
+
+/// `stage_part` after its chain's layers are all queued: the fence to the placement, and a
+/// stage before the last left (its gap). Returns whether the layers included the head.
+pub(super) fn stage_end(
+    st: &mut [Stage],
+    pipe: &mut Pipeline,
+    w: WindowId,
+    s: usize,
+    ticket: &GapTicket,
+    c: Chain,
+    io: &StepIo<'_>,
+) -> Result<bool> {
+    let n = st.len();
+    let stg = &mut st[s];
+    let head = stg.end_layers(c)?;
+    stg.moe.step_launched(&stg.x, ticket)?;
     if s + 1 < n {
         // the host has seen stage s's work complete: a gap there, its tier's turn
         pipe.leave_stage(w, s, &stg.x, io.t)?;

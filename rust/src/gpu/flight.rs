@@ -19,12 +19,21 @@
 //! ran (`Pipeline::launch`, the `taken` event). A pipelined window is one step: at most the
 //! buffers' rows, and logit rows that fit one head block. With one window in flight at most
 //! (`pipeline_windows` 1) the same calls run the step in order (launch, verdict).
+//!
+//! In the hybrid mode on two stages (`defers`) the host drives each stage's layers (it waits
+//! for each layer's routing and computes the CPU misses), so a later stage queued at its
+//! window's launch would run there, on the host, before K+1's stage 0 could start. There
+//! window K's stage 1 waits instead: `launch_batch(K+1)` runs it beside K+1's stage 0, their
+//! chains of layers alternating on the host (`launch_beside`, `stage_chain.rs`), so the GPU's
+//! part of each layer of one runs while the pool computes the other's misses; without a next
+//! launch, `finish_batch` runs it alone.
 
 use super::batch::{
-    decode_of, norm_logit_rows, piece_rows, rec_pieces, stage_part, write_params, StepIo,
+    decode_of, norm_logit_rows, piece_rows, rec_pieces, stage_begin, stage_end, stage_part,
+    write_params, StepIo,
 };
 use super::flight_state::Flight;
-use super::launch::{params_len, LOGIT_ROWS};
+use super::launch::{params_len, Launcher, LOGIT_ROWS};
 use super::model::GpuModel;
 use crate::cuda::as_bytes_mut;
 use crate::cuda::ops::view::bytes;
@@ -116,8 +125,31 @@ impl GpuModel {
         res.or_else(|e| self.fail(e))
     }
 
-    /// Stage 0's part of `fl`, then the later stages as far as they are free.
+    /// Whether a window's later stage waits for the next launch (`launch_beside`) or its
+    /// verdict instead of running at its own launch: two stages, two windows, and a second
+    /// stage whose chain the host drives layer by layer (the hybrid tier). Launched at once,
+    /// that chain would run on the host before `launch_batch` returns, and the next window's
+    /// stage 0 after it: nothing would overlap on one host.
+    fn defers(&self) -> bool {
+        self.st.len() == 2 && self.pipe.max_windows() >= 2 && self.st[1].moe.host_per_layer()
+    }
+
+    /// Stage 0's part of `fl`, then the later stages as far as they are free (deferred: at
+    /// the next launch, beside its stage 0, or at the verdict). A window waiting for its
+    /// later stage runs it beside `fl`'s stage 0.
     fn launch_flight(&mut self, fl: &mut Flight) -> Result<()> {
+        let defers = self.defers();
+        if let Some(mut older) = self.flights.active.pop_back() {
+            let beside = defers && older.next_stage == 1 && self.pipe.can_enter(older.window, 1);
+            let res = match beside {
+                true => self.launch_beside(&mut older, fl),
+                false => Ok(()),
+            };
+            self.flights.active.push_back(older);
+            if beside {
+                return res;
+            }
+        }
         let (w, ticket) = self.pipe.launch(&self.st[0].x)?;
         fl.window = w;
         let io = io_of(fl);
@@ -125,7 +157,45 @@ impl GpuModel {
         let head_done = stage_part(st, pipe, ge, w, 0, Some(ticket), &io)?;
         fl.head_done = head_done;
         fl.next_stage = 1;
-        self.advance(fl)
+        match defers {
+            true => Ok(()),
+            false => self.advance(fl),
+        }
+    }
+
+    /// `older` enters stage 1 and `fl` is launched onto stage 0, their chains of layers
+    /// driven alternately (`stage_chain.rs`): while the host serves one chain's CPU misses
+    /// the GPU runs the other's attention. `older`'s hop out of stage 0's x is queued before
+    /// `fl`'s launch rewrites that x (`Pipeline::launch` waits for its `taken`); `older`'s
+    /// head and logits' copy are queued before `fl` leaves stage 0 (the host waits there).
+    fn launch_beside(&mut self, older: &mut Flight, fl: &mut Flight) -> Result<()> {
+        let vocab = self.hp.n_vocab;
+        let (st, pipe, ge) = (&mut self.st[..], &mut self.pipe, &mut self.graph_error);
+        let ow = older.window;
+        let io1 = io_of(older);
+        let (t1, mut c1) = stage_begin(st, pipe, ge, ow, 1, None, &io1)?;
+        let (w, t0) = pipe.launch(&st[0].x)?;
+        fl.window = w;
+        let io0 = io_of(fl);
+        let (t0, mut c0) = stage_begin(st, pipe, ge, w, 0, Some(t0), &io0)?;
+        let (mut more1, mut more0) = (true, true);
+        while more1 || more0 {
+            if more1 {
+                more1 = st[1].next_layer(&mut c1, io1.segs)?;
+            }
+            if more0 {
+                more0 = st[0].next_layer(&mut c0, io0.segs)?;
+            }
+        }
+        let head1 = stage_end(st, pipe, ow, 1, &t1, c1, &io1)?;
+        older.head_done = head1;
+        older.next_stage = 2;
+        queue_logits(&st[1].x, vocab, older)?;
+        let head0 = stage_end(st, pipe, w, 0, &t0, c0, &io0)?;
+        pipe.ran_beside(&[0, 1]);
+        fl.head_done = head0;
+        fl.next_stage = 1;
+        Ok(())
     }
 
     /// `fl`'s remaining stages as far as they are free, then (all entered) its logit rows
@@ -145,15 +215,7 @@ impl GpuModel {
         if next < n {
             return Ok(()); // a stage ahead still serves an earlier window: `settle` goes on
         }
-        let (x, vocab) = (&self.st[n - 1].x, self.hp.n_vocab);
-        if !fl.head_done && norm_logit_rows(x, &fl.plan.pieces)? > 0 {
-            x.head(0, fl.hr)?; // logits [hr, V]
-        }
-        if fl.hr > 0 {
-            x.b.logits
-                .read_async(&x.stream, 0, &mut fl.pin_logits, 0, 4 * fl.hr * vocab)?;
-        }
-        fl.ready.record(&x.stream)
+        queue_logits(&self.st[n - 1].x, self.hp.n_vocab, fl)
     }
 
     /// The oldest window's verdict: its logits to `out` (entry order, as `forward_batch`),
@@ -164,9 +226,17 @@ impl GpuModel {
                 "the oldest window's verdict is taken: settle it first".into(),
             ));
         }
-        let Some(fl) = self.flights.active.front() else {
+        let Some(mut fl) = self.flights.active.pop_front() else {
             return Err(Error::Config("no pipelined window in flight".into()));
         };
+        // a stage it has not entered yet (deferred: `defers`) runs now, as far as it is free
+        let res = match fl.next_stage < self.st.len() {
+            true => self.advance(&mut fl),
+            false => Ok(()),
+        };
+        self.flights.active.push_front(fl);
+        res.or_else(|e| self.fail(e))?;
+        let fl = &self.flights.active[0];
         if fl.next_stage < self.st.len() {
             return Err(Error::Config(
                 "the oldest window has not entered every stage".into(),
@@ -217,6 +287,9 @@ impl GpuModel {
                 self.flights.spare.push(fl);
             }
             return Ok(());
+        }
+        if self.defers() {
+            return Ok(()); // the next window's later stage: beside the next launch, or at its verdict
         }
         if let Some(mut fl) = self.flights.active.pop_front() {
             let res = if fl.next_stage < self.st.len() {
@@ -281,6 +354,19 @@ impl GpuModel {
             ready: gl.event_no_timing()?,
         })
     }
+}
+
+/// `fl`'s logit rows (every stage entered; on the last stage `x`) normed back to back, the
+/// head over them and their copy into `fl.pin_logits` queued, then `fl.ready`.
+fn queue_logits(x: &Launcher, vocab: usize, fl: &mut Flight) -> Result<()> {
+    if !fl.head_done && norm_logit_rows(x, &fl.plan.pieces)? > 0 {
+        x.head(0, fl.hr)?; // logits [hr, V]
+    }
+    if fl.hr > 0 {
+        x.b.logits
+            .read_async(&x.stream, 0, &mut fl.pin_logits, 0, 4 * fl.hr * vocab)?;
+    }
+    fl.ready.record(&x.stream)
 }
 
 fn io_of(fl: &Flight) -> StepIo<'_> {

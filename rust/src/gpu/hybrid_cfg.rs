@@ -90,6 +90,9 @@ pub struct StageInfo {
     /// Its layers, `first .. end`.
     pub layers: (usize, usize),
     pub windows: u64,
+    /// Windows whose part here ran beside another window's part on another stage, their
+    /// chains of layers alternating on the host (`flight.rs`).
+    pub beside: u64,
     pub gaps: u64,
     pub busy: bool,
     /// Host-seen seconds: a window on the stage (launch to its completion seen), between the

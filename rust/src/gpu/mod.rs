@@ -26,6 +26,7 @@ mod pipeline;
 mod placement;
 pub mod split;
 mod stage;
+mod stage_chain;
 mod step;
 mod stream_in;
 pub mod weights;

@@ -95,6 +95,7 @@ struct StageStats {
     wait_ns: u64,
     copy_ms: f64,
     hop_bytes: u64,
+    beside: u64,
 }
 
 pub(super) struct Pipeline {
@@ -254,6 +255,11 @@ impl Pipeline {
         Ok(())
     }
 
+    /// Windows ran on stages `s` beside each other (their chains alternating on the host).
+    pub(super) fn ran_beside(&mut self, s: &[usize]) {
+        s.iter().for_each(|&s| self.stats[s].beside += 1);
+    }
+
     /// Window `w` (past its verdict) is settled: accepted, or rejected, which discards every
     /// later window (one between stages is gone at once).
     pub(super) fn finish(&mut self, w: WindowId, accepted: bool) -> Result<()> {
@@ -269,6 +275,7 @@ impl Pipeline {
                 StageInfo {
                     device: self.proto.card(s),
                     windows: c.windows,
+                    beside: st.beside,
                     gaps: c.gaps,
                     busy: !self.proto.at_gap(s),
                     compute_s: st.compute_ns as f64 * 1e-9,

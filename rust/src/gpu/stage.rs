@@ -327,65 +327,12 @@ pub(super) fn build(
 }
 
 impl Stage {
-    /// Launches the stage's part of a step over the pieces `segs` (`params` written, the
-    /// activations here): a decode step of S = `decode` one-token pieces replays its captured
-    /// graph(s) when `graph_ok` (captured after its first step ran eagerly; a capture the
-    /// driver refuses goes to `graph_error`); a placement with host work between layers waits
-    /// on the host per layer. True when the launches include the final norm and head of row
-    /// 0 (the last stage, S = 1, one graph).
-    pub(super) fn launch_layers(
-        &mut self,
-        decode: Option<usize>,
-        segs: &[Seg],
-        graph_ok: bool,
-        graph_error: &mut Option<String>,
-    ) -> Result<bool> {
-        let key = decode.filter(|&n| graph_ok && n >= 1 && n <= self.graphs.len());
-        let graphed =
-            key.is_some_and(|n| self.graphs[n - 1].is_some() || self.eager_steps[n - 1] > 0);
-        if let Some(n) = key.filter(|_| graphed) {
-            if self.graphs[n - 1].is_none() {
-                self.capture(segs, graph_error)?;
-            }
-        }
-        let (x, moe) = (&self.x, &mut self.moe);
-        let g = key
-            .filter(|_| graphed && graph_error.is_none())
-            .and_then(|n| self.graphs[n - 1].as_ref());
-        match g {
-            Some(StepGraph::Whole(g)) => {
-                g.launch(&x.stream)?;
-                return Ok(segs.len() == 1 && x.last());
-            }
-            Some(StepGraph::PerLayer(gs)) => {
-                let n = segs.len();
-                if x.first() {
-                    x.embed(n, n)?;
-                }
-                for (l, (a, r)) in x.layers.clone().zip(gs) {
-                    a.launch(&x.stream)?;
-                    if let Some(r) = r {
-                        moe.moe(x, l, n, Some(r))?;
-                    }
-                }
-                moe.layers_done(x)?;
-            }
-            None => {
-                x.layers(segs, &mut **moe)?;
-                if let Some(n) = key {
-                    self.eager_steps[n - 1] += 1;
-                }
-            }
-        }
-        Ok(false)
-    }
-
     /// Captures the stage's part of the decode step of the S = `segs.len()` one-token pieces
     /// `segs`: as one graph (its layers; for S = 1 on the last stage also the final norm and
     /// head), or per layer when the placement works on the host between layers. A capture
     /// the driver refuses is recorded in `graph_error` and steps run kernel by kernel from
     /// then on; an error of the step itself is returned.
-    fn capture(&mut self, segs: &[Seg], graph_error: &mut Option<String>) -> Result<()> {
+    pub(super) fn capture(&mut self, segs: &[Seg], graph_error: &mut Option<String>) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
         if moe.host_per_layer() {
             return self.capture_per_layer(segs, graph_error);

@@ -39,15 +39,37 @@ impl Launcher {
         }
         let host = moe.host_out(t);
         for l in self.layers.clone() {
-            let copied = self.attn_router(l, segs, host, moe.handoff_y(self, l, t))?;
-            if self.w.layer(l).routed() {
-                if !copied {
-                    moe.pre(self, l, t)?;
-                }
-                moe.moe(self, l, t, None)?;
-            }
+            self.layer_attn(l, segs, host, moe)?;
+            self.layer_moe(l, t, moe)?;
         }
         moe.layers_done(self)
+    }
+
+    /// Layer `l`'s first part (launches only): its attention block and router, then the
+    /// placement's `pre` where the router did not write the host's copies itself (`host`:
+    /// `MoePlacement::host_out`).
+    pub(super) fn layer_attn(
+        &self,
+        l: usize,
+        segs: &[Seg],
+        host: Option<[Dv; 3]>,
+        moe: &mut dyn MoePlacement,
+    ) -> Result<()> {
+        let t = rows(segs);
+        let copied = self.attn_router(l, segs, host, moe.handoff_y(self, l, t))?;
+        if self.w.layer(l).routed() && !copied {
+            moe.pre(self, l, t)?;
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s routed experts for `t` rows, as the placement runs them (the hybrid tier's
+    /// host waits for the routing here and computes the CPU misses).
+    pub(super) fn layer_moe(&self, l: usize, t: usize, moe: &mut dyn MoePlacement) -> Result<()> {
+        match self.w.layer(l).routed() {
+            true => moe.moe(self, l, t, None),
+            false => Ok(()),
+        }
     }
 
     /// x [T, H] = the embeddings of the T tokens in `params` (after its `n_seg` pairs).

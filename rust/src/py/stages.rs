@@ -14,6 +14,7 @@ pub fn stage_list<'py>(
         sd.set_item("device", s.device)?;
         sd.set_item("layers", s.layers)?;
         sd.set_item("windows", s.windows)?;
+        sd.set_item("beside", s.beside)?;
         sd.set_item("gaps", s.gaps)?;
         sd.set_item("busy", s.busy)?;
         sd.set_item("compute_s", s.compute_s)?;

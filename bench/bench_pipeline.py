@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from strata import _core
 from strata.config import Config
 from strata.engine.backend import LLMBackend
 from strata.engine.protocol import Submit, Tokens
@@ -142,6 +143,11 @@ def main() -> None:
         "--only", default="", help="run the configurations whose name has one of these (a|b|..)"
     )
     ap.add_argument("--curves", action="store_true", help="print the adaptive window's curves")
+    ap.add_argument(
+        "--window-graphs-ab",
+        action="store_true",
+        help="each configuration also opened with windows run kernel by kernel (no graphs)",
+    )
     a = ap.parse_args()
     base: dict[str, Any] = dict(
         model=str(a.model), device="cuda", n_ctx=2048, parallel=1, threads=a.threads,
@@ -173,9 +179,13 @@ def main() -> None:
     if not a.arms:
         configs = [c for c in configs if not c[2]]
     configs = [c for c in configs if any(o in c[0] for o in a.only.split("|"))]
+    if a.window_graphs_ab:  # the same configurations with windows' steps run eagerly
+        configs += [(f"{n}, eager windows", kw, arm) for n, kw, arm in configs]
     engines = []
-    for _name, kw, arm in configs:
+    for name, kw, arm in configs:
+        prev = _core.set_gpu_window_graphs(not name.endswith("eager windows"))
         eng = Engine(Config(**{**base, **kw}))
+        _core.set_gpu_window_graphs(prev)
         if arm:  # the guess policy's arm pinned (a diagnostic: what each arm costs alone)
             eng.sched._guess_pays = (lambda: True) if arm == "guess" else (lambda: False)  # type: ignore[method-assign]
         eng.request(ps[0], a.tokens)  # warm-up: graphs, the first costs measured
@@ -225,6 +235,9 @@ def main() -> None:
         ("hybrid async, pw2", "hybrid sync, pw2"),
         ("pure, pw2", "pure, pw1"),
         ("hybrid async, pw2 serial only", "hybrid async, pw1"),
+        ("hybrid async, pw1", "hybrid async, pw1, eager windows"),
+        ("hybrid async, pw2", "hybrid async, pw2, eager windows"),
+        ("pure, pw1", "pure, pw1, eager windows"),
     ]
     for x, y in pairs:
         if x in names and y in names:

@@ -31,7 +31,6 @@ pub(super) struct StepIo<'a> {
     pub(super) rec: &'a [RecPiece],         // [S] for a recurrent state's checkpoints
     pub(super) t: usize,                    // R' rows
     pub(super) nb: usize,                   // bytes of `params` in `pin`
-    pub(super) decode: Option<usize>,       // S one-token pieces: a decode step
     pub(super) graph_ok: bool,
     pub(super) pin: &'a PinnedBuf, // the staged `params`
 }
@@ -80,12 +79,6 @@ pub(super) fn norm_logit_rows(x: &Launcher, pieces: &[Piece]) -> Result<usize> {
     Ok(hr)
 }
 
-/// S for a step of S one-token pieces (its decode graphs), else None.
-pub(super) fn decode_of(pieces: &[Piece]) -> Option<usize> {
-    let t: usize = pieces.iter().map(|p| p.t).sum();
-    (t == pieces.len()).then_some(t)
-}
-
 /// Window `w`'s part on stage `s`: entered (s > 0: the hop from s - 1; stage 0 takes the
 /// launch's `ticket0`), the recurrent flags and `params` written, the layers launched (or a
 /// decode graph replayed); a stage before the last is left (the host waits for its work)
@@ -129,7 +122,7 @@ pub(super) fn stage_begin(
     }
     x.b.params.write_async(&x.stream, 0, io.pin, 0, io.nb)?;
     stg.moe.before_step(&stg.x.stream, io.slots)?;
-    let c = stg.begin_layers(io.decode, io.segs, io.graph_ok, graph_error)?;
+    let c = stg.begin_layers(io.segs, io.graph_ok, graph_error)?;
     Ok((ticket, c))
 }
 
@@ -230,7 +223,6 @@ impl GpuModel {
             rec: &ss.rec,
             t: super::step::rows(&ss.segs),
             nb,
-            decode: decode_of(&ss.plan.pieces),
             graph_ok: self.use_graph && self.graph_error.is_none(),
             pin: &self.pin_params,
         };

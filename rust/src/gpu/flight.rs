@@ -29,8 +29,8 @@
 //! launch, `finish_batch` runs it alone.
 
 use super::batch::{
-    decode_of, norm_logit_rows, piece_rows, rec_pieces, stage_begin, stage_end, stage_part,
-    write_params, StepIo,
+    norm_logit_rows, piece_rows, rec_pieces, stage_begin, stage_end, stage_part, write_params,
+    StepIo,
 };
 use super::flight_state::Flight;
 use super::launch::{params_len, Launcher, LOGIT_ROWS};
@@ -113,7 +113,6 @@ impl GpuModel {
         fl.t = total;
         fl.hr = hr;
         fl.nb = write_params(&mut fl.pin_params, entries, &fl.plan.pieces);
-        fl.decode = decode_of(&fl.plan.pieces);
         fl.graph_ok = self.use_graph && self.graph_error.is_none();
         fl.next_stage = 0;
         fl.head_done = false;
@@ -344,7 +343,6 @@ impl GpuModel {
             wants: Vec::with_capacity(n),
             t: 0,
             nb: 0,
-            decode: None,
             graph_ok: false,
             next_stage: 0,
             head_done: false,
@@ -376,7 +374,6 @@ fn io_of(fl: &Flight) -> StepIo<'_> {
         rec: &fl.rec,
         t: fl.t,
         nb: fl.nb,
-        decode: fl.decode,
         graph_ok: fl.graph_ok,
         pin: &fl.pin_params,
     }

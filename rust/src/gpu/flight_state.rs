@@ -20,7 +20,6 @@ pub(super) struct Flight {
     pub(super) wants: Vec<(Logits, usize)>, // [entries] logits wanted, tokens
     pub(super) t: usize,   // R' rows
     pub(super) nb: usize,  // bytes of `params` staged
-    pub(super) decode: Option<usize>,
     pub(super) graph_ok: bool,
     /// The next stage the window enters (n: every stage queued).
     pub(super) next_stage: usize,

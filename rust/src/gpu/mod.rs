@@ -36,4 +36,4 @@ pub use hybrid_cfg::{ComputeMaker, HybridConfig, HybridInfo, StageInfo};
 pub use launch::set_fusion;
 pub use launch::DECODE_MAX_TOKENS;
 pub use model::GpuModel;
-pub use stage::{HopKind, SplitConfig};
+pub use stage::{set_window_graphs, HopKind, SplitConfig};

@@ -11,9 +11,10 @@
 use super::gdn_state::GdnState;
 use super::hybrid::Hybrid;
 use super::hybrid_cfg::{HybridConfig, HybridShared, StagePart};
-use super::launch::{Bufs, Launcher, Seg};
+use super::launch::{Bufs, Launcher, Seg, DECODE_MAX_TOKENS};
 use super::placement::{MoePlacement, VramExperts};
 use super::split::{self, SplitInputs};
+use super::step::rows;
 use super::weights::GpuWeights;
 use crate::cuda::ops::attention::{self, KvLayout};
 use crate::cuda::ops::quant::QuantOps;
@@ -24,14 +25,30 @@ use crate::model::weights::{LayerWeights, Weights};
 use crate::model::{HParams, ModelConfig};
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Buffers besides the weights and the KV cache that the automatic hybrid decision assumes
 /// (activations, scratch, the CUDA context's own needs).
 pub(super) const BUFFER_ALLOWANCE: usize = 512 << 20;
 
-/// A captured decode step of S one-token pieces on one stage: one graph (its layers; for
-/// S = 1 on the last stage with the final norm and the head of its row), or per layer
+/// The captured steps besides the decode steps of S one-token pieces: one piece of t rows,
+/// 2 ≤ t ≤ `DECODE_MAX_TOKENS` (a speculative window of one sequence, as the decode
+/// attention runs it), at `graphs[n_slots + t − 2]`.
+pub(super) const WINDOW_GRAPHS: usize = DECODE_MAX_TOKENS - 1;
+
+static WINDOW_GRAPHS_ON: AtomicBool = AtomicBool::new(true);
+
+/// Whether GPU models opened from now on capture windows' steps as graphs (the default) or
+/// run them kernel by kernel (the same results: for A/B timings); returns the previous
+/// setting.
+pub fn set_window_graphs(on: bool) -> bool {
+    WINDOW_GRAPHS_ON.swap(on, Ordering::Relaxed)
+}
+
+/// A captured step on one stage (a decode step of S one-token pieces, or one piece of a few
+/// rows: `Stage::graph_key`): one graph (its layers; for one row on the last stage with the
+/// final norm and the head of its row), or per layer
 /// (attention, router and the placement's `pre`; its `resident` experts, None for a layer
 /// without routed experts) for a placement with host work between layers.
 pub(super) enum StepGraph {
@@ -43,11 +60,14 @@ pub(super) struct Stage {
     pub x: Launcher,
     /// Where the stage's routed experts run.
     pub moe: Box<dyn MoePlacement>,
-    /// [n_slots] the decode graph of S one-token pieces at S - 1.
+    /// [n_slots + WINDOW_GRAPHS] the graph of the decode step of S one-token pieces at S - 1,
+    /// then those of one piece of t = 2.. rows (`graph_key`).
     pub graphs: Vec<Option<StepGraph>>,
-    /// [n_slots] decode steps of S pieces run so far without the graph (the first one runs
+    /// [n_slots + WINDOW_GRAPHS] such steps run so far without the graph (the first one runs
     /// eagerly: it resolves every kernel and checks the step before it is captured).
     pub eager_steps: Vec<usize>,
+    /// Windows' steps are captured too (`set_window_graphs` at the model's opening).
+    pub window_graphs: bool,
 }
 
 /// Where the stages run: `gpus[s]` (a device may repeat: one GPU as several stages), cut by
@@ -319,27 +339,56 @@ pub(super) fn build(
         stages.push(Stage {
             x,
             moe,
-            graphs: (0..cfg.n_slots).map(|_| None).collect(),
-            eager_steps: vec![0; cfg.n_slots],
+            graphs: (0..cfg.n_slots + WINDOW_GRAPHS).map(|_| None).collect(),
+            eager_steps: vec![0; cfg.n_slots + WINDOW_GRAPHS],
+            window_graphs: WINDOW_GRAPHS_ON.load(Ordering::Relaxed),
         });
     }
     Ok(Built { stages, shared })
 }
 
 impl Stage {
-    /// Captures the stage's part of the decode step of the S = `segs.len()` one-token pieces
-    /// `segs`: as one graph (its layers; for S = 1 on the last stage also the final norm and
-    /// head), or per layer when the placement works on the host between layers. A capture
-    /// the driver refuses is recorded in `graph_error` and steps run kernel by kernel from
-    /// then on; an error of the step itself is returned.
-    pub(super) fn capture(&mut self, segs: &[Seg], graph_error: &mut Option<String>) -> Result<()> {
+    /// Where the step over the pieces `segs` keeps its captured graph(s) in `graphs`: S − 1
+    /// for S one-token pieces (a decode step), n_slots + t − 2 for one piece of
+    /// 2 ≤ t ≤ `DECODE_MAX_TOKENS` rows (a window; not on a stage with a recurrent state,
+    /// whose windows checkpoint it per token). Every kernel of such a step takes the pieces'
+    /// positions and slots from `params` on the device, so one capture serves every step of
+    /// that shape. None: the step runs kernel by kernel.
+    pub(super) fn graph_key(&self, segs: &[Seg]) -> Option<usize> {
+        let n_dec = self.graphs.len() - WINDOW_GRAPHS;
+        match segs {
+            _ if segs.iter().all(|s| s.t == 1) => {
+                (1..=n_dec).contains(&segs.len()).then(|| segs.len() - 1)
+            }
+            [one]
+                if self.window_graphs
+                    && self.x.rec.is_none()
+                    && (2..=DECODE_MAX_TOKENS).contains(&one.t) =>
+            {
+                Some(n_dec + one.t - 2)
+            }
+            _ => None,
+        }
+    }
+
+    /// Captures the stage's part of the step over the pieces `segs` into `graphs[key]`: as
+    /// one graph (its layers; for one row on the last stage also the final norm and head),
+    /// or per layer when the placement works on the host between layers. A capture the
+    /// driver refuses is recorded in `graph_error` and steps run kernel by kernel from then
+    /// on; an error of the step itself is returned.
+    pub(super) fn capture(
+        &mut self,
+        key: usize,
+        segs: &[Seg],
+        graph_error: &mut Option<String>,
+    ) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
         if moe.host_per_layer() {
-            return self.capture_per_layer(segs, graph_error);
+            return self.capture_per_layer(key, segs, graph_error);
         }
         x.stream.begin_capture()?;
         let mut body = x.layers(segs, &mut **moe);
-        if segs.len() == 1 && x.last() {
+        if rows(segs) == 1 && x.last() {
             body = body
                 .and_then(|()| x.final_norm(0, 0, 1))
                 .and_then(|()| x.head(0, 1));
@@ -347,18 +396,23 @@ impl Stage {
         let g = x.stream.end_capture();
         body?;
         match g {
-            Ok(g) => self.graphs[segs.len() - 1] = Some(StepGraph::Whole(g)),
+            Ok(g) => self.graphs[key] = Some(StepGraph::Whole(g)),
             Err(e) => *graph_error = Some(e.to_string()),
         }
         Ok(())
     }
 
-    /// The per-layer graphs of a decode step of S one-token pieces: (attention, router, the
+    /// The per-layer graphs of the step over `segs` (of T rows): (attention, router, the
     /// placement's `pre`; its `resident` experts, for a layer with routed experts) (its host
     /// work runs between them).
-    fn capture_per_layer(&mut self, segs: &[Seg], graph_error: &mut Option<String>) -> Result<()> {
+    fn capture_per_layer(
+        &mut self,
+        key: usize,
+        segs: &[Seg],
+        graph_error: &mut Option<String>,
+    ) -> Result<()> {
         let (x, moe) = (&self.x, &mut self.moe);
-        let n = segs.len();
+        let n = rows(segs); // T
         let host = moe.host_out(n);
         let mut gs = Vec::with_capacity(x.w.layers.len());
         for l in x.layers.clone() {
@@ -395,7 +449,7 @@ impl Stage {
                 .ok_or_else(|| Error::Config("a layer's graph was not captured".into()))?;
             gs.push((a, it.next()));
         }
-        self.graphs[n - 1] = Some(StepGraph::PerLayer(gs));
+        self.graphs[key] = Some(StepGraph::PerLayer(gs));
         Ok(())
     }
 }

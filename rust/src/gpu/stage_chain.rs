@@ -25,8 +25,8 @@ enum Mode {
     Done(bool),
     /// Kernel by kernel (`Launcher::layer_attn`, `Launcher::layer_moe`).
     Eager { host: Option<[Dv; 3]> },
-    /// The per-layer decode graphs of S = `n` one-token pieces.
-    PerLayer { n: usize },
+    /// The per-layer graphs at `graphs[key]`.
+    PerLayer { key: usize },
 }
 
 /// Where a stage's part of a step stands: layer `l`'s part (a) is queued, its (b) is next.
@@ -34,41 +34,40 @@ pub(super) struct Chain {
     mode: Mode,
     l: usize,
     t: usize, // R' rows
-    /// The decode step of S pieces that ran eagerly (counted at the end: its graph follows).
+    /// A step of a captured shape that ran eagerly (counted at the end: its graph follows).
     eager_key: Option<usize>,
 }
 
 impl Stage {
     /// Begins the stage's part of a step over the pieces `segs` (`params` written, the
-    /// activations here): a decode step of S = `decode` one-token pieces replays its captured
-    /// graph(s) when `graph_ok` (captured after its first step ran eagerly; a capture the
-    /// driver refuses goes to `graph_error`). A whole-step graph is launched now; otherwise
-    /// the first layer's part (a) is queued (the first stage embeds the tokens first).
+    /// activations here): a step of a captured shape (`Stage::graph_key`: a decode step of
+    /// one-token pieces, or a window of a few rows) replays its graph(s) when `graph_ok`
+    /// (captured after its first step of that shape ran eagerly; a capture the driver
+    /// refuses goes to `graph_error`). A whole-step graph is launched now; otherwise the
+    /// first layer's part (a) is queued (the first stage embeds the tokens first).
     pub(super) fn begin_layers(
         &mut self,
-        decode: Option<usize>,
         segs: &[Seg],
         graph_ok: bool,
         graph_error: &mut Option<String>,
     ) -> Result<Chain> {
-        let key = decode.filter(|&n| graph_ok && n >= 1 && n <= self.graphs.len());
-        let graphed =
-            key.is_some_and(|n| self.graphs[n - 1].is_some() || self.eager_steps[n - 1] > 0);
-        if let Some(n) = key.filter(|_| graphed) {
-            if self.graphs[n - 1].is_none() {
-                self.capture(segs, graph_error)?;
+        let key = self.graph_key(segs).filter(|_| graph_ok);
+        let graphed = key.is_some_and(|k| self.graphs[k].is_some() || self.eager_steps[k] > 0);
+        if let Some(k) = key.filter(|_| graphed) {
+            if self.graphs[k].is_none() {
+                self.capture(k, segs, graph_error)?;
             }
         }
         let g = key
             .filter(|_| graphed && graph_error.is_none())
-            .and_then(|n| self.graphs[n - 1].as_ref());
+            .and_then(|k| self.graphs[k].as_ref().map(|g| (k, g)));
         let (x, t, l) = (&self.x, rows(segs), self.x.layers.start);
         let (mode, eager_key) = match g {
-            Some(StepGraph::Whole(g)) => {
+            Some((_, StepGraph::Whole(g))) => {
                 g.launch(&x.stream)?;
-                (Mode::Done(segs.len() == 1 && x.last()), None)
+                (Mode::Done(t == 1 && x.last()), None)
             }
-            Some(StepGraph::PerLayer(_)) => (Mode::PerLayer { n: segs.len() }, None),
+            Some((key, StepGraph::PerLayer(_))) => (Mode::PerLayer { key }, None),
             None => (
                 Mode::Eager {
                     host: self.moe.host_out(t),
@@ -99,9 +98,9 @@ impl Stage {
         }
         let (x, moe) = (&self.x, &mut *self.moe);
         match &c.mode {
-            Mode::PerLayer { n } => {
-                if let Some(r) = &per_layer(&self.graphs, *n)?[c.l - x.layers.start].1 {
-                    moe.moe(x, c.l, *n, Some(r))?;
+            Mode::PerLayer { key } => {
+                if let Some(r) = &per_layer(&self.graphs, *key)?[c.l - x.layers.start].1 {
+                    moe.moe(x, c.l, c.t, Some(r))?;
                 }
             }
             _ => x.layer_moe(c.l, c.t, moe)?,
@@ -120,8 +119,8 @@ impl Stage {
             return Ok(head);
         }
         self.moe.layers_done(&self.x)?;
-        if let Some(n) = c.eager_key {
-            self.eager_steps[n - 1] += 1;
+        if let Some(k) = c.eager_key {
+            self.eager_steps[k] += 1;
         }
         Ok(false)
     }
@@ -131,7 +130,7 @@ impl Stage {
         let (x, moe) = (&self.x, &mut *self.moe);
         match &c.mode {
             Mode::Eager { host } => x.layer_attn(c.l, segs, *host, moe),
-            Mode::PerLayer { n } => per_layer(&self.graphs, *n)?[c.l - x.layers.start]
+            Mode::PerLayer { key } => per_layer(&self.graphs, *key)?[c.l - x.layers.start]
                 .0
                 .launch(&x.stream),
             Mode::Done(_) => Ok(()),
@@ -139,12 +138,10 @@ impl Stage {
     }
 }
 
-/// The per-layer graphs of the decode step of S = `n` pieces.
-fn per_layer(graphs: &[Option<StepGraph>], n: usize) -> Result<&[(Graph, Option<Graph>)]> {
-    match n.checked_sub(1).and_then(|i| graphs.get(i)) {
+/// The per-layer graphs at `graphs[key]`.
+fn per_layer(graphs: &[Option<StepGraph>], key: usize) -> Result<&[(Graph, Option<Graph>)]> {
+    match graphs.get(key) {
         Some(Some(StepGraph::PerLayer(gs))) => Ok(gs),
-        _ => Err(Error::Config(format!(
-            "no per-layer decode graphs for {n} pieces"
-        ))),
+        _ => Err(Error::Config(format!("no per-layer graphs at {key}"))),
     }
 }

@@ -43,6 +43,14 @@ fn set_gpu_fusion(on: bool) -> bool {
     crate::gpu::set_fusion(on)
 }
 
+/// Whether GPU models opened from now on replay a speculative window's step (one piece of
+/// 2-8 rows) from CUDA graphs captured for its size (the default) rather than launching its
+/// kernels one by one: the same results. Returns the previous setting (A/B timings).
+#[pyfunction]
+fn set_gpu_window_graphs(on: bool) -> bool {
+    crate::gpu::set_window_graphs(on)
+}
+
 /// Over how many blocks the GPU decode attention spreads each KV head's query heads in
 /// launches and graphs captured from now on (0: the default choice; 1: one block per KV head):
 /// the same logits either way, bitwise; for A/B timings. Returns the previous setting.
@@ -226,6 +234,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_status, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_info, m)?)?;
     m.add_function(wrap_pyfunction!(set_gpu_fusion, m)?)?;
+    m.add_function(wrap_pyfunction!(set_gpu_window_graphs, m)?)?;
     m.add_function(wrap_pyfunction!(set_gpu_head_split, m)?)?;
     Ok(())
 }

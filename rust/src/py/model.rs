@@ -711,6 +711,16 @@ impl PyModel {
         super::stages::stage_list(py, &info)
     }
 
+    /// The step shapes replayed from captured CUDA graphs: ("decode", S) for S one-token
+    /// pieces, ("window", t) for one piece of t rows (a speculative window); [] on the CPU.
+    #[getter]
+    fn cuda_graph_shapes(&self, py: Python<'_>) -> Vec<(&'static str, usize)> {
+        self.with(py, |m| match m {
+            Backend::Cpu(_) => Vec::new(),
+            Backend::Gpu { m, .. } => m.graph_shapes(),
+        })
+    }
+
     /// The decode graph: "captured", "captured (per layer)" (hybrid), "not yet", "off",
     /// "failed: why", or "cpu".
     #[getter]

@@ -159,6 +159,8 @@ for gpus, kw in (("0,0", {}), ("0,0", hy), ("0,0", dict(hy, tier_async=True)),
     assert (st[0]["beside"] > 1) == beside and st[0]["beside"] == st[1]["beside"], st
     assert all(s["windows"] == s["gaps"] for s in st) and st[-1]["windows"] < st[0]["windows"]
     m.forward_batch([(0, [1], "last")])  # the serial step again
+    # windows of one piece of 2-5 rows came often enough to be captured, per size
+    assert {("window", t) for t in range(2, 6)} <= set(m.cuda_graph_shapes), m.cuda_graph_shapes
     print("ok", gpus, bool(kw), [s["windows"] for s in st])
 try:
     Model.open(sys.argv[2], n_ctx=64, device="cuda", gpus="0,0", pipeline_windows=2)

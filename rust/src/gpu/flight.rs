@@ -138,16 +138,12 @@ impl GpuModel {
     /// later stage runs it beside `fl`'s stage 0.
     fn launch_flight(&mut self, fl: &mut Flight) -> Result<()> {
         let defers = self.defers();
-        if let Some(mut older) = self.flights.active.pop_back() {
-            let beside = defers && older.next_stage == 1 && self.pipe.can_enter(older.window, 1);
-            let res = match beside {
-                true => self.launch_beside(&mut older, fl),
-                false => Ok(()),
-            };
+        let waiting = |o: &Flight| o.next_stage == 1 && self.pipe.can_enter(o.window, 1);
+        if defers && self.flights.active.back().is_some_and(waiting) {
+            let mut older = self.flights.active.pop_back().expect("a window waits");
+            let res = self.launch_beside(&mut older, fl);
             self.flights.active.push_back(older);
-            if beside {
-                return res;
-            }
+            return res;
         }
         let (w, ticket) = self.pipe.launch(&self.st[0].x)?;
         fl.window = w;

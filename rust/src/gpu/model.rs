@@ -258,14 +258,10 @@ impl GpuModel {
     /// The step shapes captured as graphs (on every stage): ("decode", S) for S one-token
     /// pieces, ("window", t) for one piece of t rows (`Stage::graph_key`).
     pub fn graph_shapes(&self) -> Vec<(&'static str, usize)> {
-        let n_dec = self.st[0].graphs.len() - super::stage::WINDOW_GRAPHS;
         let captured = |k: usize| self.st.iter().all(|s| s.graphs[k].is_some());
         (0..self.st[0].graphs.len())
             .filter(|&k| captured(k))
-            .map(|k| match k < n_dec {
-                true => ("decode", k + 1),
-                false => ("window", k - n_dec + 2),
-            })
+            .map(|k| self.st[0].graph_shape(k))
             .collect()
     }
 

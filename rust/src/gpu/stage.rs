@@ -35,7 +35,7 @@ pub(super) const BUFFER_ALLOWANCE: usize = 512 << 20;
 /// The captured steps besides the decode steps of S one-token pieces: one piece of t rows,
 /// 2 ≤ t ≤ `DECODE_MAX_TOKENS` (a speculative window of one sequence, as the decode
 /// attention runs it), at `graphs[n_slots + t − 2]`.
-pub(super) const WINDOW_GRAPHS: usize = DECODE_MAX_TOKENS - 1;
+const WINDOW_GRAPHS: usize = DECODE_MAX_TOKENS - 1;
 
 static WINDOW_GRAPHS_ON: AtomicBool = AtomicBool::new(true);
 
@@ -368,6 +368,16 @@ impl Stage {
                 Some(n_dec + one.t - 2)
             }
             _ => None,
+        }
+    }
+
+    /// The step shape whose graphs `graph_key` keeps at `key`: ("decode", S) for S one-token
+    /// pieces, ("window", t) for one piece of t rows.
+    pub(super) fn graph_shape(&self, key: usize) -> (&'static str, usize) {
+        let n_dec = self.graphs.len() - WINDOW_GRAPHS;
+        match key < n_dec {
+            true => ("decode", key + 1),
+            false => ("window", key - n_dec + 2),
         }
     }
 

@@ -251,6 +251,7 @@ unsafe fn pack_a(
         std::array::from_fn(|c| halves((2 * c as i16) * 257, ((2 * c + 1) as i16) * 257)),
     );
     for r in 0..TILE {
+        prefetch_ahead(rows, row_len, r0 + r, blk, WB);
         if r >= nr {
             for k in 0..12 {
                 _mm512_store_si512(
@@ -365,6 +366,7 @@ unsafe fn pack_a_iq3s(
         _mm512_set1_epi16(1),
     );
     for r in 0..TILE {
+        prefetch_ahead(rows, row_len, r0 + r, blk, IQ3S_WB);
         if r >= nr {
             for c in 0..4 {
                 for k in 0..2 {
@@ -459,6 +461,7 @@ unsafe fn pack_a_q6k(
     let l = |x: i64| x * 0x0101_0101_0101_0101;
     let lane_no = _mm512_setr_epi64(0, 0, l(1), l(1), l(2), l(2), l(3), l(3));
     for r in 0..TILE {
+        prefetch_ahead(rows, row_len, r0 + r, blk, Q6K_WB);
         if r >= nr {
             for k in 0..4 * OPS {
                 _mm512_store_si512(a[k * TILE + r].0.as_mut_ptr() as *mut _, zero);
@@ -516,6 +519,29 @@ unsafe fn pack_any<const KIND: u8>(
         Q6K_MANY => (pack_a_q6k(rows, row_len, r0, rn, blk, a), [0f32; TILE]),
         _ => pack_a(rows, row_len, r0, rn, blk, a),
     }
+}
+
+/// Row tiles ahead that a pack prefetches its rows' block for: a call's weights are read from
+/// RAM once, so they are fetched while the tiles before theirs run.
+const AHEAD_TILES: usize = 8;
+
+/// Prefetch (into L2) block `blk` (`wb` bytes) of row `r0 + r + AHEAD_TILES·16`, the row a
+/// pack `AHEAD_TILES` row tiles later reads there (one hint per row, spread through the pack
+/// so as not to fill the line buffers at once). The row may lie past the call's rows (the
+/// next run that the pool calls with) or past the matrix: a prefetch never faults.
+#[inline(always)]
+fn prefetch_ahead(rows: &[u8], row_len: usize, r: usize, blk: usize, wb: usize) {
+    let p = rows
+        .as_ptr()
+        .wrapping_add((r + AHEAD_TILES * TILE) * row_len + blk * wb);
+    let mut off = 0;
+    while off < wb {
+        // SAFETY: a prefetch is a hint that never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(off) as *const i8) };
+        off += 64;
+    }
+    // SAFETY: as above (the block's last line, where it starts past a line boundary)
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(wb - 1) as *const i8) };
 }
 
 /// Whether `rows_kernel` packs a step ahead: always, except where the timing test turns it

@@ -2,7 +2,8 @@
 //! `cargo test --release amx_iq3s_timing -- --ignored --nocapture`, or on the GPU host through
 //! `scripts/isa_tests_device`'s binary): IQ3_S's A operands packed alone, then whole
 //! `rows_kernel` calls as the pool makes them (64 rows × the token group) for IQ3_S and Q4_K,
-//! the A operands packed when used and a step ahead (`lookahead`), per (row, block).
+//! the A operands packed when used and a step ahead (`lookahead`), per (row, block); and
+//! Q4_K over weights read from RAM (`amx_q4k_cold_timing`).
 //! (`gemm::tests::amx_rows_throughput` compares the tiles with the multi-token kernel.)
 
 use super::super::super::tests::{random_act, random_row, Rng};
@@ -60,15 +61,76 @@ fn amx_iq3s_timing() {
         let best = ab_lookahead(k, n, &rows, row_len, &acts[..nt], reps);
         report(&format!("IQ3_S many, {nt} tokens"), best, nr * nb);
     }
-    // Q4_K, both orders, 32 tokens
+    // Q4_K, both orders, 16 to 64 tokens
     let q4_len = WB * nb;
     let q4 = matrix(GgmlType::Q4K, &mut rng);
+    {
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            for r0 in (0..nr).step_by(TILE) {
+                for blk in 0..nb {
+                    // SAFETY: AVX-512 with AMX (checked); the rows hold nr rows of nb blocks.
+                    black_box(unsafe { pack_a(&q4, q4_len, r0, TILE, blk, &mut a) });
+                }
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "pack_a (Q4_K): {:.1} ns per (row, block)",
+            best * 1e9 / (nr * nb) as f64
+        );
+    }
     for (name, k) in [
         ("Q4_K single", rows_kernel::<K4_SINGLE> as Kernel),
         ("Q4_K many", rows_kernel::<K4_MANY>),
     ] {
-        let best = ab_lookahead(k, n, &q4, q4_len, &acts[..32], reps);
-        report(&format!("{name}, 32 tokens"), best, nr * nb);
+        for nt in [16usize, 32, 48, 64] {
+            let best = ab_lookahead(k, n, &q4, q4_len, &acts[..nt], reps);
+            report(&format!("{name}, {nt} tokens"), best, nr * nb);
+        }
+    }
+}
+
+/// Q4_K `Order::Single` over weights read from RAM, as a prompt's experts are: `COPIES`
+/// (default 700) copies of one expert matrix, more bytes than the last-level cache, called
+/// once per pass as the pool's runs of 64 rows, per (row, block).
+#[test]
+#[ignore = "timing, by hand on an AMX CPU"]
+fn amx_q4k_cold_timing() {
+    if !available() {
+        println!("this CPU has no AMX tiles: nothing timed");
+        return;
+    }
+    let (n, nr) = (2048usize, 768usize);
+    let copies: usize = std::env::var("COPIES").map_or(700, |v| v.parse().unwrap());
+    let nb = n / 256;
+    let mut rng = Rng::new(11);
+    let one: Vec<u8> = (0..nr)
+        .flat_map(|_| random_row(GgmlType::Q4K, n, &mut rng))
+        .collect();
+    let all = one.repeat(copies);
+    let acts: Vec<Vec<u8>> = (0..32)
+        .map(|_| random_act(GgmlType::Q4K, n, &mut rng))
+        .collect();
+    let refs: Vec<&[u8]> = acts.iter().map(|v| &v[..]).collect();
+    let mut out = vec![0f32; 64 * refs.len()];
+    for nt in [16usize, 32] {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t0 = Instant::now();
+            for (i, rs) in all.chunks_exact(64 * WB * nb).enumerate() {
+                let o = &mut out[..64 * nt];
+                // SAFETY: AVX-512 with AMX (checked); o holds 64 × tokens.
+                unsafe { rows_kernel::<K4_SINGLE>(n, rs, 64, &refs[..nt], o, i > 0) };
+            }
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "rows Q4_K single, {copies} matrices, {nt} tokens: {:.1} ns per (row, block), {:.1} GB/s",
+            best * 1e9 / (nr * copies * nb) as f64,
+            all.len() as f64 / best / 1e9
+        );
     }
 }
 

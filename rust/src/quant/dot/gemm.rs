@@ -307,10 +307,11 @@ impl MultiDot {
         self.rows_call_keep(rows, nr, acts, out, false)
     }
 
-    /// `rows_call`, where `same_acts` promises that `acts` hold the same bytes (at the same
-    /// addresses) as at this thread's previous `rows_call` of any handle: the AMX tiles then
-    /// reuse the activations' tile layout instead of building it again (a tile's runs of
-    /// rows over one token group, and Up after Gate on the same activations).
+    /// `rows_call`, where `same_acts` promises that the bytes at the addresses of `acts` did
+    /// not change since this thread's last `rows_call` with `same_acts` false: the tiles then
+    /// reuse the activations' layout of the last call whose activations had these addresses
+    /// (blocks, token count, first and last address), instead of building it again (a
+    /// tile's runs of rows over one token group, and Up after Gate on the same activations).
     pub fn rows_call_keep(
         &self,
         rows: &[u8],

@@ -117,18 +117,26 @@ static CFG: TileCfg = tile_cfg();
 #[derive(Clone, Copy)]
 struct Line([u8; 64]);
 
-/// Per-thread scratch: the call's B tiles and its float accumulators `acc[r][t]` of one row
-/// tile (both grow to the largest call, then are reused); `b_key` = (blocks, tokens, first
+/// Per-thread scratch: the call's B tiles, the two A buffers (`rows_kernel`; made once: as
+/// an array on the stack they were 40 KB zeroed per call, 2% of a prompt) and its float
+/// accumulators `acc[r][t]` of one row tile (these grow to the largest call, then are reused); `b_key` = (blocks, tokens, first
 /// and last activation's address) of the activations `b` holds.
 struct Scratch {
     b: Vec<Line>,
+    a: Vec<Line>,
     acc: Vec<f32>,
     b_key: [usize; 4],
 }
 
 thread_local! {
-    static SCRATCH: RefCell<Scratch> =
-        const { RefCell::new(Scratch { b: Vec::new(), acc: Vec::new(), b_key: [0; 4] }) };
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch {
+            b: Vec::new(),
+            a: Vec::new(),
+            acc: Vec::new(),
+            b_key: [0; 4],
+        })
+    };
 }
 
 /// `C_k += A · B` (tmm k, tmm5, tmm6): u8 × s8 (`tdpbusd`) or s8 × s8 (`tdpbssd`).
@@ -620,7 +628,12 @@ unsafe fn rows_kernel<const KIND: u8>(
     // acc[r][t] (and, for MANY, accm[r][t] after it)
     let per = TILE * ntt * TILE;
     SCRATCH.with(|cell| {
-        let Scratch { b: bt, acc, b_key } = &mut *cell.borrow_mut();
+        let Scratch {
+            b: bt,
+            a: abuf,
+            acc,
+            b_key,
+        } = &mut *cell.borrow_mut();
         let need = ntt * nb * 4 * TILE;
         if bt.len() < need {
             bt.resize(need, Line([0; 64]));
@@ -642,13 +655,15 @@ unsafe fn rows_kernel<const KIND: u8>(
         // Two A buffers: step s = (row tile, block) is packed while step s − 1's products
         // run, so the tile loads read lines stored a whole pack earlier (a tile load right
         // after the vector stores of its lines waited for them to drain).
-        let mut a2 = [[Line([0; 64]); 4 * OPS * TILE]; 2];
+        const AN: usize = 4 * OPS * TILE;
+        abuf.resize(2 * AN, Line([0; 64]));
+        let (a_lo, a_hi) = abuf.split_at_mut(AN);
+        let a2: [&mut [Line; AN]; 2] = [a_lo.try_into().unwrap(), a_hi.try_into().unwrap()];
         let steps = nr.div_ceil(TILE) * nb;
-        let pack_step = |s: usize, a: &mut [Line; 4 * OPS * TILE]| {
-            pack_any::<KIND>(rows, row_len, nr, nb, s, a)
-        };
+        let pack_step =
+            |s: usize, a: &mut [Line; AN]| pack_any::<KIND>(rows, row_len, nr, nb, s, a);
         let mut next = if lookahead() {
-            pack_step(0, &mut a2[0])
+            pack_step(0, a2[0])
         } else {
             ([0f32; TILE], [0f32; TILE])
         };
@@ -661,13 +676,13 @@ unsafe fn rows_kernel<const KIND: u8>(
                 let (d, dm) = if lookahead() {
                     let cur = next;
                     if s + 1 < steps {
-                        next = pack_step(s + 1, &mut a2[(s + 1) % 2]);
+                        next = pack_step(s + 1, a2[(s + 1) % 2]);
                     }
                     cur
                 } else {
-                    pack_step(s, &mut a2[s % 2])
+                    pack_step(s, a2[s % 2])
                 };
-                let a = &a2[s % 2];
+                let a = &a2[s % 2][..];
                 for tt in 0..ntt {
                     // da of the tile's 16 tokens (0 for missing ones)
                     let mut da = [0f32; TILE];

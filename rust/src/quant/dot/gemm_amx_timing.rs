@@ -39,23 +39,10 @@ fn amx_iq3s_timing() {
         .collect();
     let reps = 20;
     let mut a = [Line([0; 64]); 4 * OPS * TILE];
-    {
-        let mut best = f64::MAX;
-        for _ in 0..reps {
-            let t0 = Instant::now();
-            for r0 in (0..nr).step_by(TILE) {
-                for blk in 0..nb {
-                    // SAFETY: AVX-512 with AMX (checked); the rows hold nr rows of nb blocks.
-                    black_box(unsafe { pack_a_iq3s(&rows, row_len, r0, TILE, blk, &mut a) });
-                }
-            }
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        println!(
-            "pack_a_iq3s: {:.1} ns per (row, block)",
-            best * 1e9 / (nr * nb) as f64
-        );
-    }
+    // SAFETY: AVX-512 with AMX (checked); the rows hold nr rows of nb blocks.
+    time_pack("pack_a_iq3s", (nr, nb), reps, |r0, blk| unsafe {
+        black_box(pack_a_iq3s(&rows, row_len, r0, TILE, blk, &mut a));
+    });
     for nt in [16usize, 32, 64] {
         let k = rows_kernel::<IQ3S_MANY> as Kernel;
         let best = ab_lookahead(k, n, &rows, row_len, &acts[..nt], reps);
@@ -64,23 +51,10 @@ fn amx_iq3s_timing() {
     // Q4_K, both orders, 16 to 64 tokens
     let q4_len = WB * nb;
     let q4 = matrix(GgmlType::Q4K, &mut rng);
-    {
-        let mut best = f64::MAX;
-        for _ in 0..reps {
-            let t0 = Instant::now();
-            for r0 in (0..nr).step_by(TILE) {
-                for blk in 0..nb {
-                    // SAFETY: AVX-512 with AMX (checked); the rows hold nr rows of nb blocks.
-                    black_box(unsafe { pack_a(&q4, q4_len, r0, TILE, blk, &mut a) });
-                }
-            }
-            best = best.min(t0.elapsed().as_secs_f64());
-        }
-        println!(
-            "pack_a (Q4_K): {:.1} ns per (row, block)",
-            best * 1e9 / (nr * nb) as f64
-        );
-    }
+    // SAFETY: as above
+    time_pack("pack_a (Q4_K)", (nr, nb), reps, |r0, blk| unsafe {
+        black_box(pack_a(&q4, q4_len, r0, TILE, blk, &mut a));
+    });
     for (name, k) in [
         ("Q4_K single", rows_kernel::<K4_SINGLE> as Kernel),
         ("Q4_K many", rows_kernel::<K4_MANY>),
@@ -132,6 +106,30 @@ fn amx_q4k_cold_timing() {
             all.len() as f64 / best / 1e9
         );
     }
+}
+
+/// Best time of `pack(r0, blk)` over every (row tile, block) of `nr` rows of `nb` blocks,
+/// printed per (row, block).
+fn time_pack(
+    what: &str,
+    (nr, nb): (usize, usize),
+    reps: usize,
+    mut pack: impl FnMut(usize, usize),
+) {
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        for r0 in (0..nr).step_by(TILE) {
+            for blk in 0..nb {
+                pack(r0, blk);
+            }
+        }
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    println!(
+        "{what}: {:.1} ns per (row, block)",
+        best * 1e9 / (nr * nb) as f64
+    );
 }
 
 /// Best seconds of `kernel` over `rows` (runs of 64 rows, as the pool calls it) against

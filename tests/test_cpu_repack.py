@@ -67,6 +67,42 @@ def test_repacked_projections_are_bitwise_the_original(test_models: TestModels) 
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+TUNE_SCRIPT = """
+import sys, numpy as np
+from strata import _core
+from strata._core import Model
+def steps():
+    m = Model.open(sys.argv[1], n_ctx=64, n_slots=1, cpu_repack=True)
+    m.forward(0, [1, 17, 300], logits="none")
+    return np.stack([m.forward(0, [(7 * i) % 500 + 1], logits="last") for i in range(24)])
+start = _core.head_prefetch()
+tuned = steps()  # the tuning's 20 timed head products happen in these steps
+after = _core.head_prefetch()
+_core.set_head_prefetch(128)
+pinned = steps()
+print(start, after, np.array_equal(tuned.view(np.uint32), pinned.view(np.uint32)))
+"""
+
+
+def test_head_prefetch_tunes_itself_and_changes_no_logit(test_models: TestModels) -> None:
+    """A fresh process: the head's prefetch distance (a process-wide knob) starts unsettled,
+    is settled on one of the candidates after the first decode steps on a repacked head
+    (rust/src/quant/dot/pf_tune.rs), and the logits of those steps are bitwise those with
+    the distance pinned."""
+    import subprocess
+    import sys
+
+    path = str(test_models.quantized("Q4_K_M"))
+    out = subprocess.run(
+        [sys.executable, "-c", TUNE_SCRIPT, path], capture_output=True, text=True, check=True
+    ).stdout.split()
+    start, after, same = " ".join(out[:2]), " ".join(out[2:4]), out[4]
+    assert start.endswith("False)"), start
+    if os.environ.get("STRATA_ISA", "auto") != "scalar" and "avx2" in _core.dot_isas():
+        assert after in {f"({d}, True)" for d in (128, 512, 2048, 8192)}, after
+    assert same == "True"
+
+
 def test_cpu_repack_is_a_config_field() -> None:
     assert Config().cpu_repack is True
     assert Config.load({"cpu_repack": False}).cpu_repack is False

@@ -42,6 +42,7 @@ __all__ = [
     "evict_page_cache",
     "gpu_info",
     "gpu_status",
+    "head_prefetch",
     "matmul_reference",
     "model_fingerprint",
     "moe_reference",
@@ -190,6 +191,7 @@ def dry_longest(
 def set_dot_isa(isa: str) -> None: ...
 def set_dot_prefetch(bytes: int) -> int: ...
 def set_head_prefetch(bytes: int) -> int: ...
+def head_prefetch() -> tuple[int, bool]: ...
 
 @final
 class MoELayer:

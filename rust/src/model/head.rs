@@ -8,7 +8,7 @@
 use super::compute::{Compute, QMatrix};
 use super::huge_buf::HugeBuf;
 use crate::error::{Error, Result};
-use crate::quant::dot::{self, q6k_repack, Isa, Order};
+use crate::quant::dot::{self, pf_tune, q6k_repack, Isa, Order};
 use crate::quant::GgmlType;
 
 /// Vocabulary rows per task (≈ 430 KB of weights at H = 2048).
@@ -135,7 +135,13 @@ impl RepackedHead {
         let rb = self.data.len() / rows;
         let (data, perm) = (&self.data, &self.perm);
         let out = OutPtr(y.as_mut_ptr());
-        compute.for_each(rows.div_ceil(ROWS_PER_TASK), &|k| {
+        // one activation row (a decode step's): a sample for the prefetch distance's tuning
+        let trial = if t == 1 && simd {
+            pf_tune::HEAD_TUNER.begin()
+        } else {
+            None
+        };
+        let done = compute.for_each(rows.div_ceil(ROWS_PER_TASK), &|k| {
             let (r0, r1) = (k * ROWS_PER_TASK, ((k + 1) * ROWS_PER_TASK).min(rows));
             let act = |i: usize| &perm[i * arb..(i + 1) * arb];
             // SAFETY: element (i, r) is written by this task alone; i < t, r < rows.
@@ -178,7 +184,11 @@ impl RepackedHead {
                 }
             }
             single(&four[..n4]);
-        })
+        });
+        if let (Some(trial), Ok(())) = (trial, &done) {
+            pf_tune::HEAD_TUNER.end(trial);
+        }
+        done
     }
 }
 

@@ -87,10 +87,19 @@ fn set_dot_prefetch(bytes: usize) -> usize {
 }
 
 /// Set the output head kernel's software prefetch distance in bytes (0: no hints); returns
-/// the previous one. A tuning knob like `set_dot_prefetch` (results bitwise the same).
+/// the previous one. A tuning knob like `set_dot_prefetch` (results bitwise the same);
+/// setting it stops the head's own tuning (`head_prefetch`).
 #[pyfunction]
 fn set_head_prefetch(bytes: usize) -> usize {
     dot::set_head_prefetch_distance(bytes)
+}
+
+/// (the output head kernel's prefetch distance in bytes now, whether it is settled: chosen
+/// by timing the first decode steps' head products on this CPU, or pinned by
+/// `set_head_prefetch`).
+#[pyfunction]
+fn head_prefetch() -> (usize, bool) {
+    dot::head_prefetch_state()
 }
 
 /// The ISAs this CPU can run.
@@ -123,5 +132,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_dot_isa, m)?)?;
     m.add_function(wrap_pyfunction!(set_dot_prefetch, m)?)?;
     m.add_function(wrap_pyfunction!(set_head_prefetch, m)?)?;
+    m.add_function(wrap_pyfunction!(head_prefetch, m)?)?;
     Ok(())
 }

@@ -14,7 +14,7 @@ pub(in super::super) const DISTANCE: usize = 2048;
 pub(in super::super) struct Knob(std::sync::atomic::AtomicUsize);
 
 impl Knob {
-    const fn new(bytes: usize) -> Knob {
+    pub(in super::super) const fn new(bytes: usize) -> Knob {
         Knob(std::sync::atomic::AtomicUsize::new(bytes))
     }
 
@@ -34,7 +34,8 @@ impl Knob {
 /// Qwen3, 255 MB) and sits in huge pages; on Zen 4 (AVX-512 VM, 2 threads, 4-layer
 /// Qwen3-30B-A3B width, Q4_K_M, `forward_batch` decode, paired rounds: docs/BENCHMARKS.md)
 /// 64-384 bytes ahead decoded one stream 3-10% faster than 2048 and four streams 1-4%
-/// faster; no hints at all lost a quarter. `set_head_prefetch` retunes it on other CPUs.
+/// faster; no hints at all lost a quarter. The start value: `pf_tune` times the candidates on
+/// the CPU it runs on and keeps the fastest (`set_head_prefetch` pins a value).
 pub(super) const HEAD_DISTANCE: usize = 128;
 
 /// The knobs: `DIST` for the one-token kernels (`set_dot_prefetch`, `bench/bench_hybrid.py

@@ -34,6 +34,7 @@ macro_rules! safe_dot {
 mod act;
 mod common;
 mod gemm;
+pub mod pf_tune;
 pub mod q4k_r16;
 pub mod q6k_repack;
 #[cfg(all(test, target_arch = "x86_64"))]
@@ -138,8 +139,16 @@ pub fn set_prefetch_distance(bytes: usize) -> usize {
 
 /// Sets the output head kernel's software prefetch distance in bytes (0: off) and returns
 /// the previous one; a benchmark knob like `set_prefetch_distance`.
+/// Setting it pins it: the head's own tuning (`pf_tune`) stops.
 pub fn set_head_prefetch_distance(bytes: usize) -> usize {
+    pf_tune::HEAD_TUNER.pin();
     avx2::pf::knob::HEAD.set(bytes)
+}
+
+/// (the output head kernel's prefetch distance now, whether it is settled: chosen by its
+/// tuning on this CPU, or pinned by `set_head_prefetch_distance`).
+pub fn head_prefetch_state() -> (usize, bool) {
+    pf_tune::HEAD_TUNER.state()
 }
 
 /// Fix the ISA `vec_dot` uses before its first use (the engine's settings call this); an

@@ -6,7 +6,10 @@ in steps of two to four one-token rows; and their RAM is reported."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 from models import TestModels
@@ -68,7 +71,7 @@ def test_repacked_projections_are_bitwise_the_original(test_models: TestModels) 
 
 
 TUNE_SCRIPT = """
-import sys, numpy as np
+import json, sys, numpy as np
 from strata import _core
 from strata._core import Model
 def steps():
@@ -80,7 +83,8 @@ tuned = steps()  # the tuning's 20 timed head products happen in these steps
 after = _core.head_prefetch()
 _core.set_head_prefetch(128)
 pinned = steps()
-print(start, after, np.array_equal(tuned.view(np.uint32), pinned.view(np.uint32)))
+same = bool(np.array_equal(tuned.view(np.uint32), pinned.view(np.uint32)))
+print(json.dumps({"start": start, "after": after, "same": same}))
 """
 
 
@@ -89,18 +93,16 @@ def test_head_prefetch_tunes_itself_and_changes_no_logit(test_models: TestModels
     is settled on one of the candidates after the first decode steps on a repacked head
     (rust/src/quant/dot/pf_tune.rs), and the logits of those steps are bitwise those with
     the distance pinned."""
-    import subprocess
-    import sys
-
     path = str(test_models.quantized("Q4_K_M"))
-    out = subprocess.run(
-        [sys.executable, "-c", TUNE_SCRIPT, path], capture_output=True, text=True, check=True
-    ).stdout.split()
-    start, after, same = " ".join(out[:2]), " ".join(out[2:4]), out[4]
-    assert start.endswith("False)"), start
+    out = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", TUNE_SCRIPT, path], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert out["start"][1] is False, out
     if os.environ.get("STRATA_ISA", "auto") != "scalar" and "avx2" in _core.dot_isas():
-        assert after in {f"({d}, True)" for d in (128, 512, 2048, 8192)}, after
-    assert same == "True"
+        assert out["after"] in [[d, True] for d in (128, 512, 2048, 8192)], out
+    assert out["same"] is True
 
 
 def test_cpu_repack_is_a_config_field() -> None:

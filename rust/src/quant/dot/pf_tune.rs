@@ -4,9 +4,10 @@
 //! changes no value, so the logits are bitwise the same during and after the tuning.
 //!
 //! Why tune instead of a constant: the best distance differs by CPU more than any constant
-//! can bridge (docs/BENCHMARKS.md, 2026-12-07 21:40): on a Zen 4 VM 64-384 bytes ahead
-//! decoded 3-10% faster than 2048; on an Emerald Rapids VM 2048-8192 bytes decoded the whole
-//! step 25-33% faster than 128 (the head is most of a decode step's bytes on a small model).
+//! can bridge (docs/BENCHMARKS.md, CPU decode, 2026-12-07 20:50–21:50): on a Zen 4 VM 64-384
+//! bytes ahead decoded 3-10% faster than 2048; on an Emerald Rapids VM 2048-8192 bytes
+//! decoded the whole step 25-33% faster than 128 (the head is most of a decode step's bytes
+//! on a small model).
 //! The head is the largest matrix a step reads (151,936 × 2,048 Q6_K for Qwen3, 255 MB), so
 //! one product takes milliseconds and a few of them time a candidate well.
 //! `set_head_prefetch_distance` pins the knob (tuning stops).

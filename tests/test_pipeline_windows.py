@@ -207,6 +207,33 @@ def test_guess_policy_switches_only_past_the_margin(guess_cost: float, guesses_w
         assert sum(arms) <= 8 and sum(later) <= 1, [i for i, a in enumerate(arms) if a]
 
 
+@pytest.mark.parametrize(("guess_cost", "guesses_win"), [(1.05, False), (0.85, True)])
+def test_guess_policy_holds_its_choice_while_the_text_drifts(
+    guess_cost: float, guesses_win: bool
+) -> None:
+    """Block costs that follow the text (a slow swing of ±40% over tens of blocks, as easy
+    and hard stretches of a document alternate) as much as the arm: the arm that is dearer
+    everywhere runs only in the exploring blocks, each judged against the incumbent's blocks
+    beside it, not against an average taken on other text."""
+    import math
+
+    from strata.engine.scheduler import GUESS_BLOCK
+
+    sched, _ = sched_for(2, True)
+    arms = []
+    for blk in range(600):
+        text = 1 + 0.3 * math.sin(blk / 7) + 0.1 * math.sin(blk / 2.3)
+        arm = sched._guess_pays()
+        arms.append(arm)
+        for _ in range(GUESS_BLOCK):
+            sched._account(text * (guess_cost if arm else 1.0), 1)
+    later = arms[100:]
+    if guesses_win:
+        assert sched._best and sum(later) >= len(later) - 8, len(later) - sum(later)
+    else:
+        assert not sched._best and sum(arms) <= 10, [i for i, a in enumerate(arms) if a]
+
+
 def test_a_sampling_failure_in_a_window_whose_settle_fails_leaves_nothing_behind() -> None:
     """A request's sampling raises in the step where the backend's settle fails too: every
     request of the window ends with the error, and no sampling failure is left for the slot's

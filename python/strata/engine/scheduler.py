@@ -101,12 +101,16 @@ Verdict = list[SampleResult] | SamplingFailed | None
 
 # Rows of a pipelined window at most (the GPU path's logit rows of one head block).
 WINDOW_ROWS = 64
-# Whether to guess is measured: blocks of GUESS_BLOCK steps run pipelined with guesses or as
-# serial steps, and the faster (seconds per emitted token, averaged over its blocks) is kept;
-# the other is re-measured after GUESS_EXPLORE blocks, the gap doubling (to GUESS_EXPLORE_MAX)
-# while the same arm keeps winning. The other arm takes over only when it is cheaper by more
-# than GUESS_MARGIN: a block's cost per token follows the text (how many drafts hold there) as
-# much as the arm, and a winner that flips on that noise re-measures the loser often again.
+# Whether to guess is measured: blocks of GUESS_BLOCK steps run serial (the incumbent arm
+# until guessing wins) or pipelined with guesses, costed in seconds per emitted token. A
+# block's cost follows the text (how many drafts hold there) as much as the arm, so the other
+# arm is judged on one block bracketed by the incumbent's blocks just before and after it
+# (the same stretch of text), and wins the bracket when cheaper than their mean by more than
+# GUESS_MARGIN; two won brackets in a row (the second at once) make it the incumbent. Lost
+# brackets space the next out: after GUESS_EXPLORE blocks, the gap doubling to
+# GUESS_EXPLORE_MAX. (Comparing against the arms' running averages instead let the stale
+# average of a stretch of easy text flip the choice: ~11% of the edit prompt's steps ran
+# pipelined where serial steps were cheaper overall, BENCHMARKS 12-07 15:07.)
 GUESS_BLOCK = 32
 GUESS_EXPLORE = 8
 GUESS_EXPLORE_MAX = 512
@@ -168,8 +172,10 @@ class Scheduler:
         self._last = 0.0  # when the last pipelined verdict was taken
         self._arm = True  # this block of steps guesses (else: serial steps)
         self._block = [0, 0.0, 0]  # its steps, seconds, emitted tokens
-        self._cost: dict[bool, float] = {}  # arm → seconds per emitted token (averaged)
-        self._best = False  # the arm that won last (serial steps until guessing beats them)
+        self._best = False  # the incumbent arm (serial steps until guessing beats them)
+        self._probe: float | None = None  # the other arm's block, its bracket not yet closed
+        self._prev: float | None = None  # the incumbent's last block (seconds per token)
+        self._wins = 0  # brackets in a row that the other arm won
         self._wait = GUESS_EXPLORE  # blocks until the other arm is measured again
         self._gap = GUESS_EXPLORE
         self._t_step = 0.0  # when this step() began
@@ -566,33 +572,35 @@ class Scheduler:
 
     def _account(self, seconds: float, tokens: int) -> None:
         """A step that could run pipelined took `seconds` (from step()'s start to its
-        verdict) and emitted `tokens`: per block of GUESS_BLOCK steps, the arm's cost; the
-        next block takes the untried arm, else the incumbent (replaced by the other only when
-        that one is cheaper by GUESS_MARGIN), the other after `_wait` blocks, a gap that
-        doubles while the same arm keeps winning."""
+        verdict) and emitted `tokens`: per block of GUESS_BLOCK steps, the arm's cost per
+        token. The incumbent runs; every `_wait` blocks one block of the other arm, which the
+        incumbent's next block closes into a bracket (GUESS_BLOCK's comment)."""
         b = self._block
         b[0], b[1], b[2] = b[0] + 1, b[1] + seconds, b[2] + tokens
         if b[0] < GUESS_BLOCK:
             return
-        cost = b[1] / max(b[2], 1)
-        old = self._cost.get(self._arm)
-        self._cost[self._arm] = cost if old is None else 0.5 * (old + cost)
+        cost: float | None = b[1] / max(b[2], 1)
         self._block = [0, 0.0, 0]
-        if (not self._arm) not in self._cost:
-            self._arm = not self._arm
+        if self._arm != self._best:  # the other arm's block: the incumbent's next closes it
+            self._probe, self._arm = cost, self._best
             return
-        inc = self._best  # the incumbent keeps winning unless the other is clearly cheaper
-        best = (not inc) if self._cost[not inc] < (1 - GUESS_MARGIN) * self._cost[inc] else inc
-        if best != self._best:  # the winner changed: measure the loser often again
-            self._best, self._gap = best, GUESS_EXPLORE
-            self._wait = self._gap
+        if self._probe is not None:
+            assert cost is not None
+            ref = cost if self._prev is None else 0.5 * (self._prev + cost)
+            self._wins = self._wins + 1 if self._probe < (1 - GUESS_MARGIN) * ref else 0
+            self._probe = None
+            if self._wins >= 2:  # the other arm takes over; this block was the old one's
+                self._best, self._wins, cost = not self._best, 0, None
+                self._gap = self._wait = GUESS_EXPLORE
+            elif self._wins:
+                self._wait = 1  # confirm at once
+            else:
+                self._gap = min(2 * self._gap, GUESS_EXPLORE_MAX)
+                self._wait = self._gap
+        self._prev = cost
         self._wait -= 1
-        if self._wait <= 0 and self._arm == best:  # explore the other arm for one block
-            self._arm = not best
-            self._gap = min(2 * self._gap, GUESS_EXPLORE_MAX)
-            self._wait = self._gap
-        else:
-            self._arm = best
+        explore = self._wait <= 0 and cost is not None
+        self._arm = (not self._best) if explore else self._best
 
     def _guess(self, k: _Window) -> _Window | None:
         """Window K+1, drafted before K's verdict on the guess that K is accepted whole: each

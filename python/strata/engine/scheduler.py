@@ -579,27 +579,27 @@ class Scheduler:
         b[0], b[1], b[2] = b[0] + 1, b[1] + seconds, b[2] + tokens
         if b[0] < GUESS_BLOCK:
             return
-        cost: float | None = b[1] / max(b[2], 1)
+        cost = b[1] / max(b[2], 1)
         self._block = [0, 0.0, 0]
         if self._arm != self._best:  # the other arm's block: the incumbent's next closes it
             self._probe, self._arm = cost, self._best
             return
+        switched = False
         if self._probe is not None:
-            assert cost is not None
             ref = cost if self._prev is None else 0.5 * (self._prev + cost)
             self._wins = self._wins + 1 if self._probe < (1 - GUESS_MARGIN) * ref else 0
             self._probe = None
-            if self._wins >= 2:  # the other arm takes over; this block was the old one's
-                self._best, self._wins, cost = not self._best, 0, None
+            if self._wins >= 2:  # the other arm takes over
+                self._best, self._wins, switched = not self._best, 0, True
                 self._gap = self._wait = GUESS_EXPLORE
             elif self._wins:
                 self._wait = 1  # confirm at once
             else:
                 self._gap = min(2 * self._gap, GUESS_EXPLORE_MAX)
                 self._wait = self._gap
-        self._prev = cost
+        self._prev = None if switched else cost  # (this block was the old incumbent's)
         self._wait -= 1
-        explore = self._wait <= 0 and cost is not None
+        explore = self._wait <= 0 and not switched
         self._arm = (not self._best) if explore else self._best
 
     def _guess(self, k: _Window) -> _Window | None:
